@@ -1,0 +1,116 @@
+"""The metric registry: every metric bpfdyno emits is declared here exactly once.
+
+Exporters, the gRPC API and the docs all read this one table, so no sink can silently drop a
+metric and every metric carries its unit. A collector imports the specs it emits and builds
+`Sample`s from them; emitting an undeclared name is impossible by construction.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+
+class MetricKind(enum.Enum):
+    """How a metric's value behaves over time."""
+
+    GAUGE = "gauge"  # a level: memory used, temperature
+    RATE = "rate"  # a per-second rate computed from cumulative counters over one interval
+    RATIO = "ratio"  # a fraction 0..1 of something over one interval
+    COUNTER = "counter"  # monotonically increasing total since a known start
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One metric's declaration.
+
+    Attributes:
+        name: snake_case name ending in its unit (``_bytes``, ``_ratio``, ``_per_second``...).
+        kind: how the value behaves over time.
+        unit: the unit spelled out for docs and exporters ("bytes", "ratio", "1/s", ...).
+        help: one sentence: what it measures and where it comes from.
+        labels: names of the labels every sample of this metric carries, in order.
+        source: the collector that emits it (for docs and status).
+    """
+
+    name: str
+    kind: MetricKind
+    unit: str
+    help: str
+    labels: tuple[str, ...] = ()
+    source: str = ""
+
+
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One observed value of a declared metric."""
+
+    spec: MetricSpec
+    value: float
+    labels: Labels = field(default=())
+
+    @property
+    def key(self) -> SeriesKey:
+        return (self.spec.name, self.labels)
+
+
+SeriesKey = tuple[str, Labels]
+
+
+class MetricRegistry:
+    """The table of declared metrics. Declaring the same name twice is a programming error."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, MetricSpec] = {}
+
+    def declare(
+        self,
+        name: str,
+        kind: MetricKind,
+        unit: str,
+        help: str,
+        labels: Iterable[str] = (),
+        source: str = "",
+    ) -> MetricSpec:
+        if name in self._specs:
+            raise ValueError(f"metric {name!r} is declared twice; declare each metric once")
+        spec = MetricSpec(name, kind, unit, help, tuple(labels), source)
+        self._specs[name] = spec
+        return spec
+
+    def get(self, name: str) -> MetricSpec | None:
+        return self._specs.get(name)
+
+    def __iter__(self) -> Iterator[MetricSpec]:
+        return iter(sorted(self._specs.values(), key=lambda s: s.name))
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+
+REGISTRY = MetricRegistry()
+"""The process-wide registry every collector module declares into at import time."""
+
+
+def sample(spec: MetricSpec, value: float, labels: Mapping[str, str] | None = None) -> Sample:
+    """Build a sample, checking its labels against the declaration.
+
+    Raises:
+        ValueError: the label names differ from the ones declared for ``spec``.
+    """
+    if labels:
+        if tuple(labels) != spec.labels:
+            raise ValueError(
+                f"metric {spec.name} declares labels {spec.labels}, got {tuple(labels)}"
+            )
+        return Sample(spec, float(value), tuple((k, str(v)) for k, v in labels.items()))
+    if spec.labels:
+        raise ValueError(f"metric {spec.name} needs labels {spec.labels}")
+    return Sample(spec, float(value))

@@ -1,0 +1,75 @@
+"""`bpfdyno serve`: assemble the daemon, serve it, stop it gracefully."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from bpfdyno import __version__, assembly
+from bpfdyno.collectors.base import CollectorState, CollectorStatus
+from bpfdyno.config import Config
+from bpfdyno.daemon import Daemon, install_signal_handlers, notify_systemd
+from bpfdyno.rpc.server import AddressInUse, GrpcServer
+from bpfdyno.service import AgentService
+
+__all__ = ["AddressInUse", "run"]
+
+log = logging.getLogger(__name__)
+
+
+class _DisabledCollectors:
+    """Reports collectors turned off in the config, so `status` shows every known part."""
+
+    name = "disabled"
+
+    def __init__(self, names: list[str], cfg: Config) -> None:
+        self._names = names
+        self._cfg = cfg
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def statuses(self) -> list[CollectorStatus]:
+        return [
+            CollectorStatus(
+                name=n,
+                state=CollectorState.DISABLED,
+                reason=f"disabled in the configuration (collectors.{n}.enabled = false)",
+                interval_s=self._cfg.collector_interval(n),
+                collections=0,
+                errors=0,
+                last_duration_s=0.0,
+                last_success_ts=0.0,
+            )
+            for n in self._names
+        ]
+
+
+async def run(cfg: Config) -> int:
+    """Run until SIGTERM/SIGINT. Raises AddressInUse before starting anything if needed."""
+    t0 = time.monotonic()
+    asm = assembly.build(cfg)
+    components = list(asm.components)
+    if asm.disabled:
+        components.append(_DisabledCollectors(asm.disabled, cfg))
+    daemon = Daemon(cfg, asm.collectors, components, asm.sinks)
+    server = GrpcServer(cfg.grpc, AgentService(daemon), asm.servicers)
+    server.check_addresses()
+    install_signal_handlers(daemon)
+    await server.start()
+    try:
+        await daemon.start()
+        log.info(
+            "bpfdyno %s ready in %.2f s (config %s)", __version__, time.monotonic() - t0, cfg.source
+        )
+        notify_systemd("READY=1")
+        await daemon.wait_stopped()
+        log.info("stopping")
+        notify_systemd("STOPPING=1")
+    finally:
+        await server.stop()
+        await daemon.stop()
+    return 0
