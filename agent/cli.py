@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import orjson
+
 from bpfdyno import __version__
 from bpfdyno.client import channel, default_target, explain_rpc_error
 from bpfdyno.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load
@@ -153,8 +154,9 @@ def _rpc_fail(e: grpc.RpcError, target: str) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc
     from google.protobuf.json_format import MessageToDict
+
+    from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc
 
     target = args.target or default_target()
     try:
@@ -193,7 +195,14 @@ def _duration(s: float) -> str:
 def _format_series_line(name: str, labels: dict[str, str], value: float, unit: str) -> str:
     lab = ",".join(f"{k}={v}" for k, v in labels.items())
     key = f"{name}{{{lab}}}" if lab else name
-    return f"{key:<60} {value:>16.6g} {unit}"
+    return f"{key:<60} {format_value(value):>18} {unit}"
+
+
+def format_value(value: float) -> str:
+    """Integers in full with thousands separators; other values to 6 significant digits."""
+    if value.is_integer() and abs(value) < 1e15:
+        return f"{int(value):,}"
+    return f"{value:.6g}"
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import grpc
+
 from bpfdyno.config import DEFAULT_SOCKET
 
 #: Environment variable naming the agent to talk to (a socket path or host:port).

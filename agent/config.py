@@ -6,6 +6,7 @@ CLI can print it and exit 2 before anything is started.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import tomllib
@@ -244,10 +245,8 @@ def _validate(cfg: Config) -> None:
     def bad(msg: str, dotted: str) -> ConfigError:
         loc = _Locator(cfg.source, "")
         if cfg.source != "<defaults>":
-            try:
+            with contextlib.suppress(OSError):
                 loc = _Locator(cfg.source, Path(cfg.source).read_text(encoding="utf-8"))
-            except OSError:
-                pass
         return loc.error(f"'{dotted}' {msg}", tuple(dotted.split(".")))
 
     if cfg.daemon.interval_s < 0.05:

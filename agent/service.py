@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from bpfdyno import __version__
 from bpfdyno.collectors.base import CollectorStatus
 from bpfdyno.daemon import Daemon
-from bpfdyno.metrics import REGISTRY, MetricSpec, Sample
+from bpfdyno.metrics import REGISTRY, MetricRegistry, MetricSpec, Sample
 from bpfdyno.store import Point, SeriesView, matches_any
 
 #: Longest window a single query may ask for (the store keeps less anyway).
@@ -60,8 +60,9 @@ def host_uptime_s(proc_root: str = "/proc") -> float:
 class AgentService:
     """Status and metrics queries against one running daemon."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Daemon, registry: MetricRegistry = REGISTRY) -> None:
         self._daemon = daemon
+        self._registry = registry
 
     def status(self) -> AgentStatus:
         d = self._daemon
@@ -78,7 +79,7 @@ class AgentService:
         )
 
     def metric_specs(self) -> list[MetricSpec]:
-        return list(REGISTRY)
+        return list(self._registry)
 
     def snapshot(self, names: Sequence[str] = ()) -> Snapshot:
         """Latest value of every matching series still being updated."""

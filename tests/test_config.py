@@ -51,13 +51,13 @@ def test_overrides_beat_the_file(tmp_path: Path) -> None:
     ("text", "line", "fragment"),
     [
         ("[daemon]\n\ninterval_sec = 2\n", 3, "unknown key 'daemon.interval_sec'"),
-        ("[daemon]\ninterval_s = \"fast\"\n", 2, "'daemon.interval_s' must be a float"),
+        ('[daemon]\ninterval_s = "fast"\n', 2, "'daemon.interval_s' must be a float"),
         ("[grpc]\nsocket_mode = true\n", 2, "'grpc.socket_mode' must be an integer"),
-        ("[daemon]\nlog_level = \"loud\"\n", 2, "'daemon.log_level' must be one of"),
+        ('[daemon]\nlog_level = "loud"\n', 2, "'daemon.log_level' must be one of"),
         ("[daemon]\ninterval_s = 0.001\n", 2, "at least 0.05"),
         ("[collectors.nope]\nenabled = false\n", 1, "unknown key 'collectors.nope'"),
         ("[daemon\ninterval_s = 1\n", 1, "TOML syntax error"),
-        ("[grpc]\ntcp = \"localhost\"\n", 2, "must be host:port"),
+        ('[grpc]\ntcp = "localhost"\n', 2, "must be host:port"),
         ("daemon = 3\n", 1, "'daemon' must be a table"),
     ],
 )

@@ -24,7 +24,9 @@ def test_series_key_escapes_like_prometheus() -> None:
 
 
 def test_encode_round_exact() -> None:
-    rnd = Round("host", 1700000000.5, [sample(USED, 42, {"dev": "sda"}), sample(LOAD, float("nan"))])
+    rnd = Round(
+        "host", 1700000000.5, [sample(USED, 42, {"dev": "sda"}), sample(LOAD, float("nan"))]
+    )
     assert encode_round(rnd, "node1") == (
         b'{"ts":1700000000.5,"host":"node1","collector":"host",'
         b'"values":{"t_used_bytes{dev=\\"sda\\"}":42.0}}\n'

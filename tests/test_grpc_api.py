@@ -15,13 +15,14 @@ import pytest
 from bpfdyno.collectors.base import Collector, CollectorUnavailable
 from bpfdyno.config import GrpcSection, load
 from bpfdyno.daemon import Daemon
-from bpfdyno.metrics import REGISTRY, MetricKind, Sample, sample
+from bpfdyno.metrics import MetricKind, MetricRegistry, Sample, sample
 from bpfdyno.rpc.server import AddressInUse, GrpcServer, check_tcp_free, prepare_unix_socket
 from bpfdyno.rpc.v1 import agent_pb2 as pb
 from bpfdyno.rpc.v1 import agent_pb2_grpc as pb_grpc
 from bpfdyno.service import AgentService
 
-SPEC = REGISTRY.get("test_grpc_level_bytes") or REGISTRY.declare(
+REG = MetricRegistry()
+SPEC = REG.declare(
     "test_grpc_level_bytes", MetricKind.GAUGE, "bytes", "A test level.", ("dev",), source="t"
 )
 
@@ -52,7 +53,7 @@ async def agent(tmp_path: Path) -> AsyncIterator[tuple[str, Daemon]]:
     sock = str(tmp_path / "agent.sock")
     cfg = load(None, [("daemon.interval_s", "0.1"), ("grpc.socket", f'"{sock}"')])
     daemon = Daemon(cfg, [Fixed(), Missing()])
-    server = GrpcServer(cfg.grpc, AgentService(daemon))
+    server = GrpcServer(cfg.grpc, AgentService(daemon, REG))
     await server.start()
     await daemon.start()
     yield sock, daemon
@@ -87,8 +88,10 @@ async def test_round_trip(agent: tuple[str, Daemon]) -> None:
         n = daemon.runners[0].collector.n  # type: ignore[attr-defined]
         assert values == {"a": 1000.0 * n, "b": 7.0}
 
-        win = await stub.GetMetricsWindow(pb.GetMetricsWindowRequest(names=["test_grpc_level_bytes"]))
-        a_series = [s for s in win.series if s.labels[0].value == "a"][0]
+        win = await stub.GetMetricsWindow(
+            pb.GetMetricsWindowRequest(names=["test_grpc_level_bytes"])
+        )
+        a_series = next(s for s in win.series if s.labels[0].value == "a")
         assert [p.value for p in a_series.points] == [1000.0 * i for i in range(1, n + 1)]
 
         got = []

@@ -25,6 +25,7 @@ from collections import deque
 from typing import IO
 
 import orjson
+
 from bpfdyno.config import JsonlSection
 from bpfdyno.daemon import Round
 from bpfdyno.metrics import Labels

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
+
 from bpfdyno.collectors.base import CollectorState, CollectorStatus
 from bpfdyno.metrics import MetricKind, MetricSpec
 from bpfdyno.rpc.v1 import agent_pb2 as pb

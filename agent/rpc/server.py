@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
+
 from bpfdyno.config import GrpcSection
 from bpfdyno.rpc.agent_servicer import AgentServicer
 from bpfdyno.rpc.v1 import agent_pb2_grpc
