@@ -159,7 +159,7 @@ class CollectorRunner:
                 await asyncio.sleep(delay)
             t0 = time.monotonic()
             try:
-                samples = await loop.run_in_executor(self._executor, self.collector.collect)
+                samples, health = await loop.run_in_executor(self._executor, self._collect_once)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -169,9 +169,10 @@ class CollectorRunner:
                 self.collections += 1
                 self.consecutive_errors = 0
                 self.last_success_ts = ts
-                if self.state is CollectorState.DEGRADED:
+                state, reason = health if health is not None else (CollectorState.OK, "")
+                if self.state is CollectorState.DEGRADED and state is CollectorState.OK:
                     log.info("collector %s recovered", self.name)
-                self.state, self.reason = CollectorState.OK, ""
+                self.state, self.reason = state, reason
                 on_round(Round(self.name, ts, samples))
             self.last_duration_s = time.monotonic() - t0
             step = self.interval_s
@@ -183,6 +184,10 @@ class CollectorRunner:
                 # Missed deadlines (a slow collect, a suspended VM): skip them rather than
                 # firing a burst of back-to-back rounds.
                 deadline = now + step - math.fmod(now - deadline, step)
+
+    def _collect_once(self) -> tuple[Sequence[Sample], tuple[CollectorState, str] | None]:
+        samples = self.collector.collect()
+        return samples, self.collector.health()
 
     def _failed(self, e: Exception) -> None:
         self.errors += 1

@@ -178,3 +178,26 @@ def test_notify_systemd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
         assert s.recv(100) == b"READY=1"
     monkeypatch.delenv("NOTIFY_SOCKET")
     assert notify_systemd("READY=1") is False
+
+
+class PartlyLost(Counting):
+    """Collects fine but reports part of its source gone on rounds 2-3."""
+
+    def health(self) -> tuple[CollectorState, str] | None:
+        if self.rounds in (2, 3):
+            return CollectorState.DEGRADED, "GPU 1 lost: GPU_IS_LOST"
+        return None
+
+
+async def test_collector_health_reports_degraded_while_collecting() -> None:
+    c = PartlyLost("gpu")
+    d = make_daemon(c)
+    await d.start()
+    states = []
+    for _ in range(6):
+        states.append((d.statuses()[0].state, d.statuses()[0].reason))
+        await asyncio.sleep(0.1)
+    await d.stop()
+    assert (CollectorState.DEGRADED, "GPU 1 lost: GPU_IS_LOST") in states
+    assert states[-1] == (CollectorState.OK, "")
+    assert d.statuses()[0].errors == 0

@@ -57,6 +57,15 @@ class Collector(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release everything ``start()`` acquired (detach BPF, shut NVML down)."""
 
+    def health(self) -> tuple[CollectorState, str] | None:
+        """Optional: a state to report even though ``collect()`` succeeded.
+
+        A collector that keeps running while part of its source is gone (one GPU lost, a
+        ring buffer dropping events) returns ``(CollectorState.DEGRADED, reason)``; None
+        means "ok". Called on the collector's thread right after each successful collect.
+        """
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class CollectorStatus:
