@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import re
 import tomllib
 import types
@@ -20,7 +21,7 @@ DEFAULT_CONFIG_PATH = Path("/etc/bpfdyno/bpfdyno.toml")
 DEFAULT_SOCKET = "/run/bpfdyno/bpfdyno.sock"
 
 #: Collectors the daemon knows; ``[collectors.<name>]`` may only name these.
-KNOWN_COLLECTORS = ("host", "self", "sched", "net", "pmu", "gpu")
+KNOWN_COLLECTORS = ("host", "self", "sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs")
 
 
 class ConfigError(Exception):
@@ -83,6 +84,49 @@ class CollectorSection:
     interval_s: float = 0.0
 
 
+@dataclass
+class KinetoSection:
+    #: Directory of the Kineto IPC socket (the trainers' KINETO_IPC_SOCKET_DIR); "" means the
+    #: abstract name @dynolog@ of this network namespace. Defaults to $KINETO_IPC_SOCKET_DIR.
+    socket_dir: str = field(default_factory=lambda: os.environ.get("KINETO_IPC_SOCKET_DIR", ""))
+    #: Most trainers remembered at once.
+    registry_max_entries: int = 4096
+    #: A trainer that has not polled for this long is forgotten (dynolog: 60 s).
+    expire_after_s: float = 60.0
+
+
+@dataclass
+class TracingSection:
+    #: Extra directory trace files may be written to (besides allowed_dirs); "" for none.
+    trace_dir: str = ""
+    #: Directories trace log files must be inside.
+    allowed_dirs: list[str] = field(default_factory=lambda: ["/tmp"])
+    #: How long a trace is followed before its unfinished processes are "timed out".
+    default_timeout_s: float = 300.0
+
+
+@dataclass
+class LegacyRpcSection:
+    #: Serve the dyno CLI's JSON RPC.
+    enabled: bool = True
+    #: Addresses to listen on ("host:port", IPv6 as "[::1]:1778").
+    listen: list[str] = field(default_factory=lambda: ["127.0.0.1:1778", "[::1]:1778"])
+    #: A connection must send its whole request within this time.
+    timeout_s: float = 5.0
+    #: Connections served at once.
+    max_connections: int = 64
+
+
+@dataclass
+class GpuSection:
+    #: NVML library to load instead of the driver's libnvidia-ml.so.1; "" for the system one.
+    library_path: str = ""
+    #: Read GPM profiling metrics (SM active, tensor active...) on Hopper-class GPUs.
+    gpm_enabled: bool = True
+    #: Watch XID and other critical GPU events.
+    events_enabled: bool = True
+
+
 def _default_collectors() -> dict[str, CollectorSection]:
     return {name: CollectorSection() for name in KNOWN_COLLECTORS}
 
@@ -93,6 +137,10 @@ class Config:
     grpc: GrpcSection = field(default_factory=GrpcSection)
     export: ExportSection = field(default_factory=ExportSection)
     collectors: dict[str, CollectorSection] = field(default_factory=_default_collectors)
+    kineto: KinetoSection = field(default_factory=KinetoSection)
+    tracing: TracingSection = field(default_factory=TracingSection)
+    legacy_rpc: LegacyRpcSection = field(default_factory=LegacyRpcSection)
+    gpu: GpuSection = field(default_factory=GpuSection)
     #: Where the values came from, for error messages and `status`.
     source: str = field(default="<defaults>", compare=False)
 
@@ -272,3 +320,41 @@ def _validate(cfg: Config) -> None:
             raise bad(
                 "must be 0 (daemon default) or at least 0.05", f"collectors.{name}.interval_s"
             )
+    _validate_tracing(cfg, bad)
+
+
+def _validate_tracing(cfg: Config, bad: typing.Callable[[str, str], ConfigError]) -> None:
+    k, t, rpc = cfg.kineto, cfg.tracing, cfg.legacy_rpc
+    if k.socket_dir and not k.socket_dir.startswith("/"):
+        raise bad("must be an absolute directory, or empty for @dynolog@", "kineto.socket_dir")
+    # sun_path holds 107 bytes; the trainers' names there are 52 bytes long.
+    if len(os.path.join(k.socket_dir, "dynoconfigclient").encode()) + 36 > 107:
+        raise bad(
+            "is too long for a Unix socket path (keep it under 55 bytes)", "kineto.socket_dir"
+        )
+    if not 1 <= k.registry_max_entries <= 1_000_000:
+        raise bad("must be in 1..1000000", "kineto.registry_max_entries")
+    if k.expire_after_s < 5:
+        raise bad("must be at least 5 seconds (Kineto polls every 1-5 s)", "kineto.expire_after_s")
+    for key, dirs in (
+        ("tracing.trace_dir", [t.trace_dir] if t.trace_dir else []),
+        ("tracing.allowed_dirs", t.allowed_dirs),
+    ):
+        for d in dirs:
+            if not d.startswith("/") or ".." in d.split("/"):
+                raise bad(f"must hold absolute paths without '..', got {d!r}", key)
+    if t.default_timeout_s <= 0:
+        raise bad("must be more than 0 seconds", "tracing.default_timeout_s")
+    for addr in rpc.listen:
+        if (
+            not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[^:\s\[\]]+):\d{1,5}", addr)
+            or int(addr.rsplit(":", 1)[1]) > 65535
+        ):
+            raise bad(
+                f"entries must be host:port such as 127.0.0.1:1778 or [::1]:1778, got {addr!r}",
+                "legacy_rpc.listen",
+            )
+    if rpc.timeout_s <= 0:
+        raise bad("must be more than 0 seconds", "legacy_rpc.timeout_s")
+    if rpc.max_connections < 1:
+        raise bad("must be at least 1", "legacy_rpc.max_connections")

@@ -1,0 +1,504 @@
+"""Kernel headers for bcc, generated from the running kernel when none are installed.
+
+bcc compiles BPF C at run time against a kernel header tree (``BCC_KERNEL_SOURCE``). Many
+machines have no ``/lib/modules/$(uname -r)/build``, and headers of *another* kernel version
+compile fine but give wrong struct offsets: a read of ``task->real_parent`` silently returns
+garbage. So bpfdyno uses, in this order:
+
+1. the installed headers of exactly the running release (``installed``);
+2. a tree generated from the running kernel itself, cached per kernel build:
+
+   * ``minimal`` (``generated-minimal``): ``include/linux/kconfig.h`` with the ``CONFIG_*``
+     defines from ``/proc/config.gz``, ``LINUX_VERSION_CODE``, the kernel's scalar typedefs and
+     common macros, and ``struct pt_regs``. Enough for tracepoint, raw-syscall and uprobe
+     programs, which never read kernel structs.
+   * ``btf`` (``generated-btf``): the same plus ``vmlinux.h`` dumped from
+     ``/sys/kernel/btf/vmlinux`` by ``bpftool``, so every kernel struct has the exact layout of
+     the running kernel. The usual kernel includes (``linux/sched.h``...) become empty files, so
+     programs written for installed headers compile unchanged.
+
+The cache lives under ``/var/cache/bpfdyno/kheaders/<release>-<build id>/<flavour>`` and is
+written atomically (a temporary directory renamed into place), so concurrent daemons and
+tests never see half a tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+HeaderFlavour = Literal["minimal", "btf"]
+
+DEFAULT_CACHE_DIR = Path("/var/cache/bpfdyno/kheaders")
+_MARKER = ".bpfdyno-complete"
+
+
+class KernelHeadersError(Exception):
+    """No usable kernel headers; the message says what is missing and how to fix it."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderTree:
+    """A kernel header tree bcc can use as ``BCC_KERNEL_SOURCE``.
+
+    Attributes:
+        path: the tree's root (holds ``include/linux/kconfig.h``).
+        kind: ``installed``, ``generated-minimal`` or ``generated-btf``.
+        kernel_release: ``uname -r`` of the kernel the tree belongs to.
+        build_id: identifies the exact kernel build (empty for installed headers).
+    """
+
+    path: Path
+    kind: str
+    kernel_release: str
+    build_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSources:
+    """Where facts about the running kernel are read from (replaceable in tests)."""
+
+    release: str = field(default_factory=lambda: os.uname().release)
+    version: str = field(default_factory=lambda: os.uname().version)
+    btf: Path = Path("/sys/kernel/btf/vmlinux")
+    config: Path = Path("/proc/config.gz")
+    notes: Path = Path("/sys/kernel/notes")
+    modules: Path = Path("/lib/modules")
+
+    @property
+    def installed_headers(self) -> Path:
+        """Where a linux-headers package of exactly this release would be."""
+        return self.modules / self.release / "build"
+
+
+def kernel_build_id(kernel: KernelSources | None = None) -> str:
+    """A short hex id that changes whenever the running kernel build changes.
+
+    It hashes the release and version strings, the kernel's ELF notes (they hold the GNU
+    build id) and the BTF and config blobs, so two kernels with the same ``uname -r`` but
+    different builds never share cached headers.
+    """
+    k = kernel or KernelSources()
+    h = hashlib.sha256()
+    h.update(k.release.encode())
+    h.update(b"\0")
+    h.update(k.version.encode())
+    for path in (k.notes, k.btf, k.config):
+        h.update(b"\0" + str(path).encode() + b"\0")
+        try:
+            h.update(path.read_bytes())
+        except OSError:
+            h.update(b"<missing>")
+    # The generator itself is part of the id: a changed template never reuses a stale tree.
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def ensure_headers(
+    flavour: HeaderFlavour = "minimal",
+    cache_dir: Path | None = None,
+    *,
+    kernel: KernelSources | None = None,
+    prefer_installed: bool = True,
+) -> HeaderTree:
+    """Return a header tree for the running kernel, generating and caching it if needed.
+
+    Args:
+        flavour: ``minimal`` for programs that never read kernel structs, ``btf`` for
+            programs that do (exact offsets from the kernel's BTF).
+        cache_dir: where generated trees are kept (default ``/var/cache/bpfdyno/kheaders``).
+        kernel: where to read kernel facts from; the running kernel by default.
+        prefer_installed: use ``/lib/modules/<release>/build`` when it exists.
+
+    Returns:
+        The tree to pass to bcc as ``BCC_KERNEL_SOURCE``.
+
+    Raises:
+        KernelHeadersError: nothing usable; the message says how to fix it.
+    """
+    if flavour not in ("minimal", "btf"):
+        raise KernelHeadersError(f"unknown header flavour {flavour!r}; use 'minimal' or 'btf'")
+    k = kernel or KernelSources()
+    installed = k.installed_headers
+    if prefer_installed and (installed / "include" / "linux" / "kconfig.h").is_file():
+        return HeaderTree(installed.resolve(), "installed", k.release, "")
+    build_id = kernel_build_id(k)
+    root = (cache_dir or DEFAULT_CACHE_DIR) / f"{k.release}-{build_id}"
+    final = root / flavour
+    if not (final / _MARKER).is_file():
+        _generate_atomically(final, flavour, k)
+    return HeaderTree(final, f"generated-{flavour}", k.release, build_id)
+
+
+def describe_header_source(
+    cache_dir: Path | None = None, kernel: KernelSources | None = None
+) -> str:
+    """One line for ``bpfdyno doctor``: where BPF headers come from, or what is missing."""
+    k = kernel or KernelSources()
+    if (k.installed_headers / "include" / "linux" / "kconfig.h").is_file():
+        return f"kernel headers: installed at {k.installed_headers} (release {k.release})"
+    missing = [str(p) for p in (k.config,) if not p.is_file()]
+    if missing:
+        return (
+            f"kernel headers: none for {k.release}: no {k.installed_headers} and no "
+            f"{', '.join(missing)}; install linux-headers-{k.release} or load the configs "
+            "module (modprobe configs)"
+        )
+    btf = "and BTF" if k.btf.is_file() and shutil.which("bpftool") else "only (no BTF/bpftool)"
+    where = (cache_dir or DEFAULT_CACHE_DIR) / f"{k.release}-{kernel_build_id(k)}"
+    hint = ""
+    if not k.btf.is_file():
+        hint = "; programs that read kernel structs need CONFIG_DEBUG_INFO_BTF=y"
+    elif not shutil.which("bpftool"):
+        hint = "; install bpftool to generate vmlinux.h for struct-reading programs"
+    return f"kernel headers: generated from {k.config} {btf} into {where}{hint}"
+
+
+def _generate_atomically(final: Path, flavour: HeaderFlavour, k: KernelSources) -> None:
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise KernelHeadersError(
+            f"cannot create the header cache {final.parent} ({e.strerror}); run as root or "
+            "pass a writable cache directory"
+        ) from e
+    for stale in final.parent.glob(".tmp-*"):  # left by a generator that was killed
+        with contextlib.suppress(OSError):
+            if time.time() - stale.stat().st_mtime > 600:
+                shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{flavour}-", dir=final.parent))
+    try:
+        _write_tree(tmp, flavour, k)
+        (tmp / _MARKER).write_text(f"{k.release}\n{flavour}\n")
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            # Another process renamed its complete copy first; theirs is as good as ours.
+            if not (final / _MARKER).is_file():
+                # A leftover without the marker (e.g. an old crash): replace it.
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_tree(root: Path, flavour: HeaderFlavour, k: KernelSources) -> None:
+    inc = root / "include"
+    configs = _read_kconfig(k.config)
+    files: dict[str, str] = {
+        "linux/version.h": _version_h(k.release),
+        "linux/kconfig.h": _kconfig_h(configs, flavour),
+        "generated/autoconf.h": "",
+    }
+    if flavour == "btf":
+        files["bpfdyno/vmlinux.h"] = _dump_vmlinux_h(k.btf)
+        files["bpfdyno/kmacros.h"] = _KMACROS_H
+    else:
+        files["bpfdyno/ktypes.h"] = _KTYPES_H
+        files["bpfdyno/kmacros.h"] = _KMACROS_H
+        files["bpfdyno/ptregs.h"] = _pt_regs_h()
+        files["uapi/linux/ptrace.h"] = '#include "../../bpfdyno/ptregs.h"\n'
+        files["linux/ptrace.h"] = '#include "../bpfdyno/ptregs.h"\n'
+        files["asm/ptrace.h"] = '#include "../bpfdyno/ptregs.h"\n'
+    for name in _EMPTY_HEADERS:
+        files.setdefault(name, "")
+    for name, text in files.items():
+        path = inc / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    # bcc adds -I<tree>/arch/<arch>/include...; those directories need not exist.
+
+
+def _read_kconfig(path: Path) -> list[tuple[str, str]]:
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except FileNotFoundError as e:
+        raise KernelHeadersError(
+            f"{path} does not exist, so kernel headers cannot be generated; load the configs "
+            "module (modprobe configs) or install the linux-headers package of this kernel"
+        ) from e
+    except (OSError, gzip.BadGzipFile, EOFError) as e:
+        raise KernelHeadersError(
+            f"cannot read the kernel config {path} ({e}); install the linux-headers package "
+            "of this kernel"
+        ) from e
+    out: list[tuple[str, str]] = []
+    for line in raw.decode("utf-8", "replace").splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.startswith("CONFIG_") and name.isidentifier():
+            out.append((name, value.strip()))
+    if not out:
+        raise KernelHeadersError(f"{path} holds no CONFIG_ lines; is it a kernel config?")
+    return out
+
+
+def _kconfig_h(configs: list[tuple[str, str]], flavour: HeaderFlavour) -> str:
+    lines = [
+        "/* Generated by bpfdyno from the running kernel's config. Do not edit. */",
+        "#ifndef __BPFDYNO_KCONFIG_H",
+        "#define __BPFDYNO_KCONFIG_H",
+    ]
+    for name, value in configs:
+        if value == "y":
+            lines.append(f"#define {name} 1")
+        elif value == "m":
+            lines.append(f"#define {name}_MODULE 1")
+        elif value != "n":
+            lines.append(f"#define {name} {value}")
+    lines.append(_KCONFIG_MACROS)
+    if flavour == "btf":
+        lines += [
+            # bcc's built-in copy of uapi/linux/bpf.h would clash with vmlinux.h's types.
+            "#define _UAPI__LINUX_BPF_H__",
+            # bcc does no CO-RE relocation; offsets in vmlinux.h are already exact.
+            "#define BPF_NO_PRESERVE_ACCESS_INDEX",
+            '#include "../bpfdyno/vmlinux.h"',
+        ]
+    else:
+        lines.append('#include "../bpfdyno/ktypes.h"')
+    lines += ['#include "../bpfdyno/kmacros.h"', "#endif"]
+    return "\n".join(lines) + "\n"
+
+
+def _version_h(release: str) -> str:
+    parts = [int(p) for p in _leading_numbers(release)[:3]] + [0, 0, 0]
+    major, minor, patch = parts[0], parts[1], min(parts[2], 255)
+    code = (major << 16) + (minor << 8) + patch
+    return (
+        f"#define LINUX_VERSION_CODE {code}\n"
+        "#define KERNEL_VERSION(a, b, c) (((a) << 16) + ((b) << 8) + ((c) > 255 ? 255 : (c)))\n"
+        f"#define LINUX_VERSION_MAJOR {major}\n"
+        f"#define LINUX_VERSION_PATCHLEVEL {minor}\n"
+        f"#define LINUX_VERSION_SUBLEVEL {parts[2]}\n"
+    )
+
+
+def _leading_numbers(release: str) -> list[str]:
+    nums: list[str] = []
+    for chunk in release.split("."):
+        digits = ""
+        for ch in chunk:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        nums.append(digits)
+        if len(digits) != len(chunk):
+            break
+    return nums
+
+
+def _dump_vmlinux_h(btf: Path) -> str:
+    if not btf.is_file():
+        raise KernelHeadersError(
+            f"{btf} does not exist: this kernel has no BTF, so programs that read kernel "
+            "structs cannot be compiled; boot a kernel with CONFIG_DEBUG_INFO_BTF=y or install "
+            "the linux-headers package of exactly this kernel"
+        )
+    bpftool = shutil.which("bpftool") or shutil.which("bpftool", path="/usr/sbin:/sbin")
+    if bpftool is None:
+        raise KernelHeadersError(
+            "bpftool is not installed, so vmlinux.h cannot be generated from BTF; install it "
+            "(Debian/Ubuntu: apt-get install bpftool)"
+        )
+    try:
+        res = subprocess.run(
+            [bpftool, "btf", "dump", "file", str(btf), "format", "c"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise KernelHeadersError(f"running bpftool failed ({e}); check the bpftool install") from e
+    if res.returncode != 0 or "struct task_struct {" not in res.stdout:
+        raise KernelHeadersError(
+            f"bpftool could not dump {btf} (exit {res.returncode}: {res.stderr.strip()[:200]}); "
+            "update bpftool to a version that knows this kernel's BTF"
+        )
+    return res.stdout
+
+
+def _pt_regs_h() -> str:
+    # The user-visible register layout (uapi asm/ptrace.h) is stable ABI per architecture.
+    machine = platform.machine()
+    if machine == "x86_64":
+        body = (
+            "struct pt_regs {\n"
+            "  unsigned long r15, r14, r13, r12, bp, bx, r11, r10, r9, r8, ax, cx, dx, si, di;\n"
+            "  unsigned long orig_ax, ip, cs, flags, sp, ss;\n"
+            "};\n"
+        )
+    elif machine == "aarch64":
+        body = (
+            "struct user_pt_regs { __u64 regs[31]; __u64 sp; __u64 pc; __u64 pstate; };\n"
+            "struct pt_regs { union { struct user_pt_regs user_regs; struct { __u64 regs[31];"
+            " __u64 sp; __u64 pc; __u64 pstate; }; }; __u64 orig_x0; };\n"
+        )
+    else:
+        body = (
+            f"/* struct pt_regs is not provided for {machine}; uprobes need installed headers */\n"
+        )
+    return "#ifndef __BPFDYNO_PTREGS_H\n#define __BPFDYNO_PTREGS_H\n" + body + "#endif\n"
+
+
+_KCONFIG_MACROS = r"""
+#define __ARG_PLACEHOLDER_1 0,
+#define __take_second_arg(__ignored, val, ...) val
+#define __is_defined(x) ___is_defined(x)
+#define ___is_defined(val) ____is_defined(__ARG_PLACEHOLDER_##val)
+#define ____is_defined(arg1_or_junk) __take_second_arg(arg1_or_junk 1, 0)
+#define IS_BUILTIN(option) __is_defined(option)
+#define IS_MODULE(option) __is_defined(option##_MODULE)
+#define IS_ENABLED(option) (IS_BUILTIN(option) || IS_MODULE(option))
+"""
+
+# Kernel scalar types for the minimal flavour (vmlinux.h provides them in the btf flavour;
+# mixing the two clashes).
+_KTYPES_H = r"""#ifndef __BPFDYNO_KTYPES_H
+#define __BPFDYNO_KTYPES_H
+typedef signed char __s8;
+typedef unsigned char __u8;
+typedef short __s16;
+typedef unsigned short __u16;
+typedef int __s32;
+typedef unsigned int __u32;
+typedef long long __s64;
+typedef unsigned long long __u64;
+typedef __s8 s8;
+typedef __u8 u8;
+typedef __s16 s16;
+typedef __u16 u16;
+typedef __s32 s32;
+typedef __u32 u32;
+typedef __s64 s64;
+typedef __u64 u64;
+typedef __u16 __le16;
+typedef __u16 __be16;
+typedef __u32 __le32;
+typedef __u32 __be32;
+typedef __u64 __le64;
+typedef __u64 __be64;
+typedef __u16 __sum16;
+typedef __u32 __wsum;
+typedef __u64 __attribute__((aligned(8))) __aligned_u64;
+typedef _Bool bool;
+enum { false = 0, true = 1 };
+typedef int pid_t;
+typedef unsigned int uid_t;
+typedef unsigned int gid_t;
+typedef long __kernel_long_t;
+typedef unsigned long __kernel_ulong_t;
+typedef __kernel_ulong_t size_t;
+typedef __kernel_long_t ssize_t;
+typedef long long loff_t;
+typedef unsigned short umode_t;
+typedef unsigned int __poll_t;
+typedef __u32 dev_t;
+typedef unsigned long uintptr_t;
+typedef long long ktime_t;
+typedef unsigned short sa_family_t;
+#define TASK_COMM_LEN 16
+#endif
+"""
+
+# Macros are not in BTF, so both flavours carry the commonly used ones.
+_KMACROS_H = r"""#ifndef __BPFDYNO_KMACROS_H
+#define __BPFDYNO_KMACROS_H
+#ifndef NULL
+#define NULL ((void *)0)
+#endif
+#ifndef __always_inline
+#define __always_inline inline __attribute__((always_inline))
+#endif
+#ifndef likely
+#define likely(x) __builtin_expect(!!(x), 1)
+#endif
+#ifndef unlikely
+#define unlikely(x) __builtin_expect(!!(x), 0)
+#endif
+#ifndef offsetof
+#define offsetof(TYPE, MEMBER) __builtin_offsetof(TYPE, MEMBER)
+#endif
+#ifndef container_of
+#define container_of(ptr, type, member) \
+  ((type *)((void *)(ptr) - offsetof(type, member)))
+#endif
+#ifndef READ_ONCE
+#define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
+#endif
+#define TASK_RUNNING 0x0000
+#define TASK_INTERRUPTIBLE 0x0001
+#define TASK_UNINTERRUPTIBLE 0x0002
+#define __TASK_STOPPED 0x0004
+#define __TASK_TRACED 0x0008
+#define TASK_REPORT 0x007f
+#define PF_KTHREAD 0x00200000
+#define AF_UNIX 1
+#define AF_INET 2
+#define AF_INET6 10
+#define IPPROTO_TCP 6
+#define IPPROTO_UDP 17
+#define MSG_PEEK 2
+#ifndef PAGE_SHIFT
+#define PAGE_SHIFT 12
+#define PAGE_SIZE (1UL << PAGE_SHIFT)
+#endif
+#endif
+"""
+
+# Headers bcc's helpers and typical programs include; their content comes from kconfig.h's
+# types (minimal) or vmlinux.h (btf), so they exist only to satisfy #include.
+_EMPTY_HEADERS = (
+    "linux/types.h",
+    "uapi/linux/bpf.h",
+    "linux/bpf.h",
+    "linux/bpf_common.h",
+    "uapi/linux/if_packet.h",
+    "uapi/linux/if_ether.h",
+    "linux/log2.h",
+    "asm/page.h",
+    "linux/compiler.h",
+    "linux/errno.h",
+    "uapi/linux/errno.h",
+    "linux/sched.h",
+    "linux/ptrace.h",
+    "uapi/linux/ptrace.h",
+    "asm/ptrace.h",
+    "linux/mm_types.h",
+    "linux/fs.h",
+    "linux/nsproxy.h",
+    "linux/pid_namespace.h",
+    "linux/cgroup.h",
+    "linux/socket.h",
+    "linux/skbuff.h",
+    "linux/netdevice.h",
+    "linux/in.h",
+    "linux/in6.h",
+    "linux/ip.h",
+    "linux/ipv6.h",
+    "linux/tcp.h",
+    "linux/udp.h",
+    "net/sock.h",
+    "net/inet_sock.h",
+    "net/inet_connection_sock.h",
+    "net/tcp.h",
+    "net/udp.h",
+    "net/net_namespace.h",
+    "net/dropreason.h",
+    "net/dropreason-core.h",
+    "uapi/linux/tcp.h",
+    "uapi/linux/in.h",
+    "uapi/linux/in6.h",
+)
