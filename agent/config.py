@@ -127,6 +127,16 @@ class GpuSection:
     events_enabled: bool = True
 
 
+@dataclass
+class EventsSection:
+    #: The kernel/GPU event flight recorder keeps events this long (seconds)...
+    max_age_s: float = 300.0
+    #: ...and at most about this much memory (bytes).
+    max_bytes: int = 32 * 1024 * 1024
+    #: Most active processes kept in the process table (registered trainers come on top).
+    process_table_size: int = 200
+
+
 def _default_collectors() -> dict[str, CollectorSection]:
     return {name: CollectorSection() for name in KNOWN_COLLECTORS}
 
@@ -141,6 +151,7 @@ class Config:
     tracing: TracingSection = field(default_factory=TracingSection)
     legacy_rpc: LegacyRpcSection = field(default_factory=LegacyRpcSection)
     gpu: GpuSection = field(default_factory=GpuSection)
+    events: EventsSection = field(default_factory=EventsSection)
     #: Where the values came from, for error messages and `status`.
     source: str = field(default="<defaults>", compare=False)
 
@@ -320,6 +331,12 @@ def _validate(cfg: Config) -> None:
             raise bad(
                 "must be 0 (daemon default) or at least 0.05", f"collectors.{name}.interval_s"
             )
+    if cfg.events.max_age_s <= 0:
+        raise bad("must be more than 0 seconds", "events.max_age_s")
+    if cfg.events.max_bytes < 64 * 1024:
+        raise bad("must be at least 65536 bytes", "events.max_bytes")
+    if not 1 <= cfg.events.process_table_size <= 100_000:
+        raise bad("must be in 1..100000", "events.process_table_size")
     _validate_tracing(cfg, bad)
 
 

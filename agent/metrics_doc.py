@@ -15,7 +15,13 @@ from bpfdyno.metrics import REGISTRY, MetricRegistry
 
 #: Every module that declares metrics. A test checks each collector module is listed.
 METRIC_MODULES = (
+    "bpfdyno.bpfload",
+    "bpfdyno.collectors.gpu_metrics",
     "bpfdyno.collectors.host",
+    "bpfdyno.collectors.net",
+    "bpfdyno.collectors.pmu",
+    "bpfdyno.collectors.procs",
+    "bpfdyno.collectors.sched",
     "bpfdyno.collectors.self_stats",
 )
 

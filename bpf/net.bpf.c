@@ -1,0 +1,470 @@
+/* bpfdyno network telemetry: per-process TCP/UDP bytes, per-connection state and bytes,
+ * retransmits, RTT/cwnd samples, resets and packet drops by reason.
+ *
+ * Everything is aggregated in maps that user space reads cumulatively (never read-then-
+ * clear); only rare events (connection open/close, retransmits, resets) go through the ring
+ * buffer, and a full ring buffer is counted, never waited on.
+ *
+ * Settings (-D): NET_MAX_PROCS, NET_MAX_SOCKS, NET_MAX_LISTENERS, NET_RINGBUF_PAGES,
+ * NET_PROBE_SAMPLE_EVERY, NET_MAX_DROP_REASONS; NET_USE_SYSCALLS selects the syscall
+ * fallback for byte counts (kernels without sock:sock_{send,recv}_length); NET_NO_<PART>
+ * leaves out a part whose tracepoint this kernel lacks; NET_RETX_HAS_ERR and
+ * NET_RST_HAS_REASON follow optional tracepoint fields.
+ *
+ * Program names start with "bpfdyno_" so they can be told apart in `bpftool prog show`.
+ */
+#include "net.h"
+
+#ifndef NET_MAX_PROCS
+#define NET_MAX_PROCS 16384
+#endif
+#ifndef NET_MAX_SOCKS
+#define NET_MAX_SOCKS 65536
+#endif
+#ifndef NET_MAX_LISTENERS
+#define NET_MAX_LISTENERS 4096
+#endif
+#ifndef NET_RINGBUF_PAGES
+#define NET_RINGBUF_PAGES 64
+#endif
+#ifndef NET_PROBE_SAMPLE_EVERY
+#define NET_PROBE_SAMPLE_EVERY 16
+#endif
+#ifndef NET_MAX_DROP_REASONS
+#define NET_MAX_DROP_REASONS 256
+#endif
+
+#define NET_AF_INET 2
+#define NET_AF_INET6 10
+#define NET_PROTO_TCP 6
+#define NET_PROTO_UDP 17
+#define NET_PROTO_MPTCP 262
+#define NET_MSG_PEEK 2
+#define NET_TCP_ESTABLISHED 1
+#define NET_TCP_SYN_SENT 2
+#define NET_TCP_SYN_RECV 3
+#define NET_TCP_CLOSE 7
+#define NET_TCP_LISTEN 10
+
+/* bcc generates the tracepoint argument structs from tracefs; fields typed with these kernel
+ * enums need a complete type. The minimal header tree has none, so give them one of the
+ * kernel's size (4 bytes, unsigned). */
+enum skb_drop_reason { NET_SKB_DROP_REASON_ANY_ = 0xffffffffu };
+enum sk_rst_reason { NET_SK_RST_REASON_ANY_ = 0xffffffffu };
+
+BPF_PERCPU_ARRAY(net_totals, u64, NET_C_MAX);
+BPF_PERCPU_ARRAY(net_drops, u64, NET_MAX_DROP_REASONS);
+BPF_PERCPU_ARRAY(net_probe_tick, u64, 1);
+BPF_HASH(net_procs, u32, struct net_proc, NET_MAX_PROCS);
+BPF_TABLE("lru_hash", u64, struct net_sock, net_socks, NET_MAX_SOCKS);
+BPF_HASH(net_listeners, u32, struct net_listener, NET_MAX_LISTENERS);
+BPF_RINGBUF_OUTPUT(net_events, NET_RINGBUF_PAGES);
+
+static __always_inline void net_count(u32 idx, u64 value)
+{
+	u64 *c = net_totals.lookup(&idx);
+	if (c)
+		*c += value; /* per-CPU slot: no atomics needed */
+}
+
+static __always_inline struct net_proc *net_proc_of(u32 tgid)
+{
+	struct net_proc zero = {};
+	struct net_proc *p = net_procs.lookup_or_try_init(&tgid, &zero);
+	if (!p)
+		net_count(NET_C_PROC_MAP_FULL, 1);
+	return p;
+}
+
+static __always_inline u32 net_listener_key(u16 family, u16 port)
+{
+	return ((u32)family << 16) | port;
+}
+
+/* Reserve, fill from a socket entry (owner, bytes) and the given tuple, submit. */
+static __always_inline void net_emit(u32 kind, const struct net_sock *s, u32 state, u32 oldstate,
+				     s32 detail)
+{
+	struct net_event *e = net_events.ringbuf_reserve(sizeof(struct net_event));
+	if (!e) {
+		net_count(NET_C_RINGBUF_DROPS, 1);
+		return;
+	}
+	u64 now = bpf_ktime_get_ns();
+	e->ts_ns = now;
+	e->tx_bytes = s->tx_bytes;
+	e->rx_bytes = s->rx_bytes;
+	e->duration_ns = s->open_ns ? now - s->open_ns : 0;
+	e->kind = kind;
+	e->tgid = s->tgid;
+	e->tid = 0; /* these events mostly fire in softirq context: the thread is unknown */
+	e->state = state;
+	e->oldstate = oldstate;
+	e->detail = detail;
+	e->family = s->family;
+	e->sport = s->sport;
+	e->dport = s->dport;
+	e->pad = 0;
+	__builtin_memcpy(e->saddr, s->saddr, NET_ADDR_LEN);
+	__builtin_memcpy(e->daddr, s->daddr, NET_ADDR_LEN);
+	__builtin_memcpy(e->comm, s->comm, NET_COMM_LEN);
+	/* Consumed periodically: no wakeup per event (it would cost an irq_work each). */
+	net_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
+/* Copy a tracepoint's split IPv4/IPv6 address fields into a socket entry. */
+#define NET_FILL_TUPLE(s, a)                                                                  \
+	do {                                                                                  \
+		(s)->family = (a)->family;                                                    \
+		(s)->sport = (a)->sport;                                                      \
+		(s)->dport = (a)->dport;                                                      \
+		if ((a)->family == NET_AF_INET6) {                                            \
+			__builtin_memcpy((s)->saddr, (a)->saddr_v6, 16);                      \
+			__builtin_memcpy((s)->daddr, (a)->daddr_v6, 16);                      \
+		} else {                                                                      \
+			__builtin_memset((s)->saddr, 0, 16);                                  \
+			__builtin_memset((s)->daddr, 0, 16);                                  \
+			__builtin_memcpy((s)->saddr, (a)->saddr, 4);                          \
+			__builtin_memcpy((s)->daddr, (a)->daddr, 4);                          \
+		}                                                                             \
+		(s)->flags |= NET_SOCK_TUPLE;                                                 \
+	} while (0)
+
+/* Decode a `struct sockaddr_in` / `sockaddr_in6` image (28 bytes, as the tcp tracepoints
+ * store it) into family, host-order port and a 16-byte address. */
+static __always_inline void net_sockaddr(const u8 *raw, u16 *family, u16 *port, u8 *addr)
+{
+	u16 fam = raw[0] | (raw[1] << 8);
+	*family = fam;
+	*port = (raw[2] << 8) | raw[3]; /* sin_port is big-endian */
+	__builtin_memset(addr, 0, 16);
+	if (fam == NET_AF_INET6)
+		__builtin_memcpy(addr, raw + 8, 16);
+	else
+		__builtin_memcpy(addr, raw + 4, 4);
+}
+
+/* Owner bookkeeping for a TCP socket seen in process context (send/recv). */
+static __always_inline void net_sock_io(u64 key, u32 tgid, u64 bytes, int rx)
+{
+	struct net_sock *s = net_socks.lookup(&key);
+	if (!s) {
+		/* A socket that predates us or was never seen changing state. */
+		struct net_sock fresh = {};
+		fresh.tgid = tgid;
+		bpf_get_current_comm(&fresh.comm, sizeof(fresh.comm));
+		net_socks.insert(&key, &fresh); /* may lose a race with another CPU: fine */
+		s = net_socks.lookup(&key);
+		if (!s)
+			return;
+	}
+	if (s->tgid != tgid) {
+		s->tgid = tgid;
+		bpf_get_current_comm(&s->comm, sizeof(s->comm));
+	}
+	if (rx)
+		__sync_fetch_and_add(&s->rx_bytes, bytes);
+	else
+		__sync_fetch_and_add(&s->tx_bytes, bytes);
+}
+
+#ifndef NET_USE_SYSCALLS
+
+/* sock:sock_{send,recv}_length: process context, exact bytes of every socket send/receive
+ * (read/write, sendfile and splice included). */
+static __always_inline int net_sock_length(void *sk, u16 family, u16 protocol, int ret, int flags,
+					   int rx)
+{
+	if (ret <= 0 || (rx && (flags & NET_MSG_PEEK)))
+		return 0;
+	if (family != NET_AF_INET && family != NET_AF_INET6)
+		return 0;
+	int tcp = protocol == NET_PROTO_TCP || protocol == NET_PROTO_MPTCP;
+	if (!tcp && protocol != NET_PROTO_UDP)
+		return 0;
+	u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	u64 bytes = ret;
+	if (tcp)
+		net_count(rx ? NET_C_TCP_RX_BYTES : NET_C_TCP_TX_BYTES, bytes);
+	else
+		net_count(rx ? NET_C_UDP_RX_BYTES : NET_C_UDP_TX_BYTES, bytes);
+	struct net_proc *p = net_proc_of(tgid);
+	if (p) {
+		u64 *field = tcp ? (rx ? &p->tcp_rx_bytes : &p->tcp_tx_bytes)
+				 : (rx ? &p->udp_rx_bytes : &p->udp_tx_bytes);
+		__sync_fetch_and_add(field, bytes);
+	}
+	if (protocol == NET_PROTO_TCP)
+		net_sock_io((u64)sk, tgid, bytes, rx);
+	return 0;
+}
+
+int bpfdyno_nsend(struct tracepoint__sock__sock_send_length *args)
+{
+	return net_sock_length(args->sk, args->family, args->protocol, args->ret, args->flags, 0);
+}
+
+int bpfdyno_nrecv(struct tracepoint__sock__sock_recv_length *args)
+{
+	return net_sock_length(args->sk, args->family, args->protocol, args->ret, args->flags, 1);
+}
+
+#else /* NET_USE_SYSCALLS */
+
+/* Fallback for kernels without sock_*_length: the socket-only syscalls. The protocol is not
+ * known here, so bytes go to the "other" counters; read()/write() on sockets and
+ * sendmmsg/recvmmsg are not seen. */
+BPF_HASH(net_recv_flags, u32, u32, 10240);
+
+static __always_inline void net_other_bytes(long ret, int rx)
+{
+	if (ret <= 0)
+		return;
+	u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	net_count(rx ? NET_C_OTHER_RX_BYTES : NET_C_OTHER_TX_BYTES, ret);
+	struct net_proc *p = net_proc_of(tgid);
+	if (p)
+		__sync_fetch_and_add(rx ? &p->other_rx_bytes : &p->other_tx_bytes, (u64)ret);
+}
+
+/* Attached to sys_exit_sendto and sys_exit_sendmsg (same layout). */
+int bpfdyno_nsc_tx(struct tracepoint__syscalls__sys_exit_sendto *args)
+{
+	net_other_bytes(args->ret, 0);
+	return 0;
+}
+
+int bpfdyno_nsc_rxf(struct tracepoint__syscalls__sys_enter_recvfrom *args)
+{
+	u32 tid = (u32)bpf_get_current_pid_tgid();
+	u32 flags = (u32)args->flags;
+	net_recv_flags.update(&tid, &flags);
+	return 0;
+}
+
+int bpfdyno_nsc_rxm(struct tracepoint__syscalls__sys_enter_recvmsg *args)
+{
+	u32 tid = (u32)bpf_get_current_pid_tgid();
+	u32 flags = (u32)args->flags;
+	net_recv_flags.update(&tid, &flags);
+	return 0;
+}
+
+/* Attached to sys_exit_recvfrom and sys_exit_recvmsg (same layout). */
+int bpfdyno_nsc_rx(struct tracepoint__syscalls__sys_exit_recvfrom *args)
+{
+	u32 tid = (u32)bpf_get_current_pid_tgid();
+	u32 *flags = net_recv_flags.lookup(&tid);
+	int peek = flags && (*flags & NET_MSG_PEEK);
+	net_recv_flags.delete(&tid);
+	if (!peek)
+		net_other_bytes(args->ret, 1);
+	return 0;
+}
+
+#endif /* NET_USE_SYSCALLS */
+
+#ifndef NET_NO_STATE
+/* sock:inet_sock_set_state: connection lifecycle. Runs in process context for connect(),
+ * listen() and close(), in softirq context when a packet moves the state. */
+int bpfdyno_nstate(struct tracepoint__sock__inet_sock_set_state *args)
+{
+	if (args->protocol != NET_PROTO_TCP)
+		return 0;
+	if (args->family != NET_AF_INET && args->family != NET_AF_INET6)
+		return 0;
+	int ns = args->newstate;
+	int os = args->oldstate;
+	u64 key = (u64)args->skaddr;
+
+	if (ns == NET_TCP_LISTEN) { /* listen(): process context, the owner is current */
+		struct net_listener l = {};
+		l.tgid = bpf_get_current_pid_tgid() >> 32;
+		bpf_get_current_comm(&l.comm, sizeof(l.comm));
+		u32 lkey = net_listener_key(args->family, args->sport);
+		net_listeners.update(&lkey, &l);
+		return 0;
+	}
+	if (os == NET_TCP_LISTEN && ns == NET_TCP_CLOSE) {
+		u32 lkey = net_listener_key(args->family, args->sport);
+		net_listeners.delete(&lkey);
+		net_socks.delete(&key);
+		return 0;
+	}
+
+	struct net_sock *s = net_socks.lookup(&key);
+	if (!s) {
+		struct net_sock fresh = {};
+		if (ns == NET_TCP_SYN_SENT) { /* connect(): process context */
+			fresh.tgid = bpf_get_current_pid_tgid() >> 32;
+			bpf_get_current_comm(&fresh.comm, sizeof(fresh.comm));
+		} else if (ns == NET_TCP_SYN_RECV) { /* a child of a listener, in softirq */
+			u32 lkey = net_listener_key(args->family, args->sport);
+			struct net_listener *l = net_listeners.lookup(&lkey);
+			if (!l) { /* IPv4 peer on a dual-stack (AF_INET6) listener */
+				lkey = net_listener_key(NET_AF_INET6, args->sport);
+				l = net_listeners.lookup(&lkey);
+			}
+			if (l) {
+				fresh.tgid = l->tgid;
+				__builtin_memcpy(fresh.comm, l->comm, NET_COMM_LEN);
+			}
+			fresh.flags = NET_SOCK_PASSIVE;
+		}
+		net_socks.update(&key, &fresh);
+		s = net_socks.lookup(&key);
+		if (!s)
+			return 0;
+	} else if (ns == NET_TCP_SYN_SENT) {
+		s->tgid = bpf_get_current_pid_tgid() >> 32;
+		bpf_get_current_comm(&s->comm, sizeof(s->comm));
+	}
+	NET_FILL_TUPLE(s, args);
+	s->state = ns;
+
+	if (ns == NET_TCP_ESTABLISHED && (os == NET_TCP_SYN_SENT || os == NET_TCP_SYN_RECV)) {
+		s->open_ns = bpf_ktime_get_ns();
+		int active = os == NET_TCP_SYN_SENT;
+		net_count(active ? NET_C_TCP_OPENS_ACTIVE : NET_C_TCP_OPENS_PASSIVE, 1);
+		net_emit(active ? NET_EV_CONNECT : NET_EV_ACCEPT, s, ns, os, 0);
+	} else if (ns == NET_TCP_CLOSE) {
+		net_count(NET_C_TCP_CLOSES, 1);
+		net_emit(NET_EV_CLOSE, s, ns, os, s->retransmits);
+		net_socks.delete(&key);
+	}
+	return 0;
+}
+#endif
+
+#ifndef NET_NO_RETX
+/* tcp:tcp_retransmit_skb: softirq/timer context; attributed through the socket's owner. */
+int bpfdyno_nretx(struct tracepoint__tcp__tcp_retransmit_skb *args)
+{
+	s32 err = 0;
+#ifdef NET_RETX_HAS_ERR
+	err = args->err;
+	if (err)
+		return 0; /* not sent (e.g. the previous copy is still queued): not on the wire */
+#endif
+	net_count(NET_C_TCP_RETRANSMITS, 1);
+	u64 key = (u64)args->skaddr;
+	struct net_sock *s = net_socks.lookup(&key);
+	struct net_sock tmp = {};
+	if (s) {
+		__sync_fetch_and_add(&s->retransmits, 1);
+		if (s->tgid) {
+			struct net_proc *p = net_proc_of(s->tgid);
+			if (p)
+				__sync_fetch_and_add(&p->tcp_retransmits, 1);
+		}
+		tmp.tgid = s->tgid;
+		tmp.tx_bytes = s->tx_bytes;
+		tmp.rx_bytes = s->rx_bytes;
+		tmp.open_ns = s->open_ns;
+		__builtin_memcpy(tmp.comm, s->comm, NET_COMM_LEN);
+	}
+	NET_FILL_TUPLE(&tmp, args);
+	if (s && !(s->flags & NET_SOCK_TUPLE))
+		NET_FILL_TUPLE(s, args);
+	net_emit(NET_EV_RETRANSMIT, &tmp, args->state, 0, err);
+	return 0;
+}
+#endif
+
+#ifndef NET_NO_PROBE
+/* tcp:tcp_probe: every received segment of an established connection; sampled 1 in
+ * NET_PROBE_SAMPLE_EVERY per CPU to keep the hot receive path cheap. */
+int bpfdyno_nprobe(struct tracepoint__tcp__tcp_probe *args)
+{
+	u32 zero = 0;
+	u64 *tick = net_probe_tick.lookup(&zero);
+	if (!tick)
+		return 0;
+	*tick += 1;
+	if (*tick % NET_PROBE_SAMPLE_EVERY)
+		return 0;
+	u64 key = (u64)args->skaddr;
+	struct net_sock *s = net_socks.lookup(&key);
+	if (!s)
+		return 0;
+	s->srtt_us = args->srtt;
+	s->snd_cwnd = args->snd_cwnd;
+	if (!(s->flags & NET_SOCK_TUPLE)) {
+		net_sockaddr(args->saddr, &s->family, &s->sport, s->saddr);
+		net_sockaddr(args->daddr, &s->family, &s->dport, s->daddr);
+		s->flags |= NET_SOCK_TUPLE;
+	}
+	net_count(NET_C_PROBE_SAMPLES, 1);
+	return 0;
+}
+#endif
+
+#ifndef NET_NO_RST_SENT
+int bpfdyno_nrstsnd(struct tracepoint__tcp__tcp_send_reset *args)
+{
+	net_count(NET_C_TCP_RESETS_SENT, 1);
+	u64 key = (u64)args->skaddr;
+	struct net_sock tmp = {};
+	struct net_sock *s = key ? net_socks.lookup(&key) : 0;
+	if (s) {
+		tmp.tgid = s->tgid;
+		tmp.tx_bytes = s->tx_bytes;
+		tmp.rx_bytes = s->rx_bytes;
+		tmp.open_ns = s->open_ns;
+		__builtin_memcpy(tmp.comm, s->comm, NET_COMM_LEN);
+	}
+	net_sockaddr(args->saddr, &tmp.family, &tmp.sport, tmp.saddr);
+	net_sockaddr(args->daddr, &tmp.family, &tmp.dport, tmp.daddr);
+	s32 reason = 0;
+#ifdef NET_RST_HAS_REASON
+	reason = args->reason;
+#endif
+	net_emit(NET_EV_RESET_SENT, &tmp, args->state, 0, reason);
+	return 0;
+}
+#endif
+
+#ifndef NET_NO_RST_RECV
+int bpfdyno_nrstrcv(struct tracepoint__tcp__tcp_receive_reset *args)
+{
+	net_count(NET_C_TCP_RESETS_RECEIVED, 1);
+	u64 key = (u64)args->skaddr;
+	struct net_sock tmp = {};
+	struct net_sock *s = net_socks.lookup(&key);
+	u32 state = 0;
+	if (s) {
+		tmp.tgid = s->tgid;
+		tmp.tx_bytes = s->tx_bytes;
+		tmp.rx_bytes = s->rx_bytes;
+		tmp.open_ns = s->open_ns;
+		__builtin_memcpy(tmp.comm, s->comm, NET_COMM_LEN);
+		state = s->state;
+	}
+	NET_FILL_TUPLE(&tmp, args);
+	net_emit(NET_EV_RESET_RECEIVED, &tmp, state, 0, 0);
+	return 0;
+}
+#endif
+
+#ifndef NET_NO_DROPS
+/* skb:kfree_skb: every packet freed as dropped, counted by reason (enum skb_drop_reason). */
+int bpfdyno_ndrop(struct tracepoint__skb__kfree_skb *args)
+{
+	u32 reason = args->reason;
+	if (reason >= NET_MAX_DROP_REASONS)
+		reason = NET_MAX_DROP_REASONS - 1; /* reported as "other" */
+	u64 *c = net_drops.lookup(&reason);
+	if (c)
+		*c += 1;
+	return 0;
+}
+#endif
+
+/* sched:sched_process_free: a task is gone for good; drop its process entry. Only a thread
+ * group leader's pid is ever a key, and the leader is freed after all its threads. */
+int bpfdyno_nexit(struct tracepoint__sched__sched_process_free *args)
+{
+	u32 pid = args->pid;
+	net_procs.delete(&pid);
+	return 0;
+}
