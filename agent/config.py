@@ -199,7 +199,9 @@ def load(path: Path | None, overrides: list[tuple[str, str]] = ()) -> Config:  #
         cfg.source = source
     for dotted, raw in overrides:
         _apply_override(cfg, dotted, raw)
-    _validate(cfg)
+    if overrides:
+        cfg.source = "command line" if path is None else f"{cfg.source} + command line"
+    _validate(cfg, path)
     return cfg
 
 
@@ -300,12 +302,12 @@ def _apply_override(cfg: Config, dotted: str, raw: str) -> None:
     _apply(cfg, nested, (), _Locator("command line", ""))
 
 
-def _validate(cfg: Config) -> None:
+def _validate(cfg: Config, path: Path | None) -> None:
     def bad(msg: str, dotted: str) -> ConfigError:
-        loc = _Locator(cfg.source, "")
-        if cfg.source != "<defaults>":
+        loc = _Locator("command line" if path is None else str(path), "")
+        if path is not None:
             with contextlib.suppress(OSError):
-                loc = _Locator(cfg.source, Path(cfg.source).read_text(encoding="utf-8"))
+                loc = _Locator(str(path), path.read_text(encoding="utf-8"))
         return loc.error(f"'{dotted}' {msg}", tuple(dotted.split(".")))
 
     if cfg.daemon.interval_s < 0.05:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 from bpfdyno import __version__, assembly
@@ -62,6 +63,10 @@ async def run(cfg: Config) -> int:
     await server.start()
     try:
         await daemon.start()
+        if "bcc" in sys.modules:
+            from bpfdyno.bpfload import release_compiler_pages
+
+            release_compiler_pages()
         log.info(
             "bpfdyno %s ready in %.2f s (config %s)", __version__, time.monotonic() - t0, cfg.source
         )

@@ -209,3 +209,31 @@ def test_map_items_reads_every_entry(probe: Any, chunk: int) -> None:
         table[table.Key(i)] = table.Leaf(i * 3)
     items = dict(map_items(table, chunk=chunk))
     assert items == {i: i * 3 for i in range(2500)}
+
+
+def test_release_compiler_pages_drops_rss_and_programs_keep_working() -> None:
+    from bpfdyno.bpfload import release_compiler_pages
+    from bpfdyno.collectors.sched import SchedCollector
+
+    def rss_bytes() -> int:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    sched = SchedCollector()
+    sched.start()
+    try:
+        before = rss_bytes()
+        advised = release_compiler_pages()
+        after = rss_bytes()
+        assert advised > 50 << 20, "clang/LLVM mappings found and advised"
+        assert before - after > 20 << 20, (before, after)
+        time.sleep(0.05)
+        samples = sched.collect()
+        assert any(s.spec.name.startswith("sched_") for s in samples)
+    finally:
+        sched.close()
+
+
+def test_release_compiler_pages_without_maps(tmp_path: Path) -> None:
+    from bpfdyno.bpfload import release_compiler_pages
+
+    assert release_compiler_pages(str(tmp_path / "missing")) == 0
