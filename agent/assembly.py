@@ -1,6 +1,8 @@
 """Wiring: which collectors, components and gRPC services a daemon is built from.
 
-This is the one place that knows every part; each part knows only its own inputs.
+This is the one place that knows every part; each part knows only its own inputs. Nothing
+is started here: collectors start on their own worker threads (BPF compiles, NVML init) once
+the daemon runs, so a missing capability only disables that collector.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 from bpfdyno.collectors.base import Collector
 from bpfdyno.config import Config
 from bpfdyno.daemon import Component, RoundSink
+from bpfdyno.events import FlightRecorder
 from bpfdyno.exporters.jsonl import JsonlExporter
 from bpfdyno.rpc.server import ServicerFactory
 
@@ -29,19 +32,67 @@ class Assembly:
 
 def build(cfg: Config) -> Assembly:
     """Create every enabled part of the daemon from the configuration (nothing is started)."""
+    # Imported here so `bpfdyno status` and other client commands never load bcc or NVML.
+    from bpfdyno.collectors.gpu import GpuCollector
+    from bpfdyno.collectors.gpu_dcgm import DcgmCollector
     from bpfdyno.collectors.host import HostCollector
+    from bpfdyno.collectors.net import NetCollector
+    from bpfdyno.collectors.pmu import PerfSwCollector, PmuCollector
+    from bpfdyno.collectors.procs import ProcsCollector
+    from bpfdyno.collectors.sched import SchedCollector
     from bpfdyno.collectors.self_stats import SelfCollector
+    from bpfdyno.kernel_service import KernelService
+    from bpfdyno.processes import ProcessTable
+    from bpfdyno.rpc.kernel_servicer import kernel_servicer_factory
+    from bpfdyno.rpc.tracing_servicer import servicer_factory as tracing_servicer_factory
+    from bpfdyno.tracing.component import TracingComponent
 
     asm = Assembly()
-    candidates: list[tuple[str, type[Collector]]] = [
-        ("host", HostCollector),
-        ("self", SelfCollector),
-    ]
-    for name, factory in candidates:
-        if cfg.collector_enabled(name):
-            asm.collectors.append(factory())
-        else:
+    on = cfg.collector_enabled
+    recorder = FlightRecorder(max_age_s=cfg.events.max_age_s, max_bytes=cfg.events.max_bytes)
+
+    sched = SchedCollector(sink=recorder.add) if on("sched") else None
+    net = NetCollector(sink=recorder.add) if on("net") else None
+    gpu = GpuCollector.from_config(cfg.gpu, event_sink=recorder.add) if on("gpu") else None
+    tracing = TracingComponent(
+        cfg,
+        dcgm_pause=gpu.pause_profiling if gpu else None,
+        dcgm_resume=gpu.resume_profiling if gpu else None,
+    )
+    if gpu is not None:
+        # GPM counters are shared with CUPTI: pause them while a trace runs on that GPU.
+        gpu.set_traced_pids_provider(tracing.service.tracing_pids)
+    table = (
+        ProcessTable(
+            top_n=cfg.events.process_table_size,
+            sched=sched.per_process if sched else None,
+            net=net.per_process if net else None,
+            gpu_memory=gpu.gpu_memory_by_pid if gpu else None,
+            pinned=lambda: {t.pid for t in tracing.service.registry.trainers()},
+        )
+        if on("procs")
+        else None
+    )
+    candidates: dict[str, Collector | None] = {
+        "host": HostCollector() if on("host") else None,
+        "self": SelfCollector() if on("self") else None,
+        "sched": sched,
+        "net": net,
+        "pmu": PmuCollector() if on("pmu") else None,
+        "perf_sw": PerfSwCollector() if on("perf_sw") else None,
+        "gpu": gpu,
+        "dcgm": DcgmCollector() if on("dcgm") else None,
+        "procs": ProcsCollector(table) if table is not None else None,
+    }
+    for name, collector in candidates.items():
+        if collector is None:
             asm.disabled.append(name)
+        else:
+            asm.collectors.append(collector)
+
+    asm.components.append(tracing)
+    asm.servicers.append(kernel_servicer_factory(KernelService(recorder, table, net)))
+    asm.servicers.append(tracing_servicer_factory(tracing.service))
     if cfg.export.jsonl.enabled:
         asm.sinks.append(JsonlExporter(cfg.export.jsonl))
     return asm

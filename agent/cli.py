@@ -7,13 +7,15 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
 import orjson
 
 from bpfdyno import __version__
+from bpfdyno.cli_kernel import add_ps_parser, cmd_ps
+from bpfdyno.cli_tracing import add_subcommands as add_tracing_subcommands
 from bpfdyno.client import channel, default_target, explain_rpc_error
 from bpfdyno.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load
 
@@ -78,18 +80,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="check what this machine supports, with fixes")
     p.add_argument("--config", type=Path, default=None)
     p.add_argument("--socket", help="gRPC Unix socket path to check")
+
+    add_ps_parser(sub)
+    handlers = add_tracing_subcommands(sub)
+
+    p = sub.add_parser("top", help="live terminal UI of this machine, its GPUs and processes")
+    _add_target(p)
+    p.add_argument("--job-id", default=None, help="show only this job's processes and trainers")
+    p.add_argument("--replay", type=Path, default=None, help="replay a recording (demos)")
+    p.add_argument("--speed", type=float, default=1.0, help="replay speed")
+
+    parser.set_defaults(handlers=handlers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "serve": cmd_serve,
         "status": cmd_status,
         "version": cmd_version,
         "metrics": cmd_metrics,
         "doctor": cmd_doctor,
-    }[args.command]
+        "ps": cmd_ps,
+        "top": cmd_top,
+        **args.handlers,
+    }
+    handler = handlers[args.command]
     try:
         return handler(args)
     except KeyboardInterrupt:
@@ -175,10 +192,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"{'COLLECTOR':<14}{'STATE':<13}{'INTERVAL':>9}{'ROUNDS':>9}{'ERRORS':>8}  REASON")
     for c in st.collectors:
         state = agent_pb2.CollectorState.Name(c.state).removeprefix("COLLECTOR_STATE_").lower()
-        print(
-            f"{c.name:<14}{state:<13}{c.interval_seconds:>8.2f}s{c.collections:>9}"
-            f"{c.errors:>8}  {c.reason}"
-        )
+        interval = f"{c.interval_seconds:.2f}s" if c.interval_seconds else "-"
+        rounds = str(c.collections) if c.interval_seconds else "-"
+        print(f"{c.name:<14}{state:<13}{interval:>9}{rounds:>9}{c.errors:>8}  {c.reason}")
     return EXIT_OK
 
 
@@ -257,6 +273,12 @@ def _print_snapshot(snap: object, units: dict[str, str], as_json: bool) -> None:
             labels = {lab.name: lab.value for lab in s.labels}
             print(_format_series_line(s.name, labels, s.points[-1].value, units.get(s.name, "")))
     sys.stdout.flush()
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from bpfdyno.tui.app import run_top
+
+    return run_top(args.target, args.job_id, replay=args.replay, speed=args.speed)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

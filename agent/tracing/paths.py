@@ -1,0 +1,136 @@
+"""Where Kineto writes a trace, and which log-file paths a request may name.
+
+Kineto derives each process's file from ``ACTIVITIES_LOG_FILE`` by inserting ``_<pid>``
+before the first ``.pt.trace.json`` of the whole path, else before the first ``.json``, else
+nowhere (then every process writes, and overwrites, the same file). The dyno CLI instead
+prints ``replace(".json", "_<pid>.json")``, which is wrong for ``*.pt.trace.json``; this
+module is the one place that knows the real rule.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+#: Where Kineto writes when the config names no log file.
+DEFAULT_LOG_FILE_PATTERN = "/tmp/libkineto_activities_{pid}.json"
+#: Where Kineto writes a memory snapshot (PROFILE_MEMORY=true) instead of a trace.
+MEMORY_SNAPSHOT_PATTERN = "/tmp/memory_snapshot_{pid}.pickle"
+#: Longest log-file path accepted (Kineto itself has no limit; file systems do).
+MAX_PATH_BYTES = 1024
+#: Suffix Kineto writes to first, then renames to the final name.
+TMP_SUFFIX = ".tmp"
+
+
+class PathRejected(ValueError):
+    """A log-file path that breaks one of the safety rules.
+
+    Attributes:
+        rule: the rule's short name (shown to the user, e.g. "outside_allowed_dirs").
+    """
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(f"log file rejected by rule '{rule}': {message}")
+        self.rule = rule
+
+
+def kineto_output_path(log_file: str, pid: int) -> str:
+    """The file Kineto in process ``pid`` writes for ``ACTIVITIES_LOG_FILE=log_file``."""
+    for marker in (".pt.trace.json", ".json"):
+        i = log_file.find(marker)
+        if i >= 0:
+            return f"{log_file[:i]}_{pid}{log_file[i:]}"
+    return log_file
+
+
+def inserts_pid(log_file: str) -> bool:
+    """True when Kineto gives every process its own file for this log file."""
+    return ".json" in log_file
+
+
+def default_output_path(pid: int) -> str:
+    """Kineto's own file name when the config sets no ``ACTIVITIES_LOG_FILE``."""
+    return DEFAULT_LOG_FILE_PATTERN.format(pid=pid)
+
+
+def memory_snapshot_path(pid: int) -> str:
+    """The file Kineto writes in memory-snapshot mode (``PROFILE_MEMORY=true``)."""
+    return MEMORY_SNAPSHOT_PATTERN.format(pid=pid)
+
+
+def _inside(path: str, directory: str) -> bool:
+    directory = directory.rstrip("/") or "/"
+    return path == directory or path.startswith(directory if directory == "/" else directory + "/")
+
+
+def check_log_file(log_file: str, allowed_dirs: Sequence[str]) -> str:
+    """Validate a requested log-file path; return it unchanged when it passes.
+
+    Rules, checked in order: printable text without ``=`` or ``#`` (it goes into
+    ``KEY=VALUE`` config text), an absolute path, no ``..`` component, a file name (not a
+    directory), inside one of ``allowed_dirs`` also after resolving symbolic links, an
+    existing parent directory (Kineto creates none), and ``_<pid>`` landing in the file name
+    rather than a directory.
+
+    Raises:
+        PathRejected: naming the rule that failed and what to do.
+    """
+    if not log_file:
+        raise PathRejected("empty", "no log file given; pass an absolute path such as /tmp/t.json")
+    if len(log_file.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        raise PathRejected("too_long", f"the path is longer than {MAX_PATH_BYTES} bytes")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in log_file):
+        raise PathRejected(
+            "control_character",
+            "the path contains a newline or another control character, which would inject "
+            "extra lines into the Kineto config; use a plain path",
+        )
+    if "=" in log_file:
+        raise PathRejected(
+            "equals_sign", "the path contains '=', which is not allowed in a config value"
+        )
+    if "#" in log_file:
+        raise PathRejected(
+            "hash_sign", "the path contains '#', where Kineto's config parser starts a comment"
+        )
+    if not log_file.startswith("/"):
+        raise PathRejected(
+            "not_absolute",
+            f"{log_file!r} is relative; each trainer would resolve it against its own working "
+            "directory. Pass an absolute path",
+        )
+    if ".." in log_file.split("/"):
+        raise PathRejected("dot_dot", f"{log_file!r} contains a '..' component; remove it")
+    if log_file.endswith("/"):
+        raise PathRejected("not_a_file", f"{log_file!r} names a directory; add a file name")
+    normalized = os.path.normpath(log_file)
+    allowed = [os.path.normpath(d) for d in allowed_dirs if d]
+    shown = ", ".join(allowed) or "(none configured)"
+    if not any(_inside(normalized, d) for d in allowed):
+        raise PathRejected(
+            "outside_allowed_dirs",
+            f"{log_file} is not inside an allowed trace directory ({shown}); write under one "
+            "of them or add the directory to [tracing] allowed_dirs",
+        )
+    parent = os.path.dirname(normalized)
+    if not os.path.isdir(parent):
+        raise PathRejected(
+            "missing_directory",
+            f"the directory {parent} does not exist and Kineto does not create it; create it "
+            "first (for trainers in containers, at the same path on the host)",
+        )
+    real_parent = os.path.realpath(parent)
+    if not any(_inside(real_parent, os.path.realpath(d)) for d in allowed):
+        raise PathRejected(
+            "outside_allowed_dirs",
+            f"{parent} resolves to {real_parent} through a symbolic link, outside the allowed "
+            f"trace directories ({shown})",
+        )
+    probe = kineto_output_path(log_file, 1)
+    if os.path.dirname(probe) != os.path.dirname(log_file):
+        raise PathRejected(
+            "json_in_directory",
+            f"'.json' appears in a directory name of {log_file}; Kineto would insert _<pid> "
+            "there and fail to write. Rename the directory",
+        )
+    return log_file

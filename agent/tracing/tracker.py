@@ -1,0 +1,379 @@
+"""Every trace followed to the end: one trace id per request, one state per process.
+
+A process moves ``pending -> delivered -> tracing -> written``, or ends ``failed`` or
+``timed_out``. The evidence comes from two places:
+
+* the process's polls: a poll with the ACTIVITIES bit clear means its profiler is busy
+  (tracing); the bit set again afterwards means it is done;
+* the file system: Kineto writes ``<name>.tmp`` and renames it to the final name when the
+  trace is complete, so only the final name counts as written.
+
+Kineto reports nothing when it drops a config (a start time too close for its warm-up,
+a parse error), so "failed" is inferred: a duration trace that never turned busy within
+`NEVER_STARTED_POLLS` polls after delivery, or a trace that went busy and then idle
+`MISSING_FILE_POLLS` times with no final file. The files are only looked at while some
+trace is open (`FILE_POLL_S`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import os
+import stat
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from bpfdyno.tracing.paths import TMP_SUFFIX
+
+#: How often open traces' files are checked.
+FILE_POLL_S = 0.5
+#: Idle polls after delivery with no sign of tracing before a duration trace is "failed".
+#: (A healthy client turns busy one or two polls after delivery; one more when it reads
+#: its replies one poll late.)
+NEVER_STARTED_POLLS = 4
+#: Idle polls after tracing ended, with no final file, before the trace is "failed".
+MISSING_FILE_POLLS = 2
+#: Most traces remembered; the oldest finished ones are forgotten first.
+MAX_TRACES = 256
+
+
+class ProcState(enum.Enum):
+    PENDING = "pending"  # stored; the process has not polled since
+    DELIVERED = "delivered"  # handed to the process in a reply
+    TRACING = "tracing"  # the process's profiler is busy with it, or its .tmp appeared
+    WRITTEN = "written"  # the final file exists
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (ProcState.WRITTEN, ProcState.FAILED, ProcState.TIMED_OUT)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessTrace:
+    """One process's part of a trace (an immutable snapshot).
+
+    Attributes:
+        pid, job_id: the process.
+        output_path: the file Kineto will write for it (``_<pid>`` rule applied).
+        state: where it is; ``reason`` says why in words.
+        size_bytes: the final file's size once written, else -1.
+        updated: wall-clock epoch seconds of the last state change.
+    """
+
+    pid: int
+    job_id: int
+    output_path: str
+    state: ProcState
+    reason: str
+    size_bytes: int = -1
+    updated: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TraceView:
+    """A trace as reported to clients."""
+
+    trace_id: str
+    created: float
+    deadline: float  # wall-clock epoch seconds after which open processes time out
+    iteration_mode: bool
+    processes: tuple[ProcessTrace, ...]
+    version: int
+
+    @property
+    def done(self) -> bool:
+        return all(p.state.terminal for p in self.processes)
+
+
+@dataclass(slots=True)
+class _Proc:
+    view: ProcessTrace
+    address: bytes
+    idle_polls: int = 0  # idle polls since delivery, before any sign of tracing
+    idle_after_busy: int = 0
+    seen_busy: bool = False
+
+
+@dataclass(slots=True)
+class _Trace:
+    trace_id: str
+    created: float
+    deadline_mono: float
+    deadline_wall: float
+    iteration_mode: bool
+    procs: dict[bytes, _Proc]
+    version: int = 0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def view(self) -> TraceView:
+        return TraceView(
+            trace_id=self.trace_id,
+            created=self.created,
+            deadline=self.deadline_wall,
+            iteration_mode=self.iteration_mode,
+            processes=tuple(p.view for p in self.procs.values()),
+            version=self.version,
+        )
+
+    @property
+    def open(self) -> bool:
+        return any(not p.view.state.terminal for p in self.procs.values())
+
+
+@dataclass(frozen=True, slots=True)
+class NewProcess:
+    """A process a new trace was handed to."""
+
+    address: bytes
+    pid: int
+    job_id: int
+    output_path: str
+
+
+class TraceTracker:
+    """Per-trace, per-process states; fed by the service (polls) and by file checks.
+
+    Args:
+        wall: wall-clock time source (epoch seconds).
+        mono: monotonic time source.
+        stat_file: ``os.stat`` (replaceable to test without a file system race).
+    """
+
+    def __init__(
+        self,
+        wall: Callable[[], float],
+        mono: Callable[[], float],
+        stat_file: Callable[[str], os.stat_result] = os.stat,
+    ) -> None:
+        self._wall = wall
+        self._mono = mono
+        self._stat = stat_file
+        self._traces: OrderedDict[str, _Trace] = OrderedDict()
+        self._by_address: dict[bytes, str] = {}  # address -> trace id of its open part
+        self.opened = asyncio.Event()  # set while some trace is open
+
+    # -- creation and queries -------------------------------------------------------------
+
+    def open_trace(
+        self,
+        trace_id: str,
+        processes: list[NewProcess],
+        timeout_s: float,
+        iteration_mode: bool,
+    ) -> TraceView:
+        """Start tracking a trace whose configs were just stored for ``processes``."""
+        now = self._wall()
+        procs = {
+            p.address: _Proc(
+                view=ProcessTrace(
+                    pid=p.pid,
+                    job_id=p.job_id,
+                    output_path=p.output_path,
+                    state=ProcState.PENDING,
+                    reason="config stored; waiting for the process's next poll",
+                    updated=now,
+                ),
+                address=p.address,
+            )
+            for p in processes
+        }
+        tr = _Trace(
+            trace_id=trace_id,
+            created=now,
+            deadline_mono=self._mono() + timeout_s,
+            deadline_wall=now + timeout_s,
+            iteration_mode=iteration_mode,
+            procs=procs,
+        )
+        self._traces[trace_id] = tr
+        for address in procs:
+            self._by_address[address] = trace_id
+        self._forget_old()
+        if tr.open:
+            self.opened.set()
+        return tr.view()
+
+    def _forget_old(self) -> None:
+        while len(self._traces) > MAX_TRACES:
+            victim = next((t for t in self._traces.values() if not t.open), None)
+            if victim is None:
+                victim = next(iter(self._traces.values()))
+            del self._traces[victim.trace_id]
+            for address in victim.procs:
+                if self._by_address.get(address) == victim.trace_id:
+                    del self._by_address[address]
+
+    def get(self, trace_id: str) -> TraceView | None:
+        tr = self._traces.get(trace_id)
+        return tr.view() if tr else None
+
+    def traces(self) -> list[TraceView]:
+        return [t.view() for t in self._traces.values()]
+
+    def state_of(self, trace_id: str, address: bytes) -> ProcState | None:
+        """The state of one process's part of a trace; None if either is unknown."""
+        tr = self._traces.get(trace_id)
+        p = tr.procs.get(address) if tr else None
+        return p.view.state if p else None
+
+    def has_open(self) -> bool:
+        return any(t.open for t in self._traces.values())
+
+    def tracing_pids(self) -> set[int]:
+        """Pids whose process is tracing right now for one of our traces."""
+        return {
+            p.view.pid
+            for t in self._traces.values()
+            for p in t.procs.values()
+            if p.view.state is ProcState.TRACING
+        }
+
+    async def wait_change(self, trace_id: str, version: int) -> TraceView | None:
+        """Wait until the trace's version differs from ``version``; None if it is unknown."""
+        while True:
+            tr = self._traces.get(trace_id)
+            if tr is None:
+                return None
+            if tr.version != version:
+                return tr.view()
+            await tr.changed.wait()
+
+    # -- evidence ---------------------------------------------------------------------------
+
+    def _set(self, tr: _Trace, p: _Proc, state: ProcState, reason: str, size: int = -1) -> None:
+        p.view = replace(p.view, state=state, reason=reason, size_bytes=size, updated=self._wall())
+        if state.terminal and self._by_address.get(p.address) == tr.trace_id:
+            del self._by_address[p.address]
+        tr.version += 1
+        tr.changed.set()
+        tr.changed = asyncio.Event()
+
+    def _part(self, address: bytes) -> tuple[_Trace, _Proc] | None:
+        trace_id = self._by_address.get(address)
+        tr = self._traces.get(trace_id) if trace_id else None
+        p = tr.procs.get(address) if tr else None
+        return (tr, p) if tr and p else None
+
+    def on_delivered(self, address: bytes) -> None:
+        """The process's pending config went out in a reply."""
+        part = self._part(address)
+        if part and part[1].view.state is ProcState.PENDING:
+            self._set(*part, ProcState.DELIVERED, "config delivered; waiting for tracing to start")
+
+    def on_poll(self, address: bytes, busy: bool) -> bool:
+        """Account a poll of a process with an open part; True when that part just ended.
+
+        Args:
+            address: the process.
+            busy: its activity profiler is busy (ACTIVITIES bit clear).
+        """
+        part = self._part(address)
+        if part is None:
+            return False
+        tr, p = part
+        state = p.view.state
+        if state is ProcState.PENDING:
+            return False
+        if self._check_file(tr, p):
+            return True
+        if busy:
+            p.seen_busy = True
+            p.idle_after_busy = 0
+            if state is ProcState.DELIVERED:
+                self._set(tr, p, ProcState.TRACING, "the process's profiler is tracing")
+            return False
+        if p.seen_busy:
+            p.idle_after_busy += 1
+            if p.idle_after_busy >= MISSING_FILE_POLLS:
+                self._set(
+                    tr,
+                    p,
+                    ProcState.FAILED,
+                    f"the process finished tracing but {p.view.output_path} never appeared "
+                    "(check free space and permissions in that directory, and the trainer's "
+                    "log)",
+                )
+                return True
+            return False
+        p.idle_polls += 1
+        if (
+            not tr.iteration_mode
+            and state is ProcState.DELIVERED
+            and p.idle_polls >= NEVER_STARTED_POLLS
+        ):
+            self._set(
+                tr,
+                p,
+                ProcState.FAILED,
+                f"the process never started tracing ({p.idle_polls} polls after delivery); "
+                "Kineto dropped the config — see the trainer's log (e.g. 'insufficient time "
+                "for warmup' when PROFILE_START_TIME is too close, or 'profiler busy')",
+            )
+            return True
+        return False
+
+    def on_gone(self, address: bytes) -> None:
+        """The process stopped polling (it expired from the registry)."""
+        part = self._part(address)
+        if part and not self._check_file(*part):
+            self._set(
+                *part,
+                ProcState.FAILED,
+                "the process stopped polling (it exited?) before its trace was written",
+            )
+
+    def _check_file(self, tr: _Trace, p: _Proc) -> bool:
+        """Look for the final file (→ written) and the .tmp (→ tracing); True when written."""
+        path = p.view.output_path
+        try:
+            st = self._stat(path)
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISREG(st.st_mode):
+            self._set(tr, p, ProcState.WRITTEN, "trace file written", st.st_size)
+            return True
+        if p.view.state is ProcState.DELIVERED:
+            try:
+                self._stat(path + TMP_SUFFIX)
+            except OSError:
+                return False
+            self._set(tr, p, ProcState.TRACING, f"Kineto is writing {path}{TMP_SUFFIX}")
+        return False
+
+    def check(self) -> None:
+        """Check every open part's files and deadline (called every `FILE_POLL_S`)."""
+        now = self._mono()
+        for tr in list(self._traces.values()):
+            for p in tr.procs.values():
+                if p.view.state.terminal:
+                    continue
+                if self._check_file(tr, p):
+                    continue
+                if now >= tr.deadline_mono:
+                    self._set(tr, p, ProcState.TIMED_OUT, _timeout_reason(p.view.state, tr))
+        if not self.has_open():
+            self.opened.clear()
+
+    async def run_file_checks(self) -> None:
+        """Check files every `FILE_POLL_S` while a trace is open; sleep otherwise."""
+        while True:
+            await self.opened.wait()
+            await asyncio.sleep(FILE_POLL_S)
+            self.check()
+
+
+def _timeout_reason(state: ProcState, tr: _Trace) -> str:
+    if state is ProcState.PENDING:
+        return "timed out: the process never polled again to take its config"
+    if state is ProcState.DELIVERED and tr.iteration_mode:
+        return (
+            "timed out waiting for tracing to start: an iteration trace needs optimizer "
+            "steps (and waits for the start-iteration round-up)"
+        )
+    if state is ProcState.DELIVERED:
+        return "timed out: the process took the config but never started tracing"
+    return "timed out while the process was tracing; the file may still appear later"

@@ -1,0 +1,228 @@
+"""The Tracing gRPC service (a real server on a Unix socket) and the CLI commands on top."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from tracing_harness import Harness, KinetoClient
+
+from bpfdyno.cli_tracing import add_subcommands
+from bpfdyno.rpc.tracing_servicer import servicer_factory
+from bpfdyno.rpc.v1 import tracing_pb2 as pb
+from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
+
+
+@dataclass
+class Api:
+    harness: Harness
+    socket: str
+    stub: pb_grpc.TracingStub
+
+
+@pytest.fixture
+async def api(harness: Harness) -> AsyncIterator[Api]:
+    server = grpc.aio.server()
+    servicer_factory(harness.service)(server)
+    path = str(harness.base / "grpc.sock")
+    server.add_insecure_port(f"unix:{path}")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"unix:{path}")
+    try:
+        yield Api(harness, path, pb_grpc.TracingStub(channel))
+    finally:
+        await channel.close()
+        await server.stop(0)
+
+
+async def run_cli(*argv: str) -> tuple[int, str, str]:
+    """Run a tracing subcommand in a thread (it blocks on gRPC); return (rc, stdout, stderr)."""
+    parser = argparse.ArgumentParser(prog="bpfdyno")
+    handlers = add_subcommands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(list(argv))
+    out, err = io.StringIO(), io.StringIO()
+
+    def call() -> int:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            return handlers[args.command](args)
+
+    rc = await asyncio.to_thread(call)
+    return rc, out.getvalue(), err.getvalue()
+
+
+async def behave_like_kineto(
+    client: KinetoClient, pids: list[int], job: int, write: Path | None, stop: asyncio.Event
+) -> None:
+    """Poll every 0.1 s; on a config, be busy for two polls, write ``write`` (if given)."""
+    busy_polls = 0
+    while not stop.is_set():
+        text = await client.poll(pids, job_id=job, config_type=1 if busy_polls else 3)
+        if text and write is not None:
+            busy_polls = 3
+        elif busy_polls:
+            busy_polls -= 1
+            if busy_polls == 0 and write is not None:
+                write.write_text('{"traceEvents": []}')
+        await asyncio.sleep(0.1)
+
+
+async def test_grpc_start_watch_and_errors(api: Api) -> None:
+    h = api.harness
+    client = KinetoClient(str(h.socket_dir))
+    stop = asyncio.Event()
+    out = h.trace_dir / "g_9100.pt.trace.json"
+    task = asyncio.create_task(behave_like_kineto(client, [9100, 9000], 12, out, stop))
+    try:
+        await h.wait_trainers(lambda ts: len(ts) == 1)
+        listed = await api.stub.ListTrainers(pb.ListTrainersRequest(job_id=12))
+        assert [(t.pid, list(t.ancestors), t.job_id, t.role) for t in listed.trainers] == [
+            (9100, [9000], 12, pb.TRAINER_ROLE_WORKER)
+        ]
+        assert (await api.stub.ListTrainers(pb.ListTrainersRequest(job_id=13))).trainers == []
+        resp = await api.stub.StartTrace(
+            pb.StartTraceRequest(
+                job_id=12, log_file=str(h.trace_dir / "g.pt.trace.json"), iterations=4
+            )
+        )
+        assert [(p.pid, p.output_path) for p in resp.triggered] == [(9100, str(out))]
+        assert "ACTIVITIES_ITERATIONS=4" in resp.config_text.splitlines()
+        states = []
+        async for status in api.stub.WatchTrace(pb.GetTraceRequest(trace_id=resp.trace_id)):
+            states.append(status.processes[0].state)
+        assert states[0] == pb.PROCESS_TRACE_STATE_PENDING
+        assert states[-1] == pb.PROCESS_TRACE_STATE_WRITTEN
+        assert pb.PROCESS_TRACE_STATE_TRACING in states
+        final = await api.stub.GetTrace(pb.GetTraceRequest(trace_id=resp.trace_id))
+        assert final.done and final.processes[0].size_bytes == len('{"traceEvents": []}')
+
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await api.stub.StartTrace(pb.StartTraceRequest(log_file="/etc/x.json"))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "outside_allowed_dirs" in (info.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await api.stub.GetTrace(pb.GetTraceRequest(trace_id="0000"))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        dcgm = await api.stub.DcgmPause(pb.DcgmPauseRequest(duration_s=10))
+        assert not dcgm.status and "no GPU monitor" in dcgm.reason
+        h.service.unavailable_reason = "the Kineto IPC endpoint is not running: test"
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await api.stub.StartTrace(pb.StartTraceRequest(log_file=str(h.trace_dir / "u.json")))
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        stop.set()
+        await task
+        client.close()
+
+
+async def test_cli_gputrace_wait_reports_real_files(api: Api) -> None:
+    h = api.harness
+    clients = [KinetoClient(str(h.socket_dir)) for _ in range(2)]
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(
+            behave_like_kineto(c, [9200 + i, 9000], 0, h.trace_dir / f"c_{9200 + i}.json", stop)
+        )
+        for i, c in enumerate(clients)
+    ]
+    try:
+        await h.wait_trainers(lambda ts: len(ts) == 2)
+        rc, out, _ = await run_cli("trainers", "--host", api.socket)
+        assert rc == 0
+        assert [line.split()[:3] for line in out.splitlines()[1:]] == [
+            ["9200", "0", "idle"],
+            ["9201", "0", "idle"],
+        ]
+        rc, out, err = await run_cli(
+            "gputrace",
+            "--host",
+            api.socket,
+            "--log-file",
+            str(h.trace_dir / "c.json"),
+            "--iterations",
+            "2",
+            "--process-limit",
+            "1",
+            "--wait",
+            "--timeout",
+            "30",
+        )
+        assert rc == 0, out + err
+        assert f"pid     9200 (job 0): {h.trace_dir}/c_9200.json" in out
+        assert "c_9201" not in out.split("Not traced:")[0]  # only the triggered file is promised
+        assert "pid     9201 (job 0): over the process limit of 1" in out
+        final = out.split("trace ")[-1].splitlines()
+        assert final[0].endswith(": done")
+        assert final[1].split() == [
+            "pid",
+            "9200",
+            "written",
+            "19",
+            "bytes",
+            f"{h.trace_dir}/c_9200.json",
+        ]
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+        for c in clients:
+            c.close()
+
+
+async def test_cli_explains_no_match_and_failures(api: Api) -> None:
+    h = api.harness
+    client = KinetoClient(str(h.socket_dir))
+    stop = asyncio.Event()
+    task = asyncio.create_task(behave_like_kineto(client, [9300, 9000], 4242, None, stop))
+    try:
+        await h.wait_trainers(lambda ts: len(ts) == 1)
+        log_file = str(h.trace_dir / "n.json")
+        rc, out, _ = await run_cli("gputrace", "--host", api.socket, "--log-file", log_file)
+        assert rc == 0
+        assert "No processes were matched." in out
+        assert (
+            "pid     9300 (job 4242): its job id is 4242, the request asked for job 0; "
+            "pass --job-id 4242 to trace it" in out
+        )
+        rc, _, _ = await run_cli(
+            "gputrace", "--host", api.socket, "--log-file", log_file, "--fail-on-no-process"
+        )
+        assert rc == 1
+        rc, _, err = await run_cli("gputrace", "--host", api.socket, "--log-file", "rel.json")
+        assert rc == 2 and "not_absolute" in err
+        rc, _, err = await run_cli(
+            "gputrace", "--host", api.socket, "--log-file", log_file, "--pids", "1,x"
+        )
+        assert rc == 2 and "--pids" in err
+        # A duration trace the process never starts (it stays idle): --wait reports the failure.
+        rc, out, _ = await run_cli(
+            "gputrace",
+            "--host",
+            api.socket,
+            "--log-file",
+            log_file,
+            "--job-id",
+            "4242",
+            "--wait",
+            "--timeout",
+            "30",
+        )
+        assert rc == 1
+        assert "failed" in out and "never started tracing" in out
+        rc, out, _ = await run_cli("dcgm-pause", "--host", api.socket, "--duration-s", "5")
+        assert rc == 1 and out.startswith("status: false (no GPU monitor")
+    finally:
+        stop.set()
+        await task
+        client.close()
+
+
+async def test_cli_without_agent_says_what_to_do(short_tmp: Path) -> None:
+    rc, _, err = await run_cli("trainers", "--host", str(short_tmp / "none.sock"))
+    assert rc == 1
+    assert "cannot reach the agent" in err and "bpfdyno serve" in err

@@ -1,0 +1,322 @@
+"""TracingService: matching, process limits, busy processes, delivery and trace tracking.
+
+Polls are fed as the decoded requests the IPC endpoint would hand over; time comes from a
+controllable clock so expiry and timeouts are exact.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bpfdyno.tracing.config_text import TraceOptions
+from bpfdyno.tracing.registry import TrainerRegistry, TrainerState
+from bpfdyno.tracing.roles import Role
+from bpfdyno.tracing.service import (
+    InvalidRequest,
+    TraceNotFound,
+    TraceRequest,
+    TracingService,
+    TracingUnavailable,
+)
+from bpfdyno.tracing.tracker import MISSING_FILE_POLLS, NEVER_STARTED_POLLS, ProcState
+from bpfdyno.tracing.wire import KinetoRequest
+
+IDLE, BUSY = 3, 1
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000.0
+
+    def wall(self) -> float:
+        return 1_800_000_000.0 + self.t
+
+    def mono(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def svc(tmp_path: Path, clock: Clock) -> TracingService:
+    (tmp_path / "proc").mkdir()
+    return TracingService(
+        allowed_dirs=[str(tmp_path)],
+        default_timeout_s=60.0,
+        registry=TrainerRegistry(max_entries=16, expire_after_s=60.0),
+        wall=clock.wall,
+        mono=clock.mono,
+        proc_root=tmp_path / "proc",
+    )
+
+
+def addr(pid: int) -> bytes:
+    return f"\0dynoconfigclient-{pid}\0".encode()
+
+
+def poll(svc: TracingService, pids: list[int], job: int = 0, ctype: int = IDLE) -> str:
+    return svc.on_request(addr(pids[0]), KinetoRequest(ctype, job, tuple(pids)))
+
+
+def iters(tmp_path: Path, n: int = 3, name: str = "t.pt.trace.json") -> TraceOptions:
+    return TraceOptions(log_file=str(tmp_path / name), iterations=n)
+
+
+def test_registration_and_listing(svc: TracingService, clock: Clock) -> None:
+    assert poll(svc, [200, 100, 50], job=7) == ""
+    clock.t += 1
+    poll(svc, [200, 100, 50], job=7)
+    poll(svc, [100, 50], job=7)
+    views = {v.pid: v for v in svc.list_trainers()}
+    assert views[200].ancestors == (100, 50)
+    assert views[200].polls == 2
+    assert views[200].first_poll == 1_800_001_000.0
+    assert views[200].last_poll == 1_800_001_001.0
+    assert views[200].state is TrainerState.IDLE
+    assert views[200].role is Role.WORKER
+    assert views[100].role is Role.LAUNCHER
+    assert views[200].endpoint == "@dynoconfigclient-200"
+    assert [v.pid for v in svc.list_trainers(job_id=8)] == []
+
+
+def test_job_id_matching_explains_mismatches(svc: TracingService, tmp_path: Path) -> None:
+    poll(svc, [10], job=4242)
+    poll(svc, [11], job=999)
+    res = svc.start_trace(TraceRequest(job_id=4242, options=iters(tmp_path)))
+    assert res.matched == (10,)
+    assert [p.pid for p in res.triggered] == [10]
+    assert [(s.pid, s.reason) for s in res.not_matched] == [
+        (11, "its job id is 999, the request asked for job 4242; pass --job-id 999 to trace it")
+    ]
+    res = svc.start_trace(TraceRequest(job_id=0, options=iters(tmp_path, name="u.json")))
+    assert res.matched == ()
+    assert {s.pid for s in res.not_matched} == {10, 11}
+
+
+def test_pids_match_ancestors_and_any_job_when_job_is_zero(
+    svc: TracingService, tmp_path: Path
+) -> None:
+    poll(svc, [21, 20, 1000], job=55)
+    poll(svc, [22, 20, 1000], job=55)
+    poll(svc, [30, 1000], job=0)
+    res = svc.start_trace(TraceRequest(pids=(20,), options=iters(tmp_path)))
+    assert res.matched == (21, 22)
+    res = svc.start_trace(
+        TraceRequest(job_id=56, pids=(30,), options=iters(tmp_path, name="b.json"))
+    )
+    assert res.matched == ()
+    assert "asked for job 56" in {s.pid: s.reason for s in res.not_matched}[30]
+
+
+def test_limit_prefers_workers_over_launchers(svc: TracingService, tmp_path: Path) -> None:
+    # A torchrun agent (100) and its two ranks.
+    poll(svc, [100, 90])
+    poll(svc, [101, 100, 90])
+    poll(svc, [102, 100, 90])
+    res = svc.start_trace(TraceRequest(pids=(100,), process_limit=2, options=iters(tmp_path)))
+    assert res.matched == (101, 102, 100)
+    assert [p.pid for p in res.triggered] == [101, 102]
+    assert [p.output_path for p in res.triggered] == [
+        str(tmp_path / "t_101.pt.trace.json"),
+        str(tmp_path / "t_102.pt.trace.json"),
+    ]
+    assert [(s.pid, s.reason) for s in res.over_limit] == [
+        (100, "over the process limit of 2 (a launcher of other trainers, so it came after them)")
+    ]
+
+
+def test_dataloader_workers_come_last(svc: TracingService, tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    for pid in (301, 302):  # spawn-context DataLoader workers of trainer 300
+        (proc / str(pid)).mkdir()
+        (proc / str(pid) / "comm").write_text("pt_data_worker\n")
+        (proc / str(pid) / "stat").write_text(f"{pid} (pt_data_worker) S 300 1 1 0 -1\n")
+    poll(svc, [300, 1])
+    poll(svc, [301, 300, 1])
+    poll(svc, [302, 300, 1])
+    roles = {v.pid: v.role for v in svc.list_trainers()}
+    assert roles == {300: Role.WORKER, 301: Role.DATA_WORKER, 302: Role.DATA_WORKER}
+    res = svc.start_trace(TraceRequest(pids=(300,), process_limit=1, options=iters(tmp_path)))
+    assert [p.pid for p in res.triggered] == [300]
+    assert [s.pid for s in res.over_limit] == [301, 302]
+    assert "DataLoader worker" in res.over_limit[0].reason
+
+
+def test_config_waits_for_a_free_poll_and_is_delivered_once(
+    svc: TracingService, tmp_path: Path
+) -> None:
+    poll(svc, [40])
+    res = svc.start_trace(TraceRequest(pids=(40,), options=iters(tmp_path)))
+    assert svc.list_trainers()[0].state is TrainerState.CONFIG_PENDING
+    assert poll(svc, [40], ctype=BUSY) == ""  # never hand a config to a busy profiler
+    text = poll(svc, [40], ctype=IDLE)
+    assert text.endswith(f"\nREQUEST_TRACE_ID={res.trace_id}")
+    assert text.startswith(f"ACTIVITIES_LOG_FILE={tmp_path}/t.pt.trace.json\n")
+    assert poll(svc, [40]) == ""
+    assert svc.get_trace(res.trace_id).processes[0].state is ProcState.DELIVERED
+
+
+def test_busy_process_gets_nothing_until_its_trace_ends(
+    svc: TracingService, tmp_path: Path
+) -> None:
+    poll(svc, [50])
+    first = svc.start_trace(TraceRequest(pids=(50,), options=iters(tmp_path)))
+    second = svc.start_trace(TraceRequest(pids=(50,), options=iters(tmp_path, name="x.json")))
+    assert second.triggered == ()
+    assert [(s.pid, s.reason) for s in second.busy] == [
+        (50, f"busy: trace {first.trace_id} is waiting for its next poll")
+    ]
+    assert poll(svc, [50]) != ""  # delivered
+    # It has not started yet (or reads replies one poll late): still busy for new requests.
+    assert poll(svc, [50]) == ""
+    third = svc.start_trace(TraceRequest(pids=(50,), options=iters(tmp_path, name="y.json")))
+    assert [s.reason for s in third.busy] == [
+        f"busy: it is still working on trace {first.trace_id}"
+    ]
+    poll(svc, [50], ctype=BUSY)
+    assert svc.tracing_pids() == {50}
+    assert svc.list_trainers()[0].state is TrainerState.TRACING
+    out = tmp_path / "t_50.pt.trace.json"
+    out.write_text("{}")
+    poll(svc, [50])  # idle again, and the file is there
+    view = svc.get_trace(first.trace_id)
+    assert view.processes[0].state is ProcState.WRITTEN
+    assert view.processes[0].size_bytes == 2
+    assert view.done
+    fourth = svc.start_trace(TraceRequest(pids=(50,), options=iters(tmp_path, name="z.json")))
+    assert [p.pid for p in fourth.triggered] == [50]
+
+
+def test_tmp_file_means_tracing_and_only_the_final_name_means_written(
+    svc: TracingService, tmp_path: Path
+) -> None:
+    poll(svc, [60])
+    res = svc.start_trace(TraceRequest(pids=(60,), options=iters(tmp_path)))
+    poll(svc, [60])
+    (tmp_path / "t_60.pt.trace.json.tmp").write_text("")
+    svc.tracker.check()
+    assert svc.get_trace(res.trace_id).processes[0].state is ProcState.TRACING
+    os.rename(tmp_path / "t_60.pt.trace.json.tmp", tmp_path / "t_60.pt.trace.json")
+    svc.tracker.check()
+    assert svc.get_trace(res.trace_id).processes[0].state is ProcState.WRITTEN
+
+
+def test_duration_trace_that_never_starts_fails(svc: TracingService, tmp_path: Path) -> None:
+    poll(svc, [70])
+    opts = TraceOptions(log_file=str(tmp_path / "d.json"))
+    res = svc.start_trace(TraceRequest(pids=(70,), options=opts))
+    poll(svc, [70])  # delivered
+    for _ in range(NEVER_STARTED_POLLS):
+        poll(svc, [70])
+    p = svc.get_trace(res.trace_id).processes[0]
+    assert p.state is ProcState.FAILED
+    assert "never started tracing" in p.reason
+    # The guard is lifted: the process can take the next request.
+    assert svc.start_trace(TraceRequest(pids=(70,), options=iters(tmp_path))).triggered
+
+
+def test_trace_that_ends_without_a_file_fails(svc: TracingService, tmp_path: Path) -> None:
+    poll(svc, [71])
+    res = svc.start_trace(TraceRequest(pids=(71,), options=iters(tmp_path)))
+    poll(svc, [71])
+    poll(svc, [71], ctype=BUSY)
+    for _ in range(MISSING_FILE_POLLS):
+        poll(svc, [71])
+    p = svc.get_trace(res.trace_id).processes[0]
+    assert p.state is ProcState.FAILED
+    assert "never appeared" in p.reason
+
+
+def test_iteration_trace_waits_then_times_out(
+    svc: TracingService, tmp_path: Path, clock: Clock
+) -> None:
+    poll(svc, [72])
+    res = svc.start_trace(TraceRequest(pids=(72,), options=iters(tmp_path), timeout_s=30))
+    for _ in range(10):  # waiting for its round-up iteration: idle, but not failed
+        clock.t += 1
+        poll(svc, [72])
+    assert svc.get_trace(res.trace_id).processes[0].state is ProcState.DELIVERED
+    clock.t += 25
+    svc.tracker.check()
+    p = svc.get_trace(res.trace_id).processes[0]
+    assert p.state is ProcState.TIMED_OUT
+    assert "optimizer steps" in p.reason
+
+
+def test_silent_trainer_expires_and_its_trace_fails(
+    svc: TracingService, tmp_path: Path, clock: Clock
+) -> None:
+    poll(svc, [73])
+    res = svc.start_trace(TraceRequest(pids=(73,), options=iters(tmp_path)))
+    clock.t += 61
+    svc.sweep()
+    assert svc.list_trainers() == []
+    p = svc.get_trace(res.trace_id).processes[0]
+    assert p.state is ProcState.FAILED
+    assert "stopped polling" in p.reason
+
+
+def test_requests_that_would_lose_data_are_rejected(svc: TracingService, tmp_path: Path) -> None:
+    poll(svc, [80])
+    poll(svc, [81])
+    (tmp_path / "t_80.pt.trace.json").write_text("old trace")
+    with pytest.raises(InvalidRequest) as info:
+        svc.start_trace(TraceRequest(options=iters(tmp_path)))
+    assert info.value.rule == "would_overwrite"
+    with pytest.raises(InvalidRequest) as info:
+        svc.start_trace(TraceRequest(options=iters(tmp_path, name="trace")))
+    assert info.value.rule == "no_pid_in_name"
+    # Nothing was stored by the rejected requests.
+    assert all(v.state is TrainerState.IDLE for v in svc.list_trainers())
+
+
+@pytest.mark.parametrize(
+    ("req", "rule"),
+    [
+        (TraceRequest(job_id=-1, config="A=1"), "bad_job_id"),
+        (TraceRequest(pids=(-3,), config="A=1"), "bad_pid"),
+        (TraceRequest(process_limit=-1, config="A=1"), "bad_process_limit"),
+        (TraceRequest(), "bad_request"),
+        (TraceRequest(config="ACTIVITIES_LOG_FILE=/etc/passwd.json"), "outside_allowed_dirs"),
+    ],
+)
+def test_bad_requests(svc: TracingService, req: TraceRequest, rule: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        svc.start_trace(req)
+    assert info.value.rule == rule
+
+
+def test_default_log_file_and_unknown_trace(svc: TracingService, tmp_path: Path) -> None:
+    poll(svc, [90])
+    res = svc.start_trace(TraceRequest(options=TraceOptions(log_file="", iterations=2)))
+    assert res.triggered[0].output_path == str(
+        tmp_path / f"bpfdyno-{res.trace_id}_90.pt.trace.json"
+    )
+    with pytest.raises(TraceNotFound):
+        svc.get_trace("nope")
+
+
+def test_unavailable_endpoint_is_reported(svc: TracingService, tmp_path: Path) -> None:
+    svc.unavailable_reason = "the Kineto IPC endpoint is not running: @dynolog@ is taken"
+    with pytest.raises(TracingUnavailable, match="@dynolog@ is taken"):
+        svc.start_trace(TraceRequest(options=iters(tmp_path)))
+
+
+def test_registry_is_bounded_and_keeps_live_trainers(clock: Clock) -> None:
+    reg = TrainerRegistry(max_entries=2, expire_after_s=60.0)
+    req = KinetoRequest(IDLE, 0, (1000,))
+    assert reg.observe(b"a", req, clock.wall(), clock.mono()) is not None
+    assert reg.observe(b"b", req, clock.wall(), clock.mono()) is not None
+    assert reg.observe(b"c", req, clock.wall(), clock.mono()) is None  # both are live
+    assert reg.stats.refused_full == 1
+    clock.t += 11
+    assert reg.observe(b"b", req, clock.wall(), clock.mono()) is not None
+    assert reg.observe(b"c", req, clock.wall(), clock.mono()) is not None  # evicts quiet "a"
+    assert reg.get(b"a") is None
+    assert reg.stats.evicted == 1

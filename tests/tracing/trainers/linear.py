@@ -1,0 +1,30 @@
+"""A tiny trainer: nn.Linear + SGD steps until killed (or --seconds pass).
+
+Prints "ready <pid>" once a few optimizer steps have run, so iteration-based traces (which
+need the optimizer-step hook to have counted steps) can start right away.
+"""
+
+import argparse
+import os
+import time
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--seconds", type=float, default=120.0)
+parser.add_argument("--step-sleep", type=float, default=0.01)
+args = parser.parse_args()
+
+model = torch.nn.Linear(16, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(32, 16)
+end = time.monotonic() + args.seconds
+step = 0
+while time.monotonic() < end:
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.step()
+    step += 1
+    if step == 5:
+        print(f"ready {os.getpid()}", flush=True)
+    time.sleep(args.step_sleep)
