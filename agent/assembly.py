@@ -51,7 +51,11 @@ def build(cfg: Config) -> Assembly:
     on = cfg.collector_enabled
     recorder = FlightRecorder(max_age_s=cfg.events.max_age_s, max_bytes=cfg.events.max_bytes)
 
-    sched = SchedCollector(sink=recorder.add) if on("sched") else None
+    sched = (
+        SchedCollector(sink=recorder.add, track_wakeups=cfg.sched.track_wakeups)
+        if on("sched")
+        else None
+    )
     net = NetCollector(sink=recorder.add) if on("net") else None
     gpu = GpuCollector.from_config(cfg.gpu, event_sink=recorder.add) if on("gpu") else None
     tracing = TracingComponent(

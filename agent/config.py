@@ -128,6 +128,14 @@ class GpuSection:
 
 
 @dataclass
+class SchedSection:
+    #: Probe sched_wakeup / sched_wakeup_new to measure run-queue latency after wakeups.
+    #: They fire about as often as context switches; false halves the scheduler probes'
+    #: cost (see docs/performance.md) and keeps only preemption waits in the histogram.
+    track_wakeups: bool = True
+
+
+@dataclass
 class EventsSection:
     #: The kernel/GPU event flight recorder keeps events this long (seconds)...
     max_age_s: float = 300.0
@@ -152,6 +160,7 @@ class Config:
     legacy_rpc: LegacyRpcSection = field(default_factory=LegacyRpcSection)
     gpu: GpuSection = field(default_factory=GpuSection)
     events: EventsSection = field(default_factory=EventsSection)
+    sched: SchedSection = field(default_factory=SchedSection)
     #: Where the values came from, for error messages and `status`.
     source: str = field(default="<defaults>", compare=False)
 
