@@ -26,18 +26,31 @@ def grpc_target(target: str) -> str:
     return target
 
 
+def unreachable_message(target: str, details: str = "") -> str:
+    """Why the agent at ``target`` cannot be reached, and what to do about it."""
+    if target.startswith("/") and os.path.exists(target) and not os.access(target, os.W_OK):
+        return (
+            f"cannot reach the agent at {target}: no permission on the socket; run as "
+            "root or as a member of the socket's group"
+        )
+    # gRPC's details nest the cause ("failed to connect to all addresses; last error:
+    # ...: connect failed: ... error: No such file or directory"): keep the innermost.
+    cause = details.rsplit("error: ", 1)[-1].strip() if details else "no answer"
+    return (
+        f"cannot reach the agent at {target} ({cause}): is it running? "
+        "start it with `sudo bpfdyno serve`; if it runs elsewhere, pass --socket PATH or "
+        f"--host HOST:PORT (or set {TARGET_ENV})"
+    )
+
+
 def explain_rpc_error(e: grpc.RpcError, target: str) -> str:
     """A one-line message for a failed call, with what to do about it."""
-    code = e.code() if isinstance(e, grpc.Call) else None
-    details = e.details() if isinstance(e, grpc.Call) else str(e)
+    # Both grpc.Call (sync stubs) and grpc.aio.AioRpcError carry code() and details().
+    code_fn, details_fn = getattr(e, "code", None), getattr(e, "details", None)
+    code = code_fn() if callable(code_fn) else None
+    details = (details_fn() if callable(details_fn) else str(e)) or ""
     if code == grpc.StatusCode.UNAVAILABLE:
-        hint = (
-            "is the agent running? start it with `sudo bpfdyno serve`; if it runs elsewhere, "
-            f"pass --socket PATH or --host HOST:PORT (or set {TARGET_ENV})"
-        )
-        if target.startswith("/") and os.path.exists(target) and not os.access(target, os.W_OK):
-            hint = f"no permission on {target}: run as root or as a member of the socket's group"
-        return f"cannot reach the agent at {target}: {hint}"
+        return unreachable_message(target, details)
     name = code.name if code is not None else "ERROR"
     return f"agent at {target} answered {name}: {details}"
 

@@ -435,8 +435,14 @@ class GpuCollector(Collector):
         """pid -> its GPU use, from the last round (a snapshot; safe from any thread)."""
         return self._procs
 
-    def gpu_memory_by_pid(self) -> dict[int, int]:
-        """pid -> GPU memory in bytes, the shape the process table's provider takes."""
+    def gpu_memory_by_pid(self) -> dict[int, int] | None:
+        """pid -> GPU memory in bytes, the shape the process table's provider takes.
+
+        None while the collector is not running (no GPU, no driver), so the process table
+        shows "unknown" rather than 0 bytes.
+        """
+        if not self._started:
+            return None
         return {
             pid: int(p.used_memory_bytes)
             for pid, p in self._procs.items()

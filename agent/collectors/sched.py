@@ -338,8 +338,14 @@ class SchedCollector(Collector):
             self.sweep()
         return out
 
-    def per_process(self) -> dict[int, ProcSched]:
-        """tgid -> cumulative scheduler times, as of the last ``collect`` (thread-safe)."""
+    def per_process(self) -> dict[int, ProcSched] | None:
+        """tgid -> cumulative scheduler times, as of the last ``collect`` (thread-safe).
+
+        None while the programs are not loaded, so the process table shows "unknown"
+        rather than zeros.
+        """
+        if self._bpf is None:
+            return None
         with self._snapshot_lock:
             return dict(self._procs)
 

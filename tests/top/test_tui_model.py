@@ -1,0 +1,207 @@
+"""The UI's pure model: metric history, process sorting/filtering, event log, formatting."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bpfdyno.tui.fmt import (
+    bar,
+    fmt_bytes,
+    fmt_duration,
+    fmt_ns,
+    fmt_percent,
+    fmt_si,
+    fmt_value,
+    sparkline,
+    unit_from_name,
+)
+from bpfdyno.tui.model import (
+    EventLog,
+    FilterError,
+    MetricsModel,
+    ProcessHistory,
+    filter_processes,
+    parse_filter,
+    sort_processes,
+)
+from bpfdyno.tui.records import (
+    KernelEventInfo,
+    MetricSpecInfo,
+    MetricsRound,
+    MetricValue,
+    ProcessInfo,
+    ProcessTable,
+    SeriesPoints,
+)
+
+NAN = float("nan")
+
+
+def _round(ts: float, *values: tuple[str, tuple[tuple[str, str], ...], float]) -> MetricsRound:
+    return MetricsRound(ts, "host", tuple(MetricValue(n, lab, v) for n, lab, v in values))
+
+
+def test_metrics_latest_history_and_label_order() -> None:
+    m = MetricsModel(history_points=3)
+    for i in range(5):
+        m.apply_round(_round(100.0 + i, ("x_ratio", (("a", "1"), ("b", "2")), i / 10)))
+    # Label order does not matter for lookups; only the last 3 points are kept.
+    assert m.latest("x_ratio", (("b", "2"), ("a", "1"))) == 0.4
+    assert m.history("x_ratio", (("a", "1"), ("b", "2"))) == [0.2, 0.3, 0.4]
+    assert math.isnan(m.latest("x_ratio", (("a", "9"), ("b", "2"))))
+    assert m.history("missing") == []
+
+
+def test_metrics_nan_is_not_stored_and_stale_series_disappear() -> None:
+    m = MetricsModel(stale_after_s=10.0)
+    m.apply_round(_round(100.0, ("net_rx_bytes_per_second", (("interface", "eth1"),), 5.0)))
+    m.apply_round(_round(101.0, ("net_rx_bytes_per_second", (("interface", "eth1"),), NAN)))
+    assert m.history("net_rx_bytes_per_second", (("interface", "eth1"),)) == [5.0]
+    for ts in range(102, 112):
+        m.apply_round(_round(float(ts), ("net_rx_bytes_per_second", (("interface", "eth0"),), 1.0)))
+    # eth1's last point (t=100) is 11 s older than the newest round (t=111): gone.
+    assert m.label_values("net_rx_bytes_per_second", "interface") == ["eth0"]
+    assert math.isnan(m.latest("net_rx_bytes_per_second", (("interface", "eth1"),)))
+
+
+def test_metrics_window_then_stream_keeps_each_timestamp_once() -> None:
+    m = MetricsModel()
+    m.apply_window([SeriesPoints("load_average_1m", (), ((10.0, 1.0), (11.0, 2.0)))])
+    m.apply_round(_round(11.0, ("load_average_1m", (), 2.0)))
+    m.apply_round(_round(12.0, ("load_average_1m", (), 3.0)))
+    assert m.history("load_average_1m") == [1.0, 2.0, 3.0]
+    assert m.now == 12.0
+
+
+def test_label_values_natural_order_and_units() -> None:
+    m = MetricsModel()
+    m.set_specs([MetricSpecInfo("cpu_utilization_ratio", "ratio", "ratio", labels=("cpu",))])
+    m.apply_round(
+        _round(
+            1.0,
+            *(("cpu_utilization_ratio", (("cpu", c),), 0.5) for c in ("10", "2", "total", "0")),
+        )
+    )
+    assert m.label_values("cpu_utilization_ratio", "cpu") == ["0", "2", "10", "total"]
+    assert m.unit("cpu_utilization_ratio") == "ratio"
+    assert m.unit("disk_read_bytes_per_second") == "bytes/s"  # no spec: from the name
+
+
+def test_metrics_series_cap() -> None:
+    m = MetricsModel(max_series=2)
+    m.apply_round(_round(1.0, *(("m", (("k", str(i)),), 1.0) for i in range(5))))
+    assert m.label_values("m", "k") == ["0", "1"]
+
+
+def _proc(pid: int, **kw: object) -> ProcessInfo:
+    return ProcessInfo(pid=pid, comm=str(kw.pop("comm", "p")), **kw)  # type: ignore[arg-type]
+
+
+ROWS = [
+    _proc(10, cpu_ratio=0.5, rss_bytes=300, user="bob", cmdline="python train.py", job_id="7"),
+    _proc(11, cpu_ratio=NAN, rss_bytes=None, user="alice", comm="kworker"),
+    _proc(12, cpu_ratio=0.9, rss_bytes=100, user="alice", cmdline="/bin/sleep 5"),
+    _proc(13, cpu_ratio=0.5, rss_bytes=200, user="root", cmdline="Python eval.py", job_id="7"),
+]
+
+
+def test_sort_unknown_last_in_both_directions_and_ties_by_pid() -> None:
+    assert [r.pid for r in sort_processes(ROWS, "cpu")] == [12, 10, 13, 11]
+    assert [r.pid for r in sort_processes(ROWS, "cpu", descending=False)] == [10, 13, 12, 11]
+    assert [r.pid for r in sort_processes(ROWS, "rss")] == [10, 13, 12, 11]
+    assert [r.pid for r in sort_processes(ROWS, "user")] == [11, 12, 10, 13]
+    assert [r.pid for r in sort_processes(ROWS, "pid")] == [10, 11, 12, 13]
+
+
+def test_sort_unknown_column() -> None:
+    with pytest.raises(ValueError, match="unknown sort column 'nope'; use one of pid, user"):
+        sort_processes(ROWS, "nope")
+
+
+def test_filter_terms_and_words() -> None:
+    def pids(text: str) -> list[int]:
+        return [r.pid for r in filter_processes(ROWS, parse_filter(text))]
+
+    assert pids("") == [10, 11, 12, 13]
+    assert pids("python") == [10, 13]  # case-insensitive, command line
+    assert pids("job=7") == [10, 13]
+    assert pids("job=7 eval") == [13]
+    assert pids("user=alice") == [11, 12]
+    assert pids("comm=kworker") == [11]
+    assert pids("pid=12") == [12]
+    assert pids("kwork") == [11]  # the command name too
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "jobid=5",
+            "unknown filter key 'jobid': use pid=, user=, comm=, job=, container=, cgroup=",
+        ),
+        ("job=", "job= needs a value, e.g. job=5678"),
+        ("pid=abc", "pid=abc is not a process id; write pid=1234"),
+    ],
+)
+def test_filter_errors_say_how_to_fix(text: str, message: str) -> None:
+    with pytest.raises(FilterError) as e:
+        parse_filter(text)
+    assert str(e.value).startswith(message)
+
+
+def test_event_log_bounded_counts_and_kinds() -> None:
+    log = EventLog(maxlen=3)
+    log.add(
+        KernelEventInfo(i, kind) for i, kind in enumerate(["exec", "tcp_reset", "exec", "exit"])
+    )
+    assert [e.ts_ns for e in log.newest_first()] == [3, 2, 1]
+    assert [e.ts_ns for e in log.newest_first(["tcp_"])] == [1]
+    assert dict(log.counts) == {"exec": 2, "tcp_reset": 1, "exit": 1}
+
+
+def test_process_history_follows_one_pid_and_marks_absence() -> None:
+    h = ProcessHistory(12)
+    h.add(ProcessTable(1.0, tuple(ROWS), 4))
+    h.add(ProcessTable(1.0, tuple(ROWS), 4))  # the same table again: ignored
+    h.add(ProcessTable(2.0, (ROWS[0],), 4))
+    first, second = h.cpu
+    assert first == 0.9
+    assert math.isnan(second)
+    assert len(h.rss) == 2
+
+
+def test_formatting_by_unit() -> None:
+    assert fmt_bytes(512) == "512B"
+    assert fmt_bytes(1536) == "1.5K"
+    assert fmt_bytes(200 * 1024**2) == "200M"
+    assert fmt_bytes(None) == "-"
+    assert fmt_si(950) == "950"
+    assert fmt_si(1234) == "1.2k"
+    assert fmt_si(2.5) == "2.5"
+    assert fmt_si(NAN, "/s") == "-"
+    assert fmt_percent(0.456) == "46%"
+    assert fmt_duration(3725) == "1h02m"
+    assert fmt_duration(3 * 86400 + 4 * 3600) == "3d04h"
+    assert fmt_duration(59) == "59s"
+    assert fmt_ns(87.4) == "87ns"
+    assert fmt_ns(1500) == "1.5us"
+    assert fmt_value(1_500_000, "bytes/s") == "1.4M/s"
+    assert fmt_value(0.25, "ratio") == "25%"
+    assert fmt_value(12_345, "1/s") == "12.3k/s"
+    assert fmt_value(64.4, "celsius") == "64°C"
+    assert fmt_value(512, "watts") == "512W"
+    assert fmt_value(1.41e9, "hertz") == "1.4GHz"
+    assert fmt_value(NAN, "bytes") == "-"
+    assert unit_from_name("gpu_power_watts") == "watts"
+
+
+def test_sparkline_and_bar() -> None:
+    assert sparkline([0.0, 0.5, 1.0], 3, top=1.0) == "▁▅█"
+    assert sparkline([1.0, NAN], 4, top=1.0) == "  █ "
+    assert sparkline([], 3) == "   "
+    assert sparkline([0.0, 0.0], 2) == "▁▁"  # all zero: a flat floor, not blanks
+    assert bar(0.5, 4) == "██  "
+    assert bar(0.3, 10) == "███       "
+    assert bar(NAN, 3) == "   "

@@ -1,0 +1,416 @@
+"""Pure derived data for the UI: metric history, process sorting and filtering, event log.
+
+Nothing here does I/O or touches a widget, so every rule is testable with hand-made records.
+The app owns one `TopState`; messages from the data workers update it and the refresh tick
+renders the visible view from it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from bpfdyno.tui.fmt import fmt_value, unit_from_name
+from bpfdyno.tui.records import (
+    AgentStatus,
+    KernelEventInfo,
+    Labels,
+    MetricSpecInfo,
+    MetricsRound,
+    ProcessInfo,
+    ProcessTable,
+    SeriesPoints,
+    TraceStatus,
+    TrainerInfo,
+)
+
+NAN = float("nan")
+SeriesKey = tuple[str, Labels]
+
+
+def _norm(labels: Iterable[tuple[str, str]]) -> Labels:
+    # Label order differs between producers; lookups should not care.
+    return tuple(sorted(labels))
+
+
+class MetricsModel:
+    """Latest value and a short history of every series the agent streams.
+
+    Args:
+        history_points: points kept per series (the sparklines' width at most).
+        stale_after_s: a series whose last point is older than this, relative to the newest
+            round seen, counts as gone (a removed NIC, a lost GPU).
+        max_series: most series kept; beyond it new series are ignored, so a runaway label
+            cannot grow memory without bound.
+    """
+
+    def __init__(
+        self, history_points: int = 120, stale_after_s: float = 10.0, max_series: int = 20_000
+    ) -> None:
+        self.history_points = history_points
+        self.stale_after_s = stale_after_s
+        self.max_series = max_series
+        self.specs: dict[str, MetricSpecInfo] = {}
+        self.now = 0.0
+        self._series: dict[str, dict[Labels, deque[tuple[float, float]]]] = {}
+        self._count = 0
+
+    def set_specs(self, specs: Iterable[MetricSpecInfo]) -> None:
+        """Replace the metric declarations (units) with the agent's."""
+        self.specs = {s.name: s for s in specs}
+
+    def unit(self, name: str) -> str:
+        """The unit of a metric from its spec, else guessed from its name."""
+        spec = self.specs.get(name)
+        return spec.unit if spec is not None and spec.unit else unit_from_name(name)
+
+    def show(self, name: str, labels: Iterable[tuple[str, str]] = ()) -> str:
+        """The newest value of a series as text, in the unit its spec declares."""
+        return fmt_value(self.latest(name, labels), self.unit(name))
+
+    def clear(self) -> None:
+        """Forget every series (after reconnecting to a restarted agent)."""
+        self._series.clear()
+        self._count = 0
+        self.now = 0.0
+
+    def _append(self, name: str, labels: Labels, ts: float, value: float) -> None:
+        by_labels = self._series.get(name)
+        if by_labels is None:
+            by_labels = self._series[name] = {}
+        points = by_labels.get(labels)
+        if points is None:
+            if self._count >= self.max_series:
+                return
+            points = by_labels[labels] = deque(maxlen=self.history_points)
+            self._count += 1
+        if points and ts <= points[-1][0]:
+            return  # a window overlapping the stream: keep each timestamp once
+        points.append((ts, value))
+
+    def apply_window(self, series: Iterable[SeriesPoints]) -> None:
+        """Seed history from a window query (older points first)."""
+        for s in series:
+            labels = _norm(s.labels)
+            for ts, value in s.points:
+                if not math.isnan(value):
+                    self._append(s.name, labels, ts, value)
+                    self.now = max(self.now, ts)
+
+    def apply_round(self, rnd: MetricsRound) -> None:
+        """Add one streamed collection round."""
+        for v in rnd.values:
+            if not math.isnan(v.value):
+                self._append(v.name, _norm(v.labels), rnd.ts, v.value)
+        self.now = max(self.now, rnd.ts)
+
+    def _fresh(self, points: deque[tuple[float, float]]) -> bool:
+        return bool(points) and points[-1][0] >= self.now - self.stale_after_s
+
+    def latest(self, name: str, labels: Iterable[tuple[str, str]] = ()) -> float:
+        """The newest value of the series, NaN if absent or stale."""
+        points = self._series.get(name, {}).get(_norm(labels))
+        if points is None or not self._fresh(points):
+            return NAN
+        return points[-1][1]
+
+    def history(self, name: str, labels: Iterable[tuple[str, str]] = ()) -> list[float]:
+        """The kept values of the series, oldest first (empty if absent)."""
+        points = self._series.get(name, {}).get(_norm(labels))
+        return [v for _, v in points] if points else []
+
+    def series(self, name: str, **match: str) -> list[tuple[dict[str, str], float]]:
+        """Fresh series of ``name`` whose labels include ``match``: (labels, latest value)."""
+        out = []
+        for labels, points in self._series.get(name, {}).items():
+            if not self._fresh(points):
+                continue
+            d = dict(labels)
+            if all(d.get(k) == v for k, v in match.items()):
+                out.append((d, points[-1][1]))
+        return out
+
+    def label_values(self, name: str, label: str) -> list[str]:
+        """Distinct values of ``label`` among the fresh series of ``name``, naturally sorted."""
+        values = {d[label] for d, _ in self.series(name) if label in d}
+        return sorted(values, key=natural_key)
+
+    def names(self, prefix: str = "") -> list[str]:
+        """Metric names with at least one series, optionally by prefix."""
+        return sorted(n for n in self._series if n.startswith(prefix))
+
+
+def natural_key(text: str) -> tuple[int, int | str]:
+    """Sort key putting numbers in numeric order before words: 0, 2, 10, total."""
+    return (0, int(text)) if text.isdigit() else (1, text)
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SortColumn:
+    """A column the process table can be sorted by."""
+
+    key: str
+    title: str
+    value: Callable[[ProcessInfo], float | str | None]
+    descending: bool = True
+
+
+def _num(value: float | int | None) -> float | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return float(value)
+
+
+#: The process table's columns in display order; each can be the sort key.
+PROCESS_COLUMNS: tuple[SortColumn, ...] = (
+    SortColumn("pid", "PID", lambda r: r.pid, descending=False),
+    SortColumn("user", "USER", lambda r: r.user or None, descending=False),
+    SortColumn("cpu", "CPU%", lambda r: _num(r.cpu_ratio)),
+    SortColumn("rss", "RSS", lambda r: _num(r.rss_bytes)),
+    SortColumn("oncpu", "ONCPU", lambda r: _num(r.oncpu_ratio)),
+    SortColumn("runq", "RUNQ", lambda r: _num(r.runq_wait_ratio)),
+    SortColumn("offcpu", "BLOCK", lambda r: _num(r.offcpu_blocked_ratio)),
+    SortColumn("tx", "TCP TX/s", lambda r: _num(r.tcp_tx_bytes_per_second)),
+    SortColumn("rx", "TCP RX/s", lambda r: _num(r.tcp_rx_bytes_per_second)),
+    SortColumn("retx", "RETX/s", lambda r: _num(r.tcp_retransmits_per_second)),
+    SortColumn("gpu", "GPU MEM", lambda r: _num(r.gpu_memory_bytes)),
+    SortColumn("job", "JOB", lambda r: r.job_id or None, descending=False),
+    SortColumn("command", "COMMAND", lambda r: r.command, descending=False),
+)
+SORT_BY_KEY = {c.key: c for c in PROCESS_COLUMNS}
+
+
+def sort_processes(
+    rows: Iterable[ProcessInfo], key: str, descending: bool | None = None
+) -> list[ProcessInfo]:
+    """Rows ordered by a column; unknown values always last; ties broken by pid.
+
+    Args:
+        rows: the processes.
+        key: one of `PROCESS_COLUMNS`' keys.
+        descending: direction; None uses the column's natural one (big numbers first).
+
+    Raises:
+        ValueError: unknown column key (the message lists the known ones).
+    """
+    col = SORT_BY_KEY.get(key)
+    if col is None:
+        raise ValueError(f"unknown sort column {key!r}; use one of {', '.join(SORT_BY_KEY)}")
+    desc = col.descending if descending is None else descending
+    known: list[tuple[float | str, ProcessInfo]] = []
+    unknown: list[ProcessInfo] = []
+    for r in rows:
+        v = col.value(r)
+        if v is None:
+            unknown.append(r)
+        else:
+            known.append((v, r))
+    # Two stable sorts: by pid first, then by the value, keeps ties in pid order.
+    known.sort(key=lambda kv: kv[1].pid)
+    known.sort(key=lambda kv: kv[0], reverse=desc)
+    unknown.sort(key=lambda r: r.pid)
+    return [r for _, r in known] + unknown
+
+
+class FilterError(ValueError):
+    """A filter expression the table cannot apply; the message says how to write it."""
+
+
+#: Keys of ``key=value`` filter terms: the same language as the agent's ListProcesses filter
+#: (and ``bpfdyno ps --filter``), so one syntax works everywhere.
+FILTER_KEYS = ("pid", "user", "comm", "job", "container", "cgroup")
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessFilter:
+    """A parsed filter: every term must hold (AND)."""
+
+    words: tuple[str, ...] = ()
+    fields: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        """Whether the filter lets every row through."""
+        return not self.words and not self.fields
+
+    def matches(self, row: ProcessInfo) -> bool:
+        """Whether ``row`` passes every term."""
+        for key, value in self.fields:
+            if key == "pid":
+                ok = str(row.pid) == value
+            elif key == "user":
+                ok = row.user == value
+            elif key == "comm":
+                ok = row.comm == value
+            elif key == "job":
+                ok = row.job_id == value
+            elif key == "container":
+                ok = bool(row.container_id) and row.container_id.startswith(value)
+            else:  # cgroup
+                ok = value in row.cgroup
+            if not ok:
+                return False
+        for word in self.words:
+            if word not in row.comm.lower() and word not in row.cmdline.lower():
+                return False
+        return True
+
+
+def parse_filter(text: str) -> ProcessFilter:
+    """Parse ``python job=1234 user=alice``: ``key=value`` terms and bare words.
+
+    Keys match exactly (``container`` by prefix, ``cgroup`` by substring); a bare word
+    matches the command name or line, case-insensitively.
+
+    Raises:
+        FilterError: an unknown key, an empty value or a non-numeric pid, with the fix.
+    """
+    words: list[str] = []
+    fields: list[tuple[str, str]] = []
+    for term in text.split():
+        key, sep, value = term.partition("=")
+        if not sep:
+            words.append(term.lower())
+            continue
+        if key not in FILTER_KEYS:
+            raise FilterError(
+                f"unknown filter key {key!r}: use {', '.join(k + '=' for k in FILTER_KEYS)} "
+                "or bare words"
+            )
+        if not value:
+            raise FilterError(f"{key}= needs a value, e.g. {key}={_EXAMPLES[key]}")
+        if key == "pid" and not value.isdigit():
+            raise FilterError(f"pid={value} is not a process id; write pid=1234")
+        fields.append((key, value))
+    return ProcessFilter(tuple(words), tuple(fields))
+
+
+_EXAMPLES = {
+    "pid": "1234",
+    "user": "alice",
+    "comm": "python",
+    "job": "5678",
+    "container": "3f2a",
+    "cgroup": "slurm",
+}
+
+
+def filter_processes(rows: Iterable[ProcessInfo], flt: ProcessFilter) -> list[ProcessInfo]:
+    """The rows that pass ``flt``."""
+    if flt.empty:
+        return list(rows)
+    return [r for r in rows if flt.matches(r)]
+
+
+class ProcessHistory:
+    """A few values of one process over successive tables, for the detail view."""
+
+    def __init__(self, pid: int, points: int = 120) -> None:
+        self.pid = pid
+        self.cpu: deque[float] = deque(maxlen=points)
+        self.rss: deque[float] = deque(maxlen=points)
+        self.net: deque[float] = deque(maxlen=points)
+        self._last_ts = 0.0
+
+    def add(self, table: ProcessTable) -> None:
+        """Record the process's values from ``table`` (NaN when it is not in it)."""
+        if table.ts <= self._last_ts:
+            return
+        self._last_ts = table.ts
+        row = next((r for r in table.rows if r.pid == self.pid), None)
+        if row is None:
+            self.cpu.append(NAN)
+            self.rss.append(NAN)
+            self.net.append(NAN)
+            return
+        self.cpu.append(row.cpu_ratio)
+        self.rss.append(NAN if row.rss_bytes is None else float(row.rss_bytes))
+        self.net.append(row.tcp_tx_bytes_per_second + row.tcp_rx_bytes_per_second)
+
+
+# -- events ------------------------------------------------------------------------------
+
+
+class EventLog:
+    """The newest kernel events, newest last, plus a count per kind since connecting."""
+
+    def __init__(self, maxlen: int = 1000) -> None:
+        self.events: deque[KernelEventInfo] = deque(maxlen=maxlen)
+        self.counts: Counter[str] = Counter()
+        self.generation = 0
+
+    def add(self, events: Iterable[KernelEventInfo]) -> None:
+        """Append events (in arrival order)."""
+        for ev in events:
+            self.events.append(ev)
+            self.counts[ev.kind] += 1
+        self.generation += 1
+
+    def clear(self) -> None:
+        """Forget everything."""
+        self.events.clear()
+        self.counts.clear()
+        self.generation += 1
+
+    def newest_first(self, kinds: Sequence[str] = ()) -> list[KernelEventInfo]:
+        """Events by time, newest first, optionally only of ``kinds`` (prefixes work).
+
+        Sorted by timestamp, not arrival: collectors deliver in batches, so a network event
+        can arrive after a scheduler event that happened later.
+        """
+        out = sorted(self.events, key=lambda e: e.ts_ns, reverse=True)
+        if kinds:
+            return [e for e in out if any(e.kind.startswith(k) for k in kinds)]
+        return out
+
+
+# -- the whole state -----------------------------------------------------------------------
+
+
+@dataclass
+class Availability:
+    """Whether a part of the agent's API answered, and if not, why."""
+
+    ok: bool = False
+    reason: str = "not asked yet"
+
+    def set_ok(self) -> None:
+        """Mark the part as answering."""
+        self.ok, self.reason = True, ""
+
+    def set_unavailable(self, reason: str) -> None:
+        """Mark the part as not answering, with the reason shown in its panel."""
+        self.ok, self.reason = False, reason
+
+
+@dataclass
+class Connection:
+    """The link to the agent as the status bar shows it."""
+
+    target: str
+    connected: bool = False
+    message: str = "connecting..."
+    reconnects: int = 0
+    agent_started_ts: float = 0.0
+
+
+@dataclass
+class TopState:
+    """Everything the views render, updated only on the app's loop."""
+
+    connection: Connection
+    job_id: str = ""
+    metrics: MetricsModel = field(default_factory=MetricsModel)
+    status: AgentStatus | None = None
+    processes: ProcessTable | None = None
+    processes_state: Availability = field(default_factory=Availability)
+    trainers: tuple[TrainerInfo, ...] = ()
+    trainers_state: Availability = field(default_factory=Availability)
+    events: EventLog = field(default_factory=EventLog)
+    events_state: Availability = field(default_factory=Availability)
+    last_trace: TraceStatus | None = None

@@ -1,0 +1,1 @@
+"""Screens pushed over the main tabs: help, process details, the trace form."""

@@ -1,0 +1,249 @@
+"""The trace form: which processes, for how long, with which profiler options — then progress.
+
+Submitting posts `TraceSubmitted`; the app sends the request and follows the trace, and
+hands every new state back with `show_status`, so the form turns into a live list of the
+traced processes and the files they wrote. Closing the form does not stop the trace: the
+Trainers tab keeps showing it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import ClassVar
+
+from rich.console import Group
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Button, Checkbox, Input, Label, RadioButton, RadioSet, Static
+
+from bpfdyno.tui.records import TraceRequest, TraceStatus
+from bpfdyno.tui.widgets.trainers import trace_summary, trace_table
+
+#: Profiler options: (checkbox id, label, TraceRequest field).
+OPTIONS = (
+    ("opt-shapes", "shapes", "record_shapes"),
+    ("opt-memory", "memory", "profile_memory"),
+    ("opt-stacks", "stacks", "with_stacks"),
+    ("opt-flops", "flops", "with_flops"),
+    ("opt-modules", "modules", "with_modules"),
+)
+DEFAULT_DURATION_MS = 500
+DEFAULT_ITERATIONS = 5
+DEFAULT_PROCESS_LIMIT = 3
+
+
+class FormError(ValueError):
+    """A form field is invalid; the message names it and says what to enter."""
+
+
+def default_log_file(now: float) -> str:
+    """A fresh file name per trace, so no trace overwrites another."""
+    return time.strftime("/tmp/bpfdyno_trace_%Y%m%d_%H%M%S.json", time.localtime(now))
+
+
+def _positive_int(text: str, field: str, example: str) -> int:
+    text = text.strip()
+    if not text.isdigit() or int(text) <= 0:
+        raise FormError(f"{field}: enter a whole number above 0, e.g. {example}")
+    return int(text)
+
+
+def parse_trace_form(
+    pids: str,
+    job_id: str,
+    mode: str,
+    amount: str,
+    log_file: str,
+    process_limit: str,
+    options: Sequence[str] = (),
+) -> TraceRequest:
+    """Build a trace request from the form's texts.
+
+    Args:
+        pids: process ids separated by spaces or commas (may be empty if ``job_id`` is set).
+        job_id: a SLURM job id (may be empty if ``pids`` is set).
+        mode: ``duration`` (``amount`` in ms) or ``iterations``.
+        amount: the duration in ms or the number of iterations.
+        log_file: absolute path of the trace file ending in ``.json``.
+        process_limit: most processes to trace.
+        options: the TraceRequest option fields to turn on (``record_shapes``...).
+
+    Raises:
+        FormError: the first invalid field, with what to enter instead.
+    """
+    pid_list: list[int] = []
+    for word in pids.replace(",", " ").split():
+        if not word.isdigit() or int(word) <= 0:
+            raise FormError(f"PIDs: {word!r} is not a process id; enter numbers like 1234 5678")
+        pid_list.append(int(word))
+    job = job_id.strip()
+    if job and not job.isdigit():
+        raise FormError(f"Job id: {job!r} is not a SLURM job id; enter a number or leave it empty")
+    if not pid_list and not job:
+        raise FormError("enter at least one PID or a job id to choose what to trace")
+    if mode not in ("duration", "iterations"):
+        raise FormError(f"unknown mode {mode!r}: choose duration or iterations")
+    n = _positive_int(amount, "Duration (ms)" if mode == "duration" else "Iterations", "500")
+    path = log_file.strip()
+    if not path.startswith("/"):
+        raise FormError("Log file: enter an absolute path, e.g. /tmp/trace.json")
+    if not path.endswith(".json"):
+        raise FormError(
+            "Log file: end the name in .json, so each process writes its own <name>_<pid>.json"
+        )
+    limit = _positive_int(process_limit, "Process limit", "3")
+    flags = {field: field in options for _, _, field in OPTIONS}
+    return TraceRequest(
+        log_file=path,
+        pids=tuple(pid_list),
+        job_id=job,
+        duration_ms=n if mode == "duration" else None,
+        iterations=n if mode == "iterations" else None,
+        process_limit=limit,
+        **flags,
+    )
+
+
+class TraceSubmitted(Message):
+    """The form was filled in correctly; the app should send ``request``."""
+
+    def __init__(self, request: TraceRequest) -> None:
+        super().__init__()
+        self.request = request
+
+
+class TraceScreen(ModalScreen[None]):
+    """The trace form, then the trace's progress.
+
+    Args:
+        pids: processes to prefill.
+        job_id: job to prefill.
+        now: the time used for the default file name.
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "close", "Close"),
+        Binding("ctrl+s", "submit", "Start trace"),
+    ]
+
+    def __init__(self, pids: Sequence[int] = (), job_id: str = "", now: float = 0.0) -> None:
+        super().__init__()
+        self._pids = " ".join(str(p) for p in pids)
+        self._job_id = job_id
+        self._now = now or time.time()
+        self.submitted = False
+
+    def compose(self) -> ComposeResult:
+        """The form and the (hidden) progress panel."""
+        with Vertical(id="trace-dialog"):
+            yield Label("Trace PyTorch processes", id="trace-title")
+            with Horizontal(classes="form-row"):
+                yield Label("PIDs", classes="form-label")
+                yield Input(self._pids, id="trace-pids", compact=True, placeholder="1234 5678")
+                yield Label(" Job id ", classes="form-label-inline")
+                yield Input(self._job_id, id="trace-job", compact=True, placeholder="none")
+            with Horizontal(classes="form-row"):
+                yield Label("Mode", classes="form-label")
+                with RadioSet(id="trace-mode", compact=True):
+                    yield RadioButton("duration ms", value=True, id="mode-duration", compact=True)
+                    yield RadioButton("iterations", id="mode-iterations", compact=True)
+                yield Label(" Amount ", classes="form-label-inline")
+                yield Input(str(DEFAULT_DURATION_MS), id="trace-amount", compact=True)
+            with Horizontal(classes="form-row"):
+                yield Label("Log file", classes="form-label")
+                yield Input(default_log_file(self._now), id="trace-file", compact=True)
+            with Horizontal(classes="form-row"):
+                yield Label("Limit", classes="form-label")
+                yield Input(str(DEFAULT_PROCESS_LIMIT), id="trace-limit", compact=True)
+                yield Label(" processes", classes="form-label-inline")
+            with Horizontal(classes="form-row", id="trace-options"):
+                yield Label("Options", classes="form-label")
+                for cid, label, _ in OPTIONS:
+                    yield Checkbox(label, id=cid, compact=True)
+            yield Static("", id="trace-error")
+            yield Static("", id="trace-progress")
+            with Horizontal(id="trace-buttons"):
+                yield Button("Start (ctrl+s)", id="trace-start", variant="primary", compact=True)
+                yield Button("Close (esc)", id="trace-close", compact=True)
+
+    def on_mount(self) -> None:
+        """Start in the first empty field."""
+        self.query_one("#trace-progress", Static).display = False
+        self.query_one("#trace-error", Static).display = False
+        first = "#trace-pids" if not self._pids and not self._job_id else "#trace-amount"
+        self.query_one(first, Input).focus()
+
+    def on_radio_set_changed(self, event: RadioSet.Changed) -> None:
+        """Switching mode puts that mode's default amount in the box."""
+        amount = self.query_one("#trace-amount", Input)
+        if event.pressed.id == "mode-iterations":
+            amount.value = str(DEFAULT_ITERATIONS)
+        else:
+            amount.value = str(DEFAULT_DURATION_MS)
+
+    def _mode(self) -> str:
+        pressed = self.query_one("#trace-mode", RadioSet).pressed_button
+        iterations = pressed is not None and pressed.id == "mode-iterations"
+        return "iterations" if iterations else "duration"
+
+    def action_submit(self) -> None:
+        """Check the form and, if it is right, ask the app to send the request."""
+        if self.submitted:
+            return
+        try:
+            request = parse_trace_form(
+                pids=self.query_one("#trace-pids", Input).value,
+                job_id=self.query_one("#trace-job", Input).value,
+                mode=self._mode(),
+                amount=self.query_one("#trace-amount", Input).value,
+                log_file=self.query_one("#trace-file", Input).value,
+                process_limit=self.query_one("#trace-limit", Input).value,
+                options=[f for cid, _, f in OPTIONS if self.query_one(f"#{cid}", Checkbox).value],
+            )
+        except FormError as e:
+            self.show_error(str(e))
+            return
+        self.submitted = True
+        self.query_one("#trace-start", Button).disabled = True
+        self.show_error("")
+        self._progress(Text("sending the request...", style="dim"))
+        self.post_message(TraceSubmitted(request))
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        """Start or close."""
+        if event.button.id == "trace-start":
+            self.action_submit()
+        else:
+            self.action_close()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        """Enter in any box starts the trace."""
+        self.action_submit()
+
+    def action_close(self) -> None:
+        """Close the form (a running trace goes on; the Trainers tab follows it)."""
+        self.dismiss(None)
+
+    def show_error(self, message: str) -> None:
+        """Show why the form or the request was refused (empty clears it)."""
+        error = self.query_one("#trace-error", Static)
+        error.update(Text(message, style="bold red"))
+        error.display = bool(message)
+        if message and self.submitted:
+            # Refused by the agent: let the user fix the form and try again.
+            self.submitted = False
+            self.query_one("#trace-start", Button).disabled = False
+
+    def show_status(self, status: TraceStatus) -> None:
+        """Show the trace's newest state: per process, where its file is."""
+        self._progress(Group(trace_summary(status), trace_table(status)))
+
+    def _progress(self, renderable: Text | Group) -> None:
+        panel = self.query_one("#trace-progress", Static)
+        panel.display = True
+        panel.update(renderable)

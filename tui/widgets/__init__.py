@@ -1,0 +1,1 @@
+"""Panels and lists of the bpfdyno top UI."""

@@ -1,0 +1,267 @@
+"""The Processes tab: a sortable, filterable table of the agent's process table.
+
+Sorting and filtering happen here, on the rows the agent sent (its most active processes
+plus trainers), so they respond at once without a round trip. The filter language is the
+agent's own (``bpfdyno ps --filter``): ``key=value`` terms and bare words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.widgets import Input, Static
+
+from bpfdyno.tui.fmt import fmt_bytes, fmt_percent, fmt_si
+from bpfdyno.tui.messages import OpenProcess, OpenTraceForm
+from bpfdyno.tui.model import (
+    PROCESS_COLUMNS,
+    FilterError,
+    ProcessFilter,
+    TopState,
+    filter_processes,
+    parse_filter,
+    sort_processes,
+)
+from bpfdyno.tui.records import ProcessInfo
+from bpfdyno.tui.widgets.table import Column, FastTable
+
+_CELLS: dict[str, Callable[[ProcessInfo], str]] = {
+    "pid": lambda r: str(r.pid),
+    "user": lambda r: r.user or "-",
+    "cpu": lambda r: fmt_percent(r.cpu_ratio),
+    "rss": lambda r: fmt_bytes(r.rss_bytes),
+    "oncpu": lambda r: fmt_percent(r.oncpu_ratio),
+    "runq": lambda r: fmt_percent(r.runq_wait_ratio),
+    "offcpu": lambda r: fmt_percent(r.offcpu_blocked_ratio),
+    "tx": lambda r: fmt_bytes(r.tcp_tx_bytes_per_second),
+    "rx": lambda r: fmt_bytes(r.tcp_rx_bytes_per_second),
+    "retx": lambda r: fmt_si(r.tcp_retransmits_per_second),
+    "gpu": lambda r: fmt_bytes(r.gpu_memory_bytes),
+    "job": lambda r: r.job_id or "-",
+    "command": lambda r: r.command,
+}
+_WIDTHS = {
+    "pid": 7,
+    "user": 8,
+    "cpu": 5,
+    "rss": 6,
+    "oncpu": 5,
+    "runq": 5,
+    "offcpu": 5,
+    "tx": 7,
+    "rx": 7,
+    "retx": 5,
+    "gpu": 6,
+    "job": 7,
+    "command": 14,
+}
+#: Wider cells for the wide layout's longer titles.
+_WIDE_WIDTHS = {"tx": 9, "rx": 9, "retx": 6, "gpu": 7}
+#: Shorter titles for the narrow layout, where every cell counts.
+_NARROW_TITLES = {"tx": "TX/s", "rx": "RX/s", "retx": "RETX", "gpu": "GPUMEM", "job": "JOB"}
+_LEFT = {"user", "job", "command"}
+#: Columns shown when the terminal is narrower than `WIDE_AT` (80 columns fit these).
+NARROW_KEYS = ("pid", "cpu", "rss", "runq", "tx", "rx", "retx", "gpu", "job", "command")
+WIDE_AT = 110
+
+
+def columns_for(width: int) -> list[Column]:
+    """The table's columns for a terminal ``width`` cells wide."""
+    wide = width >= WIDE_AT
+    keys = [c.key for c in PROCESS_COLUMNS] if wide else list(NARROW_KEYS)
+    titles = {c.key: c.title for c in PROCESS_COLUMNS}
+    widths = dict(_WIDTHS)
+    if wide:
+        widths.update(_WIDE_WIDTHS)
+    else:
+        titles.update(_NARROW_TITLES)
+    return [
+        Column(
+            k,
+            titles[k],
+            widths[k],
+            align="left" if k in _LEFT else "right",
+            flex=k == "command",
+        )
+        for k in keys
+    ]
+
+
+class ProcessTableWidget(FastTable):
+    """The process rows, formatted per visible column."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            columns_for(80),
+            format_row=self._cells,
+            row_key=lambda r: r.pid,
+            row_style=_row_style,
+            empty_text="no processes (yet)",
+            id="process-table",
+        )
+
+    def _cells(self, row: ProcessInfo) -> Sequence[str]:
+        return [_CELLS[c.key](row) for c in self.columns]
+
+
+def _row_style(row: ProcessInfo) -> str:
+    if row.pinned:
+        return "bold"
+    return "dim" if not row.cmdline else ""
+
+
+class ProcessesView(Vertical):
+    """Filter line, summary line and the table.
+
+    Keys: ``/`` filter, ``s``/``S`` next/previous sort column, ``r`` reverse, ``enter``
+    details, ``t`` trace the selected process.
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("slash", "focus_filter", "Filter"),
+        Binding("s", "sort(1)", "Sort"),
+        Binding("S", "sort(-1)", "Sort back", show=False),
+        Binding("r", "reverse", "Reverse"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+        Binding("t", "trace", "Trace"),
+    ]
+
+    def __init__(self, job_id: str = "", *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.sort_key = "cpu"
+        self.descending = True
+        self.filter = ProcessFilter()
+        self.filter_error = ""
+        self._job_id = job_id
+        self._state: TopState | None = None
+        self._wide: bool | None = None
+
+    def compose(self) -> ComposeResult:
+        """Filter input, summary, table."""
+        yield Input(
+            placeholder="/ filter: words, pid= user= comm= job= container= cgroup=",
+            id="process-filter",
+        )
+        yield Static("", id="process-summary")
+        yield ProcessTableWidget()
+
+    @property
+    def table(self) -> ProcessTableWidget:
+        """The table widget."""
+        return self.query_one(ProcessTableWidget)
+
+    def on_resize(self) -> None:
+        """Switch between the narrow and the wide column set."""
+        wide = self.size.width >= WIDE_AT
+        if wide != self._wide:
+            self._wide = wide
+            self.table.set_columns(columns_for(self.size.width))
+            if self._state is not None:
+                self.update_view(self._state)
+
+    def update_view(self, state: TopState) -> None:
+        """Re-sort, re-filter and show the newest table."""
+        self._state = state
+        summary = self.query_one("#process-summary", Static)
+        table = self.table
+        table.set_sort(self.sort_key, self.descending)
+        snap = state.processes
+        if snap is None:
+            reason = state.processes_state.reason
+            table.empty_text = f"process table unavailable: {reason}" if reason else "waiting..."
+            table.set_items([])
+            summary.update(Text(""))
+            return
+        rows = filter_processes(snap.rows, self.filter)
+        rows = sort_processes(rows, self.sort_key, self.descending)
+        table.empty_text = "no process matches the filter" if snap.rows else "no processes"
+        table.set_items(rows)
+        title = next(c.title for c in PROCESS_COLUMNS if c.key == self.sort_key)
+        text = (
+            f"{len(rows)} shown of {len(snap.rows)} reported, {snap.total_processes} on host"
+            f" · sort {title}{'▼' if self.descending else '▲'}"
+        )
+        if self._job_id:
+            text += f" · job {self._job_id}"
+        if snap.unavailable:
+            text += " · unknown: " + "; ".join(f"{k} ({v})" for k, v in snap.unavailable)
+        if self.filter_error:
+            # Until the filter is fixed, the last good one stays in force; say what is wrong.
+            summary.update(Text(self.filter_error, style="red"))
+        else:
+            summary.update(Text(text))
+
+    def _refresh(self) -> None:
+        if self._state is not None:
+            self.update_view(self._state)
+
+    def action_focus_filter(self) -> None:
+        """Put the cursor in the filter box."""
+        self.query_one("#process-filter", Input).focus()
+
+    def action_sort(self, step: int) -> None:
+        """Sort by the next (or previous) visible column, in its natural direction."""
+        keys = [c.key for c in self.table.columns]
+        i = keys.index(self.sort_key) if self.sort_key in keys else -1
+        self.set_sort(keys[(i + step) % len(keys)])
+
+    def set_sort(self, key: str) -> None:
+        """Sort by the column ``key`` in its natural direction."""
+        col = next(c for c in PROCESS_COLUMNS if c.key == key)
+        self.sort_key, self.descending = key, col.descending
+        self._refresh()
+
+    def action_reverse(self) -> None:
+        """Reverse the sort direction."""
+        self.descending = not self.descending
+        self._refresh()
+
+    def on_fast_table_header_clicked(self, event: FastTable.HeaderClicked) -> None:
+        """A click on the sorted column reverses it; on another column sorts by it."""
+        if event.column == self.sort_key:
+            self.action_reverse()
+        else:
+            self.set_sort(event.column)
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        """Apply the filter as it is typed; say what is wrong with a bad one."""
+        if event.input.id != "process-filter":
+            return
+        try:
+            self.filter = parse_filter(event.value)
+            self.filter_error = ""
+            event.input.remove_class("-invalid")
+        except FilterError as e:
+            self.filter_error = str(e)
+            event.input.add_class("-invalid")
+        self._refresh()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        """Enter in the filter box goes back to the table."""
+        if event.input.id == "process-filter":
+            self.table.focus()
+
+    def action_clear_filter(self) -> None:
+        """Empty the filter box and go back to the table."""
+        box = self.query_one("#process-filter", Input)
+        box.value = ""
+        self.filter = ProcessFilter()
+        self.filter_error = ""
+        self.table.focus()
+        self._refresh()
+
+    def on_fast_table_selected(self, event: FastTable.Selected) -> None:
+        """Enter on a row opens the process's details."""
+        if isinstance(event.key, int):
+            self.post_message(OpenProcess(event.key))
+
+    def action_trace(self) -> None:
+        """Open the trace form for the selected process."""
+        row = self.table.cursor_item
+        if isinstance(row, ProcessInfo):
+            self.post_message(OpenTraceForm(pids=(row.pid,), job_id=row.job_id))
