@@ -12,6 +12,7 @@ accounting for short windows (it costs ~20 ns per run while on) and reports ns p
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import ctypes.util
@@ -176,6 +177,16 @@ def _release_compiler_memory() -> None:
 _MADV_PAGEOUT = 21
 #: Shared libraries of the BPF compiler (bcc bundles clang and LLVM in libbcc).
 _COMPILER_LIBS = re.compile(r"/lib(bcc|LLVM|clang)[^/]*\.so")
+
+
+def unload(bpf: Any) -> None:
+    """Detach and unload every program of a bcc ``BPF`` object and drop its maps.
+
+    bcc also registers ``cleanup`` with atexit, which would keep the object (and its
+    compiled module) alive until the process exits: unregister it.
+    """
+    bpf.cleanup()
+    atexit.unregister(bpf.cleanup)
 
 
 def release_compiler_pages(maps_path: str = "/proc/self/maps") -> int:

@@ -27,6 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bpfdyno.config import Config
+from bpfdyno.perfcount import (
+    PERF_FLAG_FD_CLOEXEC,
+    PERF_TYPE_HARDWARE,
+    PerfEventAttr,
+    perf_event_open,
+)
 
 #: The legacy dyno JSON RPC listens here (dynolog's port); not yet configurable.
 LEGACY_RPC_HOST = "127.0.0.1"
@@ -46,8 +52,8 @@ _GRANT_CAPS = (
 # Syscall numbers by architecture; Python's os module exposes neither bpf() nor
 # perf_event_open(), so they are called through libc's syscall().
 _SYSCALL_NR = {
-    "x86_64": {"bpf": 321, "perf_event_open": 298},
-    "aarch64": {"bpf": 280, "perf_event_open": 241},
+    "x86_64": {"bpf": 321},
+    "aarch64": {"bpf": 280},
 }
 
 _CAP_SYS_ADMIN = 21
@@ -57,9 +63,7 @@ _CAP_BPF = 39
 _BPF_MAP_CREATE = 0
 _BPF_MAP_TYPE_ARRAY = 2
 
-_PERF_TYPE_HARDWARE = 0
 _PERF_COUNT_HW_CPU_CYCLES = 0
-_PERF_FLAG_FD_CLOEXEC = 8
 # perf_event_attr flag bits: disabled, exclude_kernel, exclude_hv. Excluding the kernel
 # keeps the probe within the default perf_event_paranoid for unprivileged users.
 _PERF_ATTR_FLAGS = (1 << 0) | (1 << 5) | (1 << 6)
@@ -82,23 +86,6 @@ class Check:
     detail: str
     fix: str = ""
     required: bool = True
-
-
-class _PerfEventAttr(ctypes.Structure):
-    """``struct perf_event_attr`` up to ``config1``: PERF_ATTR_SIZE_VER0, 64 bytes."""
-
-    _fields_ = [
-        ("type", ctypes.c_uint32),
-        ("size", ctypes.c_uint32),
-        ("config", ctypes.c_uint64),
-        ("sample_period", ctypes.c_uint64),
-        ("sample_type", ctypes.c_uint64),
-        ("read_format", ctypes.c_uint64),
-        ("flags", ctypes.c_uint64),
-        ("wakeup_events", ctypes.c_uint32),
-        ("bp_type", ctypes.c_uint32),
-        ("config1", ctypes.c_uint64),
-    ]
 
 
 def _syscall(name: str, *args: object) -> tuple[int, int]:
@@ -267,24 +254,20 @@ def check_bcc() -> Check:
 
 def check_pmu() -> Check:
     """Open (and close) a cpu-cycles hardware counter for this process."""
-    attr = _PerfEventAttr(
-        type=_PERF_TYPE_HARDWARE,
-        size=ctypes.sizeof(_PerfEventAttr),
+    attr = PerfEventAttr(
+        type=PERF_TYPE_HARDWARE,
+        size=ctypes.sizeof(PerfEventAttr),
         config=_PERF_COUNT_HW_CPU_CYCLES,
         flags=_PERF_ATTR_FLAGS,
     )
     try:
-        fd, err = _syscall(
-            "perf_event_open",
-            ctypes.byref(attr),
-            ctypes.c_int(0),  # this process
-            ctypes.c_int(-1),  # any CPU
-            ctypes.c_int(-1),  # no group
-            ctypes.c_ulong(_PERF_FLAG_FD_CLOEXEC),
-        )
+        # this process, any CPU, no group
+        fd = perf_event_open(attr, 0, -1, -1, PERF_FLAG_FD_CLOEXEC)
     except OSError as e:
-        return Check("pmu", None, str(e.strerror), "", required=False)
-    if fd >= 0:
+        if e.errno == errno.ENOSYS:
+            return Check("pmu", None, str(e.strerror), "", required=False)
+        err = e.errno or 0
+    else:
         os.close(fd)
         return Check("pmu", True, "hardware cpu-cycles counter opens", required=False)
     if err in (errno.ENOENT, errno.ENODEV, errno.EOPNOTSUPP):

@@ -10,7 +10,6 @@ interval. Snapshots are swapped in whole, so other threads read them without loc
 
 from __future__ import annotations
 
-import atexit
 import logging
 import math
 import statistics
@@ -19,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bpfdyno.bpfload import BpfLoadError, BpfRunStats, ensure_tracefs, load_bpf
+from bpfdyno.bpfload import BpfLoadError, BpfRunStats, ensure_tracefs, load_bpf, unload
 from bpfdyno.collectors.base import Collector, CollectorUnavailable
 from bpfdyno.collectors.netdecode import (
     Connection,
@@ -254,8 +253,7 @@ class NetCollector(Collector):
                     self.unavailable_parts[part.name] = f"attach failed: {e}"
             bpf[b"net_events"].open_ring_buffer(self._on_event)
         except BaseException:
-            bpf.cleanup()
-            atexit.unregister(bpf.cleanup)
+            unload(bpf)
             raise
         self._drop_names = enum_names(tracefs, "skb:kfree_skb", "reason")
         self._reset_names = enum_names(tracefs, "tcp:tcp_send_reset", "reason")
@@ -273,10 +271,7 @@ class NetCollector(Collector):
             self._stats.stop()
             self._stats = None
         if self._bpf is not None:
-            self._bpf.cleanup()
-            # bcc also registers cleanup with atexit, which would keep the object (and its
-            # compiled module) alive until the process exits.
-            atexit.unregister(self._bpf.cleanup)
+            unload(self._bpf)
             self._bpf = None
         self._procs, self._conns = {}, []
         self.unavailable_reason = "stopped"

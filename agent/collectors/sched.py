@@ -14,7 +14,6 @@ full). Map-full and ring-buffer-full failures are counted in the kernel and expo
 
 from __future__ import annotations
 
-import atexit
 import logging
 import math
 import threading
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bpfdyno.bpfload import BpfLoadError, BpfRunStats, load_bpf, map_items
+from bpfdyno.bpfload import BpfLoadError, BpfRunStats, load_bpf, map_items, unload
 from bpfdyno.collectors.base import Collector, CollectorUnavailable
 from bpfdyno.events import KernelEvent, MonotonicClock
 from bpfdyno.metrics import REGISTRY, MetricKind, MetricSpec, Sample, sample
@@ -285,7 +284,7 @@ class SchedCollector(Collector):
                 bpf.attach_raw_tracepoint(tp=tp.encode(), fn_name=fn.encode())
             bpf[b"events"].open_ring_buffer(self._on_event)
         except Exception as e:
-            bpf.cleanup()
+            unload(bpf)
             raise CollectorUnavailable(
                 f"attaching the scheduler programs failed ({e}); they need raw tracepoints "
                 "(Linux >= 4.17) and root"
@@ -303,10 +302,7 @@ class SchedCollector(Collector):
             self._stats.stop()
             self._stats = None
         if self._bpf is not None:
-            self._bpf.cleanup()
-            # bcc registers cleanup with atexit, which would keep the object (and its
-            # compiled module) alive until exit.
-            atexit.unregister(self._bpf.cleanup)
+            unload(self._bpf)
             self._bpf = None
         with self._snapshot_lock:
             self._procs = {}
