@@ -25,7 +25,9 @@ def main() -> None:
         opt.step()
         step += 1
         if step == 5:
-            print(f"ready {os.getpid()} rank {rank}", flush=True)
+            # One write(2) per line: both ranks share the launcher's stdout pipe, and print()
+            # writes the text and its newline separately, so the lines could interleave.
+            os.write(1, f"ready {os.getpid()} rank {rank}\n".encode())
         time.sleep(0.01)
     dist.destroy_process_group()
 
