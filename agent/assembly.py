@@ -8,7 +8,9 @@ the daemon runs, so a missing capability only disables that collector.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from bpfdyno.collectors.base import Collector
 from bpfdyno.config import Config
@@ -28,6 +30,35 @@ class Assembly:
     servicers: list[ServicerFactory] = field(default_factory=list)
     #: Collectors turned off in the config, reported as "disabled" by status.
     disabled: list[str] = field(default_factory=list)
+
+
+class ProfilingSource(Protocol):
+    """A collector whose profiling metrics dcgm-pause / dcgm-resume act on."""
+
+    def pause_profiling(self, duration_s: float) -> bool: ...
+
+    def resume_profiling(self) -> bool: ...
+
+
+def profiling_controls(
+    sources: Sequence[ProfilingSource],
+) -> tuple[Callable[[float], bool] | None, Callable[[], bool] | None]:
+    """dcgm-pause / dcgm-resume acting on every profiling source (NVML GPM and DCGM).
+
+    Each returns True if any source accepted; every source is asked even after one
+    accepted. (None, None) without a source, so dcgm-pause answers "no GPU monitor".
+    An invalid duration raises ValueError from the first source, before any is paused.
+    """
+    if not sources:
+        return None, None
+
+    def pause(duration_s: float) -> bool:
+        return any([s.pause_profiling(duration_s) for s in sources])  # a list: ask them all
+
+    def resume() -> bool:
+        return any([s.resume_profiling() for s in sources])
+
+    return pause, resume
 
 
 def build(cfg: Config) -> Assembly:
@@ -58,11 +89,9 @@ def build(cfg: Config) -> Assembly:
     )
     net = NetCollector(sink=recorder.add) if on("net") else None
     gpu = GpuCollector.from_config(cfg.gpu, event_sink=recorder.add) if on("gpu") else None
-    tracing = TracingComponent(
-        cfg,
-        dcgm_pause=gpu.pause_profiling if gpu else None,
-        dcgm_resume=gpu.resume_profiling if gpu else None,
-    )
+    dcgm = DcgmCollector() if on("dcgm") else None
+    pause, resume = profiling_controls([c for c in (gpu, dcgm) if c is not None])
+    tracing = TracingComponent(cfg, dcgm_pause=pause, dcgm_resume=resume)
     if gpu is not None:
         # GPM counters are shared with CUPTI: pause them while a trace runs on that GPU.
         gpu.set_traced_pids_provider(tracing.service.tracing_pids)
@@ -85,7 +114,7 @@ def build(cfg: Config) -> Assembly:
         "pmu": PmuCollector() if on("pmu") else None,
         "perf_sw": PerfSwCollector() if on("perf_sw") else None,
         "gpu": gpu,
-        "dcgm": DcgmCollector() if on("dcgm") else None,
+        "dcgm": dcgm,
         "procs": ProcsCollector(table) if table is not None else None,
     }
     for name, collector in candidates.items():

@@ -16,6 +16,7 @@ from bpfdyno.metrics import REGISTRY, MetricRegistry
 #: Every module that declares metrics. A test checks each collector module is listed.
 METRIC_MODULES = (
     "bpfdyno.bpfload",
+    "bpfdyno.collectors.gpu_dcgm",
     "bpfdyno.collectors.gpu_metrics",
     "bpfdyno.collectors.host",
     "bpfdyno.collectors.net",

@@ -257,8 +257,8 @@ def test_dcgm_collector_detection(fake: FakeNvml) -> None:
     with pytest.raises(CollectorUnavailable) as e:
         DcgmCollector(find=lambda: None).start()
     assert str(e.value) == "libdcgm not found — install datacenter-gpu-manager to use DCGM fields"
-    with pytest.raises(CollectorUnavailable, match=r"^libdcgm.so.4 is installed, but this version"):
-        DcgmCollector(find=lambda: "libdcgm.so.4").start()
+    with pytest.raises(CollectorUnavailable, match=r"^libdcgm-not-here.so.4 does not load: "):
+        DcgmCollector(find=lambda: "libdcgm-not-here.so.4").start()
     # Detection dlopens each candidate: names that do not load are skipped.
     missing = ("libdcgm-does-not-exist.so.9",)
     assert find_libdcgm(lambda name: None, missing) is None
