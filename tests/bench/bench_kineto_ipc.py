@@ -291,7 +291,11 @@ def run(args: argparse.Namespace) -> str:
             assert daemon.stdin is not None
             daemon.stdin.write("quit\n")
             daemon.stdin.flush()
-            daemon.wait(timeout=10)
+            try:
+                daemon.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # a daemon stuck under its load: the results stand
+                daemon.kill()
+                daemon.wait()
         shutil.rmtree(base, ignore_errors=True)
     return report(results, args, qlen)
 

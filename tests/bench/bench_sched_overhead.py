@@ -82,6 +82,9 @@ for c in collectors:
         ran.append(c)
     except CollectorUnavailable as e:
         print(f"{c.name}: unavailable: {e}", file=sys.stderr)
+# As `bpfdyno serve` does once every program is loaded.
+from bpfdyno.bpfload import release_compiler_pages
+release_compiler_pages()
 def loop(seconds):
     deadline = time.monotonic()
     end = deadline + seconds
