@@ -163,6 +163,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except AddressInUse as e:
         print(f"bpfdyno: {e}", file=sys.stderr)
         return EXIT_FAIL
+    except ConfigError as e:  # a TLS/token file that became unreadable after validation
+        print(f"bpfdyno: config error: {e}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _rpc_fail(e: grpc.RpcError, target: str) -> int:

@@ -57,7 +57,19 @@ class GrpcSection:
     #: Optional group owning the socket (e.g. "bpfdyno"), so members can use `bpfdyno top`.
     socket_group: str = ""
     #: "host:port" to also listen on TCP; empty (the default) means Unix socket only.
+    #: TCP needs tls_cert + tls_key and token_file and/or tls_client_ca.
     tcp: str = ""
+    #: PEM certificate (chain) the TCP listener presents.
+    tls_cert: str = ""
+    #: PEM private key of tls_cert; keep it readable by root only.
+    tls_key: str = ""
+    #: PEM CA bundle; when set, TCP clients must present a certificate it signed.
+    tls_client_ca: str = ""
+    #: File holding a bearer token; when set, every TCP call must carry
+    #: "authorization: Bearer <token>" metadata.
+    token_file: str = ""
+    #: Allow TCP without TLS or client authentication (anyone who can connect is trusted).
+    insecure_tcp: bool = False
 
 
 @dataclass
@@ -333,6 +345,8 @@ def _validate(cfg: Config, path: Path | None) -> None:
         raise bad("must be permission bits such as 0o660", "grpc.socket_mode")
     if cfg.grpc.tcp and not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[^:\s]+):\d{1,5}", cfg.grpc.tcp):
         raise bad("must be host:port (e.g. 127.0.0.1:50051 or [::1]:50051)", "grpc.tcp")
+    if cfg.grpc.tcp:
+        _validate_tcp_security(cfg.grpc, bad)
     if cfg.export.jsonl.max_bytes < 4096:
         raise bad("must be at least 4096 bytes", "export.jsonl.max_bytes")
     if cfg.export.jsonl.backups < 0:
@@ -349,6 +363,61 @@ def _validate(cfg: Config, path: Path | None) -> None:
     if not 1 <= cfg.events.process_table_size <= 100_000:
         raise bad("must be in 1..100000", "events.process_table_size")
     _validate_tracing(cfg, bad)
+
+
+_PEM_MARKERS = {
+    "tls_cert": "-----BEGIN CERTIFICATE-----",
+    "tls_key": "PRIVATE KEY-----",
+    "tls_client_ca": "-----BEGIN CERTIFICATE-----",
+}
+
+
+def _validate_tcp_security(g: GrpcSection, bad: typing.Callable[[str, str], ConfigError]) -> None:
+    """TCP is exposed to the network: require TLS and client authentication, readable files."""
+    if bool(g.tls_cert) != bool(g.tls_key):
+        missing = "grpc.tls_key" if g.tls_cert else "grpc.tls_cert"
+        raise bad("is missing: TLS needs both grpc.tls_cert and grpc.tls_key", missing)
+    tls = bool(g.tls_cert)
+    if not g.insecure_tcp and not tls:
+        raise bad(
+            "needs TLS: set grpc.tls_cert and grpc.tls_key to PEM files (see "
+            "docs/deployment.md), or set grpc.insecure_tcp = true to serve plain text",
+            "grpc.tcp",
+        )
+    if not g.insecure_tcp and not (g.token_file or g.tls_client_ca):
+        raise bad(
+            "needs client authentication: set grpc.token_file (a bearer token) and/or "
+            "grpc.tls_client_ca (client certificates), or set grpc.insecure_tcp = true",
+            "grpc.tcp",
+        )
+    if not tls:
+        for key in ("token_file", "tls_client_ca"):
+            if getattr(g, key):
+                raise bad(
+                    "needs TLS: set grpc.tls_cert and grpc.tls_key as well (a token or "
+                    "client certificate is only checked over TLS)",
+                    f"grpc.{key}",
+                )
+    for key in ("tls_cert", "tls_key", "tls_client_ca", "token_file"):
+        path = getattr(g, key)
+        if not path:
+            continue
+        dotted = f"grpc.{key}"
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise bad(
+                f"cannot read {path} ({e.strerror}); fix the path or its permissions", dotted
+            ) from e
+        except UnicodeDecodeError as e:
+            raise bad(f"{path} is not text; it must be a PEM file", dotted) from e
+        marker = _PEM_MARKERS.get(key)
+        if marker is not None and marker not in text:
+            raise bad(f"{path} is not a PEM file (no '{marker}' line)", dotted)
+        if key == "token_file" and not text.strip():
+            raise bad(
+                f"{path} is empty; write a token into it (e.g. `openssl rand -hex 32`)", dotted
+            )
 
 
 def _validate_tracing(cfg: Config, bad: typing.Callable[[str, str], ConfigError]) -> None:

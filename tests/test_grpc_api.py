@@ -147,7 +147,7 @@ async def test_tcp_when_configured(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = GrpcSection(socket=str(tmp_path / "a.sock"), tcp=f"127.0.0.1:{port}")
+    cfg = GrpcSection(socket=str(tmp_path / "a.sock"), tcp=f"127.0.0.1:{port}", insecure_tcp=True)
     daemon = Daemon(load(None), [])
     server = GrpcServer(cfg, AgentService(daemon))
     await server.start()

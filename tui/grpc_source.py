@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from bpfdyno.client import grpc_target, unreachable_message
+from bpfdyno.client import ClientSetupError, aio_channel, unreachable_message
 from bpfdyno.rpc.v1 import (
     agent_pb2,
     agent_pb2_grpc,
@@ -72,13 +72,13 @@ class GrpcDataSource:
 
     def _chan(self) -> grpc.aio.Channel:
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(
-                grpc_target(self._target), options=_CHANNEL_OPTIONS
-            )
+            self._channel = aio_channel(self._target, options=_CHANNEL_OPTIONS)
         return self._channel
 
     def _error(self, e: grpc.RpcError, service: str) -> DataSourceError:
         """The UI error for a failed call of one of the agent's services."""
+        if isinstance(e, ClientSetupError):  # our own TLS/token settings: say which and why
+            return Disconnected(e.message)
         code = e.code() if isinstance(e, grpc.aio.AioRpcError) else None
         details = e.details() if isinstance(e, grpc.aio.AioRpcError) else ""
         if code == grpc.StatusCode.UNAVAILABLE and service != "Agent" and self._connected():

@@ -1,5 +1,9 @@
 """The gRPC server: Unix socket by default, TCP only when configured.
 
+The TCP listener is a second grpc.aio server with the same servicers: it has TLS and the
+bearer-token check (see `bpfdyno.rpc.auth`), the Unix socket keeps its permission-based
+access control, and no call can reach one listener's checks through the other.
+
 Other services register through `ServicerFactory` callables so this module does not need to
 know about every domain (tracing, kernel, ...).
 """
@@ -20,6 +24,7 @@ import grpc
 
 from bpfdyno.config import GrpcSection
 from bpfdyno.rpc.agent_servicer import AgentServicer
+from bpfdyno.rpc.auth import TokenInterceptor, load_tcp_security
 from bpfdyno.rpc.v1 import agent_pb2_grpc
 from bpfdyno.service import AgentService
 
@@ -92,6 +97,7 @@ class GrpcServer:
         self._service = service
         self._extra = list(extra_servicers)
         self._server: grpc.aio.Server | None = None
+        self._tcp_server: grpc.aio.Server | None = None
         self.tcp_port: int | None = None
 
     def check_addresses(self) -> None:
@@ -100,43 +106,83 @@ class GrpcServer:
         if self._cfg.tcp:
             check_tcp_free(self._cfg.tcp)
 
-    async def start(self) -> None:
+    def _new_server(
+        self, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()
+    ) -> grpc.aio.Server:
         server = grpc.aio.server(
-            options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 4 << 20)]
+            interceptors=interceptors,
+            options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 4 << 20)],
         )
         agent_pb2_grpc.add_AgentServicer_to_server(AgentServicer(self._service), server)
         for add in self._extra:
             add(server)
-        prepare_unix_socket(self._cfg.socket)
-        # Restrictive umask while binding, so the socket never exists with looser permissions.
-        old = os.umask(0o177)
+        return server
+
+    async def start(self) -> None:
+        """Listen on the Unix socket and, when configured, on TCP.
+
+        Raises:
+            AddressInUse: the socket path or the TCP address is taken.
+            ConfigError: a TLS or token file can no longer be read.
+        """
+        tcp_server = self._bind_tcp_server() if self._cfg.tcp else None
         try:
-            server.add_insecure_port(f"unix:{self._cfg.socket}")
-        finally:
-            os.umask(old)
-        os.chmod(self._cfg.socket, self._cfg.socket_mode)
-        if self._cfg.socket_group:
+            server = self._new_server()
+            prepare_unix_socket(self._cfg.socket)
+            # Restrictive umask while binding, so the socket never exists with looser permissions.
+            old = os.umask(0o177)
             try:
-                os.chown(self._cfg.socket, -1, grp.getgrnam(self._cfg.socket_group).gr_gid)
-            except (KeyError, PermissionError) as e:
-                log.warning(
-                    "cannot give %s to group %s: %s", self._cfg.socket, self._cfg.socket_group, e
-                )
-        if self._cfg.tcp:
+                server.add_insecure_port(f"unix:{self._cfg.socket}")
+            finally:
+                os.umask(old)
+            os.chmod(self._cfg.socket, self._cfg.socket_mode)
+            if self._cfg.socket_group:
+                try:
+                    os.chown(self._cfg.socket, -1, grp.getgrnam(self._cfg.socket_group).gr_gid)
+                except (KeyError, PermissionError) as e:
+                    log.warning(
+                        "cannot give %s to group %s: %s",
+                        self._cfg.socket,
+                        self._cfg.socket_group,
+                        e,
+                    )
+            await server.start()
+            self._server = server
+            log.info("gRPC API on unix:%s", self._cfg.socket)
+        except BaseException:
+            if tcp_server is not None:  # bound but never started: free its port
+                await tcp_server.stop(None)
+            raise
+        if tcp_server is not None:
+            await tcp_server.start()
+            self._tcp_server = tcp_server
+
+    def _bind_tcp_server(self) -> grpc.aio.Server:
+        """The TCP server, bound but not started, with TLS and the token check configured."""
+        security = load_tcp_security(self._cfg)
+        interceptors = [TokenInterceptor(security.token)] if security.token is not None else []
+        tcp_server = self._new_server(interceptors)
+        try:
+            if security.credentials is not None:
+                self.tcp_port = tcp_server.add_secure_port(self._cfg.tcp, security.credentials)
+            else:
+                self.tcp_port = tcp_server.add_insecure_port(self._cfg.tcp)
+        except RuntimeError as e:
+            raise AddressInUse(f"cannot listen on {self._cfg.tcp}: {e}") from e
+        if security.credentials is None or (security.token is None and not security.client_certs):
             log.warning(
-                "gRPC also listening on TCP %s without authentication: restrict it with a "
-                "firewall or keep the default (Unix socket only)",
+                "gRPC also listening on TCP %s without TLS or client authentication "
+                "(grpc.insecure_tcp): restrict it with a firewall, or configure TLS and a "
+                "token (docs/deployment.md)",
                 self._cfg.tcp,
             )
-            try:
-                self.tcp_port = server.add_insecure_port(self._cfg.tcp)
-            except RuntimeError as e:
-                raise AddressInUse(f"cannot listen on {self._cfg.tcp}: {e}") from e
-        await server.start()
-        self._server = server
-        log.info("gRPC API on unix:%s", self._cfg.socket)
+        log.info("gRPC API on tcp:%s (%s)", self._cfg.tcp, security.describe())
+        return tcp_server
 
     async def stop(self, grace_s: float = 1.0) -> None:
+        if self._tcp_server is not None:
+            await self._tcp_server.stop(grace_s)
+            self._tcp_server = None
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
