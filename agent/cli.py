@@ -16,21 +16,16 @@ import orjson
 from bpfdyno import __version__
 from bpfdyno.cli_kernel import add_ps_parser, cmd_ps
 from bpfdyno.cli_tracing import add_subcommands as add_tracing_subcommands
-from bpfdyno.client import channel, default_target, explain_rpc_error
+from bpfdyno.client import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_target_argument,
+    channel,
+    default_target,
+    explain_rpc_error,
+)
 from bpfdyno.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load
-
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-
-
-def _add_target(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--socket",
-        "--host",
-        dest="target",
-        default=None,
-        help="agent to talk to: a Unix socket path or HOST:PORT "
-        "(default: $BPFDYNO_TARGET or /run/bpfdyno/bpfdyno.sock)",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,13 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser("status", help="agent version, uptime and each collector's state")
-    _add_target(p)
+    add_target_argument(p)
     p.add_argument("--json", action="store_true", help="print JSON")
 
     sub.add_parser("version", help="print the version")
 
     p = sub.add_parser("metrics", help="latest metrics from the agent")
-    _add_target(p)
+    add_target_argument(p)
     p.add_argument("names", nargs="*", help="metric names or prefixes ending in '*'")
     p.add_argument("--watch", action="store_true", help="print every new collection round")
     p.add_argument("--json", action="store_true", help="print JSON (one object per round)")
@@ -85,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     handlers = add_tracing_subcommands(sub)
 
     p = sub.add_parser("top", help="live terminal UI of this machine, its GPUs and processes")
-    _add_target(p)
+    add_target_argument(p)
     p.add_argument("--job-id", default=None, help="show only this job's processes and trainers")
     p.add_argument("--replay", type=Path, default=None, help="replay a recording (demos)")
     p.add_argument("--speed", type=float, default=1.0, help="replay speed")

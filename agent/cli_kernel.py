@@ -9,10 +9,16 @@ from typing import Any
 import grpc
 import orjson
 
-from bpfdyno.client import channel, default_target, explain_rpc_error
+from bpfdyno.client import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_target_argument,
+    channel,
+    default_target,
+    explain_rpc_error,
+)
 from bpfdyno.processes import SORT_KEYS
-
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
 def add_ps_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -20,14 +26,7 @@ def add_ps_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "ps", help="the most active processes, with CPU, scheduler, network and job columns"
     )
-    p.add_argument(
-        "--socket",
-        "--host",
-        dest="target",
-        default=None,
-        help="agent to talk to: a Unix socket path or HOST:PORT "
-        "(default: $BPFDYNO_TARGET or the daemon's default socket)",
-    )
+    add_target_argument(p)
     p.add_argument(
         "--sort",
         default="activity",

@@ -18,26 +18,22 @@ from typing import Any
 import grpc
 import orjson
 
-from bpfdyno.client import channel, default_target, explain_rpc_error
+from bpfdyno.client import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_target_argument,
+    channel,
+    default_target,
+    explain_rpc_error,
+)
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 #: How long `gputrace --wait` waits when --timeout is not given.
 DEFAULT_WAIT_S = 120.0
 
 Handler = Callable[[argparse.Namespace], int]
-
-
-def _add_target(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--host",
-        "--socket",
-        dest="target",
-        default=None,
-        help="agent to talk to: a Unix socket path or HOST:PORT "
-        "(default: $BPFDYNO_TARGET or /run/bpfdyno/bpfdyno.sock)",
-    )
 
 
 def add_subcommands(sub: Any) -> dict[str, Handler]:
@@ -50,7 +46,7 @@ def add_subcommands(sub: Any) -> dict[str, Handler]:
         ``{command name: handler}``; a handler takes the parsed args and returns the exit code.
     """
     p = sub.add_parser("trainers", help="list the PyTorch processes registered for tracing")
-    _add_target(p)
+    add_target_argument(p)
     p.add_argument("--job-id", type=int, default=None, help="only this job's trainers")
     p.add_argument("--json", action="store_true", help="print JSON")
 
@@ -58,7 +54,7 @@ def add_subcommands(sub: Any) -> dict[str, Handler]:
         "gputrace",
         help="trace PyTorch processes on demand (dyno gputrace flags, plus --wait)",
     )
-    _add_target(p)
+    add_target_argument(p)
     p.add_argument("--job-id", type=int, default=0, help="job id of the processes to trace")
     p.add_argument("--pids", default="0", help="pids to trace, comma separated; 0 = all in job")
     p.add_argument("--duration-ms", type=int, default=500, help="duration of the trace in ms")
@@ -96,11 +92,11 @@ def add_subcommands(sub: Any) -> dict[str, Handler]:
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = sub.add_parser("dcgm-pause", help="pause GPU profiling metrics (for Nsight and co.)")
-    _add_target(p)
+    add_target_argument(p)
     p.add_argument("--duration-s", type=int, default=300, help="seconds to pause")
 
     p = sub.add_parser("dcgm-resume", help="resume GPU profiling metrics")
-    _add_target(p)
+    add_target_argument(p)
     return {
         "trainers": cmd_trainers,
         "gputrace": cmd_gputrace,

@@ -13,6 +13,7 @@ reach a secured TCP listener unchanged:
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +43,22 @@ class ClientSetupError(grpc.RpcError):  # type: ignore[misc]  # grpc is untyped 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+#: Exit statuses shared by every CLI command.
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def add_target_argument(parser: argparse.ArgumentParser) -> None:
+    """The ``--socket`` / ``--host`` option every client command takes (dest ``target``)."""
+    parser.add_argument(
+        "--socket",
+        "--host",
+        dest="target",
+        default=None,
+        help="agent to talk to: a Unix socket path or HOST:PORT "
+        f"(default: ${TARGET_ENV} or {DEFAULT_SOCKET})",
+    )
 
 
 def default_target() -> str:
