@@ -71,6 +71,10 @@ def test_software_counters_see_touched_pages() -> None:
         region.madvise(mmap.MADV_NOHUGEPAGE)  # one fault per page, not per huge page
         for i in range(pages):
             region[i * mmap.PAGESIZE] = 1
+        # Sleeping switches this thread out and back in: context switches in the window
+        # however quiet the machine is.
+        for _ in range(5):
+            time.sleep(0.002)
         samples = list(sw.collect())
         region.close()
     finally:
