@@ -3,7 +3,7 @@
 Usage: python proto/generate.py [--out DIR]
 
 The .proto paths mirror the Python package (bpfdyno/rpc/v1), compiled with -Iproto, so the
-generated imports read ``from bpfdyno.rpc.v1 import ...``. Output goes to ``agent/rpc/v1``
+generated imports read ``from bpfdyno.rpc.v1 import ...``. Output goes to ``agent/bpfdyno/rpc/v1``
 (the source of ``bpfdyno.rpc.v1``) unless --out names another directory; the test suite
 regenerates into a temporary directory and diffs, so the committed code never drifts.
 """
@@ -49,7 +49,7 @@ def generate(out_dir: Path) -> list[Path]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "agent" / "rpc" / "v1")
+    parser.add_argument("--out", type=Path, default=ROOT / "agent" / PACKAGE_DIR)
     args = parser.parse_args()
     for path in generate(args.out):
         print(path, file=sys.stderr)

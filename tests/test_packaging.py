@@ -1,9 +1,10 @@
 """The wheel installs the `bpfdyno` package, and only it, into a clean virtualenv.
 
-The source folders (agent/, tui/, bpf/) are remapped to bpfdyno, bpfdyno.tui and bpfdyno.bpf;
-these tests check that the remapping holds in a real wheel installed into a fresh venv: the
-console script works, no generic top-level `agent` / `tui` module leaks into site-packages,
-and the BPF C sources travel as package data.
+agent/ and tui/ are source roots (agent/bpfdyno/..., tui/bpfdyno/tui/...: every file sits at its
+module path) and bpf/ is remapped to the data package bpfdyno.bpf. These tests check that a
+real wheel installed into a fresh venv holds every module, the console script works, no
+generic top-level `agent` / `tui` module leaks into site-packages, and the BPF C sources
+travel as package data.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-import bpfdyno
-from bpfdyno.config import Config
-from bpfdyno.doctor import run_checks
+import bpfdyno.version
+from bpfdyno.app.doctor import run_checks
+from bpfdyno.core.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 # Build from a copy without the developer's artefacts, so nothing local leaks into the wheel
@@ -36,7 +37,29 @@ _NOT_SOURCES = shutil.ignore_patterns(
 def test_dev_env_does_not_expose_source_folder_names() -> None:
     assert importlib.util.find_spec("agent") is None
     assert importlib.util.find_spec("tui") is None
-    assert Path(bpfdyno.__file__).resolve().parent == ROOT / "agent"
+    assert Path(bpfdyno.version.__file__).resolve().parent == ROOT / "agent" / "bpfdyno"
+
+
+def source_modules() -> set[str]:
+    """Every module of the source roots, named by its path (agent/bpfdyno/x/y.py: bpfdyno.x.y)."""
+    names = set()
+    for root in (ROOT / "agent", ROOT / "tui"):
+        for path in root.rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def test_every_module_is_importable_at_its_path() -> None:
+    """Paths match module paths, so IDEs and static import graphs follow every import."""
+    for name in sorted(source_modules()):
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        rel = Path(spec.origin).resolve().relative_to(ROOT)
+        expected = Path(*name.split("."))
+        assert rel.parts[0] in ("agent", "tui"), (name, rel)
+        found = Path(*rel.parts[1:]).with_suffix("")
+        assert found in (expected, expected / "__init__"), (name, rel)
 
 
 class Installed:
@@ -89,16 +112,23 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
 
 @pytest.mark.slow
 def test_wheel_holds_only_the_bpfdyno_package(installed: Installed) -> None:
-    assert installed.wheel.name == f"bpfdyno-{bpfdyno.__version__}-py3-none-any.whl"
+    assert installed.wheel.name == f"bpfdyno-{bpfdyno.version.__version__}-py3-none-any.whl"
     with zipfile.ZipFile(installed.wheel) as zf:
         top = {name.split("/", 1)[0] for name in zf.namelist()}
-    assert top == {"bpfdyno", f"bpfdyno-{bpfdyno.__version__}.dist-info"}
+    assert top == {"bpfdyno", f"bpfdyno-{bpfdyno.version.__version__}.dist-info"}
+    with zipfile.ZipFile(installed.wheel) as zf:
+        packed = {
+            n.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+            for n in zf.namelist()
+            if n.endswith(".py")
+        }
+    assert source_modules() <= packed
 
 
 @pytest.mark.slow
 def test_console_script_version(installed: Installed) -> None:
     r = installed.run("bpfdyno", "--version")
-    assert (r.returncode, r.stdout, r.stderr) == (0, f"bpfdyno {bpfdyno.__version__}\n", "")
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"bpfdyno {bpfdyno.version.__version__}\n", "")
 
 
 @pytest.mark.slow
@@ -122,7 +152,7 @@ def test_installed_layout_and_package_data(installed: Installed) -> None:
     probe = textwrap.dedent(
         """
         import importlib.resources, importlib.util, json, sys
-        import bpfdyno, bpfdyno.bpf, bpfdyno.tui
+        import bpfdyno.version, bpfdyno.bpf, bpfdyno.tui
 
         def data(package, suffixes):
             root = importlib.resources.files(package)
@@ -131,7 +161,7 @@ def test_installed_layout_and_package_data(installed: Installed) -> None:
         print(json.dumps({
             "agent": importlib.util.find_spec("agent") is not None,
             "tui": importlib.util.find_spec("tui") is not None,
-            "bpfdyno": bpfdyno.__file__,
+            "bpfdyno": bpfdyno.version.__file__,
             "prefix": sys.prefix,
             "bpf": data("bpfdyno.bpf", (".c", ".h")),
             "tcss": data("bpfdyno.tui", (".tcss",)),
@@ -151,4 +181,6 @@ def test_installed_layout_and_package_data(installed: Installed) -> None:
     bpf_sources = {p.name: p.read_text() for p in (installed.src / "bpf").glob("*.[ch]")}
     assert any(name.endswith(".bpf.c") for name in bpf_sources)
     assert found["bpf"] == bpf_sources
-    assert found["tcss"] == {p.name: p.read_text() for p in (installed.src / "tui").glob("*.tcss")}
+    assert found["tcss"] == {
+        p.name: p.read_text() for p in (installed.src / "tui" / "bpfdyno" / "tui").glob("*.tcss")
+    }

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-GENERATED = ROOT / "agent" / "rpc" / "v1"
+GENERATED = ROOT / "agent" / "bpfdyno" / "rpc" / "v1"
 
 
 def test_generated_code_is_up_to_date(tmp_path: Path) -> None:

@@ -156,8 +156,8 @@ from packaging.requirements import Requirement
 
 root = Path(sys.argv[1])
 project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
-spec = importlib.util.find_spec("bpfdyno")
-if spec is None or spec.origin is None or Path(spec.origin).parent != root / "agent":
+spec = importlib.util.find_spec("bpfdyno.version")
+if spec is None or spec.origin is None or Path(spec.origin).parent != root / "agent" / "bpfdyno":
     sys.exit(1)
 for text in project["dependencies"] + project["optional-dependencies"]["test"]:
     req = Requirement(text)

@@ -27,12 +27,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sources" / "gpu"))
 
 import pynvml
 from gpu_fake_nvml import DEFAULT_VALUES, build_fake_nvml
 
-from bpfdyno.collectors.gpu import GpuCollector
+from bpfdyno.sources.gpu.collector import GpuCollector
 
 
 def control_values(gpus: int) -> dict[str, str]:

@@ -19,9 +19,9 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from bpfdyno.collectors.base import Collector
-from bpfdyno.collectors.host import HostCollector
-from bpfdyno.collectors.self_stats import SelfCollector
+from bpfdyno.sources.base import Collector
+from bpfdyno.sources.host.collector import HostCollector
+from bpfdyno.sources.host.self_stats import SelfCollector
 
 
 def cpu_us_per_collect(collector: Collector, collects: int) -> float:

@@ -42,7 +42,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bpfdyno.tracing import wire
+from bpfdyno.tracing.ipc import wire
 
 SECTION = "## Kineto IPC reply latency"
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux value; Python lacks the name
@@ -78,7 +78,7 @@ async def _busy_loop(stop: asyncio.Event) -> None:
 
 
 async def serve_bpfdyno(socket_dir: str, tuned: bool) -> None:
-    from bpfdyno.config import load
+    from bpfdyno.core.config import load
     from bpfdyno.tracing.component import TracingComponent
 
     cfg = load(

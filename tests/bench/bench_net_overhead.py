@@ -34,9 +34,9 @@ import sys
 import time
 from typing import NamedTuple
 
-from bpfdyno.bpfload import BpfRunStats, enable_bpf_stats
-from bpfdyno.collectors.net import NetCollector
-from bpfdyno.processes import ProcessTable
+from bpfdyno.ebpf.program import BpfRunStats, enable_bpf_stats
+from bpfdyno.sources.net.collector import NetCollector
+from bpfdyno.sources.procs.table import ProcessTable
 
 SERVER = r"""
 import socket, sys, time

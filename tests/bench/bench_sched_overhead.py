@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bpfdyno.bpfload import BpfRunStats
-from bpfdyno.collectors.sched import SchedCollector
+from bpfdyno.ebpf.program import BpfRunStats
+from bpfdyno.sources.sched.collector import SchedCollector
 
 PIPE = ["taskset", "-c", "0", "perf", "bench", "sched", "pipe"]
 SECTION = "## Kernel telemetry overhead"
@@ -67,12 +67,12 @@ print(statistics.median(times) * 1e3)
 
 IDLE_CHILD = """
 import json, sys, time, resource
-from bpfdyno.collectors.base import CollectorUnavailable
-from bpfdyno.collectors.pmu import PerfSwCollector, PmuCollector
-from bpfdyno.collectors.sched import SchedCollector
+from bpfdyno.sources.base import CollectorUnavailable
+from bpfdyno.sources.perf.collector import PerfSwCollector, PmuCollector
+from bpfdyno.sources.sched.collector import SchedCollector
 collectors, ran = [SchedCollector(), PerfSwCollector(), PmuCollector()], []
 try:
-    from bpfdyno.collectors.net import NetCollector
+    from bpfdyno.sources.net.collector import NetCollector
     collectors.append(NetCollector())
 except ImportError:
     pass
@@ -83,7 +83,7 @@ for c in collectors:
     except CollectorUnavailable as e:
         print(f"{c.name}: unavailable: {e}", file=sys.stderr)
 # As `bpfdyno serve` does once every program is loaded.
-from bpfdyno.bpfload import release_compiler_pages
+from bpfdyno.ebpf.program import release_compiler_pages
 release_compiler_pages()
 def loop(seconds):
     deadline = time.monotonic()

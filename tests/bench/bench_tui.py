@@ -36,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tui"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "top"))
 
 from tui_synthetic import make_recording
 

@@ -24,7 +24,6 @@ import pytest
 from textual.widgets import Input, Static
 from tui_helpers import wait_until, widget_text
 
-from bpfdyno import __version__
 from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc, kernel_pb2, kernel_pb2_grpc
 from bpfdyno.tui.app import TopApp
 from bpfdyno.tui.datasource import GrpcDataSource, RecordedDataSource
@@ -34,6 +33,7 @@ from bpfdyno.tui.recorder import record, save_recording
 from bpfdyno.tui.screens.trace import TraceScreen
 from bpfdyno.tui.widgets.overview import LABEL
 from bpfdyno.tui.widgets.table import FastTable
+from bpfdyno.version import __version__
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ OFF = ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm")
 
 
 def _flags(tmp: Path, socket_dir: str) -> list[str]:
-    from bpfdyno.config import KNOWN_COLLECTORS, Config
+    from bpfdyno.core.config import KNOWN_COLLECTORS, Config
 
     flags = [f"--set=collectors.{n}.enabled=false" for n in OFF if n in KNOWN_COLLECTORS]
     cfg = Config()

@@ -16,18 +16,18 @@ from pathlib import Path
 
 import pytest
 
-import bpfdyno.collectors.host  # noqa: F401 - declares the host metrics the specs list
-from bpfdyno.config import load
-from bpfdyno.daemon import Daemon
-from bpfdyno.events import FlightRecorder, KernelEvent
-from bpfdyno.kernel_service import KernelService
-from bpfdyno.processes import ProcessTable
-from bpfdyno.rpc.kernel_servicer import kernel_servicer_factory
-from bpfdyno.rpc.server import GrpcServer
-from bpfdyno.rpc.tracing_servicer import request_from_pb, servicer_factory
-from bpfdyno.service import AgentService
-from bpfdyno.tracing.registry import TrainerRegistry
-from bpfdyno.tracing.service import InvalidRequest, TracingService
+import bpfdyno.sources.host.collector  # noqa: F401 - declares the host metrics the specs list
+from bpfdyno.app.daemon import Daemon
+from bpfdyno.core.config import load
+from bpfdyno.core.events import FlightRecorder, KernelEvent
+from bpfdyno.server.grpc_server import GrpcServer
+from bpfdyno.server.kernel import kernel_servicer_factory
+from bpfdyno.server.tracing import request_from_pb, servicer_factory
+from bpfdyno.services.agent import AgentService
+from bpfdyno.services.kernel import KernelService
+from bpfdyno.services.tracing import InvalidRequest, TracingService
+from bpfdyno.sources.procs.table import ProcessTable
+from bpfdyno.tracing.trainers import TrainerRegistry
 from bpfdyno.tui.convert_tracing import request_to_pb
 from bpfdyno.tui.datasource import (
     Disconnected,

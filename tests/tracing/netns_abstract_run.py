@@ -17,11 +17,11 @@ from pathlib import Path
 
 from tracing_harness import TRAINERS, TrainerProc, trainer_env
 
-from bpfdyno.config import load
+from bpfdyno.core.config import load
+from bpfdyno.services.tracing import TraceRequest
 from bpfdyno.tracing.component import TracingComponent
 from bpfdyno.tracing.config_text import TraceOptions
-from bpfdyno.tracing.ipc import EndpointUnavailable, KinetoEndpoint
-from bpfdyno.tracing.service import TraceRequest
+from bpfdyno.tracing.ipc.endpoint import EndpointUnavailable, KinetoEndpoint
 
 
 async def trace(comp: TracingComponent, trace_dir: Path, name: str) -> dict[str, object]:

@@ -14,10 +14,10 @@ import grpc
 import pytest
 from tracing_harness import Harness, KinetoClient
 
-from bpfdyno.cli_tracing import add_subcommands
-from bpfdyno.rpc.tracing_servicer import servicer_factory
+from bpfdyno.cli.tracing import add_subcommands
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
+from bpfdyno.server.tracing import servicer_factory
 
 
 @dataclass

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from tracing_harness import Harness, KinetoClient
 
-from bpfdyno.tracing import wire
+from bpfdyno.services.tracing import TraceRequest
 from bpfdyno.tracing.config_text import TraceOptions
-from bpfdyno.tracing.ipc import SENDER_BURST, EndpointUnavailable, KinetoEndpoint
-from bpfdyno.tracing.service import TraceRequest
+from bpfdyno.tracing.ipc import wire
+from bpfdyno.tracing.ipc.endpoint import SENDER_BURST, EndpointUnavailable, KinetoEndpoint
 
 
 async def test_reply_comes_from_the_bound_socket_with_exact_bytes(harness: Harness) -> None:
@@ -179,8 +179,8 @@ async def test_stale_socket_file_is_replaced_and_removed_on_close(short_tmp: Pat
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     stale.bind(str(short_tmp / "dynolog"))
     stale.close()  # the file stays, nobody is bound: a crashed daemon's leftover
-    from bpfdyno.tracing.registry import TrainerRegistry
-    from bpfdyno.tracing.service import TracingService
+    from bpfdyno.services.tracing import TracingService
+    from bpfdyno.tracing.trainers import TrainerRegistry
 
     svc = TracingService([str(short_tmp)], 60.0, TrainerRegistry())
     ep = KinetoEndpoint(svc, str(short_tmp))
@@ -195,8 +195,8 @@ async def test_stale_socket_file_is_replaced_and_removed_on_close(short_tmp: Pat
 
 
 def test_missing_socket_dir_is_explained(tmp_path: Path) -> None:
-    from bpfdyno.tracing.registry import TrainerRegistry
-    from bpfdyno.tracing.service import TracingService
+    from bpfdyno.services.tracing import TracingService
+    from bpfdyno.tracing.trainers import TrainerRegistry
 
     ep = KinetoEndpoint(TracingService(["/tmp"], 60.0, TrainerRegistry()), str(tmp_path / "no"))
     with pytest.raises(EndpointUnavailable, match="does not exist"):
@@ -253,7 +253,7 @@ async def test_oversized_datagram_is_counted_not_parsed(harness: Harness) -> Non
 @pytest.mark.parametrize("use_libc", [True, False])
 def test_datagram_io_addresses(short_tmp: Path, use_libc: bool) -> None:
     """Both I/O paths report senders alike: abstract names with their NULs, plain paths."""
-    from bpfdyno.tracing.rawsock import DatagramIO
+    from bpfdyno.tracing.ipc.rawsock import DatagramIO
 
     server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     server.bind(str(short_tmp / "srv"))

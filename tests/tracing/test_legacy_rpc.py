@@ -12,10 +12,10 @@ from pathlib import Path
 import orjson
 from tracing_harness import Harness, KinetoClient, dyno_gputrace_bytes, legacy_call
 
-from bpfdyno import __version__
-from bpfdyno.config import load
+from bpfdyno.core.config import load
+from bpfdyno.server.legacy_rpc import MAX_FRAME_BYTES
 from bpfdyno.tracing.component import TracingComponent
-from bpfdyno.tracing.legacy_rpc import MAX_FRAME_BYTES
+from bpfdyno.version import __version__
 
 # What `dyno status`, `dyno version`, `dyno dcgm-pause` and `dyno dcgm-resume` send.
 DYNO_STATUS = b'\x12\x00\x00\x00{"fn":"getStatus"}'

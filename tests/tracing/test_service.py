@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from bpfdyno.tracing.config_text import TraceOptions
-from bpfdyno.tracing.registry import TrainerRegistry, TrainerState
-from bpfdyno.tracing.roles import Role
-from bpfdyno.tracing.service import (
+from bpfdyno.services.tracing import (
     InvalidRequest,
     TraceNotFound,
     TraceRequest,
     TracingService,
     TracingUnavailable,
 )
-from bpfdyno.tracing.tracker import MISSING_FILE_POLLS, NEVER_STARTED_POLLS, ProcState
-from bpfdyno.tracing.wire import KinetoRequest
+from bpfdyno.tracing.config_text import TraceOptions
+from bpfdyno.tracing.ipc.wire import KinetoRequest
+from bpfdyno.tracing.roles import Role
+from bpfdyno.tracing.traces import MISSING_FILE_POLLS, NEVER_STARTED_POLLS, ProcState
+from bpfdyno.tracing.trainers import TrainerRegistry, TrainerState
 
 IDLE, BUSY = 3, 1
 

@@ -20,10 +20,10 @@ from tracing_harness import (
     trace_json,
 )
 
+from bpfdyno.services.tracing import TraceRequest
 from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.roles import Role
-from bpfdyno.tracing.service import TraceRequest
-from bpfdyno.tracing.tracker import ProcState
+from bpfdyno.tracing.traces import ProcState
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("torch_ready")]
 

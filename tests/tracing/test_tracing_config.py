@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bpfdyno.config import ConfigError, load
+from bpfdyno.core.config import ConfigError, load
 from bpfdyno.tracing.component import allowed_dirs
 
 

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from bpfdyno.tracing import wire
+from bpfdyno.tracing.ipc import wire
 
 # A poll as PyTorch 2.13 sends it: type 3 (idle), n = 3, job 4242, pids 1234 <- 1200 <- 99.
 REQ_BYTES = (

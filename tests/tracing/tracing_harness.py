@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bpfdyno.config import Config, load
-from bpfdyno.tracing import wire
+from bpfdyno.core.config import Config, load
+from bpfdyno.services.tracing import TracingService, TrainerView
 from bpfdyno.tracing.component import TracingComponent
-from bpfdyno.tracing.service import TracingService, TrainerView
-from bpfdyno.tracing.tracker import TraceView
+from bpfdyno.tracing.ipc import wire
+from bpfdyno.tracing.traces import TraceView
 
 TRAINERS = Path(__file__).resolve().parent / "trainers"
 KINETO_BASE_CONFIG = TRAINERS / "kineto.conf"

@@ -1,0 +1,5 @@
+"""`python -m bpfdyno` runs the CLI."""
+
+from bpfdyno.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""Wiring: which collectors, components and gRPC services a daemon is built from.
+
+This is the one place that knows every part; each part knows only its own inputs. Nothing
+is started here: collectors start on their own worker threads (BPF compiles, NVML init) once
+the daemon runs, so a missing capability only disables that collector.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from bpfdyno.app.daemon import Component, RoundSink
+from bpfdyno.core.config import Config
+from bpfdyno.core.events import FlightRecorder
+from bpfdyno.exporters.jsonl import JsonlExporter
+from bpfdyno.server.grpc_server import ServicerFactory
+from bpfdyno.sources.base import Collector
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Assembly:
+    collectors: list[Collector] = field(default_factory=list)
+    components: list[Component] = field(default_factory=list)
+    sinks: list[RoundSink] = field(default_factory=list)
+    servicers: list[ServicerFactory] = field(default_factory=list)
+    #: Collectors turned off in the config, reported as "disabled" by status.
+    disabled: list[str] = field(default_factory=list)
+
+
+class ProfilingSource(Protocol):
+    """A collector whose profiling metrics dcgm-pause / dcgm-resume act on."""
+
+    def pause_profiling(self, duration_s: float) -> bool: ...
+
+    def resume_profiling(self) -> bool: ...
+
+
+def profiling_controls(
+    sources: Sequence[ProfilingSource],
+) -> tuple[Callable[[float], bool] | None, Callable[[], bool] | None]:
+    """dcgm-pause / dcgm-resume acting on every profiling source (NVML GPM and DCGM).
+
+    Each returns True if any source accepted; every source is asked even after one
+    accepted. (None, None) without a source, so dcgm-pause answers "no GPU monitor".
+    An invalid duration raises ValueError from the first source, before any is paused.
+    """
+    if not sources:
+        return None, None
+
+    def pause(duration_s: float) -> bool:
+        return any([s.pause_profiling(duration_s) for s in sources])  # a list: ask them all
+
+    def resume() -> bool:
+        return any([s.resume_profiling() for s in sources])
+
+    return pause, resume
+
+
+def build(cfg: Config) -> Assembly:
+    """Create every enabled part of the daemon from the configuration (nothing is started)."""
+    # Imported here so `bpfdyno status` and other client commands never load bcc or NVML.
+    from bpfdyno.server.kernel import kernel_servicer_factory
+    from bpfdyno.server.tracing import servicer_factory as tracing_servicer_factory
+    from bpfdyno.services.kernel import KernelService
+    from bpfdyno.sources.gpu.collector import GpuCollector
+    from bpfdyno.sources.gpu.dcgm import DcgmCollector
+    from bpfdyno.sources.host.collector import HostCollector
+    from bpfdyno.sources.host.self_stats import SelfCollector
+    from bpfdyno.sources.net.collector import NetCollector
+    from bpfdyno.sources.perf.collector import PerfSwCollector, PmuCollector
+    from bpfdyno.sources.procs.collector import ProcsCollector
+    from bpfdyno.sources.procs.table import ProcessTable
+    from bpfdyno.sources.sched.collector import SchedCollector
+    from bpfdyno.tracing.component import TracingComponent
+
+    asm = Assembly()
+    on = cfg.collector_enabled
+    recorder = FlightRecorder(max_age_s=cfg.events.max_age_s, max_bytes=cfg.events.max_bytes)
+
+    sched = (
+        SchedCollector(sink=recorder.add, track_wakeups=cfg.sched.track_wakeups)
+        if on("sched")
+        else None
+    )
+    net = NetCollector(sink=recorder.add) if on("net") else None
+    gpu = GpuCollector.from_config(cfg.gpu, event_sink=recorder.add) if on("gpu") else None
+    dcgm = DcgmCollector() if on("dcgm") else None
+    pause, resume = profiling_controls([c for c in (gpu, dcgm) if c is not None])
+    tracing = TracingComponent(cfg, dcgm_pause=pause, dcgm_resume=resume)
+    if gpu is not None:
+        # GPM counters are shared with CUPTI: pause them while a trace runs on that GPU.
+        gpu.set_traced_pids_provider(tracing.service.tracing_pids)
+    table = (
+        ProcessTable(
+            top_n=cfg.events.process_table_size,
+            sched=sched.per_process if sched else None,
+            net=net.per_process if net else None,
+            gpu_memory=gpu.gpu_memory_by_pid if gpu else None,
+            pinned=lambda: {t.pid for t in tracing.service.registry.trainers()},
+        )
+        if on("procs")
+        else None
+    )
+    candidates: dict[str, Collector | None] = {
+        "host": HostCollector() if on("host") else None,
+        "self": SelfCollector() if on("self") else None,
+        "sched": sched,
+        "net": net,
+        "pmu": PmuCollector() if on("pmu") else None,
+        "perf_sw": PerfSwCollector() if on("perf_sw") else None,
+        "gpu": gpu,
+        "dcgm": dcgm,
+        "procs": ProcsCollector(table) if table is not None else None,
+    }
+    for name, collector in candidates.items():
+        if collector is None:
+            asm.disabled.append(name)
+        else:
+            asm.collectors.append(collector)
+
+    asm.components.append(tracing)
+    asm.servicers.append(kernel_servicer_factory(KernelService(recorder, table, net)))
+    asm.servicers.append(tracing_servicer_factory(tracing.service))
+    if cfg.export.jsonl.enabled:
+        asm.sinks.append(JsonlExporter(cfg.export.jsonl))
+    return asm

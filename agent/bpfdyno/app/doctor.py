@@ -1,0 +1,457 @@
+"""`bpfdyno doctor`: one line per capability the agent needs, each with a fix when it is missing.
+
+Every check returns a `Check` whose ``ok`` is True (fine), None (a warning: it works, but
+degraded or worth knowing) or False (missing). A missing *required* check means the agent
+cannot do its core job here, so ``bpfdyno doctor`` exits non-zero (see `exit_code`); a
+missing optional one (hardware PMU, NVML...) only disables the metrics that need it.
+
+The checks touch the real kernel (a tiny BPF map, a perf event) rather than guessing from
+version numbers: capabilities differ between VMs, containers and kernels of the same release.
+Nothing here loads NVML or starts a BPF program, so it is safe to run next to a live agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import importlib
+import os
+import platform
+import socket
+import stat
+import sys
+import sysconfig
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bpfdyno.core.config import Config
+from bpfdyno.sources.perf.perf_event import (
+    PERF_FLAG_FD_CLOEXEC,
+    PERF_TYPE_HARDWARE,
+    PerfEventAttr,
+    perf_event_open,
+)
+
+#: The legacy dyno JSON RPC listens here (dynolog's port); not yet configurable.
+LEGACY_RPC_HOST = "127.0.0.1"
+LEGACY_RPC_PORT = 1778
+
+TRACEFS_MOUNTPOINT = Path("/sys/kernel/tracing")
+BTF_VMLINUX = Path("/sys/kernel/btf/vmlinux")
+NVML_LIBRARY = "libnvidia-ml.so.1"
+KHEADERS_MODULE = "bpfdyno.ebpf.kheaders"
+
+_MOUNT_TRACEFS = f"mount -t tracefs nodev {TRACEFS_MOUNTPOINT}"
+_GRANT_CAPS = (
+    "run as root (sudo bpfdyno ...), or grant CAP_BPF and CAP_PERFMON "
+    "(systemd: AmbientCapabilities=CAP_BPF CAP_PERFMON)"
+)
+
+# Syscall numbers by architecture; Python's os module exposes neither bpf() nor
+# perf_event_open(), so they are called through libc's syscall().
+_SYSCALL_NR = {
+    "x86_64": {"bpf": 321},
+    "aarch64": {"bpf": 280},
+}
+
+_CAP_SYS_ADMIN = 21
+_CAP_PERFMON = 38
+_CAP_BPF = 39
+
+_BPF_MAP_CREATE = 0
+_BPF_MAP_TYPE_ARRAY = 2
+
+_PERF_COUNT_HW_CPU_CYCLES = 0
+# perf_event_attr flag bits: disabled, exclude_kernel, exclude_hv. Excluding the kernel
+# keeps the probe within the default perf_event_paranoid for unprivileged users.
+_PERF_ATTR_FLAGS = (1 << 0) | (1 << 5) | (1 << 6)
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """The outcome of one check.
+
+    Attributes:
+        name: short stable identifier, e.g. ``bpf-syscall``.
+        ok: True when fine, None for a warning, False when missing.
+        detail: what was found, in words.
+        fix: the exact action that resolves a warning or a missing capability.
+        required: False when a missing capability only disables optional features.
+    """
+
+    name: str
+    ok: bool | None
+    detail: str
+    fix: str = ""
+    required: bool = True
+
+
+def _syscall(name: str, *args: object) -> tuple[int, int]:
+    """Call a raw syscall by name; returns (result, errno). Raises OSError on unknown arch."""
+    numbers = _SYSCALL_NR.get(platform.machine())
+    if numbers is None:
+        raise OSError(errno.ENOSYS, f"no {name}() syscall number known for {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    ctypes.set_errno(0)
+    result = int(libc.syscall(ctypes.c_long(numbers[name]), *args))
+    return result, ctypes.get_errno() if result < 0 else 0
+
+
+def _errno_name(err: int) -> str:
+    return errno.errorcode.get(err, str(err))
+
+
+def _effective_caps() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def check_privileges() -> Check:
+    """Root, or the capabilities loading and attaching BPF programs needs."""
+    caps = _effective_caps()
+
+    def has(cap: int) -> bool:
+        # Kernels before 5.8 have no CAP_BPF/CAP_PERFMON; CAP_SYS_ADMIN covers both.
+        return bool(caps & (1 << cap)) or bool(caps & (1 << _CAP_SYS_ADMIN))
+
+    uid = os.geteuid()
+    who = "running as root" if uid == 0 else f"running as uid {uid}"
+    lacking = [n for n, c in (("CAP_BPF", _CAP_BPF), ("CAP_PERFMON", _CAP_PERFMON)) if not has(c)]
+    if not lacking:
+        return Check("privileges", True, f"{who} with CAP_BPF and CAP_PERFMON")
+    return Check(
+        "privileges",
+        False,
+        f"{who} without {' and '.join(lacking)} (effective capabilities {caps:#x})",
+        _GRANT_CAPS,
+    )
+
+
+def check_bpf_syscall() -> Check:
+    """Create (and close) a one-entry BPF array map: proves the bpf() syscall is usable."""
+    attr = (ctypes.c_uint32 * 16)(_BPF_MAP_TYPE_ARRAY, 4, 4, 1)  # type, key, value, entries
+    try:
+        fd, err = _syscall(
+            "bpf", ctypes.c_int(_BPF_MAP_CREATE), ctypes.byref(attr), ctypes.c_uint(64)
+        )
+    except OSError as e:
+        return Check("bpf-syscall", None, str(e.strerror), "run bpfdyno on x86_64 or aarch64")
+    if fd >= 0:
+        os.close(fd)
+        return Check("bpf-syscall", True, "BPF_MAP_CREATE of a 1-entry array map works")
+    detail = f"bpf(BPF_MAP_CREATE) failed with {_errno_name(err)} ({os.strerror(err)})"
+    if err in (errno.EPERM, errno.EACCES):
+        return Check("bpf-syscall", False, detail, _GRANT_CAPS)
+    if err == errno.ENOSYS:
+        return Check("bpf-syscall", False, detail, "boot a kernel built with CONFIG_BPF_SYSCALL=y")
+    return Check("bpf-syscall", False, detail, "check dmesg for the kernel's reason")
+
+
+def find_tracefs() -> Path | None:
+    """Where tracefs is reachable: its own mount, or the tracing dir of a mounted debugfs."""
+    debugfs: Path | None = None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/mounts").read_text().splitlines():
+            fields = line.split()
+            if len(fields) < 3:
+                continue
+            if fields[2] == "tracefs":
+                return Path(fields[1])
+            if fields[2] == "debugfs":
+                debugfs = Path(fields[1])
+    if debugfs is not None and (debugfs / "tracing" / "events").is_dir():
+        return debugfs / "tracing"
+    return None
+
+
+def check_tracefs() -> Check:
+    """tracefs must be mounted: bcc attaches tracepoints through it."""
+    root = find_tracefs()
+    if root is None:
+        return Check("tracefs", False, "tracefs is not mounted", _MOUNT_TRACEFS)
+    return Check("tracefs", True, f"mounted at {root}")
+
+
+def check_btf() -> Check:
+    """Kernel BTF lets bpfdyno generate exact kernel headers when none are installed."""
+    try:
+        size = BTF_VMLINUX.stat().st_size
+    except OSError:
+        return Check(
+            "btf",
+            False,
+            f"no {BTF_VMLINUX}: programs that read kernel structs need installed headers",
+            "boot a kernel built with CONFIG_DEBUG_INFO_BTF=y, "
+            "or install linux-headers-$(uname -r)",
+            required=False,
+        )
+    return Check("btf", True, f"{BTF_VMLINUX} ({size} bytes)")
+
+
+def check_kernel_headers(module: str = KHEADERS_MODULE) -> Check:
+    """Where bcc gets kernel headers from, as described by the kheaders module."""
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise
+        return Check(
+            "kernel-headers",
+            None,
+            f"cannot tell: {module} is not part of this installation",
+            "reinstall bpfdyno (pip install --force-reinstall bpfdyno)",
+            required=False,
+        )
+    try:
+        description = str(mod.describe_header_source())
+    except Exception as e:  # any failure here is a missing header source, with its reason
+        return Check(
+            "kernel-headers",
+            False,
+            f"no usable kernel headers: {e}",
+            "install linux-headers-$(uname -r), or boot a kernel with /proc/config.gz "
+            "and CONFIG_DEBUG_INFO_BTF=y",
+        )
+    detail = description.removeprefix("kernel headers: ")
+    # describe_header_source() reports the "nothing usable" case as text starting with "none".
+    if detail.startswith("none"):
+        return Check(
+            "kernel-headers",
+            False,
+            detail,
+            "install linux-headers-$(uname -r), or load the configs module (modprobe configs)",
+        )
+    return Check("kernel-headers", True, detail)
+
+
+def check_bcc() -> Check:
+    """bcc (Debian's python3-bpfcc) importable from this interpreter, with its version."""
+    fix = "apt-get install python3-bpfcc"
+    if sys.prefix != sys.base_prefix:
+        # A virtualenv never sees Debian's dist-packages: expose bcc through a .pth file
+        # naming a directory that holds only a symlink to it (what bootstrap.sh does).
+        site = sysconfig.get_paths()["purelib"]
+        link_dir = f"{sys.prefix}/bcc-site"
+        fix += (
+            f", then: mkdir -p {link_dir} && ln -sfn /usr/lib/python3/dist-packages/bcc "
+            f"{link_dir}/bcc && echo {link_dir} > {site}/bcc-dist.pth"
+        )
+    try:
+        bcc = importlib.import_module("bcc")
+    except ImportError as e:
+        return Check("bcc", False, f"cannot import bcc: {e}", fix)
+    except OSError as e:  # libbcc.so.0 missing or broken
+        return Check("bcc", False, f"bcc found but its library does not load: {e}", fix)
+    version = getattr(bcc, "__version__", "unknown version")
+    where = Path(bcc.__file__ or "?").resolve().parent
+    return Check("bcc", True, f"bcc {version} ({where})")
+
+
+def check_pmu() -> Check:
+    """Open (and close) a cpu-cycles hardware counter for this process."""
+    attr = PerfEventAttr(
+        type=PERF_TYPE_HARDWARE,
+        size=ctypes.sizeof(PerfEventAttr),
+        config=_PERF_COUNT_HW_CPU_CYCLES,
+        flags=_PERF_ATTR_FLAGS,
+    )
+    try:
+        # this process, any CPU, no group
+        fd = perf_event_open(attr, 0, -1, -1, PERF_FLAG_FD_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ENOSYS:
+            return Check("pmu", None, str(e.strerror), "", required=False)
+        err = e.errno or 0
+    else:
+        os.close(fd)
+        return Check("pmu", True, "hardware cpu-cycles counter opens", required=False)
+    if err in (errno.ENOENT, errno.ENODEV, errno.EOPNOTSUPP):
+        return Check(
+            "pmu",
+            False,
+            "no hardware PMU (VM?) — PMU metrics disabled",
+            "run on bare metal or in a VM that exposes a virtual PMU (e.g. QEMU/KVM -cpu host)",
+            required=False,
+        )
+    detail = f"perf_event_open(cpu-cycles) failed with {_errno_name(err)} — PMU metrics disabled"
+    if err in (errno.EPERM, errno.EACCES):
+        fix = f"{_GRANT_CAPS}, or lower kernel.perf_event_paranoid"
+        return Check("pmu", False, detail, fix, required=False)
+    return Check("pmu", False, detail, "check dmesg for the kernel's reason", required=False)
+
+
+def check_nvml(library: str = NVML_LIBRARY) -> Check:
+    """The NVIDIA management library loads (GPU metrics need it); NVML is not initialised."""
+    try:
+        ctypes.CDLL(library)
+    except OSError:
+        return Check(
+            "nvml",
+            False,
+            f"{library} not loadable (no NVIDIA driver) — GPU metrics disabled",
+            "install the NVIDIA driver (it provides libnvidia-ml.so.1)",
+            required=False,
+        )
+    return Check("nvml", True, f"{library} loadable", required=False)
+
+
+def check_grpc_socket(path: str) -> Check:
+    """The gRPC Unix socket path is free, or held by an agent that accepts connections."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        parent = Path(path).parent
+        note = "" if parent.is_dir() else f"; {parent} will be created"
+        return Check("grpc-socket", True, f"{path} is free{note}")
+    if not stat.S_ISSOCK(st.st_mode):
+        return Check(
+            "grpc-socket",
+            False,
+            f"{path} exists and is not a socket",
+            f"remove or rename {path}, or set [grpc] socket to another path",
+        )
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(path)
+        except ConnectionRefusedError:
+            return Check(
+                "grpc-socket",
+                None,
+                f"{path} is a stale socket file (nothing listening); the agent replaces it",
+                f"none needed, or rm {path}",
+            )
+        except OSError as e:
+            return Check(
+                "grpc-socket",
+                None,
+                f"{path} exists but cannot be connected to ({e.strerror})",
+                "run as root, or join the socket's group (grpc.socket_group)",
+            )
+    return Check("grpc-socket", True, f"{path} in use by a running agent")
+
+
+def check_tcp_port(
+    host: str = LEGACY_RPC_HOST, port: int = LEGACY_RPC_PORT, name: str = "legacy-rpc-port"
+) -> Check:
+    """The TCP port can be bound on ``host`` the way a server binds it (SO_REUSEADDR)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # Like a server: lingering TIME_WAIT connections must not count as "in use".
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return Check(
+                    name,
+                    None,
+                    f"{host}:{port} in use by another process (a running agent, or dynolog?)",
+                    f"stop the process listening there (find it: ss -ltnp 'sport = :{port}')",
+                    required=False,
+                )
+            return Check(
+                name,
+                False,
+                f"cannot bind {host}:{port}: {e.strerror}",
+                "check the address and that no firewall or sandbox forbids binding it",
+                required=False,
+            )
+    return Check(name, True, f"{host}:{port} free", required=False)
+
+
+def check_tracepoint(system: str, event: str, required: bool = True) -> Check:
+    """A tracefs event exists (its ``format`` file is readable)."""
+    name = f"tracepoint {system}:{event}"
+    root = find_tracefs()
+    if root is None:
+        return Check(name, False, "tracefs is not mounted", _MOUNT_TRACEFS, required)
+    fmt = root / "events" / system / event / "format"
+    try:
+        fmt.read_bytes()
+    except PermissionError:
+        return Check(name, False, f"{fmt} is not readable", "run as root", required)
+    except OSError:
+        if required:
+            return Check(
+                name,
+                False,
+                f"{system}:{event} is not in {root}/events",
+                "boot a kernel built with CONFIG_TRACEPOINTS=y and CONFIG_FTRACE=y",
+            )
+        return Check(
+            name,
+            None,
+            f"{system}:{event} is not in {root}/events (kernel older than 6.3?) — "
+            "socket byte counts fall back to syscall tracepoints",
+            "use kernel 6.3 or newer for exact per-process socket byte counts",
+            required=False,
+        )
+    return Check(name, True, "available", required=required)
+
+
+def run_checks(cfg: Config) -> list[Check]:
+    """Run every check against this machine and the agent's configured endpoints.
+
+    Args:
+        cfg: the agent's configuration (the gRPC socket path comes from ``cfg.grpc.socket``).
+
+    Returns:
+        One `Check` per capability, in a fixed order. A check that fails unexpectedly is
+        reported as a warning naming the error, never raised.
+    """
+    checks: list[tuple[str, Callable[[], Check]]] = [
+        ("privileges", check_privileges),
+        ("bpf-syscall", check_bpf_syscall),
+        ("tracefs", check_tracefs),
+        ("btf", check_btf),
+        ("kernel-headers", check_kernel_headers),
+        ("bcc", check_bcc),
+        ("pmu", check_pmu),
+        ("nvml", check_nvml),
+        ("grpc-socket", lambda: check_grpc_socket(cfg.grpc.socket)),
+        ("legacy-rpc-port", check_tcp_port),
+        ("tracepoint sched:sched_switch", lambda: check_tracepoint("sched", "sched_switch")),
+        (
+            "tracepoint sock:sock_send_length",
+            lambda: check_tracepoint("sock", "sock_send_length", required=False),
+        ),
+    ]
+    results = []
+    for name, check in checks:
+        try:
+            results.append(check())
+        except Exception as e:  # doctor must report, never crash
+            results.append(
+                Check(
+                    name,
+                    None,
+                    f"the check itself failed: {type(e).__name__}: {e}",
+                    "report this as a bpfdyno bug, with this line",
+                )
+            )
+    return results
+
+
+def format_check(check: Check) -> str:
+    """One line: ``ok      name: detail`` or ``missing name: detail — fix: ...``."""
+    status = {True: "ok", None: "warn", False: "missing"}[check.ok]
+    line = f"{status:<8}{check.name}: {check.detail}"
+    if check.ok is not True and check.fix:
+        line += f" — fix: {check.fix}"
+    return line
+
+
+def format_checks(checks: list[Check]) -> str:
+    """The report: one line per check, in order, without a trailing newline."""
+    return "\n".join(format_check(c) for c in checks)
+
+
+def exit_code(checks: list[Check]) -> int:
+    """0 when nothing required is missing, else 1 (warnings and optional misses pass)."""
+    return 1 if any(c.ok is False and c.required for c in checks) else 0

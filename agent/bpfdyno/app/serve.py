@@ -1,0 +1,81 @@
+"""`bpfdyno serve`: assemble the daemon, serve it, stop it gracefully."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from bpfdyno.app import assembly
+from bpfdyno.app.daemon import Daemon, install_signal_handlers, notify_systemd
+from bpfdyno.core.config import Config
+from bpfdyno.server.grpc_server import AddressInUse, GrpcServer
+from bpfdyno.services.agent import AgentService
+from bpfdyno.sources.base import CollectorState, CollectorStatus
+from bpfdyno.version import __version__
+
+__all__ = ["AddressInUse", "run"]
+
+log = logging.getLogger(__name__)
+
+
+class _DisabledCollectors:
+    """Reports collectors turned off in the config, so `status` shows every known part."""
+
+    name = "disabled"
+
+    def __init__(self, names: list[str], cfg: Config) -> None:
+        self._names = names
+        self._cfg = cfg
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def statuses(self) -> list[CollectorStatus]:
+        return [
+            CollectorStatus(
+                name=n,
+                state=CollectorState.DISABLED,
+                reason=f"disabled in the configuration (collectors.{n}.enabled = false)",
+                interval_s=self._cfg.collector_interval(n),
+                collections=0,
+                errors=0,
+                last_duration_s=0.0,
+                last_success_ts=0.0,
+            )
+            for n in self._names
+        ]
+
+
+async def run(cfg: Config) -> int:
+    """Run until SIGTERM/SIGINT. Raises AddressInUse before starting anything if needed."""
+    t0 = time.monotonic()
+    asm = assembly.build(cfg)
+    components = list(asm.components)
+    if asm.disabled:
+        components.append(_DisabledCollectors(asm.disabled, cfg))
+    daemon = Daemon(cfg, asm.collectors, components, asm.sinks)
+    server = GrpcServer(cfg.grpc, AgentService(daemon), asm.servicers)
+    server.check_addresses()
+    install_signal_handlers(daemon)
+    await server.start()
+    try:
+        await daemon.start()
+        if "bcc" in sys.modules:
+            from bpfdyno.ebpf.program import release_compiler_pages
+
+            release_compiler_pages()
+        log.info(
+            "bpfdyno %s ready in %.2f s (config %s)", __version__, time.monotonic() - t0, cfg.source
+        )
+        notify_systemd("READY=1")
+        await daemon.wait_stopped()
+        log.info("stopping")
+        notify_systemd("STOPPING=1")
+    finally:
+        await server.stop()
+        await daemon.stop()
+    return 0

@@ -1,0 +1,1 @@
+"""The `bpfdyno` command line: one module per command group."""

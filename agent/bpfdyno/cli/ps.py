@@ -1,0 +1,143 @@
+"""``bpfdyno ps``: the agent's process table, over gRPC (``Kernel.ListProcesses``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import grpc
+import orjson
+
+from bpfdyno.client.connection import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_target_argument,
+    channel,
+    default_target,
+    explain_rpc_error,
+)
+from bpfdyno.sources.procs.table import SORT_KEYS
+
+
+def add_ps_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``ps`` subcommand to an ``add_subparsers()`` object; its handler is `cmd_ps`."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "ps", help="the most active processes, with CPU, scheduler, network and job columns"
+    )
+    add_target_argument(p)
+    p.add_argument(
+        "--sort",
+        default="activity",
+        choices=sorted(SORT_KEYS),
+        help="sort key (default: activity = CPU plus network traffic)",
+    )
+    p.add_argument("--limit", type=int, default=30, help="rows to show, 0 for all (default 30)")
+    p.add_argument(
+        "--filter",
+        default="",
+        help="terms that must all match: pid=, user=, comm=, job=, container=, cgroup=, "
+        "or a word found in the command",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_ps)
+    return p
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    """Run ``bpfdyno ps``; returns the exit status."""
+    from google.protobuf.json_format import MessageToDict
+
+    from bpfdyno.rpc.v1 import kernel_pb2, kernel_pb2_grpc
+
+    if args.limit < 0:
+        print("bpfdyno ps: --limit must be 0 (all) or positive", file=sys.stderr)
+        return EXIT_USAGE
+    target = args.target or default_target()
+    request = kernel_pb2.ListProcessesRequest(
+        sort_by=args.sort, limit=args.limit, filter=args.filter
+    )
+    try:
+        with channel(target) as ch:
+            resp = kernel_pb2_grpc.KernelStub(ch).ListProcesses(request, timeout=5)
+    except grpc.RpcError as e:
+        print(f"bpfdyno: {explain_rpc_error(e, target)}", file=sys.stderr)
+        code = e.code() if isinstance(e, grpc.Call) else None
+        return EXIT_USAGE if code == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAIL
+    if args.json:
+        obj = MessageToDict(
+            resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+        sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return EXIT_OK
+    sys.stdout.write(format_table(resp))
+    return EXIT_OK
+
+
+_COLUMNS = (
+    ("PID", 8),
+    ("USER", 10),
+    ("CPU%", 7),
+    ("RSS", 8),
+    ("RUNQ%", 7),
+    ("TCP TX/s", 10),
+    ("TCP RX/s", 10),
+    ("RETX/s", 7),
+    ("JOB", 8),
+    ("CONTAINER", 13),
+)
+
+
+def format_table(resp: Any) -> str:
+    """A fixed-width table of a ``ListProcessesResponse`` ("-" marks unknown values)."""
+    header = "".join(
+        f"{name:>{w}} " if i != 1 else f"{name:<{w}} " for i, (name, w) in enumerate(_COLUMNS)
+    )
+    lines = [header + "COMMAND"]
+    for r in resp.processes:
+        cells = (
+            str(r.pid),
+            r.user[:10],
+            _pct(r, "cpu_ratio"),
+            human_bytes(r.rss_bytes),
+            _pct(r, "runq_wait_ratio"),
+            _rate(r, "tcp_tx_bytes_per_second"),
+            _rate(r, "tcp_rx_bytes_per_second"),
+            f"{r.tcp_retransmits_per_second:.1f}"
+            if r.HasField("tcp_retransmits_per_second")
+            else "-",
+            r.slurm_job_id or "-",
+            r.container_id[:12] or "-",
+        )
+        row = "".join(
+            f"{c:>{w}} " if i != 1 else f"{c:<{w}} "
+            for i, (c, (_, w)) in enumerate(zip(cells, _COLUMNS, strict=True))
+        )
+        pin = "*" if r.pinned else ""
+        lines.append(row + pin + (r.cmdline or f"[{r.comm}]")[:120])
+    footer = f"{len(resp.processes)} of {resp.total_processes} processes"
+    if resp.unavailable:
+        footer += "; unavailable: " + "; ".join(f"{k}: {v}" for k, v in resp.unavailable.items())
+    lines.append(footer)
+    return "\n".join(lines) + "\n"
+
+
+def _pct(row: Any, field: str) -> str:
+    return f"{100 * getattr(row, field):.1f}" if row.HasField(field) else "-"
+
+
+def _rate(row: Any, field: str) -> str:
+    return human_bytes(getattr(row, field)) if row.HasField(field) else "-"
+
+
+def human_bytes(n: float) -> str:
+    """Bytes with a binary unit suffix: 999B, 1.5K, 12M, 3.0G."""
+    value = float(n)
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(value) < 1024 or unit == "T":
+            if unit == "B":
+                return f"{value:.0f}B"
+            return f"{value:.1f}{unit}" if abs(value) < 10 else f"{value:.0f}{unit}"
+        value /= 1024
+    return f"{value:.0f}T"

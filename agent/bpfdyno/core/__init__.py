@@ -1,0 +1,1 @@
+"""What every part shares: the metric catalog, the store, status, errors, config, events."""

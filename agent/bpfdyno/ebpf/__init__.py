@@ -1,0 +1,1 @@
+"""BPF programs: kernel headers, loading, attaching, ring buffers, map reads, run stats."""

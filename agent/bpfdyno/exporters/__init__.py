@@ -1,0 +1,1 @@
+"""Metric sinks: every collection round, to files and monitoring systems."""

@@ -1,0 +1,162 @@
+"""JSON-lines exporter: one line per collection round, to stdout or a size-rotated file.
+
+Line format (orjson, one object per line)::
+
+    {"ts": 1732180000.123, "host": "node1", "collector": "host",
+     "values": {"cpu_user_ratio{cpu=\"0\"}": 0.12, "memory_used_bytes": 123456}}
+
+Series keys use the Prometheus exposition syntax, so they are unambiguous and greppable.
+Rotation happens *between* lines: before a line would take the file past ``max_bytes`` the
+file is renamed to ``path.1`` (older ones shift up to ``path.<backups>``) and a new file is
+started. A line is written with one ``write`` call and flushed, so a reader never sees half a
+line and rotation never truncates one. Writing happens on the exporter's own thread; if the
+file cannot be written (disk full), lines are kept and retried, up to a bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import sys
+import threading
+from collections import deque
+from typing import IO
+
+import orjson
+
+from bpfdyno.app.daemon import Round
+from bpfdyno.core.config import JsonlSection
+from bpfdyno.core.metrics import Labels
+
+log = logging.getLogger(__name__)
+
+#: Lines kept for retry while the output cannot be written, before the oldest are dropped.
+MAX_PENDING_LINES = 100_000
+
+
+def series_key(name: str, labels: Labels) -> str:
+    """``name{a="x",b="y"}`` with Prometheus escaping; bare ``name`` without labels."""
+    if not labels:
+        return name
+    parts = []
+    for k, v in labels:
+        esc = v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        parts.append(f'{k}="{esc}"')
+    return f"{name}{{{','.join(parts)}}}"
+
+
+def encode_round(rnd: Round, host: str) -> bytes:
+    values = {series_key(s.spec.name, s.labels): s.value for s in rnd.samples if s.value == s.value}
+    obj = {"ts": round(rnd.ts, 6), "host": host, "collector": rnd.collector, "values": values}
+    return orjson.dumps(obj) + b"\n"
+
+
+class RotatingLineWriter:
+    """Appends whole lines to a file, rotating by size between lines. Not thread-safe."""
+
+    def __init__(self, path: str, max_bytes: int, backups: int) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self._f: IO[bytes] | None = None
+        self._size = 0
+        self.rotations = 0
+
+    def _open(self) -> IO[bytes]:
+        if self._f is None:
+            d = os.path.dirname(self.path)
+            if d:
+                os.makedirs(d, exist_ok=True)
+            self._f = open(self.path, "ab")  # noqa: SIM115 - kept open across writes
+            self._size = self._f.tell()
+        return self._f
+
+    def write_line(self, line: bytes) -> None:
+        f = self._open()
+        if self._size > 0 and self._size + len(line) > self.max_bytes:
+            self._rotate()
+            f = self._open()
+        f.write(line)
+        f.flush()
+        self._size += len(line)
+
+    def _rotate(self) -> None:
+        assert self._f is not None
+        self._f.close()
+        self._f = None
+        if self.backups == 0:
+            os.unlink(self.path)
+        else:
+            for i in range(self.backups - 1, 0, -1):
+                src = f"{self.path}.{i}"
+                if os.path.exists(src):
+                    os.replace(src, f"{self.path}.{i + 1}")
+            os.replace(self.path, f"{self.path}.1")
+        self.rotations += 1
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+class JsonlExporter:
+    """A `RoundSink` writing JSON lines on a background thread."""
+
+    def __init__(self, cfg: JsonlSection, stdout: IO[bytes] | None = None) -> None:
+        self._host = socket.gethostname()
+        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._stdout = stdout
+        self._writer: RotatingLineWriter | None = None
+        if cfg.path != "-":
+            self._writer = RotatingLineWriter(cfg.path, cfg.max_bytes, cfg.backups)
+        elif self._stdout is None:
+            self._stdout = sys.stdout.buffer
+        self._pending: deque[bytes] = deque()
+        self.dropped_lines = 0
+        self.write_errors = 0
+        self._thread = threading.Thread(target=self._run, name="export-jsonl", daemon=True)
+        self._thread.start()
+
+    def submit(self, rnd: Round) -> None:
+        self._queue.put(encode_round(rnd, self._host))
+
+    def close(self) -> None:
+        """Write everything queued, then close the file."""
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+        if self._writer is not None:
+            self._writer.close()
+
+    def _run(self) -> None:
+        logged = False
+        while True:
+            line = self._queue.get()
+            if line is None:
+                self._flush_pending()
+                return
+            self._pending.append(line)
+            if len(self._pending) > MAX_PENDING_LINES:
+                self._pending.popleft()
+                self.dropped_lines += 1
+            try:
+                self._flush_pending()
+                logged = False
+            except OSError as e:
+                self.write_errors += 1
+                if not logged:
+                    log.error("JSON-lines export failed (%s); keeping lines and retrying", e)
+                    logged = True
+
+    def _flush_pending(self) -> None:
+        while self._pending:
+            line = self._pending[0]
+            if self._writer is not None:
+                self._writer.write_line(line)
+            else:
+                assert self._stdout is not None
+                self._stdout.write(line)
+                self._stdout.flush()
+            self._pending.popleft()

@@ -1,0 +1,121 @@
+"""gRPC servicer for `bpfdyno.rpc.v1.Agent`: translation only, the logic is in AgentService."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+
+from bpfdyno.core.metrics import MetricKind, MetricSpec
+from bpfdyno.core.store import SeriesView
+from bpfdyno.rpc.v1 import agent_pb2 as pb
+from bpfdyno.rpc.v1 import agent_pb2_grpc as pb_grpc
+from bpfdyno.services.agent import AgentService, InvalidArgument, Snapshot
+from bpfdyno.sources.base import CollectorState, CollectorStatus
+
+_STATE = {
+    CollectorState.STARTING: pb.COLLECTOR_STATE_STARTING,
+    CollectorState.OK: pb.COLLECTOR_STATE_OK,
+    CollectorState.DEGRADED: pb.COLLECTOR_STATE_DEGRADED,
+    CollectorState.UNAVAILABLE: pb.COLLECTOR_STATE_UNAVAILABLE,
+    CollectorState.STOPPED: pb.COLLECTOR_STATE_STOPPED,
+    CollectorState.DISABLED: pb.COLLECTOR_STATE_DISABLED,
+}
+_KIND = {
+    MetricKind.GAUGE: pb.METRIC_KIND_GAUGE,
+    MetricKind.RATE: pb.METRIC_KIND_RATE,
+    MetricKind.RATIO: pb.METRIC_KIND_RATIO,
+    MetricKind.COUNTER: pb.METRIC_KIND_COUNTER,
+}
+
+
+def collector_status_to_pb(s: CollectorStatus) -> pb.CollectorStatus:
+    return pb.CollectorStatus(
+        name=s.name,
+        state=_STATE[s.state],
+        reason=s.reason,
+        interval_seconds=s.interval_s,
+        collections=s.collections,
+        errors=s.errors,
+        last_duration_seconds=s.last_duration_s,
+        last_success_unix_seconds=s.last_success_ts,
+    )
+
+
+def spec_to_pb(s: MetricSpec) -> pb.MetricSpec:
+    return pb.MetricSpec(
+        name=s.name, kind=_KIND[s.kind], unit=s.unit, help=s.help, labels=s.labels, source=s.source
+    )
+
+
+def series_to_pb(views: Sequence[SeriesView]) -> list[pb.Series]:
+    return [
+        pb.Series(
+            name=v.spec.name,
+            labels=[pb.Label(name=k, value=val) for k, val in v.labels],
+            points=[pb.Point(unix_seconds=p.ts, value=p.value) for p in v.points],
+        )
+        for v in views
+    ]
+
+
+def snapshot_to_pb(s: Snapshot) -> pb.MetricsSnapshot:
+    return pb.MetricsSnapshot(
+        unix_seconds=s.ts, collector=s.collector, series=series_to_pb(s.series)
+    )
+
+
+class AgentServicer(pb_grpc.AgentServicer):
+    def __init__(self, service: AgentService) -> None:
+        self._svc = service
+
+    async def GetStatus(
+        self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Status:
+        st = self._svc.status()
+        return pb.Status(
+            version=st.version,
+            hostname=st.hostname,
+            kernel_release=st.kernel_release,
+            agent_uptime_seconds=st.agent_uptime_s,
+            host_uptime_seconds=st.host_uptime_s,
+            pid=st.pid,
+            config_source=st.config_source,
+            started_unix_seconds=st.started_ts,
+            collectors=[collector_status_to_pb(c) for c in st.collectors],
+        )
+
+    async def ListMetricSpecs(
+        self, request: pb.ListMetricSpecsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListMetricSpecsResponse:
+        return pb.ListMetricSpecsResponse(specs=[spec_to_pb(s) for s in self._svc.metric_specs()])
+
+    async def GetMetrics(
+        self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MetricsSnapshot:
+        try:
+            snap = self._svc.snapshot(list(request.names))
+        except InvalidArgument as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return snapshot_to_pb(snap)
+
+    async def GetMetricsWindow(
+        self, request: pb.GetMetricsWindowRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MetricsWindow:
+        try:
+            views = self._svc.window(
+                list(request.names), request.start_unix_seconds, request.end_unix_seconds
+            )
+        except InvalidArgument as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return pb.MetricsWindow(series=series_to_pb(views))
+
+    async def StreamMetrics(
+        self, request: pb.StreamMetricsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.MetricsSnapshot]:
+        stream = self._svc.stream(list(request.names), list(request.collectors))
+        try:
+            async for snap in stream:
+                yield snapshot_to_pb(snap)
+        except InvalidArgument as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))

@@ -1,0 +1,161 @@
+"""gRPC servicer for `bpfdyno.rpc.v1.Kernel`: translation only, the logic is in KernelService."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from bpfdyno.core.events import KernelEvent
+from bpfdyno.rpc.v1 import kernel_pb2 as pb
+from bpfdyno.rpc.v1 import kernel_pb2_grpc as pb_grpc
+from bpfdyno.services.kernel import InvalidArgument, KernelService, Unavailable
+from bpfdyno.sources.net.decode import Connection
+from bpfdyno.sources.procs.table import ProcessRow
+
+
+def _opt_float(value: float) -> float | None:
+    """NaN (unknown) becomes an unset optional field."""
+    return None if math.isnan(value) else value
+
+
+def process_to_pb(r: ProcessRow) -> pb.ProcessRow:
+    return pb.ProcessRow(
+        pid=r.pid,
+        ppid=r.ppid,
+        comm=r.comm,
+        cmdline=r.cmdline,
+        uid=r.uid,
+        user=r.user,
+        state=r.state,
+        num_threads=r.num_threads,
+        start_unix_seconds=0.0 if math.isnan(r.start_time_s) else r.start_time_s,
+        cpu_ratio=_opt_float(r.cpu_ratio),
+        rss_bytes=r.rss_bytes,
+        oncpu_ns=r.oncpu_ns,
+        offcpu_runnable_ns=r.offcpu_runnable_ns,
+        offcpu_blocked_ns=r.offcpu_blocked_ns,
+        runq_wait_ns=r.runq_wait_ns,
+        oncpu_ratio=_opt_float(r.oncpu_ratio),
+        runq_wait_ratio=_opt_float(r.runq_wait_ratio),
+        offcpu_blocked_ratio=_opt_float(r.offcpu_blocked_ratio),
+        tcp_tx_bytes=r.tcp_tx_bytes,
+        tcp_rx_bytes=r.tcp_rx_bytes,
+        udp_tx_bytes=r.udp_tx_bytes,
+        udp_rx_bytes=r.udp_rx_bytes,
+        tcp_retransmits=r.tcp_retransmits,
+        tcp_tx_bytes_per_second=_opt_float(r.tcp_tx_bytes_per_second),
+        tcp_rx_bytes_per_second=_opt_float(r.tcp_rx_bytes_per_second),
+        udp_tx_bytes_per_second=_opt_float(r.udp_tx_bytes_per_second),
+        udp_rx_bytes_per_second=_opt_float(r.udp_rx_bytes_per_second),
+        tcp_retransmits_per_second=_opt_float(r.tcp_retransmits_per_second),
+        cgroup=r.cgroup,
+        container_id=r.container_id,
+        k8s_pod_uid=r.k8s_pod_uid,
+        slurm_job_id=r.slurm_job_id,
+        gpu_memory_bytes=r.gpu_memory_bytes,
+        pinned=r.pinned,
+    )
+
+
+def connection_to_pb(c: Connection) -> pb.TcpConnection:
+    return pb.TcpConnection(
+        pid=c.pid,
+        comm=c.comm,
+        family=c.family,
+        saddr=c.saddr,
+        sport=c.sport,
+        daddr=c.daddr,
+        dport=c.dport,
+        state=c.state,
+        tx_bytes=c.tx_bytes,
+        rx_bytes=c.rx_bytes,
+        retransmits=c.retransmits,
+        srtt_seconds=_opt_float(c.srtt_s),
+        snd_cwnd=c.snd_cwnd,
+        established_unix_ns=c.established_ts_ns,
+        passive=c.passive,
+    )
+
+
+def event_to_pb(e: KernelEvent) -> pb.KernelEvent:
+    msg = pb.KernelEvent(unix_ns=e.ts_ns, kind=e.kind, pid=e.pid, tid=e.tid, comm=e.comm)
+    for key, value in e.attrs.items():
+        attr = msg.attrs[key]
+        if isinstance(value, bool | int):
+            attr.int_value = int(value)
+        elif isinstance(value, float):
+            attr.double_value = value
+        else:
+            attr.string_value = str(value)
+    return msg
+
+
+class KernelServicer(pb_grpc.KernelServicer):
+    """Maps `InvalidArgument` to INVALID_ARGUMENT and `Unavailable` to UNAVAILABLE."""
+
+    def __init__(self, service: KernelService) -> None:
+        self._svc = service
+
+    async def ListProcesses(
+        self, request: pb.ListProcessesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListProcessesResponse:
+        try:
+            snap = self._svc.list_processes(request.sort_by, request.limit, request.filter)
+        except InvalidArgument as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except Unavailable as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        return pb.ListProcessesResponse(
+            processes=[process_to_pb(r) for r in snap.rows],
+            unix_seconds=snap.ts,
+            total_processes=snap.total_processes,
+            unavailable=dict(snap.unavailable),
+        )
+
+    async def ListConnections(
+        self, request: pb.ListConnectionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListConnectionsResponse:
+        try:
+            conns = self._svc.list_connections(request.pid, request.state)
+        except InvalidArgument as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except Unavailable as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        return pb.ListConnectionsResponse(connections=[connection_to_pb(c) for c in conns])
+
+    async def GetEvents(
+        self, request: pb.GetEventsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetEventsResponse:
+        try:
+            page = self._svc.get_events(request.since_unix_ns, list(request.kinds), request.limit)
+        except InvalidArgument as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return pb.GetEventsResponse(
+            events=[event_to_pb(e) for e in page.events],
+            evicted_age=page.evicted_age,
+            evicted_memory=page.evicted_memory,
+            oldest_unix_ns=page.oldest_ts_ns,
+        )
+
+    async def StreamEvents(
+        self, request: pb.StreamEventsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.KernelEvent]:
+        try:
+            sub = self._svc.stream_events(list(request.kinds))
+        except InvalidArgument as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        # The subscription is closed however the stream ends (client gone: CancelledError).
+        async with sub:
+            async for event in sub:
+                yield event_to_pb(event)
+
+
+def kernel_servicer_factory(service: KernelService) -> Callable[[grpc.aio.Server], None]:
+    """A `bpfdyno.server.grpc_server.ServicerFactory` that adds the Kernel service to a server."""
+
+    def add(server: grpc.aio.Server) -> None:
+        pb_grpc.add_KernelServicer_to_server(KernelServicer(service), server)
+
+    return add

@@ -1,0 +1,306 @@
+"""The legacy dyno JSON RPC (TCP port 1778), so existing ``dyno`` CLIs and scripts work.
+
+One request per connection. A frame is an ``int32`` length in native byte order followed by
+that many bytes of UTF-8 JSON; the reply uses the same framing and is compact JSON with
+sorted keys, as dynolog's. Unlike dynolog, every bad request gets an error reply (dynolog
+closes silently and the CLI panics), frames are bounded, each connection has a deadline,
+connections are served concurrently, and IPv4 works without IPv6 (and vice versa).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from bpfdyno.services.tracing import (
+    InvalidRequest,
+    TraceRequest,
+    TracingError,
+    TracingService,
+)
+from bpfdyno.tracing.ipc.wire import MAX_PID
+
+log = logging.getLogger(__name__)
+
+_LEN = struct.Struct("=i")  # native byte order, standard size: what dyno sends
+#: After an error reply to a half-read request, how long unread input is drained.
+LINGER_S = 0.5
+#: Largest request accepted (a config is at most 32 KiB; JSON escaping can double it).
+MAX_FRAME_BYTES = 128 * 1024
+#: What a request of a dyno CLI looks like when someone points a web client at the port.
+_HTTP_PREFIXES = (b"GET ", b"POST", b"HEAD", b"PUT ", b"DELE", b"OPTI", b"PATC", b"CONN")
+_HTTP_REPLY = (
+    b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
+    b"This is the dyno-compatible RPC port of bpfdyno (length-prefixed JSON), not HTTP.\n"
+    b"Use `dyno --hostname HOST status` or `bpfdyno status`.\n"
+)
+_KINETO_EMPTY = {
+    "activityProfilersBusy": 0,
+    "activityProfilersTriggered": [],
+    "eventProfilersBusy": 0,
+    "eventProfilersTriggered": [],
+    "processesMatched": [],
+}
+FUNCTIONS = (
+    "getStatus",
+    "getVersion",
+    "setKinetOnDemandRequest",
+    "dcgmProfPause",
+    "dcgmProfResume",
+)
+
+
+def encode_frame(obj: dict[str, Any]) -> bytes:
+    """A reply frame: length + compact JSON with sorted keys (dynolog's format)."""
+    body = orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+    return _LEN.pack(len(body)) + body
+
+
+def _error(message: str, **extra: Any) -> dict[str, Any]:
+    return {"status": "failed", "error": message, **extra}
+
+
+def _int_field(req: dict[str, Any], key: str, default: int | None, lo: int, hi: int) -> int:
+    value = req.get(key, default)
+    if value is None:
+        raise ValueError(f"'{key}' is required")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"'{key}' must be an integer, got {orjson.dumps(value).decode()[:40]}")
+    if not lo <= value <= hi:
+        raise ValueError(f"'{key}' = {value} is outside {lo}..{hi}")
+    return value
+
+
+class LegacyRpcHandler:
+    """Turns one request object into one reply object (no I/O; used by the server)."""
+
+    def __init__(self, service: TracingService) -> None:
+        self.service = service
+
+    def handle_bytes(self, body: bytes) -> dict[str, Any]:
+        """Decode, dispatch and answer one request body; never raises."""
+        try:
+            req = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            return _error(f"the request is not valid JSON ({e}); send a JSON object with 'fn'")
+        if not isinstance(req, dict):
+            return _error("the request must be a JSON object with an 'fn' field")
+        fn = req.get("fn")
+        if not isinstance(fn, str):
+            return _error(f"missing 'fn'; one of: {', '.join(FUNCTIONS)}")
+        try:
+            return self._dispatch(fn, req)
+        except Exception as e:  # the port must keep serving whatever a request contains
+            log.exception("legacy RPC %s failed", fn)
+            return _error(f"internal error in {fn}: {e}")
+
+    def _dispatch(self, fn: str, req: dict[str, Any]) -> dict[str, Any]:
+        if fn == "getStatus":
+            return {"status": 1}
+        if fn == "getVersion":
+            return {"version": self.service.version}
+        if fn == "setKinetOnDemandRequest":
+            return self._kineto(req)
+        if fn == "dcgmProfPause":
+            try:
+                duration = _int_field(req, "duration_s", None, 1, 7 * 24 * 3600)
+            except ValueError as e:
+                return _error(str(e))
+            return {"status": self.service.dcgm_pause(duration)}
+        if fn == "dcgmProfResume":
+            return {"status": self.service.dcgm_resume()}
+        return _error(f"unknown fn {fn[:60]!r}; one of: {', '.join(FUNCTIONS)}")
+
+    def _kineto(self, req: dict[str, Any]) -> dict[str, Any]:
+        config, pids = req.get("config"), req.get("pids")
+        # Error replies keep the result fields, so a dyno CLI prints them instead of panicking.
+        if not isinstance(config, str):
+            return _error("'config' (a string) is required", **_KINETO_EMPTY)
+        if not isinstance(pids, list) or not all(
+            isinstance(p, int) and not isinstance(p, bool) for p in pids
+        ):
+            return _error("'pids' (a list of integers; [0] = all) is required", **_KINETO_EMPTY)
+        try:
+            job_id = _int_field(req, "job_id", 0, 0, 2**63 - 1)
+            limit = _int_field(req, "process_limit", 1000, 0, 1_000_000)
+        except ValueError as e:
+            return _error(str(e), **_KINETO_EMPTY)
+        if any(not 0 <= p <= MAX_PID for p in pids):
+            return _error(f"'pids' must be in 0..{MAX_PID}", **_KINETO_EMPTY)
+        try:
+            res = self.service.start_trace(
+                TraceRequest(job_id=job_id, pids=tuple(pids), process_limit=limit, config=config)
+            )
+        except InvalidRequest as e:
+            return _error(str(e), rule=e.rule, **_KINETO_EMPTY)
+        except TracingError as e:
+            return _error(str(e), **_KINETO_EMPTY)
+        return {
+            "activityProfilersBusy": len(res.busy),
+            "activityProfilersTriggered": [p.pid for p in res.triggered],
+            "eventProfilersBusy": 0,
+            "eventProfilersTriggered": [],
+            "processesMatched": list(res.matched),
+            # Additions (ignored by dyno, which prints the reply): the truth about files.
+            "traceId": res.trace_id,
+            "traceFiles": {str(p.pid): p.output_path for p in res.triggered},
+        }
+
+
+class LegacyRpcServer:
+    """Serves `LegacyRpcHandler` on one or more ``host:port`` addresses.
+
+    Args:
+        handler: answers the requests.
+        listen: addresses such as ``127.0.0.1:1778`` and ``[::1]:1778`` (port 0 = any).
+        timeout_s: a connection must deliver its whole request within this time.
+        max_connections: connections served at once; more are told to retry.
+    """
+
+    def __init__(
+        self,
+        handler: LegacyRpcHandler,
+        listen: Sequence[str],
+        timeout_s: float = 5.0,
+        max_connections: int = 64,
+    ) -> None:
+        self.handler = handler
+        self.listen = list(listen)
+        self.timeout_s = timeout_s
+        self.max_connections = max_connections
+        self._servers: list[asyncio.Server] = []
+        self._active = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: (address, error) for each listen address that could not be bound.
+        self.failures: list[tuple[str, str]] = []
+        #: (host, port) actually bound, in the order of ``listen``.
+        self.bound: list[tuple[str, int]] = []
+        self.served = 0
+        self.bad_requests = 0
+
+    async def start(self) -> None:
+        """Bind every address that can be bound; the others are listed in ``failures``."""
+        for addr in self.listen:
+            host, port = parse_listen(addr)
+            try:
+                server = await asyncio.start_server(
+                    self._on_connection, host, port, reuse_address=True
+                )
+            except OSError as e:
+                self.failures.append((addr, e.strerror or str(e)))
+                log.warning("legacy dyno RPC: cannot listen on %s: %s", addr, e.strerror)
+                continue
+            self._servers.append(server)
+            sockname = server.sockets[0].getsockname()
+            self.bound.append((host, int(sockname[1])))
+            log.info("legacy dyno RPC listening on %s", addr if port else f"{host}:{sockname[1]}")
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            server.close()
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _on_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        self._active += 1
+        try:
+            if self._active > self.max_connections:
+                reply = encode_frame(_error("too many connections at once; retry in a moment"))
+                complete = False
+            else:
+                reply, complete = await self._serve_one(reader)
+            writer.write(reply)
+            with contextlib.suppress(OSError, asyncio.TimeoutError):
+                await asyncio.wait_for(writer.drain(), self.timeout_s)
+                if not complete:
+                    # Unread request bytes would make close() send a reset that can destroy
+                    # the reply before the client reads it: finish sending, then discard.
+                    writer.write_eof()
+                    await asyncio.wait_for(_discard(reader), LINGER_S)
+        finally:
+            self._active -= 1
+            writer.close()
+            with contextlib.suppress(OSError, asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def _serve_one(self, reader: asyncio.StreamReader) -> tuple[bytes, bool]:
+        """Read one framed request within the deadline and answer it (never raises).
+
+        Returns:
+            The reply, and whether the whole request frame was read.
+        """
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                head = await reader.readexactly(_LEN.size)
+                if head in _HTTP_PREFIXES:
+                    self.bad_requests += 1
+                    return _HTTP_REPLY, False
+                (size,) = _LEN.unpack(head)
+                if not 0 < size <= MAX_FRAME_BYTES:
+                    self.bad_requests += 1
+                    return encode_frame(
+                        _error(
+                            f"bad frame length {size}; a request is an int32 length "
+                            f"(1..{MAX_FRAME_BYTES}) followed by that many bytes of JSON"
+                        )
+                    ), False
+                body = await reader.readexactly(size)
+        except TimeoutError:
+            self.bad_requests += 1
+            return encode_frame(_error(f"no complete request within {self.timeout_s:g} s")), False
+        except asyncio.IncompleteReadError as e:
+            self.bad_requests += 1
+            msg = f"the connection closed after {len(e.partial)} bytes of a frame"
+            return encode_frame(_error(msg)), True
+        except OSError as e:
+            self.bad_requests += 1
+            return encode_frame(_error(f"read failed: {e.strerror}")), True
+        self.served += 1
+        reply = self.handler.handle_bytes(body)
+        if reply.get("status") == "failed":
+            self.bad_requests += 1
+        return encode_frame(reply), True
+
+
+async def _discard(reader: asyncio.StreamReader, limit: int = 4 * MAX_FRAME_BYTES) -> None:
+    while limit > 0:
+        chunk = await reader.read(65536)
+        if not chunk:
+            return
+        limit -= len(chunk)
+
+
+def parse_listen(addr: str) -> tuple[str, int]:
+    """``"127.0.0.1:1778"`` / ``"[::1]:1778"`` / ``"host:1778"`` → (host, port).
+
+    Raises:
+        ValueError: not host:port with a port in 0..65535.
+    """
+    host, sep, port_s = addr.rpartition(":")
+    if not sep or not host or not port_s.isdigit() or int(port_s) > 65535:
+        raise ValueError(f"{addr!r} is not HOST:PORT (e.g. 127.0.0.1:1778 or [::1]:1778)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port_s)
+
+
+__all__ = ["LegacyRpcHandler", "LegacyRpcServer", "encode_frame", "parse_listen"]

@@ -1,0 +1,208 @@
+"""gRPC servicer for `bpfdyno.rpc.v1.Tracing`: translation only, the logic is in TracingService.
+
+Domain errors map to status codes: `InvalidRequest` → INVALID_ARGUMENT, `TraceNotFound` →
+NOT_FOUND, `TracingUnavailable` → UNAVAILABLE, each with the service's message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import NoReturn
+
+import grpc
+
+from bpfdyno.rpc.v1 import tracing_pb2 as pb
+from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
+from bpfdyno.services.tracing import (
+    DEFAULT_PROCESS_LIMIT,
+    InvalidRequest,
+    SkippedProcess,
+    TraceNotFound,
+    TraceRequest,
+    TracingError,
+    TracingService,
+    TracingUnavailable,
+    TrainerView,
+)
+from bpfdyno.tracing.config_text import TraceOptions
+from bpfdyno.tracing.roles import Role
+from bpfdyno.tracing.traces import ProcState, TraceView
+from bpfdyno.tracing.trainers import TrainerState
+
+_TRAINER_STATE = {
+    TrainerState.IDLE: pb.TRAINER_STATE_IDLE,
+    TrainerState.CONFIG_PENDING: pb.TRAINER_STATE_CONFIG_PENDING,
+    TrainerState.TRACING: pb.TRAINER_STATE_TRACING,
+}
+_ROLE = {
+    Role.WORKER: pb.TRAINER_ROLE_WORKER,
+    Role.LAUNCHER: pb.TRAINER_ROLE_LAUNCHER,
+    Role.DATA_WORKER: pb.TRAINER_ROLE_DATA_WORKER,
+}
+_PROC_STATE = {
+    ProcState.PENDING: pb.PROCESS_TRACE_STATE_PENDING,
+    ProcState.DELIVERED: pb.PROCESS_TRACE_STATE_DELIVERED,
+    ProcState.TRACING: pb.PROCESS_TRACE_STATE_TRACING,
+    ProcState.WRITTEN: pb.PROCESS_TRACE_STATE_WRITTEN,
+    ProcState.FAILED: pb.PROCESS_TRACE_STATE_FAILED,
+    ProcState.TIMED_OUT: pb.PROCESS_TRACE_STATE_TIMED_OUT,
+}
+_NO_GPU_MONITOR = "no GPU monitor in this agent (no GPU, or the gpu collector is disabled)"
+
+
+def trainer_to_pb(t: TrainerView) -> pb.Trainer:
+    return pb.Trainer(
+        pid=t.pid,
+        ancestors=list(t.ancestors),
+        job_id=t.job_id,
+        first_poll_unix_seconds=t.first_poll,
+        last_poll_unix_seconds=t.last_poll,
+        polls=t.polls,
+        state=_TRAINER_STATE[t.state],
+        role=_ROLE[t.role],
+        endpoint=t.endpoint,
+        trace_id=t.trace_id,
+    )
+
+
+def trace_to_pb(v: TraceView) -> pb.TraceStatus:
+    return pb.TraceStatus(
+        trace_id=v.trace_id,
+        created_unix_seconds=v.created,
+        deadline_unix_seconds=v.deadline,
+        iteration_mode=v.iteration_mode,
+        done=v.done,
+        processes=[
+            pb.ProcessTrace(
+                pid=p.pid,
+                job_id=p.job_id,
+                output_path=p.output_path,
+                state=_PROC_STATE[p.state],
+                reason=p.reason,
+                size_bytes=p.size_bytes,
+                updated_unix_seconds=p.updated,
+            )
+            for p in v.processes
+        ],
+    )
+
+
+def _skipped(items: tuple[SkippedProcess, ...]) -> list[pb.SkippedProcess]:
+    return [pb.SkippedProcess(pid=s.pid, job_id=s.job_id, reason=s.reason) for s in items]
+
+
+def request_from_pb(r: pb.StartTraceRequest) -> TraceRequest:
+    """The domain request for a StartTrace message (proto3 zero values mean "default")."""
+    options = TraceOptions(
+        log_file=r.log_file,
+        duration_ms=r.duration_ms or 500,
+        iterations=r.iterations if r.iterations > 0 else -1,
+        start_time_ms=r.profile_start_time_ms,
+        start_iteration_roundup=r.profile_start_iteration_roundup or 1,
+        record_shapes=r.record_shapes,
+        profile_memory=r.profile_memory,
+        with_stacks=r.with_stacks,
+        with_flops=r.with_flops,
+        with_modules=r.with_modules,
+    )
+    return TraceRequest(
+        job_id=r.job_id,
+        pids=tuple(r.pids),
+        process_limit=r.process_limit if r.HasField("process_limit") else DEFAULT_PROCESS_LIMIT,
+        options=options,
+        timeout_s=r.timeout_seconds,
+    )
+
+
+async def _abort(context: grpc.aio.ServicerContext, e: TracingError) -> NoReturn:
+    if isinstance(e, InvalidRequest):
+        code = grpc.StatusCode.INVALID_ARGUMENT
+    elif isinstance(e, TraceNotFound):
+        code = grpc.StatusCode.NOT_FOUND
+    elif isinstance(e, TracingUnavailable):
+        code = grpc.StatusCode.UNAVAILABLE
+    else:
+        code = grpc.StatusCode.FAILED_PRECONDITION
+    await context.abort(code, str(e))
+    raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
+
+
+class TracingServicer(pb_grpc.TracingServicer):
+    def __init__(self, service: TracingService) -> None:
+        self._svc = service
+
+    async def ListTrainers(
+        self, request: pb.ListTrainersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListTrainersResponse:
+        job = request.job_id if request.HasField("job_id") else None
+        return pb.ListTrainersResponse(
+            trainers=[trainer_to_pb(t) for t in self._svc.list_trainers(job)]
+        )
+
+    async def StartTrace(
+        self, request: pb.StartTraceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StartTraceResponse:
+        try:
+            res = self._svc.start_trace(request_from_pb(request))
+        except TracingError as e:
+            await _abort(context, e)
+        return pb.StartTraceResponse(
+            trace_id=res.trace_id,
+            processes_matched=list(res.matched),
+            triggered=[
+                pb.TriggeredProcess(pid=p.pid, job_id=p.job_id, output_path=p.output_path)
+                for p in res.triggered
+            ],
+            busy=_skipped(res.busy),
+            over_limit=_skipped(res.over_limit),
+            not_matched=_skipped(res.not_matched),
+            config_text=res.config_text,
+        )
+
+    async def GetTrace(
+        self, request: pb.GetTraceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TraceStatus:
+        try:
+            return trace_to_pb(self._svc.get_trace(request.trace_id))
+        except TracingError as e:
+            await _abort(context, e)
+
+    async def WatchTrace(
+        self, request: pb.GetTraceRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.TraceStatus]:
+        try:
+            async for view in self._svc.watch_trace(request.trace_id):
+                yield trace_to_pb(view)
+        except TracingError as e:
+            await _abort(context, e)
+
+    async def DcgmPause(
+        self, request: pb.DcgmPauseRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DcgmResponse:
+        if request.duration_s < 1:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"duration_s {request.duration_s} must be at least 1 second",
+            )
+        ok = self._svc.dcgm_pause(request.duration_s)
+        return pb.DcgmResponse(status=ok, reason="" if ok else self._dcgm_reason())
+
+    async def DcgmResume(
+        self, request: pb.DcgmResumeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DcgmResponse:
+        ok = self._svc.dcgm_resume()
+        return pb.DcgmResponse(status=ok, reason="" if ok else self._dcgm_reason())
+
+    def _dcgm_reason(self) -> str:
+        if not self._svc.has_gpu_monitor:
+            return _NO_GPU_MONITOR
+        return "the GPU monitor refused (see the agent's log)"
+
+
+def servicer_factory(service: TracingService) -> Callable[[grpc.aio.Server], None]:
+    """A `ServicerFactory` for `bpfdyno.server.grpc_server.GrpcServer` (its ``extra_servicers``)."""
+
+    def add(server: grpc.aio.Server) -> None:
+        pb_grpc.add_TracingServicer_to_server(TracingServicer(service), server)
+
+    return add

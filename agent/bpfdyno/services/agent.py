@@ -1,0 +1,149 @@
+"""The transport-free façade over the daemon's state: what gRPC and the CLI ask for.
+
+RPC layers translate requests to these calls and domain objects to messages; nothing here
+knows about gRPC. Domain errors are raised as `InvalidArgument` so each transport can map them
+to its own status codes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from bpfdyno.app.daemon import Daemon
+from bpfdyno.core.metrics import REGISTRY, MetricRegistry, MetricSpec, Sample
+from bpfdyno.core.store import Point, SeriesView, matches_any
+from bpfdyno.sources.base import CollectorStatus
+from bpfdyno.version import __version__
+
+#: Longest window a single query may ask for (the store keeps less anyway).
+MAX_WINDOW_S = 7 * 24 * 3600.0
+DEFAULT_WINDOW_S = 300.0
+
+
+class InvalidArgument(ValueError):
+    """The caller asked for something malformed; the message says what and how to fix it."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStatus:
+    version: str
+    hostname: str
+    kernel_release: str
+    agent_uptime_s: float
+    host_uptime_s: float
+    pid: int
+    config_source: str
+    started_ts: float
+    collectors: list[CollectorStatus]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    ts: float
+    collector: str
+    series: list[SeriesView]
+
+
+def host_uptime_s(proc_root: str = "/proc") -> float:
+    """Seconds since boot from /proc/uptime; NaN if unreadable."""
+    try:
+        with open(os.path.join(proc_root, "uptime"), encoding="ascii") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+class AgentService:
+    """Status and metrics queries against one running daemon."""
+
+    def __init__(self, daemon: Daemon, registry: MetricRegistry = REGISTRY) -> None:
+        self._daemon = daemon
+        self._registry = registry
+
+    def status(self) -> AgentStatus:
+        d = self._daemon
+        return AgentStatus(
+            version=__version__,
+            hostname=socket.gethostname(),
+            kernel_release=os.uname().release,
+            agent_uptime_s=time.monotonic() - d.started_monotonic,
+            host_uptime_s=host_uptime_s(),
+            pid=os.getpid(),
+            config_source=d.cfg.source,
+            started_ts=d.started_ts,
+            collectors=d.statuses(),
+        )
+
+    def metric_specs(self) -> list[MetricSpec]:
+        return list(self._registry)
+
+    def snapshot(self, names: Sequence[str] = ()) -> Snapshot:
+        """Latest value of every matching series still being updated."""
+        _check_names(names)
+        now = time.time()
+        # A series not updated for 3 of its longest plausible intervals has gone away (a NIC
+        # removed, a process exited); leave it out of "latest".
+        horizon = now - max(3 * self._longest_interval(), 10.0)
+        return Snapshot(now, "", self._daemon.store.latest(names, newer_than=horizon))
+
+    def window(self, names: Sequence[str], start: float, end: float) -> list[SeriesView]:
+        _check_names(names)
+        now = time.time()
+        if end == 0:
+            end = now
+        if start == 0:
+            start = end - DEFAULT_WINDOW_S
+        if start > end:
+            raise InvalidArgument(
+                f"window start {start} is after its end {end}; give start < end (epoch seconds)"
+            )
+        if end - start > MAX_WINDOW_S:
+            raise InvalidArgument(f"window longer than {MAX_WINDOW_S:.0f} s; ask for less")
+        return self._daemon.store.window(start, end, names)
+
+    async def stream(
+        self, names: Sequence[str] = (), collectors: Sequence[str] = ()
+    ) -> AsyncIterator[Snapshot]:
+        """Yield each collection round (filtered) as it happens, until the caller stops."""
+        _check_names(names)
+        known = {r.name for r in self._daemon.runners}
+        unknown = [c for c in collectors if c not in known]
+        if unknown:
+            raise InvalidArgument(
+                f"unknown collector(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        q = self._daemon.publisher.subscribe()
+        try:
+            while True:
+                rnd = await q.get()
+                if collectors and rnd.collector not in collectors:
+                    continue
+                series = _round_series(rnd.ts, rnd.samples, names)
+                if series:
+                    yield Snapshot(rnd.ts, rnd.collector, series)
+        finally:
+            self._daemon.publisher.unsubscribe(q)
+
+    def _longest_interval(self) -> float:
+        return max((r.interval_s for r in self._daemon.runners), default=1.0)
+
+
+def _check_names(names: Sequence[str]) -> None:
+    for n in names:
+        if not n or len(n) > 200 or any(c.isspace() for c in n):
+            raise InvalidArgument(
+                f"bad metric name pattern {n!r}: use a metric name or a prefix ending in '*'"
+            )
+
+
+def _round_series(ts: float, samples: Sequence[Sample], names: Sequence[str]) -> list[SeriesView]:
+    out = []
+    for s in samples:
+        if s.value != s.value or not matches_any(s.spec.name, names):  # NaN: not available
+            continue
+        out.append(SeriesView(s.spec, s.labels, (Point(ts, s.value),)))
+    return out

@@ -1,0 +1,382 @@
+"""`TracingService`: the transport-free façade over trainers and traces.
+
+The gRPC servicer, the legacy dyno RPC and the CLI all go through it; the Kineto IPC
+endpoint feeds it every poll. It runs on the daemon's event loop and never blocks: a poll is
+answered from memory, a trace request only stats a few files.
+
+Matching follows dynolog, with the fixes its users ask for:
+
+* pids ``[]`` or ``[0]`` mean "every process of the job"; other pids match a process whose
+  own pid *or any ancestor* is listed. With explicit pids and job id 0 the job id is not
+  compared (dynolog requires it to match, so ``--pids`` never found a SLURM process).
+* Under a process limit, workers are triggered before launchers (a process whose pid is in
+  another registered process's ancestry) and DataLoader workers (see `roles`), so torchrun
+  agents and data loaders do not take the ranks' slots.
+* A process that holds a config or is tracing is "busy" and gets nothing; only processes
+  that were really handed a config are reported with a file name — the real one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from bpfdyno.tracing.config_text import (
+    CheckedConfig,
+    ConfigRejected,
+    TraceOptions,
+    build_config,
+    check_config,
+    with_trace_id,
+)
+from bpfdyno.tracing.ipc.wire import KinetoContext, KinetoRequest
+from bpfdyno.tracing.paths import PathRejected, check_log_file, inserts_pid
+from bpfdyno.tracing.requests import (
+    DEFAULT_PROCESS_LIMIT,
+    ROLE_NOTE,
+    InvalidRequest,
+    SkippedProcess,
+    TraceNotFound,
+    TraceRequest,
+    TraceStartResult,
+    TracingError,
+    TracingUnavailable,
+    TriggeredProcess,
+    busy_reason,
+    check_request_shape,
+    mismatch,
+    output_path,
+)
+from bpfdyno.tracing.roles import Role, classify
+from bpfdyno.tracing.traces import NewProcess, ProcState, TraceTracker, TraceView
+from bpfdyno.tracing.trainers import PendingConfig, Trainer, TrainerRegistry, TrainerState
+
+log = logging.getLogger(__name__)
+
+MAX_TIMEOUT_S = 24 * 3600.0
+#: A "busy" poll older than this no longer counts as tracing (the process may have exited).
+TRACING_FRESH_S = 15.0
+
+DcgmPause = Callable[[int], bool]
+DcgmResume = Callable[[], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerView:
+    """A registered trainer as reported to clients."""
+
+    pid: int
+    ancestors: tuple[int, ...]
+    job_id: int
+    first_poll: float
+    last_poll: float
+    polls: int
+    state: TrainerState
+    role: Role
+    endpoint: str
+    trace_id: str
+
+
+def describe_address(address: bytes) -> str:
+    """An endpoint address for humans: ``@name`` for abstract names, else the path."""
+    if address.startswith(b"\0"):
+        return "@" + address[1:].rstrip(b"\0").decode("utf-8", "replace")
+    return os.fsdecode(address)
+
+
+class TracingService:
+    """Trainers, trace requests and trace tracking, shared by every front end.
+
+    Args:
+        allowed_dirs: directories log files may be written under.
+        default_timeout_s: how long a trace is followed when the request names no timeout.
+        registry: the trainer registry (its size and expiry come from the config).
+        trace_dir: where traces go when a request names no log file ("" = the first
+            allowed directory).
+        dcgm_pause, dcgm_resume: the GPU monitor's profiling pause/resume, if there is one.
+        version: reported by the legacy ``getVersion``.
+        wall, mono: time sources (epoch seconds, monotonic seconds).
+        proc_root: where /proc is (to recognise DataLoader workers).
+    """
+
+    def __init__(
+        self,
+        allowed_dirs: Sequence[str],
+        default_timeout_s: float,
+        registry: TrainerRegistry,
+        trace_dir: str = "",
+        dcgm_pause: DcgmPause | None = None,
+        dcgm_resume: DcgmResume | None = None,
+        version: str = "",
+        wall: Callable[[], float] = time.time,
+        mono: Callable[[], float] = time.monotonic,
+        proc_root: Path = Path("/proc"),
+    ) -> None:
+        self.allowed_dirs = list(allowed_dirs)
+        self.trace_dir = trace_dir or (self.allowed_dirs[0] if self.allowed_dirs else "/tmp")
+        self.default_timeout_s = default_timeout_s
+        self.registry = registry
+        self.tracker = TraceTracker(wall, mono)
+        self.version = version
+        self._dcgm_pause = dcgm_pause
+        self._dcgm_resume = dcgm_resume
+        self._wall = wall
+        self._mono = mono
+        self._proc_root = proc_root
+        #: Set by the component while the IPC endpoint is down: why no trainer can poll.
+        self.unavailable_reason = ""
+
+    # -- the Kineto side: called for every datagram --------------------------------------
+
+    def on_request(self, address: bytes, req: KinetoRequest) -> str:
+        """Account one poll and return the reply's config text ("" = nothing for it)."""
+        t = self.registry.observe(address, req, self._wall(), self._mono())
+        if t is None:
+            return ""
+        busy = not req.activities_free
+        self.tracker.on_poll(address, busy)
+        if t.pending is not None:
+            state = self.tracker.state_of(t.pending.trace_id, address)
+            if state is None or state.terminal:  # the request timed out before this poll
+                t.pending = None
+        if t.in_flight is not None and not busy:
+            state = self.tracker.state_of(t.in_flight, address)
+            if state is None or state.terminal:
+                t.in_flight = None
+        if t.pending is not None and req.activities_free:
+            pending, t.pending = t.pending, None
+            t.in_flight = pending.trace_id
+            self.tracker.on_delivered(address)
+            log.info("trace %s: config delivered to pid %d", pending.trace_id, t.pid)
+            return pending.text
+        return ""
+
+    def on_context(self, address: bytes, ctxt: KinetoContext) -> int:
+        """Legacy ``ctxt`` registration; returns the count dynolog would return."""
+        return self.registry.register_context(ctxt)
+
+    def sweep(self) -> list[bytes]:
+        """Expire silent trainers (their open parts of traces fail); return their addresses."""
+        gone = self.registry.expire(self._mono())
+        for t in gone:
+            log.info("trainer pid %d (job %d) stopped polling; removed", t.pid, t.job_id)
+            self.tracker.on_gone(t.address)
+        return [t.address for t in gone]
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def list_trainers(self, job_id: int | None = None) -> list[TrainerView]:
+        """Registered trainers (of one job when ``job_id`` is given), by job id then pid."""
+        trainers = self.registry.trainers()
+        roles = classify(trainers, self._proc_root)
+        out = []
+        for t in trainers:
+            if job_id is not None and t.job_id != job_id:
+                continue
+            trace_id = t.pending.trace_id if t.pending else (t.in_flight or "")
+            out.append(
+                TrainerView(
+                    pid=t.pid,
+                    ancestors=t.ancestors,
+                    job_id=t.job_id,
+                    first_poll=t.first_poll,
+                    last_poll=t.last_poll,
+                    polls=t.polls,
+                    state=t.state,
+                    role=roles[t.address],
+                    endpoint=describe_address(t.address),
+                    trace_id=trace_id,
+                )
+            )
+        return out
+
+    def get_trace(self, trace_id: str) -> TraceView:
+        """The trace's current state.
+
+        Raises:
+            TraceNotFound: unknown id (never issued, or forgotten after many newer traces).
+        """
+        view = self.tracker.get(trace_id)
+        if view is None:
+            raise TraceNotFound(
+                f"no trace with id {trace_id!r}; it was never started here or was forgotten "
+                "after many newer traces"
+            )
+        return view
+
+    async def watch_trace(self, trace_id: str) -> AsyncIterator[TraceView]:
+        """Yield the trace now and after every change, until every process has ended.
+
+        Raises:
+            TraceNotFound: unknown id.
+        """
+        view = self.get_trace(trace_id)
+        yield view
+        while not view.done:
+            nxt = await self.tracker.wait_change(trace_id, view.version)
+            if nxt is None:
+                return
+            view = nxt
+            yield view
+
+    def tracing_pids(self) -> set[int]:
+        """Pids of registered trainers whose profiler is tracing now (ours or their own)."""
+        now = self._mono()
+        busy = {
+            t.pid
+            for t in self.registry.trainers()
+            if t.profiler_busy and now - t.last_poll_mono < TRACING_FRESH_S
+        }
+        return busy | self.tracker.tracing_pids()
+
+    # -- dcgm pause / resume ----------------------------------------------------------------
+
+    @property
+    def has_gpu_monitor(self) -> bool:
+        return self._dcgm_pause is not None
+
+    def dcgm_pause(self, duration_s: int) -> bool:
+        """Pause GPU profiling metrics for ``duration_s``; False without a GPU monitor."""
+        return bool(self._dcgm_pause(duration_s)) if self._dcgm_pause else False
+
+    def dcgm_resume(self) -> bool:
+        """Resume GPU profiling metrics; False without a GPU monitor."""
+        return bool(self._dcgm_resume()) if self._dcgm_resume else False
+
+    # -- trace requests -------------------------------------------------------------------
+
+    def start_trace(self, req: TraceRequest) -> TraceStartResult:
+        """Match processes, hand the config to those that can take it, and track them.
+
+        Raises:
+            InvalidRequest: bad pids/limit/options/config, or a file that would be
+                overwritten; nothing is stored then.
+            TracingUnavailable: the Kineto IPC endpoint is not running.
+        """
+        if self.unavailable_reason:
+            raise TracingUnavailable(self.unavailable_reason)
+        check_request_shape(req)
+        trace_id = secrets.token_hex(8)
+        if req.options is not None and not req.options.log_file:
+            default = os.path.join(self.trace_dir, f"bpfdyno-{trace_id}.pt.trace.json")
+            req = replace(req, options=replace(req.options, log_file=default))
+        checked = self._checked_config(req)
+        trainers = self.registry.trainers()
+        roles = classify(trainers, self._proc_root)
+        matched: list[Trainer] = []
+        not_matched: list[SkippedProcess] = []
+        for t in trainers:
+            why_not = mismatch(t, req)
+            if why_not:
+                not_matched.append(SkippedProcess(t.pid, t.job_id, why_not))
+            else:
+                matched.append(t)
+        # Workers, then launchers, then DataLoader workers; by pid within each, so the order
+        # is stable and explainable.
+        matched.sort(key=lambda t: (roles[t.address].priority, t.pid))
+        triggered: list[tuple[Trainer, str]] = []
+        busy: list[SkippedProcess] = []
+        over: list[SkippedProcess] = []
+        for t in matched:
+            if len(triggered) >= req.process_limit:
+                role = ROLE_NOTE[roles[t.address]]
+                over.append(
+                    SkippedProcess(
+                        t.pid, t.job_id, f"over the process limit of {req.process_limit}{role}"
+                    )
+                )
+            elif not t.can_take_config:
+                busy.append(SkippedProcess(t.pid, t.job_id, busy_reason(t)))
+            else:
+                triggered.append((t, output_path(checked, t.pid)))
+        self._check_outputs(checked, triggered)
+        text = with_trace_id(checked.text, trace_id)
+        for t, _ in triggered:
+            t.pending = PendingConfig(trace_id=trace_id, text=text)
+        timeout = req.timeout_s if req.timeout_s > 0 else self.default_timeout_s
+        # Opened even when nothing was triggered: every request's id can be looked up.
+        self.tracker.open_trace(
+            trace_id,
+            [NewProcess(t.address, t.pid, t.job_id, path) for t, path in triggered],
+            min(timeout, MAX_TIMEOUT_S),
+            checked.iteration_mode,
+        )
+        log.info(
+            "trace %s: job %d pids %s: matched %d, triggered %s, busy %d",
+            trace_id,
+            req.job_id,
+            list(req.pids) or "all",
+            len(matched),
+            [t.pid for t, _ in triggered],
+            len(busy),
+        )
+        return TraceStartResult(
+            trace_id=trace_id,
+            matched=tuple(t.pid for t in matched),
+            triggered=tuple(TriggeredProcess(t.pid, t.job_id, p) for t, p in triggered),
+            busy=tuple(busy),
+            over_limit=tuple(over),
+            not_matched=tuple(not_matched),
+            config_text=checked.text,
+        )
+
+    def _checked_config(self, req: TraceRequest) -> CheckedConfig:
+        try:
+            if req.options is not None:
+                check_log_file(req.options.log_file, self.allowed_dirs)
+                return check_config(build_config(req.options), self.allowed_dirs, self._wall())
+            return check_config(req.config or "", self.allowed_dirs, self._wall())
+        except (ConfigRejected, PathRejected) as e:
+            raise InvalidRequest(e.rule, str(e)) from e
+
+    def _check_outputs(self, checked: CheckedConfig, triggered: list[tuple[Trainer, str]]) -> None:
+        paths = [p for _, p in triggered]
+        log_file = checked.log_file
+        if (
+            len(paths) > 1
+            and log_file
+            and not checked.memory_snapshot
+            and not inserts_pid(log_file)
+        ):
+            raise InvalidRequest(
+                "no_pid_in_name",
+                f"{log_file} has no '.json', so Kineto cannot add _<pid> and the "
+                f"{len(paths)} processes would overwrite one file; name it *.json or "
+                "*.pt.trace.json",
+            )
+        if len(set(paths)) != len(paths):
+            raise InvalidRequest(
+                "duplicate_output",
+                "two matched processes would write the same file (same pid in different "
+                "containers?); narrow the request with --pids or --job-id",
+            )
+        existing = [p for p in paths if os.path.lexists(p)]
+        if existing:
+            raise InvalidRequest(
+                "would_overwrite",
+                f"{', '.join(existing)} already exist(s); a new trace would overwrite it. "
+                "Choose another log file name or move the old trace away",
+            )
+
+
+__all__ = [
+    "DEFAULT_PROCESS_LIMIT",
+    "InvalidRequest",
+    "ProcState",
+    "SkippedProcess",
+    "TraceNotFound",
+    "TraceOptions",
+    "TraceRequest",
+    "TraceStartResult",
+    "TraceView",
+    "TracingError",
+    "TracingService",
+    "TracingUnavailable",
+    "TrainerView",
+    "TriggeredProcess",
+]

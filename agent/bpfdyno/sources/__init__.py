@@ -1,0 +1,1 @@
+"""Data sources (collectors): host, scheduler, network, perf counters, GPU, processes."""

@@ -1,0 +1,81 @@
+"""The small interface every data source implements, and the states it can be in.
+
+A collector is created with its dependencies injected (a root directory, a library path, a
+loader) so tests can substitute them. The daemon calls ``start()`` once, then ``collect()``
+on its own worker thread at every deadline, then ``close()`` on shutdown.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bpfdyno.core.metrics import Sample
+
+
+class CollectorState(enum.Enum):
+    STARTING = "starting"
+    OK = "ok"
+    DEGRADED = "degraded"  # running, but its last collections failed (see the reason)
+    UNAVAILABLE = "unavailable"  # could not start on this machine (see the reason)
+    STOPPED = "stopped"
+    DISABLED = "disabled"  # turned off in the configuration
+
+
+class CollectorUnavailable(Exception):
+    """Raised by ``start()`` when a capability this collector needs is missing.
+
+    The message says what is missing *and how to fix it*; it is shown verbatim by
+    ``bpfdyno status`` and ``bpfdyno doctor``.
+    """
+
+
+class Collector(abc.ABC):
+    """A data source polled on a fixed interval."""
+
+    #: Short stable identifier, used in config (``[collectors.<name>]``) and status.
+    name: str = ""
+
+    def start(self) -> None:  # noqa: B027 - optional hook
+        """Acquire resources (open files, load BPF, init NVML).
+
+        Raises:
+            CollectorUnavailable: a capability is missing; the collector stays disabled.
+        """
+
+    @abc.abstractmethod
+    def collect(self) -> Sequence[Sample]:
+        """Read the source once and return the samples for this interval.
+
+        Called on the collector's own worker thread, never concurrently with itself.
+        Exceptions are caught by the daemon: counted, logged once per distinct error, and
+        followed by a back-off.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release everything ``start()`` acquired (detach BPF, shut NVML down)."""
+
+    def health(self) -> tuple[CollectorState, str] | None:
+        """Optional: a state to report even though ``collect()`` succeeded.
+
+        A collector that keeps running while part of its source is gone (one GPU lost, a
+        ring buffer dropping events) returns ``(CollectorState.DEGRADED, reason)``; None
+        means "ok". Called on the collector's thread right after each successful collect.
+        """
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorStatus:
+    """What ``status`` reports for one collector."""
+
+    name: str
+    state: CollectorState
+    reason: str
+    interval_s: float
+    collections: int
+    errors: int
+    last_duration_s: float
+    last_success_ts: float  # wall-clock epoch seconds, 0 if never

@@ -1,0 +1,1 @@
+"""GPU telemetry: NVML (+ GPM) and DCGM."""

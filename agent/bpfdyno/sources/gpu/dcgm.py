@@ -1,0 +1,517 @@
+"""DCGM as an alternative source of the GPU profiling fields: the ``dcgm`` collector.
+
+dynolog reads its GPU profiling fields (SM active, SM occupancy, tensor active, DRAM active,
+FP64/32/16 active, PCIe/NVLink bytes, SM clock, power) from DCGM. bpfdyno reads the same
+fields from NVML GPM in the ``gpu`` collector on Hopper-class GPUs; this collector offers
+DCGM's values where libdcgm is installed (any DCGM-supported datacenter GPU):
+
+* no libdcgm -> unavailable, with the package to install;
+* libdcgm -> an embedded host engine (dcgmStartEmbedded, auto mode) in the daemon watches
+  dynolog's field set on every supported GPU; each round forces an update and reads the
+  latest values per GPU. The series are ``gpu_dcgm_*`` (labels ``gpu``: the DCGM GPU id,
+  which is the NVML index), separate from the ``gpu`` collector's names so both sources can
+  run side by side without colliding;
+* GPUs without DCGM's profiling module: only SM clock and power, the reason in the status;
+* a lost host engine -> degraded, re-started with exponential back-off;
+* ``dcgm-pause`` / ``dcgm-resume`` -> dcgmProfPause / dcgmProfResume, with an expiry.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+
+from bpfdyno.core.metrics import REGISTRY, MetricKind, MetricSpec, Sample, sample
+from bpfdyno.sources.base import Collector, CollectorState, CollectorUnavailable
+from bpfdyno.sources.gpu.dcgm_api import (
+    FIRST_PROF_FIELD,
+    ST_MODULE_NOT_LOADED,
+    ST_NOT_SUPPORTED,
+    ST_PROFILING_NOT_SUPPORTED,
+    DcgmError,
+    DcgmLib,
+    DcgmLibraryError,
+    Watch,
+)
+from bpfdyno.sources.gpu.gpm import ProfilingPause
+
+log = logging.getLogger("bpfdyno.sources.gpu.dcgm")
+
+#: Sonames tried in order (DCGM 4, DCGM 3), then the linker's search.
+DCGM_SONAMES = ("libdcgm.so.4", "libdcgm.so.3")
+
+#: How long dcgm-pause / dcgm-resume wait for a round in progress before deferring to the next.
+_RPC_LOCK_WAIT_S = 0.05
+
+NOT_FOUND = "libdcgm not found — install datacenter-gpu-manager to use DCGM fields"
+
+
+def _declare(name: str, kind: MetricKind, unit: str, help: str) -> MetricSpec:
+    return REGISTRY.declare(name, kind, unit, help, labels=("gpu",), source="dcgm")
+
+
+_RATIO, _RATE, _GAUGE = MetricKind.RATIO, MetricKind.RATE, MetricKind.GAUGE
+
+#: dynolog's DCGM field set: field id -> (metric, factor applied to DCGM's value).
+DCGM_FIELDS: dict[int, tuple[MetricSpec, float]] = {
+    1002: (
+        _declare(
+            "gpu_dcgm_sm_active_ratio",
+            _RATIO,
+            "ratio",
+            "SMs with at least one warp assigned, over the update period (DCGM field 1002, "
+            "DCGM_FI_PROF_SM_ACTIVE).",
+        ),
+        1.0,
+    ),
+    1003: (
+        _declare(
+            "gpu_dcgm_sm_occupancy_ratio",
+            _RATIO,
+            "ratio",
+            "Resident warps over the SMs' maximum (DCGM field 1003, DCGM_FI_PROF_SM_OCCUPANCY).",
+        ),
+        1.0,
+    ),
+    1004: (
+        _declare(
+            "gpu_dcgm_tensor_active_ratio",
+            _RATIO,
+            "ratio",
+            "Cycles any tensor pipe was active (DCGM field 1004, DCGM_FI_PROF_PIPE_TENSOR_ACTIVE).",
+        ),
+        1.0,
+    ),
+    1005: (
+        _declare(
+            "gpu_dcgm_dram_active_ratio",
+            _RATIO,
+            "ratio",
+            "Cycles the device memory interface was sending or receiving data (DCGM field "
+            "1005, DCGM_FI_PROF_DRAM_ACTIVE; dynolog's hbm_mem_bw_util).",
+        ),
+        1.0,
+    ),
+    1006: (
+        _declare(
+            "gpu_dcgm_fp64_active_ratio",
+            _RATIO,
+            "ratio",
+            "Cycles the FP64 pipe was active (DCGM field 1006).",
+        ),
+        1.0,
+    ),
+    1007: (
+        _declare(
+            "gpu_dcgm_fp32_active_ratio",
+            _RATIO,
+            "ratio",
+            "Cycles the FP32 pipe was active (DCGM field 1007).",
+        ),
+        1.0,
+    ),
+    1008: (
+        _declare(
+            "gpu_dcgm_fp16_active_ratio",
+            _RATIO,
+            "ratio",
+            "Cycles the FP16 pipe was active, HMMA excluded (DCGM field 1008).",
+        ),
+        1.0,
+    ),
+    1009: (
+        _declare(
+            "gpu_dcgm_pcie_tx_bytes_per_second",
+            _RATE,
+            "bytes/s",
+            "PCIe bytes sent by the GPU, headers included (DCGM field 1009, "
+            "DCGM_FI_PROF_PCIE_TX_BYTES).",
+        ),
+        1.0,
+    ),
+    1010: (
+        _declare(
+            "gpu_dcgm_pcie_rx_bytes_per_second",
+            _RATE,
+            "bytes/s",
+            "PCIe bytes received by the GPU, headers included (DCGM field 1010, "
+            "DCGM_FI_PROF_PCIE_RX_BYTES).",
+        ),
+        1.0,
+    ),
+    1011: (
+        _declare(
+            "gpu_dcgm_nvlink_tx_bytes_per_second",
+            _RATE,
+            "bytes/s",
+            "NVLink bytes sent on all links, headers included (DCGM field 1011, "
+            "DCGM_FI_PROF_NVLINK_TX_BYTES).",
+        ),
+        1.0,
+    ),
+    1012: (
+        _declare(
+            "gpu_dcgm_nvlink_rx_bytes_per_second",
+            _RATE,
+            "bytes/s",
+            "NVLink bytes received on all links, headers included (DCGM field 1012, "
+            "DCGM_FI_PROF_NVLINK_RX_BYTES).",
+        ),
+        1.0,
+    ),
+    100: (
+        _declare(
+            "gpu_dcgm_sm_clock_hertz",
+            _GAUGE,
+            "hertz",
+            "Current SM clock (DCGM field 100, DCGM_FI_DEV_SM_CLOCK, MHz x 1e6).",
+        ),
+        1e6,
+    ),
+    155: (
+        _declare(
+            "gpu_dcgm_power_watts",
+            _GAUGE,
+            "watts",
+            "Board power draw (DCGM field 155, DCGM_FI_DEV_POWER_USAGE).",
+        ),
+        1.0,
+    ),
+}
+PROFILING_PAUSED = _declare(
+    "gpu_dcgm_profiling_paused",
+    _GAUGE,
+    "boolean",
+    "1 while DCGM profiling is paused by dcgm-pause (the profiling fields are then absent).",
+)
+
+#: Field ids in a fixed order: the profiling set, then the device fields.
+ALL_FIELDS: tuple[int, ...] = tuple(sorted(DCGM_FIELDS, key=lambda f: (f < FIRST_PROF_FIELD, f)))
+BASE_FIELDS: tuple[int, ...] = tuple(f for f in ALL_FIELDS if f < FIRST_PROF_FIELD)
+
+#: Watch statuses meaning "no profiling on these GPUs": fall back to the device fields.
+_NO_PROFILING = (ST_PROFILING_NOT_SUPPORTED, ST_MODULE_NOT_LOADED, ST_NOT_SUPPORTED)
+
+
+def find_libdcgm(
+    find_library: Callable[[str], str | None] = ctypes.util.find_library,
+    sonames: Sequence[str] = DCGM_SONAMES,
+) -> str | None:
+    """The soname or path of a libdcgm that loads, or None."""
+    candidates = [*sonames, find_library("dcgm")]
+    for name in candidates:
+        if name is None:
+            continue
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return name
+    return None
+
+
+class DcgmCollector(Collector):
+    """dynolog's DCGM field set from an embedded DCGM host engine.
+
+    Args:
+        library_path: libdcgm to use; None finds it with ``find``.
+        find: locates libdcgm when no path is given (`find_libdcgm`).
+        update_freq_s: how often the host engine samples the fields.
+        retry_min_s: first delay before re-starting a lost host engine; doubles per failed
+            attempt up to ``retry_max_s``.
+        retry_max_s: longest delay between attempts.
+        clock: monotonic seconds (injectable for tests).
+    """
+
+    name = "dcgm"
+
+    def __init__(
+        self,
+        library_path: str | None = None,
+        *,
+        find: Callable[[], str | None] = find_libdcgm,
+        update_freq_s: float = 1.0,
+        retry_min_s: float = 1.0,
+        retry_max_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._library_path = library_path
+        self._find = find
+        self._update_freq_us = max(1, int(update_freq_s * 1e6))
+        self._retry_min_s = retry_min_s
+        self._retry_max_s = retry_max_s
+        self._clock = clock
+        self._pause = ProfilingPause(clock)
+        # One lock for every DCGM call: RPC threads pause/resume while collect runs.
+        self._lock = threading.Lock()
+        self._lib: DcgmLib | None = None
+        self._watch: Watch | None = None
+        self._no_profiling = ""  # why the profiling fields are not watched; "" when they are
+        self._lib_paused = False  # dcgmProfPause is in force in the engine
+        self._down = ""  # why the host engine is unusable; "" while it works
+        self._retry_at: float | None = None
+        self._retry_delay = retry_min_s
+        #: Host-engine re-starts attempted since start (for status and tests).
+        self.restart_attempts = 0
+
+    # ---- lifecycle ----
+
+    def start(self) -> None:
+        """Load libdcgm, start the embedded host engine and watch the fields.
+
+        Raises:
+            CollectorUnavailable: no libdcgm, or the host engine does not start / sees no GPU.
+        """
+        path = self._library_path or self._find()
+        if path is None:
+            raise CollectorUnavailable(NOT_FOUND)
+        try:
+            lib = DcgmLib(path)
+        except DcgmLibraryError as e:
+            raise CollectorUnavailable(f"{e} — {NOT_FOUND}") from e
+        with self._lock:
+            self._lib = lib
+            try:
+                self._connect()
+            except DcgmError as e:
+                self._lib = None
+                raise CollectorUnavailable(_engine_hint(str(e))) from e
+            if self._watch is None:
+                self._disconnect()
+                self._lib = None
+                raise CollectorUnavailable(
+                    "DCGM lists no supported GPU — check `dcgmi discovery -l` and `nvidia-smi -L`"
+                )
+        log.info("dcgm: %s", self.health()[1])
+
+    def close(self) -> None:
+        """Stop the embedded host engine and shut DCGM down. Idempotent."""
+        with self._lock:
+            if self._lib is not None:
+                self._disconnect()
+                self._lib = None
+
+    def _connect(self) -> None:
+        """dcgmInit, start the engine, watch the fields (self._watch None: no GPU).
+
+        Raises:
+            DcgmError: a call failed; DCGM is shut down again.
+        """
+        lib = self._lib
+        assert lib is not None
+        lib.init()
+        try:
+            handle = lib.start_embedded()
+        except DcgmError:
+            _quietly(lib.shutdown)
+            raise
+        try:
+            gpus = lib.supported_gpus(handle)
+            if not gpus:
+                self._watch = None
+                _quietly(lambda: lib.stop_embedded(handle))
+                _quietly(lib.shutdown)
+                return
+            keep_age_s = 2 * self._update_freq_us / 1e6 + 1
+            try:
+                watch = lib.watch(handle, gpus, ALL_FIELDS, self._update_freq_us, keep_age_s)
+                self._no_profiling = ""
+            except DcgmError as e:
+                if e.status not in _NO_PROFILING:
+                    raise
+                watch = lib.watch(handle, gpus, BASE_FIELDS, self._update_freq_us, keep_age_s)
+                self._no_profiling = lib.error_text(e.status)
+                log.warning("dcgm: profiling fields unavailable (%s); SM clock and power only", e)
+            self._watch = watch
+            self._lib_paused = False
+            if self._pause.current() is not None and not self._no_profiling:
+                lib.prof_pause(handle)  # a dcgm-pause outlives an engine restart
+                self._lib_paused = True
+        except DcgmError:
+            _quietly(lambda: lib.stop_embedded(handle))
+            _quietly(lib.shutdown)
+            self._watch = None
+            raise
+
+    def _disconnect(self) -> None:
+        lib, watch = self._lib, self._watch
+        self._watch = None
+        self._lib_paused = False
+        if lib is None:
+            return
+        if watch is not None:
+            _quietly(lambda: lib.stop_embedded(watch.handle))
+            _quietly(lib.shutdown)
+
+    # ---- recovery ----
+
+    def _lost(self, why: str) -> None:
+        log.warning("dcgm: host engine lost (%s); it will be re-started", why)
+        self._disconnect()
+        self._down = why
+        self._retry_at = self._clock() + self._retry_delay
+
+    def _restart(self) -> None:
+        self.restart_attempts += 1
+        try:
+            self._connect()
+        except DcgmError as e:
+            self._down = str(e)
+        else:
+            if self._watch is not None:
+                log.info("dcgm: host engine re-started")
+                self._down = ""
+                self._retry_at = None
+                self._retry_delay = self._retry_min_s
+                return
+            self._down = "DCGM lists no supported GPU"
+        self._retry_delay = min(self._retry_delay * 2, self._retry_max_s)
+        self._retry_at = self._clock() + self._retry_delay
+
+    # ---- collection ----
+
+    def collect(self) -> Sequence[Sample]:
+        """One round: dynolog's field set for every GPU; nothing while the engine is lost."""
+        with self._lock:
+            lib = self._lib
+            if lib is None:
+                return []
+            if self._retry_at is not None and self._clock() >= self._retry_at:
+                self._restart()
+            watch = self._watch
+            if watch is None:
+                return []
+            try:
+                self._sync_pause(lib, watch)
+                lib.update_all_fields(watch.handle)
+                per_gpu = {gpu: lib.latest_values(watch, gpu) for gpu in watch.gpu_ids}
+            except DcgmError as e:
+                self._lost(str(e))
+                return []
+            paused = 1.0 if self._lib_paused else 0.0
+        out: list[Sample] = []
+        for gpu, values in per_gpu.items():
+            labels = {"gpu": str(gpu)}
+            for field_id, value in values.items():
+                spec, factor = DCGM_FIELDS[field_id]
+                # While paused the engine may still hand out the last values: not this round's.
+                if paused and field_id >= FIRST_PROF_FIELD:
+                    continue
+                if not math.isnan(value):
+                    out.append(sample(spec, value * factor, labels))
+            if not self._no_profiling:
+                out.append(sample(PROFILING_PAUSED, paused, labels))
+        return out
+
+    def _sync_pause(self, lib: DcgmLib, watch: Watch) -> None:
+        """Make the engine's profiling state match the dcgm-pause state (under the lock).
+
+        Also ends an expired pause, and applies a request that arrived while a round held
+        the lock.
+
+        Raises:
+            DcgmError: the call failed.
+        """
+        want = self._pause.current() is not None and not self._no_profiling
+        if want and not self._lib_paused:
+            lib.prof_pause(watch.handle)
+            self._lib_paused = True
+        elif self._lib_paused and not want:
+            lib.prof_resume(watch.handle)
+            self._lib_paused = False
+            log.info("dcgm: profiling resumed")
+
+    # ---- profiling pause (dcgm-pause / dcgm-resume) ----
+
+    def pause_profiling(self, duration_s: float) -> bool:
+        """dcgmProfPause for ``duration_s`` seconds; resumed by the first round after that.
+
+        Thread-safe and quick: when a round holds the engine (dcgmUpdateAllFields waits for
+        an update), the request is applied at the start of the next round instead of
+        blocking the caller (an RPC on the event loop). Returns whether DCGM accepted or will
+        apply it (False without a running host engine or without profiling fields).
+
+        Raises:
+            ValueError: ``duration_s`` is not a positive, finite number of seconds.
+        """
+        pause = self._pause.pause(duration_s)
+        ok = self._apply_pause("dcgm-pause")
+        if ok:
+            log.info("dcgm: profiling paused until %s (dcgm-pause)", _iso(pause.until_wall))
+        return ok
+
+    def resume_profiling(self) -> bool:
+        """dcgmProfResume now (or at the next round, see `pause_profiling`). Thread-safe.
+
+        Returns whether DCGM accepted or will apply it.
+        """
+        self._pause.resume()
+        return self._apply_pause("dcgm-resume")
+
+    def _apply_pause(self, what: str) -> bool:
+        if not self._lock.acquire(timeout=_RPC_LOCK_WAIT_S):
+            return self._watch is not None and not self._no_profiling  # next round applies it
+        try:
+            lib, watch = self._lib, self._watch
+            if lib is None or watch is None or self._no_profiling:
+                return False
+            try:
+                self._sync_pause(lib, watch)
+            except DcgmError as e:
+                log.warning("dcgm: %s failed: %s", what, e)
+                return False
+            return True
+        finally:
+            self._lock.release()
+
+    def health(self) -> tuple[CollectorState, str]:
+        """(state, one-line reason): DEGRADED while the host engine is lost."""
+        if self._lib is None:
+            return CollectorState.STOPPED, "not started"
+        if self._down:
+            retry = (
+                ""
+                if self._retry_at is None
+                else f"; re-start in {max(0.0, self._retry_at - self._clock()):.0f} s"
+            )
+            return CollectorState.DEGRADED, f"DCGM host engine lost: {self._down}{retry}"
+        watch = self._watch
+        gpus = len(watch.gpu_ids) if watch else 0
+        manual = self._pause.current()
+        if self._no_profiling:
+            prof = f"unavailable: {self._no_profiling} (SM clock and power only)"
+        elif self._lib_paused and manual is not None:
+            prof = f"paused (dcgm-pause, until {_iso(manual.until_wall)})"
+        else:
+            prof = "active"
+        return CollectorState.OK, (
+            f"{gpus} GPU(s) via DCGM embedded host engine ({self._lib.path}); profiling: {prof}"
+        )
+
+
+def _quietly(call: Callable[[], None]) -> None:
+    """Tear-down calls: a failure there changes nothing (the engine is being dropped)."""
+    try:
+        call()
+    except DcgmError as e:
+        log.debug("dcgm: %s", e)
+
+
+def _engine_hint(error: str) -> str:
+    return (
+        f"DCGM host engine did not start ({error}) — check that `nvidia-smi` works and that "
+        "the DCGM version matches the driver; disable with [collectors.dcgm] enabled = false"
+    )
+
+
+def _iso(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+__all__ = ["DCGM_FIELDS", "DCGM_SONAMES", "DcgmCollector", "find_libdcgm"]

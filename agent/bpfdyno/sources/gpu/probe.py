@@ -1,0 +1,302 @@
+"""One GPU's round of NVML reads, turned into samples with units converted.
+
+NVML's units are converted here and nowhere else: percent -> ratio, milliwatts -> watts,
+MHz -> hertz, PCIe KB/s (KiB, as nvidia-smi and nvitop read it) -> bytes/s, cumulative NVLink
+KiB counters -> bytes/s over the interval (between NVML's own read timestamps).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, TypeVar
+
+import pynvml
+
+from bpfdyno.core.metrics import MetricSpec, Sample, sample
+from bpfdyno.sources.gpu import metrics as m
+from bpfdyno.sources.gpu.gpm import GpmSampler
+from bpfdyno.sources.gpu.nvml import DeviceRef, Nvml
+
+T = TypeVar("T")
+NAN = math.nan
+
+#: Most processes reported per GPU (largest memory first), to bound label cardinality.
+MAX_PROCESSES_PER_GPU = 128
+#: nvmlDeviceGetFieldValues scope meaning "summed over all NVLink links".
+_ALL_LINKS = 0xFFFFFFFF
+_NVLINK_FIELDS = (
+    (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS),
+    (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
+)
+_ECC_TYPES = (
+    (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
+    (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected"),
+)
+_NOT_FOUND = frozenset({pynvml.NVML_ERROR_NOT_FOUND})
+
+#: pid -> [(gpu index, used bytes, sm util ratio)], filled across GPUs for the process table.
+ProcessRows = dict[int, list[tuple[int, float, float]]]
+
+
+@dataclass
+class DeviceState:
+    """A GPU and what the collector remembers about it between rounds."""
+
+    ref: DeviceRef
+    lost: str = ""  # why NVML no longer answers for it; "" while it does
+    gpm: GpmSampler | None = None
+    gpm_state: str = "starting"
+    #: (timestamp us, tx KiB, rx KiB) of the previous NVLink counter read.
+    nvlink_prev: tuple[int, int, int] | None = None
+    #: Newest process-utilization sample timestamp seen (NVML's lastSeenTimeStamp).
+    util_seen_us: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.labels = {"gpu": str(self.ref.index), "uuid": self.ref.uuid}
+
+
+def _scaled(value: float | None, factor: float = 1, divisor: float = 1) -> float:
+    """``value * factor / divisor``, NaN for None. Divisions are exact-rounded, unlike
+    multiplying by 0.01 or 1e-3 (57 * 0.01 is 0.5700000000000001)."""
+    return NAN if value is None else float(value) * factor / divisor
+
+
+def collect_device(
+    nv: Nvml,
+    dev: DeviceState,
+    pause_reason: Callable[[Collection[int]], str],
+    xid_count: float,
+    procs: ProcessRows,
+) -> list[Sample]:
+    """Read one GPU; return its samples (NaN where NVML has no value).
+
+    Args:
+        nv: the NVML wrapper.
+        dev: the GPU.
+        pause_reason: from the pids on this GPU, why GPM must pause ("" if it need not).
+        xid_count: XID events seen on this GPU (NaN when events are not watched).
+        procs: accumulates this GPU's processes for the process table.
+
+    Raises:
+        DeviceLost: the GPU is gone (the partial samples are dropped by the caller).
+        DriverGone: NVML lost the driver.
+    """
+    h, i, labels = dev.ref.handle, dev.ref.index, dev.labels
+
+    def get(function: str, call: Callable[[], T], detail: str = "") -> T | None:
+        return nv.get(function, i, call, detail)
+
+    def put(spec: MetricSpec, value: float) -> None:
+        out.append(sample(spec, value, labels))
+
+    out: list[Sample] = [
+        sample(m.GPU_UP, 1, labels),
+        sample(m.GPU_INFO, 1, {**labels, "name": dev.ref.name, "pci_bus_id": dev.ref.pci_bus_id}),
+    ]
+    util = get("nvmlDeviceGetUtilizationRates", lambda: pynvml.nvmlDeviceGetUtilizationRates(h))
+    put(m.UTILIZATION, _scaled(util.gpu if util else None, divisor=100))
+    put(m.MEMORY_UTILIZATION, _scaled(util.memory if util else None, divisor=100))
+
+    # nvmlDeviceGetMemoryInfo_v2 adds "reserved"; older drivers only have the v1 call.
+    mem: Any = get(
+        "nvmlDeviceGetMemoryInfo_v2",
+        lambda: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2),
+    )
+    if mem is None:
+        mem = get("nvmlDeviceGetMemoryInfo", lambda: pynvml.nvmlDeviceGetMemoryInfo(h))
+    put(m.MEMORY_USED, _scaled(mem.used if mem else None))
+    put(m.MEMORY_FREE, _scaled(mem.free if mem else None))
+    put(m.MEMORY_TOTAL, _scaled(mem.total if mem else None))
+    put(m.MEMORY_RESERVED, _scaled(getattr(mem, "reserved", None)))
+
+    put(
+        m.POWER,
+        _scaled(
+            get("nvmlDeviceGetPowerUsage", lambda: pynvml.nvmlDeviceGetPowerUsage(h)), divisor=1000
+        ),
+    )
+    limit = get(
+        "nvmlDeviceGetEnforcedPowerLimit", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h)
+    )
+    put(m.POWER_LIMIT, _scaled(limit, divisor=1000))
+    # nvmlDeviceGetTemperatureV (R550+) replaces the deprecated nvmlDeviceGetTemperature.
+    temp = get(
+        "nvmlDeviceGetTemperatureV",
+        lambda: pynvml.nvmlDeviceGetTemperatureV(h, pynvml.NVML_TEMPERATURE_GPU),
+    )
+    if temp is None and "nvmlDeviceGetTemperatureV" in nv.missing:
+        temp = get(
+            "nvmlDeviceGetTemperature",
+            lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+        )
+    put(m.TEMPERATURE, _scaled(temp))
+    for spec, clock, detail in (
+        (m.SM_CLOCK, pynvml.NVML_CLOCK_SM, "sm"),
+        (m.MEMORY_CLOCK, pynvml.NVML_CLOCK_MEM, "mem"),
+    ):
+        mhz = get(
+            "nvmlDeviceGetClockInfo", partial(pynvml.nvmlDeviceGetClockInfo, h, clock), detail
+        )
+        put(spec, _scaled(mhz, 1_000_000))
+    for spec, counter, detail in (
+        (m.PCIE_TX, pynvml.NVML_PCIE_UTIL_TX_BYTES, "tx"),
+        (m.PCIE_RX, pynvml.NVML_PCIE_UTIL_RX_BYTES, "rx"),
+    ):
+        kbps = get(
+            "nvmlDeviceGetPcieThroughput",
+            partial(pynvml.nvmlDeviceGetPcieThroughput, h, counter),
+            detail,
+        )
+        put(spec, _scaled(kbps, 1024))
+    tx_rate, rx_rate = _nvlink_rates(nv, dev)
+    put(m.NVLINK_TX, tx_rate)
+    put(m.NVLINK_RX, rx_rate)
+
+    for etype, name in _ECC_TYPES:
+        count = get(
+            "nvmlDeviceGetTotalEccErrors",
+            partial(pynvml.nvmlDeviceGetTotalEccErrors, h, etype, pynvml.NVML_VOLATILE_ECC),
+            name,
+        )
+        out.append(sample(m.ECC_ERRORS, _scaled(count), {**labels, "type": name}))
+
+    # "Clocks event reasons" is the R535+ name of the throttle reasons; same bits.
+    reasons = get(
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
+    )
+    if reasons is None and "nvmlDeviceGetCurrentClocksEventReasons" in nv.missing:
+        reasons = get(
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
+            lambda: pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h),
+        )
+    put(m.THROTTLE_REASONS, _scaled(reasons))
+    for bit, reason in m.THROTTLE_REASON_BITS:
+        active = NAN if reasons is None else float(bool(reasons & bit))
+        out.append(sample(m.THROTTLE_REASON_ACTIVE, active, {**labels, "reason": reason}))
+
+    mig = get("nvmlDeviceGetMigMode", lambda: pynvml.nvmlDeviceGetMigMode(h))
+    put(m.MIG_MODE, NAN if mig is None else float(mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE))
+    put(m.XID_ERRORS, xid_count)
+
+    pids = _processes(nv, dev, out, procs)
+    _gpm(dev, pause_reason(pids), out)
+    return out
+
+
+def _nvlink_rates(nv: Nvml, dev: DeviceState) -> tuple[float, float]:
+    h, i = dev.ref.handle, dev.ref.index
+    values: Any = nv.get(
+        "nvmlDeviceGetFieldValues", i, lambda: pynvml.nvmlDeviceGetFieldValues(h, _NVLINK_FIELDS)
+    )
+    if values is None:
+        dev.nvlink_prev = None
+        return NAN, NAN
+    for entry, detail in zip(values, ("nvlink_tx", "nvlink_rx"), strict=True):
+        if entry.nvmlReturn != pynvml.NVML_SUCCESS:
+            nv.failed("nvmlDeviceGetFieldValues", i, entry.nvmlReturn, detail)
+            dev.nvlink_prev = None
+            return NAN, NAN
+    now = (int(values[0].timestamp), int(values[0].value.ullVal), int(values[1].value.ullVal))
+    prev, dev.nvlink_prev = dev.nvlink_prev, now
+    if prev is None or now[0] <= prev[0]:
+        return NAN, NAN
+    seconds = (now[0] - prev[0]) / 1e6
+    # A counter that went backwards was reset (driver reload): no rate for this interval.
+    tx = NAN if now[1] < prev[1] else (now[1] - prev[1]) * 1024 / seconds
+    rx = NAN if now[2] < prev[2] else (now[2] - prev[2]) * 1024 / seconds
+    return tx, rx
+
+
+def _processes(nv: Nvml, dev: DeviceState, out: list[Sample], procs: ProcessRows) -> set[int]:
+    """Per-process memory and utilization samples; returns the pids on this GPU."""
+    h, i = dev.ref.handle, dev.ref.index
+    running: Any = nv.get(
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        i,
+        lambda: pynvml.nvmlDeviceGetComputeRunningProcesses_v3(h),
+    )
+    # NOT_FOUND means "no sample newer than util_seen_us": a normal answer, not an error.
+    samples: Any = nv.get(
+        "nvmlDeviceGetProcessUtilization",
+        i,
+        lambda: pynvml.nvmlDeviceGetProcessUtilization(h, dev.util_seen_us),
+        expected=_NOT_FOUND,
+    )
+    latest: dict[int, Any] = {}
+    for s in samples or ():
+        if s.pid not in latest or s.timeStamp > latest[s.pid].timeStamp:
+            latest[s.pid] = s
+        dev.util_seen_us = max(dev.util_seen_us, int(s.timeStamp))
+    if running is None:
+        return set()
+    rows = [(p.pid, NAN if p.usedGpuMemory is None else float(p.usedGpuMemory)) for p in running]
+    rows.sort(key=lambda r: (-(0.0 if math.isnan(r[1]) else r[1]), r[0]))
+    for pid, used in rows[:MAX_PROCESSES_PER_GPU]:
+        util = latest.get(pid)
+        sm = NAN if util is None else util.smUtil / 100
+        mem = NAN if util is None else util.memUtil / 100
+        labels = {"gpu": str(i), "pid": str(pid)}
+        out.append(sample(m.PROCESS_MEMORY, used, labels))
+        out.append(sample(m.PROCESS_SM_UTILIZATION, sm, labels))
+        out.append(sample(m.PROCESS_MEMORY_UTILIZATION, mem, labels))
+        procs.setdefault(pid, []).append((i, used, sm))
+    return {pid for pid, _ in rows}
+
+
+def _gpm(dev: DeviceState, pause_reason: str, out: list[Sample]) -> None:
+    labels = dev.labels
+    gpm = dev.gpm
+    values: dict[MetricSpec, float] | None = None
+    if gpm is None or gpm.unavailable:
+        paused = NAN
+    elif pause_reason:
+        gpm.reset()  # the next interval must not span the pause
+        dev.gpm_state = f"paused ({pause_reason})"
+        paused = 1.0
+    else:
+        values = gpm.read()
+        dev.gpm_state = "active"
+        paused = 0.0
+    out.append(sample(m.PROFILING_PAUSED, paused, labels))
+    for metric in m.GPM_METRICS:
+        out.append(sample(metric.spec, NAN if values is None else values[metric.spec], labels))
+
+
+@dataclass(frozen=True, slots=True)
+class ProcGpu:
+    """One process's use of the GPUs, for the process table.
+
+    Attributes:
+        pid: the process id (host pid namespace).
+        gpu: index of the GPU where it holds the most memory.
+        gpus: every GPU it has a context on.
+        used_memory_bytes: device memory it uses, summed over its GPUs; NaN if unknown.
+        sm_util_ratio: its latest SM utilization sample on ``gpu``; NaN without one.
+    """
+
+    pid: int
+    gpu: int
+    gpus: tuple[int, ...]
+    used_memory_bytes: float
+    sm_util_ratio: float
+
+
+def join_processes(procs: ProcessRows) -> dict[int, ProcGpu]:
+    """One `ProcGpu` per pid from its rows on each GPU (memory summed, primary GPU first)."""
+    out: dict[int, ProcGpu] = {}
+    for pid, rows in procs.items():
+        rows = sorted(rows, key=lambda r: (-(0.0 if math.isnan(r[1]) else r[1]), r[0]))
+        known = [r[1] for r in rows if not math.isnan(r[1])]
+        out[pid] = ProcGpu(
+            pid=pid,
+            gpu=rows[0][0],
+            gpus=tuple(sorted(r[0] for r in rows)),
+            used_memory_bytes=float(sum(known)) if known else NAN,
+            sm_util_ratio=rows[0][2],
+        )
+    return out

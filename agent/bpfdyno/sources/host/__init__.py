@@ -1,0 +1,1 @@
+"""Host telemetry from procfs, and the agent's own footprint."""

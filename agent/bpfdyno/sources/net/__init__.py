@@ -1,0 +1,1 @@
+"""Network telemetry from BPF."""

@@ -1,0 +1,1 @@
+"""Per-CPU perf counters: hardware (PMU) and software."""

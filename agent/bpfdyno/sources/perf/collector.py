@@ -1,0 +1,257 @@
+"""Per-CPU perf counters: hardware (``pmu``) and software (``perf_sw``) collectors.
+
+Two collectors, because their availability differs: many VMs expose no hardware PMU
+(perf_event_open of cpu-cycles fails with ENOENT), yet the kernel's software counters work
+everywhere. ``pmu`` is then unavailable with the reason and a fix, while ``perf_sw`` keeps
+reporting. Both count system-wide per CPU (no BPF needed: the kernel keeps the counts) and
+report per-interval deltas, never totals since start.
+
+Hardware: cycles, instructions and cache misses in one group per CPU, so instructions per
+cycle (IPC) and MIPS come from the same time slices; counts are scaled when the kernel
+multiplexes the group. Software: page faults (all and major), context switches, CPU
+migrations and cpu-clock. (task-clock is not exported: system-wide it equals cpu-clock.)
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import time
+from collections.abc import Callable, Collection, Sequence
+
+from bpfdyno.core.metrics import REGISTRY, MetricKind, MetricSpec, Sample, sample
+from bpfdyno.sources.base import Collector, CollectorUnavailable
+from bpfdyno.sources.perf.perf_event import (
+    PERF_TYPE_HARDWARE,
+    PERF_TYPE_SOFTWARE,
+    CounterGroup,
+    GroupReading,
+    Opener,
+    PerfCounter,
+    online_cpus,
+    perf_event_open,
+    scaled_delta,
+)
+
+HW_COUNTERS = (
+    PerfCounter("cycles", PERF_TYPE_HARDWARE, 0),  # PERF_COUNT_HW_CPU_CYCLES
+    PerfCounter("instructions", PERF_TYPE_HARDWARE, 1),  # PERF_COUNT_HW_INSTRUCTIONS
+    PerfCounter("cache_misses", PERF_TYPE_HARDWARE, 3),  # PERF_COUNT_HW_CACHE_MISSES
+)
+SW_COUNTERS = (
+    PerfCounter("cpu_clock", PERF_TYPE_SOFTWARE, 0),  # PERF_COUNT_SW_CPU_CLOCK (ns)
+    PerfCounter("page_faults", PERF_TYPE_SOFTWARE, 2),  # PERF_COUNT_SW_PAGE_FAULTS
+    PerfCounter("context_switches", PERF_TYPE_SOFTWARE, 3),  # PERF_COUNT_SW_CONTEXT_SWITCHES
+    PerfCounter("cpu_migrations", PERF_TYPE_SOFTWARE, 4),  # PERF_COUNT_SW_CPU_MIGRATIONS
+    PerfCounter("major_faults", PERF_TYPE_SOFTWARE, 6),  # PERF_COUNT_SW_PAGE_FAULTS_MAJ
+)
+
+
+def _declare(name: str, kind: MetricKind, unit: str, help: str, source: str) -> MetricSpec:
+    return REGISTRY.declare(name, kind, unit, help, labels=("cpu",), source=source)
+
+
+IPC = _declare(
+    "pmu_instructions_per_cycle",
+    MetricKind.GAUGE,
+    "instructions/cycle",
+    'Instructions retired per CPU cycle over the interval (hardware PMU); cpu="all" is the '
+    "host-wide ratio.",
+    "pmu",
+)
+MIPS = _declare(
+    "pmu_million_instructions_per_second",
+    MetricKind.RATE,
+    "1e6/s",
+    "Millions of instructions retired per second (MIPS) over the interval (hardware PMU).",
+    "pmu",
+)
+CYCLES = _declare(
+    "pmu_cycles_per_second",
+    MetricKind.RATE,
+    "1/s",
+    "CPU cycles per second (hardware PMU; excludes halted time).",
+    "pmu",
+)
+CACHE_MISSES = _declare(
+    "pmu_cache_misses_per_second",
+    MetricKind.RATE,
+    "1/s",
+    "Last-level cache misses per second (hardware PMU; NaN where the PMU lacks the event).",
+    "pmu",
+)
+PAGE_FAULTS = _declare(
+    "perf_page_faults_per_second",
+    MetricKind.RATE,
+    "1/s",
+    "Page faults (minor and major) per second on one CPU (perf software counter).",
+    "perf_sw",
+)
+MAJOR_FAULTS = _declare(
+    "perf_major_page_faults_per_second",
+    MetricKind.RATE,
+    "1/s",
+    "Major page faults (needing I/O) per second on one CPU (perf software counter).",
+    "perf_sw",
+)
+CTX_SWITCHES = _declare(
+    "perf_context_switches_per_second",
+    MetricKind.RATE,
+    "1/s",
+    "Context switches per second on one CPU (perf software counter).",
+    "perf_sw",
+)
+MIGRATIONS = _declare(
+    "perf_cpu_migrations_per_second",
+    MetricKind.RATE,
+    "1/s",
+    "Task migrations to this CPU per second (perf software counter).",
+    "perf_sw",
+)
+CPU_CLOCK = _declare(
+    "perf_cpu_clock_seconds_per_second",
+    MetricKind.RATE,
+    "s/s",
+    "Time the cpu-clock counter ran per second; about 1 when counting works (system-wide it "
+    "runs at wall-clock speed), less if the CPU was offline.",
+    "perf_sw",
+)
+
+
+class _PerCpuCounters(Collector):
+    """Opens one counter group per online CPU and turns read deltas into samples."""
+
+    counters: tuple[PerfCounter, ...] = ()
+    optional: Collection[str] = ()
+    grouped = True
+
+    def __init__(
+        self,
+        opener: Opener = perf_event_open,
+        cpus: Sequence[int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._opener = opener
+        self._cpus = cpus
+        self._clock = clock
+        self._groups: list[CounterGroup] = []
+        self._prev: tuple[float, list[GroupReading]] | None = None
+
+    def start(self) -> None:
+        """Open the counters on every online CPU.
+
+        Raises:
+            CollectorUnavailable: the kernel refused; the reason says why and what to do.
+        """
+        cpus = list(self._cpus) if self._cpus is not None else online_cpus()
+        try:
+            for cpu in cpus:
+                self._groups.append(
+                    CounterGroup(cpu, self.counters, self.optional, self._opener, self.grouped)
+                )
+        except OSError as e:
+            self.close()
+            raise CollectorUnavailable(self._unavailable_reason(e)) from e
+        self._prev = (self._clock(), [g.read() for g in self._groups])
+
+    def collect(self) -> Sequence[Sample]:
+        """Read every group; rates over the time since the previous read."""
+        if self._prev is None:
+            raise RuntimeError(f"the {self.name} collector is not started (or was closed)")
+        now, readings = self._clock(), [g.read() for g in self._groups]
+        (then, before), self._prev = self._prev, (now, readings)
+        dt = now - then
+        if dt <= 0:
+            return []
+        out: list[Sample] = []
+        for group, b, a in zip(self._groups, before, readings, strict=True):
+            deltas = {c.name: scaled_delta(b, a, c.name) for c in self.counters}
+            out += self._samples(str(group.cpu), deltas, dt)
+        return out + self._host_samples(before, readings, dt)
+
+    def close(self) -> None:
+        """Close every counter (idempotent)."""
+        for g in self._groups:
+            g.close()
+        self._groups = []
+        self._prev = None
+
+    def _samples(self, cpu: str, deltas: dict[str, float], dt: float) -> list[Sample]:
+        raise NotImplementedError
+
+    def _host_samples(
+        self, before: list[GroupReading], after: list[GroupReading], dt: float
+    ) -> list[Sample]:
+        return []
+
+    def _unavailable_reason(self, e: OSError) -> str:
+        name = self.counters[0].name
+        code = errno.errorcode.get(e.errno or 0, str(e.errno))
+        if e.errno in (errno.EACCES, errno.EPERM):
+            return (
+                f"perf_event_open({name}) refused ({code}); run as root, grant CAP_PERFMON, "
+                "or set kernel.perf_event_paranoid to 0 or lower"
+            )
+        return f"perf_event_open({name}) failed with {code} ({e.strerror}); check dmesg"
+
+
+class PmuCollector(_PerCpuCounters):
+    """Hardware counters: IPC, MIPS, cycles and cache misses per CPU."""
+
+    name = "pmu"
+    counters = HW_COUNTERS
+    optional = ("cache_misses",)
+
+    def _unavailable_reason(self, e: OSError) -> str:
+        if e.errno in (errno.ENOENT, errno.EOPNOTSUPP, errno.ENODEV):
+            code = errno.errorcode.get(e.errno or 0, str(e.errno))
+            return (
+                f"no hardware PMU: perf_event_open(cycles) failed with {code}; this machine "
+                "(often a VM) exposes no hardware counters; enable the virtual PMU (e.g. "
+                "KVM/QEMU -cpu host,pmu=on) or run on bare metal. Software counters are in "
+                "the perf_sw collector."
+            )
+        return super()._unavailable_reason(e)
+
+    def _samples(self, cpu: str, deltas: dict[str, float], dt: float) -> list[Sample]:
+        labels = {"cpu": cpu}
+        cycles, instructions = deltas["cycles"], deltas["instructions"]
+        return [
+            sample(IPC, instructions / cycles if cycles > 0 else math.nan, labels),
+            sample(MIPS, instructions / dt / 1e6, labels),
+            sample(CYCLES, cycles / dt, labels),
+            sample(CACHE_MISSES, deltas["cache_misses"] / dt, labels),
+        ]
+
+    def _host_samples(
+        self, before: list[GroupReading], after: list[GroupReading], dt: float
+    ) -> list[Sample]:
+        cycles = instructions = 0.0
+        for b, a in zip(before, after, strict=True):
+            c, i = scaled_delta(b, a, "cycles"), scaled_delta(b, a, "instructions")
+            if not (math.isnan(c) or math.isnan(i)):
+                cycles, instructions = cycles + c, instructions + i
+        labels = {"cpu": "all"}
+        return [
+            sample(IPC, instructions / cycles if cycles > 0 else math.nan, labels),
+            sample(MIPS, instructions / dt / 1e6, labels),
+        ]
+
+
+class PerfSwCollector(_PerCpuCounters):
+    """Software counters: page faults, context switches, migrations, cpu-clock per CPU."""
+
+    name = "perf_sw"
+    counters = SW_COUNTERS
+    optional = ("major_faults",)
+    grouped = False  # never multiplexed; and a cpu-clock-led group's members never count
+
+    def _samples(self, cpu: str, deltas: dict[str, float], dt: float) -> list[Sample]:
+        labels = {"cpu": cpu}
+        return [
+            sample(PAGE_FAULTS, deltas["page_faults"] / dt, labels),
+            sample(MAJOR_FAULTS, deltas["major_faults"] / dt, labels),
+            sample(CTX_SWITCHES, deltas["context_switches"] / dt, labels),
+            sample(MIGRATIONS, deltas["cpu_migrations"] / dt, labels),
+            sample(CPU_CLOCK, deltas["cpu_clock"] / 1e9 / dt, labels),
+        ]

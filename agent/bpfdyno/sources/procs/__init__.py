@@ -1,0 +1,1 @@
+"""The process table: the most active processes joined across /proc, BPF and NVML."""

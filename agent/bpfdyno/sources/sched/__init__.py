@@ -1,0 +1,1 @@
+"""Scheduler telemetry from BPF."""

@@ -1,0 +1,502 @@
+"""Scheduler telemetry from BPF (``bpf/sched.bpf.c``).
+
+The kernel program keeps cumulative counters: per CPU (switches, migrations, on-/off-CPU
+time, run-queue waits), a log2 histogram of run-queue latency, and per thread its on-CPU,
+off-CPU (runnable / blocked) and run-queue time (see ``bpf/sched.h`` for the exact
+definitions). Every ``collect`` reads them, turns the deltas into per-second rates and
+interval quantiles, sums the threads into processes for the process table (`per_process`),
+and drains the ring buffer of exec/exit events into ``sink`` as `KernelEvent`s.
+
+Nothing is ever read-then-cleared. Threads are evicted from the maps by the exit probe; a
+periodic sweep removes entries of threads whose exit was missed (e.g. while the map was
+full). Map-full and ring-buffer-full failures are counted in the kernel and exported.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bpfdyno.core.events import KernelEvent, MonotonicClock
+from bpfdyno.core.metrics import REGISTRY, MetricKind, MetricSpec, Sample, sample
+from bpfdyno.ebpf.program import BpfLoadError, BpfRunStats, load_bpf, map_items, unload
+from bpfdyno.sources.base import Collector, CollectorUnavailable
+from bpfdyno.sources.perf.perf_event import online_cpus
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[Sequence[KernelEvent]], None]
+
+# Mirrors of the enums in bpf/sched.h (a test checks they match).
+SCHED_HIST_SLOTS = 64
+SCHED_EV_EXEC = 1
+SCHED_EV_EXIT = 2
+SCHED_ERR_THREAD_FULL = 0
+SCHED_ERR_PROC_FULL = 1
+SCHED_ERR_RINGBUF = 2
+
+#: Raw tracepoint -> program, in attach order.
+PROGRAMS = (
+    ("sched_switch", "bpfdyno_switch"),
+    ("sched_wakeup", "bpfdyno_wakeup"),
+    ("sched_wakeup_new", "bpfdyno_wakenew"),
+    ("sched_migrate_task", "bpfdyno_migrate"),
+    ("sched_process_exec", "bpfdyno_exec"),
+    ("sched_process_exit", "bpfdyno_exit"),
+)
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def _declare(name: str, kind: MetricKind, unit: str, help: str, *labels: str) -> MetricSpec:
+    return REGISTRY.declare(name, kind, unit, help, labels=labels, source="sched")
+
+
+SWITCHES = _declare(
+    "sched_context_switches_per_second",
+    MetricKind.RATE,
+    "1/s",
+    "Context switches on one CPU (sched:sched_switch).",
+    "cpu",
+)
+CPU_BUSY = _declare(
+    "sched_cpu_busy_ratio",
+    MetricKind.RATIO,
+    "ratio",
+    "Fraction of the interval one CPU ran non-idle threads, from switch timestamps (time of "
+    "periods that ended in the interval).",
+    "cpu",
+)
+MIGRATIONS = _declare(
+    "sched_migrations_per_second",
+    MetricKind.RATE,
+    "1/s",
+    "Task migrations between CPUs, all CPUs (sched:sched_migrate_task).",
+)
+RUNQ_LATENCY = _declare(
+    "sched_runqueue_latency_seconds",
+    MetricKind.GAUGE,
+    "seconds",
+    "Run-queue latency quantile over the interval: time from wakeup or preemption until "
+    "the thread ran, interpolated within log2 buckets.",
+    "quantile",
+)
+RUNQ_MEAN = _declare(
+    "sched_runqueue_latency_mean_seconds",
+    MetricKind.GAUGE,
+    "seconds",
+    "Mean run-queue latency over the interval (exact: from the sum and count).",
+)
+RUNQ_WAITS = _declare(
+    "sched_runqueue_waits_per_second",
+    MetricKind.RATE,
+    "1/s",
+    "Run-queue waits (wakeups and preemptions) that ended with the thread running.",
+)
+ONCPU = _declare(
+    "sched_oncpu_seconds_per_second",
+    MetricKind.RATE,
+    "s/s",
+    "On-CPU time of all threads per second (busy cores), from switch timestamps.",
+)
+OFFCPU = _declare(
+    "sched_offcpu_seconds_per_second",
+    MetricKind.RATE,
+    "s/s",
+    "Off-CPU thread-seconds per second, summed over all threads (so it exceeds the CPU "
+    "count when many threads sleep): 'runnable' for periods that began with a preemption, "
+    "'blocked' for periods that began with the thread blocking; counted when they end.",
+    "state",
+)
+EXECS = _declare("sched_execs_per_second", MetricKind.RATE, "1/s", "Successful execve calls.")
+EXITS = _declare("sched_process_exits_per_second", MetricKind.RATE, "1/s", "Processes exited.")
+TRACKED_THREADS = _declare(
+    "sched_tracked_threads", MetricKind.GAUGE, "threads", "Threads in the per-thread BPF map."
+)
+DROPPED = _declare(
+    "sched_dropped_total",
+    MetricKind.COUNTER,
+    "1",
+    "Kernel-side losses since start: thread_map_full / process_map_full (a thread or an "
+    "exited thread's time went unaccounted; raise max_threads / max_procs), ringbuf_full (an "
+    "exec/exit event was dropped; raise ringbuf_pages).",
+    "reason",
+)
+_DROP_REASONS = (
+    (SCHED_ERR_THREAD_FULL, "thread_map_full"),
+    (SCHED_ERR_PROC_FULL, "process_map_full"),
+    (SCHED_ERR_RINGBUF, "ringbuf_full"),
+)
+
+
+def log2_bucket_bounds(slot: int) -> tuple[float, float]:
+    """The value range [low, high) of log2 histogram slot ``slot`` (the one decoder).
+
+    Slot k holds values v with floor(log2(v)) == k, i.e. [2**k, 2**(k+1)); slot 0 also
+    holds 0, so it is [0, 2).
+    """
+    if not 0 <= slot < SCHED_HIST_SLOTS:
+        raise ValueError(f"log2 slot {slot} outside 0..{SCHED_HIST_SLOTS - 1}")
+    return (0.0 if slot == 0 else float(2**slot), float(2 ** (slot + 1)))
+
+
+def histogram_quantile(counts: Sequence[int], q: float) -> float:
+    """The ``q`` quantile of a log2 histogram, interpolated linearly within its bucket.
+
+    Returns NaN for an empty histogram.
+    """
+    total = sum(counts)
+    if total <= 0:
+        return math.nan
+    rank = q * total
+    seen = 0
+    for slot, n in enumerate(counts):
+        if n <= 0:
+            continue
+        if seen + n >= rank:
+            low, high = log2_bucket_bounds(slot)
+            return low + (high - low) * max(rank - seen, 0.0) / n
+        seen += n
+    return log2_bucket_bounds(len(counts) - 1)[1]
+
+
+@dataclass(frozen=True, slots=True)
+class ProcSched:
+    """Cumulative scheduler times of one process (all ns; see ``bpf/sched.h``)."""
+
+    tgid: int
+    comm: str
+    oncpu_ns: int
+    offcpu_runnable_ns: int
+    offcpu_blocked_ns: int
+    runq_wait_ns: int
+    switches: int
+    migrations: int
+    threads: int
+
+
+_TIME_FIELDS = (
+    "oncpu_ns",
+    "offcpu_runnable_ns",
+    "offcpu_blocked_ns",
+    "runq_wait_ns",
+    "switches",
+    "migrations",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Totals:
+    """Cumulative host-wide counters at one instant."""
+
+    t: float
+    switches: tuple[int, ...]  # per CPU
+    oncpu: tuple[int, ...]  # per CPU
+    migrations: int
+    runq_count: int
+    runq_sum_ns: int
+    offcpu_runnable_ns: int
+    offcpu_blocked_ns: int
+    hist: tuple[int, ...]
+
+
+class SchedCollector(Collector):
+    """Loads sched.bpf.c, reads its maps each interval, streams exec/exit to ``sink``.
+
+    Args:
+        sink: receives the decoded events of each collection (e.g. ``FlightRecorder.add``).
+        max_threads: threads tracked at once (kernel map size).
+        max_procs: processes whose exited threads' times are kept until they exit.
+        ringbuf_pages: exec/exit ring buffer size in pages (a power of two).
+        stats_on_s: BPF run statistics are on for this long ...
+        stats_period_s: ... once per this period (see `BpfRunStats`).
+        sweep_interval_s: how often entries of vanished threads are removed.
+        track_wakeups: attach the wakeup probes. Off, run-queue latency only covers waits
+            after preemption (not after wakeups) and each wakeup costs nothing; for hosts
+            where the wakeup probe's cost matters (see docs/performance.md).
+        header_cache: where `bpfdyno.ebpf.kheaders` caches generated headers.
+        proc_root: procfs mount, for process names and the sweep.
+    """
+
+    name = "sched"
+
+    def __init__(
+        self,
+        sink: EventSink | None = None,
+        *,
+        max_threads: int = 65536,
+        max_procs: int = 16384,
+        ringbuf_pages: int = 16,
+        stats_on_s: float = 1.0,
+        stats_period_s: float = 10.0,
+        sweep_interval_s: float = 30.0,
+        track_wakeups: bool = True,
+        header_cache: Path | None = None,
+        proc_root: Path = Path("/proc"),
+    ) -> None:
+        if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
+            raise ValueError(f"ringbuf_pages must be a power of two, got {ringbuf_pages}")
+        if max_threads < 1 or max_procs < 1:
+            raise ValueError("max_threads and max_procs must be at least 1")
+        self._sink = sink
+        self._cflags = (
+            f"-DSCHED_MAX_THREADS={max_threads}",
+            f"-DSCHED_MAX_PROCS={max_procs}",
+            f"-DSCHED_RINGBUF_PAGES={ringbuf_pages}",
+        )
+        self._stats_args = (stats_on_s, stats_period_s)
+        self._sweep_interval_s = sweep_interval_s
+        self._programs = tuple(
+            (tp, fn) for tp, fn in PROGRAMS if track_wakeups or not tp.startswith("sched_wakeup")
+        )
+        self._header_cache = header_cache
+        self._proc = proc_root
+        self._bpf: Any = None
+        self._stats: BpfRunStats | None = None
+        self._clock = MonotonicClock()
+        self._prev: _Totals | None = None
+        self._pending: list[KernelEvent] = []
+        self._comms: dict[int, str] = {}
+        self._procs: dict[int, ProcSched] = {}
+        self._snapshot_lock = threading.Lock()
+        self._last_sweep = 0.0
+        self._online: frozenset[int] = frozenset()
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Compile and attach the programs (once), and take the baseline reading.
+
+        Raises:
+            CollectorUnavailable: no BPF, no BTF headers, not root, or a tracepoint missing.
+        """
+        try:
+            bpf = load_bpf("sched.bpf.c", self._cflags, "btf", header_cache=self._header_cache)
+        except BpfLoadError as e:
+            raise CollectorUnavailable(str(e)) from e
+        try:
+            for tp, fn in self._programs:
+                bpf.attach_raw_tracepoint(tp=tp.encode(), fn_name=fn.encode())
+            bpf[b"events"].open_ring_buffer(self._on_event)
+        except Exception as e:
+            unload(bpf)
+            raise CollectorUnavailable(
+                f"attaching the scheduler programs failed ({e}); they need raw tracepoints "
+                "(Linux >= 4.17) and root"
+            ) from e
+        self._bpf = bpf
+        self._online = frozenset(online_cpus())
+        self._stats = BpfRunStats(bpf, *self._stats_args)
+        self._stats.start()
+        self._last_sweep = time.monotonic()
+        self._prev = self._read_totals()
+
+    def close(self) -> None:
+        """Stop the run statistics and detach and unload every program (idempotent)."""
+        if self._stats is not None:
+            self._stats.stop()
+            self._stats = None
+        if self._bpf is not None:
+            unload(self._bpf)
+            self._bpf = None
+        with self._snapshot_lock:
+            self._procs = {}
+
+    # --- collection ----------------------------------------------------------------------
+
+    def collect(self) -> Sequence[Sample]:
+        """Read the maps, compute the interval's rates, refresh `per_process`, emit events."""
+        bpf = self._require()
+        self._pending = []
+        bpf.ring_buffer_consume()
+        events, self._pending = self._pending, []
+        totals = self._read_totals()
+        prev, self._prev = self._prev, totals
+        out: list[Sample] = []
+        if prev is not None and totals.t > prev.t:
+            out += _interval_samples(prev, totals, events, self._online)
+        out += self._drop_samples()
+        thread_count = self._refresh_processes(events)
+        out.append(sample(TRACKED_THREADS, thread_count))
+        if self._stats is not None:
+            out += self._stats.samples()
+        if events and self._sink is not None:
+            try:
+                self._sink(events)
+            except Exception:  # the sink's failure must not cost this interval's metrics
+                log.exception("the kernel event sink failed; %d events lost", len(events))
+        if time.monotonic() - self._last_sweep >= self._sweep_interval_s:
+            self.sweep()
+        return out
+
+    def per_process(self) -> dict[int, ProcSched] | None:
+        """tgid -> cumulative scheduler times, as of the last ``collect`` (thread-safe).
+
+        None while the programs are not loaded, so the process table shows "unknown"
+        rather than zeros.
+        """
+        if self._bpf is None:
+            return None
+        with self._snapshot_lock:
+            return dict(self._procs)
+
+    def runq_histogram(self) -> tuple[int, ...]:
+        """Cumulative run-queue latency counts per log2 slot (ns), as of the last collect."""
+        return self._prev.hist if self._prev is not None else ()
+
+    def sweep(self) -> int:
+        """Remove map entries of threads and processes that no longer exist.
+
+        Returns:
+            How many entries were removed.
+        """
+        bpf = self._require()
+        self._last_sweep = time.monotonic()
+        removed = 0
+        for table_name in (b"threads", b"procs"):
+            table = bpf[table_name]
+            for key, _ in map_items(table):
+                ident = int(key)
+                if not (self._proc / str(ident)).exists():
+                    try:
+                        del table[table.Key(ident)]
+                        removed += 1
+                    except KeyError:
+                        pass  # evicted by the kernel meanwhile
+        return removed
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _require(self) -> Any:
+        if self._bpf is None:
+            raise RuntimeError("the sched collector is not started (or was closed)")
+        return self._bpf
+
+    def _on_event(self, _ctx: Any, data: Any, _size: int) -> int:
+        raw = self._bpf[b"events"].event(data)
+        self._pending.append(self._decode_event(raw))
+        return 0
+
+    def _decode_event(self, raw: Any) -> KernelEvent:
+        comm = bytes(raw.comm).split(b"\0", 1)[0].decode("utf-8", "replace")
+        attrs: dict[str, int | float | str] = {"ppid": int(raw.ppid)}
+        if raw.kind == SCHED_EV_EXEC:
+            kind = "exec"
+            attrs["filename"] = bytes(raw.filename).split(b"\0", 1)[0].decode("utf-8", "replace")
+            attrs["old_tid"] = int(raw.old_tid)
+        else:
+            kind = "exit"
+            code = int(raw.exit_code)
+            attrs["exit_status"] = (code >> 8) & 0xFF
+            attrs["signal"] = code & 0x7F
+            attrs["oncpu_ns"] = int(raw.oncpu_ns)
+            attrs["offcpu_ns"] = int(raw.offcpu_ns)
+        return KernelEvent(
+            self._clock.to_wall_ns(int(raw.ts_ns)), kind, int(raw.pid), int(raw.tid), comm, attrs
+        )
+
+    def _read_totals(self) -> _Totals:
+        bpf = self._require()
+        zero = bpf[b"cpu_stats"].Key(0)
+        cpus = list(bpf[b"cpu_stats"].getvalue(zero))
+        hist_cpus = list(bpf[b"runq_hist"].getvalue(zero))
+        hist = tuple(sum(int(h.slots[i]) for h in hist_cpus) for i in range(SCHED_HIST_SLOTS))
+        return _Totals(
+            t=time.monotonic(),
+            switches=tuple(int(c.switches) for c in cpus),
+            oncpu=tuple(int(c.oncpu_ns) for c in cpus),
+            migrations=sum(int(c.migrations) for c in cpus),
+            runq_count=sum(int(c.runq_count) for c in cpus),
+            runq_sum_ns=sum(int(c.runq_sum_ns) for c in cpus),
+            offcpu_runnable_ns=sum(int(c.offcpu_runnable_ns) for c in cpus),
+            offcpu_blocked_ns=sum(int(c.offcpu_blocked_ns) for c in cpus),
+            hist=hist,
+        )
+
+    def _drop_samples(self) -> list[Sample]:
+        table = self._require()[b"errors"]
+        per_cpu = list(table.getvalue(table.Key(0)))
+        return [
+            sample(DROPPED, sum(int(e.count[slot]) for e in per_cpu), {"reason": reason})
+            for slot, reason in _DROP_REASONS
+        ]
+
+    def _refresh_processes(self, events: Sequence[KernelEvent]) -> int:
+        bpf = self._require()
+        for ev in events:
+            if ev.kind == "exec":
+                self._comms[ev.pid] = ev.comm
+            elif ev.kind == "exit":
+                self._comms.pop(ev.pid, None)
+        sums: dict[int, list[int]] = {}
+        threads = map_items(bpf[b"threads"])
+        for _, th in threads:
+            acc = sums.setdefault(int(th.tgid), [0] * (len(_TIME_FIELDS) + 1))
+            t = th.t
+            acc[0] += t.oncpu_ns
+            acc[1] += t.offcpu_runnable_ns
+            acc[2] += t.offcpu_blocked_ns
+            acc[3] += t.runq_wait_ns
+            acc[4] += t.switches
+            acc[5] += t.migrations
+            acc[6] += 1
+        for key, t in map_items(bpf[b"procs"]):
+            live = sums.get(int(key))
+            if live is not None:  # exited threads of a live process
+                for i, fieldname in enumerate(_TIME_FIELDS):
+                    live[i] += int(getattr(t, fieldname))
+        procs = {
+            tgid: ProcSched(tgid, self._comm(tgid), *acc) for tgid, acc in sums.items() if tgid
+        }
+        for gone in self._comms.keys() - procs.keys():
+            del self._comms[gone]
+        with self._snapshot_lock:
+            self._procs = procs
+        return len(threads)
+
+    def _comm(self, tgid: int) -> str:
+        comm = self._comms.get(tgid)
+        if comm is None:
+            try:
+                comm = (self._proc / str(tgid) / "comm").read_text().rstrip("\n")
+            except OSError:
+                comm = ""
+            self._comms[tgid] = comm
+        return comm
+
+
+def _interval_samples(
+    prev: _Totals, cur: _Totals, events: Sequence[KernelEvent], online: frozenset[int]
+) -> list[Sample]:
+    dt = cur.t - prev.t
+    out: list[Sample] = []
+    for cpu, (s0, s1, o0, o1) in enumerate(
+        zip(prev.switches, cur.switches, prev.oncpu, cur.oncpu, strict=True)
+    ):
+        if cpu not in online:  # bcc returns a slot for every *possible* CPU
+            continue
+        labels = {"cpu": str(cpu)}
+        out.append(sample(SWITCHES, max(s1 - s0, 0) / dt, labels))
+        out.append(sample(CPU_BUSY, min(max(o1 - o0, 0) / 1e9 / dt, 1.0), labels))
+    out.append(sample(MIGRATIONS, max(cur.migrations - prev.migrations, 0) / dt))
+    waits = cur.runq_count - prev.runq_count
+    out.append(sample(RUNQ_WAITS, max(waits, 0) / dt))
+    delta = [max(b - a, 0) for a, b in zip(prev.hist, cur.hist, strict=True)]
+    for q in QUANTILES:
+        out.append(sample(RUNQ_LATENCY, histogram_quantile(delta, q) / 1e9, {"quantile": str(q)}))
+    mean = (cur.runq_sum_ns - prev.runq_sum_ns) / waits / 1e9 if waits > 0 else math.nan
+    out.append(sample(RUNQ_MEAN, mean))
+    out.append(sample(ONCPU, max(sum(cur.oncpu) - sum(prev.oncpu), 0) / 1e9 / dt))
+    for state, a, b in (
+        ("runnable", prev.offcpu_runnable_ns, cur.offcpu_runnable_ns),
+        ("blocked", prev.offcpu_blocked_ns, cur.offcpu_blocked_ns),
+    ):
+        out.append(sample(OFFCPU, max(b - a, 0) / 1e9 / dt, {"state": state}))
+    out.append(sample(EXECS, sum(1 for e in events if e.kind == "exec") / dt))
+    out.append(sample(EXITS, sum(1 for e in events if e.kind == "exit") / dt))
+    return out

@@ -1,0 +1,217 @@
+"""`TracingComponent`: the on-demand tracing part of the daemon, started and stopped as one.
+
+It owns the Kineto IPC endpoint, the legacy dyno RPC server and two small timers (the
+registry sweep, and file checks that run only while a trace is open), all on the daemon's
+event loop. A part that cannot start (the @dynolog@ name taken, port 1778 in use) is
+reported "unavailable" with the reason and a fix; the daemon keeps running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+from typing import NamedTuple
+
+from bpfdyno.core.config import Config
+from bpfdyno.server.legacy_rpc import LegacyRpcHandler, LegacyRpcServer
+from bpfdyno.services.tracing import DcgmPause, DcgmResume, TracingService
+from bpfdyno.sources.base import CollectorState, CollectorStatus
+from bpfdyno.tracing.ipc.endpoint import QUEUE_LEN, EndpointUnavailable, KinetoEndpoint
+from bpfdyno.tracing.trainers import TrainerRegistry
+from bpfdyno.version import __version__
+
+log = logging.getLogger(__name__)
+
+#: How often silent trainers are looked for.
+SWEEP_INTERVAL_S = 5.0
+#: The interpreter's thread switch interval while the component runs. A Kineto client waits
+#: only ~80 ms for a reply, and a collector thread running pure-Python code holds the GIL
+#: for up to the switch interval (CPython's default: 5 ms) before the event loop gets it;
+#: 1 ms keeps replies within about a millisecond (see docs/performance.md).
+IPC_SWITCH_INTERVAL_S = 0.001
+
+
+class PartStatus(NamedTuple):
+    """One part's state: "ok", "degraded", "unavailable", "disabled" or "stopped"."""
+
+    name: str
+    state: str
+    reason: str
+
+
+def allowed_dirs(cfg: Config) -> list[str]:
+    """Where trace files may go: ``[tracing] allowed_dirs`` plus ``trace_dir``."""
+    dirs = list(cfg.tracing.allowed_dirs)
+    if cfg.tracing.trace_dir and cfg.tracing.trace_dir not in dirs:
+        dirs.append(cfg.tracing.trace_dir)
+    return dirs
+
+
+class TracingComponent:
+    """The tracing component the daemon drives.
+
+    Args:
+        cfg: the daemon configuration (``[kineto]``, ``[tracing]``, ``[legacy_rpc]``).
+        dcgm_pause: the GPU monitor's ``pause(duration_s) -> bool``, if there is one.
+        dcgm_resume: the GPU monitor's ``resume() -> bool``.
+        version: reported to ``dyno version``.
+        tune_switch_interval: lower ``sys.setswitchinterval`` to `IPC_SWITCH_INTERVAL_S`
+            while running (restored on stop), so threads holding the GIL delay replies less.
+        queue_len: datagrams the kernel may queue on the IPC socket (0: kernel default).
+
+    Attributes:
+        service: the `TracingService` for the gRPC servicer and the CLI.
+    """
+
+    name = "tracing"
+
+    def __init__(
+        self,
+        cfg: Config,
+        dcgm_pause: DcgmPause | None = None,
+        dcgm_resume: DcgmResume | None = None,
+        version: str = __version__,
+        tune_switch_interval: bool = True,
+        queue_len: int = QUEUE_LEN,
+    ) -> None:
+        self._cfg = cfg
+        self._tune_switch_interval = tune_switch_interval
+        self._saved_switch_interval: float | None = None
+        registry = TrainerRegistry(cfg.kineto.registry_max_entries, cfg.kineto.expire_after_s)
+        self.service = TracingService(
+            allowed_dirs=allowed_dirs(cfg),
+            default_timeout_s=cfg.tracing.default_timeout_s,
+            registry=registry,
+            trace_dir=cfg.tracing.trace_dir,
+            dcgm_pause=dcgm_pause,
+            dcgm_resume=dcgm_resume,
+            version=version,
+        )
+        self.endpoint = KinetoEndpoint(self.service, cfg.kineto.socket_dir, queue_len=queue_len)
+        self.legacy: LegacyRpcServer | None = None
+        if cfg.legacy_rpc.enabled:
+            self.legacy = LegacyRpcServer(
+                LegacyRpcHandler(self.service),
+                cfg.legacy_rpc.listen,
+                cfg.legacy_rpc.timeout_s,
+                cfg.legacy_rpc.max_connections,
+            )
+        self._ipc_error = ""
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+
+    async def start(self) -> None:
+        """Open the IPC endpoint and the legacy RPC; never raises for a missing capability."""
+        loop = asyncio.get_running_loop()
+        try:
+            self.endpoint.open(loop)
+            self._ipc_error = ""
+        except EndpointUnavailable as e:
+            self._ipc_error = str(e)
+            log.warning("Kineto IPC endpoint unavailable: %s", e)
+        self.service.unavailable_reason = (
+            f"the Kineto IPC endpoint is not running: {self._ipc_error}" if self._ipc_error else ""
+        )
+        if self.legacy is not None:
+            await self.legacy.start()
+        if self._tune_switch_interval and sys.getswitchinterval() > IPC_SWITCH_INTERVAL_S:
+            self._saved_switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(IPC_SWITCH_INTERVAL_S)
+        self._tasks = [
+            asyncio.create_task(self._sweep(), name="tracing-sweep"),
+            asyncio.create_task(self.service.tracker.run_file_checks(), name="tracing-files"),
+        ]
+        self._started = True
+
+    async def stop(self) -> None:
+        """Close everything start() opened."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        self.endpoint.close()
+        if self.legacy is not None:
+            await self.legacy.stop()
+        if self._saved_switch_interval is not None:
+            if sys.getswitchinterval() == IPC_SWITCH_INTERVAL_S:  # nobody changed it since
+                sys.setswitchinterval(self._saved_switch_interval)
+            self._saved_switch_interval = None
+        self._started = False
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            try:
+                for address in self.service.sweep():
+                    self.endpoint.forget_client(address)
+            except Exception:
+                log.exception("tracing registry sweep failed; continuing")
+
+    def tracing_pids(self) -> set[int]:
+        """Pids whose profiler is tracing now (for the GPU collector to pause GPM)."""
+        return self.service.tracing_pids()
+
+    def status(self) -> list[PartStatus]:
+        """The IPC endpoint's and the legacy RPC's state, with reasons."""
+        out: list[PartStatus] = []
+        if self.endpoint.is_open:
+            n = len(self.service.registry)
+            out.append(
+                PartStatus(
+                    "kineto_ipc",
+                    "ok",
+                    f"{self.endpoint.address} (queue {self.endpoint.queue_len}): {n} trainers; "
+                    f"{self.endpoint.stats.summary()}",
+                )
+            )
+        elif self._ipc_error:
+            out.append(PartStatus("kineto_ipc", "unavailable", self._ipc_error))
+        else:
+            out.append(PartStatus("kineto_ipc", "stopped", "not started"))
+        out.append(self._legacy_status())
+        return out
+
+    def _legacy_status(self) -> PartStatus:
+        rpc = self.legacy
+        if rpc is None:
+            return PartStatus("legacy_rpc", "disabled", "[legacy_rpc] enabled = false")
+        if not self._started:
+            return PartStatus("legacy_rpc", "stopped", "not started")
+        bound = ", ".join(f"{h}:{p}" if ":" not in h else f"[{h}]:{p}" for h, p in rpc.bound)
+        failed = "; ".join(f"{a}: {err}" for a, err in rpc.failures)
+        if not rpc.bound:
+            return PartStatus(
+                "legacy_rpc",
+                "unavailable",
+                f"cannot listen ({failed}); free the port or change [legacy_rpc] listen",
+            )
+        if failed:
+            return PartStatus("legacy_rpc", "degraded", f"listening on {bound}; failed: {failed}")
+        return PartStatus(
+            "legacy_rpc",
+            "ok",
+            f"listening on {bound}; {rpc.served} requests, {rpc.bad_requests} bad",
+        )
+
+    def statuses(self) -> list[CollectorStatus]:
+        """`status()` in the daemon's status format (the daemon's Component protocol)."""
+        states = {s.value: s for s in CollectorState}
+        now = time.time()
+        return [
+            CollectorStatus(
+                name=p.name,
+                state=states.get(p.state, CollectorState.UNAVAILABLE),
+                reason=p.reason,
+                interval_s=0.0,
+                collections=0,
+                errors=0,
+                last_duration_s=0.0,
+                last_success_ts=now if p.state == "ok" else 0.0,
+            )
+            for p in self.status()
+        ]

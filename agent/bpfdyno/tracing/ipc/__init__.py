@@ -1,0 +1,1 @@
+"""The Kineto IPC endpoint trainers poll: datagram format, socket, replies."""

@@ -1,0 +1,172 @@
+"""Trace requests and their outcome: the request, the result, the errors, and matching.
+
+Pure data and pure functions; `TracingService` applies them to the registered trainers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bpfdyno.tracing.config_text import CheckedConfig, TraceOptions
+from bpfdyno.tracing.ipc.wire import MAX_PID
+from bpfdyno.tracing.paths import default_output_path, kineto_output_path, memory_snapshot_path
+from bpfdyno.tracing.roles import Role
+from bpfdyno.tracing.trainers import Trainer
+
+#: The dyno CLI's default process limit (the legacy RPC's own default is 1000).
+DEFAULT_PROCESS_LIMIT = 3
+MAX_REQUEST_PIDS = 1024
+
+
+class TracingError(Exception):
+    """A request the service cannot carry out; the message says why and what to do."""
+
+
+class InvalidRequest(TracingError):
+    """The request itself is wrong (maps to INVALID_ARGUMENT).
+
+    Attributes:
+        rule: the rule it broke, e.g. "outside_allowed_dirs".
+    """
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(message)
+        self.rule = rule
+
+
+class TraceNotFound(TracingError):
+    """No trace with that id (maps to NOT_FOUND)."""
+
+
+class TracingUnavailable(TracingError):
+    """Trainers cannot be reached right now (maps to UNAVAILABLE)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """A trace request: who (job id and/or pids), how many, and what (options or raw text).
+
+    Attributes:
+        job_id: the SLURM job id to trace (0: processes without one, or any job when explicit
+            pids are given).
+        pids: pids to match (own pid or an ancestor); empty or ``(0,)`` = the whole job.
+        process_limit: most processes to trigger.
+        options: structured options (gRPC, CLI); exactly one of ``options`` / ``config``.
+        config: raw Kineto config text (the legacy RPC).
+        timeout_s: how long to follow the trace; 0 = the configured default.
+    """
+
+    job_id: int = 0
+    pids: tuple[int, ...] = ()
+    process_limit: int = DEFAULT_PROCESS_LIMIT
+    options: TraceOptions | None = None
+    config: str | None = None
+    timeout_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TriggeredProcess:
+    pid: int
+    job_id: int
+    output_path: str
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedProcess:
+    """A registered process that was not triggered, and why (in words)."""
+
+    pid: int
+    job_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TraceStartResult:
+    """What a trace request did.
+
+    Attributes:
+        trace_id: the id written into every triggered process's trace as ``trace_id``.
+        matched: pids of every matching process, in the order they were considered.
+        triggered: the processes handed the config, with their real output files.
+        busy: matched processes skipped because they hold a config or are tracing.
+        over_limit: matched processes skipped because the process limit was reached.
+        not_matched: every other registered process, with why it did not match.
+        config_text: the config handed out (without the trace id line).
+    """
+
+    trace_id: str
+    matched: tuple[int, ...]
+    triggered: tuple[TriggeredProcess, ...]
+    busy: tuple[SkippedProcess, ...]
+    over_limit: tuple[SkippedProcess, ...]
+    not_matched: tuple[SkippedProcess, ...]
+    config_text: str
+
+
+#: What the "over the process limit" reason adds for each role.
+ROLE_NOTE = {
+    Role.WORKER: "",
+    Role.LAUNCHER: " (a launcher of other trainers, so it came after them)",
+    Role.DATA_WORKER: " (a DataLoader worker, so it came last)",
+}
+
+
+def check_request_shape(req: TraceRequest) -> None:
+    """Reject out-of-range fields before anything is matched.
+
+    Raises:
+        InvalidRequest: naming the field's rule.
+    """
+    if (req.options is None) == (req.config is None):
+        raise InvalidRequest("bad_request", "give either trace options or a config text")
+    if req.job_id < 0:
+        raise InvalidRequest("bad_job_id", f"job id {req.job_id} is negative")
+    if len(req.pids) > MAX_REQUEST_PIDS:
+        raise InvalidRequest("too_many_pids", f"{len(req.pids)} pids; at most {MAX_REQUEST_PIDS}")
+    for p in req.pids:
+        if not 0 <= p <= MAX_PID:
+            raise InvalidRequest("bad_pid", f"pid {p} is outside 0..{MAX_PID}")
+    if req.process_limit < 0:
+        raise InvalidRequest("bad_process_limit", f"process limit {req.process_limit} < 0")
+    if req.timeout_s < 0:
+        raise InvalidRequest("bad_timeout", f"timeout {req.timeout_s} s is negative")
+
+
+def _all_pids(pids: tuple[int, ...]) -> bool:
+    return not pids or pids == (0,)
+
+
+def mismatch(t: Trainer, req: TraceRequest) -> str:
+    """Why trainer ``t`` does not match ``req`` ("" when it does)."""
+    if _all_pids(req.pids):
+        if t.job_id == req.job_id:
+            return ""
+        hint = f"; pass --job-id {t.job_id} to trace it" if t.job_id else ""
+        return f"its job id is {t.job_id}, the request asked for job {req.job_id}{hint}"
+    wanted = set(req.pids)
+    if not wanted.intersection(t.pids):
+        return (
+            f"neither its pid {t.pid} nor its ancestors {list(t.ancestors)} are among the "
+            f"requested pids"
+        )
+    if req.job_id and t.job_id != req.job_id:
+        return f"its job id is {t.job_id}, the request asked for job {req.job_id}"
+    return ""
+
+
+def busy_reason(t: Trainer) -> str:
+    """Why trainer ``t`` cannot take a config now, in words."""
+    if t.pending is not None:
+        return f"busy: trace {t.pending.trace_id} is waiting for its next poll"
+    if t.in_flight is not None:
+        return f"busy: it is still working on trace {t.in_flight}"
+    return "busy: its profiler is tracing (started by another request or by the job itself)"
+
+
+def output_path(checked: CheckedConfig, pid: int) -> str:
+    """The file Kineto in process ``pid`` writes for this config."""
+    if checked.memory_snapshot:
+        return memory_snapshot_path(pid)
+    if checked.log_file:
+        return kineto_output_path(checked.log_file, pid)
+    return default_output_path(pid)

@@ -1,7 +1,0 @@
-"""On-demand PyTorch (Kineto) tracing: the IPC endpoint trainers poll, the trainer registry,
-trace requests and their tracking, and the legacy dyno JSON RPC.
-
-Everything here runs on the daemon's single asyncio loop; `TracingComponent` is the part the
-daemon starts and stops, `TracingService` the transport-free façade the gRPC servicer, the
-legacy RPC and the CLI share.
-"""

@@ -1,0 +1,95 @@
+"""Config file loading, overrides and the errors users see."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bpfdyno.core.config import ConfigError, load
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "bpfdyno.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults() -> None:
+    cfg = load(None)
+    assert cfg.daemon.interval_s == 1.0
+    assert cfg.daemon.history_s == 900.0
+    assert cfg.grpc.socket == "/run/bpfdyno/bpfdyno.sock"
+    assert cfg.grpc.tcp == ""
+    assert cfg.collector_interval("host") == 1.0
+
+
+def test_file_values_and_per_collector_interval(tmp_path: Path) -> None:
+    p = write(
+        tmp_path,
+        "[daemon]\ninterval_s = 2\nhistory_s = 60\n\n[collectors.host]\ninterval_s = 0.5\n"
+        '[export.jsonl]\nenabled = true\npath = "/tmp/x.jsonl"\n',
+    )
+    cfg = load(p)
+    assert cfg.daemon.interval_s == 2.0
+    assert cfg.collector_interval("host") == 0.5
+    assert cfg.collector_interval("self") == 2.0
+    assert cfg.export.jsonl.enabled and cfg.export.jsonl.path == "/tmp/x.jsonl"
+    assert cfg.source == str(p)
+
+
+def test_overrides_beat_the_file(tmp_path: Path) -> None:
+    p = write(tmp_path, "[daemon]\ninterval_s = 2\n")
+    cfg = load(p, [("daemon.interval_s", "5"), ("grpc.socket", "/tmp/a.sock")])
+    assert cfg.daemon.interval_s == 5.0
+    assert cfg.grpc.socket == "/tmp/a.sock"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "fragment"),
+    [
+        ("[daemon]\n\ninterval_sec = 2\n", 3, "unknown key 'daemon.interval_sec'"),
+        ('[daemon]\ninterval_s = "fast"\n', 2, "'daemon.interval_s' must be a float"),
+        ("[grpc]\nsocket_mode = true\n", 2, "'grpc.socket_mode' must be an integer"),
+        ('[daemon]\nlog_level = "loud"\n', 2, "'daemon.log_level' must be one of"),
+        ("[daemon]\ninterval_s = 0.001\n", 2, "at least 0.05"),
+        ("[collectors.nope]\nenabled = false\n", 1, "unknown key 'collectors.nope'"),
+        ("[daemon\ninterval_s = 1\n", 1, "TOML syntax error"),
+        ('[grpc]\ntcp = "localhost"\n', 2, "must be host:port"),
+        ("daemon = 3\n", 1, "'daemon' must be a table"),
+    ],
+)
+def test_errors_name_file_line_and_key(tmp_path: Path, text: str, line: int, fragment: str) -> None:
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as ei:
+        load(p)
+    msg = str(ei.value)
+    assert msg.startswith(f"{p}:{line}: "), msg
+    assert fragment in msg
+    assert ei.value.line == line
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"cannot read the config file .*leave out --config"):
+        load(tmp_path / "missing.toml")
+
+
+def test_bad_override_names_the_command_line() -> None:
+    with pytest.raises(ConfigError, match=r"command line: unknown key 'daemon.bogus'"):
+        load(None, [("daemon.bogus", "1")])
+
+
+def test_serve_with_bad_config_exits_2_and_starts_nothing(tmp_path: Path) -> None:
+    p = write(tmp_path, "[daemon]\ninterval_s = -1\n")
+    sock = tmp_path / "agent.sock"
+    r = subprocess.run(
+        [sys.executable, "-m", "bpfdyno", "serve", "--config", str(p), "--socket", str(sock)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert f"{p}:2: 'daemon.interval_s' must be at least 0.05" in r.stderr
+    assert not sock.exists()
