@@ -1,10 +1,10 @@
 """Test harness for the GPU collector: builds the fake NVML library and drives its values.
 
 `nvml_fake/fake_nvml.c` (next to this file) implements the NVML ABI; it is compiled with gcc
-once per test session (a full driver and an "old driver" variant lacking newer functions). The
-real pynvml loads it, so the collector runs exactly its production code. The library reads its values
-from a key=value control file named by ``FAKE_NVML_CONTROL``; `FakeNvml` writes that file
-atomically so a test can change values between two collections.
+once per test session (a full driver and an "old driver" variant lacking newer functions).
+The real pynvml loads it, so the collector runs exactly its production code. The library
+reads its values from a key=value control file named by ``FAKE_NVML_CONTROL``; `FakeNvml`
+writes that file atomically so a test can change values between two collections.
 
 pynvml binds one NVML library per process, so tests of another variant (or of no library at
 all) run the collector in a child process with `run_child`.
