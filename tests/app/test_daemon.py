@@ -13,11 +13,11 @@ import pytest
 
 from bpfdyno.app.daemon import Daemon, notify_systemd
 from bpfdyno.core.config import load
-from bpfdyno.core.metrics import MetricKind, MetricRegistry, Sample, sample
+from bpfdyno.core.metrics import MetricKind, MetricTable, Sample, sample
 from bpfdyno.services.agent import AgentService, InvalidArgument
 from bpfdyno.sources.base import Collector, CollectorState, CollectorUnavailable
 
-REG = MetricRegistry()
+REG = MetricTable("t")
 TICKS = REG.declare("test_ticks_total", MetricKind.COUNTER, "1", "Rounds collected.")
 
 

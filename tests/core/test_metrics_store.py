@@ -6,19 +6,31 @@ import math
 
 import pytest
 
-from bpfdyno.core.metrics import MetricKind, MetricRegistry, sample
+from bpfdyno.core.catalog import Catalog
+from bpfdyno.core.metrics import MetricKind, MetricTable, sample
 from bpfdyno.core.store import MetricStore
 
-REG = MetricRegistry()
-TEMP = REG.declare("t_temperature_celsius", MetricKind.GAUGE, "celsius", "A temperature.", ("dev",))
-LOAD = REG.declare("t_load_ratio", MetricKind.RATIO, "ratio", "A load.")
+TABLE = MetricTable("t")
+TEMP = TABLE.declare(
+    "t_temperature_celsius", MetricKind.GAUGE, "celsius", "A temperature.", ("dev",)
+)
+LOAD = TABLE.declare("t_load_ratio", MetricKind.RATIO, "ratio", "A load.")
+REG = Catalog([TABLE])
 
 
 def test_declare_twice_is_an_error() -> None:
-    reg = MetricRegistry()
+    reg = MetricTable("x")
     reg.declare("x_bytes", MetricKind.GAUGE, "bytes", "x")
     with pytest.raises(ValueError, match="declared twice"):
         reg.declare("x_bytes", MetricKind.GAUGE, "bytes", "x")
+
+
+def test_two_tables_declaring_one_name_is_an_error() -> None:
+    a, b = MetricTable("a"), MetricTable("b")
+    a.declare("x_bytes", MetricKind.GAUGE, "bytes", "x")
+    b.declare("x_bytes", MetricKind.GAUGE, "bytes", "x")
+    with pytest.raises(ValueError, match="declared by both 'a' and 'b'"):
+        Catalog([a, b])
 
 
 def test_registry_iterates_sorted_and_answers_membership() -> None:

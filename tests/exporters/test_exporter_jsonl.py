@@ -10,10 +10,10 @@ import orjson
 
 from bpfdyno.app.daemon import Round
 from bpfdyno.core.config import JsonlSection
-from bpfdyno.core.metrics import MetricKind, MetricRegistry, sample
+from bpfdyno.core.metrics import MetricKind, MetricTable, sample
 from bpfdyno.exporters.jsonl import JsonlExporter, RotatingLineWriter, encode_round, series_key
 
-REG = MetricRegistry()
+REG = MetricTable("t")
 USED = REG.declare("t_used_bytes", MetricKind.GAUGE, "bytes", "Used.", ("dev",))
 LOAD = REG.declare("t_load_ratio", MetricKind.RATIO, "ratio", "Load.")
 

@@ -13,18 +13,17 @@ import grpc
 import pytest
 
 from bpfdyno.app.daemon import Daemon
+from bpfdyno.core.catalog import Catalog
 from bpfdyno.core.config import GrpcSection, load
-from bpfdyno.core.metrics import MetricKind, MetricRegistry, Sample, sample
+from bpfdyno.core.metrics import MetricKind, MetricTable, Sample, sample
 from bpfdyno.rpc.v1 import agent_pb2 as pb
 from bpfdyno.rpc.v1 import agent_pb2_grpc as pb_grpc
 from bpfdyno.server.grpc_server import AddressInUse, GrpcServer, check_tcp_free, prepare_unix_socket
 from bpfdyno.services.agent import AgentService
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 
-REG = MetricRegistry()
-SPEC = REG.declare(
-    "test_grpc_level_bytes", MetricKind.GAUGE, "bytes", "A test level.", ("dev",), source="t"
-)
+REG = MetricTable("t")
+SPEC = REG.declare("test_grpc_level_bytes", MetricKind.GAUGE, "bytes", "A test level.", ("dev",))
 
 
 class Fixed(Collector):
@@ -53,7 +52,7 @@ async def agent(tmp_path: Path) -> AsyncIterator[tuple[str, Daemon]]:
     sock = str(tmp_path / "agent.sock")
     cfg = load(None, [("daemon.interval_s", "0.1"), ("grpc.socket", f'"{sock}"')])
     daemon = Daemon(cfg, [Fixed(), Missing()])
-    server = GrpcServer(cfg.grpc, AgentService(daemon, REG))
+    server = GrpcServer(cfg.grpc, AgentService(daemon, Catalog([REG])))
     await server.start()
     await daemon.start()
     yield sock, daemon

@@ -1,8 +1,9 @@
-"""The metric registry: every metric bpfdyno emits is declared here exactly once.
+"""What a metric is: its declaration (`MetricSpec`), one observed value (`Sample`), and the
+per-source tables metrics are declared in (`MetricTable`).
 
-Exporters, the gRPC API and the docs all read this one table, so no sink can silently drop a
-metric and every metric carries its unit. A collector imports the specs it emits and builds
-`Sample`s from them; emitting an undeclared name is impossible by construction.
+Every metric is declared once, in its source's ``metrics`` module; `bpfdyno.core.catalog`
+assembles those tables into the one catalog that the gRPC API, the docs and every exporter
+read, so no sink can silently drop a metric and every metric carries its unit.
 """
 
 from __future__ import annotations
@@ -61,42 +62,32 @@ class Sample:
 SeriesKey = tuple[str, Labels]
 
 
-class MetricRegistry:
-    """The table of declared metrics. Declaring the same name twice is a programming error."""
+class MetricTable:
+    """The metrics of one source, declared in that source's ``metrics`` module and nowhere else.
 
-    def __init__(self) -> None:
+    `bpfdyno.core.catalog` assembles every table into the one catalog the API, the docs and
+    every exporter read; a test fails when a metric is declared anywhere else.
+    """
+
+    def __init__(self, source: str) -> None:
+        self.source = source
         self._specs: dict[str, MetricSpec] = {}
 
     def declare(
-        self,
-        name: str,
-        kind: MetricKind,
-        unit: str,
-        help: str,
-        labels: Iterable[str] = (),
-        source: str = "",
+        self, name: str, kind: MetricKind, unit: str, help: str, labels: Iterable[str] = ()
     ) -> MetricSpec:
+        """Declare one metric of this source; the same name twice is a programming error."""
         if name in self._specs:
             raise ValueError(f"metric {name!r} is declared twice; declare each metric once")
-        spec = MetricSpec(name, kind, unit, help, tuple(labels), source)
+        spec = MetricSpec(name, kind, unit, help, tuple(labels), self.source)
         self._specs[name] = spec
         return spec
 
-    def get(self, name: str) -> MetricSpec | None:
-        return self._specs.get(name)
-
     def __iter__(self) -> Iterator[MetricSpec]:
-        return iter(sorted(self._specs.values(), key=lambda s: s.name))
+        return iter(self._specs.values())
 
     def __len__(self) -> int:
         return len(self._specs)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._specs
-
-
-REGISTRY = MetricRegistry()
-"""The process-wide registry every collector module declares into at import time."""
 
 
 def sample(spec: MetricSpec, value: float, labels: Mapping[str, str] | None = None) -> Sample:

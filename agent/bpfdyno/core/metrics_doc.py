@@ -1,4 +1,4 @@
-"""Render docs/metrics.md from the metric registry, so the docs list exactly what is emitted.
+"""Render docs/metrics.md from the metric catalog, so the docs list exactly what is emitted.
 
 Usage: python -m bpfdyno.core.metrics_doc [--check] [PATH]
 """
@@ -6,30 +6,16 @@ Usage: python -m bpfdyno.core.metrics_doc [--check] [PATH]
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-from bpfdyno.core.metrics import REGISTRY, MetricRegistry
-
-#: Every module that declares metrics. A test checks each collector module is listed.
-METRIC_MODULES = (
-    "bpfdyno.ebpf.program",
-    "bpfdyno.sources.gpu.dcgm",
-    "bpfdyno.sources.gpu.metrics",
-    "bpfdyno.sources.host.collector",
-    "bpfdyno.sources.net.collector",
-    "bpfdyno.sources.perf.collector",
-    "bpfdyno.sources.procs.collector",
-    "bpfdyno.sources.sched.collector",
-    "bpfdyno.sources.host.self_stats",
-)
+from bpfdyno.core.catalog import CATALOG, Catalog
 
 HEADER = """\
 # Metrics
 
-Generated from the metric registry by `python -m bpfdyno.core.metrics_doc`; a test fails when this
+Generated from the metric catalog by `python -m bpfdyno.core.metrics_doc`; a test fails when this
 file and the code disagree. Every metric is declared once (name, kind, unit, help, labels) and
 every exporter and API reads that same table.
 
@@ -48,16 +34,9 @@ For dynolog users: `cpu_u`/`cpu_s`/`cpu_i` (percent) are `cpu_user_ratio`/`cpu_s
 """
 
 
-def declare_all() -> MetricRegistry:
-    """Import every metric-declaring module (they declare into REGISTRY at import)."""
-    for mod in METRIC_MODULES:
-        importlib.import_module(mod)
-    return REGISTRY
-
-
-def render(registry: MetricRegistry) -> str:
+def render(catalog: Catalog) -> str:
     by_source: dict[str, list[str]] = defaultdict(list)
-    for spec in registry:
+    for spec in catalog:
         labels = ", ".join(f"`{lab}`" for lab in spec.labels) or "—"
         help_text = spec.help.replace("|", "\\|")
         by_source[spec.source or "other"].append(
@@ -77,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", nargs="?", type=Path, default=Path("docs/metrics.md"))
     parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
     args = parser.parse_args(argv)
-    text = render(declare_all())
+    text = render(CATALOG)
     if args.check:
         current = args.path.read_text(encoding="utf-8") if args.path.exists() else ""
         if current != text:

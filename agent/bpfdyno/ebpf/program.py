@@ -33,8 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bpfdyno.core.metrics import REGISTRY, MetricKind, Sample, sample
+from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.ebpf.kheaders import HeaderFlavour, KernelHeadersError, ensure_headers
+from bpfdyno.ebpf.metrics import (
+    BPF_RUN_NS_PER_EVENT,
+    BPF_RUNS_PER_SECOND,
+)
 
 if TYPE_CHECKING:
     import bcc
@@ -44,23 +48,6 @@ log = logging.getLogger(__name__)
 #: Name prefix of every bpfdyno BPF program (kernel names keep 15 characters).
 PROG_PREFIX = "bpfdyno_"
 
-BPF_RUN_NS_PER_EVENT = REGISTRY.declare(
-    "bpf_program_run_ns_per_event",
-    MetricKind.GAUGE,
-    "ns",
-    "Mean kernel run time of one invocation of a bpfdyno BPF program over the last "
-    "run-statistics window (kernel BPF run stats, which add ~20 ns themselves).",
-    labels=("program",),
-    source="bpf",
-)
-BPF_RUNS_PER_SECOND = REGISTRY.declare(
-    "bpf_program_runs_per_second",
-    MetricKind.RATE,
-    "1/s",
-    "Invocations per second of a bpfdyno BPF program over the last run-statistics window.",
-    labels=("program",),
-    source="bpf",
-)
 
 _TRACEFS = Path("/sys/kernel/tracing")
 _load_lock = threading.Lock()

@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from bpfdyno.app.daemon import Daemon
-from bpfdyno.core.metrics import REGISTRY, MetricRegistry, MetricSpec, Sample
+from bpfdyno.core.catalog import CATALOG, Catalog
+from bpfdyno.core.metrics import MetricSpec, Sample
 from bpfdyno.core.store import Point, SeriesView, matches_any
 from bpfdyno.sources.base import CollectorStatus
 from bpfdyno.version import __version__
@@ -60,9 +61,9 @@ def host_uptime_s(proc_root: str = "/proc") -> float:
 class AgentService:
     """Status and metrics queries against one running daemon."""
 
-    def __init__(self, daemon: Daemon, registry: MetricRegistry = REGISTRY) -> None:
+    def __init__(self, daemon: Daemon, catalog: Catalog = CATALOG) -> None:
         self._daemon = daemon
-        self._registry = registry
+        self._catalog = catalog
 
     def status(self) -> AgentStatus:
         d = self._daemon
@@ -79,7 +80,7 @@ class AgentService:
         )
 
     def metric_specs(self) -> list[MetricSpec]:
-        return list(self._registry)
+        return list(self._catalog)
 
     def snapshot(self, names: Sequence[str] = ()) -> Snapshot:
         """Latest value of every matching series still being updated."""

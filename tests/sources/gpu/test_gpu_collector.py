@@ -12,7 +12,7 @@ import pytest
 from gpu_fake_nvml import A100_UUID, H100_UUID, FakeNvml, as_dict, value
 
 from bpfdyno.core import config
-from bpfdyno.core.metrics import REGISTRY
+from bpfdyno.core.catalog import CATALOG
 from bpfdyno.sources.base import CollectorState, CollectorUnavailable
 from bpfdyno.sources.gpu.collector import GpuCollector, ProcGpu, doctor_check
 
@@ -91,7 +91,7 @@ def test_every_field_exact_with_units_converted(collector: GpuCollector, fake: F
     assert math.isnan(got[("gpu_process_sm_utilization_ratio", (("gpu", "0"), ("pid", "4343")))])
     # NVLink is a rate between two reads: the first round has none.
     assert math.isnan(got[("gpu_nvlink_tx_bytes_per_second", h100)])
-    assert all(s.spec.source == "gpu" and s.spec.name in REGISTRY for s in samples)
+    assert all(s.spec.source == "gpu" and s.spec.name in CATALOG for s in samples)
 
 
 def test_nvlink_rate_from_counter_deltas_and_reset(collector: GpuCollector, fake: FakeNvml) -> None:

@@ -1,4 +1,4 @@
-"""The GPU collector's metrics, declared once in the registry, and the tables that feed them.
+"""The GPU collector's metrics, declared once, and the tables that feed them.
 
 Per-GPU series carry ``gpu`` (the NVML index) and ``uuid`` (stable across reboots and index
 changes); per-process series carry ``gpu`` and ``pid``. Label values are bounded: GPUs,
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bpfdyno.core.metrics import REGISTRY, MetricKind, MetricSpec
+from bpfdyno.core.metrics import MetricKind, MetricSpec, MetricTable
 
+TABLE = MetricTable("gpu")
 _G = ("gpu", "uuid")
 _P = ("gpu", "pid")
 
@@ -18,7 +19,7 @@ _P = ("gpu", "pid")
 def _declare(
     name: str, kind: MetricKind, unit: str, help: str, labels: tuple[str, ...] = _G
 ) -> MetricSpec:
-    return REGISTRY.declare(name, kind, unit, help, labels=labels, source="gpu")
+    return TABLE.declare(name, kind, unit, help, labels)
 
 
 GAUGE, RATIO, RATE, COUNTER = (

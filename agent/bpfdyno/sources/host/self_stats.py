@@ -13,38 +13,9 @@ from collections.abc import Callable, Sequence
 
 import psutil
 
-from bpfdyno.core.metrics import REGISTRY, MetricKind, Sample, sample
+from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.sources.base import Collector
-
-AGENT_CPU = REGISTRY.declare(
-    "agent_cpu_ratio",
-    MetricKind.RATIO,
-    "ratio",
-    "CPU time (user + system, all threads) the agent used over the interval as a ratio of one "
-    "core (above 1 when several threads ran at once), from CLOCK_PROCESS_CPUTIME_ID.",
-    source="self",
-)
-AGENT_RSS = REGISTRY.declare(
-    "agent_rss_bytes",
-    MetricKind.GAUGE,
-    "bytes",
-    "Resident memory of the agent process in bytes, from /proc/self/statm.",
-    source="self",
-)
-AGENT_THREADS = REGISTRY.declare(
-    "agent_threads",
-    MetricKind.GAUGE,
-    "threads",
-    "Number of threads in the agent process, from Threads in /proc/self/status.",
-    source="self",
-)
-AGENT_OPEN_FDS = REGISTRY.declare(
-    "agent_open_fds",
-    MetricKind.GAUGE,
-    "fds",
-    "Number of file descriptors the agent process holds open, from /proc/self/fd.",
-    source="self",
-)
+from bpfdyno.sources.host.metrics import AGENT_CPU, AGENT_OPEN_FDS, AGENT_RSS, AGENT_THREADS
 
 
 class SelfCollector(Collector):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bpfdyno.core.events import KernelEvent, MonotonicClock
-from bpfdyno.core.metrics import REGISTRY, MetricKind, MetricSpec, Sample, sample
+from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.ebpf.program import BpfLoadError, BpfRunStats, ensure_tracefs, load_bpf, unload
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 from bpfdyno.sources.net.decode import (
@@ -30,110 +30,29 @@ from bpfdyno.sources.net.decode import (
     net_header_enums,
     proc_from_leaf,
 )
+from bpfdyno.sources.net.metrics import (
+    CLOSED,
+    DROPS,
+    ESTABLISHED,
+    EVENTS_LOST,
+    OPENED,
+    OTHER_RECEIVED,
+    OTHER_SENT,
+    PROC_MAP_FULL,
+    RESETS,
+    RETRANSMITS,
+    SRTT,
+    TCP_RECEIVED,
+    TCP_SENT,
+    UDP_RECEIVED,
+    UDP_SENT,
+)
 from bpfdyno.sources.net.plan import BYTES_SOCK, Plan, PlanError, enum_names, make_plan
 
 log = logging.getLogger(__name__)
 
 EventSink = Callable[[Sequence[KernelEvent]], None]
 
-
-def _rate(name: str, help: str, labels: tuple[str, ...] = ()) -> MetricSpec:
-    return REGISTRY.declare(name, MetricKind.RATE, "1/s", help, labels=labels, source="net")
-
-
-TCP_SENT = REGISTRY.declare(
-    "net_tcp_sent_bytes_per_second",
-    MetricKind.RATE,
-    "bytes/s",
-    "TCP payload bytes sent by all processes (sock:sock_send_length; NaN on the syscall "
-    "fallback, where the protocol is unknown).",
-    source="net",
-)
-TCP_RECEIVED = REGISTRY.declare(
-    "net_tcp_received_bytes_per_second",
-    MetricKind.RATE,
-    "bytes/s",
-    "TCP payload bytes received by all processes (sock:sock_recv_length, MSG_PEEK excluded).",
-    source="net",
-)
-UDP_SENT = REGISTRY.declare(
-    "net_udp_sent_bytes_per_second",
-    MetricKind.RATE,
-    "bytes/s",
-    "UDP payload bytes sent by all processes (sock:sock_send_length).",
-    source="net",
-)
-UDP_RECEIVED = REGISTRY.declare(
-    "net_udp_received_bytes_per_second",
-    MetricKind.RATE,
-    "bytes/s",
-    "UDP payload bytes received by all processes (sock:sock_recv_length).",
-    source="net",
-)
-OTHER_SENT = REGISTRY.declare(
-    "net_other_sent_bytes_per_second",
-    MetricKind.RATE,
-    "bytes/s",
-    "Socket bytes sent through sendto/sendmsg, protocol unknown: only on kernels without "
-    "sock:sock_send_length (syscall fallback); NaN otherwise.",
-    source="net",
-)
-OTHER_RECEIVED = REGISTRY.declare(
-    "net_other_received_bytes_per_second",
-    MetricKind.RATE,
-    "bytes/s",
-    "Socket bytes received through recvfrom/recvmsg, protocol unknown (syscall fallback only).",
-    source="net",
-)
-RETRANSMITS = _rate(
-    "net_tcp_retransmits_per_second", "TCP segments retransmitted (tcp:tcp_retransmit_skb)."
-)
-RESETS = _rate(
-    "net_tcp_resets_per_second",
-    "TCP resets sent or received (tcp:tcp_send_reset, tcp:tcp_receive_reset).",
-    ("direction",),
-)
-OPENED = _rate(
-    "net_tcp_connections_opened_per_second",
-    "TCP connections established, active (connect) or passive (accept).",
-    ("direction",),
-)
-CLOSED = _rate("net_tcp_connections_closed_per_second", "TCP sockets that reached TCP_CLOSE.")
-DROPS = _rate(
-    "net_drops_per_second",
-    "Packets dropped by the kernel, by drop reason (skb:kfree_skb, enum skb_drop_reason).",
-    ("reason",),
-)
-ESTABLISHED = REGISTRY.declare(
-    "net_tcp_established_connections",
-    MetricKind.GAUGE,
-    "connections",
-    "Tracked TCP connections currently in ESTABLISHED state.",
-    source="net",
-)
-SRTT = REGISTRY.declare(
-    "net_tcp_srtt_seconds",
-    MetricKind.GAUGE,
-    "seconds",
-    "Smoothed RTT across tracked connections (p50 and max of each connection's last sampled "
-    "tcp:tcp_probe value).",
-    labels=("stat",),
-    source="net",
-)
-EVENTS_LOST = REGISTRY.declare(
-    "net_events_lost_total",
-    MetricKind.COUNTER,
-    "events",
-    "Network events lost because the BPF ring buffer was full (raise ringbuf_pages).",
-    source="net",
-)
-PROC_MAP_FULL = REGISTRY.declare(
-    "net_process_map_full_total",
-    MetricKind.COUNTER,
-    "updates",
-    "Per-process counter updates lost because the per-process map was full.",
-    source="net",
-)
 
 _BYTE_METRICS = (
     ("NET_C_TCP_TX_BYTES", TCP_SENT, True),

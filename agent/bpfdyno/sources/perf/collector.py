@@ -19,8 +19,19 @@ import math
 import time
 from collections.abc import Callable, Collection, Sequence
 
-from bpfdyno.core.metrics import REGISTRY, MetricKind, MetricSpec, Sample, sample
+from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.sources.base import Collector, CollectorUnavailable
+from bpfdyno.sources.perf.metrics import (
+    CACHE_MISSES,
+    CPU_CLOCK,
+    CTX_SWITCHES,
+    CYCLES,
+    IPC,
+    MAJOR_FAULTS,
+    MIGRATIONS,
+    MIPS,
+    PAGE_FAULTS,
+)
 from bpfdyno.sources.perf.perf_event import (
     PERF_TYPE_HARDWARE,
     PERF_TYPE_SOFTWARE,
@@ -44,77 +55,6 @@ SW_COUNTERS = (
     PerfCounter("context_switches", PERF_TYPE_SOFTWARE, 3),  # PERF_COUNT_SW_CONTEXT_SWITCHES
     PerfCounter("cpu_migrations", PERF_TYPE_SOFTWARE, 4),  # PERF_COUNT_SW_CPU_MIGRATIONS
     PerfCounter("major_faults", PERF_TYPE_SOFTWARE, 6),  # PERF_COUNT_SW_PAGE_FAULTS_MAJ
-)
-
-
-def _declare(name: str, kind: MetricKind, unit: str, help: str, source: str) -> MetricSpec:
-    return REGISTRY.declare(name, kind, unit, help, labels=("cpu",), source=source)
-
-
-IPC = _declare(
-    "pmu_instructions_per_cycle",
-    MetricKind.GAUGE,
-    "instructions/cycle",
-    'Instructions retired per CPU cycle over the interval (hardware PMU); cpu="all" is the '
-    "host-wide ratio.",
-    "pmu",
-)
-MIPS = _declare(
-    "pmu_million_instructions_per_second",
-    MetricKind.RATE,
-    "1e6/s",
-    "Millions of instructions retired per second (MIPS) over the interval (hardware PMU).",
-    "pmu",
-)
-CYCLES = _declare(
-    "pmu_cycles_per_second",
-    MetricKind.RATE,
-    "1/s",
-    "CPU cycles per second (hardware PMU; excludes halted time).",
-    "pmu",
-)
-CACHE_MISSES = _declare(
-    "pmu_cache_misses_per_second",
-    MetricKind.RATE,
-    "1/s",
-    "Last-level cache misses per second (hardware PMU; NaN where the PMU lacks the event).",
-    "pmu",
-)
-PAGE_FAULTS = _declare(
-    "perf_page_faults_per_second",
-    MetricKind.RATE,
-    "1/s",
-    "Page faults (minor and major) per second on one CPU (perf software counter).",
-    "perf_sw",
-)
-MAJOR_FAULTS = _declare(
-    "perf_major_page_faults_per_second",
-    MetricKind.RATE,
-    "1/s",
-    "Major page faults (needing I/O) per second on one CPU (perf software counter).",
-    "perf_sw",
-)
-CTX_SWITCHES = _declare(
-    "perf_context_switches_per_second",
-    MetricKind.RATE,
-    "1/s",
-    "Context switches per second on one CPU (perf software counter).",
-    "perf_sw",
-)
-MIGRATIONS = _declare(
-    "perf_cpu_migrations_per_second",
-    MetricKind.RATE,
-    "1/s",
-    "Task migrations to this CPU per second (perf software counter).",
-    "perf_sw",
-)
-CPU_CLOCK = _declare(
-    "perf_cpu_clock_seconds_per_second",
-    MetricKind.RATE,
-    "s/s",
-    "Time the cpu-clock counter ran per second; about 1 when counting works (system-wide it "
-    "runs at wall-clock speed), less if the CPU was offline.",
-    "perf_sw",
 )
 
 

@@ -10,32 +10,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from bpfdyno.core.metrics import REGISTRY, MetricKind, Sample, sample
+from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.sources.base import Collector, CollectorUnavailable
+from bpfdyno.sources.procs.metrics import (
+    CACHE_ENTRIES,
+    REFRESH_SECONDS,
+    TABLE_ROWS,
+)
 from bpfdyno.sources.procs.table import ProcessTable
-
-TABLE_ROWS = REGISTRY.declare(
-    "process_table_rows",
-    MetricKind.GAUGE,
-    "rows",
-    "Processes in the process table (the most active ones plus pinned trainers).",
-    source="procs",
-)
-REFRESH_SECONDS = REGISTRY.declare(
-    "process_table_refresh_seconds",
-    MetricKind.GAUGE,
-    "seconds",
-    "Time the last process table refresh took (reading /proc and joining BPF data).",
-    source="procs",
-)
-CACHE_ENTRIES = REGISTRY.declare(
-    "process_table_cache_entries",
-    MetricKind.GAUGE,
-    "entries",
-    "Entries in each of the process table's internal caches (flat under process churn).",
-    labels=("cache",),
-    source="procs",
-)
 
 
 class ProcsCollector(Collector):

@@ -1,0 +1,83 @@
+"""Metrics of the scheduler collector (``bpf/sched.bpf.c``)."""
+
+from __future__ import annotations
+
+from bpfdyno.core.metrics import MetricKind, MetricSpec, MetricTable
+
+TABLE = MetricTable("sched")
+
+
+def _declare(name: str, kind: MetricKind, unit: str, help: str, *labels: str) -> MetricSpec:
+    return TABLE.declare(name, kind, unit, help, labels)
+
+
+SWITCHES = _declare(
+    "sched_context_switches_per_second",
+    MetricKind.RATE,
+    "1/s",
+    "Context switches on one CPU (sched:sched_switch).",
+    "cpu",
+)
+CPU_BUSY = _declare(
+    "sched_cpu_busy_ratio",
+    MetricKind.RATIO,
+    "ratio",
+    "Fraction of the interval one CPU ran non-idle threads, from switch timestamps (time of "
+    "periods that ended in the interval).",
+    "cpu",
+)
+MIGRATIONS = _declare(
+    "sched_migrations_per_second",
+    MetricKind.RATE,
+    "1/s",
+    "Task migrations between CPUs, all CPUs (sched:sched_migrate_task).",
+)
+RUNQ_LATENCY = _declare(
+    "sched_runqueue_latency_seconds",
+    MetricKind.GAUGE,
+    "seconds",
+    "Run-queue latency quantile over the interval: time from wakeup or preemption until "
+    "the thread ran, interpolated within log2 buckets.",
+    "quantile",
+)
+RUNQ_MEAN = _declare(
+    "sched_runqueue_latency_mean_seconds",
+    MetricKind.GAUGE,
+    "seconds",
+    "Mean run-queue latency over the interval (exact: from the sum and count).",
+)
+RUNQ_WAITS = _declare(
+    "sched_runqueue_waits_per_second",
+    MetricKind.RATE,
+    "1/s",
+    "Run-queue waits (wakeups and preemptions) that ended with the thread running.",
+)
+ONCPU = _declare(
+    "sched_oncpu_seconds_per_second",
+    MetricKind.RATE,
+    "s/s",
+    "On-CPU time of all threads per second (busy cores), from switch timestamps.",
+)
+OFFCPU = _declare(
+    "sched_offcpu_seconds_per_second",
+    MetricKind.RATE,
+    "s/s",
+    "Off-CPU thread-seconds per second, summed over all threads (so it exceeds the CPU "
+    "count when many threads sleep): 'runnable' for periods that began with a preemption, "
+    "'blocked' for periods that began with the thread blocking; counted when they end.",
+    "state",
+)
+EXECS = _declare("sched_execs_per_second", MetricKind.RATE, "1/s", "Successful execve calls.")
+EXITS = _declare("sched_process_exits_per_second", MetricKind.RATE, "1/s", "Processes exited.")
+TRACKED_THREADS = _declare(
+    "sched_tracked_threads", MetricKind.GAUGE, "threads", "Threads in the per-thread BPF map."
+)
+DROPPED = _declare(
+    "sched_dropped_total",
+    MetricKind.COUNTER,
+    "1",
+    "Kernel-side losses since start: thread_map_full / process_map_full (a thread or an "
+    "exited thread's time went unaccounted; raise max_threads / max_procs), ringbuf_full (an "
+    "exec/exit event was dropped; raise ringbuf_pages).",
+    "reason",
+)
