@@ -14,8 +14,9 @@ import pytest
 from bpfdyno.app.daemon import Daemon, notify_systemd
 from bpfdyno.core.config import load
 from bpfdyno.core.metrics import MetricKind, MetricTable, Sample, sample
+from bpfdyno.core.status import PartState
 from bpfdyno.services.agent import AgentService, InvalidArgument
-from bpfdyno.sources.base import Collector, CollectorState, CollectorUnavailable
+from bpfdyno.sources.base import Collector, CollectorUnavailable
 
 REG = MetricTable("t")
 TICKS = REG.declare("test_ticks_total", MetricKind.COUNTER, "1", "Rounds collected.")
@@ -82,7 +83,7 @@ async def test_collects_on_deadlines_on_own_threads() -> None:
     assert a.threads == {"collector-a_0"} and b.threads == {"collector-b_0"}
     assert a.closed and b.closed
     st = {s.name: s for s in d.statuses()}
-    assert st["a"].state is CollectorState.STOPPED
+    assert st["a"].state is PartState.STOPPED
     assert st["a"].collections == a.rounds
     latest = d.store.latest(["test_ticks_total"])
     assert latest and latest[0].points[0].value >= 5
@@ -98,11 +99,11 @@ async def test_errors_are_isolated_counted_and_backed_off(caplog: pytest.LogCapt
     await d.stop()
     # back-off doubles: fails at ~0, 0.2, 0.6 (0.1*2, 0.1*4) -> only 3 attempts in 1 s
     assert bad.rounds == 3
-    assert st["bad"].state is CollectorState.DEGRADED
+    assert st["bad"].state is PartState.DEGRADED
     assert st["bad"].errors == 3
     assert st["bad"].reason == "OSError: boom bad"
     assert good.rounds >= 8
-    assert st["good"].state is CollectorState.OK
+    assert st["good"].state is PartState.OK
     logged = [r for r in caplog.records if "boom bad" in r.getMessage()]
     assert len(logged) == 1  # logged once per distinct error
 
@@ -115,7 +116,7 @@ async def test_recovers_after_transient_error() -> None:
     st = d.statuses()[0]
     await d.stop()
     assert st.errors == 1
-    assert st.state is CollectorState.OK
+    assert st.state is PartState.OK
     assert st.reason == ""
 
 
@@ -126,7 +127,7 @@ async def test_unavailable_collector_is_reported_and_others_run() -> None:
     await asyncio.sleep(0.25)
     await d.stop()
     st = {s.name: s for s in d.statuses()}
-    assert st["nogpu"].state is CollectorState.UNAVAILABLE
+    assert st["nogpu"].state is PartState.UNAVAILABLE
     assert st["nogpu"].reason == "no GPU found — install the NVIDIA driver"
     assert ok.rounds >= 2
 
@@ -183,9 +184,9 @@ def test_notify_systemd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 class PartlyLost(Counting):
     """Collects fine but reports part of its source gone on rounds 2-3."""
 
-    def health(self) -> tuple[CollectorState, str] | None:
+    def health(self) -> tuple[PartState, str] | None:
         if self.rounds in (2, 3):
-            return CollectorState.DEGRADED, "GPU 1 lost: GPU_IS_LOST"
+            return PartState.DEGRADED, "GPU 1 lost: GPU_IS_LOST"
         return None
 
 
@@ -198,6 +199,6 @@ async def test_collector_health_reports_degraded_while_collecting() -> None:
         states.append((d.statuses()[0].state, d.statuses()[0].reason))
         await asyncio.sleep(0.1)
     await d.stop()
-    assert (CollectorState.DEGRADED, "GPU 1 lost: GPU_IS_LOST") in states
-    assert states[-1] == (CollectorState.OK, "")
+    assert (PartState.DEGRADED, "GPU 1 lost: GPU_IS_LOST") in states
+    assert states[-1] == (PartState.OK, "")
     assert d.statuses()[0].errors == 0

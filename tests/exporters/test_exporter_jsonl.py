@@ -8,9 +8,8 @@ from pathlib import Path
 
 import orjson
 
-from bpfdyno.app.daemon import Round
 from bpfdyno.core.config import JsonlSection
-from bpfdyno.core.metrics import MetricKind, MetricTable, sample
+from bpfdyno.core.metrics import MetricKind, MetricTable, Round, sample
 from bpfdyno.exporters.jsonl import JsonlExporter, RotatingLineWriter, encode_round, series_key
 
 REG = MetricTable("t")

@@ -19,13 +19,14 @@ import pytest
 import bpfdyno.sources.host.collector  # noqa: F401 - declares the host metrics the specs list
 from bpfdyno.app.daemon import Daemon
 from bpfdyno.core.config import load
+from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.events import FlightRecorder, KernelEvent
 from bpfdyno.server.grpc_server import GrpcServer
 from bpfdyno.server.kernel import kernel_servicer_factory
 from bpfdyno.server.tracing import request_from_pb, servicer_factory
 from bpfdyno.services.agent import AgentService
 from bpfdyno.services.kernel import KernelService
-from bpfdyno.services.tracing import InvalidRequest, TracingService
+from bpfdyno.services.tracing import TracingService
 from bpfdyno.sources.procs.table import ProcessTable
 from bpfdyno.tracing.trainers import TrainerRegistry
 from bpfdyno.tui.convert_tracing import request_to_pb
@@ -145,7 +146,7 @@ async def test_tracing_answers_and_refusals(served: Served) -> None:
         assert st.message == "0 triggered, no registered process matched"
         # A request the service refuses: the form shows the service's own words.
         bad = TraceRequest(log_file="/etc/passwd.json", pids=(1234,), duration_ms=500)
-        with pytest.raises(InvalidRequest) as expected:
+        with pytest.raises(InvalidArgument) as expected:
             served.tracing.start_trace(request_from_pb(request_to_pb(bad)))
         with pytest.raises(RequestFailed) as refused:
             await source.start_trace(bad)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from tracing_harness import Harness, KinetoClient
 
+from bpfdyno.core.status import PartState
 from bpfdyno.services.tracing import TraceRequest
 from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.ipc import wire
@@ -114,7 +115,7 @@ async def test_thousands_of_malformed_datagrams_leave_it_serving(harness: Harnes
     try:
         assert await client.poll([5100, 1], job_id=8) == ""
         assert [v.pid for v in harness.service.list_trainers()] == [5100]
-        assert harness.comp.status()[0].state == "ok"
+        assert harness.comp.statuses()[0].state is PartState.OK
     finally:
         client.close()
 

@@ -13,6 +13,7 @@ import orjson
 from tracing_harness import Harness, KinetoClient, dyno_gputrace_bytes, legacy_call
 
 from bpfdyno.core.config import load
+from bpfdyno.core.status import PartState
 from bpfdyno.server.legacy_rpc import MAX_FRAME_BYTES
 from bpfdyno.tracing.component import TracingComponent
 from bpfdyno.version import __version__
@@ -216,7 +217,7 @@ async def test_fuzzed_frames_leave_it_serving(harness: Harness) -> None:
     for start in range(0, len(frames), 50):
         await asyncio.gather(*(send(f) for f in frames[start : start + 50]))
     assert await legacy_call(port, DYNO_STATUS) == b'\x0c\x00\x00\x00{"status":1}'
-    assert harness.comp.status()[1].state == "ok"
+    assert harness.comp.statuses()[1].state is PartState.OK
 
 
 async def test_ipv6_and_ipv4_listen_and_a_taken_port_degrades(short_tmp: Path) -> None:
@@ -238,8 +239,8 @@ async def test_ipv6_and_ipv4_listen_and_a_taken_port_degrades(short_tmp: Path) -
         [(host, port)] = comp.legacy.bound
         assert host == "::1"
         assert await legacy_call(port, DYNO_STATUS, host="::1") == b'\x0c\x00\x00\x00{"status":1}'
-        state = comp.status()[1]
-        assert state.state == "degraded"
+        state = comp.statuses()[1]
+        assert state.state is PartState.DEGRADED
         assert f"127.0.0.1:{busy_port}" in state.reason
     finally:
         await comp.stop()

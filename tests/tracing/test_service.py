@@ -11,18 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from bpfdyno.core.errors import InvalidArgument, NotFound, Unavailable
 from bpfdyno.services.tracing import (
-    InvalidRequest,
-    TraceNotFound,
     TraceRequest,
     TracingService,
-    TracingUnavailable,
 )
 from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.ipc.wire import KinetoRequest
 from bpfdyno.tracing.roles import Role
-from bpfdyno.tracing.traces import MISSING_FILE_POLLS, NEVER_STARTED_POLLS, ProcState
-from bpfdyno.tracing.trainers import TrainerRegistry, TrainerState
+from bpfdyno.tracing.traces import MISSING_FILE_POLLS, NEVER_STARTED_POLLS, ProcState, TrainerState
+from bpfdyno.tracing.trainers import TrainerRegistry
 
 IDLE, BUSY = 3, 1
 
@@ -266,10 +264,10 @@ def test_requests_that_would_lose_data_are_rejected(svc: TracingService, tmp_pat
     poll(svc, [80])
     poll(svc, [81])
     (tmp_path / "t_80.pt.trace.json").write_text("old trace")
-    with pytest.raises(InvalidRequest) as info:
+    with pytest.raises(InvalidArgument) as info:
         svc.start_trace(TraceRequest(options=iters(tmp_path)))
     assert info.value.rule == "would_overwrite"
-    with pytest.raises(InvalidRequest) as info:
+    with pytest.raises(InvalidArgument) as info:
         svc.start_trace(TraceRequest(options=iters(tmp_path, name="trace")))
     assert info.value.rule == "no_pid_in_name"
     # Nothing was stored by the rejected requests.
@@ -287,7 +285,7 @@ def test_requests_that_would_lose_data_are_rejected(svc: TracingService, tmp_pat
     ],
 )
 def test_bad_requests(svc: TracingService, req: TraceRequest, rule: str) -> None:
-    with pytest.raises(InvalidRequest) as info:
+    with pytest.raises(InvalidArgument) as info:
         svc.start_trace(req)
     assert info.value.rule == rule
 
@@ -298,13 +296,13 @@ def test_default_log_file_and_unknown_trace(svc: TracingService, tmp_path: Path)
     assert res.triggered[0].output_path == str(
         tmp_path / f"bpfdyno-{res.trace_id}_90.pt.trace.json"
     )
-    with pytest.raises(TraceNotFound):
+    with pytest.raises(NotFound):
         svc.get_trace("nope")
 
 
 def test_unavailable_endpoint_is_reported(svc: TracingService, tmp_path: Path) -> None:
     svc.unavailable_reason = "the Kineto IPC endpoint is not running: @dynolog@ is taken"
-    with pytest.raises(TracingUnavailable, match="@dynolog@ is taken"):
+    with pytest.raises(Unavailable, match="@dynolog@ is taken"):
         svc.start_trace(TraceRequest(options=iters(tmp_path)))
 
 

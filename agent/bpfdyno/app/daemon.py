@@ -23,23 +23,15 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from bpfdyno.core.config import Config
-from bpfdyno.core.metrics import Sample
+from bpfdyno.core.metrics import Round, Sample
+from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.core.store import MetricStore
-from bpfdyno.sources.base import Collector, CollectorState, CollectorStatus, CollectorUnavailable
+from bpfdyno.sources.base import Collector, CollectorUnavailable
 
 log = logging.getLogger(__name__)
 
 #: Longest back-off after repeated failures of one collector.
 MAX_BACKOFF_S = 60.0
-
-
-@dataclass(frozen=True, slots=True)
-class Round:
-    """One collection round of one collector, as published to exporters and streams."""
-
-    collector: str
-    ts: float  # wall-clock epoch seconds
-    samples: Sequence[Sample]
 
 
 class Component(Protocol):
@@ -51,7 +43,8 @@ class Component(Protocol):
 
     async def stop(self) -> None: ...
 
-    def statuses(self) -> list[CollectorStatus]: ...
+    def statuses(self) -> list[PartStatus]:
+        """The state of each part this component runs (one or more)."""
 
 
 class RoundSink(Protocol):
@@ -59,6 +52,9 @@ class RoundSink(Protocol):
 
     def submit(self, rnd: Round) -> None:
         """Take the round without blocking the event loop."""
+
+    def status(self) -> PartStatus:
+        """Its state, for `status` (an exporter failing to write is degraded)."""
 
     def close(self) -> None:
         """Flush and release; called once at shutdown."""
@@ -109,7 +105,7 @@ class CollectorRunner:
         self.collector = collector
         self.name = collector.name
         self.interval_s = interval_s
-        self.state = CollectorState.STARTING
+        self.state = PartState.STARTING
         self.reason = ""
         self.collections = 0
         self.errors = 0
@@ -120,8 +116,8 @@ class CollectorRunner:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"collector-{self.name}")
         self._started = False
 
-    def status(self) -> CollectorStatus:
-        return CollectorStatus(
+    def status(self) -> PartStatus:
+        return PartStatus(
             name=self.name,
             state=self.state,
             reason=self.reason,
@@ -137,16 +133,16 @@ class CollectorRunner:
         try:
             await loop.run_in_executor(self._executor, self.collector.start)
         except CollectorUnavailable as e:
-            self.state, self.reason = CollectorState.UNAVAILABLE, str(e)
+            self.state, self.reason = PartState.UNAVAILABLE, str(e)
             log.warning("collector %s unavailable: %s", self.name, e)
             return False
         except Exception as e:  # a bug or an unexpected environment: isolate it
-            self.state = CollectorState.UNAVAILABLE
+            self.state = PartState.UNAVAILABLE
             self.reason = f"failed to start: {type(e).__name__}: {e}"
             log.exception("collector %s failed to start", self.name)
             return False
         self._started = True
-        self.state = CollectorState.OK
+        self.state = PartState.OK
         return True
 
     async def run(self, on_round: Callable[[Round], None]) -> None:
@@ -169,8 +165,8 @@ class CollectorRunner:
                 self.collections += 1
                 self.consecutive_errors = 0
                 self.last_success_ts = ts
-                state, reason = health if health is not None else (CollectorState.OK, "")
-                if self.state is CollectorState.DEGRADED and state is CollectorState.OK:
+                state, reason = health if health is not None else (PartState.OK, "")
+                if self.state is PartState.DEGRADED and state is PartState.OK:
                     log.info("collector %s recovered", self.name)
                 self.state, self.reason = state, reason
                 on_round(Round(self.name, ts, samples))
@@ -185,7 +181,7 @@ class CollectorRunner:
                 # firing a burst of back-to-back rounds.
                 deadline = now + step - math.fmod(now - deadline, step)
 
-    def _collect_once(self) -> tuple[Sequence[Sample], tuple[CollectorState, str] | None]:
+    def _collect_once(self) -> tuple[Sequence[Sample], tuple[PartState, str] | None]:
         samples = self.collector.collect()
         return samples, self.collector.health()
 
@@ -193,7 +189,7 @@ class CollectorRunner:
         self.errors += 1
         self.consecutive_errors += 1
         msg = f"{type(e).__name__}: {e}"
-        self.state, self.reason = CollectorState.DEGRADED, msg
+        self.state, self.reason = PartState.DEGRADED, msg
         if self._errors.first_time(msg):
             log.error("collector %s failed: %s (logged once; will back off)", self.name, msg)
 
@@ -204,8 +200,8 @@ class CollectorRunner:
                 await loop.run_in_executor(self._executor, self.collector.close)
             except Exception:
                 log.exception("collector %s failed to close", self.name)
-        if self.state is not CollectorState.UNAVAILABLE:
-            self.state = CollectorState.STOPPED
+        if self.state is not PartState.UNAVAILABLE:
+            self.state = PartState.STOPPED
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
@@ -218,22 +214,42 @@ class Daemon:
         collectors: Sequence[Collector],
         components: Sequence[Component] = (),
         sinks: Sequence[RoundSink] = (),
+        disabled: Sequence[str] = (),
     ) -> None:
+        """Args:
+        cfg: the configuration.
+        collectors: the enabled collectors.
+        components: the other long-running parts (tracing, legacy RPC, ...).
+        sinks: the exporters.
+        disabled: collectors turned off in the configuration, reported as such by status.
+        """
         self.cfg = cfg
         self.store = MetricStore(cfg.daemon.history_s, cfg.daemon.interval_s, cfg.daemon.max_series)
         self.runners = [CollectorRunner(c, cfg.collector_interval(c.name)) for c in collectors]
         self.components = list(components)
         self.sinks = list(sinks)
+        self.disabled = list(disabled)
         self.publisher = RoundPublisher()
         self.started_ts = time.time()
         self.started_monotonic = time.monotonic()
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
 
-    def statuses(self) -> list[CollectorStatus]:
+    def statuses(self) -> list[PartStatus]:
+        """Every part's state: collectors (enabled, then disabled), components, exporters."""
         out = [r.status() for r in self.runners]
+        out += [
+            PartStatus(
+                name,
+                PartState.DISABLED,
+                f"disabled in the configuration (collectors.{name}.enabled = false)",
+                interval_s=self.cfg.collector_interval(name),
+            )
+            for name in self.disabled
+        ]
         for comp in self.components:
             out.extend(comp.statuses())
+        out += [sink.status() for sink in self.sinks]
         return out
 
     def _on_round(self, rnd: Round) -> None:

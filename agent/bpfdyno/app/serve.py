@@ -11,7 +11,6 @@ from bpfdyno.app.daemon import Daemon, install_signal_handlers, notify_systemd
 from bpfdyno.core.config import Config
 from bpfdyno.server.grpc_server import AddressInUse, GrpcServer
 from bpfdyno.services.agent import AgentService
-from bpfdyno.sources.base import CollectorState, CollectorStatus
 from bpfdyno.version import __version__
 
 __all__ = ["AddressInUse", "run"]
@@ -19,45 +18,11 @@ __all__ = ["AddressInUse", "run"]
 log = logging.getLogger(__name__)
 
 
-class _DisabledCollectors:
-    """Reports collectors turned off in the config, so `status` shows every known part."""
-
-    name = "disabled"
-
-    def __init__(self, names: list[str], cfg: Config) -> None:
-        self._names = names
-        self._cfg = cfg
-
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
-
-    def statuses(self) -> list[CollectorStatus]:
-        return [
-            CollectorStatus(
-                name=n,
-                state=CollectorState.DISABLED,
-                reason=f"disabled in the configuration (collectors.{n}.enabled = false)",
-                interval_s=self._cfg.collector_interval(n),
-                collections=0,
-                errors=0,
-                last_duration_s=0.0,
-                last_success_ts=0.0,
-            )
-            for n in self._names
-        ]
-
-
 async def run(cfg: Config) -> int:
     """Run until SIGTERM/SIGINT. Raises AddressInUse before starting anything if needed."""
     t0 = time.monotonic()
     asm = assembly.build(cfg)
-    components = list(asm.components)
-    if asm.disabled:
-        components.append(_DisabledCollectors(asm.disabled, cfg))
-    daemon = Daemon(cfg, asm.collectors, components, asm.sinks)
+    daemon = Daemon(cfg, asm.collectors, asm.components, asm.sinks, disabled=asm.disabled)
     server = GrpcServer(cfg.grpc, AgentService(daemon), asm.servicers)
     server.check_addresses()
     install_signal_handlers(daemon)

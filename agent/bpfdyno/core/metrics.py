@@ -9,7 +9,7 @@ read, so no sink can silently drop a metric and every metric carries its unit.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -60,6 +60,15 @@ class Sample:
 
 
 SeriesKey = tuple[str, Labels]
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One collection round of one collector, as published to exporters and streams."""
+
+    collector: str
+    ts: float  # wall-clock epoch seconds
+    samples: Sequence[Sample]
 
 
 class MetricTable:

@@ -26,9 +26,9 @@ from typing import IO
 
 import orjson
 
-from bpfdyno.app.daemon import Round
 from bpfdyno.core.config import JsonlSection
-from bpfdyno.core.metrics import Labels
+from bpfdyno.core.metrics import Labels, Round
+from bpfdyno.core.status import PartState, PartStatus
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +117,34 @@ class JsonlExporter:
         self._pending: deque[bytes] = deque()
         self.dropped_lines = 0
         self.write_errors = 0
+        self.lines_written = 0
+        #: The last write failure, "" once a write succeeds again (read by `status`).
+        self.last_error = ""
+        self._target = cfg.path
         self._thread = threading.Thread(target=self._run, name="export-jsonl", daemon=True)
         self._thread.start()
 
     def submit(self, rnd: Round) -> None:
         self._queue.put(encode_round(rnd, self._host))
+
+    def status(self) -> PartStatus:
+        """ok while lines are written; degraded (with the error and the fix) while they fail."""
+        where = "stdout" if self._target == "-" else self._target
+        if self.last_error:
+            return PartStatus(
+                "export_jsonl",
+                PartState.DEGRADED,
+                f"writing {where} fails ({self.last_error}); lines are kept and retried "
+                f"({len(self._pending)} waiting, {self.dropped_lines} dropped): free space or "
+                "fix permissions, or change [export.jsonl] path",
+                errors=self.write_errors,
+            )
+        return PartStatus(
+            "export_jsonl",
+            PartState.OK,
+            f"{self.lines_written} lines to {where}",
+            errors=self.write_errors,
+        )
 
     def close(self) -> None:
         """Write everything queued, then close the file."""
@@ -144,8 +167,10 @@ class JsonlExporter:
             try:
                 self._flush_pending()
                 logged = False
+                self.last_error = ""
             except OSError as e:
                 self.write_errors += 1
+                self.last_error = str(e)
                 if not logged:
                     log.error("JSON-lines export failed (%s); keeping lines and retrying", e)
                     logged = True
@@ -160,3 +185,4 @@ class JsonlExporter:
                 self._stdout.write(line)
                 self._stdout.flush()
             self._pending.popleft()
+            self.lines_written += 1

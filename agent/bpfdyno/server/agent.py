@@ -7,19 +7,20 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from bpfdyno.core.metrics import MetricKind, MetricSpec
+from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.core.store import SeriesView
 from bpfdyno.rpc.v1 import agent_pb2 as pb
 from bpfdyno.rpc.v1 import agent_pb2_grpc as pb_grpc
-from bpfdyno.services.agent import AgentService, InvalidArgument, Snapshot
-from bpfdyno.sources.base import CollectorState, CollectorStatus
+from bpfdyno.server.errors import grpc_errors
+from bpfdyno.services.agent import AgentService, Snapshot
 
 _STATE = {
-    CollectorState.STARTING: pb.COLLECTOR_STATE_STARTING,
-    CollectorState.OK: pb.COLLECTOR_STATE_OK,
-    CollectorState.DEGRADED: pb.COLLECTOR_STATE_DEGRADED,
-    CollectorState.UNAVAILABLE: pb.COLLECTOR_STATE_UNAVAILABLE,
-    CollectorState.STOPPED: pb.COLLECTOR_STATE_STOPPED,
-    CollectorState.DISABLED: pb.COLLECTOR_STATE_DISABLED,
+    PartState.STARTING: pb.COLLECTOR_STATE_STARTING,
+    PartState.OK: pb.COLLECTOR_STATE_OK,
+    PartState.DEGRADED: pb.COLLECTOR_STATE_DEGRADED,
+    PartState.UNAVAILABLE: pb.COLLECTOR_STATE_UNAVAILABLE,
+    PartState.STOPPED: pb.COLLECTOR_STATE_STOPPED,
+    PartState.DISABLED: pb.COLLECTOR_STATE_DISABLED,
 }
 _KIND = {
     MetricKind.GAUGE: pb.METRIC_KIND_GAUGE,
@@ -29,7 +30,7 @@ _KIND = {
 }
 
 
-def collector_status_to_pb(s: CollectorStatus) -> pb.CollectorStatus:
+def collector_status_to_pb(s: PartStatus) -> pb.CollectorStatus:
     return pb.CollectorStatus(
         name=s.name,
         state=_STATE[s.state],
@@ -90,32 +91,24 @@ class AgentServicer(pb_grpc.AgentServicer):
     ) -> pb.ListMetricSpecsResponse:
         return pb.ListMetricSpecsResponse(specs=[spec_to_pb(s) for s in self._svc.metric_specs()])
 
+    @grpc_errors
     async def GetMetrics(
         self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext
     ) -> pb.MetricsSnapshot:
-        try:
-            snap = self._svc.snapshot(list(request.names))
-        except InvalidArgument as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        return snapshot_to_pb(snap)
+        return snapshot_to_pb(self._svc.snapshot(list(request.names)))
 
+    @grpc_errors
     async def GetMetricsWindow(
         self, request: pb.GetMetricsWindowRequest, context: grpc.aio.ServicerContext
     ) -> pb.MetricsWindow:
-        try:
-            views = self._svc.window(
-                list(request.names), request.start_unix_seconds, request.end_unix_seconds
-            )
-        except InvalidArgument as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        views = self._svc.window(
+            list(request.names), request.start_unix_seconds, request.end_unix_seconds
+        )
         return pb.MetricsWindow(series=series_to_pb(views))
 
+    @grpc_errors
     async def StreamMetrics(
         self, request: pb.StreamMetricsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.MetricsSnapshot]:
-        stream = self._svc.stream(list(request.names), list(request.collectors))
-        try:
-            async for snap in stream:
-                yield snapshot_to_pb(snap)
-        except InvalidArgument as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        async for snap in self._svc.stream(list(request.names), list(request.collectors)):
+            yield snapshot_to_pb(snap)

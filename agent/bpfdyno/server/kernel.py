@@ -10,7 +10,8 @@ import grpc
 from bpfdyno.core.events import KernelEvent
 from bpfdyno.rpc.v1 import kernel_pb2 as pb
 from bpfdyno.rpc.v1 import kernel_pb2_grpc as pb_grpc
-from bpfdyno.services.kernel import InvalidArgument, KernelService, Unavailable
+from bpfdyno.server.errors import grpc_errors
+from bpfdyno.services.kernel import KernelService
 from bpfdyno.sources.net.decode import Connection
 from bpfdyno.sources.procs.table import ProcessRow
 
@@ -93,20 +94,16 @@ def event_to_pb(e: KernelEvent) -> pb.KernelEvent:
 
 
 class KernelServicer(pb_grpc.KernelServicer):
-    """Maps `InvalidArgument` to INVALID_ARGUMENT and `Unavailable` to UNAVAILABLE."""
+    """Translation only; domain errors become status codes through `grpc_errors`."""
 
     def __init__(self, service: KernelService) -> None:
         self._svc = service
 
+    @grpc_errors
     async def ListProcesses(
         self, request: pb.ListProcessesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListProcessesResponse:
-        try:
-            snap = self._svc.list_processes(request.sort_by, request.limit, request.filter)
-        except InvalidArgument as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except Unavailable as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        snap = self._svc.list_processes(request.sort_by, request.limit, request.filter)
         return pb.ListProcessesResponse(
             processes=[process_to_pb(r) for r in snap.rows],
             unix_seconds=snap.ts,
@@ -114,24 +111,18 @@ class KernelServicer(pb_grpc.KernelServicer):
             unavailable=dict(snap.unavailable),
         )
 
+    @grpc_errors
     async def ListConnections(
         self, request: pb.ListConnectionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListConnectionsResponse:
-        try:
-            conns = self._svc.list_connections(request.pid, request.state)
-        except InvalidArgument as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except Unavailable as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        conns = self._svc.list_connections(request.pid, request.state)
         return pb.ListConnectionsResponse(connections=[connection_to_pb(c) for c in conns])
 
+    @grpc_errors
     async def GetEvents(
         self, request: pb.GetEventsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetEventsResponse:
-        try:
-            page = self._svc.get_events(request.since_unix_ns, list(request.kinds), request.limit)
-        except InvalidArgument as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        page = self._svc.get_events(request.since_unix_ns, list(request.kinds), request.limit)
         return pb.GetEventsResponse(
             events=[event_to_pb(e) for e in page.events],
             evicted_age=page.evicted_age,
@@ -139,13 +130,11 @@ class KernelServicer(pb_grpc.KernelServicer):
             oldest_unix_ns=page.oldest_ts_ns,
         )
 
+    @grpc_errors
     async def StreamEvents(
         self, request: pb.StreamEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.KernelEvent]:
-        try:
-            sub = self._svc.stream_events(list(request.kinds))
-        except InvalidArgument as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        sub = self._svc.stream_events(list(request.kinds))
         # The subscription is closed however the stream ends (client gone: CancelledError).
         async with sub:
             async for event in sub:

@@ -18,13 +18,9 @@ from typing import Any
 
 import orjson
 
-from bpfdyno.services.tracing import (
-    InvalidRequest,
-    TraceRequest,
-    TracingError,
-    TracingService,
-)
-from bpfdyno.tracing.ipc.wire import MAX_PID
+from bpfdyno.core.errors import RequestError
+from bpfdyno.core.status import PartState, PartStatus
+from bpfdyno.services.tracing import TraceRequest, TracingService
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +62,13 @@ def _error(message: str, **extra: Any) -> dict[str, Any]:
     return {"status": "failed", "error": message, **extra}
 
 
-def _int_field(req: dict[str, Any], key: str, default: int | None, lo: int, hi: int) -> int:
+def _int_field(req: dict[str, Any], key: str, default: int | None) -> int:
+    """A JSON integer field (its range is the service's rule, checked there)."""
     value = req.get(key, default)
     if value is None:
         raise ValueError(f"'{key}' is required")
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"'{key}' must be an integer, got {orjson.dumps(value).decode()[:40]}")
-    if not lo <= value <= hi:
-        raise ValueError(f"'{key}' = {value} is outside {lo}..{hi}")
     return value
 
 
@@ -109,10 +104,10 @@ class LegacyRpcHandler:
             return self._kineto(req)
         if fn == "dcgmProfPause":
             try:
-                duration = _int_field(req, "duration_s", None, 1, 7 * 24 * 3600)
-            except ValueError as e:
+                duration = _int_field(req, "duration_s", None)
+                return {"status": self.service.dcgm_pause(duration)}
+            except ValueError as e:  # the wrong JSON type, or the service's duration rule
                 return _error(str(e))
-            return {"status": self.service.dcgm_pause(duration)}
         if fn == "dcgmProfResume":
             return {"status": self.service.dcgm_resume()}
         return _error(f"unknown fn {fn[:60]!r}; one of: {', '.join(FUNCTIONS)}")
@@ -127,19 +122,15 @@ class LegacyRpcHandler:
         ):
             return _error("'pids' (a list of integers; [0] = all) is required", **_KINETO_EMPTY)
         try:
-            job_id = _int_field(req, "job_id", 0, 0, 2**63 - 1)
-            limit = _int_field(req, "process_limit", 1000, 0, 1_000_000)
-        except ValueError as e:
-            return _error(str(e), **_KINETO_EMPTY)
-        if any(not 0 <= p <= MAX_PID for p in pids):
-            return _error(f"'pids' must be in 0..{MAX_PID}", **_KINETO_EMPTY)
-        try:
+            job_id = _int_field(req, "job_id", 0)
+            limit = _int_field(req, "process_limit", 1000)
             res = self.service.start_trace(
                 TraceRequest(job_id=job_id, pids=tuple(pids), process_limit=limit, config=config)
             )
-        except InvalidRequest as e:
-            return _error(str(e), rule=e.rule, **_KINETO_EMPTY)
-        except TracingError as e:
+        except RequestError as e:  # a rule of the service (the same for every entry point)
+            extra = {"rule": e.rule} if e.rule else {}
+            return _error(str(e), **extra, **_KINETO_EMPTY)
+        except ValueError as e:  # a field of the wrong JSON type
             return _error(str(e), **_KINETO_EMPTY)
         return {
             "activityProfilersBusy": len(res.busy),
@@ -200,6 +191,27 @@ class LegacyRpcServer:
             sockname = server.sockets[0].getsockname()
             self.bound.append((host, int(sockname[1])))
             log.info("legacy dyno RPC listening on %s", addr if port else f"{host}:{sockname[1]}")
+
+    def status(self) -> PartStatus:
+        """ok on every address, degraded when some could not be bound, unavailable on none."""
+        bound = ", ".join(f"{h}:{p}" if ":" not in h else f"[{h}]:{p}" for h, p in self.bound)
+        failed = "; ".join(f"{a}: {err}" for a, err in self.failures)
+        if not self.bound:
+            return PartStatus(
+                "legacy_rpc",
+                PartState.UNAVAILABLE,
+                f"cannot listen ({failed}); free the port or change [legacy_rpc] listen",
+            )
+        if failed:
+            return PartStatus(
+                "legacy_rpc", PartState.DEGRADED, f"listening on {bound}; failed: {failed}"
+            )
+        return PartStatus(
+            "legacy_rpc",
+            PartState.OK,
+            f"listening on {bound}; {self.served} requests, {self.bad_requests} bad",
+            errors=self.bad_requests,
+        )
 
     async def stop(self) -> None:
         for server in self._servers:

@@ -1,33 +1,27 @@
 """gRPC servicer for `bpfdyno.rpc.v1.Tracing`: translation only, the logic is in TracingService.
 
-Domain errors map to status codes: `InvalidRequest` → INVALID_ARGUMENT, `TraceNotFound` →
-NOT_FOUND, `TracingUnavailable` → UNAVAILABLE, each with the service's message.
+Domain errors become status codes in one place (`bpfdyno.server.errors`).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import NoReturn
 
 import grpc
 
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
+from bpfdyno.server.errors import grpc_errors
 from bpfdyno.services.tracing import (
     DEFAULT_PROCESS_LIMIT,
-    InvalidRequest,
     SkippedProcess,
-    TraceNotFound,
     TraceRequest,
-    TracingError,
     TracingService,
-    TracingUnavailable,
     TrainerView,
 )
 from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.roles import Role
-from bpfdyno.tracing.traces import ProcState, TraceView
-from bpfdyno.tracing.trainers import TrainerState
+from bpfdyno.tracing.traces import ProcState, TraceView, TrainerState
 
 _TRAINER_STATE = {
     TrainerState.IDLE: pb.TRAINER_STATE_IDLE,
@@ -114,19 +108,6 @@ def request_from_pb(r: pb.StartTraceRequest) -> TraceRequest:
     )
 
 
-async def _abort(context: grpc.aio.ServicerContext, e: TracingError) -> NoReturn:
-    if isinstance(e, InvalidRequest):
-        code = grpc.StatusCode.INVALID_ARGUMENT
-    elif isinstance(e, TraceNotFound):
-        code = grpc.StatusCode.NOT_FOUND
-    elif isinstance(e, TracingUnavailable):
-        code = grpc.StatusCode.UNAVAILABLE
-    else:
-        code = grpc.StatusCode.FAILED_PRECONDITION
-    await context.abort(code, str(e))
-    raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
-
-
 class TracingServicer(pb_grpc.TracingServicer):
     def __init__(self, service: TracingService) -> None:
         self._svc = service
@@ -139,13 +120,11 @@ class TracingServicer(pb_grpc.TracingServicer):
             trainers=[trainer_to_pb(t) for t in self._svc.list_trainers(job)]
         )
 
+    @grpc_errors
     async def StartTrace(
         self, request: pb.StartTraceRequest, context: grpc.aio.ServicerContext
     ) -> pb.StartTraceResponse:
-        try:
-            res = self._svc.start_trace(request_from_pb(request))
-        except TracingError as e:
-            await _abort(context, e)
+        res = self._svc.start_trace(request_from_pb(request))
         return pb.StartTraceResponse(
             trace_id=res.trace_id,
             processes_matched=list(res.matched),
@@ -159,31 +138,23 @@ class TracingServicer(pb_grpc.TracingServicer):
             config_text=res.config_text,
         )
 
+    @grpc_errors
     async def GetTrace(
         self, request: pb.GetTraceRequest, context: grpc.aio.ServicerContext
     ) -> pb.TraceStatus:
-        try:
-            return trace_to_pb(self._svc.get_trace(request.trace_id))
-        except TracingError as e:
-            await _abort(context, e)
+        return trace_to_pb(self._svc.get_trace(request.trace_id))
 
+    @grpc_errors
     async def WatchTrace(
         self, request: pb.GetTraceRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.TraceStatus]:
-        try:
-            async for view in self._svc.watch_trace(request.trace_id):
-                yield trace_to_pb(view)
-        except TracingError as e:
-            await _abort(context, e)
+        async for view in self._svc.watch_trace(request.trace_id):
+            yield trace_to_pb(view)
 
+    @grpc_errors
     async def DcgmPause(
         self, request: pb.DcgmPauseRequest, context: grpc.aio.ServicerContext
     ) -> pb.DcgmResponse:
-        if request.duration_s < 1:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"duration_s {request.duration_s} must be at least 1 second",
-            )
         ok = self._svc.dcgm_pause(request.duration_s)
         return pb.DcgmResponse(status=ok, reason="" if ok else self._dcgm_reason())
 

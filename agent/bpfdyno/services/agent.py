@@ -1,8 +1,8 @@
 """The transport-free façade over the daemon's state: what gRPC and the CLI ask for.
 
 RPC layers translate requests to these calls and domain objects to messages; nothing here
-knows about gRPC. Domain errors are raised as `InvalidArgument` so each transport can map them
-to its own status codes.
+knows about gRPC. Domain errors are `bpfdyno.core.errors` (here `InvalidArgument`); each
+transport maps them to its own status codes.
 """
 
 from __future__ import annotations
@@ -15,18 +15,15 @@ from dataclasses import dataclass
 
 from bpfdyno.app.daemon import Daemon
 from bpfdyno.core.catalog import CATALOG, Catalog
+from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.metrics import MetricSpec, Sample
+from bpfdyno.core.status import PartStatus
 from bpfdyno.core.store import Point, SeriesView, matches_any
-from bpfdyno.sources.base import CollectorStatus
 from bpfdyno.version import __version__
 
 #: Longest window a single query may ask for (the store keeps less anyway).
 MAX_WINDOW_S = 7 * 24 * 3600.0
 DEFAULT_WINDOW_S = 300.0
-
-
-class InvalidArgument(ValueError):
-    """The caller asked for something malformed; the message says what and how to fix it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +36,7 @@ class AgentStatus:
     pid: int
     config_source: str
     started_ts: float
-    collectors: list[CollectorStatus]
+    collectors: list[PartStatus]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """The transport-free façade over the kernel's view: processes, connections, events.
 
 The gRPC servicer (`bpfdyno.server.kernel`) and any other front end translate to these
-calls. Domain errors are `InvalidArgument` (the caller asked for something malformed) and
-`Unavailable` (the data source is not running here); both carry a message saying what to do.
+calls. Domain errors are `bpfdyno.core.errors`: `InvalidArgument` (the caller asked for
+something malformed) and `Unavailable` (the data source is not running here).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from bpfdyno.core.errors import InvalidArgument, Unavailable
 from bpfdyno.core.events import FlightRecorder, KernelEvent, Subscription
 from bpfdyno.sources.net.decode import Connection
 from bpfdyno.sources.procs.table import (
@@ -24,14 +25,6 @@ from bpfdyno.sources.procs.table import (
 #: Keys accepted in a ListProcesses filter term ``key=value``.
 FILTER_KEYS = ("pid", "user", "comm", "job", "container", "cgroup")
 MAX_STREAM_KINDS = 64
-
-
-class InvalidArgument(ValueError):
-    """The request is malformed; the message says what and how to fix it."""
-
-
-class Unavailable(RuntimeError):
-    """The data source is not running on this agent; the message says why."""
 
 
 class ConnectionSource(Protocol):

@@ -26,26 +26,23 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from bpfdyno.core.errors import InvalidArgument, NotFound, Unavailable
+from bpfdyno.core.rules import pause_duration_s
 from bpfdyno.tracing.config_text import (
     CheckedConfig,
-    ConfigRejected,
     TraceOptions,
     build_config,
     check_config,
     with_trace_id,
 )
 from bpfdyno.tracing.ipc.wire import KinetoContext, KinetoRequest
-from bpfdyno.tracing.paths import PathRejected, check_log_file, inserts_pid
+from bpfdyno.tracing.paths import check_log_file, inserts_pid
 from bpfdyno.tracing.requests import (
     DEFAULT_PROCESS_LIMIT,
     ROLE_NOTE,
-    InvalidRequest,
     SkippedProcess,
-    TraceNotFound,
     TraceRequest,
     TraceStartResult,
-    TracingError,
-    TracingUnavailable,
     TriggeredProcess,
     busy_reason,
     check_request_shape,
@@ -53,8 +50,8 @@ from bpfdyno.tracing.requests import (
     output_path,
 )
 from bpfdyno.tracing.roles import Role, classify
-from bpfdyno.tracing.traces import NewProcess, ProcState, TraceTracker, TraceView
-from bpfdyno.tracing.trainers import PendingConfig, Trainer, TrainerRegistry, TrainerState
+from bpfdyno.tracing.traces import NewProcess, ProcState, TraceTracker, TraceView, TrainerState
+from bpfdyno.tracing.trainers import Trainer, TrainerRegistry
 
 log = logging.getLogger(__name__)
 
@@ -138,23 +135,15 @@ class TracingService:
         t = self.registry.observe(address, req, self._wall(), self._mono())
         if t is None:
             return ""
-        busy = not req.activities_free
-        self.tracker.on_poll(address, busy)
-        if t.pending is not None:
-            state = self.tracker.state_of(t.pending.trace_id, address)
-            if state is None or state.terminal:  # the request timed out before this poll
-                t.pending = None
-        if t.in_flight is not None and not busy:
-            state = self.tracker.state_of(t.in_flight, address)
-            if state is None or state.terminal:
-                t.in_flight = None
-        if t.pending is not None and req.activities_free:
-            pending, t.pending = t.pending, None
-            t.in_flight = pending.trace_id
-            self.tracker.on_delivered(address)
-            log.info("trace %s: config delivered to pid %d", pending.trace_id, t.pid)
-            return pending.text
-        return ""
+        self.tracker.on_poll(address, busy=not req.activities_free)
+        if not req.activities_free:
+            return ""  # a busy client would drop a config: keep it for a free poll
+        taken = self.tracker.take_config(address)
+        if taken is None:
+            return ""
+        trace_id, text = taken
+        log.info("trace %s: config delivered to pid %d", trace_id, t.pid)
+        return text
 
     def on_context(self, address: bytes, ctxt: KinetoContext) -> int:
         """Legacy ``ctxt`` registration; returns the count dynolog would return."""
@@ -178,7 +167,7 @@ class TracingService:
         for t in trainers:
             if job_id is not None and t.job_id != job_id:
                 continue
-            trace_id = t.pending.trace_id if t.pending else (t.in_flight or "")
+            part = self.tracker.open_part(t.address)
             out.append(
                 TrainerView(
                     pid=t.pid,
@@ -187,10 +176,10 @@ class TracingService:
                     first_poll=t.first_poll,
                     last_poll=t.last_poll,
                     polls=t.polls,
-                    state=t.state,
+                    state=self.tracker.trainer_state(t.address, t.profiler_busy),
                     role=roles[t.address],
                     endpoint=describe_address(t.address),
-                    trace_id=trace_id,
+                    trace_id=part.trace_id if part else "",
                 )
             )
         return out
@@ -199,11 +188,11 @@ class TracingService:
         """The trace's current state.
 
         Raises:
-            TraceNotFound: unknown id (never issued, or forgotten after many newer traces).
+            NotFound: unknown id (never issued, or forgotten after many newer traces).
         """
         view = self.tracker.get(trace_id)
         if view is None:
-            raise TraceNotFound(
+            raise NotFound(
                 f"no trace with id {trace_id!r}; it was never started here or was forgotten "
                 "after many newer traces"
             )
@@ -213,7 +202,7 @@ class TracingService:
         """Yield the trace now and after every change, until every process has ended.
 
         Raises:
-            TraceNotFound: unknown id.
+            NotFound: unknown id.
         """
         view = self.get_trace(trace_id)
         yield view
@@ -241,8 +230,13 @@ class TracingService:
         return self._dcgm_pause is not None
 
     def dcgm_pause(self, duration_s: int) -> bool:
-        """Pause GPU profiling metrics for ``duration_s``; False without a GPU monitor."""
-        return bool(self._dcgm_pause(duration_s)) if self._dcgm_pause else False
+        """Pause GPU profiling metrics for ``duration_s``; False without a GPU monitor.
+
+        Raises:
+            InvalidArgument: the duration breaks `bpfdyno.core.rules.pause_duration_s`.
+        """
+        seconds = pause_duration_s(duration_s)
+        return bool(self._dcgm_pause(seconds)) if self._dcgm_pause else False
 
     def dcgm_resume(self) -> bool:
         """Resume GPU profiling metrics; False without a GPU monitor."""
@@ -254,12 +248,12 @@ class TracingService:
         """Match processes, hand the config to those that can take it, and track them.
 
         Raises:
-            InvalidRequest: bad pids/limit/options/config, or a file that would be
+            InvalidArgument: bad pids/limit/options/config, or a file that would be
                 overwritten; nothing is stored then.
-            TracingUnavailable: the Kineto IPC endpoint is not running.
+            Unavailable: the Kineto IPC endpoint is not running.
         """
         if self.unavailable_reason:
-            raise TracingUnavailable(self.unavailable_reason)
+            raise Unavailable(self.unavailable_reason)
         check_request_shape(req)
         trace_id = secrets.token_hex(8)
         if req.options is not None and not req.options.log_file:
@@ -283,6 +277,7 @@ class TracingService:
         busy: list[SkippedProcess] = []
         over: list[SkippedProcess] = []
         for t in matched:
+            part = self.tracker.open_part(t.address)
             if len(triggered) >= req.process_limit:
                 role = ROLE_NOTE[roles[t.address]]
                 over.append(
@@ -290,19 +285,17 @@ class TracingService:
                         t.pid, t.job_id, f"over the process limit of {req.process_limit}{role}"
                     )
                 )
-            elif not t.can_take_config:
-                busy.append(SkippedProcess(t.pid, t.job_id, busy_reason(t)))
+            elif t.profiler_busy or part is not None:
+                busy.append(SkippedProcess(t.pid, t.job_id, busy_reason(part)))
             else:
                 triggered.append((t, output_path(checked, t.pid)))
         self._check_outputs(checked, triggered)
         text = with_trace_id(checked.text, trace_id)
-        for t, _ in triggered:
-            t.pending = PendingConfig(trace_id=trace_id, text=text)
         timeout = req.timeout_s if req.timeout_s > 0 else self.default_timeout_s
         # Opened even when nothing was triggered: every request's id can be looked up.
         self.tracker.open_trace(
             trace_id,
-            [NewProcess(t.address, t.pid, t.job_id, path) for t, path in triggered],
+            [NewProcess(t.address, t.pid, t.job_id, path, text) for t, path in triggered],
             min(timeout, MAX_TIMEOUT_S),
             checked.iteration_mode,
         )
@@ -326,13 +319,10 @@ class TracingService:
         )
 
     def _checked_config(self, req: TraceRequest) -> CheckedConfig:
-        try:
-            if req.options is not None:
-                check_log_file(req.options.log_file, self.allowed_dirs)
-                return check_config(build_config(req.options), self.allowed_dirs, self._wall())
-            return check_config(req.config or "", self.allowed_dirs, self._wall())
-        except (ConfigRejected, PathRejected) as e:
-            raise InvalidRequest(e.rule, str(e)) from e
+        if req.options is not None:
+            check_log_file(req.options.log_file, self.allowed_dirs)
+            return check_config(build_config(req.options), self.allowed_dirs, self._wall())
+        return check_config(req.config or "", self.allowed_dirs, self._wall())
 
     def _check_outputs(self, checked: CheckedConfig, triggered: list[tuple[Trainer, str]]) -> None:
         paths = [p for _, p in triggered]
@@ -343,40 +333,37 @@ class TracingService:
             and not checked.memory_snapshot
             and not inserts_pid(log_file)
         ):
-            raise InvalidRequest(
-                "no_pid_in_name",
-                f"{log_file} has no '.json', so Kineto cannot add _<pid> and the "
+            raise InvalidArgument(
+                rule="no_pid_in_name",
+                message=f"{log_file} has no '.json', so Kineto cannot add _<pid> and the "
                 f"{len(paths)} processes would overwrite one file; name it *.json or "
                 "*.pt.trace.json",
             )
         if len(set(paths)) != len(paths):
-            raise InvalidRequest(
-                "duplicate_output",
-                "two matched processes would write the same file (same pid in different "
+            raise InvalidArgument(
+                rule="duplicate_output",
+                message="two matched processes would write the same file (same pid in different "
                 "containers?); narrow the request with --pids or --job-id",
             )
         existing = [p for p in paths if os.path.lexists(p)]
         if existing:
-            raise InvalidRequest(
-                "would_overwrite",
-                f"{', '.join(existing)} already exist(s); a new trace would overwrite it. "
+            raise InvalidArgument(
+                rule="would_overwrite",
+                message=f"{', '.join(existing)} already exist(s); a new trace would overwrite it. "
                 "Choose another log file name or move the old trace away",
             )
 
 
 __all__ = [
     "DEFAULT_PROCESS_LIMIT",
-    "InvalidRequest",
     "ProcState",
     "SkippedProcess",
-    "TraceNotFound",
     "TraceOptions",
     "TraceRequest",
     "TraceStartResult",
     "TraceView",
-    "TracingError",
     "TracingService",
-    "TracingUnavailable",
+    "TrainerState",
     "TrainerView",
     "TriggeredProcess",
 ]

@@ -1,4 +1,4 @@
-"""The small interface every data source implements, and the states it can be in.
+"""The small interface every data source implements.
 
 A collector is created with its dependencies injected (a root directory, a library path, a
 loader) so tests can substitute them. The daemon calls ``start()`` once, then ``collect()``
@@ -8,20 +8,10 @@ on its own worker thread at every deadline, then ``close()`` on shutdown.
 from __future__ import annotations
 
 import abc
-import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from bpfdyno.core.metrics import Sample
-
-
-class CollectorState(enum.Enum):
-    STARTING = "starting"
-    OK = "ok"
-    DEGRADED = "degraded"  # running, but its last collections failed (see the reason)
-    UNAVAILABLE = "unavailable"  # could not start on this machine (see the reason)
-    STOPPED = "stopped"
-    DISABLED = "disabled"  # turned off in the configuration
+from bpfdyno.core.status import PartState
 
 
 class CollectorUnavailable(Exception):
@@ -57,25 +47,11 @@ class Collector(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release everything ``start()`` acquired (detach BPF, shut NVML down)."""
 
-    def health(self) -> tuple[CollectorState, str] | None:
+    def health(self) -> tuple[PartState, str] | None:
         """Optional: a state to report even though ``collect()`` succeeded.
 
         A collector that keeps running while part of its source is gone (one GPU lost, a
-        ring buffer dropping events) returns ``(CollectorState.DEGRADED, reason)``; None
+        ring buffer dropping events) returns ``(PartState.DEGRADED, reason)``; None
         means "ok". Called on the collector's thread right after each successful collect.
         """
         return None
-
-
-@dataclass(frozen=True, slots=True)
-class CollectorStatus:
-    """What ``status`` reports for one collector."""
-
-    name: str
-    state: CollectorState
-    reason: str
-    interval_s: float
-    collections: int
-    errors: int
-    last_duration_s: float
-    last_success_ts: float  # wall-clock epoch seconds, 0 if never

@@ -13,12 +13,11 @@ import contextlib
 import logging
 import sys
 import time
-from typing import NamedTuple
 
 from bpfdyno.core.config import Config
+from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.server.legacy_rpc import LegacyRpcHandler, LegacyRpcServer
 from bpfdyno.services.tracing import DcgmPause, DcgmResume, TracingService
-from bpfdyno.sources.base import CollectorState, CollectorStatus
 from bpfdyno.tracing.ipc.endpoint import QUEUE_LEN, EndpointUnavailable, KinetoEndpoint
 from bpfdyno.tracing.trainers import TrainerRegistry
 from bpfdyno.version import __version__
@@ -32,14 +31,6 @@ SWEEP_INTERVAL_S = 5.0
 #: for up to the switch interval (CPython's default: 5 ms) before the event loop gets it;
 #: 1 ms keeps replies within about a millisecond (see docs/performance.md).
 IPC_SWITCH_INTERVAL_S = 0.001
-
-
-class PartStatus(NamedTuple):
-    """One part's state: "ok", "degraded", "unavailable", "disabled" or "stopped"."""
-
-    name: str
-    state: str
-    reason: str
 
 
 def allowed_dirs(cfg: Config) -> list[str]:
@@ -156,62 +147,26 @@ class TracingComponent:
         """Pids whose profiler is tracing now (for the GPU collector to pause GPM)."""
         return self.service.tracing_pids()
 
-    def status(self) -> list[PartStatus]:
-        """The IPC endpoint's and the legacy RPC's state, with reasons."""
-        out: list[PartStatus] = []
+    def statuses(self) -> list[PartStatus]:
+        """The IPC endpoint's and the legacy RPC's state, with reasons (the daemon's Component
+        protocol)."""
         if self.endpoint.is_open:
             n = len(self.service.registry)
-            out.append(
-                PartStatus(
-                    "kineto_ipc",
-                    "ok",
-                    f"{self.endpoint.address} (queue {self.endpoint.queue_len}): {n} trainers; "
-                    f"{self.endpoint.stats.summary()}",
-                )
+            ipc = PartStatus(
+                "kineto_ipc",
+                PartState.OK,
+                f"{self.endpoint.address} (queue {self.endpoint.queue_len}): {n} trainers; "
+                f"{self.endpoint.stats.summary()}",
+                last_success_ts=time.time(),
             )
         elif self._ipc_error:
-            out.append(PartStatus("kineto_ipc", "unavailable", self._ipc_error))
+            ipc = PartStatus("kineto_ipc", PartState.UNAVAILABLE, self._ipc_error)
         else:
-            out.append(PartStatus("kineto_ipc", "stopped", "not started"))
-        out.append(self._legacy_status())
-        return out
-
-    def _legacy_status(self) -> PartStatus:
-        rpc = self.legacy
-        if rpc is None:
-            return PartStatus("legacy_rpc", "disabled", "[legacy_rpc] enabled = false")
-        if not self._started:
-            return PartStatus("legacy_rpc", "stopped", "not started")
-        bound = ", ".join(f"{h}:{p}" if ":" not in h else f"[{h}]:{p}" for h, p in rpc.bound)
-        failed = "; ".join(f"{a}: {err}" for a, err in rpc.failures)
-        if not rpc.bound:
-            return PartStatus(
-                "legacy_rpc",
-                "unavailable",
-                f"cannot listen ({failed}); free the port or change [legacy_rpc] listen",
-            )
-        if failed:
-            return PartStatus("legacy_rpc", "degraded", f"listening on {bound}; failed: {failed}")
-        return PartStatus(
-            "legacy_rpc",
-            "ok",
-            f"listening on {bound}; {rpc.served} requests, {rpc.bad_requests} bad",
-        )
-
-    def statuses(self) -> list[CollectorStatus]:
-        """`status()` in the daemon's status format (the daemon's Component protocol)."""
-        states = {s.value: s for s in CollectorState}
-        now = time.time()
-        return [
-            CollectorStatus(
-                name=p.name,
-                state=states.get(p.state, CollectorState.UNAVAILABLE),
-                reason=p.reason,
-                interval_s=0.0,
-                collections=0,
-                errors=0,
-                last_duration_s=0.0,
-                last_success_ts=now if p.state == "ok" else 0.0,
-            )
-            for p in self.status()
-        ]
+            ipc = PartStatus("kineto_ipc", PartState.STOPPED, "not started")
+        if self.legacy is None:
+            legacy = PartStatus("legacy_rpc", PartState.DISABLED, "[legacy_rpc] enabled = false")
+        elif not self._started:
+            legacy = PartStatus("legacy_rpc", PartState.STOPPED, "not started")
+        else:
+            legacy = self.legacy.status()
+        return [ipc, legacy]

@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.tracing.paths import PathRejected, check_log_file
 
 #: Largest config text accepted (Kineto's limit is the ~212 KB datagram; stay far below).
@@ -60,7 +61,7 @@ _INT32_MAX = 2**31 - 1
 _INT64_KEYS = frozenset({"PROFILE_START_TIME"})
 
 
-class ConfigRejected(ValueError):
+class ConfigRejected(InvalidArgument):
     """A config (or one of the options it is built from) that breaks a rule.
 
     Attributes:
@@ -68,8 +69,9 @@ class ConfigRejected(ValueError):
     """
 
     def __init__(self, rule: str, message: str, *, prefixed: bool = False) -> None:
-        super().__init__(message if prefixed else f"config rejected by rule '{rule}': {message}")
-        self.rule = rule
+        super().__init__(
+            message if prefixed else f"config rejected by rule '{rule}': {message}", rule=rule
+        )
 
 
 @dataclass(frozen=True, slots=True)

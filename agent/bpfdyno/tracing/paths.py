@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from bpfdyno.core.errors import InvalidArgument
+
 #: Where Kineto writes when the config names no log file.
 DEFAULT_LOG_FILE_PATTERN = "/tmp/libkineto_activities_{pid}.json"
 #: Where Kineto writes a memory snapshot (PROFILE_MEMORY=true) instead of a trace.
@@ -22,7 +24,7 @@ MAX_PATH_BYTES = 1024
 TMP_SUFFIX = ".tmp"
 
 
-class PathRejected(ValueError):
+class PathRejected(InvalidArgument):
     """A log-file path that breaks one of the safety rules.
 
     Attributes:
@@ -30,8 +32,7 @@ class PathRejected(ValueError):
     """
 
     def __init__(self, rule: str, message: str) -> None:
-        super().__init__(f"log file rejected by rule '{rule}': {message}")
-        self.rule = rule
+        super().__init__(f"log file rejected by rule '{rule}': {message}", rule=rule)
 
 
 def kineto_output_path(log_file: str, pid: int) -> str:

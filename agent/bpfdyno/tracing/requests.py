@@ -1,4 +1,4 @@
-"""Trace requests and their outcome: the request, the result, the errors, and matching.
+"""Trace requests and their outcome: the request, the result, and matching.
 
 Pure data and pure functions; `TracingService` applies them to the registered trainers.
 """
@@ -7,39 +7,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.tracing.config_text import CheckedConfig, TraceOptions
 from bpfdyno.tracing.ipc.wire import MAX_PID
 from bpfdyno.tracing.paths import default_output_path, kineto_output_path, memory_snapshot_path
 from bpfdyno.tracing.roles import Role
+from bpfdyno.tracing.traces import OpenPart, ProcState
 from bpfdyno.tracing.trainers import Trainer
 
 #: The dyno CLI's default process limit (the legacy RPC's own default is 1000).
 DEFAULT_PROCESS_LIMIT = 3
 MAX_REQUEST_PIDS = 1024
-
-
-class TracingError(Exception):
-    """A request the service cannot carry out; the message says why and what to do."""
-
-
-class InvalidRequest(TracingError):
-    """The request itself is wrong (maps to INVALID_ARGUMENT).
-
-    Attributes:
-        rule: the rule it broke, e.g. "outside_allowed_dirs".
-    """
-
-    def __init__(self, rule: str, message: str) -> None:
-        super().__init__(message)
-        self.rule = rule
-
-
-class TraceNotFound(TracingError):
-    """No trace with that id (maps to NOT_FOUND)."""
-
-
-class TracingUnavailable(TracingError):
-    """Trainers cannot be reached right now (maps to UNAVAILABLE)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,21 +93,23 @@ def check_request_shape(req: TraceRequest) -> None:
     """Reject out-of-range fields before anything is matched.
 
     Raises:
-        InvalidRequest: naming the field's rule.
+        InvalidArgument: naming the field's rule.
     """
     if (req.options is None) == (req.config is None):
-        raise InvalidRequest("bad_request", "give either trace options or a config text")
+        raise InvalidArgument("give either trace options or a config text", rule="bad_request")
     if req.job_id < 0:
-        raise InvalidRequest("bad_job_id", f"job id {req.job_id} is negative")
+        raise InvalidArgument(f"job id {req.job_id} is negative", rule="bad_job_id")
     if len(req.pids) > MAX_REQUEST_PIDS:
-        raise InvalidRequest("too_many_pids", f"{len(req.pids)} pids; at most {MAX_REQUEST_PIDS}")
+        raise InvalidArgument(
+            f"{len(req.pids)} pids; at most {MAX_REQUEST_PIDS}", rule="too_many_pids"
+        )
     for p in req.pids:
         if not 0 <= p <= MAX_PID:
-            raise InvalidRequest("bad_pid", f"pid {p} is outside 0..{MAX_PID}")
+            raise InvalidArgument(f"pid {p} is outside 0..{MAX_PID}", rule="bad_pid")
     if req.process_limit < 0:
-        raise InvalidRequest("bad_process_limit", f"process limit {req.process_limit} < 0")
+        raise InvalidArgument(f"process limit {req.process_limit} < 0", rule="bad_process_limit")
     if req.timeout_s < 0:
-        raise InvalidRequest("bad_timeout", f"timeout {req.timeout_s} s is negative")
+        raise InvalidArgument(f"timeout {req.timeout_s} s is negative", rule="bad_timeout")
 
 
 def _all_pids(pids: tuple[int, ...]) -> bool:
@@ -154,12 +134,12 @@ def mismatch(t: Trainer, req: TraceRequest) -> str:
     return ""
 
 
-def busy_reason(t: Trainer) -> str:
-    """Why trainer ``t`` cannot take a config now, in words."""
-    if t.pending is not None:
-        return f"busy: trace {t.pending.trace_id} is waiting for its next poll"
-    if t.in_flight is not None:
-        return f"busy: it is still working on trace {t.in_flight}"
+def busy_reason(part: OpenPart | None) -> str:
+    """Why a matched trainer cannot take a config now, given its open part of a trace."""
+    if part is not None and part.state is ProcState.PENDING:
+        return f"busy: trace {part.trace_id} is waiting for its next poll"
+    if part is not None:
+        return f"busy: it is still working on trace {part.trace_id}"
     return "busy: its profiler is tracing (started by another request or by the job itself)"
 
 

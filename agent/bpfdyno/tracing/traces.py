@@ -1,5 +1,8 @@
 """Every trace followed to the end: one trace id per request, one state per process.
 
+The tracker is the one owner of trace state: the config waiting for a process, whether it
+was delivered, how its trace is going. The trainer registry knows only who polls.
+
 A process moves ``pending -> delivered -> tracing -> written``, or ends ``failed`` or
 ``timed_out``. The evidence comes from two places:
 
@@ -37,6 +40,14 @@ NEVER_STARTED_POLLS = 4
 MISSING_FILE_POLLS = 2
 #: Most traces remembered; the oldest finished ones are forgotten first.
 MAX_TRACES = 256
+
+
+class TrainerState(enum.Enum):
+    """What a trainer is doing, as far as the daemon can tell."""
+
+    IDLE = "idle"
+    CONFIG_PENDING = "config_pending"  # a config waits for it, or it has one not yet started
+    TRACING = "tracing"  # its last poll said the activity profiler is busy
 
 
 class ProcState(enum.Enum):
@@ -93,6 +104,7 @@ class TraceView:
 class _Proc:
     view: ProcessTrace
     address: bytes
+    config_text: str  # what the process is handed at its next free poll
     idle_polls: int = 0  # idle polls since delivery, before any sign of tracing
     idle_after_busy: int = 0
     seen_busy: bool = False
@@ -126,12 +138,21 @@ class _Trace:
 
 @dataclass(frozen=True, slots=True)
 class NewProcess:
-    """A process a new trace was handed to."""
+    """A process a new trace is for, and the config text it will be handed."""
 
     address: bytes
     pid: int
     job_id: int
     output_path: str
+    config_text: str
+
+
+@dataclass(frozen=True, slots=True)
+class OpenPart:
+    """A process's part of a trace that has not ended."""
+
+    trace_id: str
+    state: ProcState
 
 
 class TraceTracker:
@@ -178,6 +199,7 @@ class TraceTracker:
                     updated=now,
                 ),
                 address=p.address,
+                config_text=p.config_text,
             )
             for p in processes
         }
@@ -214,11 +236,18 @@ class TraceTracker:
     def traces(self) -> list[TraceView]:
         return [t.view() for t in self._traces.values()]
 
-    def state_of(self, trace_id: str, address: bytes) -> ProcState | None:
-        """The state of one process's part of a trace; None if either is unknown."""
-        tr = self._traces.get(trace_id)
-        p = tr.procs.get(address) if tr else None
-        return p.view.state if p else None
+    def open_part(self, address: bytes) -> OpenPart | None:
+        """The process's part of a trace that has not ended (None: it is free of ours)."""
+        part = self._part(address)
+        return OpenPart(part[0].trace_id, part[1].view.state) if part else None
+
+    def trainer_state(self, address: bytes, profiler_busy: bool) -> TrainerState:
+        """What the process at ``address`` is doing, given whether its profiler is busy."""
+        if profiler_busy:
+            return TrainerState.TRACING
+        if self._part(address) is not None:
+            return TrainerState.CONFIG_PENDING
+        return TrainerState.IDLE
 
     def has_open(self) -> bool:
         return any(t.open for t in self._traces.values())
@@ -258,11 +287,17 @@ class TraceTracker:
         p = tr.procs.get(address) if tr else None
         return (tr, p) if tr and p else None
 
-    def on_delivered(self, address: bytes) -> None:
-        """The process's pending config went out in a reply."""
+    def take_config(self, address: bytes) -> tuple[str, str] | None:
+        """Hand out the process's pending config, once: (trace id, config text), or None.
+
+        Call only when the process's profiler is free (a busy client drops a config).
+        """
         part = self._part(address)
-        if part and part[1].view.state is ProcState.PENDING:
-            self._set(*part, ProcState.DELIVERED, "config delivered; waiting for tracing to start")
+        if part is None or part[1].view.state is not ProcState.PENDING:
+            return None
+        tr, p = part
+        self._set(tr, p, ProcState.DELIVERED, "config delivered; waiting for tracing to start")
+        return tr.trace_id, p.config_text
 
     def on_poll(self, address: bytes, busy: bool) -> bool:
         """Account a poll of a process with an open part; True when that part just ended.

@@ -1,4 +1,7 @@
-"""The trainers that poll the daemon: who they are, when they last polled, what they hold.
+"""The trainers that poll the daemon: who they are and when they last polled.
+
+Liveness only: what a trainer was handed and how its trace is going is the trace tracker's
+(`bpfdyno.tracing.traces`), the one owner of trace state.
 
 A trainer is identified by the address its Kineto client bound (one per process lifetime),
 not by its pid: pids repeat across containers (pid namespaces) and after a process exits.
@@ -9,7 +12,6 @@ cannot push out the trainers that are really polling.
 
 from __future__ import annotations
 
-import enum
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -21,22 +23,6 @@ EVICTABLE_AFTER_S = 10.0
 #: Bound on the legacy ``ctxt`` bookkeeping (job, gpu) -> pids.
 MAX_CONTEXT_KEYS = 4096
 MAX_CONTEXT_PIDS = 4096
-
-
-class TrainerState(enum.Enum):
-    """What a trainer is doing, as far as the daemon can tell."""
-
-    IDLE = "idle"
-    CONFIG_PENDING = "config_pending"  # a config waits for it, or it has one not yet started
-    TRACING = "tracing"  # its last poll said the activity profiler is busy
-
-
-@dataclass(slots=True)
-class PendingConfig:
-    """A config stored for a trainer until its next free poll."""
-
-    trace_id: str
-    text: str  # the full text handed out, trace id included
 
 
 @dataclass(slots=True)
@@ -51,10 +37,6 @@ class Trainer:
         last_poll_mono: monotonic seconds, for expiry.
         polls: how many polls it sent.
         last_config_type: the bitmask of its last poll.
-        pending: the config waiting for its next free poll.
-        in_flight: the trace id of a config it was handed and has not finished with; no
-            other config is given to it meanwhile (it could arrive while it is busy and be
-            dropped, e.g. when the client reads replies one poll late).
     """
 
     address: bytes
@@ -65,8 +47,6 @@ class Trainer:
     last_poll_mono: float
     polls: int = 0
     last_config_type: int = 0
-    pending: PendingConfig | None = None
-    in_flight: str | None = None
 
     @property
     def pid(self) -> int:
@@ -80,19 +60,6 @@ class Trainer:
     def profiler_busy(self) -> bool:
         """True when its last poll said the activity profiler cannot take a config."""
         return not self.last_config_type & ACTIVITIES_BIT
-
-    @property
-    def state(self) -> TrainerState:
-        if self.profiler_busy:
-            return TrainerState.TRACING
-        if self.pending is not None or self.in_flight is not None:
-            return TrainerState.CONFIG_PENDING
-        return TrainerState.IDLE
-
-    @property
-    def can_take_config(self) -> bool:
-        """Nothing pending, nothing in flight, and the profiler is free."""
-        return self.pending is None and self.in_flight is None and not self.profiler_busy
 
 
 @dataclass(slots=True)

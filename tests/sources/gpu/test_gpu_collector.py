@@ -13,7 +13,8 @@ from gpu_fake_nvml import A100_UUID, H100_UUID, FakeNvml, as_dict, value
 
 from bpfdyno.core import config
 from bpfdyno.core.catalog import CATALOG
-from bpfdyno.sources.base import CollectorState, CollectorUnavailable
+from bpfdyno.core.status import PartState
+from bpfdyno.sources.base import CollectorUnavailable
 from bpfdyno.sources.gpu.collector import GpuCollector, ProcGpu, doctor_check
 
 pytest_plugins = ("gpu_fake_nvml",)  # the fake_libs / fake fixtures
@@ -140,7 +141,7 @@ def test_not_supported_fields_are_nan_and_the_rest_stays(
     assert [r.levelno for r in caplog.records if "Insufficient Permissions" in r.getMessage()] == [
         logging.WARNING
     ] * 2
-    assert collector.health()[0] is CollectorState.OK
+    assert collector.health()[0] is PartState.OK
 
 
 def test_per_process_join(collector: GpuCollector, fake: FakeNvml) -> None:
@@ -173,7 +174,7 @@ def test_per_process_join(collector: GpuCollector, fake: FakeNvml) -> None:
 def test_status_reports_devices_and_functions(collector: GpuCollector) -> None:
     collector.collect()
     st = collector.status()
-    assert st.state is CollectorState.OK
+    assert st.state is PartState.OK
     assert st.driver_version == "550.54.15"
     assert [(d.index, d.uuid, d.name, d.pci_bus_id, d.lost) for d in st.devices] == [
         (0, H100_UUID, "NVIDIA H100 80GB HBM3", "00000000:18:00.0", ""),

@@ -21,7 +21,8 @@ from gpu_fake_nvml import FakeNvml
 
 from bpfdyno.app.assembly import profiling_controls
 from bpfdyno.core.metrics import Sample
-from bpfdyno.sources.base import CollectorState, CollectorUnavailable
+from bpfdyno.core.status import PartState
+from bpfdyno.sources.base import CollectorUnavailable
 from bpfdyno.sources.gpu.collector import GpuCollector
 from bpfdyno.sources.gpu.dcgm import DCGM_FIELDS, DcgmCollector, find_libdcgm
 from bpfdyno.sources.gpu.dcgm_api import FIELD_VALUE_VERSION1, FieldValueV1
@@ -199,7 +200,7 @@ def test_exact_values_per_field_and_gpu(collector: DcgmCollector, dcgm: FakeDcgm
     assert dcgm.calls("dcgmGetLatestValuesForFields") == 2
     assert dcgm.watch_freq_us() == 500_000
     state, reason = collector.health()
-    assert state is CollectorState.OK
+    assert state is PartState.OK
     assert reason == f"2 GPU(s) via DCGM embedded host engine ({dcgm.library}); profiling: active"
 
 
@@ -221,7 +222,7 @@ def test_engine_loss_degrades_then_recovers(
     dcgm.set({"engine": "down"})
     assert collector.collect() == []
     state, reason = collector.health()
-    assert state is CollectorState.DEGRADED
+    assert state is PartState.DEGRADED
     assert reason == (
         "DCGM host engine lost: dcgmUpdateAllFields failed: The connection to the host engine "
         "is not valid any longer (-21); re-start in 1 s"
@@ -238,7 +239,7 @@ def test_engine_loss_degrades_then_recovers(
     clock.now += 1.0
     assert by_key(list(collector.collect())) == pytest.approx(EXPECTED, rel=1e-12)
     assert collector.restart_attempts == 2
-    assert collector.health()[0] is CollectorState.OK
+    assert collector.health()[0] is PartState.OK
     assert dcgm.engines() == 1
     assert dcgm.calls("dcgmStartEmbedded") == 3
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from gpu_fake_nvml import A100_UUID, H100_UUID, FakeLibs, FakeNvml, run_child, value
 
-from bpfdyno.sources.base import CollectorState
+from bpfdyno.core.status import PartState
 from bpfdyno.sources.gpu.collector import GpuCollector
 
 pytest_plugins = ("gpu_fake_nvml",)  # the fake_libs / fake fixtures
@@ -46,7 +46,7 @@ def test_lost_gpu_keeps_the_others_and_recovers(collector: GpuCollector, fake: F
     assert value(samples, "gpu_power_watts", gpu="1") == 90.25
     assert value(samples, "gpu_count") == 1.0
     state, reason = collector.health()
-    assert state is CollectorState.DEGRADED
+    assert state is PartState.DEGRADED
     assert reason.startswith(
         f"gpu 0 ({H100_UUID}) lost: gpu 0: nvmlDeviceGetUtilizationRates: {GPU_IS_LOST}"
     )
@@ -65,7 +65,7 @@ def test_lost_gpu_keeps_the_others_and_recovers(collector: GpuCollector, fake: F
     assert collector.reinit_attempts == 3
     assert value(samples, "gpu_up", gpu="0", uuid=H100_UUID) == 1.0
     assert value(samples, "gpu_power_watts", gpu="0") == 312.5
-    assert collector.health()[0] is CollectorState.OK
+    assert collector.health()[0] is PartState.OK
     st = collector.status()
     assert st.retry_in_s is None
     assert st.events == "watching 2 GPU(s) for XID and critical errors"
@@ -81,7 +81,7 @@ def test_gpu_lost_at_start_then_recovers(fake: FakeNvml) -> None:
     c.start()  # one GPU answering is enough to start
     try:
         assert c.health() == (
-            CollectorState.DEGRADED,
+            PartState.DEGRADED,
             "gpu 0 (index-0) lost: gpu 0: nvmlDeviceGetHandleByIndex_v2: GPU is lost (15); "
             "re-init in 0 s",
         )
@@ -120,7 +120,7 @@ def test_driver_unloaded_and_reloaded(collector: GpuCollector, fake: FakeNvml) -
     assert [s.value for s in samples if s.spec.name == "gpu_up"] == [0.0, 0.0]
     assert value(samples, "gpu_count") == 0.0  # no GPU answers
     state, reason = collector.health()
-    assert state is CollectorState.DEGRADED
+    assert state is PartState.DEGRADED
     assert reason == "NVML unavailable: the NVIDIA kernel driver is not loaded; re-init in 0 s"
     assert collector.per_process() == {}
     fake.set({"driver": "loaded"})
@@ -128,7 +128,7 @@ def test_driver_unloaded_and_reloaded(collector: GpuCollector, fake: FakeNvml) -
     assert [s.value for s in samples if s.spec.name == "gpu_up"] == [1.0, 1.0]
     assert value(samples, "gpu_memory_used_bytes", gpu="1") == 1073741824.0
     assert set(collector.per_process()) == {4242, 4343}
-    assert collector.health()[0] is CollectorState.OK
+    assert collector.health()[0] is PartState.OK
 
 
 def test_driver_gone_error_marks_every_gpu_lost(collector: GpuCollector, fake: FakeNvml) -> None:

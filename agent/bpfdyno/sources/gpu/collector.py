@@ -30,7 +30,8 @@ import pynvml
 
 from bpfdyno.core.config import GpuSection
 from bpfdyno.core.metrics import Sample, sample
-from bpfdyno.sources.base import Collector, CollectorState, CollectorUnavailable
+from bpfdyno.core.status import PartState
+from bpfdyno.sources.base import Collector, CollectorUnavailable
 from bpfdyno.sources.gpu import metrics as m
 from bpfdyno.sources.gpu.events import EventSink, EventWatcher
 from bpfdyno.sources.gpu.gpm import GpmSampler, ManualPause, ProfilingPause
@@ -71,7 +72,7 @@ class GpuDeviceStatus:
 class GpuStatus:
     """What ``status`` and ``doctor`` show about the GPU collector."""
 
-    state: CollectorState
+    state: PartState
     reason: str
     driver_version: str
     devices: tuple[GpuDeviceStatus, ...]
@@ -405,7 +406,7 @@ class GpuCollector(Collector):
         before start), like dynolog's reply without a profiling source.
 
         Raises:
-            ValueError: ``duration_s`` is not a positive, finite number of seconds.
+            InvalidArgument: ``duration_s`` breaks `bpfdyno.core.rules.pause_duration_s`.
         """
         pause = self._pause.pause(duration_s)
         log.info("gpu: profiling paused until %s (dcgm-pause)", _iso(pause.until_wall))
@@ -479,25 +480,25 @@ class GpuCollector(Collector):
             retry,
         )
 
-    def health(self) -> tuple[CollectorState, str]:
+    def health(self) -> tuple[PartState, str]:
         """(state, one-line reason) for the daemon's status: DEGRADED while a GPU is lost."""
         if not self._started:
-            return CollectorState.STOPPED, "not started"
+            return PartState.STOPPED, "not started"
         retry = (
             ""
             if self._retry_at is None
             else f"; re-init in {max(0.0, self._retry_at - self._clock()):.0f} s"
         )
         if self._down:
-            return CollectorState.DEGRADED, f"NVML unavailable: {self._down}{retry}"
+            return PartState.DEGRADED, f"NVML unavailable: {self._down}{retry}"
         lost = [d for d in self._devices if d.lost]
         if lost:
             what = "; ".join(f"gpu {d.ref.index} ({d.ref.uuid}) lost: {d.lost}" for d in lost)
-            return CollectorState.DEGRADED, what + retry
+            return PartState.DEGRADED, what + retry
         manual = self._pause.current()
         gpm = sorted({self._gpm_status(d, manual) for d in self._devices})
         watcher = self._watcher
-        return CollectorState.OK, (
+        return PartState.OK, (
             f"{len(self._devices)} GPU(s), driver {self._driver_version or '?'}; GPM: "
             f"{' / '.join(gpm)}; events: {watcher.state if watcher else 'disabled'}"
         )

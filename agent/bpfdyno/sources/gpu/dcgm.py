@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from bpfdyno.core.metrics import Sample, sample
-from bpfdyno.sources.base import Collector, CollectorState, CollectorUnavailable
+from bpfdyno.core.status import PartState
+from bpfdyno.sources.base import Collector, CollectorUnavailable
 from bpfdyno.sources.gpu.dcgm_api import (
     FIRST_PROF_FIELD,
     ST_MODULE_NOT_LOADED,
@@ -303,7 +304,7 @@ class DcgmCollector(Collector):
         apply it (False without a running host engine or without profiling fields).
 
         Raises:
-            ValueError: ``duration_s`` is not a positive, finite number of seconds.
+            InvalidArgument: ``duration_s`` breaks `bpfdyno.core.rules.pause_duration_s`.
         """
         pause = self._pause.pause(duration_s)
         ok = self._apply_pause("dcgm-pause")
@@ -335,17 +336,17 @@ class DcgmCollector(Collector):
         finally:
             self._lock.release()
 
-    def health(self) -> tuple[CollectorState, str]:
+    def health(self) -> tuple[PartState, str]:
         """(state, one-line reason): DEGRADED while the host engine is lost."""
         if self._lib is None:
-            return CollectorState.STOPPED, "not started"
+            return PartState.STOPPED, "not started"
         if self._down:
             retry = (
                 ""
                 if self._retry_at is None
                 else f"; re-start in {max(0.0, self._retry_at - self._clock()):.0f} s"
             )
-            return CollectorState.DEGRADED, f"DCGM host engine lost: {self._down}{retry}"
+            return PartState.DEGRADED, f"DCGM host engine lost: {self._down}{retry}"
         watch = self._watch
         gpus = len(watch.gpu_ids) if watch else 0
         manual = self._pause.current()
@@ -355,7 +356,7 @@ class DcgmCollector(Collector):
             prof = f"paused (dcgm-pause, until {_iso(manual.until_wall)})"
         else:
             prof = "active"
-        return CollectorState.OK, (
+        return PartState.OK, (
             f"{gpus} GPU(s) via DCGM embedded host engine ({self._lib.path}); profiling: {prof}"
         )
 

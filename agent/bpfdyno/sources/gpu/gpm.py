@@ -23,6 +23,7 @@ from functools import partial
 import pynvml
 
 from bpfdyno.core.metrics import MetricSpec
+from bpfdyno.core.rules import pause_duration_s
 from bpfdyno.sources.gpu.metrics import GPM_METRICS
 from bpfdyno.sources.gpu.nvml import DeviceRef, Nvml
 
@@ -145,14 +146,9 @@ class ProfilingPause:
         """Pause profiling for ``duration_s`` seconds from now (replacing any earlier pause).
 
         Raises:
-            ValueError: ``duration_s`` is not a positive, finite number of seconds.
+            InvalidArgument: ``duration_s`` breaks `bpfdyno.core.rules.pause_duration_s`.
         """
-        if isinstance(duration_s, bool) or not isinstance(duration_s, int | float):
-            raise ValueError(f"the pause duration must be a number of seconds, got {duration_s!r}")
-        if not math.isfinite(duration_s) or duration_s <= 0:
-            raise ValueError(
-                f"the pause duration must be a positive number of seconds, got {duration_s!r}"
-            )
+        duration_s = pause_duration_s(duration_s)
         pause = ManualPause(self._clock() + duration_s, time.time() + duration_s)
         with self._lock:
             self._pause = pause
