@@ -35,9 +35,23 @@ NO_GPU = (
 )
 
 
+TABS = {"1": "overview", "2": "processes", "3": "trainers", "4": "events", "5": "agent"}
+
+
+def _tab_ready(app: TopApp, tab: str) -> bool:
+    """The tab is active and its list has the focus (so the footer shows its keys)."""
+    if app.active_tab != tab:
+        return False
+    lists = list(app.query_one(f"#{tab}").query("FastTable, VerticalScroll"))
+    return not lists or lists[0].has_focus
+
+
 async def _show(pilot: Pilot[Any], app: TopApp, source: RecordedDataSource, key: str) -> None:
     """Switch to a tab and wait until it shows the last frame's data."""
     await pilot.press(key)
+    # Under load the tab switch and the focus move take a few event-loop turns: wait for them
+    # instead of a fixed pause, or the footer may still show the previous tab's keys.
+    await wait_until(pilot, lambda: _tab_ready(app, TABS[key]), what=f"the {TABS[key]} tab")
     if key == "2" and not source.recording.unavailable:
         last = source.recording.frames[-1].ts
         await wait_until(
