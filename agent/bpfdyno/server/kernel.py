@@ -11,7 +11,7 @@ from bpfdyno.core.events import KernelEvent
 from bpfdyno.rpc.v1 import kernel_pb2 as pb
 from bpfdyno.rpc.v1 import kernel_pb2_grpc as pb_grpc
 from bpfdyno.services.kernel import InvalidArgument, KernelService, Unavailable
-from bpfdyno.sources.net.decode import Connection
+from bpfdyno.sources.net.decode import TcpConnection
 from bpfdyno.sources.procs.table import ProcessRow
 
 
@@ -59,7 +59,7 @@ def process_to_pb(r: ProcessRow) -> pb.ProcessRow:
     )
 
 
-def connection_to_pb(c: Connection) -> pb.TcpConnection:
+def connection_to_pb(c: TcpConnection) -> pb.TcpConnection:
     return pb.TcpConnection(
         pid=c.pid,
         comm=c.comm,

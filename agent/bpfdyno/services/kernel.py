@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from bpfdyno.core.events import FlightRecorder, KernelEvent, Subscription
-from bpfdyno.sources.net.decode import Connection
+from bpfdyno.sources.net.decode import TcpConnection
 from bpfdyno.sources.procs.table import (
     SORT_KEYS,
     ProcessRow,
@@ -37,7 +37,7 @@ class Unavailable(RuntimeError):
 class ConnectionSource(Protocol):
     """Where connections come from (the net collector)."""
 
-    def connections(self) -> list[Connection]: ...
+    def connections(self) -> list[TcpConnection]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +99,7 @@ class KernelService:
             rows = rows[:limit]
         return replace(snap, rows=tuple(rows))
 
-    def list_connections(self, pid: int = 0, state: str = "") -> list[Connection]:
+    def list_connections(self, pid: int = 0, state: str = "") -> list[TcpConnection]:
         """Tracked TCP connections, optionally of one process and/or in one state.
 
         Raises:

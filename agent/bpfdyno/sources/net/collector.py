@@ -23,8 +23,8 @@ from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.ebpf.program import BpfLoadError, BpfRunStats, ensure_tracefs, load_bpf, unload
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 from bpfdyno.sources.net.decode import (
-    Connection,
     ProcNet,
+    TcpConnection,
     connection_from_leaf,
     event_from_record,
     net_header_enums,
@@ -131,7 +131,7 @@ class NetCollector(Collector):
         self._prev_drops: dict[int, int] = {}
         self._prev_t = 0.0
         self._procs: dict[int, ProcNet] = {}
-        self._conns: list[Connection] = []
+        self._conns: list[TcpConnection] = []
         self.plan: Plan | None = None
         #: Why the collector is not running ("" while it runs).
         self.unavailable_reason = "not started"
@@ -251,7 +251,7 @@ class NetCollector(Collector):
         self._require()
         return dict(self._procs)
 
-    def connections(self) -> list[Connection]:
+    def connections(self) -> list[TcpConnection]:
         """Tracked TCP connections, as of the last collection.
 
         Raises:
