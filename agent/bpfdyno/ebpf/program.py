@@ -34,11 +34,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bpfdyno.core.metrics import Sample, sample
+from bpfdyno.ebpf.errors import BpfLoadError as BpfLoadError
 from bpfdyno.ebpf.kheaders import HeaderFlavour, KernelHeadersError, ensure_headers
 from bpfdyno.ebpf.metrics import (
     BPF_RUN_NS_PER_EVENT,
     BPF_RUNS_PER_SECOND,
 )
+from bpfdyno.ebpf.tracefs import TracefsError, ensure_tracefs
 
 if TYPE_CHECKING:
     import bcc
@@ -48,41 +50,12 @@ log = logging.getLogger(__name__)
 #: Name prefix of every bpfdyno BPF program (kernel names keep 15 characters).
 PROG_PREFIX = "bpfdyno_"
 
-
-_TRACEFS = Path("/sys/kernel/tracing")
 _load_lock = threading.Lock()
-
-
-class BpfLoadError(Exception):
-    """A BPF program could not be compiled, loaded or attached; says why and what to do."""
 
 
 def bpf_source_dir() -> Path:
     """The directory holding the ``bpfdyno.bpf`` C sources."""
     return Path(str(importlib.resources.files("bpfdyno.bpf")))
-
-
-def ensure_tracefs() -> Path:
-    """Make sure tracefs is mounted (bcc reads tracepoint formats and ids from it).
-
-    Returns:
-        The tracefs mount point.
-
-    Raises:
-        BpfLoadError: tracefs is not mounted and mounting it failed.
-    """
-    for path in (_TRACEFS, Path("/sys/kernel/debug/tracing")):
-        if (path / "events").is_dir():
-            return path
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    if libc.mount(b"nodev", str(_TRACEFS).encode(), b"tracefs", 0, None) != 0:
-        err = ctypes.get_errno()
-        raise BpfLoadError(
-            f"tracefs is not mounted and mounting it at {_TRACEFS} failed "
-            f"({os.strerror(err)}); run as root or mount it: "
-            f"mount -t tracefs nodev {_TRACEFS}"
-        )
-    return _TRACEFS
 
 
 def load_bpf(
@@ -127,7 +100,7 @@ def load_bpf(
         raise BpfLoadError(str(e)) from e
     try:
         ensure_tracefs()
-    except BpfLoadError as e:
+    except TracefsError as e:
         # Raw tracepoints and uprobes work without tracefs; tracepoint programs fail below.
         log.warning("%s", e)
     flags = [f"-I{src_dir}", *cflags]

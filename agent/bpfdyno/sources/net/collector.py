@@ -20,7 +20,8 @@ from typing import Any
 
 from bpfdyno.core.events import KernelEvent, MonotonicClock
 from bpfdyno.core.metrics import Sample, sample
-from bpfdyno.ebpf.program import BpfLoadError, BpfRunStats, ensure_tracefs, load_bpf, unload
+from bpfdyno.ebpf.program import BpfLoadError, BpfRunStats, load_bpf, unload
+from bpfdyno.ebpf.tracefs import ensure_tracefs
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 from bpfdyno.sources.net.decode import (
     ProcNet,
