@@ -13,6 +13,7 @@
  *
  * Program names start with "bpfdyno_" so they can be told apart in `bpftool prog show`.
  */
+#include "common.h"
 #include "net.h"
 
 #ifndef NET_MAX_PROCS
@@ -108,8 +109,7 @@ static __always_inline void net_emit(u32 kind, const struct net_sock *s, u32 sta
 	__builtin_memcpy(e->saddr, s->saddr, NET_ADDR_LEN);
 	__builtin_memcpy(e->daddr, s->daddr, NET_ADDR_LEN);
 	__builtin_memcpy(e->comm, s->comm, NET_COMM_LEN);
-	/* Consumed periodically: no wakeup per event (it would cost an irq_work each). */
-	net_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	net_events.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
 }
 
 /* Copy a tracepoint's split IPv4/IPv6 address fields into a socket entry. */

@@ -12,6 +12,7 @@
  * buffer size in pages, a power of two).
  */
 #include <linux/sched.h>
+#include "common.h"
 #include "sched.h"
 
 #ifndef SCHED_MAX_THREADS
@@ -24,10 +25,7 @@
 #define SCHED_RINGBUF_PAGES 16
 #endif
 
-#define SCHED_EEXIST 17
 #define SCHED_PF_EXITING 0x00000004
-/* The consumer polls on its own schedule, so skip the per-event wakeup (BPF_RB_NO_WAKEUP). */
-#define SCHED_RB_FLAGS 1
 
 BPF_PERCPU_ARRAY(cpu_stats, struct sched_cpu_stats, 1);
 /* One entry each, so user space reads all CPUs' slots with one lookup. */
@@ -48,19 +46,6 @@ static __always_inline void count_error(u32 slot)
 		e->count[slot]++;
 }
 
-/* floor(log2(v)), with 0 for v == 0; decoded by sched.py's log2_bucket_bounds(). */
-static __always_inline u32 log2_slot(u64 v)
-{
-	u32 r = 0;
-	if (v >> 32) { v >>= 32; r += 32; }
-	if (v >> 16) { v >>= 16; r += 16; }
-	if (v >> 8) { v >>= 8; r += 8; }
-	if (v >> 4) { v >>= 4; r += 4; }
-	if (v >> 2) { v >>= 2; r += 2; }
-	if (v >> 1) { r += 1; }
-	return r;
-}
-
 /* Create the entry of thread tid (slow path: once per thread). Exiting threads get none:
  * the exit probe has just evicted theirs. */
 static __always_inline struct sched_thread *new_thread(struct task_struct *t, u32 tid, u32 tgid)
@@ -74,7 +59,7 @@ static __always_inline struct sched_thread *new_thread(struct task_struct *t, u3
 	if (!tgid)
 		bpf_probe_read_kernel(&init.tgid, sizeof(init.tgid), &t->tgid);
 	int err = threads.insert(&tid, &init);
-	if (err && err != -SCHED_EEXIST) {
+	if (err && err != -BPFDYNO_EEXIST) {
 		count_error(SCHED_ERR_THREAD_FULL);
 		return NULL;
 	}
@@ -135,7 +120,7 @@ static __always_inline void switch_in(u64 now, struct task_struct *next,
 	if (th->wake_ts) {
 		u64 wait = now - th->wake_ts;
 		th->t.runq_wait_ns += wait;
-		u32 zero = 0, slot = log2_slot(wait);
+		u32 zero = 0, slot = bpfdyno_log2(wait);
 		struct sched_hist *hist = runq_hist.lookup(&zero);
 		if (hist && slot < SCHED_HIST_SLOTS)
 			hist->slots[slot]++;
@@ -250,7 +235,7 @@ int bpfdyno_exec(struct bpf_raw_tracepoint_args *ctx)
 	e->old_tid = (u32)ctx->args[1];
 	bpf_probe_read_kernel(&filename, sizeof(filename), &bprm->filename);
 	bpf_probe_read_kernel_str(&e->filename, sizeof(e->filename), filename);
-	events.ringbuf_submit(e, SCHED_RB_FLAGS);
+	events.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
 	return 0;
 }
 
@@ -278,7 +263,7 @@ int bpfdyno_exit(struct bpf_raw_tracepoint_args *ctx)
 	struct sched_times *pt = procs.lookup(&tgid);
 	if (!pt) {
 		int err = procs.insert(&tgid, &zero);
-		if (err && err != -SCHED_EEXIST)
+		if (err && err != -BPFDYNO_EEXIST)
 			count_error(SCHED_ERR_PROC_FULL);
 		pt = procs.lookup(&tgid);
 	}
@@ -304,7 +289,7 @@ int bpfdyno_exit(struct bpf_raw_tracepoint_args *ctx)
 			e->offcpu_ns = pt->offcpu_runnable_ns + pt->offcpu_blocked_ns;
 		}
 		bpf_probe_read_kernel(&e->exit_code, sizeof(e->exit_code), &p->exit_code);
-		events.ringbuf_submit(e, SCHED_RB_FLAGS);
+		events.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
 	}
 	procs.delete(&tgid);
 	return 0;

@@ -7,7 +7,6 @@ exec of /bin/true) and checks the numbers the collector reports.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import signal
@@ -293,21 +292,6 @@ def test_per_process_snapshot_is_a_copy(sched: SchedCollector) -> None:
     assert all(isinstance(v, ProcSched) and v.tgid == k for k, v in snap.items())
     snap.clear()
     assert sched.per_process() != {}
-
-
-def test_log2_bucket_decoding() -> None:
-    assert sched_mod.log2_bucket_bounds(0) == (0.0, 2.0)
-    assert sched_mod.log2_bucket_bounds(1) == (2.0, 4.0)
-    assert sched_mod.log2_bucket_bounds(10) == (1024.0, 2048.0)
-    with pytest.raises(ValueError):
-        sched_mod.log2_bucket_bounds(64)
-    counts = [0] * 64
-    counts[3] = 4  # four values in [8, 16)
-    assert sched_mod.histogram_quantile(counts, 0.5) == 12.0
-    assert sched_mod.histogram_quantile(counts, 1.0) == 16.0
-    counts[10] = 4  # four more in [1024, 2048)
-    assert sched_mod.histogram_quantile(counts, 0.75) == 1536.0
-    assert math.isnan(sched_mod.histogram_quantile([0] * 64, 0.5))
 
 
 def test_python_constants_match_the_c_header() -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bpfdyno.core.events import KernelEvent, MonotonicClock
+from bpfdyno.core.histogram import LOG2_SLOTS, histogram_quantile
 from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.ebpf.program import BpfLoadError, BpfRunStats, load_bpf, map_items, unload
 from bpfdyno.sources.base import Collector, CollectorUnavailable
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 EventSink = Callable[[Sequence[KernelEvent]], None]
 
 # Mirrors of the enums in bpf/sched.h (a test checks they match).
-SCHED_HIST_SLOTS = 64
+SCHED_HIST_SLOTS = LOG2_SLOTS
 SCHED_EV_EXEC = 1
 SCHED_EV_EXIT = 2
 SCHED_ERR_THREAD_FULL = 0
@@ -72,37 +73,6 @@ _DROP_REASONS = (
     (SCHED_ERR_PROC_FULL, "process_map_full"),
     (SCHED_ERR_RINGBUF, "ringbuf_full"),
 )
-
-
-def log2_bucket_bounds(slot: int) -> tuple[float, float]:
-    """The value range [low, high) of log2 histogram slot ``slot`` (the one decoder).
-
-    Slot k holds values v with floor(log2(v)) == k, i.e. [2**k, 2**(k+1)); slot 0 also
-    holds 0, so it is [0, 2).
-    """
-    if not 0 <= slot < SCHED_HIST_SLOTS:
-        raise ValueError(f"log2 slot {slot} outside 0..{SCHED_HIST_SLOTS - 1}")
-    return (0.0 if slot == 0 else float(2**slot), float(2 ** (slot + 1)))
-
-
-def histogram_quantile(counts: Sequence[int], q: float) -> float:
-    """The ``q`` quantile of a log2 histogram, interpolated linearly within its bucket.
-
-    Returns NaN for an empty histogram.
-    """
-    total = sum(counts)
-    if total <= 0:
-        return math.nan
-    rank = q * total
-    seen = 0
-    for slot, n in enumerate(counts):
-        if n <= 0:
-            continue
-        if seen + n >= rank:
-            low, high = log2_bucket_bounds(slot)
-            return low + (high - low) * max(rank - seen, 0.0) / n
-        seen += n
-    return log2_bucket_bounds(len(counts) - 1)[1]
 
 
 @dataclass(frozen=True, slots=True)
