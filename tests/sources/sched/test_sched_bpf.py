@@ -21,7 +21,8 @@ import pytest
 
 from bpfdyno.core.events import KernelEvent
 from bpfdyno.core.metrics import Sample
-from bpfdyno.ebpf.program import bpf_source_dir, program_ids, programs_still_loaded
+from bpfdyno.ebpf.introspect import programs_still_loaded
+from bpfdyno.ebpf.program import bpf_source_dir
 from bpfdyno.sources.perf.perf_event import online_cpus
 from bpfdyno.sources.sched import collector as sched_mod
 from bpfdyno.sources.sched.collector import ProcSched, SchedCollector
@@ -214,7 +215,7 @@ def test_bpf_program_costs_are_reported(sched: SchedCollector) -> None:
 
 
 def test_sweep_removes_entries_of_vanished_threads(sched: SchedCollector) -> None:
-    threads = sched._require()[b"threads"]
+    threads = sched._require().table("threads")
     ghost = 2**22 + 123  # above PID_MAX_LIMIT: no thread can have this id
     threads[threads.Key(ghost)] = threads.Leaf()
     assert sched.sweep() >= 1
@@ -228,7 +229,7 @@ def test_tiny_maps_count_their_losses_and_keep_working(header_cache: Path) -> No
     )
     c.start()
     try:
-        ids = program_ids(c._require())
+        ids = c._require().program_ids()
         # 300 fork+exec+exit of /bin/true: 600 events for a 4 KiB ring buffer (~20 fit).
         subprocess.run(["sh", "-c", "for i in $(seq 300); do /bin/true; done"], check=True)
         # 40 live threads that keep switching: more than the 16 slots of the thread map,
@@ -258,7 +259,7 @@ def test_tiny_maps_count_their_losses_and_keep_working(header_cache: Path) -> No
 def test_close_detaches_everything(header_cache: Path) -> None:
     c = SchedCollector(header_cache=header_cache)
     c.start()
-    ids = program_ids(c._require())
+    ids = c._require().program_ids()
     assert set(ids) == {fn for _, fn in sched_mod.PROGRAMS}
     c.close()
     assert programs_still_loaded(ids.values()) == set()
@@ -271,11 +272,10 @@ def test_a_crashed_agent_leaves_nothing_attached(header_cache: Path) -> None:
     code = f"""
         import json, sys, time
         from pathlib import Path
-        from bpfdyno.ebpf.program import program_ids
         from bpfdyno.sources.sched.collector import SchedCollector
         c = SchedCollector(header_cache=Path({str(header_cache)!r}))
         c.start()
-        print(json.dumps(program_ids(c._require())), flush=True)
+        print(json.dumps(c._require().program_ids()), flush=True)
         time.sleep(60)
         """
     child = _python(code)

@@ -26,7 +26,10 @@ from typing import Any
 from bpfdyno.core.events import KernelEvent, MonotonicClock
 from bpfdyno.core.histogram import LOG2_SLOTS, histogram_quantile
 from bpfdyno.core.metrics import Sample, sample
-from bpfdyno.ebpf.program import BpfLoadError, BpfRunStats, load_bpf, map_items, unload
+from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.ebpf.maps import map_items, percpu_values
+from bpfdyno.ebpf.program import BpfProgram, RingBuffer
+from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 from bpfdyno.sources.perf.perf_event import online_cpus
 from bpfdyno.sources.sched.metrics import (
@@ -66,6 +69,14 @@ PROGRAMS = (
     ("sched_process_exit", "bpfdyno_exit"),
 )
 QUANTILES = (0.5, 0.9, 0.99)
+
+# The program's maps (bpf/sched.bpf.c).
+_CPU_STATS = "cpu_stats"
+_RUNQ_HIST = "runq_hist"
+_ERRORS = "errors"
+_THREADS = "threads"
+_PROCS = "procs"
+_EVENTS = "events"
 
 
 _DROP_REASONS = (
@@ -124,7 +135,7 @@ class SchedCollector(Collector):
         max_procs: processes whose exited threads' times are kept until they exit.
         ringbuf_pages: exec/exit ring buffer size in pages (a power of two).
         stats_on_s: BPF run statistics are on for this long ...
-        stats_period_s: ... once per this period (see `BpfRunStats`).
+        stats_period_s: ... once per this period (see `bpfdyno.ebpf.runstats.BpfRunStats`).
         sweep_interval_s: how often entries of vanished threads are removed.
         track_wakeups: attach the wakeup probes. Off, run-queue latency only covers waits
             after preemption (not after wakeups) and each wakeup costs nothing; for hosts
@@ -142,8 +153,8 @@ class SchedCollector(Collector):
         max_threads: int = 65536,
         max_procs: int = 16384,
         ringbuf_pages: int = 16,
-        stats_on_s: float = 1.0,
-        stats_period_s: float = 10.0,
+        stats_on_s: float = DEFAULT_ON_S,
+        stats_period_s: float = DEFAULT_PERIOD_S,
         sweep_interval_s: float = 30.0,
         track_wakeups: bool = True,
         header_cache: Path | None = None,
@@ -154,11 +165,11 @@ class SchedCollector(Collector):
         if max_threads < 1 or max_procs < 1:
             raise ValueError("max_threads and max_procs must be at least 1")
         self._sink = sink
-        self._cflags = (
-            f"-DSCHED_MAX_THREADS={max_threads}",
-            f"-DSCHED_MAX_PROCS={max_procs}",
-            f"-DSCHED_RINGBUF_PAGES={ringbuf_pages}",
-        )
+        self._defines = {
+            "SCHED_MAX_THREADS": max_threads,
+            "SCHED_MAX_PROCS": max_procs,
+            "SCHED_RINGBUF_PAGES": ringbuf_pages,
+        }
         self._stats_args = (stats_on_s, stats_period_s)
         self._sweep_interval_s = sweep_interval_s
         self._programs = tuple(
@@ -166,11 +177,10 @@ class SchedCollector(Collector):
         )
         self._header_cache = header_cache
         self._proc = proc_root
-        self._bpf: Any = None
-        self._stats: BpfRunStats | None = None
+        self._program: BpfProgram | None = None
+        self._events: RingBuffer[KernelEvent] | None = None
         self._clock = MonotonicClock()
         self._prev: _Totals | None = None
-        self._pending: list[KernelEvent] = []
         self._comms: dict[int, str] = {}
         self._procs: dict[int, ProcSched] = {}
         self._snapshot_lock = threading.Lock()
@@ -186,34 +196,35 @@ class SchedCollector(Collector):
             CollectorUnavailable: no BPF, no BTF headers, not root, or a tracepoint missing.
         """
         try:
-            bpf = load_bpf("sched.bpf.c", self._cflags, "btf", header_cache=self._header_cache)
+            program = BpfProgram.load(
+                "sched.bpf.c",
+                defines=self._defines,
+                flavour="btf",
+                header_cache=self._header_cache,
+            )
         except BpfLoadError as e:
             raise CollectorUnavailable(str(e)) from e
         try:
             for tp, fn in self._programs:
-                bpf.attach_raw_tracepoint(tp=tp.encode(), fn_name=fn.encode())
-            bpf[b"events"].open_ring_buffer(self._on_event)
-        except Exception as e:
-            unload(bpf)
+                program.attach_raw_tracepoint(tp, fn)
+            self._events = program.open_ring_buffer(_EVENTS, self._decode_event)
+        except BpfLoadError as e:
+            program.close()
             raise CollectorUnavailable(
-                f"attaching the scheduler programs failed ({e}); they need raw tracepoints "
-                "(Linux >= 4.17) and root"
+                f"{e} (the scheduler programs need raw tracepoints, Linux >= 4.17)"
             ) from e
-        self._bpf = bpf
+        self._program = program
         self._online = frozenset(online_cpus())
-        self._stats = BpfRunStats(bpf, *self._stats_args)
-        self._stats.start()
+        program.start_run_stats(*self._stats_args)
         self._last_sweep = time.monotonic()
         self._prev = self._read_totals()
 
     def close(self) -> None:
         """Stop the run statistics and detach and unload every program (idempotent)."""
-        if self._stats is not None:
-            self._stats.stop()
-            self._stats = None
-        if self._bpf is not None:
-            unload(self._bpf)
-            self._bpf = None
+        if self._program is not None:
+            self._program.close()
+            self._program = None
+            self._events = None
         with self._snapshot_lock:
             self._procs = {}
 
@@ -221,10 +232,8 @@ class SchedCollector(Collector):
 
     def collect(self) -> Sequence[Sample]:
         """Read the maps, compute the interval's rates, refresh `per_process`, emit events."""
-        bpf = self._require()
-        self._pending = []
-        bpf.ring_buffer_consume()
-        events, self._pending = self._pending, []
+        program = self._require()
+        events = self._events.drain() if self._events is not None else []
         totals = self._read_totals()
         prev, self._prev = self._prev, totals
         out: list[Sample] = []
@@ -233,8 +242,7 @@ class SchedCollector(Collector):
         out += self._drop_samples()
         thread_count = self._refresh_processes(events)
         out.append(sample(TRACKED_THREADS, thread_count))
-        if self._stats is not None:
-            out += self._stats.samples()
+        out += program.run_stats_samples()
         if events and self._sink is not None:
             try:
                 self._sink(events)
@@ -250,7 +258,7 @@ class SchedCollector(Collector):
         None while the programs are not loaded, so the process table shows "unknown"
         rather than zeros.
         """
-        if self._bpf is None:
+        if self._program is None:
             return None
         with self._snapshot_lock:
             return dict(self._procs)
@@ -265,11 +273,11 @@ class SchedCollector(Collector):
         Returns:
             How many entries were removed.
         """
-        bpf = self._require()
+        program = self._require()
         self._last_sweep = time.monotonic()
         removed = 0
-        for table_name in (b"threads", b"procs"):
-            table = bpf[table_name]
+        for table_name in (_THREADS, _PROCS):
+            table = program.table(table_name)
             for key, _ in map_items(table):
                 ident = int(key)
                 if not (self._proc / str(ident)).exists():
@@ -282,15 +290,10 @@ class SchedCollector(Collector):
 
     # --- internals -----------------------------------------------------------------------
 
-    def _require(self) -> Any:
-        if self._bpf is None:
+    def _require(self) -> BpfProgram:
+        if self._program is None:
             raise RuntimeError("the sched collector is not started (or was closed)")
-        return self._bpf
-
-    def _on_event(self, _ctx: Any, data: Any, _size: int) -> int:
-        raw = self._bpf[b"events"].event(data)
-        self._pending.append(self._decode_event(raw))
-        return 0
+        return self._program
 
     def _decode_event(self, raw: Any) -> KernelEvent:
         comm = bytes(raw.comm).split(b"\0", 1)[0].decode("utf-8", "replace")
@@ -311,10 +314,9 @@ class SchedCollector(Collector):
         )
 
     def _read_totals(self) -> _Totals:
-        bpf = self._require()
-        zero = bpf[b"cpu_stats"].Key(0)
-        cpus = list(bpf[b"cpu_stats"].getvalue(zero))
-        hist_cpus = list(bpf[b"runq_hist"].getvalue(zero))
+        program = self._require()
+        cpus = percpu_values(program.table(_CPU_STATS))
+        hist_cpus = percpu_values(program.table(_RUNQ_HIST))
         hist = tuple(sum(int(h.slots[i]) for h in hist_cpus) for i in range(SCHED_HIST_SLOTS))
         return _Totals(
             t=time.monotonic(),
@@ -329,22 +331,21 @@ class SchedCollector(Collector):
         )
 
     def _drop_samples(self) -> list[Sample]:
-        table = self._require()[b"errors"]
-        per_cpu = list(table.getvalue(table.Key(0)))
+        per_cpu = percpu_values(self._require().table(_ERRORS))
         return [
             sample(DROPPED, sum(int(e.count[slot]) for e in per_cpu), {"reason": reason})
             for slot, reason in _DROP_REASONS
         ]
 
     def _refresh_processes(self, events: Sequence[KernelEvent]) -> int:
-        bpf = self._require()
+        program = self._require()
         for ev in events:
             if ev.kind == "exec":
                 self._comms[ev.pid] = ev.comm
             elif ev.kind == "exit":
                 self._comms.pop(ev.pid, None)
         sums: dict[int, list[int]] = {}
-        threads = map_items(bpf[b"threads"])
+        threads = map_items(program.table(_THREADS))
         for _, th in threads:
             acc = sums.setdefault(int(th.tgid), [0] * (len(_TIME_FIELDS) + 1))
             t = th.t
@@ -355,7 +356,7 @@ class SchedCollector(Collector):
             acc[4] += t.switches
             acc[5] += t.migrations
             acc[6] += 1
-        for key, t in map_items(bpf[b"procs"]):
+        for key, t in map_items(program.table(_PROCS)):
             live = sums.get(int(key))
             if live is not None:  # exited threads of a live process
                 for i, fieldname in enumerate(_TIME_FIELDS):
