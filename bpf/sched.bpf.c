@@ -10,6 +10,9 @@
  *
  * Settings (-D): SCHED_MAX_THREADS, SCHED_MAX_PROCS (map sizes), SCHED_RINGBUF_PAGES (ring
  * buffer size in pages, a power of two).
+ *
+ * Every function and map is named "bpfdyno_..." so `bpftool` shows whose they are (the
+ * kernel keeps 15 characters of a name: keep map names that short).
  */
 #include <linux/sched.h>
 #include "common.h"
@@ -27,21 +30,21 @@
 
 #define SCHED_PF_EXITING 0x00000004
 
-BPF_PERCPU_ARRAY(cpu_stats, struct sched_cpu_stats, 1);
+BPF_PERCPU_ARRAY(bpfdyno_scpu, struct sched_cpu_stats, 1);
 /* One entry each, so user space reads all CPUs' slots with one lookup. */
-BPF_PERCPU_ARRAY(runq_hist, struct sched_hist, 1);
-BPF_PERCPU_ARRAY(errors, struct sched_errors, 1);
+BPF_PERCPU_ARRAY(bpfdyno_shist, struct sched_hist, 1);
+BPF_PERCPU_ARRAY(bpfdyno_serrors, struct sched_errors, 1);
 /* Task-local storage would be cheaper, but raw tracepoint arguments are untrusted scalars
  * that the verifier refuses for bpf_task_storage_get. */
-BPF_HASH(threads, u32, struct sched_thread, SCHED_MAX_THREADS);
+BPF_HASH(bpfdyno_sthread, u32, struct sched_thread, SCHED_MAX_THREADS);
 /* Times of a process's exited threads, until the process exits. */
-BPF_HASH(procs, u32, struct sched_times, SCHED_MAX_PROCS);
-BPF_RINGBUF_OUTPUT(events, SCHED_RINGBUF_PAGES);
+BPF_HASH(bpfdyno_sprocs, u32, struct sched_times, SCHED_MAX_PROCS);
+BPF_RINGBUF_OUTPUT(bpfdyno_sevents, SCHED_RINGBUF_PAGES);
 
 static __always_inline void count_error(u32 slot)
 {
 	u32 zero = 0;
-	struct sched_errors *e = errors.lookup(&zero);
+	struct sched_errors *e = bpfdyno_serrors.lookup(&zero);
 	if (e && slot < SCHED_ERR_SLOTS)
 		e->count[slot]++;
 }
@@ -58,12 +61,12 @@ static __always_inline struct sched_thread *new_thread(struct task_struct *t, u3
 	init.tgid = tgid;
 	if (!tgid)
 		bpf_probe_read_kernel(&init.tgid, sizeof(init.tgid), &t->tgid);
-	int err = threads.insert(&tid, &init);
+	int err = bpfdyno_sthread.insert(&tid, &init);
 	if (err && err != -BPFDYNO_EEXIST) {
 		count_error(SCHED_ERR_THREAD_FULL);
 		return NULL;
 	}
-	return threads.lookup(&tid);
+	return bpfdyno_sthread.lookup(&tid);
 }
 
 static __always_inline void switch_out(u64 now, bool runnable, struct sched_cpu_stats *cs)
@@ -73,7 +76,7 @@ static __always_inline void switch_out(u64 now, bool runnable, struct sched_cpu_
 	u32 tid = (u32)id;
 	if (!tid) /* the idle task */
 		return;
-	struct sched_thread *th = threads.lookup(&tid);
+	struct sched_thread *th = bpfdyno_sthread.lookup(&tid);
 	if (!th) {
 		th = new_thread((struct task_struct *)bpf_get_current_task(), tid, id >> 32);
 		if (!th)
@@ -99,7 +102,7 @@ static __always_inline void switch_in(u64 now, struct task_struct *next,
 	bpf_probe_read_kernel(&tid, sizeof(tid), &next->pid);
 	if (!tid)
 		return;
-	struct sched_thread *th = threads.lookup(&tid);
+	struct sched_thread *th = bpfdyno_sthread.lookup(&tid);
 	if (!th) {
 		th = new_thread(next, tid, 0);
 		if (!th)
@@ -121,7 +124,7 @@ static __always_inline void switch_in(u64 now, struct task_struct *next,
 		u64 wait = now - th->wake_ts;
 		th->t.runq_wait_ns += wait;
 		u32 zero = 0, slot = bpfdyno_log2(wait);
-		struct sched_hist *hist = runq_hist.lookup(&zero);
+		struct sched_hist *hist = bpfdyno_shist.lookup(&zero);
 		if (hist && slot < SCHED_HIST_SLOTS)
 			hist->slots[slot]++;
 		if (cs) {
@@ -148,7 +151,7 @@ int bpfdyno_switch(struct bpf_raw_tracepoint_args *ctx)
 #endif
 	u64 now = bpf_ktime_get_ns();
 	u32 zero = 0;
-	struct sched_cpu_stats *cs = cpu_stats.lookup(&zero);
+	struct sched_cpu_stats *cs = bpfdyno_scpu.lookup(&zero);
 	if (cs)
 		cs->switches++;
 	/* Preempted, or yielded while runnable: it waits in the run queue. */
@@ -161,7 +164,7 @@ static __always_inline int on_wakeup(struct task_struct *p)
 {
 	u32 tid = 0;
 	bpf_probe_read_kernel(&tid, sizeof(tid), &p->pid);
-	struct sched_thread *th = threads.lookup(&tid);
+	struct sched_thread *th = bpfdyno_sthread.lookup(&tid);
 	if (!th) {
 		th = new_thread(p, tid, 0);
 		if (!th)
@@ -187,11 +190,11 @@ int bpfdyno_migrate(struct bpf_raw_tracepoint_args *ctx)
 {
 	struct task_struct *p = (struct task_struct *)ctx->args[0];
 	u32 zero = 0, tid = 0;
-	struct sched_cpu_stats *cs = cpu_stats.lookup(&zero);
+	struct sched_cpu_stats *cs = bpfdyno_scpu.lookup(&zero);
 	if (cs)
 		cs->migrations++;
 	bpf_probe_read_kernel(&tid, sizeof(tid), &p->pid);
-	struct sched_thread *th = threads.lookup(&tid);
+	struct sched_thread *th = bpfdyno_sthread.lookup(&tid);
 	if (th)
 		__sync_fetch_and_add(&th->t.migrations, 1);
 	return 0;
@@ -199,7 +202,7 @@ int bpfdyno_migrate(struct bpf_raw_tracepoint_args *ctx)
 
 static __always_inline struct sched_event *new_event(struct task_struct *p, u32 kind)
 {
-	struct sched_event *e = events.ringbuf_reserve(sizeof(struct sched_event));
+	struct sched_event *e = bpfdyno_sevents.ringbuf_reserve(sizeof(struct sched_event));
 	if (!e) {
 		count_error(SCHED_ERR_RINGBUF);
 		return NULL;
@@ -235,7 +238,7 @@ int bpfdyno_exec(struct bpf_raw_tracepoint_args *ctx)
 	e->old_tid = (u32)ctx->args[1];
 	bpf_probe_read_kernel(&filename, sizeof(filename), &bprm->filename);
 	bpf_probe_read_kernel_str(&e->filename, sizeof(e->filename), filename);
-	events.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
+	bpfdyno_sevents.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
 	return 0;
 }
 
@@ -260,21 +263,21 @@ int bpfdyno_exit(struct bpf_raw_tracepoint_args *ctx)
 	bpf_probe_read_kernel(&tid, sizeof(tid), &p->pid);
 	bpf_probe_read_kernel(&tgid, sizeof(tgid), &p->tgid);
 	struct sched_times zero = {};
-	struct sched_times *pt = procs.lookup(&tgid);
+	struct sched_times *pt = bpfdyno_sprocs.lookup(&tgid);
 	if (!pt) {
-		int err = procs.insert(&tgid, &zero);
+		int err = bpfdyno_sprocs.insert(&tgid, &zero);
 		if (err && err != -BPFDYNO_EEXIST)
 			count_error(SCHED_ERR_PROC_FULL);
-		pt = procs.lookup(&tgid);
+		pt = bpfdyno_sprocs.lookup(&tgid);
 	}
-	struct sched_thread *th = threads.lookup(&tid);
+	struct sched_thread *th = bpfdyno_sthread.lookup(&tid);
 	if (th && pt) {
 		/* The exiting thread is running: count its current period too. */
 		if (th->on_ts)
 			th->t.oncpu_ns += bpf_ktime_get_ns() - th->on_ts;
 		add_times(pt, &th->t);
 	}
-	threads.delete(&tid);
+	bpfdyno_sthread.delete(&tid);
 
 	struct signal_struct *sig = NULL;
 	int live = 1;
@@ -289,8 +292,8 @@ int bpfdyno_exit(struct bpf_raw_tracepoint_args *ctx)
 			e->offcpu_ns = pt->offcpu_runnable_ns + pt->offcpu_blocked_ns;
 		}
 		bpf_probe_read_kernel(&e->exit_code, sizeof(e->exit_code), &p->exit_code);
-		events.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
+		bpfdyno_sevents.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
 	}
-	procs.delete(&tgid);
+	bpfdyno_sprocs.delete(&tgid);
 	return 0;
 }

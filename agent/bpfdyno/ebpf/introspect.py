@@ -1,8 +1,9 @@
 """What the kernel says about BPF objects: fdinfo of this process's fds, bpftool's listings.
 
-Every program bpfdyno loads is named ``bpfdyno_...`` (`NAME_PREFIX`); the kernel keeps the
-first `KERNEL_NAME_LEN` characters of a name, so ``bpftool prog show`` (and
-`loaded_programs`) tell ours apart from everyone else's.
+Every program and map bpfdyno creates is named ``bpfdyno_...`` (`NAME_PREFIX`); the kernel
+keeps the first `KERNEL_NAME_LEN` characters of a name, so ``bpftool prog show`` and
+``bpftool map show`` (and `loaded_programs`, `loaded_maps`) tell ours apart from everyone
+else's.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: Name prefix of every bpfdyno BPF program.
+#: Name prefix of every bpfdyno BPF program and map.
 NAME_PREFIX = "bpfdyno_"
 #: Characters of a program or map name the kernel keeps (BPF_OBJ_NAME_LEN - 1).
 KERNEL_NAME_LEN = 15

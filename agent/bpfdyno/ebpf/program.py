@@ -7,8 +7,8 @@ functions to raw tracepoints, tracepoints and uprobes, opens ring buffers with a
 callback, runs the duty-cycled run statistics (`bpfdyno.ebpf.runstats`), and `close` undoes
 all of it.
 
-Every function in the C programs is named ``bpfdyno_...`` (see `bpfdyno.ebpf.introspect`),
-so ``bpftool prog show`` shows whose they are.
+Every function and map in the C programs is named ``bpfdyno_...`` (see
+`bpfdyno.ebpf.introspect`), so ``bpftool`` shows whose they are.
 """
 
 from __future__ import annotations

@@ -215,7 +215,7 @@ def test_bpf_program_costs_are_reported(sched: SchedCollector) -> None:
 
 
 def test_sweep_removes_entries_of_vanished_threads(sched: SchedCollector) -> None:
-    threads = sched._require().table("threads")
+    threads = sched._require().table("bpfdyno_sthread")
     ghost = 2**22 + 123  # above PID_MAX_LIMIT: no thread can have this id
     threads[threads.Key(ghost)] = threads.Leaf()
     assert sched.sweep() >= 1

@@ -59,11 +59,11 @@ EventSink = Callable[[Sequence[KernelEvent]], None]
 
 
 # The program's maps (bpf/net.bpf.c).
-_TOTALS = "net_totals"
-_DROPS = "net_drops"
-_PROCS = "net_procs"
-_SOCKS = "net_socks"
-_EVENTS = "net_events"
+_TOTALS = "bpfdyno_ntotals"
+_DROPS = "bpfdyno_ndrops"
+_PROCS = "bpfdyno_nprocs"
+_SOCKS = "bpfdyno_nsocks"
+_EVENTS = "bpfdyno_nevents"
 
 _BYTE_METRICS = (
     ("NET_C_TCP_TX_BYTES", TCP_SENT, True),

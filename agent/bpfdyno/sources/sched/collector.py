@@ -71,12 +71,12 @@ PROGRAMS = (
 QUANTILES = (0.5, 0.9, 0.99)
 
 # The program's maps (bpf/sched.bpf.c).
-_CPU_STATS = "cpu_stats"
-_RUNQ_HIST = "runq_hist"
-_ERRORS = "errors"
-_THREADS = "threads"
-_PROCS = "procs"
-_EVENTS = "events"
+_CPU_STATS = "bpfdyno_scpu"
+_RUNQ_HIST = "bpfdyno_shist"
+_ERRORS = "bpfdyno_serrors"
+_THREADS = "bpfdyno_sthread"
+_PROCS = "bpfdyno_sprocs"
+_EVENTS = "bpfdyno_sevents"
 
 
 _DROP_REASONS = (
