@@ -5,11 +5,13 @@
  * clear); only rare events (connection open/close, retransmits, resets) go through the ring
  * buffer, and a full ring buffer is counted, never waited on.
  *
- * Settings (-D): NET_MAX_PROCS, NET_MAX_SOCKS, NET_MAX_LISTENERS, NET_RINGBUF_PAGES,
- * NET_PROBE_SAMPLE_EVERY, NET_MAX_DROP_REASONS; NET_USE_SYSCALLS selects the syscall
- * fallback for byte counts (kernels without sock:sock_{send,recv}_length); NET_NO_<PART>
- * leaves out a part whose tracepoint this kernel lacks; NET_RETX_HAS_ERR and
- * NET_RST_HAS_REASON follow optional tracepoint fields.
+ * Settings (-D), required; bpfdyno passes them from the [net] config section:
+ * NET_MAX_PROCS ([net] max_procs) and NET_MAX_SOCKS ([net] max_socks) size the maps,
+ * NET_RINGBUF_PAGES ([net] ringbuf_pages, a power of two) the ring buffer, and
+ * NET_PROBE_SAMPLE_EVERY ([net] probe_sample_every) sets the tcp_probe sampling.
+ * Optional: NET_USE_SYSCALLS selects the syscall fallback for byte counts (kernels without
+ * sock:sock_{send,recv}_length); NET_NO_<PART> leaves out a part whose tracepoint this
+ * kernel lacks; NET_RETX_HAS_ERR and NET_RST_HAS_REASON follow optional tracepoint fields.
  *
  * Every function and map is named "bpfdyno_..." so `bpftool` shows whose they are (the
  * kernel keeps 15 characters of a name: keep map names that short).
@@ -17,24 +19,17 @@
 #include "common.h"
 #include "net.h"
 
-#ifndef NET_MAX_PROCS
-#define NET_MAX_PROCS 16384
+#if !defined(NET_MAX_PROCS) || !defined(NET_MAX_SOCKS) || !defined(NET_RINGBUF_PAGES) || \
+	!defined(NET_PROBE_SAMPLE_EVERY)
+#error "NET_MAX_PROCS, NET_MAX_SOCKS, NET_RINGBUF_PAGES and NET_PROBE_SAMPLE_EVERY must be set with -D: load this program through bpfdyno's net collector, which passes them from [net]"
 #endif
-#ifndef NET_MAX_SOCKS
-#define NET_MAX_SOCKS 65536
-#endif
-#ifndef NET_MAX_LISTENERS
+
+/* Listening ports remembered for attributing accepted sockets. */
 #define NET_MAX_LISTENERS 4096
-#endif
-#ifndef NET_RINGBUF_PAGES
-#define NET_RINGBUF_PAGES 64
-#endif
-#ifndef NET_PROBE_SAMPLE_EVERY
-#define NET_PROBE_SAMPLE_EVERY 16
-#endif
-#ifndef NET_MAX_DROP_REASONS
+/* Drop reasons counted one by one; larger reason numbers share the last slot. */
 #define NET_MAX_DROP_REASONS 256
-#endif
+/* Threads inside recvfrom/recvmsg at once (syscall fallback only). */
+#define NET_MAX_RECEIVING 10240
 
 #define NET_AF_INET 2
 #define NET_AF_INET6 10
@@ -215,7 +210,7 @@ int bpfdyno_nrecv(struct tracepoint__sock__sock_recv_length *args)
 /* Fallback for kernels without sock_*_length: the socket-only syscalls. The protocol is not
  * known here, so bytes go to the "other" counters; read()/write() on sockets and
  * sendmmsg/recvmmsg are not seen. */
-BPF_HASH(bpfdyno_nrflags, u32, u32, 10240);
+BPF_HASH(bpfdyno_nrflags, u32, u32, NET_MAX_RECEIVING);
 
 static __always_inline void net_other_bytes(long ret, int rx)
 {

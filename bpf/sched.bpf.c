@@ -8,8 +8,9 @@
  * The sched_switch path is kept to one clock read and two hash lookups (prev and next
  * thread): per-process sums are built in user space, not here.
  *
- * Settings (-D): SCHED_MAX_THREADS, SCHED_MAX_PROCS (map sizes), SCHED_RINGBUF_PAGES (ring
- * buffer size in pages, a power of two).
+ * Settings (-D, all required; bpfdyno passes them from the [sched] config section):
+ * SCHED_MAX_THREADS ([sched] max_threads) and SCHED_MAX_PROCS ([sched] max_procs) size the
+ * maps, SCHED_RINGBUF_PAGES ([sched] ringbuf_pages, a power of two) the ring buffer.
  *
  * Every function and map is named "bpfdyno_..." so `bpftool` shows whose they are (the
  * kernel keeps 15 characters of a name: keep map names that short).
@@ -18,14 +19,8 @@
 #include "common.h"
 #include "sched.h"
 
-#ifndef SCHED_MAX_THREADS
-#define SCHED_MAX_THREADS 65536
-#endif
-#ifndef SCHED_MAX_PROCS
-#define SCHED_MAX_PROCS 16384
-#endif
-#ifndef SCHED_RINGBUF_PAGES
-#define SCHED_RINGBUF_PAGES 16
+#if !defined(SCHED_MAX_THREADS) || !defined(SCHED_MAX_PROCS) || !defined(SCHED_RINGBUF_PAGES)
+#error "SCHED_MAX_THREADS, SCHED_MAX_PROCS and SCHED_RINGBUF_PAGES must be set with -D: load this program through bpfdyno's sched collector, which passes them from [sched]"
 #endif
 
 #define SCHED_PF_EXITING 0x00000004

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import math
+import os
+import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from bpfdyno.app import assembly
-from bpfdyno.core.config import KNOWN_COLLECTORS, Config, load
+from bpfdyno.core.config import KNOWN_COLLECTORS, Config, NetSection, SchedSection, load
 from bpfdyno.ebpf.introspect import LoadedMap, loaded_maps, loaded_programs
 from bpfdyno.ebpf.program import BpfProgram
 
@@ -42,7 +45,9 @@ def test_disabled_collectors_are_listed_and_config_reaches_them() -> None:
     assert not any(tp.startswith("sched_wakeup") for tp in programs)
 
 
-# --- the BPF programs of the assembled collectors ------------------------------------------
+# --- the [sched] and [net] settings reach the kernel -------------------------------------
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def _collector(cfg: Config, name: str) -> Any:
@@ -67,7 +72,10 @@ def started(cfg: Config, name: str) -> Iterator[Any]:
 
 
 @pytest.mark.root
-@pytest.mark.parametrize(("name", "overrides"), [("sched", []), ("net", [])])
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [("sched", []), ("net", []), ("net", [("net.byte_source", "syscalls")])],
+)
 def test_every_map_of_the_sched_and_net_programs_carries_the_prefix(
     name: str, overrides: list[tuple[str, str]]
 ) -> None:
@@ -82,3 +90,71 @@ def test_every_map_of_the_sched_and_net_programs_carries_the_prefix(
     assert [m.name for m in maps.values()] == list(maps)
     if overrides:
         assert "bpfdyno_nrflags" in maps
+
+
+@pytest.mark.root
+def test_sched_sizes_from_the_config_reach_the_kernel() -> None:
+    with started(load(None), "sched") as collector:
+        defaults = _kernel_maps(collector._require())
+    assert defaults["bpfdyno_sthread"].max_entries == SchedSection.max_threads
+    assert defaults["bpfdyno_sprocs"].max_entries == SchedSection.max_procs
+    assert defaults["bpfdyno_sevents"].max_entries == SchedSection.ringbuf_pages * PAGE
+    cfg = load(
+        None,
+        [("sched.max_threads", "1000"), ("sched.max_procs", "300"), ("sched.ringbuf_pages", "4")],
+    )
+    with started(cfg, "sched") as collector:
+        maps = _kernel_maps(collector._require())
+    assert maps["bpfdyno_sthread"].max_entries == 1000
+    assert maps["bpfdyno_sprocs"].max_entries == 300
+    assert maps["bpfdyno_sevents"].max_entries == 4 * PAGE
+
+
+@pytest.mark.root
+def test_net_sizes_from_the_config_reach_the_kernel() -> None:
+    with started(load(None), "net") as collector:
+        defaults = _kernel_maps(collector._require())
+    assert defaults["bpfdyno_nsocks"].max_entries == NetSection.max_socks
+    assert defaults["bpfdyno_nprocs"].max_entries == NetSection.max_procs
+    assert defaults["bpfdyno_nevents"].max_entries == NetSection.ringbuf_pages * PAGE
+    cfg = load(
+        None, [("net.max_socks", "1000"), ("net.max_procs", "300"), ("net.ringbuf_pages", "2")]
+    )
+    with started(cfg, "net") as collector:
+        maps = _kernel_maps(collector._require())
+    assert maps["bpfdyno_nsocks"].max_entries == 1000
+    assert maps["bpfdyno_nprocs"].max_entries == 300
+    assert maps["bpfdyno_nevents"].max_entries == 2 * PAGE
+
+
+@contextlib.contextmanager
+def _loopback_exchange() -> Iterator[int]:
+    """An open TCP connection on 127.0.0.1 that carried a few segments each way; yields its
+    client port."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+        with client, server:
+            for _ in range(5):
+                client.sendall(b"x" * 1000)
+                assert len(server.recv(4096)) > 0
+                server.sendall(b"y" * 1000)
+                assert len(client.recv(4096)) > 0
+            yield int(client.getsockname()[1])
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("every", [1, 2**32 - 1])
+def test_net_probe_sampling_from_the_config_reaches_the_kernel(every: int) -> None:
+    with started(load(None, [("net.probe_sample_every", str(every))]), "net") as collector:
+        with _loopback_exchange() as port:
+            collector.collect()
+        sampled = collector.counter("NET_C_PROBE_SAMPLES")
+        ours = [c for c in collector.connections() if port in (c.sport, c.dport)]
+    assert len(ours) == 2, ours  # both ends are tracked
+    if every == 1:  # every received segment is sampled: both ends have an RTT
+        assert sampled > 0
+        assert all(c.srtt_s > 0 for c in ours), ours
+    else:  # no CPU sees 2**32 - 1 segments during the test: nothing is sampled
+        assert sampled == 0
+        assert all(math.isnan(c.srtt_s) for c in ours)

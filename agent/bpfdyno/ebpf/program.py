@@ -2,7 +2,8 @@
 
 Programs are files in the ``bpfdyno.bpf`` package. `BpfProgram.load` reads one, points bcc at
 a header tree for the running kernel (`bpfdyno.ebpf.kheaders`) and compiles it; settings
-reach the C code only as ``-D`` defines. The object then attaches
+reach the C code only as ``-D`` defines, and the C side refuses to compile without the ones
+it needs, so every default lives in Python (the config sections). The object then attaches
 functions to raw tracepoints, tracepoints and uprobes, opens ring buffers with a decode
 callback, runs the duty-cycled run statistics (`bpfdyno.ebpf.runstats`), and `close` undoes
 all of it.

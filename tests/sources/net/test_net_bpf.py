@@ -22,6 +22,7 @@ from net_children import (
 )
 
 from bpfdyno.core.events import FlightRecorder, KernelEvent
+from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.introspect import programs_still_loaded
 from bpfdyno.ebpf.program import BpfProgram
 from bpfdyno.services.kernel import KernelService
@@ -367,6 +368,11 @@ def test_every_optional_part_can_be_compiled_out() -> None:
         for name in names:
             prog.bpf.load_func(name.encode(), 5)  # BPF_PROG_TYPE_TRACEPOINT
         assert set(prog.program_ids()) == names
+
+
+def test_the_program_refuses_to_compile_without_its_settings() -> None:
+    with pytest.raises(BpfLoadError, match="NET_MAX_PROCS, NET_MAX_SOCKS, NET_RINGBUF_PAGES and"):
+        BpfProgram.load("net.bpf.c")
 
 
 def test_close_detaches_everything() -> None:

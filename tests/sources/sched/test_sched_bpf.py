@@ -21,8 +21,9 @@ import pytest
 
 from bpfdyno.core.events import KernelEvent
 from bpfdyno.core.metrics import Sample
+from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.introspect import programs_still_loaded
-from bpfdyno.ebpf.program import bpf_source_dir
+from bpfdyno.ebpf.program import BpfProgram, bpf_source_dir
 from bpfdyno.sources.perf.perf_event import online_cpus
 from bpfdyno.sources.sched import collector as sched_mod
 from bpfdyno.sources.sched.collector import ProcSched, SchedCollector
@@ -292,6 +293,14 @@ def test_per_process_snapshot_is_a_copy(sched: SchedCollector) -> None:
     assert all(isinstance(v, ProcSched) and v.tgid == k for k, v in snap.items())
     snap.clear()
     assert sched.per_process() != {}
+
+
+def test_the_program_refuses_to_compile_without_its_settings(header_cache: Path) -> None:
+    with pytest.raises(
+        BpfLoadError,
+        match="SCHED_MAX_THREADS, SCHED_MAX_PROCS and SCHED_RINGBUF_PAGES must be set with -D",
+    ):
+        BpfProgram.load("sched.bpf.c", flavour="btf", header_cache=header_cache)
 
 
 def test_python_constants_match_the_c_header() -> None:

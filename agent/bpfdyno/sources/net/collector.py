@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bpfdyno.core.config import NetSection
 from bpfdyno.core.events import KernelEvent, MonotonicClock
 from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.ebpf.errors import BpfLoadError
@@ -82,17 +83,26 @@ class NetUnavailable(RuntimeError):
 class NetCollector(Collector):
     """Loads net.bpf.c, reads its maps each interval and streams its events to ``sink``.
 
+    The defaults of the sizes and settings are the ``[net]`` config section's.
+
     Args:
         sink: receives the decoded events of each collection (e.g. ``FlightRecorder.add``).
-        byte_source: ``auto`` (the sock tracepoints when present), ``sock`` or ``syscalls``.
-        ringbuf_pages: event ring buffer size in pages (a power of two).
-        probe_sample_every: sample 1 in N ``tcp:tcp_probe`` events per CPU for RTT/cwnd.
-        max_socks: connections tracked at once (least recently used evicted beyond).
-        max_procs: processes with per-process counters at once.
+        byte_source: ``auto`` (the sock tracepoints when present), ``sock`` or ``syscalls``
+            (``[net] byte_source``).
+        ringbuf_pages: event ring buffer size in pages, a power of two
+            (``[net] ringbuf_pages``).
+        probe_sample_every: sample 1 in N ``tcp:tcp_probe`` events per CPU for RTT/cwnd
+            (``[net] probe_sample_every``).
+        max_socks: TCP sockets tracked at once, least recently used evicted beyond
+            (``[net] max_socks``).
+        max_procs: processes with per-process counters at once (``[net] max_procs``).
         stats_on_s: BPF run statistics are measured for this long...
         stats_period_s: ...every this many seconds (see `bpfdyno.ebpf.runstats.BpfRunStats`).
         tracefs: the tracefs mount (found or mounted if None).
         header_cache: where `bpfdyno.ebpf.kheaders` caches generated headers.
+
+    Raises:
+        ValueError: a size the kernel would refuse.
     """
 
     name = "net"
@@ -101,25 +111,25 @@ class NetCollector(Collector):
         self,
         sink: EventSink | None = None,
         *,
-        byte_source: str = "auto",
-        ringbuf_pages: int = 64,
-        probe_sample_every: int = 16,
-        max_socks: int = 16384,
-        max_procs: int = 16384,
+        byte_source: str = NetSection.byte_source,
+        ringbuf_pages: int = NetSection.ringbuf_pages,
+        probe_sample_every: int = NetSection.probe_sample_every,
+        max_socks: int = NetSection.max_socks,
+        max_procs: int = NetSection.max_procs,
         stats_on_s: float = DEFAULT_ON_S,
         stats_period_s: float = DEFAULT_PERIOD_S,
         tracefs: Path | None = None,
         header_cache: Path | None = None,
     ) -> None:
         if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
-            raise ValueError(f"ringbuf_pages must be a power of two, got {ringbuf_pages}")
+            raise ValueError(f"[net] ringbuf_pages must be a power of two, got {ringbuf_pages}")
         for label, value in (
             ("probe_sample_every", probe_sample_every),
             ("max_socks", max_socks),
             ("max_procs", max_procs),
         ):
             if value < 1:
-                raise ValueError(f"{label} must be at least 1, got {value}")
+                raise ValueError(f"[net] {label} must be at least 1, got {value}")
         self._sink = sink
         self._byte_source = byte_source
         self._defines = {
@@ -149,6 +159,18 @@ class NetCollector(Collector):
         self.unavailable_parts: dict[str, str] = {}
         #: Events decoded so far (for self-monitoring).
         self.events_received = 0
+
+    @classmethod
+    def from_config(cls, section: NetSection, *, sink: EventSink | None = None) -> NetCollector:
+        """Build the collector from the ``[net]`` config section."""
+        return cls(
+            sink,
+            byte_source=section.byte_source,
+            ringbuf_pages=section.ringbuf_pages,
+            probe_sample_every=section.probe_sample_every,
+            max_socks=section.max_socks,
+            max_procs=section.max_procs,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 

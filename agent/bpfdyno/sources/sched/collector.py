@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bpfdyno.core.config import SchedSection
 from bpfdyno.core.events import KernelEvent, MonotonicClock
 from bpfdyno.core.histogram import LOG2_SLOTS, histogram_quantile
 from bpfdyno.core.metrics import Sample, sample
@@ -129,19 +130,27 @@ class _Totals:
 class SchedCollector(Collector):
     """Loads sched.bpf.c, reads its maps each interval, streams exec/exit to ``sink``.
 
+    The defaults of the map and ring buffer sizes are the ``[sched]`` config section's.
+
     Args:
         sink: receives the decoded events of each collection (e.g. ``FlightRecorder.add``).
-        max_threads: threads tracked at once (kernel map size).
-        max_procs: processes whose exited threads' times are kept until they exit.
-        ringbuf_pages: exec/exit ring buffer size in pages (a power of two).
+        max_threads: threads tracked at once (``[sched] max_threads``).
+        max_procs: processes whose exited threads' times are kept until they exit
+            (``[sched] max_procs``).
+        ringbuf_pages: exec/exit ring buffer size in pages, a power of two
+            (``[sched] ringbuf_pages``).
         stats_on_s: BPF run statistics are on for this long ...
         stats_period_s: ... once per this period (see `bpfdyno.ebpf.runstats.BpfRunStats`).
         sweep_interval_s: how often entries of vanished threads are removed.
-        track_wakeups: attach the wakeup probes. Off, run-queue latency only covers waits
-            after preemption (not after wakeups) and each wakeup costs nothing; for hosts
-            where the wakeup probe's cost matters (see docs/performance.md).
+        track_wakeups: attach the wakeup probes (``[sched] track_wakeups``). Off, run-queue
+            latency only covers waits after preemption (not after wakeups) and each wakeup
+            costs nothing; for hosts where the wakeup probe's cost matters (see
+            docs/performance.md).
         header_cache: where `bpfdyno.ebpf.kheaders` caches generated headers.
         proc_root: procfs mount, for process names and the sweep.
+
+    Raises:
+        ValueError: a size the kernel would refuse.
     """
 
     name = "sched"
@@ -150,20 +159,23 @@ class SchedCollector(Collector):
         self,
         sink: EventSink | None = None,
         *,
-        max_threads: int = 65536,
-        max_procs: int = 16384,
-        ringbuf_pages: int = 16,
+        max_threads: int = SchedSection.max_threads,
+        max_procs: int = SchedSection.max_procs,
+        ringbuf_pages: int = SchedSection.ringbuf_pages,
         stats_on_s: float = DEFAULT_ON_S,
         stats_period_s: float = DEFAULT_PERIOD_S,
         sweep_interval_s: float = 30.0,
-        track_wakeups: bool = True,
+        track_wakeups: bool = SchedSection.track_wakeups,
         header_cache: Path | None = None,
         proc_root: Path = Path("/proc"),
     ) -> None:
         if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
-            raise ValueError(f"ringbuf_pages must be a power of two, got {ringbuf_pages}")
+            raise ValueError(f"[sched] ringbuf_pages must be a power of two, got {ringbuf_pages}")
         if max_threads < 1 or max_procs < 1:
-            raise ValueError("max_threads and max_procs must be at least 1")
+            raise ValueError(
+                f"[sched] max_threads and max_procs must be at least 1, got {max_threads} "
+                f"and {max_procs}"
+            )
         self._sink = sink
         self._defines = {
             "SCHED_MAX_THREADS": max_threads,
@@ -186,6 +198,17 @@ class SchedCollector(Collector):
         self._snapshot_lock = threading.Lock()
         self._last_sweep = 0.0
         self._online: frozenset[int] = frozenset()
+
+    @classmethod
+    def from_config(cls, section: SchedSection, *, sink: EventSink | None = None) -> SchedCollector:
+        """Build the collector from the ``[sched]`` config section."""
+        return cls(
+            sink,
+            max_threads=section.max_threads,
+            max_procs=section.max_procs,
+            ringbuf_pages=section.ringbuf_pages,
+            track_wakeups=section.track_wakeups,
+        )
 
     # --- lifecycle -----------------------------------------------------------------------
 
