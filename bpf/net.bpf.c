@@ -5,34 +5,31 @@
  * clear); only rare events (connection open/close, retransmits, resets) go through the ring
  * buffer, and a full ring buffer is counted, never waited on.
  *
- * Settings (-D): NET_MAX_PROCS, NET_MAX_SOCKS, NET_MAX_LISTENERS, NET_RINGBUF_PAGES,
- * NET_PROBE_SAMPLE_EVERY, NET_MAX_DROP_REASONS; NET_USE_SYSCALLS selects the syscall
- * fallback for byte counts (kernels without sock:sock_{send,recv}_length); NET_NO_<PART>
- * leaves out a part whose tracepoint this kernel lacks; NET_RETX_HAS_ERR and
- * NET_RST_HAS_REASON follow optional tracepoint fields.
+ * Settings (-D), required; bpfdyno passes them from the [net] config section:
+ * NET_MAX_PROCS ([net] max_procs) and NET_MAX_SOCKS ([net] max_socks) size the maps,
+ * NET_RINGBUF_PAGES ([net] ringbuf_pages, a power of two) the ring buffer, and
+ * NET_PROBE_SAMPLE_EVERY ([net] probe_sample_every) sets the tcp_probe sampling.
+ * Optional: NET_USE_SYSCALLS selects the syscall fallback for byte counts (kernels without
+ * sock:sock_{send,recv}_length); NET_NO_<PART> leaves out a part whose tracepoint this
+ * kernel lacks; NET_RETX_HAS_ERR and NET_RST_HAS_REASON follow optional tracepoint fields.
  *
- * Program names start with "bpfdyno_" so they can be told apart in `bpftool prog show`.
+ * Every function and map is named "bpfdyno_..." so `bpftool` shows whose they are (the
+ * kernel keeps 15 characters of a name: keep map names that short).
  */
+#include "common.h"
 #include "net.h"
 
-#ifndef NET_MAX_PROCS
-#define NET_MAX_PROCS 16384
+#if !defined(NET_MAX_PROCS) || !defined(NET_MAX_SOCKS) || !defined(NET_RINGBUF_PAGES) || \
+	!defined(NET_PROBE_SAMPLE_EVERY)
+#error "NET_MAX_PROCS, NET_MAX_SOCKS, NET_RINGBUF_PAGES and NET_PROBE_SAMPLE_EVERY must be set with -D: load this program through bpfdyno's net collector, which passes them from [net]"
 #endif
-#ifndef NET_MAX_SOCKS
-#define NET_MAX_SOCKS 65536
-#endif
-#ifndef NET_MAX_LISTENERS
+
+/* Listening ports remembered for attributing accepted sockets. */
 #define NET_MAX_LISTENERS 4096
-#endif
-#ifndef NET_RINGBUF_PAGES
-#define NET_RINGBUF_PAGES 64
-#endif
-#ifndef NET_PROBE_SAMPLE_EVERY
-#define NET_PROBE_SAMPLE_EVERY 16
-#endif
-#ifndef NET_MAX_DROP_REASONS
+/* Drop reasons counted one by one; larger reason numbers share the last slot. */
 #define NET_MAX_DROP_REASONS 256
-#endif
+/* Threads inside recvfrom/recvmsg at once (syscall fallback only). */
+#define NET_MAX_RECEIVING 10240
 
 #define NET_AF_INET 2
 #define NET_AF_INET6 10
@@ -52,17 +49,17 @@
 enum skb_drop_reason { NET_SKB_DROP_REASON_ANY_ = 0xffffffffu };
 enum sk_rst_reason { NET_SK_RST_REASON_ANY_ = 0xffffffffu };
 
-BPF_PERCPU_ARRAY(net_totals, u64, NET_C_MAX);
-BPF_PERCPU_ARRAY(net_drops, u64, NET_MAX_DROP_REASONS);
-BPF_PERCPU_ARRAY(net_probe_tick, u64, 1);
-BPF_HASH(net_procs, u32, struct net_proc, NET_MAX_PROCS);
-BPF_TABLE("lru_hash", u64, struct net_sock, net_socks, NET_MAX_SOCKS);
-BPF_HASH(net_listeners, u32, struct net_listener, NET_MAX_LISTENERS);
-BPF_RINGBUF_OUTPUT(net_events, NET_RINGBUF_PAGES);
+BPF_PERCPU_ARRAY(bpfdyno_ntotals, u64, NET_C_MAX);
+BPF_PERCPU_ARRAY(bpfdyno_ndrops, u64, NET_MAX_DROP_REASONS);
+BPF_PERCPU_ARRAY(bpfdyno_ntick, u64, 1);
+BPF_HASH(bpfdyno_nprocs, u32, struct net_proc, NET_MAX_PROCS);
+BPF_TABLE("lru_hash", u64, struct net_sock, bpfdyno_nsocks, NET_MAX_SOCKS);
+BPF_HASH(bpfdyno_nlisten, u32, struct net_listener, NET_MAX_LISTENERS);
+BPF_RINGBUF_OUTPUT(bpfdyno_nevents, NET_RINGBUF_PAGES);
 
 static __always_inline void net_count(u32 idx, u64 value)
 {
-	u64 *c = net_totals.lookup(&idx);
+	u64 *c = bpfdyno_ntotals.lookup(&idx);
 	if (c)
 		*c += value; /* per-CPU slot: no atomics needed */
 }
@@ -70,7 +67,7 @@ static __always_inline void net_count(u32 idx, u64 value)
 static __always_inline struct net_proc *net_proc_of(u32 tgid)
 {
 	struct net_proc zero = {};
-	struct net_proc *p = net_procs.lookup_or_try_init(&tgid, &zero);
+	struct net_proc *p = bpfdyno_nprocs.lookup_or_try_init(&tgid, &zero);
 	if (!p)
 		net_count(NET_C_PROC_MAP_FULL, 1);
 	return p;
@@ -85,7 +82,7 @@ static __always_inline u32 net_listener_key(u16 family, u16 port)
 static __always_inline void net_emit(u32 kind, const struct net_sock *s, u32 state, u32 oldstate,
 				     s32 detail)
 {
-	struct net_event *e = net_events.ringbuf_reserve(sizeof(struct net_event));
+	struct net_event *e = bpfdyno_nevents.ringbuf_reserve(sizeof(struct net_event));
 	if (!e) {
 		net_count(NET_C_RINGBUF_DROPS, 1);
 		return;
@@ -108,8 +105,7 @@ static __always_inline void net_emit(u32 kind, const struct net_sock *s, u32 sta
 	__builtin_memcpy(e->saddr, s->saddr, NET_ADDR_LEN);
 	__builtin_memcpy(e->daddr, s->daddr, NET_ADDR_LEN);
 	__builtin_memcpy(e->comm, s->comm, NET_COMM_LEN);
-	/* Consumed periodically: no wakeup per event (it would cost an irq_work each). */
-	net_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	bpfdyno_nevents.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
 }
 
 /* Copy a tracepoint's split IPv4/IPv6 address fields into a socket entry. */
@@ -147,14 +143,14 @@ static __always_inline void net_sockaddr(const u8 *raw, u16 *family, u16 *port, 
 /* Owner bookkeeping for a TCP socket seen in process context (send/recv). */
 static __always_inline void net_sock_io(u64 key, u32 tgid, u64 bytes, int rx)
 {
-	struct net_sock *s = net_socks.lookup(&key);
+	struct net_sock *s = bpfdyno_nsocks.lookup(&key);
 	if (!s) {
 		/* A socket that predates us or was never seen changing state. */
 		struct net_sock fresh = {};
 		fresh.tgid = tgid;
 		bpf_get_current_comm(&fresh.comm, sizeof(fresh.comm));
-		net_socks.insert(&key, &fresh); /* may lose a race with another CPU: fine */
-		s = net_socks.lookup(&key);
+		bpfdyno_nsocks.insert(&key, &fresh); /* may lose a race with another CPU: fine */
+		s = bpfdyno_nsocks.lookup(&key);
 		if (!s)
 			return;
 	}
@@ -214,7 +210,7 @@ int bpfdyno_nrecv(struct tracepoint__sock__sock_recv_length *args)
 /* Fallback for kernels without sock_*_length: the socket-only syscalls. The protocol is not
  * known here, so bytes go to the "other" counters; read()/write() on sockets and
  * sendmmsg/recvmmsg are not seen. */
-BPF_HASH(net_recv_flags, u32, u32, 10240);
+BPF_HASH(bpfdyno_nrflags, u32, u32, NET_MAX_RECEIVING);
 
 static __always_inline void net_other_bytes(long ret, int rx)
 {
@@ -238,7 +234,7 @@ int bpfdyno_nsc_rxf(struct tracepoint__syscalls__sys_enter_recvfrom *args)
 {
 	u32 tid = (u32)bpf_get_current_pid_tgid();
 	u32 flags = (u32)args->flags;
-	net_recv_flags.update(&tid, &flags);
+	bpfdyno_nrflags.update(&tid, &flags);
 	return 0;
 }
 
@@ -246,7 +242,7 @@ int bpfdyno_nsc_rxm(struct tracepoint__syscalls__sys_enter_recvmsg *args)
 {
 	u32 tid = (u32)bpf_get_current_pid_tgid();
 	u32 flags = (u32)args->flags;
-	net_recv_flags.update(&tid, &flags);
+	bpfdyno_nrflags.update(&tid, &flags);
 	return 0;
 }
 
@@ -254,9 +250,9 @@ int bpfdyno_nsc_rxm(struct tracepoint__syscalls__sys_enter_recvmsg *args)
 int bpfdyno_nsc_rx(struct tracepoint__syscalls__sys_exit_recvfrom *args)
 {
 	u32 tid = (u32)bpf_get_current_pid_tgid();
-	u32 *flags = net_recv_flags.lookup(&tid);
+	u32 *flags = bpfdyno_nrflags.lookup(&tid);
 	int peek = flags && (*flags & NET_MSG_PEEK);
-	net_recv_flags.delete(&tid);
+	bpfdyno_nrflags.delete(&tid);
 	if (!peek)
 		net_other_bytes(args->ret, 1);
 	return 0;
@@ -282,17 +278,17 @@ int bpfdyno_nstate(struct tracepoint__sock__inet_sock_set_state *args)
 		l.tgid = bpf_get_current_pid_tgid() >> 32;
 		bpf_get_current_comm(&l.comm, sizeof(l.comm));
 		u32 lkey = net_listener_key(args->family, args->sport);
-		net_listeners.update(&lkey, &l);
+		bpfdyno_nlisten.update(&lkey, &l);
 		return 0;
 	}
 	if (os == NET_TCP_LISTEN && ns == NET_TCP_CLOSE) {
 		u32 lkey = net_listener_key(args->family, args->sport);
-		net_listeners.delete(&lkey);
-		net_socks.delete(&key);
+		bpfdyno_nlisten.delete(&lkey);
+		bpfdyno_nsocks.delete(&key);
 		return 0;
 	}
 
-	struct net_sock *s = net_socks.lookup(&key);
+	struct net_sock *s = bpfdyno_nsocks.lookup(&key);
 	if (!s) {
 		struct net_sock fresh = {};
 		if (ns == NET_TCP_SYN_SENT) { /* connect(): process context */
@@ -300,10 +296,10 @@ int bpfdyno_nstate(struct tracepoint__sock__inet_sock_set_state *args)
 			bpf_get_current_comm(&fresh.comm, sizeof(fresh.comm));
 		} else if (ns == NET_TCP_SYN_RECV) { /* a child of a listener, in softirq */
 			u32 lkey = net_listener_key(args->family, args->sport);
-			struct net_listener *l = net_listeners.lookup(&lkey);
+			struct net_listener *l = bpfdyno_nlisten.lookup(&lkey);
 			if (!l) { /* IPv4 peer on a dual-stack (AF_INET6) listener */
 				lkey = net_listener_key(NET_AF_INET6, args->sport);
-				l = net_listeners.lookup(&lkey);
+				l = bpfdyno_nlisten.lookup(&lkey);
 			}
 			if (l) {
 				fresh.tgid = l->tgid;
@@ -311,8 +307,8 @@ int bpfdyno_nstate(struct tracepoint__sock__inet_sock_set_state *args)
 			}
 			fresh.flags = NET_SOCK_PASSIVE;
 		}
-		net_socks.update(&key, &fresh);
-		s = net_socks.lookup(&key);
+		bpfdyno_nsocks.update(&key, &fresh);
+		s = bpfdyno_nsocks.lookup(&key);
 		if (!s)
 			return 0;
 	} else if (ns == NET_TCP_SYN_SENT) {
@@ -330,7 +326,7 @@ int bpfdyno_nstate(struct tracepoint__sock__inet_sock_set_state *args)
 	} else if (ns == NET_TCP_CLOSE) {
 		net_count(NET_C_TCP_CLOSES, 1);
 		net_emit(NET_EV_CLOSE, s, ns, os, s->retransmits);
-		net_socks.delete(&key);
+		bpfdyno_nsocks.delete(&key);
 	}
 	return 0;
 }
@@ -348,7 +344,7 @@ int bpfdyno_nretx(struct tracepoint__tcp__tcp_retransmit_skb *args)
 #endif
 	net_count(NET_C_TCP_RETRANSMITS, 1);
 	u64 key = (u64)args->skaddr;
-	struct net_sock *s = net_socks.lookup(&key);
+	struct net_sock *s = bpfdyno_nsocks.lookup(&key);
 	struct net_sock tmp = {};
 	if (s) {
 		__sync_fetch_and_add(&s->retransmits, 1);
@@ -377,14 +373,14 @@ int bpfdyno_nretx(struct tracepoint__tcp__tcp_retransmit_skb *args)
 int bpfdyno_nprobe(struct tracepoint__tcp__tcp_probe *args)
 {
 	u32 zero = 0;
-	u64 *tick = net_probe_tick.lookup(&zero);
+	u64 *tick = bpfdyno_ntick.lookup(&zero);
 	if (!tick)
 		return 0;
 	*tick += 1;
 	if (*tick % NET_PROBE_SAMPLE_EVERY)
 		return 0;
 	u64 key = (u64)args->skaddr;
-	struct net_sock *s = net_socks.lookup(&key);
+	struct net_sock *s = bpfdyno_nsocks.lookup(&key);
 	if (!s)
 		return 0;
 	s->srtt_us = args->srtt;
@@ -405,7 +401,7 @@ int bpfdyno_nrstsnd(struct tracepoint__tcp__tcp_send_reset *args)
 	net_count(NET_C_TCP_RESETS_SENT, 1);
 	u64 key = (u64)args->skaddr;
 	struct net_sock tmp = {};
-	struct net_sock *s = key ? net_socks.lookup(&key) : 0;
+	struct net_sock *s = key ? bpfdyno_nsocks.lookup(&key) : 0;
 	if (s) {
 		tmp.tgid = s->tgid;
 		tmp.tx_bytes = s->tx_bytes;
@@ -430,7 +426,7 @@ int bpfdyno_nrstrcv(struct tracepoint__tcp__tcp_receive_reset *args)
 	net_count(NET_C_TCP_RESETS_RECEIVED, 1);
 	u64 key = (u64)args->skaddr;
 	struct net_sock tmp = {};
-	struct net_sock *s = net_socks.lookup(&key);
+	struct net_sock *s = bpfdyno_nsocks.lookup(&key);
 	u32 state = 0;
 	if (s) {
 		tmp.tgid = s->tgid;
@@ -453,7 +449,7 @@ int bpfdyno_ndrop(struct tracepoint__skb__kfree_skb *args)
 	u32 reason = args->reason;
 	if (reason >= NET_MAX_DROP_REASONS)
 		reason = NET_MAX_DROP_REASONS - 1; /* reported as "other" */
-	u64 *c = net_drops.lookup(&reason);
+	u64 *c = bpfdyno_ndrops.lookup(&reason);
 	if (c)
 		*c += 1;
 	return 0;
@@ -465,6 +461,6 @@ int bpfdyno_ndrop(struct tracepoint__skb__kfree_skb *args)
 int bpfdyno_nexit(struct tracepoint__sched__sched_process_free *args)
 {
 	u32 pid = args->pid;
-	net_procs.delete(&pid);
+	bpfdyno_nprocs.delete(&pid);
 	return 0;
 }

@@ -1,4 +1,4 @@
-/* Types shared by net.bpf.c and its user-space reader (bpfdyno.collectors.net).
+/* Types shared by net.bpf.c and its user-space reader (bpfdyno.sources.net).
  *
  * Fixed-width fields, explicit padding and size assertions: the Python side lets bcc derive
  * the ctypes layouts from the compiled program, and reads the enums below from this file, so
@@ -10,7 +10,7 @@
 #define NET_COMM_LEN 16
 #define NET_ADDR_LEN 16 /* IPv4 in the first 4 bytes, or IPv6 */
 
-/* Index of each host-wide counter in the per-CPU `net_totals` array. */
+/* Index of each host-wide counter in the per-CPU `bpfdyno_ntotals` array. */
 enum net_counter {
 	NET_C_TCP_TX_BYTES = 0,
 	NET_C_TCP_RX_BYTES = 1,
@@ -25,12 +25,12 @@ enum net_counter {
 	NET_C_TCP_OPENS_PASSIVE = 10,
 	NET_C_TCP_CLOSES = 11,
 	NET_C_RINGBUF_DROPS = 12, /* events lost: the ring buffer was full */
-	NET_C_PROC_MAP_FULL = 13, /* a process could not be added to net_procs */
-	NET_C_PROBE_SAMPLES = 14, /* tcp_probe events sampled into net_socks */
+	NET_C_PROC_MAP_FULL = 13, /* a process could not be added to bpfdyno_nprocs */
+	NET_C_PROBE_SAMPLES = 14, /* tcp_probe events sampled into bpfdyno_nsocks */
 	NET_C_MAX = 15,
 };
 
-/* Kinds of the events streamed through the `net_events` ring buffer. */
+/* Kinds of the events streamed through the `bpfdyno_nevents` ring buffer. */
 enum net_event_kind {
 	NET_EV_CONNECT = 1,        /* active open established (SYN_SENT -> ESTABLISHED) */
 	NET_EV_ACCEPT = 2,         /* passive open established (SYN_RECV -> ESTABLISHED) */
@@ -44,7 +44,7 @@ enum net_event_kind {
 #define NET_SOCK_TUPLE 1   /* family/ports/addresses are filled in */
 #define NET_SOCK_PASSIVE 2 /* created by accepting on a listener */
 
-/* Cumulative per-process traffic, keyed by tgid in `net_procs`. */
+/* Cumulative per-process traffic, keyed by tgid in `bpfdyno_nprocs`. */
 struct net_proc {
 	u64 tcp_tx_bytes;
 	u64 tcp_rx_bytes;
@@ -56,7 +56,7 @@ struct net_proc {
 };
 _Static_assert(sizeof(struct net_proc) == 56, "net_proc layout");
 
-/* One TCP socket, keyed by its kernel address in the LRU map `net_socks`. The owner is the
+/* One TCP socket, keyed by its kernel address in the LRU map `bpfdyno_nsocks`. The owner is the
  * process that last used it from process context; softirq-context events (retransmits,
  * resets, state changes on packet arrival) are attributed through it. */
 struct net_sock {

@@ -8,57 +8,40 @@
  * The sched_switch path is kept to one clock read and two hash lookups (prev and next
  * thread): per-process sums are built in user space, not here.
  *
- * Settings (-D): SCHED_MAX_THREADS, SCHED_MAX_PROCS (map sizes), SCHED_RINGBUF_PAGES (ring
- * buffer size in pages, a power of two).
+ * Settings (-D, all required; bpfdyno passes them from the [sched] config section):
+ * SCHED_MAX_THREADS ([sched] max_threads) and SCHED_MAX_PROCS ([sched] max_procs) size the
+ * maps, SCHED_RINGBUF_PAGES ([sched] ringbuf_pages, a power of two) the ring buffer.
+ *
+ * Every function and map is named "bpfdyno_..." so `bpftool` shows whose they are (the
+ * kernel keeps 15 characters of a name: keep map names that short).
  */
 #include <linux/sched.h>
+#include "common.h"
 #include "sched.h"
 
-#ifndef SCHED_MAX_THREADS
-#define SCHED_MAX_THREADS 65536
-#endif
-#ifndef SCHED_MAX_PROCS
-#define SCHED_MAX_PROCS 16384
-#endif
-#ifndef SCHED_RINGBUF_PAGES
-#define SCHED_RINGBUF_PAGES 16
+#if !defined(SCHED_MAX_THREADS) || !defined(SCHED_MAX_PROCS) || !defined(SCHED_RINGBUF_PAGES)
+#error "SCHED_MAX_THREADS, SCHED_MAX_PROCS and SCHED_RINGBUF_PAGES must be set with -D: load this program through bpfdyno's sched collector, which passes them from [sched]"
 #endif
 
-#define SCHED_EEXIST 17
 #define SCHED_PF_EXITING 0x00000004
-/* The consumer polls on its own schedule, so skip the per-event wakeup (BPF_RB_NO_WAKEUP). */
-#define SCHED_RB_FLAGS 1
 
-BPF_PERCPU_ARRAY(cpu_stats, struct sched_cpu_stats, 1);
+BPF_PERCPU_ARRAY(bpfdyno_scpu, struct sched_cpu_stats, 1);
 /* One entry each, so user space reads all CPUs' slots with one lookup. */
-BPF_PERCPU_ARRAY(runq_hist, struct sched_hist, 1);
-BPF_PERCPU_ARRAY(errors, struct sched_errors, 1);
+BPF_PERCPU_ARRAY(bpfdyno_shist, struct sched_hist, 1);
+BPF_PERCPU_ARRAY(bpfdyno_serrors, struct sched_errors, 1);
 /* Task-local storage would be cheaper, but raw tracepoint arguments are untrusted scalars
  * that the verifier refuses for bpf_task_storage_get. */
-BPF_HASH(threads, u32, struct sched_thread, SCHED_MAX_THREADS);
+BPF_HASH(bpfdyno_sthread, u32, struct sched_thread, SCHED_MAX_THREADS);
 /* Times of a process's exited threads, until the process exits. */
-BPF_HASH(procs, u32, struct sched_times, SCHED_MAX_PROCS);
-BPF_RINGBUF_OUTPUT(events, SCHED_RINGBUF_PAGES);
+BPF_HASH(bpfdyno_sprocs, u32, struct sched_times, SCHED_MAX_PROCS);
+BPF_RINGBUF_OUTPUT(bpfdyno_sevents, SCHED_RINGBUF_PAGES);
 
 static __always_inline void count_error(u32 slot)
 {
 	u32 zero = 0;
-	struct sched_errors *e = errors.lookup(&zero);
+	struct sched_errors *e = bpfdyno_serrors.lookup(&zero);
 	if (e && slot < SCHED_ERR_SLOTS)
 		e->count[slot]++;
-}
-
-/* floor(log2(v)), with 0 for v == 0; decoded by sched.py's log2_bucket_bounds(). */
-static __always_inline u32 log2_slot(u64 v)
-{
-	u32 r = 0;
-	if (v >> 32) { v >>= 32; r += 32; }
-	if (v >> 16) { v >>= 16; r += 16; }
-	if (v >> 8) { v >>= 8; r += 8; }
-	if (v >> 4) { v >>= 4; r += 4; }
-	if (v >> 2) { v >>= 2; r += 2; }
-	if (v >> 1) { r += 1; }
-	return r;
 }
 
 /* Create the entry of thread tid (slow path: once per thread). Exiting threads get none:
@@ -73,12 +56,12 @@ static __always_inline struct sched_thread *new_thread(struct task_struct *t, u3
 	init.tgid = tgid;
 	if (!tgid)
 		bpf_probe_read_kernel(&init.tgid, sizeof(init.tgid), &t->tgid);
-	int err = threads.insert(&tid, &init);
-	if (err && err != -SCHED_EEXIST) {
+	int err = bpfdyno_sthread.insert(&tid, &init);
+	if (err && err != -BPFDYNO_EEXIST) {
 		count_error(SCHED_ERR_THREAD_FULL);
 		return NULL;
 	}
-	return threads.lookup(&tid);
+	return bpfdyno_sthread.lookup(&tid);
 }
 
 static __always_inline void switch_out(u64 now, bool runnable, struct sched_cpu_stats *cs)
@@ -88,7 +71,7 @@ static __always_inline void switch_out(u64 now, bool runnable, struct sched_cpu_
 	u32 tid = (u32)id;
 	if (!tid) /* the idle task */
 		return;
-	struct sched_thread *th = threads.lookup(&tid);
+	struct sched_thread *th = bpfdyno_sthread.lookup(&tid);
 	if (!th) {
 		th = new_thread((struct task_struct *)bpf_get_current_task(), tid, id >> 32);
 		if (!th)
@@ -114,7 +97,7 @@ static __always_inline void switch_in(u64 now, struct task_struct *next,
 	bpf_probe_read_kernel(&tid, sizeof(tid), &next->pid);
 	if (!tid)
 		return;
-	struct sched_thread *th = threads.lookup(&tid);
+	struct sched_thread *th = bpfdyno_sthread.lookup(&tid);
 	if (!th) {
 		th = new_thread(next, tid, 0);
 		if (!th)
@@ -135,8 +118,8 @@ static __always_inline void switch_in(u64 now, struct task_struct *next,
 	if (th->wake_ts) {
 		u64 wait = now - th->wake_ts;
 		th->t.runq_wait_ns += wait;
-		u32 zero = 0, slot = log2_slot(wait);
-		struct sched_hist *hist = runq_hist.lookup(&zero);
+		u32 zero = 0, slot = bpfdyno_log2(wait);
+		struct sched_hist *hist = bpfdyno_shist.lookup(&zero);
 		if (hist && slot < SCHED_HIST_SLOTS)
 			hist->slots[slot]++;
 		if (cs) {
@@ -163,7 +146,7 @@ int bpfdyno_switch(struct bpf_raw_tracepoint_args *ctx)
 #endif
 	u64 now = bpf_ktime_get_ns();
 	u32 zero = 0;
-	struct sched_cpu_stats *cs = cpu_stats.lookup(&zero);
+	struct sched_cpu_stats *cs = bpfdyno_scpu.lookup(&zero);
 	if (cs)
 		cs->switches++;
 	/* Preempted, or yielded while runnable: it waits in the run queue. */
@@ -176,7 +159,7 @@ static __always_inline int on_wakeup(struct task_struct *p)
 {
 	u32 tid = 0;
 	bpf_probe_read_kernel(&tid, sizeof(tid), &p->pid);
-	struct sched_thread *th = threads.lookup(&tid);
+	struct sched_thread *th = bpfdyno_sthread.lookup(&tid);
 	if (!th) {
 		th = new_thread(p, tid, 0);
 		if (!th)
@@ -202,11 +185,11 @@ int bpfdyno_migrate(struct bpf_raw_tracepoint_args *ctx)
 {
 	struct task_struct *p = (struct task_struct *)ctx->args[0];
 	u32 zero = 0, tid = 0;
-	struct sched_cpu_stats *cs = cpu_stats.lookup(&zero);
+	struct sched_cpu_stats *cs = bpfdyno_scpu.lookup(&zero);
 	if (cs)
 		cs->migrations++;
 	bpf_probe_read_kernel(&tid, sizeof(tid), &p->pid);
-	struct sched_thread *th = threads.lookup(&tid);
+	struct sched_thread *th = bpfdyno_sthread.lookup(&tid);
 	if (th)
 		__sync_fetch_and_add(&th->t.migrations, 1);
 	return 0;
@@ -214,7 +197,7 @@ int bpfdyno_migrate(struct bpf_raw_tracepoint_args *ctx)
 
 static __always_inline struct sched_event *new_event(struct task_struct *p, u32 kind)
 {
-	struct sched_event *e = events.ringbuf_reserve(sizeof(struct sched_event));
+	struct sched_event *e = bpfdyno_sevents.ringbuf_reserve(sizeof(struct sched_event));
 	if (!e) {
 		count_error(SCHED_ERR_RINGBUF);
 		return NULL;
@@ -250,7 +233,7 @@ int bpfdyno_exec(struct bpf_raw_tracepoint_args *ctx)
 	e->old_tid = (u32)ctx->args[1];
 	bpf_probe_read_kernel(&filename, sizeof(filename), &bprm->filename);
 	bpf_probe_read_kernel_str(&e->filename, sizeof(e->filename), filename);
-	events.ringbuf_submit(e, SCHED_RB_FLAGS);
+	bpfdyno_sevents.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
 	return 0;
 }
 
@@ -275,21 +258,21 @@ int bpfdyno_exit(struct bpf_raw_tracepoint_args *ctx)
 	bpf_probe_read_kernel(&tid, sizeof(tid), &p->pid);
 	bpf_probe_read_kernel(&tgid, sizeof(tgid), &p->tgid);
 	struct sched_times zero = {};
-	struct sched_times *pt = procs.lookup(&tgid);
+	struct sched_times *pt = bpfdyno_sprocs.lookup(&tgid);
 	if (!pt) {
-		int err = procs.insert(&tgid, &zero);
-		if (err && err != -SCHED_EEXIST)
+		int err = bpfdyno_sprocs.insert(&tgid, &zero);
+		if (err && err != -BPFDYNO_EEXIST)
 			count_error(SCHED_ERR_PROC_FULL);
-		pt = procs.lookup(&tgid);
+		pt = bpfdyno_sprocs.lookup(&tgid);
 	}
-	struct sched_thread *th = threads.lookup(&tid);
+	struct sched_thread *th = bpfdyno_sthread.lookup(&tid);
 	if (th && pt) {
 		/* The exiting thread is running: count its current period too. */
 		if (th->on_ts)
 			th->t.oncpu_ns += bpf_ktime_get_ns() - th->on_ts;
 		add_times(pt, &th->t);
 	}
-	threads.delete(&tid);
+	bpfdyno_sthread.delete(&tid);
 
 	struct signal_struct *sig = NULL;
 	int live = 1;
@@ -304,8 +287,8 @@ int bpfdyno_exit(struct bpf_raw_tracepoint_args *ctx)
 			e->offcpu_ns = pt->offcpu_runnable_ns + pt->offcpu_blocked_ns;
 		}
 		bpf_probe_read_kernel(&e->exit_code, sizeof(e->exit_code), &p->exit_code);
-		events.ringbuf_submit(e, SCHED_RB_FLAGS);
+		bpfdyno_sevents.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
 	}
-	procs.delete(&tgid);
+	bpfdyno_sprocs.delete(&tgid);
 	return 0;
 }

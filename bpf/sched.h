@@ -1,9 +1,9 @@
-/* Structures shared by sched.bpf.c and bpfdyno.collectors.sched.
+/* Structures shared by sched.bpf.c and its reader, bpfdyno.sources.sched.collector.
  *
  * Fixed-width fields spelled u64/u32/s32 (bcc decodes ring-buffer events by these type
  * names), explicit padding, sizes checked at compile time. User space gets the layouts from
  * bcc (it derives them from the compiled program); the enum values below are mirrored in
- * sched.py and checked against this file by a test.
+ * the collector and checked against this file by a test.
  *
  * Time accounting, all in ns, cumulative since the program was loaded:
  *   oncpu_ns            time on a CPU
@@ -19,7 +19,9 @@
 #ifndef BPFDYNO_SCHED_H
 #define BPFDYNO_SCHED_H
 
-/* Log2 histogram: slot k counts values v with floor(log2(v)) == k; slot 0 holds 0 and 1. */
+#include "common.h"
+
+/* Run-queue latency histogram: slot bpfdyno_log2(ns) (see common.h). */
 #define SCHED_HIST_SLOTS 64
 
 enum sched_event_kind {
@@ -87,6 +89,7 @@ struct sched_event {
 	char filename[128]; /* exec: the executed file */
 };
 
+_Static_assert(SCHED_HIST_SLOTS == BPFDYNO_LOG2_SLOTS, "one slot per log2 value");
 _Static_assert(sizeof(struct sched_hist) == 8 * SCHED_HIST_SLOTS, "sched_hist layout");
 _Static_assert(sizeof(struct sched_errors) == 8 * SCHED_ERR_SLOTS, "sched_errors layout");
 _Static_assert(sizeof(struct sched_cpu_stats) == 64, "sched_cpu_stats layout");

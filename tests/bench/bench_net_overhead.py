@@ -34,7 +34,7 @@ import sys
 import time
 from typing import NamedTuple
 
-from bpfdyno.ebpf.program import BpfRunStats, enable_bpf_stats
+from bpfdyno.ebpf.runstats import BpfRunStats, enable_bpf_stats
 from bpfdyno.sources.net.collector import NetCollector
 from bpfdyno.sources.procs.table import ProcessTable
 
@@ -157,7 +157,7 @@ def main() -> int:
     collector = NetCollector()
     collector.start()
     try:
-        stats = BpfRunStats(collector._bpf)
+        stats = BpfRunStats(collector._require().program_fds())
         fd = enable_bpf_stats()
         try:
             before = stats.read_counters()

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bpfdyno.ebpf.program import BpfRunStats
+from bpfdyno.ebpf.runstats import BpfRunStats
 from bpfdyno.sources.sched.collector import SchedCollector
 
 PIPE = ["taskset", "-c", "0", "perf", "bench", "sched", "pipe"]
@@ -83,7 +83,7 @@ for c in collectors:
     except CollectorUnavailable as e:
         print(f"{c.name}: unavailable: {e}", file=sys.stderr)
 # As `bpfdyno serve` does once every program is loaded.
-from bpfdyno.ebpf.program import release_compiler_pages
+from bpfdyno.ebpf.compiler import release_compiler_pages
 release_compiler_pages()
 def loop(seconds):
     deadline = time.monotonic()
@@ -170,7 +170,7 @@ def interleaved(
 
 def ns_per_event(loops: int) -> dict[str, tuple[float, float]]:
     with agent() as collector:
-        stats = BpfRunStats(collector._require())
+        stats = BpfRunStats(collector._require().program_fds())
         bench = threading.Thread(target=pipe_ops_per_second, args=(loops,))
         bench.start()
         time.sleep(0.2)

@@ -93,3 +93,45 @@ def test_serve_with_bad_config_exits_2_and_starts_nothing(tmp_path: Path) -> Non
     assert r.returncode == 2
     assert f"{p}:2: 'daemon.interval_s' must be at least 0.05" in r.stderr
     assert not sock.exists()
+
+
+def test_bpf_sizes_are_read() -> None:
+    cfg = load(
+        None,
+        [
+            ("sched.max_threads", "1000"),
+            ("sched.max_procs", "300"),
+            ("sched.ringbuf_pages", "4"),
+            ("net.max_socks", "2000"),
+            ("net.max_procs", "400"),
+            ("net.ringbuf_pages", "8"),
+            ("net.probe_sample_every", "1"),
+            ("net.byte_source", "syscalls"),
+        ],
+    )
+    assert (cfg.sched.max_threads, cfg.sched.max_procs, cfg.sched.ringbuf_pages) == (1000, 300, 4)
+    assert (cfg.net.max_socks, cfg.net.max_procs, cfg.net.ringbuf_pages) == (2000, 400, 8)
+    assert (cfg.net.probe_sample_every, cfg.net.byte_source) == (1, "syscalls")
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("[sched]\nmax_threads = 0\n", "'sched.max_threads' must be in 1..4194304, got 0"),
+        ("[sched]\nmax_procs = 5000000\n", "'sched.max_procs' must be in 1..4194304"),
+        ("[sched]\nringbuf_pages = 3\n", "'sched.ringbuf_pages' must be a power of two"),
+        ("[net]\nmax_socks = 0\n", "'net.max_socks' must be in 1..16777216, got 0"),
+        ("[net]\nmax_procs = -1\n", "'net.max_procs' must be in 1..4194304"),
+        ("[net]\nringbuf_pages = 131072\n", "'net.ringbuf_pages' must be a power of two in"),
+        ("[net]\nprobe_sample_every = 0\n", "'net.probe_sample_every' must be in 1..4294967295"),
+        ('[net]\nbyte_source = "tcp"\n', "'net.byte_source' must be one of auto, sock, syscalls"),
+        ('[net]\nmax_socks = "many"\n', "'net.max_socks' must be an integer"),
+    ],
+)
+def test_bpf_size_errors_name_file_line_and_key(tmp_path: Path, text: str, fragment: str) -> None:
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as ei:
+        load(p)
+    msg = str(ei.value)
+    assert msg.startswith(f"{p}:2: "), msg
+    assert fragment in msg

@@ -1,4 +1,5 @@
-"""Loading BPF programs with bcc, BPF run statistics and the leftover-program check.
+"""`BpfProgram` (load, attach, unload), the map reader, BPF run statistics and the
+leftover-program check.
 
 Real bcc, real kernel: small programs written to a temporary source directory stand in for
 the package's ``bpf/`` directory, attached to uprobes on libc's ``labs`` so the test decides
@@ -16,21 +17,16 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from bpfdyno.ebpf import program as bpfload
-from bpfdyno.ebpf.program import (
-    BpfLoadError,
-    BpfRunStats,
-    load_bpf,
-    loaded_programs,
-    map_items,
-    program_ids,
-    programs_still_loaded,
-    run_stats_samples,
-)
+from bpfdyno.ebpf import runstats
+from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.ebpf.introspect import loaded_maps, loaded_programs, programs_still_loaded
+from bpfdyno.ebpf.maps import map_items, percpu_sums, percpu_values
+from bpfdyno.ebpf.program import BpfProgram
+from bpfdyno.ebpf.runstats import BpfRunStats, run_stats_samples
 
 pytestmark = pytest.mark.root
 
@@ -39,13 +35,26 @@ LIBC = ctypes.CDLL("libc.so.6")
 _PROGRAM = r"""
 #include <uapi/linux/ptrace.h>
 #include "probe.h"
-BPF_ARRAY(seen, struct probe_value, 1);
-BPF_HASH(table, u32, u64, 4096);
+BPF_ARRAY(bpfdyno_tseen, struct probe_value, 1);
+BPF_HASH(bpfdyno_ttable, u32, u64, 4096);
+BPF_PERCPU_ARRAY(bpfdyno_tcount, u64, 4);
+BPF_RINGBUF_OUTPUT(bpfdyno_tevents, 1);
 int bpfdyno_t_labs(struct pt_regs *ctx)
 {
 	int k = 0;
 	struct probe_value v = { .arg = PT_REGS_PARM1(ctx), .setting = PROBE_SETTING };
-	seen.update(&k, &v);
+	bpfdyno_tseen.update(&k, &v);
+	/* labs(-n) counts in slot n % 4 and streams n */
+	u32 slot = (u32)(0 - v.arg) % 4;
+	u64 *c = bpfdyno_tcount.lookup(&slot);
+	if (c)
+		*c += 1;
+	struct probe_value *e = bpfdyno_tevents.ringbuf_reserve(sizeof(struct probe_value));
+	if (e) {
+		e->arg = 0 - v.arg;
+		e->setting = PROBE_SETTING;
+		bpfdyno_tevents.ringbuf_submit(e, 0);
+	}
 	return 0;
 }
 """
@@ -64,11 +73,13 @@ def src_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture()
-def probe(src_dir: Path, tmp_path: Path) -> Iterator[Any]:
-    bpf = load_bpf("probe.bpf.c", ["-DPROBE_SETTING=77"], header_cache=tmp_path / "kh")
-    bpf.attach_uprobe(name=b"c", sym=b"labs", fn_name=b"bpfdyno_t_labs", pid=os.getpid())
-    yield bpf
-    bpf.cleanup()
+def probe(src_dir: Path, tmp_path: Path) -> Iterator[BpfProgram]:
+    prog = BpfProgram.load(
+        "probe.bpf.c", defines={"PROBE_SETTING": 77}, header_cache=tmp_path / "kh"
+    )
+    prog.attach_uprobe("c", "labs", "bpfdyno_t_labs", pid=os.getpid())
+    yield prog
+    prog.close()
 
 
 def _stats_fds() -> list[int]:
@@ -82,48 +93,117 @@ def _stats_fds() -> list[int]:
     return out
 
 
-def test_load_uses_package_headers_and_cflags(probe: Any) -> None:
+def test_load_uses_package_headers_and_cflags(probe: BpfProgram) -> None:
     LIBC.labs(ctypes.c_long(-31337))
-    value = probe[b"seen"][0]
+    value = probe.table("bpfdyno_tseen")[0]
     assert (value.arg, value.setting) == (2**64 - 31337, 77)
 
 
 def test_load_leaves_the_environment_as_it_was(src_dir: Path, tmp_path: Path) -> None:
     before = os.environ.get("BCC_KERNEL_SOURCE")
-    bpf = load_bpf("probe.bpf.c", ["-DPROBE_SETTING=1"], header_cache=tmp_path / "kh")
-    bpf.cleanup()
+    BpfProgram.load(
+        "probe.bpf.c", defines={"PROBE_SETTING": 1}, header_cache=tmp_path / "kh"
+    ).close()
     assert os.environ.get("BCC_KERNEL_SOURCE") == before
 
 
 def test_compile_error_is_explained(src_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(BpfLoadError) as err:
-        load_bpf("broken.bpf.c", header_cache=tmp_path / "kh")
+        BpfProgram.load("broken.bpf.c", header_cache=tmp_path / "kh")
     msg = str(err.value)
     assert msg.startswith("compiling broken.bpf.c against generated-minimal kernel headers")
     assert "use of undeclared identifier 'undeclared_x'" in msg
 
 
+def test_attach_failure_is_explained(src_dir: Path, tmp_path: Path) -> None:
+    with BpfProgram.load(
+        "probe.bpf.c", defines={"PROBE_SETTING": 1}, header_cache=tmp_path / "kh"
+    ) as prog:
+        with pytest.raises(
+            BpfLoadError,
+            match=r"attaching bpfdyno_t_labs of probe.bpf.c to tracepoint nosuch:event "
+            r"failed \(.*\); run as root",
+        ):
+            prog.attach_tracepoint("nosuch:event", "bpfdyno_t_labs")
+        with pytest.raises(BpfLoadError, match="to uprobe c:no_such_symbol_x failed"):
+            prog.attach_uprobe("c", "no_such_symbol_x", "bpfdyno_t_labs")
+
+
+def test_close_is_idempotent_and_final(src_dir: Path, tmp_path: Path) -> None:
+    prog = BpfProgram.load(
+        "probe.bpf.c", defines={"PROBE_SETTING": 1}, header_cache=tmp_path / "kh"
+    )
+    prog.attach_uprobe("c", "labs", "bpfdyno_t_labs", pid=os.getpid())
+    prog.start_run_stats(on_s=0.1, period_s=0.2)
+    ids = prog.program_ids()
+    prog.close()
+    prog.close()
+    assert prog.closed
+    assert _stats_fds() == []
+    assert programs_still_loaded(ids.values()) == set()
+    with pytest.raises(RuntimeError, match=r"the BPF program probe\.bpf\.c is closed"):
+        prog.table("bpfdyno_tseen")
+
+
+def test_ring_buffer_records_are_decoded_in_order(probe: BpfProgram) -> None:
+    ring = probe.open_ring_buffer("bpfdyno_tevents", lambda r: (int(r.arg), int(r.setting)))
+    for n in (5, 6, 7):
+        LIBC.labs(ctypes.c_long(-n))
+    assert ring.drain() == [(5, 77), (6, 77), (7, 77)]
+    assert ring.drain() == []
+
+
+def test_percpu_array_reads(probe: BpfProgram) -> None:
+    for n in (1, 2, 2, 3, 3, 3, 7):
+        LIBC.labs(ctypes.c_long(-n))
+    table = probe.table("bpfdyno_tcount")
+    assert percpu_sums(table) == [0, 1, 2, 4]
+    assert sum(percpu_values(table, 3)) == 4
+    assert len(percpu_values(table, 3)) == table.total_cpu
+
+
+def test_uretprobe_runs_once_per_return(src_dir: Path, tmp_path: Path) -> None:
+    with BpfProgram.load(
+        "probe.bpf.c", defines={"PROBE_SETTING": 1}, header_cache=tmp_path / "kh"
+    ) as prog:
+        prog.attach_uprobe("c", "labs", "bpfdyno_t_labs", pid=os.getpid(), retprobe=True)
+        for _ in range(3):
+            LIBC.labs(ctypes.c_long(-1))
+        assert sum(percpu_sums(prog.table("bpfdyno_tcount"))) == 3
+
+
+def test_map_ids_name_every_map_as_the_kernel_does(probe: BpfProgram) -> None:
+    ids = probe.map_ids()
+    assert set(ids) == {"bpfdyno_tseen", "bpfdyno_ttable", "bpfdyno_tcount", "bpfdyno_tevents"}
+    kernel = {m.id: m for m in loaded_maps()}
+    assert {name: kernel[i].name for name, i in ids.items()} == {name: name for name in ids}
+    assert kernel[ids["bpfdyno_ttable"]].max_entries == 4096
+    assert kernel[ids["bpfdyno_tevents"]].max_entries == os.sysconf("SC_PAGE_SIZE")
+
+
 def test_unknown_program_is_explained(src_dir: Path) -> None:
     with pytest.raises(BpfLoadError, match=r"no BPF program 'nope.bpf.c' in .*; reinstall"):
-        load_bpf("nope.bpf.c")
+        BpfProgram.load("nope.bpf.c")
 
 
 def test_programs_are_listed_by_prefix_and_gone_after_cleanup(
     src_dir: Path, tmp_path: Path
 ) -> None:
-    bpf = load_bpf("probe.bpf.c", ["-DPROBE_SETTING=1"], header_cache=tmp_path / "kh")
-    bpf.attach_uprobe(name=b"c", sym=b"labs", fn_name=b"bpfdyno_t_labs", pid=os.getpid())
-    ids = program_ids(bpf)
+    prog = BpfProgram.load(
+        "probe.bpf.c", defines={"PROBE_SETTING": 1}, header_cache=tmp_path / "kh"
+    )
+    prog.attach_uprobe("c", "labs", "bpfdyno_t_labs", pid=os.getpid())
+    ids = prog.program_ids()
     assert list(ids) == ["bpfdyno_t_labs"]
     listed = {p.id: p.name for p in loaded_programs()}
     assert listed[ids["bpfdyno_t_labs"]] == "bpfdyno_t_labs"
-    bpf.cleanup()
+    prog.close()
     assert programs_still_loaded(ids.values()) == set()
 
 
-def test_run_stats_count_every_run(probe: Any) -> None:
-    stats = BpfRunStats(probe)
-    fd = bpfload.enable_bpf_stats()
+def test_run_stats_count_every_run(probe: BpfProgram) -> None:
+    stats = BpfRunStats(probe.program_fds())
+    fd = runstats.enable_bpf_stats()
     try:
         before = stats.read_counters()
         for _ in range(1000):
@@ -137,8 +217,8 @@ def test_run_stats_count_every_run(probe: Any) -> None:
     assert 0 < run_ns / runs < 100_000
 
 
-def test_duty_cycle_reports_a_window_and_restores_state(probe: Any) -> None:
-    stats = BpfRunStats(probe, on_s=0.3, period_s=0.4)
+def test_duty_cycle_reports_a_window_and_restores_state(probe: BpfProgram) -> None:
+    stats = BpfRunStats(probe.program_fds(), on_s=0.3, period_s=0.4)
     stop = threading.Event()
 
     def call_labs() -> None:
@@ -173,7 +253,7 @@ def test_duty_cycle_reports_a_window_and_restores_state(probe: Any) -> None:
 
 
 def test_run_stats_without_runs_are_nan_not_zero() -> None:
-    (ns, rate) = run_stats_samples({"p": bpfload.ProgramRunStats("p", 0, 0, 1.0)})
+    (ns, rate) = run_stats_samples({"p": runstats.ProgramRunStats("p", 0, 0, 1.0)})
     assert ns.value != ns.value  # NaN: no event, no cost to report
     assert rate.value == 0.0
 
@@ -181,9 +261,8 @@ def test_run_stats_without_runs_are_nan_not_zero() -> None:
 def test_refused_stats_degrade_with_a_reason(tmp_path: Path) -> None:
     code = textwrap.dedent(
         """
-        import types
-        from bpfdyno.ebpf.program import BpfRunStats
-        stats = BpfRunStats(types.SimpleNamespace(funcs={}))
+        from bpfdyno.ebpf.runstats import BpfRunStats
+        stats = BpfRunStats({})
         stats.start()
         stats.stop()
         print(stats.unavailable_reason)
@@ -203,8 +282,8 @@ def test_refused_stats_degrade_with_a_reason(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("chunk", [7, 1024])
-def test_map_items_reads_every_entry(probe: Any, chunk: int) -> None:
-    table = probe[b"table"]
+def test_map_items_reads_every_entry(probe: BpfProgram, chunk: int) -> None:
+    table = probe.table("bpfdyno_ttable")
     for i in range(2500):
         table[table.Key(i)] = table.Leaf(i * 3)
     items = dict(map_items(table, chunk=chunk))
@@ -212,7 +291,7 @@ def test_map_items_reads_every_entry(probe: Any, chunk: int) -> None:
 
 
 def test_release_compiler_pages_drops_rss_and_programs_keep_working() -> None:
-    from bpfdyno.ebpf.program import release_compiler_pages
+    from bpfdyno.ebpf.compiler import release_compiler_pages
     from bpfdyno.sources.sched.collector import SchedCollector
 
     def rss_bytes() -> int:
@@ -234,6 +313,6 @@ def test_release_compiler_pages_drops_rss_and_programs_keep_working() -> None:
 
 
 def test_release_compiler_pages_without_maps(tmp_path: Path) -> None:
-    from bpfdyno.ebpf.program import release_compiler_pages
+    from bpfdyno.ebpf.compiler import release_compiler_pages
 
     assert release_compiler_pages(str(tmp_path / "missing")) == 0

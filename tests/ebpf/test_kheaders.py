@@ -24,7 +24,7 @@ from bpfdyno.ebpf.kheaders import (
     ensure_headers,
     kernel_build_id,
 )
-from bpfdyno.ebpf.program import ensure_tracefs
+from bpfdyno.ebpf.tracefs import ensure_tracefs
 
 pytestmark = pytest.mark.root
 

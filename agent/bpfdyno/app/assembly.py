@@ -82,12 +82,8 @@ def build(cfg: Config) -> Assembly:
     on = cfg.collector_enabled
     recorder = FlightRecorder(max_age_s=cfg.events.max_age_s, max_bytes=cfg.events.max_bytes)
 
-    sched = (
-        SchedCollector(sink=recorder.add, track_wakeups=cfg.sched.track_wakeups)
-        if on("sched")
-        else None
-    )
-    net = NetCollector(sink=recorder.add) if on("net") else None
+    sched = SchedCollector.from_config(cfg.sched, sink=recorder.add) if on("sched") else None
+    net = NetCollector.from_config(cfg.net, sink=recorder.add) if on("net") else None
     gpu = GpuCollector.from_config(cfg.gpu, event_sink=recorder.add) if on("gpu") else None
     dcgm = DcgmCollector() if on("dcgm") else None
     pause, resume = profiling_controls([c for c in (gpu, dcgm) if c is not None])

@@ -12,7 +12,6 @@ Nothing here loads NVML or starts a BPF program, so it is safe to run next to a 
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import importlib
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bpfdyno.core.config import Config
+from bpfdyno.ebpf.tracefs import MOUNT_COMMAND, find_tracefs
 from bpfdyno.sources.perf.perf_event import (
     PERF_FLAG_FD_CLOEXEC,
     PERF_TYPE_HARDWARE,
@@ -38,12 +38,10 @@ from bpfdyno.sources.perf.perf_event import (
 LEGACY_RPC_HOST = "127.0.0.1"
 LEGACY_RPC_PORT = 1778
 
-TRACEFS_MOUNTPOINT = Path("/sys/kernel/tracing")
 BTF_VMLINUX = Path("/sys/kernel/btf/vmlinux")
 NVML_LIBRARY = "libnvidia-ml.so.1"
 KHEADERS_MODULE = "bpfdyno.ebpf.kheaders"
 
-_MOUNT_TRACEFS = f"mount -t tracefs nodev {TRACEFS_MOUNTPOINT}"
 _GRANT_CAPS = (
     "run as root (sudo bpfdyno ...), or grant CAP_BPF and CAP_PERFMON "
     "(systemd: AmbientCapabilities=CAP_BPF CAP_PERFMON)"
@@ -152,28 +150,11 @@ def check_bpf_syscall() -> Check:
     return Check("bpf-syscall", False, detail, "check dmesg for the kernel's reason")
 
 
-def find_tracefs() -> Path | None:
-    """Where tracefs is reachable: its own mount, or the tracing dir of a mounted debugfs."""
-    debugfs: Path | None = None
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/mounts").read_text().splitlines():
-            fields = line.split()
-            if len(fields) < 3:
-                continue
-            if fields[2] == "tracefs":
-                return Path(fields[1])
-            if fields[2] == "debugfs":
-                debugfs = Path(fields[1])
-    if debugfs is not None and (debugfs / "tracing" / "events").is_dir():
-        return debugfs / "tracing"
-    return None
-
-
 def check_tracefs() -> Check:
     """tracefs must be mounted: bcc attaches tracepoints through it."""
     root = find_tracefs()
     if root is None:
-        return Check("tracefs", False, "tracefs is not mounted", _MOUNT_TRACEFS)
+        return Check("tracefs", False, "tracefs is not mounted", MOUNT_COMMAND)
     return Check("tracefs", True, f"mounted at {root}")
 
 
@@ -370,7 +351,7 @@ def check_tracepoint(system: str, event: str, required: bool = True) -> Check:
     name = f"tracepoint {system}:{event}"
     root = find_tracefs()
     if root is None:
-        return Check(name, False, "tracefs is not mounted", _MOUNT_TRACEFS, required)
+        return Check(name, False, "tracefs is not mounted", MOUNT_COMMAND, required)
     fmt = root / "events" / system / event / "format"
     try:
         fmt.read_bytes()

@@ -30,7 +30,7 @@ async def run(cfg: Config) -> int:
     try:
         await daemon.start()
         if "bcc" in sys.modules:
-            from bpfdyno.ebpf.program import release_compiler_pages
+            from bpfdyno.ebpf.compiler import release_compiler_pages
 
             release_compiler_pages()
         log.info(

@@ -141,10 +141,44 @@ class GpuSection:
 
 @dataclass
 class SchedSection:
+    """The scheduler collector's BPF program; these defaults are the only ones (the C code
+    refuses to compile without its settings)."""
+
     #: Probe sched_wakeup / sched_wakeup_new to measure run-queue latency after wakeups.
     #: They fire about as often as context switches; false halves the scheduler probes'
     #: cost (see docs/performance.md) and keeps only preemption waits in the histogram.
     track_wakeups: bool = True
+    #: Threads tracked at once (entries of the per-thread BPF map). Beyond it, new threads
+    #: go unaccounted: sched_dropped_total{reason="thread_map_full"} counts them.
+    max_threads: int = 65536
+    #: Processes whose exited threads' times are kept until the process exits. Beyond it:
+    #: sched_dropped_total{reason="process_map_full"}.
+    max_procs: int = 16384
+    #: Exec/exit event ring buffer size in pages (a power of two). Events that find it
+    #: full are dropped: sched_dropped_total{reason="ringbuf_full"}.
+    ringbuf_pages: int = 16
+
+
+@dataclass
+class NetSection:
+    """The network collector's BPF program; these defaults are the only ones (the C code
+    refuses to compile without its settings)."""
+
+    #: Where per-process byte counts come from: "auto" (sock:sock_{send,recv}_length when
+    #: the kernel has them, else the socket syscalls), "sock" or "syscalls".
+    byte_source: str = "auto"
+    #: TCP sockets tracked at once (entries of the socket BPF map); beyond it the least
+    #: recently used one is evicted and its connection disappears from ListConnections.
+    max_socks: int = 16384
+    #: Processes with per-process counters at once. Beyond it, updates are lost:
+    #: net_process_map_full_total counts them.
+    max_procs: int = 16384
+    #: Event ring buffer size in pages (a power of two). Events that find it full are
+    #: lost: net_events_lost_total counts them.
+    ringbuf_pages: int = 64
+    #: Sample 1 in this many tcp:tcp_probe events (per CPU) for RTT and congestion window;
+    #: 1 samples every received segment, at a cost on the receive path.
+    probe_sample_every: int = 16
 
 
 @dataclass
@@ -173,6 +207,7 @@ class Config:
     gpu: GpuSection = field(default_factory=GpuSection)
     events: EventsSection = field(default_factory=EventsSection)
     sched: SchedSection = field(default_factory=SchedSection)
+    net: NetSection = field(default_factory=NetSection)
     #: Where the values came from, for error messages and `status`.
     source: str = field(default="<defaults>", compare=False)
 
@@ -363,6 +398,7 @@ def _validate(cfg: Config, path: Path | None) -> None:
     if not 1 <= cfg.events.process_table_size <= 100_000:
         raise bad("must be in 1..100000", "events.process_table_size")
     _validate_tracing(cfg, bad)
+    _validate_bpf_sizes(cfg, bad)
 
 
 _PEM_MARKERS = {
@@ -455,3 +491,39 @@ def _validate_tracing(cfg: Config, bad: typing.Callable[[str, str], ConfigError]
         raise bad("must be more than 0 seconds", "legacy_rpc.timeout_s")
     if rpc.max_connections < 1:
         raise bad("must be at least 1", "legacy_rpc.max_connections")
+
+
+#: Most threads or processes a Linux system can have (PID_MAX_LIMIT).
+_PID_MAX_LIMIT = 4 * 1024 * 1024
+#: Largest ring buffer, in pages (256 MiB of 4 KiB pages).
+_MAX_RINGBUF_PAGES = 65536
+_NET_BYTE_SOURCES = ("auto", "sock", "syscalls")
+
+
+def _validate_bpf_sizes(cfg: Config, bad: typing.Callable[[str, str], ConfigError]) -> None:
+    """Sizes of the BPF maps and ring buffers ([sched], [net]); the kernel refuses others."""
+    limits = (
+        ("sched.max_threads", cfg.sched.max_threads, _PID_MAX_LIMIT),
+        ("sched.max_procs", cfg.sched.max_procs, _PID_MAX_LIMIT),
+        ("net.max_socks", cfg.net.max_socks, 16 * 1024 * 1024),
+        ("net.max_procs", cfg.net.max_procs, _PID_MAX_LIMIT),
+        ("net.probe_sample_every", cfg.net.probe_sample_every, 2**32 - 1),
+    )
+    for dotted, value, most in limits:
+        if not 1 <= value <= most:
+            raise bad(f"must be in 1..{most}, got {value}", dotted)
+    for dotted, pages in (
+        ("sched.ringbuf_pages", cfg.sched.ringbuf_pages),
+        ("net.ringbuf_pages", cfg.net.ringbuf_pages),
+    ):
+        if not 1 <= pages <= _MAX_RINGBUF_PAGES or pages & (pages - 1):
+            raise bad(
+                f"must be a power of two in 1..{_MAX_RINGBUF_PAGES} (the kernel's ring buffer "
+                f"size rule), got {pages}",
+                dotted,
+            )
+    if cfg.net.byte_source not in _NET_BYTE_SOURCES:
+        raise bad(
+            f"must be one of {', '.join(_NET_BYTE_SOURCES)}, got {cfg.net.byte_source!r}",
+            "net.byte_source",
+        )

@@ -12,7 +12,7 @@ from bpfdyno.rpc.v1 import kernel_pb2 as pb
 from bpfdyno.rpc.v1 import kernel_pb2_grpc as pb_grpc
 from bpfdyno.server.errors import grpc_errors
 from bpfdyno.services.kernel import KernelService
-from bpfdyno.sources.net.decode import Connection
+from bpfdyno.sources.net.decode import TcpConnection
 from bpfdyno.sources.procs.table import ProcessRow
 
 
@@ -60,7 +60,7 @@ def process_to_pb(r: ProcessRow) -> pb.ProcessRow:
     )
 
 
-def connection_to_pb(c: Connection) -> pb.TcpConnection:
+def connection_to_pb(c: TcpConnection) -> pb.TcpConnection:
     return pb.TcpConnection(
         pid=c.pid,
         comm=c.comm,

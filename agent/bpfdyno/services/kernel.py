@@ -13,7 +13,7 @@ from typing import Protocol
 
 from bpfdyno.core.errors import InvalidArgument, Unavailable
 from bpfdyno.core.events import FlightRecorder, KernelEvent, Subscription
-from bpfdyno.sources.net.decode import Connection
+from bpfdyno.sources.net.decode import TcpConnection
 from bpfdyno.sources.procs.table import (
     SORT_KEYS,
     ProcessRow,
@@ -30,7 +30,7 @@ MAX_STREAM_KINDS = 64
 class ConnectionSource(Protocol):
     """Where connections come from (the net collector)."""
 
-    def connections(self) -> list[Connection]: ...
+    def connections(self) -> list[TcpConnection]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +92,7 @@ class KernelService:
             rows = rows[:limit]
         return replace(snap, rows=tuple(rows))
 
-    def list_connections(self, pid: int = 0, state: str = "") -> list[Connection]:
+    def list_connections(self, pid: int = 0, state: str = "") -> list[TcpConnection]:
         """Tracked TCP connections, optionally of one process and/or in one state.
 
         Raises:

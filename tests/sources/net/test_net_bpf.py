@@ -22,7 +22,9 @@ from net_children import (
 )
 
 from bpfdyno.core.events import FlightRecorder, KernelEvent
-from bpfdyno.ebpf.program import load_bpf, program_ids, programs_still_loaded
+from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.ebpf.introspect import programs_still_loaded
+from bpfdyno.ebpf.program import BpfProgram
 from bpfdyno.services.kernel import KernelService
 from bpfdyno.sources.net.collector import NetCollector
 from bpfdyno.sources.net.decode import ProcNet
@@ -361,21 +363,23 @@ def test_every_optional_part_can_be_compiled_out() -> None:
         "-DNET_NO_RST_RECV",
         "-DNET_NO_DROPS",
     ]
-    bpf = load_bpf("net.bpf.c", flags)
-    try:
+    with BpfProgram.load("net.bpf.c", defines=NetCollector()._defines, cflags=flags) as prog:
         names = {"bpfdyno_nsc_tx", "bpfdyno_nsc_rx", "bpfdyno_nexit"}
         for name in names:
-            bpf.load_func(name, 5)  # BPF_PROG_TYPE_TRACEPOINT
-        assert set(program_ids(bpf)) == names
-    finally:
-        bpf.cleanup()
+            prog.bpf.load_func(name.encode(), 5)  # BPF_PROG_TYPE_TRACEPOINT
+        assert set(prog.program_ids()) == names
+
+
+def test_the_program_refuses_to_compile_without_its_settings() -> None:
+    with pytest.raises(BpfLoadError, match="NET_MAX_PROCS, NET_MAX_SOCKS, NET_RINGBUF_PAGES and"):
+        BpfProgram.load("net.bpf.c")
 
 
 def test_close_detaches_everything() -> None:
     c = NetCollector()
     c.start()
     c.collect()
-    ids = set(program_ids(c._bpf).values())
+    ids = set(c._require().program_ids().values())
     assert len(ids) == 9  # 2 byte counters + 7 lifecycle/tcp/drop/cleanup programs
     c.close()
     assert programs_still_loaded(ids) == set()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.resources
+import re
+
 import pytest
 
+from bpfdyno.sources.net import decode
 from bpfdyno.sources.net.decode import (
     format_addr,
     header_enum,
@@ -52,3 +56,12 @@ def test_header_enum_parser() -> None:
     assert header_enum(text, "b") == {"Z": 7}
     with pytest.raises(ValueError, match="enum c not found"):
         header_enum(text, "c")
+
+
+def test_python_constants_match_the_c_header() -> None:
+    header = (importlib.resources.files("bpfdyno.bpf") / "net.h").read_text()
+    defines = dict(re.findall(r"#define (NET_SOCK_\w+) (\d+)", header))
+    assert {k: int(v) for k, v in defines.items()} == {
+        "NET_SOCK_TUPLE": decode.NET_SOCK_TUPLE,
+        "NET_SOCK_PASSIVE": decode.NET_SOCK_PASSIVE,
+    }

@@ -7,7 +7,6 @@ exec of /bin/true) and checks the numbers the collector reports.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import signal
@@ -22,7 +21,9 @@ import pytest
 
 from bpfdyno.core.events import KernelEvent
 from bpfdyno.core.metrics import Sample
-from bpfdyno.ebpf.program import bpf_source_dir, program_ids, programs_still_loaded
+from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.ebpf.introspect import programs_still_loaded
+from bpfdyno.ebpf.program import BpfProgram, bpf_source_dir
 from bpfdyno.sources.perf.perf_event import online_cpus
 from bpfdyno.sources.sched import collector as sched_mod
 from bpfdyno.sources.sched.collector import ProcSched, SchedCollector
@@ -215,7 +216,7 @@ def test_bpf_program_costs_are_reported(sched: SchedCollector) -> None:
 
 
 def test_sweep_removes_entries_of_vanished_threads(sched: SchedCollector) -> None:
-    threads = sched._require()[b"threads"]
+    threads = sched._require().table("bpfdyno_sthread")
     ghost = 2**22 + 123  # above PID_MAX_LIMIT: no thread can have this id
     threads[threads.Key(ghost)] = threads.Leaf()
     assert sched.sweep() >= 1
@@ -229,7 +230,7 @@ def test_tiny_maps_count_their_losses_and_keep_working(header_cache: Path) -> No
     )
     c.start()
     try:
-        ids = program_ids(c._require())
+        ids = c._require().program_ids()
         # 300 fork+exec+exit of /bin/true: 600 events for a 4 KiB ring buffer (~20 fit).
         subprocess.run(["sh", "-c", "for i in $(seq 300); do /bin/true; done"], check=True)
         # 40 live threads that keep switching: more than the 16 slots of the thread map,
@@ -259,7 +260,7 @@ def test_tiny_maps_count_their_losses_and_keep_working(header_cache: Path) -> No
 def test_close_detaches_everything(header_cache: Path) -> None:
     c = SchedCollector(header_cache=header_cache)
     c.start()
-    ids = program_ids(c._require())
+    ids = c._require().program_ids()
     assert set(ids) == {fn for _, fn in sched_mod.PROGRAMS}
     c.close()
     assert programs_still_loaded(ids.values()) == set()
@@ -272,11 +273,10 @@ def test_a_crashed_agent_leaves_nothing_attached(header_cache: Path) -> None:
     code = f"""
         import json, sys, time
         from pathlib import Path
-        from bpfdyno.ebpf.program import program_ids
         from bpfdyno.sources.sched.collector import SchedCollector
         c = SchedCollector(header_cache=Path({str(header_cache)!r}))
         c.start()
-        print(json.dumps(program_ids(c._require())), flush=True)
+        print(json.dumps(c._require().program_ids()), flush=True)
         time.sleep(60)
         """
     child = _python(code)
@@ -295,19 +295,12 @@ def test_per_process_snapshot_is_a_copy(sched: SchedCollector) -> None:
     assert sched.per_process() != {}
 
 
-def test_log2_bucket_decoding() -> None:
-    assert sched_mod.log2_bucket_bounds(0) == (0.0, 2.0)
-    assert sched_mod.log2_bucket_bounds(1) == (2.0, 4.0)
-    assert sched_mod.log2_bucket_bounds(10) == (1024.0, 2048.0)
-    with pytest.raises(ValueError):
-        sched_mod.log2_bucket_bounds(64)
-    counts = [0] * 64
-    counts[3] = 4  # four values in [8, 16)
-    assert sched_mod.histogram_quantile(counts, 0.5) == 12.0
-    assert sched_mod.histogram_quantile(counts, 1.0) == 16.0
-    counts[10] = 4  # four more in [1024, 2048)
-    assert sched_mod.histogram_quantile(counts, 0.75) == 1536.0
-    assert math.isnan(sched_mod.histogram_quantile([0] * 64, 0.5))
+def test_the_program_refuses_to_compile_without_its_settings(header_cache: Path) -> None:
+    with pytest.raises(
+        BpfLoadError,
+        match="SCHED_MAX_THREADS, SCHED_MAX_PROCS and SCHED_RINGBUF_PAGES must be set with -D",
+    ):
+        BpfProgram.load("sched.bpf.c", flavour="btf", header_cache=header_cache)
 
 
 def test_python_constants_match_the_c_header() -> None:

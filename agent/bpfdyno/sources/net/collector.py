@@ -14,17 +14,22 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bpfdyno.core.config import NetSection
 from bpfdyno.core.events import KernelEvent, MonotonicClock
 from bpfdyno.core.metrics import Sample, sample
-from bpfdyno.ebpf.program import BpfLoadError, BpfRunStats, ensure_tracefs, load_bpf, unload
+from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.ebpf.maps import map_items, percpu_sums
+from bpfdyno.ebpf.program import BpfProgram, RingBuffer
+from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S
+from bpfdyno.ebpf.tracefs import ensure_tracefs
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 from bpfdyno.sources.net.decode import (
-    Connection,
     ProcNet,
+    TcpConnection,
     connection_from_leaf,
     event_from_record,
     net_header_enums,
@@ -54,6 +59,13 @@ log = logging.getLogger(__name__)
 EventSink = Callable[[Sequence[KernelEvent]], None]
 
 
+# The program's maps (bpf/net.bpf.c).
+_TOTALS = "bpfdyno_ntotals"
+_DROPS = "bpfdyno_ndrops"
+_PROCS = "bpfdyno_nprocs"
+_SOCKS = "bpfdyno_nsocks"
+_EVENTS = "bpfdyno_nevents"
+
 _BYTE_METRICS = (
     ("NET_C_TCP_TX_BYTES", TCP_SENT, True),
     ("NET_C_TCP_RX_BYTES", TCP_RECEIVED, True),
@@ -71,17 +83,26 @@ class NetUnavailable(RuntimeError):
 class NetCollector(Collector):
     """Loads net.bpf.c, reads its maps each interval and streams its events to ``sink``.
 
+    The defaults of the sizes and settings are the ``[net]`` config section's.
+
     Args:
         sink: receives the decoded events of each collection (e.g. ``FlightRecorder.add``).
-        byte_source: ``auto`` (the sock tracepoints when present), ``sock`` or ``syscalls``.
-        ringbuf_pages: event ring buffer size in pages (a power of two).
-        probe_sample_every: sample 1 in N ``tcp:tcp_probe`` events per CPU for RTT/cwnd.
-        max_socks: connections tracked at once (least recently used evicted beyond).
-        max_procs: processes with per-process counters at once.
+        byte_source: ``auto`` (the sock tracepoints when present), ``sock`` or ``syscalls``
+            (``[net] byte_source``).
+        ringbuf_pages: event ring buffer size in pages, a power of two
+            (``[net] ringbuf_pages``).
+        probe_sample_every: sample 1 in N ``tcp:tcp_probe`` events per CPU for RTT/cwnd
+            (``[net] probe_sample_every``).
+        max_socks: TCP sockets tracked at once, least recently used evicted beyond
+            (``[net] max_socks``).
+        max_procs: processes with per-process counters at once (``[net] max_procs``).
         stats_on_s: BPF run statistics are measured for this long...
-        stats_period_s: ...every this many seconds (see `bpfdyno.ebpf.program.BpfRunStats`).
+        stats_period_s: ...every this many seconds (see `bpfdyno.ebpf.runstats.BpfRunStats`).
         tracefs: the tracefs mount (found or mounted if None).
         header_cache: where `bpfdyno.ebpf.kheaders` caches generated headers.
+
+    Raises:
+        ValueError: a size the kernel would refuse.
     """
 
     name = "net"
@@ -90,48 +111,47 @@ class NetCollector(Collector):
         self,
         sink: EventSink | None = None,
         *,
-        byte_source: str = "auto",
-        ringbuf_pages: int = 64,
-        probe_sample_every: int = 16,
-        max_socks: int = 16384,
-        max_procs: int = 16384,
-        stats_on_s: float = 1.0,
-        stats_period_s: float = 10.0,
+        byte_source: str = NetSection.byte_source,
+        ringbuf_pages: int = NetSection.ringbuf_pages,
+        probe_sample_every: int = NetSection.probe_sample_every,
+        max_socks: int = NetSection.max_socks,
+        max_procs: int = NetSection.max_procs,
+        stats_on_s: float = DEFAULT_ON_S,
+        stats_period_s: float = DEFAULT_PERIOD_S,
         tracefs: Path | None = None,
         header_cache: Path | None = None,
     ) -> None:
         if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
-            raise ValueError(f"ringbuf_pages must be a power of two, got {ringbuf_pages}")
+            raise ValueError(f"[net] ringbuf_pages must be a power of two, got {ringbuf_pages}")
         for label, value in (
             ("probe_sample_every", probe_sample_every),
             ("max_socks", max_socks),
             ("max_procs", max_procs),
         ):
             if value < 1:
-                raise ValueError(f"{label} must be at least 1, got {value}")
+                raise ValueError(f"[net] {label} must be at least 1, got {value}")
         self._sink = sink
         self._byte_source = byte_source
-        self._cflags = (
-            f"-DNET_RINGBUF_PAGES={ringbuf_pages}",
-            f"-DNET_PROBE_SAMPLE_EVERY={probe_sample_every}",
-            f"-DNET_MAX_SOCKS={max_socks}",
-            f"-DNET_MAX_PROCS={max_procs}",
-        )
+        self._defines = {
+            "NET_RINGBUF_PAGES": ringbuf_pages,
+            "NET_PROBE_SAMPLE_EVERY": probe_sample_every,
+            "NET_MAX_SOCKS": max_socks,
+            "NET_MAX_PROCS": max_procs,
+        }
         self._stats_args = (stats_on_s, stats_period_s)
-        self._stats: BpfRunStats | None = None
         self._tracefs = tracefs
         self._header_cache = header_cache
-        self._bpf: Any = None
+        self._program: BpfProgram | None = None
+        self._events: RingBuffer[KernelEvent] | None = None
         self._clock = MonotonicClock()
         self._counters, self._kinds = net_header_enums()
         self._drop_names: dict[int, str] = {}
         self._reset_names: dict[int, str] = {}
-        self._pending: list[KernelEvent] = []
         self._prev_totals: list[int] | None = None
         self._prev_drops: dict[int, int] = {}
         self._prev_t = 0.0
         self._procs: dict[int, ProcNet] = {}
-        self._conns: list[Connection] = []
+        self._conns: list[TcpConnection] = []
         self.plan: Plan | None = None
         #: Why the collector is not running ("" while it runs).
         self.unavailable_reason = "not started"
@@ -139,6 +159,18 @@ class NetCollector(Collector):
         self.unavailable_parts: dict[str, str] = {}
         #: Events decoded so far (for self-monitoring).
         self.events_received = 0
+
+    @classmethod
+    def from_config(cls, section: NetSection, *, sink: EventSink | None = None) -> NetCollector:
+        """Build the collector from the ``[net]`` config section."""
+        return cls(
+            sink,
+            byte_source=section.byte_source,
+            ringbuf_pages=section.ringbuf_pages,
+            probe_sample_every=section.probe_sample_every,
+            max_socks=section.max_socks,
+            max_procs=section.max_procs,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -151,8 +183,11 @@ class NetCollector(Collector):
         try:
             tracefs = self._tracefs or ensure_tracefs()
             plan = make_plan(tracefs, self._byte_source)
-            bpf = load_bpf(
-                "net.bpf.c", (*plan.cflags, *self._cflags), header_cache=self._header_cache
+            program = BpfProgram.load(
+                "net.bpf.c",
+                defines=self._defines,
+                cflags=plan.cflags,
+                header_cache=self._header_cache,
             )
         except (BpfLoadError, PlanError) as e:
             self.unavailable_reason = str(e)
@@ -162,36 +197,33 @@ class NetCollector(Collector):
             for part in plan.parts:
                 try:
                     for a in part.attachments:
-                        bpf.attach_tracepoint(tp=a.tracepoint.encode(), fn_name=a.fn.encode())
-                except Exception as e:
+                        program.attach_tracepoint(a.tracepoint, a.fn)
+                except BpfLoadError as e:
                     if part.name in ("bytes", "cleanup"):
                         raise CollectorUnavailable(
-                            f"attaching {part.name} tracepoints failed ({e}); run as root "
-                            "with tracefs mounted"
+                            f"{e} (the net collector cannot work without its {part.name} "
+                            "tracepoints)"
                         ) from e
                     self.unavailable_parts[part.name] = f"attach failed: {e}"
-            bpf[b"net_events"].open_ring_buffer(self._on_event)
+            self._events = program.open_ring_buffer(_EVENTS, self._decode_event)
         except BaseException:
-            unload(bpf)
+            program.close()
             raise
         self._drop_names = enum_names(tracefs, "skb:kfree_skb", "reason")
         self._reset_names = enum_names(tracefs, "tcp:tcp_send_reset", "reason")
         for missing, reason in self.unavailable_parts.items():
             log.warning("net collector: %s unavailable: %s", missing, reason)
-        self._bpf = bpf
-        self._stats = BpfRunStats(bpf, *self._stats_args)
-        self._stats.start()
+        self._program = program
+        program.start_run_stats(*self._stats_args)
         self.plan = plan
         self.unavailable_reason = ""
 
     def close(self) -> None:
         """Detach and unload everything (also drops the maps); idempotent."""
-        if self._stats is not None:
-            self._stats.stop()
-            self._stats = None
-        if self._bpf is not None:
-            unload(self._bpf)
-            self._bpf = None
+        if self._program is not None:
+            self._program.close()
+            self._program = None
+            self._events = None
         self._procs, self._conns = {}, []
         self.unavailable_reason = "stopped"
 
@@ -199,13 +231,13 @@ class NetCollector(Collector):
 
     def collect(self) -> Sequence[Sample]:
         """Read the maps, publish snapshots and events, return this interval's samples."""
-        bpf = self._require()
+        program = self._require()
         now = time.monotonic()
-        totals = self._read_totals(bpf)
-        drops = {_key(k): sum(v) for k, v in _items(bpf[b"net_drops"]) if sum(v)}
-        self._procs = {_key(k): proc_from_leaf(v) for k, v in _items(bpf[b"net_procs"])}
+        totals = self._read_totals(program)
+        drops = {i: n for i, n in enumerate(percpu_sums(program.table(_DROPS))) if n}
+        self._procs = {int(k): proc_from_leaf(v) for k, v in map_items(program.table(_PROCS))}
         conns = []
-        for _, v in _items(bpf[b"net_socks"]):
+        for _, v in map_items(program.table(_SOCKS)):
             c = connection_from_leaf(v, self._clock)
             if c is not None:
                 conns.append(c)
@@ -222,8 +254,7 @@ class NetCollector(Collector):
         out.append(sample(SRTT, max(rtts) if rtts else math.nan, {"stat": "max"}))
         out.append(sample(EVENTS_LOST, totals[self._counters["NET_C_RINGBUF_DROPS"]]))
         out.append(sample(PROC_MAP_FULL, totals[self._counters["NET_C_PROC_MAP_FULL"]]))
-        if self._stats is not None:
-            out += self._stats.samples()
+        out += program.run_stats_samples()
         return out
 
     def drain_events(self) -> list[KernelEvent]:
@@ -231,9 +262,8 @@ class NetCollector(Collector):
 
         ``collect`` calls this; call it directly only from the thread that collects.
         """
-        bpf = self._require()
-        bpf.ring_buffer_consume()
-        events, self._pending = self._pending, []
+        self._require()
+        events = self._events.drain() if self._events is not None else []
         self.events_received += len(events)
         if events and self._sink is not None:
             try:
@@ -251,7 +281,7 @@ class NetCollector(Collector):
         self._require()
         return dict(self._procs)
 
-    def connections(self) -> list[Connection]:
+    def connections(self) -> list[TcpConnection]:
         """Tracked TCP connections, as of the last collection.
 
         Raises:
@@ -270,23 +300,17 @@ class NetCollector(Collector):
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _require(self) -> Any:
-        if self._bpf is None:
+    def _require(self) -> BpfProgram:
+        if self._program is None:
             raise NetUnavailable(f"the net collector is not running: {self.unavailable_reason}")
-        return self._bpf
+        return self._program
 
-    def _on_event(self, ctx: Any, data: Any, size: int) -> int:
-        record = self._bpf[b"net_events"].event(data)
-        self._pending.append(event_from_record(record, self._clock, self._kinds, self._reset_names))
-        return 0
+    def _decode_event(self, record: Any) -> KernelEvent:
+        return event_from_record(record, self._clock, self._kinds, self._reset_names)
 
-    def _read_totals(self, bpf: Any) -> list[int]:
-        out = [0] * self._counters["NET_C_MAX"]
-        for k, v in _items(bpf[b"net_totals"]):
-            idx = _key(k)
-            if idx < len(out):
-                out[idx] = int(sum(v))
-        return out
+    def _read_totals(self, program: BpfProgram) -> list[int]:
+        """Host-wide counters, indexed by ``enum net_counter`` (NET_C_MAX slots)."""
+        return percpu_sums(program.table(_TOTALS))
 
     def _rate_samples(self, totals: list[int], drops: dict[int, int], dt: float) -> list[Sample]:
         prev = self._prev_totals
@@ -313,17 +337,3 @@ class NetCollector(Collector):
             value = math.nan if prev is None or dt <= 0 else max(0, count - before) / dt
             out.append(sample(DROPS, value, {"reason": self.drop_reason_name(reason)}))
         return out
-
-
-def _key(k: Any) -> int:
-    """A map key as an int (batch reads give ints, per-key reads give ctypes values)."""
-    return int(k) if isinstance(k, int) else int(k.value)
-
-
-def _items(table: Any) -> Iterator[tuple[Any, Any]]:
-    """All (key, value) pairs of a map: one batched syscall where the kernel allows it."""
-    try:
-        return iter(list(table.items_lookup_batch()))
-    except Exception:
-        # Older kernels (< 5.6) or map types without batch ops: one lookup per key.
-        return iter(list(table.items()))

@@ -102,8 +102,8 @@ class ProcNet:
 
 
 @dataclass(frozen=True, slots=True)
-class Connection:
-    """One TCP connection the kernel program is tracking."""
+class TcpConnection:
+    """One TCP socket the kernel program is tracking (a connection, or one being set up)."""
 
     pid: int  # the process that last used it from process context; 0 if unknown
     comm: str
@@ -135,11 +135,11 @@ def proc_from_leaf(leaf: Any) -> ProcNet:
     )
 
 
-def connection_from_leaf(s: Any, clock: MonotonicClock) -> Connection | None:
-    """Connection from a ``struct net_sock`` ctypes value; None until its tuple is known."""
+def connection_from_leaf(s: Any, clock: MonotonicClock) -> TcpConnection | None:
+    """TcpConnection from a ``struct net_sock`` ctypes value; None until its tuple is known."""
     if not s.flags & NET_SOCK_TUPLE:
         return None
-    return Connection(
+    return TcpConnection(
         pid=int(s.tgid),
         comm=bytes(s.comm).split(b"\0", 1)[0].decode("utf-8", "replace"),
         family=family_name(s.family),

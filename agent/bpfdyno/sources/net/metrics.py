@@ -72,25 +72,27 @@ ESTABLISHED = TABLE.declare(
     "net_tcp_established_connections",
     MetricKind.GAUGE,
     "connections",
-    "Tracked TCP connections currently in ESTABLISHED state.",
+    "Tracked TCP connections currently in ESTABLISHED state (at most [net] max_socks sockets "
+    "are tracked).",
 )
 SRTT = TABLE.declare(
     "net_tcp_srtt_seconds",
     MetricKind.GAUGE,
     "seconds",
     "Smoothed RTT across tracked connections (p50 and max of each connection's last sampled "
-    "tcp:tcp_probe value).",
+    "tcp:tcp_probe value; 1 in [net] probe_sample_every events is sampled per CPU).",
     labels=("stat",),
 )
 EVENTS_LOST = TABLE.declare(
     "net_events_lost_total",
     MetricKind.COUNTER,
     "events",
-    "Network events lost because the BPF ring buffer was full (raise ringbuf_pages).",
+    "Network events lost because the BPF ring buffer was full (raise [net] ringbuf_pages).",
 )
 PROC_MAP_FULL = TABLE.declare(
     "net_process_map_full_total",
     MetricKind.COUNTER,
     "updates",
-    "Per-process counter updates lost because the per-process map was full.",
+    "Per-process counter updates lost because the per-process map was full (raise [net] "
+    "max_procs).",
 )

@@ -242,9 +242,13 @@ def make_plan(tracefs: Path, byte_source: str = "auto") -> Plan:
         part = SOCK_BYTES if chosen == BYTES_SOCK else SYSCALL_BYTES
         reason = _check_part(tracefs, part)[0]
         if reason:
-            raise PlanError(f"byte source {chosen!r} is not usable: {reason}; use 'auto'")
+            raise PlanError(
+                f'byte source {chosen!r} is not usable: {reason}; set [net] byte_source = "auto"'
+            )
     else:
-        raise PlanError(f"unknown byte source {byte_source!r}; use auto, sock or syscalls")
+        raise PlanError(
+            f"unknown byte source {byte_source!r}; set [net] byte_source to auto, sock or syscalls"
+        )
 
     bytes_part = SOCK_BYTES if chosen == BYTES_SOCK else SYSCALL_BYTES
     cflags: list[str] = [] if chosen == BYTES_SOCK else ["-DNET_USE_SYSCALLS"]

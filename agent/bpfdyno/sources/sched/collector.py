@@ -23,9 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bpfdyno.core.config import SchedSection
 from bpfdyno.core.events import KernelEvent, MonotonicClock
+from bpfdyno.core.histogram import LOG2_SLOTS, histogram_quantile
 from bpfdyno.core.metrics import Sample, sample
-from bpfdyno.ebpf.program import BpfLoadError, BpfRunStats, load_bpf, map_items, unload
+from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.ebpf.maps import map_items, percpu_values
+from bpfdyno.ebpf.program import BpfProgram, RingBuffer
+from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 from bpfdyno.sources.perf.perf_event import online_cpus
 from bpfdyno.sources.sched.metrics import (
@@ -48,7 +53,7 @@ log = logging.getLogger(__name__)
 EventSink = Callable[[Sequence[KernelEvent]], None]
 
 # Mirrors of the enums in bpf/sched.h (a test checks they match).
-SCHED_HIST_SLOTS = 64
+SCHED_HIST_SLOTS = LOG2_SLOTS
 SCHED_EV_EXEC = 1
 SCHED_EV_EXIT = 2
 SCHED_ERR_THREAD_FULL = 0
@@ -66,43 +71,20 @@ PROGRAMS = (
 )
 QUANTILES = (0.5, 0.9, 0.99)
 
+# The program's maps (bpf/sched.bpf.c).
+_CPU_STATS = "bpfdyno_scpu"
+_RUNQ_HIST = "bpfdyno_shist"
+_ERRORS = "bpfdyno_serrors"
+_THREADS = "bpfdyno_sthread"
+_PROCS = "bpfdyno_sprocs"
+_EVENTS = "bpfdyno_sevents"
+
 
 _DROP_REASONS = (
     (SCHED_ERR_THREAD_FULL, "thread_map_full"),
     (SCHED_ERR_PROC_FULL, "process_map_full"),
     (SCHED_ERR_RINGBUF, "ringbuf_full"),
 )
-
-
-def log2_bucket_bounds(slot: int) -> tuple[float, float]:
-    """The value range [low, high) of log2 histogram slot ``slot`` (the one decoder).
-
-    Slot k holds values v with floor(log2(v)) == k, i.e. [2**k, 2**(k+1)); slot 0 also
-    holds 0, so it is [0, 2).
-    """
-    if not 0 <= slot < SCHED_HIST_SLOTS:
-        raise ValueError(f"log2 slot {slot} outside 0..{SCHED_HIST_SLOTS - 1}")
-    return (0.0 if slot == 0 else float(2**slot), float(2 ** (slot + 1)))
-
-
-def histogram_quantile(counts: Sequence[int], q: float) -> float:
-    """The ``q`` quantile of a log2 histogram, interpolated linearly within its bucket.
-
-    Returns NaN for an empty histogram.
-    """
-    total = sum(counts)
-    if total <= 0:
-        return math.nan
-    rank = q * total
-    seen = 0
-    for slot, n in enumerate(counts):
-        if n <= 0:
-            continue
-        if seen + n >= rank:
-            low, high = log2_bucket_bounds(slot)
-            return low + (high - low) * max(rank - seen, 0.0) / n
-        seen += n
-    return log2_bucket_bounds(len(counts) - 1)[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,19 +130,27 @@ class _Totals:
 class SchedCollector(Collector):
     """Loads sched.bpf.c, reads its maps each interval, streams exec/exit to ``sink``.
 
+    The defaults of the map and ring buffer sizes are the ``[sched]`` config section's.
+
     Args:
         sink: receives the decoded events of each collection (e.g. ``FlightRecorder.add``).
-        max_threads: threads tracked at once (kernel map size).
-        max_procs: processes whose exited threads' times are kept until they exit.
-        ringbuf_pages: exec/exit ring buffer size in pages (a power of two).
+        max_threads: threads tracked at once (``[sched] max_threads``).
+        max_procs: processes whose exited threads' times are kept until they exit
+            (``[sched] max_procs``).
+        ringbuf_pages: exec/exit ring buffer size in pages, a power of two
+            (``[sched] ringbuf_pages``).
         stats_on_s: BPF run statistics are on for this long ...
-        stats_period_s: ... once per this period (see `BpfRunStats`).
+        stats_period_s: ... once per this period (see `bpfdyno.ebpf.runstats.BpfRunStats`).
         sweep_interval_s: how often entries of vanished threads are removed.
-        track_wakeups: attach the wakeup probes. Off, run-queue latency only covers waits
-            after preemption (not after wakeups) and each wakeup costs nothing; for hosts
-            where the wakeup probe's cost matters (see docs/performance.md).
+        track_wakeups: attach the wakeup probes (``[sched] track_wakeups``). Off, run-queue
+            latency only covers waits after preemption (not after wakeups) and each wakeup
+            costs nothing; for hosts where the wakeup probe's cost matters (see
+            docs/performance.md).
         header_cache: where `bpfdyno.ebpf.kheaders` caches generated headers.
         proc_root: procfs mount, for process names and the sweep.
+
+    Raises:
+        ValueError: a size the kernel would refuse.
     """
 
     name = "sched"
@@ -169,26 +159,29 @@ class SchedCollector(Collector):
         self,
         sink: EventSink | None = None,
         *,
-        max_threads: int = 65536,
-        max_procs: int = 16384,
-        ringbuf_pages: int = 16,
-        stats_on_s: float = 1.0,
-        stats_period_s: float = 10.0,
+        max_threads: int = SchedSection.max_threads,
+        max_procs: int = SchedSection.max_procs,
+        ringbuf_pages: int = SchedSection.ringbuf_pages,
+        stats_on_s: float = DEFAULT_ON_S,
+        stats_period_s: float = DEFAULT_PERIOD_S,
         sweep_interval_s: float = 30.0,
-        track_wakeups: bool = True,
+        track_wakeups: bool = SchedSection.track_wakeups,
         header_cache: Path | None = None,
         proc_root: Path = Path("/proc"),
     ) -> None:
         if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
-            raise ValueError(f"ringbuf_pages must be a power of two, got {ringbuf_pages}")
+            raise ValueError(f"[sched] ringbuf_pages must be a power of two, got {ringbuf_pages}")
         if max_threads < 1 or max_procs < 1:
-            raise ValueError("max_threads and max_procs must be at least 1")
+            raise ValueError(
+                f"[sched] max_threads and max_procs must be at least 1, got {max_threads} "
+                f"and {max_procs}"
+            )
         self._sink = sink
-        self._cflags = (
-            f"-DSCHED_MAX_THREADS={max_threads}",
-            f"-DSCHED_MAX_PROCS={max_procs}",
-            f"-DSCHED_RINGBUF_PAGES={ringbuf_pages}",
-        )
+        self._defines = {
+            "SCHED_MAX_THREADS": max_threads,
+            "SCHED_MAX_PROCS": max_procs,
+            "SCHED_RINGBUF_PAGES": ringbuf_pages,
+        }
         self._stats_args = (stats_on_s, stats_period_s)
         self._sweep_interval_s = sweep_interval_s
         self._programs = tuple(
@@ -196,16 +189,26 @@ class SchedCollector(Collector):
         )
         self._header_cache = header_cache
         self._proc = proc_root
-        self._bpf: Any = None
-        self._stats: BpfRunStats | None = None
+        self._program: BpfProgram | None = None
+        self._events: RingBuffer[KernelEvent] | None = None
         self._clock = MonotonicClock()
         self._prev: _Totals | None = None
-        self._pending: list[KernelEvent] = []
         self._comms: dict[int, str] = {}
         self._procs: dict[int, ProcSched] = {}
         self._snapshot_lock = threading.Lock()
         self._last_sweep = 0.0
         self._online: frozenset[int] = frozenset()
+
+    @classmethod
+    def from_config(cls, section: SchedSection, *, sink: EventSink | None = None) -> SchedCollector:
+        """Build the collector from the ``[sched]`` config section."""
+        return cls(
+            sink,
+            max_threads=section.max_threads,
+            max_procs=section.max_procs,
+            ringbuf_pages=section.ringbuf_pages,
+            track_wakeups=section.track_wakeups,
+        )
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -216,34 +219,35 @@ class SchedCollector(Collector):
             CollectorUnavailable: no BPF, no BTF headers, not root, or a tracepoint missing.
         """
         try:
-            bpf = load_bpf("sched.bpf.c", self._cflags, "btf", header_cache=self._header_cache)
+            program = BpfProgram.load(
+                "sched.bpf.c",
+                defines=self._defines,
+                flavour="btf",
+                header_cache=self._header_cache,
+            )
         except BpfLoadError as e:
             raise CollectorUnavailable(str(e)) from e
         try:
             for tp, fn in self._programs:
-                bpf.attach_raw_tracepoint(tp=tp.encode(), fn_name=fn.encode())
-            bpf[b"events"].open_ring_buffer(self._on_event)
-        except Exception as e:
-            unload(bpf)
+                program.attach_raw_tracepoint(tp, fn)
+            self._events = program.open_ring_buffer(_EVENTS, self._decode_event)
+        except BpfLoadError as e:
+            program.close()
             raise CollectorUnavailable(
-                f"attaching the scheduler programs failed ({e}); they need raw tracepoints "
-                "(Linux >= 4.17) and root"
+                f"{e} (the scheduler programs need raw tracepoints, Linux >= 4.17)"
             ) from e
-        self._bpf = bpf
+        self._program = program
         self._online = frozenset(online_cpus())
-        self._stats = BpfRunStats(bpf, *self._stats_args)
-        self._stats.start()
+        program.start_run_stats(*self._stats_args)
         self._last_sweep = time.monotonic()
         self._prev = self._read_totals()
 
     def close(self) -> None:
         """Stop the run statistics and detach and unload every program (idempotent)."""
-        if self._stats is not None:
-            self._stats.stop()
-            self._stats = None
-        if self._bpf is not None:
-            unload(self._bpf)
-            self._bpf = None
+        if self._program is not None:
+            self._program.close()
+            self._program = None
+            self._events = None
         with self._snapshot_lock:
             self._procs = {}
 
@@ -251,10 +255,8 @@ class SchedCollector(Collector):
 
     def collect(self) -> Sequence[Sample]:
         """Read the maps, compute the interval's rates, refresh `per_process`, emit events."""
-        bpf = self._require()
-        self._pending = []
-        bpf.ring_buffer_consume()
-        events, self._pending = self._pending, []
+        program = self._require()
+        events = self._events.drain() if self._events is not None else []
         totals = self._read_totals()
         prev, self._prev = self._prev, totals
         out: list[Sample] = []
@@ -263,8 +265,7 @@ class SchedCollector(Collector):
         out += self._drop_samples()
         thread_count = self._refresh_processes(events)
         out.append(sample(TRACKED_THREADS, thread_count))
-        if self._stats is not None:
-            out += self._stats.samples()
+        out += program.run_stats_samples()
         if events and self._sink is not None:
             try:
                 self._sink(events)
@@ -280,7 +281,7 @@ class SchedCollector(Collector):
         None while the programs are not loaded, so the process table shows "unknown"
         rather than zeros.
         """
-        if self._bpf is None:
+        if self._program is None:
             return None
         with self._snapshot_lock:
             return dict(self._procs)
@@ -295,11 +296,11 @@ class SchedCollector(Collector):
         Returns:
             How many entries were removed.
         """
-        bpf = self._require()
+        program = self._require()
         self._last_sweep = time.monotonic()
         removed = 0
-        for table_name in (b"threads", b"procs"):
-            table = bpf[table_name]
+        for table_name in (_THREADS, _PROCS):
+            table = program.table(table_name)
             for key, _ in map_items(table):
                 ident = int(key)
                 if not (self._proc / str(ident)).exists():
@@ -312,15 +313,10 @@ class SchedCollector(Collector):
 
     # --- internals -----------------------------------------------------------------------
 
-    def _require(self) -> Any:
-        if self._bpf is None:
+    def _require(self) -> BpfProgram:
+        if self._program is None:
             raise RuntimeError("the sched collector is not started (or was closed)")
-        return self._bpf
-
-    def _on_event(self, _ctx: Any, data: Any, _size: int) -> int:
-        raw = self._bpf[b"events"].event(data)
-        self._pending.append(self._decode_event(raw))
-        return 0
+        return self._program
 
     def _decode_event(self, raw: Any) -> KernelEvent:
         comm = bytes(raw.comm).split(b"\0", 1)[0].decode("utf-8", "replace")
@@ -341,10 +337,9 @@ class SchedCollector(Collector):
         )
 
     def _read_totals(self) -> _Totals:
-        bpf = self._require()
-        zero = bpf[b"cpu_stats"].Key(0)
-        cpus = list(bpf[b"cpu_stats"].getvalue(zero))
-        hist_cpus = list(bpf[b"runq_hist"].getvalue(zero))
+        program = self._require()
+        cpus = percpu_values(program.table(_CPU_STATS))
+        hist_cpus = percpu_values(program.table(_RUNQ_HIST))
         hist = tuple(sum(int(h.slots[i]) for h in hist_cpus) for i in range(SCHED_HIST_SLOTS))
         return _Totals(
             t=time.monotonic(),
@@ -359,22 +354,21 @@ class SchedCollector(Collector):
         )
 
     def _drop_samples(self) -> list[Sample]:
-        table = self._require()[b"errors"]
-        per_cpu = list(table.getvalue(table.Key(0)))
+        per_cpu = percpu_values(self._require().table(_ERRORS))
         return [
             sample(DROPPED, sum(int(e.count[slot]) for e in per_cpu), {"reason": reason})
             for slot, reason in _DROP_REASONS
         ]
 
     def _refresh_processes(self, events: Sequence[KernelEvent]) -> int:
-        bpf = self._require()
+        program = self._require()
         for ev in events:
             if ev.kind == "exec":
                 self._comms[ev.pid] = ev.comm
             elif ev.kind == "exit":
                 self._comms.pop(ev.pid, None)
         sums: dict[int, list[int]] = {}
-        threads = map_items(bpf[b"threads"])
+        threads = map_items(program.table(_THREADS))
         for _, th in threads:
             acc = sums.setdefault(int(th.tgid), [0] * (len(_TIME_FIELDS) + 1))
             t = th.t
@@ -385,7 +379,7 @@ class SchedCollector(Collector):
             acc[4] += t.switches
             acc[5] += t.migrations
             acc[6] += 1
-        for key, t in map_items(bpf[b"procs"]):
+        for key, t in map_items(program.table(_PROCS)):
             live = sums.get(int(key))
             if live is not None:  # exited threads of a live process
                 for i, fieldname in enumerate(_TIME_FIELDS):

@@ -70,14 +70,17 @@ OFFCPU = _declare(
 EXECS = _declare("sched_execs_per_second", MetricKind.RATE, "1/s", "Successful execve calls.")
 EXITS = _declare("sched_process_exits_per_second", MetricKind.RATE, "1/s", "Processes exited.")
 TRACKED_THREADS = _declare(
-    "sched_tracked_threads", MetricKind.GAUGE, "threads", "Threads in the per-thread BPF map."
+    "sched_tracked_threads",
+    MetricKind.GAUGE,
+    "threads",
+    "Threads in the per-thread BPF map (at most [sched] max_threads).",
 )
 DROPPED = _declare(
     "sched_dropped_total",
     MetricKind.COUNTER,
     "1",
-    "Kernel-side losses since start: thread_map_full / process_map_full (a thread or an "
-    "exited thread's time went unaccounted; raise max_threads / max_procs), ringbuf_full (an "
-    "exec/exit event was dropped; raise ringbuf_pages).",
+    "Kernel-side losses since start: thread_map_full (a thread went unaccounted; raise "
+    "[sched] max_threads), process_map_full (an exited thread's time was lost; raise [sched] "
+    "max_procs), ringbuf_full (an exec/exit event was dropped; raise [sched] ringbuf_pages).",
     "reason",
 )
