@@ -29,7 +29,7 @@ _compile_lock = threading.Lock()
 #: madvise(2) advice: reclaim these pages now (Linux >= 5.4).
 _MADV_PAGEOUT = 21
 #: Shared libraries of the BPF compiler (bcc bundles clang and LLVM in libbcc).
-_COMPILER_LIBS = re.compile(r"/lib(bcc|LLVM|clang)[^/]*\.so")
+COMPILER_LIBRARIES = re.compile(r"/lib(bcc|LLVM|clang)[^/]*\.so")
 
 
 def compile_bpf(name: str, text: str, flags: Sequence[str], tree: HeaderTree) -> bcc.BPF:
@@ -96,7 +96,7 @@ def release_compiler_pages(maps_path: str = "/proc/self/maps") -> int:
         return 0
     for line in lines:
         parts = line.split()
-        if len(parts) < 6 or not _COMPILER_LIBS.search(parts[5]):
+        if len(parts) < 6 or not COMPILER_LIBRARIES.search(parts[5]):
             continue
         start, end = (int(x, 16) for x in parts[0].split("-"))
         if madvise(start, end - start, _MADV_PAGEOUT) == 0:
