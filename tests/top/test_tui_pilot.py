@@ -11,8 +11,8 @@ from tui_helpers import FIXED_NOW, make_app, settle, wait_until, widget_text
 from tui_synthetic import make_recording
 
 from bpfdyno.rpc.processes import ProcessRow
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.tui.app import run_top
-from bpfdyno.tui.records import TraceRequest
 from bpfdyno.tui.screens.help import HelpScreen
 from bpfdyno.tui.screens.process import ProcessScreen
 from bpfdyno.tui.screens.trace import FormError, TraceScreen, parse_trace_form
@@ -139,10 +139,10 @@ async def test_trace_form_sends_the_exact_request_and_follows_it_to_the_files() 
             what="trace done",
         )
         assert source.trace_requests == [
-            TraceRequest(
+            TraceSpec(
                 log_file="/tmp/bpfdyno_trace_20231114_221325.json",
                 pids=(1091,),
-                job_id="5678",
+                job_id=5678,
                 iterations=5,
                 process_limit=3,
                 record_shapes=True,
@@ -193,14 +193,14 @@ async def test_banner_while_the_agent_is_away_and_restart_notice() -> None:
 
 
 def test_parse_trace_form_builds_requests() -> None:
-    assert parse_trace_form("12, 34", "", "duration", "750", "/tmp/x.json", "2") == TraceRequest(
+    assert parse_trace_form("12, 34", "", "duration", "750", "/tmp/x.json", "2") == TraceSpec(
         log_file="/tmp/x.json", pids=(12, 34), duration_ms=750, process_limit=2
     )
     assert parse_trace_form(
         "", "99", "iterations", "3", "/tmp/y.json", "1", ["profile_memory", "with_modules"]
-    ) == TraceRequest(
+    ) == TraceSpec(
         log_file="/tmp/y.json",
-        job_id="99",
+        job_id=99,
         iterations=3,
         process_limit=1,
         profile_memory=True,

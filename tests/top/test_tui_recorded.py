@@ -11,6 +11,7 @@ import pytest
 from tui_synthetic import BASE_TS, make_recording
 
 from bpfdyno.rpc.processes import ProcessRow
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.tui.codec import RecordingError, decode, encode
 from bpfdyno.tui.datasource import (
     Disconnected,
@@ -19,7 +20,6 @@ from bpfdyno.tui.datasource import (
     ServiceUnavailable,
 )
 from bpfdyno.tui.recorded import FORMAT, VERSION, Recording, load_recording, parse_recording
-from bpfdyno.tui.records import TraceRequest
 
 
 def _as_json(rec: Recording) -> dict[str, object]:
@@ -148,7 +148,7 @@ async def test_unavailable_parts_and_trace_replay() -> None:
     with pytest.raises(ServiceUnavailable, match="off"):
         await src.trainers()
     ok = RecordedDataSource(make_recording(processes=30, frames=1), speed=1000.0)
-    req = TraceRequest(log_file="/tmp/t.json", pids=(1021,), duration_ms=500)
+    req = TraceSpec(log_file="/tmp/t.json", pids=(1021,), duration_ms=500)
     first = await ok.start_trace(req)
     assert ok.trace_requests == [req]
     states = [first.state] + [s.state async for s in ok.watch_trace(first.trace_id)]

@@ -27,11 +27,14 @@ from bpfdyno.client.connection import (
     default_target,
     explain_rpc_error,
 )
+from bpfdyno.rpc.traces import TraceSpec, spec_to_pb
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
 
 #: How long `gputrace --wait` waits when --timeout is not given.
 DEFAULT_WAIT_S = 120.0
+#: dyno's defaults, which `TraceSpec` holds.
+_DEFAULT = TraceSpec()
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -55,23 +58,41 @@ def add_subcommands(sub: Any) -> dict[str, Handler]:
         help="trace PyTorch processes on demand (dyno gputrace flags, plus --wait)",
     )
     add_target_argument(p)
-    p.add_argument("--job-id", type=int, default=0, help="job id of the processes to trace")
-    p.add_argument("--pids", default="0", help="pids to trace, comma separated; 0 = all in job")
-    p.add_argument("--duration-ms", type=int, default=500, help="duration of the trace in ms")
     p.add_argument(
-        "--iterations", type=int, default=-1, help="trace this many iterations (> 0) instead"
+        "--job-id", type=int, default=_DEFAULT.job_id, help="job id of the processes to trace"
+    )
+    p.add_argument("--pids", default="0", help="pids to trace, comma separated; 0 = all in job")
+    p.add_argument(
+        "--duration-ms",
+        type=int,
+        default=_DEFAULT.duration_ms,
+        help="duration of the trace in ms",
+    )
+    p.add_argument(
+        "--iterations",
+        type=int,
+        default=_DEFAULT.iterations,
+        help="trace this many iterations (> 0) instead",
     )
     p.add_argument("--log-file", required=True, help="trace file (Kineto inserts _<pid>)")
     p.add_argument(
-        "--profile-start-time", type=int, default=0, help="epoch ms to start at (0 = ~7 s)"
+        "--profile-start-time",
+        type=int,
+        default=_DEFAULT.profile_start_time_ms,
+        help="epoch ms to start at (0 = ~7 s)",
     )
     p.add_argument(
         "--profile-start-iteration-roundup",
         type=int,
-        default=1,
+        default=_DEFAULT.profile_start_iteration_roundup,
         help="start an iteration trace at a multiple of this",
     )
-    p.add_argument("--process-limit", type=int, default=3, help="most processes to trace")
+    p.add_argument(
+        "--process-limit",
+        type=int,
+        default=_DEFAULT.process_limit,
+        help="most processes to trace",
+    )
     p.add_argument("--record-shapes", action="store_true", help="record operator input shapes")
     p.add_argument("--profile-memory", action="store_true", help="profile memory")
     p.add_argument("--with-stacks", action="store_true", help="record Python stacks")
@@ -201,9 +222,7 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
         print("bpfdyno: --duration-ms must be more than 0", file=sys.stderr)
         return EXIT_USAGE
     wait_s = args.timeout if args.timeout is not None else DEFAULT_WAIT_S
-    req = pb.StartTraceRequest(
-        job_id=args.job_id,
-        pids=[] if pids == [0] else pids,
+    spec = TraceSpec(
         log_file=args.log_file,
         duration_ms=args.duration_ms,
         iterations=args.iterations,
@@ -215,6 +234,8 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
         with_flops=args.with_flops,
         with_modules=args.with_modules,
         process_limit=args.process_limit,
+        pids=() if pids == [0] else tuple(pids),
+        job_id=args.job_id,
         timeout_seconds=wait_s if (args.wait or args.timeout is not None) else 0.0,
     )
     target = _target(args)
@@ -222,7 +243,7 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
         with channel(target) as ch:
             stub = pb_grpc.TracingStub(ch)
             try:
-                resp = stub.StartTrace(req, timeout=10)
+                resp = stub.StartTrace(spec_to_pb(spec), timeout=10)
             except grpc.RpcError as e:
                 if isinstance(e, grpc.Call) and e.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     print(f"bpfdyno: trace request rejected: {e.details()}", file=sys.stderr)

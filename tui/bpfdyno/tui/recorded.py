@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.tui.codec import RecordingError, decode
 from bpfdyno.tui.errors import Disconnected, RequestFailed, ServiceUnavailable
 from bpfdyno.tui.records import (
@@ -43,7 +44,6 @@ from bpfdyno.tui.records import (
     MetricsRound,
     ProcessTable,
     SeriesPoints,
-    TraceRequest,
     TraceStatus,
     TrainerInfo,
 )
@@ -175,7 +175,7 @@ class RecordedDataSource:
         self._status = recording.status
         self._restarts = 0
         #: Every trace request received, in order (what a test or demo asked for).
-        self.trace_requests: list[TraceRequest] = []
+        self.trace_requests: list[TraceSpec] = []
 
     @classmethod
     def from_file(cls, path: Path, speed: float = 1.0, loop: bool = True) -> RecordedDataSource:
@@ -301,7 +301,7 @@ class RecordedDataSource:
             for t in trainers or ()
         ]
 
-    async def start_trace(self, request: TraceRequest) -> TraceStatus:
+    async def start_trace(self, request: TraceSpec) -> TraceStatus:
         """Record the request and answer with the recording's first trace state."""
         self._check()
         self._unavailable("trainers")

@@ -5,8 +5,8 @@ The UI never sees protobuf messages, psutil objects or anything live: every data
 the pure model can be tested with hand-made values. A value that is not known is NaN (floats)
 or None (counts), never 0.
 
-Process rows are the API's own record (`bpfdyno.rpc.processes.ProcessRow`): the agent and the
-UI share one vocabulary for them.
+Process rows and trace requests are the API's own records (`bpfdyno.rpc.processes.ProcessRow`,
+`bpfdyno.rpc.traces.TraceSpec`): the agent and the UI share one vocabulary for them.
 """
 
 from __future__ import annotations
@@ -138,31 +138,6 @@ class TrainerInfo:
     ancestors: tuple[int, ...] = ()
     trace_id: str = ""
     role: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRequest:
-    """What the trace form asks the agent for.
-
-    Exactly one of ``duration_ms`` and ``iterations`` is set; ``pids`` and/or ``job_id``
-    select the processes.
-    """
-
-    log_file: str
-    pids: tuple[int, ...] = ()
-    job_id: str = ""
-    duration_ms: int | None = None
-    iterations: int | None = None
-    process_limit: int = 3
-    record_shapes: bool = False
-    profile_memory: bool = False
-    with_stacks: bool = False
-    with_flops: bool = False
-    with_modules: bool = False
-
-    def __post_init__(self) -> None:
-        if (self.duration_ms is None) == (self.iterations is None):
-            raise ValueError("give either a duration in ms or a number of iterations, not both")
 
 
 @dataclass(frozen=True, slots=True)
