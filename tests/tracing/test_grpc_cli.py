@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import orjson
 import pytest
 from tracing_harness import Harness, KinetoClient
 
@@ -172,6 +173,47 @@ async def test_cli_gputrace_wait_reports_real_files(api: Api) -> None:
         await asyncio.gather(*tasks)
         for c in clients:
             c.close()
+
+
+async def test_cli_json_writes_64_bit_integers_as_numbers(api: Api) -> None:
+    h = api.harness
+    client = KinetoClient(str(h.socket_dir))
+    stop = asyncio.Event()
+    out_file = h.trace_dir / "j_9400.json"
+    task = asyncio.create_task(behave_like_kineto(client, [9400, 9000], 77, out_file, stop))
+    try:
+        await h.wait_trainers(lambda ts: len(ts) == 1)
+        rc, out, err = await run_cli("trainers", "--host", api.socket, "--json")
+        assert rc == 0, err
+        (trainer,) = orjson.loads(out)["trainers"]
+        assert trainer["job_id"] == 77 and type(trainer["job_id"]) is int  # int64
+        assert type(trainer["polls"]) is int  # uint64
+        rc, out, err = await run_cli(
+            "gputrace",
+            "--host",
+            api.socket,
+            "--job-id",
+            "77",
+            "--log-file",
+            str(h.trace_dir / "j.json"),
+            "--iterations",
+            "2",
+            "--wait",
+            "--timeout",
+            "30",
+            "--json",
+        )
+        assert rc == 0, out + err
+        obj = orjson.loads(out)  # nothing but the JSON document, even while waiting
+        (triggered,) = obj["request"]["triggered"]
+        assert triggered == {"pid": 9400, "job_id": 77, "output_path": str(out_file)}
+        (proc,) = obj["trace"]["processes"]
+        assert proc["size_bytes"] == len('{"traceEvents": []}') and type(proc["size_bytes"]) is int
+        assert proc["job_id"] == 77 and proc["state"] == "PROCESS_TRACE_STATE_WRITTEN"
+    finally:
+        stop.set()
+        await task
+        client.close()
 
 
 async def test_cli_explains_no_match_and_failures(api: Api) -> None:

@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
-import orjson
 
+from bpfdyno.cli.output import message_dict, print_json, report_rpc_error
 from bpfdyno.cli.ps import add_ps_parser, cmd_ps
 from bpfdyno.cli.tracing import add_subcommands as add_tracing_subcommands
 from bpfdyno.client.connection import (
@@ -22,7 +22,6 @@ from bpfdyno.client.connection import (
     add_target_argument,
     channel,
     default_target,
-    explain_rpc_error,
 )
 from bpfdyno.core.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load
 from bpfdyno.version import __version__
@@ -163,14 +162,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
-def _rpc_fail(e: grpc.RpcError, target: str) -> int:
-    print(f"bpfdyno: {explain_rpc_error(e, target)}", file=sys.stderr)
-    return EXIT_FAIL
-
-
 def cmd_status(args: argparse.Namespace) -> int:
-    from google.protobuf.json_format import MessageToDict
-
     from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc
 
     target = args.target or default_target()
@@ -178,9 +170,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         with channel(target) as ch:
             st = agent_pb2_grpc.AgentStub(ch).GetStatus(agent_pb2.GetStatusRequest(), timeout=5)
     except grpc.RpcError as e:
-        return _rpc_fail(e, target)
+        return report_rpc_error(e, target)
     if args.json:
-        print(orjson.dumps(MessageToDict(st), option=orjson.OPT_INDENT_2).decode())
+        print_json(message_dict(st, proto_names=False))
         return EXIT_OK
     print(f"bpfdyno {st.version} on {st.hostname} (kernel {st.kernel_release}), pid {st.pid}")
     print(
@@ -237,7 +229,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
                 return EXIT_OK
             snap = stub.GetMetrics(agent_pb2.GetMetricsRequest(names=args.names), timeout=5)
     except grpc.RpcError as e:
-        return _rpc_fail(e, target)
+        return report_rpc_error(e, target)
     _print_snapshot(snap, units, args.json)
     return EXIT_OK
 
@@ -247,21 +239,22 @@ def _print_snapshot(snap: object, units: dict[str, str], as_json: bool) -> None:
 
     assert isinstance(snap, agent_pb2.MetricsSnapshot)
     if as_json:
-        obj = {
-            "ts": snap.unix_seconds,
-            "collector": snap.collector,
-            "series": [
-                {
-                    "name": s.name,
-                    "labels": {lab.name: lab.value for lab in s.labels},
-                    "value": s.points[-1].value if s.points else None,
-                    "unit": units.get(s.name, ""),
-                }
-                for s in snap.series
-            ],
-        }
-        sys.stdout.write(orjson.dumps(obj).decode() + "\n")
-        sys.stdout.flush()
+        print_json(
+            {
+                "ts": snap.unix_seconds,
+                "collector": snap.collector,
+                "series": [
+                    {
+                        "name": s.name,
+                        "labels": {lab.name: lab.value for lab in s.labels},
+                        "value": s.points[-1].value if s.points else None,
+                        "unit": units.get(s.name, ""),
+                    }
+                    for s in snap.series
+                ],
+            },
+            indent=False,  # one line per round: a stream of rounds is JSON lines
+        )
         return
     stamp = time.strftime("%H:%M:%S", time.localtime(snap.unix_seconds))
     header = f"# {stamp}" + (f" {snap.collector}" if snap.collector else "")

@@ -1,4 +1,8 @@
-"""``bpfdyno ps``: the agent's process table, over gRPC (``Kernel.ListProcesses``)."""
+"""``bpfdyno ps``: the agent's process table, over gRPC (``Kernel.ListProcesses``).
+
+``--json`` writes the ``ListProcessesResponse`` with the .proto field names; fields that hold
+their default are written too, unknown values (an unset ``optional`` field) are left out.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,8 @@ import sys
 from typing import Any
 
 import grpc
-import orjson
 
+from bpfdyno.cli.output import message_dict, print_json
 from bpfdyno.client.connection import (
     EXIT_FAIL,
     EXIT_OK,
@@ -67,8 +71,6 @@ def _sort_word(word: str) -> str:
 
 def cmd_ps(args: argparse.Namespace) -> int:
     """Run ``bpfdyno ps``; returns the exit status."""
-    from google.protobuf.json_format import MessageToDict
-
     from bpfdyno.rpc.v1 import kernel_pb2, kernel_pb2_grpc
 
     if args.limit < 0:
@@ -87,10 +89,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
         code = e.code() if isinstance(e, grpc.Call) else None
         return EXIT_USAGE if code == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAIL
     if args.json:
-        obj = MessageToDict(
-            resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-        )
-        sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode() + "\n")
+        print_json(message_dict(resp, with_defaults=True))
         return EXIT_OK
     sys.stdout.write(format_table(resp))
     return EXIT_OK

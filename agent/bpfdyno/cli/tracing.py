@@ -5,6 +5,10 @@
 and ``--json``. Unlike dyno it prints only the files that will really be written — those of
 the processes that were triggered — with Kineto's real names, and when nothing matched it
 lists the registered trainers and why each did not match.
+
+``--json`` writes the API's messages with the .proto field names: ``trainers`` the
+``ListTrainersResponse``, ``gputrace`` ``{"request": StartTraceResponse}`` plus, with
+``--wait``, ``"trace": TraceStatus``.
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-import orjson
 
+from bpfdyno.cli.output import message_dict, print_json, report_rpc_error
 from bpfdyno.client.connection import (
     EXIT_FAIL,
     EXIT_OK,
@@ -25,7 +29,6 @@ from bpfdyno.client.connection import (
     add_target_argument,
     channel,
     default_target,
-    explain_rpc_error,
 )
 from bpfdyno.rpc.traces import TraceSpec, spec_to_pb
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
@@ -130,18 +133,6 @@ def _target(args: argparse.Namespace) -> str:
     return str(args.target or default_target())
 
 
-def _fail(e: grpc.RpcError, target: str) -> int:
-    print(f"bpfdyno: {explain_rpc_error(e, target)}", file=sys.stderr)
-    return EXIT_FAIL
-
-
-def _dict(msg: Any) -> dict[str, Any]:
-    from google.protobuf.json_format import MessageToDict
-
-    out: dict[str, Any] = MessageToDict(msg, preserving_proto_field_name=True)
-    return out
-
-
 def _state(value: int, enum: Any, prefix: str) -> str:
     return str(enum.Name(value)).removeprefix(prefix).lower()
 
@@ -162,9 +153,9 @@ def cmd_trainers(args: argparse.Namespace) -> int:
         with channel(target) as ch:
             resp = pb_grpc.TracingStub(ch).ListTrainers(req, timeout=5)
     except grpc.RpcError as e:
-        return _fail(e, target)
+        return report_rpc_error(e, target)
     if args.json:
-        print(orjson.dumps(_dict(resp), option=orjson.OPT_INDENT_2).decode())
+        print_json(message_dict(resp))
         return EXIT_OK
     if not resp.trainers:
         print(_no_trainers_hint())
@@ -255,12 +246,12 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
             if args.wait and resp.triggered:
                 final = _wait(stub, resp.trace_id, wait_s, quiet=args.json)
     except grpc.RpcError as e:
-        return _fail(e, target)
+        return report_rpc_error(e, target)
     if args.json:
-        out: dict[str, Any] = {"request": _dict(resp)}
+        out: dict[str, Any] = {"request": message_dict(resp)}
         if final is not None:
-            out["trace"] = _dict(final)
-        print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
+            out["trace"] = message_dict(final)
+        print_json(out)
     elif final is not None:
         print(format_final(final))
     if not resp.processes_matched and args.fail_on_no_process:
@@ -344,7 +335,7 @@ def _dcgm(args: argparse.Namespace, call: Callable[[pb_grpc.TracingStub], Any]) 
         with channel(target) as ch:
             resp = call(pb_grpc.TracingStub(ch))
     except grpc.RpcError as e:
-        return _fail(e, target)
+        return report_rpc_error(e, target)
     print(
         f"status: {'true' if resp.status else 'false'}"
         + (f" ({resp.reason})" if resp.reason else "")
