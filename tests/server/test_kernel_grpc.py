@@ -16,7 +16,7 @@ import grpc
 import orjson
 import pytest
 
-from bpfdyno.cli.ps import add_ps_parser, cmd_ps, human_bytes
+from bpfdyno.cli.ps import cmd_ps, human_bytes, register
 from bpfdyno.core.events import FlightRecorder, KernelEvent
 from bpfdyno.rpc.v1 import kernel_pb2 as pb
 from bpfdyno.rpc.v1 import kernel_pb2_grpc as pb_grpc
@@ -137,8 +137,7 @@ async def test_stream_events_from_a_producer_thread(agent: Agent) -> None:
 
 def ps_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="command")
-    add_ps_parser(sub)
+    register(parser.add_subparsers(dest="command"))
     return parser.parse_args(["ps", *argv])
 
 

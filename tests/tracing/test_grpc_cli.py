@@ -15,7 +15,7 @@ import orjson
 import pytest
 from tracing_harness import Harness, KinetoClient
 
-from bpfdyno.cli.tracing import add_subcommands
+from bpfdyno.cli.tracing import register
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
 from bpfdyno.server.tracing import servicer_factory
@@ -46,13 +46,14 @@ async def api(harness: Harness) -> AsyncIterator[Api]:
 async def run_cli(*argv: str) -> tuple[int, str, str]:
     """Run a tracing subcommand in a thread (it blocks on gRPC); return (rc, stdout, stderr)."""
     parser = argparse.ArgumentParser(prog="bpfdyno")
-    handlers = add_subcommands(parser.add_subparsers(dest="command"))
+    register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(list(argv))
     out, err = io.StringIO(), io.StringIO()
 
     def call() -> int:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            return handlers[args.command](args)
+            rc: int = args.handler(args)
+            return rc
 
     rc = await asyncio.to_thread(call)
     return rc, out.getvalue(), err.getvalue()

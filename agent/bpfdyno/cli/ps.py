@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import Any
 
 import grpc
 
@@ -31,11 +30,12 @@ from bpfdyno.rpc.processes import (
     row_from_pb,
     sort_key,
 )
+from bpfdyno.rpc.v1 import kernel_pb2, kernel_pb2_grpc
 
 
-def add_ps_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``ps`` subcommand to an ``add_subparsers()`` object; its handler is `cmd_ps`."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``ps`` to the ``bpfdyno`` command line."""
+    p = subparsers.add_parser(
         "ps", help="the most active processes, with CPU, scheduler, network and job columns"
     )
     add_target_argument(p)
@@ -56,8 +56,7 @@ def add_ps_parser(subparsers: Any) -> argparse.ArgumentParser:
         + ", or a word found in the command",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=cmd_ps)
-    return p
+    p.set_defaults(handler=cmd_ps)
 
 
 def _sort_word(word: str) -> str:
@@ -71,8 +70,6 @@ def _sort_word(word: str) -> str:
 
 def cmd_ps(args: argparse.Namespace) -> int:
     """Run ``bpfdyno ps``; returns the exit status."""
-    from bpfdyno.rpc.v1 import kernel_pb2, kernel_pb2_grpc
-
     if args.limit < 0:
         print("bpfdyno ps: --limit must be 0 (all) or positive", file=sys.stderr)
         return EXIT_USAGE
@@ -109,7 +106,7 @@ _COLUMNS = (
 )
 
 
-def format_table(resp: Any) -> str:
+def format_table(resp: kernel_pb2.ListProcessesResponse) -> str:
     """A fixed-width table of a ``ListProcessesResponse`` ("-" marks unknown values)."""
     header = "".join(
         f"{name:>{w}} " if i != 1 else f"{name:<{w}} " for i, (name, w) in enumerate(_COLUMNS)

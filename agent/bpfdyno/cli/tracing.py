@@ -39,24 +39,16 @@ DEFAULT_WAIT_S = 120.0
 #: dyno's defaults, which `TraceSpec` holds.
 _DEFAULT = TraceSpec()
 
-Handler = Callable[[argparse.Namespace], int]
 
-
-def add_subcommands(sub: Any) -> dict[str, Handler]:
-    """Register the tracing subcommands on an argparse subparsers object.
-
-    Args:
-        sub: the result of ``parser.add_subparsers()``.
-
-    Returns:
-        ``{command name: handler}``; a handler takes the parsed args and returns the exit code.
-    """
-    p = sub.add_parser("trainers", help="list the PyTorch processes registered for tracing")
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``trainers``, ``gputrace``, ``dcgm-pause`` and ``dcgm-resume`` to ``bpfdyno``."""
+    p = subparsers.add_parser("trainers", help="list the PyTorch processes registered for tracing")
     add_target_argument(p)
     p.add_argument("--job-id", type=int, default=None, help="only this job's trainers")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=cmd_trainers)
 
-    p = sub.add_parser(
+    p = subparsers.add_parser(
         "gputrace",
         help="trace PyTorch processes on demand (dyno gputrace flags, plus --wait)",
     )
@@ -114,19 +106,16 @@ def add_subcommands(sub: Any) -> dict[str, Handler]:
         help=f"seconds to follow the trace (default: {DEFAULT_WAIT_S:g} with --wait)",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=cmd_gputrace)
 
-    p = sub.add_parser("dcgm-pause", help="pause GPU profiling metrics (for Nsight and co.)")
+    p = subparsers.add_parser("dcgm-pause", help="pause GPU profiling metrics (for Nsight and co.)")
     add_target_argument(p)
     p.add_argument("--duration-s", type=int, default=300, help="seconds to pause")
+    p.set_defaults(handler=cmd_dcgm_pause)
 
-    p = sub.add_parser("dcgm-resume", help="resume GPU profiling metrics")
+    p = subparsers.add_parser("dcgm-resume", help="resume GPU profiling metrics")
     add_target_argument(p)
-    return {
-        "trainers": cmd_trainers,
-        "gputrace": cmd_gputrace,
-        "dcgm-pause": cmd_dcgm_pause,
-        "dcgm-resume": cmd_dcgm_resume,
-    }
+    p.set_defaults(handler=cmd_dcgm_resume)
 
 
 def _target(args: argparse.Namespace) -> str:
@@ -145,6 +134,7 @@ def _ago(ts: float) -> str:
 
 
 def cmd_trainers(args: argparse.Namespace) -> int:
+    """Run ``bpfdyno trainers``; returns the exit status."""
     target = _target(args)
     req = pb.ListTrainersRequest()
     if args.job_id is not None:
@@ -204,6 +194,7 @@ def _parse_pids(text: str) -> list[int]:
 
 
 def cmd_gputrace(args: argparse.Namespace) -> int:
+    """Run ``bpfdyno gputrace``; returns the exit status."""
     try:
         pids = _parse_pids(args.pids)
     except ValueError as e:
@@ -344,6 +335,7 @@ def _dcgm(args: argparse.Namespace, call: Callable[[pb_grpc.TracingStub], Any]) 
 
 
 def cmd_dcgm_pause(args: argparse.Namespace) -> int:
+    """Run ``bpfdyno dcgm-pause``; returns the exit status."""
     if args.duration_s < 0:
         print("bpfdyno: --duration-s must be 0 or more", file=sys.stderr)
         return EXIT_USAGE
@@ -353,4 +345,5 @@ def cmd_dcgm_pause(args: argparse.Namespace) -> int:
 
 
 def cmd_dcgm_resume(args: argparse.Namespace) -> int:
+    """Run ``bpfdyno dcgm-resume``; returns the exit status."""
     return _dcgm(args, lambda s: s.DcgmResume(pb.DcgmResumeRequest(), timeout=5))
