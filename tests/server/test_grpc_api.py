@@ -10,9 +10,11 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import grpc
+import orjson
 import pytest
 
 from bpfdyno.app.daemon import Daemon
+from bpfdyno.cli.main import main
 from bpfdyno.core.catalog import Catalog
 from bpfdyno.core.config import GrpcSection, load
 from bpfdyno.core.metrics import MetricKind, MetricTable, Sample, sample
@@ -112,6 +114,26 @@ async def test_round_trip(agent: tuple[str, Daemon]) -> None:
             async for _ in stub.StreamMetrics(pb.StreamMetricsRequest(collectors=["nope"])):
                 pass
         assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_cli_status_and_metrics_json(
+    agent: tuple[str, Daemon], capsys: pytest.CaptureFixture[str]
+) -> None:
+    sock, _ = agent
+    await asyncio.sleep(0.35)
+    assert await asyncio.to_thread(main, ["status", "--socket", sock, "--json"]) == 0
+    status = orjson.loads(capsys.readouterr().out)
+    assert status["pid"] == os.getpid() and "agentUptimeSeconds" in status  # JSON names
+    fixed = next(c for c in status["collectors"] if c["name"] == "fixed")
+    assert type(fixed["collections"]) is int and fixed["collections"] >= 3  # a uint64
+    assert fixed["state"] == "COLLECTOR_STATE_OK"
+    argv = ["metrics", "--socket", sock, "--json", "test_grpc_level_bytes"]
+    assert await asyncio.to_thread(main, argv) == 0
+    snap = orjson.loads(capsys.readouterr().out)
+    assert isinstance(snap["ts"], float) and snap["ts"] > 0
+    values = {s["labels"]["dev"]: s["value"] for s in snap["series"]}
+    assert values["b"] == 7 and values["a"] >= 1000
+    assert {s["unit"] for s in snap["series"]} == {"bytes"}
 
 
 async def test_second_server_on_same_socket_is_refused(agent: tuple[str, Daemon]) -> None:

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import threading
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import orjson
 import pytest
 
-from bpfdyno.cli.ps import add_ps_parser, cmd_ps, human_bytes
+from bpfdyno.cli.ps import cmd_ps, human_bytes, register
 from bpfdyno.core.events import FlightRecorder, KernelEvent
 from bpfdyno.rpc.v1 import kernel_pb2 as pb
 from bpfdyno.rpc.v1 import kernel_pb2_grpc as pb_grpc
@@ -30,18 +32,26 @@ class Agent:
         self.table = table
 
 
-@pytest.fixture
-async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
-    sock = str(tmp_path / "k.sock")
+@contextlib.asynccontextmanager
+async def serve(sock: str, table: ProcessTable) -> AsyncIterator[Agent]:
     recorder = FlightRecorder(max_age_s=600, max_bytes=1 << 20)
-    table = ProcessTable(top_n=50, pinned=lambda: {os.getpid()})
     table.refresh()
     server = grpc.aio.server()
     kernel_servicer_factory(KernelService(recorder, table=table, net=None))(server)
     server.add_insecure_port(f"unix:{sock}")
     await server.start()
-    yield Agent(sock, recorder, table)
-    await server.stop(grace=None)
+    try:
+        yield Agent(sock, recorder, table)
+    finally:
+        await server.stop(grace=None)
+
+
+@pytest.fixture
+async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
+    async with serve(
+        str(tmp_path / "k.sock"), ProcessTable(top_n=50, pinned=lambda: {os.getpid()})
+    ) as a:
+        yield a
 
 
 async def test_list_processes(agent: Agent) -> None:
@@ -127,8 +137,7 @@ async def test_stream_events_from_a_producer_thread(agent: Agent) -> None:
 
 def ps_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="command")
-    add_ps_parser(sub)
+    register(parser.add_subparsers(dest="command"))
     return parser.parse_args(["ps", *argv])
 
 
@@ -150,6 +159,31 @@ async def test_ps_command_table_and_json(agent: Agent, capsys: pytest.CaptureFix
     args = ps_args("--socket", agent.sock, "--filter", "port=1")
     assert await asyncio.to_thread(cmd_ps, args) == 2
     assert "unknown filter key 'port'" in capsys.readouterr().err
+
+
+@dataclass(frozen=True)
+class NetTotals:
+    tcp_tx_bytes: int
+    tcp_rx_bytes: int
+    udp_tx_bytes: int = 0
+    udp_rx_bytes: int = 0
+    tcp_retransmits: int = 0
+
+
+async def test_ps_json_writes_64_bit_counters_as_numbers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    me = os.getpid()
+    big = 5 << 40  # 5 TiB sent: a uint64 that protobuf's JSON mapping would quote
+    table = ProcessTable(top_n=5, net=lambda: {me: NetTotals(big, 7)}, pinned=lambda: {me})
+    async with serve(str(tmp_path / "k.sock"), table) as agent:
+        args = ps_args("--socket", agent.sock, "--json", "--filter", f"pid={me}")
+        assert await asyncio.to_thread(cmd_ps, args) == 0
+    (row,) = orjson.loads(capsys.readouterr().out)["processes"]
+    assert row["tcp_tx_bytes"] == big and type(row["tcp_tx_bytes"]) is int
+    assert row["tcp_rx_bytes"] == 7 and type(row["tcp_rx_bytes"]) is int
+    assert type(row["rss_bytes"]) is int and row["rss_bytes"] > 0
+    assert "oncpu_ns" not in row  # no sched collector: unknown, left out
 
 
 def test_ps_without_an_agent_says_what_to_do(

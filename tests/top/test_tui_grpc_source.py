@@ -21,6 +21,7 @@ from bpfdyno.app.daemon import Daemon
 from bpfdyno.core.config import load
 from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.events import FlightRecorder, KernelEvent
+from bpfdyno.rpc.traces import TraceSpec, spec_to_pb
 from bpfdyno.server.grpc_server import GrpcServer
 from bpfdyno.server.kernel import kernel_servicer_factory
 from bpfdyno.server.tracing import request_from_pb, servicer_factory
@@ -29,14 +30,13 @@ from bpfdyno.services.kernel import KernelService
 from bpfdyno.services.tracing import TracingService
 from bpfdyno.sources.procs.table import ProcessTable
 from bpfdyno.tracing.trainers import TrainerRegistry
-from bpfdyno.tui.convert_tracing import request_to_pb
 from bpfdyno.tui.datasource import (
     Disconnected,
     GrpcDataSource,
     RequestFailed,
     ServiceUnavailable,
 )
-from bpfdyno.tui.records import KernelEventInfo, TraceRequest
+from bpfdyno.tui.records import KernelEventInfo
 
 
 @dataclass
@@ -140,14 +140,14 @@ async def test_tracing_answers_and_refusals(served: Served) -> None:
     source = GrpcDataSource(served.sock)
     try:
         assert await source.trainers() == []
-        req = TraceRequest(log_file="/tmp/tui_test_trace.json", pids=(1234,), duration_ms=500)
+        req = TraceSpec(log_file="/tmp/tui_test_trace.json", pids=(1234,), duration_ms=500)
         st = await source.start_trace(req)
         assert (st.state, st.finished, st.processes) == ("nothing traced", True, ())
         assert st.message == "0 triggered, no registered process matched"
         # A request the service refuses: the form shows the service's own words.
-        bad = TraceRequest(log_file="/etc/passwd.json", pids=(1234,), duration_ms=500)
+        bad = TraceSpec(log_file="/etc/passwd.json", pids=(1234,), duration_ms=500)
         with pytest.raises(InvalidArgument) as expected:
-            served.tracing.start_trace(request_from_pb(request_to_pb(bad)))
+            served.tracing.start_trace(request_from_pb(spec_to_pb(bad)))
         with pytest.raises(RequestFailed) as refused:
             await source.start_trace(bad)
         assert str(refused.value) == str(expected.value)

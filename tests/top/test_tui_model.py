@@ -1,11 +1,13 @@
-"""The UI's pure model: metric history, process sorting/filtering, event log, formatting."""
+"""The UI's pure model: metric history, a process's history, event log, formatting.
+
+Sorting and filtering processes is the API's (tests/rpc/test_process_vocabulary.py).
+"""
 
 from __future__ import annotations
 
 import math
 
-import pytest
-
+from bpfdyno.rpc.processes import ProcessRow
 from bpfdyno.tui.fmt import (
     bar,
     fmt_bytes,
@@ -17,21 +19,12 @@ from bpfdyno.tui.fmt import (
     sparkline,
     unit_from_name,
 )
-from bpfdyno.tui.model import (
-    EventLog,
-    FilterError,
-    MetricsModel,
-    ProcessHistory,
-    filter_processes,
-    parse_filter,
-    sort_processes,
-)
+from bpfdyno.tui.model import EventLog, MetricsModel, ProcessHistory
 from bpfdyno.tui.records import (
     KernelEventInfo,
     MetricSpecInfo,
     MetricsRound,
     MetricValue,
-    ProcessInfo,
     ProcessTable,
     SeriesPoints,
 )
@@ -95,60 +88,11 @@ def test_metrics_series_cap() -> None:
     assert m.label_values("m", "k") == ["0", "1"]
 
 
-def _proc(pid: int, **kw: object) -> ProcessInfo:
-    return ProcessInfo(pid=pid, comm=str(kw.pop("comm", "p")), **kw)  # type: ignore[arg-type]
-
-
 ROWS = [
-    _proc(10, cpu_ratio=0.5, rss_bytes=300, user="bob", cmdline="python train.py", job_id="7"),
-    _proc(11, cpu_ratio=NAN, rss_bytes=None, user="alice", comm="kworker"),
-    _proc(12, cpu_ratio=0.9, rss_bytes=100, user="alice", cmdline="/bin/sleep 5"),
-    _proc(13, cpu_ratio=0.5, rss_bytes=200, user="root", cmdline="Python eval.py", job_id="7"),
+    ProcessRow(10, comm="p", cpu_ratio=0.5, rss_bytes=300, cmdline="python train.py"),
+    ProcessRow(11, comm="kworker", cpu_ratio=NAN),
+    ProcessRow(12, comm="p", cpu_ratio=0.9, rss_bytes=100, cmdline="/bin/sleep 5"),
 ]
-
-
-def test_sort_unknown_last_in_both_directions_and_ties_by_pid() -> None:
-    assert [r.pid for r in sort_processes(ROWS, "cpu")] == [12, 10, 13, 11]
-    assert [r.pid for r in sort_processes(ROWS, "cpu", descending=False)] == [10, 13, 12, 11]
-    assert [r.pid for r in sort_processes(ROWS, "rss")] == [10, 13, 12, 11]
-    assert [r.pid for r in sort_processes(ROWS, "user")] == [11, 12, 10, 13]
-    assert [r.pid for r in sort_processes(ROWS, "pid")] == [10, 11, 12, 13]
-
-
-def test_sort_unknown_column() -> None:
-    with pytest.raises(ValueError, match="unknown sort column 'nope'; use one of pid, user"):
-        sort_processes(ROWS, "nope")
-
-
-def test_filter_terms_and_words() -> None:
-    def pids(text: str) -> list[int]:
-        return [r.pid for r in filter_processes(ROWS, parse_filter(text))]
-
-    assert pids("") == [10, 11, 12, 13]
-    assert pids("python") == [10, 13]  # case-insensitive, command line
-    assert pids("job=7") == [10, 13]
-    assert pids("job=7 eval") == [13]
-    assert pids("user=alice") == [11, 12]
-    assert pids("comm=kworker") == [11]
-    assert pids("pid=12") == [12]
-    assert pids("kwork") == [11]  # the command name too
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        (
-            "jobid=5",
-            "unknown filter key 'jobid': use pid=, user=, comm=, job=, container=, cgroup=",
-        ),
-        ("job=", "job= needs a value, e.g. job=5678"),
-        ("pid=abc", "pid=abc is not a process id; write pid=1234"),
-    ],
-)
-def test_filter_errors_say_how_to_fix(text: str, message: str) -> None:
-    with pytest.raises(FilterError) as e:
-        parse_filter(text)
-    assert str(e.value).startswith(message)
 
 
 def test_event_log_bounded_counts_and_kinds() -> None:

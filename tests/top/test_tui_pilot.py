@@ -10,8 +10,9 @@ from textual.widgets import Input, Static
 from tui_helpers import FIXED_NOW, make_app, settle, wait_until, widget_text
 from tui_synthetic import make_recording
 
+from bpfdyno.rpc.processes import ProcessRow
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.tui.app import run_top
-from bpfdyno.tui.records import ProcessInfo, TraceRequest
 from bpfdyno.tui.screens.help import HelpScreen
 from bpfdyno.tui.screens.process import ProcessScreen
 from bpfdyno.tui.screens.trace import FormError, TraceScreen, parse_trace_form
@@ -58,7 +59,7 @@ async def test_sorting_by_keys_and_header_clicks() -> None:
         assert _pids(app) == [1000 + 7 * k for k in reversed(by_cpu)]
         await pilot.press("s")  # next column after cpu (wide layout at 100 cols? no: narrow)
         view = app.query_one(ProcessesView)
-        assert view.sort_key == "rss" and view.descending
+        assert view.sort_key == "rss_bytes" and view.descending
         by_rss = sorted(range(12), key=lambda k: (-((k * 7919 % 997) + 1), k))
         assert _pids(app) == [1000 + 7 * k for k in by_rss]
         await pilot.press("S", "S")  # back two: rss -> cpu -> pid
@@ -69,7 +70,7 @@ async def test_sorting_by_keys_and_header_clicks() -> None:
         await pilot.click(table, offset=(3, 0))
         assert _pids(app) == [1000 + 7 * k for k in reversed(range(12))]
         await pilot.click(table, offset=(16, 0))
-        assert view.sort_key == "rss"
+        assert view.sort_key == "rss_bytes"
         assert _pids(app) == [1000 + 7 * k for k in by_rss]
 
 
@@ -91,7 +92,7 @@ async def test_filtering_as_you_type_and_errors() -> None:
         await pilot.press("x")
         await pilot.pause(0.2)  # a refresh tick must not hide the error
         summary = widget_text(app.query_one("#process-summary", Static))
-        assert summary == "pid=1x is not a process id; write pid=1234"
+        assert summary == "pid must be a number in 'pid=1x'; write pid=1234"
         assert _pids(app) == []  # the last good filter (pid=1) stays in force
         await pilot.press("backspace", "backspace", *"1014")
         assert _pids(app) == [1014]
@@ -138,10 +139,10 @@ async def test_trace_form_sends_the_exact_request_and_follows_it_to_the_files() 
             what="trace done",
         )
         assert source.trace_requests == [
-            TraceRequest(
+            TraceSpec(
                 log_file="/tmp/bpfdyno_trace_20231114_221325.json",
                 pids=(1091,),
-                job_id="5678",
+                job_id=5678,
                 iterations=5,
                 process_limit=3,
                 record_shapes=True,
@@ -192,14 +193,14 @@ async def test_banner_while_the_agent_is_away_and_restart_notice() -> None:
 
 
 def test_parse_trace_form_builds_requests() -> None:
-    assert parse_trace_form("12, 34", "", "duration", "750", "/tmp/x.json", "2") == TraceRequest(
+    assert parse_trace_form("12, 34", "", "duration", "750", "/tmp/x.json", "2") == TraceSpec(
         log_file="/tmp/x.json", pids=(12, 34), duration_ms=750, process_limit=2
     )
     assert parse_trace_form(
         "", "99", "iterations", "3", "/tmp/y.json", "1", ["profile_memory", "with_modules"]
-    ) == TraceRequest(
+    ) == TraceSpec(
         log_file="/tmp/y.json",
-        job_id="99",
+        job_id=99,
         iterations=3,
         process_limit=1,
         profile_memory=True,
@@ -228,7 +229,7 @@ def test_parse_trace_form_errors(args: tuple[str, ...], message: str) -> None:
 def test_fixed_clock_is_the_recording_time() -> None:
     # The default file name in the trace test comes from this clock (UTC).
     assert FIXED_NOW == 1_700_000_005.0
-    assert ProcessInfo(pid=1, comm="x").command == "[x]"
+    assert ProcessRow(pid=1, comm="x").command == "[x]"
 
 
 async def test_job_id_narrows_processes_and_trainers() -> None:

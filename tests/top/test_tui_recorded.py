@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from tui_synthetic import BASE_TS, make_recording
 
+from bpfdyno.rpc.processes import ProcessRow
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.tui.codec import RecordingError, decode, encode
 from bpfdyno.tui.datasource import (
     Disconnected,
@@ -18,7 +20,6 @@ from bpfdyno.tui.datasource import (
     ServiceUnavailable,
 )
 from bpfdyno.tui.recorded import FORMAT, VERSION, Recording, load_recording, parse_recording
-from bpfdyno.tui.records import ProcessInfo, TraceRequest
 
 
 def _as_json(rec: Recording) -> dict[str, object]:
@@ -38,11 +39,31 @@ def test_round_trip_through_json_text(tmp_path: Path) -> None:
     assert math.isnan(back.status.collectors[-1].interval_s)  # the pmu collector's
 
 
+def test_version_1_recordings_still_replay() -> None:
+    """Made before process rows took the API's field names."""
+    rec = make_recording(processes=3, frames=1)
+    obj = _as_json(rec)
+    obj["version"] = 1
+    rows = obj["frames"][0]["processes"]["rows"]  # type: ignore[index]
+    for row in rows:
+        row["threads"] = row.pop("num_threads")
+        row["start_ts"] = row.pop("start_unix_seconds")
+        row["job_id"] = row.pop("slurm_job_id")
+    rows[0]["rss_bytes"] = None  # version 1 rows could leave it unknown
+    back = parse_recording(obj)
+    (frame,) = back.frames
+    (original,) = rec.frames
+    assert frame.processes is not None and original.processes is not None
+    assert encode(frame.processes.rows[1:]) == encode(original.processes.rows[1:])
+    assert frame.processes.rows[0].rss_bytes == 0
+    assert frame.processes.rows[0].num_threads == original.processes.rows[0].num_threads
+
+
 def test_unknown_values_are_null_and_read_back_as_unknown() -> None:
-    obj = encode(ProcessInfo(pid=1, comm="x"))
-    assert obj["cpu_ratio"] is None and obj["rss_bytes"] is None
-    back = decode(ProcessInfo, obj)
-    assert math.isnan(back.cpu_ratio) and back.rss_bytes is None
+    obj = encode(ProcessRow(pid=1, comm="x"))
+    assert obj["cpu_ratio"] is None and obj["gpu_memory_bytes"] is None
+    back = decode(ProcessRow, obj)
+    assert math.isnan(back.cpu_ratio) and back.gpu_memory_bytes is None
 
 
 @pytest.mark.parametrize(
@@ -127,7 +148,7 @@ async def test_unavailable_parts_and_trace_replay() -> None:
     with pytest.raises(ServiceUnavailable, match="off"):
         await src.trainers()
     ok = RecordedDataSource(make_recording(processes=30, frames=1), speed=1000.0)
-    req = TraceRequest(log_file="/tmp/t.json", pids=(1021,), duration_ms=500)
+    req = TraceSpec(log_file="/tmp/t.json", pids=(1021,), duration_ms=500)
     first = await ok.start_trace(req)
     assert ok.trace_requests == [req]
     states = [first.state] + [s.state async for s in ok.watch_trace(first.trace_id)]

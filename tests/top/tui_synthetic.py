@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from bpfdyno.rpc.processes import ProcessRow
 from bpfdyno.tui.recorded import Frame, Recording
 from bpfdyno.tui.records import (
     AgentStatus,
@@ -18,7 +19,6 @@ from bpfdyno.tui.records import (
     MetricSpecInfo,
     MetricsRound,
     MetricValue,
-    ProcessInfo,
     ProcessTable,
     SeriesPoints,
     TraceProcess,
@@ -258,14 +258,14 @@ def gpu_round(i: int, ts: float, gpus: int, gpm: bool = True) -> MetricsRound:
     return MetricsRound(ts, "gpu", tuple(v))
 
 
-def process_rows(n: int, i: int, trainer_pids: tuple[int, ...] = ()) -> tuple[ProcessInfo, ...]:
+def process_rows(n: int, i: int, trainer_pids: tuple[int, ...] = ()) -> tuple[ProcessRow, ...]:
     """``n`` processes with distinct, deterministic values."""
     rows = []
     for k in range(n):
         pid = 1000 + k * 7
         trainer = pid in trainer_pids
         rows.append(
-            ProcessInfo(
+            ProcessRow(
                 pid=pid,
                 comm="python" if trainer else f"worker{k % 13}",
                 ppid=1,
@@ -276,8 +276,8 @@ def process_rows(n: int, i: int, trainer_pids: tuple[int, ...] = ()) -> tuple[Pr
                 ),
                 user="alice" if k % 3 else "root",
                 state="R" if k % 4 == 0 else "S",
-                threads=1 + k % 8,
-                start_ts=BASE_TS - 3600 + k,
+                num_threads=1 + k % 8,
+                start_unix_seconds=BASE_TS - 3600 + k,
                 cpu_ratio=((k * 37) % 101) / 100 + (0.01 * (i % 3)),
                 rss_bytes=(k * 7919 % 997 + 1) * (1 << 20),
                 oncpu_ratio=((k * 37) % 101) / 100,
@@ -295,7 +295,7 @@ def process_rows(n: int, i: int, trainer_pids: tuple[int, ...] = ()) -> tuple[Pr
                 runq_wait_ns=k * 10_000_000,
                 offcpu_blocked_ns=k * 500_000_000,
                 gpu_memory_bytes=(35 * GIB if trainer else None),
-                job_id="5678" if trainer or k % 5 == 1 else "",
+                slurm_job_id="5678" if trainer or k % 5 == 1 else "",
                 container_id=f"{k:064x}" if k % 4 == 2 else "",
                 cgroup=f"/system.slice/worker{k}.service",
                 pinned=trainer,

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import orjson
 import pytest
-from tracing_harness import Harness, KinetoClient
+from tracing_harness import Harness, KinetoClient, frame, legacy_call, unframe
 
-from bpfdyno.cli.tracing import add_subcommands
+from bpfdyno.cli.tracing import register
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
 from bpfdyno.server.tracing import servicer_factory
@@ -45,13 +46,14 @@ async def api(harness: Harness) -> AsyncIterator[Api]:
 async def run_cli(*argv: str) -> tuple[int, str, str]:
     """Run a tracing subcommand in a thread (it blocks on gRPC); return (rc, stdout, stderr)."""
     parser = argparse.ArgumentParser(prog="bpfdyno")
-    handlers = add_subcommands(parser.add_subparsers(dest="command"))
+    register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(list(argv))
     out, err = io.StringIO(), io.StringIO()
 
     def call() -> int:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            return handlers[args.command](args)
+            rc: int = args.handler(args)
+            return rc
 
     rc = await asyncio.to_thread(call)
     return rc, out.getvalue(), err.getvalue()
@@ -174,6 +176,47 @@ async def test_cli_gputrace_wait_reports_real_files(api: Api) -> None:
             c.close()
 
 
+async def test_cli_json_writes_64_bit_integers_as_numbers(api: Api) -> None:
+    h = api.harness
+    client = KinetoClient(str(h.socket_dir))
+    stop = asyncio.Event()
+    out_file = h.trace_dir / "j_9400.json"
+    task = asyncio.create_task(behave_like_kineto(client, [9400, 9000], 77, out_file, stop))
+    try:
+        await h.wait_trainers(lambda ts: len(ts) == 1)
+        rc, out, err = await run_cli("trainers", "--host", api.socket, "--json")
+        assert rc == 0, err
+        (trainer,) = orjson.loads(out)["trainers"]
+        assert trainer["job_id"] == 77 and type(trainer["job_id"]) is int  # int64
+        assert type(trainer["polls"]) is int  # uint64
+        rc, out, err = await run_cli(
+            "gputrace",
+            "--host",
+            api.socket,
+            "--job-id",
+            "77",
+            "--log-file",
+            str(h.trace_dir / "j.json"),
+            "--iterations",
+            "2",
+            "--wait",
+            "--timeout",
+            "30",
+            "--json",
+        )
+        assert rc == 0, out + err
+        obj = orjson.loads(out)  # nothing but the JSON document, even while waiting
+        (triggered,) = obj["request"]["triggered"]
+        assert triggered == {"pid": 9400, "job_id": 77, "output_path": str(out_file)}
+        (proc,) = obj["trace"]["processes"]
+        assert proc["size_bytes"] == len('{"traceEvents": []}') and type(proc["size_bytes"]) is int
+        assert proc["job_id"] == 77 and proc["state"] == "PROCESS_TRACE_STATE_WRITTEN"
+    finally:
+        stop.set()
+        await task
+        client.close()
+
+
 async def test_cli_explains_no_match_and_failures(api: Api) -> None:
     h = api.harness
     client = KinetoClient(str(h.socket_dir))
@@ -226,3 +269,19 @@ async def test_cli_without_agent_says_what_to_do(short_tmp: Path) -> None:
     rc, _, err = await run_cli("trainers", "--host", str(short_tmp / "none.sock"))
     assert rc == 1
     assert "cannot reach the agent" in err and "bpfdyno serve" in err
+
+
+async def test_pause_duration_rule_is_the_same_on_every_entry_point(api: Api) -> None:
+    """The CLI, gRPC and the legacy RPC refuse a 0 s pause with the one rule's words."""
+    h = api.harness
+    words = "the pause duration must be a positive number of seconds up to 604800"
+    rc, _, err = await run_cli("dcgm-pause", "--host", api.socket, "--duration-s", "0")
+    assert rc == 2 and words in err
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await api.stub.DcgmPause(pb.DcgmPauseRequest(duration_s=0))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert words in str(info.value.details())
+    reply = unframe(
+        await legacy_call(h.legacy_port, frame({"fn": "dcgmProfPause", "duration_s": 0}))
+    )
+    assert reply["status"] == "failed" and words in str(reply["error"])

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import socket
 import struct
 from pathlib import Path
 
 import orjson
-from tracing_harness import Harness, KinetoClient, dyno_gputrace_bytes, legacy_call
+from tracing_harness import (
+    Harness,
+    KinetoClient,
+    dyno_gputrace_bytes,
+    frame,
+    legacy_call,
+    unframe,
+)
 
 from bpfdyno.core.config import load
 from bpfdyno.core.status import PartState
@@ -23,18 +29,6 @@ DYNO_STATUS = b'\x12\x00\x00\x00{"fn":"getStatus"}'
 DYNO_VERSION = b'\x13\x00\x00\x00{"fn":"getVersion"}'
 DYNO_DCGM_PAUSE = b'\x35\x00\x00\x00\n{\n    "fn": "dcgmProfPause",\n    "duration_s": 300\n}'
 DYNO_DCGM_RESUME = b'\x17\x00\x00\x00{"fn":"dcgmProfResume"}'
-
-
-def frame(obj: object) -> bytes:
-    body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
-    return struct.pack("<i", len(body)) + body
-
-
-def unframe(data: bytes) -> dict[str, object]:
-    (size,) = struct.unpack_from("<i", data)
-    assert len(data) == 4 + size, "exactly one reply frame, then the connection closes"
-    reply: dict[str, object] = orjson.loads(data[4:])
-    return reply
 
 
 async def test_dyno_status_version_and_dcgm_exact_bytes(harness: Harness) -> None:

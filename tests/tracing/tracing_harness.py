@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
+
 from bpfdyno.core.config import Config, load
 from bpfdyno.services.tracing import TracingService, TrainerView
 from bpfdyno.tracing.component import TracingComponent
@@ -268,3 +270,15 @@ class KinetoClient:
         self.sock.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+
+def frame(obj: object) -> bytes:
+    body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+    return struct.pack("<i", len(body)) + body
+
+
+def unframe(data: bytes) -> dict[str, object]:
+    (size,) = struct.unpack_from("<i", data)
+    assert len(data) == 4 + size, "exactly one reply frame, then the connection closes"
+    reply: dict[str, object] = orjson.loads(data[4:])
+    return reply

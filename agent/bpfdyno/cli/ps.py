@@ -1,14 +1,18 @@
-"""``bpfdyno ps``: the agent's process table, over gRPC (``Kernel.ListProcesses``)."""
+"""``bpfdyno ps``: the agent's process table, over gRPC (``Kernel.ListProcesses``).
+
+``--json`` writes the ``ListProcessesResponse`` with the .proto field names; fields that hold
+their default are written too, unknown values (an unset ``optional`` field) are left out.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-from typing import Any
 
 import grpc
-import orjson
 
+from bpfdyno.cli.output import message_dict, print_json
 from bpfdyno.client.connection import (
     EXIT_FAIL,
     EXIT_OK,
@@ -18,43 +22,59 @@ from bpfdyno.client.connection import (
     default_target,
     explain_rpc_error,
 )
-from bpfdyno.sources.procs.table import SORT_KEYS
+from bpfdyno.rpc.processes import (
+    DEFAULT_SORT,
+    FILTER_KEYS,
+    SORT_KEYS,
+    QueryError,
+    row_from_pb,
+    sort_key,
+)
+from bpfdyno.rpc.v1 import kernel_pb2, kernel_pb2_grpc
 
 
-def add_ps_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``ps`` subcommand to an ``add_subparsers()`` object; its handler is `cmd_ps`."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``ps`` to the ``bpfdyno`` command line."""
+    p = subparsers.add_parser(
         "ps", help="the most active processes, with CPU, scheduler, network and job columns"
     )
     add_target_argument(p)
     p.add_argument(
         "--sort",
-        default="activity",
-        choices=sorted(SORT_KEYS),
-        help="sort key (default: activity = CPU plus network traffic)",
+        default=DEFAULT_SORT,
+        type=_sort_word,
+        metavar="KEY",
+        help=f"sort key, one of {', '.join(k.name for k in SORT_KEYS)}, or a short name "
+        "(cpu, rss, net, retransmits, ...); default: activity = CPU plus network traffic",
     )
     p.add_argument("--limit", type=int, default=30, help="rows to show, 0 for all (default 30)")
     p.add_argument(
         "--filter",
         default="",
-        help="terms that must all match: pid=, user=, comm=, job=, container=, cgroup=, "
-        "or a word found in the command",
+        help="terms that must all match: "
+        + ", ".join(f"{k}=" for k in FILTER_KEYS)
+        + ", or a word found in the command",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=cmd_ps)
-    return p
+    p.set_defaults(handler=cmd_ps)
+
+
+def _sort_word(word: str) -> str:
+    """A ``--sort`` word the API knows, as given (the agent and the UI accept the same ones)."""
+    try:
+        sort_key(word)
+    except QueryError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return word
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
     """Run ``bpfdyno ps``; returns the exit status."""
-    from google.protobuf.json_format import MessageToDict
-
-    from bpfdyno.rpc.v1 import kernel_pb2, kernel_pb2_grpc
-
     if args.limit < 0:
         print("bpfdyno ps: --limit must be 0 (all) or positive", file=sys.stderr)
         return EXIT_USAGE
     target = args.target or default_target()
+    # The word as given, not its canonical form: an older agent knows only the older words.
     request = kernel_pb2.ListProcessesRequest(
         sort_by=args.sort, limit=args.limit, filter=args.filter
     )
@@ -66,10 +86,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
         code = e.code() if isinstance(e, grpc.Call) else None
         return EXIT_USAGE if code == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAIL
     if args.json:
-        obj = MessageToDict(
-            resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-        )
-        sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode() + "\n")
+        print_json(message_dict(resp, with_defaults=True))
         return EXIT_OK
     sys.stdout.write(format_table(resp))
     return EXIT_OK
@@ -89,24 +106,23 @@ _COLUMNS = (
 )
 
 
-def format_table(resp: Any) -> str:
+def format_table(resp: kernel_pb2.ListProcessesResponse) -> str:
     """A fixed-width table of a ``ListProcessesResponse`` ("-" marks unknown values)."""
     header = "".join(
         f"{name:>{w}} " if i != 1 else f"{name:<{w}} " for i, (name, w) in enumerate(_COLUMNS)
     )
     lines = [header + "COMMAND"]
-    for r in resp.processes:
+    for r in (row_from_pb(msg) for msg in resp.processes):
+        retx = r.tcp_retransmits_per_second
         cells = (
             str(r.pid),
             r.user[:10],
-            _pct(r, "cpu_ratio"),
+            _pct(r.cpu_ratio),
             human_bytes(r.rss_bytes),
-            _pct(r, "runq_wait_ratio"),
-            _rate(r, "tcp_tx_bytes_per_second"),
-            _rate(r, "tcp_rx_bytes_per_second"),
-            f"{r.tcp_retransmits_per_second:.1f}"
-            if r.HasField("tcp_retransmits_per_second")
-            else "-",
+            _pct(r.runq_wait_ratio),
+            _rate(r.tcp_tx_bytes_per_second),
+            _rate(r.tcp_rx_bytes_per_second),
+            "-" if math.isnan(retx) else f"{retx:.1f}",
             r.slurm_job_id or "-",
             r.container_id[:12] or "-",
         )
@@ -114,8 +130,7 @@ def format_table(resp: Any) -> str:
             f"{c:>{w}} " if i != 1 else f"{c:<{w}} "
             for i, (c, (_, w)) in enumerate(zip(cells, _COLUMNS, strict=True))
         )
-        pin = "*" if r.pinned else ""
-        lines.append(row + pin + (r.cmdline or f"[{r.comm}]")[:120])
+        lines.append(row + ("*" if r.pinned else "") + r.command[:120])
     footer = f"{len(resp.processes)} of {resp.total_processes} processes"
     if resp.unavailable:
         footer += "; unavailable: " + "; ".join(f"{k}: {v}" for k, v in resp.unavailable.items())
@@ -123,12 +138,12 @@ def format_table(resp: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _pct(row: Any, field: str) -> str:
-    return f"{100 * getattr(row, field):.1f}" if row.HasField(field) else "-"
+def _pct(ratio: float) -> str:
+    return "-" if math.isnan(ratio) else f"{100 * ratio:.1f}"
 
 
-def _rate(row: Any, field: str) -> str:
-    return human_bytes(getattr(row, field)) if row.HasField(field) else "-"
+def _rate(bytes_per_second: float) -> str:
+    return "-" if math.isnan(bytes_per_second) else human_bytes(bytes_per_second)
 
 
 def human_bytes(n: float) -> str:

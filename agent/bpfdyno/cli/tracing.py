@@ -5,6 +5,10 @@
 and ``--json``. Unlike dyno it prints only the files that will really be written — those of
 the processes that were triggered — with Kineto's real names, and when nothing matched it
 lists the registered trainers and why each did not match.
+
+``--json`` writes the API's messages with the .proto field names: ``trainers`` the
+``ListTrainersResponse``, ``gputrace`` ``{"request": StartTraceResponse}`` plus, with
+``--wait``, ``"trace": TraceStatus``.
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-import orjson
 
+from bpfdyno.cli.output import message_dict, print_json, report_rpc_error
 from bpfdyno.client.connection import (
     EXIT_FAIL,
     EXIT_OK,
@@ -25,53 +29,67 @@ from bpfdyno.client.connection import (
     add_target_argument,
     channel,
     default_target,
-    explain_rpc_error,
 )
+from bpfdyno.core.errors import InvalidArgument
+from bpfdyno.core.rules import pause_duration_s
+from bpfdyno.rpc.traces import TraceSpec, spec_to_pb
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
 
 #: How long `gputrace --wait` waits when --timeout is not given.
 DEFAULT_WAIT_S = 120.0
+#: dyno's defaults, which `TraceSpec` holds.
+_DEFAULT = TraceSpec()
 
-Handler = Callable[[argparse.Namespace], int]
 
-
-def add_subcommands(sub: Any) -> dict[str, Handler]:
-    """Register the tracing subcommands on an argparse subparsers object.
-
-    Args:
-        sub: the result of ``parser.add_subparsers()``.
-
-    Returns:
-        ``{command name: handler}``; a handler takes the parsed args and returns the exit code.
-    """
-    p = sub.add_parser("trainers", help="list the PyTorch processes registered for tracing")
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``trainers``, ``gputrace``, ``dcgm-pause`` and ``dcgm-resume`` to ``bpfdyno``."""
+    p = subparsers.add_parser("trainers", help="list the PyTorch processes registered for tracing")
     add_target_argument(p)
     p.add_argument("--job-id", type=int, default=None, help="only this job's trainers")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=cmd_trainers)
 
-    p = sub.add_parser(
+    p = subparsers.add_parser(
         "gputrace",
         help="trace PyTorch processes on demand (dyno gputrace flags, plus --wait)",
     )
     add_target_argument(p)
-    p.add_argument("--job-id", type=int, default=0, help="job id of the processes to trace")
-    p.add_argument("--pids", default="0", help="pids to trace, comma separated; 0 = all in job")
-    p.add_argument("--duration-ms", type=int, default=500, help="duration of the trace in ms")
     p.add_argument(
-        "--iterations", type=int, default=-1, help="trace this many iterations (> 0) instead"
+        "--job-id", type=int, default=_DEFAULT.job_id, help="job id of the processes to trace"
+    )
+    p.add_argument("--pids", default="0", help="pids to trace, comma separated; 0 = all in job")
+    p.add_argument(
+        "--duration-ms",
+        type=int,
+        default=_DEFAULT.duration_ms,
+        help="duration of the trace in ms",
+    )
+    p.add_argument(
+        "--iterations",
+        type=int,
+        default=_DEFAULT.iterations,
+        help="trace this many iterations (> 0) instead",
     )
     p.add_argument("--log-file", required=True, help="trace file (Kineto inserts _<pid>)")
     p.add_argument(
-        "--profile-start-time", type=int, default=0, help="epoch ms to start at (0 = ~7 s)"
+        "--profile-start-time",
+        type=int,
+        default=_DEFAULT.profile_start_time_ms,
+        help="epoch ms to start at (0 = ~7 s)",
     )
     p.add_argument(
         "--profile-start-iteration-roundup",
         type=int,
-        default=1,
+        default=_DEFAULT.profile_start_iteration_roundup,
         help="start an iteration trace at a multiple of this",
     )
-    p.add_argument("--process-limit", type=int, default=3, help="most processes to trace")
+    p.add_argument(
+        "--process-limit",
+        type=int,
+        default=_DEFAULT.process_limit,
+        help="most processes to trace",
+    )
     p.add_argument("--record-shapes", action="store_true", help="record operator input shapes")
     p.add_argument("--profile-memory", action="store_true", help="profile memory")
     p.add_argument("--with-stacks", action="store_true", help="record Python stacks")
@@ -90,35 +108,20 @@ def add_subcommands(sub: Any) -> dict[str, Handler]:
         help=f"seconds to follow the trace (default: {DEFAULT_WAIT_S:g} with --wait)",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=cmd_gputrace)
 
-    p = sub.add_parser("dcgm-pause", help="pause GPU profiling metrics (for Nsight and co.)")
+    p = subparsers.add_parser("dcgm-pause", help="pause GPU profiling metrics (for Nsight and co.)")
     add_target_argument(p)
     p.add_argument("--duration-s", type=int, default=300, help="seconds to pause")
+    p.set_defaults(handler=cmd_dcgm_pause)
 
-    p = sub.add_parser("dcgm-resume", help="resume GPU profiling metrics")
+    p = subparsers.add_parser("dcgm-resume", help="resume GPU profiling metrics")
     add_target_argument(p)
-    return {
-        "trainers": cmd_trainers,
-        "gputrace": cmd_gputrace,
-        "dcgm-pause": cmd_dcgm_pause,
-        "dcgm-resume": cmd_dcgm_resume,
-    }
+    p.set_defaults(handler=cmd_dcgm_resume)
 
 
 def _target(args: argparse.Namespace) -> str:
     return str(args.target or default_target())
-
-
-def _fail(e: grpc.RpcError, target: str) -> int:
-    print(f"bpfdyno: {explain_rpc_error(e, target)}", file=sys.stderr)
-    return EXIT_FAIL
-
-
-def _dict(msg: Any) -> dict[str, Any]:
-    from google.protobuf.json_format import MessageToDict
-
-    out: dict[str, Any] = MessageToDict(msg, preserving_proto_field_name=True)
-    return out
 
 
 def _state(value: int, enum: Any, prefix: str) -> str:
@@ -133,6 +136,7 @@ def _ago(ts: float) -> str:
 
 
 def cmd_trainers(args: argparse.Namespace) -> int:
+    """Run ``bpfdyno trainers``; returns the exit status."""
     target = _target(args)
     req = pb.ListTrainersRequest()
     if args.job_id is not None:
@@ -141,9 +145,9 @@ def cmd_trainers(args: argparse.Namespace) -> int:
         with channel(target) as ch:
             resp = pb_grpc.TracingStub(ch).ListTrainers(req, timeout=5)
     except grpc.RpcError as e:
-        return _fail(e, target)
+        return report_rpc_error(e, target)
     if args.json:
-        print(orjson.dumps(_dict(resp), option=orjson.OPT_INDENT_2).decode())
+        print_json(message_dict(resp))
         return EXIT_OK
     if not resp.trainers:
         print(_no_trainers_hint())
@@ -192,18 +196,16 @@ def _parse_pids(text: str) -> list[int]:
 
 
 def cmd_gputrace(args: argparse.Namespace) -> int:
+    """Run ``bpfdyno gputrace``; returns the exit status."""
     try:
         pids = _parse_pids(args.pids)
     except ValueError as e:
         print(f"bpfdyno: {e}", file=sys.stderr)
         return EXIT_USAGE
-    if args.duration_ms <= 0:
-        print("bpfdyno: --duration-ms must be more than 0", file=sys.stderr)
-        return EXIT_USAGE
+    # Durations, limits and paths are checked by the agent (the same rules for every entry
+    # point); a refusal comes back as INVALID_ARGUMENT and exits 2 below.
     wait_s = args.timeout if args.timeout is not None else DEFAULT_WAIT_S
-    req = pb.StartTraceRequest(
-        job_id=args.job_id,
-        pids=[] if pids == [0] else pids,
+    spec = TraceSpec(
         log_file=args.log_file,
         duration_ms=args.duration_ms,
         iterations=args.iterations,
@@ -215,6 +217,8 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
         with_flops=args.with_flops,
         with_modules=args.with_modules,
         process_limit=args.process_limit,
+        pids=() if pids == [0] else tuple(pids),
+        job_id=args.job_id,
         timeout_seconds=wait_s if (args.wait or args.timeout is not None) else 0.0,
     )
     target = _target(args)
@@ -222,7 +226,7 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
         with channel(target) as ch:
             stub = pb_grpc.TracingStub(ch)
             try:
-                resp = stub.StartTrace(req, timeout=10)
+                resp = stub.StartTrace(spec_to_pb(spec), timeout=10)
             except grpc.RpcError as e:
                 if isinstance(e, grpc.Call) and e.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     print(f"bpfdyno: trace request rejected: {e.details()}", file=sys.stderr)
@@ -234,12 +238,12 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
             if args.wait and resp.triggered:
                 final = _wait(stub, resp.trace_id, wait_s, quiet=args.json)
     except grpc.RpcError as e:
-        return _fail(e, target)
+        return report_rpc_error(e, target)
     if args.json:
-        out: dict[str, Any] = {"request": _dict(resp)}
+        out: dict[str, Any] = {"request": message_dict(resp)}
         if final is not None:
-            out["trace"] = _dict(final)
-        print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
+            out["trace"] = message_dict(final)
+        print_json(out)
     elif final is not None:
         print(format_final(final))
     if not resp.processes_matched and args.fail_on_no_process:
@@ -323,7 +327,7 @@ def _dcgm(args: argparse.Namespace, call: Callable[[pb_grpc.TracingStub], Any]) 
         with channel(target) as ch:
             resp = call(pb_grpc.TracingStub(ch))
     except grpc.RpcError as e:
-        return _fail(e, target)
+        return report_rpc_error(e, target)
     print(
         f"status: {'true' if resp.status else 'false'}"
         + (f" ({resp.reason})" if resp.reason else "")
@@ -332,8 +336,11 @@ def _dcgm(args: argparse.Namespace, call: Callable[[pb_grpc.TracingStub], Any]) 
 
 
 def cmd_dcgm_pause(args: argparse.Namespace) -> int:
-    if args.duration_s < 0:
-        print("bpfdyno: --duration-s must be 0 or more", file=sys.stderr)
+    """Run ``bpfdyno dcgm-pause``; returns the exit status."""
+    try:
+        pause_duration_s(args.duration_s)  # the agent's own rule: fail fast, same words
+    except InvalidArgument as e:
+        print(f"bpfdyno: {e}", file=sys.stderr)
         return EXIT_USAGE
     return _dcgm(
         args, lambda s: s.DcgmPause(pb.DcgmPauseRequest(duration_s=args.duration_s), timeout=5)
@@ -341,4 +348,5 @@ def cmd_dcgm_pause(args: argparse.Namespace) -> int:
 
 
 def cmd_dcgm_resume(args: argparse.Namespace) -> int:
+    """Run ``bpfdyno dcgm-resume``; returns the exit status."""
     return _dcgm(args, lambda s: s.DcgmResume(pb.DcgmResumeRequest(), timeout=5))

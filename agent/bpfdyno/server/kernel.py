@@ -8,56 +8,17 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from bpfdyno.core.events import KernelEvent
+from bpfdyno.rpc.processes import row_to_pb
 from bpfdyno.rpc.v1 import kernel_pb2 as pb
 from bpfdyno.rpc.v1 import kernel_pb2_grpc as pb_grpc
 from bpfdyno.server.errors import grpc_errors
 from bpfdyno.services.kernel import KernelService
 from bpfdyno.sources.net.decode import TcpConnection
-from bpfdyno.sources.procs.table import ProcessRow
 
 
 def _opt_float(value: float) -> float | None:
     """NaN (unknown) becomes an unset optional field."""
     return None if math.isnan(value) else value
-
-
-def process_to_pb(r: ProcessRow) -> pb.ProcessRow:
-    return pb.ProcessRow(
-        pid=r.pid,
-        ppid=r.ppid,
-        comm=r.comm,
-        cmdline=r.cmdline,
-        uid=r.uid,
-        user=r.user,
-        state=r.state,
-        num_threads=r.num_threads,
-        start_unix_seconds=0.0 if math.isnan(r.start_time_s) else r.start_time_s,
-        cpu_ratio=_opt_float(r.cpu_ratio),
-        rss_bytes=r.rss_bytes,
-        oncpu_ns=r.oncpu_ns,
-        offcpu_runnable_ns=r.offcpu_runnable_ns,
-        offcpu_blocked_ns=r.offcpu_blocked_ns,
-        runq_wait_ns=r.runq_wait_ns,
-        oncpu_ratio=_opt_float(r.oncpu_ratio),
-        runq_wait_ratio=_opt_float(r.runq_wait_ratio),
-        offcpu_blocked_ratio=_opt_float(r.offcpu_blocked_ratio),
-        tcp_tx_bytes=r.tcp_tx_bytes,
-        tcp_rx_bytes=r.tcp_rx_bytes,
-        udp_tx_bytes=r.udp_tx_bytes,
-        udp_rx_bytes=r.udp_rx_bytes,
-        tcp_retransmits=r.tcp_retransmits,
-        tcp_tx_bytes_per_second=_opt_float(r.tcp_tx_bytes_per_second),
-        tcp_rx_bytes_per_second=_opt_float(r.tcp_rx_bytes_per_second),
-        udp_tx_bytes_per_second=_opt_float(r.udp_tx_bytes_per_second),
-        udp_rx_bytes_per_second=_opt_float(r.udp_rx_bytes_per_second),
-        tcp_retransmits_per_second=_opt_float(r.tcp_retransmits_per_second),
-        cgroup=r.cgroup,
-        container_id=r.container_id,
-        k8s_pod_uid=r.k8s_pod_uid,
-        slurm_job_id=r.slurm_job_id,
-        gpu_memory_bytes=r.gpu_memory_bytes,
-        pinned=r.pinned,
-    )
 
 
 def connection_to_pb(c: TcpConnection) -> pb.TcpConnection:
@@ -105,7 +66,7 @@ class KernelServicer(pb_grpc.KernelServicer):
     ) -> pb.ListProcessesResponse:
         snap = self._svc.list_processes(request.sort_by, request.limit, request.filter)
         return pb.ListProcessesResponse(
-            processes=[process_to_pb(r) for r in snap.rows],
+            processes=[row_to_pb(r) for r in snap.rows],
             unix_seconds=snap.ts,
             total_processes=snap.total_processes,
             unavailable=dict(snap.unavailable),

@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from bpfdyno.rpc.traces import spec_from_pb
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
 from bpfdyno.server.errors import grpc_errors
 from bpfdyno.services.tracing import (
-    DEFAULT_PROCESS_LIMIT,
     SkippedProcess,
     TraceRequest,
     TracingService,
@@ -86,25 +86,29 @@ def _skipped(items: tuple[SkippedProcess, ...]) -> list[pb.SkippedProcess]:
 
 
 def request_from_pb(r: pb.StartTraceRequest) -> TraceRequest:
-    """The domain request for a StartTrace message (proto3 zero values mean "default")."""
+    """The domain request for a StartTrace message (proto3 zero values mean "default").
+
+    The one place where the client's `TraceSpec` becomes the Kineto `TraceOptions`.
+    """
+    spec = spec_from_pb(r)
     options = TraceOptions(
-        log_file=r.log_file,
-        duration_ms=r.duration_ms or 500,
-        iterations=r.iterations if r.iterations > 0 else -1,
-        start_time_ms=r.profile_start_time_ms,
-        start_iteration_roundup=r.profile_start_iteration_roundup or 1,
-        record_shapes=r.record_shapes,
-        profile_memory=r.profile_memory,
-        with_stacks=r.with_stacks,
-        with_flops=r.with_flops,
-        with_modules=r.with_modules,
+        log_file=spec.log_file,
+        duration_ms=spec.duration_ms,
+        iterations=spec.iterations,
+        start_time_ms=spec.profile_start_time_ms,
+        start_iteration_roundup=spec.profile_start_iteration_roundup,
+        record_shapes=spec.record_shapes,
+        profile_memory=spec.profile_memory,
+        with_stacks=spec.with_stacks,
+        with_flops=spec.with_flops,
+        with_modules=spec.with_modules,
     )
     return TraceRequest(
-        job_id=r.job_id,
-        pids=tuple(r.pids),
-        process_limit=r.process_limit if r.HasField("process_limit") else DEFAULT_PROCESS_LIMIT,
+        job_id=spec.job_id,
+        pids=spec.pids,
+        process_limit=spec.process_limit,
         options=options,
-        timeout_s=r.timeout_seconds,
+        timeout_s=spec.timeout_seconds,
     )
 
 

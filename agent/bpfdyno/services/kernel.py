@@ -7,23 +7,16 @@ something malformed) and `Unavailable` (the data source is not running here).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from bpfdyno.core.errors import InvalidArgument, Unavailable
 from bpfdyno.core.events import FlightRecorder, KernelEvent, Subscription
+from bpfdyno.rpc.processes import QueryError, filter_rows, parse_filter, sort_key, sort_rows
 from bpfdyno.sources.net.decode import TcpConnection
-from bpfdyno.sources.procs.table import (
-    SORT_KEYS,
-    ProcessRow,
-    ProcessSnapshot,
-    ProcessTable,
-    sort_rows,
-)
+from bpfdyno.sources.procs.table import ProcessSnapshot, ProcessTable
 
-#: Keys accepted in a ListProcesses filter term ``key=value``.
-FILTER_KEYS = ("pid", "user", "comm", "job", "container", "cgroup")
 MAX_STREAM_KINDS = 64
 
 
@@ -74,12 +67,13 @@ class KernelService:
         """
         if limit < 0:
             raise InvalidArgument(f"limit must be 0 (all) or positive, got {limit}")
-        key = sort_by or "activity"
-        if key not in SORT_KEYS:
-            raise InvalidArgument(
-                f"unknown sort key {sort_by!r}; use one of: {', '.join(sorted(SORT_KEYS))}"
-            )
-        match = parse_filter(filter)
+        # The filter and the sort key are checked before the table: a malformed request is
+        # reported as such even where the table is off.
+        try:
+            key = sort_key(sort_by).name
+            flt = parse_filter(filter)
+        except QueryError as e:
+            raise InvalidArgument(str(e)) from None
         if self._table is None:
             raise Unavailable(
                 "the process table is disabled; enable [collectors.procs] in the config"
@@ -87,7 +81,7 @@ class KernelService:
         snap = self._table.snapshot
         if snap.ts == 0:
             raise Unavailable("the process table has not been built yet; retry in a second")
-        rows = sort_rows([r for r in snap.rows if match(r)], key)
+        rows = sort_rows(filter_rows(snap.rows, flt), key)
         if limit:
             rows = rows[:limit]
         return replace(snap, rows=tuple(rows))
@@ -141,48 +135,3 @@ class KernelService:
         if len(kinds) > MAX_STREAM_KINDS:
             raise InvalidArgument(f"at most {MAX_STREAM_KINDS} kinds, got {len(kinds)}")
         return self._recorder.subscribe(set(kinds) or None, queue_size)
-
-
-def parse_filter(text: str) -> Callable[[ProcessRow], bool]:
-    """Compile a ListProcesses filter (see kernel.proto) into a row predicate.
-
-    Raises:
-        InvalidArgument: unknown key, empty value, or a non-numeric pid.
-    """
-    terms: list[tuple[str, str]] = []
-    for term in text.split():
-        key, sep, value = term.partition("=")
-        if not sep:
-            terms.append(("word", term.lower()))
-            continue
-        if key not in FILTER_KEYS:
-            raise InvalidArgument(
-                f"unknown filter key {key!r} in {term!r}; use {', '.join(FILTER_KEYS)} "
-                "(key=value) or a bare word"
-            )
-        if not value:
-            raise InvalidArgument(f"filter term {term!r} has no value; write {key}=VALUE")
-        if key == "pid" and not value.isdigit():
-            raise InvalidArgument(f"pid must be a number in {term!r}")
-        terms.append((key, value))
-
-    def match(row: ProcessRow) -> bool:
-        return all(_term_matches(row, key, value) for key, value in terms)
-
-    return match
-
-
-def _term_matches(r: ProcessRow, key: str, value: str) -> bool:
-    if key == "word":
-        return value in r.comm.lower() or value in r.cmdline.lower()
-    if key == "pid":
-        return r.pid == int(value)
-    if key == "user":
-        return r.user == value or str(r.uid) == value
-    if key == "comm":
-        return r.comm == value
-    if key == "job":
-        return r.slurm_job_id == value
-    if key == "container":
-        return bool(r.container_id) and r.container_id.startswith(value)
-    return value in r.cgroup  # cgroup

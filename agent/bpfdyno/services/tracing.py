@@ -38,7 +38,6 @@ from bpfdyno.tracing.config_text import (
 from bpfdyno.tracing.ipc.wire import KinetoContext, KinetoRequest
 from bpfdyno.tracing.paths import check_log_file, inserts_pid
 from bpfdyno.tracing.requests import (
-    DEFAULT_PROCESS_LIMIT,
     ROLE_NOTE,
     SkippedProcess,
     TraceRequest,
@@ -355,7 +354,6 @@ class TracingService:
 
 
 __all__ = [
-    "DEFAULT_PROCESS_LIMIT",
     "ProcState",
     "SkippedProcess",
     "TraceOptions",

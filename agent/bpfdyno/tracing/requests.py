@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bpfdyno.core.errors import InvalidArgument
+from bpfdyno.rpc.traces import DEFAULT_PROCESS_LIMIT
 from bpfdyno.tracing.config_text import CheckedConfig, TraceOptions
 from bpfdyno.tracing.ipc.wire import MAX_PID
 from bpfdyno.tracing.paths import default_output_path, kineto_output_path, memory_snapshot_path
@@ -15,8 +16,6 @@ from bpfdyno.tracing.roles import Role
 from bpfdyno.tracing.traces import OpenPart, ProcState
 from bpfdyno.tracing.trainers import Trainer
 
-#: The dyno CLI's default process limit (the legacy RPC's own default is 1000).
-DEFAULT_PROCESS_LIMIT = 3
 MAX_REQUEST_PIDS = 1024
 
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from bpfdyno.core.events import FlightRecorder
-from bpfdyno.services.kernel import InvalidArgument, KernelService, Unavailable, parse_filter
+from bpfdyno.rpc.processes import sort_rows
+from bpfdyno.services.kernel import InvalidArgument, KernelService, Unavailable
 from bpfdyno.sources.procs import pidfs as procinfo
-from bpfdyno.sources.procs.table import ProcessTable, sort_rows
+from bpfdyno.sources.procs.table import ProcessTable
 
 CLK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -181,7 +182,7 @@ def test_rows_join_every_source_with_exact_values(tmp_path: Path) -> None:
         0,
     )
     assert row.rss_bytes == 256 * PAGE
-    assert row.start_time_s == 1_700_000_000 + 50
+    assert row.start_unix_seconds == 1_700_000_000 + 50
     assert (row.container_id, row.slurm_job_id) == (DOCKER_ID, "1234")
     assert (row.oncpu_ns, row.offcpu_runnable_ns, row.offcpu_blocked_ns, row.runq_wait_ns) == (
         1_000_000_000,
@@ -318,9 +319,9 @@ def test_service_filters_sorts_and_limits(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="unknown filter key 'port'"):
         svc.list_processes(filter="port=80")
     with pytest.raises(InvalidArgument, match="pid must be a number"):
-        parse_filter("pid=abc")
+        svc.list_processes(filter="pid=abc")
     with pytest.raises(InvalidArgument, match="has no value"):
-        parse_filter("user=")
+        svc.list_processes(filter="user=")
     with pytest.raises(InvalidArgument, match="unknown sort key 'size'"):
         svc.list_processes(sort_by="size")
     with pytest.raises(InvalidArgument, match="limit must be"):

@@ -24,6 +24,7 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import Footer, TabbedContent, TabPane
 
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.tui.datasource import (
     DataSource,
     DataSourceError,
@@ -49,7 +50,6 @@ from bpfdyno.tui.messages import (
     TrainersUpdated,
 )
 from bpfdyno.tui.model import Connection, TopState
-from bpfdyno.tui.records import TraceRequest
 from bpfdyno.tui.screens.help import HelpScreen
 from bpfdyno.tui.screens.process import ProcessScreen
 from bpfdyno.tui.screens.trace import TraceScreen, TraceSubmitted
@@ -277,7 +277,7 @@ class TopApp(App[int]):
         self.post_message(TrainersUpdated(trainers))
 
     @work(exclusive=True, group="trace")
-    async def _follow_trace(self, request: TraceRequest) -> None:
+    async def _follow_trace(self, request: TraceSpec) -> None:
         """Send a trace request and follow it until every process is done."""
         try:
             status = await self.source.start_trace(request)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from bpfdyno.rpc.processes import row_from_pb
 from bpfdyno.rpc.v1 import agent_pb2, kernel_pb2
 from bpfdyno.tui.records import (
     AgentStatus,
@@ -12,7 +13,6 @@ from bpfdyno.tui.records import (
     MetricSpecInfo,
     MetricsRound,
     MetricValue,
-    ProcessInfo,
     ProcessTable,
     SeriesPoints,
 )
@@ -87,55 +87,11 @@ def round_from_pb(snap: agent_pb2.MetricsSnapshot) -> MetricsRound:
     return MetricsRound(ts=snap.unix_seconds, collector=snap.collector, values=values)
 
 
-def _opt_float(msg: kernel_pb2.ProcessRow, name: str) -> float:
-    """An optional double: NaN when unset (the source was unavailable)."""
-    return float(getattr(msg, name)) if msg.HasField(name) else math.nan
-
-
-def _opt_int(msg: kernel_pb2.ProcessRow, name: str) -> int | None:
-    return int(getattr(msg, name)) if msg.HasField(name) else None
-
-
-def process_from_pb(r: kernel_pb2.ProcessRow) -> ProcessInfo:
-    """One process table row; unset optional fields become NaN/None (unknown)."""
-    return ProcessInfo(
-        pid=r.pid,
-        comm=r.comm,
-        ppid=r.ppid,
-        cmdline=r.cmdline,
-        user=r.user,
-        state=r.state,
-        threads=r.num_threads,
-        start_ts=r.start_unix_seconds or math.nan,
-        cpu_ratio=_opt_float(r, "cpu_ratio"),
-        rss_bytes=r.rss_bytes,
-        oncpu_ratio=_opt_float(r, "oncpu_ratio"),
-        runq_wait_ratio=_opt_float(r, "runq_wait_ratio"),
-        offcpu_blocked_ratio=_opt_float(r, "offcpu_blocked_ratio"),
-        tcp_tx_bytes_per_second=_opt_float(r, "tcp_tx_bytes_per_second"),
-        tcp_rx_bytes_per_second=_opt_float(r, "tcp_rx_bytes_per_second"),
-        udp_tx_bytes_per_second=_opt_float(r, "udp_tx_bytes_per_second"),
-        udp_rx_bytes_per_second=_opt_float(r, "udp_rx_bytes_per_second"),
-        tcp_retransmits_per_second=_opt_float(r, "tcp_retransmits_per_second"),
-        tcp_tx_bytes=_opt_int(r, "tcp_tx_bytes"),
-        tcp_rx_bytes=_opt_int(r, "tcp_rx_bytes"),
-        tcp_retransmits=_opt_int(r, "tcp_retransmits"),
-        oncpu_ns=_opt_int(r, "oncpu_ns"),
-        runq_wait_ns=_opt_int(r, "runq_wait_ns"),
-        offcpu_blocked_ns=_opt_int(r, "offcpu_blocked_ns"),
-        gpu_memory_bytes=_opt_int(r, "gpu_memory_bytes"),
-        job_id=r.slurm_job_id,
-        container_id=r.container_id,
-        cgroup=r.cgroup,
-        pinned=r.pinned,
-    )
-
-
 def processes_from_pb(resp: kernel_pb2.ListProcessesResponse) -> ProcessTable:
     """The process table."""
     return ProcessTable(
         ts=resp.unix_seconds,
-        rows=tuple(process_from_pb(r) for r in resp.processes),
+        rows=tuple(row_from_pb(r) for r in resp.processes),
         total_processes=resp.total_processes,
         unavailable=tuple(sorted(resp.unavailable.items())),
     )

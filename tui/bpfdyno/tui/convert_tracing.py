@@ -1,9 +1,12 @@
-"""Tracing API messages <-> the UI's records. Translation only."""
+"""Tracing API messages -> the UI's records. Translation only.
+
+Requests go the other way through the API's own mapping, `bpfdyno.rpc.traces.spec_to_pb`.
+"""
 
 from __future__ import annotations
 
 from bpfdyno.rpc.v1 import tracing_pb2
-from bpfdyno.tui.records import TraceProcess, TraceRequest, TraceStatus, TrainerInfo
+from bpfdyno.tui.records import TraceProcess, TraceStatus, TrainerInfo
 
 _TRAINER_STATE = {
     tracing_pb2.TRAINER_STATE_IDLE: "idle",
@@ -43,23 +46,6 @@ def trainer_from_pb(t: tracing_pb2.Trainer) -> TrainerInfo:
         ancestors=tuple(t.ancestors),
         trace_id=t.trace_id,
         role=_ROLE.get(t.role, ""),
-    )
-
-
-def request_to_pb(r: TraceRequest) -> tracing_pb2.StartTraceRequest:
-    """The StartTrace message for a form's request."""
-    return tracing_pb2.StartTraceRequest(
-        job_id=int(r.job_id) if r.job_id else 0,
-        pids=list(r.pids),
-        log_file=r.log_file,
-        duration_ms=r.duration_ms or 0,
-        iterations=r.iterations or 0,
-        record_shapes=r.record_shapes,
-        profile_memory=r.profile_memory,
-        with_stacks=r.with_stacks,
-        with_flops=r.with_flops,
-        with_modules=r.with_modules,
-        process_limit=r.process_limit,
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.tui.errors import DataSourceError, Disconnected, RequestFailed, ServiceUnavailable
 from bpfdyno.tui.grpc_source import GrpcDataSource
 from bpfdyno.tui.recorded import RecordedDataSource
@@ -26,7 +27,6 @@ from bpfdyno.tui.records import (
     MetricsRound,
     ProcessTable,
     SeriesPoints,
-    TraceRequest,
     TraceStatus,
     TrainerInfo,
 )
@@ -76,7 +76,7 @@ class DataSource(Protocol):
         """
         ...
 
-    async def start_trace(self, request: TraceRequest) -> TraceStatus:
+    async def start_trace(self, request: TraceSpec) -> TraceStatus:
         """Ask for a trace; the answer says which processes were triggered.
 
         Raises:

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from bpfdyno.client.connection import ClientSetupError, aio_channel, unreachable_message
+from bpfdyno.rpc.traces import TraceSpec, spec_to_pb
 from bpfdyno.rpc.v1 import (
     agent_pb2,
     agent_pb2_grpc,
@@ -35,7 +36,6 @@ from bpfdyno.tui.records import (
     MetricsRound,
     ProcessTable,
     SeriesPoints,
-    TraceRequest,
     TraceStatus,
     TrainerInfo,
 )
@@ -191,12 +191,10 @@ class GrpcDataSource:
             raise self._error(e, "Tracing") from None
         return [convert_tracing.trainer_from_pb(t) for t in resp.trainers]
 
-    async def start_trace(self, request: TraceRequest) -> TraceStatus:
+    async def start_trace(self, request: TraceSpec) -> TraceStatus:
         """Ask for a trace; the answer lists who was triggered, with their file names."""
         try:
-            resp = await self._tracing().StartTrace(
-                convert_tracing.request_to_pb(request), timeout=self._timeout
-            )
+            resp = await self._tracing().StartTrace(spec_to_pb(request), timeout=self._timeout)
         except grpc.RpcError as e:
             raise self._error(e, "Tracing") from None
         return convert_tracing.started_from_pb(resp)

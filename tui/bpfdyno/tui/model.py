@@ -1,15 +1,16 @@
-"""Pure derived data for the UI: metric history, process sorting and filtering, event log.
+"""Pure derived data for the UI: metric history, a process's history, event log, app state.
 
 Nothing here does I/O or touches a widget, so every rule is testable with hand-made records.
 The app owns one `TopState`; messages from the data workers update it and the refresh tick
-renders the visible view from it.
+renders the visible view from it. Processes are sorted and filtered with the agent's own
+rules and words (`bpfdyno.rpc.processes`), so ``bpfdyno ps`` and the UI agree.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from bpfdyno.tui.fmt import fmt_value, unit_from_name
@@ -19,7 +20,6 @@ from bpfdyno.tui.records import (
     Labels,
     MetricSpecInfo,
     MetricsRound,
-    ProcessInfo,
     ProcessTable,
     SeriesPoints,
     TraceStatus,
@@ -150,163 +150,6 @@ def natural_key(text: str) -> tuple[int, int | str]:
 # -- processes ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class SortColumn:
-    """A column the process table can be sorted by."""
-
-    key: str
-    title: str
-    value: Callable[[ProcessInfo], float | str | None]
-    descending: bool = True
-
-
-def _num(value: float | int | None) -> float | None:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return float(value)
-
-
-#: The process table's columns in display order; each can be the sort key.
-PROCESS_COLUMNS: tuple[SortColumn, ...] = (
-    SortColumn("pid", "PID", lambda r: r.pid, descending=False),
-    SortColumn("user", "USER", lambda r: r.user or None, descending=False),
-    SortColumn("cpu", "CPU%", lambda r: _num(r.cpu_ratio)),
-    SortColumn("rss", "RSS", lambda r: _num(r.rss_bytes)),
-    SortColumn("oncpu", "ONCPU", lambda r: _num(r.oncpu_ratio)),
-    SortColumn("runq", "RUNQ", lambda r: _num(r.runq_wait_ratio)),
-    SortColumn("offcpu", "BLOCK", lambda r: _num(r.offcpu_blocked_ratio)),
-    SortColumn("tx", "TCP TX/s", lambda r: _num(r.tcp_tx_bytes_per_second)),
-    SortColumn("rx", "TCP RX/s", lambda r: _num(r.tcp_rx_bytes_per_second)),
-    SortColumn("retx", "RETX/s", lambda r: _num(r.tcp_retransmits_per_second)),
-    SortColumn("gpu", "GPU MEM", lambda r: _num(r.gpu_memory_bytes)),
-    SortColumn("job", "JOB", lambda r: r.job_id or None, descending=False),
-    SortColumn("command", "COMMAND", lambda r: r.command, descending=False),
-)
-SORT_BY_KEY = {c.key: c for c in PROCESS_COLUMNS}
-
-
-def sort_processes(
-    rows: Iterable[ProcessInfo], key: str, descending: bool | None = None
-) -> list[ProcessInfo]:
-    """Rows ordered by a column; unknown values always last; ties broken by pid.
-
-    Args:
-        rows: the processes.
-        key: one of `PROCESS_COLUMNS`' keys.
-        descending: direction; None uses the column's natural one (big numbers first).
-
-    Raises:
-        ValueError: unknown column key (the message lists the known ones).
-    """
-    col = SORT_BY_KEY.get(key)
-    if col is None:
-        raise ValueError(f"unknown sort column {key!r}; use one of {', '.join(SORT_BY_KEY)}")
-    desc = col.descending if descending is None else descending
-    known: list[tuple[float | str, ProcessInfo]] = []
-    unknown: list[ProcessInfo] = []
-    for r in rows:
-        v = col.value(r)
-        if v is None:
-            unknown.append(r)
-        else:
-            known.append((v, r))
-    # Two stable sorts: by pid first, then by the value, keeps ties in pid order.
-    known.sort(key=lambda kv: kv[1].pid)
-    known.sort(key=lambda kv: kv[0], reverse=desc)
-    unknown.sort(key=lambda r: r.pid)
-    return [r for _, r in known] + unknown
-
-
-class FilterError(ValueError):
-    """A filter expression the table cannot apply; the message says how to write it."""
-
-
-#: Keys of ``key=value`` filter terms: the same language as the agent's ListProcesses filter
-#: (and ``bpfdyno ps --filter``), so one syntax works everywhere.
-FILTER_KEYS = ("pid", "user", "comm", "job", "container", "cgroup")
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessFilter:
-    """A parsed filter: every term must hold (AND)."""
-
-    words: tuple[str, ...] = ()
-    fields: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def empty(self) -> bool:
-        """Whether the filter lets every row through."""
-        return not self.words and not self.fields
-
-    def matches(self, row: ProcessInfo) -> bool:
-        """Whether ``row`` passes every term."""
-        for key, value in self.fields:
-            if key == "pid":
-                ok = str(row.pid) == value
-            elif key == "user":
-                ok = row.user == value
-            elif key == "comm":
-                ok = row.comm == value
-            elif key == "job":
-                ok = row.job_id == value
-            elif key == "container":
-                ok = bool(row.container_id) and row.container_id.startswith(value)
-            else:  # cgroup
-                ok = value in row.cgroup
-            if not ok:
-                return False
-        for word in self.words:
-            if word not in row.comm.lower() and word not in row.cmdline.lower():
-                return False
-        return True
-
-
-def parse_filter(text: str) -> ProcessFilter:
-    """Parse ``python job=1234 user=alice``: ``key=value`` terms and bare words.
-
-    Keys match exactly (``container`` by prefix, ``cgroup`` by substring); a bare word
-    matches the command name or line, case-insensitively.
-
-    Raises:
-        FilterError: an unknown key, an empty value or a non-numeric pid, with the fix.
-    """
-    words: list[str] = []
-    fields: list[tuple[str, str]] = []
-    for term in text.split():
-        key, sep, value = term.partition("=")
-        if not sep:
-            words.append(term.lower())
-            continue
-        if key not in FILTER_KEYS:
-            raise FilterError(
-                f"unknown filter key {key!r}: use {', '.join(k + '=' for k in FILTER_KEYS)} "
-                "or bare words"
-            )
-        if not value:
-            raise FilterError(f"{key}= needs a value, e.g. {key}={_EXAMPLES[key]}")
-        if key == "pid" and not value.isdigit():
-            raise FilterError(f"pid={value} is not a process id; write pid=1234")
-        fields.append((key, value))
-    return ProcessFilter(tuple(words), tuple(fields))
-
-
-_EXAMPLES = {
-    "pid": "1234",
-    "user": "alice",
-    "comm": "python",
-    "job": "5678",
-    "container": "3f2a",
-    "cgroup": "slurm",
-}
-
-
-def filter_processes(rows: Iterable[ProcessInfo], flt: ProcessFilter) -> list[ProcessInfo]:
-    """The rows that pass ``flt``."""
-    if flt.empty:
-        return list(rows)
-    return [r for r in rows if flt.matches(r)]
-
-
 class ProcessHistory:
     """A few values of one process over successive tables, for the detail view."""
 
@@ -329,7 +172,7 @@ class ProcessHistory:
             self.net.append(NAN)
             return
         self.cpu.append(row.cpu_ratio)
-        self.rss.append(NAN if row.rss_bytes is None else float(row.rss_bytes))
+        self.rss.append(float(row.rss_bytes))
         self.net.append(row.tcp_tx_bytes_per_second + row.tcp_rx_bytes_per_second)
 
 

@@ -3,7 +3,7 @@
 A recording is one JSON object (written by `bpfdyno.tui.recorder` from a live agent, or by
 hand)::
 
-    {"format": "bpfdyno-top-recording", "version": 1, "interval_s": 1.0,
+    {"format": "bpfdyno-top-recording", "version": 2, "interval_s": 1.0,
      "status": {...AgentStatus...}, "specs": [...MetricSpecInfo...],
      "history": [...SeriesPoints...],
      "frames": [{"ts": 1700000000.0,
@@ -18,6 +18,9 @@ without ``status``/``processes``/``trainers`` keeps the previous one. With ``loo
 frames start over with their timestamps shifted forward, so time keeps increasing. A
 ``trace`` list is the sequence of states the next trace request goes through.
 
+Process rows are the API's `bpfdyno.rpc.processes.ProcessRow`. Version 1 recordings, made
+before the UI took that record, are read too: three of their row fields had other names.
+
 `disconnect` and `reconnect` make the replay behave like an agent going away and coming back.
 """
 
@@ -31,6 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.tui.codec import RecordingError, decode
 from bpfdyno.tui.errors import Disconnected, RequestFailed, ServiceUnavailable
 from bpfdyno.tui.records import (
@@ -40,13 +44,18 @@ from bpfdyno.tui.records import (
     MetricsRound,
     ProcessTable,
     SeriesPoints,
-    TraceRequest,
     TraceStatus,
     TrainerInfo,
 )
 
 FORMAT = "bpfdyno-top-recording"
-VERSION = 1
+VERSION = 2
+#: Process row fields of version 1 recordings, by their version 2 names.
+_V1_PROCESS_FIELDS = {
+    "num_threads": "threads",
+    "start_unix_seconds": "start_ts",
+    "slurm_job_id": "job_id",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +91,12 @@ def parse_recording(obj: Any) -> Recording:
     """
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise RecordingError(f'not a bpfdyno top recording: expected "format": "{FORMAT}"')
-    if obj.get("version") != VERSION:
+    if obj.get("version") == 1:
+        obj = _from_version_1(obj)
+    elif obj.get("version") != VERSION:
         raise RecordingError(
             f"recording version {obj.get('version')!r} is not supported; this build reads "
-            f"version {VERSION} (record it again with this bpfdyno)"
+            f"versions 1 and {VERSION} (record it again with this bpfdyno)"
         )
     for key in ("status", "frames"):
         if key not in obj:
@@ -96,6 +107,30 @@ def parse_recording(obj: Any) -> Recording:
     if rec.interval_s <= 0:
         raise RecordingError(f"interval_s must be positive, got {rec.interval_s}")
     return rec
+
+
+def _from_version_1(obj: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 recording in version 2's shape: its process rows' fields renamed.
+
+    Version 1 rows could leave the thread count and RSS unknown (null); version 2 rows
+    always have them, as the agent always sends them, so a null becomes the default.
+    """
+    frames = []
+    for frame in obj.get("frames", []):
+        table = frame.get("processes") if isinstance(frame, dict) else None
+        if isinstance(table, dict) and isinstance(table.get("rows"), list):
+            rows = [_row_from_version_1(r) if isinstance(r, dict) else r for r in table["rows"]]
+            frame = {**frame, "processes": {**table, "rows": rows}}
+        frames.append(frame)
+    return {**obj, "frames": frames}
+
+
+def _row_from_version_1(row: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in row.items() if not (k in ("threads", "rss_bytes") and v is None)}
+    for new, old in _V1_PROCESS_FIELDS.items():
+        if old in out:
+            out[new] = out.pop(old)
+    return out
 
 
 def load_recording(path: Path) -> Recording:
@@ -140,7 +175,7 @@ class RecordedDataSource:
         self._status = recording.status
         self._restarts = 0
         #: Every trace request received, in order (what a test or demo asked for).
-        self.trace_requests: list[TraceRequest] = []
+        self.trace_requests: list[TraceSpec] = []
 
     @classmethod
     def from_file(cls, path: Path, speed: float = 1.0, loop: bool = True) -> RecordedDataSource:
@@ -252,7 +287,7 @@ class RecordedDataSource:
         table: ProcessTable | None = self._latest("processes")
         if table is None:
             raise ServiceUnavailable("this recording holds no process table")
-        rows = [r for r in table.rows if not job_id or r.job_id == job_id]
+        rows = [r for r in table.rows if not job_id or r.slurm_job_id == job_id]
         return replace(table, ts=table.ts + self._shift(), rows=tuple(rows[:limit]))
 
     async def trainers(self) -> list[TrainerInfo]:
@@ -266,7 +301,7 @@ class RecordedDataSource:
             for t in trainers or ()
         ]
 
-    async def start_trace(self, request: TraceRequest) -> TraceStatus:
+    async def start_trace(self, request: TraceSpec) -> TraceStatus:
         """Record the request and answer with the recording's first trace state."""
         self._check()
         self._unavailable("trainers")

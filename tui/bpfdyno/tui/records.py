@@ -4,12 +4,17 @@ The UI never sees protobuf messages, psutil objects or anything live: every data
 (gRPC, a recording) converts what it receives into these frozen dataclasses, so screens and
 the pure model can be tested with hand-made values. A value that is not known is NaN (floats)
 or None (counts), never 0.
+
+Process rows and trace requests are the API's own records (`bpfdyno.rpc.processes.ProcessRow`,
+`bpfdyno.rpc.traces.TraceSpec`): the agent and the UI share one vocabulary for them.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from bpfdyno.rpc.processes import ProcessRow
 
 NAN = float("nan")
 
@@ -104,50 +109,6 @@ class MetricsRound:
 
 
 @dataclass(frozen=True, slots=True)
-class ProcessInfo:
-    """One row of the agent's process table.
-
-    Rates and ratios are over the agent's last refresh interval; cumulative counters are
-    since the agent first saw the process.
-    """
-
-    pid: int
-    comm: str
-    ppid: int = 0
-    cmdline: str = ""
-    user: str = ""
-    state: str = ""
-    threads: int | None = None
-    start_ts: float = NAN
-    cpu_ratio: float = NAN
-    rss_bytes: int | None = None
-    oncpu_ratio: float = NAN
-    runq_wait_ratio: float = NAN
-    offcpu_blocked_ratio: float = NAN
-    tcp_tx_bytes_per_second: float = NAN
-    tcp_rx_bytes_per_second: float = NAN
-    udp_tx_bytes_per_second: float = NAN
-    udp_rx_bytes_per_second: float = NAN
-    tcp_retransmits_per_second: float = NAN
-    tcp_tx_bytes: int | None = None
-    tcp_rx_bytes: int | None = None
-    tcp_retransmits: int | None = None
-    oncpu_ns: int | None = None
-    runq_wait_ns: int | None = None
-    offcpu_blocked_ns: int | None = None
-    gpu_memory_bytes: int | None = None
-    job_id: str = ""
-    container_id: str = ""
-    cgroup: str = ""
-    pinned: bool = False
-
-    @property
-    def command(self) -> str:
-        """The command line, or the kernel's short name for kernel threads."""
-        return self.cmdline or f"[{self.comm}]"
-
-
-@dataclass(frozen=True, slots=True)
 class ProcessTable:
     """A process table snapshot.
 
@@ -159,7 +120,7 @@ class ProcessTable:
     """
 
     ts: float
-    rows: tuple[ProcessInfo, ...]
+    rows: tuple[ProcessRow, ...]
     total_processes: int
     unavailable: tuple[tuple[str, str], ...] = ()
 
@@ -177,31 +138,6 @@ class TrainerInfo:
     ancestors: tuple[int, ...] = ()
     trace_id: str = ""
     role: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRequest:
-    """What the trace form asks the agent for.
-
-    Exactly one of ``duration_ms`` and ``iterations`` is set; ``pids`` and/or ``job_id``
-    select the processes.
-    """
-
-    log_file: str
-    pids: tuple[int, ...] = ()
-    job_id: str = ""
-    duration_ms: int | None = None
-    iterations: int | None = None
-    process_limit: int = 3
-    record_shapes: bool = False
-    profile_memory: bool = False
-    with_stacks: bool = False
-    with_flops: bool = False
-    with_modules: bool = False
-
-    def __post_init__(self) -> None:
-        if (self.duration_ms is None) == (self.iterations is None):
-            raise ValueError("give either a duration in ms or a number of iterations, not both")
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,15 +11,15 @@ Memory stays flat under process churn: the per-pid caches hold only pids that we
 the last refresh (and details only for rows shown, with a hard cap), so thousands of
 short-lived processes leave nothing behind.
 
-"Activity", which picks the rows, is ``cpu_ratio + net_bytes_per_second / 125e6``: a process
-keeping one core busy and one moving 1 Gbit/s count the same.
+The rows are `bpfdyno.rpc.processes.ProcessRow`, the API's own vocabulary. "Activity", which
+picks them, is `bpfdyno.rpc.processes.activity`: a process keeping one core busy and one
+moving 1 Gbit/s count the same.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
-import math
 import os
 import pwd
 import time
@@ -28,13 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from bpfdyno.rpc.processes import ProcessRow, activity
 from bpfdyno.sources.procs import pidfs as procinfo
 
 log = logging.getLogger(__name__)
 
 NAN = float("nan")
-#: Bytes per second that count as much activity as one busy core (1 Gbit/s).
-NET_ACTIVITY_SCALE = 125e6
 DEFAULT_TOP_N = 200
 
 
@@ -69,97 +68,6 @@ class NetCounters(Protocol):
 T = TypeVar("T")
 #: Returns per-pid values, or None when the source is unavailable (its columns become unknown).
 Provider = Callable[[], Mapping[int, T] | None]
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessRow:
-    """One process in a snapshot. Unknown values are NaN (floats) or None (counts)."""
-
-    pid: int
-    ppid: int
-    comm: str
-    cmdline: str
-    uid: int | None
-    user: str
-    state: str
-    num_threads: int
-    start_time_s: float  # wall-clock epoch seconds
-    cpu_ratio: float  # CPU time / wall time over the last interval (>1: several cores)
-    rss_bytes: int
-    oncpu_ns: int | None  # cumulative, from the sched collector
-    offcpu_runnable_ns: int | None
-    offcpu_blocked_ns: int | None
-    runq_wait_ns: int | None
-    oncpu_ratio: float  # over the last interval
-    runq_wait_ratio: float
-    offcpu_blocked_ratio: float
-    tcp_tx_bytes: int | None  # cumulative, from the net collector
-    tcp_rx_bytes: int | None
-    udp_tx_bytes: int | None
-    udp_rx_bytes: int | None
-    tcp_retransmits: int | None
-    tcp_tx_bytes_per_second: float
-    tcp_rx_bytes_per_second: float
-    udp_tx_bytes_per_second: float
-    udp_rx_bytes_per_second: float
-    tcp_retransmits_per_second: float
-    cgroup: str
-    container_id: str
-    k8s_pod_uid: str
-    slurm_job_id: str
-    gpu_memory_bytes: int | None
-    pinned: bool
-    activity: float
-
-    @property
-    def net_bytes_per_second(self) -> float:
-        """All TCP and UDP traffic of the process, both directions (NaN if unknown)."""
-        return (
-            self.tcp_tx_bytes_per_second
-            + self.tcp_rx_bytes_per_second
-            + self.udp_tx_bytes_per_second
-            + self.udp_rx_bytes_per_second
-        )
-
-
-def _nan_last(value: float) -> float:
-    return -math.inf if math.isnan(value) else value
-
-
-def _opt(value: int | None) -> float:
-    return -math.inf if value is None else float(value)
-
-
-#: Sort keys: name -> (key function, descending by default).
-SORT_KEYS: dict[str, tuple[Callable[[ProcessRow], float | str | int], bool]] = {
-    "activity": (lambda r: _nan_last(r.activity), True),
-    "cpu": (lambda r: _nan_last(r.cpu_ratio), True),
-    "rss": (lambda r: r.rss_bytes, True),
-    "net": (lambda r: _nan_last(r.net_bytes_per_second), True),
-    "retransmits": (lambda r: _nan_last(r.tcp_retransmits_per_second), True),
-    "runq": (lambda r: _nan_last(r.runq_wait_ratio), True),
-    "oncpu": (lambda r: _nan_last(r.oncpu_ratio), True),
-    "gpu_memory": (lambda r: _opt(r.gpu_memory_bytes), True),
-    "pid": (lambda r: r.pid, False),
-    "comm": (lambda r: r.comm, False),
-    "user": (lambda r: r.user, False),
-}
-
-
-def sort_rows(rows: Collection[ProcessRow], key: str = "activity") -> list[ProcessRow]:
-    """Rows ordered by one of `SORT_KEYS` (unknown values last), ties broken by pid.
-
-    Raises:
-        ValueError: ``key`` is not a known sort key (the message lists them).
-    """
-    try:
-        fn, descending = SORT_KEYS[key]
-    except KeyError:
-        raise ValueError(
-            f"unknown sort key {key!r}; use one of: {', '.join(sorted(SORT_KEYS))}"
-        ) from None
-    by_pid = sorted(rows, key=lambda r: r.pid)
-    return sorted(by_pid, key=fn, reverse=descending)
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,9 +251,7 @@ class ProcessTable:
                 before = prev.net
                 r = tuple(max(0, a - b) / interval for a, b in zip(totals, before, strict=True))
                 m.net_rates = (r[0], r[1], r[2], r[3], r[4])
-        cpu = 0.0 if math.isnan(m.cpu_ratio) else m.cpu_ratio
-        net_bps = sum(m.net_rates[:4])
-        m.activity = cpu + (0.0 if math.isnan(net_bps) else net_bps / NET_ACTIVITY_SCALE)
+        m.activity = activity(m.cpu_ratio, sum(m.net_rates[:4]))
         return m
 
     def _choose(self, measured: Mapping[int, _Measured], pinned: Collection[int]) -> list[int]:
@@ -448,7 +354,7 @@ class ProcessTable:
             user=self._user_name(d.uid),
             state=st.state,
             num_threads=st.num_threads,
-            start_time_s=NAN if boot is None else boot + st.start_ticks / self._clk_tck,
+            start_unix_seconds=NAN if boot is None else boot + st.start_ticks / self._clk_tck,
             cpu_ratio=m.cpu_ratio,
             rss_bytes=st.rss_pages * self._page_size,
             oncpu_ns=None if s is None else s[0],
@@ -474,7 +380,6 @@ class ProcessTable:
             slurm_job_id=d.slurm_job_id,
             gpu_memory_bytes=gpu_bytes,
             pinned=pinned,
-            activity=m.activity,
         )
 
     # -- providers ----------------------------------------------------------------------------

@@ -13,17 +13,17 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from bpfdyno.rpc.processes import ProcessRow
 from bpfdyno.tui.fmt import fmt_bytes, fmt_clock, fmt_percent, fmt_si, sparkline
 from bpfdyno.tui.messages import OpenTraceForm
 from bpfdyno.tui.model import ProcessHistory, TopState
-from bpfdyno.tui.records import ProcessInfo
 
 
 def _secs(ns: int | None) -> str:
     return "-" if ns is None else f"{ns / 1e9:.1f}s"
 
 
-def process_details(row: ProcessInfo, history: ProcessHistory, width: int) -> Table:
+def process_details(row: ProcessRow, history: ProcessHistory, width: int) -> Table:
     """The detail table of one process, with sparklines ``width``-aware."""
     # As wide as the history so far (it grows to the right), at most what fits.
     spark_w = max(1, min(60, width - 30, len(history.cpu)))
@@ -36,13 +36,13 @@ def process_details(row: ProcessInfo, history: ProcessHistory, width: int) -> Ta
         "process",
         Text(
             f"pid {row.pid} · parent {row.ppid} · user {row.user or '-'} · state {row.state or '-'}"
-            f" · threads {fmt_si(row.threads)} · started {fmt_clock(row.start_ts)}"
+            f" · threads {fmt_si(row.num_threads)} · started {fmt_clock(row.start_unix_seconds)}"
         ),
     )
     t.add_row(
         "placement",
         Text(
-            f"job {row.job_id or '-'} · container {row.container_id[:12] or '-'}"
+            f"job {row.slurm_job_id or '-'} · container {row.container_id[:12] or '-'}"
             f" · cgroup {row.cgroup or '-'}"
         ),
     )
@@ -91,7 +91,7 @@ class ProcessScreen(Screen[None]):
         super().__init__()
         self.pid = pid
         self.history = ProcessHistory(pid)
-        self._row: ProcessInfo | None = None
+        self._row: ProcessRow | None = None
         # Made here, not queried: the app may render into them before they are mounted.
         self._title = Static("", id="process-title")
         self._body = Static("", id="process-body")
@@ -135,5 +135,5 @@ class ProcessScreen(Screen[None]):
 
     def action_trace(self) -> None:
         """Open the trace form for this process."""
-        job = self._row.job_id if self._row is not None else ""
+        job = self._row.slurm_job_id if self._row is not None else ""
         self.post_message(OpenTraceForm(pids=(self.pid,), job_id=job))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 from rich.console import Group
@@ -21,10 +22,11 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, RadioButton, RadioSet, Static
 
-from bpfdyno.tui.records import TraceRequest, TraceStatus
+from bpfdyno.rpc.traces import DEFAULT_DURATION_MS, DEFAULT_PROCESS_LIMIT, TraceSpec
+from bpfdyno.tui.records import TraceStatus
 from bpfdyno.tui.widgets.trainers import trace_summary, trace_table
 
-#: Profiler options: (checkbox id, label, TraceRequest field).
+#: Profiler options: (checkbox id, label, TraceSpec field).
 OPTIONS = (
     ("opt-shapes", "shapes", "record_shapes"),
     ("opt-memory", "memory", "profile_memory"),
@@ -32,9 +34,8 @@ OPTIONS = (
     ("opt-flops", "flops", "with_flops"),
     ("opt-modules", "modules", "with_modules"),
 )
-DEFAULT_DURATION_MS = 500
+#: The amount the form suggests when switched to iterations.
 DEFAULT_ITERATIONS = 5
-DEFAULT_PROCESS_LIMIT = 3
 
 
 class FormError(ValueError):
@@ -61,7 +62,7 @@ def parse_trace_form(
     log_file: str,
     process_limit: str,
     options: Sequence[str] = (),
-) -> TraceRequest:
+) -> TraceSpec:
     """Build a trace request from the form's texts.
 
     Args:
@@ -71,7 +72,7 @@ def parse_trace_form(
         amount: the duration in ms or the number of iterations.
         log_file: absolute path of the trace file ending in ``.json``.
         process_limit: most processes to trace.
-        options: the TraceRequest option fields to turn on (``record_shapes``...).
+        options: the TraceSpec option fields to turn on (``record_shapes``...).
 
     Raises:
         FormError: the first invalid field, with what to enter instead.
@@ -98,21 +99,16 @@ def parse_trace_form(
         )
     limit = _positive_int(process_limit, "Process limit", "3")
     flags = {field: field in options for _, _, field in OPTIONS}
-    return TraceRequest(
-        log_file=path,
-        pids=tuple(pid_list),
-        job_id=job,
-        duration_ms=n if mode == "duration" else None,
-        iterations=n if mode == "iterations" else None,
-        process_limit=limit,
-        **flags,
+    spec = TraceSpec(
+        log_file=path, pids=tuple(pid_list), job_id=int(job or 0), process_limit=limit, **flags
     )
+    return replace(spec, duration_ms=n) if mode == "duration" else replace(spec, iterations=n)
 
 
 class TraceSubmitted(Message):
     """The form was filled in correctly; the app should send ``request``."""
 
-    def __init__(self, request: TraceRequest) -> None:
+    def __init__(self, request: TraceSpec) -> None:
         super().__init__()
         self.request = request
 

@@ -8,6 +8,7 @@ agent's own (``bpfdyno ps --filter``): ``key=value`` terms and bare words.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from rich.text import Text
@@ -16,80 +17,128 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.widgets import Input, Static
 
+from bpfdyno.rpc.processes import (
+    FILTER_KEYS,
+    ProcessFilter,
+    ProcessRow,
+    QueryError,
+    filter_rows,
+    parse_filter,
+    sort_key,
+    sort_rows,
+)
 from bpfdyno.tui.fmt import fmt_bytes, fmt_percent, fmt_si
 from bpfdyno.tui.messages import OpenProcess, OpenTraceForm
-from bpfdyno.tui.model import (
-    PROCESS_COLUMNS,
-    FilterError,
-    ProcessFilter,
-    TopState,
-    filter_processes,
-    parse_filter,
-    sort_processes,
-)
-from bpfdyno.tui.records import ProcessInfo
+from bpfdyno.tui.model import TopState
 from bpfdyno.tui.widgets.table import Column, FastTable
 
-_CELLS: dict[str, Callable[[ProcessInfo], str]] = {
-    "pid": lambda r: str(r.pid),
-    "user": lambda r: r.user or "-",
-    "cpu": lambda r: fmt_percent(r.cpu_ratio),
-    "rss": lambda r: fmt_bytes(r.rss_bytes),
-    "oncpu": lambda r: fmt_percent(r.oncpu_ratio),
-    "runq": lambda r: fmt_percent(r.runq_wait_ratio),
-    "offcpu": lambda r: fmt_percent(r.offcpu_blocked_ratio),
-    "tx": lambda r: fmt_bytes(r.tcp_tx_bytes_per_second),
-    "rx": lambda r: fmt_bytes(r.tcp_rx_bytes_per_second),
-    "retx": lambda r: fmt_si(r.tcp_retransmits_per_second),
-    "gpu": lambda r: fmt_bytes(r.gpu_memory_bytes),
-    "job": lambda r: r.job_id or "-",
-    "command": lambda r: r.command,
-}
-_WIDTHS = {
-    "pid": 7,
-    "user": 8,
-    "cpu": 5,
-    "rss": 6,
-    "oncpu": 5,
-    "runq": 5,
-    "offcpu": 5,
-    "tx": 7,
-    "rx": 7,
-    "retx": 5,
-    "gpu": 6,
-    "job": 7,
-    "command": 14,
-}
-#: Wider cells for the wide layout's longer titles.
-_WIDE_WIDTHS = {"tx": 9, "rx": 9, "retx": 6, "gpu": 7}
-#: Shorter titles for the narrow layout, where every cell counts.
-_NARROW_TITLES = {"tx": "TX/s", "rx": "RX/s", "retx": "RETX", "gpu": "GPUMEM", "job": "JOB"}
-_LEFT = {"user", "job", "command"}
+
+@dataclass(frozen=True, slots=True)
+class ProcessColumn:
+    """A column of the process table.
+
+    Attributes:
+        key: the sort key it sorts by (a word of `bpfdyno.rpc.processes.SORT_KEYS`).
+        title: its title in the wide layout.
+        cell: the row's value as text.
+        width: its width in cells in the narrow layout.
+        wide_width: its width in the wide layout, if wider.
+        narrow_title: its title in the narrow layout, where every cell counts.
+        left: left-aligned (text) rather than right-aligned (numbers).
+    """
+
+    key: str
+    title: str
+    cell: Callable[[ProcessRow], str]
+    width: int
+    wide_width: int | None = None
+    narrow_title: str | None = None
+    left: bool = False
+
+
+#: The process table's columns in display order; each can be the sort key.
+PROCESS_COLUMNS: tuple[ProcessColumn, ...] = (
+    ProcessColumn("pid", "PID", lambda r: str(r.pid), 7),
+    ProcessColumn("user", "USER", lambda r: r.user or "-", 8, left=True),
+    ProcessColumn("cpu_ratio", "CPU%", lambda r: fmt_percent(r.cpu_ratio), 5),
+    ProcessColumn("rss_bytes", "RSS", lambda r: fmt_bytes(r.rss_bytes), 6),
+    ProcessColumn("oncpu_ratio", "ONCPU", lambda r: fmt_percent(r.oncpu_ratio), 5),
+    ProcessColumn("runq_wait_ratio", "RUNQ", lambda r: fmt_percent(r.runq_wait_ratio), 5),
+    ProcessColumn(
+        "offcpu_blocked_ratio", "BLOCK", lambda r: fmt_percent(r.offcpu_blocked_ratio), 5
+    ),
+    ProcessColumn(
+        "tcp_tx_bytes_per_second",
+        "TCP TX/s",
+        lambda r: fmt_bytes(r.tcp_tx_bytes_per_second),
+        7,
+        wide_width=9,
+        narrow_title="TX/s",
+    ),
+    ProcessColumn(
+        "tcp_rx_bytes_per_second",
+        "TCP RX/s",
+        lambda r: fmt_bytes(r.tcp_rx_bytes_per_second),
+        7,
+        wide_width=9,
+        narrow_title="RX/s",
+    ),
+    ProcessColumn(
+        "tcp_retransmits_per_second",
+        "RETX/s",
+        lambda r: fmt_si(r.tcp_retransmits_per_second),
+        5,
+        wide_width=6,
+        narrow_title="RETX",
+    ),
+    ProcessColumn(
+        "gpu_memory_bytes",
+        "GPU MEM",
+        lambda r: fmt_bytes(r.gpu_memory_bytes),
+        6,
+        wide_width=7,
+        narrow_title="GPUMEM",
+    ),
+    ProcessColumn("slurm_job_id", "JOB", lambda r: r.slurm_job_id or "-", 7, left=True),
+    ProcessColumn("command", "COMMAND", lambda r: r.command, 14, left=True),
+)
+_BY_KEY = {c.key: c for c in PROCESS_COLUMNS}
 #: Columns shown when the terminal is narrower than `WIDE_AT` (80 columns fit these).
-NARROW_KEYS = ("pid", "cpu", "rss", "runq", "tx", "rx", "retx", "gpu", "job", "command")
+NARROW_KEYS = (
+    "pid",
+    "cpu_ratio",
+    "rss_bytes",
+    "runq_wait_ratio",
+    "tcp_tx_bytes_per_second",
+    "tcp_rx_bytes_per_second",
+    "tcp_retransmits_per_second",
+    "gpu_memory_bytes",
+    "slurm_job_id",
+    "command",
+)
 WIDE_AT = 110
 
 
 def columns_for(width: int) -> list[Column]:
     """The table's columns for a terminal ``width`` cells wide."""
     wide = width >= WIDE_AT
-    keys = [c.key for c in PROCESS_COLUMNS] if wide else list(NARROW_KEYS)
-    titles = {c.key: c.title for c in PROCESS_COLUMNS}
-    widths = dict(_WIDTHS)
-    if wide:
-        widths.update(_WIDE_WIDTHS)
-    else:
-        titles.update(_NARROW_TITLES)
+    shown = PROCESS_COLUMNS if wide else tuple(_BY_KEY[k] for k in NARROW_KEYS)
     return [
         Column(
-            k,
-            titles[k],
-            widths[k],
-            align="left" if k in _LEFT else "right",
-            flex=k == "command",
+            c.key,
+            c.title if wide else c.narrow_title or c.title,
+            (c.wide_width or c.width) if wide else c.width,
+            align="left" if c.left else "right",
+            flex=c.key == "command",
         )
-        for k in keys
+        for c in shown
     ]
+
+
+def sort_title(key: str) -> str:
+    """How the summary names a sort key: its column's title, else the key itself."""
+    column = _BY_KEY.get(key)
+    return column.title if column is not None else key
 
 
 class ProcessTableWidget(FastTable):
@@ -105,11 +154,11 @@ class ProcessTableWidget(FastTable):
             id="process-table",
         )
 
-    def _cells(self, row: ProcessInfo) -> Sequence[str]:
-        return [_CELLS[c.key](row) for c in self.columns]
+    def _cells(self, row: ProcessRow) -> Sequence[str]:
+        return [_BY_KEY[c.key].cell(row) for c in self.columns]
 
 
-def _row_style(row: ProcessInfo) -> str:
+def _row_style(row: ProcessRow) -> str:
     if row.pinned:
         return "bold"
     return "dim" if not row.cmdline else ""
@@ -133,7 +182,7 @@ class ProcessesView(Vertical):
 
     def __init__(self, job_id: str = "", *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.sort_key = "cpu"
+        self.sort_key = "cpu_ratio"
         self.descending = True
         self.filter = ProcessFilter()
         self.filter_error = ""
@@ -144,7 +193,7 @@ class ProcessesView(Vertical):
     def compose(self) -> ComposeResult:
         """Filter input, summary, table."""
         yield Input(
-            placeholder="/ filter: words, pid= user= comm= job= container= cgroup=",
+            placeholder="/ filter: words, " + " ".join(f"{k}=" for k in FILTER_KEYS),
             id="process-filter",
         )
         yield Static("", id="process-summary")
@@ -177,11 +226,11 @@ class ProcessesView(Vertical):
             table.set_items([])
             summary.update(Text(""))
             return
-        rows = filter_processes(snap.rows, self.filter)
-        rows = sort_processes(rows, self.sort_key, self.descending)
+        rows = filter_rows(snap.rows, self.filter)
+        rows = sort_rows(rows, self.sort_key, self.descending)
         table.empty_text = "no process matches the filter" if snap.rows else "no processes"
         table.set_items(rows)
-        title = next(c.title for c in PROCESS_COLUMNS if c.key == self.sort_key)
+        title = sort_title(self.sort_key)
         text = (
             f"{len(rows)} shown of {len(snap.rows)} reported, {snap.total_processes} on host"
             f" · sort {title}{'▼' if self.descending else '▲'}"
@@ -211,9 +260,13 @@ class ProcessesView(Vertical):
         self.set_sort(keys[(i + step) % len(keys)])
 
     def set_sort(self, key: str) -> None:
-        """Sort by the column ``key`` in its natural direction."""
-        col = next(c for c in PROCESS_COLUMNS if c.key == key)
-        self.sort_key, self.descending = key, col.descending
+        """Sort by ``key`` (any sort key of ``bpfdyno ps --sort``) in its natural direction.
+
+        Raises:
+            QueryError: an unknown key (the message lists the known ones).
+        """
+        by = sort_key(key)
+        self.sort_key, self.descending = by.name, by.descending
         self._refresh()
 
     def action_reverse(self) -> None:
@@ -236,7 +289,7 @@ class ProcessesView(Vertical):
             self.filter = parse_filter(event.value)
             self.filter_error = ""
             event.input.remove_class("-invalid")
-        except FilterError as e:
+        except QueryError as e:
             self.filter_error = str(e)
             event.input.add_class("-invalid")
         self._refresh()
@@ -263,5 +316,5 @@ class ProcessesView(Vertical):
     def action_trace(self) -> None:
         """Open the trace form for the selected process."""
         row = self.table.cursor_item
-        if isinstance(row, ProcessInfo):
-            self.post_message(OpenTraceForm(pids=(row.pid,), job_id=row.job_id))
+        if isinstance(row, ProcessRow):
+            self.post_message(OpenTraceForm(pids=(row.pid,), job_id=row.slurm_job_id))

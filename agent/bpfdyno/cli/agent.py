@@ -1,0 +1,143 @@
+"""``bpfdyno status``, ``version`` and ``metrics``: the agent itself, over gRPC (``Agent``).
+
+``status --json`` writes the ``Status`` message with protobuf's JSON names
+(``agentUptimeSeconds``, states as ``COLLECTOR_STATE_OK``); ``metrics --json`` writes one
+object per collection round: ``{"ts", "collector", "series": [{"name", "labels", "value",
+"unit"}]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import grpc
+
+from bpfdyno.cli.output import message_dict, print_json, report_rpc_error
+from bpfdyno.client.connection import EXIT_OK, add_target_argument, channel, default_target
+from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc
+from bpfdyno.version import __version__
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``status``, ``version`` and ``metrics`` to the ``bpfdyno`` command line."""
+    p = subparsers.add_parser("status", help="agent version, uptime and each collector's state")
+    add_target_argument(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=cmd_status)
+
+    p = subparsers.add_parser("version", help="print the version")
+    p.set_defaults(handler=cmd_version)
+
+    p = subparsers.add_parser("metrics", help="latest metrics from the agent")
+    add_target_argument(p)
+    p.add_argument("names", nargs="*", help="metric names or prefixes ending in '*'")
+    p.add_argument("--watch", action="store_true", help="print every new collection round")
+    p.add_argument("--json", action="store_true", help="print JSON (one object per round)")
+    p.set_defaults(handler=cmd_metrics)
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    """Run ``bpfdyno version``; returns the exit status."""
+    print(f"bpfdyno {__version__}")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Run ``bpfdyno status``; returns the exit status."""
+    target = args.target or default_target()
+    try:
+        with channel(target) as ch:
+            st = agent_pb2_grpc.AgentStub(ch).GetStatus(agent_pb2.GetStatusRequest(), timeout=5)
+    except grpc.RpcError as e:
+        return report_rpc_error(e, target)
+    if args.json:
+        print_json(message_dict(st, proto_names=False))
+        return EXIT_OK
+    print(f"bpfdyno {st.version} on {st.hostname} (kernel {st.kernel_release}), pid {st.pid}")
+    print(
+        f"agent up {_duration(st.agent_uptime_seconds)}, host up "
+        f"{_duration(st.host_uptime_seconds)}, config {st.config_source}"
+    )
+    print(f"{'COLLECTOR':<14}{'STATE':<13}{'INTERVAL':>9}{'ROUNDS':>9}{'ERRORS':>8}  REASON")
+    for c in st.collectors:
+        state = agent_pb2.CollectorState.Name(c.state).removeprefix("COLLECTOR_STATE_").lower()
+        interval = f"{c.interval_seconds:.2f}s" if c.interval_seconds else "-"
+        rounds = str(c.collections) if c.interval_seconds else "-"
+        print(f"{c.name:<14}{state:<13}{interval:>9}{rounds:>9}{c.errors:>8}  {c.reason}")
+    return EXIT_OK
+
+
+def _duration(s: float) -> str:
+    if s != s:  # NaN
+        return "?"
+    s = int(s)
+    d, rem = divmod(s, 86400)
+    h, rem = divmod(rem, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{d}d{h:02d}h{m:02d}m" if d else f"{h}h{m:02d}m{sec:02d}s"
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    """Run ``bpfdyno metrics``; returns the exit status."""
+    target = args.target or default_target()
+    try:
+        with channel(target) as ch:
+            stub = agent_pb2_grpc.AgentStub(ch)
+            units = {
+                s.name: s.unit
+                for s in stub.ListMetricSpecs(agent_pb2.ListMetricSpecsRequest(), timeout=5).specs
+            }
+            if args.watch:
+                stream = stub.StreamMetrics(agent_pb2.StreamMetricsRequest(names=args.names))
+                for snap in stream:
+                    _print_snapshot(snap, units, args.json)
+                return EXIT_OK
+            snap = stub.GetMetrics(agent_pb2.GetMetricsRequest(names=args.names), timeout=5)
+    except grpc.RpcError as e:
+        return report_rpc_error(e, target)
+    _print_snapshot(snap, units, args.json)
+    return EXIT_OK
+
+
+def _print_snapshot(snap: agent_pb2.MetricsSnapshot, units: dict[str, str], as_json: bool) -> None:
+    if as_json:
+        print_json(
+            {
+                "ts": snap.unix_seconds,
+                "collector": snap.collector,
+                "series": [
+                    {
+                        "name": s.name,
+                        "labels": {lab.name: lab.value for lab in s.labels},
+                        "value": s.points[-1].value if s.points else None,
+                        "unit": units.get(s.name, ""),
+                    }
+                    for s in snap.series
+                ],
+            },
+            indent=False,  # one line per round: a stream of rounds is JSON lines
+        )
+        return
+    stamp = time.strftime("%H:%M:%S", time.localtime(snap.unix_seconds))
+    header = f"# {stamp}" + (f" {snap.collector}" if snap.collector else "")
+    print(header)
+    for s in snap.series:
+        if s.points:
+            labels = {lab.name: lab.value for lab in s.labels}
+            print(_format_series_line(s.name, labels, s.points[-1].value, units.get(s.name, "")))
+    sys.stdout.flush()
+
+
+def _format_series_line(name: str, labels: dict[str, str], value: float, unit: str) -> str:
+    lab = ",".join(f"{k}={v}" for k, v in labels.items())
+    key = f"{name}{{{lab}}}" if lab else name
+    return f"{key:<60} {format_value(value):>18} {unit}"
+
+
+def format_value(value: float) -> str:
+    """Integers in full with thousands separators; other values to 6 significant digits."""
+    if value.is_integer() and abs(value) < 1e15:
+        return f"{int(value):,}"
+    return f"{value:.6g}"

@@ -1,0 +1,358 @@
+"""The process table's vocabulary, shared by the agent and every client.
+
+One `ProcessRow` whose field names are those of ``ProcessRow`` in ``kernel.proto`` (units in
+the names), its protobuf conversion in both directions, the ``ListProcesses`` filter language
+and its sort keys. The agent's table builds these rows, its gRPC servicer sends them, and
+``bpfdyno ps`` and ``bpfdyno top`` read them back, filter and sort them with the same words.
+
+A value that is not known (its collector is not running) is NaN for floats and None for
+counts, never 0. On the wire an unknown value is an unset ``optional`` field, except for
+``start_unix_seconds``, which proto3 cannot leave unset: there 0 means unknown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from bpfdyno.rpc.v1 import kernel_pb2
+
+NAN = float("nan")
+#: Bytes per second that count as much activity as one busy core (1 Gbit/s).
+NET_ACTIVITY_SCALE = 125e6
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRow:
+    """One process of the agent's process table.
+
+    Ratios and rates are over the agent's last refresh interval (a ratio above 1 means several
+    cores or threads); cumulative counters are since the agent first saw the process. Unknown
+    values are NaN (floats) or None (counts). Every field but ``pid`` has a default, so a
+    row for a test or a demo names only what it needs.
+    """
+
+    pid: int
+    ppid: int = 0
+    comm: str = ""
+    cmdline: str = ""
+    uid: int | None = None
+    user: str = ""
+    state: str = ""  # kernel state letter: R, S, D, ...
+    num_threads: int = 0
+    start_unix_seconds: float = NAN
+    cpu_ratio: float = NAN
+    rss_bytes: int = 0
+    oncpu_ns: int | None = None  # cumulative, from the sched collector
+    offcpu_runnable_ns: int | None = None
+    offcpu_blocked_ns: int | None = None
+    runq_wait_ns: int | None = None
+    oncpu_ratio: float = NAN
+    runq_wait_ratio: float = NAN
+    offcpu_blocked_ratio: float = NAN
+    tcp_tx_bytes: int | None = None  # cumulative payload bytes, from the net collector
+    tcp_rx_bytes: int | None = None
+    udp_tx_bytes: int | None = None
+    udp_rx_bytes: int | None = None
+    tcp_retransmits: int | None = None
+    tcp_tx_bytes_per_second: float = NAN
+    tcp_rx_bytes_per_second: float = NAN
+    udp_tx_bytes_per_second: float = NAN
+    udp_rx_bytes_per_second: float = NAN
+    tcp_retransmits_per_second: float = NAN
+    cgroup: str = ""
+    container_id: str = ""
+    k8s_pod_uid: str = ""
+    slurm_job_id: str = ""
+    gpu_memory_bytes: int | None = None
+    pinned: bool = False  # always shown (a registered trainer), whatever its activity
+
+    @property
+    def net_bytes_per_second(self) -> float:
+        """All TCP and UDP traffic of the process, both directions (NaN if unknown)."""
+        return (
+            self.tcp_tx_bytes_per_second
+            + self.tcp_rx_bytes_per_second
+            + self.udp_tx_bytes_per_second
+            + self.udp_rx_bytes_per_second
+        )
+
+    @property
+    def activity(self) -> float:
+        """How busy the process is: see `activity`."""
+        return activity(self.cpu_ratio, self.net_bytes_per_second)
+
+    @property
+    def command(self) -> str:
+        """The command line, or the kernel's short name in brackets for kernel threads."""
+        return self.cmdline or f"[{self.comm}]"
+
+
+def activity(cpu_ratio: float, net_bytes_per_second: float) -> float:
+    """What picks the table's rows and the default sort: CPU plus network traffic.
+
+    A process keeping one core busy and one moving 1 Gbit/s count the same; unknown parts
+    count as 0, so a process is never hidden for lack of a collector.
+    """
+    cpu = 0.0 if math.isnan(cpu_ratio) else cpu_ratio
+    net = 0.0 if math.isnan(net_bytes_per_second) else net_bytes_per_second
+    return cpu + net / NET_ACTIVITY_SCALE
+
+
+# -- protobuf conversion --------------------------------------------------------------------
+
+
+class _Wire(enum.Enum):
+    """How a field says "unknown" on the wire."""
+
+    COPY = "always known: sent as it is"
+    UNSET_IS_NAN = "optional double: unset means NaN"
+    UNSET_IS_NONE = "optional integer: unset means None"
+    ZERO_IS_NAN = "plain double (proto3 cannot leave it unset): 0 means NaN"
+
+
+def _wire_rules() -> tuple[tuple[str, _Wire], ...]:
+    """Each field with its wire rule, read off the dataclass defaults and the proto.
+
+    The dataclass is the one field table: a NaN default marks a float that may be unknown, a
+    None default an integer that may be; the proto says whether the field can be unset.
+
+    Raises:
+        TypeError: the dataclass and ``kernel.proto`` disagree (a programming error).
+    """
+    wire = kernel_pb2.ProcessRow.DESCRIPTOR.fields_by_name
+    ours = {f.name: f for f in dataclasses.fields(ProcessRow)}
+    if set(ours) != set(wire):
+        raise TypeError(
+            "ProcessRow and kernel.proto's ProcessRow must have the same fields; only in the "
+            f"dataclass: {sorted(set(ours) - set(wire))}, only in the proto: "
+            f"{sorted(set(wire) - set(ours))}"
+        )
+    rules = []
+    for name, f in ours.items():
+        optional = wire[name].has_presence
+        if f.default is None:
+            rule = _Wire.UNSET_IS_NONE
+        elif isinstance(f.default, float) and math.isnan(f.default):
+            rule = _Wire.UNSET_IS_NAN if optional else _Wire.ZERO_IS_NAN
+        else:
+            rule = _Wire.COPY
+        if optional != (rule in (_Wire.UNSET_IS_NAN, _Wire.UNSET_IS_NONE)):
+            raise TypeError(
+                f"ProcessRow.{name}: an optional proto field needs a NaN or None default "
+                "(unknown), and only an optional one may have a None default"
+            )
+        rules.append((name, rule))
+    return tuple(rules)
+
+
+_RULES = _wire_rules()
+
+
+def row_to_pb(row: ProcessRow) -> kernel_pb2.ProcessRow:
+    """The protobuf message of a row; unknown values become unset fields."""
+    values: dict[str, Any] = {}
+    for name, rule in _RULES:
+        value = getattr(row, name)
+        if rule is _Wire.COPY:
+            values[name] = value
+        elif rule is _Wire.ZERO_IS_NAN:
+            values[name] = 0.0 if math.isnan(value) else value
+        elif rule is _Wire.UNSET_IS_NAN:
+            if not math.isnan(value):
+                values[name] = value
+        elif value is not None:
+            values[name] = value
+    return kernel_pb2.ProcessRow(**values)
+
+
+def row_from_pb(msg: kernel_pb2.ProcessRow) -> ProcessRow:
+    """The row of a protobuf message; unset optional fields become NaN or None (unknown)."""
+    values: dict[str, Any] = {}
+    for name, rule in _RULES:
+        if rule is _Wire.COPY:
+            values[name] = getattr(msg, name)
+        elif rule is _Wire.ZERO_IS_NAN:
+            values[name] = getattr(msg, name) or NAN
+        elif msg.HasField(name):
+            values[name] = getattr(msg, name)
+        # else: the dataclass default, NaN or None
+    return ProcessRow(**values)
+
+
+# -- filtering and sorting ------------------------------------------------------------------
+
+
+class QueryError(ValueError):
+    """A filter or sort key the process table cannot apply; the message says what to write."""
+
+
+#: ``key=value`` filter terms: how each key matches a row. ``container`` matches an id
+#: prefix, ``cgroup`` a substring, ``user`` the name or the uid, the others exactly.
+_FILTER_TERMS: dict[str, Callable[[ProcessRow, str], bool]] = {
+    "pid": lambda r, v: r.pid == int(v),
+    "user": lambda r, v: r.user == v or (r.uid is not None and str(r.uid) == v),
+    "comm": lambda r, v: r.comm == v,
+    "job": lambda r, v: r.slurm_job_id == v,
+    "container": lambda r, v: bool(r.container_id) and r.container_id.startswith(v),
+    "cgroup": lambda r, v: v in r.cgroup,
+}
+#: Keys accepted in a filter term ``key=value``.
+FILTER_KEYS = tuple(_FILTER_TERMS)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessFilter:
+    """A parsed filter: every term must hold (AND).
+
+    Attributes:
+        words: lower-case words, each found in the command name or line.
+        terms: ``(key, value)`` pairs, keys from `FILTER_KEYS`.
+    """
+
+    words: tuple[str, ...] = ()
+    terms: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        """Whether the filter lets every row through."""
+        return not self.words and not self.terms
+
+    def matches(self, row: ProcessRow) -> bool:
+        """Whether ``row`` passes every term."""
+        if not all(_FILTER_TERMS[key](row, value) for key, value in self.terms):
+            return False
+        comm, cmdline = row.comm.lower(), row.cmdline.lower()
+        return all(word in comm or word in cmdline for word in self.words)
+
+
+def parse_filter(text: str) -> ProcessFilter:
+    """Parse a filter such as ``python job=1234 user=alice``.
+
+    Space-separated terms, all of which must match: ``key=value`` with a key of
+    `FILTER_KEYS`, or a bare word found in the command name or line (case-insensitive).
+
+    Raises:
+        QueryError: an unknown key, an empty value or a non-numeric pid, with the fix.
+    """
+    words: list[str] = []
+    terms: list[tuple[str, str]] = []
+    for term in text.split():
+        key, sep, value = term.partition("=")
+        if not sep:
+            words.append(term.lower())
+            continue
+        if key not in _FILTER_TERMS:
+            raise QueryError(
+                f"unknown filter key {key!r} in {term!r}; use {', '.join(FILTER_KEYS)} "
+                "(key=value) or a bare word"
+            )
+        if not value:
+            raise QueryError(f"filter term {term!r} has no value; write {key}=VALUE")
+        if key == "pid" and not value.isdigit():
+            raise QueryError(f"pid must be a number in {term!r}; write pid=1234")
+        terms.append((key, value))
+    return ProcessFilter(tuple(words), tuple(terms))
+
+
+def filter_rows(rows: Iterable[ProcessRow], flt: ProcessFilter) -> list[ProcessRow]:
+    """The rows that pass ``flt``."""
+    if flt.empty:
+        return list(rows)
+    return [r for r in rows if flt.matches(r)]
+
+
+@dataclass(frozen=True, slots=True)
+class SortKey:
+    """A way to order the process table.
+
+    Attributes:
+        name: the canonical word, which is also the `ProcessRow` attribute sorted by.
+        descending: the natural direction (big numbers first; names and pids ascending).
+        aliases: other words accepted for it (older ``bpfdyno ps`` and ``bpfdyno top`` ones).
+    """
+
+    name: str
+    descending: bool = True
+    aliases: tuple[str, ...] = ()
+
+    def value(self, row: ProcessRow) -> float | int | str | None:
+        """The row's value to sort by; None when unknown (NaN, None or an empty text)."""
+        v: float | int | str | None = getattr(row, self.name)
+        if v is None or v == "" or (isinstance(v, float) and math.isnan(v)):
+            return None
+        return v
+
+
+#: Every sort key, the default first. The words are what ``ListProcesses.sort_by``,
+#: ``bpfdyno ps --sort`` and the TUI's columns use.
+SORT_KEYS: tuple[SortKey, ...] = (
+    SortKey("activity"),
+    SortKey("pid", descending=False),
+    SortKey("user", descending=False),
+    SortKey("comm", descending=False),
+    SortKey("command", descending=False),
+    SortKey("cpu_ratio", aliases=("cpu",)),
+    SortKey("rss_bytes", aliases=("rss",)),
+    SortKey("oncpu_ratio", aliases=("oncpu",)),
+    SortKey("runq_wait_ratio", aliases=("runq",)),
+    SortKey("offcpu_blocked_ratio", aliases=("offcpu",)),
+    SortKey("net_bytes_per_second", aliases=("net",)),
+    SortKey("tcp_tx_bytes_per_second", aliases=("tx",)),
+    SortKey("tcp_rx_bytes_per_second", aliases=("rx",)),
+    SortKey("tcp_retransmits_per_second", aliases=("retransmits", "retx")),
+    SortKey("gpu_memory_bytes", aliases=("gpu_memory", "gpu")),
+    SortKey("slurm_job_id", descending=False, aliases=("job",)),
+)
+DEFAULT_SORT = SORT_KEYS[0].name
+_SORT_BY_WORD = {word: k for k in SORT_KEYS for word in (k.name, *k.aliases)}
+#: Every word accepted as a sort key: the canonical ones and their aliases.
+SORT_WORDS = frozenset(_SORT_BY_WORD)
+
+
+def sort_key(word: str) -> SortKey:
+    """The sort key a word (canonical or alias) names; an empty word is the default.
+
+    Raises:
+        QueryError: an unknown word (the message lists the canonical ones).
+    """
+    key = _SORT_BY_WORD.get(word or DEFAULT_SORT)
+    if key is None:
+        raise QueryError(
+            f"unknown sort key {word!r}; use one of: {', '.join(k.name for k in SORT_KEYS)}"
+        )
+    return key
+
+
+def sort_rows(
+    rows: Iterable[ProcessRow], key: str = DEFAULT_SORT, descending: bool | None = None
+) -> list[ProcessRow]:
+    """Rows ordered by a sort key; unknown values last in both directions; ties by pid.
+
+    Args:
+        rows: the processes.
+        key: a word of `SORT_WORDS`.
+        descending: the direction; None uses the key's natural one.
+
+    Raises:
+        QueryError: an unknown key (the message lists the known ones).
+    """
+    by = sort_key(key)
+    desc = by.descending if descending is None else descending
+    known: list[tuple[float | int | str, ProcessRow]] = []
+    unknown: list[ProcessRow] = []
+    for r in rows:
+        v = by.value(r)
+        if v is None:
+            unknown.append(r)
+        else:
+            known.append((v, r))
+    # Two stable sorts, by pid first and then by the value, keep ties in pid order.
+    known.sort(key=lambda kv: kv[1].pid)
+    known.sort(key=lambda kv: kv[0], reverse=desc)
+    unknown.sort(key=lambda r: r.pid)
+    return [r for _, r in known] + unknown
