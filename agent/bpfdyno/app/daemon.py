@@ -25,7 +25,7 @@ from typing import Protocol
 from bpfdyno.core.config import Config
 from bpfdyno.core.metrics import Round, Sample
 from bpfdyno.core.status import PartState, PartStatus
-from bpfdyno.core.store import MetricStore
+from bpfdyno.core.store import MetricStore, RoundPublisher
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 
 log = logging.getLogger(__name__)
@@ -58,30 +58,6 @@ class RoundSink(Protocol):
 
     def close(self) -> None:
         """Flush and release; called once at shutdown."""
-
-
-class RoundPublisher:
-    """Fans rounds out to stream subscribers; a slow subscriber loses its oldest rounds."""
-
-    def __init__(self, queue_size: int = 64) -> None:
-        self._subscribers: set[asyncio.Queue[Round]] = set()
-        self._queue_size = queue_size
-        self.dropped = 0
-
-    def subscribe(self) -> asyncio.Queue[Round]:
-        q: asyncio.Queue[Round] = asyncio.Queue(self._queue_size)
-        self._subscribers.add(q)
-        return q
-
-    def unsubscribe(self, q: asyncio.Queue[Round]) -> None:
-        self._subscribers.discard(q)
-
-    def publish(self, rnd: Round) -> None:
-        for q in self._subscribers:
-            if q.full():
-                q.get_nowait()
-                self.dropped += 1
-            q.put_nowait(rnd)
 
 
 @dataclass
@@ -234,6 +210,15 @@ class Daemon:
         self.started_monotonic = time.monotonic()
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
+
+    @property
+    def config_source(self) -> str:
+        """Where the configuration came from (a file, the command line, the defaults)."""
+        return self.cfg.source
+
+    def collector_intervals(self) -> dict[str, float]:
+        """Each running collector's interval in seconds."""
+        return {r.name: r.interval_s for r in self.runners}
 
     def statuses(self) -> list[PartStatus]:
         """Every part's state: collectors (enabled, then disabled), components, exporters."""

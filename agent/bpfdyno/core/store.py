@@ -1,4 +1,4 @@
-"""Bounded in-memory history of every metric series.
+"""Bounded in-memory history of every metric series, and the live fan-out of new rounds.
 
 Answers the two questions the API asks: the latest value of each series, and each series'
 points inside a time window. Memory is bounded twice: each series keeps at most
@@ -9,12 +9,13 @@ coming and going — cannot grow memory without bound).
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from bpfdyno.core.metrics import MetricSpec, Sample, SeriesKey
+from bpfdyno.core.metrics import MetricSpec, Round, Sample, SeriesKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,3 +121,27 @@ def matches_any(name: str, patterns: Sequence[str]) -> bool:
         elif name == p:
             return True
     return False
+
+
+class RoundPublisher:
+    """Fans rounds out to stream subscribers; a slow subscriber loses its oldest rounds."""
+
+    def __init__(self, queue_size: int = 64) -> None:
+        self._subscribers: set[asyncio.Queue[Round]] = set()
+        self._queue_size = queue_size
+        self.dropped = 0
+
+    def subscribe(self) -> asyncio.Queue[Round]:
+        q: asyncio.Queue[Round] = asyncio.Queue(self._queue_size)
+        self._subscribers.add(q)
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue[Round]) -> None:
+        self._subscribers.discard(q)
+
+    def publish(self, rnd: Round) -> None:
+        for q in self._subscribers:
+            if q.full():
+                q.get_nowait()
+                self.dropped += 1
+            q.put_nowait(rnd)

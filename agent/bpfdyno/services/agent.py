@@ -12,13 +12,13 @@ import socket
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from bpfdyno.app.daemon import Daemon
 from bpfdyno.core.catalog import CATALOG, Catalog
 from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.metrics import MetricSpec, Sample
 from bpfdyno.core.status import PartStatus
-from bpfdyno.core.store import Point, SeriesView, matches_any
+from bpfdyno.core.store import MetricStore, Point, RoundPublisher, SeriesView, matches_any
 from bpfdyno.version import __version__
 
 #: Longest window a single query may ask for (the store keeps less anyway).
@@ -46,6 +46,22 @@ class Snapshot:
     series: list[SeriesView]
 
 
+class DaemonState(Protocol):
+    """What the agent service reads of the running daemon (`bpfdyno.app.daemon.Daemon`)."""
+
+    started_ts: float
+    started_monotonic: float
+    store: MetricStore
+    publisher: RoundPublisher
+
+    @property
+    def config_source(self) -> str: ...
+
+    def statuses(self) -> list[PartStatus]: ...
+
+    def collector_intervals(self) -> dict[str, float]: ...
+
+
 def host_uptime_s(proc_root: str = "/proc") -> float:
     """Seconds since boot from /proc/uptime; NaN if unreadable."""
     try:
@@ -58,7 +74,7 @@ def host_uptime_s(proc_root: str = "/proc") -> float:
 class AgentService:
     """Status and metrics queries against one running daemon."""
 
-    def __init__(self, daemon: Daemon, catalog: Catalog = CATALOG) -> None:
+    def __init__(self, daemon: DaemonState, catalog: Catalog = CATALOG) -> None:
         self._daemon = daemon
         self._catalog = catalog
 
@@ -71,7 +87,7 @@ class AgentService:
             agent_uptime_s=time.monotonic() - d.started_monotonic,
             host_uptime_s=host_uptime_s(),
             pid=os.getpid(),
-            config_source=d.cfg.source,
+            config_source=d.config_source,
             started_ts=d.started_ts,
             collectors=d.statuses(),
         )
@@ -108,7 +124,7 @@ class AgentService:
     ) -> AsyncIterator[Snapshot]:
         """Yield each collection round (filtered) as it happens, until the caller stops."""
         _check_names(names)
-        known = {r.name for r in self._daemon.runners}
+        known = set(self._daemon.collector_intervals())
         unknown = [c for c in collectors if c not in known]
         if unknown:
             raise InvalidArgument(
@@ -127,7 +143,7 @@ class AgentService:
             self._daemon.publisher.unsubscribe(q)
 
     def _longest_interval(self) -> float:
-        return max((r.interval_s for r in self._daemon.runners), default=1.0)
+        return max(self._daemon.collector_intervals().values(), default=1.0)
 
 
 def _check_names(names: Sequence[str]) -> None:
