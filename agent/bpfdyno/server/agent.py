@@ -27,6 +27,7 @@ _KIND = {
     MetricKind.RATE: pb.METRIC_KIND_RATE,
     MetricKind.RATIO: pb.METRIC_KIND_RATIO,
     MetricKind.COUNTER: pb.METRIC_KIND_COUNTER,
+    MetricKind.HISTOGRAM: pb.METRIC_KIND_HISTOGRAM,
 }
 
 
