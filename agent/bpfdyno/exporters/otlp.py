@@ -238,8 +238,28 @@ def build_sdk_exporter(cfg: OtlpSection) -> MetricExporter:
         client_certificate_file=cfg.tls_cert or None,
         headers=headers,
         timeout=cfg.timeout_s,
+        session=_session_keeping_ca(),
     )
     return http_exporter
+
+
+def _session_keeping_ca() -> Any:
+    """A requests session whose CA file is not replaced by $REQUESTS_CA_BUNDLE.
+
+    The SDK sets the configured CA as the session's ``verify``, but requests lets
+    $REQUESTS_CA_BUNDLE / $CURL_CA_BUNDLE (often set to the system bundle) win over a
+    session's setting, so a private CA would silently stop being trusted.
+    """
+    import requests
+
+    class Session(requests.Session):
+        def merge_environment_settings(self, *args: Any, **kwargs: Any) -> Any:
+            settings = super().merge_environment_settings(*args, **kwargs)
+            if isinstance(self.verify, str):
+                settings["verify"] = self.verify
+            return settings
+
+    return Session()
 
 
 def _read(path: str) -> bytes | None:
