@@ -20,8 +20,8 @@ TORCH_REQUIREMENT="torch==2.13.0" # a bare "torch" pulls gigabytes of CUDA wheel
 APT_PACKAGES=(python3-bpfcc bpftool linux-perf nftables iproute2 tmux gcc libc6-dev procps
 	util-linux)
 # Only for the test suite: a real Prometheus scrapes the exporter, `vagrant validate` checks
-# the dev cluster, `systemd-analyze verify` the unit.
-TEST_APT_PACKAGES=(prometheus vagrant systemd)
+# the dev cluster, `systemd-analyze verify` the unit, capsh runs the agent with its capabilities.
+TEST_APT_PACKAGES=(prometheus vagrant systemd libcap2-bin)
 
 log() { printf 'bootstrap: %s\n' "$*" >&2; }
 die() {

@@ -129,6 +129,7 @@ class ExportSection:
 
 @dataclass
 class CollectorSection:
+    #: Run this collector (a missing capability makes it "unavailable" on its own).
     enabled: bool = True
     #: Overrides [daemon].interval_s for this collector; 0 means "use the daemon's".
     interval_s: float = 0.0
