@@ -76,6 +76,16 @@ class RoundPublisher:
     def unsubscribe(self, q: asyncio.Queue[Round]) -> None:
         self._subscribers.discard(q)
 
+    def status(self) -> PartStatus:
+        """The metric streams' part of `status`: subscribers, and rounds shed for slow ones."""
+        return PartStatus(
+            "metric_streams",
+            PartState.OK,
+            f"{len(self._subscribers)} subscribers; {self.dropped} rounds dropped for readers "
+            f"more than {self._queue_size} rounds behind",
+            errors=self.dropped,
+        )
+
     def publish(self, rnd: Round) -> None:
         for q in self._subscribers:
             if q.full():
@@ -254,6 +264,7 @@ class Daemon:
         for comp in self.components:
             out.extend(comp.statuses())
         out += [sink.status() for sink in self.sinks]
+        out.append(self.publisher.status())
         return out
 
     def _on_round(self, rnd: Round) -> None:
