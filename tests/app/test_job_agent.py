@@ -191,4 +191,4 @@ def test_the_nodes_agent_is_used_when_it_runs(node: Node, tmp_path: Path) -> Non
 def test_without_a_command_it_says_how_to_call_it() -> None:
     r = subprocess.run([*BPFDYNO, "run"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
-    assert "usage: bpfdyno run [OPTIONS] -- CMD" in r.stdout
+    assert "usage: bpfdyno run [OPTIONS] -- CMD" in r.stderr

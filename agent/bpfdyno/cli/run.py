@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from bpfdyno.cli.serve import add_config_argument
@@ -50,7 +51,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
-        print("bpfdyno run: no command given; usage: bpfdyno run [OPTIONS] -- CMD [ARGS...]")
+        print(
+            "bpfdyno run: no command given; usage: bpfdyno run [OPTIONS] -- CMD [ARGS...]",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     serve_args: list[str] = []
     if args.config is not None:

@@ -379,13 +379,16 @@ class OtlpExporter:
         )
 
     def close(self) -> None:
-        """Send a last export, then shut the SDK exporter down."""
+        """Send a last export (unless the collector is failing), shut the SDK exporter down."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self._cfg.timeout_s + 5)
         if self._exporter is not None and not self._closed:
             self._closed = True
-            self.export_once()
+            with self._lock:
+                reachable = not self._error
+            if reachable:  # a collector that is down would only hold up the shutdown
+                self.export_once()
             self._exporter.shutdown(timeout_millis=self._cfg.timeout_s * 1000)
 
     def _run(self) -> None:
