@@ -179,6 +179,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     kineto_dir = tempfile.mkdtemp(prefix="bd-", dir="/tmp")
     prom_port = 0
     extra = ['--set=legacy_rpc.listen=["127.0.0.1:0"]', f'--set=kineto.socket_dir="{kineto_dir}"']
+    extra += [f"--set={s}" for s in args.sets]
     if args.exporter:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -334,6 +335,8 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--sample-s", type=float, default=10.0)
     p.add_argument("--no-exporter", dest="exporter", action="store_false")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra agent config (repeatable), e.g. daemon.history_s=60")  # fmt: skip
     p.add_argument("--write-doc", type=Path)
     p.add_argument("--json", type=Path, help="also write the raw results here")
     args = p.parse_args()
