@@ -23,11 +23,10 @@ the reason in ``bpfdyno status``, and the daemon serves everything else.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from prometheus_client.core import (
@@ -225,15 +224,3 @@ class PrometheusExporter:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-
-
-def metric_names(exposition: str) -> set[str]:
-    """Family names in a text exposition (``# TYPE`` lines); for tests and tools."""
-    return set(re.findall(r"^# TYPE (\S+) ", exposition, re.MULTILINE))
-
-
-def iter_series(metrics: Iterable[Metric]) -> Iterator[tuple[str, dict[str, str], float]]:
-    """Every sample of ``metrics`` as (name, labels, value); for tests and tools."""
-    for m in metrics:
-        for s in m.samples:
-            yield s.name, dict(s.labels), s.value
