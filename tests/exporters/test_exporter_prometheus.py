@@ -125,11 +125,13 @@ def test_every_family_with_its_type_help_and_unit(setup: Setup) -> None:
             or None
         ),
     )
-    # Every metric the agent has a value for now (some, like per-process GPU utilization, only
-    # come when NVML took a new sample).
-    recent = time.time() - 3
+    # Every metric the agent keeps reporting (at least twice in the last 30 s): one reported
+    # once (per-process GPU utilization, when NVML took one sample) may fall between scrapes.
+    recent = time.time() - 30
     agent_names = {
-        name for (name, _), pts in agent.window(seconds=10).items() if pts[-1][0] > recent
+        name
+        for (name, _), pts in agent.window(seconds=30).items()
+        if sum(ts > recent for ts, _ in pts) >= 2
     }
     expected = agent_names | {
         "sched_runqueue_latency_histogram_seconds",
@@ -156,7 +158,10 @@ def test_every_family_with_its_type_help_and_unit(setup: Setup) -> None:
         scraped |= {f"{n}_total" for n in scraped} | {n.removesuffix("_count") for n in scraped}
         return sorted(expected - scraped)
 
-    wait_for("every family in Prometheus", lambda: None if missing() else True, timeout=30)
+    try:
+        wait_for("every family in Prometheus", lambda: None if missing() else True, timeout=30)
+    except AssertionError:
+        raise AssertionError(f"not in Prometheus: {missing()}") from None
     metadata = prom.api("metadata")
     for name in expected:
         spec = CATALOG.get(name)
