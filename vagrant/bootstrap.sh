@@ -19,6 +19,9 @@ STAMP="$VENV/.bpfdyno-bootstrap"
 TORCH_REQUIREMENT="torch==2.13.0" # a bare "torch" pulls gigabytes of CUDA wheels
 APT_PACKAGES=(python3-bpfcc bpftool linux-perf nftables iproute2 tmux gcc libc6-dev procps
 	util-linux)
+# Only for the test suite: a real Prometheus scrapes the exporter, `vagrant validate` checks
+# the dev cluster, `systemd-analyze verify` the unit, capsh runs the agent with its capabilities.
+TEST_APT_PACKAGES=(prometheus vagrant systemd libcap2-bin)
 
 log() { printf 'bootstrap: %s\n' "$*" >&2; }
 die() {
@@ -205,7 +208,7 @@ ensure_mounts() {
 }
 
 setup() {
-	local with_torch=$1
+	local for_tests=$1
 	# One set-up at a time per machine (provisioning and a manual run may overlap).
 	mkdir -p /run/lock
 	exec 9>/run/lock/bpfdyno-bootstrap.lock
@@ -215,7 +218,8 @@ setup() {
 	ensure_venv
 	ensure_bcc_link
 	ensure_project
-	if ((with_torch)); then
+	if ((for_tests)); then
+		ensure_apt "${TEST_APT_PACKAGES[@]}"
 		ensure_torch
 	fi
 	ensure_mounts

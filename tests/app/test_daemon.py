@@ -13,9 +13,11 @@ import pytest
 
 from bpfdyno.app.daemon import Daemon, notify_systemd
 from bpfdyno.core.config import load
+from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.metrics import MetricKind, MetricTable, Sample, sample
 from bpfdyno.core.status import PartState
-from bpfdyno.services.agent import AgentService, InvalidArgument
+from bpfdyno.core.store import SharedResults
+from bpfdyno.services.agent import AgentService, Snapshot
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 
 REG = MetricTable("t")
@@ -159,6 +161,47 @@ async def test_stream_yields_rounds_and_validates() -> None:
     assert [g[0] for g in got] == ["a", "a", "a"]
     assert [g[1] for g in got] == sorted(g[1] for g in got)
     assert d.publisher._subscribers == set()
+
+
+async def test_stream_subscribers_with_one_filter_share_each_snapshot() -> None:
+    """Filtering (and converting) a round is done once for all subscribers of one filter."""
+    d = make_daemon(Counting("a"))
+    svc = AgentService(d)
+    await d.start()
+
+    async def first_three(names: list[str]) -> list[Snapshot]:
+        out: list[Snapshot] = []
+        async for snap in svc.stream(names):
+            out.append(snap)
+            if len(out) == 3:
+                return out
+        return out
+
+    a, b, other = await asyncio.gather(
+        first_three(["test_*"]), first_three(["test_*"]), first_three(["test_ticks_total"])
+    )
+    await d.stop()
+    assert [x.ts for x in a] == [x.ts for x in b] == [x.ts for x in other]
+    assert all(x is y for x, y in zip(a, b, strict=True))
+    assert all(x is not y and x.series == y.series for x, y in zip(a, other, strict=True))
+
+
+def test_shared_results_compute_once_per_object_and_key() -> None:
+    cache: SharedResults[str, int] = SharedResults(size=2)
+    calls: list[str] = []
+
+    def compute(tag: str) -> int:
+        calls.append(tag)
+        return len(calls)
+
+    x, y, z = object(), object(), object()
+    assert cache.get(x, "k", lambda: compute("x")) == 1
+    assert cache.get(x, "k", lambda: compute("x again")) == 1
+    assert cache.get(x, "j", lambda: compute("x j")) == 2
+    assert cache.get(y, "k", lambda: compute("y")) == 3  # evicts (x, "k"): size 2
+    assert cache.get(x, "k", lambda: compute("x evicted")) == 4
+    assert calls == ["x", "x j", "y", "x evicted"]
+    assert cache.get(z, "k", lambda: 99) == 99
 
 
 async def test_window_arguments_are_checked() -> None:

@@ -7,7 +7,7 @@ import importlib
 from pathlib import Path
 
 from bpfdyno.core.catalog import CATALOG, TABLES
-from bpfdyno.core.metrics import MetricSpec, MetricTable
+from bpfdyno.core.metrics import MetricKind, MetricSpec, MetricTable
 from bpfdyno.core.metrics_doc import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +88,9 @@ def test_every_metric_name_carries_its_unit() -> None:
     }
     for spec in CATALOG:
         assert spec.unit, f"{spec.name} has no unit"
+        # Prometheus' convention: a counter's unit comes before _total (_seconds_total).
+        name = spec.name.removesuffix("_total") if spec.kind is MetricKind.COUNTER else spec.name
         if spec.unit.endswith("/s"):
-            assert spec.name.endswith("_per_second"), spec.name
+            assert name.endswith("_per_second"), spec.name
         elif spec.unit in suffix_for_unit:
-            assert spec.name.endswith(suffix_for_unit[spec.unit]), spec.name
+            assert name.endswith(suffix_for_unit[spec.unit]), spec.name

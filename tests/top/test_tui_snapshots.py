@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from tui_helpers import assert_snapshot, make_app, screen_text, settle, wait_until
+from tui_helpers import assert_snapshot, make_app, settle, settled_screen, wait_until
 from tui_synthetic import make_recording
 
 from bpfdyno.tui.app import TopApp
@@ -76,7 +76,7 @@ async def test_each_tab(key: str, name: str, size: tuple[int, int]) -> None:
     async with app.run_test(size=size) as pilot:
         await settle(pilot, app, source)
         await _show(pilot, app, source, key)
-        assert_snapshot(f"{name}_{size[0]}x{size[1]}", screen_text(app))
+        assert_snapshot(f"{name}_{size[0]}x{size[1]}", await settled_screen(pilot, app))
 
 
 async def test_overview_many_cores_without_gpm_at_200x50() -> None:
@@ -84,7 +84,7 @@ async def test_overview_many_cores_without_gpm_at_200x50() -> None:
     async with app.run_test(size=LARGE) as pilot:
         await settle(pilot, app, source)
         await _show(pilot, app, source, "1")
-        assert_snapshot("overview_64cores_4gpus_200x50", screen_text(app))
+        assert_snapshot("overview_64cores_4gpus_200x50", await settled_screen(pilot, app))
 
 
 async def test_dialogs_at_80x24() -> None:
@@ -95,28 +95,28 @@ async def test_dialogs_at_80x24() -> None:
         await pilot.press("t")
         await wait_until(pilot, lambda: isinstance(app.screen, TraceScreen))
         await pilot.pause(0.1)
-        assert_snapshot("trace_form_80x24", screen_text(app))
+        assert_snapshot("trace_form_80x24", await settled_screen(pilot, app))
         await pilot.press("ctrl+s")
         await wait_until(
             pilot, lambda: app.state.last_trace is not None and app.state.last_trace.finished
         )
         await pilot.pause(0.1)
-        assert_snapshot("trace_done_80x24", screen_text(app))
+        assert_snapshot("trace_done_80x24", await settled_screen(pilot, app))
         await pilot.press("escape")
         await pilot.pause(0.1)
         app.render_views()
         await pilot.pause(0.05)
-        assert_snapshot("trainers_after_trace_80x24", screen_text(app))
+        assert_snapshot("trainers_after_trace_80x24", await settled_screen(pilot, app))
         await pilot.press("question_mark")
         await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen))
         await pilot.pause(0.1)
-        assert_snapshot("help_80x24", screen_text(app))
+        assert_snapshot("help_80x24", await settled_screen(pilot, app))
         await pilot.press("escape", "2", "home", "enter")
         await wait_until(pilot, lambda: isinstance(app.screen, ProcessScreen))
         await pilot.pause(0.2)
         app.render_views()
         await pilot.pause(0.05)
-        assert_snapshot("process_detail_80x24", screen_text(app))
+        assert_snapshot("process_detail_80x24", await settled_screen(pilot, app))
 
 
 async def test_empty_agent() -> None:
@@ -130,7 +130,7 @@ async def test_empty_agent() -> None:
         await settle(pilot, app, source)
         for key, name in (("1", "overview"), ("2", "processes"), ("3", "trainers")):
             await _show(pilot, app, source, key)
-            assert_snapshot(f"empty_{name}_80x24", screen_text(app))
+            assert_snapshot(f"empty_{name}_80x24", await settled_screen(pilot, app))
 
 
 async def test_degraded_agent() -> None:
@@ -157,7 +157,7 @@ async def test_degraded_agent() -> None:
             ("4", "events"),
         ):
             await _show(pilot, app, source, key)
-            assert_snapshot(f"degraded_{name}_80x24", screen_text(app))
+            assert_snapshot(f"degraded_{name}_80x24", await settled_screen(pilot, app))
 
 
 async def test_disconnected_from_the_start() -> None:
@@ -166,7 +166,7 @@ async def test_disconnected_from_the_start() -> None:
     async with app.run_test(size=SMALL) as pilot:
         await wait_until(pilot, lambda: "attempt 1" in app.state.connection.message)
         await pilot.pause(0.1)
-        assert_snapshot("disconnected_start_80x24", screen_text(app))
+        assert_snapshot("disconnected_start_80x24", await settled_screen(pilot, app))
 
 
 async def test_disconnected_after_data() -> None:
@@ -177,4 +177,4 @@ async def test_disconnected_after_data() -> None:
         source.disconnect("the agent stopped")
         await wait_until(pilot, lambda: not app.state.connection.connected)
         await pilot.pause(0.1)
-        assert_snapshot("disconnected_after_data_80x24", screen_text(app))
+        assert_snapshot("disconnected_after_data_80x24", await settled_screen(pilot, app))

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.text import Text
 from textual.app import App
 from textual.pilot import Pilot
-from textual.widgets import Static
+from textual.widgets import Footer, Static
 
 from bpfdyno.tui.app import TopApp
 from bpfdyno.tui.recorded import RecordedDataSource, Recording
@@ -46,6 +46,23 @@ def screen_text(app: App[Any]) -> str:
     console.print(update)
     lines = console.export_text().splitlines()
     return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+async def settled_screen(pilot: Pilot[Any], app: App[Any], timeout: float = 10.0) -> str:
+    """The screen once it has settled: the footer shows its keys and three captures 50 ms
+    apart are identical. Under load a fixed pause can catch a half-drawn screen."""
+    deadline = time.monotonic() + timeout
+    same, last = 0, ""
+    while time.monotonic() < deadline:
+        footers = app.screen.query(Footer)
+        keys_drawn = not footers or bool(footers.first().children)
+        text = screen_text(app)
+        same = same + 1 if keys_drawn and text == last else 0
+        if same >= 2:
+            return text
+        last = text
+        await pilot.pause(0.05)
+    raise AssertionError(f"the screen did not settle within {timeout} s:\n{last}")
 
 
 def widget_text(widget: Static, width: int = 200) -> str:

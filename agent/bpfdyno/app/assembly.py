@@ -10,14 +10,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from bpfdyno.app.daemon import Component, RoundSink
 from bpfdyno.core.config import Config
 from bpfdyno.core.events import FlightRecorder
 from bpfdyno.exporters.jsonl import JsonlExporter
+from bpfdyno.exporters.rounds import SampleProvider
 from bpfdyno.server.grpc_server import ServicerFactory
 from bpfdyno.sources.base import Collector
+
+if TYPE_CHECKING:
+    from bpfdyno.sources.procs.table import ProcessTable
 
 log = logging.getLogger(__name__)
 
@@ -124,4 +128,24 @@ def build(cfg: Config) -> Assembly:
     asm.servicers.append(tracing_servicer_factory(tracing.service))
     if cfg.export.jsonl.enabled:
         asm.sinks.append(JsonlExporter(cfg.export.jsonl))
+    asm.sinks += _metric_exporters(cfg, table)
     return asm
+
+
+def _metric_exporters(cfg: Config, table: ProcessTable | None) -> list[RoundSink]:
+    """Prometheus and OTLP, when enabled, with the process table's rows as a provider."""
+    providers: list[SampleProvider] = []
+    if table is not None:
+        from bpfdyno.sources.procs.samples import row_samples
+
+        providers.append(lambda: row_samples(table.snapshot.rows))
+    sinks: list[RoundSink] = []
+    if cfg.export.prometheus.enabled:
+        from bpfdyno.exporters.prometheus import PrometheusExporter
+
+        sinks.append(PrometheusExporter(cfg.export.prometheus, providers))
+    if cfg.export.otlp.enabled:
+        from bpfdyno.exporters.otlp import OtlpExporter
+
+        sinks.append(OtlpExporter(cfg.export.otlp, providers))
+    return sinks

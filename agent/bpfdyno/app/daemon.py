@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from bpfdyno.core.config import Config
-from bpfdyno.core.metrics import Round, Sample
+from bpfdyno.core.metrics import HistogramSample, Round, Sample
 from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.core.store import MetricStore, RoundPublisher
 from bpfdyno.sources.base import Collector, CollectorUnavailable
@@ -131,7 +131,9 @@ class CollectorRunner:
                 await asyncio.sleep(delay)
             t0 = time.monotonic()
             try:
-                samples, health = await loop.run_in_executor(self._executor, self._collect_once)
+                samples, histograms, health = await loop.run_in_executor(
+                    self._executor, self._collect_once
+                )
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -145,7 +147,7 @@ class CollectorRunner:
                 if self.state is PartState.DEGRADED and state is PartState.OK:
                     log.info("collector %s recovered", self.name)
                 self.state, self.reason = state, reason
-                on_round(Round(self.name, ts, samples))
+                on_round(Round(self.name, ts, samples, histograms))
             self.last_duration_s = time.monotonic() - t0
             step = self.interval_s
             if self.consecutive_errors:
@@ -157,9 +159,11 @@ class CollectorRunner:
                 # firing a burst of back-to-back rounds.
                 deadline = now + step - math.fmod(now - deadline, step)
 
-    def _collect_once(self) -> tuple[Sequence[Sample], tuple[PartState, str] | None]:
+    def _collect_once(
+        self,
+    ) -> tuple[Sequence[Sample], Sequence[HistogramSample], tuple[PartState, str] | None]:
         samples = self.collector.collect()
-        return samples, self.collector.health()
+        return samples, self.collector.histograms(), self.collector.health()
 
     def _failed(self, e: Exception) -> None:
         self.errors += 1
@@ -235,6 +239,7 @@ class Daemon:
         for comp in self.components:
             out.extend(comp.statuses())
         out += [sink.status() for sink in self.sinks]
+        out.append(self.publisher.status())
         return out
 
     def _on_round(self, rnd: Round) -> None:

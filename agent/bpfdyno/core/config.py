@@ -85,12 +85,51 @@ class JsonlSection:
 
 
 @dataclass
+class PrometheusSection:
+    #: Serve every metric at http://<listen>/metrics for Prometheus to scrape.
+    enabled: bool = False
+    #: "host:port" of the /metrics endpoint (IPv6 as "[::1]:9470"). The default is reachable
+    #: from this machine only; "0.0.0.0:9470" lets a Prometheus server elsewhere scrape it.
+    listen: str = "127.0.0.1:9470"
+
+
+@dataclass
+class OtlpSection:
+    #: Push every metric to an OpenTelemetry collector (OTLP) every interval_s.
+    enabled: bool = False
+    #: "grpc" (OTLP/gRPC, port 4317) or "http/protobuf" (OTLP/HTTP, port 4318).
+    protocol: str = "grpc"
+    #: Collector URL; https:// means TLS. "" means http://localhost:4317 for grpc and
+    #: http://localhost:4318/v1/metrics for http/protobuf.
+    endpoint: str = ""
+    #: Extra request headers, "name=value" each (e.g. an API key for a hosted collector).
+    headers: list[str] = field(default_factory=list)
+    #: PEM CA bundle to verify an https:// collector; "" means the system's roots.
+    tls_ca: str = ""
+    #: PEM client certificate, for a collector that requires one (mTLS).
+    tls_cert: str = ""
+    #: PEM private key of tls_cert.
+    tls_key: str = ""
+    #: Seconds between exports.
+    interval_s: float = 10.0
+    #: Seconds one export may take before it is abandoned (and counted as failed).
+    timeout_s: float = 10.0
+    #: The resource attribute "cluster" (the name of the cluster this node belongs to).
+    cluster: str = ""
+    #: More resource attributes, "key=value" each ($OTEL_RESOURCE_ATTRIBUTES adds more).
+    resource_attributes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class ExportSection:
     jsonl: JsonlSection = field(default_factory=JsonlSection)
+    prometheus: PrometheusSection = field(default_factory=PrometheusSection)
+    otlp: OtlpSection = field(default_factory=OtlpSection)
 
 
 @dataclass
 class CollectorSection:
+    #: Run this collector (a missing capability makes it "unavailable" on its own).
     enabled: bool = True
     #: Overrides [daemon].interval_s for this collector; 0 means "use the daemon's".
     interval_s: float = 0.0
@@ -399,6 +438,7 @@ def _validate(cfg: Config, path: Path | None) -> None:
         raise bad("must be in 1..100000", "events.process_table_size")
     _validate_tracing(cfg, bad)
     _validate_bpf_sizes(cfg, bad)
+    _validate_export(cfg, bad)
 
 
 _PEM_MARKERS = {
@@ -527,3 +567,47 @@ def _validate_bpf_sizes(cfg: Config, bad: typing.Callable[[str, str], ConfigErro
             f"must be one of {', '.join(_NET_BYTE_SOURCES)}, got {cfg.net.byte_source!r}",
             "net.byte_source",
         )
+
+
+_HOST_PORT = re.compile(r"(\[[0-9a-fA-F:.]+\]|[^:\s\[\]]+):(\d{1,5})")
+_OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+
+
+def _validate_export(cfg: Config, bad: typing.Callable[[str, str], ConfigError]) -> None:
+    """[export.prometheus] and [export.otlp]: addresses, URLs, pairs, readable TLS files."""
+    prom, otlp = cfg.export.prometheus, cfg.export.otlp
+    m = _HOST_PORT.fullmatch(prom.listen)
+    if m is None or not 1 <= int(m.group(2)) <= 65535:
+        raise bad(
+            f"must be host:port such as 127.0.0.1:9470 or [::1]:9470, got {prom.listen!r}",
+            "export.prometheus.listen",
+        )
+    if otlp.protocol not in _OTLP_PROTOCOLS:
+        raise bad(
+            f"must be one of {', '.join(_OTLP_PROTOCOLS)}, got {otlp.protocol!r}",
+            "export.otlp.protocol",
+        )
+    if otlp.endpoint and not re.match(r"https?://[^\s/]+", otlp.endpoint):
+        raise bad(
+            "must be a URL starting with http:// or https:// (e.g. https://otel.example:4317), "
+            f"got {otlp.endpoint!r}",
+            "export.otlp.endpoint",
+        )
+    for key in ("headers", "resource_attributes"):
+        for pair in getattr(otlp, key):
+            name, eq, _ = pair.partition("=")
+            if not eq or not name.strip():
+                raise bad(f"entries must be name=value, got {pair!r}", f"export.otlp.{key}")
+    if otlp.interval_s < 1:
+        raise bad("must be at least 1 second", "export.otlp.interval_s")
+    if otlp.timeout_s <= 0:
+        raise bad("must be more than 0 seconds", "export.otlp.timeout_s")
+    if bool(otlp.tls_cert) != bool(otlp.tls_key):
+        missing = "export.otlp.tls_key" if otlp.tls_cert else "export.otlp.tls_cert"
+        raise bad("is missing: a client certificate needs both tls_cert and tls_key", missing)
+    if not otlp.enabled:
+        return
+    for key in ("tls_ca", "tls_cert", "tls_key"):
+        path = getattr(otlp, key)
+        if path and not os.access(path, os.R_OK):
+            raise bad(f"cannot read {path}; fix the path or its permissions", f"export.otlp.{key}")

@@ -47,3 +47,32 @@ def histogram_quantile(counts: Sequence[int], q: float) -> float:
             return low + (high - low) * max(rank - seen, 0.0) / n
         seen += n
     return log2_bucket_bounds(len(counts) - 1)[1]
+
+
+def log2_export_buckets(
+    counts: Sequence[int], scale: float, last_slot: int
+) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """A log2 histogram as exporters want it: fixed finite bounds plus an overflow bucket.
+
+    Exporters need the same buckets in every export (Prometheus' ``histogram_quantile`` and
+    OTLP consumers compare them across time), so the bounds are fixed by ``last_slot``, not
+    by where values happen to fall.
+
+    Args:
+        counts: the count of each slot, from slot 0.
+        scale: multiplies the bounds into the exported unit (1e-9 for ns -> seconds).
+        last_slot: the last slot exported on its own; later slots go to the overflow bucket.
+
+    Returns:
+        (upper bounds of slots 0..last_slot, their counts plus one overflow count). Slot k's
+        bound is its exclusive upper end 2**(k+1) (see `log2_bucket_bounds`).
+
+    Raises:
+        ValueError: ``last_slot`` is outside 0..`LOG2_SLOTS` - 2.
+    """
+    if not 0 <= last_slot < LOG2_SLOTS - 1:
+        raise ValueError(f"last_slot {last_slot} outside 0..{LOG2_SLOTS - 2}")
+    bounds = tuple(log2_bucket_bounds(k)[1] * scale for k in range(last_slot + 1))
+    padded = list(counts[: last_slot + 1]) + [0] * max(0, last_slot + 1 - len(counts))
+    overflow = sum(counts[last_slot + 1 :])
+    return bounds, (*padded, overflow)

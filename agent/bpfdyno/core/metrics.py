@@ -20,6 +20,7 @@ class MetricKind(enum.Enum):
     RATE = "rate"  # a per-second rate computed from cumulative counters over one interval
     RATIO = "ratio"  # a fraction 0..1 of something over one interval
     COUNTER = "counter"  # monotonically increasing total since a known start
+    HISTOGRAM = "histogram"  # cumulative counts per bucket since a known start, with sum
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +64,58 @@ SeriesKey = tuple[str, Labels]
 
 
 @dataclass(frozen=True, slots=True)
+class HistogramSample:
+    """One cumulative histogram of a declared `MetricKind.HISTOGRAM` metric.
+
+    Bucket ``i`` counts the observations below ``upper_bounds[i]`` and at or above the bound
+    before it; the last count (one more than there are bounds) is everything above the
+    last bound. Counts, sum and count are cumulative since the source started, in the
+    metric's unit.
+
+    Attributes:
+        spec: the declaration.
+        upper_bounds: finite bucket bounds, ascending.
+        counts: observations per bucket (not cumulative across buckets), ``len(upper_bounds)
+            + 1`` of them.
+        sum: the sum of every observation.
+        labels: as for `Sample`.
+    """
+
+    spec: MetricSpec
+    upper_bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    sum: float
+    labels: Labels = field(default=())
+
+    def __post_init__(self) -> None:
+        if len(self.counts) != len(self.upper_bounds) + 1:
+            raise ValueError(
+                f"histogram {self.spec.name}: {len(self.counts)} counts for "
+                f"{len(self.upper_bounds)} bounds; give one count more than bounds (+Inf)"
+            )
+
+    @property
+    def count(self) -> int:
+        """Every observation (the +Inf bucket of the cumulative form)."""
+        return sum(self.counts)
+
+    @property
+    def key(self) -> SeriesKey:
+        return (self.spec.name, self.labels)
+
+
+@dataclass(frozen=True, slots=True)
 class Round:
-    """One collection round of one collector, as published to exporters and streams."""
+    """One collection round of one collector, as published to exporters and streams.
+
+    ``histograms`` reach the exporters only: the store and the metric API keep scalar
+    series (a histogram's summary, such as its quantiles, is declared as gauges beside it).
+    """
 
     collector: str
     ts: float  # wall-clock epoch seconds
     samples: Sequence[Sample]
+    histograms: Sequence[HistogramSample] = ()
 
 
 class MetricTable:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from bpfdyno.core.metrics import MetricSpec, Round, Sample, SeriesKey
+from bpfdyno.core.status import PartState, PartStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +141,50 @@ class RoundPublisher:
     def unsubscribe(self, q: asyncio.Queue[Round]) -> None:
         self._subscribers.discard(q)
 
+    def status(self) -> PartStatus:
+        """The metric streams' part of `status`: subscribers, and rounds shed for slow ones."""
+        return PartStatus(
+            "metric_streams",
+            PartState.OK,
+            f"{len(self._subscribers)} subscribers; {self.dropped} rounds dropped for readers "
+            f"more than {self._queue_size} rounds behind",
+            errors=self.dropped,
+        )
+
     def publish(self, rnd: Round) -> None:
         for q in self._subscribers:
             if q.full():
                 q.get_nowait()
                 self.dropped += 1
             q.put_nowait(rnd)
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class SharedResults(Generic[K, V]):
+    """The result of one computation per (object, key), shared by every caller that asks.
+
+    Every metric stream subscriber receives the same round; filtering it and converting it to
+    a message once, instead of once per subscriber, keeps the event loop free for the Kineto
+    endpoint while many clients stream. Entries are keyed by the object's identity (the object
+    is kept alive with its entry, so an id is never reused while cached); the oldest are
+    dropped beyond ``size``.
+    """
+
+    def __init__(self, size: int = 256) -> None:
+        self._size = size
+        self._entries: OrderedDict[tuple[int, K], tuple[object, V]] = OrderedDict()
+
+    def get(self, obj: object, key: K, compute: Callable[[], V]) -> V:
+        """The cached result for ``(obj, key)``, computing it on first request."""
+        ident = (id(obj), key)
+        hit = self._entries.get(ident)
+        if hit is not None and hit[0] is obj:
+            return hit[1]
+        value = compute()
+        self._entries[ident] = (obj, value)
+        if len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+        return value

@@ -8,9 +8,11 @@ Line format (orjson, one object per line)::
 Series keys use the Prometheus exposition syntax, so they are unambiguous and greppable.
 Rotation happens *between* lines: before a line would take the file past ``max_bytes`` the
 file is renamed to ``path.1`` (older ones shift up to ``path.<backups>``) and a new file is
-started. A line is written with one ``write`` call and flushed, so a reader never sees half a
-line and rotation never truncates one. Writing happens on the exporter's own thread; if the
-file cannot be written (disk full), lines are kept and retried, up to a bound.
+started. A line is written with one ``write`` call on an ``O_APPEND`` descriptor, so a reader
+never sees half a line and rotation never truncates one; a line torn by a crash is removed
+when the file is next opened (see `RotatingLineWriter`). Writing happens on the exporter's
+own thread; if the file cannot be written (disk full), lines are kept and retried, up to a
+bound.
 """
 
 from __future__ import annotations
@@ -54,38 +56,85 @@ def encode_round(rnd: Round, host: str) -> bytes:
 
 
 class RotatingLineWriter:
-    """Appends whole lines to a file, rotating by size between lines. Not thread-safe."""
+    """Appends whole lines to a file, rotating by size between lines. Not thread-safe.
+
+    The file never holds half a line: each line goes out in one ``write`` on an
+    ``O_APPEND`` descriptor (looping only if the kernel writes less); a write that fails
+    part-way is truncated back; and a torn last line left by a crash (SIGKILL, power loss in
+    the middle of a write) is cut off when the file is opened again, so appending never
+    glues a new line onto a broken one.
+    """
 
     def __init__(self, path: str, max_bytes: int, backups: int) -> None:
         self.path = path
         self.max_bytes = max_bytes
         self.backups = backups
-        self._f: IO[bytes] | None = None
+        self._fd: int | None = None
         self._size = 0
         self.rotations = 0
+        #: Bytes of torn last lines removed when opening the file (left by a crash).
+        self.repaired_bytes = 0
 
-    def _open(self) -> IO[bytes]:
-        if self._f is None:
+    def _open(self) -> int:
+        if self._fd is None:
             d = os.path.dirname(self.path)
             if d:
                 os.makedirs(d, exist_ok=True)
-            self._f = open(self.path, "ab")  # noqa: SIM115 - kept open across writes
-            self._size = self._f.tell()
-        return self._f
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                self._size = self._repair_torn_tail(fd)
+            except OSError:
+                os.close(fd)
+                raise
+            self._fd = fd
+        return self._fd
+
+    def _repair_torn_tail(self, fd: int) -> int:
+        """Cut a last line that has no newline (a crash mid-write); returns the new size."""
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0
+        with open(self.path, "rb") as f:
+            end = size
+            while end > 0:
+                start = max(0, end - 65536)
+                f.seek(start)
+                chunk = f.read(end - start)
+                if end == size and chunk.endswith(b"\n"):
+                    return size  # the usual case: the file ends with a whole line
+                newline = chunk.rfind(b"\n")
+                if newline >= 0:
+                    end = start + newline + 1
+                    break
+                end = start
+        os.ftruncate(fd, end)
+        self.repaired_bytes += size - end
+        log.warning(
+            "%s ended with %d bytes of a line cut short (the agent was killed while writing "
+            "it); removed them so every line is whole",
+            self.path,
+            size - end,
+        )
+        return end
 
     def write_line(self, line: bytes) -> None:
-        f = self._open()
+        fd = self._open()
         if self._size > 0 and self._size + len(line) > self.max_bytes:
             self._rotate()
-            f = self._open()
-        f.write(line)
-        f.flush()
+            fd = self._open()
+        view = memoryview(line)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            os.ftruncate(fd, self._size)  # a disk-full write must not leave half a line
+            raise
         self._size += len(line)
 
     def _rotate(self) -> None:
-        assert self._f is not None
-        self._f.close()
-        self._f = None
+        assert self._fd is not None
+        os.close(self._fd)
+        self._fd = None
         if self.backups == 0:
             os.unlink(self.path)
         else:
@@ -97,9 +146,9 @@ class RotatingLineWriter:
         self.rotations += 1
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class JsonlExporter:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 
 import grpc
 
 from bpfdyno.core.metrics import MetricKind, MetricSpec
 from bpfdyno.core.status import PartState, PartStatus
-from bpfdyno.core.store import SeriesView
+from bpfdyno.core.store import SeriesView, SharedResults
 from bpfdyno.rpc.v1 import agent_pb2 as pb
 from bpfdyno.rpc.v1 import agent_pb2_grpc as pb_grpc
 from bpfdyno.server.errors import grpc_errors
@@ -27,6 +28,7 @@ _KIND = {
     MetricKind.RATE: pb.METRIC_KIND_RATE,
     MetricKind.RATIO: pb.METRIC_KIND_RATIO,
     MetricKind.COUNTER: pb.METRIC_KIND_COUNTER,
+    MetricKind.HISTOGRAM: pb.METRIC_KIND_HISTOGRAM,
 }
 
 
@@ -69,6 +71,7 @@ def snapshot_to_pb(s: Snapshot) -> pb.MetricsSnapshot:
 class AgentServicer(pb_grpc.AgentServicer):
     def __init__(self, service: AgentService) -> None:
         self._svc = service
+        self._messages: SharedResults[None, pb.MetricsSnapshot] = SharedResults()
 
     async def GetStatus(
         self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext
@@ -111,4 +114,5 @@ class AgentServicer(pb_grpc.AgentServicer):
         self, request: pb.StreamMetricsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.MetricsSnapshot]:
         async for snap in self._svc.stream(list(request.names), list(request.collectors)):
-            yield snapshot_to_pb(snap)
+            # Subscribers with the same filter share the snapshot: convert it once.
+            yield self._messages.get(snap, None, partial(snapshot_to_pb, snap))

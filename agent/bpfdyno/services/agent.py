@@ -12,13 +12,21 @@ import socket
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from bpfdyno.core.catalog import CATALOG, Catalog
 from bpfdyno.core.errors import InvalidArgument
-from bpfdyno.core.metrics import MetricSpec, Sample
+from bpfdyno.core.metrics import MetricSpec, Round
 from bpfdyno.core.status import PartStatus
-from bpfdyno.core.store import MetricStore, Point, RoundPublisher, SeriesView, matches_any
+from bpfdyno.core.store import (
+    MetricStore,
+    Point,
+    RoundPublisher,
+    SeriesView,
+    SharedResults,
+    matches_any,
+)
 from bpfdyno.version import __version__
 
 #: Longest window a single query may ask for (the store keeps less anyway).
@@ -77,6 +85,8 @@ class AgentService:
     def __init__(self, daemon: DaemonState, catalog: Catalog = CATALOG) -> None:
         self._daemon = daemon
         self._catalog = catalog
+        # Every stream subscriber with the same name filter gets the same Snapshot object.
+        self._round_snapshots: SharedResults[tuple[str, ...], Snapshot | None] = SharedResults()
 
     def status(self) -> AgentStatus:
         d = self._daemon
@@ -136,9 +146,11 @@ class AgentService:
                 rnd = await q.get()
                 if collectors and rnd.collector not in collectors:
                     continue
-                series = _round_series(rnd.ts, rnd.samples, names)
-                if series:
-                    yield Snapshot(rnd.ts, rnd.collector, series)
+                snap = self._round_snapshots.get(
+                    rnd, tuple(names), partial(_round_snapshot, rnd, names)
+                )
+                if snap is not None:
+                    yield snap
         finally:
             self._daemon.publisher.unsubscribe(q)
 
@@ -154,10 +166,11 @@ def _check_names(names: Sequence[str]) -> None:
             )
 
 
-def _round_series(ts: float, samples: Sequence[Sample], names: Sequence[str]) -> list[SeriesView]:
-    out = []
-    for s in samples:
-        if s.value != s.value or not matches_any(s.spec.name, names):  # NaN: not available
-            continue
-        out.append(SeriesView(s.spec, s.labels, (Point(ts, s.value),)))
-    return out
+def _round_snapshot(rnd: Round, names: Sequence[str]) -> Snapshot | None:
+    """The round's available values whose names match, or None when none does."""
+    series = [
+        SeriesView(s.spec, s.labels, (Point(rnd.ts, s.value),))
+        for s in rnd.samples
+        if s.value == s.value and matches_any(s.spec.name, names)  # NaN: not available
+    ]
+    return Snapshot(rnd.ts, rnd.collector, series) if series else None

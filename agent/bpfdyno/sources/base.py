@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 
-from bpfdyno.core.metrics import Sample
+from bpfdyno.core.metrics import HistogramSample, Sample
 from bpfdyno.core.status import PartState
 
 
@@ -55,3 +55,11 @@ class Collector(abc.ABC):
         means "ok". Called on the collector's thread right after each successful collect.
         """
         return None
+
+    def histograms(self) -> Sequence[HistogramSample]:
+        """Optional: cumulative histograms as of the last ``collect()``, for the exporters.
+
+        Called on the collector's thread right after each successful collect; the daemon
+        puts them into that round. The default has none.
+        """
+        return ()

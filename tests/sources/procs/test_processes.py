@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from bpfdyno.core.errors import InvalidArgument, Unavailable
 from bpfdyno.core.events import FlightRecorder
 from bpfdyno.rpc.processes import sort_rows
-from bpfdyno.services.kernel import InvalidArgument, KernelService, Unavailable
+from bpfdyno.services.kernel import KernelService
 from bpfdyno.sources.procs import pidfs as procinfo
 from bpfdyno.sources.procs.table import ProcessTable
 

@@ -24,6 +24,7 @@ class MetricKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     METRIC_KIND_RATE: _ClassVar[MetricKind]
     METRIC_KIND_RATIO: _ClassVar[MetricKind]
     METRIC_KIND_COUNTER: _ClassVar[MetricKind]
+    METRIC_KIND_HISTOGRAM: _ClassVar[MetricKind]
 COLLECTOR_STATE_UNSPECIFIED: CollectorState
 COLLECTOR_STATE_STARTING: CollectorState
 COLLECTOR_STATE_OK: CollectorState
@@ -36,6 +37,7 @@ METRIC_KIND_GAUGE: MetricKind
 METRIC_KIND_RATE: MetricKind
 METRIC_KIND_RATIO: MetricKind
 METRIC_KIND_COUNTER: MetricKind
+METRIC_KIND_HISTOGRAM: MetricKind
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()

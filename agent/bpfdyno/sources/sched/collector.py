@@ -25,8 +25,8 @@ from typing import Any
 
 from bpfdyno.core.config import SchedSection
 from bpfdyno.core.events import KernelEvent, MonotonicClock
-from bpfdyno.core.histogram import LOG2_SLOTS, histogram_quantile
-from bpfdyno.core.metrics import Sample, sample
+from bpfdyno.core.histogram import LOG2_SLOTS, histogram_quantile, log2_export_buckets
+from bpfdyno.core.metrics import HistogramSample, Sample, sample
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.maps import map_items, percpu_values
 from bpfdyno.ebpf.program import BpfProgram, RingBuffer
@@ -41,6 +41,7 @@ from bpfdyno.sources.sched.metrics import (
     MIGRATIONS,
     OFFCPU,
     ONCPU,
+    RUNQ_HISTOGRAM,
     RUNQ_LATENCY,
     RUNQ_MEAN,
     RUNQ_WAITS,
@@ -70,6 +71,8 @@ PROGRAMS = (
     ("sched_process_exit", "bpfdyno_exit"),
 )
 QUANTILES = (0.5, 0.9, 0.99)
+#: The last log2 slot exported as its own histogram bucket: 2**36 ns, 68.7 s.
+EXPORT_LAST_SLOT = 35
 
 # The program's maps (bpf/sched.bpf.c).
 _CPU_STATS = "bpfdyno_scpu"
@@ -289,6 +292,14 @@ class SchedCollector(Collector):
     def runq_histogram(self) -> tuple[int, ...]:
         """Cumulative run-queue latency counts per log2 slot (ns), as of the last collect."""
         return self._prev.hist if self._prev is not None else ()
+
+    def histograms(self) -> Sequence[HistogramSample]:
+        """The cumulative run-queue latency histogram as of the last collect (seconds)."""
+        totals = self._prev
+        if totals is None:
+            return ()
+        bounds, counts = log2_export_buckets(totals.hist, 1e-9, EXPORT_LAST_SLOT)
+        return (HistogramSample(RUNQ_HISTOGRAM, bounds, counts, totals.runq_sum_ns / 1e9),)
 
     def sweep(self) -> int:
         """Remove map entries of threads and processes that no longer exist.

@@ -40,6 +40,14 @@ RUNQ_LATENCY = _declare(
     "the thread ran, interpolated within log2 buckets.",
     "quantile",
 )
+RUNQ_HISTOGRAM = _declare(
+    "sched_runqueue_latency_histogram_seconds",
+    MetricKind.HISTOGRAM,
+    "seconds",
+    "Run-queue latency of every wait since the collector started (time from wakeup or "
+    "preemption until the thread ran): the kernel's log2 buckets, bound 2**(k+1) ns for "
+    "slot k, waits over 2**36 ns (68.7 s) in +Inf. Exporters only (Prometheus, OTLP).",
+)
 RUNQ_MEAN = _declare(
     "sched_runqueue_latency_mean_seconds",
     MetricKind.GAUGE,

@@ -1,0 +1,259 @@
+"""``bpfdyno run -- CMD``: run a job step's command with an agent on its node.
+
+When the node's agent (systemd, DaemonSet, a SLURM prolog) is up, the command just runs.
+Otherwise the first task on the node starts one agent for every task of this user there,
+and the last task to end stops it:
+
+- every task holds a *shared* lock on ``<state dir>/users.lock`` while its command runs
+  (the kernel drops it when the task ends, however it ends);
+- starting happens under an exclusive ``<state dir>/start.lock``, so several tasks starting
+  at once start one agent, on one socket (``<state dir>/bpfdyno.sock``): no port or socket
+  clash however many tasks share the node;
+- a small supervisor (``python -m bpfdyno.app.job_agent supervise``), in its own session,
+  runs ``bpfdyno serve``, waits for its ``READY=1`` (the systemd notify protocol), then waits
+  for the *exclusive* lock on ``users.lock``: it gets it once no task holds it, stops the
+  agent and exits. The agent dies with the supervisor (``PR_SET_PDEATHSIG``) and the command
+  with its task, so nothing is left behind even when something is SIGKILLed.
+
+If no agent can be started (no Python, a broken config), the command runs anyway with a
+warning: monitoring never stops a job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+
+log = logging.getLogger(__name__)
+
+USERS_LOCK = "users.lock"
+START_LOCK = "start.lock"
+SOCKET = "bpfdyno.sock"
+STATE = "state"  # "starting", "ready <agent pid>", "failed <why>", "stopped"
+NOTIFY = "notify.sock"
+AGENT_LOG = "agent.log"
+
+#: How long a starting agent may take (BPF compiles on a busy node).
+READY_TIMEOUT_S = 120.0
+#: How long a stopping agent may take before it is killed.
+STOP_TIMEOUT_S = 30.0
+_PR_SET_PDEATHSIG = 1
+
+
+def default_state_dir() -> Path:
+    """``/run/bpfdyno/job`` for root, else ``$TMPDIR/bpfdyno-<uid>`` (per user: tasks of one
+    user share an agent; another user's tasks use the node's agent or their own)."""
+    if os.geteuid() == 0:
+        return Path("/run/bpfdyno/job")
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"bpfdyno-{os.geteuid()}"
+
+
+def agent_listening(path: str | os.PathLike[str]) -> bool:
+    """Whether an agent listens on the Unix socket ``path``.
+
+    A socket we may not connect to (EACCES: the node's agent, group bpfdyno) still means an
+    agent is up: trainers reach it through the Kineto IPC socket, which has no permissions.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as s:
+        s.settimeout(2)
+        try:
+            s.connect(os.fspath(path))
+        except PermissionError:
+            return True
+        except OSError:
+            return False
+    return True
+
+
+def run(
+    cmd: Sequence[str],
+    *,
+    node_socket: str,
+    state_dir: Path,
+    serve_args: Sequence[str] = (),
+    out: Callable[[str], None] = lambda msg: print(f"bpfdyno run: {msg}", file=sys.stderr),
+) -> int:
+    """Run ``cmd`` with an agent on this node; returns its exit status (128+N if signalled).
+
+    Args:
+        cmd: the command and its arguments.
+        node_socket: where the node's agent listens, if it runs.
+        state_dir: where this user's job agent keeps its socket, locks and log.
+        serve_args: extra ``bpfdyno serve`` arguments (``--config``, ``--set``...) for an
+            agent started here.
+        out: prints the few lines the user should see.
+    """
+    env = dict(os.environ)
+    env.setdefault("KINETO_USE_DAEMON", "1")
+    if agent_listening(node_socket):
+        return _run_command(cmd, env)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Held until this process exits: the agent stays while any task of the node needs it.
+    users = os.open(state_dir / USERS_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(users, fcntl.LOCK_SH)
+    sock = state_dir / SOCKET
+    with _locked(state_dir / START_LOCK):
+        if not agent_listening(sock):
+            problem = _start_supervisor(state_dir, serve_args)
+            if problem:
+                out(f"no agent on this node ({problem}); running the command without one")
+            else:
+                out(f"started an agent for this node's tasks on {sock}")
+    env["BPFDYNO_TARGET"] = str(sock)
+    try:
+        return _run_command(cmd, env)
+    finally:
+        os.close(users)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[int]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _start_supervisor(state_dir: Path, serve_args: Sequence[str]) -> str:
+    """Start the supervisor and wait for its agent; "" when ready, else what went wrong."""
+    state = state_dir / STATE
+    state.write_text("starting\n")
+    with open(state_dir / AGENT_LOG, "ab") as agent_log:
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "bpfdyno.app.job_agent", "supervise", str(state_dir),
+             "--", *serve_args],
+            stdin=subprocess.DEVNULL, stdout=agent_log, stderr=agent_log,
+            start_new_session=True,  # not in the task's process group: it outlives the task
+        )  # fmt: skip
+    deadline = time.monotonic() + READY_TIMEOUT_S + 10
+    while time.monotonic() < deadline:
+        text = state.read_text().strip()
+        if text.startswith("ready"):
+            return ""
+        if text.startswith("failed") or supervisor.poll() is not None:
+            why = text.removeprefix("failed").strip() or f"exit {supervisor.poll()}"
+            return f"{why}; see {state_dir / AGENT_LOG}"
+        time.sleep(0.05)
+    return f"the agent was not ready within {READY_TIMEOUT_S:.0f} s; see {state_dir / AGENT_LOG}"
+
+
+def _run_command(cmd: Sequence[str], env: dict[str, str]) -> int:
+    """Run ``cmd`` as a child that dies with us; forward termination signals to it."""
+    try:
+        child = subprocess.Popen(list(cmd), env=env, preexec_fn=_die_with_parent)
+    except OSError as e:
+        print(f"bpfdyno run: cannot run {cmd[0]!r}: {e.strerror}", file=sys.stderr)
+        return 127 if e.errno == errno.ENOENT else 126
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    rc = child.wait()
+    return 128 - rc if rc < 0 else rc
+
+
+def _die_with_parent() -> None:
+    """In a child before exec: get SIGTERM when the parent dies (no orphans)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+# --- the supervisor ----------------------------------------------------------------------
+
+
+def supervise(state_dir: Path, serve_args: Sequence[str]) -> int:
+    """Run the agent until no task holds ``users.lock``; then stop it and exit."""
+    state = state_dir / STATE
+    notify_path = state_dir / NOTIFY
+    with contextlib.suppress(FileNotFoundError):
+        notify_path.unlink()
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    notify.bind(str(notify_path))
+    env = {**os.environ, "NOTIFY_SOCKET": str(notify_path)}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "bpfdyno", "serve", "--socket", str(state_dir / SOCKET),
+         *serve_args],
+        env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+    )  # fmt: skip
+    stopping = False
+
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    if not _wait_ready(notify, agent):
+        state.write_text(f"failed the agent exited ({agent.poll()}) or was not ready\n")
+        _stop_agent(agent)
+        return 1
+    state.write_text(f"ready {agent.pid}\n")
+    users = os.open(state_dir / USERS_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        while not stopping and agent.poll() is None:
+            try:
+                fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                time.sleep(0.5)  # a task still runs
+                continue
+            break  # no task holds it: done (and new tasks wait until the agent is gone)
+        _stop_agent(agent)
+        state.write_text("stopped\n")
+    finally:
+        os.close(users)  # lets tasks waiting for the shared lock start a new agent
+        notify.close()
+    return 0
+
+
+def _wait_ready(notify: socket.socket, agent: subprocess.Popen[bytes]) -> bool:
+    notify.settimeout(0.5)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline and agent.poll() is None:
+        try:
+            message = notify.recv(4096).decode(errors="replace")
+        except TimeoutError:
+            continue
+        if "READY=1" in message.split("\n"):
+            return True
+    return False
+
+
+def _stop_agent(agent: subprocess.Popen[bytes]) -> None:
+    if agent.poll() is None:
+        agent.terminate()
+        try:
+            agent.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bpfdyno.app.job_agent supervise STATE_DIR -- SERVE_ARGS...``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 3 or args[0] != "supervise" or args[2] != "--":
+        print("usage: python -m bpfdyno.app.job_agent supervise STATE_DIR -- [SERVE ARGS...]",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    return supervise(Path(args[1]), args[3:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""Prometheus exporter: every catalog metric at ``http://<listen>/metrics``, off by default.
+
+Each scrape renders the latest round of every collector plus the process table's rows
+(`bpfdyno.exporters.rounds`), typed from the metric catalog:
+
+| catalog kind | Prometheus type |
+|---|---|
+| counter (``_total``) | counter |
+| gauge, rate (``_per_second``), ratio (``_ratio``) | gauge (the unit is in the name) |
+| histogram | histogram (``_bucket{le}``, ``_sum``, ``_count``) |
+
+Help texts are the catalog's, with the unit; base units (seconds, bytes, ratio...) that
+end a name are also declared as the OpenMetrics ``# UNIT``. Series carry no timestamps, so
+Prometheus' staleness handling removes a series as soon as it disappears (a process that
+left the process table, a GPU that fell off the bus). Per-process series are the process
+table's rows: at most ``[events] process_table_size`` processes plus registered trainers.
+
+The HTTP server is prometheus_client's, on its own daemon threads; a scrape never touches
+the daemon's event loop. If the address cannot be bound the exporter is unavailable, with
+the reason in ``bpfdyno status``, and the daemon serves everything else.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from bpfdyno.core.catalog import CATALOG, Catalog
+from bpfdyno.core.config import PrometheusSection
+from bpfdyno.core.metrics import HistogramSample, MetricKind, MetricSpec, Round, Sample
+from bpfdyno.core.status import PartState, PartStatus
+from bpfdyno.exporters.rounds import ExportView, LatestRounds, SampleProvider
+
+log = logging.getLogger(__name__)
+
+NAME = "export_prometheus"
+
+#: Catalog units that are OpenMetrics base units (declared as ``# UNIT`` when a name ends
+#: with them); other units are named in the help text only.
+BASE_UNITS = frozenset({"seconds", "bytes", "ratio", "celsius", "watts", "hertz", "joules"})
+
+
+def split_host_port(listen: str) -> tuple[str, int]:
+    """``"127.0.0.1:9470"`` -> ("127.0.0.1", 9470); ``"[::1]:9470"`` -> ("::1", 9470)."""
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def help_text(spec: MetricSpec) -> str:
+    """The catalog's help with the unit, as Prometheus shows it."""
+    return f"{spec.help} Unit: {spec.unit}."
+
+
+def families(view: ExportView, catalog: Catalog = CATALOG) -> list[Metric]:
+    """The Prometheus metric families of one export, in catalog order.
+
+    Samples of metrics that are not in ``catalog`` are left out (they cannot be typed);
+    a test keeps every emitted metric declared.
+    """
+    by_name: dict[str, list[Sample]] = defaultdict(list)
+    for s in view.samples:
+        by_name[s.spec.name].append(s)
+    hists: dict[str, list[HistogramSample]] = defaultdict(list)
+    for h in view.histograms:
+        hists[h.spec.name].append(h)
+    out: list[Metric] = []
+    for spec in catalog:
+        if spec.kind is MetricKind.HISTOGRAM:
+            if spec.name in hists:
+                out.append(_histogram_family(spec, hists[spec.name]))
+        elif spec.name in by_name:
+            out.append(_scalar_family(spec, by_name[spec.name]))
+    return out
+
+
+def _unit(spec: MetricSpec) -> str:
+    # A counter's family name is its name without _total (OpenMetrics); the unit ends that.
+    family = spec.name.removesuffix("_total") if spec.kind is MetricKind.COUNTER else spec.name
+    return spec.unit if spec.unit in BASE_UNITS and family.endswith("_" + spec.unit) else ""
+
+
+def _scalar_family(spec: MetricSpec, samples: Sequence[Sample]) -> Metric:
+    family: CounterMetricFamily | GaugeMetricFamily
+    if spec.kind is MetricKind.COUNTER:
+        family = CounterMetricFamily(
+            spec.name, help_text(spec), labels=spec.labels, unit=_unit(spec)
+        )
+    else:
+        family = GaugeMetricFamily(spec.name, help_text(spec), labels=spec.labels, unit=_unit(spec))
+    for s in samples:
+        family.add_metric([v for _, v in s.labels], s.value)
+    return family
+
+
+def _histogram_family(spec: MetricSpec, hists: Sequence[HistogramSample]) -> Metric:
+    family = HistogramMetricFamily(spec.name, help_text(spec), labels=spec.labels, unit=_unit(spec))
+    for h in hists:
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, n in zip((*h.upper_bounds, float("inf")), h.counts, strict=True):
+            cumulative += n
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), float(cumulative)))
+        family.add_metric([v for _, v in h.labels], buckets, h.sum)
+    return family
+
+
+class _CatalogCollector(Collector):
+    """prometheus_client's hook: called on the HTTP server's thread at every scrape."""
+
+    def __init__(self, exporter: PrometheusExporter) -> None:
+        self._exporter = exporter
+
+    def collect(self) -> Iterable[Metric]:
+        return self._exporter.scrape()
+
+
+class PrometheusExporter:
+    """A `RoundSink` serving the latest rounds (and provider samples) to Prometheus.
+
+    Args:
+        cfg: the ``[export.prometheus]`` section.
+        providers: samples computed at each scrape (the process table's rows).
+        catalog: types, units and help of every metric.
+    """
+
+    def __init__(
+        self,
+        cfg: PrometheusSection,
+        providers: Sequence[SampleProvider] = (),
+        catalog: Catalog = CATALOG,
+    ) -> None:
+        self._latest = LatestRounds(providers)
+        self._catalog = catalog
+        self._listen = cfg.listen
+        self._lock = threading.Lock()
+        self.scrapes = 0
+        self.scrape_errors = 0
+        self._last_scrape_ts = 0.0
+        self._error = ""
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_CatalogCollector(self))
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.address: tuple[str, int] | None = None
+        self._start()
+
+    def _start(self) -> None:
+        from prometheus_client import start_http_server
+
+        host, port = split_host_port(self._listen)
+        try:
+            self._server, self._thread = start_http_server(port, host, self.registry)
+        except OSError as e:
+            self._error = (
+                f"cannot listen on {self._listen} ({e.strerror or e}): pick a free address with "
+                "[export.prometheus] listen, or stop what holds it"
+            )
+            log.error("Prometheus exporter unavailable: %s", self._error)
+            return
+        sockname = self._server.socket.getsockname()
+        self.address = (str(sockname[0]), int(sockname[1]))
+        log.info("Prometheus metrics on %s", self.url)
+
+    @property
+    def url(self) -> str:
+        """The /metrics URL (with the port actually bound, if ``listen`` asked for 0)."""
+        if self.address is None:
+            return f"http://{self._listen}/metrics"
+        host, port = self.address
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{port}/metrics"
+
+    def submit(self, rnd: Round) -> None:
+        """Keep the round for the next scrape (a dict update; never blocks on I/O)."""
+        self._latest.submit(rnd)
+
+    def scrape(self) -> list[Metric]:
+        """The families of one scrape (prometheus_client calls this on its HTTP thread)."""
+        try:
+            out = families(self._latest.view(), self._catalog)
+        except Exception:
+            with self._lock:
+                self.scrape_errors += 1
+            log.exception("Prometheus scrape failed")
+            raise
+        with self._lock:
+            self.scrapes += 1
+            self._last_scrape_ts = time.time()
+        return out
+
+    def status(self) -> PartStatus:
+        """ok while serving; unavailable (with the fix) when the address could not be bound."""
+        if self._error:
+            return PartStatus(NAME, PartState.UNAVAILABLE, self._error)
+        with self._lock:
+            scrapes, errors, last = self.scrapes, self.scrape_errors, self._last_scrape_ts
+        since = f", last {time.time() - last:.0f} s ago" if last else ""
+        return PartStatus(
+            NAME,
+            PartState.OK,
+            f"serving {self.url} ({scrapes} scrapes{since})",
+            errors=errors,
+            last_success_ts=last,
+        )
+
+    def close(self) -> None:
+        """Stop serving and free the port."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
