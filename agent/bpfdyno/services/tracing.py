@@ -235,7 +235,10 @@ class TracingService:
             out = []
             for p in view.processes:
                 if p.state is ProcState.WRITTEN:
-                    out.append(summarize_file(p.output_path))
+                    summary = summarize_file(p.output_path)
+                    summary.pid = summary.pid or p.pid
+                    summary.trace_id = summary.trace_id or trace_id
+                    out.append(summary)
                 else:
                     out.append(
                         ProcessSummary(

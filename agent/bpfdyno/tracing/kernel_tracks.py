@@ -36,7 +36,7 @@ from bpfdyno.tracing.capture.records import (
     Track,
 )
 from bpfdyno.tracing.capture.tracks import INFO_NAME, Window, build_tracks
-from bpfdyno.tracing.merge import MergeError, TraceLayout, merge_into_trace
+from bpfdyno.tracing.merge import Insertion, MergeError, TraceLayout, merge_into_trace
 from bpfdyno.tracing.traces import (
     KernelTrackState,
     KernelTrackStatus,
@@ -134,79 +134,94 @@ class KernelTracks:
 
     def merge(self, part: PartRef, capture: ProcessCapture) -> KernelTrackStatus:
         """Write ``capture`` into ``part``'s file (blocking); the outcome as a status."""
-        requested = part.tracks.names()
-        kept = {t: 0 for t in ALL_TRACKS}
-        for r in capture.records:
-            kept[_RECORD_TRACK[type(r)]] += 1
-        merged: list[Track] = []
-        notes: list[str] = []
-        for track in ALL_TRACKS:
-            if track not in part.tracks.tracks:
-                continue
-            st = capture.stats.get(track)
-            note = st.note if st is not None else ""
-            if note and not kept[track]:
+        return merge_capture(part, capture, self._recorder)
+
+
+def merge_capture(
+    part: PartRef, capture: ProcessCapture, recorder: FlightRecorder | None = None
+) -> KernelTrackStatus:
+    """Write ``capture`` into ``part``'s file (blocking); the outcome as a status.
+
+    Args:
+    part: the process's part of the trace (its file, the tracks asked for).
+    capture: what was recorded for it.
+    recorder: the flight recorder, for the rare network events of the pre-window.
+    """
+    requested = part.tracks.names()
+    kept = {t: 0 for t in ALL_TRACKS}
+    for r in capture.records:
+        kept[_RECORD_TRACK[type(r)]] += 1
+    merged: list[Track] = []
+    notes: list[str] = []
+    for track in ALL_TRACKS:
+        if track not in part.tracks.tracks:
+            continue
+        st = capture.stats.get(track)
+        note = st.note if st is not None else ""
+        if note and not kept[track]:
+            notes.append(f"{track.value}: {note}")
+        else:
+            merged.append(track)
+            if note:
                 notes.append(f"{track.value}: {note}")
-            else:
-                merged.append(track)
-                if note:
-                    notes.append(f"{track.value}: {note}")
-        lost = capture.dropped_over_cap + sum(st.lost_kernel for st in capture.stats.values())
-        if lost:
-            notes.append(f"{lost} records lost (see the file's '{INFO_NAME}' slice)")
-        if not merged:
-            return KernelTrackStatus(
-                requested,
-                KernelTrackState.NOT_MERGED,
-                lost=lost,
-                reason="; ".join(notes) or "no track could be recorded",
-            )
-        pre = self._pre_window(capture)
-        counted: list[int] = []
-
-        def build(layout: TraceLayout) -> list[bytes]:
-            if layout.window_ns is not None:
-                window = Window(*layout.window_ns, "kineto")
-            else:
-                shift = capture.offset_ns - layout.base_ns
-                window = Window(capture.begin_ns + shift, capture.end_ns + shift, "capture")
-            built = build_tracks(capture, layout.base_ns, window, merged, pre)
-            counted.append(built.total)
-            return built.events
-
-        try:
-            _, result = merge_into_trace(part.output_path, build)
-        except MergeError as e:
-            log.warning("kernel tracks of pid %d not merged: %s", part.pid, e)
-            return KernelTrackStatus(
-                requested, KernelTrackState.NOT_MERGED, lost=lost, reason=str(e)
-            )
-        log.info(
-            "trace %s: %d kernel-track events merged into %s in %.2f s",
-            part.trace_id,
-            result.events_added,
-            part.output_path,
-            result.seconds,
-        )
+    lost = capture.dropped_over_cap + sum(st.lost_kernel for st in capture.stats.values())
+    if lost:
+        notes.append(f"{lost} records lost (see the file's '{INFO_NAME}' slice)")
+    if not merged:
         return KernelTrackStatus(
             requested,
-            KernelTrackState.MERGED,
-            tuple(t.value for t in merged),
-            events=counted[0] if counted else 0,
+            KernelTrackState.NOT_MERGED,
             lost=lost,
-            reason="; ".join(notes),
+            reason="; ".join(notes) or "no track could be recorded",
         )
+    pre = pre_window(capture, recorder)
+    counted: list[int] = []
 
-    def _pre_window(self, capture: ProcessCapture) -> list[KernelEvent]:
-        """The flight recorder's rare network events of the process before recording began."""
-        if self._recorder is None or capture.request.pre_window_s <= 0:
-            return []
-        since = capture.begin_wall_ns - int(capture.request.pre_window_s * 1e9)
-        return [
-            e
-            for e in self._recorder.since(since, NET_EVENT_KINDS)
-            if e.pid == capture.pid and e.ts_ns < capture.begin_wall_ns
-        ]
+    def build(layout: TraceLayout) -> Insertion:
+        if layout.window_ns is not None:
+            window = Window(*layout.window_ns, "kineto")
+        else:
+            shift = capture.offset_ns - layout.base_ns
+            window = Window(capture.begin_ns + shift, capture.end_ns + shift, "capture")
+        built = build_tracks(capture, layout.base_ns, window, merged, pre)
+        counted.append(built.total)
+        # Without a rank, HTA and co. cannot tell the files of a job apart (see
+        # capture.manager.distributed_info); Kineto's own distributedInfo always wins.
+        members = {"distributedInfo": capture.distributed} if capture.distributed else {}
+        return Insertion(built.events, members)
+
+    try:
+        _, result = merge_into_trace(part.output_path, build)
+    except MergeError as e:
+        log.warning("kernel tracks of pid %d not merged: %s", part.pid, e)
+        return KernelTrackStatus(requested, KernelTrackState.NOT_MERGED, lost=lost, reason=str(e))
+    log.info(
+        "trace %s: %d kernel-track events merged into %s in %.2f s",
+        part.trace_id,
+        counted[0] if counted else 0,
+        part.output_path,
+        result.seconds,
+    )
+    return KernelTrackStatus(
+        requested,
+        KernelTrackState.MERGED,
+        tuple(t.value for t in merged),
+        events=counted[0] if counted else 0,
+        lost=lost,
+        reason="; ".join(notes),
+    )
+
+
+def pre_window(capture: ProcessCapture, recorder: FlightRecorder | None) -> list[KernelEvent]:
+    """The flight recorder's rare network events of the process before recording began."""
+    if recorder is None or capture.request.pre_window_s <= 0:
+        return []
+    since = capture.begin_wall_ns - int(capture.request.pre_window_s * 1e9)
+    return [
+        e
+        for e in recorder.since(since, NET_EVENT_KINDS)
+        if e.pid == capture.pid and e.ts_ns < capture.begin_wall_ns
+    ]
 
 
 def _size(path: str) -> int:

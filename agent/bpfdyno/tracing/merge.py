@@ -13,11 +13,12 @@ checked where it matters, and the body is copied byte for byte by the kernel
   (``"PyTorch Profiler (0)"``, category ``Trace``) is looked for in the tail: it gives the
   trace window.
 
-The new events are written just before that ``]``, into a temporary file in the same
-directory, which then replaces the original with ``rename(2)`` — atomically, keeping the
-original's mode and owner. If anything fails (no space left, a file that is not a complete
-Kineto trace, the file changing meanwhile), the temporary file is removed and the original
-stays byte for byte as it was; `MergeError` says why.
+The new events are written just before that ``]`` (and new top-level members, if any, just
+after it), into a temporary file in the same directory, which then replaces the original
+with ``rename(2)`` — atomically, keeping the original's mode and owner. If anything fails
+(no space left, a file that is not a complete Kineto trace, the file changing meanwhile),
+the temporary file is removed and the original stays byte for byte as it was;
+`MergeError` says why.
 
 A gzip-compressed trace (``.json.gz`` whose content starts with the gzip magic) is
 decompressed twice as a stream (once to read its head and tail, once to copy it) and written
@@ -85,6 +86,14 @@ class TraceLayout:
 
 
 @dataclass(frozen=True, slots=True)
+class Insertion:
+    """What to add to a trace: events (serialized JSON objects) and top-level members."""
+
+    events: Sequence[bytes]
+    members: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class MergeResult:
     """A merge that was done."""
 
@@ -95,14 +104,15 @@ class MergeResult:
 
 
 def merge_into_trace(
-    path: str, build: Callable[[TraceLayout], Sequence[bytes]]
+    path: str, build: Callable[[TraceLayout], Insertion]
 ) -> tuple[TraceLayout, MergeResult]:
-    """Insert the events ``build`` returns (serialized JSON objects) into trace ``path``.
+    """Insert the events (and members) ``build`` returns into trace ``path``.
 
     Args:
         path: a complete Kineto trace file (plain or gzip JSON).
-        build: called with the file's layout (base time, window); returns the events. If it
-            returns none, the file is left alone.
+        build: called with the file's layout (base time, window, members); returns what to
+            add. Members the file already has are not added. If it returns no event, the
+            file is left alone.
 
     Returns:
         The layout and what was done.
@@ -117,9 +127,15 @@ def merge_into_trace(
     except OSError as e:
         raise MergeError(f"cannot read {path}: {e.strerror}") from e
     layout = inspect_trace(path)
-    events = build(layout)
+    insertion = build(layout)
+    events = insertion.events
     if not events:
         return layout, MergeResult(0, before.st_size, before.st_size, time.monotonic() - t0)
+    members = b"".join(
+        b",\n" + json.dumps(key).encode() + b": " + json.dumps(value).encode()
+        for key, value in insertion.members.items()
+        if key not in layout.members and key not in ("traceEvents", "baseTimeNanoseconds")
+    )
     directory = os.path.dirname(path) or "."
     tmp = os.path.join(
         directory, f".{os.path.basename(path)}.bpfdyno-merge-{secrets.token_hex(4)}.tmp"
@@ -134,9 +150,9 @@ def merge_into_trace(
     try:
         with os.fdopen(fd, "wb") as out:
             if layout.compressed:
-                _write_gzip(path, out, layout, insert)
+                _write_gzip(path, out, layout, insert, members)
             else:
-                _write_plain(path, out, layout, insert)
+                _write_plain(path, out, layout, insert, members)
             out.flush()
             os.fsync(out.fileno())
             with contextlib.suppress(OSError):  # not permitted (not root): keep ours
@@ -233,7 +249,8 @@ def _parse_head(head: bytes, path: str) -> tuple[int, dict[str, Any]]:
             key, i = _DECODER.raw_decode(text, i)
         except json.JSONDecodeError as e:
             raise MergeError(
-                f'{path}: no "traceEvents" array in the first {len(head)} bytes ({e.msg})'
+                f'{path} has no "traceEvents" array in its first {len(head)} bytes ({e.msg}): '
+                "not a Kineto trace"
             ) from e
         i = _skip_ws(head, i)
         if head[i : i + 1] != b":":
@@ -250,7 +267,9 @@ def _parse_head(head: bytes, path: str) -> tuple[int, dict[str, Any]]:
         members[str(key)] = value
         i = _skip_ws(head, i)
         if head[i : i + 1] != b",":
-            raise MergeError(f'{path}: the object ends before "traceEvents"')
+            raise MergeError(
+                f'{path} has no "traceEvents" array (the object ends before it): not a Kineto trace'
+            )
         i += 1
 
 
@@ -391,13 +410,18 @@ def _copy_range(src: int, dst: int, offset: int, length: int) -> None:
         done += n
 
 
-def _write_plain(path: str, out: IO[bytes], layout: TraceLayout, insert: bytes) -> None:
+def _write_plain(
+    path: str, out: IO[bytes], layout: TraceLayout, insert: bytes, members: bytes
+) -> None:
     out.flush()
     with open(path, "rb") as src:
         dst = out.fileno()
-        _copy_range(src.fileno(), dst, 0, layout.close_offset)
+        close = layout.close_offset
+        _copy_range(src.fileno(), dst, 0, close)
         _write_all(dst, insert)
-        _copy_range(src.fileno(), dst, layout.close_offset, layout.size - layout.close_offset)
+        _copy_range(src.fileno(), dst, close, 1)  # the "]"
+        _write_all(dst, members)
+        _copy_range(src.fileno(), dst, close + 1, layout.size - close - 1)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -422,7 +446,9 @@ def _gzip_head_tail(path: str) -> tuple[bytes, bytes, int]:
     return bytes(head), bytes(tail[-MAX_TAIL_BYTES:]), size
 
 
-def _write_gzip(path: str, out: IO[bytes], layout: TraceLayout, insert: bytes) -> None:
+def _write_gzip(
+    path: str, out: IO[bytes], layout: TraceLayout, insert: bytes, members: bytes
+) -> None:
     with (
         gzip.open(path, "rb") as src,
         gzip.GzipFile(fileobj=out, mode="wb", compresslevel=GZIP_LEVEL) as dst,
@@ -435,6 +461,8 @@ def _write_gzip(path: str, out: IO[bytes], layout: TraceLayout, insert: bytes) -
             dst.write(chunk)
             left -= len(chunk)
         dst.write(insert)
+        dst.write(src.read(1))  # the "]"
+        dst.write(members)
         while chunk := src.read(CHUNK):
             dst.write(chunk)
 

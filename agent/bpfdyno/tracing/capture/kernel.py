@@ -156,6 +156,8 @@ class KernelCapture:
         self._sockets: dict[tuple[Any, ...], SocketInfo] = {}
         self._attached: dict[Track, bool] = {Track.NET: False, Track.SCHED: False}
         self._procs: dict[int, frozenset[Track]] = {}
+        # Removed processes, whose last records may still be in the ring buffers.
+        self._removed: set[int] = set()
         #: Optional attachments this kernel lacks: "what" -> reason.
         self.missing: dict[str, str] = {}
         #: Tracks that cannot be recorded here: track -> reason.
@@ -255,6 +257,7 @@ class KernelCapture:
             self._detach_unused()
             return problems
         self._procs[tgid] = wanted
+        self._removed.discard(tgid)
         return problems
 
     def remove(self, tgid: int) -> RemovedProcess:
@@ -265,6 +268,9 @@ class KernelCapture:
         program = self._require()
         out = RemovedProcess()
         wanted = self._procs.pop(tgid, frozenset())
+        if len(self._removed) > 4096:
+            self._removed.clear()
+        self._removed.add(tgid)
         table = program.table(_TGIDS)
         key = table.Key(tgid)
         try:
@@ -329,8 +335,13 @@ class KernelCapture:
         return dict(self._attached)
 
     def program_fds(self) -> dict[str, int]:
-        """Loaded function -> fd (for BPF run statistics)."""
+        """Loaded function -> fd (for BPF run statistics); a function loads when first
+        attached."""
         return self._require().program_fds()
+
+    def program_ids(self) -> dict[str, int]:
+        """Loaded function -> kernel program id (what ``bpftool`` shows)."""
+        return self._require().program_ids()
 
     def counter(self, name: str) -> int:
         """A host-wide ``enum cap_counter`` value (e.g. ``CAP_C_NET_LOST``)."""
@@ -347,7 +358,7 @@ class KernelCapture:
             for tgid, record in ring.drain():
                 if record is None:
                     continue
-                if tgid not in self._procs:
+                if tgid not in self._procs and tgid not in self._removed:
                     self.foreign_records += 1
                 out[tgid].append(record)
         return out

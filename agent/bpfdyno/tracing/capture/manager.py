@@ -54,6 +54,30 @@ DRAIN_INTERVAL_S = 0.1
 NCCL_RESCAN_S = 1.0
 
 
+#: Environment variables of a distributed job (torchrun's), in distributedInfo's terms.
+_DIST_ENV = (("RANK", "rank"), ("WORLD_SIZE", "world_size"), ("LOCAL_RANK", "local_rank"))
+
+
+def distributed_info(pid: int, proc_root: Path = Path("/proc")) -> dict[str, int] | None:
+    """``{"rank", "world_size"[, "local_rank"]}`` from the process's environment, or None.
+
+    Kineto's on-demand traces carry no ``distributedInfo`` (the Python profiler adds it, the
+    daemon path does not), and tools such as Holistic Trace Analysis need the rank to tell the
+    files of a job apart; torchrun puts it in every rank's environment.
+    """
+    try:
+        raw = (proc_root / str(pid) / "environ").read_bytes()
+    except OSError:
+        return None
+    env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    out: dict[str, int] = {}
+    for var, key in _DIST_ENV:
+        value = env.get(var.encode(), b"")
+        if value.isdigit():
+            out[key] = int(value)
+    return out if "rank" in out and "world_size" in out else None
+
+
 @dataclass(frozen=True, slots=True)
 class CaptureKey:
     """One traced process's part of one trace."""
@@ -72,6 +96,7 @@ class _Active:
     records: deque[KernelRecord]
     notes: dict[Track, str] = field(default_factory=dict)
     dropped: int = 0
+    distributed: dict[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +145,7 @@ class CaptureManager:
         self.kernel = KernelCapture(settings, header_cache)
         self.nccl = NcclCapture(settings, header_cache, proc_root)
         self.gpu = GpuSampler(gpu, settings.gpu_sample_hz, settings.max_events_per_process)
+        self._proc_root = proc_root
         self._release_pages = release_compiler_pages
         self._queue: queue.Queue[object] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -297,6 +323,7 @@ class CaptureManager:
             begin_wall_ns=time.time_ns(),
             offset_begin_ns=clock.offset_ns,
             records=deque(maxlen=self.settings.max_events_per_process),
+            distributed=distributed_info(key.pid, self._proc_root),
         )
         self._active[key.pid] = active
         kernel_tracks = frozenset(t for t in request.tracks if t in (Track.NET, Track.SCHED))
@@ -351,13 +378,17 @@ class CaptureManager:
         stats: dict[Track, TrackStats] = {}
         tracks = active.request.tracks
         try:
+            self._drain()
+            removed = None
             if self.kernel.loaded and pid in self.kernel.traced():
                 removed = self.kernel.remove(pid)
                 stats.update(removed.stats)
-                self._keep(active, removed.records)
             if Track.NCCL in tracks and self.nccl.loaded:
                 stats[Track.NCCL] = self.nccl.remove(pid)
             self._drain()  # what the ring buffers got before the maps forgot the process
+            if removed is not None:
+                # The bursts still open in the map are each socket's newest: they go last.
+                self._keep(active, removed.records)
         finally:
             del self._active[pid]
         if Track.GPU in tracks:
@@ -388,6 +419,7 @@ class CaptureManager:
                 "net_coalesce_max_us": self.settings.net_coalesce_max_us,
                 "sched_min_offcpu_us": self.settings.sched_min_offcpu_us,
             },
+            distributed=active.distributed,
         )
         self.captures += 1
         self.records_kept += len(capture.records)

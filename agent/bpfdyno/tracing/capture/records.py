@@ -238,6 +238,9 @@ class ProcessCapture:
             first).
         cap: that cap.
         settings: the capture settings that shape the records (coalescing, minimums).
+        distributed: the process's rank and world size from its environment (``RANK``,
+            ``WORLD_SIZE``, ``LOCAL_RANK`` as torchrun sets them), read when capturing began;
+            None when it has none.
     """
 
     pid: int
@@ -252,6 +255,7 @@ class ProcessCapture:
     dropped_over_cap: int
     cap: int
     settings: dict[str, int] = field(default_factory=dict)
+    distributed: dict[str, int] | None = None
 
     def to_wall_ns(self, mono_ns: int) -> int:
         """Wall-clock epoch ns of a CLOCK_MONOTONIC timestamp of this capture."""

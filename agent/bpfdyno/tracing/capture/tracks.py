@@ -68,6 +68,7 @@ GPU_COUNTERS = {
     "sm_occupancy_percent": ("SM occupancy", "%"),
     "tensor_active_percent": ("tensor active", "%"),
     "dram_bandwidth_percent": ("DRAM bandwidth", "%"),
+    "gpm_paused": ("GPM paused", "1 = for a trace or dcgm-pause"),
 }
 
 
@@ -460,6 +461,8 @@ def _info(
         "records_over_cap_dropped": capture.dropped_over_cap,
         "records_cap": capture.cap,
     }
+    if capture.distributed:
+        info["distributed_from_environment"] = capture.distributed
     if Track.NET in counts:
         gap, most = (
             capture.settings.get("net_coalesce_gap_us", 0),
