@@ -35,7 +35,7 @@ from bpfdyno.tracing.capture.records import (
     ProcessCapture,
     Track,
 )
-from bpfdyno.tracing.capture.tracks import INFO_NAME, Window, build_tracks
+from bpfdyno.tracing.capture.tracks import INFO_NAME, Sink, Window, write_tracks
 from bpfdyno.tracing.merge import Insertion, MergeError, TraceLayout, merge_into_trace
 from bpfdyno.tracing.traces import (
     KernelTrackState,
@@ -183,12 +183,15 @@ def merge_capture(
         else:
             shift = capture.offset_ns - layout.base_ns
             window = Window(capture.begin_ns + shift, capture.end_ns + shift, "capture")
-        built = build_tracks(capture, layout.base_ns, window, merged, pre)
-        counted.append(built.total)
+
+        def write(sink: Sink) -> None:  # streamed into the file, row by row
+            counts, _ = write_tracks(capture, layout.base_ns, window, merged, sink, pre)
+            counted.append(sum(counts.values()))
+
         # Without a rank, HTA and co. cannot tell the files of a job apart (see
         # capture.manager.distributed_info); Kineto's own distributedInfo always wins.
         members = {"distributedInfo": capture.distributed} if capture.distributed else {}
-        return Insertion(built.events, members)
+        return Insertion(write, members)
 
     try:
         _, result = merge_into_trace(part.output_path, build)

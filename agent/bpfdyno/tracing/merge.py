@@ -37,7 +37,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -85,11 +85,19 @@ class TraceLayout:
     members: dict[str, Any] = field(default_factory=dict)
 
 
+#: Something that writes events (serialized JSON objects) by calling the function it is given.
+EventWriter = Callable[[Callable[[bytes], None]], None]
+
+
 @dataclass(frozen=True, slots=True)
 class Insertion:
-    """What to add to a trace: events (serialized JSON objects) and top-level members."""
+    """What to add to a trace: events and top-level members.
 
-    events: Sequence[bytes]
+    ``events`` is a sequence, or an `EventWriter` that produces them while the file is
+    written, so they never all sit in memory at once.
+    """
+
+    events: Iterable[bytes] | EventWriter
     members: dict[str, Any] = field(default_factory=dict)
 
 
@@ -128,8 +136,7 @@ def merge_into_trace(
         raise MergeError(f"cannot read {path}: {e.strerror}") from e
     layout = inspect_trace(path)
     insertion = build(layout)
-    events = insertion.events
-    if not events:
+    if not callable(insertion.events) and not insertion.events:
         return layout, MergeResult(0, before.st_size, before.st_size, time.monotonic() - t0)
     members = b"".join(
         b",\n" + json.dumps(key).encode() + b": " + json.dumps(value).encode()
@@ -140,7 +147,7 @@ def merge_into_trace(
     tmp = os.path.join(
         directory, f".{os.path.basename(path)}.bpfdyno-merge-{secrets.token_hex(4)}.tmp"
     )
-    insert = _insertion(events, layout.empty)
+    insert = _Inserted(insertion.events, layout.empty)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     except OSError as e:
@@ -181,7 +188,7 @@ def merge_into_trace(
         raise
     _fsync_dir(directory)
     size_after = os.stat(path).st_size
-    return layout, MergeResult(len(events), before.st_size, size_after, time.monotonic() - t0)
+    return layout, MergeResult(insert.count, before.st_size, size_after, time.monotonic() - t0)
 
 
 def inspect_trace(path: str) -> TraceLayout:
@@ -375,9 +382,27 @@ def _find_window(tail: bytes) -> tuple[int, int] | None:
     return None
 
 
-def _insertion(events: Sequence[bytes], empty: bool) -> bytes:
-    body = b",\n".join(events)
-    return (b"\n" if empty else b",\n") + body + b"\n"
+class _Inserted:
+    """The events to insert, written one by one with their separators; counts them."""
+
+    def __init__(self, events: Iterable[bytes] | EventWriter, empty: bool) -> None:
+        self._events = events
+        self._empty = empty
+        self.count = 0
+
+    def write_to(self, write: Callable[[bytes], object]) -> None:
+        def one(event: bytes) -> None:
+            first = self.count == 0
+            write((b"\n" if first and self._empty else b",\n") + event)
+            self.count += 1
+
+        if callable(self._events):
+            self._events(one)
+        else:
+            for event in self._events:
+                one(event)
+        if self.count:
+            write(b"\n")
 
 
 # -- copying ------------------------------------------------------------------------------
@@ -411,23 +436,21 @@ def _copy_range(src: int, dst: int, offset: int, length: int) -> None:
 
 
 def _write_plain(
-    path: str, out: IO[bytes], layout: TraceLayout, insert: bytes, members: bytes
+    path: str, out: IO[bytes], layout: TraceLayout, insert: _Inserted, members: bytes
 ) -> None:
-    out.flush()
+    # Kernel copies (copy_file_range) and buffered writes share the file offset: flush the
+    # buffer before each copy.
     with open(path, "rb") as src:
         dst = out.fileno()
         close = layout.close_offset
+        out.flush()
         _copy_range(src.fileno(), dst, 0, close)
-        _write_all(dst, insert)
+        insert.write_to(out.write)
+        out.flush()
         _copy_range(src.fileno(), dst, close, 1)  # the "]"
-        _write_all(dst, members)
+        out.write(members)
+        out.flush()
         _copy_range(src.fileno(), dst, close + 1, layout.size - close - 1)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def _gzip_head_tail(path: str) -> tuple[bytes, bytes, int]:
@@ -447,7 +470,7 @@ def _gzip_head_tail(path: str) -> tuple[bytes, bytes, int]:
 
 
 def _write_gzip(
-    path: str, out: IO[bytes], layout: TraceLayout, insert: bytes, members: bytes
+    path: str, out: IO[bytes], layout: TraceLayout, insert: _Inserted, members: bytes
 ) -> None:
     with (
         gzip.open(path, "rb") as src,
@@ -460,7 +483,7 @@ def _write_gzip(
                 raise OSError(errno.EIO, "the compressed trace ended early")
             dst.write(chunk)
             left -= len(chunk)
-        dst.write(insert)
+        insert.write_to(dst.write)
         dst.write(src.read(1))  # the "]"
         dst.write(members)
         while chunk := src.read(CHUNK):

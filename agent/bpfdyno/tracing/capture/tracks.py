@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,12 +135,16 @@ class _Slice:
     args: dict[str, Any]
 
 
+#: Where events go, one serialized JSON object per call (the merge writes them to the file).
+Sink = Callable[[bytes], None]
+
+
 @dataclass(slots=True)
 class _Writer:
-    """Accumulates rows (synthetic threads) and events for one process."""
+    """Writes one process's rows (synthetic threads) and events to a sink as they come."""
 
     pid: int
-    events: list[bytes] = field(default_factory=list)
+    sink: Sink
     next_tid: int = TID_BASE
     rows: dict[str, int] = field(default_factory=dict)
 
@@ -150,11 +154,11 @@ class _Writer:
             self.next_tid += 1
             tid = self.rows[name] = self.next_tid
             meta_args = orjson.dumps({"name": name})
-            self.events.append(
+            self.sink(
                 b'{"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":%s}'
                 % (self.pid, tid, meta_args)
             )
-            self.events.append(
+            self.sink(
                 b'{"ph":"M","name":"thread_sort_index","pid":%d,"tid":%d,"args":{"sort_index":%d}}'
                 % (self.pid, tid, tid)
             )
@@ -166,7 +170,7 @@ class _Writer:
         lanes = assign_lanes([(s.start_ns, s.end_ns) for s in slices])
         for s, lane in zip(slices, lanes, strict=True):
             tid = self.row(row_name if lane == 0 else f"{row_name} ({lane + 1})")
-            self.events.append(
+            self.sink(
                 b'{"ph":"X","cat":%s,"name":%s,"pid":%d,"tid":%d,"ts":%s,"dur":%s,"args":%s}'
                 % (
                     orjson.dumps(s.cat),
@@ -181,7 +185,7 @@ class _Writer:
         return len(slices)
 
     def instant(self, row_name: str, ts_ns: int, name: str, cat: str, args: dict[str, Any]) -> None:
-        self.events.append(
+        self.sink(
             b'{"ph":"i","s":"t","cat":%s,"name":%s,"pid":%d,"tid":%d,"ts":%s,"args":%s}'
             % (
                 orjson.dumps(cat),
@@ -194,7 +198,7 @@ class _Writer:
         )
 
     def counter(self, name: str, ts_ns: int, cat: str, values: dict[str, float]) -> None:
-        self.events.append(
+        self.sink(
             b'{"ph":"C","cat":%s,"name":%s,"pid":%d,"ts":%s,"args":%s}'
             % (
                 orjson.dumps(cat),
@@ -213,7 +217,23 @@ def build_tracks(
     tracks: Iterable[Track],
     recorded: Sequence[KernelEvent] = (),
 ) -> BuiltTracks:
-    """The trace events of ``capture``'s ``tracks`` inside ``window``.
+    """`write_tracks` into a list (for small captures and tests)."""
+    events: list[bytes] = []
+    counts, info = write_tracks(capture, base_ns, window, tracks, events.append, recorded)
+    return BuiltTracks(events, counts, info)
+
+
+def write_tracks(
+    capture: ProcessCapture,
+    base_ns: int,
+    window: Window,
+    tracks: Iterable[Track],
+    sink: Sink,
+    recorded: Sequence[KernelEvent] = (),
+) -> tuple[dict[Track, int], dict[str, Any]]:
+    """Write the trace events of ``capture``'s ``tracks`` inside ``window`` to ``sink``.
+
+    Row by row, so only one row's slices are in memory at a time besides the records.
 
     Args:
         capture: what was recorded for the process.
@@ -221,10 +241,14 @@ def build_tracks(
         window: the trace window (relative ns); slices overlapping it are kept (off-CPU
             slices clipped to it), GPU samples inside it plus one on each side.
         tracks: the tracks to write (those requested and recorded).
+        sink: receives each event.
         recorded: the flight recorder's events of this process from the pre-window (wall ns).
+
+    Returns:
+        Events written per track (metadata not counted), and the info slice's args.
     """
     shift = capture.offset_ns - base_ns  # monotonic ns + shift = relative ns
-    w = _Writer(capture.pid)
+    w = _Writer(capture.pid, sink)
     wanted = set(tracks)
     counts: dict[Track, int] = {}
     by_kind: dict[type, list[Any]] = defaultdict(list)
@@ -244,47 +268,43 @@ def build_tracks(
         "kernel tracks",
         [_Slice(window.start_ns, window.end_ns, INFO_NAME, CAT_INFO, info)],
     )
-    return BuiltTracks(w.events, counts, info)
+    return counts, info
 
 
 def _overlaps(start: int, end: int, window: Window) -> bool:
     return end >= window.start_ns and start <= window.end_ns
 
 
+#: The cumulative byte counter gets at most one point per this many ns (and the last one).
+COUNTER_RESOLUTION_NS = 1_000_000
+
+
 def _net(
     w: _Writer, bursts: list[NetBurst], events: list[NetEvent], shift: int, window: Window
 ) -> int:
-    rows: dict[str, list[_Slice]] = defaultdict(list)
-    kept: list[tuple[int, NetBurst]] = []
+    rows: dict[str, list[NetBurst]] = defaultdict(list)
+    kept: list[NetBurst] = []
     for b in bursts:
-        start, end = b.start_ns + shift, b.end_ns + shift
-        if not _overlaps(start, end, window):
-            continue
-        direction = "recv" if b.rx else "send"
-        burst_args: dict[str, Any] = {
-            "bytes": b.bytes,
-            "calls": b.calls,
-            "tid": b.tid,
-            "protocol": b.socket.protocol,
-            "local": b.socket.local,
-            "peer": b.socket.peer,
-            "socket": f"{b.sk:#x}",
-        }
-        rows[f"kernel net: {b.socket.label()} {direction}"].append(
-            _Slice(start, end, direction, CAT_NET, burst_args)
-        )
-        kept.append((end, b))
+        if _overlaps(b.start_ns + shift, b.end_ns + shift, window):
+            rows[f"kernel net: {b.socket.label()} {'recv' if b.rx else 'send'}"].append(b)
+            kept.append(b)
     n = 0
     for name in sorted(rows):
-        n += w.slices(name, rows[name])
+        n += w.slices(name, [_burst_slice(b, shift) for b in rows.pop(name)])
     # A cumulative byte counter per direction, so Perfetto draws the traffic over time.
     sent = received = 0
-    for end, b in sorted(kept, key=lambda x: x[0]):
+    last = None
+    kept.sort(key=lambda b: b.end_ns)
+    for i, b in enumerate(kept):
         if b.rx:
             received += b.bytes
         else:
             sent += b.bytes
-        w.counter("kernel net bytes", end, CAT_NET, {"sent": sent, "received": received})
+        end = b.end_ns + shift
+        final = i == len(kept) - 1
+        if final or last is None or kept[i + 1].end_ns + shift - last >= COUNTER_RESOLUTION_NS:
+            w.counter("kernel net bytes", end, CAT_NET, {"sent": sent, "received": received})
+            last = end
     for e in events:
         ts = e.ts_ns + shift
         if ts > window.end_ns:
@@ -306,6 +326,20 @@ def _net(
     return n
 
 
+def _burst_slice(b: NetBurst, shift: int) -> _Slice:
+    direction = "recv" if b.rx else "send"
+    args = {
+        "bytes": b.bytes,
+        "calls": b.calls,
+        "tid": b.tid,
+        "protocol": b.socket.protocol,
+        "local": b.socket.local,
+        "peer": b.socket.peer,
+        "socket": f"{b.sk:#x}",
+    }
+    return _Slice(b.start_ns + shift, b.end_ns + shift, direction, CAT_NET, args)
+
+
 def _pre_window(w: _Writer, recorded: Sequence[KernelEvent], base_ns: int, window: Window) -> int:
     n = 0
     for e in recorded:
@@ -321,48 +355,44 @@ def _pre_window(w: _Writer, recorded: Sequence[KernelEvent], base_ns: int, windo
 
 
 def _sched(w: _Writer, intervals: list[OffCpu], shift: int, window: Window) -> int:
-    rows: dict[str, list[_Slice]] = defaultdict(list)
+    rows: dict[str, list[OffCpu]] = defaultdict(list)
     for iv in intervals:
-        off, on = iv.off_ns + shift, iv.on_ns + shift
-        if not _overlaps(off, on, window):
-            continue
-        row = f"kernel sched: thread {iv.tid} ({iv.comm})"
-        base: dict[str, Any] = {
-            "tid": iv.tid,
-            "cpu": iv.cpu,
-            "state": causes.state_letter(iv.state),
-        }
-        clipped = off < window.start_ns or on > window.end_ns
-        if clipped:
-            base["clipped_to_window"] = True
-        lo, hi = max(off, window.start_ns), min(on, window.end_ns)
-        if iv.runnable:
-            rows[row].append(
-                _Slice(lo, hi, "runnable: preempted", CAT_SCHED, {**base, "cause": causes.RUNNABLE})
-            )
-            continue
-        cause = causes.cause(iv.state, iv.syscall)
-        syscall = causes.syscall_name(iv.syscall)
-        label = f"blocked: {cause}" + (f" ({syscall})" if syscall else "")
-        args = {**base, "cause": cause, "syscall": syscall}
-        wake = iv.wake_ns + shift if iv.wake_ns else on
-        b_lo, b_hi = lo, min(max(wake, lo), hi)
-        if b_hi > b_lo or wake == off:
-            rows[row].append(_Slice(b_lo, b_hi, label, CAT_SCHED, args))
-        if iv.wake_ns and hi > b_hi:
-            rows[row].append(
-                _Slice(
-                    b_hi,
-                    hi,
-                    "runnable: woken",
-                    CAT_SCHED,
-                    {**base, "cause": causes.RUNNABLE, "after": cause},
-                )
-            )
+        if _overlaps(iv.off_ns + shift, iv.on_ns + shift, window):
+            rows[f"kernel sched: thread {iv.tid} ({iv.comm})"].append(iv)
     n = 0
     for name in sorted(rows):
-        n += w.slices(name, rows[name])
+        slices: list[_Slice] = []
+        for iv in rows.pop(name):
+            slices.extend(_offcpu_slices(iv, shift, window))
+        n += w.slices(name, slices)
     return n
+
+
+def _offcpu_slices(iv: OffCpu, shift: int, window: Window) -> list[_Slice]:
+    """One slice for a preempted interval; "blocked" then "runnable: woken" otherwise."""
+    off, on = iv.off_ns + shift, iv.on_ns + shift
+    base: dict[str, Any] = {"tid": iv.tid, "cpu": iv.cpu, "state": causes.state_letter(iv.state)}
+    if off < window.start_ns or on > window.end_ns:
+        base["clipped_to_window"] = True
+    lo, hi = max(off, window.start_ns), min(on, window.end_ns)
+    if iv.runnable:
+        return [
+            _Slice(lo, hi, "runnable: preempted", CAT_SCHED, {**base, "cause": causes.RUNNABLE})
+        ]
+    cause = causes.cause(iv.state, iv.syscall)
+    syscall = causes.syscall_name(iv.syscall)
+    label = f"blocked: {cause}" + (f" ({syscall})" if syscall else "")
+    out = []
+    wake = iv.wake_ns + shift if iv.wake_ns else on
+    b_lo, b_hi = lo, min(max(wake, lo), hi)
+    if b_hi > b_lo or wake == off:
+        out.append(
+            _Slice(b_lo, b_hi, label, CAT_SCHED, {**base, "cause": cause, "syscall": syscall})
+        )
+    if iv.wake_ns and hi > b_hi:
+        after = {**base, "cause": causes.RUNNABLE, "after": cause}
+        out.append(_Slice(b_hi, hi, "runnable: woken", CAT_SCHED, after))
+    return out
 
 
 def _nccl(w: _Writer, calls: list[NcclCall], shift: int, window: Window) -> int:
