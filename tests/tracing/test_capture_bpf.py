@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bpfdyno.core.config import load
+from bpfdyno.core.status import PartState
 from bpfdyno.ebpf.runstats import BpfRunStats
 from bpfdyno.tracing.capture.manager import CaptureKey, CaptureManager
 from bpfdyno.tracing.capture.records import (
@@ -351,3 +352,21 @@ def test_nccl_found_when_loaded_after_the_trace_began(manager: CaptureManager) -
     assert cap.stats[Track.NCCL].note == ""  # found in the end
     assert manager.nccl.probed_libraries() == {}  # detached with its last traced process
     assert Path(lib).exists()
+
+
+def test_the_first_trace_loads_the_programs_before_the_preload_delay(server: int) -> None:
+    """The daemon compiles the capture programs 5 s after its start (its collectors compile
+    first); a trace that comes sooner loads them at once and is recorded from its start."""
+    m = CaptureManager(load(None).capture, preload_delay_s=600)
+    m.start()
+    sender = Sender(server)
+    try:
+        assert m.status().state is PartState.STARTING
+        cap = record(m, sender.pid, NET_SCHED, lambda: sender.send(1000, 3, gap_ms=5))
+        status = m.status()
+        assert status.state is PartState.OK
+        assert status.reason.startswith("0 process(es) being recorded; 1 captured")
+    finally:
+        sender.close()
+        m.stop()
+    assert sum(r.bytes for r in cap.records if isinstance(r, NetBurst) and not r.rx) == 3000

@@ -90,7 +90,7 @@ def build(cfg: Config) -> Assembly:
     pause, resume = profiling_controls([c for c in (gpu, dcgm) if c is not None])
     # Kernel tracks of traced processes: their programs load in the background at start.
     capture = (
-        CaptureManager(cfg.capture, gpu=gpu, release_compiler_pages=True)
+        CaptureManager(cfg.capture, gpu=gpu, release_compiler_pages=True, preload_delay_s=5.0)
         if cfg.capture.enabled
         else None
     )

@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 DRAIN_INTERVAL_S = 0.1
 #: How often traced processes without a libnccl are looked at again.
 NCCL_RESCAN_S = 1.0
+#: The programs are compiled this long after start (or at the first trace, if sooner), so
+#: the compile does not hold up the collectors' own at the daemon's start (one compile at a
+#: time) and the daemon is ready as fast as without this feature.
+PRELOAD_DELAY_S = 5.0
 
 
 #: Environment variables of a distributed job (torchrun's), in distributedInfo's terms.
@@ -129,6 +133,8 @@ class CaptureManager:
         proc_root: where /proc is.
         release_compiler_pages: after loading the programs, advise the compiler's pages out
             of memory (what ``bpfdyno serve`` does after its other programs).
+        preload_delay_s: compile the programs this long after `start`, or at the first
+            trace if it comes sooner.
     """
 
     name = "capture"
@@ -140,8 +146,10 @@ class CaptureManager:
         header_cache: Path | None = None,
         proc_root: Path = Path("/proc"),
         release_compiler_pages: bool = False,
+        preload_delay_s: float = 0.0,
     ) -> None:
         self.settings = settings
+        self._preload_delay_s = preload_delay_s
         self.kernel = KernelCapture(settings, header_cache)
         self.nccl = NcclCapture(settings, header_cache, proc_root)
         self.gpu = GpuSampler(gpu, settings.gpu_sample_hz, settings.max_events_per_process)
@@ -224,7 +232,9 @@ class CaptureManager:
             return PartStatus(self.name, PartState.UNAVAILABLE, f"no kernel track works: {why}")
         if missing:
             why = "; ".join(f"{t.value}: {r}" for t, r in missing.items())
-            return PartStatus(self.name, PartState.DEGRADED, f"{summary}; unavailable: {why}")
+            # No GPU on this machine is how it is, not a fault of the capture.
+            state = PartState.OK if set(missing) == {Track.GPU} else PartState.DEGRADED
+            return PartStatus(self.name, state, f"{summary}; unavailable: {why}")
         return PartStatus(self.name, PartState.OK, summary)
 
     def unavailable_tracks(self) -> dict[Track, str]:
@@ -244,14 +254,23 @@ class CaptureManager:
     # -- the capture thread ---------------------------------------------------------------
 
     def _run(self) -> None:
+        first: object = None
+        if self._preload_delay_s > 0:
+            try:
+                first = self._queue.get(timeout=self._preload_delay_s)
+            except queue.Empty:
+                first = None
         self._load()
         try:
             while True:
-                timeout = DRAIN_INTERVAL_S if self._active else None
-                try:
-                    cmd = self._queue.get(timeout=timeout)
-                except queue.Empty:
-                    cmd = None
+                if first is not None:  # what came before the programs were loaded
+                    cmd, first = first, None
+                else:
+                    timeout = DRAIN_INTERVAL_S if self._active else None
+                    try:
+                        cmd = self._queue.get(timeout=timeout)
+                    except queue.Empty:
+                        cmd = None
                 if cmd is _STOP:
                     break
                 try:
