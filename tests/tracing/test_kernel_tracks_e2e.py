@@ -173,10 +173,11 @@ async def test_network_bytes_sleeps_and_the_pre_window_are_exact_and_aligned(
         for e in of_cat(evs, "bpfdyno.net", "i")
         if e["args"].get("source") == "flight recorder (before the request)"
     ]
-    assert [(e["name"], e["args"]["sport"], e["args"]["dport"]) for e in before] == [
-        ("tcp_connect", port, server.port)
-    ]
-    assert before[0]["ts"] < lo
+    # (A loaded machine may also have retransmitted on it meanwhile: those come along too.)
+    assert [e["name"] for e in before].count("tcp_connect") == 1
+    assert {(e["args"]["sport"], e["args"]["dport"]) for e in before} == {(port, server.port)}
+    assert {e["name"] for e in before} <= {"tcp_connect", "tcp_retransmit"}
+    assert all(e["ts"] < lo for e in before)
 
     meta = info(evs)
     assert (meta["tracks"], meta["window"], meta["records_over_cap_dropped"]) == (

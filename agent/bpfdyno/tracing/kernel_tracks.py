@@ -46,6 +46,10 @@ from bpfdyno.tracing.traces import (
 
 log = logging.getLogger(__name__)
 
+#: Longest wait for the capture's records once a file is complete (they come in
+#: milliseconds; this only keeps a part from staying "merging" if the capture is stuck).
+END_TIMEOUT_S = 60.0
+
 _RECORD_TRACK = {
     NetBurst: Track.NET,
     NetEvent: Track.NET,
@@ -109,9 +113,19 @@ class KernelTracks:
     async def _finish(self, part: PartRef) -> None:
         requested = part.tracks.names()
         try:
-            capture = await asyncio.wrap_future(
-                self._manager.end(CaptureKey(part.trace_id, part.pid))
+            capture = await asyncio.wait_for(
+                asyncio.wrap_future(self._manager.end(CaptureKey(part.trace_id, part.pid))),
+                END_TIMEOUT_S,
             )
+        except TimeoutError:
+            status = KernelTrackStatus(
+                requested,
+                KernelTrackState.NOT_MERGED,
+                reason=f"the capture did not hand over its records within {END_TIMEOUT_S:g} s "
+                "(see the agent's log)",
+            )
+            self._tracker.merge_done(part.trace_id, part.address, status, _size(part.output_path))
+            return
         except Exception as e:
             status = KernelTrackStatus(
                 requested, KernelTrackState.NOT_MERGED, reason=f"nothing was recorded ({e})"

@@ -248,7 +248,9 @@ class TraceTracker:
         self.opened = asyncio.Event()  # set while some trace is open
         self._listener: TraceListener | None = None
         #: Why kernel tracks cannot be recorded at all ("" when they can).
-        self.tracks_off_reason = "kernel tracks are disabled in this agent ([capture] enabled)"
+        self.tracks_off_reason = (
+            "kernel tracks are disabled in this agent ([capture] enabled = false)"
+        )
 
     def set_listener(self, listener: TraceListener | None) -> None:
         """Who records and merges kernel tracks (None: nobody; requests for them are noted)."""
