@@ -1,10 +1,11 @@
 /* bpfdyno trace capture: what the kernel sees of the processes being traced, for the kernel
  * tracks merged into their Kineto trace files.
  *
- * Attached only while some trace runs (bpfdyno.tracing.capture.kernel attaches every function
- * when the first traced process is added and detaches them when the last one leaves), and
- * every function first checks `bpfdyno_ctgids`, the map of traced processes: nothing else is
- * recorded. When nothing is traced none of this runs at all.
+ * Attached only while some trace runs (bpfdyno.tracing.capture.kernel attaches a track's
+ * functions when the first traced process that wants it is added and detaches them when the
+ * last one leaves), and every function first checks `bpfdyno_ctgids`, the map of traced
+ * processes, and the process's CAP_F_* flags: nothing else is recorded. When nothing is
+ * traced none of this runs at all.
  *
  * Recorded, per traced process (tgid):
  * - socket calls (sock:sock_{send,recv}_length, TCP/UDP/MPTCP over IPv4/IPv6): bytes, both
