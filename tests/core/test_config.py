@@ -135,3 +135,32 @@ def test_bpf_size_errors_name_file_line_and_key(tmp_path: Path, text: str, fragm
     msg = str(ei.value)
     assert msg.startswith(f"{p}:2: "), msg
     assert fragment in msg
+
+
+def test_capture_defaults_and_overrides() -> None:
+    c = load(None).capture
+    assert (c.enabled, c.default_tracks, c.pre_window_s) == (
+        True,
+        ["net", "sched", "nccl", "gpu"],
+        5.0,
+    )
+    c = load(None, [("capture.default_tracks", '["sched"]'), ("capture.pre_window_s", "0")]).capture
+    assert (c.default_tracks, c.pre_window_s) == (["sched"], 0.0)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("capture.default_tracks", '["net", "disk"]', "names an unknown track 'disk'"),
+        ("capture.pre_window_s", "-1", "must be in 0..3600 seconds"),
+        ("capture.ringbuf_pages", "3", "must be a power of two"),
+        ("capture.max_events_per_process", "10", "must be in 100..100000000"),
+        ("capture.max_processes", "0", "must be in 1..65536"),
+        ("capture.net_coalesce_gap_us", "-5", "must be in 0..10000000"),
+        ("capture.gpu_sample_hz", "0", "must be in 0.1..1000"),
+    ],
+)
+def test_capture_section_errors(key: str, value: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load(None, [(key, value)])
+    assert f"'{key}'" in str(e.value) and fragment in str(e.value)

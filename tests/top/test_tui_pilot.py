@@ -147,6 +147,7 @@ async def test_trace_form_sends_the_exact_request_and_follows_it_to_the_files() 
                 process_limit=3,
                 record_shapes=True,
                 with_stacks=True,
+                kernel_tracks="all",
             )
         ]
         await pilot.pause(0.1)
@@ -194,7 +195,7 @@ async def test_banner_while_the_agent_is_away_and_restart_notice() -> None:
 
 def test_parse_trace_form_builds_requests() -> None:
     assert parse_trace_form("12, 34", "", "duration", "750", "/tmp/x.json", "2") == TraceSpec(
-        log_file="/tmp/x.json", pids=(12, 34), duration_ms=750, process_limit=2
+        log_file="/tmp/x.json", pids=(12, 34), duration_ms=750, process_limit=2, kernel_tracks="all"
     )
     assert parse_trace_form(
         "", "99", "iterations", "3", "/tmp/y.json", "1", ["profile_memory", "with_modules"]
@@ -205,6 +206,20 @@ def test_parse_trace_form_builds_requests() -> None:
         process_limit=1,
         profile_memory=True,
         with_modules=True,
+        kernel_tracks="all",
+    )
+    # The kernel-track checkboxes and the pre-window.
+    assert parse_trace_form(
+        "7", "", "duration", "500", "/tmp/z.json", "3", (), ["sched", "net"], "2.5"
+    ) == TraceSpec(
+        log_file="/tmp/z.json",
+        pids=(7,),
+        kernel_tracks="net,sched",
+        pre_window_seconds=2.5,
+    )
+    assert (
+        parse_trace_form("7", "", "duration", "500", "/tmp/z.json", "3", (), []).kernel_tracks
+        == "none"
     )
 
 
@@ -218,9 +233,13 @@ def test_parse_trace_form_builds_requests() -> None:
         (("12", "", "duration", "5", "tmp/a.json", "3"), "Log file: enter an absolute path"),
         (("12", "", "duration", "5", "/tmp/a.trace", "3"), "Log file: end the name in .json"),
         (("12", "", "duration", "5", "/tmp/a.json", "0"), "Process limit: enter a whole number"),
+        (
+            ("12", "", "duration", "5", "/tmp/a.json", "3", (), ("net",), "soon"),
+            "Pre-window: enter seconds from 0 to 3600",
+        ),
     ],
 )
-def test_parse_trace_form_errors(args: tuple[str, ...], message: str) -> None:
+def test_parse_trace_form_errors(args: tuple[object, ...], message: str) -> None:
     with pytest.raises(FormError) as e:
         parse_trace_form(*args)
     assert str(e.value).startswith(message)

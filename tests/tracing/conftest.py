@@ -51,7 +51,7 @@ def short_tmp() -> Iterator[Path]:
 @pytest.fixture
 async def harness(short_tmp: Path) -> AsyncIterator[Harness]:
     h = Harness(short_tmp)
-    await h.comp.start()
+    await h.start()
     try:
         yield h
     finally:

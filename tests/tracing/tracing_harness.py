@@ -21,7 +21,10 @@ from pathlib import Path
 import orjson
 
 from bpfdyno.core.config import Config, load
+from bpfdyno.core.events import FlightRecorder
 from bpfdyno.services.tracing import TracingService, TrainerView
+from bpfdyno.tracing.capture.gpu import GpuCounterSource
+from bpfdyno.tracing.capture.manager import CaptureManager
 from bpfdyno.tracing.component import TracingComponent
 from bpfdyno.tracing.ipc import wire
 from bpfdyno.tracing.traces import TraceView
@@ -30,7 +33,12 @@ TRAINERS = Path(__file__).resolve().parent / "trainers"
 KINETO_BASE_CONFIG = TRAINERS / "kineto.conf"
 
 
-def make_config(socket_dir: str, allowed: list[str], legacy: bool = True) -> Config:
+def make_config(
+    socket_dir: str,
+    allowed: list[str],
+    legacy: bool = True,
+    extra: list[tuple[str, str]] | None = None,
+) -> Config:
     """A daemon config for tests: socket-dir IPC, legacy RPC on an ephemeral port."""
     return load(
         None,
@@ -39,6 +47,7 @@ def make_config(socket_dir: str, allowed: list[str], legacy: bool = True) -> Con
             ("tracing.allowed_dirs", json.dumps(allowed)),
             ("legacy_rpc.enabled", "true" if legacy else "false"),
             ("legacy_rpc.listen", '["127.0.0.1:0"]'),
+            *(extra or []),
         ],
     )
 
@@ -111,17 +120,47 @@ class TrainerProc:
 
 
 class Harness:
-    """A `TracingComponent` plus the trainers of one test."""
+    """A `TracingComponent` plus the trainers of one test.
 
-    def __init__(self, base: Path, legacy: bool = True) -> None:
+    With ``capture``, the component records kernel tracks (a real `CaptureManager`: BPF
+    programs, so root) with the ``[capture]`` settings of ``capture_settings`` (``--set``
+    pairs), the flight recorder ``recorder`` and GPU counters from ``gpu``.
+    """
+
+    def __init__(
+        self,
+        base: Path,
+        legacy: bool = True,
+        capture: bool = False,
+        capture_settings: list[tuple[str, str]] | None = None,
+        recorder: FlightRecorder | None = None,
+        gpu: GpuCounterSource | None = None,
+    ) -> None:
         self.base = base
         self.socket_dir = base / "sock"
         self.trace_dir = base / "traces"
-        self.socket_dir.mkdir()
-        self.trace_dir.mkdir()
-        self.cfg = make_config(str(self.socket_dir), [str(self.trace_dir)], legacy)
-        self.comp = TracingComponent(self.cfg)
+        self.socket_dir.mkdir(exist_ok=True)
+        self.trace_dir.mkdir(exist_ok=True)
+        self.cfg = make_config(
+            str(self.socket_dir), [str(self.trace_dir)], legacy, capture_settings or []
+        )
+        self._capture = capture
+        self._recorder = recorder
+        self._gpu = gpu
+        self.comp = self._component()
         self.trainers: list[TrainerProc] = []
+
+    def _component(self) -> TracingComponent:
+        if not self._capture:
+            return TracingComponent(self.cfg)
+        manager = CaptureManager(self.cfg.capture, gpu=self._gpu)
+        return TracingComponent(self.cfg, capture=manager, recorder=self._recorder)
+
+    async def start(self) -> None:
+        """Start the component; with a capture, wait until its programs are loaded."""
+        await self.comp.start()
+        if self.comp.capture is not None:
+            assert await asyncio.to_thread(self.comp.capture.wait_loaded, 120)
 
     @property
     def service(self) -> TracingService:
@@ -135,8 +174,8 @@ class Harness:
     async def restart(self) -> None:
         """Stop the component and start a fresh one (empty registry) on the same config."""
         await self.comp.stop()
-        self.comp = TracingComponent(self.cfg)
-        await self.comp.start()
+        self.comp = self._component()
+        await self.start()
 
     def spawn(
         self,

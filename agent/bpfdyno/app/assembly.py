@@ -80,6 +80,7 @@ def build(cfg: Config) -> Assembly:
     from bpfdyno.sources.procs.collector import ProcsCollector
     from bpfdyno.sources.procs.table import ProcessTable
     from bpfdyno.sources.sched.collector import SchedCollector
+    from bpfdyno.tracing.capture.manager import CaptureManager
     from bpfdyno.tracing.component import TracingComponent
 
     asm = Assembly()
@@ -91,7 +92,15 @@ def build(cfg: Config) -> Assembly:
     gpu = GpuCollector.from_config(cfg.gpu, event_sink=recorder.add) if on("gpu") else None
     dcgm = DcgmCollector() if on("dcgm") else None
     pause, resume = profiling_controls([c for c in (gpu, dcgm) if c is not None])
-    tracing = TracingComponent(cfg, dcgm_pause=pause, dcgm_resume=resume)
+    # Kernel tracks of traced processes: their programs load in the background at start.
+    capture = (
+        CaptureManager(cfg.capture, gpu=gpu, release_compiler_pages=True, preload_delay_s=5.0)
+        if cfg.capture.enabled
+        else None
+    )
+    tracing = TracingComponent(
+        cfg, dcgm_pause=pause, dcgm_resume=resume, capture=capture, recorder=recorder
+    )
     if gpu is not None:
         # GPM counters are shared with CUPTI: pause them while a trace runs on that GPU.
         gpu.set_traced_pids_provider(tracing.service.tracing_pids)

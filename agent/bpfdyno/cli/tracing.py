@@ -32,6 +32,7 @@ from bpfdyno.client.connection import (
 )
 from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.rules import pause_duration_s
+from bpfdyno.rpc.kernel_tracks import describe_kernel_tracks
 from bpfdyno.rpc.traces import TraceSpec, spec_to_pb
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
@@ -97,6 +98,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--with-modules", action="store_true", help="record nn.Module hierarchy")
     p.add_argument(
         "--fail-on-no-process", action="store_true", help="exit 1 when no process matched"
+    )
+    p.add_argument(
+        "--kernel-tracks",
+        default="",
+        metavar="TRACKS",
+        help="kernel tracks merged into each file: some of net,sched,nccl,gpu, or all, or none "
+        "(default: the agent's [capture] default_tracks)",
+    )
+    p.add_argument(
+        "--pre-window-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="add the rare network events of this many seconds before the request (default: "
+        "the agent's [capture] pre_window_s)",
     )
     p.add_argument(
         "--wait", action="store_true", help="wait until every triggered process wrote its file"
@@ -220,6 +236,8 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
         pids=() if pids == [0] else tuple(pids),
         job_id=args.job_id,
         timeout_seconds=wait_s if (args.wait or args.timeout is not None) else 0.0,
+        kernel_tracks=args.kernel_tracks,
+        pre_window_seconds=args.pre_window_s,
     )
     target = _target(args)
     try:
@@ -315,6 +333,9 @@ def format_final(status: Any) -> str:
         lines.append(f"  pid {p.pid:>8} {state:<10} {size:>14}  {p.output_path}")
         if p.state != pb.PROCESS_TRACE_STATE_WRITTEN:
             lines.append(f"  {'':>12} {p.reason}")
+        tracks = describe_kernel_tracks(p.kernel_tracks)
+        if tracks:
+            lines.append(f"  {'':>12} {tracks}")
     return "\n".join(lines)
 
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bpfdyno.rpc.kernel_tracks import KERNEL_TRACKS
+
 DEFAULT_CONFIG_PATH = Path("/etc/bpfdyno/bpfdyno.toml")
 DEFAULT_SOCKET = "/run/bpfdyno/bpfdyno.sock"
 
@@ -230,6 +232,43 @@ class EventsSection:
     process_table_size: int = 200
 
 
+@dataclass
+class CaptureSection:
+    """Kernel tracks merged into on-demand traces: what the agent records of each traced
+    process while its trace runs (bpf/capture.bpf.c, bpf/nccl.bpf.c, NVML), and the limits.
+    These defaults are the only ones (the C code refuses to compile without its settings)."""
+
+    #: Record kernel tracks at all; false: traces are left exactly as Kineto wrote them.
+    enabled: bool = True
+    #: Tracks added when a request names none (and for every dyno RPC request): any of
+    #: "net", "sched", "nccl", "gpu".
+    default_tracks: list[str] = field(default_factory=lambda: list(KERNEL_TRACKS))
+    #: Rare network events (retransmits, resets, connection changes) from this many seconds
+    #: before the request are added from the flight recorder.
+    pre_window_s: float = 5.0
+    #: Most events kept per traced process; beyond it the oldest are dropped (counted and
+    #: stated in the file). About 150 bytes of agent memory each.
+    max_events_per_process: int = 100_000
+    #: Processes traced at once (entries of the traced-process BPF maps).
+    max_processes: int = 64
+    #: Threads of traced processes tracked at once (off-CPU state, NCCL calls in progress).
+    max_threads: int = 16384
+    #: Sockets of traced processes tracked at once (bursts, owners of softirq events).
+    max_sockets: int = 16384
+    #: Size of each capture ring buffer in pages (a power of two); a full one loses events,
+    #: counted per process and stated in the file.
+    ringbuf_pages: int = 256
+    #: One thread's socket calls on one socket in one direction are coalesced into a burst
+    #: while each comes at most this long after the previous one; 0 = one event per call.
+    net_coalesce_gap_us: int = 50
+    #: ...and while the burst spans at most this long.
+    net_coalesce_max_us: int = 1000
+    #: Off-CPU intervals shorter than this are counted and summed, not written one by one.
+    sched_min_offcpu_us: int = 0
+    #: GPU counters of the traced processes' GPUs are read this often while a trace runs.
+    gpu_sample_hz: float = 10.0
+
+
 def _default_collectors() -> dict[str, CollectorSection]:
     return {name: CollectorSection() for name in KNOWN_COLLECTORS}
 
@@ -247,6 +286,7 @@ class Config:
     events: EventsSection = field(default_factory=EventsSection)
     sched: SchedSection = field(default_factory=SchedSection)
     net: NetSection = field(default_factory=NetSection)
+    capture: CaptureSection = field(default_factory=CaptureSection)
     #: Where the values came from, for error messages and `status`.
     source: str = field(default="<defaults>", compare=False)
 
@@ -439,6 +479,7 @@ def _validate(cfg: Config, path: Path | None) -> None:
     _validate_tracing(cfg, bad)
     _validate_bpf_sizes(cfg, bad)
     _validate_export(cfg, bad)
+    _validate_capture(cfg.capture, bad)
 
 
 _PEM_MARKERS = {
@@ -611,3 +652,36 @@ def _validate_export(cfg: Config, bad: typing.Callable[[str, str], ConfigError])
         path = getattr(otlp, key)
         if path and not os.access(path, os.R_OK):
             raise bad(f"cannot read {path}; fix the path or its permissions", f"export.otlp.{key}")
+
+
+def _validate_capture(c: CaptureSection, bad: typing.Callable[[str, str], ConfigError]) -> None:
+    """The [capture] section: track names, the pre-window and the BPF sizes."""
+    for name in c.default_tracks:
+        if name not in KERNEL_TRACKS:
+            raise bad(
+                f"names an unknown track {name!r}; choose from {', '.join(KERNEL_TRACKS)}",
+                "capture.default_tracks",
+            )
+    if not 0 <= c.pre_window_s <= 3600:
+        raise bad(f"must be in 0..3600 seconds, got {c.pre_window_s}", "capture.pre_window_s")
+    limits = (
+        ("capture.max_events_per_process", c.max_events_per_process, 100, 100_000_000),
+        ("capture.max_processes", c.max_processes, 1, 65536),
+        ("capture.max_threads", c.max_threads, 1, _PID_MAX_LIMIT),
+        ("capture.max_sockets", c.max_sockets, 1, 16 * 1024 * 1024),
+        ("capture.net_coalesce_gap_us", c.net_coalesce_gap_us, 0, 10_000_000),
+        ("capture.net_coalesce_max_us", c.net_coalesce_max_us, 0, 10_000_000),
+        ("capture.sched_min_offcpu_us", c.sched_min_offcpu_us, 0, 10_000_000),
+    )
+    for dotted, value, least, most in limits:
+        if not least <= value <= most:
+            raise bad(f"must be in {least}..{most}, got {value}", dotted)
+    pages = c.ringbuf_pages
+    if not 1 <= pages <= _MAX_RINGBUF_PAGES or pages & (pages - 1):
+        raise bad(
+            f"must be a power of two in 1..{_MAX_RINGBUF_PAGES} (the kernel's ring buffer "
+            f"size rule), got {pages}",
+            "capture.ringbuf_pages",
+        )
+    if not 0.1 <= c.gpu_sample_hz <= 1000:
+        raise bad(f"must be in 0.1..1000, got {c.gpu_sample_hz}", "capture.gpu_sample_hz")

@@ -177,6 +177,34 @@ class BpfProgram:
 
         self._attach(f"{kind} {binary}:{symbol}", fn, attach)
 
+    def detach_raw_tracepoint(self, tracepoint: str) -> None:
+        """Detach whatever function is attached to raw tracepoint ``tracepoint``.
+
+        The function stays loaded, so attaching it again costs no compile or verification.
+        Nothing happens when nothing is attached there.
+        """
+        bpf = self._require()
+        if tracepoint.encode() in bpf.raw_tracepoint_fds:
+            bpf.detach_raw_tracepoint(tp=tracepoint.encode())
+
+    def detach_uprobe(
+        self, binary: str, symbol: str, *, pid: int = -1, retprobe: bool = False
+    ) -> None:
+        """Detach the uprobe (or uretprobe) `attach_uprobe` made with the same arguments.
+
+        Raises:
+            BpfLoadError: nothing of ours is attached there.
+        """
+        bpf = self._require()
+        method = bpf.detach_uretprobe if retprobe else bpf.detach_uprobe
+        try:
+            method(name=binary.encode(), sym=symbol.encode(), pid=pid)
+        except Exception as e:
+            kind = "uretprobe" if retprobe else "uprobe"
+            raise BpfLoadError(
+                f"detaching the {kind} {binary}:{symbol} of {self.source} failed ({e})"
+            ) from e
+
     def _attach(self, target: str, fn: str, attach: Callable[[Any], object]) -> None:
         bpf = self._require()
         try:

@@ -48,6 +48,10 @@ class TraceSpec:
         job_id: the SLURM job to trace; 0: processes without one, or any job when ``pids``
             are given.
         timeout_seconds: how long the agent follows the trace; 0 = its default.
+        kernel_tracks: the kernel tracks merged into each file (`bpfdyno.rpc.kernel_tracks`:
+            ``net,sched,nccl,gpu``, ``all`` or ``none``); "" = the agent's default.
+        pre_window_seconds: rare network events from this long before the request are
+            added; None = the agent's default.
     """
 
     log_file: str = ""
@@ -64,6 +68,8 @@ class TraceSpec:
     pids: tuple[int, ...] = ()
     job_id: int = 0
     timeout_seconds: float = 0.0
+    kernel_tracks: str = ""
+    pre_window_seconds: float | None = None
 
     @property
     def iteration_mode(self) -> bool:
@@ -93,7 +99,9 @@ _FIELDS = _field_names()
 
 def spec_to_pb(spec: TraceSpec) -> tracing_pb2.StartTraceRequest:
     """The StartTrace message for a request (every field set, defaults included)."""
-    values: dict[str, Any] = {name: getattr(spec, name) for name in _FIELDS}
+    values: dict[str, Any] = {
+        name: getattr(spec, name) for name in _FIELDS if getattr(spec, name) is not None
+    }
     values["pids"] = list(spec.pids)
     return tracing_pb2.StartTraceRequest(**values)
 

@@ -5,10 +5,13 @@ Domain errors become status codes in one place (`bpfdyno.server.errors`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from bpfdyno.core.errors import InvalidArgument
+from bpfdyno.rpc.kernel_tracks import parse_kernel_tracks
 from bpfdyno.rpc.traces import spec_from_pb
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
@@ -40,6 +43,7 @@ _PROC_STATE = {
     ProcState.WRITTEN: pb.PROCESS_TRACE_STATE_WRITTEN,
     ProcState.FAILED: pb.PROCESS_TRACE_STATE_FAILED,
     ProcState.TIMED_OUT: pb.PROCESS_TRACE_STATE_TIMED_OUT,
+    ProcState.MERGING: pb.PROCESS_TRACE_STATE_MERGING,
 }
 _NO_GPU_MONITOR = "no GPU monitor in this agent (no GPU, or the gpu collector is disabled)"
 
@@ -75,6 +79,14 @@ def trace_to_pb(v: TraceView) -> pb.TraceStatus:
                 reason=p.reason,
                 size_bytes=p.size_bytes,
                 updated_unix_seconds=p.updated,
+                kernel_tracks=pb.KernelTracks(
+                    requested=list(p.kernel_tracks.requested),
+                    state=p.kernel_tracks.state.value,
+                    merged=list(p.kernel_tracks.merged),
+                    events=p.kernel_tracks.events,
+                    lost=p.kernel_tracks.lost,
+                    reason=p.kernel_tracks.reason,
+                ),
             )
             for p in v.processes
         ],
@@ -103,12 +115,18 @@ def request_from_pb(r: pb.StartTraceRequest) -> TraceRequest:
         with_flops=spec.with_flops,
         with_modules=spec.with_modules,
     )
+    try:
+        tracks = parse_kernel_tracks(spec.kernel_tracks)
+    except ValueError as e:
+        raise InvalidArgument(str(e), rule="bad_kernel_tracks") from e
     return TraceRequest(
         job_id=spec.job_id,
         pids=spec.pids,
         process_limit=spec.process_limit,
         options=options,
         timeout_s=spec.timeout_seconds,
+        kernel_tracks=tracks,
+        pre_window_s=spec.pre_window_seconds,
     )
 
 
@@ -167,6 +185,16 @@ class TracingServicer(pb_grpc.TracingServicer):
     ) -> pb.DcgmResponse:
         ok = self._svc.dcgm_resume()
         return pb.DcgmResponse(status=ok, reason="" if ok else self._dcgm_reason())
+
+    @grpc_errors
+    async def GetTraceSummary(
+        self, request: pb.GetTraceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TraceSummary:
+        summaries = await self._svc.trace_summary(request.trace_id)
+        return pb.TraceSummary(
+            trace_id=request.trace_id,
+            processes=[pb.ProcessSummary(**dataclasses.asdict(s)) for s in summaries],
+        )
 
     def _dcgm_reason(self) -> str:
         if not self._svc.has_gpu_monitor:

@@ -18,6 +18,7 @@ Matching follows dynolog, with the fixes its users ask for:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import secrets
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from bpfdyno.core.errors import InvalidArgument, NotFound, Unavailable
 from bpfdyno.core.rules import pause_duration_s
+from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest
 from bpfdyno.tracing.config_text import (
     CheckedConfig,
     TraceOptions,
@@ -45,10 +47,12 @@ from bpfdyno.tracing.requests import (
     TriggeredProcess,
     busy_reason,
     check_request_shape,
+    kernel_track_request,
     mismatch,
     output_path,
 )
 from bpfdyno.tracing.roles import Role, classify
+from bpfdyno.tracing.summary import ProcessSummary, summarize_file
 from bpfdyno.tracing.traces import NewProcess, ProcState, TraceTracker, TraceView, TrainerState
 from bpfdyno.tracing.trainers import Trainer, TrainerRegistry
 
@@ -98,6 +102,8 @@ class TracingService:
         version: reported by the legacy ``getVersion``.
         wall, mono: time sources (epoch seconds, monotonic seconds).
         proc_root: where /proc is (to recognise DataLoader workers).
+        default_tracks: the kernel tracks of a request that names none (and of every dyno
+            RPC request).
     """
 
     def __init__(
@@ -112,8 +118,10 @@ class TracingService:
         wall: Callable[[], float] = time.time,
         mono: Callable[[], float] = time.monotonic,
         proc_root: Path = Path("/proc"),
+        default_tracks: KernelTrackRequest = NO_TRACKS,
     ) -> None:
         self.allowed_dirs = list(allowed_dirs)
+        self.default_tracks = default_tracks
         self.trace_dir = trace_dir or (self.allowed_dirs[0] if self.allowed_dirs else "/tmp")
         self.default_timeout_s = default_timeout_s
         self.registry = registry
@@ -212,6 +220,38 @@ class TracingService:
             view = nxt
             yield view
 
+    async def trace_summary(self, trace_id: str) -> list[ProcessSummary]:
+        """Each triggered process's file summarised (`bpfdyno.tracing.summary`), in order.
+
+        The files are read on a worker thread. A process whose file is not written yet (or
+        never was) gets an entry with ``error`` saying so.
+
+        Raises:
+            NotFound: unknown id.
+        """
+        view = self.get_trace(trace_id)
+
+        def read() -> list[ProcessSummary]:
+            out = []
+            for p in view.processes:
+                if p.state is ProcState.WRITTEN:
+                    summary = summarize_file(p.output_path)
+                    summary.pid = summary.pid or p.pid
+                    summary.trace_id = summary.trace_id or trace_id
+                    out.append(summary)
+                else:
+                    out.append(
+                        ProcessSummary(
+                            p.output_path,
+                            pid=p.pid,
+                            trace_id=trace_id,
+                            error=f"no trace file yet: {p.state.value} ({p.reason})",
+                        )
+                    )
+            return out
+
+        return await asyncio.to_thread(read)
+
     def tracing_pids(self) -> set[int]:
         """Pids of registered trainers whose profiler is tracing now (ours or their own)."""
         now = self._mono()
@@ -254,6 +294,7 @@ class TracingService:
         if self.unavailable_reason:
             raise Unavailable(self.unavailable_reason)
         check_request_shape(req)
+        tracks = kernel_track_request(req, self.default_tracks)
         trace_id = secrets.token_hex(8)
         if req.options is not None and not req.options.log_file:
             default = os.path.join(self.trace_dir, f"bpfdyno-{trace_id}.pt.trace.json")
@@ -291,10 +332,12 @@ class TracingService:
         self._check_outputs(checked, triggered)
         text = with_trace_id(checked.text, trace_id)
         timeout = req.timeout_s if req.timeout_s > 0 else self.default_timeout_s
+        if checked.memory_snapshot:
+            tracks = NO_TRACKS  # a memory snapshot is a pickle, not a trace to add tracks to
         # Opened even when nothing was triggered: every request's id can be looked up.
         self.tracker.open_trace(
             trace_id,
-            [NewProcess(t.address, t.pid, t.job_id, path, text) for t, path in triggered],
+            [NewProcess(t.address, t.pid, t.job_id, path, text, tracks) for t, path in triggered],
             min(timeout, MAX_TIMEOUT_S),
             checked.iteration_mode,
         )

@@ -2,8 +2,9 @@
 
 It owns the Kineto IPC endpoint, the legacy dyno RPC server and two small timers (the
 registry sweep, and file checks that run only while a trace is open), all on the daemon's
-event loop. A part that cannot start (the @dynolog@ name taken, port 1778 in use) is
-reported "unavailable" with the reason and a fix; the daemon keeps running.
+event loop; and, when it is given a `CaptureManager`, the kernel tracks of traced processes
+(`bpfdyno.tracing.kernel_tracks`). A part that cannot start (the @dynolog@ name taken, port
+1778 in use) is reported "unavailable" with the reason and a fix; the daemon keeps running.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ import sys
 import time
 
 from bpfdyno.core.config import Config
+from bpfdyno.core.events import FlightRecorder
 from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.server.legacy_rpc import LegacyRpcHandler, LegacyRpcServer
 from bpfdyno.services.tracing import DcgmPause, DcgmResume, TracingService
+from bpfdyno.tracing.capture.manager import CaptureManager
+from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest, Track
 from bpfdyno.tracing.ipc.endpoint import QUEUE_LEN, EndpointUnavailable, KinetoEndpoint
+from bpfdyno.tracing.kernel_tracks import KernelTracks
 from bpfdyno.tracing.trainers import TrainerRegistry
 from bpfdyno.version import __version__
 
@@ -31,6 +36,14 @@ SWEEP_INTERVAL_S = 5.0
 #: for up to the switch interval (CPython's default: 5 ms) before the event loop gets it;
 #: 1 ms keeps replies within about a millisecond (see docs/performance.md).
 IPC_SWITCH_INTERVAL_S = 0.001
+
+
+def default_tracks(cfg: Config) -> KernelTrackRequest:
+    """The kernel tracks of requests that name none: ``[capture] default_tracks``."""
+    return KernelTrackRequest(
+        frozenset(Track(name) for name in cfg.capture.default_tracks),
+        cfg.capture.pre_window_s,
+    )
 
 
 def allowed_dirs(cfg: Config) -> list[str]:
@@ -52,6 +65,8 @@ class TracingComponent:
         tune_switch_interval: lower ``sys.setswitchinterval`` to `IPC_SWITCH_INTERVAL_S`
             while running (restored on stop), so threads holding the GIL delay replies less.
         queue_len: datagrams the kernel may queue on the IPC socket (0: kernel default).
+        capture: records the kernel tracks of traced processes (None: traces get none).
+        recorder: the flight recorder, for the kernel tracks' pre-window.
 
     Attributes:
         service: the `TracingService` for the gRPC servicer and the CLI.
@@ -67,6 +82,8 @@ class TracingComponent:
         version: str = __version__,
         tune_switch_interval: bool = True,
         queue_len: int = QUEUE_LEN,
+        capture: CaptureManager | None = None,
+        recorder: FlightRecorder | None = None,
     ) -> None:
         self._cfg = cfg
         self._tune_switch_interval = tune_switch_interval
@@ -80,7 +97,12 @@ class TracingComponent:
             dcgm_pause=dcgm_pause,
             dcgm_resume=dcgm_resume,
             version=version,
+            default_tracks=default_tracks(cfg) if capture is not None else NO_TRACKS,
         )
+        self.capture = capture
+        self.kernel_tracks: KernelTracks | None = None
+        if capture is not None:
+            self.kernel_tracks = KernelTracks(capture, self.service.tracker, recorder)
         self.endpoint = KinetoEndpoint(self.service, cfg.kineto.socket_dir, queue_len=queue_len)
         self.legacy: LegacyRpcServer | None = None
         if cfg.legacy_rpc.enabled:
@@ -97,6 +119,9 @@ class TracingComponent:
     async def start(self) -> None:
         """Open the IPC endpoint and the legacy RPC; never raises for a missing capability."""
         loop = asyncio.get_running_loop()
+        if self.capture is not None and self.kernel_tracks is not None:
+            self.capture.start()  # loads the capture programs on its own thread
+            self.service.tracker.set_listener(self.kernel_tracks)
         try:
             self.endpoint.open(loop)
             self._ipc_error = ""
@@ -125,6 +150,10 @@ class TracingComponent:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self.kernel_tracks is not None:
+            await self.kernel_tracks.stop()
+        if self.capture is not None:
+            await asyncio.to_thread(self.capture.stop)
         self.endpoint.close()
         if self.legacy is not None:
             await self.legacy.stop()
@@ -169,4 +198,7 @@ class TracingComponent:
             legacy = PartStatus("legacy_rpc", PartState.STOPPED, "not started")
         else:
             legacy = self.legacy.status()
-        return [ipc, legacy]
+        parts = [ipc, legacy]
+        if self.capture is not None:
+            parts.append(self.capture.status())
+        return parts

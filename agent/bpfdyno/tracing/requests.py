@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.rpc.traces import DEFAULT_PROCESS_LIMIT
+from bpfdyno.tracing.capture.records import KernelTrackRequest, Track
 from bpfdyno.tracing.config_text import CheckedConfig, TraceOptions
 from bpfdyno.tracing.ipc.wire import MAX_PID
 from bpfdyno.tracing.paths import default_output_path, kineto_output_path, memory_snapshot_path
@@ -31,6 +32,10 @@ class TraceRequest:
         options: structured options (gRPC, CLI); exactly one of ``options`` / ``config``.
         config: raw Kineto config text (the legacy RPC).
         timeout_s: how long to follow the trace; 0 = the configured default.
+        kernel_tracks: names of the kernel tracks to merge into each file (see
+            `bpfdyno.rpc.kernel_tracks`); None = ``[capture] default_tracks``.
+        pre_window_s: seconds of rare network events before the request to add; None =
+            ``[capture] pre_window_s``.
     """
 
     job_id: int = 0
@@ -39,6 +44,8 @@ class TraceRequest:
     options: TraceOptions | None = None
     config: str | None = None
     timeout_s: float = 0.0
+    kernel_tracks: tuple[str, ...] | None = None
+    pre_window_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +116,36 @@ def check_request_shape(req: TraceRequest) -> None:
         raise InvalidArgument(f"process limit {req.process_limit} < 0", rule="bad_process_limit")
     if req.timeout_s < 0:
         raise InvalidArgument(f"timeout {req.timeout_s} s is negative", rule="bad_timeout")
+
+
+#: Longest pre-window a request may ask for (the flight recorder keeps minutes at most).
+MAX_PRE_WINDOW_S = 3600.0
+
+
+def kernel_track_request(req: TraceRequest, default: KernelTrackRequest) -> KernelTrackRequest:
+    """The kernel tracks ``req`` asks for, its unset parts taken from ``default``.
+
+    Raises:
+        InvalidArgument: an unknown track name or a pre-window outside 0..`MAX_PRE_WINDOW_S`.
+    """
+    tracks = default.tracks
+    if req.kernel_tracks is not None:
+        known = {t.value: t for t in Track}
+        unknown = [n for n in req.kernel_tracks if n not in known]
+        if unknown:
+            raise InvalidArgument(
+                f"unknown kernel track(s) {', '.join(unknown)}; name some of "
+                f"{', '.join(known)}, or all, or none",
+                rule="bad_kernel_tracks",
+            )
+        tracks = frozenset(known[n] for n in req.kernel_tracks)
+    pre = default.pre_window_s if req.pre_window_s is None else req.pre_window_s
+    if not 0 <= pre <= MAX_PRE_WINDOW_S:
+        raise InvalidArgument(
+            f"the pre-window must be 0..{MAX_PRE_WINDOW_S:g} seconds, got {pre:g}",
+            rule="bad_pre_window",
+        )
+    return KernelTrackRequest(tracks, pre)
 
 
 def _all_pids(pids: tuple[int, ...]) -> bool:

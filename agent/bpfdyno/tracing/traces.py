@@ -4,7 +4,11 @@ The tracker is the one owner of trace state: the config waiting for a process, w
 was delivered, how its trace is going. The trainer registry knows only who polls.
 
 A process moves ``pending -> delivered -> tracing -> written``, or ends ``failed`` or
-``timed_out``. The evidence comes from two places:
+``timed_out``. With kernel tracks requested, the final file first makes it ``merging``: the
+file is complete as Kineto wrote it and the agent is adding its tracks (see
+`bpfdyno.tracing.kernel_tracks`); ``written`` then means the merge finished, or failed with
+the original file left intact, and the part's `KernelTrackStatus` says which. The evidence
+comes from two places:
 
 * the process's polls: a poll with the ACTIVITIES bit clear means its profiler is busy
   (tracing); the bit set again afterwards means it is done;
@@ -27,7 +31,9 @@ import stat
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
+from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest
 from bpfdyno.tracing.paths import TMP_SUFFIX
 
 #: How often open traces' files are checked.
@@ -54,13 +60,45 @@ class ProcState(enum.Enum):
     PENDING = "pending"  # stored; the process has not polled since
     DELIVERED = "delivered"  # handed to the process in a reply
     TRACING = "tracing"  # the process's profiler is busy with it, or its .tmp appeared
-    WRITTEN = "written"  # the final file exists
+    MERGING = "merging"  # the final file exists; the kernel tracks are being added to it
+    WRITTEN = "written"  # the final file exists (with its kernel tracks, or why not)
     FAILED = "failed"
     TIMED_OUT = "timed_out"
 
     @property
     def terminal(self) -> bool:
         return self in (ProcState.WRITTEN, ProcState.FAILED, ProcState.TIMED_OUT)
+
+
+class KernelTrackState(enum.Enum):
+    """Where a process's kernel tracks stand."""
+
+    OFF = "off"  # none requested (or the capture is disabled)
+    RECORDING = "recording"  # being recorded since the process got its config
+    MERGING = "merging"  # being added to the finished file
+    MERGED = "merged"  # in the file
+    NOT_MERGED = "not merged"  # the file is as Kineto wrote it; ``reason`` says why
+
+
+@dataclass(frozen=True, slots=True)
+class KernelTrackStatus:
+    """A process's kernel tracks: asked for, merged, how many events, what was lost.
+
+    Attributes:
+        requested: the track names asked for.
+        state: where they stand.
+        merged: the tracks in the file.
+        events: events added to the file.
+        lost: records lost (full ring buffers, the per-process cap).
+        reason: what to know (unavailable tracks, losses) or why nothing was merged.
+    """
+
+    requested: tuple[str, ...] = ()
+    state: KernelTrackState = KernelTrackState.OFF
+    merged: tuple[str, ...] = ()
+    events: int = 0
+    lost: int = 0
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +111,7 @@ class ProcessTrace:
         state: where it is; ``reason`` says why in words.
         size_bytes: the final file's size once written, else -1.
         updated: wall-clock epoch seconds of the last state change.
+        kernel_tracks: its kernel tracks.
     """
 
     pid: int
@@ -82,6 +121,7 @@ class ProcessTrace:
     reason: str
     size_bytes: int = -1
     updated: float = 0.0
+    kernel_tracks: KernelTrackStatus = KernelTrackStatus()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +145,7 @@ class _Proc:
     view: ProcessTrace
     address: bytes
     config_text: str  # what the process is handed at its next free poll
+    tracks: KernelTrackRequest = NO_TRACKS
     idle_polls: int = 0  # idle polls since delivery, before any sign of tracing
     idle_after_busy: int = 0
     seen_busy: bool = False
@@ -138,13 +179,42 @@ class _Trace:
 
 @dataclass(frozen=True, slots=True)
 class NewProcess:
-    """A process a new trace is for, and the config text it will be handed."""
+    """A process a new trace is for, the config text it will be handed, its kernel tracks."""
 
     address: bytes
     pid: int
     job_id: int
     output_path: str
     config_text: str
+    tracks: KernelTrackRequest = NO_TRACKS
+
+
+@dataclass(frozen=True, slots=True)
+class PartRef:
+    """A process's part of a trace, as handed to a `TraceListener`."""
+
+    trace_id: str
+    address: bytes
+    pid: int
+    output_path: str
+    tracks: KernelTrackRequest
+
+
+class TraceListener(Protocol):
+    """Told about the parts that asked for kernel tracks (see `bpfdyno.tracing.kernel_tracks`).
+
+    Called on the event loop; none may block.
+    """
+
+    def delivered(self, part: PartRef) -> None:
+        """The process took its config: start recording."""
+
+    def written(self, part: PartRef) -> None:
+        """Its final file exists: stop recording and merge; then call
+        `TraceTracker.merge_done`."""
+
+    def ended(self, part: PartRef) -> None:
+        """Its trace failed or timed out: stop recording, merge nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +246,17 @@ class TraceTracker:
         self._traces: OrderedDict[str, _Trace] = OrderedDict()
         self._by_address: dict[bytes, str] = {}  # address -> trace id of its open part
         self.opened = asyncio.Event()  # set while some trace is open
+        self._listener: TraceListener | None = None
+        #: Why kernel tracks cannot be recorded at all ("" when they can).
+        self.tracks_off_reason = (
+            "kernel tracks are disabled in this agent ([capture] enabled = false)"
+        )
+
+    def set_listener(self, listener: TraceListener | None) -> None:
+        """Who records and merges kernel tracks (None: nobody; requests for them are noted)."""
+        self._listener = listener
+        if listener is not None:
+            self.tracks_off_reason = ""
 
     # -- creation and queries -------------------------------------------------------------
 
@@ -200,9 +281,12 @@ class TraceTracker:
                 ),
                 address=p.address,
                 config_text=p.config_text,
+                tracks=p.tracks,
             )
             for p in processes
         }
+        for p in procs.values():
+            p.view = replace(p.view, kernel_tracks=self._initial_tracks(p.tracks))
         tr = _Trace(
             trace_id=trace_id,
             created=now,
@@ -218,6 +302,21 @@ class TraceTracker:
         if tr.open:
             self.opened.set()
         return tr.view()
+
+    def _initial_tracks(self, tracks: KernelTrackRequest) -> KernelTrackStatus:
+        if not tracks.enabled:
+            return KernelTrackStatus()
+        if self._listener is None:
+            return KernelTrackStatus(
+                tracks.names(), KernelTrackState.NOT_MERGED, reason=self.tracks_off_reason
+            )
+        return KernelTrackStatus(tracks.names(), KernelTrackState.RECORDING)
+
+    def _recording(self, p: _Proc) -> bool:
+        return self._listener is not None and p.tracks.enabled
+
+    def _ref(self, tr: _Trace, p: _Proc) -> PartRef:
+        return PartRef(tr.trace_id, p.address, p.view.pid, p.view.output_path, p.tracks)
 
     def _forget_old(self) -> None:
         while len(self._traces) > MAX_TRACES:
@@ -273,10 +372,42 @@ class TraceTracker:
 
     # -- evidence ---------------------------------------------------------------------------
 
-    def _set(self, tr: _Trace, p: _Proc, state: ProcState, reason: str, size: int = -1) -> None:
-        p.view = replace(p.view, state=state, reason=reason, size_bytes=size, updated=self._wall())
+    def _set(
+        self,
+        tr: _Trace,
+        p: _Proc,
+        state: ProcState,
+        reason: str,
+        size: int = -1,
+        kernel_tracks: KernelTrackStatus | None = None,
+    ) -> None:
+        before = p.view.state
+        tracks = p.view.kernel_tracks if kernel_tracks is None else kernel_tracks
+        if state in (ProcState.FAILED, ProcState.TIMED_OUT) and self._recording(p):
+            tracks = replace(
+                tracks, state=KernelTrackState.NOT_MERGED, reason="no trace file to merge into"
+            )
+        p.view = replace(
+            p.view,
+            state=state,
+            reason=reason,
+            size_bytes=size,
+            updated=self._wall(),
+            kernel_tracks=tracks,
+        )
         if state.terminal and self._by_address.get(p.address) == tr.trace_id:
             del self._by_address[p.address]
+        listener = self._listener
+        if listener is not None and p.tracks.enabled:
+            if state is ProcState.DELIVERED:
+                listener.delivered(self._ref(tr, p))
+            elif state is ProcState.MERGING:
+                listener.written(self._ref(tr, p))
+            elif state in (ProcState.FAILED, ProcState.TIMED_OUT) and before in (
+                ProcState.DELIVERED,
+                ProcState.TRACING,
+            ):
+                listener.ended(self._ref(tr, p))
         tr.version += 1
         tr.changed.set()
         tr.changed = asyncio.Event()
@@ -311,7 +442,7 @@ class TraceTracker:
             return False
         tr, p = part
         state = p.view.state
-        if state is ProcState.PENDING:
+        if state in (ProcState.PENDING, ProcState.MERGING):
             return False
         if self._check_file(tr, p):
             return True
@@ -354,6 +485,8 @@ class TraceTracker:
     def on_gone(self, address: bytes) -> None:
         """The process stopped polling (it expired from the registry)."""
         part = self._part(address)
+        if part and part[1].view.state is ProcState.MERGING:
+            return  # the file is complete; the merge does not need the process
         if part and not self._check_file(*part):
             self._set(
                 *part,
@@ -369,6 +502,17 @@ class TraceTracker:
         except OSError:
             st = None
         if st is not None and stat.S_ISREG(st.st_mode):
+            if self._recording(p):
+                self._set(
+                    tr,
+                    p,
+                    ProcState.MERGING,
+                    f"Kineto wrote the trace file; adding the kernel tracks "
+                    f"({', '.join(p.tracks.names())})",
+                    st.st_size,
+                    replace(p.view.kernel_tracks, state=KernelTrackState.MERGING),
+                )
+                return False
             self._set(tr, p, ProcState.WRITTEN, "trace file written", st.st_size)
             return True
         if p.view.state is ProcState.DELIVERED:
@@ -379,13 +523,29 @@ class TraceTracker:
             self._set(tr, p, ProcState.TRACING, f"Kineto is writing {path}{TMP_SUFFIX}")
         return False
 
+    def merge_done(
+        self, trace_id: str, address: bytes, tracks: KernelTrackStatus, size: int
+    ) -> None:
+        """The kernel tracks' merge of a part ended (merged, or not with the file intact)."""
+        tr = self._traces.get(trace_id)
+        p = tr.procs.get(address) if tr else None
+        if tr is None or p is None or p.view.state is not ProcState.MERGING:
+            return
+        if tracks.state is KernelTrackState.MERGED:
+            reason = f"trace file written with the kernel tracks {', '.join(tracks.merged)}"
+        else:
+            reason = f"trace file written; kernel tracks not merged: {tracks.reason}"
+        self._set(tr, p, ProcState.WRITTEN, reason, size, tracks)
+        if not self.has_open():
+            self.opened.clear()
+
     def check(self) -> None:
         """Check every open part's files and deadline (called every `FILE_POLL_S`)."""
         now = self._mono()
         for tr in list(self._traces.values()):
             for p in tr.procs.values():
-                if p.view.state.terminal:
-                    continue
+                if p.view.state.terminal or p.view.state is ProcState.MERGING:
+                    continue  # a merge always ends (merged, or the file left as it was)
                 if self._check_file(tr, p):
                     continue
                 if now >= tr.deadline_mono:

@@ -13,7 +13,10 @@ import torch
 parser = argparse.ArgumentParser()
 parser.add_argument("--seconds", type=float, default=120.0)
 parser.add_argument("--step-sleep", type=float, default=0.01)
+parser.add_argument("--cpu", type=int, default=-1, help="pin the process to this CPU")
 args = parser.parse_args()
+if args.cpu >= 0:
+    os.sched_setaffinity(0, {args.cpu})
 
 model = torch.nn.Linear(16, 4)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -27,4 +30,5 @@ while time.monotonic() < end:
     step += 1
     if step == 5:
         print(f"ready {os.getpid()}", flush=True)
-    time.sleep(args.step_sleep)
+    if args.step_sleep > 0:
+        time.sleep(args.step_sleep)

@@ -5,6 +5,7 @@ Requests go the other way through the API's own mapping, `bpfdyno.rpc.traces.spe
 
 from __future__ import annotations
 
+from bpfdyno.rpc.kernel_tracks import describe_kernel_tracks
 from bpfdyno.rpc.v1 import tracing_pb2
 from bpfdyno.tui.records import TraceProcess, TraceStatus, TrainerInfo
 
@@ -22,6 +23,7 @@ _PROCESS_STATE = {
     tracing_pb2.PROCESS_TRACE_STATE_PENDING: "pending",
     tracing_pb2.PROCESS_TRACE_STATE_DELIVERED: "delivered",
     tracing_pb2.PROCESS_TRACE_STATE_TRACING: "tracing",
+    tracing_pb2.PROCESS_TRACE_STATE_MERGING: "merging",
     tracing_pb2.PROCESS_TRACE_STATE_WRITTEN: "written",
     tracing_pb2.PROCESS_TRACE_STATE_FAILED: "failed",
     tracing_pb2.PROCESS_TRACE_STATE_TIMED_OUT: "timed out",
@@ -89,6 +91,7 @@ def trace_from_pb(st: tracing_pb2.TraceStatus) -> TraceStatus:
             path=p.output_path,
             size_bytes=p.size_bytes if p.size_bytes >= 0 else None,
             message=p.reason,
+            kernel_tracks=describe_kernel_tracks(p.kernel_tracks),
         )
         for p in st.processes
     )

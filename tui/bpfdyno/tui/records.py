@@ -149,6 +149,7 @@ class TraceProcess:
     path: str = ""
     size_bytes: int | None = None
     message: str = ""
+    kernel_tracks: str = ""  # its kernel tracks in words ("" when none were asked for)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ class ProcessTraceState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROCESS_TRACE_STATE_WRITTEN: _ClassVar[ProcessTraceState]
     PROCESS_TRACE_STATE_FAILED: _ClassVar[ProcessTraceState]
     PROCESS_TRACE_STATE_TIMED_OUT: _ClassVar[ProcessTraceState]
+    PROCESS_TRACE_STATE_MERGING: _ClassVar[ProcessTraceState]
 TRAINER_STATE_UNSPECIFIED: TrainerState
 TRAINER_STATE_IDLE: TrainerState
 TRAINER_STATE_CONFIG_PENDING: TrainerState
@@ -45,6 +46,7 @@ PROCESS_TRACE_STATE_TRACING: ProcessTraceState
 PROCESS_TRACE_STATE_WRITTEN: ProcessTraceState
 PROCESS_TRACE_STATE_FAILED: ProcessTraceState
 PROCESS_TRACE_STATE_TIMED_OUT: ProcessTraceState
+PROCESS_TRACE_STATE_MERGING: ProcessTraceState
 
 class ListTrainersRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -83,7 +85,7 @@ class ListTrainersResponse(_message.Message):
     def __init__(self, trainers: _Optional[_Iterable[_Union[Trainer, _Mapping]]] = ...) -> None: ...
 
 class StartTraceRequest(_message.Message):
-    __slots__ = ("job_id", "pids", "log_file", "duration_ms", "iterations", "profile_start_time_ms", "profile_start_iteration_roundup", "record_shapes", "profile_memory", "with_stacks", "with_flops", "with_modules", "process_limit", "timeout_seconds")
+    __slots__ = ("job_id", "pids", "log_file", "duration_ms", "iterations", "profile_start_time_ms", "profile_start_iteration_roundup", "record_shapes", "profile_memory", "with_stacks", "with_flops", "with_modules", "process_limit", "timeout_seconds", "kernel_tracks", "pre_window_seconds")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     PIDS_FIELD_NUMBER: _ClassVar[int]
     LOG_FILE_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +100,8 @@ class StartTraceRequest(_message.Message):
     WITH_MODULES_FIELD_NUMBER: _ClassVar[int]
     PROCESS_LIMIT_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_TRACKS_FIELD_NUMBER: _ClassVar[int]
+    PRE_WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     pids: _containers.RepeatedScalarFieldContainer[int]
     log_file: str
@@ -112,7 +116,9 @@ class StartTraceRequest(_message.Message):
     with_modules: bool
     process_limit: int
     timeout_seconds: float
-    def __init__(self, job_id: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., log_file: _Optional[str] = ..., duration_ms: _Optional[int] = ..., iterations: _Optional[int] = ..., profile_start_time_ms: _Optional[int] = ..., profile_start_iteration_roundup: _Optional[int] = ..., record_shapes: _Optional[bool] = ..., profile_memory: _Optional[bool] = ..., with_stacks: _Optional[bool] = ..., with_flops: _Optional[bool] = ..., with_modules: _Optional[bool] = ..., process_limit: _Optional[int] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+    kernel_tracks: str
+    pre_window_seconds: float
+    def __init__(self, job_id: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., log_file: _Optional[str] = ..., duration_ms: _Optional[int] = ..., iterations: _Optional[int] = ..., profile_start_time_ms: _Optional[int] = ..., profile_start_iteration_roundup: _Optional[int] = ..., record_shapes: _Optional[bool] = ..., profile_memory: _Optional[bool] = ..., with_stacks: _Optional[bool] = ..., with_flops: _Optional[bool] = ..., with_modules: _Optional[bool] = ..., process_limit: _Optional[int] = ..., timeout_seconds: _Optional[float] = ..., kernel_tracks: _Optional[str] = ..., pre_window_seconds: _Optional[float] = ...) -> None: ...
 
 class TriggeredProcess(_message.Message):
     __slots__ = ("pid", "job_id", "output_path")
@@ -158,8 +164,24 @@ class GetTraceRequest(_message.Message):
     trace_id: str
     def __init__(self, trace_id: _Optional[str] = ...) -> None: ...
 
+class KernelTracks(_message.Message):
+    __slots__ = ("requested", "state", "merged", "events", "lost", "reason")
+    REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MERGED_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    requested: _containers.RepeatedScalarFieldContainer[str]
+    state: str
+    merged: _containers.RepeatedScalarFieldContainer[str]
+    events: int
+    lost: int
+    reason: str
+    def __init__(self, requested: _Optional[_Iterable[str]] = ..., state: _Optional[str] = ..., merged: _Optional[_Iterable[str]] = ..., events: _Optional[int] = ..., lost: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class ProcessTrace(_message.Message):
-    __slots__ = ("pid", "job_id", "output_path", "state", "reason", "size_bytes", "updated_unix_seconds")
+    __slots__ = ("pid", "job_id", "output_path", "state", "reason", "size_bytes", "updated_unix_seconds", "kernel_tracks")
     PID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +189,7 @@ class ProcessTrace(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     UPDATED_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_TRACKS_FIELD_NUMBER: _ClassVar[int]
     pid: int
     job_id: int
     output_path: str
@@ -174,7 +197,8 @@ class ProcessTrace(_message.Message):
     reason: str
     size_bytes: int
     updated_unix_seconds: float
-    def __init__(self, pid: _Optional[int] = ..., job_id: _Optional[int] = ..., output_path: _Optional[str] = ..., state: _Optional[_Union[ProcessTraceState, str]] = ..., reason: _Optional[str] = ..., size_bytes: _Optional[int] = ..., updated_unix_seconds: _Optional[float] = ...) -> None: ...
+    kernel_tracks: KernelTracks
+    def __init__(self, pid: _Optional[int] = ..., job_id: _Optional[int] = ..., output_path: _Optional[str] = ..., state: _Optional[_Union[ProcessTraceState, str]] = ..., reason: _Optional[str] = ..., size_bytes: _Optional[int] = ..., updated_unix_seconds: _Optional[float] = ..., kernel_tracks: _Optional[_Union[KernelTracks, _Mapping]] = ...) -> None: ...
 
 class TraceStatus(_message.Message):
     __slots__ = ("trace_id", "created_unix_seconds", "deadline_unix_seconds", "iteration_mode", "processes", "done")
@@ -209,3 +233,68 @@ class DcgmResponse(_message.Message):
     status: bool
     reason: str
     def __init__(self, status: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ProcessSummary(_message.Message):
+    __slots__ = ("pid", "path", "rank", "trace_id", "window_start_unix_seconds", "window_seconds", "pytorch_op_seconds", "kernel_tracks", "net_sent_bytes", "net_received_bytes", "net_calls", "tcp_retransmits", "tcp_resets", "packet_drops", "offcpu_runnable_seconds", "offcpu_blocked_seconds", "blocked_seconds_by_cause", "main_thread_runnable_seconds", "main_thread_blocked_seconds", "nccl_calls", "nccl_seconds", "kernel_records_lost", "error")
+    class BlockedSecondsByCauseEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    PID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_START_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PYTORCH_OP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_TRACKS_FIELD_NUMBER: _ClassVar[int]
+    NET_SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NET_RECEIVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NET_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TCP_RETRANSMITS_FIELD_NUMBER: _ClassVar[int]
+    TCP_RESETS_FIELD_NUMBER: _ClassVar[int]
+    PACKET_DROPS_FIELD_NUMBER: _ClassVar[int]
+    OFFCPU_RUNNABLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OFFCPU_BLOCKED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_SECONDS_BY_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    MAIN_THREAD_RUNNABLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAIN_THREAD_BLOCKED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NCCL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    NCCL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_RECORDS_LOST_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    path: str
+    rank: int
+    trace_id: str
+    window_start_unix_seconds: float
+    window_seconds: float
+    pytorch_op_seconds: float
+    kernel_tracks: _containers.RepeatedScalarFieldContainer[str]
+    net_sent_bytes: int
+    net_received_bytes: int
+    net_calls: int
+    tcp_retransmits: int
+    tcp_resets: int
+    packet_drops: int
+    offcpu_runnable_seconds: float
+    offcpu_blocked_seconds: float
+    blocked_seconds_by_cause: _containers.ScalarMap[str, float]
+    main_thread_runnable_seconds: float
+    main_thread_blocked_seconds: float
+    nccl_calls: int
+    nccl_seconds: float
+    kernel_records_lost: int
+    error: str
+    def __init__(self, pid: _Optional[int] = ..., path: _Optional[str] = ..., rank: _Optional[int] = ..., trace_id: _Optional[str] = ..., window_start_unix_seconds: _Optional[float] = ..., window_seconds: _Optional[float] = ..., pytorch_op_seconds: _Optional[float] = ..., kernel_tracks: _Optional[_Iterable[str]] = ..., net_sent_bytes: _Optional[int] = ..., net_received_bytes: _Optional[int] = ..., net_calls: _Optional[int] = ..., tcp_retransmits: _Optional[int] = ..., tcp_resets: _Optional[int] = ..., packet_drops: _Optional[int] = ..., offcpu_runnable_seconds: _Optional[float] = ..., offcpu_blocked_seconds: _Optional[float] = ..., blocked_seconds_by_cause: _Optional[_Mapping[str, float]] = ..., main_thread_runnable_seconds: _Optional[float] = ..., main_thread_blocked_seconds: _Optional[float] = ..., nccl_calls: _Optional[int] = ..., nccl_seconds: _Optional[float] = ..., kernel_records_lost: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class TraceSummary(_message.Message):
+    __slots__ = ("trace_id", "processes")
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    trace_id: str
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessSummary]
+    def __init__(self, trace_id: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessSummary, _Mapping]]] = ...) -> None: ...

@@ -64,6 +64,11 @@ class TracingStub:
                 request_serializer=bpfdyno_dot_rpc_dot_v1_dot_tracing__pb2.DcgmResumeRequest.SerializeToString,
                 response_deserializer=bpfdyno_dot_rpc_dot_v1_dot_tracing__pb2.DcgmResponse.FromString,
                 _registered_method=True)
+        self.GetTraceSummary = channel.unary_unary(
+                '/bpfdyno.rpc.v1.Tracing/GetTraceSummary',
+                request_serializer=bpfdyno_dot_rpc_dot_v1_dot_tracing__pb2.GetTraceRequest.SerializeToString,
+                response_deserializer=bpfdyno_dot_rpc_dot_v1_dot_tracing__pb2.TraceSummary.FromString,
+                _registered_method=True)
 
 
 class TracingServicer:
@@ -111,6 +116,14 @@ class TracingServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTraceSummary(self, request, context):
+        """Per written file of a trace: its window, time in PyTorch ops, network traffic, off-CPU
+        time by cause and NCCL calls, from the file itself (what `bpfdyno trace-summary` prints).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TracingServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +156,11 @@ def add_TracingServicer_to_server(servicer, server):
                     servicer.DcgmResume,
                     request_deserializer=bpfdyno_dot_rpc_dot_v1_dot_tracing__pb2.DcgmResumeRequest.FromString,
                     response_serializer=bpfdyno_dot_rpc_dot_v1_dot_tracing__pb2.DcgmResponse.SerializeToString,
+            ),
+            'GetTraceSummary': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTraceSummary,
+                    request_deserializer=bpfdyno_dot_rpc_dot_v1_dot_tracing__pb2.GetTraceRequest.FromString,
+                    response_serializer=bpfdyno_dot_rpc_dot_v1_dot_tracing__pb2.TraceSummary.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +325,33 @@ class Tracing:
             '/bpfdyno.rpc.v1.Tracing/DcgmResume',
             bpfdyno_dot_rpc_dot_v1_dot_tracing__pb2.DcgmResumeRequest.SerializeToString,
             bpfdyno_dot_rpc_dot_v1_dot_tracing__pb2.DcgmResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTraceSummary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bpfdyno.rpc.v1.Tracing/GetTraceSummary',
+            bpfdyno_dot_rpc_dot_v1_dot_tracing__pb2.GetTraceRequest.SerializeToString,
+            bpfdyno_dot_rpc_dot_v1_dot_tracing__pb2.TraceSummary.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,6 +49,7 @@ from bpfdyno.sources.gpu.probe import (
     ProcGpu,
     collect_device,
     join_processes,
+    read_trace_counters,
 )
 
 log = logging.getLogger("bpfdyno.sources.gpu.collector")
@@ -449,6 +450,35 @@ class GpuCollector(Collector):
             for pid, p in self._procs.items()
             if not math.isnan(p.used_memory_bytes)
         }
+
+    # ---- the kernel tracks of traces (bpfdyno.tracing.capture.gpu) ----
+
+    def trace_gpus(self, pid: int) -> tuple[int, ...] | None:
+        """The GPUs process ``pid`` has a context on, as of the last round (any thread).
+
+        None while the collector is not running.
+        """
+        if not self._started:
+            return None
+        p = self._procs.get(pid)
+        return p.gpus if p is not None else ()
+
+    def trace_counters(self, gpus: Collection[int]) -> dict[int, dict[str, float]]:
+        """Read the trace counters of ``gpus`` now (any thread; NVML is thread-safe).
+
+        A lost GPU (or driver) is left out; the collection rounds deal with the loss.
+        """
+        out: dict[int, dict[str, float]] = {}
+        if not self._started:
+            return out
+        for dev in list(self._devices):
+            if dev.ref.index not in gpus or dev.lost:
+                continue
+            try:
+                out[dev.ref.index] = read_trace_counters(self._nv, dev)
+            except (DeviceLost, DriverGone):
+                continue
+        return out
 
     def status(self) -> GpuStatus:
         """The collector's detailed state (safe from any thread)."""

@@ -8,6 +8,7 @@ KiB counters -> bytes/s over the interval (between NVML's own read timestamps).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from functools import partial
@@ -54,6 +55,10 @@ class DeviceState:
     #: Newest process-utilization sample timestamp seen (NVML's lastSeenTimeStamp).
     util_seen_us: int = 0
     labels: dict[str, str] = field(default_factory=dict)
+    #: The GPM values of the latest round that read them (None while paused or unavailable)
+    #: and when (monotonic seconds): the kernel tracks of traces reuse them.
+    gpm_last: dict[MetricSpec, float] | None = None
+    gpm_last_mono: float = 0.0
 
     def __post_init__(self) -> None:
         self.labels = {"gpu": str(self.ref.index), "uuid": self.ref.uuid}
@@ -262,6 +267,8 @@ def _gpm(dev: DeviceState, pause_reason: str, out: list[Sample]) -> None:
         values = gpm.read()
         dev.gpm_state = "active"
         paused = 0.0
+    dev.gpm_last = values
+    dev.gpm_last_mono = time.monotonic()
     out.append(sample(m.PROFILING_PAUSED, paused, labels))
     for metric in m.GPM_METRICS:
         out.append(sample(metric.spec, NAN if values is None else values[metric.spec], labels))
@@ -299,4 +306,52 @@ def join_processes(procs: ProcessRows) -> dict[int, ProcGpu]:
             used_memory_bytes=float(sum(known)) if known else NAN,
             sm_util_ratio=rows[0][2],
         )
+    return out
+
+
+#: GPM metrics a trace's GPU track shows: (counter key, metric); GPM reports ratios.
+_TRACE_GPM = (
+    ("sm_active_percent", m.SM_ACTIVE),
+    ("sm_occupancy_percent", m.SM_OCCUPANCY),
+    ("tensor_active_percent", m.TENSOR_ACTIVE),
+    ("dram_bandwidth_percent", m.DRAM_BW_UTIL),
+)
+#: GPM values older than this are not shown in a trace (a collection round is ~1 s).
+TRACE_GPM_MAX_AGE_S = 5.0
+
+
+def read_trace_counters(nv: Nvml, dev: DeviceState) -> dict[str, float]:
+    """The counters of one GPU for a trace's GPU track, read now (NaN where unknown).
+
+    Utilization, memory used, power and SM clock come from NVML at once; the GPM metrics
+    are those of the collector's latest round (GPM needs an interval, and it is paused
+    while a Kineto trace uses CUPTI on the GPU: then they are NaN and ``gpm_paused`` is 1).
+
+    Raises:
+        DeviceLost: the GPU is gone.
+        DriverGone: NVML lost the driver.
+    """
+    h, i = dev.ref.handle, dev.ref.index
+    util = nv.get(
+        "nvmlDeviceGetUtilizationRates", i, lambda: pynvml.nvmlDeviceGetUtilizationRates(h)
+    )
+    mem = nv.get("nvmlDeviceGetMemoryInfo", i, lambda: pynvml.nvmlDeviceGetMemoryInfo(h))
+    power = nv.get("nvmlDeviceGetPowerUsage", i, lambda: pynvml.nvmlDeviceGetPowerUsage(h))
+    sm = nv.get(
+        "nvmlDeviceGetClockInfo",
+        i,
+        partial(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
+        "sm",
+    )
+    out = {
+        "utilization_percent": _scaled(util.gpu if util else None),
+        "memory_used_mib": _scaled(mem.used if mem else None, divisor=1 << 20),
+        "power_watts": _scaled(power, divisor=1000),
+        "sm_clock_mhz": _scaled(sm),
+    }
+    fresh = dev.gpm_last is not None and time.monotonic() - dev.gpm_last_mono <= TRACE_GPM_MAX_AGE_S
+    for key, spec in _TRACE_GPM:
+        out[key] = dev.gpm_last[spec] * 100 if fresh and dev.gpm_last else NAN
+    if dev.gpm is not None and not dev.gpm.unavailable:
+        out["gpm_paused"] = 1.0 if dev.gpm_state.startswith("paused") else 0.0
     return out

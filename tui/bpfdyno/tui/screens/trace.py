@@ -22,6 +22,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, RadioButton, RadioSet, Static
 
+from bpfdyno.rpc.kernel_tracks import ALL, KERNEL_TRACKS, NONE
 from bpfdyno.rpc.traces import DEFAULT_DURATION_MS, DEFAULT_PROCESS_LIMIT, TraceSpec
 from bpfdyno.tui.records import TraceStatus
 from bpfdyno.tui.widgets.trainers import trace_summary, trace_table
@@ -34,6 +35,8 @@ OPTIONS = (
     ("opt-flops", "flops", "with_flops"),
     ("opt-modules", "modules", "with_modules"),
 )
+#: Kernel track checkboxes: (checkbox id, track name); all are checked at first.
+TRACKS = tuple((f"track-{name}", name) for name in KERNEL_TRACKS)
 #: The amount the form suggests when switched to iterations.
 DEFAULT_ITERATIONS = 5
 
@@ -62,6 +65,8 @@ def parse_trace_form(
     log_file: str,
     process_limit: str,
     options: Sequence[str] = (),
+    kernel_tracks: Sequence[str] = KERNEL_TRACKS,
+    pre_window: str = "",
 ) -> TraceSpec:
     """Build a trace request from the form's texts.
 
@@ -73,6 +78,9 @@ def parse_trace_form(
         log_file: absolute path of the trace file ending in ``.json``.
         process_limit: most processes to trace.
         options: the TraceSpec option fields to turn on (``record_shapes``...).
+        kernel_tracks: the kernel tracks to merge into the files (all of them: "all").
+        pre_window: seconds of rare network events before the request ("" = the agent's
+            default).
 
     Raises:
         FormError: the first invalid field, with what to enter instead.
@@ -99,8 +107,24 @@ def parse_trace_form(
         )
     limit = _positive_int(process_limit, "Process limit", "3")
     flags = {field: field in options for _, _, field in OPTIONS}
+    chosen = [t for t in KERNEL_TRACKS if t in kernel_tracks]
+    tracks = ALL if len(chosen) == len(KERNEL_TRACKS) else ",".join(chosen) or NONE
+    window: float | None = None
+    if pre_window.strip():
+        try:
+            window = float(pre_window)
+        except ValueError:
+            window = -1.0
+        if not 0 <= window <= 3600:
+            raise FormError("Pre-window: enter seconds from 0 to 3600, or leave it empty")
     spec = TraceSpec(
-        log_file=path, pids=tuple(pid_list), job_id=int(job or 0), process_limit=limit, **flags
+        log_file=path,
+        pids=tuple(pid_list),
+        job_id=int(job or 0),
+        process_limit=limit,
+        kernel_tracks=tracks,
+        pre_window_seconds=window,
+        **flags,
     )
     return replace(spec, duration_ms=n) if mode == "duration" else replace(spec, iterations=n)
 
@@ -161,6 +185,12 @@ class TraceScreen(ModalScreen[None]):
                 yield Label("Options", classes="form-label")
                 for cid, label, _ in OPTIONS:
                     yield Checkbox(label, id=cid, compact=True)
+            with Horizontal(classes="form-row", id="trace-tracks"):
+                yield Label("Kernel", classes="form-label")
+                for cid, name in TRACKS:
+                    yield Checkbox(name, value=True, id=cid, compact=True)
+                yield Label(" pre-window s ", classes="form-label-inline")
+                yield Input("", id="trace-prewindow", compact=True, placeholder="default")
             yield Static("", id="trace-error")
             yield Static("", id="trace-progress")
             with Horizontal(id="trace-buttons"):
@@ -200,6 +230,8 @@ class TraceScreen(ModalScreen[None]):
                 log_file=self.query_one("#trace-file", Input).value,
                 process_limit=self.query_one("#trace-limit", Input).value,
                 options=[f for cid, _, f in OPTIONS if self.query_one(f"#{cid}", Checkbox).value],
+                kernel_tracks=[n for cid, n in TRACKS if self.query_one(f"#{cid}", Checkbox).value],
+                pre_window=self.query_one("#trace-prewindow", Input).value,
             )
         except FormError as e:
             self.show_error(str(e))

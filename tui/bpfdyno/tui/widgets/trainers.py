@@ -45,12 +45,11 @@ def trace_table(status: TraceStatus) -> Table:
     table.add_column("FILE / MESSAGE", ratio=1, overflow="fold")
     for p in status.processes:
         style = {"written": "green", "failed": "red", "timed out": "red"}.get(p.state, "")
-        table.add_row(
-            str(p.pid),
-            Text(p.state, style=style),
-            fmt_bytes(p.size_bytes),
-            Text(p.path or p.message),  # Text: a path or reason is not Rich markup
-        )
+        where = Text(p.path or p.message)  # Text: a path or reason is not Rich markup
+        if p.kernel_tracks:
+            merged = " merged " in p.kernel_tracks
+            where.append("\n" + p.kernel_tracks, style="dim" if merged else "yellow")
+        table.add_row(str(p.pid), Text(p.state, style=style), fmt_bytes(p.size_bytes), where)
     return table
 
 

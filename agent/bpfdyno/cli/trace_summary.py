@@ -1,0 +1,213 @@
+"""`bpfdyno trace-summary`: the ranks of a traced job side by side, without opening a UI.
+
+    bpfdyno trace-summary /tmp/traces/t_*.pt.trace.json     # files (read here)
+    bpfdyno trace-summary --trace-id 3f2a...                # a trace's files (read by the agent)
+
+Per traced process (one column each, by rank when the files know it): the window, the time
+in PyTorch ops, the network bytes, calls, retransmits, resets and drops, the off-CPU time of
+its threads (waiting for a CPU; blocked, by cause), the same for its main thread, and its
+NCCL calls and their time. A value that stands out — at least `OUTLIER_RATIO` times the
+median of the row and clearly above it — is marked ``!``: HTA names the slow rank, this says
+why it was slow.
+
+``--json`` prints ``{"processes": [ProcessSummary...]}`` with the .proto field names, the same
+for files and for a trace id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+
+from bpfdyno.cli.output import message_dict, print_json, report_rpc_error
+from bpfdyno.client.connection import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_target_argument,
+    channel,
+    default_target,
+)
+from bpfdyno.rpc.v1 import tracing_pb2 as pb
+from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
+
+#: A value at least this many times the row's median is marked as standing out...
+OUTLIER_RATIO = 1.5
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``trace-summary`` to ``bpfdyno``."""
+    p = subparsers.add_parser(
+        "trace-summary",
+        help="compare traced processes (ranks) side by side: ops, network, off-CPU, NCCL",
+        description="Summarise merged trace files (or a trace's files, with --trace-id) side "
+        "by side, marking with '!' what stands out.",
+    )
+    p.add_argument("files", nargs="*", metavar="FILE", help="trace files (.json or .json.gz)")
+    p.add_argument("--trace-id", default="", help="summarise this trace's files (on the agent)")
+    add_target_argument(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=cmd_trace_summary)
+
+
+def cmd_trace_summary(args: argparse.Namespace) -> int:
+    """Run ``bpfdyno trace-summary``; returns the exit status."""
+    if bool(args.files) == bool(args.trace_id):
+        print("bpfdyno: give trace files, or --trace-id (not both)", file=sys.stderr)
+        return EXIT_USAGE
+    rows: list[dict[str, Any]]
+    if args.files:
+        from bpfdyno.tracing.summary import summarize_file
+
+        rows = [_with_defaults(dataclasses.asdict(summarize_file(f))) for f in args.files]
+    else:
+        target = args.target or default_target()
+        try:
+            with channel(target) as ch:
+                resp = pb_grpc.TracingStub(ch).GetTraceSummary(
+                    pb.GetTraceRequest(trace_id=args.trace_id), timeout=300
+                )
+        except grpc.RpcError as e:
+            return report_rpc_error(e, target)
+        rows = [message_dict(p, with_defaults=True) for p in resp.processes]
+    rows.sort(key=lambda r: (r["rank"] if r["rank"] >= 0 else 1 << 30, r["pid"], r["path"]))
+    if args.json:
+        print_json({"processes": rows})
+    else:
+        print(format_summary(rows))
+    return EXIT_FAIL if all(r.get("error") for r in rows) else EXIT_OK
+
+
+def _with_defaults(row: dict[str, Any]) -> dict[str, Any]:
+    row["kernel_tracks"] = list(row["kernel_tracks"])
+    return row
+
+
+def _seconds(v: float) -> str:
+    if v >= 1:
+        return f"{v:.3f} s"
+    return f"{v * 1000:.3f} ms"
+
+
+def _bytes(v: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if v >= size:
+            return f"{v / size:.2f} {unit} ({int(v)} B)"
+    return f"{int(v)} B"
+
+
+def _count(v: float) -> str:
+    return str(int(v))
+
+
+#: (label, value of a row, formatter, smallest difference from the median that counts).
+Row = tuple[str, Callable[[dict[str, Any]], float], Callable[[float], str], float]
+
+
+def _rows(processes: Sequence[dict[str, Any]]) -> list[Row]:
+    causes: list[str] = []
+    for p in processes:
+        for cause in p.get("blocked_seconds_by_cause", {}):
+            if cause not in causes:
+                causes.append(cause)
+    rows: list[Row] = [
+        ("window", lambda p: p["window_seconds"], _seconds, 0.0),
+        ("PyTorch ops", lambda p: p["pytorch_op_seconds"], _seconds, 0.001),
+        ("net sent", lambda p: p["net_sent_bytes"], _bytes, 4096),
+        ("net received", lambda p: p["net_received_bytes"], _bytes, 4096),
+        ("net calls", lambda p: p["net_calls"], _count, 16),
+        ("TCP retransmits", lambda p: p["tcp_retransmits"], _count, 1),
+        ("TCP resets", lambda p: p["tcp_resets"], _count, 1),
+        ("packet drops", lambda p: p["packet_drops"], _count, 1),
+        ("off-CPU: waiting for a CPU", lambda p: p["offcpu_runnable_seconds"], _seconds, 0.001),
+        ("off-CPU: blocked", lambda p: p["offcpu_blocked_seconds"], _seconds, 0.001),
+    ]
+    for cause in causes:
+        rows.append((f"  blocked: {cause}", _by_cause(cause), _seconds, 0.001))
+    rows += [
+        (
+            "main thread: waiting for a CPU",
+            lambda p: p["main_thread_runnable_seconds"],
+            _seconds,
+            0.001,
+        ),
+        ("main thread: blocked", lambda p: p["main_thread_blocked_seconds"], _seconds, 0.001),
+        ("NCCL calls", lambda p: p["nccl_calls"], _count, 1),
+        ("NCCL time", lambda p: p["nccl_seconds"], _seconds, 0.001),
+        ("records lost", lambda p: p["kernel_records_lost"], _count, 1),
+    ]
+    return rows
+
+
+def _by_cause(cause: str) -> Callable[[dict[str, Any]], float]:
+    def get(p: dict[str, Any]) -> float:
+        return float(p.get("blocked_seconds_by_cause", {}).get(cause, 0.0))
+
+    return get
+
+
+def format_summary(processes: Sequence[dict[str, Any]]) -> str:
+    """The side-by-side table (one column per process)."""
+    ok = [p for p in processes if not p.get("error")]
+    lines: list[str] = []
+    if ok:
+        heads = [
+            (f"rank {p['rank']}" if p["rank"] >= 0 else "no rank") + f" / pid {p['pid']}"
+            for p in ok
+        ]
+        table: list[list[str]] = [["", *heads]]
+        table.append(
+            [
+                "window start",
+                *(
+                    time.strftime("%H:%M:%S", time.localtime(p["window_start_unix_seconds"]))
+                    + f".{int(p['window_start_unix_seconds'] % 1 * 1000):03d}"
+                    if p["window_start_unix_seconds"]
+                    else "-"
+                    for p in ok
+                ),
+            ]
+        )
+        table.append(["kernel tracks", *(",".join(p["kernel_tracks"]) or "none" for p in ok)])
+        marked = False
+        for label, get, fmt, min_diff in _rows(ok):
+            values = [float(get(p)) for p in ok]
+            median = statistics.median(values)
+            cells = []
+            for v in values:
+                out = fmt(v)
+                if (
+                    len(ok) > 1
+                    and v - median >= min_diff
+                    and (median == 0 or v >= OUTLIER_RATIO * median)
+                ):
+                    out += " !"
+                    marked = True
+                cells.append(out)
+            table.append([label, *cells])
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+        for row in table:
+            lines.append(
+                "  ".join(
+                    cell.ljust(w) if i == 0 else cell.rjust(w)
+                    for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+                ).rstrip()
+            )
+        if marked:
+            lines.append(
+                f"! stands out: at least {OUTLIER_RATIO:g}x the median of the row (and clearly "
+                "above it)"
+            )
+        lines.append("files:")
+        lines += [f"  pid {p['pid']}: {p['path']}" for p in ok]
+    for p in processes:
+        if p.get("error"):
+            lines.append(f"not summarised: {p['path']}: {p['error']}")
+    return "\n".join(lines)

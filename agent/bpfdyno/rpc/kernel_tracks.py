@@ -1,0 +1,51 @@
+"""The kernel tracks a trace can carry: the names every client and the agent use.
+
+A request names them as a comma-separated list (``net,sched``), ``all``, or ``none``; an
+empty text means "the agent's default" (``[capture] default_tracks``). What each track holds
+is in docs/tracing.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Every kernel track, in the order they are listed.
+KERNEL_TRACKS = ("net", "sched", "nccl", "gpu")
+#: The words a request may use besides the track names.
+ALL = "all"
+NONE = "none"
+
+
+def parse_kernel_tracks(text: str) -> tuple[str, ...] | None:
+    """The tracks a request's text names, in canonical order; None for "" (the default).
+
+    Raises:
+        ValueError: an unknown name; the message lists the known ones.
+    """
+    words = [w.strip().lower() for w in text.split(",") if w.strip()]
+    if not words:
+        return None
+    if words == [ALL]:
+        return KERNEL_TRACKS
+    if words == [NONE]:
+        return ()
+    unknown = [w for w in words if w not in KERNEL_TRACKS]
+    if unknown:
+        raise ValueError(
+            f"unknown kernel track(s) {', '.join(repr(w) for w in unknown)}: name some of "
+            f"{','.join(KERNEL_TRACKS)}, or '{ALL}', or '{NONE}'"
+        )
+    return tuple(t for t in KERNEL_TRACKS if t in words)
+
+
+def describe_kernel_tracks(k: Any) -> str:
+    """A process's ``KernelTracks`` message (tracing.proto) in one line; "" if none asked."""
+    if not k.requested:
+        return ""
+    if k.state == "merged":
+        text = f"kernel tracks {','.join(k.merged)} merged ({k.events} events"
+        text += f", {k.lost} records lost)" if k.lost else ")"
+        return text + (f"; {k.reason}" if k.reason else "")
+    return f"kernel tracks {','.join(k.requested)} {k.state}" + (
+        f": {k.reason}" if k.reason else ""
+    )

@@ -1,0 +1,446 @@
+"""`CaptureManager`: records the kernel tracks of each traced process, from delivery to file.
+
+The tracker says when a process got its trace config (`begin`) and when its file is complete
+or its trace ended otherwise (`end`, `discard`). Between the two the manager records, for
+that process only, what its request asked for:
+
+* ``net`` and ``sched`` through `KernelCapture` (bpf/capture.bpf.c),
+* ``nccl`` through `NcclCapture` (bpf/nccl.bpf.c on its libnccl),
+* ``gpu`` through `GpuSampler` (the GPU collector's NVML reads).
+
+All BPF work happens on one thread of its own ("trace-capture"): it loads both programs when
+the manager starts (so the first trace does not wait for a compile), attaches them when the
+first traced process needs them, drains their ring buffers every `DRAIN_INTERVAL_S` while
+anything is traced, and detaches them when the last traced process leaves. Callers on the
+event loop never block: `begin` and `discard` only queue a command, `end` returns a future.
+
+Bounded: each traced process keeps at most ``[capture] max_events_per_process`` records;
+beyond it the oldest go first (the trace window is at the end of the capture, since the file
+is written right after it), and how many were dropped is part of the result.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bpfdyno.core.config import CaptureSection
+from bpfdyno.core.events import MonotonicClock
+from bpfdyno.core.status import PartState, PartStatus
+from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.tracing.capture.gpu import GpuCounterSource, GpuSampler
+from bpfdyno.tracing.capture.kernel import KernelCapture
+from bpfdyno.tracing.capture.nccl import NcclCapture
+from bpfdyno.tracing.capture.records import (
+    KernelRecord,
+    KernelTrackRequest,
+    ProcessCapture,
+    Track,
+    TrackStats,
+)
+
+log = logging.getLogger(__name__)
+
+#: How often the ring buffers are consumed while something is traced.
+DRAIN_INTERVAL_S = 0.1
+#: How often traced processes without a libnccl are looked at again.
+NCCL_RESCAN_S = 1.0
+#: The programs are compiled this long after start (or at the first trace, if sooner), so
+#: the compile does not hold up the collectors' own at the daemon's start (one compile at a
+#: time) and the daemon is ready as fast as without this feature.
+PRELOAD_DELAY_S = 5.0
+
+
+#: Environment variables of a distributed job (torchrun's), in distributedInfo's terms.
+_DIST_ENV = (("RANK", "rank"), ("WORLD_SIZE", "world_size"), ("LOCAL_RANK", "local_rank"))
+
+
+def distributed_info(pid: int, proc_root: Path = Path("/proc")) -> dict[str, int] | None:
+    """``{"rank", "world_size"[, "local_rank"]}`` from the process's environment, or None.
+
+    Kineto's on-demand traces carry no ``distributedInfo`` (the Python profiler adds it, the
+    daemon path does not), and tools such as Holistic Trace Analysis need the rank to tell the
+    files of a job apart; torchrun puts it in every rank's environment.
+    """
+    try:
+        raw = (proc_root / str(pid) / "environ").read_bytes()
+    except OSError:
+        return None
+    env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    out: dict[str, int] = {}
+    for var, key in _DIST_ENV:
+        value = env.get(var.encode(), b"")
+        if value.isdigit():
+            out[key] = int(value)
+    return out if "rank" in out and "world_size" in out else None
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureKey:
+    """One traced process's part of one trace."""
+
+    trace_id: str
+    pid: int
+
+
+@dataclass(slots=True)
+class _Active:
+    key: CaptureKey
+    request: KernelTrackRequest
+    begin_ns: int
+    begin_wall_ns: int
+    offset_begin_ns: int
+    records: deque[KernelRecord]
+    notes: dict[Track, str] = field(default_factory=dict)
+    dropped: int = 0
+    distributed: dict[str, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Begin:
+    key: CaptureKey
+    request: KernelTrackRequest
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    key: CaptureKey
+    future: Future[ProcessCapture] | None  # None: discard
+
+
+@dataclass(frozen=True, slots=True)
+class _Sync:
+    future: Future[None]
+
+
+_STOP = object()
+
+
+class CaptureManager:
+    """Kernel, NCCL and GPU recording of traced processes.
+
+    Args:
+        settings: the ``[capture]`` section.
+        gpu: the GPU collector's counters (None: no GPU track).
+        header_cache: where generated kernel headers are cached.
+        proc_root: where /proc is.
+        release_compiler_pages: after loading the programs, advise the compiler's pages out
+            of memory (what ``bpfdyno serve`` does after its other programs).
+        preload_delay_s: compile the programs this long after `start`, or at the first
+            trace if it comes sooner.
+    """
+
+    name = "capture"
+
+    def __init__(
+        self,
+        settings: CaptureSection,
+        gpu: GpuCounterSource | None = None,
+        header_cache: Path | None = None,
+        proc_root: Path = Path("/proc"),
+        release_compiler_pages: bool = False,
+        preload_delay_s: float = 0.0,
+    ) -> None:
+        self.settings = settings
+        self._preload_delay_s = preload_delay_s
+        self.kernel = KernelCapture(settings, header_cache)
+        self.nccl = NcclCapture(settings, header_cache, proc_root)
+        self.gpu = GpuSampler(gpu, settings.gpu_sample_hz, settings.max_events_per_process)
+        self._proc_root = proc_root
+        self._release_pages = release_compiler_pages
+        self._queue: queue.Queue[object] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._active: dict[int, _Active] = {}  # by pid; touched on the capture thread only
+        self._load_errors: dict[str, str] = {}  # "kernel" / "nccl" -> why it did not load
+        self._loaded = threading.Event()
+        self._last_drain = 0.0
+        self._last_rescan = 0.0
+        #: Processes captured so far, and records kept / dropped over the cap (for status).
+        self.captures = 0
+        self.records_kept = 0
+        self.records_dropped = 0
+
+    # -- lifecycle (event loop) -----------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the capture thread; it loads the programs first (in the background)."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="trace-capture", daemon=True)
+        self._thread.start()
+        self.gpu.start()
+
+    def stop(self) -> None:
+        """Stop recording everything, detach and unload (blocks until the thread is done)."""
+        if self._thread is None:
+            return
+        self._queue.put(_STOP)
+        self._thread.join()
+        self._thread = None
+        self.gpu.stop()
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        """Wait until the programs are loaded (or failed to load); for tests and tools."""
+        return self._loaded.wait(timeout)
+
+    # -- commands (any thread) ----------------------------------------------------------
+
+    def begin(self, key: CaptureKey, request: KernelTrackRequest) -> None:
+        """Start recording ``request``'s tracks of ``key.pid`` (queued; returns at once)."""
+        if request.enabled:
+            self._queue.put(_Begin(key, request))
+
+    def end(self, key: CaptureKey) -> Future[ProcessCapture]:
+        """Stop recording ``key`` and hand over what was recorded (in the future)."""
+        fut: Future[ProcessCapture] = Future()
+        self._queue.put(_End(key, fut))
+        return fut
+
+    def discard(self, key: CaptureKey) -> None:
+        """Stop recording ``key`` and forget it (its trace failed or timed out)."""
+        self._queue.put(_End(key, None))
+
+    def sync(self) -> Future[None]:
+        """A future done once every command queued before it was carried out."""
+        fut: Future[None] = Future()
+        self._queue.put(_Sync(fut))
+        return fut
+
+    def status(self) -> PartStatus:
+        """The capture's state for ``status`` and ``doctor``."""
+        if not self.settings.enabled:
+            return PartStatus(self.name, PartState.DISABLED, "[capture] enabled = false")
+        if self._thread is None:
+            return PartStatus(self.name, PartState.STOPPED, "not started")
+        if not self._loaded.is_set():
+            return PartStatus(self.name, PartState.STARTING, "loading the capture programs")
+        missing = self.unavailable_tracks()
+        active = len(self._active)
+        summary = (
+            f"{active} process(es) being recorded; {self.captures} captured, "
+            f"{self.records_kept} records kept, {self.records_dropped} dropped over the cap"
+        )
+        if len(missing) == len(Track):
+            why = "; ".join(f"{t.value}: {r}" for t, r in missing.items())
+            return PartStatus(self.name, PartState.UNAVAILABLE, f"no kernel track works: {why}")
+        if missing:
+            why = "; ".join(f"{t.value}: {r}" for t, r in missing.items())
+            # No GPU on this machine is how it is, not a fault of the capture.
+            state = PartState.OK if set(missing) == {Track.GPU} else PartState.DEGRADED
+            return PartStatus(self.name, state, f"{summary}; unavailable: {why}")
+        return PartStatus(self.name, PartState.OK, summary)
+
+    def unavailable_tracks(self) -> dict[Track, str]:
+        """Tracks that cannot be recorded on this machine, with why."""
+        out: dict[Track, str] = {}
+        for track in (Track.NET, Track.SCHED):
+            if "kernel" in self._load_errors:
+                out[track] = self._load_errors["kernel"]
+            elif track in self.kernel.unavailable:
+                out[track] = self.kernel.unavailable[track]
+        if "nccl" in self._load_errors:
+            out[Track.NCCL] = self._load_errors["nccl"]
+        if self.gpu.available:
+            out[Track.GPU] = self.gpu.available
+        return out
+
+    # -- the capture thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        first: object = None
+        if self._preload_delay_s > 0:
+            try:
+                first = self._queue.get(timeout=self._preload_delay_s)
+            except queue.Empty:
+                first = None
+        self._load()
+        try:
+            while True:
+                if first is not None:  # what came before the programs were loaded
+                    cmd, first = first, None
+                else:
+                    timeout = DRAIN_INTERVAL_S if self._active else None
+                    try:
+                        cmd = self._queue.get(timeout=timeout)
+                    except queue.Empty:
+                        cmd = None
+                if cmd is _STOP:
+                    break
+                try:
+                    self._handle(cmd)
+                    now = time.monotonic()
+                    if self._active and now - self._last_drain >= DRAIN_INTERVAL_S:
+                        self._last_drain = now
+                        self._drain()
+                    if self._active and now - self._last_rescan >= NCCL_RESCAN_S:
+                        self._last_rescan = now
+                        if self.nccl.loaded:
+                            self.nccl.rescan()
+                except Exception:  # keep capturing the other processes
+                    log.exception("capture: handling %r failed", cmd)
+        finally:
+            for active in list(self._active.values()):
+                self._finish(active, None)
+            self.kernel.close()
+            self.nccl.close()
+
+    def _load(self) -> None:
+        if not self.settings.enabled:
+            self._loaded.set()
+            return
+        for name, part in (("kernel", self.kernel), ("nccl", self.nccl)):
+            try:
+                part.load()
+            except BpfLoadError as e:
+                self._load_errors[name] = str(e)
+                log.warning("capture: the %s capture program is unavailable: %s", name, e)
+            except Exception as e:  # an unexpected environment: that part only
+                self._load_errors[name] = f"{type(e).__name__}: {e}"
+                log.exception("capture: loading the %s capture program failed", name)
+        if self._release_pages:
+            from bpfdyno.ebpf.compiler import release_compiler_pages
+
+            release_compiler_pages()
+        self._loaded.set()
+
+    def _handle(self, cmd: object) -> None:
+        if isinstance(cmd, _Begin):
+            self._begin(cmd.key, cmd.request)
+        elif isinstance(cmd, _End):
+            active = self._active.get(cmd.key.pid)
+            if active is None or active.key != cmd.key:
+                if cmd.future is not None:
+                    cmd.future.set_exception(
+                        LookupError(f"nothing was recorded for pid {cmd.key.pid}")
+                    )
+                return
+            try:
+                self._finish(active, cmd.future)
+            except Exception as e:  # the caller must hear of it, not wait forever
+                if cmd.future is not None and not cmd.future.done():
+                    cmd.future.set_exception(e)
+                raise
+        elif isinstance(cmd, _Sync):
+            cmd.future.set_result(None)
+
+    def _begin(self, key: CaptureKey, request: KernelTrackRequest) -> None:
+        old = self._active.get(key.pid)
+        if old is not None:  # a previous part never ended: it cannot be merged any more
+            self._finish(old, None)
+        clock = MonotonicClock()
+        active = _Active(
+            key=key,
+            request=request,
+            begin_ns=time.monotonic_ns(),
+            begin_wall_ns=time.time_ns(),
+            offset_begin_ns=clock.offset_ns,
+            records=deque(maxlen=self.settings.max_events_per_process),
+            distributed=distributed_info(key.pid, self._proc_root),
+        )
+        self._active[key.pid] = active
+        kernel_tracks = frozenset(t for t in request.tracks if t in (Track.NET, Track.SCHED))
+        if kernel_tracks:
+            if self.kernel.loaded:
+                for track, reason in self.kernel.add(key.pid, kernel_tracks).items():
+                    active.notes[track] = reason
+            else:
+                for track in kernel_tracks:
+                    active.notes[track] = self._load_errors.get("kernel", "not loaded")
+        if Track.NCCL in request.tracks:
+            if self.nccl.loaded:
+                reason = self.nccl.add(key.pid)
+                if reason:
+                    log.info("capture: pid %d: %s; looking again every second", key.pid, reason)
+            else:
+                active.notes[Track.NCCL] = self._load_errors.get("nccl", "not loaded")
+        if Track.GPU in request.tracks:
+            reason = self.gpu.add(key, key.pid)
+            if reason:
+                active.notes[Track.GPU] = reason
+        log.info(
+            "capture: recording %s of pid %d for trace %s",
+            ", ".join(request.names()),
+            key.pid,
+            key.trace_id,
+        )
+
+    def _drain(self) -> None:
+        batches: list[Iterable[tuple[int, list[KernelRecord]]]] = []
+        if self.kernel.loaded:
+            batches.append(self.kernel.drain().items())
+        if self.nccl.loaded:
+            batches.append([(t, list(c)) for t, c in self.nccl.drain().items()])
+        for batch in batches:
+            for tgid, records in batch:
+                active = self._active.get(tgid)
+                if active is None:
+                    continue  # its part just ended (records after its final drain)
+                self._keep(active, records)
+
+    @staticmethod
+    def _keep(active: _Active, records: list[KernelRecord]) -> None:
+        room = (active.records.maxlen or 0) - len(active.records)
+        if len(records) > room:
+            active.dropped += len(records) - max(room, 0)
+        active.records.extend(records)
+
+    def _finish(self, active: _Active, future: Future[ProcessCapture] | None) -> None:
+        """Stop recording one process; complete ``future`` with its capture (None: drop)."""
+        pid = active.key.pid
+        stats: dict[Track, TrackStats] = {}
+        tracks = active.request.tracks
+        try:
+            self._drain()
+            removed = None
+            if self.kernel.loaded and pid in self.kernel.traced():
+                removed = self.kernel.remove(pid)
+                stats.update(removed.stats)
+            if Track.NCCL in tracks and self.nccl.loaded:
+                stats[Track.NCCL] = self.nccl.remove(pid)
+            self._drain()  # what the ring buffers got before the maps forgot the process
+            if removed is not None:
+                # The bursts still open in the map are each socket's newest: they go last.
+                self._keep(active, removed.records)
+        finally:
+            del self._active[pid]
+        if Track.GPU in tracks:
+            samples, gpu_stats = self.gpu.remove(active.key)
+            stats[Track.GPU] = gpu_stats
+            self._keep(active, list(samples))
+        for track in tracks:
+            st = stats.setdefault(track, TrackStats())
+            if track in active.notes and not st.note:
+                st.note = active.notes[track]
+        if future is None:
+            return
+        end_clock = MonotonicClock()
+        capture = ProcessCapture(
+            pid=pid,
+            request=active.request,
+            begin_ns=active.begin_ns,
+            end_ns=time.monotonic_ns(),
+            begin_wall_ns=active.begin_wall_ns,
+            offset_ns=(active.offset_begin_ns + end_clock.offset_ns) // 2,
+            drift_ns=end_clock.offset_ns - active.offset_begin_ns,
+            records=list(active.records),
+            stats=stats,
+            dropped_over_cap=active.dropped,
+            cap=self.settings.max_events_per_process,
+            settings={
+                "net_coalesce_gap_us": self.settings.net_coalesce_gap_us,
+                "net_coalesce_max_us": self.settings.net_coalesce_max_us,
+                "sched_min_offcpu_us": self.settings.sched_min_offcpu_us,
+            },
+            distributed=active.distributed,
+        )
+        self.captures += 1
+        self.records_kept += len(capture.records)
+        self.records_dropped += active.dropped
+        future.set_result(capture)

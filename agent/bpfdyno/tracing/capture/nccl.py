@@ -1,0 +1,342 @@
+"""The NCCL calls of traced processes: ``bpf/nccl.bpf.c`` on the libnccl they map.
+
+Nothing is recompiled or preloaded into the job: the library a traced process uses is found
+in ``/proc/PID/maps`` (any mapped file named ``libnccl*.so*``, e.g. the ``nvidia-nccl-cu12``
+wheel's ``libnccl.so.2``), opened through ``/proc/PID/root`` so a process in a container is
+found too, and the API functions of `NCCL_FUNCTIONS` get a uprobe and a uretprobe each. The
+probes sit on the library *file*: every process mapping that file traps into them while they
+are attached (a few microseconds per call, see docs/performance.md), and only the traced ones
+are recorded (``bpfdyno_nctgids``). They are attached when the first traced process using
+that file is added and removed with the last one.
+
+A process that loads NCCL only after its trace started is looked for again by `rescan`.
+
+Not thread-safe: one thread (the capture manager's) makes every call.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import logging
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from bpfdyno.core.config import CaptureSection
+from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.ebpf.program import BpfProgram, RingBuffer
+from bpfdyno.sources.net.decode import header_enum
+from bpfdyno.tracing.capture.records import NcclCall, TrackStats
+
+log = logging.getLogger(__name__)
+
+SOURCE = "nccl.bpf.c"
+_TGIDS = "bpfdyno_nctgids"
+_RING = "bpfdyno_ncevent"
+
+#: (NCCL function, ``enum nccl_fn`` member, BPF entry function; the return one adds "_r").
+NCCL_FUNCTIONS = (
+    ("ncclAllReduce", "NCCL_FN_ALL_REDUCE", "bpfdyno_nc_ar"),
+    ("ncclBroadcast", "NCCL_FN_BROADCAST", "bpfdyno_nc_bc"),
+    ("ncclBcast", "NCCL_FN_BCAST", "bpfdyno_nc_bx"),
+    ("ncclReduce", "NCCL_FN_REDUCE", "bpfdyno_nc_rd"),
+    ("ncclAllGather", "NCCL_FN_ALL_GATHER", "bpfdyno_nc_ag"),
+    ("ncclReduceScatter", "NCCL_FN_REDUCE_SCATTER", "bpfdyno_nc_rs"),
+    ("ncclSend", "NCCL_FN_SEND", "bpfdyno_nc_sd"),
+    ("ncclRecv", "NCCL_FN_RECV", "bpfdyno_nc_rv"),
+    ("ncclAlltoAll", "NCCL_FN_ALL_TO_ALL", "bpfdyno_nc_aa"),
+    ("ncclGather", "NCCL_FN_GATHER", "bpfdyno_nc_ga"),
+    ("ncclScatter", "NCCL_FN_SCATTER", "bpfdyno_nc_sc"),
+    ("ncclGroupStart", "NCCL_FN_GROUP_START", "bpfdyno_nc_gs"),
+    ("ncclGroupEnd", "NCCL_FN_GROUP_END", "bpfdyno_nc_ge"),
+)
+
+#: ncclDataType_t (nccl.h).
+DATATYPES = {
+    0: "int8",
+    1: "uint8",
+    2: "int32",
+    3: "uint32",
+    4: "int64",
+    5: "uint64",
+    6: "float16",
+    7: "float32",
+    8: "float64",
+    9: "bfloat16",
+    10: "float8e4m3",
+    11: "float8e5m2",
+}
+#: Bytes per element of each ncclDataType_t.
+DATATYPE_BYTES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 1, 11: 1}
+#: ncclRedOp_t (nccl.h); larger values are user-defined ops.
+REDOPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
+#: ncclResult_t (nccl.h).
+RESULTS = {
+    0: "ncclSuccess",
+    1: "ncclUnhandledCudaError",
+    2: "ncclSystemError",
+    3: "ncclInternalError",
+    4: "ncclInvalidArgument",
+    5: "ncclInvalidUsage",
+    6: "ncclRemoteError",
+    7: "ncclInProgress",
+}
+
+
+@cache
+def function_names() -> dict[int, str]:
+    """``enum nccl_fn`` number -> NCCL function name, from ``nccl.h``."""
+    text = (importlib.resources.files("bpfdyno.bpf") / "nccl.h").read_text(encoding="utf-8")
+    numbers = header_enum(text, "nccl_fn")
+    return {numbers[member]: name for name, member, _ in NCCL_FUNCTIONS}
+
+
+def find_libnccl(pid: int, proc_root: Path = Path("/proc")) -> str | None:
+    """The path of the libnccl file process ``pid`` maps (in its mount namespace), or None.
+
+    Raises:
+        OSError: the process is gone or its maps cannot be read.
+    """
+    with open(proc_root / str(pid) / "maps", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) < 6:
+                continue
+            path = parts[5].strip()
+            name = os.path.basename(path)
+            if name.startswith("libnccl") and ".so" in name and not path.endswith("(deleted)"):
+                return path
+    return None
+
+
+@dataclass(slots=True)
+class _Library:
+    """One libnccl file with our probes on it."""
+
+    path: str  # as passed to bcc (through /proc/PID/root)
+    attached: list[str] = field(default_factory=list)
+    tgids: set[int] = field(default_factory=set)
+
+
+class NcclCapture:
+    """nccl.bpf.c: loaded once, its probes attached to the libnccl files of traced processes.
+
+    Args:
+        settings: the ``[capture]`` section (map and ring buffer sizes).
+        header_cache: where generated kernel headers are cached.
+        proc_root: where /proc is.
+    """
+
+    def __init__(
+        self,
+        settings: CaptureSection,
+        header_cache: Path | None = None,
+        proc_root: Path = Path("/proc"),
+    ) -> None:
+        self._settings = settings
+        self._header_cache = header_cache
+        self._proc_root = proc_root
+        self._program: BpfProgram | None = None
+        self._ring: RingBuffer[tuple[int, NcclCall]] | None = None
+        self._names = function_names()
+        self._libs: dict[tuple[int, int], _Library] = {}
+        self._lib_of: dict[int, tuple[int, int]] = {}  # tgid -> its library
+        self._pending: dict[int, str] = {}  # traced, no library yet: tgid -> why
+        #: Functions missing from a library: path -> names.
+        self.missing: dict[str, list[str]] = {}
+
+    def load(self) -> None:
+        """Compile and load the program (nothing is attached).
+
+        Raises:
+            BpfLoadError: compiling or loading failed; the message says what to do.
+        """
+        s = self._settings
+        program = BpfProgram.load(
+            SOURCE,
+            defines={
+                "NCCL_MAX_PROCS": s.max_processes,
+                "NCCL_MAX_INFLIGHT": s.max_threads,
+                "NCCL_RINGBUF_PAGES": s.ringbuf_pages,
+            },
+            header_cache=self._header_cache,
+        )
+        try:
+            self._ring = program.open_ring_buffer(_RING, self._decode)
+        except BaseException:
+            program.close()
+            raise
+        self._program = program
+
+    @property
+    def loaded(self) -> bool:
+        return self._program is not None
+
+    def close(self) -> None:
+        """Detach and unload (idempotent)."""
+        if self._program is not None:
+            self._program.close()
+            self._program = None
+        self._ring = None
+        self._libs.clear()
+        self._lib_of.clear()
+        self._pending.clear()
+
+    def add(self, tgid: int) -> str:
+        """Start recording the NCCL calls of process ``tgid``.
+
+        Returns:
+            "" when its libnccl is probed; otherwise why not yet (it is looked for again by
+            `rescan` while it stays traced).
+        """
+        program = self._require()
+        table = program.table(_TGIDS)
+        try:
+            table[table.Key(tgid)] = table.Leaf()
+        except Exception as e:
+            return (
+                f"more than {self._settings.max_processes} processes are traced at once ({e}); "
+                "raise [capture] max_processes"
+            )
+        reason = self._probe_library(tgid)
+        if reason:
+            self._pending[tgid] = reason
+        return reason
+
+    def rescan(self) -> None:
+        """Look again for libnccl in traced processes that had none mapped."""
+        for tgid in list(self._pending):
+            reason = self._probe_library(tgid)
+            if reason:
+                self._pending[tgid] = reason
+            else:
+                del self._pending[tgid]
+
+    def remove(self, tgid: int) -> TrackStats:
+        """Stop recording process ``tgid``; its counters (call `drain` first)."""
+        program = self._require()
+        stats = TrackStats()
+        table = program.table(_TGIDS)
+        key = table.Key(tgid)
+        try:
+            leaf = table[key]
+            stats = TrackStats(events=int(leaf.calls), lost_kernel=int(leaf.lost))
+            del table[key]
+        except KeyError:
+            pass
+        note = self._pending.pop(tgid, "")
+        if note:
+            stats.note = note
+        lib_key = self._lib_of.pop(tgid, None)
+        if lib_key is not None:
+            lib = self._libs[lib_key]
+            lib.tgids.discard(tgid)
+            if not lib.tgids:
+                self._detach(lib)
+                del self._libs[lib_key]
+        return stats
+
+    def drain(self) -> dict[int, list[NcclCall]]:
+        """Consume the ring buffer now; calls by tgid."""
+        out: dict[int, list[NcclCall]] = defaultdict(list)
+        if self._ring is None:
+            return out
+        for tgid, call in self._ring.drain():
+            out[tgid].append(call)
+        return out
+
+    def probed_libraries(self) -> dict[str, int]:
+        """Probed library path -> traced processes using it."""
+        return {lib.path: len(lib.tgids) for lib in self._libs.values()}
+
+    def program_fds(self) -> dict[str, int]:
+        """Loaded function -> fd (for BPF run statistics)."""
+        return self._require().program_fds()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _require(self) -> BpfProgram:
+        if self._program is None:
+            raise RuntimeError("the NCCL capture program is not loaded")
+        return self._program
+
+    def _probe_library(self, tgid: int) -> str:
+        try:
+            mapped = find_libnccl(tgid, self._proc_root)
+        except OSError as e:
+            return f"cannot read /proc/{tgid}/maps ({e.strerror}); the process may have exited"
+        if mapped is None:
+            return (
+                f"process {tgid} maps no libnccl (it uses no NCCL, or loads it later, or links "
+                "it statically)"
+            )
+        path = str(self._proc_root / str(tgid) / "root") + mapped
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            return f"cannot open {mapped} of process {tgid} ({e.strerror})"
+        key = (st.st_dev, st.st_ino)
+        lib = self._libs.get(key)
+        if lib is None:
+            lib = _Library(path)
+            reason = self._attach(lib)
+            if reason:
+                return reason
+            self._libs[key] = lib
+        lib.tgids.add(tgid)
+        self._lib_of[tgid] = key
+        return ""
+
+    def _attach(self, lib: _Library) -> str:
+        program = self._require()
+        missing = []
+        for name, _, fn in NCCL_FUNCTIONS:
+            try:
+                program.attach_uprobe(lib.path, name, fn)
+            except BpfLoadError:
+                missing.append(name)  # an older NCCL without this function
+                continue
+            try:
+                program.attach_uprobe(lib.path, name, fn + "_r", retprobe=True)
+            except BpfLoadError as e:
+                program.detach_uprobe(lib.path, name)
+                log.warning("capture: no return probe on %s:%s: %s", lib.path, name, e)
+                missing.append(name)
+                continue
+            lib.attached.append(name)
+        if missing:
+            self.missing[lib.path] = missing
+        if not lib.attached:
+            return f"{lib.path} exports none of the NCCL functions probed (is it libnccl?)"
+        return ""
+
+    def _detach(self, lib: _Library) -> None:
+        program = self._require()
+        for name in lib.attached:
+            for retprobe in (False, True):
+                try:
+                    program.detach_uprobe(lib.path, name, retprobe=retprobe)
+                except BpfLoadError as e:
+                    log.warning("capture: %s", e)
+        lib.attached.clear()
+
+    def _decode(self, e: Any) -> tuple[int, NcclCall]:
+        fn = int(e.fn)
+        return int(e.tgid), NcclCall(
+            tid=int(e.tid),
+            function=self._names.get(fn, f"nccl_fn_{fn}"),
+            start_ns=int(e.start_ns),
+            end_ns=int(e.end_ns),
+            count=int(e.count),
+            datatype=int(e.datatype),
+            op=int(e.op),
+            peer=int(e.peer),
+            comm=int(e.comm),
+            stream=int(e.stream),
+            sendbuff=int(e.sendbuff),
+            recvbuff=int(e.recvbuff),
+            ret=int(e.ret),
+        )

@@ -1,0 +1,262 @@
+"""What a traced process's capture holds: decoded kernel, NCCL and GPU records.
+
+Times of kernel and NCCL records are CLOCK_MONOTONIC nanoseconds (``bpf_ktime_get_ns``), as
+the programs wrote them; GPU samples are taken on the same clock. `ProcessCapture` carries the
+offset to the wall clock measured while capturing, and `bpfdyno.tracing.capture.tracks` turns
+all of it into trace events on the trace's own time base.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Track(enum.Enum):
+    """The kernel tracks a trace can carry."""
+
+    NET = "net"
+    SCHED = "sched"
+    NCCL = "nccl"
+    GPU = "gpu"
+
+
+#: Every track, in the order they are listed and written.
+ALL_TRACKS = (Track.NET, Track.SCHED, Track.NCCL, Track.GPU)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelTrackRequest:
+    """Which kernel tracks a traced process's file gets, and how far back rare events go.
+
+    Attributes:
+        tracks: the tracks to record and merge (empty: none, the file stays Kineto's).
+        pre_window_s: rare network events from this many seconds before the process got its
+            config are added from the flight recorder.
+    """
+
+    tracks: frozenset[Track] = frozenset()
+    pre_window_s: float = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything is recorded for this process."""
+        return bool(self.tracks)
+
+    def names(self) -> tuple[str, ...]:
+        """The track names, in the canonical order."""
+        return tuple(t.value for t in ALL_TRACKS if t in self.tracks)
+
+
+#: No kernel tracks.
+NO_TRACKS = KernelTrackRequest()
+
+
+@dataclass(frozen=True, slots=True)
+class SocketInfo:
+    """A socket's endpoints as the kernel had them (addresses printable)."""
+
+    protocol: str  # "tcp", "udp", "mptcp"
+    local: str  # "10.0.0.1:43210", "[::1]:29500"
+    peer: str  # "" for an unconnected UDP socket
+
+    def label(self) -> str:
+        """E.g. ``TCP 127.0.0.1:43210 -> 127.0.0.1:29500``."""
+        return f"{self.protocol.upper()} {self.local} -> {self.peer or '(unconnected)'}"
+
+
+@dataclass(frozen=True, slots=True)
+class NetBurst:
+    """Consecutive send (or receive) calls of one thread on one socket.
+
+    Attributes:
+        tid: the calling thread.
+        sk: the socket's kernel address (identifies it within the capture).
+        rx: receive calls (else send calls).
+        start_ns, end_ns: when the first and the last call returned.
+        bytes: payload bytes moved by the calls.
+        calls: how many calls (1: not coalesced).
+        socket: its endpoints.
+    """
+
+    tid: int
+    sk: int
+    rx: bool
+    start_ns: int
+    end_ns: int
+    bytes: int
+    calls: int
+    socket: SocketInfo
+
+
+@dataclass(frozen=True, slots=True)
+class NetEvent:
+    """A rare network event of a traced process's socket.
+
+    Attributes:
+        kind: ``tcp_state``, ``tcp_retransmit``, ``tcp_reset_sent``, ``tcp_reset_received``,
+            ``packet_drop``.
+        ts_ns: when it happened.
+        tid: the thread, 0 when it happened in softirq context.
+        sk: the socket's kernel address.
+        socket: its endpoints.
+        attrs: kind-specific details (states, drop reason...).
+    """
+
+    kind: str
+    ts_ns: int
+    tid: int
+    sk: int
+    socket: SocketInfo
+    attrs: dict[str, str | int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class OffCpu:
+    """One off-CPU interval of a traced thread.
+
+    Attributes:
+        tid: the thread; ``comm`` its name.
+        off_ns: switched out; ``on_ns``: switched back in.
+        wake_ns: woken (blocked intervals); 0 when not seen or it never blocked.
+        state: the task state at the switch-out; 0 = runnable (preempted: CPU contention).
+        syscall: the system call it blocked in (x86-64), -1 when none or unknown.
+        cpu: the CPU it came back on.
+    """
+
+    tid: int
+    comm: str
+    off_ns: int
+    wake_ns: int
+    on_ns: int
+    state: int
+    syscall: int
+    cpu: int
+
+    @property
+    def runnable(self) -> bool:
+        """Preempted while runnable: the whole interval was spent waiting for a CPU."""
+        return self.state == 0
+
+    @property
+    def runq_ns(self) -> int:
+        """Time it waited for a CPU: all of a runnable interval, after the wakeup otherwise."""
+        if self.runnable:
+            return self.on_ns - self.off_ns
+        return self.on_ns - self.wake_ns if self.wake_ns else 0
+
+    @property
+    def blocked_ns(self) -> int:
+        """Time it was blocked (0 for a runnable interval)."""
+        if self.runnable:
+            return 0
+        return (self.wake_ns or self.on_ns) - self.off_ns
+
+
+@dataclass(frozen=True, slots=True)
+class NcclCall:
+    """One NCCL API call of a traced process, with the arguments it was given.
+
+    Attributes:
+        tid: the calling thread.
+        function: the NCCL function, e.g. ``ncclAllReduce``.
+        start_ns, end_ns: entry and return.
+        count: elements; ``datatype``, ``op``: NCCL's enum values (-1: none).
+        peer: root or peer rank (-1: none).
+        comm, stream, sendbuff, recvbuff: the pointers passed.
+        ret: the ncclResult_t returned.
+    """
+
+    tid: int
+    function: str
+    start_ns: int
+    end_ns: int
+    count: int
+    datatype: int
+    op: int
+    peer: int
+    comm: int
+    stream: int
+    sendbuff: int
+    recvbuff: int
+    ret: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """The counters of one GPU at one moment (NaN: not available).
+
+    Attributes:
+        ts_ns: CLOCK_MONOTONIC when read.
+        gpu: the GPU index.
+        values: counter name (with its unit, e.g. ``utilization_percent``) -> value.
+    """
+
+    ts_ns: int
+    gpu: int
+    values: dict[str, float]
+
+
+KernelRecord = NetBurst | NetEvent | OffCpu | NcclCall | GpuSample
+
+
+@dataclass(slots=True)
+class TrackStats:
+    """What one track recorded for a process, and what it lost.
+
+    Attributes:
+        events: records kept.
+        lost_kernel: records the kernel could not write (ring buffer full).
+        calls: socket calls seen (net; bursts hold several).
+        short_offcpu: off-CPU intervals under the minimum, counted only (sched), and
+            ``short_offcpu_ns`` their total length.
+        note: why the track is missing or partial ("" when complete).
+    """
+
+    events: int = 0
+    lost_kernel: int = 0
+    calls: int = 0
+    short_offcpu: int = 0
+    short_offcpu_ns: int = 0
+    note: str = ""
+
+
+@dataclass(slots=True)
+class ProcessCapture:
+    """Everything recorded for one traced process, from delivery to its file.
+
+    Attributes:
+        pid: the traced process.
+        request: the tracks asked for.
+        begin_ns, end_ns: CLOCK_MONOTONIC when capturing started and stopped.
+        begin_wall_ns: the wall clock when capturing started.
+        offset_ns: wall clock minus CLOCK_MONOTONIC, measured while capturing (the mean of
+            the readings at the start and the end); ``drift_ns`` the difference between them.
+        records: the kept records, oldest first per source.
+        stats: per track.
+        dropped_over_cap: records dropped because the per-process cap was reached (oldest
+            first).
+        cap: that cap.
+        settings: the capture settings that shape the records (coalescing, minimums).
+        distributed: the process's rank and world size from its environment (``RANK``,
+            ``WORLD_SIZE``, ``LOCAL_RANK`` as torchrun sets them), read when capturing began;
+            None when it has none.
+    """
+
+    pid: int
+    request: KernelTrackRequest
+    begin_ns: int
+    end_ns: int
+    begin_wall_ns: int
+    offset_ns: int
+    drift_ns: int
+    records: list[KernelRecord]
+    stats: dict[Track, TrackStats]
+    dropped_over_cap: int
+    cap: int
+    settings: dict[str, int] = field(default_factory=dict)
+    distributed: dict[str, int] | None = None
+
+    def to_wall_ns(self, mono_ns: int) -> int:
+        """Wall-clock epoch ns of a CLOCK_MONOTONIC timestamp of this capture."""
+        return mono_ns + self.offset_ns

@@ -1,0 +1,521 @@
+"""A traced process's capture as Chrome trace events on the Kineto file's own time base.
+
+Every event goes under the traced process's pid, on rows (synthetic thread ids from
+`TID_BASE` up, far above any real thread id) whose names say what they are:
+
+* ``kernel net: TCP 10.0.0.1:43210 -> 10.0.0.2:29500 send`` (and ``recv``): one slice per
+  burst of calls (category ``bpfdyno.net``; args: bytes, calls, thread, endpoints, socket);
+* ``kernel net events``: instants for TCP state changes, retransmits, resets and drops,
+  including the flight recorder's from before the request;
+* ``kernel sched: thread <tid> (<name>)``: off-CPU slices of each traced thread
+  (``bpfdyno.sched``): ``runnable: preempted`` (waiting for a CPU), ``blocked: <cause>``
+  until the wakeup, then ``runnable: woken`` until it ran again (the run-queue wait);
+* ``NCCL: thread <tid>``: one slice per NCCL call with its arguments (``bpfdyno.nccl``), and
+  ``ncclGroup`` slices from ncclGroupStart to the matching ncclGroupEnd;
+* counters ``GPU <n> <counter> (<unit>)`` (``bpfdyno.gpu``) and ``kernel net bytes``;
+* ``kernel tracks``: one slice over the window named ``bpfdyno kernel tracks`` whose args
+  say what was recorded, what was lost or coalesced, and how the clocks were aligned.
+
+Slices on one row never overlap partially (Perfetto and chrome://tracing need proper
+nesting): `assign_lanes` moves a slice that would to a second row of the same name.
+
+Time: CLOCK_MONOTONIC ns + the capture's wall-clock offset - ``baseTimeNanoseconds``, written
+as microseconds with 3 decimals (integer arithmetic, so no rounding error), as Kineto does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from bpfdyno.core.events import KernelEvent
+from bpfdyno.tracing.capture import causes
+from bpfdyno.tracing.capture.nccl import DATATYPE_BYTES, DATATYPES, REDOPS, RESULTS
+from bpfdyno.tracing.capture.records import (
+    ALL_TRACKS,
+    GpuSample,
+    NcclCall,
+    NetBurst,
+    NetEvent,
+    OffCpu,
+    ProcessCapture,
+    Track,
+)
+
+#: First synthetic thread id of the kernel tracks' rows.
+TID_BASE = 1_000_000_000
+
+CAT_NET = "bpfdyno.net"
+CAT_SCHED = "bpfdyno.sched"
+CAT_NCCL = "bpfdyno.nccl"
+CAT_GPU = "bpfdyno.gpu"
+CAT_INFO = "bpfdyno.info"
+#: Name of the slice over the window that describes the merged tracks.
+INFO_NAME = "bpfdyno kernel tracks"
+
+#: GPU counter key -> (label, unit) in the counter's name.
+GPU_COUNTERS = {
+    "utilization_percent": ("utilization", "%"),
+    "memory_used_mib": ("memory used", "MiB"),
+    "power_watts": ("power", "W"),
+    "sm_clock_mhz": ("SM clock", "MHz"),
+    "sm_active_percent": ("SM active", "%"),
+    "sm_occupancy_percent": ("SM occupancy", "%"),
+    "tensor_active_percent": ("tensor active", "%"),
+    "dram_bandwidth_percent": ("DRAM bandwidth", "%"),
+    "gpm_paused": ("GPM paused", "1 = for a trace or dcgm-pause"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The trace's window in ns relative to ``baseTimeNanoseconds``, and where it came from."""
+
+    start_ns: int
+    end_ns: int
+    source: str  # "kineto" (the profiler's own span) or "capture" (delivery to file)
+
+
+@dataclass(slots=True)
+class BuiltTracks:
+    """The events to add to the trace file, and what they hold."""
+
+    events: list[bytes]
+    counts: dict[Track, int]
+    info: dict[str, Any]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def format_us(rel_ns: int) -> bytes:
+    """Nanoseconds as Kineto's microseconds with 3 decimals, e.g. 1234567 -> b"1234.567"."""
+    sign = b"-" if rel_ns < 0 else b""
+    q, r = divmod(abs(rel_ns), 1000)
+    return sign + b"%d.%03d" % (q, r)
+
+
+def assign_lanes(intervals: Sequence[tuple[int, int]]) -> list[int]:
+    """A lane per interval such that, within a lane, intervals nest or follow each other.
+
+    Args:
+        intervals: (start, end) pairs, sorted by start then by end descending.
+
+    Returns:
+        The lane (0, 1, ...) of each interval, in the same order.
+    """
+    lanes: list[list[int]] = []  # per lane: the ends of the open (enclosing) intervals
+    out = []
+    for start, end in intervals:
+        for i, stack in enumerate(lanes):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            if not stack or end <= stack[-1]:
+                stack.append(end)
+                out.append(i)
+                break
+        else:
+            lanes.append([end])
+            out.append(len(lanes) - 1)
+    return out
+
+
+@dataclass(slots=True)
+class _Slice:
+    start_ns: int  # relative to the base time
+    end_ns: int
+    name: str
+    cat: str
+    args: dict[str, Any]
+
+
+#: Where events go, one serialized JSON object per call (the merge writes them to the file).
+Sink = Callable[[bytes], None]
+
+
+@dataclass(slots=True)
+class _Writer:
+    """Writes one process's rows (synthetic threads) and events to a sink as they come."""
+
+    pid: int
+    sink: Sink
+    next_tid: int = TID_BASE
+    rows: dict[str, int] = field(default_factory=dict)
+
+    def row(self, name: str) -> int:
+        tid = self.rows.get(name)
+        if tid is None:
+            self.next_tid += 1
+            tid = self.rows[name] = self.next_tid
+            meta_args = orjson.dumps({"name": name})
+            self.sink(
+                b'{"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":%s}'
+                % (self.pid, tid, meta_args)
+            )
+            self.sink(
+                b'{"ph":"M","name":"thread_sort_index","pid":%d,"tid":%d,"args":{"sort_index":%d}}'
+                % (self.pid, tid, tid)
+            )
+        return tid
+
+    def slices(self, row_name: str, slices: list[_Slice]) -> int:
+        """Write slices on a row (and its overflow lanes); returns how many."""
+        slices.sort(key=lambda s: (s.start_ns, -s.end_ns))
+        lanes = assign_lanes([(s.start_ns, s.end_ns) for s in slices])
+        for s, lane in zip(slices, lanes, strict=True):
+            tid = self.row(row_name if lane == 0 else f"{row_name} ({lane + 1})")
+            self.sink(
+                b'{"ph":"X","cat":%s,"name":%s,"pid":%d,"tid":%d,"ts":%s,"dur":%s,"args":%s}'
+                % (
+                    orjson.dumps(s.cat),
+                    orjson.dumps(s.name),
+                    self.pid,
+                    tid,
+                    format_us(s.start_ns),
+                    format_us(max(0, s.end_ns - s.start_ns)),
+                    orjson.dumps(s.args),
+                )
+            )
+        return len(slices)
+
+    def instant(self, row_name: str, ts_ns: int, name: str, cat: str, args: dict[str, Any]) -> None:
+        self.sink(
+            b'{"ph":"i","s":"t","cat":%s,"name":%s,"pid":%d,"tid":%d,"ts":%s,"args":%s}'
+            % (
+                orjson.dumps(cat),
+                orjson.dumps(name),
+                self.pid,
+                self.row(row_name),
+                format_us(ts_ns),
+                orjson.dumps(args),
+            )
+        )
+
+    def counter(self, name: str, ts_ns: int, cat: str, values: dict[str, float]) -> None:
+        self.sink(
+            b'{"ph":"C","cat":%s,"name":%s,"pid":%d,"ts":%s,"args":%s}'
+            % (
+                orjson.dumps(cat),
+                orjson.dumps(name),
+                self.pid,
+                format_us(ts_ns),
+                orjson.dumps(values),
+            )
+        )
+
+
+def build_tracks(
+    capture: ProcessCapture,
+    base_ns: int,
+    window: Window,
+    tracks: Iterable[Track],
+    recorded: Sequence[KernelEvent] = (),
+) -> BuiltTracks:
+    """`write_tracks` into a list (for small captures and tests)."""
+    events: list[bytes] = []
+    counts, info = write_tracks(capture, base_ns, window, tracks, events.append, recorded)
+    return BuiltTracks(events, counts, info)
+
+
+def write_tracks(
+    capture: ProcessCapture,
+    base_ns: int,
+    window: Window,
+    tracks: Iterable[Track],
+    sink: Sink,
+    recorded: Sequence[KernelEvent] = (),
+) -> tuple[dict[Track, int], dict[str, Any]]:
+    """Write the trace events of ``capture``'s ``tracks`` inside ``window`` to ``sink``.
+
+    Row by row, so only one row's slices are in memory at a time besides the records.
+
+    Args:
+        capture: what was recorded for the process.
+        base_ns: the file's ``baseTimeNanoseconds``.
+        window: the trace window (relative ns); slices overlapping it are kept (off-CPU
+            slices clipped to it), GPU samples inside it plus one on each side.
+        tracks: the tracks to write (those requested and recorded).
+        sink: receives each event.
+        recorded: the flight recorder's events of this process from the pre-window (wall ns).
+
+    Returns:
+        Events written per track (metadata not counted), and the info slice's args.
+    """
+    shift = capture.offset_ns - base_ns  # monotonic ns + shift = relative ns
+    w = _Writer(capture.pid, sink)
+    wanted = set(tracks)
+    counts: dict[Track, int] = {}
+    by_kind: dict[type, list[Any]] = defaultdict(list)
+    for r in capture.records:
+        by_kind[type(r)].append(r)
+    if Track.NET in wanted:
+        counts[Track.NET] = _net(w, by_kind[NetBurst], by_kind[NetEvent], shift, window)
+        counts[Track.NET] += _pre_window(w, recorded, base_ns, window)
+    if Track.SCHED in wanted:
+        counts[Track.SCHED] = _sched(w, by_kind[OffCpu], shift, window)
+    if Track.NCCL in wanted:
+        counts[Track.NCCL] = _nccl(w, by_kind[NcclCall], shift, window)
+    if Track.GPU in wanted:
+        counts[Track.GPU] = _gpu(w, by_kind[GpuSample], shift, window)
+    info = _info(capture, window, counts, base_ns)
+    w.slices(
+        "kernel tracks",
+        [_Slice(window.start_ns, window.end_ns, INFO_NAME, CAT_INFO, info)],
+    )
+    return counts, info
+
+
+def _overlaps(start: int, end: int, window: Window) -> bool:
+    return end >= window.start_ns and start <= window.end_ns
+
+
+#: The cumulative byte counter gets at most one point per this many ns (and the last one).
+COUNTER_RESOLUTION_NS = 1_000_000
+
+
+def _net(
+    w: _Writer, bursts: list[NetBurst], events: list[NetEvent], shift: int, window: Window
+) -> int:
+    rows: dict[str, list[NetBurst]] = defaultdict(list)
+    kept: list[NetBurst] = []
+    for b in bursts:
+        if _overlaps(b.start_ns + shift, b.end_ns + shift, window):
+            rows[f"kernel net: {b.socket.label()} {'recv' if b.rx else 'send'}"].append(b)
+            kept.append(b)
+    n = 0
+    for name in sorted(rows):
+        n += w.slices(name, [_burst_slice(b, shift) for b in rows.pop(name)])
+    # A cumulative byte counter per direction, so Perfetto draws the traffic over time.
+    sent = received = 0
+    last = None
+    kept.sort(key=lambda b: b.end_ns)
+    for i, b in enumerate(kept):
+        if b.rx:
+            received += b.bytes
+        else:
+            sent += b.bytes
+        end = b.end_ns + shift
+        final = i == len(kept) - 1
+        if final or last is None or kept[i + 1].end_ns + shift - last >= COUNTER_RESOLUTION_NS:
+            w.counter("kernel net bytes", end, CAT_NET, {"sent": sent, "received": received})
+            last = end
+    for e in events:
+        ts = e.ts_ns + shift
+        if ts > window.end_ns:
+            continue
+        args: dict[str, Any] = {
+            "protocol": e.socket.protocol,
+            "local": e.socket.local,
+            "peer": e.socket.peer,
+            "socket": f"{e.sk:#x}",
+            **e.attrs,
+        }
+        if e.tid:
+            args["tid"] = e.tid
+        name = e.kind
+        if e.kind == "tcp_state":
+            name = f"tcp {e.attrs.get('oldstate', '?')} -> {e.attrs.get('state', '?')}"
+        w.instant("kernel net events", ts, name, CAT_NET, args)
+        n += 1
+    return n
+
+
+def _burst_slice(b: NetBurst, shift: int) -> _Slice:
+    direction = "recv" if b.rx else "send"
+    args = {
+        "bytes": b.bytes,
+        "calls": b.calls,
+        "tid": b.tid,
+        "protocol": b.socket.protocol,
+        "local": b.socket.local,
+        "peer": b.socket.peer,
+        "socket": f"{b.sk:#x}",
+    }
+    return _Slice(b.start_ns + shift, b.end_ns + shift, direction, CAT_NET, args)
+
+
+def _pre_window(w: _Writer, recorded: Sequence[KernelEvent], base_ns: int, window: Window) -> int:
+    n = 0
+    for e in recorded:
+        ts = e.ts_ns - base_ns
+        if ts > window.end_ns:
+            continue
+        args: dict[str, Any] = {"source": "flight recorder (before the request)", **e.attrs}
+        if e.tid:
+            args["tid"] = e.tid
+        w.instant("kernel net events", ts, e.kind, CAT_NET, args)
+        n += 1
+    return n
+
+
+def _sched(w: _Writer, intervals: list[OffCpu], shift: int, window: Window) -> int:
+    rows: dict[str, list[OffCpu]] = defaultdict(list)
+    for iv in intervals:
+        if _overlaps(iv.off_ns + shift, iv.on_ns + shift, window):
+            rows[f"kernel sched: thread {iv.tid} ({iv.comm})"].append(iv)
+    n = 0
+    for name in sorted(rows):
+        slices: list[_Slice] = []
+        for iv in rows.pop(name):
+            slices.extend(_offcpu_slices(iv, shift, window))
+        n += w.slices(name, slices)
+    return n
+
+
+def _offcpu_slices(iv: OffCpu, shift: int, window: Window) -> list[_Slice]:
+    """One slice for a preempted interval; "blocked" then "runnable: woken" otherwise."""
+    off, on = iv.off_ns + shift, iv.on_ns + shift
+    base: dict[str, Any] = {"tid": iv.tid, "cpu": iv.cpu, "state": causes.state_letter(iv.state)}
+    if off < window.start_ns or on > window.end_ns:
+        base["clipped_to_window"] = True
+    lo, hi = max(off, window.start_ns), min(on, window.end_ns)
+    if iv.runnable:
+        return [
+            _Slice(lo, hi, "runnable: preempted", CAT_SCHED, {**base, "cause": causes.RUNNABLE})
+        ]
+    cause = causes.cause(iv.state, iv.syscall)
+    syscall = causes.syscall_name(iv.syscall)
+    label = f"blocked: {cause}" + (f" ({syscall})" if syscall else "")
+    out = []
+    wake = iv.wake_ns + shift if iv.wake_ns else on
+    b_lo, b_hi = lo, min(max(wake, lo), hi)
+    if b_hi > b_lo or wake == off:
+        out.append(
+            _Slice(b_lo, b_hi, label, CAT_SCHED, {**base, "cause": cause, "syscall": syscall})
+        )
+    if iv.wake_ns and hi > b_hi:
+        after = {**base, "cause": causes.RUNNABLE, "after": cause}
+        out.append(_Slice(b_hi, hi, "runnable: woken", CAT_SCHED, after))
+    return out
+
+
+def _nccl(w: _Writer, calls: list[NcclCall], shift: int, window: Window) -> int:
+    rows: dict[str, list[_Slice]] = defaultdict(list)
+    by_tid: dict[int, list[NcclCall]] = defaultdict(list)
+    for c in calls:
+        by_tid[c.tid].append(c)
+    for tid, mine in by_tid.items():
+        mine.sort(key=lambda c: c.start_ns)
+        row = f"NCCL: thread {tid}"
+        open_groups: list[NcclCall] = []
+        for c in mine:
+            start, end = c.start_ns + shift, c.end_ns + shift
+            if c.function == "ncclGroupStart":
+                open_groups.append(c)
+            elif c.function == "ncclGroupEnd" and open_groups:
+                g = open_groups.pop()
+                g_start = g.start_ns + shift
+                if _overlaps(g_start, end, window):
+                    rows[row].append(
+                        _Slice(g_start, end, "ncclGroup", CAT_NCCL, {"depth": len(open_groups)})
+                    )
+            if not _overlaps(start, end, window):
+                continue
+            rows[row].append(_Slice(start, end, c.function, CAT_NCCL, nccl_args(c)))
+    n = 0
+    for name in sorted(rows):
+        n += w.slices(name, rows[name])
+    return n
+
+
+def nccl_args(c: NcclCall) -> dict[str, Any]:
+    """The args of an NCCL call's slice: its arguments, named as in nccl.h."""
+    args: dict[str, Any] = {"result": RESULTS.get(c.ret, str(c.ret))}
+    if c.function in ("ncclGroupStart", "ncclGroupEnd"):
+        return args
+    args["count"] = c.count
+    args["datatype"] = DATATYPES.get(c.datatype, str(c.datatype))
+    size = DATATYPE_BYTES.get(c.datatype)
+    if size is not None:
+        args["bytes"] = c.count * size
+    if c.op >= 0:
+        args["op"] = REDOPS.get(c.op, f"user-defined {c.op}")
+    if c.peer >= 0:
+        args["peer" if c.function in ("ncclSend", "ncclRecv") else "root"] = c.peer
+    args["comm"] = f"{c.comm:#x}"
+    args["stream"] = f"{c.stream:#x}"
+    if c.sendbuff:
+        args["sendbuff"] = f"{c.sendbuff:#x}"
+    if c.recvbuff:
+        args["recvbuff"] = f"{c.recvbuff:#x}"
+    args["tid"] = c.tid
+    return args
+
+
+def _gpu(w: _Writer, samples: list[GpuSample], shift: int, window: Window) -> int:
+    by_gpu: dict[int, list[tuple[int, GpuSample]]] = defaultdict(list)
+    for s in samples:
+        by_gpu[s.gpu].append((s.ts_ns + shift, s))
+    n = 0
+    for gpu in sorted(by_gpu):
+        series = sorted(by_gpu[gpu], key=lambda x: x[0])
+        inside = [i for i, (ts, _) in enumerate(series) if window.start_ns <= ts <= window.end_ns]
+        if inside:
+            lo, hi = max(inside[0] - 1, 0), min(inside[-1] + 1, len(series) - 1)
+        else:  # a window shorter than the sampling period: the samples around it
+            before = [i for i, (ts, _) in enumerate(series) if ts < window.start_ns]
+            lo = before[-1] if before else 0
+            hi = min(lo + 1, len(series) - 1)
+        for ts, s in series[lo : hi + 1]:
+            for key, value in s.values.items():
+                label = GPU_COUNTERS.get(key)
+                if label is None or math.isnan(value):
+                    continue
+                w.counter(f"GPU {gpu} {label[0]} ({label[1]})", ts, CAT_GPU, {"value": value})
+                n += 1
+    return n
+
+
+def _info(
+    capture: ProcessCapture, window: Window, counts: dict[Track, int], base_ns: int
+) -> dict[str, Any]:
+    """What the reader needs to trust the tracks: sources, limits, losses, clock alignment."""
+    info: dict[str, Any] = {
+        "tracks": [t.value for t in ALL_TRACKS if t in counts],
+        "requested": list(capture.request.names()),
+        "window": window.source,
+        "events": {t.value: counts[t] for t in ALL_TRACKS if t in counts},
+        "clock": (
+            "CLOCK_MONOTONIC + offset to the wall clock measured at the start and the end of "
+            "the capture (mean), minus baseTimeNanoseconds"
+        ),
+        "clock_offset_ns": capture.offset_ns,
+        "clock_drift_ns": capture.drift_ns,
+        "capture_start_ts": format_us(capture.begin_ns + capture.offset_ns - base_ns).decode(),
+        "records_over_cap_dropped": capture.dropped_over_cap,
+        "records_cap": capture.cap,
+    }
+    if capture.distributed:
+        info["distributed_from_environment"] = capture.distributed
+    if Track.NET in counts:
+        gap, most = (
+            capture.settings.get("net_coalesce_gap_us", 0),
+            capture.settings.get("net_coalesce_max_us", 0),
+        )
+        info["net_coalescing"] = (
+            f"one thread's calls on one socket in one direction, each within {gap} us of the "
+            f"previous one and spanning at most {most} us, are one slice (calls = how many)"
+            if gap
+            else "none: one slice per call"
+        )
+        info["pre_window_s"] = capture.request.pre_window_s
+    if Track.SCHED in counts:
+        info["sched_min_offcpu_us"] = capture.settings.get("sched_min_offcpu_us", 0)
+    for track, st in capture.stats.items():
+        key = track.value
+        if st.lost_kernel:
+            info[f"{key}_lost_ring_buffer_full"] = st.lost_kernel
+        if track is Track.NET and st.calls:
+            info["net_calls"] = st.calls
+        if track is Track.SCHED and st.short_offcpu:
+            info["sched_short_offcpu_not_written"] = st.short_offcpu
+            info["sched_short_offcpu_total_us"] = round(st.short_offcpu_ns / 1000, 3)
+        if st.note:
+            info[f"{key}_note"] = st.note
+    return info

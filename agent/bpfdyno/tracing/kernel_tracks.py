@@ -1,0 +1,247 @@
+"""`KernelTracks`: the trace tracker's listener that records and merges the kernel tracks.
+
+For every process whose trace asked for kernel tracks:
+
+1. when it takes its config (``delivered``), the `CaptureManager` starts recording it;
+2. when its final file exists (the tracker turns it ``merging``), recording stops and, on
+   a merge thread, the recorded events inside the trace's window (the profiler's own span,
+   read from the file's tail) are written into the file (`bpfdyno.tracing.merge`), together
+   with the flight recorder's rare network events of the pre-window;
+3. the tracker is told the outcome (``merge_done``) and the part becomes ``written``: with
+   its tracks, or — if anything failed — with the file exactly as Kineto wrote it and the
+   reason in the part's kernel-track status.
+
+If its trace fails or times out instead (``ended``), the recording is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from bpfdyno.core.events import FlightRecorder, KernelEvent
+from bpfdyno.sources.net.decode import NET_EVENT_KINDS
+from bpfdyno.tracing.capture.manager import CaptureKey, CaptureManager
+from bpfdyno.tracing.capture.records import (
+    ALL_TRACKS,
+    GpuSample,
+    NcclCall,
+    NetBurst,
+    NetEvent,
+    OffCpu,
+    ProcessCapture,
+    Track,
+)
+from bpfdyno.tracing.capture.tracks import INFO_NAME, Sink, Window, write_tracks
+from bpfdyno.tracing.merge import Insertion, MergeError, TraceLayout, merge_into_trace
+from bpfdyno.tracing.traces import (
+    KernelTrackState,
+    KernelTrackStatus,
+    PartRef,
+    TraceTracker,
+)
+
+log = logging.getLogger(__name__)
+
+#: Longest wait for the capture's records once a file is complete (they come in
+#: milliseconds; this only keeps a part from staying "merging" if the capture is stuck).
+END_TIMEOUT_S = 60.0
+
+_RECORD_TRACK = {
+    NetBurst: Track.NET,
+    NetEvent: Track.NET,
+    OffCpu: Track.SCHED,
+    NcclCall: Track.NCCL,
+    GpuSample: Track.GPU,
+}
+
+
+class KernelTracks:
+    """Records the kernel tracks of traced processes and merges them into their files.
+
+    Args:
+        manager: records the tracks.
+        tracker: told when a merge is done.
+        recorder: the flight recorder (rare events of the pre-window), if the daemon has one.
+    """
+
+    def __init__(
+        self,
+        manager: CaptureManager,
+        tracker: TraceTracker,
+        recorder: FlightRecorder | None = None,
+    ) -> None:
+        self._manager = manager
+        self._tracker = tracker
+        self._recorder = recorder
+        # One merge at a time: each holds a process's events in memory while it copies.
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="trace-merge")
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Merges done and failed (for status).
+        self.merged = 0
+        self.failed = 0
+
+    # -- TraceListener -------------------------------------------------------------------
+
+    def delivered(self, part: PartRef) -> None:
+        """Start recording the process."""
+        self._manager.begin(CaptureKey(part.trace_id, part.pid), part.tracks)
+
+    def ended(self, part: PartRef) -> None:
+        """Its trace failed or timed out: drop what was recorded."""
+        self._manager.discard(CaptureKey(part.trace_id, part.pid))
+
+    def written(self, part: PartRef) -> None:
+        """Its file is complete: stop recording and merge (in the background)."""
+        task = asyncio.get_running_loop().create_task(
+            self._finish(part), name=f"merge-{part.trace_id}-{part.pid}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self) -> None:
+        """Let merges in progress finish (they leave no half-written file either way)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._executor.shutdown(wait=True)
+
+    # -- merging --------------------------------------------------------------------------
+
+    async def _finish(self, part: PartRef) -> None:
+        requested = part.tracks.names()
+        try:
+            capture = await asyncio.wait_for(
+                asyncio.wrap_future(self._manager.end(CaptureKey(part.trace_id, part.pid))),
+                END_TIMEOUT_S,
+            )
+        except TimeoutError:
+            status = KernelTrackStatus(
+                requested,
+                KernelTrackState.NOT_MERGED,
+                reason=f"the capture did not hand over its records within {END_TIMEOUT_S:g} s "
+                "(see the agent's log)",
+            )
+            self._tracker.merge_done(part.trace_id, part.address, status, _size(part.output_path))
+            return
+        except Exception as e:
+            status = KernelTrackStatus(
+                requested, KernelTrackState.NOT_MERGED, reason=f"nothing was recorded ({e})"
+            )
+            self._tracker.merge_done(part.trace_id, part.address, status, _size(part.output_path))
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            status = await loop.run_in_executor(self._executor, self.merge, part, capture)
+        except Exception as e:  # a bug: the file is intact (the merge writes a copy)
+            log.exception("merging the kernel tracks into %s failed", part.output_path)
+            status = KernelTrackStatus(
+                requested, KernelTrackState.NOT_MERGED, reason=f"internal error: {e}"
+            )
+        if status.state is KernelTrackState.MERGED:
+            self.merged += 1
+        else:
+            self.failed += 1
+        self._tracker.merge_done(part.trace_id, part.address, status, _size(part.output_path))
+
+    def merge(self, part: PartRef, capture: ProcessCapture) -> KernelTrackStatus:
+        """Write ``capture`` into ``part``'s file (blocking); the outcome as a status."""
+        return merge_capture(part, capture, self._recorder)
+
+
+def merge_capture(
+    part: PartRef, capture: ProcessCapture, recorder: FlightRecorder | None = None
+) -> KernelTrackStatus:
+    """Write ``capture`` into ``part``'s file (blocking); the outcome as a status.
+
+    Args:
+    part: the process's part of the trace (its file, the tracks asked for).
+    capture: what was recorded for it.
+    recorder: the flight recorder, for the rare network events of the pre-window.
+    """
+    requested = part.tracks.names()
+    kept = {t: 0 for t in ALL_TRACKS}
+    for r in capture.records:
+        kept[_RECORD_TRACK[type(r)]] += 1
+    merged: list[Track] = []
+    notes: list[str] = []
+    for track in ALL_TRACKS:
+        if track not in part.tracks.tracks:
+            continue
+        st = capture.stats.get(track)
+        note = st.note if st is not None else ""
+        if note and not kept[track]:
+            notes.append(f"{track.value}: {note}")
+        else:
+            merged.append(track)
+            if note:
+                notes.append(f"{track.value}: {note}")
+    lost = capture.dropped_over_cap + sum(st.lost_kernel for st in capture.stats.values())
+    if lost:
+        notes.append(f"{lost} records lost (see the file's '{INFO_NAME}' slice)")
+    if not merged:
+        return KernelTrackStatus(
+            requested,
+            KernelTrackState.NOT_MERGED,
+            lost=lost,
+            reason="; ".join(notes) or "no track could be recorded",
+        )
+    pre = pre_window(capture, recorder)
+    counted: list[int] = []
+
+    def build(layout: TraceLayout) -> Insertion:
+        if layout.window_ns is not None:
+            window = Window(*layout.window_ns, "kineto")
+        else:
+            shift = capture.offset_ns - layout.base_ns
+            window = Window(capture.begin_ns + shift, capture.end_ns + shift, "capture")
+
+        def write(sink: Sink) -> None:  # streamed into the file, row by row
+            counts, _ = write_tracks(capture, layout.base_ns, window, merged, sink, pre)
+            counted.append(sum(counts.values()))
+
+        # Without a rank, HTA and co. cannot tell the files of a job apart (see
+        # capture.manager.distributed_info); Kineto's own distributedInfo always wins.
+        members = {"distributedInfo": capture.distributed} if capture.distributed else {}
+        return Insertion(write, members)
+
+    try:
+        _, result = merge_into_trace(part.output_path, build)
+    except MergeError as e:
+        log.warning("kernel tracks of pid %d not merged: %s", part.pid, e)
+        return KernelTrackStatus(requested, KernelTrackState.NOT_MERGED, lost=lost, reason=str(e))
+    log.info(
+        "trace %s: %d kernel-track events merged into %s in %.2f s",
+        part.trace_id,
+        counted[0] if counted else 0,
+        part.output_path,
+        result.seconds,
+    )
+    return KernelTrackStatus(
+        requested,
+        KernelTrackState.MERGED,
+        tuple(t.value for t in merged),
+        events=counted[0] if counted else 0,
+        lost=lost,
+        reason="; ".join(notes),
+    )
+
+
+def pre_window(capture: ProcessCapture, recorder: FlightRecorder | None) -> list[KernelEvent]:
+    """The flight recorder's rare network events of the process before recording began."""
+    if recorder is None or capture.request.pre_window_s <= 0:
+        return []
+    since = capture.begin_wall_ns - int(capture.request.pre_window_s * 1e9)
+    return [
+        e
+        for e in recorder.since(since, NET_EVENT_KINDS)
+        if e.pid == capture.pid and e.ts_ns < capture.begin_wall_ns
+    ]
+
+
+def _size(path: str) -> int:
+    with contextlib.suppress(OSError):
+        return os.stat(path).st_size
+    return -1

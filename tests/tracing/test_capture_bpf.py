@@ -1,0 +1,372 @@
+"""The capture programs in the kernel (bpf/capture.bpf.c, bpf/nccl.bpf.c) through the
+`CaptureManager`: only traced processes are recorded, exactly; nothing runs when nothing is
+traced; losses are counted; NCCL probes find a library loaded late."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bpfdyno.core.config import load
+from bpfdyno.core.status import PartState
+from bpfdyno.ebpf.runstats import BpfRunStats
+from bpfdyno.tracing.capture.manager import CaptureKey, CaptureManager
+from bpfdyno.tracing.capture.records import (
+    KernelTrackRequest,
+    NcclCall,
+    NetBurst,
+    OffCpu,
+    ProcessCapture,
+    Track,
+)
+
+pytestmark = pytest.mark.root
+
+#: A child that connects to the test's server and sends on command: "send N K GAP_MS" (K
+#: sends of N bytes), "seq K" (K sends of 1, 2, ... K bytes).
+SENDER = r"""
+import socket, sys, time
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+print("local", c.getsockname()[1], flush=True)
+for line in sys.stdin:
+    words = line.split()
+    if not words:
+        break
+    if words[0] == "seq":
+        k = int(words[1])
+        for i in range(1, k + 1):
+            c.sendall(b"s" * i)
+    else:
+        n, k, gap = int(words[1]), int(words[2]), float(words[3])
+        for _ in range(k):
+            c.sendall(b"s" * n)
+            if gap:
+                time.sleep(gap / 1000)
+    print("sent", k, flush=True)
+c.close()
+"""
+
+NET_SCHED = KernelTrackRequest(frozenset({Track.NET, Track.SCHED}), 0.0)
+
+
+class Sender:
+    def __init__(self, port: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SENDER, str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.pid = self.proc.pid
+        self.local_port = int(self._line().split()[1])
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, f"sender {self.pid} exited"
+        return line
+
+    def send(self, n: int, k: int, gap_ms: float = 0.0) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"send {n} {k} {gap_ms}\n")
+        self.proc.stdin.flush()
+        assert self._line() == f"sent {k}\n"
+
+    def seq(self, k: int) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"seq {k}\n")
+        self.proc.stdin.flush()
+        assert self._line() == f"sent {k}\n"
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def server() -> Iterator[int]:
+    """A loopback TCP server (in this untraced process) that reads and discards."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            while conn.recv(1 << 16):
+                pass
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield srv.getsockname()[1]
+    srv.close()
+
+
+def manager_with(*overrides: tuple[str, str]) -> CaptureManager:
+    m = CaptureManager(load(None, list(overrides)).capture)
+    m.start()
+    assert m.wait_loaded(120)
+    return m
+
+
+@pytest.fixture
+def manager() -> Iterator[CaptureManager]:
+    m = manager_with()
+    yield m
+    m.stop()
+
+
+def record(
+    m: CaptureManager, pid: int, request: KernelTrackRequest, work: object
+) -> ProcessCapture:
+    key = CaptureKey("t", pid)
+    m.begin(key, request)
+    m.sync().result(30)  # the process is in the traced map now
+    assert callable(work)
+    work()
+    return m.end(key).result(60)
+
+
+def test_only_the_traced_process_is_recorded_with_exact_bytes(
+    manager: CaptureManager, server: int
+) -> None:
+    traced, other = Sender(server), Sender(server)
+    try:
+
+        def work() -> None:
+            traced.send(1000, 50)  # back to back: coalesced into bursts
+            other.send(777, 20)  # not traced: must not appear anywhere
+            traced.send(1000, 5, gap_ms=20)  # 20 ms apart: a burst each
+
+        cap = record(manager, traced.pid, NET_SCHED, work)
+    finally:
+        traced.close()
+        other.close()
+    bursts = [r for r in cap.records if isinstance(r, NetBurst)]
+    sends = [b for b in bursts if not b.rx]
+    assert {(b.socket.local, b.socket.peer) for b in sends} == {
+        (f"127.0.0.1:{traced.local_port}", f"127.0.0.1:{server}")
+    }
+    assert {b.tid for b in bursts} == {traced.pid}
+    assert sum(b.bytes for b in sends) == 55 * 1000
+    assert sum(b.calls for b in sends) == 55  # one sendmsg per sendall of 1000 bytes
+    gapped = [b for b in sends if b.calls == 1 and b.start_ns == b.end_ns]
+    assert len(gapped) >= 5 and len(sends) < 55  # coalesced where calls came back to back
+    assert all(b.socket.protocol == "tcp" for b in sends)
+    assert all(r.tid == traced.pid for r in cap.records if isinstance(r, OffCpu))
+    assert manager.kernel.foreign_records == 0
+    assert cap.stats[Track.NET].calls == 55 and cap.stats[Track.NET].lost_kernel == 0
+    assert (cap.dropped_over_cap, cap.pid) == (0, traced.pid)
+
+
+def _links(prog_ids: set[int]) -> list[str]:
+    out = subprocess.run(
+        ["bpftool", "link", "show", "--json"], capture_output=True, text=True, check=True
+    ).stdout
+    return sorted(
+        link.get("tp_name", "") for link in json.loads(out) if link.get("prog_id") in prog_ids
+    )
+
+
+def test_nothing_runs_in_the_kernel_while_nothing_is_traced(
+    manager: CaptureManager, server: int
+) -> None:
+    """Attached only while a process is traced: BPF run statistics count no run of any
+    capture function before or after, and the kernel holds no link of theirs."""
+    sender = Sender(server)
+    try:
+        record(manager, sender.pid, NET_SCHED, lambda: sender.send(100, 10))  # loads them
+        fds = manager.kernel.program_fds()
+        ids = set(manager.kernel.program_ids().values())
+        assert set(fds) == {
+            "bpfdyno_csend",
+            "bpfdyno_crecv",
+            "bpfdyno_cstate",
+            "bpfdyno_cretx",
+            "bpfdyno_crstsnd",
+            "bpfdyno_crstrcv",
+            "bpfdyno_cdrop",
+            "bpfdyno_cswitch",
+            "bpfdyno_cwakeup",
+        }
+        stats = BpfRunStats(fds)
+
+        def window() -> dict[str, int]:
+            result: dict[str, int] = {}
+            done = threading.Event()
+
+            def measure() -> None:
+                result.update({n: s.runs for n, s in stats.measure(1.0).items()})
+                done.set()
+
+            t = threading.Thread(target=measure)
+            t.start()
+            while not done.is_set():  # sends, receives and context switches meanwhile
+                sender.send(100, 20, gap_ms=1)
+            t.join()
+            return result
+
+        assert _links(ids) == []
+        assert set(window().values()) == {0}  # idle: not one run
+        key = CaptureKey("t2", sender.pid)
+        manager.begin(key, NET_SCHED)
+        manager.sync().result(30)
+        assert _links(ids) == sorted(
+            [
+                "sock_send_length",
+                "sock_recv_length",
+                "inet_sock_set_state",
+                "tcp_retransmit_skb",
+                "tcp_send_reset",
+                "tcp_receive_reset",
+                "kfree_skb",
+                "sched_switch",
+                "sched_wakeup",
+            ]
+        )
+        traced = window()
+        assert traced["bpfdyno_csend"] >= 20 and traced["bpfdyno_cswitch"] > 0
+        manager.end(key).result(60)
+        assert _links(ids) == []
+        assert set(window().values()) == {0}
+    finally:
+        sender.close()
+
+
+def test_ring_buffer_losses_are_counted_exactly(server: int) -> None:
+    """A one-page ring buffer and 500 calls back to back, one record each (no coalescing):
+    every call is kept or counted lost."""
+    m = manager_with(("capture.ringbuf_pages", "1"), ("capture.net_coalesce_gap_us", "0"))
+    sender = Sender(server)
+    net = KernelTrackRequest(frozenset({Track.NET}), 0.0)
+    try:
+        cap = record(m, sender.pid, net, lambda: sender.send(10, 500))
+    finally:
+        sender.close()
+        m.stop()
+    sends = [r for r in cap.records if isinstance(r, NetBurst) and not r.rx]
+    st = cap.stats[Track.NET]
+    assert st.calls == 500 and all(b.calls == 1 for b in sends)
+    assert st.lost_kernel > 0  # 4 KiB hold ~36 records; the rest waited for a drain
+    assert len(sends) + st.lost_kernel == 500
+    assert cap.dropped_over_cap == 0
+
+
+def test_the_per_process_cap_keeps_the_newest(server: int) -> None:
+    m = manager_with(
+        ("capture.max_events_per_process", "100"), ("capture.net_coalesce_gap_us", "0")
+    )
+    sender = Sender(server)
+    net = KernelTrackRequest(frozenset({Track.NET}), 0.0)
+    try:
+        cap = record(m, sender.pid, net, lambda: sender.seq(500))  # sends of 1..500 bytes
+    finally:
+        sender.close()
+        m.stop()
+    assert cap.stats[Track.NET].lost_kernel == 0
+    assert (len(cap.records), cap.dropped_over_cap, cap.cap) == (100, 400, 100)
+    kept = sorted(r.bytes for r in cap.records if isinstance(r, NetBurst) and r.calls == 1)
+    assert kept == list(range(401, 501))  # the newest 100 calls
+
+
+NCCL_LATE = r"""
+import ctypes, sys
+sys.stdin.readline()  # load the library only when told
+lib = ctypes.CDLL(sys.argv[1])
+print("loaded", flush=True)
+sys.stdin.readline()
+P, N = ctypes.c_void_p, ctypes.c_size_t
+r = lib.ncclAllReduce(P(0x10), P(0x20), N(123456), 9, 4, None, P(0xabc))
+print("ret", r, flush=True)
+sys.stdin.readline()
+"""
+
+
+def _libnccl() -> str:
+    spec = importlib.util.find_spec("nvidia.nccl")
+    assert spec is not None and spec.submodule_search_locations, "nvidia-nccl-cu12 missing"
+    return os.path.join(next(iter(spec.submodule_search_locations)), "lib", "libnccl.so.2")
+
+
+def test_nccl_found_when_loaded_after_the_trace_began(manager: CaptureManager) -> None:
+    lib = _libnccl()
+    child = subprocess.Popen(
+        [sys.executable, "-c", NCCL_LATE, lib],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    key = CaptureKey("n", child.pid)
+    try:
+        manager.begin(key, KernelTrackRequest(frozenset({Track.NCCL}), 0.0))
+        manager.sync().result(30)
+        assert manager.nccl.probed_libraries() == {}
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "loaded\n"
+        deadline = time.monotonic() + 30
+        while not manager.nccl.probed_libraries():  # looked for again every second
+            assert time.monotonic() < deadline, "libnccl never probed"
+            time.sleep(0.1)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        ret = int(child.stdout.readline().split()[1])
+        cap = manager.end(key).result(60)
+    finally:
+        child.kill()
+        child.wait()
+    [call] = [r for r in cap.records if isinstance(r, NcclCall)]
+    assert (call.function, call.count, call.datatype, call.op, call.peer) == (
+        "ncclAllReduce",
+        123456,
+        9,
+        4,
+        -1,
+    )
+    assert (call.sendbuff, call.recvbuff, call.comm, call.stream, call.ret) == (
+        0x10,
+        0x20,
+        0,
+        0xABC,
+        ret,
+    )
+    assert call.tid == child.pid and call.end_ns >= call.start_ns
+    assert cap.stats[Track.NCCL].note == ""  # found in the end
+    assert manager.nccl.probed_libraries() == {}  # detached with its last traced process
+    assert Path(lib).exists()
+
+
+def test_the_first_trace_loads_the_programs_before_the_preload_delay(server: int) -> None:
+    """The daemon compiles the capture programs 5 s after its start (its collectors compile
+    first); a trace that comes sooner loads them at once and is recorded from its start."""
+    m = CaptureManager(load(None).capture, preload_delay_s=600)
+    m.start()
+    sender = Sender(server)
+    try:
+        assert m.status().state is PartState.STARTING
+        cap = record(m, sender.pid, NET_SCHED, lambda: sender.send(1000, 3, gap_ms=5))
+        status = m.status()
+        assert status.state is PartState.OK
+        assert status.reason.startswith("0 process(es) being recorded; 1 captured")
+    finally:
+        sender.close()
+        m.stop()
+    assert sum(r.bytes for r in cap.records if isinstance(r, NetBurst) and not r.rx) == 3000
