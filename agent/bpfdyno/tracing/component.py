@@ -18,7 +18,9 @@ from bpfdyno.core.config import Config
 from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.server.legacy_rpc import LegacyRpcHandler, LegacyRpcServer
 from bpfdyno.services.tracing import DcgmPause, DcgmResume, TracingService
+from bpfdyno.tracing.audit import AuditLog
 from bpfdyno.tracing.ipc.endpoint import QUEUE_LEN, EndpointUnavailable, KinetoEndpoint
+from bpfdyno.tracing.policy import TraceLimits
 from bpfdyno.tracing.trainers import TrainerRegistry
 from bpfdyno.version import __version__
 
@@ -80,6 +82,8 @@ class TracingComponent:
             dcgm_pause=dcgm_pause,
             dcgm_resume=dcgm_resume,
             version=version,
+            limits=TraceLimits.from_config(cfg.tracing),
+            audit=AuditLog(cfg.tracing.audit_records, cfg.tracing.audit_file),
         )
         self.endpoint = KinetoEndpoint(self.service, cfg.kineto.socket_dir, queue_len=queue_len)
         self.legacy: LegacyRpcServer | None = None
@@ -89,6 +93,8 @@ class TracingComponent:
                 cfg.legacy_rpc.listen,
                 cfg.legacy_rpc.timeout_s,
                 cfg.legacy_rpc.max_connections,
+                cfg.legacy_rpc.max_connections_per_peer,
+                cfg.legacy_rpc.idle_timeout_s,
             )
         self._ipc_error = ""
         self._tasks: list[asyncio.Task[None]] = []
@@ -143,6 +149,14 @@ class TracingComponent:
             except Exception:
                 log.exception("tracing registry sweep failed; continuing")
 
+    def _false_claims(self) -> str:
+        """ ", N polls claiming another process's pid ignored (uids ...)" when there were."""
+        claims = self.service.false_claims
+        if not claims:
+            return ""
+        uids = ", ".join(str(u) for u in sorted(claims)[:5])
+        return f", {sum(claims.values())} polls claiming another process's pid ignored (uid {uids})"
+
     def tracing_pids(self) -> set[int]:
         """Pids whose profiler is tracing now (for the GPU collector to pause GPM)."""
         return self.service.tracing_pids()
@@ -156,7 +170,7 @@ class TracingComponent:
                 "kineto_ipc",
                 PartState.OK,
                 f"{self.endpoint.address} (queue {self.endpoint.queue_len}): {n} trainers; "
-                f"{self.endpoint.stats.summary()}",
+                f"{self.endpoint.stats.summary()}{self._false_claims()}",
                 last_success_ts=time.time(),
             )
         elif self._ipc_error:

@@ -37,6 +37,11 @@ class Trainer:
         last_poll_mono: monotonic seconds, for expiry.
         polls: how many polls it sent.
         last_config_type: the bitmask of its last poll.
+        uid: its owner, from the kernel's credentials of its polls (None: unknown).
+        host_pid: its pid in the daemon's pid namespace (differs from ``pid`` in a
+            container); 0 when unknown.
+        claimed: the pids its polls claim; ``pids`` holds what the kernel confirmed of them
+            (see `bpfdyno.tracing.ipc.sender`).
     """
 
     address: bytes
@@ -47,6 +52,9 @@ class Trainer:
     last_poll_mono: float
     polls: int = 0
     last_config_type: int = 0
+    uid: int | None = None
+    host_pid: int = 0
+    claimed: tuple[int, ...] = ()
 
     @property
     def pid(self) -> int:
@@ -89,9 +97,22 @@ class TrainerRegistry:
         return len(self._by_address)
 
     def observe(
-        self, address: bytes, req: KinetoRequest, now_wall: float, now_mono: float
+        self,
+        address: bytes,
+        req: KinetoRequest,
+        now_wall: float,
+        now_mono: float,
+        uid: int | None = None,
+        host_pid: int = 0,
+        pids: tuple[int, ...] | None = None,
     ) -> Trainer | None:
-        """Record a poll; return its trainer, or None when the registry is full of live ones."""
+        """Record a poll; return its trainer, or None when the registry is full of live ones.
+
+        Args:
+            uid, host_pid: the kernel's credentials of the poll (kept from the first poll:
+                a different sender at the same address is a new trainer, see `forget`).
+            pids: what the kernel confirmed of ``req.pids`` (default: all of them).
+        """
         t = self._by_address.get(address)
         if t is None:
             if len(self._by_address) >= self.max_entries and not self._evict_quiet(now_mono):
@@ -99,17 +120,21 @@ class TrainerRegistry:
                 return None
             t = Trainer(
                 address=address,
-                pids=req.pids,
+                pids=req.pids if pids is None else pids,
                 job_id=req.job_id,
                 first_poll=now_wall,
                 last_poll=now_wall,
                 last_poll_mono=now_mono,
+                uid=uid,
+                host_pid=host_pid,
+                claimed=req.pids,
             )
             self._by_address[address] = t
             self.stats.registered += 1
         else:
             self._by_address.move_to_end(address)
-            t.pids = req.pids
+            t.pids = req.pids if pids is None else pids
+            t.claimed = req.pids
             t.job_id = req.job_id
         t.last_poll = now_wall
         t.last_poll_mono = now_mono
@@ -139,6 +164,10 @@ class TrainerRegistry:
 
     def get(self, address: bytes) -> Trainer | None:
         return self._by_address.get(address)
+
+    def forget(self, address: bytes) -> Trainer | None:
+        """Drop the trainer at ``address`` (another process now polls from it)."""
+        return self._by_address.pop(address, None)
 
     def trainers(self) -> list[Trainer]:
         """Every registered trainer, sorted by job id then pid."""

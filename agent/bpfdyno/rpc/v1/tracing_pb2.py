@@ -24,45 +24,45 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x62pfdyno/rpc/v1/tracing.proto\x12\x0e\x62pfdyno.rpc.v1\"5\n\x13ListTrainersRequest\x12\x13\n\x06job_id\x18\x01 \x01(\x03H\x00\x88\x01\x01\x42\t\n\x07_job_id\"\x85\x02\n\x07Trainer\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x11\n\tancestors\x18\x02 \x03(\x05\x12\x0e\n\x06job_id\x18\x03 \x01(\x03\x12\x1f\n\x17\x66irst_poll_unix_seconds\x18\x04 \x01(\x01\x12\x1e\n\x16last_poll_unix_seconds\x18\x05 \x01(\x01\x12\r\n\x05polls\x18\x06 \x01(\x04\x12+\n\x05state\x18\x07 \x01(\x0e\x32\x1c.bpfdyno.rpc.v1.TrainerState\x12)\n\x04role\x18\x08 \x01(\x0e\x32\x1b.bpfdyno.rpc.v1.TrainerRole\x12\x10\n\x08\x65ndpoint\x18\t \x01(\t\x12\x10\n\x08trace_id\x18\n \x01(\t\"A\n\x14ListTrainersResponse\x12)\n\x08trainers\x18\x01 \x03(\x0b\x32\x17.bpfdyno.rpc.v1.Trainer\"\xe9\x02\n\x11StartTraceRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0c\n\x04pids\x18\x02 \x03(\x05\x12\x10\n\x08log_file\x18\x03 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x04 \x01(\r\x12\x12\n\niterations\x18\x05 \x01(\x05\x12\x1d\n\x15profile_start_time_ms\x18\x06 \x01(\x03\x12\'\n\x1fprofile_start_iteration_roundup\x18\x07 \x01(\x05\x12\x15\n\rrecord_shapes\x18\x08 \x01(\x08\x12\x16\n\x0eprofile_memory\x18\t \x01(\x08\x12\x13\n\x0bwith_stacks\x18\n \x01(\x08\x12\x12\n\nwith_flops\x18\x0b \x01(\x08\x12\x14\n\x0cwith_modules\x18\x0c \x01(\x08\x12\x1a\n\rprocess_limit\x18\r \x01(\x05H\x00\x88\x01\x01\x12\x17\n\x0ftimeout_seconds\x18\x0e \x01(\x01\x42\x10\n\x0e_process_limit\"D\n\x10TriggeredProcess\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x13\n\x0boutput_path\x18\x03 \x01(\t\"=\n\x0eSkippedProcess\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xa2\x02\n\x12StartTraceResponse\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x19\n\x11processes_matched\x18\x02 \x03(\x05\x12\x33\n\ttriggered\x18\x03 \x03(\x0b\x32 .bpfdyno.rpc.v1.TriggeredProcess\x12,\n\x04\x62usy\x18\x04 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.SkippedProcess\x12\x32\n\nover_limit\x18\x05 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.SkippedProcess\x12\x33\n\x0bnot_matched\x18\x06 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.SkippedProcess\x12\x13\n\x0b\x63onfig_text\x18\x07 \x01(\t\"#\n\x0fGetTraceRequest\x12\x10\n\x08trace_id\x18\x01 \x01(\t\"\xb4\x01\n\x0cProcessTrace\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x13\n\x0boutput_path\x18\x03 \x01(\t\x12\x30\n\x05state\x18\x04 \x01(\x0e\x32!.bpfdyno.rpc.v1.ProcessTraceState\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x12\n\nsize_bytes\x18\x06 \x01(\x03\x12\x1c\n\x14updated_unix_seconds\x18\x07 \x01(\x01\"\xb3\x01\n\x0bTraceStatus\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x1c\n\x14\x63reated_unix_seconds\x18\x02 \x01(\x01\x12\x1d\n\x15\x64\x65\x61\x64line_unix_seconds\x18\x03 \x01(\x01\x12\x16\n\x0eiteration_mode\x18\x04 \x01(\x08\x12/\n\tprocesses\x18\x05 \x03(\x0b\x32\x1c.bpfdyno.rpc.v1.ProcessTrace\x12\x0c\n\x04\x64one\x18\x06 \x01(\x08\"&\n\x10\x44\x63gmPauseRequest\x12\x12\n\nduration_s\x18\x01 \x01(\x05\"\x13\n\x11\x44\x63gmResumeRequest\".\n\x0c\x44\x63gmResponse\x12\x0e\n\x06status\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t*\x82\x01\n\x0cTrainerState\x12\x1d\n\x19TRAINER_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12TRAINER_STATE_IDLE\x10\x01\x12 \n\x1cTRAINER_STATE_CONFIG_PENDING\x10\x02\x12\x19\n\x15TRAINER_STATE_TRACING\x10\x03*}\n\x0bTrainerRole\x12\x1c\n\x18TRAINER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13TRAINER_ROLE_WORKER\x10\x01\x12\x19\n\x15TRAINER_ROLE_LAUNCHER\x10\x02\x12\x1c\n\x18TRAINER_ROLE_DATA_WORKER\x10\x03*\x81\x02\n\x11ProcessTraceState\x12#\n\x1fPROCESS_TRACE_STATE_UNSPECIFIED\x10\x00\x12\x1f\n\x1bPROCESS_TRACE_STATE_PENDING\x10\x01\x12!\n\x1dPROCESS_TRACE_STATE_DELIVERED\x10\x02\x12\x1f\n\x1bPROCESS_TRACE_STATE_TRACING\x10\x03\x12\x1f\n\x1bPROCESS_TRACE_STATE_WRITTEN\x10\x04\x12\x1e\n\x1aPROCESS_TRACE_STATE_FAILED\x10\x05\x12!\n\x1dPROCESS_TRACE_STATE_TIMED_OUT\x10\x06\x32\xed\x03\n\x07Tracing\x12Y\n\x0cListTrainers\x12#.bpfdyno.rpc.v1.ListTrainersRequest\x1a$.bpfdyno.rpc.v1.ListTrainersResponse\x12S\n\nStartTrace\x12!.bpfdyno.rpc.v1.StartTraceRequest\x1a\".bpfdyno.rpc.v1.StartTraceResponse\x12H\n\x08GetTrace\x12\x1f.bpfdyno.rpc.v1.GetTraceRequest\x1a\x1b.bpfdyno.rpc.v1.TraceStatus\x12L\n\nWatchTrace\x12\x1f.bpfdyno.rpc.v1.GetTraceRequest\x1a\x1b.bpfdyno.rpc.v1.TraceStatus0\x01\x12K\n\tDcgmPause\x12 .bpfdyno.rpc.v1.DcgmPauseRequest\x1a\x1c.bpfdyno.rpc.v1.DcgmResponse\x12M\n\nDcgmResume\x12!.bpfdyno.rpc.v1.DcgmResumeRequest\x1a\x1c.bpfdyno.rpc.v1.DcgmResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x62pfdyno/rpc/v1/tracing.proto\x12\x0e\x62pfdyno.rpc.v1\"5\n\x13ListTrainersRequest\x12\x13\n\x06job_id\x18\x01 \x01(\x03H\x00\x88\x01\x01\x42\t\n\x07_job_id\"\xb1\x02\n\x07Trainer\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x11\n\tancestors\x18\x02 \x03(\x05\x12\x0e\n\x06job_id\x18\x03 \x01(\x03\x12\x1f\n\x17\x66irst_poll_unix_seconds\x18\x04 \x01(\x01\x12\x1e\n\x16last_poll_unix_seconds\x18\x05 \x01(\x01\x12\r\n\x05polls\x18\x06 \x01(\x04\x12+\n\x05state\x18\x07 \x01(\x0e\x32\x1c.bpfdyno.rpc.v1.TrainerState\x12)\n\x04role\x18\x08 \x01(\x0e\x32\x1b.bpfdyno.rpc.v1.TrainerRole\x12\x10\n\x08\x65ndpoint\x18\t \x01(\t\x12\x10\n\x08trace_id\x18\n \x01(\t\x12\x10\n\x03uid\x18\x64 \x01(\x03H\x00\x88\x01\x01\x12\x10\n\x08host_pid\x18\x65 \x01(\x05\x42\x06\n\x04_uid\"A\n\x14ListTrainersResponse\x12)\n\x08trainers\x18\x01 \x03(\x0b\x32\x17.bpfdyno.rpc.v1.Trainer\"\xe9\x02\n\x11StartTraceRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0c\n\x04pids\x18\x02 \x03(\x05\x12\x10\n\x08log_file\x18\x03 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x04 \x01(\r\x12\x12\n\niterations\x18\x05 \x01(\x05\x12\x1d\n\x15profile_start_time_ms\x18\x06 \x01(\x03\x12\'\n\x1fprofile_start_iteration_roundup\x18\x07 \x01(\x05\x12\x15\n\rrecord_shapes\x18\x08 \x01(\x08\x12\x16\n\x0eprofile_memory\x18\t \x01(\x08\x12\x13\n\x0bwith_stacks\x18\n \x01(\x08\x12\x12\n\nwith_flops\x18\x0b \x01(\x08\x12\x14\n\x0cwith_modules\x18\x0c \x01(\x08\x12\x1a\n\rprocess_limit\x18\r \x01(\x05H\x00\x88\x01\x01\x12\x17\n\x0ftimeout_seconds\x18\x0e \x01(\x01\x42\x10\n\x0e_process_limit\"D\n\x10TriggeredProcess\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x13\n\x0boutput_path\x18\x03 \x01(\t\"=\n\x0eSkippedProcess\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xa2\x02\n\x12StartTraceResponse\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x19\n\x11processes_matched\x18\x02 \x03(\x05\x12\x33\n\ttriggered\x18\x03 \x03(\x0b\x32 .bpfdyno.rpc.v1.TriggeredProcess\x12,\n\x04\x62usy\x18\x04 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.SkippedProcess\x12\x32\n\nover_limit\x18\x05 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.SkippedProcess\x12\x33\n\x0bnot_matched\x18\x06 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.SkippedProcess\x12\x13\n\x0b\x63onfig_text\x18\x07 \x01(\t\"#\n\x0fGetTraceRequest\x12\x10\n\x08trace_id\x18\x01 \x01(\t\"\xb4\x01\n\x0cProcessTrace\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x13\n\x0boutput_path\x18\x03 \x01(\t\x12\x30\n\x05state\x18\x04 \x01(\x0e\x32!.bpfdyno.rpc.v1.ProcessTraceState\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x12\n\nsize_bytes\x18\x06 \x01(\x03\x12\x1c\n\x14updated_unix_seconds\x18\x07 \x01(\x01\"\xb3\x01\n\x0bTraceStatus\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x1c\n\x14\x63reated_unix_seconds\x18\x02 \x01(\x01\x12\x1d\n\x15\x64\x65\x61\x64line_unix_seconds\x18\x03 \x01(\x01\x12\x16\n\x0eiteration_mode\x18\x04 \x01(\x08\x12/\n\tprocesses\x18\x05 \x03(\x0b\x32\x1c.bpfdyno.rpc.v1.ProcessTrace\x12\x0c\n\x04\x64one\x18\x06 \x01(\x08\"&\n\x10\x44\x63gmPauseRequest\x12\x12\n\nduration_s\x18\x01 \x01(\x05\"\x13\n\x11\x44\x63gmResumeRequest\".\n\x0c\x44\x63gmResponse\x12\x0e\n\x06status\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t*\x82\x01\n\x0cTrainerState\x12\x1d\n\x19TRAINER_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12TRAINER_STATE_IDLE\x10\x01\x12 \n\x1cTRAINER_STATE_CONFIG_PENDING\x10\x02\x12\x19\n\x15TRAINER_STATE_TRACING\x10\x03*}\n\x0bTrainerRole\x12\x1c\n\x18TRAINER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13TRAINER_ROLE_WORKER\x10\x01\x12\x19\n\x15TRAINER_ROLE_LAUNCHER\x10\x02\x12\x1c\n\x18TRAINER_ROLE_DATA_WORKER\x10\x03*\x81\x02\n\x11ProcessTraceState\x12#\n\x1fPROCESS_TRACE_STATE_UNSPECIFIED\x10\x00\x12\x1f\n\x1bPROCESS_TRACE_STATE_PENDING\x10\x01\x12!\n\x1dPROCESS_TRACE_STATE_DELIVERED\x10\x02\x12\x1f\n\x1bPROCESS_TRACE_STATE_TRACING\x10\x03\x12\x1f\n\x1bPROCESS_TRACE_STATE_WRITTEN\x10\x04\x12\x1e\n\x1aPROCESS_TRACE_STATE_FAILED\x10\x05\x12!\n\x1dPROCESS_TRACE_STATE_TIMED_OUT\x10\x06\x32\xed\x03\n\x07Tracing\x12Y\n\x0cListTrainers\x12#.bpfdyno.rpc.v1.ListTrainersRequest\x1a$.bpfdyno.rpc.v1.ListTrainersResponse\x12S\n\nStartTrace\x12!.bpfdyno.rpc.v1.StartTraceRequest\x1a\".bpfdyno.rpc.v1.StartTraceResponse\x12H\n\x08GetTrace\x12\x1f.bpfdyno.rpc.v1.GetTraceRequest\x1a\x1b.bpfdyno.rpc.v1.TraceStatus\x12L\n\nWatchTrace\x12\x1f.bpfdyno.rpc.v1.GetTraceRequest\x1a\x1b.bpfdyno.rpc.v1.TraceStatus0\x01\x12K\n\tDcgmPause\x12 .bpfdyno.rpc.v1.DcgmPauseRequest\x1a\x1c.bpfdyno.rpc.v1.DcgmResponse\x12M\n\nDcgmResume\x12!.bpfdyno.rpc.v1.DcgmResumeRequest\x1a\x1c.bpfdyno.rpc.v1.DcgmResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'bpfdyno.rpc.v1.tracing_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TRAINERSTATE']._serialized_start=1736
-  _globals['_TRAINERSTATE']._serialized_end=1866
-  _globals['_TRAINERROLE']._serialized_start=1868
-  _globals['_TRAINERROLE']._serialized_end=1993
-  _globals['_PROCESSTRACESTATE']._serialized_start=1996
-  _globals['_PROCESSTRACESTATE']._serialized_end=2253
+  _globals['_TRAINERSTATE']._serialized_start=1780
+  _globals['_TRAINERSTATE']._serialized_end=1910
+  _globals['_TRAINERROLE']._serialized_start=1912
+  _globals['_TRAINERROLE']._serialized_end=2037
+  _globals['_PROCESSTRACESTATE']._serialized_start=2040
+  _globals['_PROCESSTRACESTATE']._serialized_end=2297
   _globals['_LISTTRAINERSREQUEST']._serialized_start=48
   _globals['_LISTTRAINERSREQUEST']._serialized_end=101
   _globals['_TRAINER']._serialized_start=104
-  _globals['_TRAINER']._serialized_end=365
-  _globals['_LISTTRAINERSRESPONSE']._serialized_start=367
-  _globals['_LISTTRAINERSRESPONSE']._serialized_end=432
-  _globals['_STARTTRACEREQUEST']._serialized_start=435
-  _globals['_STARTTRACEREQUEST']._serialized_end=796
-  _globals['_TRIGGEREDPROCESS']._serialized_start=798
-  _globals['_TRIGGEREDPROCESS']._serialized_end=866
-  _globals['_SKIPPEDPROCESS']._serialized_start=868
-  _globals['_SKIPPEDPROCESS']._serialized_end=929
-  _globals['_STARTTRACERESPONSE']._serialized_start=932
-  _globals['_STARTTRACERESPONSE']._serialized_end=1222
-  _globals['_GETTRACEREQUEST']._serialized_start=1224
-  _globals['_GETTRACEREQUEST']._serialized_end=1259
-  _globals['_PROCESSTRACE']._serialized_start=1262
-  _globals['_PROCESSTRACE']._serialized_end=1442
-  _globals['_TRACESTATUS']._serialized_start=1445
-  _globals['_TRACESTATUS']._serialized_end=1624
-  _globals['_DCGMPAUSEREQUEST']._serialized_start=1626
-  _globals['_DCGMPAUSEREQUEST']._serialized_end=1664
-  _globals['_DCGMRESUMEREQUEST']._serialized_start=1666
-  _globals['_DCGMRESUMEREQUEST']._serialized_end=1685
-  _globals['_DCGMRESPONSE']._serialized_start=1687
-  _globals['_DCGMRESPONSE']._serialized_end=1733
-  _globals['_TRACING']._serialized_start=2256
-  _globals['_TRACING']._serialized_end=2749
+  _globals['_TRAINER']._serialized_end=409
+  _globals['_LISTTRAINERSRESPONSE']._serialized_start=411
+  _globals['_LISTTRAINERSRESPONSE']._serialized_end=476
+  _globals['_STARTTRACEREQUEST']._serialized_start=479
+  _globals['_STARTTRACEREQUEST']._serialized_end=840
+  _globals['_TRIGGEREDPROCESS']._serialized_start=842
+  _globals['_TRIGGEREDPROCESS']._serialized_end=910
+  _globals['_SKIPPEDPROCESS']._serialized_start=912
+  _globals['_SKIPPEDPROCESS']._serialized_end=973
+  _globals['_STARTTRACERESPONSE']._serialized_start=976
+  _globals['_STARTTRACERESPONSE']._serialized_end=1266
+  _globals['_GETTRACEREQUEST']._serialized_start=1268
+  _globals['_GETTRACEREQUEST']._serialized_end=1303
+  _globals['_PROCESSTRACE']._serialized_start=1306
+  _globals['_PROCESSTRACE']._serialized_end=1486
+  _globals['_TRACESTATUS']._serialized_start=1489
+  _globals['_TRACESTATUS']._serialized_end=1668
+  _globals['_DCGMPAUSEREQUEST']._serialized_start=1670
+  _globals['_DCGMPAUSEREQUEST']._serialized_end=1708
+  _globals['_DCGMRESUMEREQUEST']._serialized_start=1710
+  _globals['_DCGMRESUMEREQUEST']._serialized_end=1729
+  _globals['_DCGMRESPONSE']._serialized_start=1731
+  _globals['_DCGMRESPONSE']._serialized_end=1777
+  _globals['_TRACING']._serialized_start=2300
+  _globals['_TRACING']._serialized_end=2793
 # @@protoc_insertion_point(module_scope)
