@@ -14,13 +14,15 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import orjson
 
 from bpfdyno.core.config import Config, load
+from bpfdyno.server.unix_front import UnixFront
 from bpfdyno.services.tracing import TracingService, TrainerView
 from bpfdyno.tracing.component import TracingComponent
 from bpfdyno.tracing.ipc import wire
@@ -30,7 +32,12 @@ TRAINERS = Path(__file__).resolve().parent / "trainers"
 KINETO_BASE_CONFIG = TRAINERS / "kineto.conf"
 
 
-def make_config(socket_dir: str, allowed: list[str], legacy: bool = True) -> Config:
+def make_config(
+    socket_dir: str,
+    allowed: list[str],
+    legacy: bool = True,
+    overrides: Sequence[tuple[str, str]] = (),
+) -> Config:
     """A daemon config for tests: socket-dir IPC, legacy RPC on an ephemeral port."""
     return load(
         None,
@@ -39,6 +46,7 @@ def make_config(socket_dir: str, allowed: list[str], legacy: bool = True) -> Con
             ("tracing.allowed_dirs", json.dumps(allowed)),
             ("legacy_rpc.enabled", "true" if legacy else "false"),
             ("legacy_rpc.listen", '["127.0.0.1:0"]'),
+            *overrides,
         ],
     )
 
@@ -113,13 +121,21 @@ class TrainerProc:
 class Harness:
     """A `TracingComponent` plus the trainers of one test."""
 
-    def __init__(self, base: Path, legacy: bool = True) -> None:
+    def __init__(
+        self,
+        base: Path,
+        legacy: bool = True,
+        allowed: list[str] | None = None,
+        overrides: Sequence[tuple[str, str]] = (),
+    ) -> None:
         self.base = base
         self.socket_dir = base / "sock"
         self.trace_dir = base / "traces"
         self.socket_dir.mkdir()
         self.trace_dir.mkdir()
-        self.cfg = make_config(str(self.socket_dir), [str(self.trace_dir)], legacy)
+        self.cfg = make_config(
+            str(self.socket_dir), allowed or [str(self.trace_dir)], legacy, overrides
+        )
         self.comp = TracingComponent(self.cfg)
         self.trainers: list[TrainerProc] = []
 
@@ -186,6 +202,28 @@ class Harness:
     def close(self) -> None:
         for t in self.trainers:
             t.kill()
+
+
+@contextlib.asynccontextmanager
+async def grpc_api(
+    path: str, *factories: Callable[[grpc.aio.Server], None]
+) -> AsyncIterator[grpc.aio.Server]:
+    """A gRPC server with ``factories``' servicers behind the agent's Unix front at ``path``,
+    as `bpfdyno serve` serves them: every call is attributed to its client's uid."""
+    server = grpc.aio.server()
+    for add in factories:
+        add(server)
+    front = UnixFront(path)
+    server.add_insecure_port(front.internal_target)
+    front.bind()
+    os.chmod(path, 0o666)  # any local user may connect; the front tells them apart
+    await server.start()
+    await front.start()
+    try:
+        yield server
+    finally:
+        await front.stop()
+        await server.stop(0)
 
 
 def trace_json(path: str) -> dict[str, object]:
