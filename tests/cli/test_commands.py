@@ -21,6 +21,7 @@ COMMANDS = [
     "gputrace",
     "dcgm-pause",
     "dcgm-resume",
+    "audit",
     "top",
 ]
 

@@ -20,7 +20,8 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from bpfdyno.server.peers import front_name, requester_from_peer
+from bpfdyno.core.config import GrpcSection
+from bpfdyno.server.peers import TcpIdentityInterceptor, front_name, requester_from_peer
 from bpfdyno.server.sockdiag import tcp_owner_uid
 from bpfdyno.server.unix_front import UnixFront, peer_credentials
 
@@ -163,3 +164,44 @@ def test_peer_credentials_of_a_socket_pair() -> None:
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with a, b:
         assert peer_credentials(a) == (os.getpid(), os.getuid(), os.getgid())
+
+
+class _Context:
+    def __init__(self, peer: str) -> None:
+        self._peer = peer
+
+    def peer(self) -> str:
+        return self._peer
+
+
+def test_authenticated_tcp_clients_act_as_the_configured_uid() -> None:
+    keys = {"tcp": "0.0.0.0:7000", "tls_cert": "c.pem", "tls_key": "k.pem"}
+    token = TcpIdentityInterceptor(GrpcSection(**keys, token_file="t"), "0.0.0.0")
+    who = token.requester(_Context("ipv4:10.1.2.3:5555"))
+    assert (who.uid, who.transport, who.peer, who.note) == (
+        0,
+        "grpc-tcp",
+        "10.1.2.3:5555",
+        "TLS + bearer token",
+    )
+    mtls = TcpIdentityInterceptor(GrpcSection(**keys, tls_client_ca="ca.pem", tcp_uid=4000), "")
+    assert mtls.requester(_Context("ipv6:[fd00::1]:5555")).uid == 4000
+    reader = TcpIdentityInterceptor(GrpcSection(**keys, token_file="t", tcp_uid=-1), "")
+    assert reader.requester(_Context("ipv4:10.1.2.3:5555")).uid is None
+
+
+def test_insecure_tcp_clients_act_as_their_sockets_owner() -> None:
+    insecure = TcpIdentityInterceptor(
+        GrpcSection(tcp="127.0.0.1:0", insecure_tcp=True), "127.0.0.1"
+    )
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        insecure.port = srv.getsockname()[1]
+        with as_nobody(connect_tcp("127.0.0.1", insecure.port)):
+            conn, (host, port) = srv.accept()
+            with conn:
+                who = insecure.requester(_Context(f"ipv4:{host}:{port}"))
+                assert (who.uid, who.peer) == (NOBODY, f"127.0.0.1:{port}")
+    # A peer that is not on this host has no socket here: unattributed.
+    assert insecure.requester(_Context("ipv4:192.0.2.7:4000")).uid is None

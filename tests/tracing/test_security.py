@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -37,11 +38,15 @@ from tracing_harness import (
     unframe,
 )
 
+from bpfdyno.app.daemon import Daemon
+from bpfdyno.core.config import load
 from bpfdyno.core.status import PartState
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
 from bpfdyno.server.audit import audit_servicer_factory
+from bpfdyno.server.grpc_server import GrpcServer
 from bpfdyno.server.tracing import servicer_factory
+from bpfdyno.services.agent import AgentService
 from bpfdyno.services.tracing import TraceRequest
 from bpfdyno.tracing.component import TracingComponent
 from bpfdyno.tracing.config_text import TraceOptions
@@ -442,3 +447,41 @@ async def test_socket_directory_mode(site: Site) -> None:
         assert "not safe" in ipc.reason and f"chmod 1777 {unsafe}" in ipc.reason
     finally:
         await comp.stop()
+
+
+async def test_grpc_over_tcp_acts_as_the_sockets_owner(site: Site) -> None:
+    """gRPC on loopback TCP without TLS: a local client is its socket's owner, as on 1778."""
+    h, user = site.h, site.user
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        addr = f"127.0.0.1:{probe.getsockname()[1]}"
+    cfg = load(
+        None,
+        [
+            ("grpc.socket", json.dumps(str(h.base / "tcp-agent.sock"))),
+            ("grpc.tcp", json.dumps(addr)),
+            ("grpc.insecure_tcp", "true"),
+        ],
+    )
+    server = GrpcServer(cfg.grpc, AgentService(Daemon(cfg, [])), [servicer_factory(h.service)])
+    await server.start()
+    root_client = KinetoClient(str(h.socket_dir))
+    try:
+        await root_client.poll([9100])  # a root trainer (the test process claims a pid)
+        r = await site.as_user(
+            sys.executable, "-m", "bpfdyno", "gputrace", "--host", addr, "--pids", "9100",
+            "--log-file", str(site.user_dir / "t.json"),
+        )  # fmt: skip
+        assert r.returncode == 1 and "not_process_owner" in r.stderr, r.stderr
+        [record] = h.service.audit.records(user.uid)
+        assert (record.transport, record.rule) == ("grpc-tcp", "not_process_owner")
+        assert record.peer.startswith("127.0.0.1:")
+        # Root over the same listener may.
+        async with grpc.aio.insecure_channel(addr) as ch:
+            resp = await pb_grpc.TracingStub(ch).StartTrace(
+                pb.StartTraceRequest(pids=[9100], log_file=str(h.trace_dir / "t.json"))
+            )
+        assert [p.pid for p in resp.triggered] == [9100]
+    finally:
+        root_client.close()
+        await server.stop(0)

@@ -117,10 +117,15 @@ class LegacyRpcHandler:
             try:
                 duration = _int_field(req, "duration_s", None)
                 return {"status": self.service.dcgm_pause(duration, requester)}
-            except ValueError as e:  # the wrong JSON type, or the service's duration rule
+            except RequestError as e:  # a rule of the service: duration, unattributed
+                return _error(str(e), **({"rule": e.rule} if e.rule else {}))
+            except ValueError as e:  # the wrong JSON type
                 return _error(str(e))
         if fn == "dcgmProfResume":
-            return {"status": self.service.dcgm_resume(requester)}
+            try:
+                return {"status": self.service.dcgm_resume(requester)}
+            except RequestError as e:
+                return _error(str(e), rule=e.rule)
         return _error(f"unknown fn {fn[:60]!r}; one of: {', '.join(FUNCTIONS)}")
 
     def _kineto(self, req: dict[str, Any], requester: Requester) -> dict[str, Any]:
@@ -227,10 +232,15 @@ class LegacyRpcServer:
             return PartStatus(
                 "legacy_rpc", PartState.DEGRADED, f"listening on {bound}; failed: {failed}"
             )
+        limited = (
+            f", {self.refused_peer_limit} refused over the per-peer limit"
+            if self.refused_peer_limit
+            else ""
+        )
         return PartStatus(
             "legacy_rpc",
             PartState.OK,
-            f"listening on {bound}; {self.served} requests, {self.bad_requests} bad",
+            f"listening on {bound}; {self.served} requests, {self.bad_requests} bad{limited}",
             errors=self.bad_requests,
         )
 

@@ -166,6 +166,7 @@ class TracingServicer(pb_grpc.TracingServicer):
         ok = self._svc.dcgm_pause(request.duration_s, requester_from_context(context))
         return pb.DcgmResponse(status=ok, reason="" if ok else self._dcgm_reason())
 
+    @grpc_errors
     async def DcgmResume(
         self, request: pb.DcgmResumeRequest, context: grpc.aio.ServicerContext
     ) -> pb.DcgmResponse:

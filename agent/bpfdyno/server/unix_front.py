@@ -5,7 +5,7 @@ listens on the public socket itself and, for every connection:
 
 1. reads the client's credentials from the kernel (``SO_PEERCRED``: pid, uid, gid);
 2. opens a connection to the gRPC server's private listener in a directory only root can
-   enter (``/run/bpfdyno-*``, mode 0700), from a socket bound to
+   enter (``/run/bpfdyno/bpfdyno-*``, mode 0700), from a socket bound to
    ``<that directory>/c-<uid>-<gid>-<pid>-<n>`` (the file is removed at once; the kernel
    keeps the name), which gRPC reports as the call's peer (`bpfdyno.server.peers`);
 3. copies bytes both ways, with flow control, until either side closes.
@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import struct
 import tempfile
 from collections import Counter
@@ -36,9 +37,11 @@ _UCRED = struct.Struct("=iII")
 #: Connections relayed at once, in all and per uid (each costs two file descriptors).
 MAX_CONNECTIONS = 1024
 MAX_CONNECTIONS_PER_UID = 128
-#: The private directory's parent, when it exists and is writable (a tmpfs, root's).
+#: The private directory's parent when the public socket's own directory will not do.
 PRIVATE_PARENT = "/run"
 _INTERNAL_NAME = "grpc"
+#: Longest private directory path: sun_path holds 107 bytes, a client name up to ~52.
+_MAX_PRIVATE_DIR = 50
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
@@ -47,6 +50,26 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
         sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
     )
     return pid, uid, gid
+
+
+def default_private_parent(public_path: str) -> str | None:
+    """Where the private directory goes: next to the public socket when that directory is
+    ours alone (``/run/bpfdyno``, removed with it by systemd), else /run, else the system's
+    temporary directory (None). Short paths only: the client names must fit in sun_path."""
+    directory = os.path.dirname(os.path.abspath(public_path))
+    for candidate in (directory, PRIVATE_PARENT):
+        try:
+            st = os.lstat(candidate)
+        except OSError:
+            continue
+        if (
+            stat.S_ISDIR(st.st_mode)
+            and st.st_uid == os.geteuid()
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+            and len(candidate) + len("/bpfdyno-xxxxxxxx") <= _MAX_PRIVATE_DIR
+        ):
+            return candidate
+    return None
 
 
 class _Half(asyncio.Protocol):
@@ -109,15 +132,13 @@ class UnixFront:
 
     Args:
         public_path: the socket clients connect to (``[grpc] socket``).
-        private_parent: where the private directory is created (default: /run when
-            writable, else the system's temporary directory).
+        private_parent: where the private directory is created (default: see
+            `default_private_parent`).
     """
 
     def __init__(self, public_path: str, private_parent: str | None = None) -> None:
         self.public_path = public_path
-        parent = private_parent
-        if parent is None:
-            parent = PRIVATE_PARENT if os.access(PRIVATE_PARENT, os.W_OK) else None
+        parent = private_parent or default_private_parent(public_path)
         # mkdtemp: a fresh directory, mode 0700, owned by us; nobody else can bind in it.
         self.private_dir = tempfile.mkdtemp(prefix="bpfdyno-", dir=parent)
         self._internal = os.path.join(self.private_dir, _INTERNAL_NAME)

@@ -67,6 +67,8 @@ from bpfdyno.tracing.trainers import Trainer, TrainerRegistry
 log = logging.getLogger(__name__)
 
 MAX_TIMEOUT_S = 24 * 3600.0
+#: How long after a duration trace's end its file may take to appear.
+WRITE_SLACK_S = 30.0
 #: A "busy" poll older than this no longer counts as tracing (the process may have exited).
 TRACING_FRESH_S = 15.0
 
@@ -327,21 +329,35 @@ class TracingService:
 
         Raises:
             InvalidArgument: the duration breaks `bpfdyno.core.rules.pause_duration_s`.
+            PermissionDenied: the requester's uid is unknown.
         """
+        who = requester or in_process()
+        try:
+            require_attributed(who)
+        except RequestError as e:
+            self.audit.record("dcgm_pause", who, error=e, request={"duration_s": duration_s})
+            raise
         seconds = pause_duration_s(duration_s)
         ok = bool(self._dcgm_pause(seconds)) if self._dcgm_pause else False
         self.audit.record(
-            "dcgm_pause",
-            requester or in_process(),
-            message=f"{seconds} s: {ok}",
-            request={"duration_s": seconds},
+            "dcgm_pause", who, message=f"{seconds} s: {ok}", request={"duration_s": seconds}
         )
         return ok
 
     def dcgm_resume(self, requester: Requester | None = None) -> bool:
-        """Resume GPU profiling metrics; False without a GPU monitor."""
+        """Resume GPU profiling metrics; False without a GPU monitor.
+
+        Raises:
+            PermissionDenied: the requester's uid is unknown.
+        """
+        who = requester or in_process()
+        try:
+            require_attributed(who)
+        except RequestError as e:
+            self.audit.record("dcgm_resume", who, error=e)
+            raise
         ok = bool(self._dcgm_resume()) if self._dcgm_resume else False
-        self.audit.record("dcgm_resume", requester or in_process(), message=str(ok))
+        self.audit.record("dcgm_resume", who, message=str(ok))
         return ok
 
     # -- trace requests -------------------------------------------------------------------
@@ -392,7 +408,7 @@ class TracingService:
             default = os.path.join(self.trace_dir, f"bpfdyno-{trace_id}.pt.trace.json")
             req = replace(req, options=replace(req.options, log_file=default))
         checked = self._checked_config(req)
-        check_limits(checked, self.limits, self._wall())
+        span_s = check_limits(checked, self.limits, self._wall())
         trainers = self.registry.trainers()
         roles = classify(trainers, self._proc_root)
         matched: list[Trainer] = []
@@ -435,6 +451,8 @@ class TracingService:
         ]
         text = with_trace_id(checked.text, trace_id)
         timeout = req.timeout_s if req.timeout_s > 0 else self.default_timeout_s
+        if span_s:  # follow a duration trace at least until it must be over and written
+            timeout = max(timeout, span_s + WRITE_SLACK_S)
         # Opened even when nothing was triggered: every request's id can be looked up.
         self.tracker.open_trace(
             trace_id,

@@ -114,6 +114,9 @@ class KinetoEndpoint:
         self.queue_len = 0
         #: Receive and send without releasing the GIL (see `rawsock`); read by open().
         self.keep_gil = True
+        #: Ask the kernel for each sender's credentials (SO_PASSCRED); read by open(). Only
+        #: a benchmark turns it off, to measure what attributing polls costs.
+        self.pass_credentials = True
         self.socket_dir = socket_dir
         self._mono = mono or time.monotonic
         self._sock: socket.socket | None = None
@@ -145,7 +148,7 @@ class KinetoEndpoint:
             sock.setblocking(False)
             # The kernel then attaches each sender's real pid, uid and gid to its datagrams:
             # polls are attributed to who sent them, not to the pid they claim.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, int(self.pass_credentials))
             if self.socket_dir:
                 self._bind_path(sock)
             else:
