@@ -318,3 +318,21 @@ def test_registry_is_bounded_and_keeps_live_trainers(clock: Clock) -> None:
     assert reg.observe(b"c", req, clock.wall(), clock.mono()) is not None  # evicts quiet "a"
     assert reg.get(b"a") is None
     assert reg.stats.evicted == 1
+
+
+def test_one_user_cannot_fill_the_registry(clock: Clock) -> None:
+    """A user binding many sockets (each poll with its own, true pid) gets its quota only."""
+    reg = TrainerRegistry(max_entries=10, expire_after_s=60.0, max_per_uid=3)
+    req = KinetoRequest(IDLE, 0, (1000,))
+    now = clock.wall(), clock.mono()
+    for i in range(3):
+        assert reg.observe(f"m{i}".encode(), req, *now, uid=1001, host_pid=1000) is not None
+    assert reg.observe(b"m3", req, *now, uid=1001, host_pid=1000) is None
+    assert reg.stats.refused_uid_quota == 1
+    assert reg.observe(b"other", req, *now, uid=1002, host_pid=2000) is not None
+    assert reg.observe(b"root", req, *now, uid=0, host_pid=3000) is not None
+    reg.forget(b"m0")  # a slot of its own comes back when one of its trainers goes
+    assert reg.observe(b"m3", req, *now, uid=1001, host_pid=1000) is not None
+    clock.t += 61
+    assert {t.address for t in reg.expire(clock.mono())} == {b"m1", b"m2", b"m3", b"other", b"root"}
+    assert reg.observe(b"m4", req, clock.wall(), clock.mono(), uid=1001) is not None

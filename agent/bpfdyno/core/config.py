@@ -108,6 +108,9 @@ class KinetoSection:
     socket_dir: str = field(default_factory=lambda: os.environ.get("KINETO_IPC_SOCKET_DIR", ""))
     #: Most trainers remembered at once.
     registry_max_entries: int = 4096
+    #: Most trainers of one uid (root excepted), so that no user can fill the registry with
+    #: sockets of its own and keep other users' trainers out.
+    max_trainers_per_uid: int = 512
     #: A trainer that has not polled for this long is forgotten (dynolog: 60 s).
     expire_after_s: float = 60.0
 
@@ -525,6 +528,11 @@ def _validate_tracing(cfg: Config, bad: typing.Callable[[str, str], ConfigError]
 def _validate_security(cfg: Config, bad: typing.Callable[[str, str], ConfigError]) -> None:
     """The limits that keep one local user from harming others (docs/security.md)."""
     t, rpc = cfg.tracing, cfg.legacy_rpc
+    if not 1 <= cfg.kineto.max_trainers_per_uid <= cfg.kineto.registry_max_entries:
+        raise bad(
+            "must be at least 1 and at most kineto.registry_max_entries",
+            "kineto.max_trainers_per_uid",
+        )
     if not 1 <= t.max_duration_ms <= 2**31 - 1:
         raise bad(f"must be in 1..{2**31 - 1} ms", "tracing.max_duration_ms")
     if not 1 <= t.max_iterations <= 2**31 - 1:

@@ -73,7 +73,11 @@ class TracingComponent:
         self._cfg = cfg
         self._tune_switch_interval = tune_switch_interval
         self._saved_switch_interval: float | None = None
-        registry = TrainerRegistry(cfg.kineto.registry_max_entries, cfg.kineto.expire_after_s)
+        registry = TrainerRegistry(
+            cfg.kineto.registry_max_entries,
+            cfg.kineto.expire_after_s,
+            cfg.kineto.max_trainers_per_uid,
+        )
         self.service = TracingService(
             allowed_dirs=allowed_dirs(cfg),
             default_timeout_s=cfg.tracing.default_timeout_s,
@@ -149,13 +153,24 @@ class TracingComponent:
             except Exception:
                 log.exception("tracing registry sweep failed; continuing")
 
-    def _false_claims(self) -> str:
-        """ ", N polls claiming another process's pid ignored (uids ...)" when there were."""
+    def _identity_notes(self) -> str:
+        """What the identity rules turned away, when they did: polls claiming another
+        process's pid, and trainers over their uid's registry quota."""
+        notes = ""
         claims = self.service.false_claims
-        if not claims:
-            return ""
-        uids = ", ".join(str(u) for u in sorted(claims)[:5])
-        return f", {sum(claims.values())} polls claiming another process's pid ignored (uid {uids})"
+        if claims:
+            uids = ", ".join(str(u) for u in sorted(claims)[:5])
+            notes += (
+                f", {sum(claims.values())} polls claiming another process's pid ignored "
+                f"(uid {uids})"
+            )
+        quota = self.service.registry.stats.refused_uid_quota
+        if quota:
+            notes += (
+                f", {quota} polls of uids over [kineto] max_trainers_per_uid "
+                f"({self.service.registry.max_per_uid}) not registered"
+            )
+        return notes
 
     def tracing_pids(self) -> set[int]:
         """Pids whose profiler is tracing now (for the GPU collector to pause GPM)."""
@@ -170,7 +185,7 @@ class TracingComponent:
                 "kineto_ipc",
                 PartState.OK,
                 f"{self.endpoint.address} (queue {self.endpoint.queue_len}): {n} trainers; "
-                f"{self.endpoint.stats.summary()}{self._false_claims()}",
+                f"{self.endpoint.stats.summary()}{self._identity_notes()}",
                 last_success_ts=time.time(),
             )
         elif self._ipc_error:
