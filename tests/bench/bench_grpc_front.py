@@ -10,9 +10,10 @@ service over a registry of ``--trainers`` simulated trainers) with both listener
 front and, for comparison, a plain socket straight to gRPC — and a client in another
 process that calls each in interleaved rounds (order rotated every round):
 
-* **small call**: ``ListTrainers`` for a job nobody is in (a reply of a few bytes), 500
-  calls per round on one channel: latency per call, and the agent's CPU time per call
-  (``/proc/<agent>/stat``, so the relay's work on the agent's event loop is included);
+* **small call**: ``GetTrace`` of an unknown id (a NOT_FOUND status, no payload: the
+  cheapest call there is), 500 calls per round on one channel: latency per call, and the
+  agent's CPU time per call (``/proc/<agent>/stat``, so the relay's work on the agent's
+  event loop is included);
 * **large call**: ``ListTrainers`` of every trainer (hundreds of KB), 20 per round;
 * **new connection**: a new channel and its first small call, 50 per round (what one
   ``bpfdyno`` CLI invocation pays).
@@ -52,6 +53,14 @@ def agent_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def small_call(stub: pb_grpc.TracingStub) -> None:
+    try:
+        stub.GetTrace(pb.GetTraceRequest(trace_id="0"), timeout=30)
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+
+
 def client(targets: dict[str, str], rounds: int, agent: int) -> None:
     """Runs in the child: the calls, measured; prints one JSON document."""
     out: dict[str, dict[str, list[float]]] = {
@@ -66,11 +75,11 @@ def client(targets: dict[str, str], rounds: int, agent: int) -> None:
             res = out[name]
             with grpc.insecure_channel(address) as ch:
                 stub = pb_grpc.TracingStub(ch)
-                stub.ListTrainers(pb.ListTrainersRequest(job_id=-1))  # connect
+                small_call(stub)  # connect
                 cpu0 = agent_cpu_s(agent)
                 for _ in range(SMALL):
                     t0 = time.perf_counter()
-                    stub.ListTrainers(pb.ListTrainersRequest(job_id=-1))
+                    small_call(stub)
                     res["small"].append(time.perf_counter() - t0)
                 res["cpu_per_small"].append((agent_cpu_s(agent) - cpu0) / SMALL)
                 for _ in range(LARGE):
@@ -81,7 +90,7 @@ def client(targets: dict[str, str], rounds: int, agent: int) -> None:
             for _ in range(CONNECT):
                 t0 = time.perf_counter()
                 with grpc.insecure_channel(address) as ch:
-                    pb_grpc.TracingStub(ch).ListTrainers(pb.ListTrainersRequest(job_id=-1))
+                    small_call(pb_grpc.TracingStub(ch))
                 res["connect"].append(time.perf_counter() - t0)
     print(json.dumps(out))
 

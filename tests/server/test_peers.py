@@ -20,7 +20,10 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
+
 from bpfdyno.core.config import GrpcSection
+from bpfdyno.server import unix_front
 from bpfdyno.server.peers import TcpIdentityInterceptor, front_name, requester_from_peer
 from bpfdyno.server.sockdiag import tcp_owner_uid
 from bpfdyno.server.unix_front import UnixFront, peer_credentials
@@ -205,3 +208,45 @@ def test_insecure_tcp_clients_act_as_their_sockets_owner() -> None:
                 assert (who.uid, who.peer) == (NOBODY, f"127.0.0.1:{port}")
     # A peer that is not on this host has no socket here: unattributed.
     assert insecure.requester(_Context("ipv4:192.0.2.7:4000")).uid is None
+
+
+async def test_front_releases_closed_connections_and_limits_each_uid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    base = Path(tempfile.mkdtemp(prefix="bdfront-", dir="/tmp"))
+    front = UnixFront(str(base / "front.sock"))
+    inner = await asyncio.start_unix_server(
+        lambda r, w: None, front.internal_target[len("unix:") :]
+    )  # accepts and never answers, like gRPC waiting for a preface
+    front.bind()
+    await front.start()
+    loop = asyncio.get_running_loop()
+
+    def connect() -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(front.public_path)
+        return s
+
+    try:
+        # Clients that connect and leave at once: nothing stays open for them.
+        for _ in range(10):
+            (await loop.run_in_executor(None, connect)).close()
+        async with asyncio.timeout(10):
+            while front.relayed < 10 or front._active:
+                await asyncio.sleep(0.02)
+        # One uid holds at most MAX_CONNECTIONS_PER_UID relays (3 here); the next is closed.
+        monkeypatch.setattr(unix_front, "MAX_CONNECTIONS_PER_UID", 3)
+        held = [await loop.run_in_executor(None, connect) for _ in range(3)]
+        async with asyncio.timeout(10):
+            while front._active < 3:
+                await asyncio.sleep(0.02)
+        extra = await loop.run_in_executor(None, connect)
+        extra.settimeout(10)
+        assert await loop.run_in_executor(None, extra.recv, 1) == b""  # closed by the front
+        assert front.refused == 1
+        for s in [*held, extra]:
+            s.close()
+    finally:
+        await front.stop()
+        inner.close()
+        shutil.rmtree(base)

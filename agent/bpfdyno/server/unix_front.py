@@ -8,7 +8,7 @@ listens on the public socket itself and, for every connection:
    enter (``/run/bpfdyno/bpfdyno-*``, mode 0700), from a socket bound to
    ``<that directory>/c-<uid>-<gid>-<pid>-<n>`` (the file is removed at once; the kernel
    keeps the name), which gRPC reports as the call's peer (`bpfdyno.server.peers`);
-3. copies bytes both ways, with flow control, until either side closes.
+3. copies bytes both ways, with flow control, until either side closes (then both close).
 
 Everything runs on the daemon's event loop with asyncio protocols (no thread per
 connection). The socket file's permissions stay the first gate, as before; the front adds
@@ -79,7 +79,6 @@ class _Half(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer: _Half | None = None
         self._pending: list[bytes] = []
-        self._eof = False
         self._on_lost = on_lost
         self.closed = False
 
@@ -94,8 +93,6 @@ class _Half(asyncio.Protocol):
         for chunk in self._pending:
             peer.transport.write(chunk)
         self._pending.clear()
-        if self._eof and peer.transport.can_write_eof():
-            peer.transport.write_eof()
 
     def data_received(self, data: bytes) -> None:
         if self.peer is None or self.peer.transport is None:
@@ -104,11 +101,10 @@ class _Half(asyncio.Protocol):
         self.peer.transport.write(data)
 
     def eof_received(self) -> bool:
-        self._eof = True
-        peer = self.peer.transport if self.peer is not None else None
-        if peer is not None and peer.can_write_eof():
-            peer.write_eof()
-        return True  # keep the other direction open until it closes too
+        # gRPC never half-closes: an end of stream means that side is gone. Closing here
+        # (False) ends the relay at once; otherwise gRPC would keep a connection that never
+        # sent its preface until its handshake timeout, holding a slot of the client's uid.
+        return False
 
     def pause_writing(self) -> None:
         # Our transport cannot take more: stop reading from the side that feeds it.
