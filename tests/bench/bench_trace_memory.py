@@ -58,7 +58,7 @@ async def measure(args: argparse.Namespace) -> list[dict[str, float]]:
     sock, traces = base / "sock", base / "traces"
     sock.mkdir()
     traces.mkdir()
-    longest = max(args.durations) * 1000
+    longest = int(max(args.durations) * 1000)
     cfg = load(
         None,
         [

@@ -125,7 +125,7 @@ class TracingSection:
     default_timeout_s: float = 300.0
     #: Longest duration trace a request may ask for (ACTIVITIES_DURATION_MSECS and the other
     #: duration keys). The traced process keeps every event in memory until the file is
-    #: written: ~170 MB per traced second with stacks and shapes at 1000 steps/s
+    #: written: ~160 MiB per traced second with stacks and shapes at 1000 steps/s
     #: (docs/security.md).
     max_duration_ms: int = 30_000
     #: Most optimizer steps an iteration trace may record (ACTIVITIES_ITERATIONS, and the
