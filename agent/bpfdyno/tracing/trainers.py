@@ -33,7 +33,8 @@ class Trainer:
 
     Attributes:
         address: the client's socket address (abstract name or path), the registry key.
-        pids: its own pid, then up to 10 ancestors, as it reported them.
+        pids: its own pid, then up to 10 ancestors, as it reported them and the kernel
+            confirmed them (see `bpfdyno.tracing.ipc.sender`).
         job_id: its ``$SLURM_JOB_ID`` (0 when none).
         first_poll, last_poll: wall-clock epoch seconds.
         last_poll_mono: monotonic seconds, for expiry.
@@ -42,8 +43,6 @@ class Trainer:
         uid: its owner, from the kernel's credentials of its polls (None: unknown).
         host_pid: its pid in the daemon's pid namespace (differs from ``pid`` in a
             container); 0 when unknown.
-        claimed: the pids its polls claim; ``pids`` holds what the kernel confirmed of them
-            (see `bpfdyno.tracing.ipc.sender`).
     """
 
     address: bytes
@@ -56,7 +55,6 @@ class Trainer:
     last_config_type: int = 0
     uid: int | None = None
     host_pid: int = 0
-    claimed: tuple[int, ...] = ()
 
     @property
     def pid(self) -> int:
@@ -138,7 +136,6 @@ class TrainerRegistry:
                 last_poll_mono=now_mono,
                 uid=uid,
                 host_pid=host_pid,
-                claimed=req.pids,
             )
             self._by_address[address] = t
             if uid:
@@ -147,7 +144,6 @@ class TrainerRegistry:
         else:
             self._by_address.move_to_end(address)
             t.pids = req.pids if pids is None else pids
-            t.claimed = req.pids
             t.job_id = req.job_id
         t.last_poll = now_wall
         t.last_poll_mono = now_mono

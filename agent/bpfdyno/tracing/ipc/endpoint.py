@@ -388,7 +388,13 @@ def _remove_stale(path: str, owner_uid: int | None = None) -> None:
             path,
             st.st_uid,
         )
-        os.unlink(path)
+        try:
+            os.unlink(path)
+        except OSError as e:
+            raise EndpointUnavailable(
+                f"{path} belongs to uid {st.st_uid} and cannot be removed ({e.strerror}); "
+                "remove it by hand"
+            ) from e
         return
     if not stat.S_ISSOCK(st.st_mode):
         raise EndpointUnavailable(f"{path} exists and is not a socket; move it away")
