@@ -17,6 +17,7 @@ from bpfdyno.services.tracing import (
     TracingService,
 )
 from bpfdyno.tracing.config_text import TraceOptions
+from bpfdyno.tracing.ipc.sender import SenderCreds
 from bpfdyno.tracing.ipc.wire import KinetoRequest
 from bpfdyno.tracing.roles import Role
 from bpfdyno.tracing.traces import MISSING_FILE_POLLS, NEVER_STARTED_POLLS, ProcState, TrainerState
@@ -336,3 +337,40 @@ def test_one_user_cannot_fill_the_registry(clock: Clock) -> None:
     clock.t += 61
     assert {t.address for t in reg.expire(clock.mono())} == {b"m1", b"m2", b"m3", b"other", b"root"}
     assert reg.observe(b"m4", req, clock.wall(), clock.mono(), uid=1001) is not None
+
+
+def test_file_is_checked_again_just_before_delivery(svc: TracingService, tmp_path: Path) -> None:
+    """A link planted after the request (the issue's attack, one step later) stops delivery."""
+    poll(svc, [40])
+    res = svc.start_trace(TraceRequest(options=iters(tmp_path, name="late.json")))
+    assert [p.pid for p in res.triggered] == [40]
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / "late_40.json.tmp").symlink_to(victim)
+    assert poll(svc, [40]) == ""  # not handed out
+    [proc] = svc.get_trace(res.trace_id).processes
+    assert proc.state is ProcState.FAILED
+    assert proc.reason.startswith("not delivered: trace file rejected by rule 'tmp_exists'")
+    record = svc.audit.records(None)[-1]
+    assert (record.action, record.decision, record.rule) == (
+        "deliver_trace",
+        "refused",
+        "tmp_exists",
+    )
+    assert victim.read_text() == "precious"
+
+
+def test_a_file_of_someone_else_at_the_final_name_is_not_the_trace(
+    svc: TracingService, tmp_path: Path
+) -> None:
+    sender = SenderCreds(50, 0, 0)  # root, itself: its claims are taken as they are
+    svc.on_request(addr(50), KinetoRequest(IDLE, 0, (50,)), sender)
+    res = svc.start_trace(TraceRequest(options=iters(tmp_path, name="f.json")))
+    assert svc.on_request(addr(50), KinetoRequest(IDLE, 0, (50,)), sender) != ""  # delivered
+    planted = tmp_path / "f_50.json"
+    planted.write_text('{"traceEvents": []}')
+    os.chown(planted, 51001, 51001)
+    svc.on_request(addr(50), KinetoRequest(BUSY, 0, (50,)), sender)
+    [proc] = svc.get_trace(res.trace_id).processes
+    assert proc.state is ProcState.FAILED
+    assert "owned by uid 51001, not by the traced process's owner (uid 0)" in proc.reason
