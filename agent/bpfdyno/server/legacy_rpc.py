@@ -285,7 +285,13 @@ class LegacyRpcServer:
                 )
                 complete = False
             elif self._active > self.max_connections:
-                reply = encode_frame(_error("too many connections at once; retry in a moment"))
+                reply = encode_frame(
+                    _error(
+                        "refused by rule 'connection_limit': too many connections at once "
+                        "(legacy_rpc.max_connections); retry in a moment",
+                        rule="connection_limit",
+                    )
+                )
                 complete = False
             else:
                 reply, complete = await self._serve_one(reader, requester)
