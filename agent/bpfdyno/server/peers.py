@@ -93,8 +93,11 @@ def _private(directory: str) -> bool:
     )
 
 
-def legacy_requester(peer: tuple[Any, ...], local: tuple[Any, ...]) -> Requester:
-    """The requester of a legacy RPC connection (``getpeername`` / ``getsockname`` tuples)."""
+def legacy_requester(peer: tuple[Any, ...] | None, local: tuple[Any, ...] | None) -> Requester:
+    """The requester of a legacy RPC connection (``getpeername`` / ``getsockname`` tuples;
+    None when the connection was already gone)."""
+    if not peer or not local:
+        return unattributed(LEGACY_RPC, "", "the connection closed before it could be checked")
     return _tcp_socket_owner(LEGACY_RPC, peer, local)
 
 
