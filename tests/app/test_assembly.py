@@ -22,7 +22,7 @@ def test_default_assembly_has_every_collector_and_the_tracing_component() -> Non
     assert [c.name for c in asm.collectors] == list(KNOWN_COLLECTORS)
     assert asm.disabled == []
     assert [c.name for c in asm.components] == ["tracing"]
-    assert len(asm.servicers) == 2  # Kernel and Tracing (Agent is always added by the server)
+    assert len(asm.servicers) == 3  # Kernel, Tracing, Audit (the server adds Agent itself)
     assert asm.sinks == []
 
 

@@ -340,6 +340,8 @@ def test_run_checks_on_this_machine(tmp_path: Path) -> None:
         "nvml",
         "grpc-socket",
         "legacy-rpc-port",
+        "peer-identity",
+        "link-protections",
         "tracepoint sched:sched_switch",
         "tracepoint sock:sock_send_length",
     ]
@@ -353,6 +355,9 @@ def test_run_checks_on_this_machine(tmp_path: Path) -> None:
     assert code == "0"
     assert any("grpc-socket: /run/bpfdyno/bpfdyno.sock " in line for line in lines)
     assert any("legacy-rpc-port: 127.0.0.1:1778 " in line for line in lines)
+    assert status["peer-identity"] == "ok"
+    protected = Path("/proc/sys/fs/protected_symlinks").read_text().strip() != "0"
+    assert status["link-protections"] == ("ok" if protected else "warn")
 
 
 def test_format_and_exit_code() -> None:

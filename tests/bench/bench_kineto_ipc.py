@@ -4,9 +4,11 @@ Usage (as root): ``python tests/bench/bench_kineto_ipc.py [--trainers 64] [--rou
 [--write-doc docs/performance.md]``; add ``--netns`` to run in a fresh network namespace on
 the abstract name @dynolog@, like real trainers.
 
-Three daemon processes serve side by side: bpfdyno's `TracingComponent` as shipped
+Four daemon processes serve side by side: bpfdyno's `TracingComponent` as shipped
 (add_reader, drain everything per wake-up, a 512-datagram socket queue, socket calls that
-keep the GIL, 1 ms thread switch interval); the same without those three tunings (the
+keep the GIL, 1 ms thread switch interval, each poll's sender credentials checked); the
+same without the sender credentials (SO_PASSCRED off: what attributing polls costs); the
+same without those three tunings (the
 kernel's 10-datagram queue, Python's socket methods, CPython's 5 ms switch interval); and,
 for reference, an emulation of dynolog's loop (one datagram, then a 10 ms sleep). The
 client process binds one datagram socket per simulated trainer and, each round, sends
@@ -48,9 +50,10 @@ SECTION = "## Kineto IPC reply latency"
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux value; Python lacks the name
 WINDOW_S = 0.080
 LOADS = ("idle", "cpu_thread", "busy_loop")
-#: The daemons compared: bpfdyno as shipped, bpfdyno without its queue-length, GIL and
+#: The daemons compared: bpfdyno as shipped, bpfdyno without the kernel's sender
+#: credentials (what attributing each poll costs), bpfdyno without its queue-length, GIL and
 #: switch-interval tunings, and an emulation of dynolog's loop.
-TARGETS = ("bpfdyno", "bpfdyno_untuned", "dynolog_style")
+TARGETS = ("bpfdyno", "bpfdyno_no_creds", "bpfdyno_untuned", "dynolog_style")
 #: Length of one uninterrupted stretch of other work on the daemon's event loop.
 BUSY_SLICE_S = 0.001
 
@@ -77,7 +80,7 @@ async def _busy_loop(stop: asyncio.Event) -> None:
         await asyncio.sleep(0)
 
 
-async def serve_bpfdyno(socket_dir: str, tuned: bool) -> None:
+async def serve_bpfdyno(socket_dir: str, tuned: bool, credentials: bool = True) -> None:
     from bpfdyno.core.config import load
     from bpfdyno.tracing.component import TracingComponent
 
@@ -87,6 +90,7 @@ async def serve_bpfdyno(socket_dir: str, tuned: bool) -> None:
     )
     comp = TracingComponent(cfg, tune_switch_interval=tuned, queue_len=512 if tuned else 0)
     comp.endpoint.keep_gil = tuned
+    comp.endpoint.pass_credentials = credentials
     await comp.start()
     await _control_loop()
     await comp.stop()
@@ -170,7 +174,9 @@ class Trainers:
             # not include this (single-threaded Python) client's own delay in reading it.
             s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
             self.socks.append(s)
-        self.requests = [wire.encode_request(3, 0, [100_000 + i, 99_999]) for i in range(n)]
+        # Every simulated trainer claims this process's real pid (and its parent), as a
+        # real one does: the agent checks the claim against the kernel's credentials.
+        self.requests = [wire.encode_request(3, 0, [os.getpid(), os.getppid()])] * n
         self.sel = selectors.DefaultSelector()
         for i, s in enumerate(self.socks):
             self.sel.register(s, selectors.EVENT_READ, i)
@@ -317,6 +323,7 @@ def report(
     ]
     names = {
         "bpfdyno": "bpfdyno",
+        "bpfdyno_no_creds": "bpfdyno without sender credentials",
         "bpfdyno_untuned": "bpfdyno untuned (queue 10, socket module, 5 ms switch)",
         "dynolog_style": "dynolog-style loop (emulated)",
     }
@@ -370,8 +377,10 @@ def main() -> None:
     parser.add_argument("--socket-dir", default="", help=argparse.SUPPRESS)
     parser.add_argument("--in-netns", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve in ("bpfdyno", "bpfdyno_untuned"):
-        asyncio.run(serve_bpfdyno(args.socket_dir, tuned=args.serve == "bpfdyno"))
+    if args.serve in ("bpfdyno", "bpfdyno_no_creds", "bpfdyno_untuned"):
+        tuned = args.serve != "bpfdyno_untuned"
+        credentials = args.serve != "bpfdyno_no_creds"
+        asyncio.run(serve_bpfdyno(args.socket_dir, tuned, credentials))
         return
     if args.serve == "dynolog_style":
         asyncio.run(serve_dynolog_style(args.socket_dir))

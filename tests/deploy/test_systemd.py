@@ -97,8 +97,10 @@ def test_the_units_capabilities_suffice_without_root(tmp_path: Path) -> None:
     assert capsh is not None, "capsh is missing: run vagrant/bootstrap.sh test"
     caps = ",".join(_unit_capabilities())
     run = Path("/tmp") / f"bd-caps-{os.getpid()}"
-    run.mkdir(mode=0o777)
-    os.chmod(run, 0o777)
+    # Shared by the unprivileged agent and root's client: root's and sticky, as the agent
+    # requires of a Kineto socket directory others may write.
+    run.mkdir(mode=0o1777)
+    os.chmod(run, 0o1777)
     log = tmp_path / "agent.log"
     sock = run / "a.sock"
     cmd = (

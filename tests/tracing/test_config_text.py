@@ -59,6 +59,13 @@ def allowed(tmp_path: Path) -> Path:
         ("{d}/missing/t.json", "missing_directory"),
         ("{d}/x.json.d/t.json", "json_in_directory"),
         ("{d}/ok/" + "a" * 1100 + ".json", "too_long"),
+        # Found on main: these passed the "printable" check.
+        ("{d}/ok/t\u202egnp.json", "control_character"),  # right-to-left override
+        ("{d}/ok/t\u2028x.json", "control_character"),  # line separator
+        ("{d}/ok/t\u200bx.json", "control_character"),  # zero-width space
+        # Found on main: an allowed directory itself was "outside the allowed dirs".
+        ("{d}", "not_a_file"),
+        ("{d}/ok", "not_a_file"),
     ],
 )
 def test_log_file_rules(allowed: Path, path: str, rule: str) -> None:
@@ -81,6 +88,14 @@ def test_symlink_out_of_allowed_dir_is_rejected(
 def test_good_log_file_passes(allowed: Path) -> None:
     path = f"{allowed}/ok/t.pt.trace.json"
     assert check_log_file(path, [str(allowed)]) == path
+
+
+def test_leading_double_slash_is_the_same_directory(allowed: Path) -> None:
+    """Found on main: //tmp/x.json was refused as outside /tmp (normpath keeps '//')."""
+    path = f"/{allowed}/ok/t.json"
+    assert path.startswith("//")
+    assert check_log_file(path, [str(allowed)]) == path
+    assert check_log_file(f"{allowed}/ok/t.json", [f"/{allowed}"]) == f"{allowed}/ok/t.json"
 
 
 def test_dyno_duration_config_text() -> None:
@@ -169,6 +184,7 @@ NOW = 1_800_000_000.0
         (f"PROFILE_START_TIME={int(NOW * 1000) + 2_000}", "start_time_too_early"),
         ("ACTIVITIES_LOG_FILE=/etc/t.json", "outside_allowed_dirs"),
         ("ACTIVITIES_LOG_FILE=t.json", "not_absolute"),
+        ("REQUEST_X=a\u2029b", "bad_value_character"),  # paragraph separator
     ],
 )
 def test_config_rules(text: str, rule: str) -> None:

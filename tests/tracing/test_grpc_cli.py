@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import orjson
 import pytest
-from tracing_harness import Harness, KinetoClient, frame, legacy_call, unframe
+from tracing_harness import Harness, KinetoClient, frame, grpc_api, legacy_call, unframe
 
 from bpfdyno.cli.tracing import register
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
@@ -30,17 +30,13 @@ class Api:
 
 @pytest.fixture
 async def api(harness: Harness) -> AsyncIterator[Api]:
-    server = grpc.aio.server()
-    servicer_factory(harness.service)(server)
     path = str(harness.base / "grpc.sock")
-    server.add_insecure_port(f"unix:{path}")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"unix:{path}")
-    try:
-        yield Api(harness, path, pb_grpc.TracingStub(channel))
-    finally:
-        await channel.close()
-        await server.stop(0)
+    async with grpc_api(path, servicer_factory(harness.service)):
+        channel = grpc.aio.insecure_channel(f"unix:{path}")
+        try:
+            yield Api(harness, path, pb_grpc.TracingStub(channel))
+        finally:
+            await channel.close()
 
 
 async def run_cli(*argv: str) -> tuple[int, str, str]:

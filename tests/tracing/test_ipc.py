@@ -268,13 +268,15 @@ def test_datagram_io_addresses(short_tmp: Path, use_libc: bool) -> None:
     unnamed = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         with pytest.raises(BlockingIOError):
-            io.recvfrom()
+            io.recvmsg()
         abstract.sendto(b"hello", str(short_tmp / "srv"))
-        assert io.recvfrom() == (b"hello", 5, name)
+        assert io.recvmsg() == (b"hello", 5, name, None)  # no SO_PASSCRED: no credentials
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        me = (os.getpid(), os.getuid(), os.getgid())
         path_client.sendto(b"x" * 10, str(short_tmp / "srv"))
-        assert io.recvfrom() == (b"x" * 10, 10, str(short_tmp / "cli").encode())
+        assert io.recvmsg() == (b"x" * 10, 10, str(short_tmp / "cli").encode(), me)
         unnamed.sendto(b"?", str(short_tmp / "srv"))
-        assert io.recvfrom() == (b"?", 1, None)
+        assert io.recvmsg() == (b"?", 1, None, me)
         io.sendto(b"reply", name)
         assert abstract.recv(10) == b"reply"
         io.sendto(b"r2", str(short_tmp / "cli").encode())

@@ -12,6 +12,7 @@ from bpfdyno.services.tracing import TraceRequest, TracingService
 from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest, Track
 from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.ipc.wire import KinetoRequest
+from bpfdyno.tracing.safety import PROTECTIONS, PlacementChecker
 from bpfdyno.tracing.traces import (
     NEVER_STARTED_POLLS,
     KernelTrackState,
@@ -52,6 +53,9 @@ def svc(tmp_path: Path) -> TracingService:
         registry=TrainerRegistry(max_entries=16, expire_after_s=60.0),
         proc_root=tmp_path / "proc",
         default_tracks=DEFAULT,
+        # As on a host with the kernel's link protections on (a memory snapshot can only go to
+        # Kineto's fixed /tmp path, which the placement rules allow only then).
+        placement=PlacementChecker(tmp_path / "proc", protections=lambda: dict(PROTECTIONS)),
     )
 
 

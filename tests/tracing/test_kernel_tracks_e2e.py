@@ -494,7 +494,8 @@ async def test_a_merge_that_finds_no_space_leaves_kineto_s_file(short_tmp: Path)
     h = Harness(short_tmp, capture=True)
     size = 4 << 20
     subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(h.trace_dir)], check=True
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(h.trace_dir)],
+        check=True,
     )
     await h.start()
     try:

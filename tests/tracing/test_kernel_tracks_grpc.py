@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from tracing_harness import Harness, KinetoClient
+from tracing_harness import Harness, KinetoClient, grpc_api
 
 from bpfdyno.cli import trace_summary, tracing
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
@@ -23,17 +23,14 @@ from bpfdyno.server.tracing import servicer_factory
 
 @pytest.fixture
 async def api(harness: Harness) -> AsyncIterator[tuple[Harness, str, pb_grpc.TracingStub]]:
-    server = grpc.aio.server()
-    servicer_factory(harness.service)(server)
     path = str(harness.base / "grpc.sock")
-    server.add_insecure_port(f"unix:{path}")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"unix:{path}")
-    try:
-        yield harness, path, pb_grpc.TracingStub(channel)
-    finally:
-        await channel.close()
-        await server.stop(0)
+    # Behind the agent's front socket, as `bpfdyno serve` serves it: calls are attributed.
+    async with grpc_api(path, servicer_factory(harness.service)):
+        channel = grpc.aio.insecure_channel(f"unix:{path}")
+        try:
+            yield harness, path, pb_grpc.TracingStub(channel)
+        finally:
+            await channel.close()
 
 
 async def cli(*argv: str) -> tuple[int, str, str]:

@@ -17,6 +17,7 @@ from bpfdyno.services.tracing import (
     TracingService,
 )
 from bpfdyno.tracing.config_text import TraceOptions
+from bpfdyno.tracing.ipc.sender import SenderCreds
 from bpfdyno.tracing.ipc.wire import KinetoRequest
 from bpfdyno.tracing.roles import Role
 from bpfdyno.tracing.traces import MISSING_FILE_POLLS, NEVER_STARTED_POLLS, ProcState, TrainerState
@@ -318,3 +319,58 @@ def test_registry_is_bounded_and_keeps_live_trainers(clock: Clock) -> None:
     assert reg.observe(b"c", req, clock.wall(), clock.mono()) is not None  # evicts quiet "a"
     assert reg.get(b"a") is None
     assert reg.stats.evicted == 1
+
+
+def test_one_user_cannot_fill_the_registry(clock: Clock) -> None:
+    """A user binding many sockets (each poll with its own, true pid) gets its quota only."""
+    reg = TrainerRegistry(max_entries=10, expire_after_s=60.0, max_per_uid=3)
+    req = KinetoRequest(IDLE, 0, (1000,))
+    now = clock.wall(), clock.mono()
+    for i in range(3):
+        assert reg.observe(f"m{i}".encode(), req, *now, uid=1001, host_pid=1000) is not None
+    assert reg.observe(b"m3", req, *now, uid=1001, host_pid=1000) is None
+    assert reg.stats.refused_uid_quota == 1
+    assert reg.observe(b"other", req, *now, uid=1002, host_pid=2000) is not None
+    assert reg.observe(b"root", req, *now, uid=0, host_pid=3000) is not None
+    reg.forget(b"m0")  # a slot of its own comes back when one of its trainers goes
+    assert reg.observe(b"m3", req, *now, uid=1001, host_pid=1000) is not None
+    clock.t += 61
+    assert {t.address for t in reg.expire(clock.mono())} == {b"m1", b"m2", b"m3", b"other", b"root"}
+    assert reg.observe(b"m4", req, clock.wall(), clock.mono(), uid=1001) is not None
+
+
+def test_file_is_checked_again_just_before_delivery(svc: TracingService, tmp_path: Path) -> None:
+    """A link planted after the request (the issue's attack, one step later) stops delivery."""
+    poll(svc, [40])
+    res = svc.start_trace(TraceRequest(options=iters(tmp_path, name="late.json")))
+    assert [p.pid for p in res.triggered] == [40]
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / "late_40.json.tmp").symlink_to(victim)
+    assert poll(svc, [40]) == ""  # not handed out
+    [proc] = svc.get_trace(res.trace_id).processes
+    assert proc.state is ProcState.FAILED
+    assert proc.reason.startswith("not delivered: trace file rejected by rule 'tmp_exists'")
+    record = svc.audit.records(None)[-1]
+    assert (record.action, record.decision, record.rule) == (
+        "deliver_trace",
+        "refused",
+        "tmp_exists",
+    )
+    assert victim.read_text() == "precious"
+
+
+def test_a_file_of_someone_else_at_the_final_name_is_not_the_trace(
+    svc: TracingService, tmp_path: Path
+) -> None:
+    sender = SenderCreds(50, 0, 0)  # root, itself: its claims are taken as they are
+    svc.on_request(addr(50), KinetoRequest(IDLE, 0, (50,)), sender)
+    res = svc.start_trace(TraceRequest(options=iters(tmp_path, name="f.json")))
+    assert svc.on_request(addr(50), KinetoRequest(IDLE, 0, (50,)), sender) != ""  # delivered
+    planted = tmp_path / "f_50.json"
+    planted.write_text('{"traceEvents": []}')
+    os.chown(planted, 51001, 51001)
+    svc.on_request(addr(50), KinetoRequest(BUSY, 0, (50,)), sender)
+    [proc] = svc.get_trace(res.trace_id).processes
+    assert proc.state is ProcState.FAILED
+    assert "owned by uid 51001, not by the traced process's owner (uid 0)" in proc.reason

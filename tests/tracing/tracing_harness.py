@@ -14,14 +14,16 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import orjson
 
 from bpfdyno.core.config import Config, load
 from bpfdyno.core.events import FlightRecorder
+from bpfdyno.server.unix_front import UnixFront
 from bpfdyno.services.tracing import TracingService, TrainerView
 from bpfdyno.tracing.capture.gpu import GpuCounterSource
 from bpfdyno.tracing.capture.manager import CaptureManager
@@ -37,7 +39,7 @@ def make_config(
     socket_dir: str,
     allowed: list[str],
     legacy: bool = True,
-    extra: list[tuple[str, str]] | None = None,
+    overrides: Sequence[tuple[str, str]] = (),
 ) -> Config:
     """A daemon config for tests: socket-dir IPC, legacy RPC on an ephemeral port."""
     return load(
@@ -47,7 +49,7 @@ def make_config(
             ("tracing.allowed_dirs", json.dumps(allowed)),
             ("legacy_rpc.enabled", "true" if legacy else "false"),
             ("legacy_rpc.listen", '["127.0.0.1:0"]'),
-            *(extra or []),
+            *overrides,
         ],
     )
 
@@ -135,6 +137,8 @@ class Harness:
         capture_settings: list[tuple[str, str]] | None = None,
         recorder: FlightRecorder | None = None,
         gpu: GpuCounterSource | None = None,
+        allowed: list[str] | None = None,
+        overrides: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.base = base
         self.socket_dir = base / "sock"
@@ -142,7 +146,10 @@ class Harness:
         self.socket_dir.mkdir(exist_ok=True)
         self.trace_dir.mkdir(exist_ok=True)
         self.cfg = make_config(
-            str(self.socket_dir), [str(self.trace_dir)], legacy, capture_settings or []
+            str(self.socket_dir),
+            allowed or [str(self.trace_dir)],
+            legacy,
+            [*overrides, *(capture_settings or [])],
         )
         self._capture = capture
         self._recorder = recorder
@@ -225,6 +232,28 @@ class Harness:
     def close(self) -> None:
         for t in self.trainers:
             t.kill()
+
+
+@contextlib.asynccontextmanager
+async def grpc_api(
+    path: str, *factories: Callable[[grpc.aio.Server], None]
+) -> AsyncIterator[grpc.aio.Server]:
+    """A gRPC server with ``factories``' servicers behind the agent's Unix front at ``path``,
+    as `bpfdyno serve` serves them: every call is attributed to its client's uid."""
+    server = grpc.aio.server()
+    for add in factories:
+        add(server)
+    front = UnixFront(path)
+    server.add_insecure_port(front.internal_target)
+    front.bind()
+    os.chmod(path, 0o666)  # any local user may connect; the front tells them apart
+    await server.start()
+    await front.start()
+    try:
+        yield server
+    finally:
+        await front.stop()
+        await server.stop(0)
 
 
 def trace_json(path: str) -> dict[str, object]:

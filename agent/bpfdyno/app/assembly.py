@@ -68,6 +68,7 @@ def profiling_controls(
 def build(cfg: Config) -> Assembly:
     """Create every enabled part of the daemon from the configuration (nothing is started)."""
     # Imported here so `bpfdyno status` and other client commands never load bcc or NVML.
+    from bpfdyno.server.audit import audit_servicer_factory
     from bpfdyno.server.kernel import kernel_servicer_factory
     from bpfdyno.server.tracing import servicer_factory as tracing_servicer_factory
     from bpfdyno.services.kernel import KernelService
@@ -135,6 +136,7 @@ def build(cfg: Config) -> Assembly:
     asm.components.append(tracing)
     asm.servicers.append(kernel_servicer_factory(KernelService(recorder, table, net)))
     asm.servicers.append(tracing_servicer_factory(tracing.service))
+    asm.servicers.append(audit_servicer_factory(tracing.service.audit))
     if cfg.export.jsonl.enabled:
         asm.sinks.append(JsonlExporter(cfg.export.jsonl))
     asm.sinks += _metric_exporters(cfg, table)

@@ -27,12 +27,14 @@ from pathlib import Path
 
 from bpfdyno.core.config import Config
 from bpfdyno.ebpf.tracefs import MOUNT_COMMAND, find_tracefs
+from bpfdyno.server.sockdiag import SockDiagUnavailable, tcp_owner_uid
 from bpfdyno.sources.perf.perf_event import (
     PERF_FLAG_FD_CLOEXEC,
     PERF_TYPE_HARDWARE,
     PerfEventAttr,
     perf_event_open,
 )
+from bpfdyno.tracing.safety import PROTECTIONS, read_protections
 
 #: The legacy dyno JSON RPC listens here (dynolog's port); not yet configurable.
 LEGACY_RPC_HOST = "127.0.0.1"
@@ -346,6 +348,68 @@ def check_tcp_port(
     return Check(name, True, f"{host}:{port} free", required=False)
 
 
+def check_peer_identity() -> Check:
+    """The kernel names the owner of a loopback TCP peer (NETLINK_SOCK_DIAG inet_diag).
+
+    Without it, legacy RPC and insecure TCP gRPC callers cannot be attributed to a user, and
+    their trace requests are refused (rule ``unattributed_requester``).
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        with socket.create_connection(srv.getsockname(), timeout=2) as client:
+            conn, peer = srv.accept()
+            with conn:
+                try:
+                    uid = tcp_owner_uid(peer, conn.getsockname())
+                except SockDiagUnavailable as e:
+                    return Check(
+                        "peer-identity",
+                        False,
+                        f"TCP callers cannot be attributed to a user: {e}; trace requests on "
+                        "the legacy port (and insecure TCP gRPC) are refused",
+                        "load the kernel's socket diagnostics: modprobe inet_diag tcp_diag",
+                        required=False,
+                    )
+            client.close()
+    if uid != os.geteuid():
+        return Check(
+            "peer-identity",
+            None,
+            f"the kernel named uid {uid} as the owner of our own test socket",
+            "report this as a bpfdyno bug, with this line",
+            required=False,
+        )
+    return Check(
+        "peer-identity",
+        True,
+        "callers on this host are attributed to their uid (SO_PEERCRED, sock_diag)",
+        required=False,
+    )
+
+
+def check_link_protections() -> Check:
+    """The kernel refuses to follow links planted in shared sticky directories such as /tmp."""
+    values = read_protections()
+    off = [f"{k} = {v}" for k, v in values.items() if v < PROTECTIONS[k]]
+    if off:
+        settings = " ".join(f"{k}={v}" for k, v in PROTECTIONS.items())
+        return Check(
+            "link-protections",
+            None,
+            f"{', '.join(off)}: traces may not go straight into shared sticky directories "
+            "such as /tmp (rule shared_directory_unprotected); private subdirectories work",
+            f"sysctl -w {settings} (and in /etc/sysctl.d to keep it)",
+            required=False,
+        )
+    return Check(
+        "link-protections",
+        True,
+        "links and files other users plant in /tmp are not followed",
+        required=False,
+    )
+
+
 def check_tracepoint(system: str, event: str, required: bool = True) -> Check:
     """A tracefs event exists (its ``format`` file is readable)."""
     name = f"tracepoint {system}:{event}"
@@ -397,6 +461,8 @@ def run_checks(cfg: Config) -> list[Check]:
         ("nvml", check_nvml),
         ("grpc-socket", lambda: check_grpc_socket(cfg.grpc.socket)),
         ("legacy-rpc-port", check_tcp_port),
+        ("peer-identity", check_peer_identity),
+        ("link-protections", check_link_protections),
         ("tracepoint sched:sched_switch", lambda: check_tracepoint("sched", "sched_switch")),
         (
             "tracepoint sock:sock_send_length",

@@ -31,6 +31,7 @@ from bpfdyno.client.connection import (
     default_target,
 )
 from bpfdyno.core.errors import InvalidArgument
+from bpfdyno.core.identity import user_name
 from bpfdyno.core.rules import pause_duration_s
 from bpfdyno.rpc.kernel_tracks import describe_kernel_tracks
 from bpfdyno.rpc.traces import TraceSpec, spec_to_pb
@@ -175,14 +176,15 @@ def cmd_trainers(args: argparse.Namespace) -> int:
 def format_trainers(trainers: Any) -> str:
     """A table of registered trainers."""
     lines = [
-        f"{'PID':>8} {'JOB':>10} {'STATE':<15}{'ROLE':<12}{'POLLS':>6}  {'LAST POLL':<11}"
-        f"{'TRACE':<17}ANCESTORS"
+        f"{'PID':>8} {'JOB':>10} {'STATE':<15}{'ROLE':<12}{'OWNER':<12}{'POLLS':>6}  "
+        f"{'LAST POLL':<11}{'TRACE':<17}ANCESTORS"
     ]
     for t in trainers:
         state = _state(t.state, pb.TrainerState, "TRAINER_STATE_")
         role = _state(t.role, pb.TrainerRole, "TRAINER_ROLE_")
+        owner = (user_name(t.uid) or str(t.uid)) if t.HasField("uid") else "?"
         lines.append(
-            f"{t.pid:>8} {t.job_id:>10} {state:<15}{role:<12}{t.polls:>6}  "
+            f"{t.pid:>8} {t.job_id:>10} {state:<15}{role:<12}{owner:<12}{t.polls:>6}  "
             f"{_ago(t.last_poll_unix_seconds):<11}{t.trace_id or '-':<17}"
             f"{','.join(str(a) for a in t.ancestors)}"
         )

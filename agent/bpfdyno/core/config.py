@@ -72,6 +72,11 @@ class GrpcSection:
     token_file: str = ""
     #: Allow TCP without TLS or client authentication (anyone who can connect is trusted).
     insecure_tcp: bool = False
+    #: The uid whose rights a TCP client authenticated by TLS + token or client certificate
+    #: acts with (0: an operator, who may trace every process); -1: such clients may read
+    #: but not start traces. Without TLS, a client on this host acts as the owner of its
+    #: socket and a remote one may not start traces (docs/security.md).
+    tcp_uid: int = 0
 
 
 @dataclass
@@ -144,6 +149,9 @@ class KinetoSection:
     socket_dir: str = field(default_factory=lambda: os.environ.get("KINETO_IPC_SOCKET_DIR", ""))
     #: Most trainers remembered at once.
     registry_max_entries: int = 4096
+    #: Most trainers of one uid (root excepted), so that no user can fill the registry with
+    #: sockets of its own and keep other users' trainers out.
+    max_trainers_per_uid: int = 512
     #: A trainer that has not polled for this long is forgotten (dynolog: 60 s).
     expire_after_s: float = 60.0
 
@@ -156,6 +164,25 @@ class TracingSection:
     allowed_dirs: list[str] = field(default_factory=lambda: ["/tmp"])
     #: How long a trace is followed before its unfinished processes are "timed out".
     default_timeout_s: float = 300.0
+    #: Longest duration trace a request may ask for (ACTIVITIES_DURATION_MSECS and the other
+    #: duration keys). The traced process keeps every event in memory until the file is
+    #: written: ~160 MiB per traced second with stacks and shapes at 1000 steps/s
+    #: (docs/security.md).
+    max_duration_ms: int = 30_000
+    #: Most optimizer steps an iteration trace may record (ACTIVITIES_ITERATIONS, and the
+    #: warm-up iterations).
+    max_iterations: int = 100
+    #: Latest start a request may ask for: PROFILE_START_TIME at most this far ahead (and
+    #: ACTIVITIES_WARMUP_PERIOD_SECS at most this long). The process stays busy until then.
+    max_start_delay_s: float = 120.0
+    #: Latest start of an iteration trace: PROFILE_START_ITERATION and
+    #: PROFILE_START_ITERATION_ROUNDUP at most this.
+    max_start_iterations: int = 10_000
+    #: Append every trace request's audit record to this file as a JSON line (created 0600);
+    #: "" = only the daemon's log (logger bpfdyno.audit, i.e. the journal under systemd).
+    audit_file: str = ""
+    #: Audit records kept in memory for `bpfdyno audit` / the gRPC Audit service.
+    audit_records: int = 1000
 
 
 @dataclass
@@ -168,6 +195,10 @@ class LegacyRpcSection:
     timeout_s: float = 5.0
     #: Connections served at once.
     max_connections: int = 64
+    #: Connections one peer (one uid on this host, else one address) may hold at once.
+    max_connections_per_peer: int = 8
+    #: A connection that sends nothing for this long is closed (dyno sends at once).
+    idle_timeout_s: float = 1.0
 
 
 @dataclass
@@ -477,6 +508,7 @@ def _validate(cfg: Config, path: Path | None) -> None:
     if not 1 <= cfg.events.process_table_size <= 100_000:
         raise bad("must be in 1..100000", "events.process_table_size")
     _validate_tracing(cfg, bad)
+    _validate_security(cfg, bad)
     _validate_bpf_sizes(cfg, bad)
     _validate_export(cfg, bad)
     _validate_capture(cfg.capture, bad)
@@ -572,6 +604,42 @@ def _validate_tracing(cfg: Config, bad: typing.Callable[[str, str], ConfigError]
         raise bad("must be more than 0 seconds", "legacy_rpc.timeout_s")
     if rpc.max_connections < 1:
         raise bad("must be at least 1", "legacy_rpc.max_connections")
+
+
+def _validate_security(cfg: Config, bad: typing.Callable[[str, str], ConfigError]) -> None:
+    """The limits that keep one local user from harming others (docs/security.md)."""
+    t, rpc = cfg.tracing, cfg.legacy_rpc
+    if not 1 <= cfg.kineto.max_trainers_per_uid <= cfg.kineto.registry_max_entries:
+        raise bad(
+            "must be at least 1 and at most kineto.registry_max_entries",
+            "kineto.max_trainers_per_uid",
+        )
+    if not 1 <= t.max_duration_ms <= 2**31 - 1:
+        raise bad(f"must be in 1..{2**31 - 1} ms", "tracing.max_duration_ms")
+    if not 1 <= t.max_iterations <= 2**31 - 1:
+        raise bad(f"must be in 1..{2**31 - 1}", "tracing.max_iterations")
+    if t.max_start_delay_s < 10:
+        raise bad(
+            "must be at least 10 seconds (Kineto needs a start at least 5 s ahead)",
+            "tracing.max_start_delay_s",
+        )
+    if not 1 <= t.max_start_iterations <= 2**31 - 1:
+        raise bad(f"must be in 1..{2**31 - 1}", "tracing.max_start_iterations")
+    if t.audit_file and not t.audit_file.startswith("/"):
+        raise bad(
+            "must be an absolute path, or empty for the daemon's log only", "tracing.audit_file"
+        )
+    if not 1 <= t.audit_records <= 1_000_000:
+        raise bad("must be in 1..1000000", "tracing.audit_records")
+    if not 1 <= rpc.max_connections_per_peer <= rpc.max_connections:
+        raise bad(
+            "must be at least 1 and at most legacy_rpc.max_connections",
+            "legacy_rpc.max_connections_per_peer",
+        )
+    if rpc.idle_timeout_s <= 0:
+        raise bad("must be more than 0 seconds", "legacy_rpc.idle_timeout_s")
+    if cfg.grpc.tcp_uid < -1:
+        raise bad("must be a uid, or -1 to let authenticated TCP clients only read", "grpc.tcp_uid")
 
 
 #: Most threads or processes a Linux system can have (PID_MAX_LIMIT).

@@ -18,6 +18,9 @@ class RequestError(Exception):
     """
 
     def __init__(self, message: str, rule: str = "") -> None:
+        # Every refusal names its rule, also where the message was written without it.
+        if rule and f"'{rule}'" not in message:
+            message = f"refused by rule '{rule}': {message}"
         super().__init__(message)
         self.rule = rule
 

@@ -26,6 +26,8 @@ from bpfdyno.core.config import GrpcSection
 from bpfdyno.rpc.v1 import agent_pb2_grpc
 from bpfdyno.server.agent import AgentServicer
 from bpfdyno.server.auth import TokenInterceptor, load_tcp_security
+from bpfdyno.server.peers import TcpIdentityInterceptor
+from bpfdyno.server.unix_front import UnixFront
 from bpfdyno.services.agent import AgentService
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,7 @@ class GrpcServer:
         self._extra = list(extra_servicers)
         self._server: grpc.aio.Server | None = None
         self._tcp_server: grpc.aio.Server | None = None
+        self._front: UnixFront | None = None
         self.tcp_port: int | None = None
 
     def check_addresses(self) -> None:
@@ -129,10 +132,14 @@ class GrpcServer:
         try:
             server = self._new_server()
             prepare_unix_socket(self._cfg.socket)
+            # gRPC listens privately; the daemon's front accepts on the public socket and
+            # relays each connection under its client's credentials (see unix_front).
+            self._front = UnixFront(self._cfg.socket)
+            server.add_insecure_port(self._front.internal_target)
             # Restrictive umask while binding, so the socket never exists with looser permissions.
             old = os.umask(0o177)
             try:
-                server.add_insecure_port(f"unix:{self._cfg.socket}")
+                self._front.bind()
             finally:
                 os.umask(old)
             os.chmod(self._cfg.socket, self._cfg.socket_mode)
@@ -148,10 +155,13 @@ class GrpcServer:
                     )
             await server.start()
             self._server = server
+            await self._front.start()
             log.info("gRPC API on unix:%s", self._cfg.socket)
         except BaseException:
             if tcp_server is not None:  # bound but never started: free its port
                 await tcp_server.stop(None)
+            if self._front is not None:
+                await self._front.stop()
             raise
         if tcp_server is not None:
             await tcp_server.start()
@@ -160,8 +170,11 @@ class GrpcServer:
     def _bind_tcp_server(self) -> grpc.aio.Server:
         """The TCP server, bound but not started, with TLS and the token check configured."""
         security = load_tcp_security(self._cfg)
-        interceptors = [TokenInterceptor(security.token)] if security.token is not None else []
-        tcp_server = self._new_server(interceptors)
+        interceptors: list[grpc.aio.ServerInterceptor] = (
+            [TokenInterceptor(security.token)] if security.token is not None else []
+        )
+        identity = TcpIdentityInterceptor(self._cfg, self._cfg.tcp.rpartition(":")[0])
+        tcp_server = self._new_server([*interceptors, identity])
         try:
             if security.credentials is not None:
                 self.tcp_port = tcp_server.add_secure_port(self._cfg.tcp, security.credentials)
@@ -169,6 +182,7 @@ class GrpcServer:
                 self.tcp_port = tcp_server.add_insecure_port(self._cfg.tcp)
         except RuntimeError as e:
             raise AddressInUse(f"cannot listen on {self._cfg.tcp}: {e}") from e
+        identity.port = self.tcp_port
         if security.credentials is None or (security.token is None and not security.client_certs):
             log.warning(
                 "gRPC also listening on TCP %s without TLS or client authentication "
@@ -183,6 +197,9 @@ class GrpcServer:
         if self._tcp_server is not None:
             await self._tcp_server.stop(grace_s)
             self._tcp_server = None
+        if self._front is not None:
+            await self._front.stop()
+            self._front = None
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None

@@ -5,6 +5,13 @@ that many bytes of UTF-8 JSON; the reply uses the same framing and is compact JS
 sorted keys, as dynolog's. Unlike dynolog, every bad request gets an error reply (dynolog
 closes silently and the CLI panics), frames are bounded, each connection has a deadline,
 connections are served concurrently, and IPv4 works without IPv6 (and vice versa).
+
+The port is open to every local user by design (as dynolog's), so each connection is
+attributed to the uid that owns the peer's socket (`bpfdyno.server.peers`) and every trace
+request acts with that uid's rights. One peer (a uid, or an address when the peer is not on
+this host; root excepted) may hold `max_per_peer` connections at once, and a connection that
+sends nothing for `idle_timeout_s` is closed, so no user can starve the others of
+connections.
 """
 
 from __future__ import annotations
@@ -13,13 +20,16 @@ import asyncio
 import contextlib
 import logging
 import struct
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
 from bpfdyno.core.errors import RequestError
+from bpfdyno.core.identity import Requester
 from bpfdyno.core.status import PartState, PartStatus
+from bpfdyno.server.peers import legacy_requester
 from bpfdyno.services.tracing import TraceRequest, TracingService
 
 log = logging.getLogger(__name__)
@@ -59,6 +69,7 @@ def encode_frame(obj: dict[str, Any]) -> bytes:
 
 
 def _error(message: str, **extra: Any) -> dict[str, Any]:
+    """An error reply: ``{"status": "failed", "error": message, ...}`` (dyno prints it)."""
     return {"status": "failed", "error": message, **extra}
 
 
@@ -78,8 +89,8 @@ class LegacyRpcHandler:
     def __init__(self, service: TracingService) -> None:
         self.service = service
 
-    def handle_bytes(self, body: bytes) -> dict[str, Any]:
-        """Decode, dispatch and answer one request body; never raises."""
+    def handle_bytes(self, body: bytes, requester: Requester) -> dict[str, Any]:
+        """Decode, dispatch and answer one request body of ``requester``; never raises."""
         try:
             req = orjson.loads(body)
         except orjson.JSONDecodeError as e:
@@ -90,29 +101,34 @@ class LegacyRpcHandler:
         if not isinstance(fn, str):
             return _error(f"missing 'fn'; one of: {', '.join(FUNCTIONS)}")
         try:
-            return self._dispatch(fn, req)
+            return self._dispatch(fn, req, requester)
         except Exception as e:  # the port must keep serving whatever a request contains
             log.exception("legacy RPC %s failed", fn)
             return _error(f"internal error in {fn}: {e}")
 
-    def _dispatch(self, fn: str, req: dict[str, Any]) -> dict[str, Any]:
+    def _dispatch(self, fn: str, req: dict[str, Any], requester: Requester) -> dict[str, Any]:
         if fn == "getStatus":
             return {"status": 1}
         if fn == "getVersion":
             return {"version": self.service.version}
         if fn == "setKinetOnDemandRequest":
-            return self._kineto(req)
+            return self._kineto(req, requester)
         if fn == "dcgmProfPause":
             try:
                 duration = _int_field(req, "duration_s", None)
-                return {"status": self.service.dcgm_pause(duration)}
-            except ValueError as e:  # the wrong JSON type, or the service's duration rule
+                return {"status": self.service.dcgm_pause(duration, requester)}
+            except RequestError as e:  # a rule of the service: duration, unattributed
+                return _error(str(e), **({"rule": e.rule} if e.rule else {}))
+            except ValueError as e:  # the wrong JSON type
                 return _error(str(e))
         if fn == "dcgmProfResume":
-            return {"status": self.service.dcgm_resume()}
+            try:
+                return {"status": self.service.dcgm_resume(requester)}
+            except RequestError as e:
+                return _error(str(e), rule=e.rule)
         return _error(f"unknown fn {fn[:60]!r}; one of: {', '.join(FUNCTIONS)}")
 
-    def _kineto(self, req: dict[str, Any]) -> dict[str, Any]:
+    def _kineto(self, req: dict[str, Any], requester: Requester) -> dict[str, Any]:
         config, pids = req.get("config"), req.get("pids")
         # Error replies keep the result fields, so a dyno CLI prints them instead of panicking.
         if not isinstance(config, str):
@@ -125,7 +141,8 @@ class LegacyRpcHandler:
             job_id = _int_field(req, "job_id", 0)
             limit = _int_field(req, "process_limit", 1000)
             res = self.service.start_trace(
-                TraceRequest(job_id=job_id, pids=tuple(pids), process_limit=limit, config=config)
+                TraceRequest(job_id=job_id, pids=tuple(pids), process_limit=limit, config=config),
+                requester,
             )
         except RequestError as e:  # a rule of the service (the same for every entry point)
             extra = {"rule": e.rule} if e.rule else {}
@@ -152,6 +169,8 @@ class LegacyRpcServer:
         listen: addresses such as ``127.0.0.1:1778`` and ``[::1]:1778`` (port 0 = any).
         timeout_s: a connection must deliver its whole request within this time.
         max_connections: connections served at once; more are told to retry.
+        max_per_peer: connections one peer (uid, else address) may hold at once.
+        idle_timeout_s: a connection must start its request within this time.
     """
 
     def __init__(
@@ -160,13 +179,20 @@ class LegacyRpcServer:
         listen: Sequence[str],
         timeout_s: float = 5.0,
         max_connections: int = 64,
+        max_per_peer: int = 8,
+        idle_timeout_s: float = 1.0,
     ) -> None:
         self.handler = handler
         self.listen = list(listen)
         self.timeout_s = timeout_s
         self.max_connections = max_connections
+        self.max_per_peer = max_per_peer
+        self.idle_timeout_s = idle_timeout_s
         self._servers: list[asyncio.Server] = []
         self._active = 0
+        self._per_peer: Counter[str] = Counter()
+        #: Connections refused because their peer held too many (see `max_per_peer`).
+        self.refused_peer_limit = 0
         self._tasks: set[asyncio.Task[None]] = set()
         #: (address, error) for each listen address that could not be bound.
         self.failures: list[tuple[str, str]] = []
@@ -206,10 +232,15 @@ class LegacyRpcServer:
             return PartStatus(
                 "legacy_rpc", PartState.DEGRADED, f"listening on {bound}; failed: {failed}"
             )
+        limited = (
+            f", {self.refused_peer_limit} refused over the per-peer limit"
+            if self.refused_peer_limit
+            else ""
+        )
         return PartStatus(
             "legacy_rpc",
             PartState.OK,
-            f"listening on {bound}; {self.served} requests, {self.bad_requests} bad",
+            f"listening on {bound}; {self.served} requests, {self.bad_requests} bad{limited}",
             errors=self.bad_requests,
         )
 
@@ -231,13 +262,39 @@ class LegacyRpcServer:
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
+        requester = legacy_requester(
+            writer.get_extra_info("peername"), writer.get_extra_info("sockname")
+        )
+        # One user's connections count together wherever they come from; a peer that is not
+        # on this host counts by address.
+        peer_key = (
+            f"uid {requester.uid}" if requester.attributed else requester.peer.rsplit(":", 1)[0]
+        )
         self._active += 1
+        self._per_peer[peer_key] += 1
         try:
-            if self._active > self.max_connections:
-                reply = encode_frame(_error("too many connections at once; retry in a moment"))
+            if self._per_peer[peer_key] > self.max_per_peer and not requester.privileged:
+                self.refused_peer_limit += 1
+                reply = encode_frame(
+                    _error(
+                        f"refused by rule 'peer_connection_limit': {peer_key} already has "
+                        f"{self.max_per_peer} connections open to this port (legacy_rpc."
+                        "max_connections_per_peer); close them or retry when they are done",
+                        rule="peer_connection_limit",
+                    )
+                )
+                complete = False
+            elif self._active > self.max_connections:
+                reply = encode_frame(
+                    _error(
+                        "refused by rule 'connection_limit': too many connections at once "
+                        "(legacy_rpc.max_connections); retry in a moment",
+                        rule="connection_limit",
+                    )
+                )
                 complete = False
             else:
-                reply, complete = await self._serve_one(reader)
+                reply, complete = await self._serve_one(reader, requester)
             writer.write(reply)
             with contextlib.suppress(OSError, asyncio.TimeoutError):
                 await asyncio.wait_for(writer.drain(), self.timeout_s)
@@ -246,15 +303,24 @@ class LegacyRpcServer:
                     # the reply before the client reads it: finish sending, then discard.
                     writer.write_eof()
                     await asyncio.wait_for(_discard(reader), LINGER_S)
+        except asyncio.CancelledError:
+            # The server is stopping. Ending normally keeps Python 3.11's stream callback
+            # from logging the cancellation as an error.
+            pass
         finally:
             self._active -= 1
+            self._per_peer[peer_key] -= 1
+            if not self._per_peer[peer_key]:
+                del self._per_peer[peer_key]
             writer.close()
             with contextlib.suppress(OSError, asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
             if task is not None:
                 self._tasks.discard(task)
 
-    async def _serve_one(self, reader: asyncio.StreamReader) -> tuple[bytes, bool]:
+    async def _serve_one(
+        self, reader: asyncio.StreamReader, requester: Requester
+    ) -> tuple[bytes, bool]:
         """Read one framed request within the deadline and answer it (never raises).
 
         Returns:
@@ -262,7 +328,18 @@ class LegacyRpcServer:
         """
         try:
             async with asyncio.timeout(self.timeout_s):
-                head = await reader.readexactly(_LEN.size)
+                # An idle connection (not one byte yet) is closed early; a request that has
+                # started gets the whole deadline.
+                try:
+                    first = await asyncio.wait_for(reader.readexactly(1), self.idle_timeout_s)
+                except TimeoutError:
+                    self.bad_requests += 1
+                    msg = (
+                        f"nothing received within {self.idle_timeout_s:g} s "
+                        "(legacy_rpc.idle_timeout_s); send the request right after connecting"
+                    )
+                    return encode_frame(_error(msg)), False
+                head = first + await reader.readexactly(_LEN.size - 1)
                 if head in _HTTP_PREFIXES:
                     self.bad_requests += 1
                     return _HTTP_REPLY, False
@@ -287,7 +364,7 @@ class LegacyRpcServer:
             self.bad_requests += 1
             return encode_frame(_error(f"read failed: {e.strerror}")), True
         self.served += 1
-        reply = self.handler.handle_bytes(body)
+        reply = self.handler.handle_bytes(body, requester)
         if reply.get("status") == "failed":
             self.bad_requests += 1
         return encode_frame(reply), True

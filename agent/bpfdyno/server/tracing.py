@@ -1,6 +1,7 @@
 """gRPC servicer for `bpfdyno.rpc.v1.Tracing`: translation only, the logic is in TracingService.
 
-Domain errors become status codes in one place (`bpfdyno.server.errors`).
+Domain errors become status codes in one place (`bpfdyno.server.errors`); the requester of
+each call comes from `bpfdyno.server.peers`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from bpfdyno.rpc.traces import spec_from_pb
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
 from bpfdyno.server.errors import grpc_errors
+from bpfdyno.server.peers import requester_from_context
 from bpfdyno.services.tracing import (
     SkippedProcess,
     TraceRequest,
@@ -60,6 +62,8 @@ def trainer_to_pb(t: TrainerView) -> pb.Trainer:
         role=_ROLE[t.role],
         endpoint=t.endpoint,
         trace_id=t.trace_id,
+        uid=t.uid,
+        host_pid=t.host_pid,
     )
 
 
@@ -146,7 +150,7 @@ class TracingServicer(pb_grpc.TracingServicer):
     async def StartTrace(
         self, request: pb.StartTraceRequest, context: grpc.aio.ServicerContext
     ) -> pb.StartTraceResponse:
-        res = self._svc.start_trace(request_from_pb(request))
+        res = self._svc.start_trace(request_from_pb(request), requester_from_context(context))
         return pb.StartTraceResponse(
             trace_id=res.trace_id,
             processes_matched=list(res.matched),
@@ -177,13 +181,14 @@ class TracingServicer(pb_grpc.TracingServicer):
     async def DcgmPause(
         self, request: pb.DcgmPauseRequest, context: grpc.aio.ServicerContext
     ) -> pb.DcgmResponse:
-        ok = self._svc.dcgm_pause(request.duration_s)
+        ok = self._svc.dcgm_pause(request.duration_s, requester_from_context(context))
         return pb.DcgmResponse(status=ok, reason="" if ok else self._dcgm_reason())
 
+    @grpc_errors
     async def DcgmResume(
         self, request: pb.DcgmResumeRequest, context: grpc.aio.ServicerContext
     ) -> pb.DcgmResponse:
-        ok = self._svc.dcgm_resume()
+        ok = self._svc.dcgm_resume(requester_from_context(context))
         return pb.DcgmResponse(status=ok, reason="" if ok else self._dcgm_reason())
 
     @grpc_errors

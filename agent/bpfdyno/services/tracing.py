@@ -23,12 +23,15 @@ import logging
 import os
 import secrets
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bpfdyno.core.errors import InvalidArgument, NotFound, Unavailable
+from bpfdyno.core.errors import InvalidArgument, NotFound, RequestError, Unavailable
+from bpfdyno.core.identity import Requester, in_process
 from bpfdyno.core.rules import pause_duration_s
+from bpfdyno.tracing.audit import AuditedProcess, AuditLog, config_for_record
 from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest
 from bpfdyno.tracing.config_text import (
     CheckedConfig,
@@ -37,8 +40,16 @@ from bpfdyno.tracing.config_text import (
     check_config,
     with_trace_id,
 )
+from bpfdyno.tracing.ipc.sender import ClaimVerifier, SenderCreds
 from bpfdyno.tracing.ipc.wire import KinetoContext, KinetoRequest
 from bpfdyno.tracing.paths import check_log_file, inserts_pid
+from bpfdyno.tracing.policy import (
+    TraceLimits,
+    check_limits,
+    ownership_problem,
+    refuse_not_owner,
+    require_attributed,
+)
 from bpfdyno.tracing.requests import (
     ROLE_NOTE,
     SkippedProcess,
@@ -52,6 +63,7 @@ from bpfdyno.tracing.requests import (
     output_path,
 )
 from bpfdyno.tracing.roles import Role, classify
+from bpfdyno.tracing.safety import PlacementChecker, Writer
 from bpfdyno.tracing.summary import ProcessSummary, summarize_file
 from bpfdyno.tracing.traces import NewProcess, ProcState, TraceTracker, TraceView, TrainerState
 from bpfdyno.tracing.trainers import Trainer, TrainerRegistry
@@ -59,6 +71,8 @@ from bpfdyno.tracing.trainers import Trainer, TrainerRegistry
 log = logging.getLogger(__name__)
 
 MAX_TIMEOUT_S = 24 * 3600.0
+#: How long after a duration trace's end its file may take to appear.
+WRITE_SLACK_S = 30.0
 #: A "busy" poll older than this no longer counts as tracing (the process may have exited).
 TRACING_FRESH_S = 15.0
 
@@ -80,6 +94,8 @@ class TrainerView:
     role: Role
     endpoint: str
     trace_id: str
+    uid: int | None = None
+    host_pid: int = 0
 
 
 def describe_address(address: bytes) -> str:
@@ -101,9 +117,12 @@ class TracingService:
         dcgm_pause, dcgm_resume: the GPU monitor's profiling pause/resume, if there is one.
         version: reported by the legacy ``getVersion``.
         wall, mono: time sources (epoch seconds, monotonic seconds).
-        proc_root: where /proc is (to recognise DataLoader workers).
+        proc_root: where /proc is (to recognise DataLoader workers, check senders).
         default_tracks: the kernel tracks of a request that names none (and of every dyno
             RPC request).
+        limits: the most a request may ask (`bpfdyno.tracing.policy`).
+        audit: where every trace request is recorded (default: in memory and the log).
+        placement: the trace-file placement rules (`bpfdyno.tracing.safety`).
     """
 
     def __init__(
@@ -119,6 +138,9 @@ class TracingService:
         mono: Callable[[], float] = time.monotonic,
         proc_root: Path = Path("/proc"),
         default_tracks: KernelTrackRequest = NO_TRACKS,
+        limits: TraceLimits | None = None,
+        audit: AuditLog | None = None,
+        placement: PlacementChecker | None = None,
     ) -> None:
         self.allowed_dirs = list(allowed_dirs)
         self.default_tracks = default_tracks
@@ -134,23 +156,94 @@ class TracingService:
         self._proc_root = proc_root
         #: Set by the component while the IPC endpoint is down: why no trainer can poll.
         self.unavailable_reason = ""
+        self.limits = limits or TraceLimits()
+        self.audit = audit or AuditLog(wall=wall)
+        self._placement = placement or PlacementChecker(proc_root)
+        self._claims = ClaimVerifier(proc_root)
+        #: Polls ignored because the pid they claim is not their sender's, per sender uid.
+        self.false_claims: Counter[int] = Counter()
 
     # -- the Kineto side: called for every datagram --------------------------------------
 
-    def on_request(self, address: bytes, req: KinetoRequest) -> str:
-        """Account one poll and return the reply's config text ("" = nothing for it)."""
-        t = self.registry.observe(address, req, self._wall(), self._mono())
+    def on_request(
+        self, address: bytes, req: KinetoRequest, sender: SenderCreds | None = None
+    ) -> str:
+        """Account one poll and return the reply's config text ("" = nothing for it).
+
+        Args:
+            sender: the kernel's credentials of the poll; the claimed pids are checked
+                against them and the trainer's owner comes from them (None: in-process
+                callers, whose trainers only root may trace).
+        """
+        uid, host_pid, pids = None, 0, None
+        if sender is not None:
+            pids = self._claims.verify(sender, req.pids)
+            if pids is None:
+                self._false_claim(sender, req)
+                return ""
+            uid, host_pid = sender.uid, sender.pid
+            known = self.registry.get(address)
+            if known is not None and (known.uid, known.host_pid) != (uid, host_pid):
+                self._forget(address, "another process now polls from its socket address")
+        t = self.registry.observe(
+            address,
+            req,
+            self._wall(),
+            self._mono(),
+            uid,
+            host_pid,
+            None if pids == req.pids else pids,
+        )
         if t is None:
             return ""
         self.tracker.on_poll(address, busy=not req.activities_free)
         if not req.activities_free:
             return ""  # a busy client would drop a config: keep it for a free poll
+        if not self._still_safe(t):
+            return ""
         taken = self.tracker.take_config(address)
         if taken is None:
             return ""
         trace_id, text = taken
         log.info("trace %s: config delivered to pid %d", trace_id, t.pid)
         return text
+
+    def _false_claim(self, sender: SenderCreds, req: KinetoRequest) -> None:
+        if sender.uid not in self.false_claims:
+            log.warning(
+                "ignoring Kineto polls of pid %d (uid %d): they claim to be pid %d, which the "
+                "kernel does not confirm (rule 'pid_mismatch'); further ones are only counted",
+                sender.pid,
+                sender.uid,
+                req.pid,
+            )
+        self.false_claims[sender.uid] += 1
+
+    def _forget(self, address: bytes, reason: str) -> None:
+        """Drop the trainer at ``address``; its open part of a trace fails with ``reason``."""
+        self.registry.forget(address)
+        self.tracker.fail_open(address, reason)
+
+    def _still_safe(self, t: Trainer) -> bool:
+        """Re-check a pending config's file just before delivery (a directory may have
+        changed since the request); a failing one is not delivered and the trace says why."""
+        pending = self.tracker.pending_output(t.address)
+        if pending is None:
+            return True
+        trace_id, path = pending
+        try:
+            self._placement.check(path, Writer(t.uid, t.host_pid))
+        except RequestError as e:
+            self.tracker.fail_open(t.address, f"not delivered: {e}")
+            self.audit.record(
+                "deliver_trace",
+                in_process(),
+                error=e,
+                trace_id=trace_id,
+                processes=[AuditedProcess(t.pid, t.host_pid, t.uid, path)],
+            )
+            return False
+        return True
 
     def on_context(self, address: bytes, ctxt: KinetoContext) -> int:
         """Legacy ``ctxt`` registration; returns the count dynolog would return."""
@@ -187,6 +280,8 @@ class TracingService:
                     role=roles[t.address],
                     endpoint=describe_address(t.address),
                     trace_id=part.trace_id if part else "",
+                    uid=t.uid,
+                    host_pid=t.host_pid,
                 )
             )
         return out
@@ -268,48 +363,110 @@ class TracingService:
     def has_gpu_monitor(self) -> bool:
         return self._dcgm_pause is not None
 
-    def dcgm_pause(self, duration_s: int) -> bool:
+    def dcgm_pause(self, duration_s: int, requester: Requester | None = None) -> bool:
         """Pause GPU profiling metrics for ``duration_s``; False without a GPU monitor.
 
         Raises:
             InvalidArgument: the duration breaks `bpfdyno.core.rules.pause_duration_s`.
+            PermissionDenied: the requester's uid is unknown.
         """
+        who = requester or in_process()
+        try:
+            require_attributed(who)
+        except RequestError as e:
+            self.audit.record("dcgm_pause", who, error=e, request={"duration_s": duration_s})
+            raise
         seconds = pause_duration_s(duration_s)
-        return bool(self._dcgm_pause(seconds)) if self._dcgm_pause else False
+        ok = bool(self._dcgm_pause(seconds)) if self._dcgm_pause else False
+        self.audit.record(
+            "dcgm_pause", who, message=f"{seconds} s: {ok}", request={"duration_s": seconds}
+        )
+        return ok
 
-    def dcgm_resume(self) -> bool:
-        """Resume GPU profiling metrics; False without a GPU monitor."""
-        return bool(self._dcgm_resume()) if self._dcgm_resume else False
+    def dcgm_resume(self, requester: Requester | None = None) -> bool:
+        """Resume GPU profiling metrics; False without a GPU monitor.
+
+        Raises:
+            PermissionDenied: the requester's uid is unknown.
+        """
+        who = requester or in_process()
+        try:
+            require_attributed(who)
+        except RequestError as e:
+            self.audit.record("dcgm_resume", who, error=e)
+            raise
+        ok = bool(self._dcgm_resume()) if self._dcgm_resume else False
+        self.audit.record("dcgm_resume", who, message=str(ok))
+        return ok
 
     # -- trace requests -------------------------------------------------------------------
 
-    def start_trace(self, req: TraceRequest) -> TraceStartResult:
+    def start_trace(
+        self, req: TraceRequest, requester: Requester | None = None
+    ) -> TraceStartResult:
         """Match processes, hand the config to those that can take it, and track them.
 
+        Every call is audited, accepted or refused.
+
+        Args:
+            req: the request.
+            requester: who asks (each entry point passes its peer's identity); None for
+                code inside the daemon, which acts with the daemon's uid.
+
         Raises:
-            InvalidArgument: bad pids/limit/options/config, or a file that would be
-                overwritten; nothing is stored then.
+            InvalidArgument: bad pids/limit/options/config, a limit exceeded, or a file
+                that would be overwritten; nothing is stored then.
+            PermissionDenied: the requester may not trace the matched processes, or the
+                file's directory is not safe for them (the rule says which).
             Unavailable: the Kineto IPC endpoint is not running.
         """
+        who = requester or in_process()
+        try:
+            res, audited = self._start_trace(req, who)
+        except RequestError as e:
+            self.audit.record("start_trace", who, error=e, request=_audited_request(req))
+            raise
+        self.audit.record(
+            "start_trace",
+            who,
+            message=f"triggered {len(res.triggered)} of {len(res.matched)} matched",
+            trace_id=res.trace_id,
+            request=_audited_request(req, res.config_text),
+            processes=audited,
+            matched=res.matched,
+        )
+        return res
+
+    def _start_trace(
+        self, req: TraceRequest, requester: Requester
+    ) -> tuple[TraceStartResult, list[AuditedProcess]]:
+        """`start_trace` without the audit; also returns the triggered processes to audit."""
         if self.unavailable_reason:
             raise Unavailable(self.unavailable_reason)
         check_request_shape(req)
+        require_attributed(requester)
         tracks = kernel_track_request(req, self.default_tracks)
         trace_id = secrets.token_hex(8)
         if req.options is not None and not req.options.log_file:
             default = os.path.join(self.trace_dir, f"bpfdyno-{trace_id}.pt.trace.json")
             req = replace(req, options=replace(req.options, log_file=default))
         checked = self._checked_config(req)
+        span_s = check_limits(checked, self.limits, self._wall())
         trainers = self.registry.trainers()
         roles = classify(trainers, self._proc_root)
         matched: list[Trainer] = []
         not_matched: list[SkippedProcess] = []
+        not_theirs: list[tuple[int, int | None]] = []
         for t in trainers:
             why_not = mismatch(t, req)
+            if not why_not and (why_not := ownership_problem(requester, t.uid)):
+                not_theirs.append((t.pid, t.uid))
             if why_not:
                 not_matched.append(SkippedProcess(t.pid, t.job_id, why_not))
             else:
                 matched.append(t)
+        if not_theirs and not matched:
+            refuse_not_owner(requester, not_theirs)
         # Workers, then launchers, then DataLoader workers; by pid within each, so the order
         # is stable and explainable.
         matched.sort(key=lambda t: (roles[t.address].priority, t.pid))
@@ -330,14 +487,22 @@ class TracingService:
             else:
                 triggered.append((t, output_path(checked, t.pid)))
         self._check_outputs(checked, triggered)
+        for t, path in triggered:
+            self._placement.check(path, Writer(t.uid, t.host_pid))
+        audited = [AuditedProcess(t.pid, t.host_pid, t.uid, path) for t, path in triggered]
         text = with_trace_id(checked.text, trace_id)
         timeout = req.timeout_s if req.timeout_s > 0 else self.default_timeout_s
         if checked.memory_snapshot:
             tracks = NO_TRACKS  # a memory snapshot is a pickle, not a trace to add tracks to
+        if span_s:  # follow a duration trace at least until it must be over and written
+            timeout = max(timeout, span_s + WRITE_SLACK_S)
         # Opened even when nothing was triggered: every request's id can be looked up.
         self.tracker.open_trace(
             trace_id,
-            [NewProcess(t.address, t.pid, t.job_id, path, text, tracks) for t, path in triggered],
+            [
+                NewProcess(t.address, t.pid, t.job_id, path, text, tracks=tracks, owner_uid=t.uid)
+                for t, path in triggered
+            ],
             min(timeout, MAX_TIMEOUT_S),
             checked.iteration_mode,
         )
@@ -350,7 +515,7 @@ class TracingService:
             [t.pid for t, _ in triggered],
             len(busy),
         )
-        return TraceStartResult(
+        result = TraceStartResult(
             trace_id=trace_id,
             matched=tuple(t.pid for t in matched),
             triggered=tuple(TriggeredProcess(t.pid, t.job_id, p) for t, p in triggered),
@@ -359,6 +524,7 @@ class TracingService:
             not_matched=tuple(not_matched),
             config_text=checked.text,
         )
+        return result, audited
 
     def _checked_config(self, req: TraceRequest) -> CheckedConfig:
         if req.options is not None:
@@ -394,6 +560,25 @@ class TracingService:
                 message=f"{', '.join(existing)} already exist(s); a new trace would overwrite it. "
                 "Choose another log file name or move the old trace away",
             )
+
+
+def _audited_request(req: TraceRequest, config_text: str = "") -> dict[str, object]:
+    """What a request asked, for its audit record."""
+    shown: dict[str, object] = {
+        "job_id": req.job_id,
+        "pids": list(req.pids),
+        "process_limit": req.process_limit,
+    }
+    if config_text:
+        shown["config"] = config_for_record(config_text)
+    elif req.config is not None:
+        shown["config"] = config_for_record(req.config)
+    elif req.options is not None:
+        shown["log_file"] = req.options.log_file
+        shown["duration_ms"] = req.options.duration_ms
+        shown["iterations"] = req.options.iterations
+        shown["start_time_ms"] = req.options.start_time_ms
+    return shown
 
 
 __all__ = [

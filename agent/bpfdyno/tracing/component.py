@@ -20,10 +20,12 @@ from bpfdyno.core.events import FlightRecorder
 from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.server.legacy_rpc import LegacyRpcHandler, LegacyRpcServer
 from bpfdyno.services.tracing import DcgmPause, DcgmResume, TracingService
+from bpfdyno.tracing.audit import AuditLog
 from bpfdyno.tracing.capture.manager import CaptureManager
 from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest, Track
 from bpfdyno.tracing.ipc.endpoint import QUEUE_LEN, EndpointUnavailable, KinetoEndpoint
 from bpfdyno.tracing.kernel_tracks import KernelTracks
+from bpfdyno.tracing.policy import TraceLimits
 from bpfdyno.tracing.trainers import TrainerRegistry
 from bpfdyno.version import __version__
 
@@ -88,7 +90,11 @@ class TracingComponent:
         self._cfg = cfg
         self._tune_switch_interval = tune_switch_interval
         self._saved_switch_interval: float | None = None
-        registry = TrainerRegistry(cfg.kineto.registry_max_entries, cfg.kineto.expire_after_s)
+        registry = TrainerRegistry(
+            cfg.kineto.registry_max_entries,
+            cfg.kineto.expire_after_s,
+            cfg.kineto.max_trainers_per_uid,
+        )
         self.service = TracingService(
             allowed_dirs=allowed_dirs(cfg),
             default_timeout_s=cfg.tracing.default_timeout_s,
@@ -98,6 +104,8 @@ class TracingComponent:
             dcgm_resume=dcgm_resume,
             version=version,
             default_tracks=default_tracks(cfg) if capture is not None else NO_TRACKS,
+            limits=TraceLimits.from_config(cfg.tracing),
+            audit=AuditLog(cfg.tracing.audit_records, cfg.tracing.audit_file),
         )
         self.capture = capture
         self.kernel_tracks: KernelTracks | None = None
@@ -111,6 +119,8 @@ class TracingComponent:
                 cfg.legacy_rpc.listen,
                 cfg.legacy_rpc.timeout_s,
                 cfg.legacy_rpc.max_connections,
+                cfg.legacy_rpc.max_connections_per_peer,
+                cfg.legacy_rpc.idle_timeout_s,
             )
         self._ipc_error = ""
         self._tasks: list[asyncio.Task[None]] = []
@@ -172,6 +182,25 @@ class TracingComponent:
             except Exception:
                 log.exception("tracing registry sweep failed; continuing")
 
+    def _identity_notes(self) -> str:
+        """What the identity rules turned away, when they did: polls claiming another
+        process's pid, and trainers over their uid's registry quota."""
+        notes = ""
+        claims = self.service.false_claims
+        if claims:
+            uids = ", ".join(str(u) for u in sorted(claims)[:5])
+            notes += (
+                f", {sum(claims.values())} polls claiming another process's pid ignored "
+                f"(uid {uids})"
+            )
+        quota = self.service.registry.stats.refused_uid_quota
+        if quota:
+            notes += (
+                f", {quota} polls of uids over [kineto] max_trainers_per_uid "
+                f"({self.service.registry.max_per_uid}) not registered"
+            )
+        return notes
+
     def tracing_pids(self) -> set[int]:
         """Pids whose profiler is tracing now (for the GPU collector to pause GPM)."""
         return self.service.tracing_pids()
@@ -185,7 +214,7 @@ class TracingComponent:
                 "kineto_ipc",
                 PartState.OK,
                 f"{self.endpoint.address} (queue {self.endpoint.queue_len}): {n} trainers; "
-                f"{self.endpoint.stats.summary()}",
+                f"{self.endpoint.stats.summary()}{self._identity_notes()}",
                 last_success_ts=time.time(),
             )
         elif self._ipc_error:

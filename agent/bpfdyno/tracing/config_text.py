@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from bpfdyno.core.errors import InvalidArgument
-from bpfdyno.tracing.paths import PathRejected, check_log_file
+from bpfdyno.tracing.paths import PathRejected, check_log_file, printable
 
 #: Largest config text accepted (Kineto's limit is the ~212 KB datagram; stay far below).
 MAX_CONFIG_BYTES = 32 * 1024
@@ -174,6 +174,8 @@ class CheckedConfig:
         iteration_mode: True when the trace is counted in optimizer steps.
         memory_snapshot: True when Kineto writes a memory snapshot instead of a trace.
         start_time_ms: ``PROFILE_START_TIME`` (0 = relative to delivery).
+        values: every key and its (trimmed) value, for the limits of
+            `bpfdyno.tracing.policy`.
     """
 
     text: str
@@ -181,6 +183,7 @@ class CheckedConfig:
     iteration_mode: bool
     memory_snapshot: bool
     start_time_ms: int
+    values: Mapping[str, str] = field(default_factory=dict)
 
 
 def check_config(
@@ -220,10 +223,11 @@ def check_config(
             raise ConfigRejected(
                 "bad_key", f"line {n}: {key[:60]!r} is not an upper-case config key"
             )
-        if "=" in value or any(ord(c) < 0x20 for c in value):
+        if "=" in value or not all(map(printable, value)):
             raise ConfigRejected(
                 "bad_value_character",
-                f"line {n}: the value of {key} contains '=' or a control character",
+                f"line {n}: the value of {key} contains '=', a control or line-separator "
+                "character, or an invisible (e.g. bidirectional) character",
             )
         if key == TRACE_ID_KEY:
             raise ConfigRejected(
@@ -264,6 +268,7 @@ def check_config(
         iteration_mode=iteration_mode,
         memory_snapshot=memory,
         start_time_ms=start_time_ms,
+        values=values,
     )
 
 

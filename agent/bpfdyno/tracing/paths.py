@@ -59,6 +59,21 @@ def memory_snapshot_path(pid: int) -> str:
     return MEMORY_SNAPSHOT_PATTERN.format(pid=pid)
 
 
+def printable(c: str) -> bool:
+    """False for control, line/paragraph-separator and format (e.g. bidi) characters.
+
+    ``str.isprintable`` is False for exactly those (and for spaces other than U+0020).
+    """
+    return c.isprintable()
+
+
+def normalize(path: str) -> str:
+    """``os.path.normpath`` that also folds a leading ``//`` (POSIX keeps it; Linux does not
+    treat it specially), so ``//tmp/x`` is recognised as inside ``/tmp``."""
+    normalized = os.path.normpath(path)
+    return "/" + normalized.lstrip("/") if normalized.startswith("//") else normalized
+
+
 def _inside(path: str, directory: str) -> bool:
     directory = directory.rstrip("/") or "/"
     return path == directory or path.startswith(directory if directory == "/" else directory + "/")
@@ -80,11 +95,13 @@ def check_log_file(log_file: str, allowed_dirs: Sequence[str]) -> str:
         raise PathRejected("empty", "no log file given; pass an absolute path such as /tmp/t.json")
     if len(log_file.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
         raise PathRejected("too_long", f"the path is longer than {MAX_PATH_BYTES} bytes")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in log_file):
+    bad_char = next((c for c in log_file if not printable(c)), None)
+    if bad_char is not None:
         raise PathRejected(
             "control_character",
-            "the path contains a newline or another control character, which would inject "
-            "extra lines into the Kineto config; use a plain path",
+            f"the path contains U+{ord(bad_char):04X}, a control, line-separator or invisible "
+            "(e.g. bidirectional) character, which could inject config lines or disguise the "
+            "name in listings and logs; use a plain path",
         )
     if "=" in log_file:
         raise PathRejected(
@@ -104,9 +121,14 @@ def check_log_file(log_file: str, allowed_dirs: Sequence[str]) -> str:
         raise PathRejected("dot_dot", f"{log_file!r} contains a '..' component; remove it")
     if log_file.endswith("/"):
         raise PathRejected("not_a_file", f"{log_file!r} names a directory; add a file name")
-    normalized = os.path.normpath(log_file)
-    allowed = [os.path.normpath(d) for d in allowed_dirs if d]
+    normalized = normalize(log_file)
+    allowed = [normalize(d) for d in allowed_dirs if d]
     shown = ", ".join(allowed) or "(none configured)"
+    if normalized in allowed or os.path.isdir(normalized):
+        raise PathRejected(
+            "not_a_file",
+            f"{log_file!r} is a directory; add a file name such as {normalized}/trace.json",
+        )
     if not any(_inside(normalized, d) for d in allowed):
         raise PathRejected(
             "outside_allowed_dirs",

@@ -146,6 +146,7 @@ class _Proc:
     address: bytes
     config_text: str  # what the process is handed at its next free poll
     tracks: KernelTrackRequest = NO_TRACKS
+    owner_uid: int | None = None  # the traced process's owner: its file must be theirs
     idle_polls: int = 0  # idle polls since delivery, before any sign of tracing
     idle_after_busy: int = 0
     seen_busy: bool = False
@@ -187,6 +188,7 @@ class NewProcess:
     output_path: str
     config_text: str
     tracks: KernelTrackRequest = NO_TRACKS
+    owner_uid: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,14 +233,15 @@ class TraceTracker:
     Args:
         wall: wall-clock time source (epoch seconds).
         mono: monotonic time source.
-        stat_file: ``os.stat`` (replaceable to test without a file system race).
+        stat_file: ``os.lstat`` (replaceable to test without a file system race). Links are
+            not followed: a link at the final name is not a written trace.
     """
 
     def __init__(
         self,
         wall: Callable[[], float],
         mono: Callable[[], float],
-        stat_file: Callable[[str], os.stat_result] = os.stat,
+        stat_file: Callable[[str], os.stat_result] = os.lstat,
     ) -> None:
         self._wall = wall
         self._mono = mono
@@ -282,6 +285,7 @@ class TraceTracker:
                 address=p.address,
                 config_text=p.config_text,
                 tracks=p.tracks,
+                owner_uid=p.owner_uid,
             )
             for p in processes
         }
@@ -494,6 +498,19 @@ class TraceTracker:
                 "the process stopped polling (it exited?) before its trace was written",
             )
 
+    def pending_output(self, address: bytes) -> tuple[str, str] | None:
+        """(trace id, output path) of the config waiting for this process, if any."""
+        part = self._part(address)
+        if part is None or part[1].view.state is not ProcState.PENDING:
+            return None
+        return part[0].trace_id, part[1].view.output_path
+
+    def fail_open(self, address: bytes, reason: str) -> None:
+        """End the process's open part of a trace as failed, saying why."""
+        part = self._part(address)
+        if part is not None:
+            self._set(*part, ProcState.FAILED, reason)
+
     def _check_file(self, tr: _Trace, p: _Proc) -> bool:
         """Look for the final file (→ written) and the .tmp (→ tracing); True when written."""
         path = p.view.output_path
@@ -502,6 +519,16 @@ class TraceTracker:
         except OSError:
             st = None
         if st is not None and stat.S_ISREG(st.st_mode):
+            if p.owner_uid is not None and st.st_uid != p.owner_uid:
+                # Someone else put a file there: it is not this trace, whatever it holds.
+                self._set(
+                    tr,
+                    p,
+                    ProcState.FAILED,
+                    f"{path} appeared owned by uid {st.st_uid}, not by the traced process's "
+                    f"owner (uid {p.owner_uid}): it is not this trace (rule 'foreign_file')",
+                )
+                return True
             if self._recording(p):
                 self._set(
                     tr,

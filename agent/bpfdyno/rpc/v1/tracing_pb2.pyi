@@ -55,7 +55,7 @@ class ListTrainersRequest(_message.Message):
     def __init__(self, job_id: _Optional[int] = ...) -> None: ...
 
 class Trainer(_message.Message):
-    __slots__ = ("pid", "ancestors", "job_id", "first_poll_unix_seconds", "last_poll_unix_seconds", "polls", "state", "role", "endpoint", "trace_id")
+    __slots__ = ("pid", "ancestors", "job_id", "first_poll_unix_seconds", "last_poll_unix_seconds", "polls", "state", "role", "endpoint", "trace_id", "uid", "host_pid")
     PID_FIELD_NUMBER: _ClassVar[int]
     ANCESTORS_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,8 @@ class Trainer(_message.Message):
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    HOST_PID_FIELD_NUMBER: _ClassVar[int]
     pid: int
     ancestors: _containers.RepeatedScalarFieldContainer[int]
     job_id: int
@@ -76,7 +78,9 @@ class Trainer(_message.Message):
     role: TrainerRole
     endpoint: str
     trace_id: str
-    def __init__(self, pid: _Optional[int] = ..., ancestors: _Optional[_Iterable[int]] = ..., job_id: _Optional[int] = ..., first_poll_unix_seconds: _Optional[float] = ..., last_poll_unix_seconds: _Optional[float] = ..., polls: _Optional[int] = ..., state: _Optional[_Union[TrainerState, str]] = ..., role: _Optional[_Union[TrainerRole, str]] = ..., endpoint: _Optional[str] = ..., trace_id: _Optional[str] = ...) -> None: ...
+    uid: int
+    host_pid: int
+    def __init__(self, pid: _Optional[int] = ..., ancestors: _Optional[_Iterable[int]] = ..., job_id: _Optional[int] = ..., first_poll_unix_seconds: _Optional[float] = ..., last_poll_unix_seconds: _Optional[float] = ..., polls: _Optional[int] = ..., state: _Optional[_Union[TrainerState, str]] = ..., role: _Optional[_Union[TrainerRole, str]] = ..., endpoint: _Optional[str] = ..., trace_id: _Optional[str] = ..., uid: _Optional[int] = ..., host_pid: _Optional[int] = ...) -> None: ...
 
 class ListTrainersResponse(_message.Message):
     __slots__ = ("trainers",)

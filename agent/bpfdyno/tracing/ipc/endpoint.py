@@ -28,8 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from bpfdyno.core.errors import RequestError
 from bpfdyno.tracing.ipc import wire
 from bpfdyno.tracing.ipc.rawsock import DatagramIO
+from bpfdyno.tracing.ipc.sender import SenderCreds
+from bpfdyno.tracing.safety import PlacementChecker, Writer
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +55,15 @@ class EndpointUnavailable(Exception):
 
 
 class DatagramHandler(Protocol):
-    """What the endpoint calls for each valid datagram (the tracing service)."""
+    """What the endpoint calls for each valid datagram (the tracing service).
 
-    def on_request(self, address: bytes, req: wire.KinetoRequest) -> str: ...
+    ``sender`` carries the kernel's credentials of the datagram (None when the kernel
+    attached none, which a socket with ``SO_PASSCRED`` never sees).
+    """
+
+    def on_request(
+        self, address: bytes, req: wire.KinetoRequest, sender: SenderCreds | None = None
+    ) -> str: ...
 
     def on_context(self, address: bytes, ctxt: wire.KinetoContext) -> int: ...
 
@@ -105,6 +114,9 @@ class KinetoEndpoint:
         self.queue_len = 0
         #: Receive and send without releasing the GIL (see `rawsock`); read by open().
         self.keep_gil = True
+        #: Ask the kernel for each sender's credentials (SO_PASSCRED); read by open(). Only
+        #: a benchmark turns it off, to measure what attributing polls costs.
+        self.pass_credentials = True
         self.socket_dir = socket_dir
         self._mono = mono or time.monotonic
         self._sock: socket.socket | None = None
@@ -134,6 +146,9 @@ class KinetoEndpoint:
         sock, self.queue_len = _socket_with_queue(self._queue_len)
         try:
             sock.setblocking(False)
+            # The kernel then attaches each sender's real pid, uid and gid to its datagrams:
+            # polls are attributed to who sent them, not to the pid they claim.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, int(self.pass_credentials))
             if self.socket_dir:
                 self._bind_path(sock)
             else:
@@ -167,7 +182,17 @@ class KinetoEndpoint:
                 f"the Kineto socket directory {self.socket_dir} does not exist; create it "
                 "(shared with the trainers as KINETO_IPC_SOCKET_DIR) or unset [kineto] socket_dir"
             )
-        _remove_stale(path)
+        try:
+            # Trainers must be able to create their sockets there, but nobody may be able to
+            # move ours away and answer them in our place: root's, and sticky if shared.
+            PlacementChecker().check_directory(self.socket_dir, Writer(os.geteuid()))
+        except RequestError as e:
+            raise EndpointUnavailable(
+                f"the Kineto socket directory is not safe: {e}. Make it root's and not "
+                f"writable by others, or sticky (chmod 1777 {self.socket_dir}) when trainers "
+                "of several users share it"
+            ) from e
+        _remove_stale(path, owner_uid=os.geteuid())
         try:
             sock.bind(path)
             os.chmod(path, 0o666)  # trainers run as other users; Kineto does the same
@@ -226,7 +251,7 @@ class KinetoEndpoint:
         self.stats.wakeups += 1
         for _ in range(MAX_PER_WAKEUP):
             try:
-                data, size, address = io.recvfrom()
+                data, size, address, creds = io.recvmsg()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
@@ -241,9 +266,9 @@ class KinetoEndpoint:
             elif size > wire.MAX_DATAGRAM:
                 self._malformed("too_large", f"datagram of {size} bytes", address)
             else:
-                self._handle(data, address)
+                self._handle(data, address, creds)
 
-    def _handle(self, data: bytes, address: bytes) -> None:
+    def _handle(self, data: bytes, address: bytes, creds: SenderCreds | None) -> None:
         try:
             msg = wire.parse_datagram(data)
         except wire.MalformedDatagram as e:
@@ -251,7 +276,7 @@ class KinetoEndpoint:
             return
         try:
             if isinstance(msg, wire.KinetoRequest):
-                reply = wire.encode_config_reply(self._handler.on_request(address, msg))
+                reply = wire.encode_config_reply(self._handler.on_request(address, msg, creds))
             else:
                 reply = wire.encode_context_reply(self._handler.on_context(address, msg))
         except Exception:
@@ -344,11 +369,32 @@ def _socket_with_queue(want: int) -> tuple[socket.socket, int]:
             log.warning("could not put %s back to %d: %s", _QLEN_SYSCTL, current, e.strerror)
 
 
-def _remove_stale(path: str) -> None:
-    """Remove a leftover socket file at ``path`` unless a live process is bound to it."""
+def _remove_stale(path: str, owner_uid: int | None = None) -> None:
+    """Remove a leftover socket file at ``path`` unless a live process is bound to it.
+
+    Args:
+        owner_uid: the daemon's uid when ``path`` is the daemon's own name: a live socket
+            there that someone else bound is an impostor (a user answering trainers in the
+            daemon's place while it was down) and is removed too.
+    """
     try:
         st = os.lstat(path)
     except FileNotFoundError:
+        return
+    if owner_uid is not None and st.st_uid != owner_uid:
+        log.warning(
+            "removing %s: uid %d bound it while the agent was not running, so it could "
+            "answer trainers in the agent's place",
+            path,
+            st.st_uid,
+        )
+        try:
+            os.unlink(path)
+        except OSError as e:
+            raise EndpointUnavailable(
+                f"{path} belongs to uid {st.st_uid} and cannot be removed ({e.strerror}); "
+                "remove it by hand"
+            ) from e
         return
     if not stat.S_ISSOCK(st.st_mode):
         raise EndpointUnavailable(f"{path} exists and is not a socket; move it away")

@@ -1,0 +1,90 @@
+"""Who made a request: the uid the kernel vouches for, and where the request came from.
+
+Every entry point turns its connection into a `Requester` before it calls a service:
+
+* gRPC on the Unix socket: the connecting process's credentials (``SO_PEERCRED``), read by
+  the daemon's own front socket (`bpfdyno.server.unix_front`);
+* the legacy dyno RPC and gRPC over TCP without TLS: the owner of the peer's socket, when the
+  peer is on this host (the kernel's socket diagnostics, `bpfdyno.server.sockdiag`);
+* gRPC over TCP with TLS and a token or client certificate: the uid configured for
+  authenticated operators (``[grpc] tcp_uid``, root by default);
+* code inside the daemon (tests, internal callers): the daemon's own uid.
+
+A requester whose uid cannot be established is *unattributed*: it may read (status,
+metrics, trainers) but not act (trace requests are refused naming the rule). Services never
+look at transports; they only see a `Requester`.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from dataclasses import dataclass
+
+#: The uid with every right (root in the daemon's user namespace).
+ROOT_UID = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Requester:
+    """The origin of one request.
+
+    Attributes:
+        uid: the requester's uid as the kernel reports it; None when it cannot be
+            established (then ``note`` says why).
+        transport: the entry point: ``grpc-unix``, ``grpc-tcp``, ``legacy-rpc``,
+            ``in-process``.
+        peer: where it came from, for humans and the audit log (``pid 4242``,
+            ``127.0.0.1:53122``).
+        pid: the requesting process in the daemon's pid namespace; 0 when unknown (TCP).
+        note: how the identity was established, or why it could not be.
+    """
+
+    uid: int | None
+    transport: str
+    peer: str = ""
+    pid: int = 0
+    note: str = ""
+
+    @property
+    def attributed(self) -> bool:
+        """True when the request's uid is known."""
+        return self.uid is not None
+
+    @property
+    def privileged(self) -> bool:
+        """True for root: it may act on every process and file."""
+        return self.uid == ROOT_UID
+
+    @property
+    def user(self) -> str:
+        """The uid's user name ("" when unknown or unattributed)."""
+        return user_name(self.uid) if self.uid is not None else ""
+
+    def describe(self) -> str:
+        """``uid 1000 (alice) via legacy-rpc from 127.0.0.1:53122``, for messages and logs."""
+        who = "an unattributed requester" if self.uid is None else f"uid {self.uid}"
+        if self.user:
+            who += f" ({self.user})"
+        where = f" from {self.peer}" if self.peer else ""
+        return f"{who} via {self.transport}{where}"
+
+
+def user_name(uid: int) -> str:
+    """The name of ``uid`` in the passwd database ("" when it has none)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return ""
+
+
+def in_process() -> Requester:
+    """The daemon itself (or a test driving it in process): the daemon's own uid."""
+    return Requester(
+        uid=os.geteuid(), transport="in-process", pid=os.getpid(), note="inside the daemon"
+    )
+
+
+def unattributed(transport: str, peer: str, why: str) -> Requester:
+    """A requester whose uid could not be established, and why."""
+    return Requester(uid=None, transport=transport, peer=peer, note=why)

@@ -1,0 +1,276 @@
+"""Where a traced process may write its trace: only where nobody else can tamper with it.
+
+Kineto, running as the traced process's user (often root), opens ``<file>.tmp``, follows
+any symbolic link it finds there, writes, then renames to the final name. In a directory
+another user can write, that user can plant ``<name>_<pid>.json.tmp -> /etc/shadow`` and a
+root trainer overwrites the victim (dynolog allows exactly this), or receive a root
+process's trace in a directory of theirs. So before a config is stored, and again just
+before it is handed to the process, the file's directory must be one that only root and the
+process's owner control:
+
+* every directory from ``/`` down to it (symbolic links resolved, each link owned by root or
+  the owner) belongs to root or the owner, and nobody else may write it — unless it has
+  the sticky bit, which stops others from moving entries they do not own
+  (rule ``unsafe_directory``);
+* if the directory itself is shared (sticky and writable by others, like ``/tmp``), the
+  kernel must refuse to follow links and open files other users planted there
+  (``fs.protected_symlinks``, ``fs.protected_hardlinks``, ``fs.protected_regular``), because
+  a link can appear between this check and Kineto's open (rule
+  ``shared_directory_unprotected``);
+* neither the final name nor ``<name>.tmp`` exists yet (rules ``would_overwrite``,
+  ``tmp_exists``);
+* the owner can create files there (rule ``directory_not_writable``).
+
+A process in another mount namespace (a container) is checked through
+``/proc/<pid>/root``, so the rules apply to the directory it will really write into.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bpfdyno.core.errors import InvalidArgument, PermissionDenied, RequestError
+from bpfdyno.core.identity import ROOT_UID
+from bpfdyno.tracing.paths import TMP_SUFFIX
+from bpfdyno.tracing.policy import describe_uid
+
+#: Symbolic links followed while resolving one directory (the kernel's own limit).
+MAX_SYMLINKS = 40
+#: The kernel's protections for shared sticky directories, and the least value each needs.
+PROTECTIONS = {
+    "fs.protected_symlinks": 1,
+    "fs.protected_hardlinks": 1,
+    "fs.protected_regular": 1,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Writer:
+    """The process that will write a trace file.
+
+    Attributes:
+        uid: its owner (the uid the kernel attached to its polls); None when unknown, which
+            is treated like root (only root-controlled directories pass).
+        host_pid: its pid in the daemon's namespace, to see its mount namespace and groups;
+            0 when unknown.
+    """
+
+    uid: int | None
+    host_pid: int = 0
+
+
+def read_protections(proc_sys: Path = Path("/proc/sys")) -> dict[str, int]:
+    """The current value of each of `PROTECTIONS` (0 when unreadable)."""
+    values = {}
+    for name in PROTECTIONS:
+        try:
+            values[name] = int((proc_sys / name.replace(".", "/")).read_text())
+        except (OSError, ValueError):
+            values[name] = 0
+    return values
+
+
+def _rejected(rule: str, message: str) -> RequestError:
+    text = f"trace file rejected by rule '{rule}': {message}"
+    if rule in ("would_overwrite", "tmp_exists"):
+        return InvalidArgument(text, rule=rule)
+    return PermissionDenied(text, rule=rule)
+
+
+class PlacementChecker:
+    """Checks trace file paths against the rules above.
+
+    Args:
+        proc_root: where /proc is (per-process roots, groups and namespaces).
+        protections: returns the kernel's link protections (see `read_protections`).
+    """
+
+    def __init__(
+        self,
+        proc_root: Path = Path("/proc"),
+        protections: Callable[[], dict[str, int]] | None = None,
+    ) -> None:
+        self._proc = proc_root
+        self._protections = protections or read_protections
+
+    def check(self, path: str, writer: Writer) -> None:
+        """Refuse ``path`` unless ``writer`` may safely write it now.
+
+        Raises:
+            PermissionDenied: rules ``unsafe_directory``, ``shared_directory_unprotected``,
+                ``directory_not_writable``.
+            InvalidArgument: rules ``would_overwrite``, ``tmp_exists``.
+        """
+        root = self._root_of(writer)
+        directory, st, shared = self._walk(
+            root, os.path.dirname(path) or "/", _trusted(writer), writer
+        )
+        who = _writer_text(writer)
+        if shared:
+            off = {k: v for k, v in self._protections().items() if v < PROTECTIONS[k]}
+            if off:
+                settings = " ".join(f"{k}={PROTECTIONS[k]}" for k in off)
+                raise _rejected(
+                    "shared_directory_unprotected",
+                    f"{directory} is shared (sticky and writable by every user) and this "
+                    f"kernel follows links other users plant there "
+                    f"({', '.join(f'{k} = {v}' for k, v in off.items())}): a link named like "
+                    f"the trace could send {who}'s writes anywhere. Use a directory only its "
+                    f"owner can write (e.g. mkdir -m 700 {directory}/traces), or enable "
+                    f"`sysctl {settings}`",
+                )
+        if not self._can_create(st, writer):
+            raise _rejected(
+                "directory_not_writable",
+                f"{who} cannot create files in {directory} (owner {describe_uid(st.st_uid)}, "
+                f"mode {stat.S_IMODE(st.st_mode):o}); choose a directory it can write",
+            )
+        for name, rule in ((path, "would_overwrite"), (path + TMP_SUFFIX, "tmp_exists")):
+            if os.path.lexists(root + name):
+                raise _rejected(
+                    rule,
+                    f"{name} already exists; Kineto would "
+                    f"{'overwrite it' if rule == 'would_overwrite' else 'write through it'}. "
+                    "Choose another file name, or move that file away",
+                )
+
+    def check_directory(self, directory: str, writer: Writer) -> bool:
+        """Check only the directory rules (every component from ``/``) for ``writer``.
+
+        Returns:
+            Whether the directory is shared (sticky and writable by others).
+
+        Raises:
+            PermissionDenied: rule ``unsafe_directory``.
+        """
+        return self._walk(self._root_of(writer), directory, _trusted(writer), writer)[2]
+
+    def _root_of(self, writer: Writer) -> str:
+        """``/proc/<pid>/root`` for a process in another mount namespace, else ""."""
+        if not writer.host_pid:
+            return ""
+        try:
+            theirs = os.stat(self._proc / str(writer.host_pid) / "ns" / "mnt").st_ino
+            ours = os.stat(self._proc / "self" / "ns" / "mnt").st_ino
+        except OSError:
+            return ""
+        return "" if theirs == ours else str(self._proc / str(writer.host_pid) / "root")
+
+    def _walk(
+        self, root: str, directory: str, trusted: set[int], writer: Writer
+    ) -> tuple[str, os.stat_result, bool]:
+        """Resolve ``directory`` one component at a time, checking each.
+
+        Returns:
+            (the resolved directory, its stat, whether it is shared: sticky + others write).
+        """
+        pending = [c for c in directory.split("/") if c]
+        current = "/"
+        st = self._lstat(root, current)
+        self._check_dir(current, st, trusted, writer)
+        links = 0
+        while pending:
+            name = pending.pop(0)
+            if name == ".":
+                continue
+            if name == "..":  # only from a link's target: back to a directory already checked
+                current = os.path.dirname(current)
+                st = self._lstat(root, current)
+                continue
+            nxt = os.path.join(current, name)
+            st = self._lstat(root, nxt)
+            if stat.S_ISLNK(st.st_mode):
+                links += 1
+                if links > MAX_SYMLINKS:
+                    raise _rejected("unsafe_directory", f"too many symbolic links in {directory}")
+                if st.st_uid not in trusted:
+                    raise _rejected(
+                        "unsafe_directory",
+                        f"{nxt} is a symbolic link owned by {describe_uid(st.st_uid)}, who "
+                        f"could point it elsewhere at any time; use the real path",
+                    )
+                target = os.readlink(root + nxt)
+                if target.startswith("/"):
+                    current = "/"
+                pending[:0] = [c for c in target.split("/") if c]
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                raise _rejected("unsafe_directory", f"{nxt} is not a directory")
+            self._check_dir(nxt, st, trusted, writer)
+            current = nxt
+        mode = st.st_mode
+        shared = bool(mode & stat.S_ISVTX) and bool(mode & (stat.S_IWGRP | stat.S_IWOTH))
+        return current, st, shared
+
+    def _lstat(self, root: str, path: str) -> os.stat_result:
+        try:
+            return os.lstat(root + path)
+        except FileNotFoundError:
+            raise _rejected(
+                "unsafe_directory",
+                f"{path} does not exist (for the process that would write there); create it",
+            ) from None
+        except OSError as e:
+            raise _rejected("unsafe_directory", f"cannot check {path}: {e.strerror}") from None
+
+    def _check_dir(self, path: str, st: os.stat_result, trusted: set[int], writer: Writer) -> None:
+        if st.st_uid not in trusted:
+            owners = "root"
+            if writer.uid not in (None, ROOT_UID):
+                owners += " or " + describe_uid(writer.uid)
+            raise _rejected(
+                "unsafe_directory",
+                f"{path} belongs to {describe_uid(st.st_uid)}, who could replace what is in it "
+                f"while {_writer_text(writer)} writes there. Write into a directory of {owners}",
+            )
+        others_write = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if others_write and not st.st_mode & stat.S_ISVTX:
+            who = "its group" if st.st_mode & stat.S_IWGRP else "every user"
+            raise _rejected(
+                "unsafe_directory",
+                f"{path} can be written by {who} (mode {stat.S_IMODE(st.st_mode):o}, no sticky "
+                f"bit): they could plant links where {_writer_text(writer)} writes. Remove that "
+                f"permission (chmod go-w {path}) or write elsewhere",
+            )
+
+    def _can_create(self, st: os.stat_result, writer: Writer) -> bool:
+        if writer.uid in (None, ROOT_UID):
+            return True
+        mode = st.st_mode
+        if st.st_uid == writer.uid:
+            return bool(mode & stat.S_IWUSR and mode & stat.S_IXUSR)
+        groups = self._groups(writer)
+        if groups is None or st.st_gid in groups:
+            # Unknown groups: do not refuse what might work; Kineto's failure is reported.
+            return groups is None or bool(mode & stat.S_IWGRP and mode & stat.S_IXGRP)
+        return bool(mode & stat.S_IWOTH and mode & stat.S_IXOTH)
+
+    def _groups(self, writer: Writer) -> set[int] | None:
+        """The writer's effective and supplementary groups, from /proc (None: unknown)."""
+        if not writer.host_pid:
+            return None
+        try:
+            text = (self._proc / str(writer.host_pid) / "status").read_text()
+        except OSError:
+            return None
+        groups: set[int] = set()
+        for line in text.splitlines():
+            if line.startswith("Gid:"):
+                groups.add(int(line.split()[2]))  # real, effective, saved, fs
+            elif line.startswith("Groups:"):
+                groups.update(int(g) for g in line.split()[1:])
+        return groups
+
+
+def _trusted(writer: Writer) -> set[int]:
+    """Whose directories the writer may use: root's and its own."""
+    return {ROOT_UID} if writer.uid is None else {ROOT_UID, writer.uid}
+
+
+def _writer_text(writer: Writer) -> str:
+    pid = f"pid {writer.host_pid}, " if writer.host_pid else ""
+    return f"the traced process ({pid}{describe_uid(writer.uid)})"
