@@ -297,6 +297,7 @@ class TracingService:
             [NewProcess(t.address, t.pid, t.job_id, path, text) for t, path in triggered],
             min(timeout, MAX_TIMEOUT_S),
             checked.iteration_mode,
+            start_time_s=checked.start_time_ms / 1000.0,
         )
         log.info(
             "trace %s: job %d pids %s: matched %d, triggered %s, busy %d",
