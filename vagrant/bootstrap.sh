@@ -3,7 +3,7 @@
 #
 #   vagrant/bootstrap.sh setup              set up only
 #   vagrant/bootstrap.sh serve [ARGS...]    set up, then exec .venv/bin/bpfdyno serve ARGS
-#   vagrant/bootstrap.sh test [PYTEST...]   set up (with PyTorch), then the whole test suite
+#   vagrant/bootstrap.sh test [PYTEST...]   set up (with PyTorch and SLURM), then the whole test suite
 #
 # Set-up: apt packages (python3-bpfcc, bpftool, perf, ...), a Python >= 3.11 virtualenv in
 # .venv at the repository root with bcc made importable in it, the project installed editable
@@ -19,6 +19,9 @@ STAMP="$VENV/.bpfdyno-bootstrap"
 TORCH_REQUIREMENT="torch==2.13.0" # a bare "torch" pulls gigabytes of CUDA wheels
 APT_PACKAGES=(python3-bpfcc bpftool linux-perf nftables iproute2 tmux gcc libc6-dev procps
 	util-linux)
+# Only for the test suite: a real SLURM cluster on this machine (tests/cluster), whose
+# daemons the tests start and stop themselves (no system services are enabled or used).
+TEST_APT_PACKAGES=(slurmctld slurmd slurm-client munge)
 
 log() { printf 'bootstrap: %s\n' "$*" >&2; }
 die() {
@@ -216,6 +219,7 @@ setup() {
 	ensure_bcc_link
 	ensure_project
 	if ((with_torch)); then
+		ensure_apt "${TEST_APT_PACKAGES[@]}"
 		ensure_torch
 	fi
 	ensure_mounts
