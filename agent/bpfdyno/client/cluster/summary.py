@@ -1,0 +1,243 @@
+"""One row of live numbers per node: what ``bpfdyno top --job-id`` shows for a whole job.
+
+Each poll asks every agent, concurrently, for its status, the latest value of a few metrics
+and its registered trainers (three small unary calls on the node's kept channel), and boils
+them down to a `NodeSummary`. A value the node does not have (no GPU, no BPF) is NaN, never
+0; a node that does not answer has its `HostError` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import grpc
+
+from bpfdyno.client.cluster.fanout import FanOut, HostError
+from bpfdyno.client.cluster.nodes import Node
+from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc, tracing_pb2, tracing_pb2_grpc
+
+NAN = float("nan")
+
+#: The metrics a summary needs (only these are asked for, to keep every poll small).
+SUMMARY_METRICS = (
+    "cpu_utilization_ratio",
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "gpu_utilization_ratio",
+    "gpu_memory_used_bytes",
+    "gpu_memory_total_bytes",
+    "gpu_power_watts",
+    "net_rx_bytes_per_second",
+    "net_tx_bytes_per_second",
+    "net_tcp_retransmits_per_second",
+    "sched_runqueue_latency_seconds",
+)
+#: Interfaces left out of a node's network rates (traffic that never leaves the machine).
+LOOPBACK_INTERFACES = frozenset({"lo"})
+_RUNQ_P99 = "0.99"
+#: Collector states that make the agent's state "degraded" or "starting".
+_PROBLEM_STATES = {
+    agent_pb2.COLLECTOR_STATE_DEGRADED: "degraded",
+    agent_pb2.COLLECTOR_STATE_STARTING: "starting",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSummary:
+    """One node's live numbers, or why there are none.
+
+    Attributes:
+        node: the node.
+        error: why the agent did not answer; None when it did.
+        hostname: the agent's host name.
+        version: the agent's version.
+        agent_state: ``ok``, ``starting`` (a collector has not delivered yet) or
+            ``degraded`` (a collector is failing); ``down`` when the agent did not answer.
+        problems: ``collector: state: reason`` of each collector that is not ok.
+        unavailable: collectors this node cannot run (no GPU, no BPF...): their columns are
+            unknown.
+        ts: the agent's time of the numbers (epoch seconds).
+        cpu_ratio: CPU busy, all cores, 0..1.
+        memory_used_bytes, memory_total_bytes: RAM.
+        gpus: GPUs reporting utilization (0: none).
+        gpu_utilization_ratio: mean over the GPUs, 0..1.
+        gpu_memory_used_bytes, gpu_memory_total_bytes: summed over the GPUs.
+        gpu_power_watts: summed over the GPUs.
+        net_rx_bytes_per_second, net_tx_bytes_per_second: summed over the NICs but loopback.
+        tcp_retransmits_per_second: TCP segments retransmitted.
+        runqueue_p99_seconds: run-queue latency, 99th percentile over the last interval.
+        trainers: PyTorch processes of the job registered with the agent (None: unknown).
+        tracing: of those, the ones tracing or holding a trace config now.
+        elapsed_s: how long the node took to answer.
+    """
+
+    node: Node
+    error: HostError | None = None
+    hostname: str = ""
+    version: str = ""
+    agent_state: str = "down"
+    problems: tuple[str, ...] = ()
+    unavailable: tuple[str, ...] = ()
+    ts: float = NAN
+    cpu_ratio: float = NAN
+    memory_used_bytes: float = NAN
+    memory_total_bytes: float = NAN
+    gpus: int = 0
+    gpu_utilization_ratio: float = NAN
+    gpu_memory_used_bytes: float = NAN
+    gpu_memory_total_bytes: float = NAN
+    gpu_power_watts: float = NAN
+    net_rx_bytes_per_second: float = NAN
+    net_tx_bytes_per_second: float = NAN
+    tcp_retransmits_per_second: float = NAN
+    runqueue_p99_seconds: float = NAN
+    trainers: int | None = None
+    tracing: int = 0
+    elapsed_s: float = NAN
+
+    @property
+    def up(self) -> bool:
+        """Whether the agent answered."""
+        return self.error is None
+
+
+def _sum(values: Iterable[float]) -> float:
+    known = [v for v in values if not math.isnan(v)]
+    return math.fsum(known) if known else NAN
+
+
+def _mean(values: Iterable[float]) -> float:
+    known = [v for v in values if not math.isnan(v)]
+    return math.fsum(known) / len(known) if known else NAN
+
+
+def summarize_node(
+    node: Node,
+    status: agent_pb2.Status,
+    snapshot: agent_pb2.MetricsSnapshot,
+    trainers: tracing_pb2.ListTrainersResponse | None,
+    job_ids: Iterable[int] = (),
+    elapsed_s: float = NAN,
+) -> NodeSummary:
+    """Boil one agent's answers down to its row.
+
+    Args:
+        node: the node.
+        status, snapshot, trainers: the agent's answers (``trainers`` None: not served).
+        job_ids: count only trainers of these jobs (empty: every trainer).
+        elapsed_s: how long the node took to answer.
+    """
+    values: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for s in snapshot.series:
+        if s.points:
+            labels = {lab.name: lab.value for lab in s.labels}
+            values.setdefault(s.name, []).append((labels, s.points[-1].value))
+
+    def total(name: str, **match: str) -> float:
+        return _sum(v for labels, v in values.get(name, ()) if _matches(labels, match))
+
+    def nics(name: str) -> float:
+        return _sum(
+            v
+            for labels, v in values.get(name, ())
+            if labels.get("interface") not in LOOPBACK_INTERFACES
+        )
+
+    gpu_util = [v for _, v in values.get("gpu_utilization_ratio", ())]
+    problems = tuple(
+        f"{c.name}: {_PROBLEM_STATES[c.state]}: {c.reason or 'no reason given'}"
+        for c in status.collectors
+        if c.state in _PROBLEM_STATES
+    )
+    states = {_PROBLEM_STATES[c.state] for c in status.collectors if c.state in _PROBLEM_STATES}
+    state = "degraded" if "degraded" in states else "starting" if states else "ok"
+    wanted = set(job_ids)
+    registered: int | None = None
+    tracing = 0
+    if trainers is not None:
+        mine = [t for t in trainers.trainers if not wanted or t.job_id in wanted]
+        registered = len(mine)
+        tracing = sum(t.state != tracing_pb2.TRAINER_STATE_IDLE for t in mine)
+    return NodeSummary(
+        node=node,
+        hostname=status.hostname,
+        version=status.version,
+        agent_state=state,
+        problems=problems,
+        unavailable=tuple(
+            c.name for c in status.collectors if c.state == agent_pb2.COLLECTOR_STATE_UNAVAILABLE
+        ),
+        ts=snapshot.unix_seconds,
+        cpu_ratio=total("cpu_utilization_ratio", cpu="total"),
+        memory_used_bytes=total("memory_used_bytes"),
+        memory_total_bytes=total("memory_total_bytes"),
+        gpus=len(gpu_util),
+        gpu_utilization_ratio=_mean(gpu_util),
+        gpu_memory_used_bytes=total("gpu_memory_used_bytes"),
+        gpu_memory_total_bytes=total("gpu_memory_total_bytes"),
+        gpu_power_watts=total("gpu_power_watts"),
+        net_rx_bytes_per_second=nics("net_rx_bytes_per_second"),
+        net_tx_bytes_per_second=nics("net_tx_bytes_per_second"),
+        tcp_retransmits_per_second=total("net_tcp_retransmits_per_second"),
+        runqueue_p99_seconds=total("sched_runqueue_latency_seconds", quantile=_RUNQ_P99),
+        trainers=registered,
+        tracing=tracing,
+        elapsed_s=elapsed_s,
+    )
+
+
+def _matches(labels: dict[str, str], match: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in match.items())
+
+
+async def poll_summaries(fanout: FanOut, job_id: int | None = None) -> list[NodeSummary]:
+    """Every node's row, asked concurrently; a node that does not answer says why.
+
+    Args:
+        fanout: the nodes' agents.
+        job_id: count trainers of this job on nodes that list no job ids of their own (None:
+            count every trainer there).
+    """
+    names = list(SUMMARY_METRICS)
+
+    async def ask(
+        node: Node, ch: grpc.aio.Channel
+    ) -> tuple[
+        agent_pb2.Status, agent_pb2.MetricsSnapshot, tracing_pb2.ListTrainersResponse | None
+    ]:
+        agent = agent_pb2_grpc.AgentStub(ch)
+        timeout = fanout.timeout_s
+        answers: list[object] = await asyncio.gather(
+            agent.GetStatus(agent_pb2.GetStatusRequest(), timeout=timeout),
+            agent.GetMetrics(agent_pb2.GetMetricsRequest(names=names), timeout=timeout),
+            tracing_pb2_grpc.TracingStub(ch).ListTrainers(
+                tracing_pb2.ListTrainersRequest(), timeout=timeout
+            ),
+            return_exceptions=True,
+        )
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, grpc.RpcError):
+                raise answer  # cancelled, or a bug
+        status, snapshot, listed = answers
+        if isinstance(status, grpc.RpcError):
+            raise status
+        if isinstance(snapshot, grpc.RpcError):
+            raise snapshot
+        assert isinstance(status, agent_pb2.Status)
+        assert isinstance(snapshot, agent_pb2.MetricsSnapshot)
+        # Tracing off there: the trainers column is unknown, not 0.
+        trainers = listed if isinstance(listed, tracing_pb2.ListTrainersResponse) else None
+        return status, snapshot, trainers
+
+    out = []
+    for r in await fanout.map(ask):
+        if r.value is None:
+            out.append(NodeSummary(r.node, error=r.error, elapsed_s=r.elapsed_s))
+            continue
+        status, snapshot, trainers = r.value
+        ids = r.node.job_ids or (() if job_id is None else (job_id,))
+        out.append(summarize_node(r.node, status, snapshot, trainers, ids, r.elapsed_s))
+    return out
