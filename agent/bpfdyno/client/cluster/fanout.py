@@ -23,7 +23,7 @@ from typing import Generic, TypeVar
 import grpc
 
 from bpfdyno.client.cluster.nodes import Node
-from bpfdyno.client.connection import ChannelOptions, credentials_from_env, grpc_target
+from bpfdyno.client.connection import ChannelOptions, aio_channel, security_from_env
 
 T = TypeVar("T")
 
@@ -31,11 +31,12 @@ T = TypeVar("T")
 DEFAULT_HOST_TIMEOUT_S = 5.0
 #: Calls in flight at once when no bound is given.
 DEFAULT_CONCURRENCY = 128
-#: Fail fast on an unreachable agent instead of waiting for the deadline, and come back
-#: quickly to one that restarts (gRPC's default back-off grows to two minutes).
+#: Come back quickly to an agent that restarts (gRPC's back-off grows to two minutes).
+#: Not ``grpc.min_reconnect_backoff_ms``: gRPC also takes it as the time a connection attempt
+#: may take, and hundreds of TLS handshakes at once on a busy client need more than a
+#: fraction of a second; the per-host deadline bounds the wait instead.
 CHANNEL_OPTIONS: ChannelOptions = (
     ("grpc.initial_reconnect_backoff_ms", 250),
-    ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.max_receive_message_length", 16 << 20),
 )
@@ -162,7 +163,7 @@ class FanOut:
         self.timeout_s = timeout_s
         self.concurrency = concurrency
         self._options = channel_options
-        self._credentials = credentials_from_env()
+        self._security = security_from_env()
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._slots: asyncio.Semaphore | None = None
 
@@ -170,11 +171,7 @@ class FanOut:
         """The channel to ``node``'s agent (made on first use, then kept)."""
         ch = self._channels.get(node.target)
         if ch is None:
-            target = grpc_target(node.target)
-            if self._credentials is None or target.startswith("unix:"):
-                ch = grpc.aio.insecure_channel(target, options=self._options)
-            else:
-                ch = grpc.aio.secure_channel(target, self._credentials, options=self._options)
+            ch = aio_channel(node.target, self._options, self._security)
             self._channels[node.target] = ch
         return ch
 
