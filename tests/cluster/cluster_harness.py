@@ -224,6 +224,7 @@ class SlurmCluster:
         """Submit a batch job; returns its id."""
         r = subprocess.run(
             ["sbatch", "--parsable", *args],
+            cwd=self.base,  # where jobs without --output write slurm-<id>.out
             env={**self.env, **(env or {})},
             capture_output=True,
             text=True,

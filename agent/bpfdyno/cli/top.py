@@ -50,7 +50,7 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 def _cluster_top(args: argparse.Namespace) -> int:
     from bpfdyno.tui.cluster_app import run_cluster_top
-    from bpfdyno.tui.cluster_source import ClusterDataSource
+    from bpfdyno.tui.datasource import ClusterDataSource
 
     try:
         cluster = resolve_cluster(args)

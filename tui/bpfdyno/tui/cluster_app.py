@@ -21,7 +21,7 @@ from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.tui.app import TopApp
 from bpfdyno.tui.cluster_model import ClusterState
 from bpfdyno.tui.cluster_records import JobTraceView
-from bpfdyno.tui.cluster_source import ClusterDataSource
+from bpfdyno.tui.datasource import ClusterDataSource
 from bpfdyno.tui.messages import JobTraceUpdated, NodesUpdated, OpenNode, OpenTraceForm
 from bpfdyno.tui.model import Connection, TopState
 from bpfdyno.tui.screens.cluster import ClusterScreen
