@@ -21,23 +21,50 @@ from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc, tracing_pb2, tracing_pb2_g
 
 NAN = float("nan")
 
-#: The metrics a summary needs (only these are asked for, to keep every poll small).
-SUMMARY_METRICS = (
-    "cpu_utilization_ratio",
-    "memory_used_bytes",
-    "memory_total_bytes",
-    "gpu_utilization_ratio",
-    "gpu_memory_used_bytes",
-    "gpu_memory_total_bytes",
-    "gpu_power_watts",
-    "net_rx_bytes_per_second",
-    "net_tx_bytes_per_second",
-    "net_tcp_retransmits_per_second",
-    "sched_runqueue_latency_seconds",
-)
 #: Interfaces left out of a node's network rates (traffic that never leaves the machine).
 LOOPBACK_INTERFACES = frozenset({"lo"})
-_RUNQ_P99 = "0.99"
+
+
+@dataclass(frozen=True, slots=True)
+class _RowMetric:
+    """Which series of a metric add up to a field of the row."""
+
+    field: str
+    #: The label that decides (empty: every series counts)...
+    label: str = ""
+    #: ...a series counts when its value of it is one of these...
+    only: frozenset[str] = frozenset()
+    #: ...and not one of these.
+    skip: frozenset[str] = frozenset()
+
+    def counts(self, labels: Iterable[agent_pb2.Label]) -> bool:
+        if not self.label:
+            return True
+        value = next((lab.value for lab in labels if lab.name == self.label), "")
+        return (not self.only or value in self.only) and value not in self.skip
+
+
+_ROW_METRICS = {
+    "cpu_utilization_ratio": _RowMetric("cpu_ratio", "cpu", only=frozenset({"total"})),
+    "memory_used_bytes": _RowMetric("memory_used_bytes"),
+    "memory_total_bytes": _RowMetric("memory_total_bytes"),
+    "gpu_utilization_ratio": _RowMetric("gpu_utilization_ratio"),
+    "gpu_memory_used_bytes": _RowMetric("gpu_memory_used_bytes"),
+    "gpu_memory_total_bytes": _RowMetric("gpu_memory_total_bytes"),
+    "gpu_power_watts": _RowMetric("gpu_power_watts"),
+    "net_rx_bytes_per_second": _RowMetric(
+        "net_rx_bytes_per_second", "interface", skip=LOOPBACK_INTERFACES
+    ),
+    "net_tx_bytes_per_second": _RowMetric(
+        "net_tx_bytes_per_second", "interface", skip=LOOPBACK_INTERFACES
+    ),
+    "net_tcp_retransmits_per_second": _RowMetric("tcp_retransmits_per_second"),
+    "sched_runqueue_latency_seconds": _RowMetric(
+        "runqueue_p99_seconds", "quantile", only=frozenset({"0.99"})
+    ),
+}
+#: The metrics a summary needs (only these are asked for, to keep every poll small).
+SUMMARY_METRICS = tuple(_ROW_METRICS)
 #: Collector states that make the agent's state "degraded" or "starting".
 _PROBLEM_STATES = {
     agent_pb2.COLLECTOR_STATE_DEGRADED: "degraded",
@@ -130,23 +157,18 @@ def summarize_node(
         job_ids: count only trainers of these jobs (empty: every trainer).
         elapsed_s: how long the node took to answer.
     """
-    values: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for s in snapshot.series:
-        if s.points:
-            labels = {lab.name: lab.value for lab in s.labels}
-            values.setdefault(s.name, []).append((labels, s.points[-1].value))
+    # One pass, no per-series dictionaries: a big node sends ~100 series per poll (every
+    # core's CPU among them) and only a dozen make the row.
+    values: dict[str, list[float]] = {}
+    for series in snapshot.series:
+        row = _ROW_METRICS.get(series.name)
+        if row is not None and series.points and row.counts(series.labels):
+            values.setdefault(row.field, []).append(series.points[-1].value)
 
-    def total(name: str, **match: str) -> float:
-        return _sum(v for labels, v in values.get(name, ()) if _matches(labels, match))
+    def total(field: str) -> float:
+        return _sum(values.get(field, ()))
 
-    def nics(name: str) -> float:
-        return _sum(
-            v
-            for labels, v in values.get(name, ())
-            if labels.get("interface") not in LOOPBACK_INTERFACES
-        )
-
-    gpu_util = [v for _, v in values.get("gpu_utilization_ratio", ())]
+    gpu_util = values.get("gpu_utilization_ratio", [])
     problems = tuple(
         f"{c.name}: {_PROBLEM_STATES[c.state]}: {c.reason or 'no reason given'}"
         for c in status.collectors
@@ -171,7 +193,7 @@ def summarize_node(
             c.name for c in status.collectors if c.state == agent_pb2.COLLECTOR_STATE_UNAVAILABLE
         ),
         ts=snapshot.unix_seconds,
-        cpu_ratio=total("cpu_utilization_ratio", cpu="total"),
+        cpu_ratio=total("cpu_ratio"),
         memory_used_bytes=total("memory_used_bytes"),
         memory_total_bytes=total("memory_total_bytes"),
         gpus=len(gpu_util),
@@ -179,18 +201,14 @@ def summarize_node(
         gpu_memory_used_bytes=total("gpu_memory_used_bytes"),
         gpu_memory_total_bytes=total("gpu_memory_total_bytes"),
         gpu_power_watts=total("gpu_power_watts"),
-        net_rx_bytes_per_second=nics("net_rx_bytes_per_second"),
-        net_tx_bytes_per_second=nics("net_tx_bytes_per_second"),
-        tcp_retransmits_per_second=total("net_tcp_retransmits_per_second"),
-        runqueue_p99_seconds=total("sched_runqueue_latency_seconds", quantile=_RUNQ_P99),
+        net_rx_bytes_per_second=total("net_rx_bytes_per_second"),
+        net_tx_bytes_per_second=total("net_tx_bytes_per_second"),
+        tcp_retransmits_per_second=total("tcp_retransmits_per_second"),
+        runqueue_p99_seconds=total("runqueue_p99_seconds"),
         trainers=registered,
         tracing=tracing,
         elapsed_s=elapsed_s,
     )
-
-
-def _matches(labels: dict[str, str], match: dict[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in match.items())
 
 
 async def poll_summaries(fanout: FanOut, job_id: int | None = None) -> list[NodeSummary]:
