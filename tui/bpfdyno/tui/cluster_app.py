@@ -65,7 +65,9 @@ class ClusterApp(TopApp):
         self.cluster_state = ClusterState(
             job=cluster.job, origin=cluster.origin, node_count=len(cluster.nodes)
         )
-        self.cluster_screen = ClusterScreen(str(cluster.job_id) if cluster.job_id else "")
+        self.cluster_screen = ClusterScreen(
+            str(cluster.job_id) if cluster.job_id else "", [n.name for n in cluster.nodes]
+        )
         self.node_open = False
 
     # -- data ----------------------------------------------------------------------------
@@ -113,6 +115,12 @@ class ClusterApp(TopApp):
         self.pop_screen()
         self._connection_loop()
         self.render_views()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """``c`` only where there is a node's view to leave."""
+        if action == "cluster":
+            return self.node_open
+        return True
 
     async def action_cluster(self) -> None:
         """Back to the cluster view (the node's connection is closed)."""

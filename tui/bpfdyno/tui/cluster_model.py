@@ -112,7 +112,7 @@ def summary_line(state: ClusterState) -> str:
         down = len(state.nodes) - state.answering
         text += f" · {state.answering} answering" + (f", {down} down" if down else "")
     else:
-        text += " · asking the agents..."
+        text += " · asking every agent..."
     return text
 
 

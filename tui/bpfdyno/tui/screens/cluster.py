@@ -7,6 +7,8 @@ does not answer stays in the table, in red, with why.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 from rich.text import Text
@@ -29,8 +31,11 @@ from bpfdyno.tui.fmt import fmt_clock
 from bpfdyno.tui.messages import OpenNode, OpenTraceForm
 from bpfdyno.tui.widgets.table import Column, FastTable
 
+#: The node column's width when names are short; it grows with them up to `MAX_NODE_WIDTH`.
+NODE_WIDTH = 8
+MAX_NODE_WIDTH = 24
 CLUSTER_COLUMNS = (
-    Column("node", "NODE", 8, align="left"),
+    Column("node", "NODE", NODE_WIDTH, align="left"),
     Column("agent", "AGENT", 8, align="left"),
     Column("cpu", "CPU", 4),
     Column("mem", "MEM", 4),
@@ -46,24 +51,39 @@ CLUSTER_COLUMNS = (
 )
 
 
+def cluster_columns(names: Sequence[str]) -> tuple[Column, ...]:
+    """The table's columns, the node column wide enough for the longest name (capped)."""
+    width = min(MAX_NODE_WIDTH, max([NODE_WIDTH, *(len(n) for n in names)]))
+    return (replace(CLUSTER_COLUMNS[0], width=width), *CLUSTER_COLUMNS[1:])
+
+
+class NodeTable(FastTable):
+    """The node table: ``enter`` opens the node (and says so in the footer)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "select", "Node view")]
+
+
 class ClusterScreen(Screen[None]):
-    """Summary line, node table, the selected node's details, the last job trace."""
+    """Summary line, node table, the selected node's details, the last job trace.
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("T", "trace_job", "Trace job"),
-        Binding("enter", "open_node", "Node view", show=True),
-    ]
+    Args:
+        job_id: the job a job-wide trace is for ("" for hosts given without one).
+        names: the nodes' names (to size their column).
+    """
 
-    def __init__(self, job_id: str = "") -> None:
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("T", "trace_job", "Trace job")]
+
+    def __init__(self, job_id: str = "", names: Sequence[str] = ()) -> None:
         super().__init__()
         self._job_id = job_id
+        self._names = tuple(names)
         self._state: ClusterState | None = None
 
     def compose(self) -> ComposeResult:
         """The parts, top to bottom."""
         yield Static("", id="cluster-summary")
-        yield FastTable(
-            CLUSTER_COLUMNS,
+        yield NodeTable(
+            cluster_columns(self._names),
             format_row=node_cells,
             row_key=lambda n: n.node.target,
             row_style=node_style,
@@ -92,10 +112,8 @@ class ClusterScreen(Screen[None]):
             return  # pushed but not composed yet: on_mount shows it
         summary = summary_line(state)
         if state.updated_ts:
-            summary += f" · updated {fmt_clock(state.updated_ts)}"
-        self.query_one("#cluster-summary", Static).update(
-            Text(summary + " · enter: node view · T: trace the job")
-        )
+            summary += f" · {fmt_clock(state.updated_ts)}"
+        self.query_one("#cluster-summary", Static).update(Text(summary))
         self.table.set_items(state.nodes)
         self._show_detail()
         panel = self.query_one("#cluster-trace", Static)
@@ -116,11 +134,7 @@ class ClusterScreen(Screen[None]):
         self._show_detail()
 
     def on_fast_table_selected(self, event: FastTable.Selected) -> None:
-        """Enter on a row opens that node's full view."""
-        self.action_open_node()
-
-    def action_open_node(self) -> None:
-        """Open the selected node's full view."""
+        """Enter (or a double click) on a row opens that node's full view."""
         node = self.table.cursor_item
         if isinstance(node, NodeSummary):
             self.post_message(OpenNode(node))

@@ -33,8 +33,10 @@ class JobTraceScreen(TraceScreen):
         self.query_one("#trace-title", Label).update(
             f"Trace every rank of the job on {self._node_count} node(s)"
         )
-        for box in ("#trace-pids", "#trace-job"):
-            self.query_one(box, Input).disabled = True
+        pids = self.query_one("#trace-pids", Input)
+        pids.placeholder = "every rank of the job"
+        for box in (pids, self.query_one("#trace-job", Input)):
+            box.disabled = True
         self.query_one("#trace-amount", Input).focus()
 
     def show_job(self, trace: JobTraceView) -> None:
