@@ -3,12 +3,26 @@ the agent's state, the job's trainers."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import socket
 
-from bpfdyno.client.cluster import Node
-from bpfdyno.client.cluster.summary import SUMMARY_METRICS, summarize_node
+import grpc
+import pytest
+
+from bpfdyno.app.daemon import Daemon
+from bpfdyno.client.cluster import FanOut, Node
+from bpfdyno.client.cluster.summary import SUMMARY_METRICS, SummaryPoller, summarize_node
+from bpfdyno.core.config import load
 from bpfdyno.rpc.v1 import agent_pb2 as apb
+from bpfdyno.rpc.v1 import agent_pb2_grpc, tracing_pb2_grpc
 from bpfdyno.rpc.v1 import tracing_pb2 as tpb
+from bpfdyno.server.agent import AgentServicer
+from bpfdyno.server.tracing import TracingServicer
+from bpfdyno.services.agent import AgentService
+from bpfdyno.services.tracing import TracingService
+from bpfdyno.tracing.ipc.wire import KinetoRequest
+from bpfdyno.tracing.trainers import TrainerRegistry
 
 NODE = Node("n1", "10.0.0.1:50051", (7,))
 
@@ -98,3 +112,61 @@ def test_what_a_node_does_not_have_is_unknown_not_zero() -> None:
         assert math.isnan(value)
     assert row.trainers is None  # tracing not served there
     assert set(SUMMARY_METRICS) >= {"cpu_utilization_ratio", "sched_runqueue_latency_seconds"}
+
+
+class CountingAgent(AgentServicer):
+    """The agent's servicer, counting status requests."""
+
+    def __init__(self) -> None:
+        super().__init__(AgentService(Daemon(load(None, []), [])))
+        self.status_calls = 0
+
+    async def GetStatus(
+        self, request: apb.GetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> apb.Status:
+        self.status_calls += 1
+        return await super().GetStatus(request, context)
+
+
+async def _serve(agent: CountingAgent, address: str) -> grpc.aio.Server:
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_AgentServicer_to_server(agent, server)
+    tracing = TracingService(["/tmp"], 60.0, TrainerRegistry(8, 60.0))
+    tracing.on_request(b"\0trainer-1\0", KinetoRequest(3, 7, (4321,)))
+    tracing_pb2_grpc.add_TracingServicer_to_server(TracingServicer(tracing), server)
+    server.add_insecure_port(address)
+    await server.start()
+    return server
+
+
+async def test_the_poller_asks_for_status_now_and_then_and_again_after_an_outage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for k in ("BPFDYNO_TLS_CA", "BPFDYNO_TOKEN_FILE", "BPFDYNO_TLS_CERT", "BPFDYNO_TLS_KEY"):
+        monkeypatch.delenv(k, raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.4.1", 0))
+        address = f"127.0.4.1:{s.getsockname()[1]}"
+    agent = CountingAgent()
+    server = await _serve(agent, address)
+    node = Node("n1", address, (7,))
+    async with FanOut([node], timeout_s=2.0) as fanout:
+        poller = SummaryPoller(fanout, status_every=5)
+        rows = [(await poller.poll())[0] for _ in range(6)]
+        assert agent.status_calls == 2  # polls 1 and 6
+        assert all(r.up and r.trainers == 1 and r.hostname == socket.gethostname() for r in rows)
+        await server.stop(0)
+        (down,) = await poller.poll()
+        assert not down.up and down.error is not None
+        assert down.error.message.startswith(f"cannot reach the agent at {address}")
+        server = await _serve(agent, address)
+        try:
+            for _ in range(20):  # the channel reconnects within its back-off
+                (back,) = await poller.poll()
+                if back.up:
+                    break
+                await asyncio.sleep(0.25)
+            assert back.up and back.hostname == socket.gethostname()
+            assert agent.status_calls == 3  # asked again at once after the outage
+        finally:
+            await server.stop(0)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from bpfdyno.client.cluster import FanOut, Node, trace_job
 from bpfdyno.client.cluster.fanout import DEFAULT_CONCURRENCY, DEFAULT_HOST_TIMEOUT_S
 from bpfdyno.client.cluster.jobtrace import KINETO_POLL_INTERVAL_S
-from bpfdyno.client.cluster.summary import NodeSummary, poll_summaries
+from bpfdyno.client.cluster.summary import NodeSummary, SummaryPoller
 from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.tui.cluster_records import JobTraceView, job_trace_view
 from bpfdyno.tui.grpc_source import GrpcDataSource
@@ -52,10 +52,11 @@ class ClusterDataSource:
         self.origin = origin
         self.poll_interval_s = poll_interval_s
         self._fanout = FanOut(self.nodes, timeout_s=timeout_s, concurrency=concurrency)
+        self._poller = SummaryPoller(self._fanout, job_id or None)
 
     async def summaries(self) -> list[NodeSummary]:
         """Every node's row; a node that does not answer carries why."""
-        return await poll_summaries(self._fanout, self.job_id or None)
+        return await self._poller.poll()
 
     def node_job_id(self, node: Node) -> str:
         """The job id a node's full view is narrowed to ("" when it runs several or none)."""

@@ -1,9 +1,9 @@
 """One row of live numbers per node: what ``bpfdyno top --job-id`` shows for a whole job.
 
-Each poll asks every agent, concurrently, for its status, the latest value of a few metrics
-and its registered trainers (three small unary calls on the node's kept channel), and boils
-them down to a `NodeSummary`. A value the node does not have (no GPU, no BPF) is NaN, never
-0; a node that does not answer has its `HostError` instead.
+Each poll asks every agent, concurrently, for the latest value of a few metrics and its
+registered trainers (and, now and then, its status: small unary calls on the node's kept
+channel), and boils them down to a `NodeSummary`. A value the node does not have (no GPU,
+no BPF) is NaN, never 0; a node that does not answer has its `HostError` instead.
 """
 
 from __future__ import annotations
@@ -211,51 +211,90 @@ def summarize_node(
     )
 
 
-async def poll_summaries(fanout: FanOut, job_id: int | None = None) -> list[NodeSummary]:
-    """Every node's row, asked concurrently; a node that does not answer says why.
+#: Polls between two status requests to a node that answers (its collectors' states change
+#: rarely; its metrics, every poll, also tell whether it is up).
+STATUS_EVERY = 5
+
+
+class SummaryPoller:
+    """Every node's row, asked concurrently, poll after poll.
+
+    Each poll asks every node for the row's metrics and its trainers; the agent's status
+    (version, collectors' states) only at the first poll, every `STATUS_EVERY` polls after,
+    and again after the node was down — a third fewer calls at 1 Hz. Stubs are kept per node.
 
     Args:
         fanout: the nodes' agents.
         job_id: count trainers of this job on nodes that list no job ids of their own (None:
             count every trainer there).
+        status_every: polls between two status requests to a node.
     """
-    names = list(SUMMARY_METRICS)
 
-    async def ask(
-        node: Node, ch: grpc.aio.Channel
-    ) -> tuple[
-        agent_pb2.Status, agent_pb2.MetricsSnapshot, tracing_pb2.ListTrainersResponse | None
-    ]:
-        agent = agent_pb2_grpc.AgentStub(ch)
-        timeout = fanout.timeout_s
-        answers: list[object] = await asyncio.gather(
-            agent.GetStatus(agent_pb2.GetStatusRequest(), timeout=timeout),
-            agent.GetMetrics(agent_pb2.GetMetricsRequest(names=names), timeout=timeout),
-            tracing_pb2_grpc.TracingStub(ch).ListTrainers(
-                tracing_pb2.ListTrainersRequest(), timeout=timeout
-            ),
-            return_exceptions=True,
-        )
-        for answer in answers:
-            if isinstance(answer, BaseException) and not isinstance(answer, grpc.RpcError):
-                raise answer  # cancelled, or a bug
-        status, snapshot, listed = answers
-        if isinstance(status, grpc.RpcError):
-            raise status
-        if isinstance(snapshot, grpc.RpcError):
-            raise snapshot
-        assert isinstance(status, agent_pb2.Status)
-        assert isinstance(snapshot, agent_pb2.MetricsSnapshot)
-        # Tracing off there: the trainers column is unknown, not 0.
-        trainers = listed if isinstance(listed, tracing_pb2.ListTrainersResponse) else None
-        return status, snapshot, trainers
+    def __init__(
+        self, fanout: FanOut, job_id: int | None = None, status_every: int = STATUS_EVERY
+    ) -> None:
+        self.fanout = fanout
+        self.job_id = job_id
+        self.status_every = max(1, status_every)
+        self._polls = 0
+        self._status: dict[str, agent_pb2.Status] = {}
+        self._stubs: dict[str, tuple[agent_pb2_grpc.AgentStub, tracing_pb2_grpc.TracingStub]] = {}
 
-    out = []
-    for r in await fanout.map(ask):
-        if r.value is None:
-            out.append(NodeSummary(r.node, error=r.error, elapsed_s=r.elapsed_s))
-            continue
-        status, snapshot, trainers = r.value
-        ids = r.node.job_ids or (() if job_id is None else (job_id,))
-        out.append(summarize_node(r.node, status, snapshot, trainers, ids, r.elapsed_s))
-    return out
+    async def poll(self) -> list[NodeSummary]:
+        """Every node's row; a node that does not answer carries why."""
+        due = self._polls % self.status_every == 0
+        self._polls += 1
+        names = list(SUMMARY_METRICS)
+        timeout = self.fanout.timeout_s
+
+        async def ask(
+            node: Node, ch: grpc.aio.Channel
+        ) -> tuple[
+            agent_pb2.Status, agent_pb2.MetricsSnapshot, tracing_pb2.ListTrainersResponse | None
+        ]:
+            stubs = self._stubs.get(node.target)
+            if stubs is None:
+                stubs = self._stubs[node.target] = (
+                    agent_pb2_grpc.AgentStub(ch),
+                    tracing_pb2_grpc.TracingStub(ch),
+                )
+            agent, tracing = stubs
+            known = self._status.get(node.target)
+            calls = [
+                agent.GetMetrics(agent_pb2.GetMetricsRequest(names=names), timeout=timeout),
+                tracing.ListTrainers(tracing_pb2.ListTrainersRequest(), timeout=timeout),
+            ]
+            if due or known is None:
+                calls.append(agent.GetStatus(agent_pb2.GetStatusRequest(), timeout=timeout))
+            answers: list[object] = await asyncio.gather(*calls, return_exceptions=True)
+            for answer in answers:
+                if isinstance(answer, BaseException) and not isinstance(answer, grpc.RpcError):
+                    raise answer  # cancelled, or a bug
+            snapshot, listed, *asked = answers
+            if isinstance(snapshot, grpc.RpcError):
+                raise snapshot
+            if asked and isinstance(asked[0], grpc.RpcError):
+                raise asked[0]
+            status = asked[0] if asked else known
+            assert isinstance(snapshot, agent_pb2.MetricsSnapshot)
+            assert isinstance(status, agent_pb2.Status)
+            # Tracing off there: the trainers column is unknown, not 0.
+            trainers = listed if isinstance(listed, tracing_pb2.ListTrainersResponse) else None
+            return status, snapshot, trainers
+
+        out = []
+        for r in await self.fanout.map(ask):
+            if r.value is None:
+                self._status.pop(r.node.target, None)  # ask again once it is back
+                out.append(NodeSummary(r.node, error=r.error, elapsed_s=r.elapsed_s))
+                continue
+            status, snapshot, trainers = r.value
+            self._status[r.node.target] = status
+            ids = r.node.job_ids or (() if self.job_id is None else (self.job_id,))
+            out.append(summarize_node(r.node, status, snapshot, trainers, ids, r.elapsed_s))
+        return out
+
+
+async def poll_summaries(fanout: FanOut, job_id: int | None = None) -> list[NodeSummary]:
+    """Every node's row, asked once (status included); see `SummaryPoller` to poll on."""
+    return await SummaryPoller(fanout, job_id, status_every=1).poll()
