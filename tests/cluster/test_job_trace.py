@@ -45,6 +45,15 @@ def run_cli(
     )
 
 
+def first_event_ms(path: str) -> float:
+    """Wall-clock epoch ms of a Kineto trace's first complete event."""
+    with open(path, encoding="utf-8") as f:
+        data: dict[str, Any] = json.load(f)
+    base_us = data["baseTimeNanoseconds"] / 1e3
+    starts = [e["ts"] for e in data["traceEvents"] if e.get("ph") == "X" and "ts" in e]
+    return float((base_us + min(starts)) / 1e3)
+
+
 def trace_id_of(path: str) -> str:
     with open(path, encoding="utf-8") as f:
         data: dict[str, Any] = json.load(f)
@@ -178,6 +187,9 @@ def test_duration_trace_starts_every_host_at_one_time(
         assert h["round_trip_seconds"] >= 0
         (f,) = h["files"]
         assert f["state"] == "written" and f["size_bytes"] == os.path.getsize(f["path"])
+        # ...and traced from then on: the ranks' traces begin together (a few ms apart
+        # here; a second allows for a busy machine).
+        assert -50 <= first_event_ms(f["path"]) - start <= 1000
     # Each trainer received that same start time (Kineto logs the config it got).
     received = trainer_job.received_configs()
     for h in doc["hosts"]:
