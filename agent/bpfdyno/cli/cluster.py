@@ -15,7 +15,6 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -291,7 +290,6 @@ class _ProgressPrinter:
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self._started: set[str] = set()
         self._states: dict[tuple[str, int], str] = {}
         self._table_printed = False
 
@@ -308,6 +306,13 @@ class _ProgressPrinter:
                 f"next multiple of {spec.profile_start_iteration_roundup}",
                 flush=True,
             )
+            if spec.profile_start_iteration_roundup == 1 and len(c.nodes) > 1:
+                print(
+                    "  (each rank starts at its first step after it gets the config, up to one "
+                    "poll apart; --profile-start-iteration-roundup N, N above the steps of one "
+                    "poll interval, starts every rank at the same step)",
+                    flush=True,
+                )
 
     def progress(self, result: JobTraceResult) -> None:
         if not self._table_printed and all(h.requests or h.error is not None for h in result.hosts):
@@ -453,9 +458,3 @@ def _host_dict(h: HostTrace) -> dict[str, Any]:
         for f in h.files()
     ]
     return out
-
-
-def node_names(nodes: Sequence[Node]) -> str:
-    """Node names for a title, shortened when there are many."""
-    shown = ", ".join(n.name for n in nodes[:6])
-    return shown + (f" and {len(nodes) - 6} more" if len(nodes) > 6 else "")
