@@ -214,8 +214,9 @@ class HostTrace:
             others = [s for r in self.requests for s in r.start.not_matched]
             if not others:
                 return (
-                    "no process matched and no trainer is registered with this agent: were "
-                    "the ranks started with KINETO_USE_DAEMON=1 and the agent's socket dir?"
+                    "no process matched: no trainer is registered with this agent; start the "
+                    "ranks with KINETO_USE_DAEMON=1 (and, if KINETO_IPC_SOCKET_DIR is set for "
+                    "them, the agent's [kineto] socket_dir)"
                 )
             return "no process matched; registered: " + "; ".join(
                 f"pid {s.pid} (job {s.job_id}): {s.reason}" for s in others[:3]
