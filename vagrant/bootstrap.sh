@@ -34,7 +34,7 @@ usage() {
 usage: $0 setup | serve [BPFDYNO SERVE ARGS...] | test [PYTEST ARGS...]
   setup   install system packages, the virtualenv (.venv) and bpfdyno; mount tracefs
   serve   setup, then run the agent: .venv/bin/bpfdyno serve ARGS
-  test    setup (plus PyTorch), then the whole test suite (ruff and mypy included)
+  test    setup (plus PyTorch and SLURM), then the whole test suite (ruff and mypy included)
 EOF
 	exit 2
 }
