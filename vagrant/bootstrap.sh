@@ -3,7 +3,7 @@
 #
 #   vagrant/bootstrap.sh setup              set up only
 #   vagrant/bootstrap.sh serve [ARGS...]    set up, then exec .venv/bin/bpfdyno serve ARGS
-#   vagrant/bootstrap.sh test [PYTEST...]   set up (with PyTorch), then the whole test suite
+#   vagrant/bootstrap.sh test [PYTEST...]   set up (with PyTorch and SLURM), then the whole test suite
 #
 # Set-up: apt packages (python3-bpfcc, bpftool, perf, ...), a Python >= 3.11 virtualenv in
 # .venv at the repository root with bcc made importable in it, the project installed editable
@@ -20,8 +20,10 @@ TORCH_REQUIREMENT="torch==2.13.0" # a bare "torch" pulls gigabytes of CUDA wheel
 APT_PACKAGES=(python3-bpfcc bpftool linux-perf nftables iproute2 tmux gcc libc6-dev procps
 	util-linux)
 # Only for the test suite: a real Prometheus scrapes the exporter, `vagrant validate` checks
-# the dev cluster, `systemd-analyze verify` the unit, capsh runs the agent with its capabilities.
-TEST_APT_PACKAGES=(prometheus vagrant systemd libcap2-bin)
+# the dev cluster, `systemd-analyze verify` the unit, capsh runs the agent with its
+# capabilities, and a real SLURM cluster runs on this machine (tests/cluster; the tests start
+# and stop its daemons themselves: no system service is enabled or used).
+TEST_APT_PACKAGES=(prometheus vagrant systemd libcap2-bin slurmctld slurmd slurm-client munge)
 
 log() { printf 'bootstrap: %s\n' "$*" >&2; }
 die() {
@@ -34,7 +36,7 @@ usage() {
 usage: $0 setup | serve [BPFDYNO SERVE ARGS...] | test [PYTEST ARGS...]
   setup   install system packages, the virtualenv (.venv) and bpfdyno; mount tracefs
   serve   setup, then run the agent: .venv/bin/bpfdyno serve ARGS
-  test    setup (plus PyTorch), then the whole test suite (ruff and mypy included)
+  test    setup (plus PyTorch and SLURM), then the whole test suite (ruff and mypy included)
 EOF
 	exit 2
 }

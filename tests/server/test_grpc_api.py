@@ -6,6 +6,7 @@ import asyncio
 import os
 import socket
 import stat
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -114,6 +115,20 @@ async def test_round_trip(agent: tuple[str, Daemon]) -> None:
             async for _ in stub.StreamMetrics(pb.StreamMetricsRequest(collectors=["nope"])):
                 pass
         assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_clock_brackets_the_agents_handling_of_the_call(
+    agent: tuple[str, Daemon],
+) -> None:
+    sock, _ = agent
+    async with grpc.aio.insecure_channel(f"unix:{sock}") as ch:
+        stub = pb_grpc.AgentStub(ch)
+        for _ in range(3):
+            sent = time.time()
+            clock = await stub.GetClock(pb.GetClockRequest())
+            received = time.time()
+            # One machine, one clock: the agent's two times lie inside our round trip.
+            assert sent <= clock.receive_unix_seconds <= clock.transmit_unix_seconds <= received
 
 
 async def test_cli_status_and_metrics_json(

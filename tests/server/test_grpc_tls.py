@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from bpfdyno.app.daemon import Daemon
-from bpfdyno.client.connection import aio_channel
+from bpfdyno.client.connection import aio_channel, channel
 from bpfdyno.core.config import ConfigError, load
 from bpfdyno.rpc.v1 import agent_pb2 as pb
 from bpfdyno.rpc.v1 import agent_pb2_grpc as pb_grpc
@@ -175,6 +175,25 @@ async def test_token_over_tls(
     async with aio_channel(token_agent.addr) as ch:
         err = await _call_error(ch)
         assert (err.code(), err.details()) == (grpc.StatusCode.UNAUTHENTICATED, MISSING_TOKEN)
+
+
+async def test_token_over_tls_on_a_blocking_channel(
+    token_agent: Served, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI's blocking channels carry the token on unary and streaming calls alike."""
+    monkeypatch.setenv("BPFDYNO_TLS_CA", str(pki.ca))
+    monkeypatch.setenv("BPFDYNO_TOKEN_FILE", str(pki.token))
+
+    def calls() -> tuple[int, grpc.StatusCode]:
+        with channel(token_agent.addr) as ch:
+            stub = pb_grpc.AgentStub(ch)
+            pid = stub.GetStatus(pb.GetStatusRequest(), timeout=5).pid
+            with pytest.raises(grpc.RpcError) as ei:
+                for _ in stub.StreamMetrics(pb.StreamMetricsRequest(), timeout=1):
+                    pass
+            return pid, ei.value.code()
+
+    assert await asyncio.to_thread(calls) == (os.getpid(), grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 async def test_plain_text_client_is_refused(token_agent: Served) -> None:

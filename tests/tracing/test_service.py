@@ -220,6 +220,29 @@ def test_duration_trace_that_never_starts_fails(svc: TracingService, tmp_path: P
     assert svc.start_trace(TraceRequest(pids=(70,), options=iters(tmp_path))).triggered
 
 
+def test_duration_trace_with_a_start_time_may_stay_idle_until_its_warm_up(
+    svc: TracingService, tmp_path: Path, clock: Clock
+) -> None:
+    poll(svc, [73])
+    start_s = clock.wall() + 20  # Kineto warms up 5 s before: idle for ~15 s is healthy
+    opts = TraceOptions(log_file=str(tmp_path / "s.json"), start_time_ms=int(start_s * 1000))
+    res = svc.start_trace(TraceRequest(pids=(73,), options=opts))
+    poll(svc, [73])  # delivered
+    for _ in range(14):
+        clock.t += 1
+        poll(svc, [73])
+    assert svc.get_trace(res.trace_id).processes[0].state is ProcState.DELIVERED
+    clock.t += 1  # the warm-up has begun: from now on, idle polls count
+    for _ in range(NEVER_STARTED_POLLS - 1):
+        poll(svc, [73])
+        clock.t += 1
+    assert svc.get_trace(res.trace_id).processes[0].state is ProcState.DELIVERED
+    poll(svc, [73])
+    p = svc.get_trace(res.trace_id).processes[0]
+    assert p.state is ProcState.FAILED
+    assert "never started tracing" in p.reason
+
+
 def test_trace_that_ends_without_a_file_fails(svc: TracingService, tmp_path: Path) -> None:
     poll(svc, [71])
     res = svc.start_trace(TraceRequest(pids=(71,), options=iters(tmp_path)))

@@ -1,28 +1,71 @@
-"""``bpfdyno top``: the terminal UI (`bpfdyno.tui`)."""
+"""``bpfdyno top``: the terminal UI (`bpfdyno.tui`).
+
+One agent (the local one, ``--socket`` or ``--host``), or every node of a job: a job id
+without ``--host``, or ``--hosts``/``--hosts-file``, shows one row per node
+(`bpfdyno.tui.cluster_app`), any of which opens into the one-agent view.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from bpfdyno.client.connection import add_target_argument
+from bpfdyno.cli.cluster import (
+    ClusterUsageError,
+    add_cluster_arguments,
+    cluster_requested,
+    resolve_cluster,
+)
+from bpfdyno.client.connection import EXIT_USAGE, ClientSetupError, add_target_argument
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``top`` to the ``bpfdyno`` command line."""
     p = subparsers.add_parser(
-        "top", help="live terminal UI of this machine, its GPUs and processes"
+        "top", help="live terminal UI of this machine (or of every node of a job)"
     )
     add_target_argument(p)
-    p.add_argument("--job-id", default=None, help="show only this job's processes and trainers")
+    p.add_argument(
+        "--job-id",
+        default=None,
+        help="every node of this SLURM job, one row each (with --host: only this job's "
+        "processes and trainers on that agent)",
+    )
     p.add_argument("--replay", type=Path, default=None, help="replay a recording (demos)")
     p.add_argument("--speed", type=float, default=1.0, help="replay speed")
+    add_cluster_arguments(p)
     p.set_defaults(handler=cmd_top)
 
 
 def cmd_top(args: argparse.Namespace) -> int:
     """Run ``bpfdyno top`` until the user quits; returns the exit status."""
+    if args.replay is None and cluster_requested(args):
+        return _cluster_top(args)
     # Imported here: Textual takes a while to load, and only this command needs it.
     from bpfdyno.tui.app import run_top
 
     return run_top(args.target, args.job_id, replay=args.replay, speed=args.speed)
+
+
+def _cluster_top(args: argparse.Namespace) -> int:
+    from bpfdyno.tui.cluster_app import run_cluster_top
+    from bpfdyno.tui.datasource import ClusterDataSource
+
+    try:
+        cluster = resolve_cluster(args)
+        source = ClusterDataSource(
+            cluster.nodes,
+            job=cluster.job,
+            job_id=cluster.job_id,
+            origin=cluster.source,
+            timeout_s=cluster.timeout_s,
+            concurrency=cluster.concurrency,
+        )
+    except ClusterUsageError as e:
+        print(f"bpfdyno top: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except ClientSetupError as e:
+        print(f"bpfdyno top: {e.message}", file=sys.stderr)
+        return EXIT_USAGE
+    return run_cluster_top(source)

@@ -4,7 +4,8 @@
 ``--wait`` (follow the trace until every triggered process has written its file), ``--host``
 and ``--json``. Unlike dyno it prints only the files that will really be written — those of
 the processes that were triggered — with Kineto's real names, and when nothing matched it
-lists the registered trainers and why each did not match.
+lists the registered trainers and why each did not match. Given a job id without ``--host``
+(or with ``--hosts``), it traces every node of the job at once (`bpfdyno.cli.cluster`).
 
 ``--json`` writes the API's messages with the .proto field names: ``trainers`` the
 ``ListTrainersResponse``, ``gputrace`` ``{"request": StartTraceResponse}`` plus, with
@@ -21,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from bpfdyno.cli.cluster import add_cluster_arguments, cluster_requested, run_job_trace
 from bpfdyno.cli.output import message_dict, print_json, report_rpc_error
 from bpfdyno.client.connection import (
     EXIT_FAIL,
@@ -58,7 +60,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_target_argument(p)
     p.add_argument(
-        "--job-id", type=int, default=_DEFAULT.job_id, help="job id of the processes to trace"
+        "--job-id",
+        default=str(_DEFAULT.job_id),
+        help="job id of the processes to trace; without --host, every node of the job "
+        "(SLURM: 1234, an array task 1234_5, a het component 1234+1)",
     )
     p.add_argument("--pids", default="0", help="pids to trace, comma separated; 0 = all in job")
     p.add_argument(
@@ -125,6 +130,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"seconds to follow the trace (default: {DEFAULT_WAIT_S:g} with --wait)",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
+    add_cluster_arguments(p)
     p.set_defaults(handler=cmd_gputrace)
 
     p = subparsers.add_parser("dcgm-pause", help="pause GPU profiling metrics (for Nsight and co.)")
@@ -220,6 +226,15 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"bpfdyno: {e}", file=sys.stderr)
         return EXIT_USAGE
+    job_id = args.job_id.strip()
+    if not cluster_requested(args) and not job_id.isdigit():
+        print(
+            f"bpfdyno: --job-id {job_id!r}: one agent (--host) matches the numeric "
+            "$SLURM_JOB_ID of its processes; leave out --host to trace a SLURM job, array "
+            "task or het component on all its nodes",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     # Durations, limits and paths are checked by the agent (the same rules for every entry
     # point); a refusal comes back as INVALID_ARGUMENT and exits 2 below.
     wait_s = args.timeout if args.timeout is not None else DEFAULT_WAIT_S
@@ -236,11 +251,13 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
         with_modules=args.with_modules,
         process_limit=args.process_limit,
         pids=() if pids == [0] else tuple(pids),
-        job_id=args.job_id,
+        job_id=int(job_id) if job_id.isdigit() else 0,
         timeout_seconds=wait_s if (args.wait or args.timeout is not None) else 0.0,
         kernel_tracks=args.kernel_tracks,
         pre_window_seconds=args.pre_window_s,
     )
+    if cluster_requested(args):
+        return run_job_trace(args, spec, wait_s)
     target = _target(args)
     try:
         with channel(target) as ch:

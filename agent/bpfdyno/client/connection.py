@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections import namedtuple
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 
@@ -29,6 +31,8 @@ TLS_CA_ENV = "BPFDYNO_TLS_CA"
 TLS_CERT_ENV = "BPFDYNO_TLS_CERT"
 TLS_KEY_ENV = "BPFDYNO_TLS_KEY"
 TOKEN_FILE_ENV = "BPFDYNO_TOKEN_FILE"
+#: Metadata key of the bearer token (what the agent's TCP listener checks).
+AUTHORIZATION = "authorization"
 
 #: gRPC channel options, as grpc.insecure_channel takes them.
 ChannelOptions = Sequence[tuple[str, Any]]
@@ -120,8 +124,22 @@ def _read_env_file(env: str) -> bytes:
         ) from e
 
 
-def credentials_from_env() -> grpc.ChannelCredentials | None:
-    """TLS (and token) credentials for a TCP target from the environment; None: plain text.
+@dataclass(frozen=True)
+class ClientSecurity:
+    """How a TCP target is reached: TLS, and the bearer token sent with every call.
+
+    The token is added by a client interceptor, not by gRPC's call credentials: those are a
+    Python metadata plugin that gRPC destroys from one of its own threads, which can
+    deadlock against the closing of the channel (grpc/grpc#42247; seen here, a CLI command
+    hanging at exit under load).
+    """
+
+    credentials: grpc.ChannelCredentials
+    token: str = ""
+
+
+def security_from_env() -> ClientSecurity | None:
+    """TLS and token for a TCP target from the environment; None: plain text.
 
     Raises:
         ClientSetupError: a file cannot be read, a certificate lacks its key, a token is empty.
@@ -140,12 +158,101 @@ def credentials_from_env() -> grpc.ChannelCredentials | None:
     cert = _read_env_file(TLS_CERT_ENV) if env[TLS_CERT_ENV] else None
     creds = grpc.ssl_channel_credentials(ca, key, cert)
     if not token_file:
-        return creds
+        return ClientSecurity(creds)
     token = _read_env_file(TOKEN_FILE_ENV).decode("utf-8", "replace").strip()
     if not token:
         raise ClientSetupError(f"{token_file} named by ${TOKEN_FILE_ENV} is empty")
-    # Sent as "authorization: Bearer <token>" on every call; gRPC only sends it over TLS.
-    return grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+    return ClientSecurity(creds, token)
+
+
+class _CallDetails(
+    namedtuple(  # grpc.ClientCallDetails is an interface of these attributes
+        "_CallDetails",
+        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
+    ),
+    grpc.ClientCallDetails,  # type: ignore[misc]  # grpc is untyped here
+):
+    pass
+
+
+def _with_token(metadata: Any, token: str) -> list[tuple[str, str]]:
+    return [*(metadata or ()), (AUTHORIZATION, f"Bearer {token}")]
+
+
+class _BearerToken(
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
+    grpc.StreamUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.StreamStreamClientInterceptor,  # type: ignore[misc]
+):
+    """Adds ``authorization: Bearer <token>`` to every call of a blocking channel."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def _details(self, d: Any) -> _CallDetails:
+        return _CallDetails(
+            d.method,
+            d.timeout,
+            _with_token(d.metadata, self._token),
+            d.credentials,
+            d.wait_for_ready,
+            getattr(d, "compression", None),
+        )
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+
+def _aio_details(d: Any, token: str) -> grpc.aio.ClientCallDetails:
+    metadata = grpc.aio.Metadata(*_with_token(d.metadata, token))
+    return grpc.aio.ClientCallDetails(
+        d.method, d.timeout, metadata, d.credentials, d.wait_for_ready
+    )
+
+
+class _AioToken:
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+
+# grpc.aio files an interceptor under the first kind of call it implements, so each kind
+# needs an interceptor of its own.
+
+
+class _AioTokenUU(_AioToken, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(_aio_details(details, self._token), request)
+
+
+class _AioTokenUS(_AioToken, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(_aio_details(details, self._token), request)
+
+
+class _AioTokenSU(_AioToken, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(_aio_details(details, self._token), requests)
+
+
+class _AioTokenSS(_AioToken, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(_aio_details(details, self._token), requests)
+
+
+def _aio_token_interceptors(token: str) -> list[_AioToken]:
+    """Interceptors adding ``authorization: Bearer <token>`` to every call of an asyncio
+    channel."""
+    return [cls(token) for cls in (_AioTokenUU, _AioTokenUS, _AioTokenSU, _AioTokenSS)]
 
 
 def channel(target: str, options: ChannelOptions = ()) -> grpc.Channel:
@@ -154,19 +261,36 @@ def channel(target: str, options: ChannelOptions = ()) -> grpc.Channel:
     Raises:
         ClientSetupError: the TLS/token environment variables are unusable.
     """
-    creds = None if _is_unix(target) else credentials_from_env()
-    if creds is None:
+    security = None if _is_unix(target) else security_from_env()
+    if security is None:
         return grpc.insecure_channel(grpc_target(target), options=options)
-    return grpc.secure_channel(grpc_target(target), creds, options=options)
+    ch = grpc.secure_channel(grpc_target(target), security.credentials, options=options)
+    return grpc.intercept_channel(ch, _BearerToken(security.token)) if security.token else ch
 
 
-def aio_channel(target: str, options: ChannelOptions = ()) -> grpc.aio.Channel:
+def aio_channel(
+    target: str,
+    options: ChannelOptions = (),
+    security: ClientSecurity | Literal["env"] | None = "env",
+) -> grpc.aio.Channel:
     """An asyncio channel to ``target``: TLS per the environment for TCP targets.
+
+    Args:
+        target: a Unix socket path or ``host:port``.
+        options: gRPC channel options.
+        security: TLS and token to use for a TCP target (None: plain text); by default read
+            from the environment (pass it to open many channels with one reading).
 
     Raises:
         ClientSetupError: the TLS/token environment variables are unusable.
     """
-    creds = None if _is_unix(target) else credentials_from_env()
-    if creds is None:
+    if _is_unix(target):
+        security = None
+    elif security == "env":
+        security = security_from_env()
+    if not isinstance(security, ClientSecurity):
         return grpc.aio.insecure_channel(grpc_target(target), options=options)
-    return grpc.aio.secure_channel(grpc_target(target), creds, options=options)
+    interceptors = _aio_token_interceptors(security.token) if security.token else None
+    return grpc.aio.secure_channel(
+        grpc_target(target), security.credentials, options=options, interceptors=interceptors
+    )

@@ -25,6 +25,10 @@ DEFAULT_DURATION_MS = 500
 DEFAULT_PROCESS_LIMIT = 3
 #: ``iterations`` of a duration trace.
 NO_ITERATIONS = -1
+#: Kineto warms up this long before a timed trace (``profile_start_time_ms``): a start time
+#: closer than this when the process receives the request is not traced, so the agent
+#: refuses one closer than this when it gets the request.
+KINETO_WARMUP_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)

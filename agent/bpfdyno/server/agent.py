@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Sequence
 from functools import partial
 
@@ -116,3 +117,11 @@ class AgentServicer(pb_grpc.AgentServicer):
         async for snap in self._svc.stream(list(request.names), list(request.collectors)):
             # Subscribers with the same filter share the snapshot: convert it once.
             yield self._messages.get(snap, None, partial(snapshot_to_pb, snap))
+
+    async def GetClock(
+        self, request: pb.GetClockRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Clock:
+        # Read here, at the edge: the two times bracket this agent's handling of the call,
+        # which is exactly what a client needs to tell the network delay from the offset.
+        received = time.time()
+        return pb.Clock(receive_unix_seconds=received, transmit_unix_seconds=time.time())

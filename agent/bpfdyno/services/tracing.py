@@ -505,6 +505,7 @@ class TracingService:
             ],
             min(timeout, MAX_TIMEOUT_S),
             checked.iteration_mode,
+            start_time_s=checked.start_time_ms / 1000.0,
         )
         log.info(
             "trace %s: job %d pids %s: matched %d, triggered %s, busy %d",

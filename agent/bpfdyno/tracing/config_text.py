@@ -15,12 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bpfdyno.core.errors import InvalidArgument
+from bpfdyno.rpc.traces import KINETO_WARMUP_S
 from bpfdyno.tracing.paths import PathRejected, check_log_file, printable
 
 #: Largest config text accepted (Kineto's limit is the ~212 KB datagram; stay far below).
 MAX_CONFIG_BYTES = 32 * 1024
-#: Kineto warms up this long before a timed trace; a start time closer than this fails.
-KINETO_WARMUP_S = 5.0
 #: Kineto drops a config whose PROFILE_START_TIME is more than this far in the past.
 KINETO_MAX_REQUEST_AGE_S = 10.0
 

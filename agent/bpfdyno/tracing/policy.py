@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from bpfdyno.core.config import TracingSection
 from bpfdyno.core.errors import PermissionDenied
 from bpfdyno.core.identity import Requester, user_name
-from bpfdyno.tracing.config_text import KINETO_WARMUP_S, CheckedConfig, ConfigRejected
+from bpfdyno.rpc.traces import KINETO_WARMUP_S
+from bpfdyno.tracing.config_text import CheckedConfig, ConfigRejected
 
 #: Kineto's duration when a config names none.
 KINETO_DEFAULT_DURATION_MS = 500

@@ -17,7 +17,8 @@ comes from two places:
 
 Kineto reports nothing when it drops a config (a start time too close for its warm-up,
 a parse error), so "failed" is inferred: a duration trace that never turned busy within
-`NEVER_STARTED_POLLS` polls after delivery, or a trace that went busy and then idle
+`NEVER_STARTED_POLLS` polls after delivery (after its warm-up began, for a trace with a start
+time: Kineto stays idle until then), or a trace that went busy and then idle
 `MISSING_FILE_POLLS` times with no final file. The files are only looked at while some
 trace is open (`FILE_POLL_S`).
 """
@@ -33,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from bpfdyno.rpc.traces import KINETO_WARMUP_S
 from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest
 from bpfdyno.tracing.paths import TMP_SUFFIX
 
@@ -160,6 +162,8 @@ class _Trace:
     deadline_wall: float
     iteration_mode: bool
     procs: dict[bytes, _Proc]
+    #: PROFILE_START_TIME in epoch seconds; 0: the trace starts when the process gets it.
+    start_time_s: float = 0.0
     version: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -269,8 +273,12 @@ class TraceTracker:
         processes: list[NewProcess],
         timeout_s: float,
         iteration_mode: bool,
+        start_time_s: float = 0.0,
     ) -> TraceView:
-        """Start tracking a trace whose configs were just stored for ``processes``."""
+        """Start tracking a trace whose configs were just stored for ``processes``.
+
+        ``start_time_s`` is the trace's PROFILE_START_TIME (epoch seconds), 0 for none.
+        """
         now = self._wall()
         procs = {
             p.address: _Proc(
@@ -298,6 +306,7 @@ class TraceTracker:
             deadline_wall=now + timeout_s,
             iteration_mode=iteration_mode,
             procs=procs,
+            start_time_s=start_time_s,
         )
         self._traces[trace_id] = tr
         for address in procs:
@@ -469,6 +478,8 @@ class TraceTracker:
                 )
                 return True
             return False
+        if tr.start_time_s and self._wall() < tr.start_time_s - KINETO_WARMUP_S:
+            return False  # Kineto waits, idle, until its warm-up before the start time
         p.idle_polls += 1
         if (
             not tr.iteration_mode

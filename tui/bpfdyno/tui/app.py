@@ -121,9 +121,9 @@ class TopApp(App[int]):
             with TabPane("1 Overview", id="overview"):
                 yield OverviewView(id="overview-view")
             with TabPane("2 Processes", id="processes"):
-                yield ProcessesView(self.state.job_id, id="processes-view")
+                yield ProcessesView(id="processes-view")
             with TabPane("3 Trainers", id="trainers"):
-                yield TrainersView(self.state.job_id, id="trainers-view")
+                yield TrainersView(id="trainers-view")
             with TabPane("4 Events", id="events"):
                 yield EventsView(id="events-view")
             with TabPane("5 Agent", id="agent"):
@@ -131,15 +131,19 @@ class TopApp(App[int]):
         yield Footer()
 
     def on_mount(self) -> None:
-        """Start the connection loop and the refresh tick."""
+        """Start fetching data and the refresh tick."""
         # Held, not queried: App.query_one searches the active screen, which is a modal
         # (help, trace form) or a detail screen while those are open.
         self._bar = self.query_one(StatusBar)
         self._tabs = self.query_one("#tabs", TabbedContent)
         self._views = {tab: self.query_one(f"#{tab}-view") for tab in TABS}
         self.render_views()
-        self._connection_loop()
+        self.start_data()
         self.set_interval(self.refresh_s, self._tick)
+
+    def start_data(self) -> None:
+        """Start the workers that fetch the agent's data (the connection loop)."""
+        self._connection_loop()
 
     # -- rendering ---------------------------------------------------------------------
 

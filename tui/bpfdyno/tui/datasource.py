@@ -7,6 +7,9 @@ bcc (ruff's banned-api rule enforces it for ``tui/``). Two implementations exist
 - `RecordedDataSource` replays a JSON recording, for demos and for tests without root,
   BPF or a GPU.
 
+The cluster view (``bpfdyno top --job-id``) reads every node of a job through
+`ClusterDataSource`, and each node's full view through a `GrpcDataSource` of its own.
+
 Every call either returns plain records (`bpfdyno.tui.records`) or raises one of the three
 errors below, which the UI turns into a banner or an "unavailable" panel — never a crash.
 """
@@ -17,6 +20,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from bpfdyno.rpc.traces import TraceSpec
+from bpfdyno.tui.cluster_source import ClusterDataSource
 from bpfdyno.tui.errors import DataSourceError, Disconnected, RequestFailed, ServiceUnavailable
 from bpfdyno.tui.grpc_source import GrpcDataSource
 from bpfdyno.tui.recorded import RecordedDataSource
@@ -103,6 +107,7 @@ class DataSource(Protocol):
 
 
 __all__ = [
+    "ClusterDataSource",
     "DataSource",
     "DataSourceError",
     "Disconnected",

@@ -40,10 +40,11 @@ from bpfdyno.tui.records import (
     TrainerInfo,
 )
 
-#: Short reconnect back-off: the UI retries on its own schedule and says so.
+#: Short reconnect back-off: the UI retries on its own schedule and says so. (Not
+#: ``grpc.min_reconnect_backoff_ms``: gRPC takes it as the time a connection attempt may
+#: take too, and a TLS handshake with a distant or busy agent can need more than 250 ms.)
 _CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 250),
-    ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.max_receive_message_length", 16 << 20),
 )

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from textual.message import Message
 
+from bpfdyno.tui.cluster_records import JobTraceView, NodeSummary
 from bpfdyno.tui.records import (
     AgentStatus,
     KernelEventInfo,
@@ -143,3 +144,38 @@ class OpenProcess(Message):
     def __init__(self, pid: int) -> None:
         super().__init__()
         self.pid = pid
+
+
+# -- the cluster view (`bpfdyno top --job-id`) ---------------------------------------------
+
+
+class NodesUpdated(Message):
+    """A fresh row for every node of the job."""
+
+    def __init__(self, nodes: Sequence[NodeSummary]) -> None:
+        super().__init__()
+        self.nodes = tuple(nodes)
+
+    def can_replace(self, message: Message) -> bool:
+        """Newer rows supersede queued ones."""
+        return isinstance(message, NodesUpdated)
+
+
+class JobTraceUpdated(Message):
+    """A job-wide trace's new state."""
+
+    def __init__(self, trace: JobTraceView) -> None:
+        super().__init__()
+        self.trace = trace
+
+    def can_replace(self, message: Message) -> bool:
+        """A newer state supersedes a queued one."""
+        return isinstance(message, JobTraceUpdated)
+
+
+class OpenNode(Message):
+    """The user opened a node's full view."""
+
+    def __init__(self, node: NodeSummary) -> None:
+        super().__init__()
+        self.node = node

@@ -176,3 +176,15 @@ class StreamMetricsRequest(_message.Message):
     names: _containers.RepeatedScalarFieldContainer[str]
     collectors: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, names: _Optional[_Iterable[str]] = ..., collectors: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetClockRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Clock(_message.Message):
+    __slots__ = ("receive_unix_seconds", "transmit_unix_seconds")
+    RECEIVE_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TRANSMIT_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    receive_unix_seconds: float
+    transmit_unix_seconds: float
+    def __init__(self, receive_unix_seconds: _Optional[float] = ..., transmit_unix_seconds: _Optional[float] = ...) -> None: ...

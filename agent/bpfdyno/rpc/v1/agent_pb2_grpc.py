@@ -59,6 +59,11 @@ class AgentStub:
                 request_serializer=bpfdyno_dot_rpc_dot_v1_dot_agent__pb2.StreamMetricsRequest.SerializeToString,
                 response_deserializer=bpfdyno_dot_rpc_dot_v1_dot_agent__pb2.MetricsSnapshot.FromString,
                 _registered_method=True)
+        self.GetClock = channel.unary_unary(
+                '/bpfdyno.rpc.v1.Agent/GetClock',
+                request_serializer=bpfdyno_dot_rpc_dot_v1_dot_agent__pb2.GetClockRequest.SerializeToString,
+                response_deserializer=bpfdyno_dot_rpc_dot_v1_dot_agent__pb2.Clock.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -99,6 +104,14 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetClock(self, request, context):
+        """The agent's wall clock, for comparing clocks across agents (NTP-style: the client notes
+        when it sent the request and when the reply arrived; offset and round trip follow).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +139,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.StreamMetrics,
                     request_deserializer=bpfdyno_dot_rpc_dot_v1_dot_agent__pb2.StreamMetricsRequest.FromString,
                     response_serializer=bpfdyno_dot_rpc_dot_v1_dot_agent__pb2.MetricsSnapshot.SerializeToString,
+            ),
+            'GetClock': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetClock,
+                    request_deserializer=bpfdyno_dot_rpc_dot_v1_dot_agent__pb2.GetClockRequest.FromString,
+                    response_serializer=bpfdyno_dot_rpc_dot_v1_dot_agent__pb2.Clock.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +281,33 @@ class Agent:
             '/bpfdyno.rpc.v1.Agent/StreamMetrics',
             bpfdyno_dot_rpc_dot_v1_dot_agent__pb2.StreamMetricsRequest.SerializeToString,
             bpfdyno_dot_rpc_dot_v1_dot_agent__pb2.MetricsSnapshot.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetClock(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bpfdyno.rpc.v1.Agent/GetClock',
+            bpfdyno_dot_rpc_dot_v1_dot_agent__pb2.GetClockRequest.SerializeToString,
+            bpfdyno_dot_rpc_dot_v1_dot_agent__pb2.Clock.FromString,
             options,
             channel_credentials,
             insecure,

@@ -180,13 +180,12 @@ class ProcessesView(Vertical):
         Binding("t", "trace", "Trace"),
     ]
 
-    def __init__(self, job_id: str = "", *, id: str | None = None) -> None:
+    def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.sort_key = "cpu_ratio"
         self.descending = True
         self.filter = ProcessFilter()
         self.filter_error = ""
-        self._job_id = job_id
         self._state: TopState | None = None
         self._wide: bool | None = None
 
@@ -235,8 +234,8 @@ class ProcessesView(Vertical):
             f"{len(rows)} shown of {len(snap.rows)} reported, {snap.total_processes} on host"
             f" · sort {title}{'▼' if self.descending else '▲'}"
         )
-        if self._job_id:
-            text += f" · job {self._job_id}"
+        if state.job_id:
+            text += f" · job {state.job_id}"
         if snap.unavailable:
             text += " · unknown: " + "; ".join(f"{k} ({v})" for k, v in snap.unavailable)
         if self.filter_error:

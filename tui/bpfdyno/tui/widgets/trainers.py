@@ -70,9 +70,8 @@ class TrainersView(Vertical):
         Binding("T", "trace(1)", "Trace job"),
     ]
 
-    def __init__(self, job_id: str = "", *, id: str | None = None) -> None:
+    def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self._job_id = job_id
         self._now = time.time
         self._commands: dict[int, str] = {}
 
@@ -111,7 +110,8 @@ class TrainersView(Vertical):
         # The tracing API knows pids; the process table knows what they run.
         if state.processes is not None:
             self._commands = {r.pid: r.command for r in state.processes.rows}
-        trainers = [t for t in state.trainers if not self._job_id or t.job_id == self._job_id]
+        job = state.job_id
+        trainers = [t for t in state.trainers if not job or t.job_id == job]
         if not state.trainers_state.ok:
             table.empty_text = f"tracing unavailable: {state.trainers_state.reason}"
             table.set_items([])
@@ -125,7 +125,7 @@ class TrainersView(Vertical):
             summary.update(
                 Text(
                     f"{len(trainers)} trainer(s) in {len(jobs)} job(s)"
-                    + (f" · job {self._job_id}" if self._job_id else "")
+                    + (f" · job {job}" if job else "")
                     + " · t: trace selected · T: trace its whole job"
                 )
             )

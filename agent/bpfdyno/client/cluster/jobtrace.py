@@ -1,0 +1,414 @@
+"""A trace of every rank of a job: one request per agent, a common start, a report per host.
+
+`trace_job` runs three rounds over a `FanOut`, each host concurrently:
+
+1. **Clocks**: each agent's offset against ours (`clock.measure_clock`); a host that does not
+   answer is reported with why, and left out of the next rounds.
+2. **Start**: one ``StartTrace`` per agent — per job id its processes carry there (array tasks
+   have their own) — with the same request everywhere. A duration trace without a start time
+   gets one common ``PROFILE_START_TIME`` far enough ahead for the slowest host
+   (`plan_start_time_ms`); an iteration trace starts, on every rank, at the next multiple of
+   the same round-up.
+3. **Wait** (optional): follow every host's trace until each process has written its file,
+   failed or timed out.
+
+The result says, per host, what happened: the clock offset, who matched, who was triggered
+or busy, the files with their state and size, or the error.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+
+import grpc
+
+from bpfdyno.client.cluster.clock import ClockOffset, measure_clock
+from bpfdyno.client.cluster.fanout import FanOut, HostError, HostErrorKind
+from bpfdyno.client.cluster.nodes import Node
+from bpfdyno.rpc.traces import KINETO_WARMUP_S, TraceSpec, spec_to_pb
+from bpfdyno.rpc.v1 import tracing_pb2 as pb
+from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
+
+#: How often PyTorch asks its agent for a config by default
+#: (``ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS``): a request waits up to this long for delivery.
+KINETO_POLL_INTERVAL_S = 5.0
+#: Slack on top of the poll interval, Kineto's warm-up and the slowest host.
+START_MARGIN_S = 2.0
+#: How long `trace_job` follows the trace when waiting and no time is given.
+DEFAULT_WAIT_S = 120.0
+#: Extra time for the agent's verdict after the wait (it marks late processes timed out).
+_VERDICT_S = 5.0
+
+
+def plan_start_time_ms(
+    now_s: float,
+    clocks: Iterable[ClockOffset | None],
+    *,
+    poll_interval_s: float = KINETO_POLL_INTERVAL_S,
+) -> int:
+    """A common start time (epoch ms) that every host's processes can still honour.
+
+    A process gets its config at its next poll (up to ``poll_interval_s`` later) and then
+    needs Kineto's warm-up before the start; the agent itself refuses a start time less than
+    the warm-up ahead of *its* clock. So the start is now + the slowest host's round trip
+    and clock lead + the poll interval + the warm-up + a margin, rounded up to 0.1 s.
+    """
+    worst = max(
+        (c.round_trip_s + max(0.0, c.offset_s) for c in clocks if c is not None), default=0.0
+    )
+    start_s = now_s + worst + poll_interval_s + KINETO_WARMUP_S + START_MARGIN_S
+    return math.ceil(start_s * 10) * 100
+
+
+class HostOutcome(enum.StrEnum):
+    """How a host's part of a job trace ended (the value is what ``--json`` writes)."""
+
+    #: Processes were triggered (and, when waiting, each wrote its file).
+    OK = "ok"
+    #: Triggered; their traces are being followed.
+    IN_PROGRESS = "in_progress"
+    #: The agent answered but no process of the job was traced there.
+    NOT_TRACED = "not_traced"
+    #: Triggered, but a process failed or timed out (when waiting).
+    INCOMPLETE = "incomplete"
+    #: No answer, or the request was refused.
+    FAILED = "failed"
+
+
+class JobOutcome(enum.StrEnum):
+    """How the whole job trace ended: the exit status of ``gputrace`` follows it."""
+
+    ALL = "all"
+    SOME_FAILED = "some_failed"
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class TraceFile:
+    """One traced process's file on one host.
+
+    Attributes:
+        host: the node's name.
+        pid: the process.
+        job_id: its ``$SLURM_JOB_ID``.
+        path: the file Kineto writes there.
+        state: ``triggered`` until followed, then pending, delivered, tracing, written,
+            failed or timed_out.
+        size_bytes: the written file's size; None until written.
+        reason: why it is in this state, in words.
+    """
+
+    host: str
+    pid: int
+    job_id: int
+    path: str
+    state: str
+    size_bytes: int | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class HostRequest:
+    """One ``StartTrace`` on one host, and the trace's last known state."""
+
+    job_id: int
+    start: pb.StartTraceResponse
+    final: pb.TraceStatus | None = None
+
+
+def _state_word(state: int) -> str:
+    return str(pb.ProcessTraceState.Name(state)).removeprefix("PROCESS_TRACE_STATE_").lower()
+
+
+@dataclass(frozen=True, slots=True)
+class HostTrace:
+    """What happened on one host."""
+
+    node: Node
+    clock: ClockOffset | None = None
+    requests: tuple[HostRequest, ...] = ()
+    error: HostError | None = None
+    waited: bool = False
+
+    @property
+    def matched(self) -> int:
+        """Processes of the job the agent found."""
+        return sum(len(r.start.processes_matched) for r in self.requests)
+
+    @property
+    def triggered(self) -> int:
+        """Processes handed a trace config."""
+        return sum(len(r.start.triggered) for r in self.requests)
+
+    @property
+    def busy(self) -> int:
+        """Matched processes already holding or running a trace."""
+        return sum(len(r.start.busy) for r in self.requests)
+
+    @property
+    def over_limit(self) -> int:
+        """Matched processes left out by the process limit."""
+        return sum(len(r.start.over_limit) for r in self.requests)
+
+    @property
+    def trace_ids(self) -> tuple[str, ...]:
+        """The agent's trace id of each request."""
+        return tuple(r.start.trace_id for r in self.requests)
+
+    def files(self) -> list[TraceFile]:
+        """Every triggered process's file, with its latest state."""
+        out = []
+        for r in self.requests:
+            final = {p.pid: p for p in r.final.processes} if r.final is not None else {}
+            for t in r.start.triggered:
+                p = final.get(t.pid)
+                if p is None:
+                    out.append(
+                        TraceFile(self.node.name, t.pid, t.job_id, t.output_path, "triggered",
+                                  None, "config stored for the process's next poll")
+                    )  # fmt: skip
+                    continue
+                out.append(
+                    TraceFile(
+                        host=self.node.name,
+                        pid=p.pid,
+                        job_id=p.job_id,
+                        path=p.output_path or t.output_path,
+                        state=_state_word(p.state),
+                        size_bytes=p.size_bytes if p.size_bytes >= 0 else None,
+                        reason=p.reason,
+                    )
+                )
+        return out
+
+    @property
+    def outcome(self) -> HostOutcome:
+        """How this host's part ended."""
+        if self.error is not None:
+            return HostOutcome.FAILED
+        if self.triggered == 0:
+            return HostOutcome.NOT_TRACED
+        if self.waited:
+            if any(r.start.triggered and r.final is None for r in self.requests):
+                return HostOutcome.IN_PROGRESS
+            if any(f.state != "written" for f in self.files()):
+                return HostOutcome.INCOMPLETE
+        return HostOutcome.OK
+
+    @property
+    def reason(self) -> str:
+        """Why the outcome is not ``ok``, in words ("" when it is)."""
+        outcome = self.outcome
+        if self.error is not None:
+            return self.error.message
+        if outcome is HostOutcome.NOT_TRACED:
+            skipped = [s for r in self.requests for s in (*r.start.busy, *r.start.over_limit)]
+            if skipped:
+                return "nothing triggered: " + "; ".join(
+                    f"pid {s.pid}: {s.reason}" for s in skipped[:3]
+                )
+            others = [s for r in self.requests for s in r.start.not_matched]
+            if not others:
+                return (
+                    "no process matched: no trainer is registered with this agent; start the "
+                    "ranks with KINETO_USE_DAEMON=1 (and, if KINETO_IPC_SOCKET_DIR is set for "
+                    "them, the agent's [kineto] socket_dir)"
+                )
+            return "no process matched; registered: " + "; ".join(
+                f"pid {s.pid} (job {s.job_id}): {s.reason}" for s in others[:3]
+            )
+        if outcome is HostOutcome.INCOMPLETE:
+            return "; ".join(
+                f"pid {f.pid} {f.state}: {f.reason}" for f in self.files() if f.state != "written"
+            )
+        return ""
+
+
+@dataclass(frozen=True, slots=True)
+class JobTraceResult:
+    """A job-wide trace: the request every host got, and each host's part.
+
+    Attributes:
+        spec: the request as sent (with the common start time, in duration mode).
+        hosts: one entry per node, in the nodes' order.
+        waited: whether the traces were followed to their end.
+    """
+
+    spec: TraceSpec
+    hosts: tuple[HostTrace, ...]
+    waited: bool = False
+
+    @property
+    def outcome(self) -> JobOutcome:
+        """All hosts ok, some not, or none."""
+        ok = sum(h.outcome is HostOutcome.OK for h in self.hosts)
+        if self.hosts and ok == len(self.hosts):
+            return JobOutcome.ALL
+        return JobOutcome.SOME_FAILED if ok else JobOutcome.NONE
+
+    def files(self) -> list[TraceFile]:
+        """Every traced process's file, host by host."""
+        return [f for h in self.hosts for f in h.files()]
+
+
+#: Called with the whole result after every change while a job trace runs.
+ProgressCallback = Callable[[JobTraceResult], None]
+
+
+async def trace_job(
+    fanout: FanOut,
+    spec: TraceSpec,
+    *,
+    wait: bool = False,
+    wait_s: float = DEFAULT_WAIT_S,
+    poll_interval_s: float = KINETO_POLL_INTERVAL_S,
+    on_progress: ProgressCallback | None = None,
+    clock: Callable[[], float] = time.time,
+) -> JobTraceResult:
+    """Trace every node of ``fanout`` with the same request; report per host.
+
+    Args:
+        fanout: the job's agents.
+        spec: the request. Its ``job_id`` is used on nodes that list no job ids of their
+            own; pids are host-local, so leave them empty for a job-wide trace.
+        wait: follow each host's trace until every process has ended (or ``wait_s``).
+        wait_s: how long to follow.
+        poll_interval_s: the trainers' config poll interval, for the common start time.
+        on_progress: called with the whole result after every change.
+        clock: our wall clock (epoch seconds).
+    """
+    hosts = {n.target: HostTrace(n, waited=wait) for n in fanout.nodes}
+
+    def snapshot() -> JobTraceResult:
+        return JobTraceResult(spec, tuple(hosts[n.target] for n in fanout.nodes), wait)
+
+    def put(trace: HostTrace) -> None:
+        hosts[trace.node.target] = trace
+        if on_progress is not None:
+            on_progress(snapshot())
+
+    probes = await fanout.map(lambda node, ch: measure_clock(ch, timeout_s=fanout.timeout_s))
+    reachable: list[Node] = []
+    for probe in probes:
+        node = probe.node
+        if probe.ok:
+            hosts[node.target] = replace(hosts[node.target], clock=probe.value)
+            reachable.append(node)
+        elif probe.error is not None and probe.error.kind is HostErrorKind.UNIMPLEMENTED:
+            reachable.append(node)  # an agent without GetClock: traced, offset unknown
+        else:
+            hosts[node.target] = replace(hosts[node.target], error=probe.error)
+    if not spec.iteration_mode and spec.profile_start_time_ms == 0 and reachable:
+        start_ms = plan_start_time_ms(
+            clock(),
+            (hosts[n.target].clock for n in reachable),
+            poll_interval_s=poll_interval_s,
+        )
+        spec = replace(spec, profile_start_time_ms=start_ms)
+    if on_progress is not None:
+        on_progress(snapshot())
+
+    async def start(node: Node, ch: grpc.aio.Channel) -> tuple[HostRequest, ...]:
+        stub = pb_grpc.TracingStub(ch)
+        requests = []
+        for job_id in node.job_ids or (spec.job_id,):
+            req = spec_to_pb(replace(spec, job_id=job_id))
+            requests.append(
+                HostRequest(job_id, await stub.StartTrace(req, timeout=fanout.timeout_s))
+            )
+        return tuple(requests)
+
+    for started in await fanout.map(start, reachable):
+        trace = hosts[started.node.target]
+        if started.value is not None:
+            put(replace(trace, requests=started.value))
+        else:
+            put(replace(trace, error=started.error))
+    if not wait:
+        return snapshot()
+
+    async def follow(node: Node, ch: grpc.aio.Channel) -> None:
+        stub = pb_grpc.TracingStub(ch)
+        for i, request in enumerate(hosts[node.target].requests):
+            if not request.start.triggered:
+                continue
+
+            def seen(status: pb.TraceStatus, i: int = i) -> None:
+                requests = list(hosts[node.target].requests)
+                requests[i] = replace(requests[i], final=status)
+                put(replace(hosts[node.target], requests=tuple(requests)))
+
+            await _watch(stub, request.start.trace_id, wait_s, seen)
+
+    waiting = [n for n in fanout.nodes if hosts[n.target].triggered]
+    results = await fanout.map(follow, waiting, timeout_s=wait_s + 2 * _VERDICT_S, bounded=False)
+    for followed in results:
+        if followed.error is not None:
+            why = followed.error
+            lost = HostError(why.kind, f"lost while following the trace: {why.message}")
+            put(replace(hosts[followed.node.target], error=lost))
+    return snapshot()
+
+
+async def _watch(
+    stub: pb_grpc.TracingStub,
+    trace_id: str,
+    wait_s: float,
+    seen: Callable[[pb.TraceStatus], None],
+) -> None:
+    """Pass every state of the trace to ``seen`` until every process has ended, or until
+    ``wait_s`` is over (then the agent's verdict at that time)."""
+    done = False
+    call = stub.WatchTrace(pb.GetTraceRequest(trace_id=trace_id), timeout=wait_s + _VERDICT_S)
+    try:
+        async for status in call:
+            seen(status)
+            if status.done:
+                done = True
+                break
+    except grpc.aio.AioRpcError as e:
+        if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise
+    finally:
+        call.cancel()
+    if not done:
+        seen(await stub.GetTrace(pb.GetTraceRequest(trace_id=trace_id), timeout=_VERDICT_S))
+
+
+def hosts_failed_alike(result: JobTraceResult) -> HostError | None:
+    """The one error every host failed with (the same kind and words), if they all did.
+
+    A wrong token, or a log file every agent refuses for the same rule, is then said once.
+    """
+    errors = [h.error for h in result.hosts]
+    if not errors or any(e is None for e in errors):
+        return None
+    first = errors[0]
+    assert first is not None
+    return first if all(e == first for e in errors) else None
+
+
+def summarize(hosts: Sequence[HostTrace]) -> dict[HostOutcome, int]:
+    """How many hosts ended each way."""
+    counts = {o: 0 for o in HostOutcome}
+    for h in hosts:
+        counts[h.outcome] += 1
+    return counts
+
+
+__all__ = [
+    "DEFAULT_WAIT_S",
+    "KINETO_POLL_INTERVAL_S",
+    "HostOutcome",
+    "HostRequest",
+    "HostTrace",
+    "JobOutcome",
+    "JobTraceResult",
+    "TraceFile",
+    "plan_start_time_ms",
+    "trace_job",
+]

@@ -1,0 +1,143 @@
+"""The cluster view's state and its derived text: one row per node of a job. Pure, no I/O.
+
+A value the node does not have (no GPU, no BPF scheduler data) shows as ``-``; a node whose
+agent does not answer shows ``down`` and why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.text import Text
+
+from bpfdyno.tui.cluster_records import JobTraceView, NodeSummary
+from bpfdyno.tui.fmt import UNKNOWN, fmt_bytes, fmt_percent, fmt_seconds, fmt_si, fmt_value
+
+
+@dataclass
+class ClusterState:
+    """What the cluster screen renders, updated only on the app's loop.
+
+    Attributes:
+        job: the job as the user named it ("" for hosts given by hand).
+        origin: where the nodes came from (``SLURM``, ``--hosts``...).
+        node_count: how many nodes the job has.
+        nodes: the newest row of every node (empty until the first poll answers).
+        updated_ts: when those rows arrived (epoch seconds; 0: not yet).
+        trace: the last job-wide trace, if any.
+        polls: how many polls have answered (0: the rows are not there yet).
+    """
+
+    job: str
+    origin: str
+    node_count: int
+    nodes: tuple[NodeSummary, ...] = ()
+    updated_ts: float = 0.0
+    trace: JobTraceView | None = None
+    polls: int = 0
+
+    @property
+    def answering(self) -> int:
+        """Nodes whose agent answered the last poll."""
+        return sum(n.up for n in self.nodes)
+
+
+def _ratio(used: float, total: float) -> float:
+    return used / total if total > 0 and not math.isnan(used) else math.nan
+
+
+def node_cells(n: NodeSummary) -> list[str]:
+    """A node's cells, in `CLUSTER_COLUMNS` order (see the cluster screen)."""
+    if not n.up:
+        note = n.error.message if n.error is not None else "no answer"
+        return [n.node.name, "down", *([UNKNOWN] * 10), note]
+    note = n.problems[0] if n.problems else (n.hostname if n.hostname != n.node.name else "")
+    return [
+        n.node.name,
+        n.agent_state,
+        fmt_percent(n.cpu_ratio),
+        fmt_percent(_ratio(n.memory_used_bytes, n.memory_total_bytes)),
+        fmt_percent(n.gpu_utilization_ratio) if n.gpus else UNKNOWN,
+        fmt_percent(_ratio(n.gpu_memory_used_bytes, n.gpu_memory_total_bytes))
+        if n.gpus
+        else UNKNOWN,
+        fmt_value(n.gpu_power_watts, "watts") if n.gpus else UNKNOWN,
+        fmt_bytes(n.net_rx_bytes_per_second),
+        fmt_bytes(n.net_tx_bytes_per_second),
+        fmt_si(n.tcp_retransmits_per_second),
+        fmt_seconds(n.runqueue_p99_seconds),
+        str(n.trainers) if n.trainers is not None else UNKNOWN,
+        note,
+    ]
+
+
+def node_style(n: NodeSummary) -> str:
+    """A row's colour: red for a node that does not answer, yellow for a degraded agent."""
+    if not n.up:
+        return "red"
+    return "yellow" if n.agent_state != "ok" else ""
+
+
+def node_detail(n: NodeSummary) -> str:
+    """Everything about one node that does not fit its row."""
+    head = f"{n.node.name} ({n.node.target})"
+    if n.node.job_ids:
+        head += " · job id" + ("s " if len(n.node.job_ids) > 1 else " ")
+        head += ",".join(str(j) for j in n.node.job_ids)
+    if not n.up:
+        why = n.error.message if n.error is not None else "no answer"
+        return f"{head} · down: {why}"
+    parts = [head, f"host {n.hostname}", f"bpfdyno {n.version}"]
+    if n.trainers is not None:
+        parts.append(f"{n.trainers} trainer(s) registered, {n.tracing} tracing")
+    if n.memory_total_bytes > 0:
+        parts.append(f"mem {fmt_bytes(n.memory_used_bytes)}/{fmt_bytes(n.memory_total_bytes)}")
+    if n.gpus:
+        parts.append(
+            f"{n.gpus} GPU(s), mem {fmt_bytes(n.gpu_memory_used_bytes)}/"
+            f"{fmt_bytes(n.gpu_memory_total_bytes)}"
+        )
+    if n.unavailable:
+        parts.append("not collected here: " + ", ".join(n.unavailable))
+    lines = [" · ".join(parts), *n.problems]
+    return "\n".join(lines)
+
+
+def summary_line(state: ClusterState) -> str:
+    """The screen's first line: which job, how many nodes answer."""
+    what = f"job {state.job}" if state.job else "hosts"
+    text = f"{what} · {state.node_count} node(s) from {state.origin}"
+    if state.polls:
+        down = len(state.nodes) - state.answering
+        text += f" · {state.answering} answering" + (f", {down} down" if down else "")
+    else:
+        text += " · asking every agent..."
+    return text
+
+
+def trace_lines(trace: JobTraceView) -> list[tuple[str, str]]:
+    """A job-wide trace as (text, style) lines: the verdict, then per host and file."""
+    head = "job trace: " + (f"done, {trace.outcome}" if trace.finished else "running")
+    lines = [(head, "bold green" if trace.finished and trace.outcome == "all" else "bold")]
+    width = max([4, *(len(h.host) for h in trace.hosts)])
+    for h in trace.hosts:
+        clock = f"{h.clock_offset_s * 1e3:+.1f}ms" if h.clock_offset_s is not None else UNKNOWN
+        style = {"ok": "green", "failed": "red", "incomplete": "red"}.get(h.outcome, "")
+        lines.append((f"{h.host:<{width}} {h.outcome:<12} clock {clock}", style))
+        if h.reason:
+            lines.append((f"{'':<{width}}   {h.reason}", style))
+        for f in h.files:
+            size = fmt_bytes(f.size_bytes) if f.size_bytes is not None else UNKNOWN
+            lines.append((f"{'':<{width}}   pid {f.pid} {f.state} {size} {f.path}", ""))
+    return lines
+
+
+def lines_text(lines: list[tuple[str, str]]) -> Text:
+    """(text, style) lines as one Rich text."""
+    text = Text()
+    for i, (line, style) in enumerate(lines):
+        if i:
+            text.append("\n")
+        text.append(line, style=style)
+    return text
