@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from tracing_harness import Harness
 
+from bpfdyno.core.identity import files_as
 from bpfdyno.services.tracing import TraceRequest
 from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.merge import (
@@ -215,3 +216,60 @@ def test_inspect_reads_only_head_and_tail(kineto_trace: bytes, tmp_path: Path) -
     layout = inspect_trace(str(path))
     assert layout.base_ns == original["baseTimeNanoseconds"]
     assert layout.window_ns is not None
+
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def shared_dirs() -> Iterator[tuple[Path, Path]]:
+    """(a directory only ``nobody`` controls, a directory only root may enter), both under a
+    root directory every user may traverse."""
+    base = Path(tempfile.mkdtemp(prefix="bdm-own-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    theirs, roots = base / "theirs", base / "roots"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, NOBODY, NOBODY)
+    roots.mkdir(mode=0o700)
+    try:
+        yield theirs, roots
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_merge_acts_as_the_file_owner(
+    kineto_trace: bytes, shared_dirs: tuple[Path, Path]
+) -> None:
+    """A user's trace is merged with that user's rights: the copy is theirs, mode kept."""
+    theirs, _ = shared_dirs
+    path = theirs / "t.json"
+    path.write_bytes(kineto_trace)
+    os.chown(path, NOBODY, NOBODY)
+    os.chmod(path, 0o640)
+    with files_as(NOBODY, NOBODY):
+        _, result = merge_into_trace(str(path), one_event)
+    st = path.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (NOBODY, NOBODY, 0o640)
+    assert result.events_added == 2 and leftovers(theirs) == []
+
+
+@pytest.mark.parametrize("via", ["file link", "directory link"])
+def test_a_link_the_owner_planted_reads_and_writes_nothing_of_root(
+    kineto_trace: bytes, shared_dirs: tuple[Path, Path], via: str
+) -> None:
+    """Between Kineto's rename and the merge, the owner swaps in a link to a root-only trace:
+    the merge (as the owner) can neither read it nor write next to it; the victim is intact."""
+    theirs, roots = shared_dirs
+    victim = roots / "t.json"
+    victim.write_bytes(kineto_trace)
+    os.chmod(victim, 0o600)
+    if via == "file link":
+        path = theirs / "t.json"
+        os.symlink(victim, path)
+    else:
+        os.symlink(roots, theirs / "d")
+        path = theirs / "d" / "t.json"
+    with pytest.raises(MergeError), files_as(NOBODY, NOBODY):
+        merge_into_trace(str(path), one_event)
+    assert victim.read_bytes() == kineto_trace
+    assert sorted(os.listdir(roots)) == ["t.json"] and leftovers(theirs) == []

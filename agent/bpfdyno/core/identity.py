@@ -17,8 +17,11 @@ look at transports; they only see a `Requester`.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import pwd
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 #: The uid with every right (root in the daemon's user namespace).
@@ -88,3 +91,41 @@ def in_process() -> Requester:
 def unattributed(transport: str, peer: str, why: str) -> Requester:
     """A requester whose uid could not be established, and why."""
     return Requester(uid=None, transport=transport, peer=peer, note=why)
+
+
+class FileIdentityError(OSError):
+    """The file-system identity could not be switched (the agent lacks CAP_SETUID/SETGID)."""
+
+
+@contextlib.contextmanager
+def files_as(uid: int, gid: int) -> Iterator[None]:
+    """Open, create and rename files on this thread with ``uid``/``gid``'s rights only.
+
+    The agent runs as root but writes into directories its users control (merging kernel
+    tracks into their trace files). Switching the thread's file-system uid and gid
+    (``setfsuid(2)``/``setfsgid(2)``: per thread, file access only) makes every path lookup
+    and permission check the owner's own, so a link the owner planted cannot make the agent
+    read or write anything the owner could not. Files created meanwhile belong to ``uid``.
+
+    Raises:
+        FileIdentityError: the switch was refused (not root and no CAP_SETUID/CAP_SETGID).
+    """
+    if uid == os.geteuid():
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    old_gid = libc.setfsgid(gid)
+    old_uid = libc.setfsuid(uid)
+    # Both calls return the previous value even when they fail: ask again to see the result.
+    if libc.setfsuid(uid) != uid or libc.setfsgid(gid) != gid:
+        libc.setfsuid(old_uid)
+        libc.setfsgid(old_gid)
+        raise FileIdentityError(
+            f"cannot act on files as uid {uid} (setfsuid refused); run the agent as root or "
+            "give it CAP_SETUID and CAP_SETGID"
+        )
+    try:
+        yield
+    finally:
+        libc.setfsuid(old_uid)  # back to a privileged fsuid first, so the gid can change
+        libc.setfsgid(old_gid)

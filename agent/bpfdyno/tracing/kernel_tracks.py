@@ -20,9 +20,11 @@ import asyncio
 import contextlib
 import logging
 import os
+import pwd
 from concurrent.futures import ThreadPoolExecutor
 
 from bpfdyno.core.events import FlightRecorder, KernelEvent
+from bpfdyno.core.identity import ROOT_UID, FileIdentityError, files_as
 from bpfdyno.sources.net.decode import NET_EVENT_KINDS
 from bpfdyno.tracing.capture.manager import CaptureKey, CaptureManager
 from bpfdyno.tracing.capture.records import (
@@ -208,8 +210,10 @@ def merge_capture(
         return Insertion(write, members)
 
     try:
-        _, result = merge_into_trace(part.output_path, build)
-    except MergeError as e:
+        # As the file's owner: its directory is theirs, so every lookup there must be too.
+        with files_as(*_file_owner(part)):
+            _, result = merge_into_trace(part.output_path, build)
+    except (MergeError, FileIdentityError) as e:
         log.warning("kernel tracks of pid %d not merged: %s", part.pid, e)
         return KernelTrackStatus(requested, KernelTrackState.NOT_MERGED, lost=lost, reason=str(e))
     log.info(
@@ -245,3 +249,16 @@ def _size(path: str) -> int:
     with contextlib.suppress(OSError):
         return os.stat(path).st_size
     return -1
+
+
+def _file_owner(part: PartRef) -> tuple[int, int]:
+    """(uid, gid) to merge ``part``'s file as: its process's owner (root when unknown)."""
+    uid = part.owner_uid if part.owner_uid is not None else ROOT_UID
+    with contextlib.suppress(OSError):
+        st = os.lstat(part.output_path)
+        if st.st_uid == uid:
+            return uid, st.st_gid  # the group Kineto created the file with
+    try:
+        return uid, pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return uid, uid

@@ -36,6 +36,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -131,9 +132,12 @@ def merge_into_trace(
     """
     t0 = time.monotonic()
     try:
-        before = os.stat(path)
+        before = os.lstat(path)
     except OSError as e:
         raise MergeError(f"cannot read {path}: {e.strerror}") from e
+    if not stat.S_ISREG(before.st_mode):
+        # Kineto writes a regular file; anything else (a link) was put there by someone else.
+        raise MergeError(f"{path} is not a regular file; the kernel tracks were not merged")
     layout = inspect_trace(path)
     insertion = build(layout)
     if not callable(insertion.events) and not insertion.events:

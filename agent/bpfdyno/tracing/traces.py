@@ -204,6 +204,7 @@ class PartRef:
     pid: int
     output_path: str
     tracks: KernelTrackRequest
+    owner_uid: int | None = None  # the traced process's owner (None: unknown, treat as root)
 
 
 class TraceListener(Protocol):
@@ -329,7 +330,9 @@ class TraceTracker:
         return self._listener is not None and p.tracks.enabled
 
     def _ref(self, tr: _Trace, p: _Proc) -> PartRef:
-        return PartRef(tr.trace_id, p.address, p.view.pid, p.view.output_path, p.tracks)
+        return PartRef(
+            tr.trace_id, p.address, p.view.pid, p.view.output_path, p.tracks, p.owner_uid
+        )
 
     def _forget_old(self) -> None:
         while len(self._traces) > MAX_TRACES:
