@@ -81,8 +81,8 @@ async def _busy_loop(stop: asyncio.Event) -> None:
 
 
 async def serve_bpfdyno(socket_dir: str, tuned: bool, credentials: bool = True) -> None:
+    from bpfdyno.app.tracing import TracingComponent
     from bpfdyno.core.config import load
-    from bpfdyno.tracing.component import TracingComponent
 
     cfg = load(
         None,

@@ -32,9 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bpfdyno.app.tracing import TracingComponent
 from bpfdyno.core.config import load
 from bpfdyno.services.tracing import TraceRequest
-from bpfdyno.tracing.component import TracingComponent
 from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.traces import ProcState
 

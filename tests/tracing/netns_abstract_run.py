@@ -17,9 +17,9 @@ from pathlib import Path
 
 from tracing_harness import TRAINERS, TrainerProc, trainer_env
 
+from bpfdyno.app.tracing import TracingComponent
 from bpfdyno.core.config import load
 from bpfdyno.services.tracing import TraceRequest
-from bpfdyno.tracing.component import TracingComponent
 from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.ipc.endpoint import EndpointUnavailable, KinetoEndpoint
 

@@ -18,10 +18,10 @@ from tracing_harness import (
     unframe,
 )
 
+from bpfdyno.app.tracing import TracingComponent
 from bpfdyno.core.config import load
 from bpfdyno.core.status import PartState
 from bpfdyno.server.legacy_rpc import MAX_FRAME_BYTES
-from bpfdyno.tracing.component import TracingComponent
 from bpfdyno.version import __version__
 
 # What `dyno status`, `dyno version`, `dyno dcgm-pause` and `dyno dcgm-resume` send.

@@ -40,6 +40,7 @@ from tracing_harness import (
 )
 
 from bpfdyno.app.daemon import Daemon
+from bpfdyno.app.tracing import TracingComponent
 from bpfdyno.core.config import load
 from bpfdyno.core.status import PartState
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
@@ -49,7 +50,6 @@ from bpfdyno.server.grpc_server import GrpcServer
 from bpfdyno.server.tracing import servicer_factory
 from bpfdyno.services.agent import AgentService
 from bpfdyno.services.tracing import TraceRequest
-from bpfdyno.tracing.component import TracingComponent
 from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.traces import ProcState, TrainerState
 

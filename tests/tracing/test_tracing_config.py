@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from bpfdyno.app.tracing import allowed_dirs
 from bpfdyno.core.config import ConfigError, load
-from bpfdyno.tracing.component import allowed_dirs
 
 
 def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,13 +21,13 @@ from pathlib import Path
 import grpc
 import orjson
 
+from bpfdyno.app.tracing import TracingComponent
 from bpfdyno.core.config import Config, load
 from bpfdyno.core.events import FlightRecorder
 from bpfdyno.server.unix_front import UnixFront
 from bpfdyno.services.tracing import TracingService, TrainerView
 from bpfdyno.tracing.capture.gpu import GpuCounterSource
 from bpfdyno.tracing.capture.manager import CaptureManager
-from bpfdyno.tracing.component import TracingComponent
 from bpfdyno.tracing.ipc import wire
 from bpfdyno.tracing.traces import TraceView
 

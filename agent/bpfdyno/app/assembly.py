@@ -68,6 +68,7 @@ def profiling_controls(
 def build(cfg: Config) -> Assembly:
     """Create every enabled part of the daemon from the configuration (nothing is started)."""
     # Imported here so `bpfdyno status` and other client commands never load bcc or NVML.
+    from bpfdyno.app.tracing import TracingComponent
     from bpfdyno.server.audit import audit_servicer_factory
     from bpfdyno.server.kernel import kernel_servicer_factory
     from bpfdyno.server.tracing import servicer_factory as tracing_servicer_factory
@@ -82,7 +83,6 @@ def build(cfg: Config) -> Assembly:
     from bpfdyno.sources.procs.table import ProcessTable
     from bpfdyno.sources.sched.collector import SchedCollector
     from bpfdyno.tracing.capture.manager import CaptureManager
-    from bpfdyno.tracing.component import TracingComponent
 
     asm = Assembly()
     on = cfg.collector_enabled
