@@ -24,6 +24,11 @@ def test_default_assembly_has_every_collector_and_the_tracing_component() -> Non
     assert [c.name for c in asm.components] == ["tracing"]
     assert len(asm.servicers) == 2  # Kernel and Tracing (Agent is always added by the server)
     assert asm.sinks == []
+    # perf_sw counts context switches with the sched programs' counters, not its own.
+    by_name: dict[str, Any] = {c.name: c for c in asm.collectors}
+    assert by_name["perf_sw"]._switch_counts == by_name["sched"].cpu_switch_counts
+    no_sched = assembly.build(load(None, [("collectors.sched.enabled", "false")]))
+    assert next(c for c in no_sched.collectors if c.name == "perf_sw")._switch_counts is None  # type: ignore[attr-defined]
 
 
 def test_disabled_collectors_are_listed_and_config_reaches_them() -> None:
