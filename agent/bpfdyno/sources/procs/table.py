@@ -1,11 +1,15 @@
 """The process table: who is using the machine, joined across /proc, BPF and NVML.
 
-Each `ProcessTable.refresh` reads ``/proc/<pid>/stat`` of every process (one small read each),
-computes CPU ratios and network/scheduler rates from the previous refresh, keeps the ``top_n``
-most active processes plus every *pinned* pid (registered trainers), and reads the slower
-details (command line, user, cgroup, container, SLURM job) only for those rows, caching them
-per process lifetime. The result is an immutable `ProcessSnapshot`, swapped in atomically, so
-readers on other threads never see a half-built table.
+Each `ProcessTable.update` lists ``/proc``, reads ``/proc/<pid>/stat`` of every process that
+ran since the previous update (with the sched collector, a process whose on-CPU time and
+run-queue wait did not move has the same stat fields: its last reading is kept, re-read at
+least every `STAT_MAX_AGE_S`), computes CPU ratios and network/scheduler rates from the
+previous update, keeps the ``top_n`` most active processes plus every *pinned* pid
+(registered trainers), and reads the slower details (command line, user, cgroup, container,
+SLURM job) only for those rows, caching them per process lifetime. The rows themselves are
+built only while someone reads the table (`DEMAND_S`), otherwise on the first read, from
+values the update captured. The result is an immutable `ProcessSnapshot`, swapped in
+atomically, so readers on other threads never see a half-built table.
 
 Memory stays flat under process churn: the per-pid caches hold only pids that were alive at
 the last refresh (and details only for rows shown, with a hard cap), so thousands of
@@ -22,6 +26,7 @@ import heapq
 import logging
 import os
 import pwd
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -81,14 +86,24 @@ class ProcessSnapshot:
     unavailable: Mapping[str, str] = field(default_factory=dict)
 
 
+#: Rows are built at each update while the table was read within this many seconds.
+DEMAND_S = 5.0
+#: A process's /proc/PID/stat is re-read at least this often even when it did not run.
+STAT_MAX_AGE_S = 30.0
+
+_NO_NET = (0, 0, 0, 0, 0)
+_ZERO_RATES = (0.0, 0.0, 0.0, 0.0, 0.0)
+
+
 @dataclass(slots=True)
 class _PidState:
-    """What the previous refresh saw of one live pid (for deltas)."""
+    """What the previous update saw of one live pid (for deltas)."""
 
     start_ticks: int
-    cpu_ticks: int
+    stat: procinfo.PidStat
+    stat_t: float  # when stat was read (monotonic)
     net: tuple[int, int, int, int, int] | None = None
-    sched: tuple[int, int, int] | None = None
+    sched: tuple[int, int, int] | None = None  # oncpu, blocked, runq wait
 
 
 @dataclass(slots=True)
@@ -119,8 +134,79 @@ class _Details:
     slurm_job_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class _RowInput:
+    """Everything one row is made of, captured by an update (so rows build on any thread)."""
+
+    pid: int
+    stat: procinfo.PidStat
+    details: _Details
+    measured: _Measured
+    gpu_bytes: int | None
+    pinned: bool
+    user: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """An update's table whose rows are not built yet (nobody has read it)."""
+
+    ts: float
+    inputs: tuple[_RowInput, ...]
+    total_processes: int
+    unavailable: Mapping[str, str]
+    boot: float | None
+    clk_tck: int
+    page_size: int
+
+    def build(self) -> ProcessSnapshot:
+        rows = tuple(self._row(i) for i in self.inputs)
+        return ProcessSnapshot(self.ts, rows, self.total_processes, self.unavailable)
+
+    def _row(self, i: _RowInput) -> ProcessRow:
+        st, d, m = i.stat, i.details, i.measured
+        s, n = m.sched, m.net
+        boot = self.boot
+        return ProcessRow(
+            pid=i.pid,
+            ppid=st.ppid,
+            comm=st.comm,
+            cmdline=d.cmdline,
+            uid=d.uid,
+            user=i.user,
+            state=st.state,
+            num_threads=st.num_threads,
+            start_unix_seconds=NAN if boot is None else boot + st.start_ticks / self.clk_tck,
+            cpu_ratio=m.cpu_ratio,
+            rss_bytes=st.rss_pages * self.page_size,
+            oncpu_ns=None if s is None else s[0],
+            offcpu_runnable_ns=None if s is None else s[1],
+            offcpu_blocked_ns=None if s is None else s[2],
+            runq_wait_ns=None if s is None else s[3],
+            oncpu_ratio=m.oncpu_ratio,
+            runq_wait_ratio=m.runq_wait_ratio,
+            offcpu_blocked_ratio=m.offcpu_blocked_ratio,
+            tcp_tx_bytes=None if n is None else n[0],
+            tcp_rx_bytes=None if n is None else n[1],
+            udp_tx_bytes=None if n is None else n[2],
+            udp_rx_bytes=None if n is None else n[3],
+            tcp_retransmits=None if n is None else n[4],
+            tcp_tx_bytes_per_second=m.net_rates[0],
+            tcp_rx_bytes_per_second=m.net_rates[1],
+            udp_tx_bytes_per_second=m.net_rates[2],
+            udp_rx_bytes_per_second=m.net_rates[3],
+            tcp_retransmits_per_second=m.net_rates[4],
+            cgroup=d.cgroup,
+            container_id=d.container_id,
+            k8s_pod_uid=d.k8s_pod_uid,
+            slurm_job_id=d.slurm_job_id,
+            gpu_memory_bytes=i.gpu_bytes,
+            pinned=i.pinned,
+        )
+
+
 class ProcessTable:
-    """Builds `ProcessSnapshot`s; ``refresh`` is meant for one worker thread at a time.
+    """Builds `ProcessSnapshot`s; `update` (or `refresh`) is meant for one thread at a time.
 
     Args:
         proc_root: the procfs mount (a fixture tree in tests).
@@ -158,14 +244,39 @@ class ProcessTable:
         self._details: dict[int, _Details] = {}
         self._users: dict[int, str] = {}
         self._logged: set[str] = set()
-        self.snapshot = ProcessSnapshot(0.0, (), 0)
+        self._lock = threading.Lock()
+        self._snapshot = ProcessSnapshot(0.0, (), 0)
+        self._pending: _Pending | None = None
+        self._read_at: float | None = None
+
+    @property
+    def snapshot(self) -> ProcessSnapshot:
+        """The table as of the last update (thread-safe); builds its rows if still pending."""
+        with self._lock:
+            self._read_at = self._clock()
+            if self._pending is not None:
+                self._snapshot = self._pending.build()
+                self._pending = None
+            return self._snapshot
 
     def cache_sizes(self) -> dict[str, int]:
         """Entries in each internal cache (for tests and self-monitoring)."""
         return {"pids": len(self._pids), "details": len(self._details), "users": len(self._users)}
 
     def refresh(self) -> ProcessSnapshot:
-        """Read /proc and the providers once, publish and return the new snapshot."""
+        """`update` once, then return the snapshot with its rows."""
+        self.update()
+        return self.snapshot
+
+    def update(self) -> int:
+        """Read /proc and the providers once and publish the new table.
+
+        Its rows are built now only if the table was read in the last `DEMAND_S` seconds
+        (someone is watching); otherwise on the first read (see `snapshot`).
+
+        Returns:
+            The number of rows of the new table.
+        """
         now = self._clock()
         elapsed = None if self._last_t is None else now - self._last_t
         uptime = procinfo.read_uptime_s(self.proc_root)
@@ -176,56 +287,95 @@ class ProcessTable:
         gpu = self._call("gpu", self._gpu, unavailable)
         pinned = self._call_pinned(unavailable)
 
-        stats: dict[int, procinfo.PidStat] = {}
+        states: dict[int, _PidState] = {}
         measured: dict[int, _Measured] = {}
         for pid in procinfo.list_pids(self.proc_root):
-            st = procinfo.read_stat(self.proc_root, pid)
+            prev = self._pids.get(pid)
+            s = sched.get(pid) if sched is not None else None
+            st = self._stat(pid, prev, s, now)
             if st is None:
                 continue  # exited since the listing
-            prev = self._pids.get(pid)
             if prev is not None and prev.start_ticks != st.start_ticks:
                 prev = None  # the pid now belongs to a new process
-            state = _PidState(st.start_ticks, st.cpu_ticks)
-            measured[pid] = self._measure(pid, st, prev, state, elapsed, uptime, sched, net)
-            self._pids[pid] = state
-            stats[pid] = st
-        for gone in self._pids.keys() - stats.keys():
-            del self._pids[gone]
+            state = _PidState(
+                st.start_ticks, st, now if prev is None or st is not prev.stat else prev.stat_t
+            )
+            measured[pid] = self._measure(st, prev, state, elapsed, uptime, sched, s, net, pid)
+            states[pid] = state
+        self._pids = states
 
         chosen = self._choose(measured, pinned)
-        rows = []
+        inputs = []
         for pid in chosen:
-            details = self._details_for(pid, stats[pid])
+            st = states[pid].stat
+            details = self._details_for(pid, st)
             if details is not None:
-                row = self._row(pid, stats[pid], details, measured[pid], boot, gpu, pid in pinned)
-                rows.append(row)
-        self._evict_details(stats.keys(), chosen)
+                gpu_bytes = None if gpu is None else int(gpu.get(pid, 0))
+                user = self._user_name(details.uid)
+                inputs.append(
+                    _RowInput(pid, st, details, measured[pid], gpu_bytes, pid in pinned, user)
+                )
+        self._evict_details(states.keys(), chosen)
         self._last_t = now
-        snap = ProcessSnapshot(time.time(), tuple(rows), len(stats), unavailable)
-        self.snapshot = snap
-        return snap
+        pending = _Pending(
+            time.time(),
+            tuple(inputs),
+            len(states),
+            unavailable,
+            boot,
+            self._clk_tck,
+            self._page_size,
+        )
+        demanded = self._read_at is not None and now - self._read_at < DEMAND_S
+        built = pending.build() if demanded else None
+        with self._lock:
+            if built is not None:
+                self._snapshot, self._pending = built, None
+            else:
+                self._pending = pending
+        return len(inputs)
+
+    def _stat(
+        self, pid: int, prev: _PidState | None, sched: SchedCounters | None, now: float
+    ) -> procinfo.PidStat | None:
+        """/proc/PID/stat, or the previous reading when the process has not run since.
+
+        A process that neither ran nor waited for a CPU since the last reading has the same
+        stat fields (resident memory aside, which reclaim may shrink: re-read at least
+        every `STAT_MAX_AGE_S` seconds).
+        """
+        if (
+            prev is not None
+            and sched is not None
+            and prev.sched is not None
+            and sched.oncpu_ns == prev.sched[0]
+            and sched.runq_wait_ns == prev.sched[2]
+            and now - prev.stat_t < STAT_MAX_AGE_S
+        ):
+            return prev.stat
+        return procinfo.read_stat(self.proc_root, pid)
 
     def _measure(
         self,
-        pid: int,
         st: procinfo.PidStat,
         prev: _PidState | None,
         state: _PidState,
         elapsed: float | None,
         uptime: float | None,
         sched: Mapping[int, SchedCounters] | None,
+        s: SchedCounters | None,
         net: Mapping[int, NetCounters] | None,
+        pid: int,
     ) -> _Measured:
         m = _Measured()
         interval = elapsed if prev is not None and elapsed and elapsed > 0 else None
         start_s = st.start_ticks / self._clk_tck
         if interval is not None and prev is not None:
-            m.cpu_ratio = (st.cpu_ticks - prev.cpu_ticks) / self._clk_tck / interval
+            m.cpu_ratio = (st.cpu_ticks - prev.stat.cpu_ticks) / self._clk_tck / interval
         elif uptime is not None and uptime > start_s:
             # First sight: the average over the process's life so far.
             m.cpu_ratio = st.cpu_ticks / self._clk_tck / (uptime - start_s)
         if sched is not None:
-            s = sched.get(pid)
             cur = (
                 (s.oncpu_ns, s.offcpu_runnable_ns, s.offcpu_blocked_ns, s.runq_wait_ns)
                 if s is not None
@@ -243,14 +393,17 @@ class ProcessTable:
             totals = (
                 (n.tcp_tx_bytes, n.tcp_rx_bytes, n.udp_tx_bytes, n.udp_rx_bytes, n.tcp_retransmits)
                 if n is not None
-                else (0, 0, 0, 0, 0)
+                else _NO_NET
             )
             m.net = totals
             state.net = totals
             if interval is not None and prev is not None and prev.net is not None:
                 before = prev.net
-                r = tuple(max(0, a - b) / interval for a, b in zip(totals, before, strict=True))
-                m.net_rates = (r[0], r[1], r[2], r[3], r[4])
+                if totals == before:
+                    m.net_rates = _ZERO_RATES
+                else:
+                    r = tuple(max(0, a - b) / interval for a, b in zip(totals, before, strict=True))
+                    m.net_rates = (r[0], r[1], r[2], r[3], r[4])
         m.activity = activity(m.cpu_ratio, sum(m.net_rates[:4]))
         return m
 
@@ -331,56 +484,6 @@ class ProcessTable:
                 self._users.clear()  # a bound against uid churn (rare; cheap to refill)
             self._users[uid] = name
         return name
-
-    def _row(
-        self,
-        pid: int,
-        st: procinfo.PidStat,
-        d: _Details,
-        m: _Measured,
-        boot: float | None,
-        gpu: Mapping[int, int] | None,
-        pinned: bool,
-    ) -> ProcessRow:
-        s = m.sched
-        n = m.net
-        gpu_bytes = None if gpu is None else int(gpu.get(pid, 0))
-        return ProcessRow(
-            pid=pid,
-            ppid=st.ppid,
-            comm=st.comm,
-            cmdline=d.cmdline,
-            uid=d.uid,
-            user=self._user_name(d.uid),
-            state=st.state,
-            num_threads=st.num_threads,
-            start_unix_seconds=NAN if boot is None else boot + st.start_ticks / self._clk_tck,
-            cpu_ratio=m.cpu_ratio,
-            rss_bytes=st.rss_pages * self._page_size,
-            oncpu_ns=None if s is None else s[0],
-            offcpu_runnable_ns=None if s is None else s[1],
-            offcpu_blocked_ns=None if s is None else s[2],
-            runq_wait_ns=None if s is None else s[3],
-            oncpu_ratio=m.oncpu_ratio,
-            runq_wait_ratio=m.runq_wait_ratio,
-            offcpu_blocked_ratio=m.offcpu_blocked_ratio,
-            tcp_tx_bytes=None if n is None else n[0],
-            tcp_rx_bytes=None if n is None else n[1],
-            udp_tx_bytes=None if n is None else n[2],
-            udp_rx_bytes=None if n is None else n[3],
-            tcp_retransmits=None if n is None else n[4],
-            tcp_tx_bytes_per_second=m.net_rates[0],
-            tcp_rx_bytes_per_second=m.net_rates[1],
-            udp_tx_bytes_per_second=m.net_rates[2],
-            udp_rx_bytes_per_second=m.net_rates[3],
-            tcp_retransmits_per_second=m.net_rates[4],
-            cgroup=d.cgroup,
-            container_id=d.container_id,
-            k8s_pod_uid=d.k8s_pod_uid,
-            slurm_job_id=d.slurm_job_id,
-            gpu_memory_bytes=gpu_bytes,
-            pinned=pinned,
-        )
 
     # -- providers ----------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bpfdyno.core.config import SchedSection
 from bpfdyno.core.events import KernelEvent, MonotonicClock
@@ -96,8 +96,7 @@ _DROP_REASONS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class ProcSched:
+class ProcSched(NamedTuple):
     """Cumulative scheduler times of one process (all ns; see ``bpf/sched.h``).
 
     Since each thread started, live and exited threads together. ``offcpu_runnable_ns``
@@ -344,7 +343,7 @@ class SchedCollector(Collector):
         for tid, tgid, oncpu, wait, blocked, switches, migrations, comm in TASK_RECORD.iter_unpack(
             walk
         ):
-            if tid in replaced:  # exited after the walk saw it: its last books count
+            if replaced and tid in replaced:  # exited after the walk saw it: its last books
                 continue
             threads += 1
             acc = live.get(tgid)
