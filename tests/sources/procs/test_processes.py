@@ -347,12 +347,14 @@ def test_caches_stay_flat_under_process_churn() -> None:
         for p in batch:
             p.wait()
     time.sleep(0.05)
-    snap = table.refresh()
+    table.refresh()
+    snap = table.refresh()  # both updates the table keeps are after the churn
     sizes = table.cache_sizes()
     assert len(churn_pids) == 2000
     assert sizes["pids"] == snap.total_processes
     # Nothing of the churn is left (a pid the kernel already reused for a live process aside).
-    for cache in (table._pids, table._details):
+    assert table._last is not None and table._prev is not None
+    for cache in (table._last.states, table._prev.states, table._details):
         assert all(os.path.exists(f"/proc/{pid}") for pid in churn_pids & set(cache))
     assert sizes["details"] <= 2 * 20
     assert sizes["users"] <= 5
@@ -446,24 +448,24 @@ def test_rows_are_built_only_while_someone_reads_the_table(
     from bpfdyno.sources.procs import table as table_mod
 
     builds = []
-    build = table_mod._Pending.build
+    build = ProcessTable._build
 
-    def counting(self: table_mod._Pending) -> table_mod.ProcessSnapshot:
-        builds.append(self.ts)
+    def counting(self: ProcessTable) -> table_mod.ProcessSnapshot:
+        builds.append(1)
         return build(self)
 
-    monkeypatch.setattr(table_mod._Pending, "build", counting)
+    monkeypatch.setattr(ProcessTable, "_build", counting)
     fp = FakeProc(tmp_path)
     fp.add(1, comm="init")
     fp.add(2, comm="worker")
     table = ProcessTable(tmp_path, clock=fp.clock)
     assert table.update() == 2
     assert builds == []  # nobody has read it
-    fp.remove(2)  # gone by the time it is read: the row has what the update saw
     assert sorted((r.pid, r.comm) for r in table.snapshot.rows) == [(1, "init"), (2, "worker")]
     assert len(builds) == 1
     assert table.snapshot.rows and len(builds) == 1  # built once per update
     fp.now = table_mod.DEMAND_S / 2
+    fp.remove(2)
     assert table.update() == 1
     assert len(builds) == 2  # read recently: built by the update itself
     assert [r.pid for r in table.snapshot.rows] == [1]

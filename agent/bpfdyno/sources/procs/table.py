@@ -95,15 +95,28 @@ _NO_NET = (0, 0, 0, 0, 0)
 _ZERO_RATES = (0.0, 0.0, 0.0, 0.0, 0.0)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _PidState:
-    """What the previous update saw of one live pid (for deltas)."""
+    """What one update saw of one live pid: its cumulative totals."""
 
-    start_ticks: int
     stat: procinfo.PidStat
     stat_t: float  # when stat was read (monotonic)
-    net: tuple[int, int, int, int, int] | None = None
-    sched: tuple[int, int, int] | None = None  # oncpu, blocked, runq wait
+    sched: tuple[int, int, int, int] | None  # oncpu, runnable, blocked, runq wait
+    net: tuple[int, int, int, int, int] | None  # tcp tx/rx, udp tx/rx, retransmits
+
+
+@dataclass(frozen=True, slots=True)
+class _Update:
+    """Everything one update read: /proc and every provider, at one instant."""
+
+    t: float  # monotonic
+    ts: float  # wall-clock epoch seconds
+    uptime: float | None
+    boot: float | None
+    states: dict[int, _PidState]
+    gpu: Mapping[int, int] | None
+    pinned: set[int]
+    unavailable: dict[str, str]
 
 
 @dataclass(slots=True)
@@ -111,11 +124,9 @@ class _Measured:
     """Per-interval values of one process, computed for every pid before rows are chosen."""
 
     cpu_ratio: float = NAN
-    sched: tuple[int, int, int, int] | None = None  # oncpu, runnable, blocked, runq wait
     oncpu_ratio: float = NAN
     runq_wait_ratio: float = NAN
     offcpu_blocked_ratio: float = NAN
-    net: tuple[int, int, int, int, int] | None = None  # tcp tx/rx, udp tx/rx, retransmits
     net_rates: tuple[float, float, float, float, float] = (NAN, NAN, NAN, NAN, NAN)
     activity: float = 0.0
 
@@ -132,77 +143,6 @@ class _Details:
     container_id: str
     k8s_pod_uid: str
     slurm_job_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class _RowInput:
-    """Everything one row is made of, captured by an update (so rows build on any thread)."""
-
-    pid: int
-    stat: procinfo.PidStat
-    details: _Details
-    measured: _Measured
-    gpu_bytes: int | None
-    pinned: bool
-    user: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    """An update's table whose rows are not built yet (nobody has read it)."""
-
-    ts: float
-    inputs: tuple[_RowInput, ...]
-    total_processes: int
-    unavailable: Mapping[str, str]
-    boot: float | None
-    clk_tck: int
-    page_size: int
-
-    def build(self) -> ProcessSnapshot:
-        rows = tuple(self._row(i) for i in self.inputs)
-        return ProcessSnapshot(self.ts, rows, self.total_processes, self.unavailable)
-
-    def _row(self, i: _RowInput) -> ProcessRow:
-        st, d, m = i.stat, i.details, i.measured
-        s, n = m.sched, m.net
-        boot = self.boot
-        return ProcessRow(
-            pid=i.pid,
-            ppid=st.ppid,
-            comm=st.comm,
-            cmdline=d.cmdline,
-            uid=d.uid,
-            user=i.user,
-            state=st.state,
-            num_threads=st.num_threads,
-            start_unix_seconds=NAN if boot is None else boot + st.start_ticks / self.clk_tck,
-            cpu_ratio=m.cpu_ratio,
-            rss_bytes=st.rss_pages * self.page_size,
-            oncpu_ns=None if s is None else s[0],
-            offcpu_runnable_ns=None if s is None else s[1],
-            offcpu_blocked_ns=None if s is None else s[2],
-            runq_wait_ns=None if s is None else s[3],
-            oncpu_ratio=m.oncpu_ratio,
-            runq_wait_ratio=m.runq_wait_ratio,
-            offcpu_blocked_ratio=m.offcpu_blocked_ratio,
-            tcp_tx_bytes=None if n is None else n[0],
-            tcp_rx_bytes=None if n is None else n[1],
-            udp_tx_bytes=None if n is None else n[2],
-            udp_rx_bytes=None if n is None else n[3],
-            tcp_retransmits=None if n is None else n[4],
-            tcp_tx_bytes_per_second=m.net_rates[0],
-            tcp_rx_bytes_per_second=m.net_rates[1],
-            udp_tx_bytes_per_second=m.net_rates[2],
-            udp_rx_bytes_per_second=m.net_rates[3],
-            tcp_retransmits_per_second=m.net_rates[4],
-            cgroup=d.cgroup,
-            container_id=d.container_id,
-            k8s_pod_uid=d.k8s_pod_uid,
-            slurm_job_id=d.slurm_job_id,
-            gpu_memory_bytes=i.gpu_bytes,
-            pinned=i.pinned,
-        )
 
 
 class ProcessTable:
@@ -239,29 +179,32 @@ class ProcessTable:
         self._clock = clock
         self._clk_tck = os.sysconf("SC_CLK_TCK")
         self._page_size = os.sysconf("SC_PAGE_SIZE")
-        self._last_t: float | None = None
-        self._pids: dict[int, _PidState] = {}
         self._details: dict[int, _Details] = {}
         self._users: dict[int, str] = {}
         self._logged: set[str] = set()
+        # The last two updates (deltas are between them); rows are built from them under
+        # the lock, by the updating thread or by the first reader.
         self._lock = threading.Lock()
+        self._prev: _Update | None = None
+        self._last: _Update | None = None
         self._snapshot = ProcessSnapshot(0.0, (), 0)
-        self._pending: _Pending | None = None
+        self._built = True
         self._read_at: float | None = None
 
     @property
     def snapshot(self) -> ProcessSnapshot:
-        """The table as of the last update (thread-safe); builds its rows if still pending."""
+        """The table as of the last update (thread-safe); builds its rows if not built yet."""
         with self._lock:
             self._read_at = self._clock()
-            if self._pending is not None:
-                self._snapshot = self._pending.build()
-                self._pending = None
+            if not self._built:
+                self._snapshot = self._build()
+                self._built = True
             return self._snapshot
 
     def cache_sizes(self) -> dict[str, int]:
         """Entries in each internal cache (for tests and self-monitoring)."""
-        return {"pids": len(self._pids), "details": len(self._details), "users": len(self._users)}
+        pids = len(self._last.states) if self._last is not None else 0
+        return {"pids": pids, "details": len(self._details), "users": len(self._users)}
 
     def refresh(self) -> ProcessSnapshot:
         """`update` once, then return the snapshot with its rows."""
@@ -272,140 +215,178 @@ class ProcessTable:
         """Read /proc and the providers once and publish the new table.
 
         Its rows are built now only if the table was read in the last `DEMAND_S` seconds
-        (someone is watching); otherwise on the first read (see `snapshot`).
+        (someone is watching), otherwise on the first read (see `snapshot`): an update that
+        nobody reads costs the listing of /proc and a stat read per process that ran.
 
         Returns:
-            The number of rows of the new table.
+            The number of processes seen.
         """
         now = self._clock()
-        elapsed = None if self._last_t is None else now - self._last_t
-        uptime = procinfo.read_uptime_s(self.proc_root)
-        boot = procinfo.read_boot_time_s(self.proc_root)
         unavailable: dict[str, str] = {}
         sched = self._call("sched", self._sched, unavailable)
         net = self._call("net", self._net, unavailable)
         gpu = self._call("gpu", self._gpu, unavailable)
         pinned = self._call_pinned(unavailable)
-
+        last = self._last.states if self._last is not None else {}
         states: dict[int, _PidState] = {}
-        measured: dict[int, _Measured] = {}
         for pid in procinfo.list_pids(self.proc_root):
-            prev = self._pids.get(pid)
             s = sched.get(pid) if sched is not None else None
-            st = self._stat(pid, prev, s, now)
-            if st is None:
-                continue  # exited since the listing
-            if prev is not None and prev.start_ticks != st.start_ticks:
-                prev = None  # the pid now belongs to a new process
-            state = _PidState(
-                st.start_ticks, st, now if prev is None or st is not prev.stat else prev.stat_t
+            sched_totals = (
+                None
+                if sched is None
+                else (0, 0, 0, 0)
+                if s is None
+                else (s.oncpu_ns, s.offcpu_runnable_ns, s.offcpu_blocked_ns, s.runq_wait_ns)
             )
-            measured[pid] = self._measure(st, prev, state, elapsed, uptime, sched, s, net, pid)
-            states[pid] = state
-        self._pids = states
-
-        chosen = self._choose(measured, pinned)
-        inputs = []
-        for pid in chosen:
-            st = states[pid].stat
-            details = self._details_for(pid, st)
-            if details is not None:
-                gpu_bytes = None if gpu is None else int(gpu.get(pid, 0))
-                user = self._user_name(details.uid)
-                inputs.append(
-                    _RowInput(pid, st, details, measured[pid], gpu_bytes, pid in pinned, user)
-                )
-        self._evict_details(states.keys(), chosen)
-        self._last_t = now
-        pending = _Pending(
-            time.time(),
-            tuple(inputs),
-            len(states),
-            unavailable,
-            boot,
-            self._clk_tck,
-            self._page_size,
-        )
-        demanded = self._read_at is not None and now - self._read_at < DEMAND_S
-        built = pending.build() if demanded else None
-        with self._lock:
-            if built is not None:
-                self._snapshot, self._pending = built, None
+            prev = last.get(pid)
+            if (
+                prev is not None
+                and sched_totals is not None
+                and prev.sched is not None
+                and s is not None
+                and sched_totals[0] == prev.sched[0]
+                and sched_totals[3] == prev.sched[3]
+                and now - prev.stat_t < STAT_MAX_AGE_S
+            ):
+                # It neither ran nor waited for a CPU: its stat fields are the same (but for
+                # resident memory, which reclaim may shrink: hence the maximum age).
+                st, stat_t = prev.stat, prev.stat_t
             else:
-                self._pending = pending
-        return len(inputs)
+                fresh = procinfo.read_stat(self.proc_root, pid)
+                if fresh is None:
+                    continue  # exited since the listing
+                st, stat_t = fresh, now
+            n = net.get(pid) if net is not None else None
+            net_totals = (
+                None
+                if net is None
+                else _NO_NET
+                if n is None
+                else (
+                    n.tcp_tx_bytes,
+                    n.tcp_rx_bytes,
+                    n.udp_tx_bytes,
+                    n.udp_rx_bytes,
+                    n.tcp_retransmits,
+                )
+            )
+            states[pid] = _PidState(st, stat_t, sched_totals, net_totals)
+        update = _Update(
+            now,
+            time.time(),
+            procinfo.read_uptime_s(self.proc_root),
+            procinfo.read_boot_time_s(self.proc_root),
+            states,
+            gpu,
+            pinned,
+            unavailable,
+        )
+        with self._lock:
+            self._prev, self._last = self._last, update
+            self._built = False
+            if self._read_at is not None and now - self._read_at < DEMAND_S:
+                self._snapshot = self._build()
+                self._built = True
+        return len(states)
 
-    def _stat(
-        self, pid: int, prev: _PidState | None, sched: SchedCounters | None, now: float
-    ) -> procinfo.PidStat | None:
-        """/proc/PID/stat, or the previous reading when the process has not run since.
+    # -- building the rows (under the lock) ---------------------------------------------------
 
-        A process that neither ran nor waited for a CPU since the last reading has the same
-        stat fields (resident memory aside, which reclaim may shrink: re-read at least
-        every `STAT_MAX_AGE_S` seconds).
-        """
-        if (
-            prev is not None
-            and sched is not None
-            and prev.sched is not None
-            and sched.oncpu_ns == prev.sched[0]
-            and sched.runq_wait_ns == prev.sched[2]
-            and now - prev.stat_t < STAT_MAX_AGE_S
-        ):
-            return prev.stat
-        return procinfo.read_stat(self.proc_root, pid)
+    def _build(self) -> ProcessSnapshot:
+        cur, prev = self._last, self._prev
+        if cur is None:
+            return ProcessSnapshot(0.0, (), 0)
+        measured = {pid: self._measure(pid, state, prev, cur) for pid, state in cur.states.items()}
+        chosen = self._choose(measured, cur.pinned)
+        rows = []
+        for pid in chosen:
+            state = cur.states[pid]
+            details = self._details_for(pid, state.stat)
+            if details is not None:
+                rows.append(self._row(pid, state, details, measured[pid], cur, pid in cur.pinned))
+        self._evict_details(cur.states.keys(), chosen)
+        return ProcessSnapshot(cur.ts, tuple(rows), len(cur.states), cur.unavailable)
 
     def _measure(
-        self,
-        st: procinfo.PidStat,
-        prev: _PidState | None,
-        state: _PidState,
-        elapsed: float | None,
-        uptime: float | None,
-        sched: Mapping[int, SchedCounters] | None,
-        s: SchedCounters | None,
-        net: Mapping[int, NetCounters] | None,
-        pid: int,
+        self, pid: int, state: _PidState, prev_update: _Update | None, cur: _Update
     ) -> _Measured:
         m = _Measured()
-        interval = elapsed if prev is not None and elapsed and elapsed > 0 else None
-        start_s = st.start_ticks / self._clk_tck
-        if interval is not None and prev is not None:
+        st = state.stat
+        prev = prev_update.states.get(pid) if prev_update is not None else None
+        if prev is not None and prev.stat.start_ticks != st.start_ticks:
+            prev = None  # the pid belongs to a new process
+        interval = cur.t - prev_update.t if prev is not None and prev_update is not None else 0.0
+        if interval > 0 and prev is not None:
             m.cpu_ratio = (st.cpu_ticks - prev.stat.cpu_ticks) / self._clk_tck / interval
-        elif uptime is not None and uptime > start_s:
-            # First sight: the average over the process's life so far.
-            m.cpu_ratio = st.cpu_ticks / self._clk_tck / (uptime - start_s)
-        if sched is not None:
-            cur = (
-                (s.oncpu_ns, s.offcpu_runnable_ns, s.offcpu_blocked_ns, s.runq_wait_ns)
-                if s is not None
-                else (0, 0, 0, 0)
-            )
-            m.sched = cur
-            state.sched = (cur[0], cur[2], cur[3])
-            if interval is not None and prev is not None and prev.sched is not None:
+        else:
+            start_s = st.start_ticks / self._clk_tck
+            if cur.uptime is not None and cur.uptime > start_s:
+                # First sight: the average over the process's life so far.
+                m.cpu_ratio = st.cpu_ticks / self._clk_tck / (cur.uptime - start_s)
+        if interval > 0 and prev is not None:
+            cs, ps = state.sched, prev.sched
+            if cs is not None and ps is not None:
                 ns = interval * 1e9
-                m.oncpu_ratio = max(0, cur[0] - prev.sched[0]) / ns
-                m.offcpu_blocked_ratio = max(0, cur[2] - prev.sched[1]) / ns
-                m.runq_wait_ratio = max(0, cur[3] - prev.sched[2]) / ns
-        if net is not None:
-            n = net.get(pid)
-            totals = (
-                (n.tcp_tx_bytes, n.tcp_rx_bytes, n.udp_tx_bytes, n.udp_rx_bytes, n.tcp_retransmits)
-                if n is not None
-                else _NO_NET
-            )
-            m.net = totals
-            state.net = totals
-            if interval is not None and prev is not None and prev.net is not None:
-                before = prev.net
-                if totals == before:
+                m.oncpu_ratio = max(0, cs[0] - ps[0]) / ns
+                m.offcpu_blocked_ratio = max(0, cs[2] - ps[2]) / ns
+                m.runq_wait_ratio = max(0, cs[3] - ps[3]) / ns
+            cn, pn = state.net, prev.net
+            if cn is not None and pn is not None:
+                if cn == pn:
                     m.net_rates = _ZERO_RATES
                 else:
-                    r = tuple(max(0, a - b) / interval for a, b in zip(totals, before, strict=True))
+                    r = [max(0, a - b) / interval for a, b in zip(cn, pn, strict=True)]
                     m.net_rates = (r[0], r[1], r[2], r[3], r[4])
         m.activity = activity(m.cpu_ratio, sum(m.net_rates[:4]))
         return m
+
+    def _row(
+        self,
+        pid: int,
+        state: _PidState,
+        d: _Details,
+        m: _Measured,
+        cur: _Update,
+        pinned: bool,
+    ) -> ProcessRow:
+        st, s, n = state.stat, state.sched, state.net
+        return ProcessRow(
+            pid=pid,
+            ppid=st.ppid,
+            comm=st.comm,
+            cmdline=d.cmdline,
+            uid=d.uid,
+            user=self._user_name(d.uid),
+            state=st.state,
+            num_threads=st.num_threads,
+            start_unix_seconds=NAN
+            if cur.boot is None
+            else cur.boot + st.start_ticks / self._clk_tck,
+            cpu_ratio=m.cpu_ratio,
+            rss_bytes=st.rss_pages * self._page_size,
+            oncpu_ns=None if s is None else s[0],
+            offcpu_runnable_ns=None if s is None else s[1],
+            offcpu_blocked_ns=None if s is None else s[2],
+            runq_wait_ns=None if s is None else s[3],
+            oncpu_ratio=m.oncpu_ratio,
+            runq_wait_ratio=m.runq_wait_ratio,
+            offcpu_blocked_ratio=m.offcpu_blocked_ratio,
+            tcp_tx_bytes=None if n is None else n[0],
+            tcp_rx_bytes=None if n is None else n[1],
+            udp_tx_bytes=None if n is None else n[2],
+            udp_rx_bytes=None if n is None else n[3],
+            tcp_retransmits=None if n is None else n[4],
+            tcp_tx_bytes_per_second=m.net_rates[0],
+            tcp_rx_bytes_per_second=m.net_rates[1],
+            udp_tx_bytes_per_second=m.net_rates[2],
+            udp_rx_bytes_per_second=m.net_rates[3],
+            tcp_retransmits_per_second=m.net_rates[4],
+            cgroup=d.cgroup,
+            container_id=d.container_id,
+            k8s_pod_uid=d.k8s_pod_uid,
+            slurm_job_id=d.slurm_job_id,
+            gpu_memory_bytes=None if cur.gpu is None else int(cur.gpu.get(pid, 0)),
+            pinned=pinned,
+        )
 
     def _choose(self, measured: Mapping[int, _Measured], pinned: Collection[int]) -> list[int]:
         """The ``top_n`` most active pids plus every pinned pid that is alive."""
