@@ -124,7 +124,7 @@ def percpu_sums(table: Any) -> list[int]:
     """Every slot of a per-CPU array of integers, summed over the CPUs (batched reads)."""
     out = [0] * int(table.max_entries)
     for key, per_cpu in map_items(table):
-        out[int(key)] = sum(int(v) for v in per_cpu)
+        out[key] = sum(per_cpu)  # a ctypes array of integers iterates as Python ints
     return out
 
 
