@@ -113,6 +113,16 @@ def kernel_books(pid: int) -> tuple[int, int, int]:
     return total[0], total[1], total[2]
 
 
+def context_switches(pid: int) -> int:
+    """Voluntary + involuntary context switches of ``pid``'s live threads (/proc status)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+            if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
+                total += int(line.split()[1])
+    return total
+
+
 def reading(sched: SchedCollector, pid: int) -> tuple[ProcSched, float, float]:
     """One collection: ``pid``'s times and the monotonic interval the reading was taken in."""
     t0 = time.monotonic()
@@ -149,6 +159,7 @@ def test_sleeping_process_is_blocked_for_its_sleeps(sched: SchedCollector) -> No
         wait_for(lambda: asleep(child.pid))
         b, b0, b1 = reading(sched, child.pid)
         books = kernel_books(child.pid)
+        switches = context_switches(child.pid)
     finally:
         child.communicate("\n", timeout=10)
     blocked = b.offcpu_blocked_ns - a.offcpu_blocked_ns
@@ -159,7 +170,8 @@ def test_sleeping_process_is_blocked_for_its_sleeps(sched: SchedCollector) -> No
     # At rest, the on-CPU time and the waits are the kernel's own books, to the nanosecond.
     assert (b.oncpu_ns, b.runq_wait_ns) == books[:2]
     assert b.offcpu_runnable_ns == b.runq_wait_ns
-    assert b.switches - a.switches >= 5
+    assert b.switches - a.switches >= 5  # one per sleep at least
+    assert b.switches == switches
     assert b.comm.startswith("python")
     assert b.threads == 1
     assert 0 < b.oncpu_ns < 0.5e9
