@@ -107,6 +107,7 @@ class HostCollector(Collector):
     """Host-wide CPU, memory, load, disk, network, uptime and task metrics from procfs."""
 
     name = "host"
+    may_block = False  # procfs and sysfs counters of the host
 
     def __init__(self, root: Path = Path("/"), clock: Callable[[], float] = time.monotonic) -> None:
         """Create the collector.

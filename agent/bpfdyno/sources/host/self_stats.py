@@ -28,6 +28,7 @@ class SelfCollector(Collector):
     """Reports the agent process's own resource use, to keep its overhead visible."""
 
     name = "self"
+    may_block = False  # this process's own /proc files
 
     def __init__(
         self,

@@ -108,6 +108,7 @@ class NetCollector(Collector):
     """
 
     name = "net"
+    may_block = False  # BPF maps
 
     def __init__(
         self,

@@ -73,6 +73,7 @@ class _PerCpuCounters(Collector):
     counters: tuple[PerfCounter, ...] = ()
     optional: Collection[str] = ()
     grouped = True
+    may_block = False  # read(2) of perf counters
 
     def __init__(
         self,

@@ -4,16 +4,17 @@ Each `ProcessTable.update` lists ``/proc``, reads ``/proc/<pid>/stat`` of every 
 ran since the previous update (with the sched collector, a process whose on-CPU time and
 run-queue wait did not move has the same stat fields: its last reading is kept, re-read at
 least every `STAT_MAX_AGE_S`), computes CPU ratios and network/scheduler rates from the
-previous update, keeps the ``top_n`` most active processes plus every *pinned* pid
-(registered trainers), and reads the slower details (command line, user, cgroup, container,
-SLURM job) only for those rows, caching them per process lifetime. The rows themselves are
-built only while someone reads the table (`DEMAND_S`), otherwise on the first read, from
-values the update captured. The result is an immutable `ProcessSnapshot`, swapped in
-atomically, so readers on other threads never see a half-built table.
+previous update, and reads the slower details of each process (command line, user, cgroup,
+container, SLURM job) once per process lifetime (the command line again after an exec). The
+rows (the ``top_n`` most active processes plus every *pinned* pid, e.g. registered trainers)
+are built only while someone reads the table (`DEMAND_S`), otherwise on the first read, from
+what the last two updates captured: that takes no I/O, so a reader on another thread (the
+event loop) never waits on /proc (reading another process's command line can block on its
+memory map lock). The result is an immutable `ProcessSnapshot`, swapped in atomically, so
+readers never see a half-built table.
 
-Memory stays flat under process churn: the per-pid caches hold only pids that were alive at
-the last refresh (and details only for rows shown, with a hard cap), so thousands of
-short-lived processes leave nothing behind.
+Memory stays flat under process churn: everything cached per pid belongs to the last two
+updates, so thousands of short-lived processes leave nothing behind.
 
 The rows are `bpfdyno.rpc.processes.ProcessRow`, the API's own vocabulary. "Activity", which
 picks them, is `bpfdyno.rpc.processes.activity`: a process keeping one core busy and one
@@ -29,7 +30,7 @@ import pwd
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -114,6 +115,7 @@ class _Update:
     uptime: float | None
     boot: float | None
     states: dict[int, _PidState]
+    details: dict[int, _Details]
     gpu: Mapping[int, int] | None
     pinned: set[int]
     unavailable: dict[str, str]
@@ -143,6 +145,7 @@ class _Details:
     container_id: str
     k8s_pod_uid: str
     slurm_job_id: str
+    user: str
 
 
 class ProcessTable:
@@ -179,7 +182,6 @@ class ProcessTable:
         self._clock = clock
         self._clk_tck = os.sysconf("SC_CLK_TCK")
         self._page_size = os.sysconf("SC_PAGE_SIZE")
-        self._details: dict[int, _Details] = {}
         self._users: dict[int, str] = {}
         self._logged: set[str] = set()
         # The last two updates (deltas are between them); rows are built from them under
@@ -203,8 +205,9 @@ class ProcessTable:
 
     def cache_sizes(self) -> dict[str, int]:
         """Entries in each internal cache (for tests and self-monitoring)."""
-        pids = len(self._last.states) if self._last is not None else 0
-        return {"pids": pids, "details": len(self._details), "users": len(self._users)}
+        last = self._last
+        pids, details = (len(last.states), len(last.details)) if last is not None else (0, 0)
+        return {"pids": pids, "details": details, "users": len(self._users)}
 
     def refresh(self) -> ProcessSnapshot:
         """`update` once, then return the snapshot with its rows."""
@@ -228,7 +231,9 @@ class ProcessTable:
         gpu = self._call("gpu", self._gpu, unavailable)
         pinned = self._call_pinned(unavailable)
         last = self._last.states if self._last is not None else {}
+        known = self._last.details if self._last is not None else {}
         states: dict[int, _PidState] = {}
+        details: dict[int, _Details] = {}
         for pid in procinfo.list_pids(self.proc_root):
             s = sched.get(pid) if sched is not None else None
             sched_totals = (
@@ -270,13 +275,18 @@ class ProcessTable:
                     n.tcp_retransmits,
                 )
             )
+            d = self._details_for(pid, st, known.get(pid))
+            if d is None:
+                continue  # exited while we looked
             states[pid] = _PidState(st, stat_t, sched_totals, net_totals)
+            details[pid] = d
         update = _Update(
             now,
             time.time(),
             procinfo.read_uptime_s(self.proc_root),
             procinfo.read_boot_time_s(self.proc_root),
             states,
+            details,
             gpu,
             pinned,
             unavailable,
@@ -300,10 +310,9 @@ class ProcessTable:
         rows = []
         for pid in chosen:
             state = cur.states[pid]
-            details = self._details_for(pid, state.stat)
-            if details is not None:
-                rows.append(self._row(pid, state, details, measured[pid], cur, pid in cur.pinned))
-        self._evict_details(cur.states.keys(), chosen)
+            rows.append(
+                self._row(pid, state, cur.details[pid], measured[pid], cur, pid in cur.pinned)
+            )
         return ProcessSnapshot(cur.ts, tuple(rows), len(cur.states), cur.unavailable)
 
     def _measure(
@@ -355,7 +364,7 @@ class ProcessTable:
             comm=st.comm,
             cmdline=d.cmdline,
             uid=d.uid,
-            user=self._user_name(d.uid),
+            user=d.user,
             state=st.state,
             num_threads=st.num_threads,
             start_unix_seconds=NAN
@@ -399,25 +408,21 @@ class ProcessTable:
 
     # -- details of the chosen rows ---------------------------------------------------------
 
-    def _details_for(self, pid: int, st: procinfo.PidStat) -> _Details | None:
-        cached = self._details.get(pid)
+    # -- details, once per process lifetime ----------------------------------------------------
+
+    def _details_for(
+        self, pid: int, st: procinfo.PidStat, cached: _Details | None
+    ) -> _Details | None:
         if cached is not None and cached.start_ticks == st.start_ticks:
             if cached.comm == st.comm:
                 return cached
             # Same process, new comm: it exec'd; the command line changed, the rest did not.
             cmdline = procinfo.read_cmdline(self.proc_root, pid)
-            fresh = _Details(
-                st.start_ticks,
-                st.comm,
-                cmdline if cmdline is not None else cached.cmdline,
-                cached.uid,
-                cached.cgroup,
-                cached.container_id,
-                cached.k8s_pod_uid,
-                cached.slurm_job_id,
+            return replace(
+                cached,
+                comm=st.comm,
+                cmdline=cmdline if cmdline is not None else cached.cmdline,
             )
-            self._details[pid] = fresh
-            return fresh
         cmdline = procinfo.read_cmdline(self.proc_root, pid)
         if cmdline is None:
             return None  # exited while we looked
@@ -426,31 +431,18 @@ class ProcessTable:
         job = procinfo.read_environ_var(self.proc_root, pid, "SLURM_JOB_ID")
         if not job:
             job = procinfo.slurm_job_from_cgroup(cgroup)
-        details = _Details(
+        uid = procinfo.read_uid(self.proc_root, pid)
+        return _Details(
             start_ticks=st.start_ticks,
             comm=st.comm,
             cmdline=cmdline,
-            uid=procinfo.read_uid(self.proc_root, pid),
+            uid=uid,
             cgroup=cgroup,
             container_id=procinfo.container_id(cgroup),
             k8s_pod_uid=procinfo.k8s_pod_uid(cgroup),
             slurm_job_id=job,
+            user=self._user_name(uid),
         )
-        self._details[pid] = details
-        return details
-
-    def _evict_details(self, alive: Collection[int], chosen: Collection[int]) -> None:
-        for pid in [p for p in self._details if p not in alive]:
-            del self._details[pid]
-        # Rows that dropped out of the top N keep their details for a while (they often come
-        # back), but never more than twice the table's size.
-        limit = 2 * max(self.top_n, len(chosen))
-        if len(self._details) > limit:
-            keep = set(chosen)
-            for pid in [p for p in self._details if p not in keep]:
-                del self._details[pid]
-                if len(self._details) <= limit:
-                    break
 
     def _user_name(self, uid: int | None) -> str:
         if uid is None:

@@ -152,6 +152,7 @@ class SchedCollector(Collector):
     """
 
     name = "sched"
+    may_block = False  # BPF maps and an iterator over the kernel's task list
 
     def __init__(
         self,
