@@ -14,7 +14,8 @@ Run as root, as one command: ``python tests/bench/bench_sched_overhead.py [--rou
    round so drift of the shared machine hits all alike. Reported: median ops/s per kind and
    the slowdown of the medians (``off / kind - 1``), and the same for the CPU time the
    benchmark's tasks used per op (steadier on a shared machine: it leaves out the time other
-   processes held CPU 0). ``--variant NAME='k=v k=v'`` adds rounds
+   processes held CPU 0). ``--baseline REF`` adds rounds of the agent of a git ref (e.g.
+   ``main``: before and after in one run); ``--variant NAME='k=v k=v'`` adds rounds
    of the agent with config overrides (e.g. one collector off), to find what costs what.
 2. ns per event of every BPF program of the agent and of the anchor over one pipe run, from
    the kernel's run statistics (``BPF_ENABLE_STATS``; they add ~20 ns per run themselves,
@@ -37,6 +38,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -45,7 +47,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from daemon_runner import Daemon, bpf_programs, foreign_scheduler_programs, program_counters
+from daemon_runner import (
+    Daemon,
+    baseline_tree,
+    bpf_programs,
+    foreign_scheduler_programs,
+    program_counters,
+)
 
 from bpfdyno.ebpf.compiler import compile_bpf
 from bpfdyno.ebpf.kheaders import ensure_headers
@@ -183,9 +191,11 @@ def runqlat() -> Iterator[int]:
 class Kinds:
     """What a round of each kind runs under: nothing, the agent (+ variants), the anchor."""
 
-    def __init__(self, variants: dict[str, list[str]]) -> None:
+    def __init__(self, variants: dict[str, list[str]], baseline: Path | None = None) -> None:
         self.variants = variants
-        self.names = ("off", "agent", "runqlat", *variants)
+        self.baseline = baseline
+        extra = ("baseline",) if baseline is not None else ()
+        self.names = ("off", "agent", "runqlat", *extra, *variants)
         self.foreign: set[str] = set()
         self.agent_collectors: dict[str, str] = {}
 
@@ -200,7 +210,8 @@ class Kinds:
                 self._note_foreign((pid,))
                 yield pid
         else:
-            with Daemon(self.variants.get(kind, [])) as daemon:
+            tree = self.baseline if kind == "baseline" else None
+            with Daemon(self.variants.get(kind, []), tree=tree) as daemon:
                 if kind == "agent":
                     self.agent_collectors = daemon.collectors
                 self._note_foreign((daemon.pid,))
@@ -267,8 +278,8 @@ def torch_available() -> bool:
     )
 
 
-def report(args: argparse.Namespace, variants: dict[str, list[str]]) -> str:
-    kinds = Kinds(variants)
+def report(args: argparse.Namespace, variants: dict[str, list[str]], baseline: Path | None) -> str:
+    kinds = Kinds(variants, baseline)
     load = os.getloadavg()[0]
     lines = [
         f"Measured {time.strftime('%Y-%m-%d')} on {os.uname().release} ({os.cpu_count()} CPUs), "
@@ -294,7 +305,11 @@ def report(args: argparse.Namespace, variants: dict[str, list[str]]) -> str:
         slow = "" if kind == "off" else _slowdown(ops_med["off"], ops_med[kind])
         cpu_slow = "" if kind == "off" else _slowdown(cpu_med[kind], cpu_med["off"])
         label = (
-            kind if kind in ("off", "agent", "runqlat") else f"agent, {' '.join(variants[kind])}"
+            kind
+            if kind in ("off", "agent", "runqlat")
+            else f"agent of `{args.baseline}`"
+            if kind == "baseline"
+            else f"agent, {' '.join(variants[kind])}"
         )
         lines.append(
             f"| {label} | {ops_med[kind]:,.0f} ({lo:,.0f}-{hi:,.0f}) | {slow} | "
@@ -305,8 +320,10 @@ def report(args: argparse.Namespace, variants: dict[str, list[str]]) -> str:
         lines += ["", f"Agent collectors in those rounds: {states}."]
     if not args.skip_train and torch_available():
         print("PyTorch training loop:", flush=True)
-        runs = interleaved(args.rounds, kinds, ("off", "agent"), lambda: train_step_ms(args.steps))
-        train = {k: statistics.median(v) for k, v in runs.items()}
+        train_runs = interleaved(
+            args.rounds, kinds, ("off", "agent"), lambda: train_step_ms(args.steps)
+        )
+        train = {k: statistics.median(v) for k, v in train_runs.items()}
         lines += [
             "",
             f"PyTorch CPU training step (MLP, 1 thread on CPU 0), median of {args.steps} steps: "
@@ -315,7 +332,7 @@ def report(args: argparse.Namespace, variants: dict[str, list[str]]) -> str:
         ]
     print("BPF run statistics:", flush=True)
     lines += ["", "| program | ns/event | runs/s during the pipe run |", "|---|---|---|"]
-    for kind in ("agent", "runqlat"):
+    for kind in ("agent", "runqlat", *(["baseline"] if baseline is not None else [])):
         for name, (ns, rate) in sorted(ns_per_event(kinds, kind, args.loops).items()):
             shown = "-" if ns != ns else f"{ns:.0f}"
             lines.append(f"| {kind}: `{name}` | {shown} | {rate:,.0f} |")
@@ -349,7 +366,7 @@ def parse_variants(items: list[str]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for item in items:
         name, sep, rest = item.partition("=")
-        if not sep or not name or name in ("off", "agent", "runqlat"):
+        if not sep or not name or name in ("off", "agent", "runqlat", "baseline"):
             sys.exit(f"--variant {item!r}: expected NAME='section.key=value ...'")
         out[name] = shlex.split(rest)
     return out
@@ -357,7 +374,7 @@ def parse_variants(items: list[str]) -> dict[str, list[str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=textwrap.dedent(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=6, help="rounds of each kind")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds of each kind")
     parser.add_argument("--loops", type=int, default=200_000, help="perf bench pipe loops")
     parser.add_argument("--steps", type=int, default=300, help="training steps per round")
     parser.add_argument("--skip-train", action="store_true", help="leave out the training loop")
@@ -368,11 +385,18 @@ def main() -> None:
         metavar="NAME='section.key=value ...'",
         help="also measure the agent with these config overrides (repeatable)",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="GIT_REF",
+        help="also measure the agent of this git ref (e.g. main) in the same rounds",
+    )
     parser.add_argument("--write-doc", type=Path, help="update this markdown file's section")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the benchmark loads BPF programs")
-    results = report(args, parse_variants(args.variant))
+    with tempfile.TemporaryDirectory(prefix="bd-baseline-") as tmp:
+        tree = baseline_tree(args.baseline, Path(tmp)) if args.baseline else None
+        results = report(args, parse_variants(args.variant), tree)
     print(results)
     if args.write_doc:
         write_section(args.write_doc, results)

@@ -4,7 +4,9 @@ Shared by the benchmark scripts in this directory (they put this directory first
 ``sys.path`` by being run as scripts). The daemon runs with every default collector; only
 where it listens moves (its own gRPC socket, a free port for the legacy RPC, a private Kineto
 socket directory), so it can run beside another agent and costs exactly what the default
-configuration costs.
+configuration costs. `baseline_tree` extracts another version of the agent (a git ref) so a
+benchmark can run it in the same interleaved rounds: before and after from one machine and
+one run.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 
 import grpc
@@ -48,8 +51,10 @@ class Daemon:
         *,
         settle_s: float = 2.0,
         ready_timeout_s: float = 120.0,
+        tree: Path | None = None,
     ) -> None:
         self.overrides = list(overrides)
+        self.tree = tree
         self.settle_s = settle_s
         self.ready_timeout_s = ready_timeout_s
         self.proc: subprocess.Popen[str] | None = None
@@ -80,8 +85,11 @@ class Daemon:
             f'--set=kineto.socket_dir="{self._tmp}"',
             *(f"--set={o}" for o in self.overrides),
         ]
+        env = dict(os.environ)
+        if self.tree is not None:  # that version's package first (bpfdyno is a namespace)
+            env["PYTHONPATH"] = str(self.tree / "agent")
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
         self._wait_ready(sock)
         self.ready_after_s = time.monotonic() - t0
         time.sleep(self.settle_s)
@@ -194,3 +202,22 @@ def foreign_scheduler_programs(own_pids: Sequence[int]) -> list[str]:
         for p in bpf_programs()
         if p.get("type") in kinds and int(str(p["id"])) not in own
     ]
+
+
+def baseline_tree(ref: str, into: Path) -> Path:
+    """Extract the agent of git ``ref`` (e.g. ``main``) under ``into``, ready to run.
+
+    ``bpf/`` goes inside the package (``agent/bpfdyno/bpf``), so that version's programs are
+    the ones it compiles, not this checkout's.
+
+    Raises:
+        subprocess.CalledProcessError: not a git checkout, or no such ref.
+    """
+    repo = Path(__file__).resolve().parents[2]
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", ref, "agent", "bpf"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    shutil.move(str(into / "bpf"), str(into / "agent" / "bpfdyno" / "bpf"))
+    return into
