@@ -1,16 +1,28 @@
-/* Scheduler telemetry: context switches, run-queue latency, per-thread/process on- and
- * off-CPU time, migrations, exec/exit events.
+/* Scheduler telemetry: context switches, run-queue latency, per-thread on-CPU, run-queue
+ * wait and blocked time, migrations, exec/exit events.
  *
- * Raw tracepoints (no perf-event attach cost) reading task_struct, so this needs the "btf"
- * kernel-header flavour. Everything is aggregated in maps; user space reads cumulative values
- * and computes deltas. Only exec/exit go through the ring buffer.
+ * The kernel already keeps the books of every thread (se.sum_exec_runtime,
+ * sched_info.run_delay, nvcsw/nivcsw, se.nr_migrations), so nothing here timestamps
+ * switches per thread: the task iterator (bpfdyno_tasks) reads those books for every live
+ * thread when user space asks (once per collection), and the exit program keeps the last
+ * books of each thread that exits until user space has read them.
  *
- * The sched_switch path is kept to one clock read and two hash lookups (prev and next
- * thread): per-process sums are built in user space, not here.
+ * The one hot path, bpfdyno_switch, does no map lookup by key, no clock read and no helper
+ * call: when sched_switch fires, the kernel has just updated the run queue's clock and has
+ * not yet consumed next's sched_info.last_queued (sched_info_arrive() runs later, in
+ * prepare_task_switch()), so rq->clock - next->sched_info.last_queued is exactly the wait
+ * the kernel is about to add to next's run_delay (verified on 6.18: the sums agree to the
+ * nanosecond; see docs/performance.md). It also counts switches, and the time non-idle
+ * tasks ran, per CPU.
+ *
+ * All programs are BTF-typed (tp_btf, iter/task), loaded by bpfdyno.ebpf.btfprog: their
+ * arguments are trusted kernel pointers read with plain loads (BPFDYNO_LOAD), and the
+ * iterator and the exit program keep a little state per thread in task-local storage. Needs Linux >= 5.11, BTF, and
+ * CONFIG_FAIR_GROUP_SCHED (the run queue is found through the task's cfs_rq).
  *
  * Settings (-D, all required; bpfdyno passes them from the [sched] config section):
- * SCHED_MAX_THREADS ([sched] max_threads) and SCHED_MAX_PROCS ([sched] max_procs) size the
- * maps, SCHED_RINGBUF_PAGES ([sched] ringbuf_pages, a power of two) the ring buffer.
+ * SCHED_MAX_EXITS ([sched] max_exits) sizes the map of exited threads' last books,
+ * SCHED_RINGBUF_PAGES ([sched] ringbuf_pages, a power of two) the event ring buffer.
  *
  * Every function and map is named "bpfdyno_..." so `bpftool` shows whose they are (the
  * kernel keeps 15 characters of a name: keep map names that short).
@@ -19,21 +31,21 @@
 #include "common.h"
 #include "sched.h"
 
-#if !defined(SCHED_MAX_THREADS) || !defined(SCHED_MAX_PROCS) || !defined(SCHED_RINGBUF_PAGES)
-#error "SCHED_MAX_THREADS, SCHED_MAX_PROCS and SCHED_RINGBUF_PAGES must be set with -D: load this program through bpfdyno's sched collector, which passes them from [sched]"
+#if !defined(SCHED_MAX_EXITS) || !defined(SCHED_RINGBUF_PAGES)
+#error "SCHED_MAX_EXITS and SCHED_RINGBUF_PAGES must be set with -D: load this program through bpfdyno's sched collector, which passes them from [sched]"
+#endif
+#ifndef CONFIG_FAIR_GROUP_SCHED
+#error "the scheduler programs need a kernel built with CONFIG_FAIR_GROUP_SCHED (they find a task's run queue through its cfs_rq)"
 #endif
 
-#define SCHED_PF_EXITING 0x00000004
+/* Refresh a CPU's CLOCK_MONOTONIC - rq clock offset every this many switches. */
+#define SCHED_OFFSET_EVERY 1024
 
-BPF_PERCPU_ARRAY(bpfdyno_scpu, struct sched_cpu_stats, 1);
-/* One entry each, so user space reads all CPUs' slots with one lookup. */
-BPF_PERCPU_ARRAY(bpfdyno_shist, struct sched_hist, 1);
+BPF_PERCPU_ARRAY(bpfdyno_scpu, struct sched_cpu, 1);
 BPF_PERCPU_ARRAY(bpfdyno_serrors, struct sched_errors, 1);
-/* Task-local storage would be cheaper, but raw tracepoint arguments are untrusted scalars
- * that the verifier refuses for bpf_task_storage_get. */
-BPF_HASH(bpfdyno_sthread, u32, struct sched_thread, SCHED_MAX_THREADS);
-/* Times of a process's exited threads, until the process exits. */
-BPF_HASH(bpfdyno_sprocs, u32, struct sched_times, SCHED_MAX_PROCS);
+/* Last books of exited threads (by tid), drained by user space every collection. */
+BPF_HASH(bpfdyno_sexit, u32, struct sched_task, SCHED_MAX_EXITS);
+BPF_TASK_STORAGE(bpfdyno_smark, struct sched_mark);
 BPF_RINGBUF_OUTPUT(bpfdyno_sevents, SCHED_RINGBUF_PAGES);
 
 static __always_inline void count_error(u32 slot)
@@ -44,154 +56,133 @@ static __always_inline void count_error(u32 slot)
 		e->count[slot]++;
 }
 
-/* Create the entry of thread tid (slow path: once per thread). Exiting threads get none:
- * the exit probe has just evicted theirs. */
-static __always_inline struct sched_thread *new_thread(struct task_struct *t, u32 tid, u32 tgid)
+static __always_inline struct rq *task_rq_of(struct task_struct *p)
 {
-	u32 flags = 0;
-	bpf_probe_read_kernel(&flags, sizeof(flags), &t->flags);
-	if (flags & SCHED_PF_EXITING)
-		return NULL;
-	struct sched_thread init = {};
-	init.tgid = tgid;
-	if (!tgid)
-		bpf_probe_read_kernel(&init.tgid, sizeof(init.tgid), &t->tgid);
-	int err = bpfdyno_sthread.insert(&tid, &init);
-	if (err && err != -BPFDYNO_EEXIST) {
-		count_error(SCHED_ERR_THREAD_FULL);
-		return NULL;
-	}
-	return bpfdyno_sthread.lookup(&tid);
+	struct cfs_rq *cfs = BPFDYNO_LOAD(struct cfs_rq *, p, struct task_struct, se.cfs_rq);
+	return BPFDYNO_LOAD(struct rq *, cfs, struct cfs_rq, rq);
 }
 
-static __always_inline void switch_out(u64 now, bool runnable, struct sched_cpu_stats *cs)
-{
-	/* prev is current: no task_struct read needed for its ids. */
-	u64 id = bpf_get_current_pid_tgid();
-	u32 tid = (u32)id;
-	if (!tid) /* the idle task */
-		return;
-	struct sched_thread *th = bpfdyno_sthread.lookup(&tid);
-	if (!th) {
-		th = new_thread((struct task_struct *)bpf_get_current_task(), tid, id >> 32);
-		if (!th)
-			return;
-	}
-	if (th->on_ts) {
-		u64 oncpu = now - th->on_ts;
-		th->t.oncpu_ns += oncpu;
-		if (cs)
-			cs->oncpu_ns += oncpu;
-	}
-	th->t.switches++;
-	th->on_ts = 0;
-	th->off_ts = now;
-	th->off_blocked = !runnable;
-	th->wake_ts = runnable ? now : 0;
-}
-
-static __always_inline void switch_in(u64 now, struct task_struct *next,
-				      struct sched_cpu_stats *cs)
-{
-	u32 tid = 0;
-	bpf_probe_read_kernel(&tid, sizeof(tid), &next->pid);
-	if (!tid)
-		return;
-	struct sched_thread *th = bpfdyno_sthread.lookup(&tid);
-	if (!th) {
-		th = new_thread(next, tid, 0);
-		if (!th)
-			return;
-	}
-	if (th->off_ts) {
-		u64 off = now - th->off_ts;
-		if (th->off_blocked) {
-			th->t.offcpu_blocked_ns += off;
-			if (cs)
-				cs->offcpu_blocked_ns += off;
-		} else {
-			th->t.offcpu_runnable_ns += off;
-			if (cs)
-				cs->offcpu_runnable_ns += off;
-		}
-	}
-	if (th->wake_ts) {
-		u64 wait = now - th->wake_ts;
-		th->t.runq_wait_ns += wait;
-		u32 zero = 0, slot = bpfdyno_log2(wait);
-		struct sched_hist *hist = bpfdyno_shist.lookup(&zero);
-		if (hist && slot < SCHED_HIST_SLOTS)
-			hist->slots[slot]++;
-		if (cs) {
-			cs->runq_count++;
-			cs->runq_sum_ns += wait;
-		}
-	}
-	th->on_ts = now;
-	th->off_ts = 0;
-	th->wake_ts = 0;
-}
-
-int bpfdyno_switch(struct bpf_raw_tracepoint_args *ctx)
+int bpfdyno_switch(u64 *ctx)
 {
 	/* TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next,
-	 *          unsigned int prev_state) since 5.18 */
-	bool preempt = (bool)ctx->args[0];
-#if LINUX_VERSION_CODE >= KERNEL_VERSION(5, 18, 0)
-	u32 prev_state = (u32)ctx->args[3];
-#else
-	u32 prev_state = 0;
-	bpf_probe_read_kernel(&prev_state, sizeof(prev_state),
-			      &((struct task_struct *)ctx->args[1])->__state);
-#endif
-	u64 now = bpf_ktime_get_ns();
+	 *          unsigned int prev_state) */
+	struct task_struct *prev = (struct task_struct *)ctx[1];
+	struct task_struct *next = (struct task_struct *)ctx[2];
 	u32 zero = 0;
-	struct sched_cpu_stats *cs = bpfdyno_scpu.lookup(&zero);
-	if (cs)
-		cs->switches++;
-	/* Preempted, or yielded while runnable: it waits in the run queue. */
-	switch_out(now, preempt || prev_state == TASK_RUNNING, cs);
-	switch_in(now, (struct task_struct *)ctx->args[2], cs);
-	return 0;
-}
-
-static __always_inline int on_wakeup(struct task_struct *p)
-{
-	u32 tid = 0;
-	bpf_probe_read_kernel(&tid, sizeof(tid), &p->pid);
-	struct sched_thread *th = bpfdyno_sthread.lookup(&tid);
-	if (!th) {
-		th = new_thread(p, tid, 0);
-		if (!th)
-			return 0;
+	struct sched_cpu *cs = bpfdyno_scpu.lookup(&zero);
+	if (!cs)
+		return 0;
+	u64 now = BPFDYNO_LOAD(u64, task_rq_of(next), struct rq, clock);
+	if (!now)
+		return 0;
+	/* prev has run since this CPU's previous switch. */
+	if (BPFDYNO_LOAD(int, prev, struct task_struct, pid) && cs->last_switch_ns)
+		cs->busy_ns += now - cs->last_switch_ns;
+	cs->last_switch_ns = now;
+	if (cs->switches++ % SCHED_OFFSET_EVERY == 0)
+		cs->ktime_offset_ns = (s64)(bpf_ktime_get_ns() - now);
+	u64 queued = BPFDYNO_LOAD(u64, next, struct task_struct, sched_info.last_queued);
+	if (queued && now > queued) {
+		u64 wait = now - queued;
+		cs->runq_count++;
+		cs->runq_sum_ns += wait;
+		cs->hist[bpfdyno_log2(wait) & (SCHED_HIST_SLOTS - 1)]++;
 	}
-	/* Keep the earliest time: waking an already runnable thread changes nothing. */
-	if (!th->wake_ts)
-		th->wake_ts = bpf_ktime_get_ns();
 	return 0;
 }
 
-int bpfdyno_wakeup(struct bpf_raw_tracepoint_args *ctx)
+int bpfdyno_migrate(u64 *ctx)
 {
-	return on_wakeup((struct task_struct *)ctx->args[0]);
-}
-
-int bpfdyno_wakenew(struct bpf_raw_tracepoint_args *ctx)
-{
-	return on_wakeup((struct task_struct *)ctx->args[0]);
-}
-
-int bpfdyno_migrate(struct bpf_raw_tracepoint_args *ctx)
-{
-	struct task_struct *p = (struct task_struct *)ctx->args[0];
-	u32 zero = 0, tid = 0;
-	struct sched_cpu_stats *cs = bpfdyno_scpu.lookup(&zero);
+	u32 zero = 0;
+	struct sched_cpu *cs = bpfdyno_scpu.lookup(&zero);
 	if (cs)
 		cs->migrations++;
-	bpf_probe_read_kernel(&tid, sizeof(tid), &p->pid);
-	struct sched_thread *th = bpfdyno_sthread.lookup(&tid);
-	if (th)
-		__sync_fetch_and_add(&th->t.migrations, 1);
+	return 0;
+}
+
+/* The books of thread p as of now (CLOCK_MONOTONIC ns).
+ *
+ * The kernel completes a running thread's on-CPU time and a queued thread's wait only when
+ * its run queue's clock is updated (at switches and ticks). So a thread running elsewhere, or
+ * queued, is reported as of its run queue's clock: its pending parts up to that clock, and
+ * its elapsed time up to that same instant (the clock converted with this CPU's offset to
+ * CLOCK_MONOTONIC); the three parts add up to its age however stale that clock is. The
+ * thread running here (the exiting one, or the reader) is brought up to now: its clock has
+ * moved since the last update by as much as CLOCK_MONOTONIC has.
+ *
+ * The offset is sampled with a few microseconds of jitter, so the blocked time reported is
+ * kept from going back by the thread's state in task storage (mark; NULL when the kernel had
+ * no memory for it). */
+static __always_inline void thread_books(struct task_struct *p, u64 now, struct sched_mark *mark,
+					 struct sched_task *out)
+{
+	u64 oncpu = BPFDYNO_LOAD(u64, p, struct task_struct, se.sum_exec_runtime);
+	u64 wait = BPFDYNO_LOAD(u64, p, struct task_struct, sched_info.run_delay);
+	u64 queued = BPFDYNO_LOAD(u64, p, struct task_struct, sched_info.last_queued);
+	int on_cpu = BPFDYNO_LOAD(int, p, struct task_struct, on_cpu);
+	u64 at = now;
+	if (on_cpu || queued) {
+		u32 zero = 0;
+		struct sched_cpu *cs = bpfdyno_scpu.lookup(&zero);
+		s64 offset = cs ? cs->ktime_offset_ns : 0;
+		struct rq *rq = task_rq_of(p);
+		u64 clock = BPFDYNO_LOAD(u64, rq, struct rq, clock);
+		u64 clock_task = BPFDYNO_LOAD(u64, rq, struct rq, clock_task);
+		if ((u64)p == bpf_get_current_task() && offset && clock && now - offset > clock) {
+			u64 ahead = now - offset - clock;
+			clock += ahead;
+			clock_task += ahead;
+		}
+		if (on_cpu) {
+			u64 exec_start = BPFDYNO_LOAD(u64, p, struct task_struct, se.exec_start);
+			if (clock_task > exec_start)
+				oncpu += clock_task - exec_start;
+		}
+		if (queued && clock > queued)
+			wait += clock - queued;
+		if (offset && clock)
+			at = clock + offset;
+	}
+	u64 start = BPFDYNO_LOAD(u64, p, struct task_struct, start_time);
+	u64 elapsed = at > start ? at - start : 0;
+	out->tid = BPFDYNO_LOAD(u32, p, struct task_struct, pid);
+	out->tgid = BPFDYNO_LOAD(u32, p, struct task_struct, tgid);
+	out->oncpu_ns = oncpu;
+	out->runq_wait_ns = wait;
+	u64 blocked = elapsed > oncpu + wait ? elapsed - oncpu - wait : 0;
+	if (mark) {
+		if (blocked < mark->blocked_ns)
+			blocked = mark->blocked_ns;
+		else
+			mark->blocked_ns = blocked;
+	}
+	out->blocked_ns = blocked;
+	out->switches = BPFDYNO_LOAD(unsigned long, p, struct task_struct, nvcsw) +
+			BPFDYNO_LOAD(unsigned long, p, struct task_struct, nivcsw);
+	out->migrations = BPFDYNO_LOAD(u64, p, struct task_struct, se.nr_migrations);
+	struct task_struct *leader =
+		BPFDYNO_LOAD(struct task_struct *, p, struct task_struct, group_leader);
+	bpf_probe_read_kernel(&out->comm, sizeof(out->comm),
+			      BPFDYNO_FIELD(leader, struct task_struct, comm));
+}
+
+int bpfdyno_tasks(struct bpf_iter__task *ctx)
+{
+	struct seq_file *seq = ctx->meta->seq;
+	struct task_struct *task = ctx->task;
+	if (!task)
+		return 0;
+	/* Exited: its last books are (or were) in bpfdyno_sexit. A thread that died before
+	 * the programs were loaded (or has no storage) is past exit_notify(). */
+	struct sched_mark *m =
+		bpfdyno_smark.task_storage_get(task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (m ? m->exited : BPFDYNO_LOAD(int, task, struct task_struct, exit_state))
+		return 0;
+	if (!m)
+		count_error(SCHED_ERR_MARK);
+	struct sched_task rec = {};
+	thread_books(task, bpf_ktime_get_ns(), m, &rec);
+	bpf_seq_write(seq, &rec, sizeof(rec));
 	return 0;
 }
 
@@ -202,93 +193,63 @@ static __always_inline struct sched_event *new_event(struct task_struct *p, u32 
 		count_error(SCHED_ERR_RINGBUF);
 		return NULL;
 	}
-	struct task_struct *parent = NULL;
+	struct task_struct *parent =
+		BPFDYNO_LOAD(struct task_struct *, p, struct task_struct, real_parent);
 	e->ts_ns = bpf_ktime_get_ns();
 	e->kind = kind;
-	e->pid = 0;
-	e->tid = 0;
-	e->ppid = 0;
+	e->pid = BPFDYNO_LOAD(u32, p, struct task_struct, tgid);
+	e->tid = BPFDYNO_LOAD(u32, p, struct task_struct, pid);
+	e->ppid = BPFDYNO_LOAD(u32, parent, struct task_struct, tgid);
 	e->exit_code = 0;
 	e->old_tid = 0;
-	e->oncpu_ns = 0;
-	e->offcpu_ns = 0;
 	e->filename[0] = 0;
-	bpf_probe_read_kernel(&e->pid, sizeof(e->pid), &p->tgid);
-	bpf_probe_read_kernel(&e->tid, sizeof(e->tid), &p->pid);
-	bpf_probe_read_kernel(&parent, sizeof(parent), &p->real_parent);
-	bpf_probe_read_kernel(&e->ppid, sizeof(e->ppid), &parent->tgid);
-	bpf_probe_read_kernel(&e->comm, sizeof(e->comm), &p->comm);
+	bpf_probe_read_kernel(&e->comm, sizeof(e->comm), BPFDYNO_FIELD(p, struct task_struct, comm));
 	return e;
 }
 
-int bpfdyno_exec(struct bpf_raw_tracepoint_args *ctx)
+int bpfdyno_exec(u64 *ctx)
 {
 	/* TP_PROTO(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm) */
-	struct task_struct *p = (struct task_struct *)ctx->args[0];
-	struct linux_binprm *bprm = (struct linux_binprm *)ctx->args[2];
+	struct task_struct *p = (struct task_struct *)ctx[0];
+	struct linux_binprm *bprm = (struct linux_binprm *)ctx[2];
 	struct sched_event *e = new_event(p, SCHED_EV_EXEC);
 	if (!e)
 		return 0;
-	const char *filename = NULL;
-	e->old_tid = (u32)ctx->args[1];
-	bpf_probe_read_kernel(&filename, sizeof(filename), &bprm->filename);
+	e->old_tid = (u32)ctx[1];
+	const char *filename = BPFDYNO_LOAD(const char *, bprm, struct linux_binprm, filename);
 	bpf_probe_read_kernel_str(&e->filename, sizeof(e->filename), filename);
 	bpfdyno_sevents.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
 	return 0;
 }
 
-static __always_inline void add_times(struct sched_times *dst, struct sched_times *src)
+int bpfdyno_exit(u64 *ctx)
 {
-	__sync_fetch_and_add(&dst->oncpu_ns, src->oncpu_ns);
-	__sync_fetch_and_add(&dst->offcpu_runnable_ns, src->offcpu_runnable_ns);
-	__sync_fetch_and_add(&dst->offcpu_blocked_ns, src->offcpu_blocked_ns);
-	__sync_fetch_and_add(&dst->runq_wait_ns, src->runq_wait_ns);
-	__sync_fetch_and_add(&dst->switches, src->switches);
-	__sync_fetch_and_add(&dst->migrations, src->migrations);
-}
-
-int bpfdyno_exit(struct bpf_raw_tracepoint_args *ctx)
-{
-	/* Fires for every exiting thread: fold its times into its process's entry and evict
-	 * it. The process is gone when its last thread exits (signal->live reached 0, the
-	 * kernel's "group_dead"): report its totals and evict the process entry too, so the
-	 * maps stay bounded under churn. */
-	struct task_struct *p = (struct task_struct *)ctx->args[0];
-	u32 tid = 0, tgid = 0;
-	bpf_probe_read_kernel(&tid, sizeof(tid), &p->pid);
-	bpf_probe_read_kernel(&tgid, sizeof(tgid), &p->tgid);
-	struct sched_times zero = {};
-	struct sched_times *pt = bpfdyno_sprocs.lookup(&tgid);
-	if (!pt) {
-		int err = bpfdyno_sprocs.insert(&tgid, &zero);
-		if (err && err != -BPFDYNO_EEXIST)
-			count_error(SCHED_ERR_PROC_FULL);
-		pt = bpfdyno_sprocs.lookup(&tgid);
-	}
-	struct sched_thread *th = bpfdyno_sthread.lookup(&tid);
-	if (th && pt) {
-		/* The exiting thread is running: count its current period too. */
-		if (th->on_ts)
-			th->t.oncpu_ns += bpf_ktime_get_ns() - th->on_ts;
-		add_times(pt, &th->t);
-	}
-	bpfdyno_sthread.delete(&tid);
-
-	struct signal_struct *sig = NULL;
+	/* TP_PROTO(struct task_struct *p[, bool group_dead]), for every exiting thread: keep
+	 * its last books for user space, then mark it so the iterator no longer counts it as
+	 * live (record first: a marked thread's books are always somewhere). */
+	struct task_struct *p = (struct task_struct *)ctx[0];
+	struct sched_mark *m =
+		bpfdyno_smark.task_storage_get(p, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	struct sched_task rec = {};
+	thread_books(p, bpf_ktime_get_ns(), m, &rec);
+	if (bpfdyno_sexit.update(&rec.tid, &rec))
+		count_error(SCHED_ERR_EXIT_FULL);
+	if (m)
+		m->exited = 1;
+	else
+		count_error(SCHED_ERR_MARK);
+	/* The process is gone when its last thread exits (signal->live reached 0, the
+	 * kernel's "group_dead"). */
+	struct signal_struct *sig =
+		BPFDYNO_LOAD(struct signal_struct *, p, struct task_struct, signal);
 	int live = 1;
-	bpf_probe_read_kernel(&sig, sizeof(sig), &p->signal);
-	bpf_probe_read_kernel(&live, sizeof(live), &sig->live.counter);
+	bpf_probe_read_kernel(&live, sizeof(live), BPFDYNO_FIELD(sig, struct signal_struct, live));
 	if (live != 0)
 		return 0;
 	struct sched_event *e = new_event(p, SCHED_EV_EXIT);
 	if (e) {
-		if (pt) {
-			e->oncpu_ns = pt->oncpu_ns;
-			e->offcpu_ns = pt->offcpu_runnable_ns + pt->offcpu_blocked_ns;
-		}
-		bpf_probe_read_kernel(&e->exit_code, sizeof(e->exit_code), &p->exit_code);
+		e->exit_code = BPFDYNO_LOAD(s32, p, struct task_struct, exit_code);
 		bpfdyno_sevents.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
 	}
-	bpfdyno_sprocs.delete(&tgid);
 	return 0;
 }

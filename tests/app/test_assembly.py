@@ -24,6 +24,11 @@ def test_default_assembly_has_every_collector_and_the_tracing_component() -> Non
     assert [c.name for c in asm.components] == ["tracing"]
     assert len(asm.servicers) == 3  # Kernel, Tracing, Audit (the server adds Agent itself)
     assert asm.sinks == []
+    # perf_sw counts context switches with the sched programs' counters, not its own.
+    by_name: dict[str, Any] = {c.name: c for c in asm.collectors}
+    assert by_name["perf_sw"]._switch_counts == by_name["sched"].cpu_switch_counts
+    no_sched = assembly.build(load(None, [("collectors.sched.enabled", "false")]))
+    assert next(c for c in no_sched.collectors if c.name == "perf_sw")._switch_counts is None  # type: ignore[attr-defined]
 
 
 def test_disabled_collectors_are_listed_and_config_reaches_them() -> None:
@@ -32,7 +37,7 @@ def test_disabled_collectors_are_listed_and_config_reaches_them() -> None:
         [
             ("collectors.gpu.enabled", "false"),
             ("collectors.procs.enabled", "false"),
-            ("sched.track_wakeups", "false"),
+            ("sched.max_exits", "123"),
         ],
     )
     asm = assembly.build(cfg)
@@ -40,9 +45,7 @@ def test_disabled_collectors_are_listed_and_config_reaches_them() -> None:
     names = [c.name for c in asm.collectors]
     assert "gpu" not in names and "procs" not in names
     sched = next(c for c in asm.collectors if c.name == "sched")
-    programs = [tp for tp, _ in sched._programs]  # type: ignore[attr-defined]
-    assert "sched_switch" in programs
-    assert not any(tp.startswith("sched_wakeup") for tp in programs)
+    assert sched._defines["SCHED_MAX_EXITS"] == 123  # type: ignore[attr-defined]
 
 
 # --- the [sched] and [net] settings reach the kernel -------------------------------------
@@ -96,17 +99,12 @@ def test_every_map_of_the_sched_and_net_programs_carries_the_prefix(
 def test_sched_sizes_from_the_config_reach_the_kernel() -> None:
     with started(load(None), "sched") as collector:
         defaults = _kernel_maps(collector._require())
-    assert defaults["bpfdyno_sthread"].max_entries == SchedSection.max_threads
-    assert defaults["bpfdyno_sprocs"].max_entries == SchedSection.max_procs
+    assert defaults["bpfdyno_sexit"].max_entries == SchedSection.max_exits
     assert defaults["bpfdyno_sevents"].max_entries == SchedSection.ringbuf_pages * PAGE
-    cfg = load(
-        None,
-        [("sched.max_threads", "1000"), ("sched.max_procs", "300"), ("sched.ringbuf_pages", "4")],
-    )
+    cfg = load(None, [("sched.max_exits", "300"), ("sched.ringbuf_pages", "4")])
     with started(cfg, "sched") as collector:
         maps = _kernel_maps(collector._require())
-    assert maps["bpfdyno_sthread"].max_entries == 1000
-    assert maps["bpfdyno_sprocs"].max_entries == 300
+    assert maps["bpfdyno_sexit"].max_entries == 300
     assert maps["bpfdyno_sevents"].max_entries == 4 * PAGE
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bpfdyno.app.daemon import Daemon, notify_systemd
+from bpfdyno.app.daemon import Daemon, SharedWorker, notify_systemd
 from bpfdyno.core.config import load
 from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.metrics import MetricKind, MetricTable, Sample, sample
@@ -245,3 +245,59 @@ async def test_collector_health_reports_degraded_while_collecting() -> None:
     assert (PartState.DEGRADED, "GPU 1 lost: GPU_IS_LOST") in states
     assert states[-1] == (PartState.OK, "")
     assert d.statuses()[0].errors == 0
+
+
+class Quick(Counting):
+    """A collector that never blocks: it shares the daemon's worker thread."""
+
+    may_block = False
+
+
+async def test_collectors_that_never_block_share_one_thread_and_one_batch() -> None:
+    a, b = Quick("a"), Quick("b")
+    own = Counting("own")
+    batches: list[tuple[str, ...]] = []
+    worker_run = SharedWorker._flush
+
+    def recording(self: SharedWorker) -> None:
+        batches.append(tuple(fn.__self__.name for fn, _ in self._batch))  # type: ignore[attr-defined]
+        worker_run(self)
+
+    d = make_daemon(a, b, own)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SharedWorker, "_flush", recording)
+        await d.start()
+        await asyncio.sleep(0.55)
+        await d.stop()
+    assert a.threads == b.threads == {"collectors-0.1s_0"}
+    assert own.threads == {"collector-own_0"}
+    # Their rounds fall due together: one batch each round, both in it.
+    assert batches and all(batch == ("a", "b") for batch in batches), batches
+    assert a.rounds == b.rounds == len(batches)
+    assert 5 <= a.rounds <= 7
+    st = {s.name: s for s in d.statuses()}
+    assert st["a"].collections == a.rounds and st["a"].state is PartState.STOPPED
+
+
+async def test_a_failing_collector_in_a_batch_costs_the_others_nothing() -> None:
+    bad = Quick("bad", fail_on=range(1, 100))
+    good = Quick("good")
+    d = make_daemon(bad, good)
+    await d.start()
+    await asyncio.sleep(1.0)
+    st = {s.name: s for s in d.statuses()}
+    await d.stop()
+    assert bad.rounds == 3  # backed off as on a thread of its own
+    assert st["bad"].state is PartState.DEGRADED and st["bad"].reason == "OSError: boom bad"
+    assert good.rounds >= 8
+    assert st["good"].state is PartState.OK
+
+
+async def test_a_hung_collector_does_not_delay_the_shared_thread() -> None:
+    hang, ok = Hanging(), Quick("ok")
+    d = make_daemon(hang, ok)
+    await d.start()
+    await asyncio.sleep(0.5)
+    hang.release.set()
+    await d.stop()
+    assert ok.rounds >= 4

@@ -1,45 +1,125 @@
-"""What the kernel telemetry (scheduler BPF programs, perf counters) costs the machine.
+"""What the whole agent costs a scheduler-heavy workload, against the tool a user would pick.
 
-Run as root: ``python tests/bench/bench_sched_overhead.py [--rounds 10] [--idle-seconds 60]
+Run as root, as one command: ``python tests/bench/bench_sched_overhead.py [--rounds 6]
 [--write-doc docs/performance.md]``.
 
 1. Context-switch microbenchmark: ``taskset -c 0 perf bench sched pipe -l 200000`` (two
-   processes ping-pong over a pipe on one CPU, ~2 switches and ~2 wakeups per op), in
-   interleaved rounds of three kinds: no collector, the sched collector as configured by
-   default (programs attached, collecting every second, BPF stats duty-cycled as in
-   production), and the same without the wakeup probes (``track_wakeups=False``). Reported:
-   median ops/s of each kind and the slowdown of the medians. Each round rotates the order
-   of the kinds so drift of the shared machine hits all of them alike.
-2. ns per event of every program, from the kernel's BPF run statistics over one pipe run
-   (the stats themselves add ~20 ns per run, included in the numbers).
-3. A PyTorch CPU training loop (one thread, pinned to CPU 0, MLP 512-1024-10, batch 64):
-   median step time per round, interleaved on/off like 1.
-4. The agent's own footprint at idle: a child process runs the kernel collectors (sched,
-   perf_sw, pmu where a PMU exists, net when it starts) collecting every second; after a
-   warm-up, its CPU time over ``--idle-seconds`` and its RSS at the end.
+   processes ping-pong over a pipe on one CPU: about two context switches and two wakeups
+   per op, the worst case for scheduler probes), in interleaved rounds of three kinds:
+   ``off`` (nothing loaded), ``agent`` (``bpfdyno serve`` at its defaults, every default
+   collector, started before the round and stopped after it) and ``runqlat`` (the anchor:
+   bcc's runqlat algorithm on raw tracepoints -- wakeup stores a timestamp in a hash, switch
+   looks it up, adds to a log2 histogram, deletes -- the cheapest single-purpose bcc tool
+   that measures one of the things the agent measures). The order of the kinds rotates every
+   round so drift of the shared machine hits all alike. Reported: median ops/s per kind and
+   the slowdown of the medians (``off / kind - 1``), and the same for the CPU time the
+   benchmark's tasks used per op (steadier on a shared machine: it leaves out the time other
+   processes held CPU 0). ``--baseline REF`` adds rounds of the agent of a git ref (e.g.
+   ``main``: before and after in one run); ``--variant NAME='k=v k=v'`` adds rounds
+   of the agent with config overrides (e.g. one collector off), to find what costs what.
+2. ns per event of every BPF program of the agent and of the anchor over one pipe run, from
+   the kernel's run statistics (``BPF_ENABLE_STATS``; they add ~20 ns per run themselves,
+   included).
+3. A PyTorch CPU training loop (one thread on CPU 0, MLP 512-1024-10, batch 64): median step
+   time per round, ``off`` and ``agent`` interleaved.
+
+Before each round the benchmark lists BPF tracing programs that belong to neither the agent
+nor the benchmark (another test suite on a shared machine); they are reported with the
+results.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
+import resource
+import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
-from bpfdyno.ebpf.runstats import BpfRunStats
-from bpfdyno.sources.sched.collector import SchedCollector
+from daemon_runner import (
+    Daemon,
+    baseline_tree,
+    bpf_programs,
+    foreign_scheduler_programs,
+    program_counters,
+)
+
+from bpfdyno.ebpf.compiler import compile_bpf
+from bpfdyno.ebpf.kheaders import ensure_headers
+from bpfdyno.ebpf.runstats import enable_bpf_stats
 
 PIPE = ["taskset", "-c", "0", "perf", "bench", "sched", "pipe"]
+T = TypeVar("T")
 SECTION = "## Kernel telemetry overhead"
+
+#: bcc's runqlat (tools/runqlat.py, raw tracepoint variant, default microsecond histogram),
+#: with its kernel struct reads written against the BTF header tree.
+RUNQLAT = r"""
+#include <linux/sched.h>
+BPF_HASH(start, u32);
+BPF_HISTOGRAM(dist);
+
+static int trace_enqueue(u32 tgid, u32 pid)
+{
+    if (pid == 0)
+        return 0;
+    u64 ts = bpf_ktime_get_ns();
+    start.update(&pid, &ts);
+    return 0;
+}
+
+RAW_TRACEPOINT_PROBE(sched_wakeup)
+{
+    struct task_struct *p = (struct task_struct *)ctx->args[0];
+    u32 tgid = 0, pid = 0;
+    bpf_probe_read_kernel(&tgid, sizeof(tgid), &p->tgid);
+    bpf_probe_read_kernel(&pid, sizeof(pid), &p->pid);
+    return trace_enqueue(tgid, pid);
+}
+
+RAW_TRACEPOINT_PROBE(sched_wakeup_new)
+{
+    struct task_struct *p = (struct task_struct *)ctx->args[0];
+    u32 tgid = 0, pid = 0;
+    bpf_probe_read_kernel(&tgid, sizeof(tgid), &p->tgid);
+    bpf_probe_read_kernel(&pid, sizeof(pid), &p->pid);
+    return trace_enqueue(tgid, pid);
+}
+
+RAW_TRACEPOINT_PROBE(sched_switch)
+{
+    struct task_struct *prev = (struct task_struct *)ctx->args[1];
+    struct task_struct *next = (struct task_struct *)ctx->args[2];
+    u32 tgid = 0, pid = 0;
+    unsigned int state = 0;
+    bpf_probe_read_kernel(&state, sizeof(state), &prev->__state);
+    bpf_probe_read_kernel(&pid, sizeof(pid), &prev->pid);
+    if (state == TASK_RUNNING) {
+        bpf_probe_read_kernel(&tgid, sizeof(tgid), &prev->tgid);
+        trace_enqueue(tgid, pid);
+    }
+    bpf_probe_read_kernel(&pid, sizeof(pid), &next->pid);
+    u64 *tsp = start.lookup(&pid);
+    if (tsp == 0)
+        return 0;
+    u64 delta = bpf_ktime_get_ns() - *tsp;
+    delta /= 1000;
+    dist.atomic_increment(bpf_log2l(delta));
+    start.delete(&pid);
+    return 0;
+}
+"""
 
 TRAIN = """
 import statistics, sys, time
@@ -65,54 +145,24 @@ for _ in range(int(sys.argv[1])):
 print(statistics.median(times) * 1e3)
 """
 
-IDLE_CHILD = """
-import json, sys, time, resource
-from bpfdyno.sources.base import CollectorUnavailable
-from bpfdyno.sources.perf.collector import PerfSwCollector, PmuCollector
-from bpfdyno.sources.sched.collector import SchedCollector
-collectors, ran = [SchedCollector(), PerfSwCollector(), PmuCollector()], []
-try:
-    from bpfdyno.sources.net.collector import NetCollector
-    collectors.append(NetCollector())
-except ImportError:
-    pass
-for c in collectors:
-    try:
-        c.start()
-        ran.append(c)
-    except CollectorUnavailable as e:
-        print(f"{c.name}: unavailable: {e}", file=sys.stderr)
-# As `bpfdyno serve` does once every program is loaded.
-from bpfdyno.ebpf.compiler import release_compiler_pages
-release_compiler_pages()
-def loop(seconds):
-    deadline = time.monotonic()
-    end = deadline + seconds
-    while deadline < end:
-        for c in ran:
-            c.collect()
-        deadline += 1.0
-        time.sleep(max(deadline - time.monotonic(), 0))
-loop(5.0)
-cpu0, t0 = time.process_time(), time.monotonic()
-loop(float(sys.argv[1]))
-cpu1, t1 = time.process_time(), time.monotonic()
-rss = int(open("/proc/self/statm").read().split()[1]) * 4096
-print(json.dumps({"collectors": [c.name for c in ran], "cpu_ratio": (cpu1 - cpu0) / (t1 - t0),
-                  "rss_bytes": rss}))
-for c in ran:
-    c.close()
-"""
 
+def pipe_run(loops: int) -> tuple[float, float]:
+    """One pipe run: (ops per second of wall time, CPU ns per op of the benchmark's tasks).
 
-def pipe_ops_per_second(loops: int) -> float:
+    The second is the user + system time the ping-pong processes used per op, so it does
+    not count the time other processes on a shared machine held CPU 0; the probes' work on
+    each switch runs in the switching task and is in it.
+    """
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(
         [*PIPE, "-l", str(loops)], capture_output=True, text=True, check=True
     ).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     m = re.search(r"(\d+) ops/sec", out)
     if m is None:
         raise RuntimeError(f"unexpected perf output: {out!r}")
-    return float(m.group(1))
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return float(m.group(1)), cpu_s * 1e9 / loops
 
 
 def train_step_ms(steps: int) -> float:
@@ -126,74 +176,100 @@ def train_step_ms(steps: int) -> float:
 
 
 @contextmanager
-def agent(track_wakeups: bool = True) -> Iterator[SchedCollector]:
-    """The sched collector as the daemon runs it: attached, collecting once a second."""
-    collector = SchedCollector(track_wakeups=track_wakeups)
-    collector.start()
-    stop = threading.Event()
-
-    def collect_loop() -> None:
-        while not stop.wait(1.0):
-            collector.collect()
-
-    thread = threading.Thread(target=collect_loop, daemon=True)
-    thread.start()
+def runqlat() -> Iterator[int]:
+    """The anchor's programs attached in this process (yields this pid, which holds them)."""
+    bpf = compile_bpf("runqlat", RUNQLAT, [], ensure_headers("btf"))
+    held = set(program_counters(os.getpid()))
     try:
-        yield collector
+        yield os.getpid()
     finally:
-        stop.set()
-        thread.join()
-        collector.close()
+        bpf.cleanup()
+        while held & {int(str(p["id"])) for p in bpf_programs()}:
+            time.sleep(0.05)
 
 
-#: Configurations compared: no collector, the default, and without the wakeup probes.
-KINDS = ("off", "on", "on-no-wakeups")
+class Kinds:
+    """What a round of each kind runs under: nothing, the agent (+ variants), the anchor."""
+
+    def __init__(self, variants: dict[str, list[str]], baseline: Path | None = None) -> None:
+        self.variants = variants
+        self.baseline = baseline
+        extra = ("baseline",) if baseline is not None else ()
+        self.names = ("off", "agent", "runqlat", *extra, *variants)
+        self.foreign: set[str] = set()
+        self.agent_collectors: dict[str, str] = {}
+
+    @contextmanager
+    def under(self, kind: str) -> Iterator[int]:
+        """Run the body with ``kind`` loaded; yields the pid holding its programs (0: none)."""
+        if kind == "off":
+            self._note_foreign(())
+            yield 0
+        elif kind == "runqlat":
+            with runqlat() as pid:
+                self._note_foreign((pid,))
+                yield pid
+        else:
+            tree = self.baseline if kind == "baseline" else None
+            with Daemon(self.variants.get(kind, []), tree=tree) as daemon:
+                if kind == "agent":
+                    self.agent_collectors = daemon.collectors
+                self._note_foreign((daemon.pid,))
+                yield daemon.pid
+
+    def _note_foreign(self, own: tuple[int, ...]) -> None:
+        self.foreign.update(foreign_scheduler_programs(own))
 
 
 def interleaved(
-    rounds: int, measure_one: Callable[[], float], kinds: tuple[str, ...] = KINDS
-) -> dict[str, list[float]]:
+    rounds: int, kinds: Kinds, names: tuple[str, ...], measure_one: Callable[[], T]
+) -> dict[str, list[T]]:
     """Measure every kind once per round, rotating the order so drift hits all alike."""
-    results: dict[str, list[float]] = {k: [] for k in kinds}
+    results: dict[str, list[T]] = {k: [] for k in names}
     for i in range(rounds):
-        order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]
+        order = names[i % len(names) :] + names[: i % len(names)]
         for kind in order:
-            if kind == "off":
+            with kinds.under(kind):
                 results[kind].append(measure_one())
-            else:
-                with agent(track_wakeups=kind == "on"):
-                    results[kind].append(measure_one())
-        line = " ".join(f"{k}={v[-1]:.4g}" for k, v in results.items())
+        line = " ".join(f"{k}={v[-1]}" for k, v in results.items())
         print(f"  round {i + 1}/{rounds}: {line}", flush=True)
     return results
 
 
-def ns_per_event(loops: int) -> dict[str, tuple[float, float]]:
-    with agent() as collector:
-        stats = BpfRunStats(collector._require().program_fds())
-        bench = threading.Thread(target=pipe_ops_per_second, args=(loops,))
-        bench.start()
-        time.sleep(0.2)
-        window = stats.measure(1.0)
-        bench.join()
-    return {name: (st.ns_per_event, st.runs_per_second) for name, st in window.items()}
+def ns_per_event(kinds: Kinds, kind: str, loops: int) -> dict[str, tuple[float, float]]:
+    """Program name -> (ns per run, runs per second) over one pipe run under ``kind``."""
+    with kinds.under(kind) as pid:
+        fd = enable_bpf_stats()
+        try:
+            before = _run_counters(pid)
+            t0 = time.monotonic()
+            bench = threading.Thread(target=pipe_run, args=(loops,))
+            bench.start()
+            bench.join()
+            after, t1 = _run_counters(pid), time.monotonic()
+        finally:
+            os.close(fd)
+    out = {}
+    for name, (cnt1, ns1) in after.items():
+        cnt0, ns0 = before.get(name, (0, 0))
+        runs = cnt1 - cnt0
+        out[name] = ((ns1 - ns0) / runs if runs else float("nan"), runs / (t1 - t0))
+    return out
 
 
-def idle_footprint(seconds: float) -> tuple[list[str], float, int]:
-    """(collectors that ran, CPU share of one core, RSS bytes) of an idle agent child."""
-    out = subprocess.run(
-        [sys.executable, "-c", IDLE_CHILD, str(seconds)], capture_output=True, text=True, check=True
-    )
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    return list(result["collectors"]), float(result["cpu_ratio"]), int(result["rss_bytes"])
+def _run_counters(pid: int) -> dict[str, tuple[int, int]]:
+    """Program name -> cumulative (runs, run time ns) of the programs ``pid`` holds."""
+    names = {int(str(p["id"])): str(p.get("name", "?")) for p in bpf_programs()}
+    counters: dict[str, tuple[int, int]] = {}
+    for prog_id, (cnt, ns) in program_counters(pid).items():
+        name = names.get(prog_id, str(prog_id))
+        c0, n0 = counters.get(name, (0, 0))
+        counters[name] = (c0 + cnt, n0 + ns)
+    return counters
 
 
-def _pct(ratio: float) -> str:
-    return f"{(ratio - 1) * 100:+.1f} %"
-
-
-def pipe_fn(args: argparse.Namespace) -> Callable[[], float]:
-    return lambda: pipe_ops_per_second(args.loops)
+def _slowdown(base: float, other: float) -> str:
+    return f"{(base / other - 1) * 100:+.1f} %"
 
 
 def torch_available() -> bool:
@@ -202,48 +278,70 @@ def torch_available() -> bool:
     )
 
 
-def report(args: argparse.Namespace) -> str:
-    lines: list[str] = []
-    host = os.uname()
-    lines.append(
-        f"Measured {time.strftime('%Y-%m-%d')} on {host.release} ({os.cpu_count()} CPUs), "
-        f"{args.rounds} interleaved rounds per comparison."
-    )
-    lines.append("")
-    print("perf bench sched pipe:", flush=True)
-    pipe = {k: statistics.median(v) for k, v in interleaved(args.rounds, pipe_fn(args)).items()}
-    lines += [
-        "| comparison | collector off | collector on | slowdown | on, no wakeup probes "
-        "| slowdown | target |",
-        "|---|---|---|---|---|---|---|",
-        f"| `perf bench sched pipe -l {args.loops}` on CPU 0 (median ops/s) | "
-        f"{pipe['off']:,.0f} | {pipe['on']:,.0f} | {_pct(pipe['off'] / pipe['on'])} | "
-        f"{pipe['on-no-wakeups']:,.0f} | {_pct(pipe['off'] / pipe['on-no-wakeups'])} | <= 5 % |",
+def report(args: argparse.Namespace, variants: dict[str, list[str]], baseline: Path | None) -> str:
+    kinds = Kinds(variants, baseline)
+    load = os.getloadavg()[0]
+    lines = [
+        f"Measured {time.strftime('%Y-%m-%d')} on {os.uname().release} ({os.cpu_count()} CPUs), "
+        f"{args.rounds} interleaved rounds per comparison, load average {load:.2f} at the start."
     ]
-    if torch_available():
-        print("PyTorch training loop:", flush=True)
-        steps = interleaved(args.rounds, lambda: train_step_ms(args.steps), ("off", "on"))
-        train = {k: statistics.median(v) for k, v in steps.items()}
-        lines.append(
-            f"| PyTorch CPU training step, MLP, 1 thread on CPU 0 (median ms) | "
-            f"{train['off']:.3f} | {train['on']:.3f} | {_pct(train['on'] / train['off'])} "
-            "| | | <= 1 % |"
-        )
-    else:
-        lines.append("| PyTorch CPU training step | torch not installed | | | | | <= 1 % |")
-    print("BPF run statistics:", flush=True)
-    costs = ns_per_event(args.loops)
-    lines += ["", "| program | ns/event | runs/s during the pipe run |", "|---|---|---|"]
-    for name, (ns, rate) in sorted(costs.items()):
-        lines.append(f"| `{name}` | {ns:.0f} | {rate:,.0f} |")
-    print(f"idle footprint ({args.idle_seconds:.0f} s):", flush=True)
-    names, cpu_ratio, rss = idle_footprint(args.idle_seconds)
-    cpu_pct, rss_mb = cpu_ratio * 100, rss / 1e6
+    print("perf bench sched pipe:", flush=True)
+    runs = interleaved(args.rounds, kinds, kinds.names, lambda: pipe_run(args.loops))
+    ops = {k: [r[0] for r in v] for k, v in runs.items()}
+    cpu = {k: [r[1] for r in v] for k, v in runs.items()}
+    ops_med = {k: statistics.median(v) for k, v in ops.items()}
+    cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
     lines += [
         "",
-        f"Agent at idle, collectors {', '.join(names)} every 1 s for "
-        f"{args.idle_seconds:.0f} s: **{cpu_pct:.2f} % of one core** (target <= 1 %), "
-        f"**RSS {rss_mb:.0f} MB** (target <= 150 MB).",
+        f"`perf bench sched pipe -l {args.loops}` on CPU 0: median ops/s (min-max of the rounds) "
+        "and median CPU time of the benchmark's tasks per op:",
+        "",
+        "| kind | ops/s | slowdown | CPU ns/op | slowdown | target |",
+        "|---|---|---|---|---|---|",
+    ]
+    targets = {"agent": "<= 5 % (moonshot <= 3 %)", "runqlat": "anchor"}
+    for kind in kinds.names:
+        lo, hi = min(ops[kind]), max(ops[kind])
+        slow = "" if kind == "off" else _slowdown(ops_med["off"], ops_med[kind])
+        cpu_slow = "" if kind == "off" else _slowdown(cpu_med[kind], cpu_med["off"])
+        label = (
+            kind
+            if kind in ("off", "agent", "runqlat")
+            else f"agent of `{args.baseline}`"
+            if kind == "baseline"
+            else f"agent, {' '.join(variants[kind])}"
+        )
+        lines.append(
+            f"| {label} | {ops_med[kind]:,.0f} ({lo:,.0f}-{hi:,.0f}) | {slow} | "
+            f"{cpu_med[kind]:,.0f} | {cpu_slow} | {targets.get(kind, '')} |"
+        )
+    if kinds.agent_collectors:
+        states = ", ".join(f"{n} {s.lower()}" for n, s in sorted(kinds.agent_collectors.items()))
+        lines += ["", f"Agent collectors in those rounds: {states}."]
+    if not args.skip_train and torch_available():
+        print("PyTorch training loop:", flush=True)
+        train_runs = interleaved(
+            args.rounds, kinds, ("off", "agent"), lambda: train_step_ms(args.steps)
+        )
+        train = {k: statistics.median(v) for k, v in train_runs.items()}
+        lines += [
+            "",
+            f"PyTorch CPU training step (MLP, 1 thread on CPU 0), median of {args.steps} steps: "
+            f"off {train['off']:.3f} ms, agent {train['agent']:.3f} ms, "
+            f"**{(train['agent'] / train['off'] - 1) * 100:+.1f} %** (target <= 1 %).",
+        ]
+    print("BPF run statistics:", flush=True)
+    lines += ["", "| program | ns/event | runs/s during the pipe run |", "|---|---|---|"]
+    for kind in ("agent", "runqlat", *(["baseline"] if baseline is not None else [])):
+        for name, (ns, rate) in sorted(ns_per_event(kinds, kind, args.loops).items()):
+            shown = "-" if ns != ns else f"{ns:.0f}"
+            lines.append(f"| {kind}: `{name}` | {shown} | {rate:,.0f} |")
+    foreign = sorted(kinds.foreign)
+    lines += [
+        "",
+        "Other BPF tracing programs loaded during the rounds (other test suites): "
+        + (", ".join(foreign) if foreign else "none")
+        + ".",
     ]
     return "\n".join(lines)
 
@@ -263,17 +361,42 @@ def write_section(doc: Path, results: str) -> None:
     doc.write_text(text)
 
 
+def parse_variants(items: list[str]) -> dict[str, list[str]]:
+    """``NAME=k=v k=v`` -> {NAME: ["k=v", ...]}."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        name, sep, rest = item.partition("=")
+        if not sep or not name or name in ("off", "agent", "runqlat", "baseline"):
+            sys.exit(f"--variant {item!r}: expected NAME='section.key=value ...'")
+        out[name] = shlex.split(rest)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=textwrap.dedent(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="rounds of each kind")
     parser.add_argument("--loops", type=int, default=200_000, help="perf bench pipe loops")
     parser.add_argument("--steps", type=int, default=300, help="training steps per round")
-    parser.add_argument("--idle-seconds", type=float, default=60.0, help="idle measurement")
+    parser.add_argument("--skip-train", action="store_true", help="leave out the training loop")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME='section.key=value ...'",
+        help="also measure the agent with these config overrides (repeatable)",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="GIT_REF",
+        help="also measure the agent of this git ref (e.g. main) in the same rounds",
+    )
     parser.add_argument("--write-doc", type=Path, help="update this markdown file's section")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the benchmark loads BPF programs")
-    results = report(args)
+    with tempfile.TemporaryDirectory(prefix="bd-baseline-") as tmp:
+        tree = baseline_tree(args.baseline, Path(tmp)) if args.baseline else None
+        results = report(args, parse_variants(args.variant), tree)
     print(results)
     if args.write_doc:
         write_section(args.write_doc, results)

@@ -99,8 +99,7 @@ def test_bpf_sizes_are_read() -> None:
     cfg = load(
         None,
         [
-            ("sched.max_threads", "1000"),
-            ("sched.max_procs", "300"),
+            ("sched.max_exits", "300"),
             ("sched.ringbuf_pages", "4"),
             ("net.max_socks", "2000"),
             ("net.max_procs", "400"),
@@ -109,7 +108,7 @@ def test_bpf_sizes_are_read() -> None:
             ("net.byte_source", "syscalls"),
         ],
     )
-    assert (cfg.sched.max_threads, cfg.sched.max_procs, cfg.sched.ringbuf_pages) == (1000, 300, 4)
+    assert (cfg.sched.max_exits, cfg.sched.ringbuf_pages) == (300, 4)
     assert (cfg.net.max_socks, cfg.net.max_procs, cfg.net.ringbuf_pages) == (2000, 400, 8)
     assert (cfg.net.probe_sample_every, cfg.net.byte_source) == (1, "syscalls")
 
@@ -117,8 +116,8 @@ def test_bpf_sizes_are_read() -> None:
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
-        ("[sched]\nmax_threads = 0\n", "'sched.max_threads' must be in 1..4194304, got 0"),
-        ("[sched]\nmax_procs = 5000000\n", "'sched.max_procs' must be in 1..4194304"),
+        ("[sched]\nmax_exits = 0\n", "'sched.max_exits' must be in 1..4194304, got 0"),
+        ("[sched]\nmax_exits = 5000000\n", "'sched.max_exits' must be in 1..4194304"),
         ("[sched]\nringbuf_pages = 3\n", "'sched.ringbuf_pages' must be a power of two"),
         ("[net]\nmax_socks = 0\n", "'net.max_socks' must be in 1..16777216, got 0"),
         ("[net]\nmax_procs = -1\n", "'net.max_procs' must be in 1..4194304"),

@@ -122,7 +122,13 @@ def build(cfg: Config) -> Assembly:
         "sched": sched,
         "net": net,
         "pmu": PmuCollector() if on("pmu") else None,
-        "perf_sw": PerfSwCollector() if on("perf_sw") else None,
+        # Per-CPU context switches from the sched programs when they run: a perf counter of
+        # its own would cost every context switch again.
+        "perf_sw": (
+            PerfSwCollector(switch_counts=sched.cpu_switch_counts if sched else None)
+            if on("perf_sw")
+            else None
+        ),
         "gpu": gpu,
         "dcgm": dcgm,
         "procs": ProcsCollector(table) if table is not None else None,

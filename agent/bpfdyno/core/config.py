@@ -216,16 +216,10 @@ class SchedSection:
     """The scheduler collector's BPF program; these defaults are the only ones (the C code
     refuses to compile without its settings)."""
 
-    #: Probe sched_wakeup / sched_wakeup_new to measure run-queue latency after wakeups.
-    #: They fire about as often as context switches; false halves the scheduler probes'
-    #: cost (see docs/performance.md) and keeps only preemption waits in the histogram.
-    track_wakeups: bool = True
-    #: Threads tracked at once (entries of the per-thread BPF map). Beyond it, new threads
-    #: go unaccounted: sched_dropped_total{reason="thread_map_full"} counts them.
-    max_threads: int = 65536
-    #: Processes whose exited threads' times are kept until the process exits. Beyond it:
-    #: sched_dropped_total{reason="process_map_full"}.
-    max_procs: int = 16384
+    #: Thread exits remembered between two collections (the last books of each exited
+    #: thread, until the next collection reads them). Beyond it, an exiting thread's times
+    #: are lost: sched_dropped_total{reason="exit_map_full"} counts them.
+    max_exits: int = 16384
     #: Exec/exit event ring buffer size in pages (a power of two). Events that find it
     #: full are dropped: sched_dropped_total{reason="ringbuf_full"}.
     ringbuf_pages: int = 16
@@ -652,8 +646,7 @@ _NET_BYTE_SOURCES = ("auto", "sock", "syscalls")
 def _validate_bpf_sizes(cfg: Config, bad: typing.Callable[[str, str], ConfigError]) -> None:
     """Sizes of the BPF maps and ring buffers ([sched], [net]); the kernel refuses others."""
     limits = (
-        ("sched.max_threads", cfg.sched.max_threads, _PID_MAX_LIMIT),
-        ("sched.max_procs", cfg.sched.max_procs, _PID_MAX_LIMIT),
+        ("sched.max_exits", cfg.sched.max_exits, _PID_MAX_LIMIT),
         ("net.max_socks", cfg.net.max_socks, 16 * 1024 * 1024),
         ("net.max_procs", cfg.net.max_procs, _PID_MAX_LIMIT),
         ("net.probe_sample_every", cfg.net.probe_sample_every, 2**32 - 1),

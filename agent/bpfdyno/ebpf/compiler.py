@@ -66,7 +66,7 @@ def compile_bpf(name: str, text: str, flags: Sequence[str], tree: HeaderTree) ->
                 os.environ["BCC_KERNEL_SOURCE"] = old
     if isinstance(result, Exception):
         raise BpfLoadError(_explain_failure(name, result, diag.text, tree.kind)) from result
-    _trim_heap()
+    trim_heap()
     return result
 
 
@@ -104,11 +104,12 @@ def release_compiler_pages(maps_path: str = "/proc/self/maps") -> int:
     return advised
 
 
-def _trim_heap() -> None:
-    """Hand the compiler's freed heap back to the OS.
+def trim_heap() -> None:
+    """Hand freed heap back to the OS.
 
-    clang/LLVM free tens of MB after a compile, but glibc keeps freed memory in its arenas;
-    ``malloc_trim`` returns it (measured: ~40 MB of RSS per compiled program).
+    clang/LLVM free tens of MB after a compile (and libbpf ~14 MB after parsing the kernel's
+    BTF), but glibc keeps freed memory in its arenas; ``malloc_trim`` returns it (measured:
+    ~40 MB of RSS per compiled program).
     """
     # Not glibc (no malloc_trim): nothing to trim this way.
     with contextlib.suppress(OSError, AttributeError):

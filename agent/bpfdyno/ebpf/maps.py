@@ -1,7 +1,9 @@
 """The one way bpfdyno reads BPF maps: whole maps in batches, per-CPU arrays by slot.
 
 Keys and values of scalar types come back as Python ints, structs as bcc's ctypes structs;
-a per-CPU map's value is bcc's array of one value per *possible* CPU.
+a per-CPU map's value is bcc's array of one value per *possible* CPU. Maps that the kernel
+fills and user space empties are drained with batch lookup-and-delete (`map_pop_all`), never
+read-then-cleared.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+from array import array
 from typing import Any
 
 #: errnos of a kernel (< 5.6) or map type without BPF_MAP_LOOKUP_BATCH.
@@ -35,6 +38,25 @@ def map_items(table: Any, chunk: int = 1024) -> list[tuple[Any, Any]]:
     """
     from bcc.libbcc import lib
 
+    return _batched(table, lib.bpf_lookup_batch, chunk)
+
+
+def map_pop_all(table: Any, chunk: int = 1024) -> list[tuple[Any, Any]]:
+    """Remove and return every entry of a bcc hash map (BPF_MAP_LOOKUP_AND_DELETE_BATCH).
+
+    An entry the kernel adds meanwhile is either returned now or left for the next call,
+    never lost. Falls back to lookup-then-delete key by key on kernels without batch
+    operations (< 5.6).
+
+    Raises:
+        OSError: the batch operation failed for another reason.
+    """
+    from bcc.libbcc import lib
+
+    return _batched(table, lib.bpf_lookup_and_delete_batch, chunk, delete=True)
+
+
+def _batched(table: Any, op: Any, chunk: int, delete: bool = False) -> list[tuple[Any, Any]]:
     chunk = max(1, min(chunk, int(table.max_entries)))
     out: list[tuple[Any, Any]] = []
     in_tok = ctypes.c_uint32(0)
@@ -46,7 +68,7 @@ def map_items(table: Any, chunk: int = 1024) -> list[tuple[Any, Any]]:
         keys = (table.Key * chunk)()
         vals = (table.Leaf * chunk)()
         count.value = chunk
-        res = lib.bpf_lookup_batch(
+        res = op(
             table.map_fd,
             None if first else ctypes.byref(in_tok),
             ctypes.byref(out_tok),
@@ -63,8 +85,20 @@ def map_items(table: Any, chunk: int = 1024) -> list[tuple[Any, Any]]:
         if err == errno.ENOENT:  # the last batch
             return out
         if first and err in _NO_BATCH:
-            return [(_plain(k), _plain(v)) for k, v in table.items()]
-        raise OSError(err, f"BPF_MAP_LOOKUP_BATCH failed: {os.strerror(err)}")
+            return _one_by_one(table, delete)
+        raise OSError(err, f"BPF map batch operation failed: {os.strerror(err)}")
+
+
+def _one_by_one(table: Any, delete: bool) -> list[tuple[Any, Any]]:
+    out = []
+    for k, v in table.items():
+        if delete:
+            try:
+                del table[k]
+            except KeyError:
+                continue  # removed meanwhile
+        out.append((_plain(k), _plain(v)))
+    return out
 
 
 def percpu_values(table: Any, index: int = 0) -> list[Any]:
@@ -72,11 +106,25 @@ def percpu_values(table: Any, index: int = 0) -> list[Any]:
     return list(table.getvalue(table.Key(index)))
 
 
+def percpu_words(table: Any, index: int = 0) -> list[array[int]]:
+    """Slot ``index`` of a per-CPU array of 64-bit-only structs, as raw words per CPU.
+
+    One syscall, then each possible CPU's value as an ``array("Q")`` of its 64-bit fields
+    in declaration order (signed fields come back as their two's complement): for structs
+    with many fields or many CPUs, far cheaper than reading ctypes fields one by one.
+    """
+    values = table.getvalue(table.Key(index))
+    words: array[int] = array("Q")
+    words.frombytes(memoryview(values).cast("B"))
+    per_cpu = len(words) // max(1, len(values))
+    return [words[i * per_cpu : (i + 1) * per_cpu] for i in range(len(values))]
+
+
 def percpu_sums(table: Any) -> list[int]:
     """Every slot of a per-CPU array of integers, summed over the CPUs (batched reads)."""
     out = [0] * int(table.max_entries)
     for key, per_cpu in map_items(table):
-        out[int(key)] = sum(int(v) for v in per_cpu)
+        out[key] = sum(per_cpu)  # a ctypes array of integers iterates as Python ints
     return out
 
 

@@ -6,7 +6,8 @@ reach the C code only as ``-D`` defines, and the C side refuses to compile witho
 it needs, so every default lives in Python (the config sections). The object then attaches
 functions to raw tracepoints, tracepoints and uprobes, opens ring buffers with a decode
 callback, runs the duty-cycled run statistics (`bpfdyno.ebpf.runstats`), and `close` undoes
-all of it.
+all of it. Functions written as BTF-typed programs (``tp_btf`` tracepoints, task iterators)
+are loaded by `bpfdyno.ebpf.btfprog` under their own names.
 
 Every function and map in the C programs is named ``bpfdyno_...`` (see
 `bpfdyno.ebpf.introspect`), so ``bpftool`` shows whose they are.
@@ -18,20 +19,22 @@ import atexit
 import ctypes
 import importlib.resources
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 from bpfdyno.core.metrics import Sample
-from bpfdyno.ebpf.compiler import compile_bpf
+from bpfdyno.ebpf import btfprog
+from bpfdyno.ebpf.compiler import compile_bpf, trim_heap
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.introspect import fdinfo
 from bpfdyno.ebpf.kheaders import HeaderFlavour, KernelHeadersError, ensure_headers
 from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S, BpfRunStats
 from bpfdyno.ebpf.tracefs import TracefsError, ensure_tracefs
 
-__all__ = ["BpfLoadError", "BpfProgram", "RingBuffer", "bpf_source_dir"]
+__all__ = ["BpfLoadError", "BpfProgram", "RingBuffer", "TaskIterator", "bpf_source_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,24 @@ class RingBuffer(Generic[T]):
         return 0
 
 
+class TaskIterator:
+    """A task iterator of a `BpfProgram` (``open_task_iterator``): `read` runs it once."""
+
+    def __init__(self, program: BpfProgram, link_fd: int) -> None:
+        self._program = program
+        self._link_fd = link_fd
+
+    def read(self) -> bytes:
+        """Everything the iterator's function wrote for every task, in one run.
+
+        Raises:
+            RuntimeError: the program was closed.
+            OSError: the kernel failed to run it.
+        """
+        self._program._require()
+        return btfprog.read_iterator(self._link_fd)
+
+
 class BpfProgram:
     """A compiled program file loaded into the kernel, and everything hung off it.
 
@@ -78,6 +99,9 @@ class BpfProgram:
         """Wrap a compiled ``bcc.BPF`` object; `load` is the usual way in."""
         self._bpf: Any = bpf
         self._stats: BpfRunStats | None = None
+        #: BTF-typed functions this object loaded itself (name -> program fd), and links.
+        self._btf_fds: dict[str, int] = {}
+        self._links: list[int] = []
         #: The program file, e.g. ``"sched.bpf.c"``.
         self.source = source
 
@@ -153,6 +177,50 @@ class BpfProgram:
             fn,
             lambda bpf: bpf.attach_tracepoint(tp=tracepoint.encode(), fn_name=fn.encode()),
         )
+
+    def attach_btf_tracepoint(self, tracepoint: str, fn: str) -> None:
+        """Load function ``fn`` as a BTF-typed (tp_btf) program and attach it to ``tracepoint``.
+
+        ``fn`` takes ``u64 *ctx``: the tracepoint's arguments, pointers among them typed by
+        the kernel's BTF (read their fields with ``BPFDYNO_LOAD``).
+
+        Raises:
+            BpfLoadError: no BTF, no such tracepoint, or the verifier refused ``fn``.
+        """
+        fd = self._load_btf(fn, btfprog.BPF_TRACE_RAW_TP, tracepoint)
+        try:
+            self._links.append(btfprog.attach_tracepoint(fd))
+        except OSError as e:
+            raise BpfLoadError(
+                f"attaching {fn} of {self.source} to tracepoint {tracepoint} failed "
+                f"({e.strerror}); see `bpfdyno doctor` for what this kernel lacks"
+            ) from e
+
+    def open_task_iterator(self, fn: str) -> TaskIterator:
+        """Load function ``fn`` as a task iterator (``struct bpf_iter__task *ctx``).
+
+        Raises:
+            BpfLoadError: the kernel has no task iterators (Linux < 5.8) or refused ``fn``.
+        """
+        fd = self._load_btf(fn, btfprog.BPF_TRACE_ITER, "task")
+        try:
+            link = btfprog.link_iterator(fd)
+        except OSError as e:
+            raise BpfLoadError(
+                f"linking the task iterator {fn} of {self.source} failed ({e.strerror}); "
+                "task iterators need Linux >= 5.8"
+            ) from e
+        self._links.append(link)
+        return TaskIterator(self, link)
+
+    def _load_btf(self, fn: str, attach_type: int, target: str) -> int:
+        bpf = self._require()
+        if fn in self._btf_fds:
+            raise BpfLoadError(f"{fn} of {self.source} is already loaded")
+        fd = btfprog.load_tracing(bpf, fn, attach_type, target)
+        self._btf_fds[fn] = fd
+        trim_heap()  # libbpf parsed the kernel's BTF for the target's id: ~14 MB, freed
+        return fd
 
     def attach_uprobe(
         self, binary: str, symbol: str, fn: str, *, pid: int = -1, retprobe: bool = False
@@ -243,10 +311,11 @@ class BpfProgram:
 
     def program_fds(self) -> dict[str, int]:
         """Loaded (attached) function name -> program fd."""
-        return {
+        fds = {
             (name.decode() if isinstance(name, bytes) else str(name)): int(fn.fd)
             for name, fn in self._require().funcs.items()
         }
+        return fds | self._btf_fds
 
     def program_ids(self) -> dict[str, int]:
         """Loaded function name -> kernel program id."""
@@ -293,6 +362,9 @@ class BpfProgram:
         if self._stats is not None:
             self._stats.stop()
             self._stats = None
+        for fd in [*self._links, *self._btf_fds.values()]:
+            os.close(fd)
+        self._links, self._btf_fds = [], {}
         bpf, self._bpf = self._bpf, None
         if bpf is not None:
             bpf.cleanup()

@@ -8,16 +8,15 @@ the global sysctl) for ``on_s`` seconds every ``period_s`` seconds and reports n
 from __future__ import annotations
 
 import ctypes
-import errno
 import logging
 import os
-import platform
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from bpfdyno.core.metrics import Sample, sample
+from bpfdyno.ebpf.btfprog import bpf
 from bpfdyno.ebpf.introspect import fdinfo
 from bpfdyno.ebpf.metrics import BPF_RUN_NS_PER_EVENT, BPF_RUNS_PER_SECOND
 
@@ -30,7 +29,6 @@ DEFAULT_PERIOD_S = 10.0
 
 _BPF_ENABLE_STATS = 32  # enum bpf_cmd
 _BPF_STATS_RUN_TIME = 0  # enum bpf_stats_type
-_NR_BPF = {"x86_64": 321, "aarch64": 280}
 
 
 def enable_bpf_stats() -> int:
@@ -39,17 +37,9 @@ def enable_bpf_stats() -> int:
     Raises:
         OSError: the kernel refused (EINVAL before 5.8, EPERM without CAP_SYS_ADMIN).
     """
-    nr = _NR_BPF.get(platform.machine())
-    if nr is None:
-        raise OSError(errno.ENOSYS, f"bpf syscall number unknown on {platform.machine()}")
-    libc = ctypes.CDLL(None, use_errno=True)
     attr = (ctypes.c_uint8 * 128)()  # union bpf_attr, zeroed; enable_stats.type is at 0
     ctypes.c_uint32.from_buffer(attr, 0).value = _BPF_STATS_RUN_TIME
-    fd = int(libc.syscall(nr, _BPF_ENABLE_STATS, ctypes.byref(attr), ctypes.sizeof(attr)))
-    if fd < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return fd
+    return bpf(_BPF_ENABLE_STATS, attr)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,11 @@ class Collector(abc.ABC):
 
     #: Short stable identifier, used in config (``[collectors.<name>]``) and status.
     name: str = ""
+    #: Whether ``collect()`` may wait on something outside the agent (a driver call, another
+    #: process's locks, as reading its /proc/PID/cmdline does). Such a collector gets a
+    #: thread of its own, so a hang delays only itself; the others (procfs counters, BPF
+    #: maps, perf counters) share one thread that runs their rounds together.
+    may_block: bool = True
 
     def start(self) -> None:  # noqa: B027 - optional hook
         """Acquire resources (open files, load BPF, init NVML).

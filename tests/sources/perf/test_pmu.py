@@ -9,6 +9,7 @@ pipes that carry exactly the bytes a perf group read returns.
 from __future__ import annotations
 
 import errno
+import math
 import mmap
 import os
 import struct
@@ -96,6 +97,85 @@ def test_software_cpu_clock_runs_at_wall_speed() -> None:
     assert all(0.9 < v < 1.1 for v in clock.values())
     with pytest.raises(RuntimeError, match="not started"):
         sw.collect()
+
+
+class RecordingOpener:
+    """The real perf_event_open, remembering the (config, cpu, fd) of every counter opened."""
+
+    def __init__(self) -> None:
+        self.opened: list[tuple[int, int, int]] = []
+
+    def __call__(self, attr: PerfEventAttr, pid: int, cpu: int, group: int, flags: int) -> int:
+        fd = perf_event_open(attr, pid, cpu, group, flags)
+        self.opened.append((int(attr.config), cpu, fd))
+        return fd
+
+    def open_switch_counters(self) -> list[int]:
+        """fds of context-switch counters (PERF_COUNT_SW_CONTEXT_SWITCHES) still open."""
+        out = []
+        for config, _, fd in self.opened:
+            if config == 3:
+                try:
+                    os.fstat(fd)
+                    out.append(fd)
+                except OSError:
+                    pass
+        return out
+
+
+def test_software_switches_from_another_source_open_no_counter_of_their_own() -> None:
+    # The sched collector counts switches per CPU already: perf_sw takes its counts (here
+    # known numbers) and makes the kernel count nothing more on each switch.
+    cpus = online_cpus()
+    counts = iter([{c: 1000 * (c + 1) for c in cpus}, {c: 1000 * (c + 1) + 50 + c for c in cpus}])
+    ticks = iter([100.0, 102.0])  # two seconds between the reads
+    opener = RecordingOpener()
+    sw = PerfSwCollector(opener, clock=lambda: next(ticks), switch_counts=lambda: next(counts))
+    sw.start()
+    try:
+        first = _by(list(sw.collect()), "perf_context_switches_per_second")
+    finally:
+        sw.close()
+    assert opener.opened and not [o for o in opener.opened if o[0] == 3]
+    assert set(first) == {str(c) for c in cpus}
+    assert all(math.isnan(v) for v in first.values())  # the source's first counts: no rate
+    sw2_counts = iter([{c: 10 for c in cpus}, {c: 110 + c for c in cpus}])
+    ticks2 = iter([0.0, 1.0, 3.0])
+    sw2 = PerfSwCollector(
+        opener, clock=lambda: next(ticks2), switch_counts=lambda: next(sw2_counts)
+    )
+    sw2.start()
+    try:
+        sw2.collect()
+        rates = _by(list(sw2.collect()), "perf_context_switches_per_second")
+    finally:
+        sw2.close()
+    assert rates == {str(c): (100 + c) / 2 for c in cpus}
+
+
+def test_software_switches_fall_back_to_a_counter_while_the_source_has_none() -> None:
+    cpus = online_cpus()
+    source: dict[int, int] | None = None
+    opener = RecordingOpener()
+    sw = PerfSwCollector(opener, switch_counts=lambda: source)
+    sw.start()
+    try:
+        assert opener.open_switch_counters() == []  # nothing yet: the source may start
+        sw.collect()  # the source has nothing: a counter of its own, from now on
+        assert len(opener.open_switch_counters()) == len(cpus)
+        for _ in range(5):
+            time.sleep(0.002)  # switches on this CPU
+        own = _by(list(sw.collect()), "perf_context_switches_per_second")
+        assert sum(own.values()) > 0
+        source = {c: 7 for c in cpus}  # the source started: its counter is closed
+        sw.collect()
+        assert opener.open_switch_counters() == []
+        source = {c: 9 for c in cpus}
+        time.sleep(0.01)
+        rates = _by(list(sw.collect()), "perf_context_switches_per_second")
+    finally:
+        sw.close()
+    assert all(v > 0 for v in rates.values())
 
 
 def _group_read(enabled: int, running: int, *values: int) -> bytes:

@@ -343,19 +343,21 @@ def test_caches_stay_flat_under_process_churn() -> None:
         snap = table.refresh()
         sizes = table.cache_sizes()
         assert sizes["pids"] <= snap.total_processes
-        assert sizes["details"] <= 2 * 20 + 2
+        assert sizes["details"] <= snap.total_processes
         max_pids_cache = max(max_pids_cache, sizes["pids"])
         for p in batch:
             p.wait()
     time.sleep(0.05)
-    snap = table.refresh()
+    table.refresh()
+    snap = table.refresh()  # both updates the table keeps are after the churn
     sizes = table.cache_sizes()
     assert len(churn_pids) == 2000
     assert sizes["pids"] == snap.total_processes
     # Nothing of the churn is left (a pid the kernel already reused for a live process aside).
-    for cache in (table._pids, table._details):
+    assert table._last is not None and table._prev is not None
+    for cache in (table._last.states, table._prev.states, table._last.details):
         assert all(os.path.exists(f"/proc/{pid}") for pid in churn_pids & set(cache))
-    assert sizes["details"] <= 2 * 20
+    assert sizes["details"] == snap.total_processes
     assert sizes["users"] <= 5
 
 
@@ -403,3 +405,72 @@ def test_joins_the_real_sched_collector() -> None:
             child.stdin.close()
         child.wait()
         sched.close()
+
+
+@dataclass(frozen=True)
+class SchedOf:
+    """Per-process scheduler totals as the sched collector gives them."""
+
+    oncpu_ns: int
+    offcpu_runnable_ns: int = 0
+    offcpu_blocked_ns: int = 0
+    runq_wait_ns: int = 0
+
+
+def test_a_process_that_did_not_run_is_not_read_again(tmp_path: Path) -> None:
+    # Its on-CPU time and run-queue wait did not move: /proc/PID/stat cannot have changed
+    # but for resident memory, which is re-read at least every STAT_MAX_AGE_S.
+    from bpfdyno.sources.procs.table import STAT_MAX_AGE_S
+
+    fp = FakeProc(tmp_path)
+    fp.add(10, rss_pages=100)
+    sched = {10: SchedOf(5_000, offcpu_blocked_ns=1_000)}
+    table = ProcessTable(tmp_path, sched=lambda: sched, clock=fp.clock)
+    assert table.refresh().rows[0].rss_bytes == 100 * PAGE
+    fp.now = 1.0
+    fp.set_stat(10, "proc", ticks=0, rss_pages=90)  # reclaim took some pages meanwhile
+    sched[10] = SchedOf(5_000, offcpu_blocked_ns=1_000_001_000)  # slept for the second
+    (row,) = table.refresh().rows
+    assert row.rss_bytes == 100 * PAGE  # not read again
+    assert row.offcpu_blocked_ratio == pytest.approx(1.0)  # the sched columns are current
+    assert row.offcpu_blocked_ns == 1_000_001_000
+    fp.now = 1.0 + STAT_MAX_AGE_S
+    assert table.refresh().rows[0].rss_bytes == 90 * PAGE  # read again: it was too old
+    fp.now += 1.0
+    fp.set_stat(10, "proc", ticks=CLK, rss_pages=80)
+    sched[10] = SchedOf(1_000_005_000)  # it ran: read at once
+    (row,) = table.refresh().rows
+    assert (row.rss_bytes, row.cpu_ratio) == (80 * PAGE, pytest.approx(1.0))
+
+
+def test_rows_are_built_only_while_someone_reads_the_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bpfdyno.sources.procs import table as table_mod
+
+    builds = []
+    build = ProcessTable._build
+
+    def counting(self: ProcessTable) -> table_mod.ProcessSnapshot:
+        builds.append(1)
+        return build(self)
+
+    monkeypatch.setattr(ProcessTable, "_build", counting)
+    fp = FakeProc(tmp_path)
+    fp.add(1, comm="init")
+    fp.add(2, comm="worker")
+    table = ProcessTable(tmp_path, clock=fp.clock)
+    assert table.update() == 2
+    assert builds == []  # nobody has read it
+    assert sorted((r.pid, r.comm) for r in table.snapshot.rows) == [(1, "init"), (2, "worker")]
+    assert len(builds) == 1
+    assert table.snapshot.rows and len(builds) == 1  # built once per update
+    fp.now = table_mod.DEMAND_S / 2
+    fp.remove(2)
+    assert table.update() == 1
+    assert len(builds) == 2  # read recently: built by the update itself
+    assert [r.pid for r in table.snapshot.rows] == [1]
+    assert len(builds) == 2
+    fp.now += table_mod.DEMAND_S + 1
+    table.update()
+    assert len(builds) == 2  # nobody read it lately: not built

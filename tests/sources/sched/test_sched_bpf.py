@@ -1,11 +1,15 @@
 """The scheduler collector with its real BPF programs in the running kernel.
 
 Each test drives the kernel path on purpose (known sleeps, CPU contention on one pinned CPU,
-exec of /bin/true) and checks the numbers the collector reports.
+threads that burn CPU and exit, exec of /bin/true) and checks the numbers the collector
+reports, against the workload and against the kernel's own per-task accounting
+(``/proc/PID/task/TID/schedstat``: on-CPU ns, run-queue wait ns, timeslices).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import re
@@ -14,7 +18,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +33,8 @@ from bpfdyno.sources.sched import collector as sched_mod
 from bpfdyno.sources.sched.collector import ProcSched, SchedCollector
 
 pytestmark = pytest.mark.root
+
+ALL_PROGRAMS = {fn for _, fn in sched_mod.PROGRAMS} | {sched_mod.ITERATOR}
 
 
 class Sink:
@@ -51,7 +57,15 @@ def sink() -> Sink:
 
 @pytest.fixture(scope="module")
 def sched(header_cache: Path, sink: Sink) -> Iterator[SchedCollector]:
-    c = SchedCollector(sink=sink, header_cache=header_cache, stats_on_s=0.2, stats_period_s=0.5)
+    # A ring buffer for ~6000 events: other test suites on a shared machine may start
+    # thousands of processes a second, and this module's events must not be crowded out.
+    c = SchedCollector(
+        sink=sink,
+        header_cache=header_cache,
+        ringbuf_pages=256,
+        stats_on_s=0.2,
+        stats_period_s=0.5,
+    )
     c.start()
     yield c
     c.close()
@@ -61,38 +75,106 @@ def _values(samples: list[Sample], name: str) -> dict[tuple[tuple[str, str], ...
     return {s.labels: s.value for s in samples if s.spec.name == name}
 
 
-def _python(code: str, *prefix: str) -> subprocess.Popen[str]:
+def _python(code: str, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*prefix, sys.executable, "-c", textwrap.dedent(code)],
+        [*prefix, sys.executable, "-c", textwrap.dedent(code), *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
 
 
+def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)
+
+
+def asleep(pid: int) -> bool:
+    """Every thread of ``pid`` is sleeping (its books are at rest)."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            raw = Path(f"/proc/{pid}/task/{tid}/stat").read_bytes()
+        except FileNotFoundError:
+            return False  # a thread is exiting: not at rest yet
+        states.append(raw[raw.rfind(b")") + 2 : raw.rfind(b")") + 3])
+    return all(s == b"S" for s in states)
+
+
+def kernel_books(pid: int) -> tuple[int, int, int]:
+    """(on-CPU ns, run-queue wait ns, timeslices) summed over the live threads of ``pid``."""
+    total = [0, 0, 0]
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        for i, v in enumerate(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()):
+            total[i] += int(v)
+    return total[0], total[1], total[2]
+
+
+def context_switches(pid: int) -> int:
+    """Voluntary + involuntary context switches of ``pid``'s live threads (/proc status)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+            if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
+                total += int(line.split()[1])
+    return total
+
+
+def reading(sched: SchedCollector, pid: int) -> tuple[ProcSched, float, float]:
+    """One collection: ``pid``'s times and the monotonic interval the reading was taken in."""
+    t0 = time.monotonic()
+    sched.collect()
+    t1 = time.monotonic()
+    procs = sched.per_process()
+    assert procs is not None
+    return procs[pid], t0, t1
+
+
+def lifetime(p: ProcSched) -> int:
+    return p.oncpu_ns + p.runq_wait_ns + p.offcpu_blocked_ns
+
+
+SLEEPER = """
+import sys, time
+sys.stdin.readline()
+for _ in range(5):
+    time.sleep(0.1)
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
 def test_sleeping_process_is_blocked_for_its_sleeps(sched: SchedCollector) -> None:
-    # Sleeps 5 x 100 ms, then waits on stdin: that wait has not ended at collection time,
-    # so only the sleeps (and start-up I/O, if any) count as blocked.
-    child = _python(
-        """
-        import sys, time
-        for _ in range(5):
-            time.sleep(0.1)
-        print("done", flush=True)
-        sys.stdin.readline()
-        """
-    )
+    child = _python(SLEEPER)
     try:
-        assert child.stdout is not None
+        assert child.stdout is not None and child.stdin is not None
+        wait_for(lambda: asleep(child.pid))
+        a, a0, a1 = reading(sched, child.pid)
+        child.stdin.write("go\n")
+        child.stdin.flush()
         assert child.stdout.readline().strip() == "done"
-        sched.collect()
-        proc = sched.per_process()[child.pid]
+        wait_for(lambda: asleep(child.pid))
+        b, b0, b1 = reading(sched, child.pid)
+        books = kernel_books(child.pid)
+        switches = context_switches(child.pid)
     finally:
         child.communicate("\n", timeout=10)
-    assert 0.45e9 <= proc.offcpu_blocked_ns <= 0.7e9
-    assert proc.switches >= 5
-    assert proc.comm.startswith("python")
-    assert 0 < proc.oncpu_ns < 0.5e9
+    blocked = b.offcpu_blocked_ns - a.offcpu_blocked_ns
+    # Five sleeps of 100 ms, plus the two short waits on stdin around them.
+    assert blocked >= 0.5e9
+    # The three parts add up to the time between the readings, to the collection's duration.
+    assert (b0 - a1) * 1e9 - 1e6 <= lifetime(b) - lifetime(a) <= (b1 - a0) * 1e9 + 1e6
+    # At rest, the on-CPU time and the waits are the kernel's own books, to the nanosecond.
+    assert (b.oncpu_ns, b.runq_wait_ns) == books[:2]
+    assert b.offcpu_runnable_ns == b.runq_wait_ns
+    assert b.switches - a.switches >= 5  # one per sleep at least
+    assert b.switches == switches
+    assert b.comm.startswith("python")
+    assert b.threads == 1
+    assert 0 < b.oncpu_ns < 0.5e9
 
 
 SPINNER = """
@@ -101,35 +183,34 @@ start, end = float(sys.argv[1]), float(sys.argv[2])
 time.sleep(max(start - time.monotonic(), 0))
 while time.monotonic() < end:
     pass
+print("done", flush=True)
+sys.stdin.readline()
 """
 
 
 def test_cpu_contention_shows_runqueue_latency_and_runnable_wait(
     sched: SchedCollector,
 ) -> None:
-    # Three spinners share CPU 0 for the same second: each is either running or waiting
-    # runnable in the run queue, never blocked, so its runnable wait is ~1 s minus its share.
-    start = time.monotonic() + 0.6
+    # Three spinners share CPU 0 for the same second: each is either running or waiting in
+    # the run queue, so it waits for about the two thirds of the second it does not run.
+    start = time.monotonic() + 1.0
     end = start + 1.0
-    code = SPINNER + "\nprint('done', flush=True)\nsys.stdin.readline()\n"
     spinners = [
-        subprocess.Popen(
-            ["taskset", "-c", "0", sys.executable, "-c", code, str(start), str(end)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(3)
+        _python(SPINNER, str(start), str(end), prefix=("taskset", "-c", "0")) for _ in range(3)
     ]
     try:
-        time.sleep(max(start - 0.1 - time.monotonic(), 0))
+        for p in spinners:
+            wait_for(lambda p=p: asleep(p.pid))  # type: ignore[misc]
+        assert time.monotonic() < start, "the machine is too slow for this test's schedule"
         sched.collect()
-        before = {p.pid: sched.per_process()[p.pid] for p in spinners}
+        before = {p.pid: sched.per_process()[p.pid] for p in spinners}  # type: ignore[index]
         for p in spinners:
             assert p.stdout is not None
             assert p.stdout.readline().strip() == "done"
+            wait_for(lambda p=p: asleep(p.pid))  # type: ignore[misc]
         samples = list(sched.collect())
-        after = {p.pid: sched.per_process()[p.pid] for p in spinners}
+        after = {p.pid: sched.per_process()[p.pid] for p in spinners}  # type: ignore[index]
+        books = {p.pid: kernel_books(p.pid) for p in spinners}
     finally:
         for p in spinners:
             p.communicate("\n", timeout=10)
@@ -137,18 +218,103 @@ def test_cpu_contention_shows_runqueue_latency_and_runnable_wait(
     assert q[(("quantile", "0.99"),)] > 0
     assert q[(("quantile", "0.99"),)] >= q[(("quantile", "0.5"),)]
     assert _values(samples, "sched_runqueue_latency_mean_seconds")[()] > 0
+    assert _values(samples, "sched_runqueue_waits_per_second")[()] > 0
+    assert _values(samples, "sched_offcpu_seconds_per_second")[(("state", "runnable"),)] > 0.8
     oncpu = [after[pid].oncpu_ns - before[pid].oncpu_ns for pid in before]
-    # One CPU for one second: together at most ~1 s (less when other work shares CPU 0).
+    # One CPU for one second: together at most about 1 s (less when other work shares it).
     assert sum(oncpu) < 1.1e9
     assert all(t > 0 for t in oncpu)
     for pid in before:
-        runnable = after[pid].offcpu_runnable_ns - before[pid].offcpu_runnable_ns
-        runq = after[pid].runq_wait_ns - before[pid].runq_wait_ns
-        assert runnable > 0.4e9
-        assert runq >= runnable
+        wait = after[pid].runq_wait_ns - before[pid].runq_wait_ns
+        assert wait > 0.4e9
+        assert after[pid].offcpu_runnable_ns - before[pid].offcpu_runnable_ns == wait
+        assert (after[pid].oncpu_ns, after[pid].runq_wait_ns) == books[pid][:2]
+
+
+BURNERS = """
+import sys, threading, time
+def burn(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+sys.stdin.readline()
+threads = [threading.Thread(target=burn, args=(0.1,)) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(time.process_time_ns(), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_exited_threads_keep_their_times_in_their_process(sched: SchedCollector) -> None:
+    # Four threads each burn 100 ms of CPU and exit; the process lives on. Its on-CPU time
+    # must still include theirs (CLOCK_PROCESS_CPUTIME_ID, which counts dead threads too).
+    child = _python(BURNERS)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        wait_for(lambda: asleep(child.pid))
+        a, _, _ = reading(sched, child.pid)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        process_cpu_ns = int(child.stdout.readline())
+        wait_for(lambda: asleep(child.pid) and len(os.listdir(f"/proc/{child.pid}/task")) == 1)
+        b, b0, b1 = reading(sched, child.pid)
+        c, c0, c1 = reading(sched, child.pid)
+    finally:
+        child.communicate("\n", timeout=10)
+    assert b.oncpu_ns - a.oncpu_ns >= 0.4e9
+    # The child read its clock a few instructions before it went to sleep; the kernel's
+    # count also has the few microseconds each thread ran after its exit was recorded.
+    assert abs(b.oncpu_ns - process_cpu_ns) < 5e6
+    assert b.threads == 1
+    # At rest only the blocked time moves, with the clock.
+    assert (c.oncpu_ns, c.runq_wait_ns, c.switches) == (b.oncpu_ns, b.runq_wait_ns, b.switches)
+    assert (
+        (c0 - b1) * 1e9 - 1e6 <= c.offcpu_blocked_ns - b.offcpu_blocked_ns <= (c1 - b0) * 1e9 + 1e6
+    )
+
+
+CHURN = """
+import sys, threading, time
+end = time.monotonic() + float(sys.argv[1])
+def work():
+    x = 0
+    for i in range(20000):
+        x += i
+    time.sleep(0.001)
+while time.monotonic() < end:
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+"""
+
+
+def test_process_times_never_go_down_under_thread_churn(sched: SchedCollector) -> None:
+    # Threads start and exit all the time while the collector reads: each thread's times
+    # move from the live count to the exited count without being counted twice or lost.
+    child = _python(CHURN, "3")
+    seen: list[ProcSched] = []
+    try:
+        while child.poll() is None:
+            sched.collect()
+            p = (sched.per_process() or {}).get(child.pid)
+            if p is not None:
+                seen.append(p)
+            time.sleep(0.02)
+    finally:
+        child.communicate(timeout=30)
+    assert len(seen) > 10
+    for earlier, later in itertools.pairwise(seen):
+        for field in ("oncpu_ns", "runq_wait_ns", "offcpu_blocked_ns", "switches"):
+            assert getattr(later, field) >= getattr(earlier, field), (field, earlier, later)
 
 
 def test_exec_and_exit_of_bin_true_are_seen_with_its_pid(sched: SchedCollector, sink: Sink) -> None:
+    sched.collect()  # an empty ring buffer
     t0 = time.time_ns()
     true = subprocess.Popen(["/bin/true"])
     true.wait()
@@ -166,12 +332,15 @@ def test_exec_and_exit_of_bin_true_are_seen_with_its_pid(sched: SchedCollector, 
     exit_true = by_pid[(true.pid, "exit")]
     assert (exit_true.attrs["exit_status"], exit_true.attrs["signal"]) == (0, 0)
     assert exec_true.ts_ns <= exit_true.ts_ns <= t1
+    assert 0 < int(exit_true.attrs["oncpu_ns"]) < 1e9
+    assert int(exit_true.attrs["offcpu_ns"]) >= 0
     assert by_pid[(false.pid, "exit")].attrs["exit_status"] == 1
-    # Exited processes leave the per-process table (and the kernel maps).
-    assert true.pid not in sched.per_process()
+    # Exited processes leave the per-process table.
+    assert true.pid not in sched.per_process()  # type: ignore[operator]
 
 
 def test_killed_process_reports_the_signal(sched: SchedCollector, sink: Sink) -> None:
+    sched.collect()  # an empty ring buffer
     child = subprocess.Popen(["sleep", "30"])
     time.sleep(0.1)
     child.send_signal(signal.SIGKILL)
@@ -194,14 +363,24 @@ def test_host_wide_metrics(sched: SchedCollector) -> None:
     busy = _values(samples, "sched_cpu_busy_ratio")
     assert all(0 <= v <= 1 for v in busy.values())
     assert _values(samples, "sched_oncpu_seconds_per_second")[()] <= len(online) + 0.05
+    assert _values(samples, "sched_offcpu_seconds_per_second")[(("state", "blocked"),)] > 0
     dropped = _values(samples, "sched_dropped_total")
     assert set(dropped) == {
-        (("reason", "thread_map_full"),),
-        (("reason", "process_map_full"),),
+        (("reason", "exit_map_full"),),
         (("reason", "ringbuf_full"),),
+        (("reason", "task_storage"),),
     }
-    assert all(v == 0 for v in dropped.values())
-    assert _values(samples, "sched_tracked_threads")[()] > 0
+    # Other processes' exec/exit storms can fill the ring buffer on a shared machine; the
+    # losses are counted (see the tiny-maps test), and task storage never runs short here.
+    assert dropped[(("reason", "task_storage"),)] == 0
+    threads = 0
+    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+        with contextlib.suppress(FileNotFoundError):  # exited meanwhile
+            threads += len(os.listdir(f"/proc/{pid}/task"))
+    assert 0.5 * threads < _values(samples, "sched_tracked_threads")[()] < 2 * threads
+    counts = sched.cpu_switch_counts()
+    assert counts is not None and {str(c) for c in counts} == online
+    assert all(n > 0 for n in counts.values())
 
 
 def test_bpf_program_costs_are_reported(sched: SchedCollector) -> None:
@@ -212,44 +391,24 @@ def test_bpf_program_costs_are_reported(sched: SchedCollector) -> None:
     switch = (("program", "bpfdyno_switch"),)
     assert 0 < ns[switch] < 100_000
     assert rate[switch] > 0
-    assert {dict(k)["program"] for k in rate} == {fn for _, fn in sched_mod.PROGRAMS}
-
-
-def test_sweep_removes_entries_of_vanished_threads(sched: SchedCollector) -> None:
-    threads = sched._require().table("bpfdyno_sthread")
-    ghost = 2**22 + 123  # above PID_MAX_LIMIT: no thread can have this id
-    threads[threads.Key(ghost)] = threads.Leaf()
-    assert sched.sweep() >= 1
-    assert ghost not in {k.value for k in threads}
+    assert {dict(k)["program"] for k in rate} == ALL_PROGRAMS
 
 
 def test_tiny_maps_count_their_losses_and_keep_working(header_cache: Path) -> None:
     sink = Sink()
-    c = SchedCollector(
-        sink=sink, max_threads=16, max_procs=2, ringbuf_pages=1, header_cache=header_cache
-    )
+    c = SchedCollector(sink=sink, max_exits=2, ringbuf_pages=1, header_cache=header_cache)
     c.start()
     try:
         ids = c._require().program_ids()
-        # 300 fork+exec+exit of /bin/true: 600 events for a 4 KiB ring buffer (~20 fit).
+        # 300 fork+exec+exit of /bin/true between two collections: 300 thread exits for a
+        # map of 2, and 600 events for a 4 KiB ring buffer (~20 fit).
         subprocess.run(["sh", "-c", "for i in $(seq 300); do /bin/true; done"], check=True)
-        # 40 live threads that keep switching: more than the 16 slots of the thread map,
-        # however quiet the rest of the machine is.
-        threads_code = (
-            "import threading, time\n"
-            "def spin():\n"
-            "    for _ in range(20): time.sleep(0.005)\n"
-            "ts = [threading.Thread(target=spin) for _ in range(40)]\n"
-            "[t.start() for t in ts]; [t.join() for t in ts]\n"
-        )
-        subprocess.run([sys.executable, "-c", threads_code], check=True)
         samples = list(c.collect())
         dropped = {dict(k)["reason"]: v for k, v in _values(samples, "sched_dropped_total").items()}
         got = sum(1 for e in sink.events if e.comm == "true")
         assert dropped["ringbuf_full"] > 0
         assert got + dropped["ringbuf_full"] >= 600
-        assert dropped["thread_map_full"] > 0
-        assert _values(samples, "sched_tracked_threads")[()] <= 16
+        assert dropped["exit_map_full"] >= 290
         assert list(c.collect())  # still collecting
     finally:
         c.close()
@@ -261,10 +420,11 @@ def test_close_detaches_everything(header_cache: Path) -> None:
     c = SchedCollector(header_cache=header_cache)
     c.start()
     ids = c._require().program_ids()
-    assert set(ids) == {fn for _, fn in sched_mod.PROGRAMS}
+    assert set(ids) == ALL_PROGRAMS
     c.close()
     assert programs_still_loaded(ids.values()) == set()
     assert c.per_process() is None  # "unknown" for the process table, not zeros
+    assert c.cpu_switch_counts() is None
     with pytest.raises(RuntimeError, match="not started"):
         c.collect()
 
@@ -282,7 +442,7 @@ def test_a_crashed_agent_leaves_nothing_attached(header_cache: Path) -> None:
     child = _python(code)
     assert child.stdout is not None
     ids = json.loads(child.stdout.readline())
-    assert len(ids) == len(sched_mod.PROGRAMS)
+    assert set(ids) == ALL_PROGRAMS
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     assert programs_still_loaded(ids.values()) == set()
@@ -290,6 +450,7 @@ def test_a_crashed_agent_leaves_nothing_attached(header_cache: Path) -> None:
 
 def test_per_process_snapshot_is_a_copy(sched: SchedCollector) -> None:
     snap = sched.per_process()
+    assert snap is not None
     assert all(isinstance(v, ProcSched) and v.tgid == k for k, v in snap.items())
     snap.clear()
     assert sched.per_process() != {}
@@ -297,8 +458,7 @@ def test_per_process_snapshot_is_a_copy(sched: SchedCollector) -> None:
 
 def test_the_program_refuses_to_compile_without_its_settings(header_cache: Path) -> None:
     with pytest.raises(
-        BpfLoadError,
-        match="SCHED_MAX_THREADS, SCHED_MAX_PROCS and SCHED_RINGBUF_PAGES must be set with -D",
+        BpfLoadError, match="SCHED_MAX_EXITS and SCHED_RINGBUF_PAGES must be set with -D"
     ):
         BpfProgram.load("sched.bpf.c", flavour="btf", header_cache=header_cache)
 
@@ -312,8 +472,12 @@ def test_python_constants_match_the_c_header() -> None:
     for name in (
         "SCHED_EV_EXEC",
         "SCHED_EV_EXIT",
-        "SCHED_ERR_THREAD_FULL",
-        "SCHED_ERR_PROC_FULL",
+        "SCHED_ERR_EXIT_FULL",
         "SCHED_ERR_RINGBUF",
+        "SCHED_ERR_MARK",
     ):
         assert values[name] == getattr(sched_mod, name), name
+    task_size = re.search(r"sizeof\(struct sched_task\) == (\d+)", header)
+    assert task_size is not None and int(task_size[1]) == sched_mod.TASK_RECORD.size
+    cpu_size = re.search(r"sizeof\(struct sched_cpu\) == 64 \+ 8 \* SCHED_HIST_SLOTS", header)
+    assert cpu_size is not None and sched_mod.CPU_WORDS * 8 == 64 + 8 * sched_mod.SCHED_HIST_SLOTS

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -84,11 +85,12 @@ def _rate(before: int, after: int, seconds: float) -> float | None:
     return None if after < before else (after - before) / seconds
 
 
+#: The eight fields of a CpuTimes, in order.
+_CPU_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(CpuTimes)))
+
+
 def _cpu_samples(cpu: str, old: CpuTimes, new: CpuTimes) -> list[Sample]:
-    deltas = [
-        max(0, n - o)
-        for o, n in zip(dataclasses.astuple(old), dataclasses.astuple(new), strict=True)
-    ]
+    deltas = [max(0, n - o) for o, n in zip(_CPU_FIELDS(old), _CPU_FIELDS(new), strict=True)]
     total = sum(deltas)
     if total == 0:
         return []
@@ -105,6 +107,7 @@ class HostCollector(Collector):
     """Host-wide CPU, memory, load, disk, network, uptime and task metrics from procfs."""
 
     name = "host"
+    may_block = False  # procfs and sysfs counters of the host
 
     def __init__(self, root: Path = Path("/"), clock: Callable[[], float] = time.monotonic) -> None:
         """Create the collector.

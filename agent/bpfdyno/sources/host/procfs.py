@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 #: /proc/diskstats counts sectors of 512 bytes whatever the device's real sector size.
@@ -148,10 +149,17 @@ class Uptime:
     idle_seconds: float
 
 
+@lru_cache(maxsize=64)
+def _joined(root: Path, rel: str) -> Path:
+    return root / rel
+
+
 def _read(root: Path, rel: str) -> tuple[Path, str]:
-    path = root / rel
+    # Read every second: no Path arithmetic and no text wrapper per read.
+    path = _joined(root, rel)
     try:
-        return path, path.read_text(encoding="ascii", errors="replace")
+        with open(path, "rb") as f:
+            return path, f.read().decode("ascii", "replace")
     except OSError as e:
         raise ProcfsError(
             path, f"cannot read it ({e.strerror}); is procfs mounted there and readable?"

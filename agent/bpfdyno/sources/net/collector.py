@@ -28,6 +28,8 @@ from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S
 from bpfdyno.ebpf.tracefs import ensure_tracefs
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 from bpfdyno.sources.net.decode import (
+    NET_SOCK_TUPLE,
+    TCP_ESTABLISHED,
     ProcNet,
     TcpConnection,
     connection_from_leaf,
@@ -106,6 +108,7 @@ class NetCollector(Collector):
     """
 
     name = "net"
+    may_block = False  # BPF maps
 
     def __init__(
         self,
@@ -151,7 +154,7 @@ class NetCollector(Collector):
         self._prev_drops: dict[int, int] = {}
         self._prev_t = 0.0
         self._procs: dict[int, ProcNet] = {}
-        self._conns: list[TcpConnection] = []
+        self._socks: list[Any] = []  # struct net_sock values of the last collection
         self.plan: Plan | None = None
         #: Why the collector is not running ("" while it runs).
         self.unavailable_reason = "not started"
@@ -224,7 +227,7 @@ class NetCollector(Collector):
             self._program.close()
             self._program = None
             self._events = None
-        self._procs, self._conns = {}, []
+        self._procs, self._socks = {}, []
         self.unavailable_reason = "stopped"
 
     # -- reading -----------------------------------------------------------------------------
@@ -236,20 +239,17 @@ class NetCollector(Collector):
         totals = self._read_totals(program)
         drops = {i: n for i, n in enumerate(percpu_sums(program.table(_DROPS))) if n}
         self._procs = {int(k): proc_from_leaf(v) for k, v in map_items(program.table(_PROCS))}
-        conns = []
-        for _, v in map_items(program.table(_SOCKS)):
-            c = connection_from_leaf(v, self._clock)
-            if c is not None:
-                conns.append(c)
-        self._conns = conns
+        # Decoded into TcpConnections only when asked for (connections()): most rounds need
+        # just the state and RTT of each socket.
+        socks = [v for _, v in map_items(program.table(_SOCKS)) if v.flags & NET_SOCK_TUPLE]
+        self._socks = socks
         self.drain_events()
 
         dt = now - self._prev_t if self._prev_totals is not None else 0.0
         out = self._rate_samples(totals, drops, dt)
         self._prev_totals, self._prev_drops, self._prev_t = totals, drops, now
-        established = [c for c in conns if c.state == "ESTABLISHED"]
-        out.append(sample(ESTABLISHED, len(established)))
-        rtts = [c.srtt_s for c in conns if not math.isnan(c.srtt_s)]
+        out.append(sample(ESTABLISHED, sum(1 for v in socks if v.state == TCP_ESTABLISHED)))
+        rtts = [v.srtt_us / 1e6 for v in socks if v.srtt_us]
         out.append(sample(SRTT, statistics.median(rtts) if rtts else math.nan, {"stat": "p50"}))
         out.append(sample(SRTT, max(rtts) if rtts else math.nan, {"stat": "max"}))
         out.append(sample(EVENTS_LOST, totals[self._counters["NET_C_RINGBUF_DROPS"]]))
@@ -288,7 +288,12 @@ class NetCollector(Collector):
             NetUnavailable: the collector is not running (the message says why).
         """
         self._require()
-        return list(self._conns)
+        conns = []
+        for v in self._socks:
+            c = connection_from_leaf(v, self._clock)
+            if c is not None:
+                conns.append(c)
+        return conns
 
     def counter(self, name: str) -> int:
         """Current host-wide value of one ``enum net_counter`` slot (e.g. for tests)."""

@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from bpfdyno.core.events import AttrValue, KernelEvent, MonotonicClock
@@ -20,6 +20,7 @@ from bpfdyno.core.events import AttrValue, KernelEvent, MonotonicClock
 AF_INET = 2
 AF_INET6 = 10
 
+TCP_ESTABLISHED = 1
 TCP_STATES = {
     1: "ESTABLISHED",
     2: "SYN_SENT",
@@ -71,8 +72,13 @@ def net_header_enums() -> tuple[dict[str, int], dict[int, str]]:
     return counters, kinds
 
 
+@lru_cache(maxsize=4096)
 def format_addr(family: int, raw: bytes) -> str:
-    """Printable address from a 16-byte field (IPv4 in the first 4 bytes)."""
+    """Printable address from a 16-byte field (IPv4 in the first 4 bytes).
+
+    Cached: the same few addresses come back in every listing and event (ipaddress's
+    formatting costs tens of microseconds).
+    """
     if family == AF_INET:
         return str(ipaddress.IPv4Address(bytes(raw[:4])))
     if family == AF_INET6:

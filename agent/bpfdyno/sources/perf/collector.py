@@ -10,6 +10,12 @@ Hardware: cycles, instructions and cache misses in one group per CPU, so instruc
 cycle (IPC) and MIPS come from the same time slices; counts are scaled when the kernel
 multiplexes the group. Software: page faults (all and major), context switches, CPU
 migrations and cpu-clock. (task-clock is not exported: system-wide it equals cpu-clock.)
+
+A system-wide context-switch counter makes the kernel do work on every context switch
+(about 2 % of a pinned context-switch benchmark here, see docs/performance.md). The
+scheduler collector counts switches per CPU anyway, so while it runs ``perf_sw`` takes the
+counts from it (``switch_counts``) and opens its own counter only while that source has
+nothing to give (not wired, not started yet, unavailable).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import errno
 import math
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.sources.base import Collector, CollectorUnavailable
@@ -52,10 +58,13 @@ HW_COUNTERS = (
 SW_COUNTERS = (
     PerfCounter("cpu_clock", PERF_TYPE_SOFTWARE, 0),  # PERF_COUNT_SW_CPU_CLOCK (ns)
     PerfCounter("page_faults", PERF_TYPE_SOFTWARE, 2),  # PERF_COUNT_SW_PAGE_FAULTS
-    PerfCounter("context_switches", PERF_TYPE_SOFTWARE, 3),  # PERF_COUNT_SW_CONTEXT_SWITCHES
     PerfCounter("cpu_migrations", PERF_TYPE_SOFTWARE, 4),  # PERF_COUNT_SW_CPU_MIGRATIONS
     PerfCounter("major_faults", PERF_TYPE_SOFTWARE, 6),  # PERF_COUNT_SW_PAGE_FAULTS_MAJ
 )
+CONTEXT_SWITCHES = PerfCounter("context_switches", PERF_TYPE_SOFTWARE, 3)
+
+#: Per-CPU context switches since some fixed point, or None while that source has none.
+SwitchCounts = Callable[[], Mapping[int, int] | None]
 
 
 class _PerCpuCounters(Collector):
@@ -64,6 +73,7 @@ class _PerCpuCounters(Collector):
     counters: tuple[PerfCounter, ...] = ()
     optional: Collection[str] = ()
     grouped = True
+    may_block = False  # read(2) of perf counters
 
     def __init__(
         self,
@@ -103,11 +113,17 @@ class _PerCpuCounters(Collector):
         dt = now - then
         if dt <= 0:
             return []
+        extra = self._extra_deltas()
         out: list[Sample] = []
         for group, b, a in zip(self._groups, before, readings, strict=True):
             deltas = {c.name: scaled_delta(b, a, c.name) for c in self.counters}
+            deltas.update(extra.get(group.cpu, {}))
             out += self._samples(str(group.cpu), deltas, dt)
         return out + self._host_samples(before, readings, dt)
+
+    def _extra_deltas(self) -> dict[int, dict[str, float]]:
+        """Counts since the previous collect that come from elsewhere, by CPU and name."""
+        return {}
 
     def close(self) -> None:
         """Close every counter (idempotent)."""
@@ -179,19 +195,94 @@ class PmuCollector(_PerCpuCounters):
 
 
 class PerfSwCollector(_PerCpuCounters):
-    """Software counters: page faults, context switches, migrations, cpu-clock per CPU."""
+    """Software counters: page faults, context switches, migrations, cpu-clock per CPU.
+
+    Args:
+        opener: the perf_event_open syscall (replaceable in tests).
+        cpus: CPUs to count on (default: the online ones).
+        clock: monotonic seconds.
+        switch_counts: per-CPU context switches from another source (the sched
+            collector's `cpu_switch_counts`); while it returns None, a perf counter of this
+            collector counts them.
+    """
 
     name = "perf_sw"
     counters = SW_COUNTERS
     optional = ("major_faults",)
     grouped = False  # never multiplexed; and a cpu-clock-led group's members never count
 
+    def __init__(
+        self,
+        opener: Opener = perf_event_open,
+        cpus: Sequence[int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        switch_counts: SwitchCounts | None = None,
+    ) -> None:
+        super().__init__(opener, cpus, clock)
+        self._switch_counts = switch_counts
+        self._own_switches: list[CounterGroup] = []
+        self._prev_switches: dict[int, int] | None = None
+
+    def start(self) -> None:
+        """Open the counters on every online CPU (context switches too, unless sourced).
+
+        Raises:
+            CollectorUnavailable: the kernel refused; the reason says why and what to do.
+        """
+        super().start()
+        if self._switch_counts is None:
+            try:
+                self._prev_switches = self._read_own_switches()
+            except OSError as e:
+                self.close()
+                raise CollectorUnavailable(self._unavailable_reason(e)) from e
+
+    def close(self) -> None:
+        """Close every counter (idempotent)."""
+        self._close_own_switches()
+        super().close()
+
+    def _extra_deltas(self) -> dict[int, dict[str, float]]:
+        counts = self._switch_counts() if self._switch_counts is not None else None
+        if counts is not None:
+            self._close_own_switches()
+        else:
+            counts = self._read_own_switches()
+        prev, self._prev_switches = self._prev_switches, dict(counts)
+        if prev is None:  # a new source: rates from the next collect on
+            return {g.cpu: {CONTEXT_SWITCHES.name: math.nan} for g in self._groups}
+        return {
+            cpu: {CONTEXT_SWITCHES.name: _counter_delta(prev.get(cpu), n)}
+            for cpu, n in counts.items()
+        }
+
+    def _read_own_switches(self) -> dict[int, int]:
+        if not self._own_switches:
+            self._prev_switches = None
+            for g in self._groups:
+                self._own_switches.append(
+                    CounterGroup(g.cpu, (CONTEXT_SWITCHES,), (), self._opener, grouped=False)
+                )
+        return {g.cpu: g.read().values[CONTEXT_SWITCHES.name] for g in self._own_switches}
+
+    def _close_own_switches(self) -> None:
+        if self._own_switches:
+            for g in self._own_switches:
+                g.close()
+            self._own_switches = []
+            self._prev_switches = None
+
     def _samples(self, cpu: str, deltas: dict[str, float], dt: float) -> list[Sample]:
         labels = {"cpu": cpu}
         return [
             sample(PAGE_FAULTS, deltas["page_faults"] / dt, labels),
             sample(MAJOR_FAULTS, deltas["major_faults"] / dt, labels),
-            sample(CTX_SWITCHES, deltas["context_switches"] / dt, labels),
+            sample(CTX_SWITCHES, deltas[CONTEXT_SWITCHES.name] / dt, labels),
             sample(MIGRATIONS, deltas["cpu_migrations"] / dt, labels),
             sample(CPU_CLOCK, deltas["cpu_clock"] / 1e9 / dt, labels),
         ]
+
+
+def _counter_delta(before: int | None, after: int) -> float:
+    """``after - before`` of a cumulative count; NaN without a before or after a restart."""
+    return float(after - before) if before is not None and after >= before else math.nan

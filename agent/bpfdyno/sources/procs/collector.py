@@ -1,6 +1,6 @@
 """The collector that refreshes the process table on the daemon's schedule.
 
-`ProcessTable.refresh` reads /proc and the sched/net/GPU snapshots, which is blocking work:
+`ProcessTable.update` reads /proc and the sched/net/GPU snapshots, which is blocking work:
 running it as a collector puts it on its own worker thread at the configured interval. Its
 samples describe the table itself; the rows are served by `bpfdyno.services.kernel`.
 """
@@ -43,9 +43,9 @@ class ProcsCollector(Collector):
     def collect(self) -> Sequence[Sample]:
         """Refresh the table; report its size, cost and cache sizes."""
         t0 = time.monotonic()
-        snap = self.table.refresh()
+        rows = self.table.update()
         out = [
-            sample(TABLE_ROWS, len(snap.rows)),
+            sample(TABLE_ROWS, rows),
             sample(REFRESH_SECONDS, time.monotonic() - t0),
         ]
         for cache, size in self.table.cache_sizes().items():

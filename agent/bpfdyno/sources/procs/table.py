@@ -1,15 +1,20 @@
 """The process table: who is using the machine, joined across /proc, BPF and NVML.
 
-Each `ProcessTable.refresh` reads ``/proc/<pid>/stat`` of every process (one small read each),
-computes CPU ratios and network/scheduler rates from the previous refresh, keeps the ``top_n``
-most active processes plus every *pinned* pid (registered trainers), and reads the slower
-details (command line, user, cgroup, container, SLURM job) only for those rows, caching them
-per process lifetime. The result is an immutable `ProcessSnapshot`, swapped in atomically, so
-readers on other threads never see a half-built table.
+Each `ProcessTable.update` lists ``/proc``, reads ``/proc/<pid>/stat`` of every process that
+ran since the previous update (with the sched collector, a process whose on-CPU time and
+run-queue wait did not move has the same stat fields: its last reading is kept, re-read at
+least every `STAT_MAX_AGE_S`), computes CPU ratios and network/scheduler rates from the
+previous update, and reads the slower details of each process (command line, user, cgroup,
+container, SLURM job) once per process lifetime (the command line again after an exec). The
+rows (the ``top_n`` most active processes plus every *pinned* pid, e.g. registered trainers)
+are built only while someone reads the table (`DEMAND_S`), otherwise on the first read, from
+what the last two updates captured: that takes no I/O, so a reader on another thread (the
+event loop) never waits on /proc (reading another process's command line can block on its
+memory map lock). The result is an immutable `ProcessSnapshot`, swapped in atomically, so
+readers never see a half-built table.
 
-Memory stays flat under process churn: the per-pid caches hold only pids that were alive at
-the last refresh (and details only for rows shown, with a hard cap), so thousands of
-short-lived processes leave nothing behind.
+Memory stays flat under process churn: everything cached per pid belongs to the last two
+updates, so thousands of short-lived processes leave nothing behind.
 
 The rows are `bpfdyno.rpc.processes.ProcessRow`, the API's own vocabulary. "Activity", which
 picks them, is `bpfdyno.rpc.processes.activity`: a process keeping one core busy and one
@@ -22,9 +27,10 @@ import heapq
 import logging
 import os
 import pwd
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -81,14 +87,38 @@ class ProcessSnapshot:
     unavailable: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(slots=True)
-class _PidState:
-    """What the previous refresh saw of one live pid (for deltas)."""
+#: Rows are built at each update while the table was read within this many seconds.
+DEMAND_S = 5.0
+#: A process's /proc/PID/stat is re-read at least this often even when it did not run.
+STAT_MAX_AGE_S = 30.0
 
-    start_ticks: int
-    cpu_ticks: int
-    net: tuple[int, int, int, int, int] | None = None
-    sched: tuple[int, int, int] | None = None
+_NO_NET = (0, 0, 0, 0, 0)
+_ZERO_RATES = (0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class _PidState:
+    """What one update saw of one live pid: its cumulative totals."""
+
+    stat: procinfo.PidStat
+    stat_t: float  # when stat was read (monotonic)
+    sched: tuple[int, int, int, int] | None  # oncpu, runnable, blocked, runq wait
+    net: tuple[int, int, int, int, int] | None  # tcp tx/rx, udp tx/rx, retransmits
+
+
+@dataclass(frozen=True, slots=True)
+class _Update:
+    """Everything one update read: /proc and every provider, at one instant."""
+
+    t: float  # monotonic
+    ts: float  # wall-clock epoch seconds
+    uptime: float | None
+    boot: float | None
+    states: dict[int, _PidState]
+    details: dict[int, _Details]
+    gpu: Mapping[int, int] | None
+    pinned: set[int]
+    unavailable: dict[str, str]
 
 
 @dataclass(slots=True)
@@ -96,11 +126,9 @@ class _Measured:
     """Per-interval values of one process, computed for every pid before rows are chosen."""
 
     cpu_ratio: float = NAN
-    sched: tuple[int, int, int, int] | None = None  # oncpu, runnable, blocked, runq wait
     oncpu_ratio: float = NAN
     runq_wait_ratio: float = NAN
     offcpu_blocked_ratio: float = NAN
-    net: tuple[int, int, int, int, int] | None = None  # tcp tx/rx, udp tx/rx, retransmits
     net_rates: tuple[float, float, float, float, float] = (NAN, NAN, NAN, NAN, NAN)
     activity: float = 0.0
 
@@ -117,10 +145,11 @@ class _Details:
     container_id: str
     k8s_pod_uid: str
     slurm_job_id: str
+    user: str
 
 
 class ProcessTable:
-    """Builds `ProcessSnapshot`s; ``refresh`` is meant for one worker thread at a time.
+    """Builds `ProcessSnapshot`s; `update` (or `refresh`) is meant for one thread at a time.
 
     Args:
         proc_root: the procfs mount (a fixture tree in tests).
@@ -153,208 +182,194 @@ class ProcessTable:
         self._clock = clock
         self._clk_tck = os.sysconf("SC_CLK_TCK")
         self._page_size = os.sysconf("SC_PAGE_SIZE")
-        self._last_t: float | None = None
-        self._pids: dict[int, _PidState] = {}
-        self._details: dict[int, _Details] = {}
         self._users: dict[int, str] = {}
         self._logged: set[str] = set()
-        self.snapshot = ProcessSnapshot(0.0, (), 0)
+        # The last two updates (deltas are between them); rows are built from them under
+        # the lock, by the updating thread or by the first reader.
+        self._lock = threading.Lock()
+        self._prev: _Update | None = None
+        self._last: _Update | None = None
+        self._snapshot = ProcessSnapshot(0.0, (), 0)
+        self._built = True
+        self._read_at: float | None = None
+
+    @property
+    def snapshot(self) -> ProcessSnapshot:
+        """The table as of the last update (thread-safe); builds its rows if not built yet."""
+        with self._lock:
+            self._read_at = self._clock()
+            if not self._built:
+                self._snapshot = self._build()
+                self._built = True
+            return self._snapshot
 
     def cache_sizes(self) -> dict[str, int]:
         """Entries in each internal cache (for tests and self-monitoring)."""
-        return {"pids": len(self._pids), "details": len(self._details), "users": len(self._users)}
+        last = self._last
+        pids, details = (len(last.states), len(last.details)) if last is not None else (0, 0)
+        return {"pids": pids, "details": details, "users": len(self._users)}
 
     def refresh(self) -> ProcessSnapshot:
-        """Read /proc and the providers once, publish and return the new snapshot."""
+        """`update` once, then return the snapshot with its rows."""
+        self.update()
+        return self.snapshot
+
+    def update(self) -> int:
+        """Read /proc and the providers once and publish the new table.
+
+        Its rows are built now only if the table was read in the last `DEMAND_S` seconds
+        (someone is watching), otherwise on the first read (see `snapshot`): an update that
+        nobody reads costs the listing of /proc and a stat read per process that ran.
+
+        Returns:
+            The number of processes seen.
+        """
         now = self._clock()
-        elapsed = None if self._last_t is None else now - self._last_t
-        uptime = procinfo.read_uptime_s(self.proc_root)
-        boot = procinfo.read_boot_time_s(self.proc_root)
         unavailable: dict[str, str] = {}
         sched = self._call("sched", self._sched, unavailable)
         net = self._call("net", self._net, unavailable)
         gpu = self._call("gpu", self._gpu, unavailable)
         pinned = self._call_pinned(unavailable)
-
-        stats: dict[int, procinfo.PidStat] = {}
-        measured: dict[int, _Measured] = {}
+        last = self._last.states if self._last is not None else {}
+        known = self._last.details if self._last is not None else {}
+        states: dict[int, _PidState] = {}
+        details: dict[int, _Details] = {}
         for pid in procinfo.list_pids(self.proc_root):
-            st = procinfo.read_stat(self.proc_root, pid)
-            if st is None:
-                continue  # exited since the listing
-            prev = self._pids.get(pid)
-            if prev is not None and prev.start_ticks != st.start_ticks:
-                prev = None  # the pid now belongs to a new process
-            state = _PidState(st.start_ticks, st.cpu_ticks)
-            measured[pid] = self._measure(pid, st, prev, state, elapsed, uptime, sched, net)
-            self._pids[pid] = state
-            stats[pid] = st
-        for gone in self._pids.keys() - stats.keys():
-            del self._pids[gone]
+            s = sched.get(pid) if sched is not None else None
+            sched_totals = (
+                None
+                if sched is None
+                else (0, 0, 0, 0)
+                if s is None
+                else (s.oncpu_ns, s.offcpu_runnable_ns, s.offcpu_blocked_ns, s.runq_wait_ns)
+            )
+            prev = last.get(pid)
+            if (
+                prev is not None
+                and sched_totals is not None
+                and prev.sched is not None
+                and s is not None
+                and sched_totals[0] == prev.sched[0]
+                and sched_totals[3] == prev.sched[3]
+                and now - prev.stat_t < STAT_MAX_AGE_S
+            ):
+                # It neither ran nor waited for a CPU: its stat fields are the same (but for
+                # resident memory, which reclaim may shrink: hence the maximum age).
+                st, stat_t = prev.stat, prev.stat_t
+            else:
+                fresh = procinfo.read_stat(self.proc_root, pid)
+                if fresh is None:
+                    continue  # exited since the listing
+                st, stat_t = fresh, now
+            n = net.get(pid) if net is not None else None
+            net_totals = (
+                None
+                if net is None
+                else _NO_NET
+                if n is None
+                else (
+                    n.tcp_tx_bytes,
+                    n.tcp_rx_bytes,
+                    n.udp_tx_bytes,
+                    n.udp_rx_bytes,
+                    n.tcp_retransmits,
+                )
+            )
+            d = self._details_for(pid, st, known.get(pid))
+            if d is None:
+                continue  # exited while we looked
+            states[pid] = _PidState(st, stat_t, sched_totals, net_totals)
+            details[pid] = d
+        update = _Update(
+            now,
+            time.time(),
+            procinfo.read_uptime_s(self.proc_root),
+            procinfo.read_boot_time_s(self.proc_root),
+            states,
+            details,
+            gpu,
+            pinned,
+            unavailable,
+        )
+        with self._lock:
+            self._prev, self._last = self._last, update
+            self._built = False
+            if self._read_at is not None and now - self._read_at < DEMAND_S:
+                self._snapshot = self._build()
+                self._built = True
+        return len(states)
 
-        chosen = self._choose(measured, pinned)
+    # -- building the rows (under the lock) ---------------------------------------------------
+
+    def _build(self) -> ProcessSnapshot:
+        cur, prev = self._last, self._prev
+        if cur is None:
+            return ProcessSnapshot(0.0, (), 0)
+        measured = {pid: self._measure(pid, state, prev, cur) for pid, state in cur.states.items()}
+        chosen = self._choose(measured, cur.pinned)
         rows = []
         for pid in chosen:
-            details = self._details_for(pid, stats[pid])
-            if details is not None:
-                row = self._row(pid, stats[pid], details, measured[pid], boot, gpu, pid in pinned)
-                rows.append(row)
-        self._evict_details(stats.keys(), chosen)
-        self._last_t = now
-        snap = ProcessSnapshot(time.time(), tuple(rows), len(stats), unavailable)
-        self.snapshot = snap
-        return snap
+            state = cur.states[pid]
+            rows.append(
+                self._row(pid, state, cur.details[pid], measured[pid], cur, pid in cur.pinned)
+            )
+        return ProcessSnapshot(cur.ts, tuple(rows), len(cur.states), cur.unavailable)
 
     def _measure(
-        self,
-        pid: int,
-        st: procinfo.PidStat,
-        prev: _PidState | None,
-        state: _PidState,
-        elapsed: float | None,
-        uptime: float | None,
-        sched: Mapping[int, SchedCounters] | None,
-        net: Mapping[int, NetCounters] | None,
+        self, pid: int, state: _PidState, prev_update: _Update | None, cur: _Update
     ) -> _Measured:
         m = _Measured()
-        interval = elapsed if prev is not None and elapsed and elapsed > 0 else None
-        start_s = st.start_ticks / self._clk_tck
-        if interval is not None and prev is not None:
-            m.cpu_ratio = (st.cpu_ticks - prev.cpu_ticks) / self._clk_tck / interval
-        elif uptime is not None and uptime > start_s:
-            # First sight: the average over the process's life so far.
-            m.cpu_ratio = st.cpu_ticks / self._clk_tck / (uptime - start_s)
-        if sched is not None:
-            s = sched.get(pid)
-            cur = (
-                (s.oncpu_ns, s.offcpu_runnable_ns, s.offcpu_blocked_ns, s.runq_wait_ns)
-                if s is not None
-                else (0, 0, 0, 0)
-            )
-            m.sched = cur
-            state.sched = (cur[0], cur[2], cur[3])
-            if interval is not None and prev is not None and prev.sched is not None:
+        st = state.stat
+        prev = prev_update.states.get(pid) if prev_update is not None else None
+        if prev is not None and prev.stat.start_ticks != st.start_ticks:
+            prev = None  # the pid belongs to a new process
+        interval = cur.t - prev_update.t if prev is not None and prev_update is not None else 0.0
+        if interval > 0 and prev is not None:
+            m.cpu_ratio = (st.cpu_ticks - prev.stat.cpu_ticks) / self._clk_tck / interval
+        else:
+            start_s = st.start_ticks / self._clk_tck
+            if cur.uptime is not None and cur.uptime > start_s:
+                # First sight: the average over the process's life so far.
+                m.cpu_ratio = st.cpu_ticks / self._clk_tck / (cur.uptime - start_s)
+        if interval > 0 and prev is not None:
+            cs, ps = state.sched, prev.sched
+            if cs is not None and ps is not None:
                 ns = interval * 1e9
-                m.oncpu_ratio = max(0, cur[0] - prev.sched[0]) / ns
-                m.offcpu_blocked_ratio = max(0, cur[2] - prev.sched[1]) / ns
-                m.runq_wait_ratio = max(0, cur[3] - prev.sched[2]) / ns
-        if net is not None:
-            n = net.get(pid)
-            totals = (
-                (n.tcp_tx_bytes, n.tcp_rx_bytes, n.udp_tx_bytes, n.udp_rx_bytes, n.tcp_retransmits)
-                if n is not None
-                else (0, 0, 0, 0, 0)
-            )
-            m.net = totals
-            state.net = totals
-            if interval is not None and prev is not None and prev.net is not None:
-                before = prev.net
-                r = tuple(max(0, a - b) / interval for a, b in zip(totals, before, strict=True))
-                m.net_rates = (r[0], r[1], r[2], r[3], r[4])
+                m.oncpu_ratio = max(0, cs[0] - ps[0]) / ns
+                m.offcpu_blocked_ratio = max(0, cs[2] - ps[2]) / ns
+                m.runq_wait_ratio = max(0, cs[3] - ps[3]) / ns
+            cn, pn = state.net, prev.net
+            if cn is not None and pn is not None:
+                if cn == pn:
+                    m.net_rates = _ZERO_RATES
+                else:
+                    r = [max(0, a - b) / interval for a, b in zip(cn, pn, strict=True)]
+                    m.net_rates = (r[0], r[1], r[2], r[3], r[4])
         m.activity = activity(m.cpu_ratio, sum(m.net_rates[:4]))
         return m
-
-    def _choose(self, measured: Mapping[int, _Measured], pinned: Collection[int]) -> list[int]:
-        """The ``top_n`` most active pids plus every pinned pid that is alive."""
-        if len(measured) <= self.top_n:
-            top = list(measured)
-        else:
-            top = heapq.nlargest(self.top_n, measured, key=lambda p: (measured[p].activity, -p))
-        extra = [p for p in pinned if p in measured and p not in set(top)]
-        return top + sorted(extra)
-
-    # -- details of the chosen rows ---------------------------------------------------------
-
-    def _details_for(self, pid: int, st: procinfo.PidStat) -> _Details | None:
-        cached = self._details.get(pid)
-        if cached is not None and cached.start_ticks == st.start_ticks:
-            if cached.comm == st.comm:
-                return cached
-            # Same process, new comm: it exec'd; the command line changed, the rest did not.
-            cmdline = procinfo.read_cmdline(self.proc_root, pid)
-            fresh = _Details(
-                st.start_ticks,
-                st.comm,
-                cmdline if cmdline is not None else cached.cmdline,
-                cached.uid,
-                cached.cgroup,
-                cached.container_id,
-                cached.k8s_pod_uid,
-                cached.slurm_job_id,
-            )
-            self._details[pid] = fresh
-            return fresh
-        cmdline = procinfo.read_cmdline(self.proc_root, pid)
-        if cmdline is None:
-            return None  # exited while we looked
-        cgroup = procinfo.read_cgroup(self.proc_root, pid) or ""
-        # The job id is in the environment the process was started with: read once per pid.
-        job = procinfo.read_environ_var(self.proc_root, pid, "SLURM_JOB_ID")
-        if not job:
-            job = procinfo.slurm_job_from_cgroup(cgroup)
-        details = _Details(
-            start_ticks=st.start_ticks,
-            comm=st.comm,
-            cmdline=cmdline,
-            uid=procinfo.read_uid(self.proc_root, pid),
-            cgroup=cgroup,
-            container_id=procinfo.container_id(cgroup),
-            k8s_pod_uid=procinfo.k8s_pod_uid(cgroup),
-            slurm_job_id=job,
-        )
-        self._details[pid] = details
-        return details
-
-    def _evict_details(self, alive: Collection[int], chosen: Collection[int]) -> None:
-        for pid in [p for p in self._details if p not in alive]:
-            del self._details[pid]
-        # Rows that dropped out of the top N keep their details for a while (they often come
-        # back), but never more than twice the table's size.
-        limit = 2 * max(self.top_n, len(chosen))
-        if len(self._details) > limit:
-            keep = set(chosen)
-            for pid in [p for p in self._details if p not in keep]:
-                del self._details[pid]
-                if len(self._details) <= limit:
-                    break
-
-    def _user_name(self, uid: int | None) -> str:
-        if uid is None:
-            return ""
-        name = self._users.get(uid)
-        if name is None:
-            try:
-                name = pwd.getpwuid(uid).pw_name
-            except KeyError:
-                name = str(uid)
-            if len(self._users) >= 4096:
-                self._users.clear()  # a bound against uid churn (rare; cheap to refill)
-            self._users[uid] = name
-        return name
 
     def _row(
         self,
         pid: int,
-        st: procinfo.PidStat,
+        state: _PidState,
         d: _Details,
         m: _Measured,
-        boot: float | None,
-        gpu: Mapping[int, int] | None,
+        cur: _Update,
         pinned: bool,
     ) -> ProcessRow:
-        s = m.sched
-        n = m.net
-        gpu_bytes = None if gpu is None else int(gpu.get(pid, 0))
+        st, s, n = state.stat, state.sched, state.net
         return ProcessRow(
             pid=pid,
             ppid=st.ppid,
             comm=st.comm,
             cmdline=d.cmdline,
             uid=d.uid,
-            user=self._user_name(d.uid),
+            user=d.user,
             state=st.state,
             num_threads=st.num_threads,
-            start_unix_seconds=NAN if boot is None else boot + st.start_ticks / self._clk_tck,
+            start_unix_seconds=NAN
+            if cur.boot is None
+            else cur.boot + st.start_ticks / self._clk_tck,
             cpu_ratio=m.cpu_ratio,
             rss_bytes=st.rss_pages * self._page_size,
             oncpu_ns=None if s is None else s[0],
@@ -378,9 +393,70 @@ class ProcessTable:
             container_id=d.container_id,
             k8s_pod_uid=d.k8s_pod_uid,
             slurm_job_id=d.slurm_job_id,
-            gpu_memory_bytes=gpu_bytes,
+            gpu_memory_bytes=None if cur.gpu is None else int(cur.gpu.get(pid, 0)),
             pinned=pinned,
         )
+
+    def _choose(self, measured: Mapping[int, _Measured], pinned: Collection[int]) -> list[int]:
+        """The ``top_n`` most active pids plus every pinned pid that is alive."""
+        if len(measured) <= self.top_n:
+            top = list(measured)
+        else:
+            top = heapq.nlargest(self.top_n, measured, key=lambda p: (measured[p].activity, -p))
+        extra = [p for p in pinned if p in measured and p not in set(top)]
+        return top + sorted(extra)
+
+    # -- details of the chosen rows ---------------------------------------------------------
+
+    # -- details, once per process lifetime ----------------------------------------------------
+
+    def _details_for(
+        self, pid: int, st: procinfo.PidStat, cached: _Details | None
+    ) -> _Details | None:
+        if cached is not None and cached.start_ticks == st.start_ticks:
+            if cached.comm == st.comm:
+                return cached
+            # Same process, new comm: it exec'd; the command line changed, the rest did not.
+            cmdline = procinfo.read_cmdline(self.proc_root, pid)
+            return replace(
+                cached,
+                comm=st.comm,
+                cmdline=cmdline if cmdline is not None else cached.cmdline,
+            )
+        cmdline = procinfo.read_cmdline(self.proc_root, pid)
+        if cmdline is None:
+            return None  # exited while we looked
+        cgroup = procinfo.read_cgroup(self.proc_root, pid) or ""
+        # The job id is in the environment the process was started with: read once per pid.
+        job = procinfo.read_environ_var(self.proc_root, pid, "SLURM_JOB_ID")
+        if not job:
+            job = procinfo.slurm_job_from_cgroup(cgroup)
+        uid = procinfo.read_uid(self.proc_root, pid)
+        return _Details(
+            start_ticks=st.start_ticks,
+            comm=st.comm,
+            cmdline=cmdline,
+            uid=uid,
+            cgroup=cgroup,
+            container_id=procinfo.container_id(cgroup),
+            k8s_pod_uid=procinfo.k8s_pod_uid(cgroup),
+            slurm_job_id=job,
+            user=self._user_name(uid),
+        )
+
+    def _user_name(self, uid: int | None) -> str:
+        if uid is None:
+            return ""
+        name = self._users.get(uid)
+        if name is None:
+            try:
+                name = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                name = str(uid)
+            if len(self._users) >= 4096:
+                self._users.clear()  # a bound against uid churn (rare; cheap to refill)
+            self._users[uid] = name
+        return name
 
     # -- providers ----------------------------------------------------------------------------
 

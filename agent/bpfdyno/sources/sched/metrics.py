@@ -22,8 +22,8 @@ CPU_BUSY = _declare(
     "sched_cpu_busy_ratio",
     MetricKind.RATIO,
     "ratio",
-    "Fraction of the interval one CPU ran non-idle threads, from switch timestamps (time of "
-    "periods that ended in the interval).",
+    "Fraction of the interval one CPU ran non-idle threads, from the run queue's clock at "
+    "each switch (time of periods that ended in the interval).",
     "cpu",
 )
 MIGRATIONS = _declare(
@@ -37,7 +37,7 @@ RUNQ_LATENCY = _declare(
     MetricKind.GAUGE,
     "seconds",
     "Run-queue latency quantile over the interval: time from wakeup or preemption until "
-    "the thread ran, interpolated within log2 buckets.",
+    "the thread ran (the kernel's own sched_info wait), interpolated within log2 buckets.",
     "quantile",
 )
 RUNQ_HISTOGRAM = _declare(
@@ -64,15 +64,17 @@ ONCPU = _declare(
     "sched_oncpu_seconds_per_second",
     MetricKind.RATE,
     "s/s",
-    "On-CPU time of all threads per second (busy cores), from switch timestamps.",
+    "On-CPU time of all threads per second (busy cores), from the run queue's clock at each "
+    "switch.",
 )
 OFFCPU = _declare(
     "sched_offcpu_seconds_per_second",
     MetricKind.RATE,
     "s/s",
     "Off-CPU thread-seconds per second, summed over all threads (so it exceeds the CPU "
-    "count when many threads sleep): 'runnable' for periods that began with a preemption, "
-    "'blocked' for periods that began with the thread blocking; counted when they end.",
+    "count when many threads sleep): 'runnable' is time waiting in a run queue (run-queue "
+    "waits that ended in the interval), 'blocked' the rest of the off-CPU time (sleep, I/O, "
+    "locks) of the processes alive at both ends of the interval.",
     "state",
 )
 EXECS = _declare("sched_execs_per_second", MetricKind.RATE, "1/s", "Successful execve calls.")
@@ -81,14 +83,15 @@ TRACKED_THREADS = _declare(
     "sched_tracked_threads",
     MetricKind.GAUGE,
     "threads",
-    "Threads in the per-thread BPF map (at most [sched] max_threads).",
+    "Live threads the last collection read the kernel's scheduler accounting of.",
 )
 DROPPED = _declare(
     "sched_dropped_total",
     MetricKind.COUNTER,
     "1",
-    "Kernel-side losses since start: thread_map_full (a thread went unaccounted; raise "
-    "[sched] max_threads), process_map_full (an exited thread's time was lost; raise [sched] "
-    "max_procs), ringbuf_full (an exec/exit event was dropped; raise [sched] ringbuf_pages).",
+    "Kernel-side losses since start: exit_map_full (an exited thread's times were lost; raise "
+    "[sched] max_exits), ringbuf_full (an exec/exit event was dropped; raise [sched] "
+    "ringbuf_pages), task_storage (no task-local storage for a thread's state, so an exiting "
+    "thread may be counted twice for one interval; the kernel was short of memory).",
     "reason",
 )

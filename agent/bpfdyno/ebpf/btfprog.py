@@ -1,0 +1,201 @@
+"""BTF-typed BPF programs (``tp_btf`` tracepoints, task iterators) from bcc-compiled code.
+
+bcc compiles these programs fine but cannot load them under their own names: it derives the
+attach target from a function-name prefix (``bpf_iter__task``, ...) and loads the program
+under what follows the prefix, and it has no ``tp_btf`` attach at all. BTF-typed programs
+are what make a scheduler probe cheap: their arguments are trusted kernel pointers read with
+plain loads instead of ``bpf_probe_read_kernel`` calls, and they may use task-local storage.
+
+So this module takes a function's instructions from the compiled bcc module (its maps are
+already created and referenced) and does the few ``bpf(2)`` commands itself: load it as
+``BPF_PROG_TYPE_TRACING`` with the attach type and the BTF id of its target (looked up in
+the kernel's BTF with libbpf, which bcc itself links), attach a tracepoint, or link an
+iterator and read it. Needs Linux >= 5.5 (tp_btf), 5.8 (iterators) and a kernel with BTF.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import struct
+from typing import Any
+
+from bpfdyno.ebpf.errors import BpfLoadError
+
+#: enum bpf_cmd values used here.
+BPF_PROG_LOAD = 5
+BPF_RAW_TRACEPOINT_OPEN = 17
+BPF_LINK_CREATE = 28
+BPF_ITER_CREATE = 33
+#: enum bpf_prog_type BPF_PROG_TYPE_TRACING.
+BPF_PROG_TYPE_TRACING = 26
+#: enum bpf_attach_type values of the BTF-typed programs.
+BPF_TRACE_RAW_TP = 23
+BPF_TRACE_ITER = 28
+
+_NR_BPF = {"x86_64": 321, "aarch64": 280}
+#: sizeof(union bpf_attr) we pass: larger than any command's part, zero-filled.
+_ATTR_SIZE = 144
+#: Verifier log kept when a load fails (the end of it goes into the error).
+_LOG_SIZE = 1 << 20
+
+_libc: ctypes.CDLL | None = None
+_libbpf: ctypes.CDLL | None = None
+
+
+def bpf(cmd: int, attr: ctypes.Array[ctypes.c_uint8]) -> int:
+    """The ``bpf(2)`` system call.
+
+    Returns:
+        Its non-negative result (usually a new fd).
+
+    Raises:
+        OSError: with the kernel's errno.
+    """
+    global _libc
+    nr = _NR_BPF.get(platform.machine())
+    if nr is None:
+        raise OSError(errno.ENOSYS, f"bpf syscall number unknown on {platform.machine()}")
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    ret = int(_libc.syscall(nr, cmd, ctypes.byref(attr), ctypes.sizeof(attr)))
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return ret
+
+
+def vmlinux_btf_id(name: str, attach_type: int) -> int:
+    """The kernel BTF id of a tracepoint (``btf_trace_<name>``) or an iterator target.
+
+    Raises:
+        BpfLoadError: libbpf is missing, the kernel has no BTF, or has no such target.
+    """
+    global _libbpf
+    if _libbpf is None:
+        try:
+            lib = ctypes.CDLL("libbpf.so.1")
+        except OSError as e:
+            raise BpfLoadError(
+                f"libbpf.so.1 is not loadable ({e}); install libbpf1 (it comes with "
+                "python3-bpfcc on Debian/Ubuntu)"
+            ) from e
+        lib.libbpf_find_vmlinux_btf_id.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        lib.libbpf_find_vmlinux_btf_id.restype = ctypes.c_int
+        _libbpf = lib
+    btf_id = int(_libbpf.libbpf_find_vmlinux_btf_id(name.encode(), attach_type))
+    if btf_id < 0:
+        raise BpfLoadError(
+            f"{name!r} is not in the kernel's BTF ({os.strerror(-btf_id)}); BTF-typed "
+            "programs need a kernel with /sys/kernel/btf/vmlinux (CONFIG_DEBUG_INFO_BTF) "
+            "and that tracepoint or iterator"
+        )
+    return btf_id
+
+
+def load_tracing(bpf_module: Any, fn: str, attach_type: int, target: str) -> int:
+    """Load function ``fn`` of a compiled ``bcc.BPF`` as a BTF-typed program named ``fn``.
+
+    Args:
+        bpf_module: the ``bcc.BPF`` object that compiled ``fn`` (its maps exist).
+        fn: the function, also the kernel's name for the program (15 characters kept).
+        attach_type: `BPF_TRACE_RAW_TP` or `BPF_TRACE_ITER`.
+        target: the tracepoint (``sched_switch``) or iterator (``task``) it is for.
+
+    Returns:
+        The program fd (the caller closes it).
+
+    Raises:
+        BpfLoadError: unknown function, no BTF, or the verifier refused it (with its log).
+    """
+    from bcc.libbcc import lib
+
+    name = fn.encode()
+    start = lib.bpf_function_start(bpf_module.module, name)
+    if not start:
+        raise BpfLoadError(f"no function {fn} in the compiled program")
+    size = int(lib.bpf_function_size(bpf_module.module, name))
+    btf_id = vmlinux_btf_id(target, attach_type)
+    insns = ctypes.create_string_buffer(ctypes.string_at(start, size), size)
+    license_ = ctypes.create_string_buffer(
+        ctypes.string_at(lib.bpf_module_license(bpf_module.module))
+    )
+
+    def attempt(log: ctypes.Array[ctypes.c_char] | None) -> int:
+        attr = (ctypes.c_uint8 * _ATTR_SIZE)()
+        struct.pack_into(
+            "<IIQQIIQII16sIIIIQIIQII",
+            attr,
+            0,
+            BPF_PROG_TYPE_TRACING,
+            size // 8,
+            ctypes.addressof(insns),
+            ctypes.addressof(license_),
+            1 if log is not None else 0,  # log_level
+            len(log) if log is not None else 0,
+            ctypes.addressof(log) if log is not None else 0,
+            0,  # kern_version
+            0,  # prog_flags
+            name[:15],
+            0,  # prog_ifindex
+            attach_type,  # expected_attach_type
+            0,  # prog_btf_fd
+            0,  # func_info_rec_size
+            0,  # func_info
+            0,  # func_info_cnt
+            0,  # line_info_rec_size
+            0,  # line_info
+            0,  # line_info_cnt
+            btf_id,  # attach_btf_id
+        )
+        return bpf(BPF_PROG_LOAD, attr)
+
+    try:
+        return attempt(None)
+    except OSError as first:
+        log = ctypes.create_string_buffer(_LOG_SIZE)
+        try:
+            return attempt(log)  # loaded after all (a transient failure): keep it
+        except OSError:
+            pass
+        tail = " ".join(log.value.decode("utf-8", "replace").split()[-40:])
+        raise BpfLoadError(
+            f"the kernel refused {fn} as a BTF-typed program for {target} ({first.strerror}); "
+            f"it needs Linux >= 5.11 with BTF; verifier: {tail}"
+        ) from first
+
+
+def attach_tracepoint(prog_fd: int) -> int:
+    """Attach a loaded tp_btf program to its tracepoint; returns the link fd (close detaches)."""
+    attr = (ctypes.c_uint8 * _ATTR_SIZE)()
+    struct.pack_into("<QI", attr, 0, 0, prog_fd)  # name NULL: the BTF id says which
+    return bpf(BPF_RAW_TRACEPOINT_OPEN, attr)
+
+
+def link_iterator(prog_fd: int) -> int:
+    """Create the link of a loaded iterator program; returns the link fd."""
+    attr = (ctypes.c_uint8 * _ATTR_SIZE)()
+    struct.pack_into("<III", attr, 0, prog_fd, 0, BPF_TRACE_ITER)
+    return bpf(BPF_LINK_CREATE, attr)
+
+
+def read_iterator(link_fd: int, chunk: int = 1 << 16) -> bytes:
+    """Run an iterator once and return everything its program wrote.
+
+    Raises:
+        OSError: the kernel failed to create or run it.
+    """
+    attr = (ctypes.c_uint8 * _ATTR_SIZE)()
+    struct.pack_into("<II", attr, 0, link_fd, 0)
+    fd = bpf(BPF_ITER_CREATE, attr)
+    try:
+        parts: list[bytes] = []
+        while True:
+            data = os.read(fd, chunk)
+            if not data:
+                return b"".join(parts)
+            parts.append(data)
+    finally:
+        os.close(fd)

@@ -1,0 +1,223 @@
+"""The whole agent as a benchmark subject: ``bpfdyno serve`` at its defaults, in a child.
+
+Shared by the benchmark scripts in this directory (they put this directory first on
+``sys.path`` by being run as scripts). The daemon runs with every default collector; only
+where it listens moves (its own gRPC socket, a free port for the legacy RPC, a private Kineto
+socket directory), so it can run beside another agent and costs exactly what the default
+configuration costs. `baseline_tree` extracts another version of the agent (a git ref) so a
+benchmark can run it in the same interleaved rounds: before and after from one machine and
+one run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+
+from bpfdyno.rpc.v1 import agent_pb2 as pb
+from bpfdyno.rpc.v1 import agent_pb2_grpc as pb_grpc
+
+#: Collector states that mean "start() has finished" (ok, degraded, unavailable, disabled).
+_SETTLED = {
+    pb.COLLECTOR_STATE_OK,
+    pb.COLLECTOR_STATE_DEGRADED,
+    pb.COLLECTOR_STATE_UNAVAILABLE,
+    pb.COLLECTOR_STATE_DISABLED,
+}
+
+
+class Daemon:
+    """``bpfdyno serve`` at its defaults plus ``overrides`` (``section.key=value`` strings).
+
+    Use as a context manager: entering starts it and waits until every collector has
+    finished starting, then ``settle_s`` more seconds (first rounds, compiler pages
+    released); leaving stops it with SIGTERM.
+    """
+
+    def __init__(
+        self,
+        overrides: Sequence[str] = (),
+        *,
+        settle_s: float = 2.0,
+        ready_timeout_s: float = 120.0,
+        tree: Path | None = None,
+    ) -> None:
+        self.overrides = list(overrides)
+        self.tree = tree
+        self.settle_s = settle_s
+        self.ready_timeout_s = ready_timeout_s
+        self.proc: subprocess.Popen[str] | None = None
+        self.ready_after_s = 0.0
+        self.collectors: dict[str, str] = {}
+        self._tmp = ""
+
+    @property
+    def pid(self) -> int:
+        """The daemon's process id."""
+        assert self.proc is not None
+        return self.proc.pid
+
+    def __enter__(self) -> Daemon:
+        # sun_path is short: a short private directory for both sockets.
+        self._tmp = tempfile.mkdtemp(prefix="bd-bench-", dir="/tmp")
+        sock = os.path.join(self._tmp, "agent.sock")
+        args = [
+            sys.executable,
+            "-m",
+            "bpfdyno",
+            "serve",
+            "--socket",
+            sock,
+            "--log-level",
+            "warning",
+            '--set=legacy_rpc.listen=["127.0.0.1:0"]',
+            f'--set=kineto.socket_dir="{self._tmp}"',
+            *(f"--set={o}" for o in self.overrides),
+        ]
+        env = dict(os.environ)
+        if self.tree is not None:  # that version's package first (bpfdyno is a namespace)
+            env["PYTHONPATH"] = str(self.tree / "agent")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
+        self._wait_ready(sock)
+        self.ready_after_s = time.monotonic() - t0
+        time.sleep(self.settle_s)
+        return self
+
+    def _wait_ready(self, sock: str) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read() if self.proc.stderr else ""
+                raise RuntimeError(f"the agent exited with {self.proc.returncode}: {err}")
+            if os.path.exists(sock):
+                with grpc.insecure_channel(f"unix:{sock}") as ch:
+                    try:
+                        status = pb_grpc.AgentStub(ch).GetStatus(pb.GetStatusRequest(), timeout=5)
+                    except grpc.RpcError:
+                        status = None
+                if status is not None and all(c.state in _SETTLED for c in status.collectors):
+                    self.collectors = {
+                        c.name: pb.CollectorState.Name(c.state).removeprefix("COLLECTOR_STATE_")
+                        for c in status.collectors
+                    }
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"the agent was not ready within {self.ready_timeout_s:.0f} s")
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        held = set(program_counters(self.pid)) if self.proc is not None else set()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.communicate()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        # The kernel frees detached programs a little later: wait, so the next round starts
+        # clean (and does not count them as someone else's).
+        deadline = time.monotonic() + 10
+        while held and time.monotonic() < deadline:
+            held &= {int(str(p["id"])) for p in bpf_programs()}
+            time.sleep(0.05)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the daemon so far (all its threads), from /proc."""
+        return process_cpu_seconds(self.pid)
+
+    def rss_bytes(self) -> int:
+        """The daemon's resident set size now."""
+        with open(f"/proc/{self.pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process from ``/proc/PID/stat``, in seconds."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        raw = f.read()
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bpf_programs() -> list[dict[str, object]]:
+    """Every loaded BPF program as ``bpftool prog show --json`` describes it."""
+    bpftool = shutil.which("bpftool") or "/usr/sbin/bpftool"
+    out = subprocess.run([bpftool, "prog", "show", "--json"], capture_output=True, text=True)
+    if out.returncode != 0:
+        return []
+    progs: list[dict[str, object]] = json.loads(out.stdout or "[]")
+    return progs
+
+
+def program_counters(pid: int) -> dict[int, tuple[int, int]]:
+    """Program id -> (run_cnt, run_time_ns) of every BPF program process ``pid`` holds.
+
+    Read from the fdinfo of its program fds: a program belongs to whoever holds its fd.
+    """
+    out: dict[int, tuple[int, int]] = {}
+    fd_dir = f"/proc/{pid}/fd"
+    for fd in os.listdir(fd_dir):
+        try:
+            if os.readlink(f"{fd_dir}/{fd}") != "anon_inode:bpf-prog":
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                info = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue  # closed meanwhile
+        prog_id = int(info.get("prog_id", "-1"))
+        out[prog_id] = (int(info.get("run_cnt", "0")), int(info.get("run_time_ns", "0")))
+    return out
+
+
+def foreign_scheduler_programs(own_pids: Sequence[int]) -> list[str]:
+    """Tracing programs held by other processes (other agents or test suites).
+
+    Another suite's program on ``sched_switch`` slows every kind of round alike, but the
+    reader of the results should know it was there.
+    """
+    own: set[int] = set()
+    for pid in own_pids:
+        own.update(program_counters(pid))
+    kinds = {"raw_tracepoint", "tracepoint", "tracing", "perf_event"}
+    return [
+        str(p.get("name", "?"))
+        for p in bpf_programs()
+        if p.get("type") in kinds and int(str(p["id"])) not in own
+    ]
+
+
+def baseline_tree(ref: str, into: Path) -> Path:
+    """Extract the agent of git ``ref`` (e.g. ``main``) under ``into``, ready to run.
+
+    ``bpf/`` goes inside the package (``agent/bpfdyno/bpf``), so that version's programs are
+    the ones it compiles, not this checkout's.
+
+    Raises:
+        subprocess.CalledProcessError: not a git checkout, or no such ref.
+    """
+    repo = Path(__file__).resolve().parents[2]
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", ref, "agent", "bpf"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    shutil.move(str(into / "bpf"), str(into / "agent" / "bpfdyno" / "bpf"))
+    return into
