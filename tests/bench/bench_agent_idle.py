@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from daemon_runner import Daemon, baseline_tree
+from doc_blocks import write_results
 
 SECTION = "## Agent footprint at idle"
 #: Collectors switched off one at a time by --breakdown (those that run by default here).
@@ -128,21 +129,6 @@ def report(args: argparse.Namespace, baseline: Path | None) -> str:
     return "\n".join(lines)
 
 
-def write_section(doc: Path, results: str) -> None:
-    """Replace the results block of the section in ``doc`` (creating either if missing)."""
-    start, end = "<!-- bench_agent_idle:begin -->", "<!-- bench_agent_idle:end -->"
-    block = f"{start}\n{results}\n{end}"
-    text = doc.read_text() if doc.exists() else "# Performance\n"
-    if start in text and end in text:
-        text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
-    elif SECTION in text:
-        at = text.index(SECTION) + len(SECTION)
-        text = text[:at] + "\n\n" + block + text[at:]
-    else:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
-    doc.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=textwrap.dedent(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="daemon runs per kind")
@@ -163,7 +149,7 @@ def main() -> None:
         results = report(args, tree)
     print(results)
     if args.write_doc:
-        write_section(args.write_doc, results)
+        write_results(args.write_doc, SECTION, "bench_agent_idle", results)
 
 
 if __name__ == "__main__":

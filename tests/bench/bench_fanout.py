@@ -46,6 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from doc_blocks import write_results
+
 SECTION = "## Job-wide trace fan-out"
 TOKEN = "bench-fanout-token"
 TARGET_S = 2.0
@@ -258,7 +260,7 @@ def main() -> int:
         results = report(times, agents, seq_hosts, rounds, load, all_ok)
         print("\n" + results)
         if args.write_doc:
-            write_section(args.write_doc, results)
+            write_results(args.write_doc, SECTION, "bench_fanout", results)
         return 0 if all_ok else 1
     finally:
         for proc in procs:
@@ -307,18 +309,6 @@ def report(
         f"{MOONSHOT_S:g} s for the fan-out itself: {moon}.",
     ]
     return "\n".join(lines)
-
-
-def write_section(doc: Path, results: str) -> None:
-    """Replace the results block of the section in ``doc`` (appending the section if new)."""
-    start, end = "<!-- bench_fanout:begin -->", "<!-- bench_fanout:end -->"
-    block = f"{start}\n{results}\n{end}"
-    text = doc.read_text()
-    if start in text and end in text:
-        text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
-    else:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
-    doc.write_text(text)
 
 
 if __name__ == "__main__":

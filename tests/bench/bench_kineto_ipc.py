@@ -44,6 +44,8 @@ import time
 import uuid
 from pathlib import Path
 
+from doc_blocks import write_results
+
 from bpfdyno.tracing.ipc import wire
 
 SECTION = "## Kineto IPC reply latency"
@@ -342,27 +344,6 @@ def report(
     return "\n".join(lines)
 
 
-def write_section(doc: Path, results: str, label: str) -> None:
-    """Replace the ``label`` results block of the section in ``doc`` (creating it if missing)."""
-    start, end = (
-        f"<!-- bench_kineto_ipc:{label}:begin -->",
-        f"<!-- bench_kineto_ipc:{label}:end -->",
-    )
-    block = f"{start}\n{results}\n{end}"
-    text = doc.read_text() if doc.exists() else "# Performance\n"
-    if start in text and end in text:
-        text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
-    elif SECTION in text:
-        # After the section's last block (or its heading): new blocks keep their order.
-        tail = text[text.index(SECTION) :]
-        nxt = tail.find("\n## ", 1)
-        at = text.index(SECTION) + (nxt if nxt >= 0 else len(tail))
-        text = text[:at].rstrip("\n") + "\n\n" + block + "\n" + text[at:]
-    else:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
-    doc.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--trainers", type=int, default=64)
@@ -404,7 +385,7 @@ def main() -> None:
         results = run(args)
     print(results)
     if args.write_doc:
-        write_section(args.write_doc, results, args.doc_label)
+        write_results(args.write_doc, SECTION, f"bench_kineto_ipc:{args.doc_label}", results)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from doc_blocks import write_results
+
 from bpfdyno.sources.procs.table import ProcessTable
 from bpfdyno.sources.sched.collector import SchedCollector
 
@@ -99,21 +101,6 @@ def report(args: argparse.Namespace) -> str:
     )
 
 
-def write_section(doc: Path, results: str) -> None:
-    """Replace the results block of the section in ``doc`` (creating either if missing)."""
-    start, end = "<!-- bench_process_table:begin -->", "<!-- bench_process_table:end -->"
-    block = f"{start}\n{results}\n{end}"
-    text = doc.read_text() if doc.exists() else "# Performance\n"
-    if start in text and end in text:
-        text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
-    elif SECTION in text:
-        at = text.index(SECTION) + len(SECTION)
-        text = text[:at] + "\n\n" + block + text[at:]
-    else:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
-    doc.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=textwrap.dedent(__doc__ or "").splitlines()[0])
     parser.add_argument("--processes", type=int, default=500, help="processes on the machine")
@@ -126,7 +113,7 @@ def main() -> None:
     results = report(args)
     print(results)
     if args.write_doc:
-        write_section(args.write_doc, results)
+        write_results(args.write_doc, SECTION, "bench_process_table", results)
 
 
 if __name__ == "__main__":

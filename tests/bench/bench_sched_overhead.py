@@ -54,6 +54,7 @@ from daemon_runner import (
     foreign_scheduler_programs,
     program_counters,
 )
+from doc_blocks import write_results
 
 from bpfdyno.ebpf.compiler import compile_bpf
 from bpfdyno.ebpf.kheaders import ensure_headers
@@ -346,21 +347,6 @@ def report(args: argparse.Namespace, variants: dict[str, list[str]], baseline: P
     return "\n".join(lines)
 
 
-def write_section(doc: Path, results: str) -> None:
-    """Replace the results block of the section in ``doc`` (creating either if missing)."""
-    start, end = "<!-- bench_sched_overhead:begin -->", "<!-- bench_sched_overhead:end -->"
-    block = f"{start}\n{results}\n{end}"
-    text = doc.read_text() if doc.exists() else "# Performance\n"
-    if start in text and end in text:
-        text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
-    elif SECTION in text:
-        at = text.index(SECTION) + len(SECTION)
-        text = text[:at] + "\n\n" + block + text[at:]
-    else:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
-    doc.write_text(text)
-
-
 def parse_variants(items: list[str]) -> dict[str, list[str]]:
     """``NAME=k=v k=v`` -> {NAME: ["k=v", ...]}."""
     out: dict[str, list[str]] = {}
@@ -399,7 +385,7 @@ def main() -> None:
         results = report(args, parse_variants(args.variant), tree)
     print(results)
     if args.write_doc:
-        write_section(args.write_doc, results)
+        write_results(args.write_doc, SECTION, "bench_sched_overhead", results)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from doc_blocks import write_results
+
 SECTION = "## Cluster view cost"
 TOKEN = "bench-top-token"
 JOB = 4242
@@ -333,7 +335,7 @@ def main() -> int:
         )
         print("\n" + results)
         if args.write_doc:
-            write_section(args.write_doc, results, args.mode)
+            write_results(args.write_doc, SECTION, f"bench_top_cluster:{args.mode}", results)
         return 0
     finally:
         for proc in procs:
@@ -344,26 +346,6 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def write_section(doc: Path, results: str, label: str) -> None:
-    """Replace this mode's results block in ``doc`` (appending the section if new)."""
-    start, end = (
-        f"<!-- bench_top_cluster:{label}:begin -->",
-        f"<!-- bench_top_cluster:{label}:end -->",
-    )
-    block = f"{start}\n{results}\n{end}"
-    text = doc.read_text()
-    if start in text and end in text:
-        text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
-    elif SECTION in text:
-        tail = text[text.index(SECTION) :]
-        nxt = tail.find("\n## ", 1)
-        at = text.index(SECTION) + (nxt if nxt >= 0 else len(tail))
-        text = text[:at].rstrip("\n") + "\n\n" + block + "\n" + text[at:]
-    else:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
-    doc.write_text(text)
 
 
 if __name__ == "__main__":
