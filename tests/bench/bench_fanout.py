@@ -38,7 +38,6 @@ import os
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ import time
 from pathlib import Path
 
 from doc_blocks import write_results
+from loopback_agents import free_port, make_pki
 
 SECTION = "## Job-wide trace fan-out"
 TOKEN = "bench-fanout-token"
@@ -106,39 +106,6 @@ def serve(first: int, count: int, port: int, pki: Path, trace_dir: Path, rounds:
 
 
 # -- the client side --------------------------------------------------------------------------
-
-
-def make_pki(d: Path, agents: int) -> None:
-    """A CA and one server certificate naming every agent's address; the token file."""
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
-
-    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-            "-subj", "/CN=bench-ca")  # fmt: skip
-    sans = ",".join(f"IP:{address(i)}" for i in range(agents))
-    (d / "server.ext").write_text(f"subjectAltName={sans}\n")
-    openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=agent")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", "server.pem", "-days", "2",
-            "-extfile", "server.ext")  # fmt: skip
-    (d / "token").write_text(TOKEN + "\n")
-
-
-def free_port(agents: int) -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("0.0.0.0", 0))
-            port = int(s.getsockname()[1])
-        try:
-            for i in range(agents):
-                with socket.socket() as s:
-                    s.bind((address(i), port))
-        except OSError:
-            continue
-        return port
-    raise SystemExit("no port free on every agent address")
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -213,10 +180,10 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-fanout-"))
     procs: list[subprocess.Popen[str]] = []
     try:
-        make_pki(tmp, agents)
+        make_pki(tmp, [address(i) for i in range(agents)], TOKEN)
         trace_dir = tmp / "traces"
         trace_dir.mkdir()
-        port = free_port(agents)
+        port = free_port([address(i) for i in range(agents)])
         per = -(-agents // args.processes)
         for first in range(0, agents, per):
             count = min(per, agents - first)

@@ -31,7 +31,6 @@ import pty
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import struct
 import subprocess
@@ -44,6 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from doc_blocks import write_results
+from loopback_agents import free_port, make_pki
 
 SECTION = "## Cluster view cost"
 TOKEN = "bench-top-token"
@@ -245,38 +245,6 @@ def run_headless(
     return shares
 
 
-def make_pki(d: Path, nodes: int) -> None:
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
-
-    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-            "-subj", "/CN=bench-ca")  # fmt: skip
-    sans = ",".join(f"IP:{address(i)}" for i in range(nodes))
-    (d / "server.ext").write_text(f"subjectAltName={sans}\n")
-    openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=agent")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", "server.pem", "-days", "2",
-            "-extfile", "server.ext")  # fmt: skip
-    (d / "token").write_text(TOKEN + "\n")
-
-
-def free_port(nodes: int) -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("0.0.0.0", 0))
-            port = int(s.getsockname()[1])
-        try:
-            for i in range(nodes):
-                with socket.socket() as s:
-                    s.bind((address(i), port))
-        except OSError:
-            continue
-        return port
-    raise SystemExit("no port free on every node address")
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--nodes", type=int, default=64)
@@ -296,8 +264,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-top-"))
     procs: list[subprocess.Popen[str]] = []
     try:
-        make_pki(tmp, args.nodes)
-        port = free_port(args.nodes)
+        make_pki(tmp, [address(i) for i in range(args.nodes)], TOKEN)
+        port = free_port([address(i) for i in range(args.nodes)])
         per = -(-args.nodes // args.processes)
         for first in range(0, args.nodes, per):
             argv = [sys.executable, __file__, "--serve", str(first)]
