@@ -37,8 +37,9 @@ BREAKDOWN = ("procs", "sched", "net", "perf_sw", "host", "self")
 
 def measure(
     overrides: list[str], settle_s: float, window_s: float, tree: Path | None
-) -> tuple[float, int, int, float]:
-    """(CPU share of one core, RSS bytes, private bytes, seconds to ready) of one run."""
+) -> tuple[float, int, int, tuple[float, float]]:
+    """(CPU share of one core, RSS bytes, private bytes, (seconds to serving, to ready)) of one
+    run."""
     with Daemon(overrides, settle_s=settle_s, tree=tree) as daemon:
         cpu0, t0 = daemon.cpu_seconds(), time.monotonic()
         time.sleep(window_s)
@@ -47,7 +48,7 @@ def measure(
             (cpu1 - cpu0) / (t1 - t0),
             daemon.rss_bytes(),
             private_bytes(daemon.pid),
-            daemon.ready_after_s,
+            (daemon.serving_after_s, daemon.ready_after_s),
         )
 
 
@@ -81,7 +82,7 @@ def report(args: argparse.Namespace, baseline: Path | None) -> str:
     cpu: dict[str, list[float]] = {k: [] for k in names}
     rss: dict[str, list[int]] = {k: [] for k in names}
     private: dict[str, list[int]] = {k: [] for k in names}
-    ready: list[float] = []
+    ready: list[tuple[float, float]] = []
     load0 = os.getloadavg()[0]
     procs, threads = processes_now()
     for i in range(args.rounds):
@@ -125,7 +126,15 @@ def report(args: argparse.Namespace, baseline: Path | None) -> str:
             f"({min(r) / 1e6:.0f}-{max(r) / 1e6:.0f}) | "
             f"{statistics.median(private[kind]) / 1e6:.0f} MB | {target} |"
         )
-    lines += ["", f"Ready after start: {min(ready):.1f}-{max(ready):.1f} s (target <= 3 s)."]
+    serving = [r[0] for r in ready]
+    everything = [r[1] for r in ready]
+    lines += [
+        "",
+        f"Ready after start (every metric collector and the tracing endpoints answering): "
+        f"{min(serving):.1f}-{max(serving):.1f} s (target <= 3 s); the kernel-track capture, "
+        f"which compiles its programs in the background, {min(everything):.1f}-"
+        f"{max(everything):.1f} s.",
+    ]
     return "\n".join(lines)
 
 

@@ -163,6 +163,20 @@ def test_percpu_array_reads(probe: BpfProgram) -> None:
     assert len(percpu_values(table, 3)) == table.total_cpu
 
 
+def test_percpu_sums_add_every_cpus_value_of_every_slot(probe: BpfProgram) -> None:
+    # Distinct values on each CPU and slot (written from user space), large enough to need
+    # all 64 bits: the sums must pair each slot's words, not a neighbour's.
+    table = probe.table("bpfdyno_tcount")
+    ncpu = table.total_cpu
+    for slot in range(int(table.max_entries)):
+        table[table.Key(slot)] = table.Leaf(*((slot + 1) * 2**40 + cpu for cpu in range(ncpu)))
+    expected = [
+        sum((slot + 1) * 2**40 + cpu for cpu in range(ncpu))
+        for slot in range(int(table.max_entries))
+    ]
+    assert percpu_sums(table) == expected
+
+
 def test_uretprobe_runs_once_per_return(src_dir: Path, tmp_path: Path) -> None:
     with BpfProgram.load(
         "probe.bpf.c", defines={"PROBE_SETTING": 1}, header_cache=tmp_path / "kh"
