@@ -35,7 +35,7 @@ from bpfdyno.core.events import KernelEvent, MonotonicClock
 from bpfdyno.core.histogram import LOG2_SLOTS, histogram_quantile, log2_export_buckets
 from bpfdyno.core.metrics import HistogramSample, Sample, sample
 from bpfdyno.ebpf.errors import BpfLoadError
-from bpfdyno.ebpf.maps import map_pop_all, percpu_values, percpu_words
+from bpfdyno.ebpf.maps import map_pop_all, percpu_words
 from bpfdyno.ebpf.program import BpfProgram, RingBuffer, TaskIterator
 from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S
 from bpfdyno.sources.base import Collector, CollectorUnavailable
@@ -337,9 +337,9 @@ class SchedCollector(Collector):
         )
 
     def _drop_samples(self) -> list[Sample]:
-        per_cpu = percpu_values(self._require().table(_ERRORS))
+        per_cpu = percpu_words(self._require().table(_ERRORS))
         return [
-            sample(DROPPED, sum(int(e.count[slot]) for e in per_cpu), {"reason": reason})
+            sample(DROPPED, sum(w[slot] for w in per_cpu), {"reason": reason})
             for slot, reason in _DROP_REASONS
         ]
 
