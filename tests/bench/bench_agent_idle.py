@@ -5,8 +5,9 @@ Run as root, as one command: ``python tests/bench/bench_agent_idle.py [--rounds 
 
 Each round starts ``bpfdyno serve`` at its defaults (every default collector, 1 s
 collection), lets it settle (``--settle`` seconds: compiles done, first rounds, compiler
-pages released), then measures its CPU time (user + system of all its threads, from
-``/proc/PID/stat``) over ``--window`` seconds and its RSS at the end, and stops it.
+pages released), then measures its CPU time (all its threads, to the nanosecond, from the
+scheduler's per-thread books ``/proc/PID/task/*/schedstat``) over ``--window`` seconds and
+its RSS at the end, and stops it.
 Reported: the median and range over the rounds, and the memory the agent does not share
 with other processes (``Private_*`` of ``smaps_rollup``): RSS counts the compiler's shared
 library pages too, which stay resident while another process on the machine maps them.
