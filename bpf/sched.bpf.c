@@ -17,8 +17,9 @@
  *
  * All programs are BTF-typed (tp_btf, iter/task), loaded by bpfdyno.ebpf.btfprog: their
  * arguments are trusted kernel pointers read with plain loads (BPFDYNO_LOAD), and the
- * iterator and the exit program keep a little state per thread in task-local storage. Needs Linux >= 5.11, BTF, and
- * CONFIG_FAIR_GROUP_SCHED (the run queue is found through the task's cfs_rq).
+ * iterator and the exit program keep a little state per thread in task-local storage.
+ * Needs Linux >= 5.11, BTF, and CONFIG_FAIR_GROUP_SCHED (the run queue is found through the
+ * task's cfs_rq).
  *
  * Settings (-D, all required; bpfdyno passes them from the [sched] config section):
  * SCHED_MAX_EXITS ([sched] max_exits) sizes the map of exited threads' last books,
