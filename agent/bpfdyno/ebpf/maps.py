@@ -59,34 +59,44 @@ def map_pop_all(table: Any, chunk: int = 1024) -> list[tuple[Any, Any]]:
 def _batched(table: Any, op: Any, chunk: int, delete: bool = False) -> list[tuple[Any, Any]]:
     chunk = max(1, min(chunk, int(table.max_entries)))
     out: list[tuple[Any, Any]] = []
-    in_tok = ctypes.c_uint32(0)
-    out_tok = ctypes.c_uint32(0)
-    count = ctypes.c_uint32(0)
-    first = True
+    cursor: ctypes.c_uint32 | None = None
     while True:
-        # Fresh buffers per chunk: the returned values are views into them.
-        keys = (table.Key * chunk)()
-        vals = (table.Leaf * chunk)()
-        count.value = chunk
-        res = op(
-            table.map_fd,
-            None if first else ctypes.byref(in_tok),
-            ctypes.byref(out_tok),
-            ctypes.byref(keys),
-            ctypes.byref(vals),
-            ctypes.byref(count),
-        )
-        err = ctypes.get_errno()
-        out.extend(zip(keys[: count.value], vals[: count.value], strict=True))
-        if res == 0:
-            in_tok.value = out_tok.value
-            first = False
+        keys, vals, n, err, cursor_out = _one_batch(table, op, chunk, cursor)
+        out.extend(zip(keys[:n], vals[:n], strict=True))
+        if err == 0:
+            cursor = cursor_out
             continue
         if err == errno.ENOENT:  # the last batch
             return out
-        if first and err in _NO_BATCH:
+        if cursor is None and err in _NO_BATCH:
             return _one_by_one(table, delete)
         raise OSError(err, f"BPF map batch operation failed: {os.strerror(err)}")
+
+
+def _one_batch(
+    table: Any, op: Any, chunk: int, cursor: ctypes.c_uint32 | None
+) -> tuple[Any, Any, int, int, ctypes.c_uint32]:
+    """One batch syscall from ``cursor`` (None: the start) into fresh buffers.
+
+    Returns:
+        (keys, values, how many were filled, errno — 0 when more may follow, ENOENT after
+        the last —, the cursor to continue from). The buffers are fresh on every call: the
+        entries handed out are views into them.
+    """
+    keys = (table.Key * chunk)()
+    vals = (table.Leaf * chunk)()
+    count = ctypes.c_uint32(chunk)
+    cursor_out = ctypes.c_uint32(0)
+    res = op(
+        table.map_fd,
+        None if cursor is None else ctypes.byref(cursor),
+        ctypes.byref(cursor_out),
+        ctypes.byref(keys),
+        ctypes.byref(vals),
+        ctypes.byref(count),
+    )
+    err = 0 if res == 0 else ctypes.get_errno()
+    return keys, vals, count.value, err, cursor_out
 
 
 def _one_by_one(table: Any, delete: bool) -> list[tuple[Any, Any]]:
@@ -137,20 +147,8 @@ def percpu_sums(table: Any) -> list[int]:
     if leaf % 8 or ctypes.sizeof(getattr(table.Leaf, "_type_", ctypes.c_char)) != 8:
         raise TypeError(f"percpu_sums reads per-CPU arrays of 64-bit integers, not {table.Leaf}")
     ncpu = leaf // 8
-    keys = (table.Key * size)()
-    vals = (table.Leaf * size)()
-    count = ctypes.c_uint32(size)
-    out_tok = ctypes.c_uint32(0)
-    res = lib.bpf_lookup_batch(
-        table.map_fd,
-        None,
-        ctypes.byref(out_tok),
-        ctypes.byref(keys),
-        ctypes.byref(vals),
-        ctypes.byref(count),
-    )
-    err = ctypes.get_errno()
-    if (res != 0 and err != errno.ENOENT) or count.value != size:
+    _, vals, n, err, _ = _one_batch(table, lib.bpf_lookup_batch, size, None)
+    if err not in (0, errno.ENOENT) or n != size:
         # No batch operations on this kernel, or a partial read: the general way.
         out = [0] * size
         for key, per_cpu in map_items(table):

@@ -70,8 +70,8 @@ SCHED_ERR_MARK = 2
 #: struct sched_task: tid, tgid, oncpu, runq wait, blocked, switches, migrations, comm.
 TASK_RECORD = struct.Struct("<IIQQQQQ16s")
 #: struct sched_cpu: 8 words of counters, then the histogram.
-CPU_WORDS = 8 + SCHED_HIST_SLOTS
-_SWITCHES, _MIGRATIONS, _RUNQ_COUNT, _RUNQ_SUM, _BUSY = 0, 1, 2, 3, 4
+_SWITCHES, _MIGRATIONS, _RUNQ_COUNT, _RUNQ_SUM, _BUSY, _HIST = 0, 1, 2, 3, 4, 8
+CPU_WORDS = _HIST + SCHED_HIST_SLOTS
 
 #: Tracepoint -> program (all BTF-typed), in attach order.
 PROGRAMS = (
@@ -322,10 +322,7 @@ class SchedCollector(Collector):
 
     def _read_totals(self) -> _Totals:
         cpus = percpu_words(self._require().table(_CPU_STATS))
-        hist = [0] * SCHED_HIST_SLOTS
-        for w in cpus:
-            for i, n in enumerate(w[8:CPU_WORDS]):
-                hist[i] += n
+        hist = tuple(sum(slot) for slot in zip(*(w[_HIST:CPU_WORDS] for w in cpus), strict=True))
         return _Totals(
             t=time.monotonic(),
             switches=tuple(w[_SWITCHES] for w in cpus),
@@ -333,7 +330,7 @@ class SchedCollector(Collector):
             migrations=sum(w[_MIGRATIONS] for w in cpus),
             runq_count=sum(w[_RUNQ_COUNT] for w in cpus),
             runq_sum_ns=sum(w[_RUNQ_SUM] for w in cpus),
-            hist=tuple(hist),
+            hist=hist,
         )
 
     def _drop_samples(self) -> list[Sample]:
