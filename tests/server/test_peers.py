@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from bpfdyno.core.config import GrpcSection
 from bpfdyno.server import unix_front
 from bpfdyno.server.peers import TcpIdentityInterceptor, front_name, requester_from_peer
 from bpfdyno.server.sockdiag import tcp_owner_uid
@@ -178,8 +177,7 @@ class _Context:
 
 
 def test_authenticated_tcp_clients_act_as_the_configured_uid() -> None:
-    keys = {"tcp": "0.0.0.0:7000", "tls_cert": "c.pem", "tls_key": "k.pem"}
-    token = TcpIdentityInterceptor(GrpcSection(**keys, token_file="t"), "0.0.0.0")
+    token = TcpIdentityInterceptor(0, "0.0.0.0", "bearer token")
     who = token.requester(_Context("ipv4:10.1.2.3:5555"))
     assert (who.uid, who.transport, who.peer, who.note) == (
         0,
@@ -187,16 +185,14 @@ def test_authenticated_tcp_clients_act_as_the_configured_uid() -> None:
         "10.1.2.3:5555",
         "TLS + bearer token",
     )
-    mtls = TcpIdentityInterceptor(GrpcSection(**keys, tls_client_ca="ca.pem", tcp_uid=4000), "")
+    mtls = TcpIdentityInterceptor(4000, "", "client certificate")
     assert mtls.requester(_Context("ipv6:[fd00::1]:5555")).uid == 4000
-    reader = TcpIdentityInterceptor(GrpcSection(**keys, token_file="t", tcp_uid=-1), "")
+    reader = TcpIdentityInterceptor(-1, "", "bearer token")
     assert reader.requester(_Context("ipv4:10.1.2.3:5555")).uid is None
 
 
 def test_insecure_tcp_clients_act_as_their_sockets_owner() -> None:
-    insecure = TcpIdentityInterceptor(
-        GrpcSection(tcp="127.0.0.1:0", insecure_tcp=True), "127.0.0.1"
-    )
+    insecure = TcpIdentityInterceptor(0, "127.0.0.1", None)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as srv:
         srv.bind(("127.0.0.1", 0))
         srv.listen()

@@ -40,6 +40,16 @@ class TcpSecurity:
     #: Client certificates are required and verified.
     client_certs: bool
 
+    @property
+    def authenticated_by(self) -> str | None:
+        """How TCP clients prove who they are ("client certificate", "bearer token"); None:
+        they do not (plain text, or TLS with neither)."""
+        if self.credentials is None:
+            return None
+        if self.client_certs:
+            return "client certificate"
+        return "bearer token" if self.token is not None else None
+
     def describe(self) -> str:
         """A short summary for the log, e.g. "TLS, bearer token"."""
         parts = ["TLS" if self.credentials is not None else "plain text"]

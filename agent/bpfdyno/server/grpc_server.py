@@ -173,7 +173,9 @@ class GrpcServer:
         interceptors: list[grpc.aio.ServerInterceptor] = (
             [TokenInterceptor(security.token)] if security.token is not None else []
         )
-        identity = TcpIdentityInterceptor(self._cfg, self._cfg.tcp.rpartition(":")[0])
+        identity = TcpIdentityInterceptor(
+            self._cfg.tcp_uid, self._cfg.tcp.rpartition(":")[0], security.authenticated_by
+        )
         tcp_server = self._new_server([*interceptors, identity])
         try:
             if security.credentials is not None:
@@ -183,7 +185,7 @@ class GrpcServer:
         except RuntimeError as e:
             raise AddressInUse(f"cannot listen on {self._cfg.tcp}: {e}") from e
         identity.port = self.tcp_port
-        if security.credentials is None or (security.token is None and not security.client_certs):
+        if security.authenticated_by is None:
             log.warning(
                 "gRPC also listening on TCP %s without TLS or client authentication "
                 "(grpc.insecure_tcp): restrict it with a firewall, or configure TLS and a "

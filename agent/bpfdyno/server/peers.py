@@ -28,7 +28,6 @@ from typing import Any
 
 import grpc
 
-from bpfdyno.core.config import GrpcSection
 from bpfdyno.core.identity import Requester, unattributed
 from bpfdyno.server.sockdiag import SockDiagUnavailable, tcp_owner_uid
 
@@ -139,18 +138,20 @@ class TcpIdentityInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc] 
     """Establishes the requester of every call on the TCP listener (see the module doc).
 
     Args:
-        cfg: the gRPC section: whether TCP clients are authenticated (TLS plus a token or a
-            client CA) and which uid they act as (``tcp_uid``).
+        tcp_uid: the uid authenticated clients act as (``[grpc] tcp_uid``; < 0: read-only).
         listen_host: the listener's host ("" or a wildcard: any local address).
+        authenticated_by: how the listener authenticates clients (`TcpSecurity.authenticated_by`,
+            the same object that installs the checks); None: it does not, and each client is
+            the owner of its socket.
 
     Attributes:
         port: the listener's port (set once it is bound).
     """
 
-    def __init__(self, cfg: GrpcSection, listen_host: str) -> None:
-        self._authenticated = bool(cfg.tls_cert and (cfg.token_file or cfg.tls_client_ca))
-        self._uid = cfg.tcp_uid
-        self._how = "client certificate" if cfg.tls_client_ca else "bearer token"
+    def __init__(self, tcp_uid: int, listen_host: str, authenticated_by: str | None) -> None:
+        self._authenticated = authenticated_by is not None
+        self._uid = tcp_uid
+        self._how = authenticated_by or ""
         host = listen_host.strip("[]")
         self._host = "" if host in ("", "0.0.0.0", "::") else host
         self.port = 0
