@@ -77,3 +77,17 @@ def test_conflicting_or_impossible_options_are_refused_with_what_to_write(
     assert "one agent (--host) matches the numeric $SLURM_JOB_ID" in capsys.readouterr().err
     assert main(["top", "--hosts", "n1,bad/host"]) == 2
     assert "'bad/host' is not a host" in capsys.readouterr().err
+
+
+def test_the_agents_port_needs_no_access_to_the_agents_secrets(tmp_path: Path) -> None:
+    # A node's config names TLS and token files only root may read; a user's gputrace needs
+    # just the port from it.
+    config = tmp_path / "bpfdyno.toml"
+    config.write_text(
+        '[grpc]\ntcp = "0.0.0.0:50998"\ntls_cert = "/nonexistent/cert.pem"\n'
+        'tls_key = "/nonexistent/key.pem"\ntoken_file = "/nonexistent/token"\n'
+    )
+    assert agent_port(args("--config", str(config))) == 50998
+    (tmp_path / "noport.toml").write_text('[grpc]\ntcp = "somewhere"\n')
+    with pytest.raises(ClusterUsageError, match=r"\[grpc\] tcp = 'somewhere' is not host:port"):
+        agent_port(args("--config", str(tmp_path / "noport.toml")))

@@ -152,10 +152,19 @@ def agent_port(args: argparse.Namespace) -> int:
     if path is None:
         return DEFAULT_AGENT_PORT
     try:
-        tcp = load(path).grpc.tcp
+        # Only the port: the agent's TLS key and token files are not the caller's to read.
+        tcp = load(path, validate=False).grpc.tcp
     except ConfigError as e:
         raise ClusterUsageError(f"cannot take the agents' port from the config: {e}") from e
-    return int(tcp.rpartition(":")[2]) if tcp else DEFAULT_AGENT_PORT
+    if not tcp:
+        return DEFAULT_AGENT_PORT
+    port = tcp.rpartition(":")[2]
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ClusterUsageError(
+            f"cannot take the agents' port from the config: [grpc] tcp = {tcp!r} is not "
+            "host:port; fix it, or give --port"
+        )
+    return int(port)
 
 
 def resolve_cluster(args: argparse.Namespace) -> Cluster:

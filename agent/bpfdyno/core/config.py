@@ -329,8 +329,17 @@ class Config:
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def load(path: Path | None, overrides: list[tuple[str, str]] = ()) -> Config:  # type: ignore[assignment]
+def load(
+    path: Path | None,
+    overrides: list[tuple[str, str]] = (),  # type: ignore[assignment]
+    *,
+    validate: bool = True,
+) -> Config:
     """Read ``path`` (None: defaults only), apply ``overrides`` ("section.key", "value").
+
+    ``validate=False`` checks keys and types only, not the values against each other or the
+    files they name (TLS keys, tokens): for a client that wants one value from the agent's
+    config and may not read the agent's secrets.
 
     Raises:
         ConfigError: unreadable file, TOML syntax error, unknown key, wrong type, bad value.
@@ -361,7 +370,8 @@ def load(path: Path | None, overrides: list[tuple[str, str]] = ()) -> Config:  #
         _apply_override(cfg, dotted, raw)
     if overrides:
         cfg.source = "command line" if path is None else f"{cfg.source} + command line"
-    _validate(cfg, path)
+    if validate:
+        _validate(cfg, path)
     return cfg
 
 
