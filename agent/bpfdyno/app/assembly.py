@@ -82,7 +82,7 @@ def build(cfg: Config) -> Assembly:
     from bpfdyno.sources.procs.collector import ProcsCollector
     from bpfdyno.sources.procs.table import ProcessTable
     from bpfdyno.sources.sched.collector import SchedCollector
-    from bpfdyno.tracing.capture.manager import CaptureManager
+    from bpfdyno.tracing.capture.manager import PRELOAD_DELAY_S, CaptureManager
 
     asm = Assembly()
     on = cfg.collector_enabled
@@ -95,7 +95,9 @@ def build(cfg: Config) -> Assembly:
     pause, resume = profiling_controls([c for c in (gpu, dcgm) if c is not None])
     # Kernel tracks of traced processes: their programs load in the background at start.
     capture = (
-        CaptureManager(cfg.capture, gpu=gpu, release_compiler_pages=True, preload_delay_s=5.0)
+        CaptureManager(
+            cfg.capture, gpu=gpu, release_compiler_pages=True, preload_delay_s=PRELOAD_DELAY_S
+        )
         if cfg.capture.enabled
         else None
     )

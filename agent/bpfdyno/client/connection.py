@@ -36,6 +36,16 @@ AUTHORIZATION = "authorization"
 
 #: gRPC channel options, as grpc.insecure_channel takes them.
 ChannelOptions = Sequence[tuple[str, Any]]
+#: For clients that stay connected to agents (the TUI, the cluster fan-out): come back
+#: quickly to an agent that restarts (gRPC's back-off grows to two minutes). Not
+#: ``grpc.min_reconnect_backoff_ms``: gRPC also takes it as the time a connection attempt
+#: may take, and a TLS handshake with a busy or distant agent (or hundreds at once) can need
+#: more than a fraction of a second; callers bound the wait with their own deadlines.
+CHANNEL_OPTIONS: ChannelOptions = (
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.max_receive_message_length", 16 << 20),
+)
 
 
 class ClientSetupError(grpc.RpcError):  # type: ignore[misc]  # grpc is untyped here

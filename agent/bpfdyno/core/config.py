@@ -654,7 +654,8 @@ _NET_BYTE_SOURCES = ("auto", "sock", "syscalls")
 
 
 def _validate_bpf_sizes(cfg: Config, bad: typing.Callable[[str, str], ConfigError]) -> None:
-    """Sizes of the BPF maps and ring buffers ([sched], [net]); the kernel refuses others."""
+    """Sizes of the BPF maps and ring buffers ([sched], [net], [capture] ring buffer); the
+    kernel refuses others."""
     limits = (
         ("sched.max_exits", cfg.sched.max_exits, _PID_MAX_LIMIT),
         ("net.max_socks", cfg.net.max_socks, 16 * 1024 * 1024),
@@ -667,6 +668,7 @@ def _validate_bpf_sizes(cfg: Config, bad: typing.Callable[[str, str], ConfigErro
     for dotted, pages in (
         ("sched.ringbuf_pages", cfg.sched.ringbuf_pages),
         ("net.ringbuf_pages", cfg.net.ringbuf_pages),
+        ("capture.ringbuf_pages", cfg.capture.ringbuf_pages),
     ):
         if not 1 <= pages <= _MAX_RINGBUF_PAGES or pages & (pages - 1):
             raise bad(
@@ -726,7 +728,8 @@ def _validate_export(cfg: Config, bad: typing.Callable[[str, str], ConfigError])
 
 
 def _validate_capture(c: CaptureSection, bad: typing.Callable[[str, str], ConfigError]) -> None:
-    """The [capture] section: track names, the pre-window and the BPF sizes."""
+    """The [capture] section: track names, the pre-window and the BPF map sizes (its ring
+    buffer with the others', `_validate_bpf_sizes`)."""
     for name in c.default_tracks:
         if name not in KERNEL_TRACKS:
             raise bad(
@@ -747,12 +750,5 @@ def _validate_capture(c: CaptureSection, bad: typing.Callable[[str, str], Config
     for dotted, value, least, most in limits:
         if not least <= value <= most:
             raise bad(f"must be in {least}..{most}, got {value}", dotted)
-    pages = c.ringbuf_pages
-    if not 1 <= pages <= _MAX_RINGBUF_PAGES or pages & (pages - 1):
-        raise bad(
-            f"must be a power of two in 1..{_MAX_RINGBUF_PAGES} (the kernel's ring buffer "
-            f"size rule), got {pages}",
-            "capture.ringbuf_pages",
-        )
     if not 0.1 <= c.gpu_sample_hz <= 1000:
         raise bad(f"must be in 0.1..1000, got {c.gpu_sample_hz}", "capture.gpu_sample_hz")

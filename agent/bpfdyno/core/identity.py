@@ -64,14 +64,6 @@ class Requester:
         """The uid's user name ("" when unknown or unattributed)."""
         return user_name(self.uid) if self.uid is not None else ""
 
-    def describe(self) -> str:
-        """``uid 1000 (alice) via legacy-rpc from 127.0.0.1:53122``, for messages and logs."""
-        who = "an unattributed requester" if self.uid is None else f"uid {self.uid}"
-        if self.user:
-            who += f" ({self.user})"
-        where = f" from {self.peer}" if self.peer else ""
-        return f"{who} via {self.transport}{where}"
-
 
 def user_name(uid: int) -> str:
     """The name of ``uid`` in the passwd database ("" when it has none)."""

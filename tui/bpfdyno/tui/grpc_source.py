@@ -17,7 +17,12 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from bpfdyno.client.connection import ClientSetupError, aio_channel, unreachable_message
+from bpfdyno.client.connection import (
+    CHANNEL_OPTIONS,
+    ClientSetupError,
+    aio_channel,
+    unreachable_message,
+)
 from bpfdyno.rpc.traces import TraceSpec, spec_to_pb
 from bpfdyno.rpc.v1 import (
     agent_pb2,
@@ -40,14 +45,6 @@ from bpfdyno.tui.records import (
     TrainerInfo,
 )
 
-#: Short reconnect back-off: the UI retries on its own schedule and says so. (Not
-#: ``grpc.min_reconnect_backoff_ms``: gRPC takes it as the time a connection attempt may
-#: take too, and a TLS handshake with a distant or busy agent can need more than 250 ms.)
-_CHANNEL_OPTIONS = (
-    ("grpc.initial_reconnect_backoff_ms", 250),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-    ("grpc.max_receive_message_length", 16 << 20),
-)
 #: Events of the recent past shown when the UI connects.
 RECENT_EVENTS = 200
 _DISCONNECTED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -73,7 +70,7 @@ class GrpcDataSource:
 
     def _chan(self) -> grpc.aio.Channel:
         if self._channel is None:
-            self._channel = aio_channel(self._target, options=_CHANNEL_OPTIONS)
+            self._channel = aio_channel(self._target, options=CHANNEL_OPTIONS)
         return self._channel
 
     def _error(self, e: grpc.RpcError, service: str) -> DataSourceError:

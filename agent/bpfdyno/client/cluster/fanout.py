@@ -23,7 +23,12 @@ from typing import Generic, TypeVar
 import grpc
 
 from bpfdyno.client.cluster.nodes import Node
-from bpfdyno.client.connection import ChannelOptions, aio_channel, security_from_env
+from bpfdyno.client.connection import (
+    CHANNEL_OPTIONS,
+    ChannelOptions,
+    aio_channel,
+    security_from_env,
+)
 
 T = TypeVar("T")
 
@@ -31,15 +36,6 @@ T = TypeVar("T")
 DEFAULT_HOST_TIMEOUT_S = 5.0
 #: Calls in flight at once when no bound is given.
 DEFAULT_CONCURRENCY = 128
-#: Come back quickly to an agent that restarts (gRPC's back-off grows to two minutes).
-#: Not ``grpc.min_reconnect_backoff_ms``: gRPC also takes it as the time a connection attempt
-#: may take, and hundreds of TLS handshakes at once on a busy client need more than a
-#: fraction of a second; the per-host deadline bounds the wait instead.
-CHANNEL_OPTIONS: ChannelOptions = (
-    ("grpc.initial_reconnect_backoff_ms", 250),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-    ("grpc.max_receive_message_length", 16 << 20),
-)
 
 
 class HostErrorKind(enum.StrEnum):

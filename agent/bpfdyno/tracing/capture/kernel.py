@@ -330,10 +330,6 @@ class KernelCapture:
         """The processes being recorded, with their tracks."""
         return dict(self._procs)
 
-    def attached(self) -> dict[Track, bool]:
-        """Whether each track's functions are attached now."""
-        return dict(self._attached)
-
     def program_fds(self) -> dict[str, int]:
         """Loaded function -> fd (for BPF run statistics); a function loads when first
         attached."""

@@ -138,20 +138,6 @@ class OffCpu:
         """Preempted while runnable: the whole interval was spent waiting for a CPU."""
         return self.state == 0
 
-    @property
-    def runq_ns(self) -> int:
-        """Time it waited for a CPU: all of a runnable interval, after the wakeup otherwise."""
-        if self.runnable:
-            return self.on_ns - self.off_ns
-        return self.on_ns - self.wake_ns if self.wake_ns else 0
-
-    @property
-    def blocked_ns(self) -> int:
-        """Time it was blocked (0 for a runnable interval)."""
-        if self.runnable:
-            return 0
-        return (self.wake_ns or self.on_ns) - self.off_ns
-
 
 @dataclass(frozen=True, slots=True)
 class NcclCall:
@@ -256,7 +242,3 @@ class ProcessCapture:
     cap: int
     settings: dict[str, int] = field(default_factory=dict)
     distributed: dict[str, int] | None = None
-
-    def to_wall_ns(self, mono_ns: int) -> int:
-        """Wall-clock epoch ns of a CLOCK_MONOTONIC timestamp of this capture."""
-        return mono_ns + self.offset_ns

@@ -89,10 +89,6 @@ class BuiltTracks:
     counts: dict[Track, int]
     info: dict[str, Any]
 
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
 
 def format_us(rel_ns: int) -> bytes:
     """Nanoseconds as Kineto's microseconds with 3 decimals, e.g. 1234567 -> b"1234.567"."""
