@@ -167,8 +167,7 @@ def bpf_costs(m: CaptureManager, seconds: float) -> None:
         rows: dict[str, dict[str, tuple[float, float]]] = {}
         for label, pid in (("workload traced", work.pid), ("another process traced", other.pid)):
             key = CaptureKey(label, pid)
-            m.begin(key, KernelTrackRequest(frozenset({Track.NET, Track.SCHED}), 0.0))
-            m.sync().result(60)
+            m.begin(key, KernelTrackRequest(frozenset({Track.NET, Track.SCHED}), 0.0)).result(60)
             stats = BpfRunStats(m.kernel.program_fds()).measure(seconds)
             m.end(key).result(60)
             rows[label] = {n: (s.ns_per_event, s.runs_per_second) for n, s in stats.items()}
@@ -202,8 +201,7 @@ def nccl_costs(m: CaptureManager, rounds: int, calls: int) -> None:
             for kind in order:
                 key = CaptureKey(f"{kind}{r}", loop.pid if kind == "traced" else holder.pid)
                 if kind != "no probes":
-                    m.begin(key, KernelTrackRequest(frozenset({Track.NCCL}), 0.0))
-                    m.sync().result(60)
+                    m.begin(key, KernelTrackRequest(frozenset({Track.NCCL}), 0.0)).result(60)
                     assert m.nccl.probed_libraries(), "libnccl not probed"
                 results[kind].append(float(ask(loop, str(calls))))
                 if kind != "no probes":
@@ -229,8 +227,7 @@ def training(m: CaptureManager, rounds: int, steps: int) -> None:
             for record in (r % 2 == 0, r % 2 == 1):
                 key = CaptureKey(f"train{r}", train.pid)
                 if record:
-                    m.begin(key, ALL)
-                    m.sync().result(60)
+                    m.begin(key, ALL).result(60)
                 ms = float(ask(train, str(steps)))
                 if record:
                     m.end(key).result(60)

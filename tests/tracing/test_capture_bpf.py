@@ -137,8 +137,7 @@ def record(
     m: CaptureManager, pid: int, request: KernelTrackRequest, work: object
 ) -> ProcessCapture:
     key = CaptureKey("t", pid)
-    m.begin(key, request)
-    m.sync().result(30)  # the process is in the traced map now
+    m.begin(key, request).result(30)  # the process is in the traced map now
     assert callable(work)
     work()
     return m.end(key).result(60)
@@ -226,8 +225,7 @@ def test_nothing_runs_in_the_kernel_while_nothing_is_traced(
         assert _links(ids) == []
         assert set(window().values()) == {0}  # idle: not one run
         key = CaptureKey("t2", sender.pid)
-        manager.begin(key, NET_SCHED)
-        manager.sync().result(30)
+        manager.begin(key, NET_SCHED).result(30)
         assert _links(ids) == sorted(
             [
                 "sock_send_length",
@@ -316,8 +314,7 @@ def test_nccl_found_when_loaded_after_the_trace_began(manager: CaptureManager) -
     assert child.stdin is not None and child.stdout is not None
     key = CaptureKey("n", child.pid)
     try:
-        manager.begin(key, KernelTrackRequest(frozenset({Track.NCCL}), 0.0))
-        manager.sync().result(30)
+        manager.begin(key, KernelTrackRequest(frozenset({Track.NCCL}), 0.0)).result(30)
         assert manager.nccl.probed_libraries() == {}
         child.stdin.write("\n")
         child.stdin.flush()
@@ -352,6 +349,87 @@ def test_nccl_found_when_loaded_after_the_trace_began(manager: CaptureManager) -
     assert cap.stats[Track.NCCL].note == ""  # found in the end
     assert manager.nccl.probed_libraries() == {}  # detached with its last traced process
     assert Path(lib).exists()
+
+
+NCCL_ON_DEMAND = r"""
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+P, N = ctypes.c_void_p, ctypes.c_size_t
+print("ready", flush=True)
+for line in sys.stdin:  # "<count> <n>": n calls of ncclAllReduce with that count
+    count, n = map(int, line.split())
+    for _ in range(n):
+        lib.ncclAllReduce(P(0x10), P(0x20), N(count), 9, 0, None, P(0x1))
+    print("done", flush=True)
+"""
+
+
+class NcclCaller:
+    """A process that maps libnccl and calls ncclAllReduce when told (`NCCL_ON_DEMAND`)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", NCCL_ON_DEMAND, _libnccl()],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None and self.proc.stdout.readline() == "ready\n"
+
+    def calls(self, count: int, n: int) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{count} {n}\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline() == "done\n"
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def test_nccl_probes_go_off_the_capture_thread_and_never_count_twice(
+    manager: CaptureManager,
+) -> None:
+    """The probes of a library are removed after its last traced process (slowly: an RCU
+    grace period per probe) on a thread of their own. A trace of the same library right
+    after finds them still going: it waits for them, and records each call once. Once the
+    last trace ends — its process already gone — calls into the library run no BPF at all."""
+    traced = NcclCaller()
+    other = NcclCaller()  # maps the same file, never traced
+    nccl = KernelTrackRequest(frozenset({Track.NCCL}), 0.0)
+
+    def recorded(key: CaptureKey, count: int, n: int, exit_first: bool = False) -> list[int]:
+        manager.begin(key, nccl).result(60)
+        traced.calls(count, n)
+        if exit_first:
+            traced.kill()
+        cap = manager.end(key).result(60)
+        return [r.count for r in cap.records if isinstance(r, NcclCall)]
+
+    try:
+        assert recorded(CaptureKey("a", traced.proc.pid), 111, 3) == [111] * 3
+        # Its probes are being removed now; the next trace must not see them twice.
+        assert recorded(CaptureKey("b", traced.proc.pid), 222, 5) == [222] * 5
+        assert recorded(CaptureKey("c", traced.proc.pid), 333, 2, exit_first=True) == [333] * 2
+        stats = BpfRunStats(manager.nccl.program_fds())
+
+        def runs_while_calling() -> dict[str, int]:
+            result: dict[str, int] = {}
+            t = threading.Thread(
+                target=lambda: result.update({n: s.runs for n, s in stats.measure(0.5).items()})
+            )
+            t.start()
+            while t.is_alive():
+                other.calls(444, 10)
+            t.join()
+            return result
+
+        deadline = time.monotonic() + 120
+        while set((runs := runs_while_calling()).values()) != {0}:  # until removed
+            assert time.monotonic() < deadline, f"the NCCL probes were never removed: {runs}"
+    finally:
+        traced.kill()
+        other.kill()
 
 
 def test_the_first_trace_loads_the_programs_before_the_preload_delay(server: int) -> None:

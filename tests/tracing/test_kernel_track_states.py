@@ -1,8 +1,10 @@
-"""How the tracker follows a part that asked for kernel tracks: merging after the file,
-written after the merge, the listener told at each step; the request's track rules."""
+"""How the tracker follows a part that asked for kernel tracks: recording from the request,
+the config kept back until the recording is in place, merging after the file, written after
+the merge, the listener told at each step; the request's track rules."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from bpfdyno.tracing.ipc.wire import KinetoRequest
 from bpfdyno.tracing.safety import PROTECTIONS, PlacementChecker
 from bpfdyno.tracing.traces import (
     NEVER_STARTED_POLLS,
+    WAITING_FOR_RECORDING,
     KernelTrackState,
     KernelTrackStatus,
     PartRef,
@@ -29,13 +32,18 @@ DEFAULT = KernelTrackRequest(frozenset({Track.NET, Track.SCHED}), 5.0)
 
 
 class Listener:
-    """Records what the tracker told it (the capture itself is tested elsewhere)."""
+    """Records what the tracker told it (the capture itself is tested elsewhere); its
+    recordings are in place at once unless ``ready`` is cleared."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, PartRef]] = []
+        self.ready = True
 
-    def delivered(self, part: PartRef) -> None:
-        self.calls.append(("delivered", part))
+    def requested(self, part: PartRef) -> None:
+        self.calls.append(("requested", part))
+
+    def armed(self, part: PartRef) -> bool:
+        return self.ready
 
     def written(self, part: PartRef) -> None:
         self.calls.append(("written", part))
@@ -77,8 +85,9 @@ def test_merging_between_the_file_and_written(svc: TracingService, tmp_path: Pat
     trace_id = start(svc, tmp_path)
     [p] = svc.get_trace(trace_id).processes
     assert p.kernel_tracks == KernelTrackStatus(("net", "sched"), KernelTrackState.RECORDING)
+    assert [(c, r.pid, r.tracks) for c, r in listener.calls] == [("requested", PID, DEFAULT)]
     assert "REQUEST_TRACE_ID" in poll(svc)  # delivered
-    assert [(c, r.pid, r.tracks) for c, r in listener.calls] == [("delivered", PID, DEFAULT)]
+    assert [c for c, _ in listener.calls] == ["requested"]
     poll(svc, BUSY)
     path = tmp_path / f"t_{PID}.json"
     path.write_text("{}")
@@ -87,12 +96,12 @@ def test_merging_between_the_file_and_written(svc: TracingService, tmp_path: Pat
     assert p.state is ProcState.MERGING
     assert p.reason == "Kineto wrote the trace file; adding the kernel tracks (net, sched)"
     assert p.kernel_tracks.state is KernelTrackState.MERGING
-    assert [c for c, _ in listener.calls] == ["delivered", "written"]
+    assert [c for c, _ in listener.calls] == ["requested", "written"]
     assert listener.calls[1][1].output_path == str(path)
     assert not svc.get_trace(trace_id).done
     svc.tracker.check()  # no timeout, no second "written" while merging
     poll(svc)
-    assert [c for c, _ in listener.calls] == ["delivered", "written"]
+    assert [c for c, _ in listener.calls] == ["requested", "written"]
     done = KernelTrackStatus(("net", "sched"), KernelTrackState.MERGED, ("net", "sched"), 42)
     svc.tracker.merge_done(trace_id, ADDR, done, 1234)
     view = svc.get_trace(trace_id)
@@ -100,6 +109,52 @@ def test_merging_between_the_file_and_written(svc: TracingService, tmp_path: Pat
     assert view.done
     assert (p.state, p.size_bytes, p.kernel_tracks) == (ProcState.WRITTEN, 1234, done)
     assert p.reason == "trace file written with the kernel tracks net, sched"
+
+
+def test_the_config_waits_for_the_recording(svc: TracingService, tmp_path: Path) -> None:
+    """Kineto starts its window when it takes the config at the earliest: while the capture
+    is still attaching (say NCCL's uprobes), polls get nothing and the part says why."""
+    listener = Listener()
+    listener.ready = False
+    svc.tracker.set_listener(listener)
+    trace_id = start(svc, tmp_path)
+    assert poll(svc) == ""
+    [p] = svc.get_trace(trace_id).processes
+    assert (p.state, p.reason) == (ProcState.PENDING, WAITING_FOR_RECORDING)
+    version = svc.get_trace(trace_id).version
+    assert poll(svc) == ""
+    assert svc.get_trace(trace_id).version == version  # said once, not at every poll
+    listener.ready = True
+    assert "REQUEST_TRACE_ID" in poll(svc)
+    [p] = svc.get_trace(trace_id).processes
+    assert p.state is ProcState.DELIVERED
+    assert [c for c, _ in listener.calls] == ["requested"]
+
+
+def test_a_recording_that_never_starts_times_out_saying_so(
+    svc: TracingService, tmp_path: Path
+) -> None:
+    listener = Listener()
+    listener.ready = False
+    svc.tracker.set_listener(listener)
+    poll(svc)
+    opts = TraceOptions(log_file=str(tmp_path / "t.json"), iterations=2)
+    res = svc.start_trace(TraceRequest(options=opts, timeout_s=0.001))
+    poll(svc)
+    time.sleep(0.01)  # past the deadline
+    svc.tracker.check()
+    [p] = svc.get_trace(res.trace_id).processes
+    assert p.state is ProcState.TIMED_OUT
+    assert p.reason.startswith("timed out: the kernel-track recording never started")
+    assert [c for c, _ in listener.calls] == ["requested", "ended"]  # the recording dropped
+
+
+def test_a_pending_part_that_ends_drops_its_recording(svc: TracingService, tmp_path: Path) -> None:
+    listener = Listener()
+    svc.tracker.set_listener(listener)
+    start(svc, tmp_path)
+    svc.tracker.on_gone(ADDR)  # the process exits before its next poll
+    assert [c for c, _ in listener.calls] == ["requested", "ended"]
 
 
 def test_a_failed_merge_is_still_written_with_why(svc: TracingService, tmp_path: Path) -> None:
@@ -130,7 +185,7 @@ def test_a_failed_trace_drops_its_recording(svc: TracingService, tmp_path: Path)
     assert p.state is ProcState.FAILED
     assert p.kernel_tracks.state is KernelTrackState.NOT_MERGED
     assert p.kernel_tracks.reason == "no trace file to merge into"
-    assert [c for c, _ in listener.calls] == ["delivered", "ended"]
+    assert [c for c, _ in listener.calls] == ["requested", "ended"]
 
 
 def test_without_a_capture_requests_are_noted(svc: TracingService, tmp_path: Path) -> None:
@@ -161,7 +216,6 @@ def test_request_tracks_and_pre_window(svc: TracingService, tmp_path: Path) -> N
     listener = Listener()
     svc.tracker.set_listener(listener)
     start(svc, tmp_path, kernel_tracks=("nccl", "gpu"), pre_window_s=0.5)
-    poll(svc)
     [(_, part)] = listener.calls
     assert part.tracks == KernelTrackRequest(frozenset({Track.NCCL, Track.GPU}), 0.5)
 

@@ -431,12 +431,13 @@ async def test_cpu_contention_shows_as_waiting_for_a_cpu(capture_harness: Harnes
         subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in range(2)
     ]
     try:
-        trainer = h.spawn_script("linear.py", "--step-sleep=0", f"--cpu={cpu}")
+        # 10 ms of CPU per step, 50 steps: the window is about 1.5 s of sharing the CPU.
+        trainer = h.spawn_script("linear.py", "--step-sleep=0", "--busy-ms=10", f"--cpu={cpu}")
         [pid] = await trainer.wait_ready(timeout=120)
         await h.wait_trainers(lambda ts: [t.pid for t in ts] == [pid])
         res = h.service.start_trace(
             TraceRequest(
-                options=TraceOptions(log_file=str(h.trace_dir / "s.json"), iterations=30),
+                options=TraceOptions(log_file=str(h.trace_dir / "s.json"), iterations=50),
                 kernel_tracks=("sched",),
             )
         )

@@ -2,7 +2,10 @@
 
 For every process whose trace asked for kernel tracks:
 
-1. when it takes its config (``delivered``), the `CaptureManager` starts recording it;
+1. when its config is stored (``requested``), the `CaptureManager` starts recording it; the
+   config is handed out only once that recording is in place (``armed``), so the trace's
+   window — which begins when the process takes its config, at the earliest — is recorded
+   from its first moment;
 2. when its final file exists (the tracker turns it ``merging``), recording stops and, on
    a merge thread, the recorded events inside the trace's window (the profiler's own span,
    read from the file's tail) are written into the file (`bpfdyno.tracing.merge`), together
@@ -21,7 +24,7 @@ import contextlib
 import logging
 import os
 import pwd
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from bpfdyno.core.events import FlightRecorder, KernelEvent
 from bpfdyno.core.identity import ROOT_UID, FileIdentityError, files_as
@@ -82,22 +85,37 @@ class KernelTracks:
         # One merge at a time: each holds a process's events in memory while it copies.
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="trace-merge")
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Recordings asked for whose process has not been handed its config yet.
+        self._arming: dict[CaptureKey, Future[None]] = {}
         #: Merges done and failed (for status).
         self.merged = 0
         self.failed = 0
 
     # -- TraceListener -------------------------------------------------------------------
 
-    def delivered(self, part: PartRef) -> None:
+    def requested(self, part: PartRef) -> None:
         """Start recording the process."""
-        self._manager.begin(CaptureKey(part.trace_id, part.pid), part.tracks)
+        key = CaptureKey(part.trace_id, part.pid)
+        self._arming[key] = self._manager.begin(key, part.tracks)
+
+    def armed(self, part: PartRef) -> bool:
+        """Whether the process's recording is in place (or known not to be possible)."""
+        key = CaptureKey(part.trace_id, part.pid)
+        fut = self._arming.get(key)
+        if fut is not None and not fut.done():
+            return False
+        self._arming.pop(key, None)
+        return True
 
     def ended(self, part: PartRef) -> None:
         """Its trace failed or timed out: drop what was recorded."""
-        self._manager.discard(CaptureKey(part.trace_id, part.pid))
+        key = CaptureKey(part.trace_id, part.pid)
+        self._arming.pop(key, None)
+        self._manager.discard(key)
 
     def written(self, part: PartRef) -> None:
         """Its file is complete: stop recording and merge (in the background)."""
+        self._arming.pop(CaptureKey(part.trace_id, part.pid), None)
         task = asyncio.get_running_loop().create_task(
             self._finish(part), name=f"merge-{part.trace_id}-{part.pid}"
         )

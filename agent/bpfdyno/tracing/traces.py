@@ -7,7 +7,9 @@ A process moves ``pending -> delivered -> tracing -> written``, or ends ``failed
 ``timed_out``. With kernel tracks requested, the final file first makes it ``merging``: the
 file is complete as Kineto wrote it and the agent is adding its tracks (see
 `bpfdyno.tracing.kernel_tracks`); ``written`` then means the merge finished, or failed with
-the original file left intact, and the part's `KernelTrackStatus` says which. The evidence
+the original file left intact, and the part's `KernelTrackStatus` says which. Their
+recording starts when the trace is opened, and the config stays ``pending`` until the
+listener says the recording is in place (`TraceListener.armed`). The evidence
 comes from two places:
 
 * the process's polls: a poll with the ACTIVITIES bit clear means its profiler is busy
@@ -48,6 +50,11 @@ NEVER_STARTED_POLLS = 4
 MISSING_FILE_POLLS = 2
 #: Most traces remembered; the oldest finished ones are forgotten first.
 MAX_TRACES = 256
+#: A pending part's reason while its config is kept back for its recording.
+WAITING_FOR_RECORDING = (
+    "waiting for its kernel-track recording to start (attaching the probes); the config goes "
+    "out at the process's next poll after that"
+)
 
 
 class TrainerState(enum.Enum):
@@ -76,7 +83,7 @@ class KernelTrackState(enum.Enum):
     """Where a process's kernel tracks stand."""
 
     OFF = "off"  # none requested (or the capture is disabled)
-    RECORDING = "recording"  # being recorded since the process got its config
+    RECORDING = "recording"  # being recorded since its config was stored
     MERGING = "merging"  # being added to the finished file
     MERGED = "merged"  # in the file
     NOT_MERGED = "not merged"  # the file is as Kineto wrote it; ``reason`` says why
@@ -149,6 +156,7 @@ class _Proc:
     config_text: str  # what the process is handed at its next free poll
     tracks: KernelTrackRequest = NO_TRACKS
     owner_uid: int | None = None  # the traced process's owner: its file must be theirs
+    waits_for_recording: bool = False  # it polled for its config before its recording began
     idle_polls: int = 0  # idle polls since delivery, before any sign of tracing
     idle_after_busy: int = 0
     seen_busy: bool = False
@@ -180,6 +188,12 @@ class _Trace:
     @property
     def open(self) -> bool:
         return any(not p.view.state.terminal for p in self.procs.values())
+
+    def touch(self) -> None:
+        """A part changed: a new version, and whoever waits for one is woken."""
+        self.version += 1
+        self.changed.set()
+        self.changed = asyncio.Event()
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,8 +227,12 @@ class TraceListener(Protocol):
     Called on the event loop; none may block.
     """
 
-    def delivered(self, part: PartRef) -> None:
-        """The process took its config: start recording."""
+    def requested(self, part: PartRef) -> None:
+        """A config is stored for the process: start recording it."""
+
+    def armed(self, part: PartRef) -> bool:
+        """Whether its recording is in place: its config is handed out only then, so that
+        the trace's window never begins before the recording does."""
 
     def written(self, part: PartRef) -> None:
         """Its final file exists: stop recording and merge; then call
@@ -312,6 +330,11 @@ class TraceTracker:
         self._traces[trace_id] = tr
         for address in procs:
             self._by_address[address] = trace_id
+        listener = self._listener
+        if listener is not None:
+            for p in procs.values():
+                if p.tracks.enabled:
+                    listener.requested(self._ref(tr, p))
         self._forget_old()
         if tr.open:
             self.opened.set()
@@ -415,18 +438,15 @@ class TraceTracker:
             del self._by_address[p.address]
         listener = self._listener
         if listener is not None and p.tracks.enabled:
-            if state is ProcState.DELIVERED:
-                listener.delivered(self._ref(tr, p))
-            elif state is ProcState.MERGING:
+            if state is ProcState.MERGING:
                 listener.written(self._ref(tr, p))
             elif state in (ProcState.FAILED, ProcState.TIMED_OUT) and before in (
+                ProcState.PENDING,
                 ProcState.DELIVERED,
                 ProcState.TRACING,
             ):
                 listener.ended(self._ref(tr, p))
-        tr.version += 1
-        tr.changed.set()
-        tr.changed = asyncio.Event()
+        tr.touch()
 
     def _part(self, address: bytes) -> tuple[_Trace, _Proc] | None:
         trace_id = self._by_address.get(address)
@@ -443,6 +463,13 @@ class TraceTracker:
         if part is None or part[1].view.state is not ProcState.PENDING:
             return None
         tr, p = part
+        listener = self._listener
+        if self._recording(p) and listener is not None and not listener.armed(self._ref(tr, p)):
+            if not p.waits_for_recording:
+                p.waits_for_recording = True
+                p.view = replace(p.view, reason=WAITING_FOR_RECORDING)
+                tr.touch()
+            return None
         self._set(tr, p, ProcState.DELIVERED, "config delivered; waiting for tracing to start")
         return tr.trace_id, p.config_text
 
@@ -590,7 +617,7 @@ class TraceTracker:
                 if self._check_file(tr, p):
                     continue
                 if now >= tr.deadline_mono:
-                    self._set(tr, p, ProcState.TIMED_OUT, _timeout_reason(p.view.state, tr))
+                    self._set(tr, p, ProcState.TIMED_OUT, _timeout_reason(p, tr))
         if not self.has_open():
             self.opened.clear()
 
@@ -602,7 +629,13 @@ class TraceTracker:
             self.check()
 
 
-def _timeout_reason(state: ProcState, tr: _Trace) -> str:
+def _timeout_reason(p: _Proc, tr: _Trace) -> str:
+    state = p.view.state
+    if state is ProcState.PENDING and p.waits_for_recording:
+        return (
+            "timed out: the kernel-track recording never started, so the config was kept "
+            "back (see the capture in `bpfdyno status` and the agent's log)"
+        )
     if state is ProcState.PENDING:
         return "timed out: the process never polled again to take its config"
     if state is ProcState.DELIVERED and tr.iteration_mode:

@@ -14,6 +14,9 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--seconds", type=float, default=120.0)
 parser.add_argument("--step-sleep", type=float, default=0.01)
 parser.add_argument("--cpu", type=int, default=-1, help="pin the process to this CPU")
+parser.add_argument(
+    "--busy-ms", type=float, default=0.0, help="also spin this much CPU time in each step"
+)
 args = parser.parse_args()
 if args.cpu >= 0:
     os.sched_setaffinity(0, {args.cpu})
@@ -27,6 +30,10 @@ while time.monotonic() < end:
     opt.zero_grad()
     model(x).sum().backward()
     opt.step()
+    if args.busy_ms > 0:
+        spin_until = time.thread_time() + args.busy_ms / 1000
+        while time.thread_time() < spin_until:
+            pass
     step += 1
     if step == 5:
         print(f"ready {os.getpid()}", flush=True)

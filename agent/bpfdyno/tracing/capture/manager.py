@@ -1,8 +1,8 @@
 """`CaptureManager`: records the kernel tracks of each traced process, from delivery to file.
 
-The tracker says when a process got its trace config (`begin`) and when its file is complete
-or its trace ended otherwise (`end`, `discard`). Between the two the manager records, for
-that process only, what its request asked for:
+The tracker says when a config is stored for a process (`begin`) and when its file is
+complete or its trace ended otherwise (`end`, `discard`). Between the two the manager
+records, for that process only, what its request asked for:
 
 * ``net`` and ``sched`` through `KernelCapture` (bpf/capture.bpf.c),
 * ``nccl`` through `NcclCapture` (bpf/nccl.bpf.c on its libnccl),
@@ -12,7 +12,11 @@ All BPF work happens on one thread of its own ("trace-capture"): it loads both p
 the manager starts (so the first trace does not wait for a compile), attaches them when the
 first traced process needs them, drains their ring buffers every `DRAIN_INTERVAL_S` while
 anything is traced, and detaches them when the last traced process leaves. Callers on the
-event loop never block: `begin` and `discard` only queue a command, `end` returns a future.
+event loop never block: `discard` only queues a command, `begin` and `end` return futures.
+The future of `begin` is done once the recording is in place (maps filled, probes attached:
+attaching uprobes to a large libnccl takes tens of milliseconds, more with a cold page
+cache or a capture thread busy detaching another trace's probes); the tracker hands the
+process its config only then, so the trace's window never starts before its recording.
 
 Bounded: each traced process keeps at most ``[capture] max_events_per_process`` records;
 beyond it the oldest go first (the trace window is at the end of the capture, since the file
@@ -107,17 +111,13 @@ class _Active:
 class _Begin:
     key: CaptureKey
     request: KernelTrackRequest
+    future: Future[None]
 
 
 @dataclass(frozen=True, slots=True)
 class _End:
     key: CaptureKey
     future: Future[ProcessCapture] | None  # None: discard
-
-
-@dataclass(frozen=True, slots=True)
-class _Sync:
-    future: Future[None]
 
 
 _STOP = object()
@@ -192,10 +192,20 @@ class CaptureManager:
 
     # -- commands (any thread) ----------------------------------------------------------
 
-    def begin(self, key: CaptureKey, request: KernelTrackRequest) -> None:
-        """Start recording ``request``'s tracks of ``key.pid`` (queued; returns at once)."""
-        if request.enabled:
-            self._queue.put(_Begin(key, request))
+    def begin(self, key: CaptureKey, request: KernelTrackRequest) -> Future[None]:
+        """Start recording ``request``'s tracks of ``key.pid`` (queued; returns at once).
+
+        Returns:
+            A future done once the recording is in place — or once it is known that it
+            cannot be (the reasons are in the capture's notes): either way the process's
+            trace may start then.
+        """
+        fut: Future[None] = Future()
+        if request.enabled and self._thread is not None:
+            self._queue.put(_Begin(key, request, fut))
+        else:  # nothing to record, or nobody to record it (stopped: the daemon is exiting)
+            fut.set_result(None)
+        return fut
 
     def end(self, key: CaptureKey) -> Future[ProcessCapture]:
         """Stop recording ``key`` and hand over what was recorded (in the future)."""
@@ -206,12 +216,6 @@ class CaptureManager:
     def discard(self, key: CaptureKey) -> None:
         """Stop recording ``key`` and forget it (its trace failed or timed out)."""
         self._queue.put(_End(key, None))
-
-    def sync(self) -> Future[None]:
-        """A future done once every command queued before it was carried out."""
-        fut: Future[None] = Future()
-        self._queue.put(_Sync(fut))
-        return fut
 
     def status(self) -> PartStatus:
         """The capture's state for ``status`` and ``doctor``."""
@@ -290,6 +294,19 @@ class CaptureManager:
                 self._finish(active, None)
             self.kernel.close()
             self.nccl.close()
+            self._answer_leftovers()
+
+    def _answer_leftovers(self) -> None:
+        """Complete the futures of commands queued after the stop: nobody waits forever."""
+        while True:
+            try:
+                cmd = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(cmd, _Begin):
+                cmd.future.set_result(None)
+            elif isinstance(cmd, _End) and cmd.future is not None:
+                cmd.future.set_exception(RuntimeError("the capture stopped"))
 
     def _load(self) -> None:
         if not self.settings.enabled:
@@ -312,7 +329,10 @@ class CaptureManager:
 
     def _handle(self, cmd: object) -> None:
         if isinstance(cmd, _Begin):
-            self._begin(cmd.key, cmd.request)
+            try:
+                self._begin(cmd.key, cmd.request)
+            finally:  # its trace may start: with what could be put in place
+                cmd.future.set_result(None)
         elif isinstance(cmd, _End):
             active = self._active.get(cmd.key.pid)
             if active is None or active.key != cmd.key:
@@ -327,8 +347,6 @@ class CaptureManager:
                 if cmd.future is not None and not cmd.future.done():
                     cmd.future.set_exception(e)
                 raise
-        elif isinstance(cmd, _Sync):
-            cmd.future.set_result(None)
 
     def _begin(self, key: CaptureKey, request: KernelTrackRequest) -> None:
         old = self._active.get(key.pid)

@@ -9,6 +9,14 @@ are attached (a few microseconds per call, see docs/performance.md), and only th
 are recorded (``bpfdyno_nctgids``). They are attached when the first traced process using
 that file is added and removed with the last one.
 
+Removing them is slow: the kernel unregisters each uprobe under a lock with an RCU grace
+period in it, about 110 ms each — 2.9 s for the 26 probes on one library (measured, and no
+faster closed in parallel). That happens on a thread of its own ("nccl-detach"), so the
+capture thread keeps draining the other traces' ring buffers and hands this trace's records
+over at once. The tgid is out of the map before, so nothing more is recorded for it; a
+library whose probes are still being removed is re-probed only once they are gone (two sets
+at once would record every call twice).
+
 A process that loads NCCL only after its trace started is looked for again by `rescan`.
 
 Not thread-safe: one thread (the capture manager's) makes every call.
@@ -20,6 +28,7 @@ import importlib.resources
 import logging
 import os
 from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -114,11 +123,23 @@ def find_libnccl(pid: int, proc_root: Path = Path("/proc")) -> str | None:
 
 @dataclass(slots=True)
 class _Library:
-    """One libnccl file with our probes on it."""
+    """One libnccl file with our probes on it.
 
-    path: str  # as passed to bcc (through /proc/PID/root)
+    The file is held open and named to bcc as ``/proc/self/fd/N``: bcc looks the symbols up
+    again to detach, and the process that led to the file (through ``/proc/PID/root``) is
+    often gone by then — with its path, detaching would fail and the probes stay forever.
+    """
+
+    name: str  # the path as the process that mapped it sees it
+    fd: int
+
     attached: list[str] = field(default_factory=list)
     tgids: set[int] = field(default_factory=set)
+
+    @property
+    def path(self) -> str:
+        """The file for bcc, valid while we hold it open."""
+        return f"/proc/self/fd/{self.fd}"
 
 
 class NcclCapture:
@@ -145,6 +166,8 @@ class NcclCapture:
         self._libs: dict[tuple[int, int], _Library] = {}
         self._lib_of: dict[int, tuple[int, int]] = {}  # tgid -> its library
         self._pending: dict[int, str] = {}  # traced, no library yet: tgid -> why
+        self._detacher: ThreadPoolExecutor | None = None
+        self._detaching: dict[tuple[int, int], Future[None]] = {}  # library -> its removal
         #: Functions missing from a library: path -> names.
         self.missing: dict[str, list[str]] = {}
 
@@ -170,6 +193,7 @@ class NcclCapture:
             program.close()
             raise
         self._program = program
+        self._detacher = ThreadPoolExecutor(1, thread_name_prefix="nccl-detach")
 
     @property
     def loaded(self) -> bool:
@@ -177,10 +201,16 @@ class NcclCapture:
 
     def close(self) -> None:
         """Detach and unload (idempotent)."""
+        self.wait_detached()
+        if self._detacher is not None:
+            self._detacher.shutdown(wait=True)
+            self._detacher = None
         if self._program is not None:
-            self._program.close()
+            self._program.close()  # detaches what is still attached
             self._program = None
         self._ring = None
+        for lib in self._libs.values():
+            os.close(lib.fd)
         self._libs.clear()
         self._lib_of.clear()
         self._pending.clear()
@@ -235,9 +265,15 @@ class NcclCapture:
             lib = self._libs[lib_key]
             lib.tgids.discard(tgid)
             if not lib.tgids:
-                self._detach(lib)
                 del self._libs[lib_key]
+                assert self._detacher is not None  # loaded
+                self._detaching[lib_key] = self._detacher.submit(self._detach, lib)
         return stats
+
+    def wait_detached(self) -> None:
+        """Wait until every library's probes being removed are gone."""
+        for key in list(self._detaching):
+            self._detaching.pop(key).result()
 
     def drain(self) -> dict[int, list[NcclCall]]:
         """Consume the ring buffer now; calls by tgid."""
@@ -249,8 +285,9 @@ class NcclCapture:
         return out
 
     def probed_libraries(self) -> dict[str, int]:
-        """Probed library path -> traced processes using it."""
-        return {lib.path: len(lib.tgids) for lib in self._libs.values()}
+        """Probed library (its path in the first process that mapped it) -> traced processes
+        using it."""
+        return {lib.name: len(lib.tgids) for lib in self._libs.values()}
 
     def program_fds(self) -> dict[str, int]:
         """Loaded function -> fd (for BPF run statistics)."""
@@ -273,17 +310,23 @@ class NcclCapture:
                 f"process {tgid} maps no libnccl (it uses no NCCL, or loads it later, or links "
                 "it statically)"
             )
-        path = str(self._proc_root / str(tgid) / "root") + mapped
         try:
-            st = os.stat(path)
+            fd = os.open(str(self._proc_root / str(tgid) / "root") + mapped, os.O_RDONLY)
         except OSError as e:
             return f"cannot open {mapped} of process {tgid} ({e.strerror})"
+        st = os.fstat(fd)
         key = (st.st_dev, st.st_ino)
         lib = self._libs.get(key)
-        if lib is None:
-            lib = _Library(path)
+        if lib is not None:
+            os.close(fd)  # probed already
+        else:
+            removal = self._detaching.pop(key, None)
+            if removal is not None:
+                removal.result()
+            lib = _Library(mapped, fd)
             reason = self._attach(lib)
             if reason:
+                os.close(fd)
                 return reason
             self._libs[key] = lib
         lib.tgids.add(tgid)
@@ -303,25 +346,27 @@ class NcclCapture:
                 program.attach_uprobe(lib.path, name, fn + "_r", retprobe=True)
             except BpfLoadError as e:
                 program.detach_uprobe(lib.path, name)
-                log.warning("capture: no return probe on %s:%s: %s", lib.path, name, e)
+                log.warning("capture: no return probe on %s:%s: %s", lib.name, name, e)
                 missing.append(name)
                 continue
             lib.attached.append(name)
         if missing:
-            self.missing[lib.path] = missing
+            self.missing[lib.name] = missing
         if not lib.attached:
-            return f"{lib.path} exports none of the NCCL functions probed (is it libnccl?)"
+            return f"{lib.name} exports none of the NCCL functions probed (is it libnccl?)"
         return ""
 
     def _detach(self, lib: _Library) -> None:
+        """Remove ``lib``'s probes (on the detach thread; bcc's books are plain dicts)."""
         program = self._require()
         for name in lib.attached:
             for retprobe in (False, True):
                 try:
                     program.detach_uprobe(lib.path, name, retprobe=retprobe)
-                except BpfLoadError as e:
+                except Exception as e:  # the others still go
                     log.warning("capture: %s", e)
         lib.attached.clear()
+        os.close(lib.fd)
 
     def _decode(self, e: Any) -> tuple[int, NcclCall]:
         fn = int(e.fn)
