@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -282,6 +283,52 @@ def test_the_per_process_cap_keeps_the_newest(server: int) -> None:
     assert (len(cap.records), cap.dropped_over_cap, cap.cap) == (100, 400, 100)
     kept = sorted(r.bytes for r in cap.records if isinstance(r, NetBurst) and r.calls == 1)
     assert kept == list(range(401, 501))  # the newest 100 calls
+
+
+SLEEPERS = r"""
+import sys, threading, time
+
+def sleeper():
+    while True:
+        time.sleep(0.002)
+
+for _ in range(8):
+    threading.Thread(target=sleeper, daemon=True).start()
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_full_map_is_said_in_the_trace_and_in_the_status() -> None:
+    """Room for one traced thread and eight threads sleeping on and off: their off-CPU time
+    cannot all be followed. The trace's sched note says how often, and the status counts
+    the same."""
+    m = manager_with(("capture.max_threads", "1"))
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLEEPERS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        sched = KernelTrackRequest(frozenset({Track.SCHED}), 0.0)
+        cap = record(m, child.pid, sched, lambda: time.sleep(0.5))
+        status = m.status()
+    finally:
+        child.kill()
+        child.wait()
+        m.stop()
+    found = re.fullmatch(
+        r"(\d+) thread\(s\) of traced processes could not be followed \(more than \[capture\] "
+        r"max_threads at once\): their off-CPU time is missing",
+        cap.stats[Track.SCHED].note,
+    )
+    assert found, cap.stats[Track.SCHED].note
+    n = int(found.group(1))
+    assert n > 0
+    assert status.state is PartState.OK
+    assert (
+        f"maps full since loading: traced threads ([capture] max_threads) {n} times"
+        in status.reason
+    )
 
 
 NCCL_LATE = r"""

@@ -400,17 +400,34 @@ async def test_nccl_calls_with_their_exact_arguments(capture_harness: Harness) -
             "recvbuff": "0x8000",
         },
     }
-    # Each step's calls once: STEPS of them, or one more when the profiler stopped (a moment
-    # after the last step) only after the next step's calls had begun.
-    rounds = len(by_name["ncclAllReduce"])
+    # Every call of every step in the window, in the trainer's order from the first call on:
+    # the recording is in place before the trainer gets its config, so the first step in the
+    # window is whole. STEPS steps, and the calls of the next one made before the profiler
+    # stopped (a moment after the last step): only the last step may be cut short.
+    order = [  # as nccl_calls.py makes them
+        "ncclGroupStart",
+        "ncclSend",
+        "ncclRecv",
+        "ncclGroupEnd",
+        "ncclAllReduce",
+        "ncclBroadcast",
+        "ncclReduce",
+    ]
+    assert sorted(order) == sorted(expected)
+    seq = [e["name"] for e in sorted(calls, key=lambda e: e["ts"])]
+    rounds, rest = divmod(len(seq), len(order))
     assert rounds in (STEPS, STEPS + 1)
-    assert {name: len(v) for name, v in by_name.items()} == {name: rounds for name in expected}
+    assert seq == (order * (rounds + 1))[: len(seq)]
     for name, args_list in by_name.items():
         assert all(a == expected[name] for a in args_list), (name, args_list[0])
-    groups = [e for e in of_cat(evs, "bpfdyno.nccl") if e["name"] == "ncclGroup"]
-    assert len(groups) == rounds
+    groups = sorted(
+        (e for e in of_cat(evs, "bpfdyno.nccl") if e["name"] == "ncclGroup"),
+        key=lambda e: e["ts"],
+    )
+    # A cut step's group is there too: its ncclGroupEnd came after the window, still recorded.
+    assert len(groups) == rounds + (rest > 0)
     # The send and receive sit inside their group, on the same row.
-    for g in groups:
+    for g in groups[:rounds]:
         inner = [
             e
             for e in calls

@@ -339,9 +339,10 @@ class KernelCapture:
         """Loaded function -> kernel program id (what ``bpftool`` shows)."""
         return self._require().program_ids()
 
-    def counter(self, name: str) -> int:
-        """A host-wide ``enum cap_counter`` value (e.g. ``CAP_C_NET_LOST``)."""
-        return percpu_sums(self._require().table(_TOTALS))[self._counters[name]]
+    def counters(self) -> dict[str, int]:
+        """The host-wide ``enum cap_counter`` values by name (e.g. ``CAP_C_THREAD_FULL``)."""
+        sums = percpu_sums(self._require().table(_TOTALS))
+        return {name: sums[slot] for name, slot in self._counters.items() if name != "CAP_C_MAX"}
 
     # -- reading ----------------------------------------------------------------------------
 

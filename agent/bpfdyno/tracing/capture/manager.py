@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from bpfdyno.core.config import CaptureSection
 from bpfdyno.core.events import MonotonicClock
@@ -105,6 +106,7 @@ class _Active:
     notes: dict[Track, str] = field(default_factory=dict)
     dropped: int = 0
     distributed: dict[str, int] | None = None
+    counters_at_begin: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +123,41 @@ class _End:
 
 
 _STOP = object()
+
+
+class MapFull(NamedTuple):
+    """What a host-wide "this BPF map was full" counter costs a trace recorded meanwhile."""
+
+    track: Track
+    what: str  # what did not fit, for `status`
+    note: str  # for the trace ({n}: how many times while it was recorded)
+
+
+MAP_FULL = {
+    "CAP_C_THREAD_FULL": MapFull(
+        Track.SCHED,
+        "traced threads ([capture] max_threads)",
+        "{n} thread(s) of traced processes could not be followed (more than [capture] "
+        "max_threads at once): their off-CPU time is missing",
+    ),
+    "CAP_C_SOCK_FULL": MapFull(
+        Track.NET,
+        "sockets ([capture] max_sockets)",
+        "{n} socket(s) could not be remembered (more than [capture] max_sockets): their "
+        "retransmits and drops are missing",
+    ),
+    "CAP_C_BURST_FULL": MapFull(
+        Track.NET,
+        "open bursts ([capture] max_sockets)",
+        "{n} socket call(s) were written one by one, not coalesced (more than [capture] "
+        "max_sockets bursts open)",
+    ),
+    "NCCL_C_INFLIGHT_FULL": MapFull(
+        Track.NCCL,
+        "NCCL calls in progress ([capture] max_threads)",
+        "{n} NCCL call(s) were missed (more than [capture] max_threads calls in progress)",
+    ),
+}
 
 
 class CaptureManager:
@@ -166,6 +203,8 @@ class CaptureManager:
         self.captures = 0
         self.records_kept = 0
         self.records_dropped = 0
+        #: `MAP_FULL` counters since the programs were loaded (updated as parts end).
+        self.map_full: dict[str, int] = {}
 
     # -- lifecycle (event loop) -----------------------------------------------------------
 
@@ -231,6 +270,11 @@ class CaptureManager:
             f"{active} process(es) being recorded; {self.captures} captured, "
             f"{self.records_kept} records kept, {self.records_dropped} dropped over the cap"
         )
+        full = [f"{MAP_FULL[name].what} {n} times" for name, n in self.map_full.items() if n]
+        if full:
+            summary += f"; maps full since loading: {', '.join(full)} (see the traces' notes)"
+        for lib, functions in sorted(dict(self.nccl.missing).items()):
+            summary += f"; {lib} has no {', '.join(functions)} (not recorded)"
         if len(missing) == len(Track):
             why = "; ".join(f"{t.value}: {r}" for t, r in missing.items())
             return PartStatus(self.name, PartState.UNAVAILABLE, f"no kernel track works: {why}")
@@ -361,6 +405,7 @@ class CaptureManager:
             offset_begin_ns=clock.offset_ns,
             records=deque(maxlen=self.settings.max_events_per_process),
             distributed=distributed_info(key.pid, self._proc_root),
+            counters_at_begin=self._map_full_counters(),  # before anything is attached
         )
         self._active[key.pid] = active
         kernel_tracks = frozenset(t for t in request.tracks if t in (Track.NET, Track.SCHED))
@@ -388,6 +433,26 @@ class CaptureManager:
             key.pid,
             key.trace_id,
         )
+
+    def _map_full_notes(self, active: _Active) -> dict[Track, list[str]]:
+        """What the maps being full while ``active`` was recorded cost its tracks."""
+        full = self._map_full_counters()
+        self.map_full = full
+        notes: dict[Track, list[str]] = {}
+        for name, total in full.items():
+            entry = MAP_FULL[name]
+            n = total - active.counters_at_begin.get(name, 0)
+            if n > 0:
+                notes.setdefault(entry.track, []).append(entry.note.format(n=n))
+        return notes
+
+    def _map_full_counters(self) -> dict[str, int]:
+        """The `MAP_FULL` counters of the loaded programs (host-wide, since loading)."""
+        out: dict[str, int] = {}
+        for part in (self.kernel, self.nccl):
+            if part.loaded:
+                out.update((k, v) for k, v in part.counters().items() if k in MAP_FULL)
+        return out
 
     def _drain(self) -> None:
         batches: list[Iterable[tuple[int, list[KernelRecord]]]] = []
@@ -426,6 +491,7 @@ class CaptureManager:
             if removed is not None:
                 # The bursts still open in the map are each socket's newest: they go last.
                 self._keep(active, removed.records)
+            full_notes = self._map_full_notes(active)
         finally:
             del self._active[pid]
         if Track.GPU in tracks:
@@ -436,6 +502,7 @@ class CaptureManager:
             st = stats.setdefault(track, TrackStats())
             if track in active.notes and not st.note:
                 st.note = active.notes[track]
+            st.note = "; ".join(n for n in (st.note, *full_notes.get(track, ())) if n)
         if future is None:
             return
         end_clock = MonotonicClock()

@@ -36,6 +36,7 @@ from typing import Any
 
 from bpfdyno.core.config import CaptureSection
 from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.ebpf.maps import percpu_sums
 from bpfdyno.ebpf.program import BpfProgram, RingBuffer
 from bpfdyno.sources.net.decode import header_enum
 from bpfdyno.tracing.capture.records import NcclCall, TrackStats
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 SOURCE = "nccl.bpf.c"
 _TGIDS = "bpfdyno_nctgids"
 _RING = "bpfdyno_ncevent"
+_TOTALS = "bpfdyno_nctotal"
 
 #: (NCCL function, ``enum nccl_fn`` member, BPF entry function; the return one adds "_r").
 NCCL_FUNCTIONS = (
@@ -95,12 +97,21 @@ RESULTS = {
 }
 
 
+def _header() -> str:
+    return (importlib.resources.files("bpfdyno.bpf") / "nccl.h").read_text(encoding="utf-8")
+
+
 @cache
 def function_names() -> dict[int, str]:
     """``enum nccl_fn`` number -> NCCL function name, from ``nccl.h``."""
-    text = (importlib.resources.files("bpfdyno.bpf") / "nccl.h").read_text(encoding="utf-8")
-    numbers = header_enum(text, "nccl_fn")
+    numbers = header_enum(_header(), "nccl_fn")
     return {numbers[member]: name for name, member, _ in NCCL_FUNCTIONS}
+
+
+@cache
+def counter_slots() -> dict[str, int]:
+    """``enum nccl_counter`` name -> its slot in ``bpfdyno_nctotal``, from ``nccl.h``."""
+    return {k: v for k, v in header_enum(_header(), "nccl_counter").items() if k != "NCCL_C_MAX"}
 
 
 def find_libnccl(pid: int, proc_root: Path = Path("/proc")) -> str | None:
@@ -283,6 +294,11 @@ class NcclCapture:
         for tgid, call in self._ring.drain():
             out[tgid].append(call)
         return out
+
+    def counters(self) -> dict[str, int]:
+        """The host-wide ``enum nccl_counter`` values by name (e.g. ``NCCL_C_INFLIGHT_FULL``)."""
+        sums = percpu_sums(self._require().table(_TOTALS))
+        return {name: sums[slot] for name, slot in counter_slots().items()}
 
     def probed_libraries(self) -> dict[str, int]:
         """Probed library (its path in the first process that mapped it) -> traced processes
