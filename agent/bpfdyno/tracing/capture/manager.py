@@ -1,4 +1,4 @@
-"""`CaptureManager`: records the kernel tracks of each traced process, from delivery to file.
+"""`CaptureManager`: records the kernel tracks of each traced process, from request to file.
 
 The tracker says when a config is stored for a process (`begin`) and when its file is
 complete or its trace ended otherwise (`end`, `discard`). Between the two the manager

@@ -31,8 +31,8 @@ class KernelTrackRequest:
 
     Attributes:
         tracks: the tracks to record and merge (empty: none, the file stays Kineto's).
-        pre_window_s: rare network events from this many seconds before the process got its
-            config are added from the flight recorder.
+        pre_window_s: rare network events from this many seconds before the trace was
+            requested are added from the flight recorder.
     """
 
     tracks: frozenset[Track] = frozenset()
@@ -209,7 +209,7 @@ class TrackStats:
 
 @dataclass(slots=True)
 class ProcessCapture:
-    """Everything recorded for one traced process, from delivery to its file.
+    """Everything recorded for one traced process, from its trace request to its file.
 
     Attributes:
         pid: the traced process.
