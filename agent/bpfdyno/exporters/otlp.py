@@ -32,7 +32,6 @@ import re
 import socket
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -135,33 +134,23 @@ def metrics_data(
     view: ExportView, resource: Resource, start_ns: int, catalog: Catalog = CATALOG
 ) -> MetricsData:
     """One export in the SDK's data model (which its OTLP exporters encode)."""
-    by_name: dict[str, list[Sample]] = defaultdict(list)
-    for s in view.samples:
-        by_name[s.spec.name].append(s)
-    hists: dict[str, list[HistogramSample]] = defaultdict(list)
-    for h in view.histograms:
-        hists[h.spec.name].append(h)
     now_ns = int(view.ts * 1e9)
     metrics: list[Metric] = []
-    for spec in catalog:
+    for spec, samples, histograms in view.by_metric(catalog):
         data: Any
         if spec.kind is MetricKind.HISTOGRAM:
-            if spec.name not in hists:
-                continue
             data = Histogram(
-                data_points=[_histogram_point(h, start_ns, now_ns) for h in hists[spec.name]],
+                data_points=[_histogram_point(h, start_ns, now_ns) for h in histograms],
                 aggregation_temporality=AggregationTemporality.CUMULATIVE,
             )
-        elif spec.name not in by_name:
-            continue
         elif spec.kind is MetricKind.COUNTER:
             data = Sum(
-                data_points=[_number_point(s, start_ns, now_ns) for s in by_name[spec.name]],
+                data_points=[_number_point(s, start_ns, now_ns) for s in samples],
                 aggregation_temporality=AggregationTemporality.CUMULATIVE,
                 is_monotonic=True,
             )
         else:
-            data = Gauge(data_points=[_number_point(s, 0, now_ns) for s in by_name[spec.name]])
+            data = Gauge(data_points=[_number_point(s, 0, now_ns) for s in samples])
         metrics.append(Metric(spec.name, spec.help, ucum_unit(spec.unit), data))
     scope = ScopeMetrics(scope=SCOPE, metrics=metrics, schema_url="")
     return MetricsData(

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -64,25 +63,13 @@ def help_text(spec: MetricSpec) -> str:
 
 
 def families(view: ExportView, catalog: Catalog = CATALOG) -> list[Metric]:
-    """The Prometheus metric families of one export, in catalog order.
-
-    Samples of metrics that are not in ``catalog`` are left out (they cannot be typed);
-    a test keeps every emitted metric declared.
-    """
-    by_name: dict[str, list[Sample]] = defaultdict(list)
-    for s in view.samples:
-        by_name[s.spec.name].append(s)
-    hists: dict[str, list[HistogramSample]] = defaultdict(list)
-    for h in view.histograms:
-        hists[h.spec.name].append(h)
-    out: list[Metric] = []
-    for spec in catalog:
-        if spec.kind is MetricKind.HISTOGRAM:
-            if spec.name in hists:
-                out.append(_histogram_family(spec, hists[spec.name]))
-        elif spec.name in by_name:
-            out.append(_scalar_family(spec, by_name[spec.name]))
-    return out
+    """The Prometheus metric families of one export, in catalog order."""
+    return [
+        _histogram_family(m.spec, m.histograms)
+        if m.spec.kind is MetricKind.HISTOGRAM
+        else _scalar_family(m.spec, m.samples)
+        for m in view.by_metric(catalog)
+    ]
 
 
 def _unit(spec: MetricSpec) -> str:

@@ -11,10 +11,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from bpfdyno.core.metrics import HistogramSample, Round, Sample, SeriesKey
+from bpfdyno.core.catalog import Catalog
+from bpfdyno.core.metrics import (
+    HistogramSample,
+    MetricKind,
+    MetricSpec,
+    Round,
+    Sample,
+    SeriesKey,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +44,33 @@ class ExportView:
     ts: float
     samples: tuple[Sample, ...]
     histograms: tuple[HistogramSample, ...]
+
+    def by_metric(self, catalog: Catalog) -> Iterator[MetricSeries]:
+        """The metrics of ``catalog`` this export has series of, in catalog order.
+
+        Samples of metrics that are not in ``catalog`` are left out (they cannot be typed);
+        a test keeps every emitted metric declared.
+        """
+        samples: dict[str, list[Sample]] = defaultdict(list)
+        for s in self.samples:
+            samples[s.spec.name].append(s)
+        histograms: dict[str, list[HistogramSample]] = defaultdict(list)
+        for h in self.histograms:
+            histograms[h.spec.name].append(h)
+        for spec in catalog:
+            if spec.kind is MetricKind.HISTOGRAM:
+                if spec.name in histograms:
+                    yield MetricSeries(spec, [], histograms[spec.name])
+            elif spec.name in samples:
+                yield MetricSeries(spec, samples[spec.name], [])
+
+
+class MetricSeries(NamedTuple):
+    """One metric's series in an export: samples, or histograms for a histogram metric."""
+
+    spec: MetricSpec
+    samples: list[Sample]
+    histograms: list[HistogramSample]
 
 
 class LatestRounds:
