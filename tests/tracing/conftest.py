@@ -51,9 +51,5 @@ def short_tmp() -> Iterator[Path]:
 @pytest.fixture
 async def harness(short_tmp: Path) -> AsyncIterator[Harness]:
     h = Harness(short_tmp)
-    await h.start()
-    try:
+    async with h:
         yield h
-    finally:
-        h.close()
-        await h.comp.stop()

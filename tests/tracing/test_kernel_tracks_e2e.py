@@ -35,12 +35,8 @@ SLEEP_TOLERANCE_MS = 5.0
 @pytest.fixture
 async def capture_harness(short_tmp: Path) -> AsyncIterator[Harness]:
     h = Harness(short_tmp, capture=True)
-    await h.start()
-    try:
+    async with h:
         yield h
-    finally:
-        h.close()
-        await h.comp.stop()
 
 
 @pytest.fixture
@@ -78,8 +74,7 @@ async def test_network_bytes_sleeps_and_the_pre_window_are_exact_and_aligned(
     short_tmp: Path, net_recorder: FlightRecorder
 ) -> None:
     h = Harness(short_tmp, capture=True, recorder=net_recorder)
-    await h.start()
-    try:
+    async with h:
         with echo_server(SEND, RECV) as server:
             trainer = h.spawn_script(
                 "net_sleep.py",
@@ -100,9 +95,6 @@ async def test_network_bytes_sleeps_and_the_pre_window_are_exact_and_aligned(
                 )
             )
             view = await h.wait_done(res.trace_id, timeout=90)
-    finally:
-        h.close()
-        await h.comp.stop()
     [p] = view.processes
     assert p.state is ProcState.WRITTEN, p.reason
     k = p.kernel_tracks
@@ -515,35 +507,33 @@ async def test_a_merge_that_finds_no_space_leaves_kineto_s_file(short_tmp: Path)
         ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(h.trace_dir)],
         check=True,
     )
-    await h.start()
     try:
-        trainer = h.spawn_script("linear.py")
-        [pid] = await trainer.wait_ready()
-        await h.wait_trainers(lambda ts: [t.pid for t in ts] == [pid])
+        async with h:
+            trainer = h.spawn_script("linear.py")
+            [pid] = await trainer.wait_ready()
+            await h.wait_trainers(lambda ts: [t.pid for t in ts] == [pid])
 
-        async def trace(name: str, tracks: tuple[str, ...]) -> ProcessTrace:
-            req = TraceRequest(
-                options=TraceOptions(log_file=str(h.trace_dir / name), iterations=STEPS),
-                kernel_tracks=tracks,
-            )
-            async with asyncio.timeout(30):  # free again a poll after its last trace
-                while not (res := h.service.start_trace(req)).triggered:
-                    await asyncio.sleep(0.5)
-            view = await h.wait_done(res.trace_id, timeout=90)
-            return view.processes[0]
+            async def trace(name: str, tracks: tuple[str, ...]) -> ProcessTrace:
+                req = TraceRequest(
+                    options=TraceOptions(log_file=str(h.trace_dir / name), iterations=STEPS),
+                    kernel_tracks=tracks,
+                )
+                async with asyncio.timeout(30):  # free again a poll after its last trace
+                    while not (res := h.service.start_trace(req)).triggered:
+                        await asyncio.sleep(0.5)
+                view = await h.wait_done(res.trace_id, timeout=90)
+                return view.processes[0]
 
-        first = await trace("a.json", ())  # Kineto's size for this trainer and step count
-        assert first.state is ProcState.WRITTEN
-        assert first.kernel_tracks.state is KernelTrackState.OFF
-        st = os.statvfs(h.trace_dir)
-        free = st.f_bavail * st.f_frsize
-        room = int(first.size_bytes * 1.5)
-        with open(h.trace_dir / "filler", "wb") as f:
-            f.write(b"\0" * (free - room))
-        p = await trace("b.json", ("net", "sched"))
+            first = await trace("a.json", ())  # Kineto's size for this trainer and step count
+            assert first.state is ProcState.WRITTEN
+            assert first.kernel_tracks.state is KernelTrackState.OFF
+            st = os.statvfs(h.trace_dir)
+            free = st.f_bavail * st.f_frsize
+            room = int(first.size_bytes * 1.5)
+            with open(h.trace_dir / "filler", "wb") as f:
+                f.write(b"\0" * (free - room))
+            p = await trace("b.json", ("net", "sched"))
     finally:
-        h.close()
-        await h.comp.stop()
         listing = sorted(os.listdir(h.trace_dir))
         subprocess.run(["umount", "-l", str(h.trace_dir)], check=False)
     assert p.state is ProcState.WRITTEN

@@ -39,8 +39,7 @@ def kineto_trace(torch_ready: str) -> Iterator[bytes]:
 
     async def trace() -> bytes:
         h = Harness(base)
-        await h.start()
-        try:
+        async with h:
             trainer = h.spawn_script("linear.py")
             [pid] = await trainer.wait_ready()
             await h.wait_trainers(lambda ts: [t.pid for t in ts] == [pid])
@@ -51,9 +50,6 @@ def kineto_trace(torch_ready: str) -> Iterator[bytes]:
             [p] = view.processes
             assert p.state is ProcState.WRITTEN
             return Path(p.output_path).read_bytes()
-        finally:
-            h.close()
-            await h.comp.stop()
 
     try:
         yield asyncio.run(trace())

@@ -169,6 +169,15 @@ class Harness:
         if self.comp.capture is not None:
             assert await asyncio.to_thread(self.comp.capture.wait_loaded, 120)
 
+    async def __aenter__(self) -> Harness:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Kill the trainers and stop the component."""
+        self.close()
+        await self.comp.stop()
+
     @property
     def service(self) -> TracingService:
         return self.comp.service
