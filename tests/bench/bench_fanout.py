@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 from doc_blocks import write_results
-from loopback_agents import free_port, make_pki
+from loopback_agents import agent_processes, free_port, make_pki, serve_agents
 
 SECTION = "## Job-wide trace fan-out"
 TOKEN = "bench-fanout-token"
@@ -64,43 +64,23 @@ def address(i: int) -> str:
 
 def serve(first: int, count: int, port: int, pki: Path, trace_dir: Path, rounds: int) -> None:
     """Serve agents ``first .. first + count - 1`` until SIGTERM; print "ready" once bound."""
-    import grpc
-
     from bpfdyno.app.daemon import Daemon
     from bpfdyno.core.config import load
-    from bpfdyno.rpc.v1 import agent_pb2_grpc, tracing_pb2_grpc
-    from bpfdyno.server.agent import AgentServicer
-    from bpfdyno.server.auth import TokenInterceptor
-    from bpfdyno.server.tracing import TracingServicer
     from bpfdyno.services.agent import AgentService
     from bpfdyno.services.tracing import TracingService
     from bpfdyno.tracing.ipc.wire import KinetoRequest
     from bpfdyno.tracing.trainers import TrainerRegistry
 
     async def main() -> None:
-        creds = grpc.ssl_server_credentials(
-            [((pki / "server.key").read_bytes(), (pki / "server.pem").read_bytes())]
-        )
         cfg = load(None, [])
-        servers = []
+        agents = []
         for i in range(first, first + count):
             tracing = TracingService([str(trace_dir)], 60.0, TrainerRegistry(64, 3600.0))
             for r in range(1, rounds + 1):  # one "rank" per round's job id
                 pid = 10_000 + r
                 tracing.on_request(f"\0bench-{i}-{r}\0".encode(), KinetoRequest(3, r, (pid,)))
-            server = grpc.aio.server(interceptors=[TokenInterceptor(TOKEN.encode())])
-            agent_pb2_grpc.add_AgentServicer_to_server(
-                AgentServicer(AgentService(Daemon(cfg, []))), server
-            )
-            tracing_pb2_grpc.add_TracingServicer_to_server(TracingServicer(tracing), server)
-            server.add_secure_port(f"{address(i)}:{port}", creds)
-            await server.start()
-            servers.append(server)
-        print("ready", flush=True)
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await stop.wait()
-        await asyncio.gather(*(s.stop(0) for s in servers))
+            agents.append((address(i), AgentService(Daemon(cfg, [])), tracing))
+        await serve_agents(agents, port, pki, TOKEN)
 
     asyncio.run(main())
 
@@ -131,9 +111,20 @@ def cli_round(hosts_file: Path, job: int, log_file: str, env: dict[str, str]) ->
     """The whole ``gputrace --hosts-file`` command."""
     t0 = time.monotonic()
     r = cli(
-        "gputrace", "--hosts-file", str(hosts_file), "--job-id", str(job), "--log-file",
-        log_file, "--json", "--concurrency", "256", "--host-timeout", "10", env=env,
-    )  # fmt: skip
+        "gputrace",
+        "--hosts-file",
+        str(hosts_file),
+        "--job-id",
+        str(job),
+        "--log-file",
+        log_file,
+        "--json",
+        "--concurrency",
+        "256",
+        "--host-timeout",
+        "10",
+        env=env,
+    )
     took = time.monotonic() - t0
     ok = r.returncode == 0 and all(h["files"] for h in json.loads(r.stdout)["hosts"])
     if not ok:
@@ -178,22 +169,28 @@ def main() -> int:
     # Every round's three parts use their own job id (a fresh "rank" on every agent).
     jobs_needed = 3 * rounds
     tmp = Path(tempfile.mkdtemp(prefix="bench-fanout-"))
-    procs: list[subprocess.Popen[str]] = []
+    servers = contextlib.ExitStack()
     try:
         make_pki(tmp, [address(i) for i in range(agents)], TOKEN)
         trace_dir = tmp / "traces"
         trace_dir.mkdir()
         port = free_port([address(i) for i in range(agents)])
         per = -(-agents // args.processes)
-        for first in range(0, agents, per):
-            count = min(per, agents - first)
-            argv = [sys.executable, __file__, "--serve", str(first), str(count), str(port)]
-            argv += [str(tmp), str(trace_dir), str(jobs_needed)]
-            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True))
-        for proc in procs:
-            assert proc.stdout is not None
-            if proc.stdout.readline().strip() != "ready":
-                raise SystemExit("an agent process did not start")
+        argvs = [
+            [
+                sys.executable,
+                __file__,
+                "--serve",
+                str(first),
+                str(min(per, agents - first)),
+                str(port),
+                str(tmp),
+                str(trace_dir),
+                str(jobs_needed),
+            ]
+            for first in range(0, agents, per)
+        ]
+        servers.enter_context(agent_processes(argvs))
         targets = [f"{address(i)}:{port}" for i in range(agents)]
         hosts_file = tmp / "hosts"
         hosts_file.write_text("\n".join(targets) + "\n")
@@ -203,7 +200,7 @@ def main() -> int:
             BPFDYNO_TLS_CA=env["BPFDYNO_TLS_CA"], BPFDYNO_TOKEN_FILE=env["BPFDYNO_TOKEN_FILE"]
         )
         load = os.getloadavg()[0]
-        print(f"{agents} agents in {len(procs)} processes, {rounds} rounds; load {load:.2f}")
+        print(f"{agents} agents in {len(argvs)} processes, {rounds} rounds; load {load:.2f}")
         times: dict[str, list[float]] = {"library": [], "cli": [], "sequential": []}
         all_ok = True
         job = 0
@@ -230,13 +227,7 @@ def main() -> int:
             write_results(args.write_doc, SECTION, "bench_fanout", results)
         return 0 if all_ok else 1
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        servers.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

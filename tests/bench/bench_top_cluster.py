@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import fcntl
 import os
 import pty
@@ -33,7 +34,6 @@ import shutil
 import signal
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import termios
@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from doc_blocks import write_results
-from loopback_agents import free_port, make_pki
+from loopback_agents import agent_processes, free_port, make_pki, serve_agents
 
 SECTION = "## Cluster view cost"
 TOKEN = "bench-top-token"
@@ -61,16 +61,10 @@ def address(i: int) -> str:
 
 def serve(first: int, count: int, port: int, pki: Path) -> None:
     """Serve nodes ``first .. first + count - 1`` until SIGTERM; print "ready" once bound."""
-    import grpc
-
     from bpfdyno.app.daemon import Daemon
     from bpfdyno.core.catalog import CATALOG
     from bpfdyno.core.config import load
     from bpfdyno.core.metrics import MetricSpec, Sample, sample
-    from bpfdyno.rpc.v1 import agent_pb2_grpc, tracing_pb2_grpc
-    from bpfdyno.server.agent import AgentServicer
-    from bpfdyno.server.auth import TokenInterceptor
-    from bpfdyno.server.tracing import TracingServicer
     from bpfdyno.services.agent import AgentService
     from bpfdyno.services.tracing import TracingService
     from bpfdyno.sources.base import Collector
@@ -118,28 +112,16 @@ def serve(first: int, count: int, port: int, pki: Path) -> None:
             return out
 
     async def main() -> None:
-        creds = grpc.ssl_server_credentials(
-            [((pki / "server.key").read_bytes(), (pki / "server.pem").read_bytes())]
-        )
         cfg = load(None, [("daemon.interval_s", "1.0")])
-        servers, daemons = [], []
+        agents, daemons = [], []
         for i in range(first, first + count):
             daemon = Daemon(cfg, [BigNode(i)])
             await daemon.start()
             daemons.append(daemon)
             tracing = TracingService(["/tmp"], 60.0, TrainerRegistry(64, 3600.0))
             tracing.on_request(f"\0bench-{i}\0".encode(), KinetoRequest(3, JOB, (20_000 + i,)))
-            server = grpc.aio.server(interceptors=[TokenInterceptor(TOKEN.encode())])
-            agent_pb2_grpc.add_AgentServicer_to_server(AgentServicer(AgentService(daemon)), server)
-            tracing_pb2_grpc.add_TracingServicer_to_server(TracingServicer(tracing), server)
-            server.add_secure_port(f"{address(i)}:{port}", creds)
-            await server.start()
-            servers.append(server)
-        print("ready", flush=True)
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await stop.wait()
-        await asyncio.gather(*(s.stop(0) for s in servers))
+            agents.append((address(i), AgentService(daemon), tracing))
+        await serve_agents(agents, port, pki, TOKEN)
         for d in daemons:
             await d.stop()
 
@@ -262,19 +244,24 @@ def main() -> int:
         return 0
     cols, rows = (int(x) for x in args.size.split("x"))
     tmp = Path(tempfile.mkdtemp(prefix="bench-top-"))
-    procs: list[subprocess.Popen[str]] = []
+    servers = contextlib.ExitStack()
     try:
         make_pki(tmp, [address(i) for i in range(args.nodes)], TOKEN)
         port = free_port([address(i) for i in range(args.nodes)])
         per = -(-args.nodes // args.processes)
-        for first in range(0, args.nodes, per):
-            argv = [sys.executable, __file__, "--serve", str(first)]
-            argv += [str(min(per, args.nodes - first)), str(port), str(tmp)]
-            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True))
-        for proc in procs:
-            assert proc.stdout is not None
-            if proc.stdout.readline().strip() != "ready":
-                raise SystemExit("a node process did not start")
+        argvs = [
+            [
+                sys.executable,
+                __file__,
+                "--serve",
+                str(first),
+                str(min(per, args.nodes - first)),
+                str(port),
+                str(tmp),
+            ]
+            for first in range(0, args.nodes, per)
+        ]
+        servers.enter_context(agent_processes(argvs))
         targets = [f"{address(i)}:{port}" for i in range(args.nodes)]
         hosts_file = tmp / "hosts"
         hosts_file.write_text("\n".join(targets) + "\n")
@@ -306,13 +293,7 @@ def main() -> int:
             write_results(args.write_doc, SECTION, f"bench_top_cluster:{args.mode}", results)
         return 0
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        servers.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -7,10 +7,18 @@ address and one bearer token, as a real cluster's agents would be configured.
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import socket
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bpfdyno.services.agent import AgentService
+    from bpfdyno.services.tracing import TracingService
 
 
 def make_pki(d: Path, addresses: Sequence[str], token: str) -> None:
@@ -45,3 +53,56 @@ def free_port(addresses: Sequence[str]) -> int:
             continue
         return port
     raise SystemExit("no port is free on every agent address")
+
+
+async def serve_agents(
+    agents: Sequence[tuple[str, AgentService, TracingService]], port: int, pki: Path, token: str
+) -> None:
+    """Serve each (address, agent, tracing) on ``address:port`` with the TLS material of
+    `make_pki` and ``token``, print "ready" once all are bound, and stop at SIGTERM."""
+    import grpc
+
+    from bpfdyno.rpc.v1 import agent_pb2_grpc, tracing_pb2_grpc
+    from bpfdyno.server.agent import AgentServicer
+    from bpfdyno.server.auth import TokenInterceptor
+    from bpfdyno.server.tracing import TracingServicer
+
+    creds = grpc.ssl_server_credentials(
+        [((pki / "server.key").read_bytes(), (pki / "server.pem").read_bytes())]
+    )
+    servers = []
+    for address, agent, tracing in agents:
+        server = grpc.aio.server(interceptors=[TokenInterceptor(token.encode())])
+        agent_pb2_grpc.add_AgentServicer_to_server(AgentServicer(agent), server)
+        tracing_pb2_grpc.add_TracingServicer_to_server(TracingServicer(tracing), server)
+        server.add_secure_port(f"{address}:{port}", creds)
+        await server.start()
+        servers.append(server)
+    print("ready", flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await asyncio.gather(*(s.stop(0) for s in servers))
+
+
+@contextmanager
+def agent_processes(argvs: Sequence[list[str]]) -> Iterator[None]:
+    """Run one process per argv (each runs `serve_agents`) until the block ends: wait for
+    each to print "ready", SIGTERM them all at the end (killed after 15 s)."""
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for argv in argvs:
+            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True))
+        for proc in procs:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "ready":
+                raise SystemExit(f"an agent process did not start: {proc.args}")
+        yield
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
