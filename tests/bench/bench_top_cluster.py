@@ -26,24 +26,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import fcntl
 import os
-import pty
 import resource
 import shutil
-import signal
 import statistics
-import struct
 import sys
 import tempfile
-import termios
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from doc_blocks import write_results
 from loopback_agents import agent_processes, free_port, make_pki, serve_agents
+from pty_app import PtyApp
 
 SECTION = "## Cluster view cost"
 TOKEN = "bench-top-token"
@@ -131,62 +126,21 @@ def serve(first: int, count: int, port: int, pki: Path) -> None:
 # -- measuring the UI ------------------------------------------------------------------------
 
 
-def _cpu_ticks(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        raw = f.read()
-    fields = raw[raw.rfind(b")") + 2 :].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
-
-
 def run_pty(
     hosts_file: Path, env: dict[str, str], rounds: int, window: float, cols: int, rows: int
 ) -> tuple[list[float], list[float]]:
     """The real command on a pseudo-terminal; per round its share of one core and the
     bytes per second it wrote to the terminal."""
-    hz = os.sysconf("SC_CLK_TCK")
-    pid, fd = pty.fork()
-    if pid == 0:
-        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        env["TERM"] = "xterm-256color"
-        argv = [sys.executable, "-m", "bpfdyno", "top", "--hosts-file", str(hosts_file)]
-        os.execve(sys.executable, [*argv, "--job-id", str(JOB)], env)
-    written = [0]
-    stop = threading.Event()
-
-    def drain() -> None:
-        while not stop.is_set():
-            try:
-                data = os.read(fd, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            written[0] += len(data)
-
-    threading.Thread(target=drain, daemon=True).start()
+    argv = ["-m", "bpfdyno", "top", "--hosts-file", str(hosts_file), "--job-id", str(JOB)]
     shares, rates = [], []
-    try:
+    with PtyApp(argv, cols, rows, env) as app:
         time.sleep(SETTLE_S)
         for r in range(rounds):
-            t0, c0, b0 = time.monotonic(), _cpu_ticks(pid), written[0]
-            time.sleep(window)
-            t1, c1, b1 = time.monotonic(), _cpu_ticks(pid), written[0]
-            shares.append((c1 - c0) / hz / (t1 - t0))
-            rates.append((b1 - b0) / (t1 - t0))
-            print(
-                f"round {r + 1}: {shares[-1] * 100:5.1f} % of a core, {rates[-1] / 1024:.1f} KiB/s"
-            )
-    finally:
-        os.write(fd, b"q")
-        stop.set()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                break
-            time.sleep(0.1)
-        else:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            w = app.measure(window)
+            shares.append(w.core_share)
+            rates.append(w.bytes_per_s)
+            kib_s = w.bytes_per_s / 1024
+            print(f"round {r + 1}: {w.core_share * 100:5.1f} % of a core, {kib_s:.1f} KiB/s")
     return shares, rates
 
 

@@ -23,21 +23,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import fcntl
 import os
-import pty
 import resource
 import statistics
-import struct
 import sys
 import tempfile
-import termios
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "top"))
 
+from pty_app import PtyApp
 from tui_synthetic import make_recording
 
 from bpfdyno.tui.recorded import RecordedDataSource, Recording
@@ -52,68 +48,24 @@ def _recording(processes: int) -> Recording:
     return make_recording(processes=processes, frames=30, cores=16, gpus=2)
 
 
-def _cpu_ticks(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        raw = f.read()
-    fields = raw[raw.rfind(b")") + 2 :].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
-
-
 def run_pty(
     rec_path: Path, rounds: int, window: float, cols: int, rows: int
 ) -> dict[str, list[float]]:
     """Run the app on a pseudo-terminal; per tab, the share of one core of each window."""
-    hz = os.sysconf("SC_CLK_TCK")
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: the UI, on the pty's slave side
-        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        os.environ["TERM"] = "xterm-256color"
-        os.execv(
-            sys.executable,
-            [sys.executable, "-m", "bpfdyno.tui", "--replay", str(rec_path), "--speed", "1"],
-        )
-    written = [0]
-    stop = threading.Event()
-
-    def drain() -> None:
-        while not stop.is_set():
-            try:
-                data = os.read(fd, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            written[0] += len(data)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
+    argv = ["-m", "bpfdyno.tui", "--replay", str(rec_path), "--speed", "1"]
     results: dict[str, list[float]] = {name: [] for _, name in TABS}
     rates: dict[str, list[float]] = {name: [] for _, name in TABS}
-    try:
+    with PtyApp(argv, cols, rows, dict(os.environ)) as app:
         time.sleep(6.0)  # import, load the recording, first frames
         for r in range(rounds):
             order = TABS[r % len(TABS) :] + TABS[: r % len(TABS)]
             for key, name in order:
-                os.write(fd, key.encode())
+                app.type(key)
                 time.sleep(SETTLE_S)
-                t0, c0, b0 = time.monotonic(), _cpu_ticks(pid), written[0]
-                time.sleep(window)
-                t1, c1, b1 = time.monotonic(), _cpu_ticks(pid), written[0]
-                results[name].append((c1 - c0) / hz / (t1 - t0))
-                rates[name].append((b1 - b0) / (t1 - t0))
+                w = app.measure(window)
+                results[name].append(w.core_share)
+                rates[name].append(w.bytes_per_s)
                 print(f"round {r + 1} {name:<10} {results[name][-1] * 100:5.1f} % of a core")
-    finally:
-        os.write(fd, b"q")
-        stop.set()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.1)
-        else:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
     for name in rates:
         results[f"{name} bytes/s"] = rates[name]
     return results
