@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import io
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,9 +10,17 @@ from pathlib import Path
 import grpc
 import orjson
 import pytest
-from tracing_harness import Harness, KinetoClient, frame, grpc_api, legacy_call, unframe
+from tracing_harness import (
+    Harness,
+    KinetoClient,
+    behave_like_kineto,
+    frame,
+    grpc_api,
+    legacy_call,
+    run_cli,
+    unframe,
+)
 
-from bpfdyno.cli.tracing import register
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
 from bpfdyno.server.tracing import servicer_factory
@@ -37,38 +42,6 @@ async def api(harness: Harness) -> AsyncIterator[Api]:
             yield Api(harness, path, pb_grpc.TracingStub(channel))
         finally:
             await channel.close()
-
-
-async def run_cli(*argv: str) -> tuple[int, str, str]:
-    """Run a tracing subcommand in a thread (it blocks on gRPC); return (rc, stdout, stderr)."""
-    parser = argparse.ArgumentParser(prog="bpfdyno")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(list(argv))
-    out, err = io.StringIO(), io.StringIO()
-
-    def call() -> int:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc: int = args.handler(args)
-            return rc
-
-    rc = await asyncio.to_thread(call)
-    return rc, out.getvalue(), err.getvalue()
-
-
-async def behave_like_kineto(
-    client: KinetoClient, pids: list[int], job: int, write: Path | None, stop: asyncio.Event
-) -> None:
-    """Poll every 0.1 s; on a config, be busy for two polls, write ``write`` (if given)."""
-    busy_polls = 0
-    while not stop.is_set():
-        text = await client.poll(pids, job_id=job, config_type=1 if busy_polls else 3)
-        if text and write is not None:
-            busy_polls = 3
-        elif busy_polls:
-            busy_polls -= 1
-            if busy_polls == 0 and write is not None:
-                write.write_text('{"traceEvents": []}')
-        await asyncio.sleep(0.1)
 
 
 async def test_grpc_start_watch_and_errors(api: Api) -> None:

@@ -3,19 +3,14 @@ per-process status, GetTraceSummary and ``bpfdyno trace-summary --trace-id``."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import io
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
 import pytest
-from tracing_harness import Harness, KinetoClient, grpc_api
+from tracing_harness import Harness, KinetoClient, behave_like_kineto, grpc_api, run_cli
 
-from bpfdyno.cli import trace_summary, tracing
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
 from bpfdyno.server.tracing import servicer_factory
@@ -31,37 +26,6 @@ async def api(harness: Harness) -> AsyncIterator[tuple[Harness, str, pb_grpc.Tra
             yield harness, path, pb_grpc.TracingStub(channel)
         finally:
             await channel.close()
-
-
-async def cli(*argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="bpfdyno")
-    sub = parser.add_subparsers(dest="command")
-    tracing.register(sub)
-    trace_summary.register(sub)
-    args = parser.parse_args(list(argv))
-    out, err = io.StringIO(), io.StringIO()
-
-    def call() -> int:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc: int = args.handler(args)
-            return rc
-
-    rc = await asyncio.to_thread(call)
-    return rc, out.getvalue(), err.getvalue()
-
-
-async def kineto(client: KinetoClient, pid: int, write: Path, stop: asyncio.Event) -> None:
-    """A trainer's Kineto: on a config, busy for two polls, then write ``write``."""
-    busy = 0
-    while not stop.is_set():
-        text = await client.poll([pid], config_type=1 if busy else 3)
-        if text:
-            busy = 3
-        elif busy:
-            busy -= 1
-            if busy == 0:
-                write.write_text('{"traceEvents": []}')
-        await asyncio.sleep(0.1)
 
 
 async def test_bad_tracks_are_refused_with_the_rule(
@@ -83,10 +47,11 @@ async def test_tracks_status_and_summary_of_a_trace(
     h, sock, stub = api
     client = KinetoClient(str(h.socket_dir))
     stop = asyncio.Event()
-    task = asyncio.create_task(kineto(client, 9300, h.trace_dir / "k_9300.json", stop))
+    trace_file = h.trace_dir / "k_9300.json"
+    task = asyncio.create_task(behave_like_kineto(client, [9300], 0, trace_file, stop))
     try:
         await h.wait_trainers(lambda ts: len(ts) == 1)
-        rc, out, err = await cli(
+        rc, out, err = await run_cli(
             "gputrace",
             "--socket",
             sock,
@@ -114,7 +79,7 @@ async def test_tracks_status_and_summary_of_a_trace(
         summary = await stub.GetTraceSummary(pb.GetTraceRequest(trace_id=trace_id))
         [s] = summary.processes
         assert (s.pid, s.path, s.error, s.trace_id) == (9300, p.output_path, "", trace_id)
-        rc, out, err = await cli(
+        rc, out, err = await run_cli(
             "trace-summary", "--socket", sock, "--trace-id", trace_id, "--json"
         )
         assert rc == 0, err
@@ -127,5 +92,5 @@ async def test_tracks_status_and_summary_of_a_trace(
 
 
 async def test_trace_summary_needs_files_or_an_id() -> None:
-    rc, _, err = await cli("trace-summary")
+    rc, _, err = await run_cli("trace-summary")
     assert rc == 2 and "give trace files, or --trace-id" in err

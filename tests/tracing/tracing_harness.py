@@ -3,8 +3,10 @@ PyTorch trainer processes, a legacy RPC client and a Kineto datagram client."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import io
 import json
 import os
 import signal
@@ -22,6 +24,7 @@ import grpc
 import orjson
 
 from bpfdyno.app.tracing import TracingComponent
+from bpfdyno.cli import trace_summary, tracing
 from bpfdyno.core.config import Config, load
 from bpfdyno.core.events import FlightRecorder
 from bpfdyno.server.unix_front import UnixFront
@@ -359,3 +362,38 @@ def unframe(data: bytes) -> dict[str, object]:
     assert len(data) == 4 + size, "exactly one reply frame, then the connection closes"
     reply: dict[str, object] = orjson.loads(data[4:])
     return reply
+
+
+async def run_cli(*argv: str) -> tuple[int, str, str]:
+    """Run a tracing subcommand (or ``trace-summary``) in a thread (it blocks on gRPC);
+    return (rc, stdout, stderr)."""
+    parser = argparse.ArgumentParser(prog="bpfdyno")
+    sub = parser.add_subparsers(dest="command")
+    tracing.register(sub)
+    trace_summary.register(sub)
+    args = parser.parse_args(list(argv))
+    out, err = io.StringIO(), io.StringIO()
+
+    def call() -> int:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc: int = args.handler(args)
+            return rc
+
+    rc = await asyncio.to_thread(call)
+    return rc, out.getvalue(), err.getvalue()
+
+
+async def behave_like_kineto(
+    client: KinetoClient, pids: list[int], job: int, write: Path | None, stop: asyncio.Event
+) -> None:
+    """Poll every 0.1 s; on a config, be busy for two polls, write ``write`` (if given)."""
+    busy_polls = 0
+    while not stop.is_set():
+        text = await client.poll(pids, job_id=job, config_type=1 if busy_polls else 3)
+        if text and write is not None:
+            busy_polls = 3
+        elif busy_polls:
+            busy_polls -= 1
+            if busy_polls == 0 and write is not None:
+                write.write_text('{"traceEvents": []}')
+        await asyncio.sleep(0.1)
