@@ -35,6 +35,7 @@ from pathlib import Path
 
 from bpfdyno.core.errors import InvalidArgument, PermissionDenied, RequestError
 from bpfdyno.core.identity import ROOT_UID
+from bpfdyno.sources.procs.pidfs import read_status, status_ints
 from bpfdyno.tracing.paths import TMP_SUFFIX
 from bpfdyno.tracing.policy import describe_uid
 
@@ -253,17 +254,14 @@ class PlacementChecker:
         """The writer's effective and supplementary groups, from /proc (None: unknown)."""
         if not writer.host_pid:
             return None
-        try:
-            text = (self._proc / str(writer.host_pid) / "status").read_text()
-        except OSError:
+        fields = read_status(self._proc, writer.host_pid, ("Gid", "Groups"))
+        if fields is None:
             return None
-        groups: set[int] = set()
-        for line in text.splitlines():
-            if line.startswith("Gid:"):
-                groups.add(int(line.split()[2]))  # real, effective, saved, fs
-            elif line.startswith("Groups:"):
-                groups.update(int(g) for g in line.split()[1:])
-        return groups
+        gids = status_ints(fields, "Gid")  # real, effective, saved, fs
+        supplementary = status_ints(fields, "Groups")
+        if not gids or supplementary is None:
+            return None
+        return {gids[1], *supplementary}
 
 
 def _trusted(writer: Writer) -> set[int]:

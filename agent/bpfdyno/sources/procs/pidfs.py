@@ -1,13 +1,15 @@
 """Small, allocation-light readers of ``/proc/<pid>`` files, under an injectable root.
 
-Only what the process table needs, each function returning None when the process is gone
-(or the file unreadable) instead of raising: a pid can exit between listing and reading.
+What the process table and the tracing checks need, each function returning None when the
+process is gone (or the file unreadable) instead of raising: a pid can exit between listing
+and reading.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,16 +88,37 @@ def read_cmdline(proc_root: Path, pid: int) -> str | None:
     return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
 
 
-def read_uid(proc_root: Path, pid: int) -> int | None:
-    """The real uid from ``/proc/<pid>/status``."""
+def read_status(proc_root: Path, pid: int, names: Collection[str]) -> dict[str, list[str]] | None:
+    """The ``names`` fields of ``/proc/<pid>/status`` (``Uid``, ``NSpid``...) -> their values;
+    read only up to the last of them (``Uid`` is the 9th line of about 60)."""
+    wanted = {name.encode() for name in names}
+    fields: dict[str, list[str]] = {}
     try:
         with open(proc_root / str(pid) / "status", "rb") as f:
             for line in f:
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[1])
-    except (OSError, IndexError, ValueError):
+                name, _, values = line.partition(b":")
+                if name in wanted:
+                    fields[name.decode()] = values.decode("ascii", "replace").split()
+                    if len(fields) == len(wanted):
+                        break
+    except OSError:
         return None
-    return None
+    return fields
+
+
+def status_ints(fields: dict[str, list[str]], name: str) -> list[int] | None:
+    """The integers of one `read_status` field (None: missing or not integers)."""
+    try:
+        return [int(v) for v in fields[name]]
+    except (KeyError, ValueError):
+        return None
+
+
+def read_uid(proc_root: Path, pid: int) -> int | None:
+    """The real uid from ``/proc/<pid>/status``."""
+    fields = read_status(proc_root, pid, ("Uid",))
+    uids = status_ints(fields, "Uid") if fields is not None else None
+    return uids[0] if uids else None
 
 
 def read_cgroup(proc_root: Path, pid: int) -> str | None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bpfdyno.core.identity import ROOT_UID
+from bpfdyno.sources.procs.pidfs import read_status, status_ints
 
 #: Verdicts remembered (one per live trainer is enough; liars rotate through it).
 CACHE_SIZE = 8192
@@ -107,18 +108,10 @@ class ClaimVerifier:
         return tuple(confirmed)
 
     def _status(self, pid: int) -> _Status | None:
-        try:
-            text = (self._proc / str(pid) / "status").read_text(encoding="ascii", errors="replace")
-        except OSError:
+        fields = read_status(self._proc, pid, ("PPid", "NSpid"))
+        if fields is None:
             return None
-        ppid = -1
-        nspids: tuple[int, ...] = ()
-        for line in text.splitlines():
-            if line.startswith("PPid:"):
-                ppid = int(line.split()[1])
-            elif line.startswith("NSpid:"):
-                nspids = tuple(int(p) for p in line.split()[1:])
-                break  # NSpid comes after PPid
-        if ppid < 0 or not nspids:
+        ppid, nspids = status_ints(fields, "PPid"), status_ints(fields, "NSpid")
+        if not ppid or not nspids:
             return None
-        return _Status(ppid, nspids)
+        return _Status(ppid[0], tuple(nspids))
