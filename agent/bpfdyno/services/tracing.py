@@ -371,11 +371,8 @@ class TracingService:
             PermissionDenied: the requester's uid is unknown.
         """
         who = requester or in_process()
-        try:
+        with self.audit.refusals("dcgm_pause", who, request={"duration_s": duration_s}):
             require_attributed(who)
-        except RequestError as e:
-            self.audit.record("dcgm_pause", who, error=e, request={"duration_s": duration_s})
-            raise
         seconds = pause_duration_s(duration_s)
         ok = bool(self._dcgm_pause(seconds)) if self._dcgm_pause else False
         self.audit.record(
@@ -390,11 +387,8 @@ class TracingService:
             PermissionDenied: the requester's uid is unknown.
         """
         who = requester or in_process()
-        try:
+        with self.audit.refusals("dcgm_resume", who):
             require_attributed(who)
-        except RequestError as e:
-            self.audit.record("dcgm_resume", who, error=e)
-            raise
         ok = bool(self._dcgm_resume()) if self._dcgm_resume else False
         self.audit.record("dcgm_resume", who, message=str(ok))
         return ok
@@ -421,11 +415,8 @@ class TracingService:
             Unavailable: the Kineto IPC endpoint is not running.
         """
         who = requester or in_process()
-        try:
+        with self.audit.refusals("start_trace", who, request=_audited_request(req)):
             res, audited = self._start_trace(req, who)
-        except RequestError as e:
-            self.audit.record("start_trace", who, error=e, request=_audited_request(req))
-            raise
         self.audit.record(
             "start_trace",
             who,

@@ -16,11 +16,12 @@ Values come from requests, so records are JSON: no field can forge a line or a f
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -166,6 +167,17 @@ class AuditLog:
                     e.strerror,
                 )
             self.last_file_error = e.strerror or str(e)
+
+    @contextlib.contextmanager
+    def refusals(
+        self, action: str, requester: Requester, request: dict[str, Any] | None = None
+    ) -> Iterator[None]:
+        """Record a `RequestError` raised in the block as ``action`` refused, and re-raise it."""
+        try:
+            yield
+        except RequestError as e:
+            self.record(action, requester, error=e, request=request)
+            raise
 
     def records(self, uid: int | None, since_seq: int = 0, limit: int = 100) -> list[AuditRecord]:
         """The newest records after ``since_seq`` (oldest first), at most ``limit``.
