@@ -39,6 +39,10 @@ def main() -> None:
         opt.zero_grad()
         model(batch).sum().backward()
         opt.step()
+        # Apart from the next step (prefetched batches would run it at once): the profiler
+        # stops a fraction of a millisecond after an iteration trace's last step, and a step
+        # begun meanwhile would be in the trace too.
+        time.sleep(0.01)
         if step == 5:
             print(f"ready {os.getpid()}", flush=True)
         if time.monotonic() > end:
