@@ -370,13 +370,16 @@ def test_host_wide_metrics(sched: SchedCollector) -> None:
         (("reason", "ringbuf_full"),),
         (("reason", "task_storage"),),
     }
-    # Other processes' exec/exit storms can fill the ring buffer on a shared machine; the
-    # losses are counted (see the tiny-maps test), and task storage never runs short here.
-    assert dropped[(("reason", "task_storage"),)] == 0
     threads = 0
     for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
         with contextlib.suppress(FileNotFoundError):  # exited meanwhile
             threads += len(os.listdir(f"/proc/{pid}/task"))
+    # Other processes' exec/exit storms can fill the ring buffer on a shared machine; the
+    # losses are counted (see the tiny-maps test). Task storage is refused only rarely (under
+    # memory pressure, or while another task-storage call runs on that CPU: seen once in
+    # about ten runs of the suite); a storage that did not work would miss for every thread,
+    # walk after walk.
+    assert dropped[(("reason", "task_storage"),)] < 0.01 * threads
     assert 0.5 * threads < _values(samples, "sched_tracked_threads")[()] < 2 * threads
     counts = sched.cpu_switch_counts()
     assert counts is not None and {str(c) for c in counts} == online
