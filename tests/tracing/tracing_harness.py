@@ -95,6 +95,12 @@ class TrainerProc:
         self._thread = threading.Thread(target=read, daemon=True)
         self._thread.start()
 
+    def log_tail(self, chars: int = 3000) -> str:
+        """The end of its stderr log (Kineto's messages), if it has one."""
+        if self.log is None or not self.log.exists():
+            return ""
+        return "\n" + self.log.read_text(errors="replace")[-chars:]
+
     def ready_pids(self) -> list[int]:
         """Pids from the "ready <pid> ..." lines printed so far."""
         return [int(line.split()[1]) for line in self.lines if line.startswith("ready ")]
@@ -235,10 +241,21 @@ class Harness:
                 await asyncio.sleep(0.05)
 
     async def wait_done(self, trace_id: str, timeout: float = 60.0) -> TraceView:
+        """The trace once every part has ended; on a timeout, fail saying where each stands."""
         view = self.service.get_trace(trace_id)
-        async with asyncio.timeout(timeout):
-            async for latest in self.service.watch_trace(trace_id):
-                view = latest
+        try:
+            async with asyncio.timeout(timeout):
+                async for latest in self.service.watch_trace(trace_id):
+                    view = latest
+        except TimeoutError:
+            parts = view.processes if view is not None else ()
+            trainers = [(t.pid, t.state.value) for t in self.service.list_trainers()]
+            raise AssertionError(
+                f"trace {trace_id} not done in {timeout:g} s: "
+                + "; ".join(f"pid {p.pid} {p.state.value}: {p.reason}" for p in parts)
+                + f"; trainers {trainers}"
+                + "".join(f"\ntrainer {t.pid}: {t.lines[-5:]}{t.log_tail()}" for t in self.trainers)
+            ) from None
         return view
 
     def close(self) -> None:
