@@ -6,8 +6,8 @@ import ast
 import importlib
 from pathlib import Path
 
+from bpfdyno.app.catalog import CATALOG, TABLES
 from bpfdyno.app.metrics_doc import render
-from bpfdyno.core.catalog import CATALOG, TABLES
 from bpfdyno.core.metrics import MetricKind, MetricSpec, MetricTable
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from bpfdyno.core.catalog import CATALOG, Catalog
+from bpfdyno.app.catalog import CATALOG
+from bpfdyno.core.catalog import Catalog
 
 HEADER = """\
 # Metrics

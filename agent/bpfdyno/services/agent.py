@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
-from bpfdyno.core.catalog import CATALOG, Catalog
+from bpfdyno.core.catalog import Catalog
 from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.metrics import MetricSpec, Round
 from bpfdyno.core.status import PartStatus
@@ -61,6 +61,8 @@ class DaemonState(Protocol):
     started_monotonic: float
     store: MetricStore
     publisher: RoundPublisher
+    #: Every metric the daemon can emit (the assembly hands it over).
+    catalog: Catalog
 
     @property
     def config_source(self) -> str: ...
@@ -80,11 +82,16 @@ def host_uptime_s(proc_root: str = "/proc") -> float:
 
 
 class AgentService:
-    """Status and metrics queries against one running daemon."""
+    """Status and metrics queries against one running daemon.
 
-    def __init__(self, daemon: DaemonState, catalog: Catalog = CATALOG) -> None:
+    Args:
+        daemon: the running daemon.
+        catalog: the metrics ``ListMetricSpecs`` declares; None: the daemon's.
+    """
+
+    def __init__(self, daemon: DaemonState, catalog: Catalog | None = None) -> None:
         self._daemon = daemon
-        self._catalog = catalog
+        self._catalog = catalog if catalog is not None else daemon.catalog
         # Every stream subscriber with the same name filter gets the same Snapshot object.
         self._round_snapshots: SharedResults[tuple[str, ...], Snapshot | None] = SharedResults()
 
