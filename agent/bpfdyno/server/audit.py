@@ -7,12 +7,15 @@ sees the records of its own uid; an unattributed caller sees none.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import grpc
 import orjson
 
+from bpfdyno.rpc import audit as api
 from bpfdyno.rpc.v1 import audit_pb2 as pb
 from bpfdyno.rpc.v1 import audit_pb2_grpc as pb_grpc
+from bpfdyno.rpc.wire import to_pb
 from bpfdyno.server.peers import requester_from_context
 from bpfdyno.tracing.audit import AuditLog, AuditRecord
 
@@ -21,7 +24,9 @@ DEFAULT_LIMIT = 100
 
 
 def record_to_pb(r: AuditRecord) -> pb.AuditRecord:
-    return pb.AuditRecord(
+    """An audit record as its message (what was asked, as a JSON object)."""
+    request = orjson.dumps(r.request, option=orjson.OPT_SORT_KEYS).decode()
+    record = api.AuditRecord(
         seq=r.seq,
         ts_unix_seconds=r.ts,
         action=r.action,
@@ -34,13 +39,11 @@ def record_to_pb(r: AuditRecord) -> pb.AuditRecord:
         peer=r.peer,
         requester_pid=r.requester_pid,
         trace_id=r.trace_id,
-        request_json=orjson.dumps(r.request, option=orjson.OPT_SORT_KEYS).decode(),
-        processes=[
-            pb.AuditedProcess(pid=p.pid, host_pid=p.host_pid, uid=p.uid, output_path=p.output_path)
-            for p in r.processes
-        ],
-        matched=list(r.matched),
+        request_json=request,
+        processes=r.processes,
+        matched=r.matched,
     )
+    return cast(pb.AuditRecord, to_pb(record))
 
 
 class AuditServicer(pb_grpc.AuditServicer):

@@ -27,24 +27,12 @@ from bpfdyno.core.store import (
     SharedResults,
     matches_any,
 )
+from bpfdyno.rpc.agent import AgentStatus, CollectorState, CollectorStatus
 from bpfdyno.version import __version__
 
 #: Longest window a single query may ask for (the store keeps less anyway).
 MAX_WINDOW_S = 7 * 24 * 3600.0
 DEFAULT_WINDOW_S = 300.0
-
-
-@dataclass(frozen=True, slots=True)
-class AgentStatus:
-    version: str
-    hostname: str
-    kernel_release: str
-    agent_uptime_s: float
-    host_uptime_s: float
-    pid: int
-    config_source: str
-    started_ts: float
-    collectors: list[PartStatus]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,12 +89,12 @@ class AgentService:
             version=__version__,
             hostname=socket.gethostname(),
             kernel_release=os.uname().release,
-            agent_uptime_s=time.monotonic() - d.started_monotonic,
-            host_uptime_s=host_uptime_s(),
+            agent_uptime_seconds=time.monotonic() - d.started_monotonic,
+            host_uptime_seconds=host_uptime_s(),
             pid=os.getpid(),
             config_source=d.config_source,
-            started_ts=d.started_ts,
-            collectors=d.statuses(),
+            started_unix_seconds=d.started_ts,
+            collectors=tuple(map(collector_status, d.statuses())),
         )
 
     def metric_specs(self) -> list[MetricSpec]:
@@ -163,6 +151,20 @@ class AgentService:
 
     def _longest_interval(self) -> float:
         return max(self._daemon.collector_intervals().values(), default=1.0)
+
+
+def collector_status(p: PartStatus) -> CollectorStatus:
+    """A part's status in the API's words."""
+    return CollectorStatus(
+        name=p.name,
+        state=CollectorState[p.state.name],
+        reason=p.reason,
+        interval_seconds=p.interval_s,
+        collections=p.collections,
+        errors=p.errors,
+        last_duration_seconds=p.last_duration_s,
+        last_success_unix_seconds=p.last_success_ts,
+    )
 
 
 def _check_names(names: Sequence[str]) -> None:

@@ -32,7 +32,9 @@ from pathlib import Path
 from bpfdyno.core.errors import InvalidArgument, NotFound, Unavailable
 from bpfdyno.core.identity import Requester, in_process
 from bpfdyno.core.rules import pause_duration_s
-from bpfdyno.tracing.audit import AuditedProcess, AuditLog, config_for_record
+from bpfdyno.rpc.audit import AuditedProcess
+from bpfdyno.rpc.traces import ProcessSummary, SkippedProcess, TrainerState, TriggeredProcess
+from bpfdyno.tracing.audit import AuditLog, config_for_record
 from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest
 from bpfdyno.tracing.config_text import (
     CheckedConfig,
@@ -50,10 +52,8 @@ from bpfdyno.tracing.policy import (
 )
 from bpfdyno.tracing.polls import KinetoPolls
 from bpfdyno.tracing.requests import (
-    SkippedProcess,
     TraceRequest,
     TraceStartResult,
-    TriggeredProcess,
     check_request_shape,
     kernel_track_request,
     match_trainers,
@@ -61,8 +61,8 @@ from bpfdyno.tracing.requests import (
 )
 from bpfdyno.tracing.roles import Role, classify
 from bpfdyno.tracing.safety import PlacementChecker, Writer
-from bpfdyno.tracing.summary import ProcessSummary, summarize_file
-from bpfdyno.tracing.traces import NewProcess, ProcState, TraceTracker, TraceView, TrainerState
+from bpfdyno.tracing.summary import summarize_file
+from bpfdyno.tracing.traces import NewProcess, ProcState, TraceTracker, TraceView
 from bpfdyno.tracing.trainers import Trainer, TrainerRegistry
 
 log = logging.getLogger(__name__)
@@ -234,9 +234,8 @@ class TracingService(KinetoPolls):
             for p in view.processes:
                 if p.state is ProcState.WRITTEN:
                     summary = summarize_file(p.output_path)
-                    summary.pid = summary.pid or p.pid
-                    summary.trace_id = summary.trace_id or trace_id
-                    out.append(summary)
+                    pid, tid = summary.pid or p.pid, summary.trace_id or trace_id
+                    out.append(replace(summary, pid=pid, trace_id=tid))
                 else:
                     out.append(
                         ProcessSummary(

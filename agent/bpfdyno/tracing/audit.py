@@ -29,6 +29,7 @@ import orjson
 
 from bpfdyno.core.errors import RequestError
 from bpfdyno.core.identity import Requester
+from bpfdyno.rpc.audit import AuditedProcess
 
 log = logging.getLogger("bpfdyno.audit")
 
@@ -37,17 +38,6 @@ MAX_CONFIG_CHARS = 2048
 
 ACCEPTED = "accepted"
 REFUSED = "refused"
-
-
-@dataclass(frozen=True, slots=True)
-class AuditedProcess:
-    """A process a request acted on: its pid (as the request names it), its pid in the
-    daemon's namespace, its owner and the file it will write."""
-
-    pid: int
-    host_pid: int
-    uid: int | None
-    output_path: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from bpfdyno.core.errors import RequestError
 from bpfdyno.core.identity import in_process
-from bpfdyno.tracing.audit import AuditedProcess, AuditLog
+from bpfdyno.rpc.audit import AuditedProcess
+from bpfdyno.tracing.audit import AuditLog
 from bpfdyno.tracing.ipc.sender import ClaimVerifier, SenderCreds
 from bpfdyno.tracing.ipc.wire import KinetoContext, KinetoRequest
 from bpfdyno.tracing.safety import PlacementChecker, Writer

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.identity import Requester
-from bpfdyno.rpc.traces import DEFAULT_PROCESS_LIMIT
+from bpfdyno.rpc.traces import DEFAULT_PROCESS_LIMIT, SkippedProcess, TriggeredProcess
 from bpfdyno.tracing.capture.records import KernelTrackRequest, Track
 from bpfdyno.tracing.config_text import CheckedConfig, TraceOptions
 from bpfdyno.tracing.ipc.wire import MAX_PID
@@ -54,22 +54,6 @@ class TraceRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class TriggeredProcess:
-    pid: int
-    job_id: int
-    output_path: str
-
-
-@dataclass(frozen=True, slots=True)
-class SkippedProcess:
-    """A registered process that was not triggered, and why (in words)."""
-
-    pid: int
-    job_id: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
 class TraceStartResult:
     """What a trace request did.
 
@@ -90,6 +74,11 @@ class TraceStartResult:
     over_limit: tuple[SkippedProcess, ...]
     not_matched: tuple[SkippedProcess, ...]
     config_text: str
+
+    @property
+    def processes_matched(self) -> tuple[int, ...]:
+        """``matched`` by its name in the API (`bpfdyno.rpc.traces.TraceStart`)."""
+        return self.matched
 
 
 #: What the "over the process limit" reason adds for each role.

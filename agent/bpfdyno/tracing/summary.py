@@ -18,9 +18,10 @@ import gzip
 import json
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import fields, replace
 from typing import IO, Any
 
+from bpfdyno.rpc.traces import ProcessSummary
 from bpfdyno.tracing.capture.tracks import CAT_INFO, CAT_NCCL, CAT_NET, CAT_SCHED
 
 _CHUNK = 1 << 20
@@ -29,39 +30,6 @@ _WS = " \t\r\n"
 
 class SummaryError(Exception):
     """The file cannot be summarised; says why."""
-
-
-@dataclass(slots=True)
-class ProcessSummary:
-    """One trace file's numbers: the fields of ``ProcessSummary`` in tracing.proto, same
-    names and units (so the CLI's ``--json`` is the same for files and for a trace id).
-
-    ``error`` is set instead of the numbers when the file could not be read.
-    """
-
-    path: str
-    pid: int = 0
-    rank: int = -1
-    trace_id: str = ""
-    window_start_unix_seconds: float = 0.0
-    window_seconds: float = 0.0
-    pytorch_op_seconds: float = 0.0
-    kernel_tracks: tuple[str, ...] = ()
-    net_sent_bytes: int = 0
-    net_received_bytes: int = 0
-    net_calls: int = 0
-    tcp_retransmits: int = 0
-    tcp_resets: int = 0
-    packet_drops: int = 0
-    offcpu_runnable_seconds: float = 0.0
-    offcpu_blocked_seconds: float = 0.0
-    blocked_seconds_by_cause: dict[str, float] = field(default_factory=dict)
-    main_thread_runnable_seconds: float = 0.0
-    main_thread_blocked_seconds: float = 0.0
-    nccl_calls: int = 0
-    nccl_seconds: float = 0.0
-    kernel_records_lost: int = 0
-    error: str = ""
 
 
 def _open(path: str) -> IO[bytes] | gzip.GzipFile:
@@ -190,17 +158,23 @@ def _union_s(intervals: list[tuple[float, float]]) -> float:
     return total / 1e6
 
 
+#: The numbers of a summary as they are added up (its fields but ``path``).
+_Totals = dict[str, Any]
+
+
 def summarize_file(path: str) -> ProcessSummary:
     """Summarise one trace file (see the module doc); errors go into ``error``."""
-    out = ProcessSummary(path)
+    empty = ProcessSummary(path)
+    out: _Totals = {f.name: getattr(empty, f.name) for f in fields(empty) if f.name != "path"}
     try:
         _summarize(path, out)
     except (SummaryError, OSError, EOFError, gzip.BadGzipFile) as e:
-        out.error = str(e) if isinstance(e, SummaryError) else f"cannot read {path}: {e}"
-    return out
+        why = str(e) if isinstance(e, SummaryError) else f"cannot read {path}: {e}"
+        return replace(empty, error=why)
+    return ProcessSummary(path, **out)
 
 
-def _summarize(path: str, out: ProcessSummary) -> None:
+def _summarize(path: str, out: _Totals) -> None:
     base_ns = 0
     window: tuple[float, float] | None = None
     ops: dict[tuple[Any, Any], list[tuple[float, float]]] = defaultdict(list)
@@ -216,10 +190,10 @@ def _summarize(path: str, out: ProcessSummary) -> None:
             if key == "baseTimeNanoseconds" and isinstance(value, int):
                 base_ns = value
             elif key == "trace_id":
-                out.trace_id = str(value)
+                out["trace_id"] = str(value)
             elif key == "distributedInfo" and isinstance(value, dict):
                 rank = value.get("rank")
-                out.rank = rank if isinstance(rank, int) else -1
+                out["rank"] = rank if isinstance(rank, int) else -1
             continue
         e = item
         cat = e.get("cat")
@@ -246,60 +220,60 @@ def _summarize(path: str, out: ProcessSummary) -> None:
         elif cat == CAT_INFO and ph == "X":
             info_pid = e.get("pid") if isinstance(e.get("pid"), int) else 0
             _read_info(e.get("args", {}), out)
-    out.pid = info_pid or (max(op_pids, key=lambda p: op_pids[p]) if op_pids else 0)
+    out["pid"] = info_pid or (max(op_pids, key=lambda p: op_pids[p]) if op_pids else 0)
     if window is not None:
-        out.window_start_unix_seconds = (base_ns / 1e3 + window[0]) / 1e6
-        out.window_seconds = (window[1] - window[0]) / 1e6
+        out["window_start_unix_seconds"] = (base_ns / 1e3 + window[0]) / 1e6
+        out["window_seconds"] = (window[1] - window[0]) / 1e6
     lo, hi = window if window is not None else (float("-inf"), float("inf"))
     clipped: dict[Any, list[tuple[float, float]]] = defaultdict(list)
     for key, intervals in ops.items():
-        if key[0] == out.pid:
+        if key[0] == out["pid"]:
             clipped[key[1]] = [
                 (max(s, lo), min(e, hi)) for s, e in intervals if e >= lo and s <= hi
             ]
-    out.pytorch_op_seconds = sum(_union_s(v) for v in clipped.values())
+    out["pytorch_op_seconds"] = sum(_union_s(v) for v in clipped.values())
     for _ts, args, name in net:
         nbytes = args.get("bytes", 0)
         calls = args.get("calls", 0)
         if name == "send":
-            out.net_sent_bytes += int(nbytes)
+            out["net_sent_bytes"] += int(nbytes)
         elif name == "recv":
-            out.net_received_bytes += int(nbytes)
-        out.net_calls += int(calls)
+            out["net_received_bytes"] += int(nbytes)
+        out["net_calls"] += int(calls)
     for ts, name in rare:
         if not lo <= ts <= hi:
             continue
         if name == "tcp_retransmit":
-            out.tcp_retransmits += 1
+            out["tcp_retransmits"] += 1
         elif name.startswith("tcp_reset"):
-            out.tcp_resets += 1
+            out["tcp_resets"] += 1
         elif name == "packet_drop":
-            out.packet_drops += 1
+            out["packet_drops"] += 1
     by_cause: dict[str, float] = defaultdict(float)
     for _ts, dur, name, args in sched:
         seconds = dur / 1e6
-        main = args.get("tid") == out.pid
+        main = args.get("tid") == out["pid"]
         if name.startswith("runnable"):
-            out.offcpu_runnable_seconds += seconds
+            out["offcpu_runnable_seconds"] += seconds
             if main:
-                out.main_thread_runnable_seconds += seconds
+                out["main_thread_runnable_seconds"] += seconds
         elif name.startswith("blocked"):
-            out.offcpu_blocked_seconds += seconds
+            out["offcpu_blocked_seconds"] += seconds
             by_cause[str(args.get("cause", "blocked"))] += seconds
             if main:
-                out.main_thread_blocked_seconds += seconds
-    out.blocked_seconds_by_cause = dict(sorted(by_cause.items(), key=lambda kv: -kv[1]))
-    out.nccl_calls = sum(len(v) for v in nccl.values())
-    out.nccl_seconds = sum(_union_s(v) for v in nccl.values())
+                out["main_thread_blocked_seconds"] += seconds
+    out["blocked_seconds_by_cause"] = dict(sorted(by_cause.items(), key=lambda kv: -kv[1]))
+    out["nccl_calls"] = sum(len(v) for v in nccl.values())
+    out["nccl_seconds"] = sum(_union_s(v) for v in nccl.values())
 
 
-def _read_info(args: dict[str, Any], out: ProcessSummary) -> None:
+def _read_info(args: dict[str, Any], out: _Totals) -> None:
     tracks = args.get("tracks")
     if isinstance(tracks, list):
-        out.kernel_tracks = tuple(str(t) for t in tracks)
+        out["kernel_tracks"] = tuple(str(t) for t in tracks)
     lost = args.get("records_over_cap_dropped", 0)
     total = int(lost) if isinstance(lost, int) else 0
     for key, value in args.items():
         if key.endswith("_lost_ring_buffer_full") and isinstance(value, int):
             total += value
-    out.kernel_records_lost = total
+    out["kernel_records_lost"] = total
