@@ -17,7 +17,8 @@ from bpfdyno.cli.cluster import (
     cluster_requested,
     resolve_cluster,
 )
-from bpfdyno.client.connection import EXIT_USAGE, ClientSetupError, add_target_argument
+from bpfdyno.client.connection import EXIT_USAGE, add_target_argument
+from bpfdyno.client.errors import ClientSetupError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,7 +51,7 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 def _cluster_top(args: argparse.Namespace) -> int:
     from bpfdyno.tui.cluster_app import run_cluster_top
-    from bpfdyno.tui.datasource import ClusterDataSource
+    from bpfdyno.tui.cluster_source import ClusterDataSource
 
     try:
         cluster = resolve_cluster(args)

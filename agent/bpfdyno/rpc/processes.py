@@ -52,9 +52,9 @@ class ProcessRow:
     offcpu_runnable_ns: int | None = None
     offcpu_blocked_ns: int | None = None
     runq_wait_ns: int | None = None
-    oncpu_ratio: float = NAN
-    runq_wait_ratio: float = NAN
-    offcpu_blocked_ratio: float = NAN
+    oncpu_ratio: float = NAN  # thread-seconds per second: average threads on a CPU
+    runq_wait_ratio: float = NAN  # ... waiting in a run queue
+    offcpu_blocked_ratio: float = NAN  # ... blocked (sleeping, I/O, locks)
     tcp_tx_bytes: int | None = None  # cumulative payload bytes, from the net collector
     tcp_rx_bytes: int | None = None
     udp_tx_bytes: int | None = None
@@ -91,6 +91,27 @@ class ProcessRow:
     def command(self) -> str:
         """The command line, or the kernel's short name in brackets for kernel threads."""
         return self.cmdline or f"[{self.comm}]"
+
+
+#: The scheduler's view of a process, column title and row field: how many of its threads
+#: were on a CPU, waiting for one, and blocked, on average over the last interval. (The
+#: ratios are thread-seconds per second: a trainer with 44 mostly idle threads is blocked
+#: "4402 %" of the time, which reads as nothing; as threads it reads 44.)
+THREAD_COLUMNS = (
+    ("ONCPU", "oncpu_ratio"),
+    ("RUNQ", "runq_wait_ratio"),
+    ("BLOCK", "offcpu_blocked_ratio"),
+)
+#: What those columns mean, for a table's legend.
+THREAD_COLUMNS_NOTE = "ONCPU, RUNQ, BLOCK: threads on a CPU, waiting for one, blocked"
+
+
+def threads_text(threads: float) -> str:
+    """An average number of threads as a column shows it: ``0.3``, ``12.0``, ``143``; ``-``
+    when unknown."""
+    if math.isnan(threads):
+        return "-"
+    return f"{threads:.1f}" if threads < 99.95 else f"{threads:.0f}"
 
 
 def activity(cpu_ratio: float, net_bytes_per_second: float) -> float:

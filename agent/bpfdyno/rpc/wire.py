@@ -26,6 +26,7 @@ import dataclasses
 import enum
 import functools
 import math
+import operator
 import re
 import sys
 import types
@@ -70,6 +71,11 @@ def message(pb_class: type[Message], *, zero_is_default: bool = False) -> Callab
 def message_class(cls: type) -> type[Message]:
     """The protobuf message class of a record class."""
     return _MESSAGES[cls][0]
+
+
+def is_record(cls: type) -> bool:
+    """Whether ``cls`` is one of the API's records (declared with `message`)."""
+    return cls in _MESSAGES
 
 
 class _Kind(enum.Enum):
@@ -206,76 +212,139 @@ def to_pb(record: Any, cls: type | None = None) -> Message:
         cls: the record class to send it as (default: the record's own class).
     """
     cls = cls or type(record)
-    pb_class, _ = _MESSAGES[cls]
-    values: dict[str, Any] = {}
-    for f in _plan(cls):
-        v = getattr(record, f.name)
-        k = f.kind
-        if k is _Kind.COPY:
-            values[f.name] = v
-        elif k is _Kind.ZERO_IS_NAN:
-            values[f.name] = 0.0 if math.isnan(v) else v
-        elif k is _Kind.OPTIONAL:
-            if v is not None and not _is_nan(v):
-                values[f.name] = v
-        elif k is _Kind.RECORDS:
-            values[f.name] = [to_pb(x, f.cls) for x in v]
-        elif k is _Kind.SCALARS:
-            values[f.name] = list(v)
-        elif k is _Kind.ENUM:
-            if v is not None:
-                values[f.name] = f.prefix + v.name
-        elif k is _Kind.RECORD:
-            if v is not None:
-                values[f.name] = to_pb(v, f.cls)
-        elif k is _Kind.MAP:
-            values[f.name] = dict(v)
-        else:
-            assert f.oneof is not None
-            value_msg, _, by_type = f.oneof
-            values[f.name] = {key: value_msg(**_oneof_value(by_type, x)) for key, x in v.items()}
-    return pb_class(**values)
+    return _MESSAGES[cls][0](**_encoder(cls)(record))
 
 
 def from_pb(cls: type[R], msg: Message) -> R:
     """The record of a message; unset optional fields become None or NaN (unknown)."""
+    return cast(R, _decoder(cast(type, cls))(msg))
+
+
+# Each record class's two converters are built once from its plan: one small function per
+# field that is not copied as it is. A record goes out as the keyword arguments of its
+# message, nested records as dicts: protobuf builds nested messages from dicts faster than
+# Python builds them one by one (see docs/performance.md, "The API's records").
+
+#: A field's converted value that is left out (unset on the wire, the default in a record).
+_SKIP = object()
+_Convert = Callable[[Any], Any]
+
+
+def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """Every named attribute of an object, as a tuple (even for one name)."""
+    if len(names) == 1:
+        (name,) = names
+        return lambda obj: (getattr(obj, name),)
+    return operator.attrgetter(*names)
+
+
+@functools.cache
+def _encoder(cls: type) -> Callable[[Any], dict[str, Any]]:
+    """The function that turns a record into its message's field values."""
+    plan = _plan(cls)
+    names = tuple(f.name for f in plan)
+    get = _getter(names)
+    steps = tuple(_encode_step(f) for f in plan)
+    if all(step is None for step in steps):
+        return lambda record: dict(zip(names, get(record), strict=True))
+
+    def encode(record: Any) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for name, step, value in zip(names, steps, get(record), strict=True):
+            if step is not None:
+                value = step(value)
+                if value is _SKIP:
+                    continue
+            values[name] = value
+        return values
+
+    return encode
+
+
+def _encode_step(f: _Field) -> _Convert | None:
+    """How one field goes on the wire (None: as it is)."""
+    k = f.kind
+    if k is _Kind.COPY:
+        return None
+    if k is _Kind.ZERO_IS_NAN:
+        return lambda v: 0.0 if v != v else v
+    if k is _Kind.OPTIONAL:
+        return lambda v: _SKIP if v is None or v != v else v
+    if k is _Kind.SCALARS:
+        return list
+    if k is _Kind.MAP:
+        return dict
+    if k is _Kind.ENUM:
+        prefix = f.prefix
+        return lambda v: _SKIP if v is None else prefix + v.name
+    if k is _Kind.RECORDS:
+        records = _encoder(f.cls)
+        return lambda v: [records(x) for x in v]
+    if k is _Kind.RECORD:
+        record = _encoder(f.cls)
+        return lambda v: _SKIP if v is None else record(v)
+    assert f.oneof is not None
+    by_type = f.oneof[2]
+    return lambda v: {key: _oneof_value(by_type, x) for key, x in v.items()}
+
+
+@functools.cache
+def _decoder(cls: type) -> Callable[[Message], Any]:
     _, zero_is_default = _MESSAGES[cls]
-    values: dict[str, Any] = {}
-    for f in _plan(cast(type, cls)):
-        k = f.kind
-        if k is _Kind.OPTIONAL:
-            if msg.HasField(f.name):
-                values[f.name] = getattr(msg, f.name)
-            continue  # else: the record's default, None or NaN
-        v = getattr(msg, f.name)
-        if k is _Kind.COPY:
-            if v or not zero_is_default:
-                values[f.name] = v
-        elif k is _Kind.ZERO_IS_NAN:
-            values[f.name] = v or math.nan
-        elif k is _Kind.RECORDS:
-            values[f.name] = tuple(from_pb(f.cls, x) for x in v)
-        elif k is _Kind.SCALARS:
-            if v or not zero_is_default:
-                values[f.name] = tuple(v)
-        elif k is _Kind.ENUM:
-            assert f.enum_type is not None
-            word = f.enum_type.values_by_number[v].name.removeprefix(f.prefix)
-            if word in f.cls.__members__:
-                values[f.name] = f.cls[word]  # else (unspecified, newer): the default
-        elif k is _Kind.RECORD:
-            if msg.HasField(f.name):
-                values[f.name] = from_pb(f.cls, v)
-        elif k is _Kind.MAP:
-            values[f.name] = {key: v[key] for key in sorted(v)}
-        else:
-            assert f.oneof is not None
-            which = f.oneof[1]
-            values[f.name] = {
-                key: getattr(v[key], v[key].WhichOneof(which) or "string_value")
-                for key in sorted(v)
-            }
-    return cls(**values)
+    plan = _plan(cls)
+    names = tuple(f.name for f in plan)
+    steps = tuple(_decode_step(f, zero_is_default) for f in plan)
+    if all(step is None for step in steps):
+        get = _getter(names)
+        return lambda msg: cls(*get(msg))
+
+    def decode(msg: Message) -> Any:
+        values: dict[str, Any] = {}
+        for name, step in zip(names, steps, strict=True):
+            value = getattr(msg, name) if step is None else step(msg)
+            if value is not _SKIP:
+                values[name] = value
+        return cls(**values)
+
+    return decode
+
+
+def _decode_step(f: _Field, zero_is_default: bool) -> _Convert | None:
+    """How one field comes off the wire (None: as it is)."""
+    k, name, default = f.kind, f.name, f.default
+    if k is _Kind.OPTIONAL:
+        # Unset: the record's default (None or NaN: unknown), None when it has none.
+        return lambda m: getattr(m, name) if m.HasField(name) else default
+    if k is _Kind.COPY:
+        # proto3: zero and unset are one and the same; a request reads either as its default.
+        return (lambda m: getattr(m, name) or _SKIP) if zero_is_default else None
+    if k is _Kind.ZERO_IS_NAN:
+        return lambda m: getattr(m, name) or math.nan
+    if k is _Kind.SCALARS:
+        if zero_is_default:
+            return lambda m: tuple(getattr(m, name)) or _SKIP
+        return lambda m: tuple(getattr(m, name))
+    if k is _Kind.MAP:
+        return lambda m: {key: v[key] for v in (getattr(m, name),) for key in sorted(v)}
+    if k is _Kind.ENUM:
+        assert f.enum_type is not None
+        words = {v.number: v.name.removeprefix(f.prefix) for v in f.enum_type.values}
+        # Unspecified, or a state this client does not know yet: the record's default.
+        members = {n: f.cls[w] for n, w in words.items() if w in f.cls.__members__}
+        return lambda m: members.get(getattr(m, name), _SKIP)
+    if k is _Kind.RECORDS:
+        records = _decoder(f.cls)
+        return lambda m: tuple(map(records, getattr(m, name)))
+    if k is _Kind.RECORD:
+        record = _decoder(f.cls)
+        return lambda m: record(getattr(m, name)) if m.HasField(name) else _SKIP
+    assert f.oneof is not None
+    which = f.oneof[1]
+    return lambda m: {
+        key: getattr(v[key], v[key].WhichOneof(which) or "string_value")
+        for v in (getattr(m, name),)
+        for key in sorted(v)
+    }
 
 
 # -- JSON ------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from textual.widgets import Button, Checkbox, Input, Label, RadioButton, RadioSe
 
 from bpfdyno.rpc.kernel_tracks import ALL, KERNEL_TRACKS, NONE
 from bpfdyno.rpc.traces import DEFAULT_DURATION_MS, DEFAULT_PROCESS_LIMIT, TraceSpec
-from bpfdyno.tui.records import TraceStatus
+from bpfdyno.tui.model import TraceProgress
 from bpfdyno.tui.widgets.trainers import trace_summary, trace_table
 
 #: Profiler options: (checkbox id, label, TraceSpec field).
@@ -267,9 +267,9 @@ class TraceScreen(ModalScreen[None]):
             self.submitted = False
             self.query_one("#trace-start", Button).disabled = False
 
-    def show_status(self, status: TraceStatus) -> None:
+    def show_status(self, progress: TraceProgress) -> None:
         """Show the trace's newest state: per process, where its file is."""
-        self._progress(Group(trace_summary(status), trace_table(status)))
+        self._progress(Group(trace_summary(progress), trace_table(progress)))
 
     def _progress(self, renderable: Text | Group) -> None:
         panel = self.query_one("#trace-progress", Static)

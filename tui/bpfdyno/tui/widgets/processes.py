@@ -19,6 +19,8 @@ from textual.widgets import Input, Static
 
 from bpfdyno.rpc.processes import (
     FILTER_KEYS,
+    THREAD_COLUMNS,
+    THREAD_COLUMNS_NOTE,
     ProcessFilter,
     ProcessRow,
     QueryError,
@@ -26,6 +28,7 @@ from bpfdyno.rpc.processes import (
     parse_filter,
     sort_key,
     sort_rows,
+    threads_text,
 )
 from bpfdyno.tui.fmt import fmt_bytes, fmt_percent, fmt_si
 from bpfdyno.tui.messages import OpenProcess, OpenTraceForm
@@ -56,17 +59,20 @@ class ProcessColumn:
     left: bool = False
 
 
+def _threads(field: str) -> Callable[[ProcessRow], str]:
+    """The cell of a scheduler column: the field's average threads."""
+    return lambda row: threads_text(getattr(row, field))
+
+
 #: The process table's columns in display order; each can be the sort key.
 PROCESS_COLUMNS: tuple[ProcessColumn, ...] = (
     ProcessColumn("pid", "PID", lambda r: str(r.pid), 7),
     ProcessColumn("user", "USER", lambda r: r.user or "-", 8, left=True),
     ProcessColumn("cpu_ratio", "CPU%", lambda r: fmt_percent(r.cpu_ratio), 5),
     ProcessColumn("rss_bytes", "RSS", lambda r: fmt_bytes(r.rss_bytes), 6),
-    ProcessColumn("oncpu_ratio", "ONCPU", lambda r: fmt_percent(r.oncpu_ratio), 5),
-    ProcessColumn("runq_wait_ratio", "RUNQ", lambda r: fmt_percent(r.runq_wait_ratio), 5),
-    ProcessColumn(
-        "offcpu_blocked_ratio", "BLOCK", lambda r: fmt_percent(r.offcpu_blocked_ratio), 5
-    ),
+    # Threads on a CPU, waiting for one, blocked (`THREAD_COLUMNS`: ``bpfdyno ps`` shows the
+    # same columns).
+    *(ProcessColumn(field, title, _threads(field), 5) for title, field in THREAD_COLUMNS),
     ProcessColumn(
         "tcp_tx_bytes_per_second",
         "TCP TX/s",
@@ -225,19 +231,21 @@ class ProcessesView(Vertical):
             table.set_items([])
             summary.update(Text(""))
             return
-        rows = filter_rows(snap.rows, self.filter)
+        rows = filter_rows(snap.processes, self.filter)
         rows = sort_rows(rows, self.sort_key, self.descending)
-        table.empty_text = "no process matches the filter" if snap.rows else "no processes"
+        table.empty_text = "no process matches the filter" if snap.processes else "no processes"
         table.set_items(rows)
         title = sort_title(self.sort_key)
         text = (
-            f"{len(rows)} shown of {len(snap.rows)} reported, {snap.total_processes} on host"
+            f"{len(rows)} shown of {len(snap.processes)} reported, {snap.total_processes} on host"
             f" · sort {title}{'▼' if self.descending else '▲'}"
         )
         if state.job_id:
             text += f" · job {state.job_id}"
+        # The scheduler columns count threads, not percents: say so (narrow: RUNQ only).
+        text += f" · {THREAD_COLUMNS_NOTE}" if self._wide else " · RUNQ in threads"
         if snap.unavailable:
-            text += " · unknown: " + "; ".join(f"{k} ({v})" for k, v in snap.unavailable)
+            text += " · unknown: " + "; ".join(f"{k} ({v})" for k, v in snap.unavailable.items())
         if self.filter_error:
             # Until the filter is fixed, the last good one stays in force; say what is wrong.
             summary.update(Text(self.filter_error, style="red"))
