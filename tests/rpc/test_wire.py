@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from bpfdyno.core.metrics import MetricKind as CoreKind
+from bpfdyno.core.metrics import MetricSpec as CoreSpec
 from bpfdyno.rpc import agent, audit, kernel, traces
 from bpfdyno.rpc.processes import ProcessRow
 from bpfdyno.rpc.v1 import agent_pb2, kernel_pb2, tracing_pb2
@@ -78,23 +80,16 @@ def test_unknown_values_are_unset_fields_and_come_back_unknown() -> None:
     }
 
 
-def test_enums_map_by_member_name_whatever_their_python_class() -> None:
-    # The agent's own PartState-like enums go out as they are (same member names).
-    @dataclass
-    class Part:
-        name: str = "sched"
-        state: object = traces.TrainerState.TRACING  # any enum with the API's member names
-        reason: str = ""
-        interval_seconds: float = 1.0
-        collections: int = 3
-        errors: int = 0
-        last_duration_seconds: float = 0.0
-        last_success_unix_seconds: float = 0.0
-
-    part = Part(state=agent.CollectorState.DEGRADED)
-    msg = to_pb(part, agent.CollectorStatus)
-    assert msg == agent_pb2.CollectorStatus(
-        name="sched", state=agent_pb2.COLLECTOR_STATE_DEGRADED, interval_seconds=1.0, collections=3
+def test_the_agent_s_own_objects_go_out_by_field_and_member_name() -> None:
+    # The catalog's specs have the API's field names and an enum with its member names.
+    spec = CoreSpec("x_ratio", CoreKind.RATIO, "ratio", "help", ("cpu",), "host")
+    assert to_pb(spec, agent.MetricSpec) == agent_pb2.MetricSpec(
+        name="x_ratio",
+        kind=agent_pb2.METRIC_KIND_RATIO,
+        unit="ratio",
+        help="help",
+        labels=["cpu"],
+        source="host",
     )
 
 

@@ -236,11 +236,8 @@ def run_job_trace(args: argparse.Namespace, spec: TraceSpec, wait_s: float) -> i
     try:
         cluster = resolve_cluster(args)
         fanout = cluster.fanout()
-    except ClusterUsageError as e:
+    except (ClusterUsageError, ClientSetupError) as e:
         print(f"bpfdyno: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except ClientSetupError as e:
-        print(f"bpfdyno: {e.message}", file=sys.stderr)
         return EXIT_USAGE
     spec = replace(spec, job_id=cluster.job_id)
     report = None if args.json else _ProgressPrinter(cluster)

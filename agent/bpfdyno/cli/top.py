@@ -63,10 +63,7 @@ def _cluster_top(args: argparse.Namespace) -> int:
             timeout_s=cluster.timeout_s,
             concurrency=cluster.concurrency,
         )
-    except ClusterUsageError as e:
+    except (ClusterUsageError, ClientSetupError) as e:
         print(f"bpfdyno top: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except ClientSetupError as e:
-        print(f"bpfdyno top: {e.message}", file=sys.stderr)
         return EXIT_USAGE
     return run_cluster_top(source)

@@ -35,6 +35,7 @@ from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.identity import user_name
 from bpfdyno.core.rules import pause_duration_s
 from bpfdyno.rpc.traces import (
+    PROFILER_SWITCHES,
     DcgmResult,
     ProcessTraceState,
     TraceSpec,
@@ -48,6 +49,20 @@ from bpfdyno.rpc.wire import record_dict
 DEFAULT_WAIT_S = 120.0
 #: dyno's defaults, which `TraceSpec` holds.
 _DEFAULT = TraceSpec()
+#: ``gputrace``'s numbers that are `TraceSpec` fields as they are, with dyno's flags:
+#: (flag, field, help), defaulting to the spec's defaults. The switches are
+#: `PROFILER_SWITCHES` (``--record-shapes``...), off by default.
+SPEC_NUMBERS = (
+    ("--duration-ms", "duration_ms", "duration of the trace in ms"),
+    ("--iterations", "iterations", "trace this many iterations (> 0) instead"),
+    ("--profile-start-time", "profile_start_time_ms", "epoch ms to start at (0 = ~7 s)"),
+    (
+        "--profile-start-iteration-roundup",
+        "profile_start_iteration_roundup",
+        "start an iteration trace at a multiple of this",
+    ),
+    ("--process-limit", "process_limit", "most processes to trace"),
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -70,42 +85,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(SLURM: 1234, an array task 1234_5, a het component 1234+1)",
     )
     p.add_argument("--pids", default="0", help="pids to trace, comma separated; 0 = all in job")
-    p.add_argument(
-        "--duration-ms",
-        type=int,
-        default=_DEFAULT.duration_ms,
-        help="duration of the trace in ms",
-    )
-    p.add_argument(
-        "--iterations",
-        type=int,
-        default=_DEFAULT.iterations,
-        help="trace this many iterations (> 0) instead",
-    )
     p.add_argument("--log-file", required=True, help="trace file (Kineto inserts _<pid>)")
-    p.add_argument(
-        "--profile-start-time",
-        type=int,
-        default=_DEFAULT.profile_start_time_ms,
-        help="epoch ms to start at (0 = ~7 s)",
-    )
-    p.add_argument(
-        "--profile-start-iteration-roundup",
-        type=int,
-        default=_DEFAULT.profile_start_iteration_roundup,
-        help="start an iteration trace at a multiple of this",
-    )
-    p.add_argument(
-        "--process-limit",
-        type=int,
-        default=_DEFAULT.process_limit,
-        help="most processes to trace",
-    )
-    p.add_argument("--record-shapes", action="store_true", help="record operator input shapes")
-    p.add_argument("--profile-memory", action="store_true", help="profile memory")
-    p.add_argument("--with-stacks", action="store_true", help="record Python stacks")
-    p.add_argument("--with-flops", action="store_true", help="estimate operator FLOPs")
-    p.add_argument("--with-modules", action="store_true", help="record nn.Module hierarchy")
+    for flag, field, help_text in SPEC_NUMBERS:
+        default = getattr(_DEFAULT, field)
+        p.add_argument(flag, dest=field, type=int, default=default, help=help_text)
+    for field, _, help_text in PROFILER_SWITCHES:
+        p.add_argument(f"--{field.replace('_', '-')}", action="store_true", help=help_text)
     p.add_argument(
         "--fail-on-no-process", action="store_true", help="exit 1 when no process matched"
     )
@@ -234,16 +219,8 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
     wait_s = args.timeout if args.timeout is not None else DEFAULT_WAIT_S
     spec = TraceSpec(
         log_file=args.log_file,
-        duration_ms=args.duration_ms,
-        iterations=args.iterations,
-        profile_start_time_ms=args.profile_start_time,
-        profile_start_iteration_roundup=args.profile_start_iteration_roundup,
-        record_shapes=args.record_shapes,
-        profile_memory=args.profile_memory,
-        with_stacks=args.with_stacks,
-        with_flops=args.with_flops,
-        with_modules=args.with_modules,
-        process_limit=args.process_limit,
+        **{field: getattr(args, field) for _, field, _ in SPEC_NUMBERS},
+        **{field: getattr(args, field) for field, _, _ in PROFILER_SWITCHES},
         pids=() if pids == [0] else tuple(pids),
         job_id=int(job_id) if job_id.isdigit() else 0,
         timeout_seconds=wait_s if (args.wait or args.timeout is not None) else 0.0,

@@ -8,11 +8,10 @@ cluster summary and the TUI.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from bpfdyno.rpc.v1 import agent_pb2 as pb
-from bpfdyno.rpc.wire import message
+from bpfdyno.rpc.wire import message, record
 
 
 class CollectorState(enum.StrEnum):
@@ -36,8 +35,7 @@ class MetricKind(enum.StrEnum):
     HISTOGRAM = "histogram"
 
 
-@message(pb.CollectorStatus)
-@dataclass(frozen=True, slots=True)
+@record(pb.CollectorStatus)
 class CollectorStatus:
     """One collector's (or other part's) state as the agent reports it.
 
@@ -62,8 +60,7 @@ class CollectorStatus:
     last_success_unix_seconds: float = 0.0
 
 
-@message(pb.Status)
-@dataclass(frozen=True, slots=True)
+@record(pb.Status)
 class AgentStatus:
     """What ``GetStatus`` answers: the agent's identity and each part's state."""
 
@@ -87,8 +84,7 @@ class AgentStatus:
         return self.started_unix_seconds + self.agent_uptime_seconds
 
 
-@message(pb.MetricSpec)
-@dataclass(frozen=True, slots=True)
+@record(pb.MetricSpec)
 class MetricSpec:
     """One declared metric: its unit comes from here, never from a client's guesses."""
 
@@ -116,8 +112,7 @@ class Point(NamedTuple):
     value: float
 
 
-@message(pb.Series)
-@dataclass(frozen=True, slots=True)
+@record(pb.Series)
 class Series:
     """One series (a metric and its labels, in the order the metric declares them) and its
     points, oldest first."""
@@ -132,8 +127,7 @@ class Series:
         return self.points[-1].value if self.points else float("nan")
 
 
-@message(pb.MetricsSnapshot)
-@dataclass(frozen=True, slots=True)
+@record(pb.MetricsSnapshot)
 class MetricsSnapshot:
     """The latest value of many series, or one streamed round of one collector.
 
@@ -148,16 +142,14 @@ class MetricsSnapshot:
     series: tuple[Series, ...] = ()
 
 
-@message(pb.MetricsWindow)
-@dataclass(frozen=True, slots=True)
+@record(pb.MetricsWindow)
 class MetricsWindow:
     """Every matching series' points inside a window."""
 
     series: tuple[Series, ...] = ()
 
 
-@message(pb.Clock)
-@dataclass(frozen=True, slots=True)
+@record(pb.Clock)
 class Clock:
     """The agent's wall clock when it received a ``GetClock`` and when it answered."""
 

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from bpfdyno.rpc.v1 import audit_pb2 as pb
-from bpfdyno.rpc.wire import message
+from bpfdyno.rpc.wire import record
 
 
-@message(pb.AuditedProcess)
-@dataclass(frozen=True, slots=True)
+@record(pb.AuditedProcess)
 class AuditedProcess:
     """A process a request acted on: its pid (as the request names it), its pid in the
     agent's namespace (0 if unknown), its owner (None if unknown) and the file it writes."""
@@ -20,8 +17,7 @@ class AuditedProcess:
     output_path: str
 
 
-@message(pb.AuditRecord)
-@dataclass(frozen=True, slots=True)
+@record(pb.AuditRecord)
 class AuditRecord:
     """One audited request (see ``audit.proto`` for each field)."""
 

@@ -4,17 +4,16 @@ TCP connections. Process rows and the table are in `bpfdyno.rpc.processes`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from bpfdyno.rpc.v1 import kernel_pb2 as pb
-from bpfdyno.rpc.wire import message
+from bpfdyno.rpc.wire import record
 
 #: An event attribute's value.
 AttrValue = int | float | str
 
 
-@message(pb.KernelEvent)
-@dataclass(frozen=True, slots=True)
+@record(pb.KernelEvent)
 class KernelEvent:
     """One kernel (or GPU) event: a retransmit, a drop, a reset, an exec, an XID...
 
@@ -40,8 +39,7 @@ class KernelEvent:
         )
 
 
-@message(pb.GetEventsResponse)
-@dataclass(frozen=True, slots=True)
+@record(pb.GetEventsResponse)
 class EventsPage:
     """Events still held by the agent's flight recorder, oldest first, and what it evicted."""
 
@@ -51,8 +49,7 @@ class EventsPage:
     oldest_unix_ns: int = 0
 
 
-@message(pb.TcpConnection)
-@dataclass(frozen=True, slots=True)
+@record(pb.TcpConnection)
 class TcpConnection:
     """One TCP connection the net collector tracks (unknown RTT and window: None)."""
 

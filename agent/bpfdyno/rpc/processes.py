@@ -19,15 +19,14 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from bpfdyno.rpc.v1 import kernel_pb2
-from bpfdyno.rpc.wire import from_pb, message, to_pb
+from bpfdyno.rpc.wire import from_pb, record, to_pb
 
 NAN = float("nan")
 #: Bytes per second that count as much activity as one busy core (1 Gbit/s).
 NET_ACTIVITY_SCALE = 125e6
 
 
-@message(kernel_pb2.ProcessRow)
-@dataclass(frozen=True, slots=True)
+@record(kernel_pb2.ProcessRow)
 class ProcessRow:
     """One process of the agent's process table.
 
@@ -138,8 +137,7 @@ def row_from_pb(msg: kernel_pb2.ProcessRow) -> ProcessRow:
     return from_pb(ProcessRow, msg)
 
 
-@message(kernel_pb2.ListProcessesResponse)
-@dataclass(frozen=True, slots=True)
+@record(kernel_pb2.ListProcessesResponse)
 class ProcessList:
     """What ``ListProcesses`` answers: a snapshot of the agent's process table.
 

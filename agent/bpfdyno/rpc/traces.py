@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import cast
 
 from bpfdyno.rpc.v1 import tracing_pb2
-from bpfdyno.rpc.wire import from_pb, message, to_pb
+from bpfdyno.rpc.wire import from_pb, record, to_pb
 
 #: Length of a duration trace when none is given (dyno's default).
 DEFAULT_DURATION_MS = 500
@@ -35,8 +35,7 @@ NO_ITERATIONS = -1
 KINETO_WARMUP_S = 5.0
 
 
-@message(tracing_pb2.StartTraceRequest, zero_is_default=True)
-@dataclass(frozen=True, slots=True)
+@record(tracing_pb2.StartTraceRequest, zero_is_default=True)
 class TraceSpec:
     """A trace request: who to trace, for how long, and what to record.
 
@@ -86,6 +85,17 @@ class TraceSpec:
         return self.iterations > 0
 
 
+#: The profiler's switches, as ``dyno gputrace`` names them: (`TraceSpec` field, short word,
+#: what it records). ``gputrace`` takes ``--record-shapes``..., the TUI's form a checkbox each.
+PROFILER_SWITCHES = (
+    ("record_shapes", "shapes", "record operator input shapes"),
+    ("profile_memory", "memory", "profile memory"),
+    ("with_stacks", "stacks", "record Python stacks"),
+    ("with_flops", "flops", "estimate operator FLOPs"),
+    ("with_modules", "modules", "record nn.Module hierarchy"),
+)
+
+
 def spec_to_pb(spec: TraceSpec) -> tracing_pb2.StartTraceRequest:
     """The StartTrace message for a request (every field set, defaults included)."""
     return cast(tracing_pb2.StartTraceRequest, to_pb(spec))
@@ -125,8 +135,7 @@ class TrainerRole(enum.StrEnum):
     DATA_WORKER = "data_worker"
 
 
-@message(tracing_pb2.Trainer)
-@dataclass(frozen=True, slots=True)
+@record(tracing_pb2.Trainer)
 class Trainer:
     """A PyTorch process registered with the agent for on-demand tracing.
 
@@ -161,8 +170,7 @@ class Trainer:
 # -- starting a trace -------------------------------------------------------------------------
 
 
-@message(tracing_pb2.TriggeredProcess)
-@dataclass(frozen=True, slots=True)
+@record(tracing_pb2.TriggeredProcess)
 class TriggeredProcess:
     """A process handed the trace config, and the file Kineto in it will write."""
 
@@ -171,8 +179,7 @@ class TriggeredProcess:
     output_path: str
 
 
-@message(tracing_pb2.SkippedProcess)
-@dataclass(frozen=True, slots=True)
+@record(tracing_pb2.SkippedProcess)
 class SkippedProcess:
     """A registered process that was not triggered, and why (in words)."""
 
@@ -181,8 +188,7 @@ class SkippedProcess:
     reason: str
 
 
-@message(tracing_pb2.StartTraceResponse)
-@dataclass(frozen=True, slots=True)
+@record(tracing_pb2.StartTraceResponse)
 class TraceStart:
     """What a trace request did (``StartTraceResponse``).
 
@@ -241,8 +247,7 @@ class ProcessTraceState(enum.StrEnum):
                         ProcessTraceState.TIMED_OUT)  # fmt: skip
 
 
-@message(tracing_pb2.KernelTracks)
-@dataclass(frozen=True, slots=True)
+@record(tracing_pb2.KernelTracks)
 class KernelTracks:
     """A process's kernel tracks in its trace file.
 
@@ -275,8 +280,7 @@ class KernelTracks:
         )
 
 
-@message(tracing_pb2.ProcessTrace)
-@dataclass(frozen=True, slots=True)
+@record(tracing_pb2.ProcessTrace)
 class ProcessTrace:
     """One process's part of a trace.
 
@@ -300,8 +304,7 @@ class ProcessTrace:
     kernel_tracks: KernelTracks = KernelTracks()
 
 
-@message(tracing_pb2.TraceStatus)
-@dataclass(frozen=True, slots=True)
+@record(tracing_pb2.TraceStatus)
 class TraceStatus:
     """A trace's state, per process (``GetTrace``, ``WatchTrace``).
 
@@ -348,8 +351,7 @@ class TraceStatus:
         return ", ".join(parts)
 
 
-@message(tracing_pb2.DcgmResponse)
-@dataclass(frozen=True, slots=True)
+@record(tracing_pb2.DcgmResponse)
 class DcgmResult:
     """What a dcgm pause or resume did: whether it worked, and why not."""
 
@@ -360,8 +362,7 @@ class DcgmResult:
 # -- summaries of written files ---------------------------------------------------------------
 
 
-@message(tracing_pb2.ProcessSummary)
-@dataclass(frozen=True, slots=True)
+@record(tracing_pb2.ProcessSummary)
 class ProcessSummary:
     """One trace file in numbers (see docs/tracing.md, "Summary across ranks").
 
@@ -393,8 +394,7 @@ class ProcessSummary:
     error: str = ""
 
 
-@message(tracing_pb2.TraceSummary)
-@dataclass(frozen=True, slots=True)
+@record(tracing_pb2.TraceSummary)
 class TraceSummary:
     """Each triggered process's file of a trace, summarised, in the trace's order."""
 

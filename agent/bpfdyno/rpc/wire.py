@@ -1,8 +1,8 @@
 """The one mapping between the API's records and its protobuf messages, by field name.
 
-Every message a client uses has a record in `bpfdyno.rpc` (a frozen dataclass, or a
-NamedTuple for the pairs ``Label`` and ``Point``) with the message's field names, declared
-with `message`. `to_pb` and `from_pb` translate any of them, driven by the record's type
+Every message a client uses has a record in `bpfdyno.rpc` with the message's field names: a
+frozen dataclass declared with `record`, or a NamedTuple (the pairs ``Label`` and ``Point``)
+declared with `message`. `to_pb` and `from_pb` translate any of them, driven by the record's type
 hints and the message's descriptor; nothing is copied field by field anywhere else:
 
 - scalars are copied; repeated fields are tuples; maps are dicts (a map whose values are a
@@ -33,7 +33,7 @@ import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, cast, dataclass_transform
 
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
@@ -64,6 +64,18 @@ def message(pb_class: type[Message], *, zero_is_default: bool = False) -> Callab
             )
         _MESSAGES[cls] = (pb_class, zero_is_default)
         return cls
+
+    return declare
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
+def record(pb_class: type[Message], *, zero_is_default: bool = False) -> Callable[[T], T]:
+    """Declare a class as a record of ``pb_class``: a frozen dataclass with the message's
+    fields (a class decorator; see `message`)."""
+
+    def declare(cls: T) -> T:
+        data: Any = dataclasses.dataclass(frozen=True, slots=True)(cls)
+        return message(pb_class, zero_is_default=zero_is_default)(cast(T, data))
 
     return declare
 

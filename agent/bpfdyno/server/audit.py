@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import cast
 
 import grpc
-import orjson
 
 from bpfdyno.rpc import audit as api
 from bpfdyno.rpc.v1 import audit_pb2 as pb
@@ -24,26 +23,8 @@ DEFAULT_LIMIT = 100
 
 
 def record_to_pb(r: AuditRecord) -> pb.AuditRecord:
-    """An audit record as its message (what was asked, as a JSON object)."""
-    request = orjson.dumps(r.request, option=orjson.OPT_SORT_KEYS).decode()
-    record = api.AuditRecord(
-        seq=r.seq,
-        ts_unix_seconds=r.ts,
-        action=r.action,
-        decision=r.decision,
-        rule=r.rule,
-        message=r.message,
-        uid=r.uid,
-        user=r.user,
-        transport=r.transport,
-        peer=r.peer,
-        requester_pid=r.requester_pid,
-        trace_id=r.trace_id,
-        request_json=request,
-        processes=r.processes,
-        matched=r.matched,
-    )
-    return cast(pb.AuditRecord, to_pb(record))
+    """An audit record as its message: it speaks the API's words (`bpfdyno.rpc.audit`)."""
+    return cast(pb.AuditRecord, to_pb(r, api.AuditRecord))
 
 
 class AuditServicer(pb_grpc.AuditServicer):

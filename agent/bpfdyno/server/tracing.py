@@ -19,7 +19,6 @@ from bpfdyno.rpc.traces import (
     TraceStatus,
     TraceSummary,
     Trainer,
-    TrainerRole,
     spec_from_pb,
 )
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
@@ -27,29 +26,10 @@ from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
 from bpfdyno.rpc.wire import to_pb
 from bpfdyno.server.errors import grpc_errors
 from bpfdyno.server.peers import requester_from_context
-from bpfdyno.services.tracing import TraceRequest, TracingService, TrainerView
-from bpfdyno.tracing.config_text import TraceOptions
+from bpfdyno.services.tracing import TraceRequest, TracingService
 from bpfdyno.tracing.traces import TraceView
 
 _NO_GPU_MONITOR = "no GPU monitor in this agent (no GPU, or the gpu collector is disabled)"
-
-
-def trainer_record(t: TrainerView) -> Trainer:
-    """A registered trainer in the API's words."""
-    return Trainer(
-        pid=t.pid,
-        ancestors=t.ancestors,
-        job_id=t.job_id,
-        first_poll_unix_seconds=t.first_poll,
-        last_poll_unix_seconds=t.last_poll,
-        polls=t.polls,
-        state=t.state,
-        role=TrainerRole[t.role.name],
-        endpoint=t.endpoint,
-        trace_id=t.trace_id,
-        uid=t.uid,
-        host_pid=t.host_pid,
-    )
 
 
 def trace_to_pb(view: TraceView) -> pb.TraceStatus:
@@ -58,23 +38,9 @@ def trace_to_pb(view: TraceView) -> pb.TraceStatus:
 
 
 def request_from_pb(r: pb.StartTraceRequest) -> TraceRequest:
-    """The domain request for a StartTrace message (proto3 zero values mean "default").
-
-    The one place where the client's `TraceSpec` becomes the Kineto `TraceOptions`.
-    """
+    """The domain request for a StartTrace message (proto3 zero values mean "default"): the
+    client's `TraceSpec` is its profiler options as they are."""
     spec = spec_from_pb(r)
-    options = TraceOptions(
-        log_file=spec.log_file,
-        duration_ms=spec.duration_ms,
-        iterations=spec.iterations,
-        start_time_ms=spec.profile_start_time_ms,
-        start_iteration_roundup=spec.profile_start_iteration_roundup,
-        record_shapes=spec.record_shapes,
-        profile_memory=spec.profile_memory,
-        with_stacks=spec.with_stacks,
-        with_flops=spec.with_flops,
-        with_modules=spec.with_modules,
-    )
     try:
         tracks = parse_kernel_tracks(spec.kernel_tracks)
     except ValueError as e:
@@ -83,7 +49,7 @@ def request_from_pb(r: pb.StartTraceRequest) -> TraceRequest:
         job_id=spec.job_id,
         pids=spec.pids,
         process_limit=spec.process_limit,
-        options=options,
+        options=spec,
         timeout_s=spec.timeout_seconds,
         kernel_tracks=tracks,
         pre_window_s=spec.pre_window_seconds,
@@ -98,8 +64,8 @@ class TracingServicer(pb_grpc.TracingServicer):
         self, request: pb.ListTrainersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListTrainersResponse:
         job = request.job_id if request.HasField("job_id") else None
-        trainers = [trainer_record(t) for t in self._svc.list_trainers(job)]
-        return pb.ListTrainersResponse(trainers=[cast(pb.Trainer, to_pb(t)) for t in trainers])
+        trainers = [cast(pb.Trainer, to_pb(t, Trainer)) for t in self._svc.list_trainers(job)]
+        return pb.ListTrainersResponse(trainers=trainers)
 
     @grpc_errors
     async def StartTrace(

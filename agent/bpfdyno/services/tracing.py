@@ -38,7 +38,6 @@ from bpfdyno.tracing.audit import AuditLog, config_for_record
 from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest
 from bpfdyno.tracing.config_text import (
     CheckedConfig,
-    TraceOptions,
     build_config,
     check_config,
     with_trace_id,
@@ -79,7 +78,8 @@ DcgmResume = Callable[[], bool]
 
 @dataclass(frozen=True, slots=True)
 class TrainerView:
-    """A registered trainer as reported to clients."""
+    """A registered trainer as reported to clients (sent as the API's `Trainer` by field
+    name: the two poll times under the API's names below, the role by its member name)."""
 
     pid: int
     ancestors: tuple[int, ...]
@@ -93,6 +93,16 @@ class TrainerView:
     trace_id: str
     uid: int | None = None
     host_pid: int = 0
+
+    @property
+    def first_poll_unix_seconds(self) -> float:
+        """``first_poll`` by its name in the API."""
+        return self.first_poll
+
+    @property
+    def last_poll_unix_seconds(self) -> float:
+        """``last_poll`` by its name in the API."""
+        return self.last_poll
 
 
 def describe_address(address: bytes) -> str:
@@ -447,14 +457,13 @@ def _audited_request(req: TraceRequest, config_text: str = "") -> dict[str, obje
         shown["log_file"] = req.options.log_file
         shown["duration_ms"] = req.options.duration_ms
         shown["iterations"] = req.options.iterations
-        shown["start_time_ms"] = req.options.start_time_ms
+        shown["start_time_ms"] = req.options.profile_start_time_ms
     return shown
 
 
 __all__ = [
     "ProcState",
     "SkippedProcess",
-    "TraceOptions",
     "TraceRequest",
     "TraceStartResult",
     "TraceView",

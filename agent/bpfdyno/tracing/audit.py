@@ -78,6 +78,16 @@ class AuditRecord:
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))
 
+    @property
+    def ts_unix_seconds(self) -> float:
+        """``ts`` by its name in the API (the record is sent as the API's by field name)."""
+        return self.ts
+
+    @property
+    def request_json(self) -> str:
+        """``request`` as the API carries it: a JSON object, keys sorted."""
+        return orjson.dumps(self.request, option=orjson.OPT_SORT_KEYS).decode()
+
 
 class AuditLog:
     """Where audit records go (see the module docstring).

@@ -31,16 +31,7 @@ from bpfdyno.core.identity import ROOT_UID, FileIdentityError, files_as
 from bpfdyno.rpc.traces import KernelTracks as TrackStatus
 from bpfdyno.sources.net.decode import NET_EVENT_KINDS
 from bpfdyno.tracing.capture.manager import CaptureKey, CaptureManager
-from bpfdyno.tracing.capture.records import (
-    ALL_TRACKS,
-    GpuSample,
-    NcclCall,
-    NetBurst,
-    NetEvent,
-    OffCpu,
-    ProcessCapture,
-    Track,
-)
+from bpfdyno.tracing.capture.records import ALL_TRACKS, TRACK_OF, ProcessCapture, Track
 from bpfdyno.tracing.capture.tracks import INFO_NAME, Sink, Window, write_tracks
 from bpfdyno.tracing.merge import Insertion, MergeError, TraceLayout, merge_into_trace
 from bpfdyno.tracing.traces import KernelTrackState, PartRef, TraceTracker
@@ -50,14 +41,6 @@ log = logging.getLogger(__name__)
 #: Longest wait for the capture's records once a file is complete (they come in
 #: milliseconds; this only keeps a part from staying "merging" if the capture is stuck).
 END_TIMEOUT_S = 60.0
-
-_RECORD_TRACK = {
-    NetBurst: Track.NET,
-    NetEvent: Track.NET,
-    OffCpu: Track.SCHED,
-    NcclCall: Track.NCCL,
-    GpuSample: Track.GPU,
-}
 
 
 class KernelTracks:
@@ -180,7 +163,7 @@ def merge_capture(
     requested = part.tracks.names()
     kept = {t: 0 for t in ALL_TRACKS}
     for r in capture.records:
-        kept[_RECORD_TRACK[type(r)]] += 1
+        kept[TRACK_OF[type(r)]] += 1
     merged: list[Track] = []
     notes: list[str] = []
     for track in ALL_TRACKS:

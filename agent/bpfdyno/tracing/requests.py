@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.identity import Requester
-from bpfdyno.rpc.traces import DEFAULT_PROCESS_LIMIT, SkippedProcess, TriggeredProcess
+from bpfdyno.rpc.traces import DEFAULT_PROCESS_LIMIT, SkippedProcess, TraceSpec, TriggeredProcess
 from bpfdyno.tracing.capture.records import KernelTrackRequest, Track
-from bpfdyno.tracing.config_text import CheckedConfig, TraceOptions
+from bpfdyno.tracing.config_text import CheckedConfig
 from bpfdyno.tracing.ipc.wire import MAX_PID
 from bpfdyno.tracing.paths import default_output_path, kineto_output_path, memory_snapshot_path
 from bpfdyno.tracing.policy import ownership_problem
@@ -34,7 +34,8 @@ class TraceRequest:
             pids are given).
         pids: pids to match (own pid or an ancestor); empty or ``(0,)`` = the whole job.
         process_limit: most processes to trigger.
-        options: structured options (gRPC, CLI); exactly one of ``options`` / ``config``.
+        options: the profiler options of the API's request (gRPC, CLI: its log file, duration
+            or iterations, start, switches); exactly one of ``options`` / ``config``.
         config: raw Kineto config text (the legacy RPC).
         timeout_s: how long to follow the trace; 0 = the configured default.
         kernel_tracks: names of the kernel tracks to merge into each file (see
@@ -46,7 +47,7 @@ class TraceRequest:
     job_id: int = 0
     pids: tuple[int, ...] = ()
     process_limit: int = DEFAULT_PROCESS_LIMIT
-    options: TraceOptions | None = None
+    options: TraceSpec | None = None
     config: str | None = None
     timeout_s: float = 0.0
     kernel_tracks: tuple[str, ...] | None = None
