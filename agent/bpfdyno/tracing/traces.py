@@ -289,7 +289,7 @@ class TraceTracker:
 
     def _initial_tracks(self, tracks: KernelTrackRequest) -> KernelTracks:
         if not tracks.enabled:
-            return KernelTracks()
+            return KernelTracks(state=KernelTrackState.OFF)
         if self._listener is None:
             return KernelTracks(
                 tracks.names(), KernelTrackState.NOT_MERGED, reason=self.tracks_off_reason
