@@ -59,7 +59,7 @@ from bpfdyno.tracing.requests import (
     output_path,
 )
 from bpfdyno.tracing.roles import Role, classify
-from bpfdyno.tracing.safety import PlacementChecker, Writer
+from bpfdyno.tracing.safety import PlacementChecker, Writer, mount_root
 from bpfdyno.tracing.summary import summarize_file
 from bpfdyno.tracing.traces import NewProcess, ProcState, TraceTracker, TraceView
 from bpfdyno.tracing.trainers import Trainer, TrainerRegistry
@@ -379,7 +379,16 @@ class TracingService(KinetoPolls):
         self.tracker.open_trace(
             trace_id,
             [
-                NewProcess(t.address, t.pid, t.job_id, path, text, tracks=tracks, owner_uid=t.uid)
+                NewProcess(
+                    t.address,
+                    t.pid,
+                    t.job_id,
+                    path,
+                    text,
+                    tracks=tracks,
+                    owner_uid=t.uid,
+                    fs_root=mount_root(t.host_pid, self._proc_root),
+                )
                 for t, path in triggered
             ],
             min(timeout, MAX_TIMEOUT_S),
@@ -433,7 +442,9 @@ class TracingService(KinetoPolls):
                 message="two matched processes would write the same file (same pid in different "
                 "containers?); narrow the request with --pids or --job-id",
             )
-        existing = [p for p in paths if os.path.lexists(p)]
+        existing = [
+            p for t, p in triggered if os.path.lexists(mount_root(t.host_pid, self._proc_root) + p)
+        ]
         if existing:
             raise InvalidArgument(
                 rule="would_overwrite",

@@ -123,13 +123,13 @@ class KernelTracks:
                 reason=f"the capture did not hand over its records within {END_TIMEOUT_S:g} s "
                 "(see the agent's log)",
             )
-            self._tracker.merge_done(part.trace_id, part.address, status, _size(part.output_path))
+            self._tracker.merge_done(part.trace_id, part.address, status, _size(part.local_path))
             return
         except Exception as e:
             status = TrackStatus(
                 requested, KernelTrackState.NOT_MERGED, reason=f"nothing was recorded ({e})"
             )
-            self._tracker.merge_done(part.trace_id, part.address, status, _size(part.output_path))
+            self._tracker.merge_done(part.trace_id, part.address, status, _size(part.local_path))
             return
         loop = asyncio.get_running_loop()
         try:
@@ -143,7 +143,7 @@ class KernelTracks:
             self.merged += 1
         else:
             self.failed += 1
-        self._tracker.merge_done(part.trace_id, part.address, status, _size(part.output_path))
+        self._tracker.merge_done(part.trace_id, part.address, status, _size(part.local_path))
 
     def merge(self, part: PartRef, capture: ProcessCapture) -> TrackStatus:
         """Write ``capture`` into ``part``'s file (blocking); the outcome as a status."""
@@ -209,7 +209,7 @@ def merge_capture(
     try:
         # As the file's owner: its directory is theirs, so every lookup there must be too.
         with files_as(*_file_owner(part)):
-            _, result = merge_into_trace(part.output_path, build)
+            _, result = merge_into_trace(part.local_path, build)
     except (MergeError, FileIdentityError) as e:
         log.warning("kernel tracks of pid %d not merged: %s", part.pid, e)
         return TrackStatus(requested, KernelTrackState.NOT_MERGED, lost=lost, reason=str(e))
@@ -252,7 +252,7 @@ def _file_owner(part: PartRef) -> tuple[int, int]:
     """(uid, gid) to merge ``part``'s file as: its process's owner (root when unknown)."""
     uid = part.owner_uid if part.owner_uid is not None else ROOT_UID
     with contextlib.suppress(OSError):
-        st = os.lstat(part.output_path)
+        st = os.lstat(part.local_path)
         if st.st_uid == uid:
             return uid, st.st_gid  # the group Kineto created the file with
     try:
