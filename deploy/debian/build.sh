@@ -19,6 +19,8 @@ SCRIPT=$(readlink -f "${BASH_SOURCE[0]}")
 HERE=$(dirname "$SCRIPT")
 REPO_ROOT=$(dirname "$(dirname "$HERE")")
 BUILD_DEPENDS=(dpkg-dev debhelper python3-venv)
+# shellcheck source=deploy/apt.sh
+source "$REPO_ROOT/deploy/apt.sh"
 
 log() { printf 'build.sh: %s\n' "$*" >&2; }
 die() {
@@ -41,19 +43,6 @@ while (($#)); do
 	*) die "unknown argument '$1' (usage: deploy/debian/build.sh [--out DIR])" ;;
 	esac
 done
-
-ensure_build_depends() {
-	local missing=() p
-	for p in "${BUILD_DEPENDS[@]}"; do
-		[[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" == "install ok installed" ]] ||
-			missing+=("$p")
-	done
-	((${#missing[@]} == 0)) && return
-	((EUID == 0)) || die "missing build tools: apt-get install ${missing[*]} (as root), then run this again"
-	log "apt-get install ${missing[*]}"
-	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
-		--no-install-recommends "${missing[@]}" >/dev/null
-}
 
 # The checkout's files: git's list when this is a git checkout, else the tree without the
 # usual local artefacts.
@@ -78,7 +67,7 @@ source_date() {
 
 main() {
 	command -v dpkg-query >/dev/null || die "not a Debian system (no dpkg-query)"
-	ensure_build_depends
+	ensure_packages "${BUILD_DEPENDS[@]}"
 	local version src stamp deb
 	version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$REPO_ROOT/agent/bpfdyno/version.py")
 	[[ -n $version ]] || die "no __version__ in agent/bpfdyno/version.py"

@@ -28,6 +28,9 @@ import pytest
 
 import bpfdyno.version
 
+#: The session's build runs in the first test's set-up: the package (pip downloads its
+#: dependencies) takes minutes on a slow machine.
+pytestmark = pytest.mark.timeout(1200)
 REPO = Path(__file__).resolve().parents[2]
 TRAINERS = REPO / "tests" / "tracing" / "trainers"
 APT = ["apt-get", "-o", "DPkg::Lock::Timeout=300", "-y", "-q"]
