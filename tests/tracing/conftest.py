@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from tracing_harness import Harness
 
+from bpfdyno.sources.irq.collector import IrqCollector
+
 TORCH_VERSION = "2.13.0"
 
 
@@ -53,3 +55,15 @@ async def harness(short_tmp: Path) -> AsyncIterator[Harness]:
     h = Harness(short_tmp)
     async with h:
         yield h
+
+
+@pytest.fixture(scope="module")
+def irq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IrqCollector]:
+    """The interrupt collector with its BPF program in the kernel (interrupt time for the
+    fabric track)."""
+    c = IrqCollector(header_cache=tmp_path_factory.mktemp("kheaders"))
+    c.start()
+    try:
+        yield c
+    finally:
+        c.close()

@@ -34,16 +34,6 @@ pytestmark = pytest.mark.root
 KEY = ("trace", 1)
 
 
-@pytest.fixture(scope="module")
-def irq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IrqCollector]:
-    c = IrqCollector(header_cache=tmp_path_factory.mktemp("kheaders"))
-    c.start()
-    try:
-        yield c
-    finally:
-        c.close()
-
-
 @pytest.fixture
 def tree(tmp_path: Path) -> SysfsTree:
     return dgx_like(tmp_path / "root")

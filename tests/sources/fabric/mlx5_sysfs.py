@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,6 +185,7 @@ class SysfsTree:
         _write(net / "dev_port", "0\n")
         _write(net / "operstate", "up\n")
         _write(net / "carrier", "1\n")
+        _write(net / "flags", "0x1003\n")
         for stat in NIC_STATISTICS:
             _write(net / "statistics" / stat, "0\n")
         _link(net / "device", fn.path)
@@ -219,7 +221,7 @@ class SysfsTree:
     def nic_add(self, netdev: str, stat: str, amount: int) -> None:
         """Advance an interface's ``statistics/<stat>`` by ``amount``."""
         path = self.root / "sys/class/net" / netdev / "statistics" / stat
-        path.write_text(f"{int(path.read_text()) + amount}\n")
+        _write(path, f"{int(path.read_text()) + amount}\n")
 
     def remove_counter(self, name: str, port: int, group: str, counter: str) -> None:
         (self.port_dir(name, port) / group / counter).unlink()
@@ -240,10 +242,18 @@ class SysfsTree:
 
 
 def _write(path: Path, text: str) -> None:
+    """Replace ``path``'s content at once, as a sysfs read sees it (never half written): the
+    new content is written beside the tree's ``sys/`` (never listed in it), then renamed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_symlink():
         path.unlink()
-    path.write_text(text)
+    parts = path.parts
+    scratch = Path(*parts[: len(parts) - parts[::-1].index("sys") - 1]) / ".writes"
+    scratch.mkdir(exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=scratch)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def _link(link: Path, target: Path) -> None:

@@ -19,6 +19,9 @@ from pathlib import Path
 
 from bpfdyno.sources.fabric.pci import read_int
 
+#: ``flags`` bit of an interface set up (administratively).
+IFF_UP = 0x1
+
 
 def net_dir(root: Path) -> Path:
     """``<root>/sys/class/net``."""
@@ -34,7 +37,8 @@ class NicLink:
         carrier_changes: link ups and downs since the interface was created.
         speed_bps: the negotiated speed, bits/s.
         full_duplex: 1 full, 0 half.
-        operstate: ``up``, ``down``, ``dormant``, ``unknown``...
+        operstate: ``up``, ``down``, ``lowerlayerdown``, ``dormant``, ``unknown``... (the
+            kernel updates it a moment after the carrier, from its link-watch work).
     """
 
     carrier: int | None
@@ -60,7 +64,8 @@ def read_link(root: Path, ifname: str) -> NicLink | None:
     except OSError:
         return None
     carrier = read_int(base / "carrier")
-    if carrier is None and operstate == "down":
+    flags = read_int(base / "flags", 16)
+    if carrier is None and flags is not None and not flags & IFF_UP:
         carrier = 0  # the kernel refuses to read the carrier of an interface set down
     speed = read_int(base / "speed")
     try:

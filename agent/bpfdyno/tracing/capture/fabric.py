@@ -351,16 +351,26 @@ class FabricSampler:
 
 
 def _records(t: _Traced) -> list[KernelRecord]:
-    """Deltas of each device's groups between consecutive readings, and link changes."""
+    """Deltas of each device's groups between consecutive readings, and link changes.
+
+    A counter missing from one reading (its file could not be read then) is counted from its
+    last value: the interval without it shows 0, the next one what it advanced since.
+    """
     deltas: list[FabricDelta] = []
     events: list[KernelRecord] = []
+    last: dict[str, dict[str, int]] = {}  # device -> counter -> its last value read
+    if t.readings:
+        last = {d: dict(r.values) for d, r in t.readings[0].devices.items()}
     for a, b in pairwise(t.readings):
         for device, after in b.devices.items():
             before = a.devices.get(device)
-            if before is None:
-                continue
-            for group, values in _groups(device, before.values, after.values).items():
+            known = last.get(device)
+            if before is None or known is None:
+                last[device] = dict(after.values)
+                continue  # back after a reading without it: deltas from the next one
+            for group, values in _groups(device, known, after.values).items():
                 deltas.append(FabricDelta(a.ts_ns, b.ts_ns, device, group, values))
+            known.update(after.values)
             event = _link_event(device, before, after, b.ts_ns)
             if event is not None:
                 events.append(event)
