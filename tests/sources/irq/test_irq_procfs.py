@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from large_interrupts import big_interrupts
 
 from bpfdyno.core.metrics import Sample
 from bpfdyno.core.status import PartState
@@ -32,7 +33,9 @@ def write_proc(root: Path, interrupts: str, softirqs: str = SOFTIRQS_TEXT) -> No
 
 def test_every_line_with_its_handlers_names(tmp_path: Path) -> None:
     write_proc(tmp_path, INTERRUPTS)
-    lines = {line.irq: line for line in read_interrupts(tmp_path)}
+    interrupts = read_interrupts(tmp_path)
+    assert interrupts.cpus == (0, 1, 2, 3)
+    lines = interrupts.lines
     assert list(lines) == [
         "0",
         "9",
@@ -47,17 +50,15 @@ def test_every_line_with_its_handlers_names(tmp_path: Path) -> None:
         "ERR",
         "MIS",
     ]
-    assert lines["119"] == IrqLine(
-        "119", "mlx5_comp0@pci:0000:3b:00.0", {0: 9129981, 1: 0, 2: 0, 3: 0}
-    )
+    assert lines["119"] == IrqLine("119", "mlx5_comp0@pci:0000:3b:00.0", ("9129981", "0", "0", "0"))
+    assert lines["119"].counts == (9129981, 0, 0, 0)
     assert lines["9"].name == "acpi"
     assert lines["158"].name == "nvidia"
     assert lines["170"].name == "xhci_hcd, snd_hda_intel:card0"  # a shared line
-    assert lines["LOC"] == IrqLine(
-        "LOC", "Local timer interrupts", {0: 88123456, 1: 87123456, 2: 86123456, 3: 85123456}
-    )
-    assert lines["ERR"] == IrqLine("ERR", "", {-1: 0})
-    assert lines["120"].total == 4294967290
+    assert lines["LOC"].name == "Local timer interrupts"
+    assert lines["LOC"].counts == (88123456, 87123456, 86123456, 85123456)
+    assert lines["ERR"] == IrqLine("ERR", "", ("0",))
+    assert lines["120"].counts == (0, 4294967290, 0, 0)
 
 
 def test_softirqs_by_name_and_cpu(tmp_path: Path) -> None:
@@ -137,9 +138,8 @@ def test_irq_cpu_pairs_are_capped(tmp_path: Path) -> None:
     clock.t += 1.0
     out = list(c.collect())
     assert len(rates(out, "irq_cpu_interrupts_per_second")) == 3
-    nonzero = sum(
-        1 for line in read_interrupts(tmp_path) for cpu, n in line.counts.items() if n and cpu >= 0
-    )
+    lines = read_interrupts(tmp_path).lines.values()
+    nonzero = sum(1 for line in lines if len(line.counts) == 4 for n in line.counts if n)
     assert rates(out, "irq_cpu_series_omitted") == {(): nonzero - 3}
 
 
@@ -150,3 +150,27 @@ def test_nothing_to_read_is_unavailable_with_both_reasons(tmp_path: Path) -> Non
         match=r"softirq time: the BPF part is turned off; /proc/interrupts: .*cannot read",
     ):
         c.start()
+
+
+def test_a_large_machine_file_at_its_real_size(tmp_path: Path) -> None:
+    cpus, irqs = 224, 400
+    write_proc(tmp_path, big_interrupts(cpus, irqs, 0))
+    (tmp_path / "sys/devices/system/cpu/online").write_text(f"0-{cpus - 1}\n")
+    assert len((tmp_path / "proc/interrupts").read_bytes()) > 1_000_000
+    clock = Clock()
+    c = IrqCollector(root=tmp_path, load_bpf=False, clock=clock)
+    c.start()
+    for step in (1, 2):
+        (tmp_path / "proc/interrupts").write_text(big_interrupts(cpus, irqs, step))
+        clock.t += 0.5
+        out = list(c.collect())
+    per_irq = rates(out, "irq_interrupts_per_second")
+    assert len(per_irq) == irqs + 1
+    assert per_irq[("24", "mlx5_comp0@pci:0000:3b:00.0")] == 2.0
+    assert per_irq[("423", "mlx5_comp399@pci:0000:3b:00.0")] == 800.0
+    assert per_irq[("LOC", "Local timer interrupts")] == 224 * 500.0
+    per_cpu = rates(out, "irq_cpu_interrupts_per_second")
+    # One pair per device IRQ (its CPU), every CPU for the timer.
+    assert len(per_cpu) == irqs + cpus
+    assert per_cpu[("250", str(226 % cpus))] == 454.0
+    assert per_cpu[("LOC", "223")] == 500.0

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from bpfdyno.core.config import FabricSection
 from bpfdyno.core.events import KernelEvent
-from bpfdyno.core.metrics import Sample, sample
+from bpfdyno.core.metrics import Labels, Sample, sample
 from bpfdyno.core.status import PartState
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 from bpfdyno.sources.counters import counter_delta
@@ -189,6 +189,7 @@ class FabricCollector(Collector):
         self._places: dict[str, list[PortPlace]] = {}  # by device, worked out once
         self._nics: dict[str, _Nic] = {}
         self._noted: set[str] = set()  # problems logged once
+        self._labels: dict[tuple[str, int, str, str], Labels] = {}
         self._rdma_summary = ""
         self._nic_summary = ""
 
@@ -245,10 +246,6 @@ class FabricCollector(Collector):
     def health(self) -> tuple[PartState, str] | None:
         """Always ok (no RDMA device is a machine without any): what was found."""
         return PartState.OK, f"{self._rdma_summary}; {self._nic_summary}"
-
-    def ports(self) -> list[PortPlace]:
-        """The RDMA ports of the last collection, with where they sit."""
-        return [p.place for p in self._ports.values()]
 
     # --- RDMA ----------------------------------------------------------------------------
 
@@ -336,7 +333,7 @@ class FabricCollector(Collector):
         ):
             for counter, value in values.items():
                 out.append(
-                    sample(COUNTER_TOTAL, value, labels | {"group": group, "counter": counter})
+                    Sample(COUNTER_TOTAL, value, self._counter_labels(place, group, counter))
                 )
         if prev is None or t <= prev.t:
             return out
@@ -347,9 +344,8 @@ class FabricCollector(Collector):
         }
         for group, by_name in deltas.items():
             for counter, delta in by_name.items():
-                out.append(
-                    sample(COUNTER_RATE, delta / dt, labels | {"group": group, "counter": counter})
-                )
+                labels_of = self._counter_labels(place, group, counter)
+                out.append(Sample(COUNTER_RATE, delta / dt, labels_of))
         for group, counter, direction, kind in rdma.DATA_COUNTERS:
             advanced = deltas[group].get(counter)
             if advanced is None:
@@ -367,6 +363,22 @@ class FabricCollector(Collector):
             out.append(sample(PORT_ERRORS, sum(errors) / dt, labels))
         events += _port_events(place, prev.status, status, deltas["counters"].get("link_downed", 0))
         return out
+
+    def _counter_labels(self, place: PortPlace, group: str, counter: str) -> Labels:
+        """The labels of a counter's series, built once (a node with 8 adapters has
+        hundreds of counters, every collection)."""
+        key = (place.device, place.port, group, counter)
+        labels = self._labels.get(key)
+        if labels is None:
+            if len(self._labels) >= 65536:
+                self._labels.clear()  # a bound against devices and counters churning
+            labels = self._labels[key] = (
+                ("device", place.device),
+                ("port", str(place.port)),
+                ("group", group),
+                ("counter", counter),
+            )
+        return labels
 
     # --- NICs ----------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from bpfdyno.sources.fabric.pci import read_int
+from bpfdyno.sources.fabric.sysfs import read_attr, read_attr_int
 
 #: ``flags`` bit of an interface set up (administratively).
 IFF_UP = 0x1
@@ -59,22 +59,18 @@ def list_interfaces(root: Path = Path("/")) -> list[str]:
 def read_link(root: Path, ifname: str) -> NicLink | None:
     """The interface's link; None when the interface is gone."""
     base = net_dir(root) / ifname
-    try:
-        operstate = (base / "operstate").read_text(encoding="ascii").strip()
-    except OSError:
+    operstate = read_attr(base / "operstate")
+    if operstate is None:
         return None
-    carrier = read_int(base / "carrier")
-    flags = read_int(base / "flags", 16)
+    carrier = read_attr_int(base / "carrier")
+    flags = read_attr_int(base / "flags", 16)
     if carrier is None and flags is not None and not flags & IFF_UP:
         carrier = 0  # the kernel refuses to read the carrier of an interface set down
-    speed = read_int(base / "speed")
-    try:
-        duplex = (base / "duplex").read_text(encoding="ascii").strip()
-    except OSError:
-        duplex = ""
+    speed = read_attr_int(base / "speed")
+    duplex = read_attr(base / "duplex") or ""
     return NicLink(
         carrier,
-        read_int(base / "carrier_changes"),
+        read_attr_int(base / "carrier_changes"),
         speed * 1e6 if speed is not None and speed > 0 else None,  # sysfs: Mb/s, -1 unknown
         {"full": 1, "half": 0}.get(duplex),
         operstate,
@@ -86,7 +82,7 @@ def read_statistics(root: Path, ifname: str, names: tuple[str, ...]) -> dict[str
     base = net_dir(root) / ifname / "statistics"
     out = {}
     for name in names:
-        value = read_int(base / name)
+        value = read_attr_int(base / name)
         if value is not None:
             out[name] = value
     return out

@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from bpfdyno.sources.fabric.sysfs import read_attr_int
+
 NVIDIA_VENDOR = 0x10DE
 #: PCI base class of display controllers (VGA 0x0300, 3D 0x0302).
 DISPLAY_CLASS = 0x03
@@ -48,14 +50,6 @@ class PciDevice:
     numa_node: int | None
 
 
-def read_int(path: Path, base: int = 10) -> int | None:
-    """An integer sysfs attribute; None when absent, unreadable or not a number."""
-    try:
-        return int(path.read_text(encoding="ascii", errors="replace").strip(), base)
-    except (OSError, ValueError):
-        return None
-
-
 def pci_device(device_dir: Path) -> PciDevice | None:
     """The PCI function a sysfs ``device`` link (or a devices/ directory) resolves to.
 
@@ -72,7 +66,7 @@ def pci_device(device_dir: Path) -> PciDevice | None:
     if "devices" not in parts:
         return None
     chain = parts[len(parts) - parts[::-1].index("devices") :]
-    numa = read_int(real / "numa_node")
+    numa = read_attr_int(real / "numa_node")
     return PciDevice(real.name, tuple(chain), numa if numa is not None and numa >= 0 else None)
 
 
@@ -85,8 +79,8 @@ def list_gpus(root: Path = Path("/")) -> list[PciDevice]:
         return []
     out = []
     for name in entries:
-        vendor = read_int(base / name / "vendor", 16)
-        klass = read_int(base / name / "class", 16)
+        vendor = read_attr_int(base / name / "vendor", 16)
+        klass = read_attr_int(base / name / "class", 16)
         if vendor != NVIDIA_VENDOR or klass is None or klass >> 16 != DISPLAY_CLASS:
             continue
         device = pci_device(base / name)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bpfdyno.sources.fabric.pci import PciDevice, pci_device
+from bpfdyno.sources.fabric.sysfs import read_attr, read_raw
 
 #: port_xmit_data / port_rcv_data count octets divided by 4.
 DATA_WORD_BYTES = 4
@@ -185,13 +186,6 @@ def read_device(root: Path, name: str) -> RdmaDevice:
     return RdmaDevice(name, ports, pci_device(base / "device"))
 
 
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="ascii", errors="replace").strip()
-    except OSError:
-        return None
-
-
 def _numbered(text: str | None) -> tuple[int, str]:
     """``"4: ACTIVE"`` -> (4, "ACTIVE"); (0, "") when unreadable or malformed."""
     if text is None:
@@ -220,9 +214,9 @@ def read_port_status(root: Path, device: str, port: int) -> PortStatus:
     base = class_dir(root) / device / "ports" / str(port)
     if not base.is_dir():
         raise DeviceGone(f"RDMA device {device} port {port} disappeared")
-    state, state_name = _numbered(_read_text(base / "state"))
-    phys, phys_name = _numbered(_read_text(base / "phys_state"))
-    rate, width, speed = parse_rate(_read_text(base / "rate"))
+    state, state_name = _numbered(read_attr(base / "state"))
+    phys, phys_name = _numbered(read_attr(base / "phys_state"))
+    rate, width, speed = parse_rate(read_attr(base / "rate"))
     return PortStatus(
         state,
         state_name,
@@ -231,7 +225,7 @@ def read_port_status(root: Path, device: str, port: int) -> PortStatus:
         rate,
         width,
         speed,
-        _read_text(base / "link_layer") or "Unknown",
+        read_attr(base / "link_layer") or "Unknown",
     )
 
 
@@ -266,22 +260,23 @@ def read_port_counters(
 def _read_group(
     directory: Path, group: str, names: Collection[str] | None, unreadable: list[str]
 ) -> dict[str, int]:
+    folder = str(directory)
     if names is None:
         try:
-            names = sorted(n for n in os.listdir(directory) if n not in HW_COUNTER_SETTINGS)
+            names = sorted(n for n in os.listdir(folder) if n not in HW_COUNTER_SETTINGS)
         except OSError:
             return {}  # the device has no such group
     out: dict[str, int] = {}
     for name in names:
         try:
-            text = (directory / name).read_text(encoding="ascii", errors="replace")
+            raw = read_raw(f"{folder}/{name}")
         except FileNotFoundError:
             continue  # not a counter of this device: absent, not 0
-        except OSError:
+        except OSError:  # the firmware refused the query (EINVAL, EIO)
             unreadable.append(f"{group}/{name}")
             continue
         try:
-            out[name] = int(text.strip())
+            out[name] = int(raw)
         except ValueError:  # "N/A (no PMA)" and the like
             unreadable.append(f"{group}/{name}")
     return out
@@ -290,7 +285,7 @@ def _read_group(
 def port_netdev(root: Path, device: RdmaDevice, port: int) -> str:
     """The network interface of a port: the RoCE GID table's netdev, else the PCI function's
     interface with that port (IPoIB, or an Ethernet port of the HCA); "" when none."""
-    ndev = _read_text(class_dir(root) / device.name / "ports" / str(port) / "gid_attrs/ndevs/0")
+    ndev = read_attr(class_dir(root) / device.name / "ports" / str(port) / "gid_attrs/ndevs/0")
     if ndev:
         return ndev
     net = class_dir(root) / device.name / "device" / "net"
@@ -299,7 +294,7 @@ def port_netdev(root: Path, device: RdmaDevice, port: int) -> str:
     except OSError:
         return ""
     for name in names:
-        dev_port = _read_text(net / name / "dev_port")
+        dev_port = read_attr(net / name / "dev_port")
         index = int(dev_port) if dev_port and dev_port.isdigit() else 0
         if index == port - 1:
             return name

@@ -25,10 +25,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import ne, sub
 from pathlib import Path
 
 from bpfdyno.core.config import IrqSection
-from bpfdyno.core.metrics import Sample, sample
+from bpfdyno.core.metrics import Labels, Sample, sample
 from bpfdyno.core.status import PartState
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.maps import percpu_words
@@ -46,7 +48,7 @@ from bpfdyno.sources.irq.metrics import (
     SOFTIRQ_RUNS,
     SOFTIRQ_TIME,
 )
-from bpfdyno.sources.irq.procfs import IrqLine, read_interrupts
+from bpfdyno.sources.irq.procfs import Interrupts, read_interrupts
 from bpfdyno.sources.perf.perf_event import online_cpus
 
 log = logging.getLogger(__name__)
@@ -154,9 +156,14 @@ class IrqCollector(Collector):
         self._bpf_missing = ""
         self._procfs_error = ""
         self._prev_bpf: _Reading | None = None
-        self._prev_irqs: tuple[float, dict[str, IrqLine]] | None = None
-        self._soft_pairs: set[tuple[int, int]] = set()
-        self._irq_pairs: set[tuple[str, int]] = set()
+        self._prev_irqs: tuple[float, Interrupts] | None = None
+        #: CPU -> the softirqs (vector numbers) that ran there since the start, with labels.
+        self._soft_pairs: dict[int, list[tuple[int, Labels]]] = {}
+        #: IRQ -> the columns (of /proc/interrupts' CPUs) where it had interrupts, each with
+        #: its series' labels (built once: a big machine reports thousands of pairs).
+        self._irq_pairs: dict[str, list[tuple[int, Labels]]] = {}
+        self._pair_count = 0
+        self._pairs_seeded = False  # every line's pairs looked at once
         self._omitted_pairs: set[tuple[str, int]] = set()
 
     @classmethod
@@ -174,7 +181,7 @@ class IrqCollector(Collector):
         """
         procfs_error = ""
         try:
-            self._prev_irqs = (self._clock(), _by_irq(read_interrupts(self._root)))
+            self._prev_irqs = (self._clock(), read_interrupts(self._root))
         except ProcfsError as e:
             procfs_error = str(e)
         if self._load_bpf:
@@ -248,7 +255,7 @@ class IrqCollector(Collector):
             return PartState.DEGRADED, "; ".join(missing)
         return PartState.OK, (
             f"softirq and handler time on {len(self._online)} CPUs; "
-            f"{len(self._irq_pairs)} (IRQ, CPU) pairs with interrupts"
+            f"{self._pair_count} (IRQ, CPU) pairs with interrupts"
         )
 
     def cpu_interrupt_times(self) -> dict[int, CpuInterrupts] | None:
@@ -286,66 +293,86 @@ class IrqCollector(Collector):
             before = prev.cpus.get(cpu)
             if before is None:
                 continue
-            labels = {"cpu": str(cpu)}
+            name = str(cpu)
+            labels = {"cpu": name}
             out.append(
                 sample(HARDIRQ_TIME, (now.hardirq_ns - before.hardirq_ns) / 1e9 / dt, labels)
             )
             out.append(sample(HARDIRQ_RUNS, (now.hardirq_runs - before.hardirq_runs) / dt, labels))
-            for vec, name in enumerate(SOFTIRQS):
-                if now.softirq_runs[vec]:
-                    self._soft_pairs.add((cpu, vec))
-                if (cpu, vec) not in self._soft_pairs:
-                    continue
-                pair = {"cpu": str(cpu), "softirq": name}
-                spent = now.softirq_ns[vec] - before.softirq_ns[vec]
-                runs = now.softirq_runs[vec] - before.softirq_runs[vec]
-                out.append(sample(SOFTIRQ_TIME, spent / 1e9 / dt, pair))
-                out.append(sample(SOFTIRQ_RUNS, runs / dt, pair))
+            vecs = self._soft_pairs.get(cpu)
+            if vecs is None or len(vecs) < len(SOFTIRQS):  # softirqs that ran here for once
+                seen = list(compress(range(len(SOFTIRQS)), now.softirq_runs))
+                if vecs is None or len(seen) != len(vecs):
+                    vecs = self._soft_pairs[cpu] = [
+                        (vec, (("cpu", name), ("softirq", SOFTIRQS[vec]))) for vec in seen
+                    ]
+            spent = list(map(sub, now.softirq_ns, before.softirq_ns))
+            runs = list(map(sub, now.softirq_runs, before.softirq_runs))
+            for vec, pair in vecs:
+                out.append(Sample(SOFTIRQ_TIME, spent[vec] / 1e9 / dt, pair))
+                out.append(Sample(SOFTIRQ_RUNS, runs[vec] / dt, pair))
         return out
 
     def _procfs_samples(self) -> list[Sample]:
         t = self._clock()
-        cur = _by_irq(read_interrupts(self._root))
+        cur = read_interrupts(self._root, self._prev_irqs[1] if self._prev_irqs else None)
         prev, self._prev_irqs = self._prev_irqs, (t, cur)
         if prev is None or t <= prev[0]:
             return []
         dt = t - prev[0]
+        columns = [str(cpu) for cpu in cur.cpus]
+        first, self._pairs_seeded = not self._pairs_seeded, True
         out: list[Sample] = []
-        for irq, line in cur.items():
-            old = prev[1].get(irq)
-            if old is None:
-                continue  # a new IRQ (a device came): rates from its second reading
+        for irq, line in cur.lines.items():
+            old = prev[1].lines.get(irq)
+            if old is None or len(old.fields) != len(line.fields):
+                continue  # a new IRQ (a device came), or the CPUs changed: rates from the next
+            per_cpu = len(line.fields) == len(columns)
+            if first and per_cpu:
+                nonzero = compress(range(len(columns)), map("0".__ne__, line.fields))
+                self._add_pairs(irq, list(nonzero), columns)
+            # Only the columns whose text changed are converted (on a large machine, most do
+            # not change between two readings).
+            moved = (
+                []
+                if line is old
+                else list(compress(range(len(line.fields)), map(ne, line.fields, old.fields)))
+            )
             deltas = {
-                cpu: counter_delta(old.counts[cpu], n)
-                for cpu, n in line.counts.items()
-                if cpu in old.counts
+                col: counter_delta(int(old.fields[col]), int(line.fields[col])) for col in moved
             }
-            known = [d for d in deltas.values() if d is not None]
-            if len(known) == len(line.counts):
-                out.append(sample(INTERRUPTS, sum(known) / dt, {"irq": irq, "name": line.name}))
-            for cpu, delta in sorted(deltas.items()):
-                if cpu < 0 or delta is None:
-                    continue
-                if line.counts[cpu] and (irq, cpu) not in self._irq_pairs:
-                    self._add_pair(irq, cpu)
-                if (irq, cpu) in self._irq_pairs:
-                    labels = {"irq": irq, "cpu": str(cpu)}
-                    out.append(sample(CPU_INTERRUPTS, delta / dt, labels))
+            if per_cpu and moved:
+                self._add_pairs(irq, [col for col in moved if line.fields[col] != "0"], columns)
+            if None not in deltas.values():
+                total = sum(d for d in deltas.values() if d is not None)
+                named = (("irq", irq), ("name", line.name))
+                out.append(Sample(INTERRUPTS, total / dt, named))
+            for col, labels in self._irq_pairs.get(irq, ()):
+                delta = deltas.get(col, 0)
+                if delta is not None:
+                    out.append(Sample(CPU_INTERRUPTS, delta / dt, labels))
         out.append(sample(CPU_SERIES_OMITTED, len(self._omitted_pairs)))
         return out
 
-    def _add_pair(self, irq: str, cpu: int) -> None:
-        if len(self._irq_pairs) < self._max_pairs:
-            self._irq_pairs.add((irq, cpu))
-        elif (irq, cpu) not in self._omitted_pairs:
+    def _add_pairs(self, irq: str, nonzero: list[int], columns: list[str]) -> None:
+        """Report these (IRQ, column) pairs, which have had interrupts, from now on (up to the
+        cap); those reported already are skipped."""
+        have = self._irq_pairs.get(irq, [])
+        known = {col for col, _ in have}
+        for col in nonzero:
+            if col in known or (irq, col) in self._omitted_pairs:
+                continue
+            if self._pair_count < self._max_pairs:
+                have = self._irq_pairs[irq] = sorted(
+                    [*have, (col, (("irq", irq), ("cpu", columns[col])))]
+                )
+                known.add(col)
+                self._pair_count += 1
+                continue
             if not self._omitted_pairs:
                 log.warning(
                     "more than [irq] max_irq_cpu_series = %d (IRQ, CPU) pairs have interrupts; "
                     "the others are left out (irq_cpu_series_omitted counts them)",
                     self._max_pairs,
                 )
-            self._omitted_pairs.add((irq, cpu))
-
-
-def _by_irq(lines: list[IrqLine]) -> dict[str, IrqLine]:
-    return {line.irq: line for line in lines}
+            self._omitted_pairs.add((irq, col))

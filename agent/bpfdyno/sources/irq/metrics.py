@@ -53,9 +53,9 @@ CPU_INTERRUPTS = TABLE.declare(
     "irq_cpu_interrupts_per_second",
     MetricKind.RATE,
     "1/s",
-    "Interrupts per second of one IRQ on one CPU (/proc/interrupts). A pair is reported from "
-    "its first interrupt since the agent started, at most [irq] max_irq_cpu_series pairs "
-    "(irq_cpu_series_omitted counts the rest).",
+    "Interrupts per second of one IRQ on one CPU (/proc/interrupts). A pair is reported once "
+    "that IRQ has had interrupts on that CPU (since boot), at most [irq] max_irq_cpu_series "
+    "pairs (irq_cpu_series_omitted counts the rest).",
     ("irq", "cpu"),
 )
 CPU_SERIES_OMITTED = TABLE.declare(

@@ -8,7 +8,7 @@ Any problem with a file raises `ProcfsError` naming it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bpfdyno.sources.host.procfs import ProcfsError
@@ -26,21 +26,34 @@ class IrqLine:
         irq: the IRQ number, or the architecture's name of the line (``LOC``, ``RES``...).
         name: the handlers' names (``virtio2-input.0``, ``mlx5_comp0@pci:0000:3b:00.0``;
             several joined by ", "), or the description of a named line.
-        counts: interrupts per online CPU (CPU number -> count); for a line without
-            per-CPU counts (``ERR``, ``MIS``) a single entry under CPU -1.
+        fields: the interrupts per column of the file's CPUs (`Interrupts.cpus`), as the
+            kernel printed them (decimal digits); a line with one count for the whole system
+            (``ERR``, ``MIS``) has that one only. Kept as text: on a large machine most of
+            them do not change from one reading to the next, and only those that did need
+            converting (see `counts` for all of them as numbers).
+        text: the line as read (a line that did not change need not be split again).
     """
 
     irq: str
     name: str
-    counts: dict[int, int]
+    fields: tuple[str, ...]
+    text: str = field(default="", compare=False, repr=False)
 
     @property
-    def total(self) -> int:
-        """Interrupts on every CPU together."""
-        return sum(self.counts.values())
+    def counts(self) -> tuple[int, ...]:
+        """The interrupts per column, as numbers."""
+        return tuple(map(int, self.fields))
 
 
-def _header_cpus(path: Path, header: str) -> list[int]:
+@dataclass(frozen=True, slots=True)
+class Interrupts:
+    """``/proc/interrupts``: the online CPUs of its columns, and its lines by IRQ."""
+
+    cpus: tuple[int, ...]
+    lines: dict[str, IrqLine]
+
+
+def _header_cpus(path: Path, header: str) -> tuple[int, ...]:
     cpus = []
     for word in header.split():
         if not word.startswith("CPU") or not word[3:].isdigit():
@@ -48,7 +61,7 @@ def _header_cpus(path: Path, header: str) -> list[int]:
         cpus.append(int(word[3:]))
     if not cpus:
         raise ProcfsError(path, "no CPU columns in the header")
-    return cpus
+    return tuple(cpus)
 
 
 def _read_lines(path: Path) -> list[str]:
@@ -61,8 +74,12 @@ def _read_lines(path: Path) -> list[str]:
     return lines
 
 
-def read_interrupts(root: Path = Path("/")) -> list[IrqLine]:
-    """Every line of ``<root>/proc/interrupts``.
+def read_interrupts(root: Path = Path("/"), previous: Interrupts | None = None) -> Interrupts:
+    """``<root>/proc/interrupts``.
+
+    On a large machine the file is a megabyte (hundreds of IRQs, a column per CPU) read every
+    collection, so a line that is the same as in ``previous`` (an IRQ that did not fire) is
+    taken from it, and a line's counts are checked in one go and kept as text.
 
     Raises:
         ProcfsError: the file is missing, unreadable or not in the kernel's format.
@@ -70,24 +87,27 @@ def read_interrupts(root: Path = Path("/")) -> list[IrqLine]:
     path = root / "proc" / "interrupts"
     lines = _read_lines(path)
     cpus = _header_cpus(path, lines[0])
-    out = []
+    n = len(cpus)
+    before = previous.lines if previous is not None and previous.cpus == cpus else {}
+    out: dict[str, IrqLine] = {}
     for line in lines[1:]:
         label, colon, rest = line.partition(":")
         if not colon:
             continue
-        tokens = rest.split()
-        counts: dict[int, int] = {}
-        i = 0
-        while i < len(tokens) and i < len(cpus) and tokens[i].isdigit():
-            counts[cpus[i]] = int(tokens[i])
-            i += 1
-        if not counts:
-            raise ProcfsError(path, f"no counts on the line of {label.strip()!r}")
-        if i < len(cpus) and i == 1:  # ERR, MIS: one count for the whole system
-            counts = {-1: counts[cpus[0]]}
         irq = label.strip()
-        out.append(IrqLine(irq, _handler_names(irq, tokens[i:]), counts))
-    return out
+        same = before.get(irq)
+        if same is not None and same.text == rest:
+            out[irq] = same
+            continue
+        tokens = rest.split()
+        if len(tokens) >= n and "".join(tokens[:n]).isdigit():  # a count per CPU
+            fields, text = tuple(tokens[:n]), tokens[n:]
+        elif tokens and tokens[0].isdigit():  # ERR, MIS: one count for the system
+            fields, text = (tokens[0],), tokens[1:]
+        else:
+            raise ProcfsError(path, f"no counts on the line of {irq!r}")
+        out[irq] = IrqLine(irq, _handler_names(irq, text), fields, rest)
+    return Interrupts(cpus, out)
 
 
 def _handler_names(irq: str, tokens: list[str]) -> str:
