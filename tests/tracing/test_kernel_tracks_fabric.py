@@ -16,9 +16,9 @@ from kernel_tracks_helpers import echo_server, events, info, window_us
 from mlx5_sysfs import SysfsTree, dgx_like
 from tracing_harness import TRAINERS, Harness
 
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.services.tracing import TraceRequest
 from bpfdyno.sources.irq.collector import SOFTIRQS, IrqCollector
-from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.traces import KernelTrackState, ProcState
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.usefixtures("torch_ready")]
@@ -82,7 +82,7 @@ async def test_the_fabric_of_the_traced_process_beside_its_ops(
             await h.wait_trainers(lambda ts: [t.pid for t in ts] == [pid])
             res = h.service.start_trace(
                 TraceRequest(
-                    options=TraceOptions(log_file=str(h.trace_dir / "f.json"), iterations=STEPS),
+                    options=TraceSpec(log_file=str(h.trace_dir / "f.json"), iterations=STEPS),
                     kernel_tracks=("fabric",),
                 )
             )

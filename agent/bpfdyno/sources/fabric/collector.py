@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bpfdyno.core.config import FabricSection
-from bpfdyno.core.events import KernelEvent
+from bpfdyno.core.events import EventSink, KernelEvent
 from bpfdyno.core.metrics import Labels, Sample, sample
 from bpfdyno.core.status import PartState
 from bpfdyno.sources.base import Collector, CollectorUnavailable
@@ -69,7 +69,6 @@ from bpfdyno.sources.fabric.rdma import PortCounters, PortStatus, RdmaDevice
 
 log = logging.getLogger(__name__)
 
-EventSink = Callable[[Sequence[KernelEvent]], None]
 
 _KNOWN_SPEC = {
     "discards": NIC_DISCARDS,
