@@ -21,6 +21,7 @@ import fcntl
 import mmap
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -49,32 +50,34 @@ class DriverInfo:
 
 
 class _GuardedBuffer:
-    """``size`` bytes of anonymous memory whose last byte is followed by an inaccessible page."""
+    """Anonymous memory followed by a page the process may not touch; a request of ``size``
+    bytes is placed so that it ends where that page begins."""
 
     def __init__(self, size: int) -> None:
         global _libc
         page = mmap.PAGESIZE
-        pages = (size + page - 1) // page
+        pages = max(1, (size + page - 1) // page)
         self._map = mmap.mmap(-1, (pages + 1) * page)
         anchor = ctypes.c_char.from_buffer(self._map)
-        base = ctypes.addressof(anchor)
+        self._base = ctypes.addressof(anchor)
         del anchor  # the address stays valid while the map lives
         if _libc is None:
             _libc = ctypes.CDLL(None, use_errno=True)
-        guard = ctypes.c_void_p(base + pages * page)
+        guard = ctypes.c_void_p(self._base + pages * page)
         if _libc.mprotect(guard, ctypes.c_size_t(page), 0) != 0:  # PROT_NONE
             err = ctypes.get_errno()
             self._map.close()
             raise OSError(err, f"mprotect of a guard page failed: {errno.errorcode.get(err)}")
-        self.offset = pages * page - size
-        self.address = base + self.offset
-        self.size = size
+        #: The most a request may take.
+        self.capacity = pages * page
 
-    def read(self) -> bytes:
-        return self._map[self.offset : self.offset + self.size]
-
-    def write(self, data: bytes) -> None:
-        self._map[self.offset : self.offset + len(data)] = data
+    def exchange(self, ioctl: Callable[[int], None], request: bytes, size: int) -> bytes:
+        """Write ``request`` at the start of a ``size``-byte region ending at the guard page,
+        call ``ioctl`` with the region's address, and return the region."""
+        offset = self.capacity - size
+        self._map[offset : offset + len(request)] = request
+        ioctl(self._base + offset)
+        return self._map[offset : offset + size]
 
     def close(self) -> None:
         self._map.close()
@@ -89,10 +92,14 @@ class Ethtool:
 
     def __init__(self) -> None:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._buffer: _GuardedBuffer | None = None
 
     def close(self) -> None:
-        """Close the socket."""
+        """Close the socket and free the buffer."""
         self._sock.close()
+        if self._buffer is not None:
+            self._buffer.close()
+            self._buffer = None
 
     def __enter__(self) -> Ethtool:
         return self
@@ -102,21 +109,23 @@ class Ethtool:
     ) -> None:
         self.close()
 
-    def _ioctl(self, ifname: str, buf: _GuardedBuffer) -> None:
+    def _call(self, ifname: str, request: bytes, size: int) -> bytes:
+        """One SIOCETHTOOL request of ``size`` bytes (the answer's), in a guarded buffer that
+        is kept and grown as needed (mapping one per call cost more than the call)."""
         name = ifname.encode()
         if not name or len(name) >= IFNAMSIZ:
             raise OSError(errno.EINVAL, f"{ifname!r} is not an interface name")
-        ifreq = struct.pack("16sP", name, buf.address).ljust(40, b"\0")
-        fcntl.ioctl(self._sock.fileno(), SIOCETHTOOL, ifreq)
+        size = max(size, len(request))
+        if self._buffer is None or self._buffer.capacity < size:
+            if self._buffer is not None:
+                self._buffer.close()
+            self._buffer = _GuardedBuffer(size)
 
-    def _call(self, ifname: str, request: bytes, size: int) -> bytes:
-        buf = _GuardedBuffer(max(size, len(request)))
-        try:
-            buf.write(request)
-            self._ioctl(ifname, buf)
-            return buf.read()
-        finally:
-            buf.close()
+        def ioctl(address: int) -> None:
+            ifreq = struct.pack("16sP", name, address).ljust(40, b"\0")
+            fcntl.ioctl(self._sock.fileno(), SIOCETHTOOL, ifreq)
+
+        return self._buffer.exchange(ioctl, request, size)
 
     def driver_info(self, ifname: str) -> DriverInfo:
         """The interface's driver and bus address ("" for a virtual device's bus).

@@ -58,19 +58,19 @@ def list_interfaces(root: Path = Path("/")) -> list[str]:
 
 def read_link(root: Path, ifname: str) -> NicLink | None:
     """The interface's link; None when the interface is gone."""
-    base = net_dir(root) / ifname
-    operstate = read_attr(base / "operstate")
+    base = f"{net_dir(root)}/{ifname}"  # strings: read every collection, for every interface
+    operstate = read_attr(f"{base}/operstate")
     if operstate is None:
         return None
-    carrier = read_attr_int(base / "carrier")
-    flags = read_attr_int(base / "flags", 16)
+    carrier = read_attr_int(f"{base}/carrier")
+    flags = read_attr_int(f"{base}/flags", 16)
     if carrier is None and flags is not None and not flags & IFF_UP:
         carrier = 0  # the kernel refuses to read the carrier of an interface set down
-    speed = read_attr_int(base / "speed")
-    duplex = read_attr(base / "duplex") or ""
+    speed = read_attr_int(f"{base}/speed")
+    duplex = read_attr(f"{base}/duplex") or ""
     return NicLink(
         carrier,
-        read_attr_int(base / "carrier_changes"),
+        read_attr_int(f"{base}/carrier_changes"),
         speed * 1e6 if speed is not None and speed > 0 else None,  # sysfs: Mb/s, -1 unknown
         {"full": 1, "half": 0}.get(duplex),
         operstate,
@@ -79,10 +79,10 @@ def read_link(root: Path, ifname: str) -> NicLink | None:
 
 def read_statistics(root: Path, ifname: str, names: tuple[str, ...]) -> dict[str, int]:
     """The kernel's own counters of an interface (``statistics/rx_bytes``...), those present."""
-    base = net_dir(root) / ifname / "statistics"
+    base = f"{net_dir(root)}/{ifname}/statistics"
     out = {}
     for name in names:
-        value = read_attr_int(base / name)
+        value = read_attr_int(f"{base}/{name}")
         if value is not None:
             out[name] = value
     return out
