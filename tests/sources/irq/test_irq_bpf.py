@@ -67,8 +67,9 @@ def check_runs_against_proc_softirqs(c: IrqCollector, name: str, work: object) -
     kernel's between its own (both count a run when it starts, the BPF program right after
     the kernel: one run in progress on a CPU may be counted by one and not yet the other).
     On this kernel a few runs in a thousand of the softirqs an idle CPU runs (TIMER, RCU,
-    SCHED; once a BLOCK) never reach the BPF programs although the tracepoint fires (ftrace
-    sees them; docs/performance.md), so the upper bound allows 2 % of them.
+    SCHED; a BLOCK now and then, and up to 0.02 % of NET_RX under a heavy packet load) never
+    reach the BPF programs although the tracepoint fires (ftrace sees them;
+    docs/performance.md), so the upper bound allows 2 % of them and 2 runs.
 
     Returns:
         The runs counted by /proc/softirqs for that softirq, all CPUs.
