@@ -66,10 +66,13 @@ def check_runs_against_proc_softirqs(c: IrqCollector, name: str, work: object) -
     inner readings can only be lower, and between the outer readings only higher, than the
     kernel's between its own (both count a run when it starts, the BPF program right after
     the kernel: one run in progress on a CPU may be counted by one and not yet the other).
-    On this kernel a few runs in a thousand of the softirqs an idle CPU runs (TIMER, RCU,
-    SCHED; a BLOCK now and then, and up to 0.02 % of NET_RX under a heavy packet load) never
-    reach the BPF programs although the tracepoint fires (ftrace sees them;
-    docs/performance.md), so the upper bound allows 2 % of them and 2 runs.
+
+    The lower bound holds for every softirq: the program never counts a run the kernel did
+    not. The upper bound is checked for the softirq ``name`` the work causes, with 5 % and 2
+    runs to spare: on this kernel some runs never reach BPF programs although the tracepoint
+    fires (ftrace sees them; docs/performance.md) — up to 0.02 % of NET_RX under a heavy
+    packet load, a BLOCK run now and then, and for the TIMER, RCU and SCHED runs an idle CPU
+    does, ~1 % overall but 5 of 40 on one CPU in one 3 s window: too uneven to bound them.
 
     Returns:
         The runs counted by /proc/softirqs for that softirq, all CPUs.
@@ -85,14 +88,10 @@ def check_runs_against_proc_softirqs(c: IrqCollector, name: str, work: object) -
         kernel = {cpu: p2[softirq][cpu] - p1[softirq][cpu] for cpu in p2[softirq]}
         inner, outer = advance(b3, b2, softirq), advance(b4, b1, softirq)
         for cpu, n in kernel.items():
-            unseen = n // 50 + 2
-            assert inner[cpu] - 1 <= n <= outer[cpu] + unseen, (
-                softirq,
-                cpu,
-                inner[cpu],
-                n,
-                outer[cpu],
-            )
+            where = (softirq, cpu, inner[cpu], n, outer[cpu])
+            assert inner[cpu] - 1 <= n, where
+            if softirq == name:
+                assert n <= outer[cpu] + n // 20 + 2, where
     return sum(p2[name][cpu] - p1[name][cpu] for cpu in p2[name])
 
 
@@ -194,7 +193,9 @@ def test_samples_per_cpu_and_softirq_and_handler_time(irq: IrqCollector) -> None
     }
     net_rx = sum(v for (_, name), v in soft.items() if name == "NET_RX")
     assert net_rx > 0
-    assert all(0 <= v <= 1.0 for v in soft.values())  # at most the whole CPU
+    # At most the whole CPU: a run is accounted when it ends, so one that began before the
+    # interval counts whole in it (a run lasts at most a few ms: 1 % of a 0.5 s interval).
+    assert all(0 <= v <= 1.01 for v in soft.values()), soft
     hard = {dict(s.labels)["cpu"] for s in out if s.spec.name == "hardirq_seconds_per_second"}
     assert hard == {str(cpu) for cpu in online}
     runs = [s for s in out if s.spec.name == "softirq_runs_per_second"]
