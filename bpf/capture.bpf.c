@@ -74,6 +74,9 @@
 BPF_PERCPU_ARRAY(bpfdyno_ctotals, u64, CAP_C_MAX);
 BPF_HASH(bpfdyno_ctgids, u32, struct cap_proc, CAP_MAX_PROCS);
 BPF_HASH(bpfdyno_cthread, u32, struct cap_thread, CAP_MAX_THREADS);
+/* Bumped by user space before bpfdyno_cswitch is attached again after a gap (the overhead
+ * budget samples it in time): a thread switched out before the gap has no true interval. */
+BPF_ARRAY(bpfdyno_cgen, u32, 1);
 BPF_HASH(bpfdyno_cbursts, struct cap_burst_key, struct cap_burst, CAP_MAX_SOCKS);
 /* Sockets a traced process used, and its tgid: softirq-context events are attributed by it. */
 BPF_HASH(bpfdyno_csocks, u64, u32, CAP_MAX_SOCKS);
@@ -445,6 +448,9 @@ int bpfdyno_cswitch(struct bpf_raw_tracepoint_args *ctx)
 			      &((struct task_struct *)ctx->args[1])->__state);
 #endif
 	u64 now = 0;
+	u32 zero = 0;
+	u32 *genp = bpfdyno_cgen.lookup(&zero);
+	u32 gen = genp ? *genp : 0;
 	/* prev is current: its ids come without reading task_struct. */
 	u64 id = bpf_get_current_pid_tgid();
 	u32 tgid = id >> 32, tid = (u32)id;
@@ -459,12 +465,14 @@ int bpfdyno_cswitch(struct bpf_raw_tracepoint_args *ctx)
 			th->wake_ns = 0;
 			th->state = state;
 			th->syscall = syscall;
+			th->gen = gen;
 		} else {
 			struct cap_thread fresh = {};
 			fresh.off_ns = now;
 			fresh.tgid = tgid;
 			fresh.state = state;
 			fresh.syscall = syscall;
+			fresh.gen = gen;
 			if (bpfdyno_cthread.update(&tid, &fresh))
 				cap_count(CAP_C_THREAD_FULL);
 		}
@@ -480,6 +488,11 @@ int bpfdyno_cswitch(struct bpf_raw_tracepoint_args *ctx)
 	struct cap_thread *th = bpfdyno_cthread.lookup(&ntid);
 	if (!th || !th->off_ns)
 		return 0; /* first seen now: when it went off-CPU is unknown */
+	if (th->gen != gen) { /* switched out before a gap: when it came back is unknown */
+		th->off_ns = 0;
+		th->wake_ns = 0;
+		return 0;
+	}
 	if (!now)
 		now = bpf_ktime_get_ns();
 	u64 off = now - th->off_ns;

@@ -115,7 +115,7 @@ struct cap_thread {
 	u32 tgid;
 	u32 state;    /* prev_state at the switch-out; 0 = still runnable (preempted) */
 	s32 syscall;  /* the system call it blocked in; -1: none, or not known on this arch */
-	u32 pad;
+	u32 gen;      /* the bpfdyno_cgen value at the switch-out */
 };
 _Static_assert(sizeof(struct cap_thread) == 32, "cap_thread layout");
 

@@ -52,6 +52,10 @@ enum sk_rst_reason { NET_SK_RST_REASON_ANY_ = 0xffffffffu };
 BPF_PERCPU_ARRAY(bpfdyno_ntotals, u64, NET_C_MAX);
 BPF_PERCPU_ARRAY(bpfdyno_ndrops, u64, NET_MAX_DROP_REASONS);
 BPF_PERCPU_ARRAY(bpfdyno_ntick, u64, 1);
+/* [NET_CTL_BYTES_OFF] is 1 while the overhead budget samples the per-call byte accounting
+ * in time and it is in its off phase: the host-wide byte counts stay exact, the per-process
+ * and per-socket ones wait for the on phase (user space scales them up). */
+BPF_ARRAY(bpfdyno_nctl, u32, NET_CTL_SLOTS);
 BPF_HASH(bpfdyno_nprocs, u32, struct net_proc, NET_MAX_PROCS);
 BPF_TABLE("lru_hash", u64, struct net_sock, bpfdyno_nsocks, NET_MAX_SOCKS);
 BPF_HASH(bpfdyno_nlisten, u32, struct net_listener, NET_MAX_LISTENERS);
@@ -62,6 +66,13 @@ static __always_inline void net_count(u32 idx, u64 value)
 	u64 *c = bpfdyno_ntotals.lookup(&idx);
 	if (c)
 		*c += value; /* per-CPU slot: no atomics needed */
+}
+
+static __always_inline int net_per_call_off(void)
+{
+	u32 slot = NET_CTL_BYTES_OFF;
+	u32 *off = bpfdyno_nctl.lookup(&slot);
+	return off && *off;
 }
 
 static __always_inline struct net_proc *net_proc_of(u32 tgid)
@@ -178,12 +189,14 @@ static __always_inline int net_sock_length(void *sk, u16 family, u16 protocol, i
 	int tcp = protocol == NET_PROTO_TCP || protocol == NET_PROTO_MPTCP;
 	if (!tcp && protocol != NET_PROTO_UDP)
 		return 0;
-	u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	u64 bytes = ret;
 	if (tcp)
 		net_count(rx ? NET_C_TCP_RX_BYTES : NET_C_TCP_TX_BYTES, bytes);
 	else
 		net_count(rx ? NET_C_UDP_RX_BYTES : NET_C_UDP_TX_BYTES, bytes);
+	if (net_per_call_off())
+		return 0;
+	u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	struct net_proc *p = net_proc_of(tgid);
 	if (p) {
 		u64 *field = tcp ? (rx ? &p->tcp_rx_bytes : &p->tcp_tx_bytes)
@@ -216,8 +229,10 @@ static __always_inline void net_other_bytes(long ret, int rx)
 {
 	if (ret <= 0)
 		return;
-	u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	net_count(rx ? NET_C_OTHER_RX_BYTES : NET_C_OTHER_TX_BYTES, ret);
+	if (net_per_call_off())
+		return;
+	u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	struct net_proc *p = net_proc_of(tgid);
 	if (p)
 		__sync_fetch_and_add(rx ? &p->other_rx_bytes : &p->other_tx_bytes, (u64)ret);

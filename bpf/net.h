@@ -30,6 +30,12 @@ enum net_counter {
 	NET_C_MAX = 15,
 };
 
+/* Slots of the control array `bpfdyno_nctl`, written by user space. */
+enum net_ctl {
+	NET_CTL_BYTES_OFF = 0, /* 1: per-call accounting in its off phase (the budget samples) */
+	NET_CTL_SLOTS = 1,
+};
+
 /* Kinds of the events streamed through the `bpfdyno_nevents` ring buffer. */
 enum net_event_kind {
 	NET_EV_CONNECT = 1,        /* active open established (SYN_SENT -> ESTABLISHED) */

@@ -43,6 +43,10 @@
 #define SCHED_OFFSET_EVERY 1024
 
 BPF_PERCPU_ARRAY(bpfdyno_scpu, struct sched_cpu, 1);
+/* Bumped by user space before bpfdyno_switch is attached again after a gap (the overhead
+ * budget samples it in time): a CPU then starts its busy time afresh instead of counting the
+ * whole gap as the time its previous task ran. */
+BPF_ARRAY(bpfdyno_sgen, u64, 1);
 BPF_PERCPU_ARRAY(bpfdyno_serrors, struct sched_errors, 1);
 /* Last books of exited threads (by tid), drained by user space every collection. */
 BPF_HASH(bpfdyno_sexit, u32, struct sched_task, SCHED_MAX_EXITS);
@@ -76,6 +80,11 @@ int bpfdyno_switch(u64 *ctx)
 	u64 now = BPFDYNO_LOAD(u64, task_rq_of(next), struct rq, clock);
 	if (!now)
 		return 0;
+	u64 *gen = bpfdyno_sgen.lookup(&zero);
+	if (gen && cs->gen != *gen) { /* attached again after a gap: the last switch is stale */
+		cs->gen = *gen;
+		cs->last_switch_ns = 0;
+	}
 	/* prev has run since this CPU's previous switch. */
 	if (BPFDYNO_LOAD(int, prev, struct task_struct, pid) && cs->last_switch_ns)
 		cs->busy_ns += now - cs->last_switch_ns;
@@ -173,11 +182,12 @@ int bpfdyno_tasks(struct bpf_iter__task *ctx)
 	struct task_struct *task = ctx->task;
 	if (!task)
 		return 0;
-	/* Exited: its last books are (or were) in bpfdyno_sexit. A thread that died before
-	 * the programs were loaded (or has no storage) is past exit_notify(). */
+	/* Exited: its last books are (or were) in bpfdyno_sexit. A thread past exit_notify()
+	 * whose exit was not recorded (it died before the programs were loaded, while the exit
+	 * program was detached, or has no storage) is a zombie: exit_state is set. */
 	struct sched_mark *m =
 		bpfdyno_smark.task_storage_get(task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (m ? m->exited : BPFDYNO_LOAD(int, task, struct task_struct, exit_state))
+	if ((m && m->exited) || BPFDYNO_LOAD(int, task, struct task_struct, exit_state))
 		return 0;
 	if (!m)
 		count_error(SCHED_ERR_MARK);

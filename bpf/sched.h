@@ -44,7 +44,7 @@ struct sched_cpu {
 	u64 busy_ns;         /* time non-idle tasks ran, up to this CPU's last switch */
 	u64 last_switch_ns;  /* rq clock at this CPU's last switch */
 	s64 ktime_offset_ns; /* CLOCK_MONOTONIC - rq clock, sampled every 1024 switches */
-	u64 _reserved;
+	u64 gen;             /* the bpfdyno_sgen value this CPU's last_switch_ns belongs to */
 	u64 hist[SCHED_HIST_SLOTS]; /* run-queue waits by bpfdyno_log2(ns) */
 };
 

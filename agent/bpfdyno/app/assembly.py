@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING, Protocol
 from bpfdyno.app.catalog import CATALOG
 from bpfdyno.app.daemon import Component, RoundSink
 from bpfdyno.core.config import Config
-from bpfdyno.core.events import FlightRecorder
+from bpfdyno.core.events import FewerEvents, FlightRecorder
 from bpfdyno.exporters.jsonl import JsonlExporter
 from bpfdyno.exporters.rounds import SampleProvider
 from bpfdyno.server.grpc_server import ServicerFactory
 from bpfdyno.sources.base import Collector
 
 if TYPE_CHECKING:
+    from bpfdyno.app.daemon import Daemon
+    from bpfdyno.sources.budget.controller import BudgetCollector
     from bpfdyno.sources.procs.table import ProcessTable
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,9 @@ class Assembly:
     servicers: list[ServicerFactory] = field(default_factory=list)
     #: Collectors turned off in the config, reported as "disabled" by status.
     disabled: list[str] = field(default_factory=list)
+    #: The overhead budget (also among the collectors); `bind_daemon` gives it the daemon's
+    #: own steps.
+    budget: BudgetCollector | None = None
 
 
 class ProfilingSource(Protocol):
@@ -74,6 +79,7 @@ def build(cfg: Config) -> Assembly:
     from bpfdyno.server.kernel import kernel_servicer_factory
     from bpfdyno.server.tracing import servicer_factory as tracing_servicer_factory
     from bpfdyno.services.kernel import KernelService
+    from bpfdyno.sources.budget.controller import BudgetCollector
     from bpfdyno.sources.fabric.collector import FabricCollector
     from bpfdyno.sources.gpu.collector import GpuCollector
     from bpfdyno.sources.gpu.dcgm import DcgmCollector
@@ -147,7 +153,10 @@ def build(cfg: Config) -> Assembly:
         # Per-CPU context switches from the sched programs when they run: a perf counter of
         # its own would cost every context switch again.
         "perf_sw": (
-            PerfSwCollector(switch_counts=sched.cpu_switch_counts if sched else None)
+            PerfSwCollector(
+                switch_counts=sched.cpu_switch_counts if sched else None,
+                switch_estimate=sched.switch_estimate if sched else None,
+            )
             if on("perf_sw")
             else None
         ),
@@ -163,6 +172,16 @@ def build(cfg: Config) -> Assembly:
             asm.disabled.append(name)
         else:
             asm.collectors.append(collector)
+    # The overhead budget: every collector's steps (and the capture's), asked as it decides.
+    parts = list(asm.collectors)
+    asm.budget = BudgetCollector(
+        cfg.budget,
+        [lambda: [r for c in parts for r in c.reductions()]],
+        [FewerEvents(recorder)],
+    )
+    if capture is not None:
+        asm.budget.add_source(capture.reductions)
+    asm.collectors.append(asm.budget)
 
     asm.components.append(tracing)
     asm.servicers.append(kernel_servicer_factory(KernelService(recorder, table, net)))
@@ -191,3 +210,13 @@ def _metric_exporters(cfg: Config, table: ProcessTable | None) -> list[RoundSink
 
         sinks.append(OtlpExporter(cfg.export.otlp, providers, CATALOG))
     return sinks
+
+
+def bind_daemon(asm: Assembly, daemon: Daemon) -> None:
+    """Give the budget the daemon's own steps (call on the event loop, once it runs)."""
+    if asm.budget is None:
+        return
+    slower = daemon.slower_collection(keep=frozenset({asm.budget.name}))
+    asm.budget.add_source(lambda: [slower])
+    asm.budget.add_memory_steps([daemon.less_history()])
+    asm.budget.set_collector_cpu(daemon.collector_cpu_ns)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from bpfdyno.core.catalog import Catalog
 from bpfdyno.core.metrics import MetricTable
 from bpfdyno.ebpf import metrics as bpf_metrics
+from bpfdyno.sources.budget import metrics as budget_metrics
 from bpfdyno.sources.fabric import metrics as fabric_metrics
 from bpfdyno.sources.gpu import dcgm_metrics
 from bpfdyno.sources.gpu import metrics as gpu_metrics
@@ -37,6 +38,7 @@ TABLES: tuple[MetricTable, ...] = (
     fabric_metrics.TABLE,
     irq_metrics.TABLE,
     bpf_metrics.TABLE,
+    budget_metrics.TABLE,
 )
 
 CATALOG = Catalog(TABLES)

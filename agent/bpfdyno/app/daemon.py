@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from bpfdyno.app.catalog import CATALOG
+from bpfdyno.core.budget import Costs, Reduction, excluded_work
 from bpfdyno.core.catalog import Catalog
 from bpfdyno.core.config import Config
 from bpfdyno.core.metrics import HistogramSample, Round, Sample
@@ -168,6 +169,10 @@ class CollectorRunner:
         self.consecutive_errors = 0
         self.last_duration_s = 0.0
         self.last_success_ts = 0.0
+        #: CPU time of its rounds so far (ns, on the thread that ran them).
+        self.cpu_ns = 0
+        #: The overhead budget multiplies the interval by this while it slows collection.
+        self.interval_factor = 1
         self._errors = _ErrorLog()
         # start() and close() always run here (a BPF compile must not hold up others' rounds).
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"collector-{self.name}")
@@ -179,7 +184,7 @@ class CollectorRunner:
             name=self.name,
             state=self.state,
             reason=self.reason,
-            interval_s=self.interval_s,
+            interval_s=self.interval_s * self.interval_factor,
             collections=self.collections,
             errors=self.errors,
             last_duration_s=self.last_duration_s,
@@ -189,7 +194,9 @@ class CollectorRunner:
     async def start(self) -> bool:
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._executor, self.collector.start)
+            # Starting (compiling BPF, initialising NVML) is not the running cost the
+            # overhead budget limits.
+            await loop.run_in_executor(self._executor, _excluded(self.collector.start))
         except CollectorUnavailable as e:
             self.state, self.reason = PartState.UNAVAILABLE, str(e)
             log.warning("collector %s unavailable: %s", self.name, e)
@@ -239,7 +246,7 @@ class CollectorRunner:
                 self.state, self.reason = state, reason
                 on_round(Round(self.name, ts, samples, histograms))
             self.last_duration_s = time.monotonic() - t0
-            step = self.interval_s
+            step = self.interval_s * self.interval_factor
             if self.consecutive_errors:
                 step = min(MAX_BACKOFF_S, self.interval_s * 2 ** min(self.consecutive_errors, 16))
             deadline += step
@@ -252,8 +259,12 @@ class CollectorRunner:
     def _collect_once(
         self,
     ) -> tuple[Sequence[Sample], Sequence[HistogramSample], tuple[PartState, str] | None]:
-        samples = self.collector.collect()
-        return samples, self.collector.histograms(), self.collector.health()
+        t0 = time.thread_time_ns()
+        try:
+            samples = self.collector.collect()
+            return samples, self.collector.histograms(), self.collector.health()
+        finally:
+            self.cpu_ns += time.thread_time_ns() - t0
 
     def _failed(self, e: Exception) -> None:
         self.errors += 1
@@ -273,6 +284,89 @@ class CollectorRunner:
         if self.state is not PartState.UNAVAILABLE:
             self.state = PartState.STOPPED
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class SlowerCollection(Reduction):
+    """The budget's last resort for the agent's own threads: every collector's interval
+    times `FACTOR` (the budget's own excepted). The data stays exact, only coarser.
+
+    Args:
+        runners: the daemon's collector runners.
+        keep: collectors whose interval never changes (the budget itself).
+    """
+
+    FACTOR = 4
+    name = "daemon.slower_collection"
+    part = "daemon"
+
+    def __init__(self, runners: Sequence[CollectorRunner], keep: frozenset[str]) -> None:
+        self._runners = [r for r in runners if r.name not in keep]
+        self.what = f"every collector's interval {self.FACTOR}x longer"
+        self.lost = "every metric is still exact, at a coarser time resolution"
+        self.active = False
+
+    def apply(self) -> None:
+        for r in self._runners:
+            r.interval_factor = self.FACTOR
+        self.active = True
+
+    def undo(self) -> None:
+        for r in self._runners:
+            r.interval_factor = 1
+        self.active = False
+
+    def saving_ns_s(self, costs: Costs) -> float:
+        return 0.0 if self.active else self.cost_ns_s(costs) * (1 - 1 / self.FACTOR)
+
+    def cost_ns_s(self, costs: Costs) -> float:
+        names = {r.name for r in self._runners}
+        return sum(v for k, v in costs.collector_ns_s.items() if k in names)
+
+    def restore_ns_s(self, costs: Costs) -> float | None:
+        return self.cost_ns_s(costs) * (self.FACTOR - 1) if self.active else 0.0
+
+
+class LessHistory(Reduction):
+    """The overhead budget's memory step: the store keeps a quarter of its history.
+
+    The store belongs to the event loop: the change is made there.
+
+    Args:
+        store: the daemon's store.
+        loop: the daemon's event loop.
+    """
+
+    name = "memory.less_history"
+    part = "daemon"
+
+    def __init__(self, store: MetricStore, loop: asyncio.AbstractEventLoop) -> None:
+        self._store = store
+        self._loop = loop
+        self._configured = store.history_s
+        self.what = f"metric history kept for {self._configured / 4:.0f} s"
+        self.lost = "window queries reach back less far; older points are gone"
+        self.active = False
+
+    def apply(self) -> None:
+        self._loop.call_soon_threadsafe(self._store.set_history, self._configured / 4)
+        self.active = True
+
+    def undo(self) -> None:
+        self._loop.call_soon_threadsafe(self._store.set_history, self._configured)
+        self.active = False
+
+    def saving_ns_s(self, costs: Costs) -> float:
+        return 0.0  # a memory step: it saves bytes, not CPU
+
+
+def _excluded(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` with its CPU time counted as excluded work (`bpfdyno.core.budget`)."""
+
+    def run() -> None:
+        with excluded_work():
+            fn()
+
+    return run
 
 
 async def _sleep_until(loop: asyncio.AbstractEventLoop, deadline: float) -> None:
@@ -335,6 +429,18 @@ class Daemon:
     def collector_intervals(self) -> dict[str, float]:
         """Each running collector's interval in seconds."""
         return {r.name: r.interval_s for r in self.runners}
+
+    def collector_cpu_ns(self) -> dict[str, int]:
+        """Each collector's CPU time in its rounds so far, in ns (any thread may ask)."""
+        return {r.name: r.cpu_ns for r in self.runners}
+
+    def slower_collection(self, keep: frozenset[str]) -> SlowerCollection:
+        """The budget's step that lengthens every interval but those of ``keep``."""
+        return SlowerCollection(self.runners, keep)
+
+    def less_history(self) -> LessHistory:
+        """The budget's memory step on the store (call on the event loop)."""
+        return LessHistory(self.store, asyncio.get_running_loop())
 
     def _worker_for(self, c: Collector, cfg: Config) -> SharedWorker | None:
         """The shared thread of the collectors that never block and have ``c``'s interval."""

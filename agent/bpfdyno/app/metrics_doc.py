@@ -28,6 +28,10 @@ Conventions:
 - A value that cannot be read is *absent* for that round, never reported as 0.
 - Rates and ratios are per collection interval (`[daemon] interval_s`, 1 s by default; per
   collector with `[collectors.<name>] interval_s`), not averages since start.
+- A value that is an estimate carries one label more than listed: `estimate` says how it
+  was made (`sampled`: the overhead budget attached its BPF program only part of the time,
+  and the count was scaled up by that share). Exact values never carry it, so an estimate
+  is a series of its own ([performance.md](performance.md#the-overhead-budget)).
 
 For dynolog users: `cpu_u`/`cpu_s`/`cpu_i` (percent) are `cpu_user_ratio`/`cpu_system_ratio`/
 `cpu_idle_ratio` with `cpu="total"` (ratio); `rx_bytes.<dev>` (per-interval delta) is

@@ -26,6 +26,7 @@ async def run(cfg: Config) -> int:
     daemon = Daemon(
         cfg, asm.collectors, asm.components, asm.sinks, disabled=asm.disabled, catalog=CATALOG
     )
+    assembly.bind_daemon(asm, daemon)
     server = GrpcServer(cfg.grpc, AgentService(daemon), asm.servicers)
     server.check_addresses()
     install_signal_handlers(daemon)

@@ -338,6 +338,28 @@ class CaptureSection:
     fabric_sample_hz: float = 10.0
 
 
+@dataclass
+class BudgetSection:
+    """The overhead budget: the most the agent may cost, which it keeps by itself
+    (docs/performance.md, "The overhead budget")."""
+
+    #: Keep the agent within the budget below (false: measure and report only, reduce nothing).
+    enabled: bool = True
+    #: The most the agent may cost as a share of one CPU (0.01 = 1 % of a core): its BPF
+    #: programs' run time (kernel run statistics) plus its threads' CPU time. Over it, it
+    #: samples, detaches and slows down in steps, and undoes them once the storm passes.
+    cpu_ratio: float = 0.01
+    #: The most resident memory (bytes) before it trims its heap and sheds history.
+    rss_bytes: int = 256 * 1024 * 1024
+    #: BPF run statistics are measured for this long ...
+    stats_window_s: float = 0.5
+    #: ... once per this period (the statistics cost ~20 ns per BPF run while on).
+    stats_period_s: float = 2.0
+    #: A step is undone after the cost stayed at or below half the budget this long (longer
+    #: each time the same step had to be taken again soon after).
+    restore_after_s: float = 30.0
+
+
 def _default_collectors() -> dict[str, CollectorSection]:
     return {
         name: CollectorSection(interval_s=DEFAULT_INTERVALS_S.get(name, 0.0))
@@ -362,6 +384,7 @@ class Config:
     fabric: FabricSection = field(default_factory=FabricSection)
     irq: IrqSection = field(default_factory=IrqSection)
     capture: CaptureSection = field(default_factory=CaptureSection)
+    budget: BudgetSection = field(default_factory=BudgetSection)
     #: Where the values came from, for error messages and `status`.
     source: str = field(default="<defaults>", compare=False)
 
@@ -578,6 +601,7 @@ def _validate(cfg: Config, path: Path | None) -> None:
         raise bad("must be an absolute path", "kubelet.pod_resources_socket")
     _validate_capture(cfg.capture, bad)
     _validate_fabric(cfg, bad)
+    _validate_budget(cfg.budget, bad)
 
 
 _PEM_MARKERS = {
@@ -832,3 +856,22 @@ def _validate_fabric(cfg: Config, bad: typing.Callable[[str, str], ConfigError])
     for dotted, value, least, most in limits:
         if not least <= value <= most:
             raise bad(f"must be in {least}..{most}, got {value}", dotted)
+
+
+def _validate_budget(b: BudgetSection, bad: typing.Callable[[str, str], ConfigError]) -> None:
+    """The [budget] section: a share of one CPU, a memory size, a run-statistics schedule."""
+    if not 0.0005 <= b.cpu_ratio <= 1.0:
+        raise bad(
+            f"must be a share of one CPU in 0.0005..1 (0.01 = 1 %), got {b.cpu_ratio}",
+            "budget.cpu_ratio",
+        )
+    if b.rss_bytes < 32 * 1024 * 1024:
+        raise bad(f"must be at least 33554432 (32 MiB), got {b.rss_bytes}", "budget.rss_bytes")
+    if not 0.05 <= b.stats_window_s <= b.stats_period_s:
+        raise bad(
+            "must be at least 0.05 s and at most budget.stats_period_s", "budget.stats_window_s"
+        )
+    if b.stats_period_s > 60:
+        raise bad("must be at most 60 s", "budget.stats_period_s")
+    if b.restore_after_s < 1:
+        raise bad("must be at least 1 second", "budget.restore_after_s")

@@ -22,6 +22,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from bpfdyno.core.budget import Costs, Reduction
+
 AttrValue = int | float | str
 
 #: Fixed part of the memory estimate of one event: the dataclass object, its int fields, the
@@ -172,6 +174,15 @@ class FlightRecorder:
         for sub in subscribers:
             sub._offer(batch)
 
+    def set_max_bytes(self, max_bytes: int) -> None:
+        """Change the memory cap (the oldest events go at once when lowering it)."""
+        with self._lock:
+            self.max_bytes = max(1, max_bytes)
+            while self._bytes > self.max_bytes and self._events:
+                _, size = self._events.popleft()
+                self._bytes -= size
+                self._evicted_memory += 1
+
     def since(self, ts_ns: int, kinds: Collection[str] | None = None) -> list[KernelEvent]:
         """Events with ``ts_ns >= ts_ns`` (and of ``kinds``, if given), oldest first."""
         with self._lock:
@@ -308,3 +319,32 @@ class Subscription:
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
+
+
+class FewerEvents(Reduction):
+    """The overhead budget's memory step: the flight recorder keeps a quarter of its events.
+
+    Args:
+        recorder: the daemon's flight recorder.
+    """
+
+    name = "memory.fewer_events"
+    part = "events"
+    lost = "the oldest kernel events are dropped (GetEvents and traces' pre-windows see less)"
+
+    def __init__(self, recorder: FlightRecorder) -> None:
+        self._recorder = recorder
+        self._configured = recorder.max_bytes
+        self.what = f"the event flight recorder capped at {self._configured // 4 // 1024} KiB"
+        self.active = False
+
+    def apply(self) -> None:
+        self._recorder.set_max_bytes(self._configured // 4)
+        self.active = True
+
+    def undo(self) -> None:
+        self._recorder.set_max_bytes(self._configured)
+        self.active = False
+
+    def saving_ns_s(self, costs: Costs) -> float:
+        return 0.0  # a memory step: it saves bytes, not CPU

@@ -12,6 +12,8 @@ import enum
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from bpfdyno.core.budget import ESTIMATE_LABEL
+
 
 class MetricKind(enum.Enum):
     """How a metric's value behaves over time."""
@@ -146,18 +148,29 @@ class MetricTable:
         return len(self._specs)
 
 
-def sample(spec: MetricSpec, value: float, labels: Mapping[str, str] | None = None) -> Sample:
+def sample(
+    spec: MetricSpec, value: float, labels: Mapping[str, str] | None = None, estimate: str = ""
+) -> Sample:
     """Build a sample, checking its labels against the declaration.
+
+    Args:
+        spec: the declaration.
+        value: the value (NaN: not available this round).
+        labels: one value for each label the declaration names, in its order.
+        estimate: how the value was estimated, when it is not exact (the overhead budget
+            sampled its source): the series then carries the label ``estimate`` saying so,
+            on top of the declared ones, and is a series of its own. "" for exact values.
 
     Raises:
         ValueError: the label names differ from the ones declared for ``spec``.
     """
+    extra = ((ESTIMATE_LABEL, estimate),) if estimate else ()
     if labels:
         if tuple(labels) != spec.labels:
             raise ValueError(
                 f"metric {spec.name} declares labels {spec.labels}, got {tuple(labels)}"
             )
-        return Sample(spec, float(value), tuple((k, str(v)) for k, v in labels.items()))
+        return Sample(spec, float(value), tuple((k, str(v)) for k, v in labels.items()) + extra)
     if spec.labels:
         raise ValueError(f"metric {spec.name} needs labels {spec.labels}")
-    return Sample(spec, float(value))
+    return Sample(spec, float(value), extra)

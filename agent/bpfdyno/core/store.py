@@ -5,14 +5,20 @@ points inside a time window. Memory is bounded twice: each series keeps at most
 ``history_s / interval_s`` points, and the number of series is capped (the least recently
 updated series is evicted first, so a churn of short-lived label values — NICs, disks, GPUs
 coming and going — cannot grow memory without bound).
+
+Points are kept as two ring buffers of C doubles per series (timestamps and values, 16
+bytes a point), not as one Python object each (about 80 bytes with its deque slot): a node
+with many CPUs has thousands of per-CPU series, and 15 minutes of them were most of the
+agent's heap. `Point` objects are made only for the points a query returns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -38,11 +44,52 @@ class SeriesView:
 
 
 class _Series:
-    __slots__ = ("points", "spec")
+    """One series' last ``capacity`` points, oldest first, in two rings of doubles."""
 
-    def __init__(self, spec: MetricSpec, maxlen: int) -> None:
+    __slots__ = ("_capacity", "_next", "_ts", "_values", "count", "spec")
+
+    def __init__(self, spec: MetricSpec, capacity: int) -> None:
         self.spec = spec
-        self.points: deque[Point] = deque(maxlen=maxlen)
+        self._ts = array("d")
+        self._values = array("d")
+        self._next = 0  # where the next point goes once the rings are full
+        self.count = 0
+        self._capacity = capacity
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def append(self, ts: float, value: float) -> None:
+        if len(self._ts) < self._capacity:
+            self._ts.append(ts)
+            self._values.append(value)
+        else:
+            self._ts[self._next] = ts
+            self._values[self._next] = value
+            self._next = (self._next + 1) % self._capacity
+        self.count = len(self._ts)
+
+    def last(self) -> Point | None:
+        if not self._ts:
+            return None
+        i = (self._next - 1) % len(self._ts)
+        return Point(self._ts[i], self._values[i])
+
+    def points(self) -> Iterator[tuple[float, float]]:
+        n = len(self._ts)
+        for k in range(n):
+            i = (self._next + k) % n
+            yield self._ts[i], self._values[i]
+
+    def resize(self, capacity: int) -> None:
+        """Keep at most ``capacity`` points from now on (the newest, when shrinking)."""
+        kept = list(self.points())[-capacity:]
+        self._ts = array("d", (t for t, _ in kept))
+        self._values = array("d", (v for _, v in kept))
+        self._next = 0
+        self.count = len(self._ts)
+        self._capacity = capacity
 
 
 class MetricStore:
@@ -51,10 +98,27 @@ class MetricStore:
     def __init__(self, history_s: float, interval_s: float, max_series: int = 50_000) -> None:
         if history_s <= 0 or interval_s <= 0:
             raise ValueError("history_s and interval_s must be positive")
+        self.interval_s = interval_s
         self.points_per_series = max(2, math.ceil(history_s / interval_s) + 1)
         self.max_series = max_series
         self._series: OrderedDict[SeriesKey, _Series] = OrderedDict()
         self.evicted_series = 0
+
+    @property
+    def history_s(self) -> float:
+        """How far back each series reaches at the default interval."""
+        return (self.points_per_series - 1) * self.interval_s
+
+    def set_history(self, history_s: float) -> None:
+        """Keep ``history_s`` seconds from now on (shrinking drops the oldest points)."""
+        self.points_per_series = max(2, math.ceil(history_s / self.interval_s) + 1)
+        for series in self._series.values():
+            if series.capacity != self.points_per_series:
+                series.resize(self.points_per_series)
+
+    def point_count(self) -> int:
+        """Points held over every series (what the history costs in memory: 16 B each)."""
+        return sum(s.count for s in self._series.values())
 
     def __len__(self) -> int:
         return len(self._series)
@@ -76,7 +140,7 @@ class MetricStore:
                 # "not available" is represented by the series having no point for this
                 # round, never by a fake value.
                 continue
-            series.points.append(Point(ts, s.value))
+            series.append(ts, s.value)
 
     def latest(
         self, names: Sequence[str] = (), newer_than: float | None = None
@@ -90,10 +154,10 @@ class MetricStore:
         """
         out: list[SeriesView] = []
         for (name, labels), series in self._series.items():
-            if not series.points or not matches_any(name, names):
+            if not series.count or not matches_any(name, names):
                 continue
-            last = series.points[-1]
-            if newer_than is not None and last.ts < newer_than:
+            last = series.last()
+            if last is None or (newer_than is not None and last.ts < newer_than):
                 continue
             out.append(SeriesView(series.spec, labels, (last,)))
         out.sort(key=lambda v: (v.spec.name, v.labels))
@@ -105,7 +169,7 @@ class MetricStore:
         for (name, labels), series in self._series.items():
             if not matches_any(name, names):
                 continue
-            pts = tuple(p for p in series.points if start <= p.ts <= end)
+            pts = tuple(Point(t, v) for t, v in series.points() if start <= t <= end)
             if pts:
                 out.append(SeriesView(series.spec, labels, pts))
         out.sort(key=lambda v: (v.spec.name, v.labels))

@@ -5,9 +5,17 @@ a header tree for the running kernel (`bpfdyno.ebpf.kheaders`) and compiles it; 
 reach the C code only as ``-D`` defines, and the C side refuses to compile without the ones
 it needs, so every default lives in Python (the config sections). The object then attaches
 functions to raw tracepoints, tracepoints and uprobes, opens ring buffers with a decode
-callback, runs the duty-cycled run statistics (`bpfdyno.ebpf.runstats`), and `close` undoes
-all of it. Functions written as BTF-typed programs (``tp_btf`` tracepoints, task iterators)
-are loaded by `bpfdyno.ebpf.btfprog` under their own names.
+callback, reports its functions' cost from the process-wide run statistics
+(`bpfdyno.ebpf.runstats`), and `close` undoes all of it.
+
+Each attachment remembers how it was made, so it can be taken off and put back without a
+compile or a verification: the owner attaches and detaches (`attach_*`, `detach_*`), and
+the overhead budget may hold a function off (`suspend`) or let it run only part of the time
+(`set_off_phase`, driven by `bpfdyno.ebpf.duty`) while the owner still wants it. How long
+each function was attached (`attached_ns`) lets its reader scale what it counted.
+
+Functions written as BTF-typed programs (``tp_btf`` tracepoints, task iterators) are loaded
+by `bpfdyno.ebpf.btfprog` under their own names.
 
 Every function and map in the C programs is named ``bpfdyno_...`` (see
 `bpfdyno.ebpf.introspect`), so ``bpftool`` shows whose they are.
@@ -20,18 +28,22 @@ import ctypes
 import importlib.resources
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
+from bpfdyno.core.budget import excluded_work
 from bpfdyno.core.metrics import Sample
 from bpfdyno.ebpf import btfprog
 from bpfdyno.ebpf.compiler import compile_bpf, trim_heap
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.introspect import fdinfo
 from bpfdyno.ebpf.kheaders import HeaderFlavour, KernelHeadersError, ensure_headers
-from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S, BpfRunStats
+from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S, METER, run_stats_samples
 from bpfdyno.ebpf.tracefs import TracefsError, ensure_tracefs
 
 __all__ = ["BpfLoadError", "BpfProgram", "RingBuffer", "TaskIterator", "bpf_source_dir"]
@@ -89,6 +101,35 @@ class TaskIterator:
         return btfprog.read_iterator(self._link_fd)
 
 
+@dataclass(slots=True)
+class _Hook:
+    """One function on one attach point, and who wants it attached.
+
+    It is attached while its owner wants it, the budget does not hold it off, and (when it
+    is sampled in time) it is in its on phase. ``on`` attaches it (returning a link fd to
+    close for BTF-typed programs, else None), ``off`` takes it off.
+    """
+
+    fn: str
+    target: str
+    on: Callable[[], int | None]
+    off: Callable[[int | None], None]
+    wanted: bool = True
+    suspended: bool = False
+    off_phase: bool = False
+    link: int | None = None
+    live: bool = False
+    since_ns: int = 0
+    total_ns: int = 0
+
+    @property
+    def should_run(self) -> bool:
+        return self.wanted and not self.suspended and not self.off_phase
+
+    def attached_ns(self, now_ns: int) -> int:
+        return self.total_ns + (now_ns - self.since_ns if self.live else 0)
+
+
 class BpfProgram:
     """A compiled program file loaded into the kernel, and everything hung off it.
 
@@ -98,12 +139,20 @@ class BpfProgram:
     def __init__(self, bpf: Any, source: str) -> None:
         """Wrap a compiled ``bcc.BPF`` object; `load` is the usual way in."""
         self._bpf: Any = bpf
-        self._stats: BpfRunStats | None = None
-        #: BTF-typed functions this object loaded itself (name -> program fd), and links.
+        self._stats_requested = False
+        #: BTF-typed functions this object loaded itself (name -> program fd), and links
+        #: that are not attachments (task iterators).
         self._btf_fds: dict[str, int] = {}
         self._links: list[int] = []
+        #: Every attachment, by (function, attach point); see `_Hook`.
+        self._hooks: dict[tuple[str, str], _Hook] = {}
+        self._ids: dict[int, int] = {}  # program fd -> kernel program id
+        # Attaching and detaching happen on the owner's thread, the budget's and the duty
+        # cycler's: one at a time.
+        self._lock = threading.RLock()
         #: The program file, e.g. ``"sched.bpf.c"``.
         self.source = source
+        METER.register(self)
 
     @classmethod
     def load(
@@ -133,6 +182,18 @@ class BpfProgram:
             BpfLoadError: bcc missing, no headers, compile or load failure; the message says
                 what to do.
         """
+        with excluded_work():  # starting work, not the agent's running cost
+            return cls._load(source, defines, cflags, flavour, header_cache)
+
+    @classmethod
+    def _load(
+        cls,
+        source: str,
+        defines: Mapping[str, int] | None,
+        cflags: Sequence[str],
+        flavour: HeaderFlavour,
+        header_cache: Path | None,
+    ) -> BpfProgram:
         src_dir = bpf_source_dir()
         src_path = src_dir / source
         if not src_path.is_file():
@@ -153,17 +214,33 @@ class BpfProgram:
 
     # --- attaching -----------------------------------------------------------------------
 
-    def attach_raw_tracepoint(self, tracepoint: str, fn: str) -> None:
+    def attach_raw_tracepoint(
+        self, tracepoint: str, fn: str, before_attach: Callable[[], None] | None = None
+    ) -> None:
         """Load function ``fn`` and attach it to raw tracepoint ``tracepoint``.
+
+        ``before_attach``: as for `attach_btf_tracepoint`.
 
         Raises:
             BpfLoadError: the verifier refused ``fn``, or the tracepoint does not exist.
         """
-        self._attach(
-            f"raw tracepoint {tracepoint}",
-            fn,
-            lambda bpf: bpf.attach_raw_tracepoint(tp=tracepoint.encode(), fn_name=fn.encode()),
-        )
+        tp = tracepoint.encode()
+
+        def on() -> None:
+            if before_attach is not None:
+                before_attach()
+            self._bcc_call(
+                f"raw tracepoint {tracepoint}",
+                fn,
+                lambda bpf: bpf.attach_raw_tracepoint(tp=tp, fn_name=fn.encode()),
+            )
+
+        def off(_link: int | None) -> None:
+            bpf = self._require()
+            if tp in bpf.raw_tracepoint_fds:
+                bpf.detach_raw_tracepoint(tp=tp)
+
+        self._attach(fn, f"raw:{tracepoint}", on, off)
 
     def attach_tracepoint(self, tracepoint: str, fn: str) -> None:
         """Load function ``fn`` and attach it to tracepoint ``category:event``.
@@ -172,29 +249,54 @@ class BpfProgram:
             BpfLoadError: the verifier refused ``fn``, the tracepoint does not exist, or
                 tracefs is not mounted.
         """
-        self._attach(
-            f"tracepoint {tracepoint}",
-            fn,
-            lambda bpf: bpf.attach_tracepoint(tp=tracepoint.encode(), fn_name=fn.encode()),
-        )
+        tp = tracepoint.encode()
 
-    def attach_btf_tracepoint(self, tracepoint: str, fn: str) -> None:
+        def on() -> None:
+            self._bcc_call(
+                f"tracepoint {tracepoint}",
+                fn,
+                lambda bpf: bpf.attach_tracepoint(tp=tp, fn_name=fn.encode()),
+            )
+
+        def off(_link: int | None) -> None:
+            self._require().detach_tracepoint(tp=tp)
+
+        self._attach(fn, f"tp:{tracepoint}", on, off)
+
+    def attach_btf_tracepoint(
+        self, tracepoint: str, fn: str, before_attach: Callable[[], None] | None = None
+    ) -> None:
         """Load function ``fn`` as a BTF-typed (tp_btf) program and attach it to ``tracepoint``.
 
         ``fn`` takes ``u64 *ctx``: the tracepoint's arguments, pointers among them typed by
-        the kernel's BTF (read their fields with ``BPFDYNO_LOAD``).
+        the kernel's BTF (read their fields with ``BPFDYNO_LOAD``). ``before_attach`` runs
+        before every attach (the first and each one after a gap), for a function that must
+        know it was off meanwhile.
 
         Raises:
             BpfLoadError: no BTF, no such tracepoint, or the verifier refused ``fn``.
         """
-        fd = self._load_btf(fn, btfprog.BPF_TRACE_RAW_TP, tracepoint)
-        try:
-            self._links.append(btfprog.attach_tracepoint(fd))
-        except OSError as e:
-            raise BpfLoadError(
-                f"attaching {fn} of {self.source} to tracepoint {tracepoint} failed "
-                f"({e.strerror}); see `bpfdyno doctor` for what this kernel lacks"
-            ) from e
+        with self._lock:
+            fd = self._btf_fds.get(fn)
+            if fd is None:
+                fd = self._load_btf(fn, btfprog.BPF_TRACE_RAW_TP, tracepoint)
+
+        def on() -> int:
+            if before_attach is not None:
+                before_attach()
+            try:
+                return btfprog.attach_tracepoint(fd)
+            except OSError as e:
+                raise BpfLoadError(
+                    f"attaching {fn} of {self.source} to tracepoint {tracepoint} failed "
+                    f"({e.strerror}); see `bpfdyno doctor` for what this kernel lacks"
+                ) from e
+
+        def off(link: int | None) -> None:
+            if link is not None:
+                os.close(link)
+
+        self._attach(fn, f"btf:{tracepoint}", on, off)
 
     def open_task_iterator(self, fn: str) -> TaskIterator:
         """Load function ``fn`` as a task iterator (``struct bpf_iter__task *ctx``).
@@ -217,7 +319,8 @@ class BpfProgram:
         bpf = self._require()
         if fn in self._btf_fds:
             raise BpfLoadError(f"{fn} of {self.source} is already loaded")
-        fd = btfprog.load_tracing(bpf, fn, attach_type, target)
+        with excluded_work():  # the verifier's work, once
+            fd = btfprog.load_tracing(bpf, fn, attach_type, target)
         self._btf_fds[fn] = fd
         trim_heap()  # libbpf parsed the kernel's BTF for the target's id: ~14 MB, freed
         return fd
@@ -243,7 +346,7 @@ class BpfProgram:
             method = bpf.attach_uretprobe if retprobe else bpf.attach_uprobe
             return method(name=binary.encode(), sym=symbol.encode(), fn_name=fn.encode(), pid=pid)
 
-        self._attach(f"{kind} {binary}:{symbol}", fn, attach)
+        self._bcc_call(f"{kind} {binary}:{symbol}", fn, attach)
 
     def detach_raw_tracepoint(self, tracepoint: str) -> None:
         """Detach whatever function is attached to raw tracepoint ``tracepoint``.
@@ -251,9 +354,11 @@ class BpfProgram:
         The function stays loaded, so attaching it again costs no compile or verification.
         Nothing happens when nothing is attached there.
         """
-        bpf = self._require()
-        if tracepoint.encode() in bpf.raw_tracepoint_fds:
-            bpf.detach_raw_tracepoint(tp=tracepoint.encode())
+        with self._lock:
+            for hook in self._hooks.values():
+                if hook.target == f"raw:{tracepoint}" and hook.wanted:
+                    hook.wanted = False
+                    self._sync(hook)
 
     def detach_uprobe(
         self, binary: str, symbol: str, *, pid: int = -1, retprobe: bool = False
@@ -273,7 +378,47 @@ class BpfProgram:
                 f"detaching the {kind} {binary}:{symbol} of {self.source} failed ({e})"
             ) from e
 
-    def _attach(self, target: str, fn: str, attach: Callable[[Any], object]) -> None:
+    def _attach(
+        self,
+        fn: str,
+        target: str,
+        on: Callable[[], int | None],
+        off: Callable[[int | None], None],
+    ) -> None:
+        """Attach ``fn`` at ``target`` for its owner (the budget may keep it off a while).
+
+        Raises:
+            BpfLoadError: attaching failed (the function is then not attached there).
+        """
+        with self._lock:
+            self._require()
+            hook = self._hooks.get((fn, target))
+            if hook is None:
+                hook = self._hooks[(fn, target)] = _Hook(fn, target, on, off, wanted=False)
+            if hook.wanted:
+                return
+            hook.wanted = True
+            try:
+                self._sync(hook)
+            except BaseException:
+                hook.wanted = False
+                raise
+
+    def _sync(self, hook: _Hook) -> None:
+        """Attach or detach ``hook`` to match what is wanted of it now.
+
+        Raises:
+            BpfLoadError: attaching failed.
+        """
+        if hook.should_run and not hook.live:
+            hook.link = hook.on()
+            hook.live, hook.since_ns = True, time.monotonic_ns()
+        elif not hook.should_run and hook.live:
+            hook.off(hook.link)
+            hook.total_ns += time.monotonic_ns() - hook.since_ns
+            hook.link, hook.live = None, False
+
+    def _bcc_call(self, target: str, fn: str, attach: Callable[[Any], object]) -> None:
         bpf = self._require()
         try:
             attach(bpf)
@@ -282,6 +427,56 @@ class BpfProgram:
                 f"attaching {fn} of {self.source} to {target} failed ({e}); run as root, and "
                 "see `bpfdyno doctor` for what this kernel lacks"
             ) from e
+
+    # --- what the overhead budget does -----------------------------------------------------
+
+    def suspend(self, fns: Collection[str], suspended: bool) -> list[str]:
+        """Hold functions ``fns`` off (``suspended``) or let them run again as their owner wants.
+
+        Returns:
+            Why some could not be attached again ([] when all were): the budget reports it.
+        """
+        return self._set(fns, "suspended", suspended)
+
+    def set_off_phase(self, fns: Collection[str], off: bool) -> list[str]:
+        """The off (True) or on phase of functions sampled in time (`bpfdyno.ebpf.duty`).
+
+        Returns:
+            Why some could not be attached again ([] when all were).
+        """
+        return self._set(fns, "off_phase", off)
+
+    def _set(self, fns: Collection[str], flag: str, value: bool) -> list[str]:
+        errors: list[str] = []
+        with self._lock:
+            if self._bpf is None:
+                return errors
+            for hook in self._hooks.values():
+                if hook.fn not in fns or getattr(hook, flag) == value:
+                    continue
+                setattr(hook, flag, value)
+                try:
+                    self._sync(hook)
+                except BpfLoadError as e:
+                    errors.append(str(e))
+        for why in errors:
+            log.warning("%s", why)
+        return errors
+
+    def attached_ns(self, fn: str) -> int:
+        """How long function ``fn`` has been attached so far, summed over its attach points.
+
+        A reader of what ``fn`` counts divides by the share of an interval it was attached
+        to turn a count made while it was sampled in time into an estimate of the whole.
+        """
+        now = time.monotonic_ns()
+        with self._lock:
+            return sum(h.attached_ns(now) for h in self._hooks.values() if h.fn == fn)
+
+    def attached(self, fn: str) -> bool:
+        """Whether ``fn`` is attached right now (at any of its attach points)."""
+        with self._lock:
+            return any(h.live for h in self._hooks.values() if h.fn == fn)
 
     # --- maps and ring buffers -----------------------------------------------------------
 
@@ -311,15 +506,22 @@ class BpfProgram:
 
     def program_fds(self) -> dict[str, int]:
         """Loaded (attached) function name -> program fd."""
-        fds = {
-            (name.decode() if isinstance(name, bytes) else str(name)): int(fn.fd)
-            for name, fn in self._require().funcs.items()
-        }
-        return fds | self._btf_fds
+        with self._lock:
+            fds = {
+                (name.decode() if isinstance(name, bytes) else str(name)): int(fn.fd)
+                for name, fn in self._require().funcs.items()
+            }
+            return fds | self._btf_fds
 
     def program_ids(self) -> dict[str, int]:
         """Loaded function name -> kernel program id."""
-        return {name: int(fdinfo(fd).get("prog_id", -1)) for name, fd in self.program_fds().items()}
+        out: dict[str, int] = {}
+        for name, fd in self.program_fds().items():
+            found = self._ids.get(fd)
+            if found is None:
+                found = self._ids[fd] = int(fdinfo(fd).get("prog_id", -1))
+            out[name] = found
+        return out
 
     def map_ids(self) -> dict[str, int]:
         """Every map this program created (used from Python or not) -> kernel map id."""
@@ -334,18 +536,16 @@ class BpfProgram:
     def start_run_stats(
         self, on_s: float = DEFAULT_ON_S, period_s: float = DEFAULT_PERIOD_S
     ) -> None:
-        """Measure the attached functions' cost in windows (see `BpfRunStats`).
-
-        Call it after attaching: functions attached later are not measured.
-        """
-        if self._stats is not None:
-            self._stats.stop()
-        self._stats = BpfRunStats(self.program_fds(), on_s, period_s)
-        self._stats.start()
+        """Ask the process-wide meter for windows of at least this frequency (see
+        `bpfdyno.ebpf.runstats.ProcessRunStats`); every function of this program is in them,
+        including those attached later."""
+        METER.request(self, on_s, period_s)
+        self._stats_requested = True
 
     def run_stats_samples(self) -> list[Sample]:
-        """The ``bpf_program_*`` samples of the latest stats window ([] before it)."""
-        return self._stats.samples() if self._stats is not None else []
+        """The ``bpf_program_*`` samples of this program's functions in the meter's latest
+        window ([] before it)."""
+        return run_stats_samples(METER.functions_of(self))
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -359,13 +559,23 @@ class BpfProgram:
 
         The maps go with it: their values are lost.
         """
-        if self._stats is not None:
-            self._stats.stop()
-            self._stats = None
-        for fd in [*self._links, *self._btf_fds.values()]:
-            os.close(fd)
-        self._links, self._btf_fds = [], {}
-        bpf, self._bpf = self._bpf, None
+        METER.unregister(self)
+        if self._stats_requested:
+            METER.release(self)
+            self._stats_requested = False
+        with self._lock:
+            for hook in self._hooks.values():
+                if hook.live:
+                    try:
+                        hook.off(hook.link)
+                    except Exception:  # bcc's cleanup below detaches what is left
+                        log.exception("detaching %s of %s failed", hook.fn, self.source)
+                    hook.link, hook.live = None, False
+            self._hooks = {}
+            for fd in [*self._links, *self._btf_fds.values()]:
+                os.close(fd)
+            self._links, self._btf_fds, self._ids = [], {}, {}
+            bpf, self._bpf = self._bpf, None
         if bpf is not None:
             bpf.cleanup()
             # bcc registers cleanup with atexit too, which would keep the object (and its

@@ -1,8 +1,19 @@
-"""What bpfdyno's BPF programs cost: kernel run-time statistics in short windows.
+"""What BPF programs cost: kernel run-time statistics in short windows.
 
 The kernel counts runs and run time per program only while BPF stats are enabled, which
-costs ~20 ns per run, so `BpfRunStats` enables them through a ``BPF_ENABLE_STATS`` fd (never
-the global sysctl) for ``on_s`` seconds every ``period_s`` seconds and reports ns per event.
+costs ~20 ns per run, so they are enabled through a ``BPF_ENABLE_STATS`` fd (never the
+global sysctl) for ``on_s`` seconds every ``period_s`` seconds.
+
+`ProcessRunStats` (the process-wide `METER`) does that once for every BPF program this
+process loaded through `bpfdyno.ebpf.program.BpfProgram` — whatever program file, whoever
+loaded it — on one thread: the collectors report their functions' ns per event from its
+windows, and the overhead budget counts every function's run time from them. `BpfRunStats`
+measures a fixed set of program fds on its own (tests, benchmarks).
+
+The statistics' own cost is inside each run's measured time (the kernel reads its clock
+around the call). The meter measures it once (`calibrate_stats_overhead`: an empty program's
+run time) so the budget can count what the functions themselves cost, not what measuring
+them adds ~20 ns to while the windows are on.
 """
 
 from __future__ import annotations
@@ -12,8 +23,10 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.ebpf.btfprog import bpf
@@ -24,11 +37,15 @@ log = logging.getLogger(__name__)
 
 #: Default duty cycle: measure for this long...
 DEFAULT_ON_S = 1.0
-#: ...once per this period (so stats cost ~20 ns per run 10 % of the time).
+#: ...once per this period (so stats cost ~20 ns per run 10 % of the time). The overhead
+#: budget asks for shorter, more frequent windows (``[budget] stats_window_s``).
 DEFAULT_PERIOD_S = 10.0
 
 _BPF_ENABLE_STATS = 32  # enum bpf_cmd
 _BPF_STATS_RUN_TIME = 0  # enum bpf_stats_type
+_BPF_PROG_LOAD = 5
+_BPF_RAW_TRACEPOINT_OPEN = 17
+_BPF_PROG_TYPE_RAW_TRACEPOINT = 17
 
 
 def enable_bpf_stats() -> int:
@@ -40,6 +57,51 @@ def enable_bpf_stats() -> int:
     attr = (ctypes.c_uint8 * 128)()  # union bpf_attr, zeroed; enable_stats.type is at 0
     ctypes.c_uint32.from_buffer(attr, 0).value = _BPF_STATS_RUN_TIME
     return bpf(_BPF_ENABLE_STATS, attr)
+
+
+def refused(e: OSError) -> str:
+    """Why there are no run statistics, and what they need."""
+    return f"BPF run statistics refused ({e.strerror}); they need Linux >= 5.8 and CAP_SYS_ADMIN"
+
+
+def calibrate_stats_overhead(syscalls: int = 20_000) -> float:
+    """What the run statistics add to each run's measured time, in ns (an empty program's).
+
+    Loads a two-instruction raw tracepoint program (``r0 = 0; exit``) on ``sys_enter``,
+    makes ``syscalls`` system calls with statistics on, and divides its run time by its runs
+    (other processes' system calls count too). Everything is closed before returning.
+
+    Raises:
+        OSError: the kernel refused the program, the attach or the statistics.
+    """
+    insns = (ctypes.c_uint64 * 2)(0xB7, 0x95)  # mov64 r0, 0 ; exit (little-endian opcodes)
+    license_ = ctypes.create_string_buffer(b"GPL")
+    attr = (ctypes.c_uint8 * 128)()
+    ctypes.c_uint32.from_buffer(attr, 0).value = _BPF_PROG_TYPE_RAW_TRACEPOINT
+    ctypes.c_uint32.from_buffer(attr, 4).value = 2
+    ctypes.c_uint64.from_buffer(attr, 8).value = ctypes.addressof(insns)
+    ctypes.c_uint64.from_buffer(attr, 16).value = ctypes.addressof(license_)
+    ctypes.memmove(ctypes.addressof(attr) + 48, b"bpfdyno_calib", 13)  # prog_name
+    prog = bpf(_BPF_PROG_LOAD, attr)
+    link = stats = -1
+    try:
+        name = ctypes.create_string_buffer(b"sys_enter")
+        attr = (ctypes.c_uint8 * 128)()
+        ctypes.c_uint64.from_buffer(attr, 0).value = ctypes.addressof(name)
+        ctypes.c_uint32.from_buffer(attr, 8).value = prog
+        link = bpf(_BPF_RAW_TRACEPOINT_OPEN, attr)
+        stats = enable_bpf_stats()
+        before = fdinfo(prog)
+        for _ in range(syscalls):
+            os.getppid()
+        after = fdinfo(prog)
+    finally:
+        for fd in (stats, link, prog):
+            if fd >= 0:
+                os.close(fd)
+    runs = int(after.get("run_cnt", 0)) - int(before.get("run_cnt", 0))
+    ns = int(after.get("run_time_ns", 0)) - int(before.get("run_time_ns", 0))
+    return ns / runs if runs > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,10 +163,7 @@ class BpfRunStats:
         try:
             os.close(enable_bpf_stats())
         except OSError as e:
-            self.unavailable_reason = (
-                f"BPF run statistics refused ({e.strerror}); they need Linux >= 5.8 and "
-                "CAP_SYS_ADMIN"
-            )
+            self.unavailable_reason = refused(e)
             log.warning("%s", self.unavailable_reason)
             return
         self._thread = threading.Thread(target=self._run, name="bpf-run-stats", daemon=True)
@@ -184,3 +243,264 @@ def run_stats_samples(stats: Mapping[str, ProgramRunStats]) -> list[Sample]:
         out.append(sample(BPF_RUN_NS_PER_EVENT, st.ns_per_event, labels))
         out.append(sample(BPF_RUNS_PER_SECOND, st.runs_per_second, labels))
     return out
+
+
+# --- the process-wide meter ------------------------------------------------------------------
+
+
+class MeasuredProgram(Protocol):
+    """What the meter reads of a loaded program (`bpfdyno.ebpf.program.BpfProgram`)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def program_fds(self) -> dict[str, int]: ...
+
+    def program_ids(self) -> dict[str, int]: ...
+
+    def attached_ns(self, fn: str) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCost:
+    """One loaded BPF function over one window of the process-wide meter.
+
+    Attributes:
+        name: the function (and kernel program) name.
+        prog_id: the kernel's id of the program.
+        runs: invocations in the window.
+        run_time_ns: their total run time (the statistics' own ~20 ns per run included).
+        window_s: the window's length.
+        attached_s: how long in the window it was attached (less than the window while the
+            budget samples it in time or keeps it detached).
+        overhead_ns: what the statistics add to each run (`calibrate_stats_overhead`).
+    """
+
+    name: str
+    prog_id: int
+    runs: int
+    run_time_ns: int
+    window_s: float
+    attached_s: float
+    overhead_ns: float = 0.0
+
+    @property
+    def own_time_ns(self) -> float:
+        """The run time without what the statistics added to it."""
+        return max(self.run_time_ns - self.runs * self.overhead_ns, 0.0)
+
+    @property
+    def ns_per_s(self) -> float:
+        """Its own run time per second of the window: what it cost, as it was attached."""
+        return self.own_time_ns / self.window_s if self.window_s > 0 else 0.0
+
+    @property
+    def runs_per_s(self) -> float:
+        """Invocations per second of the window."""
+        return self.runs / self.window_s if self.window_s > 0 else 0.0
+
+    @property
+    def full_ns_per_s(self) -> float | None:
+        """What it would cost attached all the time; None when it was never attached."""
+        if self.attached_s <= 0:
+            return None
+        return self.own_time_ns / self.attached_s
+
+    def as_run_stats(self) -> ProgramRunStats:
+        """The same window as a `ProgramRunStats` (runs per second of the attached time)."""
+        return ProgramRunStats(self.name, self.runs, self.run_time_ns, self.window_s)
+
+
+@dataclass(frozen=True, slots=True)
+class MeterWindow:
+    """One completed window of `ProcessRunStats`: every loaded function's cost."""
+
+    seq: int
+    end_monotonic: float
+    window_s: float
+    functions: tuple[FunctionCost, ...]
+
+
+class ProcessRunStats:
+    """One duty cycle of BPF run statistics for every program of this process.
+
+    Programs register when they are loaded and unregister when closed (a weak reference is
+    kept, so a program dropped without `close` goes too). The thread runs while someone
+    asked for windows (`request`): a collector reporting its functions' cost, or the
+    overhead budget. With several requests the shortest period and window win.
+    """
+
+    def __init__(self) -> None:
+        self._programs: weakref.WeakSet[MeasuredProgram] = weakref.WeakSet()
+        self._requests: dict[int, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last: MeterWindow | None = None
+        self._seq = 0
+        #: Why there are no windows ("" while they work).
+        self.unavailable_reason = ""
+        #: What the statistics add to each run, in ns (measured when the thread starts;
+        #: None until then, 0 when it could not be measured).
+        self.overhead_ns: float | None = None
+
+    # -- who is measured, and who asks ----------------------------------------------------
+
+    def register(self, program: MeasuredProgram) -> None:
+        """Measure ``program``'s functions from the next window on."""
+        with self._lock:
+            self._programs.add(program)
+
+    def unregister(self, program: MeasuredProgram) -> None:
+        """Stop measuring ``program`` (it is being closed)."""
+        with self._lock:
+            self._programs.discard(program)
+
+    def request(self, owner: object, on_s: float, period_s: float) -> None:
+        """Ask for windows of ``on_s`` seconds every ``period_s`` (until `release`).
+
+        Raises:
+            ValueError: not 0 < on_s <= period_s.
+        """
+        if not 0 < on_s <= period_s:
+            raise ValueError(f"need 0 < on_s <= period_s, got on_s={on_s} period_s={period_s}")
+        with self._lock:
+            self._requests[id(owner)] = (on_s, period_s)
+            start = self._thread is None
+            if start:
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._run, name="bpf-run-stats", daemon=True)
+        if start:
+            assert self._thread is not None
+            self._thread.start()
+
+    def release(self, owner: object) -> None:
+        """Withdraw ``owner``'s request; the thread stops (and stats go off) after the last."""
+        with self._lock:
+            self._requests.pop(id(owner), None)
+            if self._requests or self._thread is None:
+                return
+            thread, self._thread = self._thread, None
+            self._stop.set()
+        if thread is not threading.current_thread():
+            thread.join()
+
+    # -- results --------------------------------------------------------------------------
+
+    def last_window(self) -> MeterWindow | None:
+        """The latest completed window (None before the first)."""
+        with self._lock:
+            return self._last
+
+    def wait_window(self, after_seq: int, timeout: float) -> MeterWindow | None:
+        """Wait until a window newer than ``after_seq`` completed; None on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self._last is None or self._last.seq <= after_seq:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._changed.wait(left):
+                    return None
+            return self._last
+
+    def functions_of(self, program: MeasuredProgram) -> dict[str, ProgramRunStats]:
+        """``program``'s functions in the latest window, by name ({} before the first)."""
+        window = self.last_window()
+        if window is None or program.closed:
+            return {}
+        try:
+            ids = set(program.program_ids().values())
+        except RuntimeError:  # closed meanwhile
+            return {}
+        return {f.name: f.as_run_stats() for f in window.functions if f.prog_id in ids}
+
+    # -- the thread -----------------------------------------------------------------------
+
+    def _schedule(self) -> tuple[float, float] | None:
+        with self._lock:
+            if not self._requests:
+                return None
+            on = min(r[0] for r in self._requests.values())
+            period = min(r[1] for r in self._requests.values())
+            return min(on, period), period
+
+    def _calibrate(self) -> None:
+        if self.overhead_ns is not None:
+            return
+        try:
+            self.overhead_ns = calibrate_stats_overhead()
+        except OSError as e:
+            self.overhead_ns = 0.0
+            log.warning(
+                "BPF run statistics: their own cost could not be measured (%s); costs include it",
+                e.strerror,
+            )
+
+    def _run(self) -> None:
+        self._calibrate()
+        while not self._stop.is_set():
+            schedule = self._schedule()
+            if schedule is None:
+                return
+            on_s, period_s = schedule
+            t0 = time.monotonic()
+            try:
+                fd = enable_bpf_stats()
+            except OSError as e:
+                self.unavailable_reason = refused(e)
+                log.warning("%s", self.unavailable_reason)
+                return
+            try:
+                before, b0 = self._counters(), time.monotonic()
+                self._stop.wait(on_s)
+                after, b1 = self._counters(), time.monotonic()
+            finally:
+                os.close(fd)
+            if self._stop.is_set():
+                return
+            window_s = b1 - b0
+            functions = tuple(
+                FunctionCost(
+                    name,
+                    prog_id,
+                    max(cnt1 - cnt0, 0),
+                    max(ns1 - ns0, 0),
+                    window_s,
+                    min(max(att1 - att0, 0) / 1e9, window_s),
+                    self.overhead_ns or 0.0,
+                )
+                for prog_id, (name, cnt1, ns1, att1) in after.items()
+                if prog_id in before
+                for _, cnt0, ns0, att0 in (before[prog_id],)
+            )
+            with self._changed:
+                self._seq += 1
+                self._last = MeterWindow(self._seq, b1, window_s, functions)
+                self._changed.notify_all()
+            self._stop.wait(max(0.0, period_s - (time.monotonic() - t0)))
+
+    def _counters(self) -> dict[int, tuple[str, int, int, int]]:
+        """prog id -> (name, run_cnt, run_time_ns, attached ns) of every registered function."""
+        with self._lock:
+            programs = list(self._programs)
+        out: dict[int, tuple[str, int, int, int]] = {}
+        for program in programs:
+            try:
+                fds = program.program_fds()
+                for name, fd in fds.items():
+                    info = fdinfo(fd)
+                    if not info:
+                        continue  # closed meanwhile
+                    out[int(info.get("prog_id", -1))] = (
+                        name,
+                        int(info.get("run_cnt", 0)),
+                        int(info.get("run_time_ns", 0)),
+                        program.attached_ns(name),
+                    )
+            except RuntimeError:  # the program was closed meanwhile
+                continue
+        return out
+
+
+#: The meter of this process: every `BpfProgram` registers with it.
+METER = ProcessRunStats()

@@ -36,6 +36,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from bpfdyno.core.budget import ESTIMATE_LABEL
 from bpfdyno.core.catalog import Catalog
 from bpfdyno.core.config import PrometheusSection
 from bpfdyno.core.metrics import HistogramSample, MetricKind, MetricSpec, Round, Sample
@@ -80,14 +81,19 @@ def _unit(spec: MetricSpec) -> str:
 
 def _scalar_family(spec: MetricSpec, samples: Sequence[Sample]) -> Metric:
     family: CounterMetricFamily | GaugeMetricFamily
+    # A series whose value is an estimate carries one label more than declared; the family
+    # then names it, and the exact series give it the empty value (which Prometheus reads
+    # as no label at all: their identity does not change).
+    names = spec.labels
+    if any(len(s.labels) > len(names) for s in samples):
+        names = (*names, ESTIMATE_LABEL)
     if spec.kind is MetricKind.COUNTER:
-        family = CounterMetricFamily(
-            spec.name, help_text(spec), labels=spec.labels, unit=_unit(spec)
-        )
+        family = CounterMetricFamily(spec.name, help_text(spec), labels=names, unit=_unit(spec))
     else:
-        family = GaugeMetricFamily(spec.name, help_text(spec), labels=spec.labels, unit=_unit(spec))
+        family = GaugeMetricFamily(spec.name, help_text(spec), labels=names, unit=_unit(spec))
     for s in samples:
-        family.add_metric([v for _, v in s.labels], s.value)
+        values = [v for _, v in s.labels]
+        family.add_metric(values + [""] * (len(names) - len(values)), s.value)
     return family
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 
+from bpfdyno.core.budget import Reduction
 from bpfdyno.core.metrics import HistogramSample, Sample
 from bpfdyno.core.status import PartState
 
@@ -66,5 +67,14 @@ class Collector(abc.ABC):
 
         Called on the collector's thread right after each successful collect; the daemon
         puts them into that round. The default has none.
+        """
+        return ()
+
+    def reductions(self) -> Sequence[Reduction]:
+        """Optional: the steps this collector offers the overhead budget (after ``start()``).
+
+        Each makes the collector cheaper while keeping its answers true (see
+        `bpfdyno.core.budget`); the budget takes and undoes them, the collector labels what
+        became estimates. The default has none.
         """
         return ()

@@ -26,6 +26,7 @@ import os
 import pwd
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from bpfdyno.core.budget import excluded_work
 from bpfdyno.core.events import FlightRecorder, KernelEvent
 from bpfdyno.core.identity import ROOT_UID, FileIdentityError, files_as
 from bpfdyno.rpc.traces import KernelTracks as TrackStatus
@@ -146,8 +147,12 @@ class KernelTracks:
         self._tracker.merge_done(part.trace_id, part.address, status, _size(part.local_path))
 
     def merge(self, part: PartRef, capture: ProcessCapture) -> TrackStatus:
-        """Write ``capture`` into ``part``'s file (blocking); the outcome as a status."""
-        return merge_capture(part, capture, self._recorder)
+        """Write ``capture`` into ``part``'s file (blocking); the outcome as a status.
+
+        Work a trace request asked for: not counted against the overhead budget.
+        """
+        with excluded_work():
+            return merge_capture(part, capture, self._recorder)
 
 
 def merge_capture(

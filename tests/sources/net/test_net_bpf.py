@@ -55,14 +55,7 @@ def net(recorder: FlightRecorder) -> Iterator[NetCollector]:
 def byte_counts(p: ProcNet) -> tuple[int, ...]:
     """Every byte counter of a process. Retransmits are left out: on a busy machine even
     loopback TCP sees an occasional tail-loss probe, which the kernel counts as one."""
-    return (
-        p.tcp_tx_bytes,
-        p.tcp_rx_bytes,
-        p.udp_tx_bytes,
-        p.udp_rx_bytes,
-        p.other_tx_bytes,
-        p.other_rx_bytes,
-    )
+    return p.byte_counts()
 
 
 def wait_for(pred: Callable[[], bool], poll: Callable[[], object], timeout: float = 10) -> None:

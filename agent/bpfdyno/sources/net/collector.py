@@ -6,6 +6,12 @@ the deltas into host-wide rates, snapshots the per-process counters and the conn
 (for the process table and ``ListConnections``), and drains the ring buffer of rare events
 into the flight recorder through ``sink``. Event latency is therefore at most one collection
 interval. Snapshots are swapped in whole, so other threads read them without locks.
+
+Under the overhead budget (`reductions`): the per-call byte programs may do their
+per-process and per-socket accounting only part of the time (each process's byte counts are
+then scaled up by the share of the interval it was done: estimates; the host-wide byte rates
+stay exact, counted at every call), and rare-event programs that a storm made frequent may
+be detached (what they count is then not known: NaN, never 0).
 """
 
 from __future__ import annotations
@@ -18,12 +24,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bpfdyno.core.budget import Reduction, degraded_by, sampled_share
 from bpfdyno.core.config import NetSection
 from bpfdyno.core.events import EventSink, KernelEvent, MonotonicClock
 from bpfdyno.core.metrics import Sample, sample
+from bpfdyno.core.status import PartState
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.maps import map_items, percpu_sums
 from bpfdyno.ebpf.program import BpfProgram, RingBuffer
+from bpfdyno.ebpf.reductions import DetachedFunctions, SampledFunctions
 from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S
 from bpfdyno.ebpf.tracefs import ensure_tracefs
 from bpfdyno.sources.base import Collector, CollectorUnavailable
@@ -34,6 +43,7 @@ from bpfdyno.sources.net.decode import (
     TcpConnection,
     connection_from_leaf,
     event_from_record,
+    net_control_slots,
     net_header_enums,
     proc_from_leaf,
 )
@@ -61,6 +71,7 @@ log = logging.getLogger(__name__)
 
 # The program's maps (bpf/net.bpf.c).
 _TOTALS = "bpfdyno_ntotals"
+_CTL = "bpfdyno_nctl"
 _DROPS = "bpfdyno_ndrops"
 _PROCS = "bpfdyno_nprocs"
 _SOCKS = "bpfdyno_nsocks"
@@ -74,6 +85,32 @@ _BYTE_METRICS = (
     ("NET_C_OTHER_TX_BYTES", OTHER_SENT, False),
     ("NET_C_OTHER_RX_BYTES", OTHER_RECEIVED, False),
 )
+
+
+#: The share of the time the byte programs stay attached while the budget samples them.
+BYTES_SAMPLE_SHARE = 1 / 8
+#: Rare-event parts the budget may detach in a storm: (part, functions, what is lost).
+_DETACHABLE = (
+    ("drops", ("bpfdyno_ndrop",), "packet drops by reason are not counted (net_drops: NaN)"),
+    ("rtt", ("bpfdyno_nprobe",), "RTT and congestion window are not updated (net_tcp_srtt: NaN)"),
+    (
+        "tcp_events",
+        ("bpfdyno_nretx", "bpfdyno_nrstsnd", "bpfdyno_nrstrcv"),
+        "retransmits and resets are not counted or streamed (their rates: NaN)",
+    ),
+    (
+        "connections",
+        ("bpfdyno_nstate",),
+        "connection opens, closes and their events are missing; new connections are not tracked",
+    ),
+)
+#: Which metrics each detachable part feeds (reported as NaN while it is detached).
+_FED_BY = {
+    "drops": (DROPS,),
+    "rtt": (SRTT,),
+    "tcp_events": (RETRANSMITS, RESETS),
+    "connections": (OPENED, CLOSED, ESTABLISHED),
+}
 
 
 class NetUnavailable(RuntimeError):
@@ -160,6 +197,14 @@ class NetCollector(Collector):
         self.unavailable_parts: dict[str, str] = {}
         #: Events decoded so far (for self-monitoring).
         self.events_received = 0
+        # The overhead budget's steps (made at start) and what scaling needs between rounds.
+        self._bytes_sampled: SampledFunctions | None = None
+        self._detachable: dict[str, DetachedFunctions] = {}
+        self._bytes_held_off_ns = 0
+        self._byte_fns: tuple[str, ...] = ()
+        self._raw_procs: dict[int, ProcNet] = {}
+        #: tgid -> bytes added by scaling sampled intervals up (ProcNet's six byte fields).
+        self._extra: dict[int, list[float]] = {}
 
     @classmethod
     def from_config(cls, section: NetSection, *, sink: EventSink | None = None) -> NetCollector:
@@ -217,7 +262,52 @@ class NetCollector(Collector):
         self._program = program
         program.start_run_stats(*self._stats_args)
         self.plan = plan
+        self._make_reductions(program, plan)
         self.unavailable_reason = ""
+
+    def _make_reductions(self, program: BpfProgram, plan: Plan) -> None:
+        bytes_part = next(p for p in plan.parts if p.name == "bytes")
+        self._byte_fns = tuple(dict.fromkeys(a.fn for a in bytes_part.attachments))
+        self._bytes_sampled = SampledFunctions(
+            program,
+            self._byte_fns,
+            BYTES_SAMPLE_SHARE,
+            flag=(_CTL, net_control_slots()["NET_CTL_BYTES_OFF"]),
+            name="net.bytes_sampled",
+            part=self.name,
+            what=(
+                f"per-process and per-socket byte accounting done {BYTES_SAMPLE_SHARE:.1%} of "
+                "the time (sampled in time; every call is still counted host-wide)"
+            ),
+            lost=(
+                "each process's byte counts are estimates scaled from the sampled time, and "
+                "connections' byte counts hold the sampled calls only; host-wide byte rates "
+                "stay exact"
+            ),
+        )
+        self._bytes_held_off_ns = self._bytes_sampled.held_off_ns()
+        attached = {a.fn for p in plan.parts for a in p.attachments} - set(self.unavailable_parts)
+        self._detachable = {
+            part: DetachedFunctions(
+                program,
+                fns,
+                name=f"net.{part}_detached",
+                part=self.name,
+                what=f"the {', '.join(fns)} program(s) detached",
+                lost=lost,
+            )
+            for part, fns, lost in _DETACHABLE
+            if set(fns) & attached
+        }
+
+    def reductions(self) -> Sequence[Reduction]:
+        """The budget's steps: sample the byte programs, detach rare-event programs."""
+        first = [self._bytes_sampled] if self._bytes_sampled is not None else []
+        return [*first, *self._detachable.values()]
+
+    def health(self) -> tuple[PartState, str] | None:
+        """Degraded while the budget holds one of this collector's steps."""
+        return degraded_by(self.reductions())
 
     def close(self) -> None:
         """Detach and unload everything (also drops the maps); idempotent."""
@@ -235,16 +325,20 @@ class NetCollector(Collector):
         program = self._require()
         now = time.monotonic()
         totals = self._read_totals(program)
+        held_off = self._bytes_sampled.held_off_ns() if self._bytes_sampled else 0
+        dt_s = now - self._prev_t if self._prev_totals is not None else 0.0
+        share = sampled_share(held_off - self._bytes_held_off_ns, dt_s)
+        self._bytes_held_off_ns = held_off
         drops = {i: n for i, n in enumerate(percpu_sums(program.table(_DROPS))) if n}
-        self._procs = {int(k): proc_from_leaf(v) for k, v in map_items(program.table(_PROCS))}
+        raw = {int(k): proc_from_leaf(v) for k, v in map_items(program.table(_PROCS))}
+        self._procs = self._scaled_procs(raw, share)
         # Decoded into TcpConnections only when asked for (connections()): most rounds need
         # just the state and RTT of each socket.
         socks = [v for _, v in map_items(program.table(_SOCKS)) if v.flags & NET_SOCK_TUPLE]
         self._socks = socks
         self.drain_events()
 
-        dt = now - self._prev_t if self._prev_totals is not None else 0.0
-        out = self._rate_samples(totals, drops, dt)
+        out = self._rate_samples(totals, drops, dt_s)
         self._prev_totals, self._prev_drops, self._prev_t = totals, drops, now
         out.append(sample(ESTABLISHED, sum(1 for v in socks if v.state == TCP_ESTABLISHED)))
         rtts = [v.srtt_us / 1e6 for v in socks if v.srtt_us]
@@ -253,6 +347,39 @@ class NetCollector(Collector):
         out.append(sample(EVENTS_LOST, totals[self._counters["NET_C_RINGBUF_DROPS"]]))
         out.append(sample(PROC_MAP_FULL, totals[self._counters["NET_C_PROC_MAP_FULL"]]))
         out += program.run_stats_samples()
+        detached = {
+            spec.name
+            for part, r in self._detachable.items()
+            if r.active
+            for spec in _FED_BY.get(part, ())
+        }
+        if detached:  # what a detached program feeds is not known, never 0
+            out = [sample_nan(s) if s.spec.name in detached else s for s in out]
+        return out
+
+    def _scaled_procs(self, raw: dict[int, ProcNet], share: float) -> dict[int, ProcNet]:
+        """Each process's counters, the byte counts of sampled intervals scaled up.
+
+        Exactly the map's values as long as the byte programs were never sampled.
+        """
+        prev, self._raw_procs = self._raw_procs, raw
+        if share >= 1.0 and not self._extra:
+            return raw
+        extra: dict[int, list[float]] = {}
+        out: dict[int, ProcNet] = {}
+        for tgid, p in raw.items():
+            now = p.byte_counts()
+            add = list(self._extra.get(tgid, (0.0,) * len(now)))
+            if 0 < share < 1.0:
+                before = prev.get(tgid)
+                was = before.byte_counts() if before is not None else (0,) * len(now)
+                for i, (a, b) in enumerate(zip(was, now, strict=True)):
+                    if b > a:
+                        add[i] += (b - a) / share - (b - a)
+            extra[tgid] = add
+            tx, rx, utx, urx, otx, orx = (int(n + e) for n, e in zip(now, add, strict=True))
+            out[tgid] = ProcNet(tx, rx, utx, urx, otx, orx, p.tcp_retransmits)
+        self._extra = extra
         return out
 
     def drain_events(self) -> list[KernelEvent]:
@@ -327,7 +454,7 @@ class NetCollector(Collector):
         exact = self.plan is not None and self.plan.byte_source == BYTES_SOCK
         out = []
         for slot, spec, per_protocol in _BYTE_METRICS:
-            measured = exact == per_protocol
+            measured = exact == per_protocol  # counted at every call even while sampled
             out.append(sample(spec, rate(slot) if measured else math.nan))
         out.append(sample(RETRANSMITS, rate("NET_C_TCP_RETRANSMITS")))
         out.append(sample(RESETS, rate("NET_C_TCP_RESETS_SENT"), {"direction": "sent"}))
@@ -340,3 +467,8 @@ class NetCollector(Collector):
             value = math.nan if prev is None or dt <= 0 else max(0, count - before) / dt
             out.append(sample(DROPS, value, {"reason": self.drop_reason_name(reason)}))
         return out
+
+
+def sample_nan(s: Sample) -> Sample:
+    """The same series without a value this round (not known)."""
+    return Sample(s.spec, math.nan, s.labels)

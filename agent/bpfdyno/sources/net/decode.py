@@ -60,6 +60,11 @@ def net_header_enums() -> tuple[dict[str, int], dict[int, str]]:
     return counters, kinds
 
 
+def net_control_slots() -> dict[str, int]:
+    """Slots of the control array ``bpfdyno_nctl`` by name, from ``bpf/net.h``."""
+    return header_enum(header_text("net.h"), "net_ctl")
+
+
 @lru_cache(maxsize=4096)
 def format_addr(family: int, raw: bytes) -> str:
     """Printable address from a 16-byte field (IPv4 in the first 4 bytes).
@@ -93,6 +98,17 @@ class ProcNet:
     other_tx_bytes: int  # syscall fallback only: socket bytes of unknown protocol
     other_rx_bytes: int
     tcp_retransmits: int
+
+    def byte_counts(self) -> tuple[int, int, int, int, int, int]:
+        """Every byte counter, in field order (retransmits left out)."""
+        return (
+            self.tcp_tx_bytes,
+            self.tcp_rx_bytes,
+            self.udp_tx_bytes,
+            self.udp_rx_bytes,
+            self.other_tx_bytes,
+            self.other_rx_bytes,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,6 +204,8 @@ class PerfSwCollector(_PerCpuCounters):
         switch_counts: per-CPU context switches from another source (the sched
             collector's `cpu_switch_counts`); while it returns None, a perf counter of this
             collector counts them.
+        switch_estimate: how that source estimated them ("" while they are exact; the sched
+            collector's `switch_estimate`): the series is labelled with it.
     """
 
     name = "perf_sw"
@@ -217,9 +219,12 @@ class PerfSwCollector(_PerCpuCounters):
         cpus: Sequence[int] | None = None,
         clock: Callable[[], float] = time.monotonic,
         switch_counts: SwitchCounts | None = None,
+        switch_estimate: Callable[[], str] | None = None,
     ) -> None:
         super().__init__(opener, cpus, clock)
         self._switch_counts = switch_counts
+        self._switch_estimate = switch_estimate
+        self._estimate = ""
         self._own_switches: list[CounterGroup] = []
         self._prev_switches: dict[int, int] | None = None
 
@@ -246,8 +251,10 @@ class PerfSwCollector(_PerCpuCounters):
         counts = self._switch_counts() if self._switch_counts is not None else None
         if counts is not None:
             self._close_own_switches()
+            self._estimate = self._switch_estimate() if self._switch_estimate else ""
         else:
             counts = self._read_own_switches()
+            self._estimate = ""
         prev, self._prev_switches = self._prev_switches, dict(counts)
         if prev is None:  # a new source: rates from the next collect on
             return {g.cpu: {CONTEXT_SWITCHES.name: math.nan} for g in self._groups}
@@ -277,7 +284,7 @@ class PerfSwCollector(_PerCpuCounters):
         return [
             sample(PAGE_FAULTS, deltas["page_faults"] / dt, labels),
             sample(MAJOR_FAULTS, deltas["major_faults"] / dt, labels),
-            sample(CTX_SWITCHES, deltas[CONTEXT_SWITCHES.name] / dt, labels),
+            sample(CTX_SWITCHES, deltas[CONTEXT_SWITCHES.name] / dt, labels, self._estimate),
             sample(MIGRATIONS, deltas["cpu_migrations"] / dt, labels),
             sample(CPU_CLOCK, deltas["cpu_clock"] / 1e9 / dt, labels),
         ]

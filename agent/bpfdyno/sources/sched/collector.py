@@ -16,6 +16,13 @@ Why the process totals are exact and never go down: a thread's books only grow; 
 counted live by the iterator until its exit is recorded; its last books then replace its
 live ones, in the same collection when it exited after the iterator saw it (drained after
 the walk), otherwise in the next one. Nothing is read-then-cleared.
+
+Under the overhead budget (`reductions`): the switch program may be attached only part of
+the time (per-CPU switches and busy time and run-queue waits are then scaled by the share of
+the interval it was attached, and labelled ``estimate="sampled"``; per-process times stay
+the kernel's exact books), and the exec/exit programs may be detached (exec/exit events and
+their rates are then missing, and a thread that exits meanwhile keeps the books the previous
+walk read: its process's totals are a little short, never going down).
 """
 
 from __future__ import annotations
@@ -30,14 +37,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from bpfdyno.core.budget import Reduction, degraded_by, sampled_share
 from bpfdyno.core.config import SchedSection
 from bpfdyno.core.events import EventSink, KernelEvent, MonotonicClock
 from bpfdyno.core.histogram import histogram_quantile, log2_export_buckets
 from bpfdyno.core.metrics import HistogramSample, Sample, sample
+from bpfdyno.core.status import PartState
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.headers import header_defines, header_enum, header_text
 from bpfdyno.ebpf.maps import map_pop_all, percpu_words
 from bpfdyno.ebpf.program import BpfProgram, RingBuffer, TaskIterator
+from bpfdyno.ebpf.reductions import DetachedFunctions, SampledFunctions
 from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 from bpfdyno.sources.perf.perf_event import online_cpus
@@ -88,8 +98,14 @@ QUANTILES = (0.5, 0.9, 0.99)
 #: The last log2 slot exported as its own histogram bucket: 2**36 ns, 68.7 s.
 EXPORT_LAST_SLOT = 35
 
+#: The share of the time the switch program stays attached while the budget samples it.
+SWITCH_SAMPLE_SHARE = 1 / 8
+#: The value of the ``estimate`` label of what is scaled up from that sampled time.
+SAMPLED = "sampled"
+
 # The program's maps (bpf/sched.bpf.c).
 _CPU_STATS = "bpfdyno_scpu"
+_GEN = "bpfdyno_sgen"
 _ERRORS = "bpfdyno_serrors"
 _EXITED = "bpfdyno_sexit"
 _EVENTS = "bpfdyno_sevents"
@@ -189,6 +205,15 @@ class SchedCollector(Collector):
         self._comms: dict[bytes, str] = {}
         self._snapshot_lock = threading.Lock()
         self._online: frozenset[int] = frozenset()
+        # The overhead budget's steps (made at start) and what they need between rounds.
+        self._switch_sampled: SampledFunctions | None = None
+        self._exits_detached: DetachedFunctions | None = None
+        self._migrations_detached: DetachedFunctions | None = None
+        self._switch_held_off_ns = 0  # how long the budget held the switch program off, so far
+        self._prev_walk = b""
+        self._exit_gap = False  # the exit program was off at some time since the last round
+        #: Per-CPU switches added by scaling sampled intervals up (see `cpu_switch_counts`).
+        self._switch_extra: dict[int, float] = {}
 
     @classmethod
     def from_config(cls, section: SchedSection, *, sink: EventSink | None = None) -> SchedCollector:
@@ -214,7 +239,8 @@ class SchedCollector(Collector):
             raise CollectorUnavailable(str(e)) from e
         try:
             for tp, fn in PROGRAMS:
-                program.attach_btf_tracepoint(tp, fn)
+                bump = (lambda: _bump_generation(program)) if fn == "bpfdyno_switch" else None
+                program.attach_btf_tracepoint(tp, fn, before_attach=bump)
             self._tasks = program.open_task_iterator(ITERATOR)
             self._events = program.open_ring_buffer(_EVENTS, self._decode_event)
         except BpfLoadError as e:
@@ -223,8 +249,60 @@ class SchedCollector(Collector):
         self._program = program
         self._online = frozenset(online_cpus())
         program.start_run_stats(*self._stats_args)
+        self._make_reductions(program)
+        self._switch_held_off_ns = self._switch_sampled.held_off_ns() if self._switch_sampled else 0
         self._prev = self._read_totals()
-        self._refresh_processes(self._tasks.read(), [], [])
+        self._prev_walk = self._tasks.read()
+        self._refresh_processes(self._prev_walk, [], [])
+
+    def _make_reductions(self, program: BpfProgram) -> None:
+        self._switch_sampled = SampledFunctions(
+            program,
+            ["bpfdyno_switch"],
+            SWITCH_SAMPLE_SHARE,
+            name="sched.switch_sampled",
+            part=self.name,
+            what=(
+                f"the context-switch program attached {SWITCH_SAMPLE_SHARE:.1%} of the time "
+                "(sampled in time)"
+            ),
+            lost=(
+                "per-CPU context switches and busy time, run-queue waits and their latency "
+                'quantiles are estimates scaled from the sampled time (estimate="sampled"); '
+                "per-process times stay exact (the kernel's own books)"
+            ),
+        )
+        self._exits_detached = DetachedFunctions(
+            program,
+            ["bpfdyno_exit", "bpfdyno_exec"],
+            name="sched.exits_detached",
+            part=self.name,
+            what="the exec and exit programs detached",
+            lost=(
+                "exec/exit events and their rates are missing; a thread that exits keeps the "
+                "books the previous round read (its process's times are a little short)"
+            ),
+        )
+        self._migrations_detached = DetachedFunctions(
+            program,
+            ["bpfdyno_migrate"],
+            name="sched.migrations_detached",
+            part=self.name,
+            what="the migration program detached",
+            lost="the host-wide migration rate is missing (per-process migrations stay exact)",
+        )
+
+    def reductions(self) -> Sequence[Reduction]:
+        """The budget's steps: sample the switch program, detach exec/exit, migrations."""
+        return [
+            r
+            for r in (self._switch_sampled, self._exits_detached, self._migrations_detached)
+            if r is not None
+        ]
+
+    def health(self) -> tuple[PartState, str] | None:
+        """Degraded while the budget holds one of this collector's steps."""
+        return degraded_by(self.reductions())
 
     def close(self) -> None:
         """Stop the run statistics and detach and unload every program (idempotent)."""
@@ -242,19 +320,28 @@ class SchedCollector(Collector):
         """Read the books and counters, compute the interval's rates, emit events."""
         program = self._require()
         assert self._tasks is not None and self._events is not None
+        exits_off = self._exit_gap or bool(self._exits_detached and self._exits_detached.active)
         # Order matters: the walk first, then the exits (see the module docstring); the
         # events before the exits, so an exit event's process has all its threads' books.
         walk = self._tasks.read()
         events = self._events.drain()
         exited = map_pop_all(program.table(_EXITED))
         totals = self._read_totals()
+        held_off = self._switch_sampled.held_off_ns() if self._switch_sampled else 0
         prev_procs = self._procs
+        if exits_off:  # threads that vanished without an exit record keep their last books
+            exited = exited + _vanished(self._prev_walk, walk, exited)
         threads = self._refresh_processes(walk, exited, events)
+        self._prev_walk = walk
+        self._exit_gap = bool(self._exits_detached and self._exits_detached.active)
         prev, self._prev = self._prev, totals
         out: list[Sample] = []
         if prev is not None and totals.t > prev.t:
-            out += _interval_samples(prev, totals, events, self._online)
+            share = sampled_share(held_off - self._switch_held_off_ns, totals.t - prev.t)
+            self._add_switch_extra(prev, totals, share)
+            out += _interval_samples(prev, totals, events, self._online, share, exits_off)
             out.append(_blocked_sample(prev_procs, self._procs, totals.t - prev.t))
+        self._switch_held_off_ns = held_off
         out += self._drop_samples()
         out.append(sample(TRACKED_THREADS, threads))
         out += program.run_stats_samples()
@@ -297,7 +384,27 @@ class SchedCollector(Collector):
         if self._program is None:
             return None
         words = percpu_words(self._program.table(_CPU_STATS))
-        return {cpu: int(w[_SWITCHES]) for cpu, w in enumerate(words) if cpu in self._online}
+        extra = self._switch_extra
+        return {
+            cpu: int(w[_SWITCHES] + extra.get(cpu, 0.0))
+            for cpu, w in enumerate(words)
+            if cpu in self._online
+        }
+
+    def switch_estimate(self) -> str:
+        """``"sampled"`` while `cpu_switch_counts` includes switches scaled up from sampled
+        time (the budget samples the switch program), else ""."""
+        return SAMPLED if self._switch_extra else ""
+
+    def _add_switch_extra(self, prev: _Totals, cur: _Totals, share: float) -> None:
+        """Count the switches the sampled interval did not see (`cpu_switch_counts`)."""
+        if share >= 1.0:
+            return
+        extra = dict(self._switch_extra)
+        for cpu, (s0, s1) in enumerate(zip(prev.switches, cur.switches, strict=True)):
+            seen = max(s1 - s0, 0)
+            extra[cpu] = extra.get(cpu, 0.0) + (seen / share - seen if share > 0 else 0.0)
+        self._switch_extra = extra
 
     # --- internals -----------------------------------------------------------------------
 
@@ -414,9 +521,23 @@ class SchedCollector(Collector):
 
 
 def _interval_samples(
-    prev: _Totals, cur: _Totals, events: Sequence[KernelEvent], online: frozenset[int]
+    prev: _Totals,
+    cur: _Totals,
+    events: Sequence[KernelEvent],
+    online: frozenset[int],
+    share: float = 1.0,
+    exits_off: bool = False,
 ) -> list[Sample]:
+    """The interval's rates; ``share`` of it the switch program was attached (counts made
+    in that time are scaled up and labelled estimates), ``exits_off``: the exec/exit
+    programs were detached some of it (their rates are not known)."""
     dt = cur.t - prev.t
+    est = SAMPLED if share < 1.0 else ""
+
+    def per_seen_s(delta: float) -> float:
+        # Per second of the time the switch program saw (none seen: not known).
+        return delta / (dt * share) if share > 0 else math.nan
+
     out: list[Sample] = []
     for cpu, (s0, s1, b0, b1) in enumerate(
         zip(prev.switches, cur.switches, prev.busy_ns, cur.busy_ns, strict=True)
@@ -424,21 +545,45 @@ def _interval_samples(
         if cpu not in online:  # bcc returns a slot for every *possible* CPU
             continue
         labels = {"cpu": str(cpu)}
-        out.append(sample(SWITCHES, max(s1 - s0, 0) / dt, labels))
-        out.append(sample(CPU_BUSY, min(max(b1 - b0, 0) / 1e9 / dt, 1.0), labels))
+        out.append(sample(SWITCHES, per_seen_s(max(s1 - s0, 0)), labels, est))
+        out.append(sample(CPU_BUSY, min(per_seen_s(max(b1 - b0, 0) / 1e9), 1.0), labels, est))
     out.append(sample(MIGRATIONS, max(cur.migrations - prev.migrations, 0) / dt))
     waits = cur.runq_count - prev.runq_count
-    out.append(sample(RUNQ_WAITS, max(waits, 0) / dt))
+    out.append(sample(RUNQ_WAITS, per_seen_s(max(waits, 0)), None, est))
     delta = [max(b - a, 0) for a, b in zip(prev.hist, cur.hist, strict=True)]
     for q in QUANTILES:
-        out.append(sample(RUNQ_LATENCY, histogram_quantile(delta, q) / 1e9, {"quantile": str(q)}))
+        quantile = histogram_quantile(delta, q) / 1e9
+        out.append(sample(RUNQ_LATENCY, quantile, {"quantile": str(q)}, est))
     wait_ns = cur.runq_sum_ns - prev.runq_sum_ns
-    out.append(sample(RUNQ_MEAN, wait_ns / waits / 1e9 if waits > 0 else math.nan))
-    out.append(sample(ONCPU, max(sum(cur.busy_ns) - sum(prev.busy_ns), 0) / 1e9 / dt))
-    out.append(sample(OFFCPU, max(wait_ns, 0) / 1e9 / dt, {"state": "runnable"}))
-    out.append(sample(EXECS, sum(1 for e in events if e.kind == "exec") / dt))
-    out.append(sample(EXITS, sum(1 for e in events if e.kind == "exit") / dt))
+    out.append(sample(RUNQ_MEAN, wait_ns / waits / 1e9 if waits > 0 else math.nan, None, est))
+    busy = max(sum(cur.busy_ns) - sum(prev.busy_ns), 0)
+    out.append(sample(ONCPU, per_seen_s(busy / 1e9), None, est))
+    out.append(sample(OFFCPU, per_seen_s(max(wait_ns, 0) / 1e9), {"state": "runnable"}, est))
+    for spec, kind in ((EXECS, "exec"), (EXITS, "exit")):
+        rate = math.nan if exits_off else sum(1 for e in events if e.kind == kind) / dt
+        out.append(sample(spec, rate))
     return out
+
+
+def _vanished(
+    prev_walk: bytes, walk: bytes, exited: list[tuple[Any, Any]]
+) -> list[tuple[Any, Any]]:
+    """Threads of the previous walk missing from this one without an exit record, with the
+    books that walk read (while the exit program was detached, that is all there is)."""
+    now = {rec[0] for rec in TASK_RECORD.iter_unpack(walk)}
+    recorded = {TASK_RECORD.unpack(bytes(rec))[0] for _, rec in exited}
+    return [
+        (tid, TASK_RECORD.pack(tid, *rest))
+        for tid, *rest in TASK_RECORD.iter_unpack(prev_walk)
+        if tid not in now and tid not in recorded
+    ]
+
+
+def _bump_generation(program: BpfProgram) -> None:
+    """Tell the switch program it was off (`bpfdyno_sgen`, see bpf/sched.bpf.c)."""
+    table = program.table(_GEN)
+    key = table.Key(0)
+    table[key] = table.Leaf(int(table[key].value) + 1)
 
 
 def _blocked_sample(prev: dict[int, ProcSched], cur: dict[int, ProcSched], dt: float) -> Sample:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from bpfdyno.core.budget import Reduction, excluded_work
 from bpfdyno.core.config import CaptureSection
 from bpfdyno.core.events import MonotonicClock
 from bpfdyno.core.pidfs import read_environ
@@ -45,7 +46,7 @@ from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.tracing.capture.fabric import FabricSampler, InterruptTimeSource
 from bpfdyno.tracing.capture.gpu import GpuCounterSource, GpuSampler
-from bpfdyno.tracing.capture.kernel import KernelCapture
+from bpfdyno.tracing.capture.kernel import SAMPLED, KernelCapture
 from bpfdyno.tracing.capture.nccl import NcclCapture
 from bpfdyno.tracing.capture.records import (
     KernelRecord,
@@ -107,6 +108,8 @@ class _Active:
     dropped: int = 0
     distributed: dict[str, int] | None = None
     counters_at_begin: dict[str, int] = field(default_factory=dict)
+    #: How long the budget had held each sampled track's functions off when it began.
+    held_off_at_begin: dict[Track, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +303,10 @@ class CaptureManager:
             return PartStatus(self.name, state, f"{summary}; unavailable: {why}")
         return PartStatus(self.name, PartState.OK, summary)
 
+    def reductions(self) -> list[Reduction]:
+        """The budget's steps for traces in progress (none before the programs loaded)."""
+        return self.kernel.reductions() if self.kernel.loaded else []
+
     def unavailable_tracks(self) -> dict[Track, str]:
         """Tracks that cannot be recorded on this machine, with why."""
         out: dict[Track, str] = {}
@@ -323,7 +330,8 @@ class CaptureManager:
                 first = self._queue.get(timeout=self._preload_delay_s)
             except queue.Empty:
                 first = None
-        self._load()
+        with excluded_work():  # compiling at start (or the first trace), not a running cost
+            self._load()
         try:
             while True:
                 if first is not None:  # what came before the programs were loaded
@@ -421,6 +429,7 @@ class CaptureManager:
             records=deque(maxlen=self.settings.max_events_per_process),
             distributed=distributed_info(key.pid, self._proc_root),
             counters_at_begin=self._map_full_counters(),  # before anything is attached
+            held_off_at_begin=self._held_off(),
         )
         self._active[key.pid] = active
         kernel_tracks = frozenset(t for t in request.tracks if t in (Track.NET, Track.SCHED))
@@ -463,6 +472,27 @@ class CaptureManager:
             n = total - active.counters_at_begin.get(name, 0)
             if n > 0:
                 notes.setdefault(entry.track, []).append(entry.note.format(n=n))
+        return notes
+
+    def _held_off(self) -> dict[Track, int]:
+        """How long the budget has held each sampled track's functions off so far."""
+        if not self.kernel.loaded:
+            return {}
+        return {track: self.kernel.held_off_ns(track) for track in SAMPLED}
+
+    def _sampled_notes(self, active: _Active, end_ns: int) -> dict[Track, str]:
+        """What the budget sampled of ``active``'s tracks while it was recorded."""
+        notes: dict[Track, str] = {}
+        span_ns = max(end_ns - active.begin_ns, 1)
+        for track, held in self._held_off().items():
+            off = held - active.held_off_at_begin.get(track, held)
+            if off > 0 and track in active.request.tracks:
+                share = max(0.0, 1 - off / span_ns)
+                notes[track] = (
+                    f"sampled by the agent's overhead budget (the capture itself cost more than "
+                    f"the whole budget): recorded {share:.0%} of the {span_ns / 1e9:.1f} s "
+                    f"captured; {SAMPLED[track][1]}"
+                )
         return notes
 
     def _map_full_counters(self) -> dict[str, int]:
@@ -511,6 +541,8 @@ class CaptureManager:
                 # The bursts still open in the map are each socket's newest: they go last.
                 self._keep(active, removed.records)
             full_notes = self._map_full_notes(active)
+            for track, note in self._sampled_notes(active, time.monotonic_ns()).items():
+                full_notes.setdefault(track, []).append(note)
         finally:
             del self._active[pid]
         if Track.GPU in tracks:

@@ -1,0 +1,179 @@
+"""What the overhead budget and the parts it governs share: costs, reductions, excluded work.
+
+The agent keeps its own cost (its BPF programs' run time plus its threads' CPU time) under a
+share of one CPU (``[budget]``). The parts that cost something offer `Reduction`s: steps
+that make them cheaper while keeping their answers true (sampling in time with estimates
+said so, detaching a program whose events are then missing, longer intervals), each of
+which can be undone. The budget (``bpfdyno.sources.budget``) measures, decides and applies;
+the parts only say what they can do, what it saves and what it costs their data.
+
+`Costs` is one measurement: what each BPF program and each collector cost per second of
+wall time, as the reductions need it to predict what they save. `excluded_work` marks
+one-off work done at someone's request (compiling BPF programs, merging a trace), which is
+accounted apart and never makes telemetry degrade.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from bpfdyno.core.status import PartState
+
+#: The label a series carries while its value is an estimate (what the budget changed).
+ESTIMATE_LABEL = "estimate"
+
+
+@dataclass(frozen=True, slots=True)
+class Costs:
+    """One measurement of what the agent costs, in ns of CPU per second of wall time.
+
+    Attributes:
+        bpf_ns_s: BPF function name -> its run time per second, as measured (a function
+            attached only part of the time costs only that part).
+        bpf_full_ns_s: BPF function name -> what it would cost attached all the time (its
+            measured cost divided by the share of the window it was attached); absent for
+            functions that were not attached at all in the window.
+        bpf_runs_s: BPF function name -> its runs per second in the window.
+        collector_ns_s: collector name -> CPU time of its rounds per second.
+        agent_ns_s: every thread of the agent, per second (excluded work left out).
+        window_s: the length of the BPF run-statistics window these come from.
+    """
+
+    bpf_ns_s: Mapping[str, float] = field(default_factory=dict)
+    bpf_full_ns_s: Mapping[str, float] = field(default_factory=dict)
+    bpf_runs_s: Mapping[str, float] = field(default_factory=dict)
+    collector_ns_s: Mapping[str, float] = field(default_factory=dict)
+    agent_ns_s: float = 0.0
+    window_s: float = 0.0
+
+    @property
+    def bpf_total_ns_s(self) -> float:
+        """All BPF functions together."""
+        return sum(self.bpf_ns_s.values())
+
+    @property
+    def total_ns_s(self) -> float:
+        """What counts against the budget: the BPF programs and the agent's threads."""
+        return self.bpf_total_ns_s + self.agent_ns_s
+
+
+class Reduction(abc.ABC):
+    """One step a part can take to cost less, and undo.
+
+    Subclasses set the attributes and implement `apply`, `undo` and `saving_ns_s`. The
+    budget calls `apply` and `undo` from one thread at a time, never concurrently.
+
+    Attributes:
+        name: stable identifier, ``<part>.<what>`` (``net.bytes_sampled``); a metric label.
+        part: the part it belongs to (``net``, ``sched``, ``capture``, ``daemon``).
+        what: what it does, for ``status`` ("socket byte accounting attached 1/8 of the
+            time").
+        lost: what the data loses while it is in force ("per-process and host-wide byte
+            counts are estimates, labelled estimate=sampled").
+        capture: True for the recording of a trace in progress: the budget takes such a
+            step only when the capture itself costs more than the whole budget.
+    """
+
+    name: str = ""
+    part: str = ""
+    what: str = ""
+    lost: str = ""
+    capture: bool = False
+
+    @abc.abstractmethod
+    def apply(self) -> None:
+        """Take the step (idempotent)."""
+
+    @abc.abstractmethod
+    def undo(self) -> None:
+        """Undo the step (idempotent)."""
+
+    @abc.abstractmethod
+    def saving_ns_s(self, costs: Costs) -> float:
+        """What taking the step would save per second now (0 when nothing)."""
+
+    def restore_ns_s(self, costs: Costs) -> float | None:
+        """What undoing the step would add back per second now; None when unknown.
+
+        A step whose part still sees the events (a program sampled in time) knows it; one
+        that stopped seeing them (a detached program) does not, and the budget then tries
+        the undo and watches (with a longer wait each time it has to take the step again).
+        """
+        return None
+
+    def cost_ns_s(self, costs: Costs) -> float:
+        """What the part this step acts on costs now (for reasons in ``status``)."""
+        return self.saving_ns_s(costs)
+
+    @property
+    def active(self) -> bool:
+        """Whether the step is in force."""
+        return bool(getattr(self, "_active", False))
+
+    @active.setter
+    def active(self, value: bool) -> None:
+        self._active = value
+
+
+def degraded_by(reductions: Iterable[Reduction]) -> tuple[PartState, str] | None:
+    """A part's health while the budget holds some of its steps (None: none in force)."""
+    held = [r for r in reductions if r.active]
+    if not held:
+        return None
+    what = "; ".join(f"{r.what} ({r.lost})" for r in held)
+    return PartState.DEGRADED, f"reduced by the overhead budget: {what}"
+
+
+def sampled_share(held_off_ns: int, interval_s: float) -> float:
+    """The share of an interval a function was attached, from how long it was held off.
+
+    Exactly 1.0 when it was never held off (its counts are exact); else 1 - off / interval.
+
+    Args:
+        held_off_ns: how long the budget held it off in the interval
+            (`bpfdyno.ebpf.program.BpfProgram.held_off_ns` difference).
+        interval_s: the interval.
+    """
+    if held_off_ns <= 0 or interval_s <= 0:
+        return 1.0
+    return min(max(1.0 - held_off_ns / 1e9 / interval_s, 0.0), 1.0)
+
+
+# --- work done at someone's request, not counted against the budget ---------------------------
+
+_excluded_lock = threading.Lock()
+_excluded_ns = 0
+
+
+@contextlib.contextmanager
+def excluded_work() -> Iterator[None]:
+    """Count the calling thread's CPU time inside the block as excluded from the budget.
+
+    For one-off work somebody asked for or that starting needs (compiling a BPF program,
+    merging a trace's kernel tracks): it costs CPU, but degrading telemetry for it would
+    help nobody. The total is `excluded_cpu_ns`.
+    """
+    global _excluded_ns
+    t0 = time.thread_time_ns()
+    try:
+        yield
+    finally:
+        spent = time.thread_time_ns() - t0
+        with _excluded_lock:
+            _excluded_ns += spent
+
+
+def excluded_cpu_ns() -> int:
+    """CPU time of every `excluded_work` block of this process so far, in ns."""
+    with _excluded_lock:
+        return _excluded_ns
+
+
+def ratio_text(ns_s: float) -> str:
+    """A cost per second as a share of one CPU for messages ("0.42 %")."""
+    return f"{ns_s / 1e7:.2f} %"

@@ -1,0 +1,153 @@
+"""The two budget steps any BPF program offers: sample functions in time, detach them.
+
+A collector builds them for its own functions (it alone knows what its data loses) and
+reads their state to scale what it counted (`SampledFunctions.held_off_ns`) or leave out
+what it no longer sees (`DetachedFunctions.active`). The savings come from the process-wide
+run statistics (`bpfdyno.core.budget.Costs`), so any function of any program is accounted
+the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+from bpfdyno.core.budget import Costs, Reduction
+from bpfdyno.ebpf.duty import DUTY, AttachedFunctions, FlagSwitch
+from bpfdyno.ebpf.program import BpfProgram
+
+#: What a function told to stay off by its flag still costs, as a share of its full work:
+#: the flag's lookup and its exact host-wide counts (measured: a few ns of ~100).
+FLAG_OFF_COST = 0.15
+
+
+class _FunctionsStep(Reduction):
+    """A step on some functions of one program."""
+
+    def __init__(
+        self,
+        program: BpfProgram,
+        fns: Collection[str],
+        *,
+        name: str,
+        part: str,
+        what: str,
+        lost: str,
+        capture: bool = False,
+    ) -> None:
+        self.program = program
+        self.fns = frozenset(fns)
+        self.name, self.part, self.what, self.lost, self.capture = name, part, what, lost, capture
+        self.active = False
+
+    def cost_ns_s(self, costs: Costs) -> float:
+        return sum(costs.bpf_ns_s.get(fn, 0.0) for fn in self.fns)
+
+
+class SampledFunctions(_FunctionsStep):
+    """Let functions do their work only ``share`` of the time (`bpfdyno.ebpf.duty`).
+
+    Args:
+        program: the program whose functions these are.
+        fns: the functions.
+        share: the share of every period they do their work.
+        flag: (array map, slot) the functions read to know they are off; None: they are
+            detached while off.
+        name, part, what, lost: as in `Reduction`.
+        capture: as in `Reduction`.
+    """
+
+    def __init__(
+        self,
+        program: BpfProgram,
+        fns: Collection[str],
+        share: float,
+        *,
+        flag: tuple[str, int] | None = None,
+        name: str,
+        part: str,
+        what: str,
+        lost: str,
+        capture: bool = False,
+    ) -> None:
+        super().__init__(program, fns, name=name, part=part, what=what, lost=lost, capture=capture)
+        self.share_when_applied = share
+        self.flag = flag
+        self.target: AttachedFunctions | FlagSwitch = (
+            FlagSwitch(program, *flag) if flag is not None else AttachedFunctions(program, fns)
+        )
+        self._ns_per_run: dict[str, float] = {}  # each function's full cost per run, when taken
+
+    @property
+    def share(self) -> float:
+        """The share of the time the functions do their work now (1: not sampled)."""
+        return self.share_when_applied if self.active else 1.0
+
+    def held_off_ns(self) -> int:
+        """How long the functions have been off so far (the reader scales by it)."""
+        return DUTY.held_off_ns(self.target)
+
+    def apply(self) -> None:
+        DUTY.sample(self.target, self.share_when_applied)
+        self.active = True
+
+    def undo(self) -> None:
+        DUTY.sample(self.target, 1.0)
+        self.active = False
+
+    def saving_ns_s(self, costs: Costs) -> float:
+        if self.active:
+            return 0.0
+        for fn in self.fns:  # remembered for `restore_ns_s`
+            runs = costs.bpf_runs_s.get(fn, 0.0)
+            if runs > 0:
+                self._ns_per_run[fn] = costs.bpf_ns_s.get(fn, 0.0) / runs
+        kept = FLAG_OFF_COST if self.flag is not None else 0.0
+        return self.cost_ns_s(costs) * (1 - self.share_when_applied) * (1 - kept)
+
+    def restore_ns_s(self, costs: Costs) -> float | None:
+        if self.flag is not None:  # they still run at every event: the rate is known
+            full = sum(
+                costs.bpf_runs_s.get(fn, 0.0) * self._ns_per_run.get(fn, 0.0) for fn in self.fns
+            )
+            return max(full - self.cost_ns_s(costs), 0.0)
+        whole = [costs.bpf_full_ns_s.get(fn) for fn in self.fns]
+        if any(w is None for w in whole):
+            return None
+        return sum(w for w in whole if w is not None) - self.cost_ns_s(costs)
+
+    def smoothed(
+        self, measured: Mapping[str, float], full: Mapping[str, float]
+    ) -> dict[str, float]:
+        """What the functions cost on average while detached part of each period.
+
+        A run-statistics window holds some of a period, so what it measured swings between
+        their full cost and nothing; the budget counts the full cost times the share instead.
+        Only for functions detached while off, and only while in force.
+        """
+        if not self.active or self.flag is not None:
+            return {}
+        return {fn: full[fn] * self.share_when_applied for fn in self.fns if fn in full} | {
+            fn: measured[fn] for fn in self.fns if fn not in full and fn in measured
+        }
+
+
+class DetachedFunctions(_FunctionsStep):
+    """Keep functions detached (their owner still wants them: they come back on `undo`).
+
+    Args:
+        program: the program whose functions these are.
+        fns: the functions.
+        name, part, what, lost: as in `Reduction`.
+        capture: as in `Reduction`.
+    """
+
+    def apply(self) -> None:
+        self.active = True
+        self.program.suspend(self.fns, True)
+
+    def undo(self) -> None:
+        self.program.suspend(self.fns, False)
+        self.active = False
+
+    def saving_ns_s(self, costs: Costs) -> float:
+        return 0.0 if self.active else self.cost_ns_s(costs)

@@ -1,0 +1,1 @@
+"""The overhead budget: what the agent costs, kept under ``[budget]`` by reducing itself."""

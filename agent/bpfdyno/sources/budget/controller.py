@@ -1,0 +1,447 @@
+"""`BudgetCollector`: measures what the agent costs and keeps it under ``[budget]``.
+
+Every round (1 s) it reads the agent's CPU time and RSS; every run-statistics window
+(``[budget] stats_window_s`` every ``stats_period_s``, the process-wide meter of
+`bpfdyno.ebpf.runstats`) it has what every BPF function of the agent cost, and decides:
+
+* **Over budget** — the total (BPF run time + the agent's threads) above ``cpu_ratio`` of one
+  CPU in two windows in a row, or above twice the budget in one: it takes, at once, as many
+  of the parts' steps (`bpfdyno.core.budget.Reduction`) as it predicts will bring the total
+  to 80 % of the budget, the one saving the most first. The steps of a trace in progress
+  (its kernel tracks) are taken only when those alone cost more than the whole budget.
+* **Storm over** — the total at or below 80 % of the budget for ``restore_after_s`` (since
+  the last change): it undoes the newest step whose part says undoing it keeps the total
+  under 80 % of the budget (a sampled program still sees every event), or whose part cannot
+  say (a detached program sees nothing: the undo is tried, and taken back at the next
+  windows if the storm goes on). A step taken again soon after being undone waits twice as
+  long the next time (at most `MAX_RESTORE_AFTER_S`). Then the next one.
+* **Memory** — RSS above ``rss_bytes``: the heap is trimmed; still above at the next round,
+  the memory steps are taken (less history, fewer events kept), undone once RSS stays under
+  70 % of the limit for ``restore_after_s``.
+
+Everything is visible: ``status`` (this part) says what is reduced, since when and why, the
+metrics count the steps, and the parts label what became estimates. One-off work done at
+someone's request (compiling, merging a trace) is left out (`bpfdyno.core.budget`). The first
+`WARMUP_S` after start (first rounds, compiles) are measured but never acted on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from bpfdyno.core.budget import Costs, Reduction, excluded_cpu_ns, ratio_text
+from bpfdyno.core.config import BudgetSection
+from bpfdyno.core.metrics import Sample, sample
+from bpfdyno.core.status import PartState
+from bpfdyno.ebpf.compiler import trim_heap
+from bpfdyno.ebpf.reductions import SampledFunctions
+from bpfdyno.ebpf.runstats import METER, MeterWindow, ProcessRunStats
+from bpfdyno.sources.base import Collector
+from bpfdyno.sources.budget.metrics import (
+    BUDGET,
+    COST,
+    FUNCTION_COST,
+    OVER,
+    RSS_BUDGET,
+    STEP_ACTIVE,
+    STEPS_TAKEN,
+)
+
+log = logging.getLogger(__name__)
+
+#: Decisions wait this long after start (the first rounds cost more; the kernel-track
+#: capture compiles its programs ~5 s after start, which is left out but shares the CPU).
+WARMUP_S = 20.0
+#: Steps are taken until the predicted total is at most this share of the budget, and
+#: undone only while the total stays under it with the step undone.
+TARGET = 0.8
+#: A step saving less than this share of the budget is not worth what it costs the data.
+MIN_SAVING = 0.05
+#: The longest wait before undoing a step that had to be taken again and again.
+MAX_RESTORE_AFTER_S = 600.0
+#: Memory steps are undone once RSS stayed under this share of the limit.
+RSS_RESTORE_BELOW = 0.7
+
+ReductionSource = Callable[[], Iterable[Reduction]]
+
+
+@dataclass(slots=True)
+class Held:
+    """A step the budget holds: since when and why."""
+
+    step: Reduction
+    since_wall: float
+    since_monotonic: float
+    why: str
+
+
+@dataclass(slots=True)
+class _History:
+    """What the budget remembers of one step across takes."""
+
+    taken: int = 0
+    undone_at: float | None = None
+    restore_after_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Reading:
+    """The agent's CPU time (excluded work left out) at one instant."""
+
+    monotonic: float
+    cpu_ns: int
+
+
+@dataclass(slots=True)
+class BudgetState:
+    """What `status` and the trace capture read of the budget (a snapshot)."""
+
+    costs: Costs = field(default_factory=Costs)
+    rss_bytes: int = 0
+    held: tuple[Held, ...] = ()
+    over_since: float | None = None
+
+
+class BudgetCollector(Collector):
+    """Keeps the agent's cost under its budget; reports costs and steps.
+
+    Args:
+        section: the ``[budget]`` config section.
+        sources: where the steps come from, asked at every decision (collectors start in
+            the background and offer theirs once started).
+        memory_steps: the steps that shed memory, in the order to take them.
+        meter: the process-wide BPF run statistics.
+        cpu_ns: CPU time of the whole agent so far (default: this process's).
+        rss: the agent's RSS now in bytes (default: this process's).
+        clock: monotonic seconds.
+    """
+
+    name = "budget"
+    may_block = False  # /proc/self and in-memory state; steps attach and detach BPF
+
+    def __init__(
+        self,
+        section: BudgetSection,
+        sources: Sequence[ReductionSource] = (),
+        memory_steps: Sequence[Reduction] = (),
+        *,
+        meter: ProcessRunStats = METER,
+        cpu_ns: Callable[[], int] = time.process_time_ns,
+        rss: Callable[[], int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._cfg = section
+        self._sources = list(sources)
+        self._memory_steps = list(memory_steps)
+        self._meter = meter
+        self._cpu_ns = cpu_ns
+        self._rss = rss or _own_rss
+        self._clock = clock
+        self._collector_cpu: Callable[[], Mapping[str, int]] | None = None
+        self._started_at = 0.0
+        self._window_seq = 0
+        self._at_window: _Reading | None = None
+        self._collectors_at_window: Mapping[str, int] = {}
+        self._over_windows = 0
+        self._calm_since: float | None = None  # since when the cost stayed under TARGET
+        self._changed_at = 0.0  # when a step was last taken or undone
+        self._held: list[Held] = []
+        self._memory_held: list[Held] = []
+        self._rss_trimmed = False
+        self._rss_under_since: float | None = None
+        self._history: dict[str, _History] = {}
+        self._state = BudgetState()
+        self._errors: list[str] = []
+        self._last_full: dict[str, float] = {}  # each function's latest known full cost
+
+    # -- wiring ---------------------------------------------------------------------------
+
+    def add_source(self, source: ReductionSource) -> None:
+        """Offer more steps (the daemon's own, once it exists)."""
+        self._sources.append(source)
+
+    def add_memory_steps(self, steps: Iterable[Reduction]) -> None:
+        """Offer more memory steps (the daemon's store and recorder, once they exist)."""
+        self._memory_steps.extend(steps)
+
+    def set_collector_cpu(self, provider: Callable[[], Mapping[str, int]]) -> None:
+        """Where each collector's CPU time so far comes from (the daemon's runners)."""
+        self._collector_cpu = provider
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Ask the meter for the budget's run-statistics windows."""
+        self._started_at = self._clock()
+        self._meter.request(self, self._cfg.stats_window_s, self._cfg.stats_period_s)
+
+    def close(self) -> None:
+        """Undo every step held (the parts close right after) and release the meter."""
+        for held in reversed(self._held + self._memory_held):
+            self._undo(held.step)
+        self._held, self._memory_held = [], []
+        self._meter.release(self)
+
+    # -- a round --------------------------------------------------------------------------
+
+    def collect(self) -> Sequence[Sample]:
+        """Measure; on a new run-statistics window, decide; report costs and steps."""
+        now = self._clock()
+        reading = _Reading(now, self._cpu_ns() - excluded_cpu_ns())
+        rss = self._rss()
+        window = self._meter.last_window()
+        if window is not None and window.seq != self._window_seq:
+            self._window_seq = window.seq
+            costs = self._costs(window, reading)
+            if costs is not None:
+                self._state.costs = costs
+                if self._cfg.enabled and now - self._started_at >= WARMUP_S:
+                    self._decide(costs, now)
+        if self._cfg.enabled and now - self._started_at >= WARMUP_S:
+            self._memory(rss, now)
+        self._state.rss_bytes = rss
+        self._state.held = tuple(self._held + self._memory_held)
+        return self._samples()
+
+    def state(self) -> BudgetState:
+        """What the budget measured and holds now (any thread)."""
+        return BudgetState(
+            self._state.costs, self._state.rss_bytes, self._state.held, self._state.over_since
+        )
+
+    def health(self) -> tuple[PartState, str]:
+        """Ok with the costs; degraded with every step held: what, since when, why."""
+        st = self._state
+        costs = st.costs
+        budget = self._cfg.cpu_ratio * 1e9
+        head = (
+            f"cost {ratio_text(costs.total_ns_s)} of a core (BPF {ratio_text(costs.bpf_total_ns_s)}"
+            f", agent {ratio_text(costs.agent_ns_s)}) against a budget of {ratio_text(budget)}; "
+            f"RSS {st.rss_bytes / 1e6:.0f} MB of {self._cfg.rss_bytes / 1e6:.0f} MB"
+        )
+        if not self._cfg.enabled:
+            return PartState.OK, f"{head}; measuring only ([budget] enabled = false)"
+        if not st.held:
+            extra = "; over budget with nothing left to reduce" if st.over_since else ""
+            state = PartState.DEGRADED if st.over_since else PartState.OK
+            errors = f"; {'; '.join(self._errors)}" if self._errors else ""
+            return state, f"{head}; nothing reduced{extra}{errors}"
+        steps = "; ".join(
+            f"{h.step.name} since {_clock_text(h.since_wall)}: {h.step.what} ({h.step.lost}) "
+            f"because {h.why}"
+            for h in st.held
+        )
+        return PartState.DEGRADED, f"{head}; reduced: {steps}"
+
+    # -- measuring ------------------------------------------------------------------------
+
+    def _costs(self, window: MeterWindow, reading: _Reading) -> Costs | None:
+        """The costs of the period ending with this window (None for the first one)."""
+        collectors = dict(self._collector_cpu()) if self._collector_cpu is not None else {}
+        prev, prev_collectors = self._at_window, self._collectors_at_window
+        self._at_window, self._collectors_at_window = reading, collectors
+        if prev is None or reading.monotonic <= prev.monotonic:
+            return None
+        period = reading.monotonic - prev.monotonic
+        bpf: dict[str, float] = {}
+        full: dict[str, float] = {}
+        runs: dict[str, float] = {}
+        for f in window.functions:
+            bpf[f.name] = bpf.get(f.name, 0.0) + f.ns_per_s
+            runs[f.name] = runs.get(f.name, 0.0) + f.runs_per_s
+            whole = f.full_ns_per_s
+            if whole is not None:
+                full[f.name] = full.get(f.name, 0.0) + whole
+        self._last_full.update(full)
+        # A function detached part of each period costs its full cost times its share on
+        # average; one window holds only part of a period, so it measured more or less.
+        for step in self._steps():
+            if isinstance(step, SampledFunctions):
+                bpf.update(step.smoothed(bpf, self._last_full))
+        return Costs(
+            bpf_ns_s=bpf,
+            bpf_full_ns_s=full,
+            bpf_runs_s=runs,
+            collector_ns_s={
+                name: max(ns - prev_collectors.get(name, ns), 0) / period
+                for name, ns in collectors.items()
+            },
+            agent_ns_s=max(reading.cpu_ns - prev.cpu_ns, 0) / period,
+            window_s=window.window_s,
+        )
+
+    # -- deciding -------------------------------------------------------------------------
+
+    def _steps(self) -> list[Reduction]:
+        out: list[Reduction] = []
+        for source in self._sources:
+            try:
+                out.extend(source())
+            except Exception:  # a part that cannot say what it offers offers nothing
+                log.exception("budget: a part failed to list its steps")
+        return out
+
+    def _decide(self, costs: Costs, now: float) -> None:
+        budget = self._cfg.cpu_ratio * 1e9
+        total = costs.total_ns_s
+        if total > budget:
+            self._over_windows += 1
+            self._state.over_since = self._state.over_since or time.time()
+        else:
+            self._over_windows = 0
+            self._state.over_since = None
+        if self._over_windows >= 2 or total > 2 * budget:
+            self._reduce(costs, total, budget, now)
+            self._calm_since = None
+        elif total <= TARGET * budget:
+            self._calm_since = self._calm_since if self._calm_since is not None else now
+            if self._held:
+                self._maybe_restore(costs, total, budget, now)
+        else:
+            self._calm_since = None
+
+    def _reduce(self, costs: Costs, total: float, budget: float, now: float) -> None:
+        steps = [s for s in self._steps() if not s.active]
+        capture_cost = sum(s.cost_ns_s(costs) for s in steps if s.capture)
+        candidates = [
+            (saving, s)
+            for s in steps
+            if (not s.capture or capture_cost > budget)
+            for saving in (s.saving_ns_s(costs),)
+            if saving >= MIN_SAVING * budget
+        ]
+        # The most saving first; a trace's own steps only after every other.
+        candidates.sort(key=lambda c: (c[1].capture, -c[0]))
+        why_total = f"the agent cost {ratio_text(total)} of a core against {ratio_text(budget)}"
+        for saving, step in candidates:
+            if total <= TARGET * budget:
+                break
+            why = f"{why_total} ({step.part} {ratio_text(step.cost_ns_s(costs))})"
+            if self._take(step, why, now):
+                total -= saving
+        self._over_windows = 0
+
+    def _take(self, step: Reduction, why: str, now: float) -> bool:
+        try:
+            step.apply()
+        except Exception as e:
+            self._note_error(f"taking {step.name} failed: {e}")
+            log.exception("budget: taking %s failed", step.name)
+            return False
+        hist = self._history.setdefault(
+            step.name, _History(restore_after_s=self._cfg.restore_after_s)
+        )
+        hist.taken += 1
+        if hist.undone_at is not None and now - hist.undone_at < 2 * hist.restore_after_s:
+            # Needed again right after it was undone: the storm goes on; wait longer.
+            hist.restore_after_s = min(hist.restore_after_s * 2, MAX_RESTORE_AFTER_S)
+        self._changed_at = now
+        held = Held(step, time.time(), now, why)
+        (self._memory_held if step in self._memory_steps else self._held).append(held)
+        log.warning("budget: %s: %s (%s) because %s", step.name, step.what, step.lost, why)
+        return True
+
+    def _maybe_restore(self, costs: Costs, total: float, budget: float, now: float) -> None:
+        """Undo one held step whose storm is over (the newest such), if any."""
+        assert self._calm_since is not None
+        for held in reversed(self._held):
+            hist = self._history.get(held.step.name)
+            wait = hist.restore_after_s if hist is not None else self._cfg.restore_after_s
+            if now - max(self._calm_since, held.since_monotonic, self._changed_at) < wait:
+                continue
+            added = held.step.restore_ns_s(costs)
+            if added is not None and total + added > TARGET * budget:
+                continue  # its part still sees the storm: undoing would go over again
+            # Known to fit, or not known (a detached program sees nothing): try it; if the
+            # storm goes on, the step is taken again and waits longer next time.
+            self._held.remove(held)
+            self._undo(held.step)
+            if hist is not None:
+                hist.undone_at = now
+            self._changed_at = now
+            log.warning(
+                "budget: %s undone (the agent cost %s of a core; taken because %s)",
+                held.step.name,
+                ratio_text(total),
+                held.why,
+            )
+            return
+
+    def _undo(self, step: Reduction) -> None:
+        try:
+            step.undo()
+        except Exception as e:
+            self._note_error(f"undoing {step.name} failed: {e}")
+            log.exception("budget: undoing %s failed", step.name)
+
+    def _note_error(self, text: str) -> None:
+        self._errors = [*self._errors[-2:], text]
+
+    # -- memory ---------------------------------------------------------------------------
+
+    def _memory(self, rss: int, now: float) -> None:
+        limit = self._cfg.rss_bytes
+        if rss > limit:
+            self._rss_under_since = None
+            if not self._rss_trimmed:
+                self._rss_trimmed = True
+                trim_heap()
+                log.warning(
+                    "budget: RSS %.0f MB over %.0f MB: heap trimmed", rss / 1e6, limit / 1e6
+                )
+                return
+            for step in self._memory_steps:
+                if not step.active:
+                    why = f"RSS {rss / 1e6:.0f} MB over the {limit / 1e6:.0f} MB budget"
+                    self._take(step, why, now)
+                    return
+            return
+        self._rss_trimmed = False
+        if rss < RSS_RESTORE_BELOW * limit and self._memory_held:
+            if self._rss_under_since is None:
+                self._rss_under_since = now
+            elif now - self._rss_under_since >= self._cfg.restore_after_s:
+                held = self._memory_held.pop()
+                self._undo(held.step)
+                self._rss_under_since = now
+
+    # -- reporting ------------------------------------------------------------------------
+
+    def _samples(self) -> list[Sample]:
+        costs = self._state.costs
+        out = [
+            sample(BUDGET, self._cfg.cpu_ratio),
+            sample(RSS_BUDGET, self._cfg.rss_bytes),
+        ]
+        if costs.window_s > 0:
+            out += [
+                sample(COST, costs.bpf_total_ns_s / 1e9, {"part": "bpf"}),
+                sample(COST, costs.agent_ns_s / 1e9, {"part": "agent"}),
+                sample(COST, costs.total_ns_s / 1e9, {"part": "total"}),
+                sample(OVER, float(costs.total_ns_s > self._cfg.cpu_ratio * 1e9)),
+            ]
+            out += [
+                sample(FUNCTION_COST, ns / 1e9, {"program": name})
+                for name, ns in sorted(costs.bpf_ns_s.items())
+            ]
+        held = {h.step.name for h in self._held + self._memory_held}
+        names = sorted({s.name for s in self._steps()} | set(self._history) | held)
+        for name in names:
+            out.append(sample(STEP_ACTIVE, float(name in held), {"step": name}))
+            hist = self._history.get(name)
+            out.append(sample(STEPS_TAKEN, hist.taken if hist else 0, {"step": name}))
+        return out
+
+
+def _own_rss() -> int:
+    with open("/proc/self/statm", encoding="ascii") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _clock_text(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s).strftime("%H:%M:%S")
