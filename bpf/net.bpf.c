@@ -467,6 +467,7 @@ int bpfdyno_ndrop(struct tracepoint__skb__kfree_skb *args)
 	u64 *c = bpfdyno_ndrops.lookup(&reason);
 	if (c)
 		*c += 1;
+	net_count(NET_C_DROPS, 1); /* user space reads the reasons only when this moved */
 	return 0;
 }
 #endif

@@ -27,7 +27,8 @@ enum net_counter {
 	NET_C_RINGBUF_DROPS = 12, /* events lost: the ring buffer was full */
 	NET_C_PROC_MAP_FULL = 13, /* a process could not be added to bpfdyno_nprocs */
 	NET_C_PROBE_SAMPLES = 14, /* tcp_probe events sampled into bpfdyno_nsocks */
-	NET_C_MAX = 15,
+	NET_C_DROPS = 15,         /* packets dropped, every reason (bpfdyno_ndrops by reason) */
+	NET_C_MAX = 16,
 };
 
 /* Slots of the control array `bpfdyno_nctl`, written by user space. */

@@ -20,7 +20,9 @@ from bpfdyno.sources.gpu.dcgm import HostEngine
 
 def test_default_assembly_has_every_collector_and_the_tracing_component() -> None:
     asm = assembly.build(load(None))
-    assert [c.name for c in asm.collectors] == list(KNOWN_COLLECTORS)
+    # The overhead budget is a collector too (it reports costs every round), always there.
+    assert [c.name for c in asm.collectors] == [*KNOWN_COLLECTORS, "budget"]
+    assert asm.budget is asm.collectors[-1]
     assert asm.disabled == []
     assert [c.name for c in asm.components] == ["tracing"]
     assert len(asm.servicers) == 3  # Kernel, Tracing, Audit (the server adds Agent itself)

@@ -53,6 +53,7 @@ class Node:
             [*BPFDYNO, "serve", "--socket", self.sock, "--set=legacy_rpc.enabled=false",
              f'--set=kineto.socket_dir="{self.kineto_dir}"',
              f'--set=tracing.allowed_dirs=["{self.traces}"]',
+             "--set=budget.enabled=false",  # a known budget: measures, never reduces
              *(f"--set=collectors.{c}.enabled=false"
                for c in ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs", "irq"))],
             stderr=subprocess.DEVNULL, text=True,

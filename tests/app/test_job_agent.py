@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.slow]
 BPFDYNO = [sys.executable, "-m", "bpfdyno"]
 LIGHT = [
     "--set=legacy_rpc.enabled=false",
+    "--set=budget.enabled=false",  # a known budget: measures, never reduces
     *(
         f"--set=collectors.{c}.enabled=false"
         for c in ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs", "irq")

@@ -320,6 +320,8 @@ class NodeAgent:
             f"allowed_dirs = [{_toml_str(str(self.trace_dir))}]",
             "[legacy_rpc]",
             "enabled = false",
+            "[budget]",  # a known budget: the agents measure, never reduce
+            "enabled = false",
         ]
         for c in OFF_COLLECTORS:
             lines += [f"[collectors.{c}]", "enabled = false"]

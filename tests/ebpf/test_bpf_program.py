@@ -8,6 +8,7 @@ exactly how often they run.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import subprocess
@@ -232,8 +233,9 @@ def test_run_stats_count_every_run(probe: BpfProgram) -> None:
     assert 0 < run_ns / runs < 100_000
 
 
-def test_duty_cycle_reports_a_window_and_restores_state(probe: BpfProgram) -> None:
-    stats = BpfRunStats(probe.program_fds(), on_s=0.3, period_s=0.4)
+@contextlib.contextmanager
+def labs_every_ms() -> Iterator[None]:
+    """labs() called about once a millisecond from another thread, inside the block."""
     stop = threading.Event()
 
     def call_labs() -> None:
@@ -244,17 +246,25 @@ def test_duty_cycle_reports_a_window_and_restores_state(probe: BpfProgram) -> No
     caller = threading.Thread(target=call_labs)
     caller.start()
     try:
-        assert stats.last_window() == {}
-        stats.start()
-        deadline = time.monotonic() + 5
-        while not stats.last_window() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        window = stats.last_window()["bpfdyno_t_labs"]
-        assert _stats_fds() != [] or window  # on or between windows
+        yield
     finally:
-        stats.stop()
         stop.set()
         caller.join()
+
+
+def test_duty_cycle_reports_a_window_and_restores_state(probe: BpfProgram) -> None:
+    stats = BpfRunStats(probe.program_fds(), on_s=0.3, period_s=0.4)
+    with labs_every_ms():
+        assert stats.last_window() == {}
+        stats.start()
+        try:
+            deadline = time.monotonic() + 5
+            while not stats.last_window() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            window = stats.last_window()["bpfdyno_t_labs"]
+            assert _stats_fds() != [] or window  # on or between windows
+        finally:
+            stats.stop()
     assert _stats_fds() == []
     assert window.window_s == pytest.approx(0.3, abs=0.1)
     # One call per ~1 ms (plus scheduling delays): a few dozen to ~1000 per second.
@@ -352,3 +362,49 @@ def test_release_compiler_pages_without_maps(tmp_path: Path) -> None:
     from bpfdyno.ebpf.compiler import release_compiler_pages
 
     assert release_compiler_pages(str(tmp_path / "missing")) == 0
+
+
+def test_the_process_meter_counts_every_program_loaded(probe: BpfProgram) -> None:
+    # The probe program belongs to no collector: loading it is enough for the budget's meter
+    # to count its runs, exactly, between two readings with statistics on.
+    meter = runstats.METER
+    fd = runstats.enable_bpf_stats()
+    try:
+        before = meter._counters()
+        for _ in range(321):
+            LIBC.labs(ctypes.c_long(-1))
+        after = meter._counters()
+    finally:
+        os.close(fd)
+    prog_id = probe.program_ids()["bpfdyno_t_labs"]
+    name, cnt0, _, attached0 = before[prog_id]
+    _, cnt1, _, attached1 = after[prog_id]
+    assert name == "bpfdyno_t_labs"
+    assert cnt1 - cnt0 == 321
+    assert attached0 is attached1 is None  # a uprobe: attached whenever loaded
+
+
+def test_the_process_meter_publishes_windows_of_every_function(probe: BpfProgram) -> None:
+    owner = object()
+    with labs_every_ms():
+        seq = runstats.METER.last_window().seq if runstats.METER.last_window() else 0
+        runstats.METER.request(owner, 0.2, 0.25)
+        try:
+            window = runstats.METER.wait_window(seq, timeout=10)
+            window = runstats.METER.wait_window(window.seq, timeout=10) if window else None
+        finally:
+            runstats.METER.release(owner)
+    assert window is not None
+    (labs,) = [f for f in window.functions if f.name == "bpfdyno_t_labs"]
+    assert labs.window_s == pytest.approx(0.2, abs=0.1)
+    assert labs.attached_s == pytest.approx(labs.window_s, abs=0.01)
+    assert 0 < labs.runs_per_s < 1100
+    assert set(runstats.METER.functions_of(probe)) == {"bpfdyno_t_labs"}
+    assert runstats.METER.overhead_ns is not None and 0 < runstats.METER.overhead_ns < 5000
+
+
+def test_stats_overhead_calibration_is_an_empty_programs_run_time() -> None:
+    # What the statistics add to each run: an empty program's whole run time. Tens of ns on
+    # any machine (two clock reads and a call); never nothing, never microseconds.
+    assert 1 < runstats.calibrate_stats_overhead(2000) < 5000
+    assert _stats_fds() == []

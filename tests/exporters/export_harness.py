@@ -79,6 +79,8 @@ class AgentProcess:
             self.sock,
             "--set=legacy_rpc.enabled=false",
             f'--set=kineto.socket_dir="{kineto_dir}"',
+            # A known budget: exact values are compared here, never from a reduced agent.
+            "--set=budget.enabled=false",
             *(f"--set={s}" for s in sets),
         ]
         self.proc = subprocess.Popen(

@@ -51,6 +51,8 @@ def _flags(tmp: Path, socket_dir: str) -> list[str]:
     if hasattr(cfg, "kineto"):
         # Not the global @dynolog name other agents on this host may hold.
         flags.append(f'--set=kineto.socket_dir="{socket_dir}"')
+    if hasattr(cfg, "budget"):
+        flags.append("--set=budget.enabled=false")  # a known budget: measures, never reduces
     return flags
 
 

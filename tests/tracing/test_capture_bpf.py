@@ -495,3 +495,38 @@ def test_the_first_trace_loads_the_programs_before_the_preload_delay(server: int
         sender.close()
         m.stop()
     assert sum(r.bytes for r in cap.records if isinstance(r, NetBurst) and not r.rx) == 3000
+
+
+def test_tracks_the_budget_sampled_say_so_and_hold_no_interval_across_a_gap(
+    manager: CaptureManager, server: int
+) -> None:
+    # The capture itself over the agent's budget: its net and sched functions do their work
+    # a quarter of every second. What they record is true (every off-CPU interval lies
+    # within one on phase: one that began before a gap is dropped, not stretched over it)
+    # and the trace says what was sampled.
+    steps = {r.name: r for r in manager.reductions()}
+    assert set(steps) == {"capture.net_sampled", "capture.sched_sampled"}
+    traced = Sender(server)
+    try:
+        for step in steps.values():
+            step.apply()
+
+        def work() -> None:
+            traced.send(100, 60, gap_ms=40)  # 2.4 s of sends, sleeping between them
+
+        cap = record(manager, traced.pid, NET_SCHED, work)
+    finally:
+        for step in steps.values():
+            step.undo()
+        traced.close()
+    sends = [r for r in cap.records if isinstance(r, NetBurst) and not r.rx]
+    assert 0 < sum(b.calls for b in sends) < 60
+    offcpu = [r for r in cap.records if isinstance(r, OffCpu)]
+    assert offcpu and max(r.on_ns - r.off_ns for r in offcpu) < 0.25e9 + 20e6
+    for track in (Track.NET, Track.SCHED):
+        note = cap.stats[track].note
+        assert note.startswith("sampled by the agent's overhead budget (the capture itself cost"), (
+            note
+        )
+        share = float(re.search(r"recorded (\d+)% of the", note).group(1))  # type: ignore[union-attr]
+        assert 10 <= share <= 60

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import itertools
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -147,7 +148,9 @@ def sampled_share(held_off_ns: int, interval_s: float) -> float:
 # --- work done at someone's request, not counted against the budget ---------------------------
 
 _excluded_lock = threading.Lock()
-_excluded_ns = 0
+_excluded_ns = 0  # finished blocks
+_excluded_running: dict[int, tuple[int, int]] = {}  # block id -> (thread CPU clock, start ns)
+_block_ids = itertools.count()
 
 
 @contextlib.contextmanager
@@ -156,22 +159,29 @@ def excluded_work() -> Iterator[None]:
 
     For one-off work somebody asked for or that starting needs (compiling a BPF program,
     merging a trace's kernel tracks): it costs CPU, but degrading telemetry for it would
-    help nobody. The total is `excluded_cpu_ns`.
+    help nobody. The total, blocks still running included, is `excluded_cpu_ns`.
     """
     global _excluded_ns
-    t0 = time.thread_time_ns()
+    clock = time.pthread_getcpuclockid(threading.get_ident())
+    start = time.clock_gettime_ns(clock)
+    key = next(_block_ids)
+    with _excluded_lock:
+        _excluded_running[key] = (clock, start)
     try:
         yield
     finally:
-        spent = time.thread_time_ns() - t0
+        spent = time.clock_gettime_ns(clock) - start
         with _excluded_lock:
+            del _excluded_running[key]
             _excluded_ns += spent
 
 
 def excluded_cpu_ns() -> int:
-    """CPU time of every `excluded_work` block of this process so far, in ns."""
+    """CPU time of every `excluded_work` block of this process so far, in ns (a compile
+    still running counts up to now, so a measurement window never sees it as the agent's)."""
     with _excluded_lock:
-        return _excluded_ns
+        running = sum(time.clock_gettime_ns(c) - t0 for c, t0 in _excluded_running.values())
+        return _excluded_ns + running
 
 
 def ratio_text(ns_s: float) -> str:

@@ -6,6 +6,7 @@ Slot k counts values v with floor(log2(v)) == k, i.e. [2**k, 2**(k+1)); slot 0 a
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -70,9 +71,15 @@ def log2_export_buckets(
     Raises:
         ValueError: ``last_slot`` is outside 0..`LOG2_SLOTS` - 2.
     """
-    if not 0 <= last_slot < LOG2_SLOTS - 1:
-        raise ValueError(f"last_slot {last_slot} outside 0..{LOG2_SLOTS - 2}")
-    bounds = tuple(log2_bucket_bounds(k)[1] * scale for k in range(last_slot + 1))
+    bounds = _export_bounds(scale, last_slot)
     padded = list(counts[: last_slot + 1]) + [0] * max(0, last_slot + 1 - len(counts))
     overflow = sum(counts[last_slot + 1 :])
     return bounds, (*padded, overflow)
+
+
+@functools.lru_cache(maxsize=16)
+def _export_bounds(scale: float, last_slot: int) -> tuple[float, ...]:
+    """The fixed bounds of `log2_export_buckets` (the same every round: computed once)."""
+    if not 0 <= last_slot < LOG2_SLOTS - 1:
+        raise ValueError(f"last_slot {last_slot} outside 0..{LOG2_SLOTS - 2}")
+    return tuple(log2_bucket_bounds(k)[1] * scale for k in range(last_slot + 1))

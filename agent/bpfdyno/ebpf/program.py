@@ -463,15 +463,16 @@ class BpfProgram:
             log.warning("%s", why)
         return errors
 
-    def attached_ns(self, fn: str) -> int:
+    def attached_ns(self, fn: str) -> int | None:
         """How long function ``fn`` has been attached so far, summed over its attach points.
 
-        A reader of what ``fn`` counts divides by the share of an interval it was attached
-        to turn a count made while it was sampled in time into an estimate of the whole.
+        None for a function attached some other way (uprobes): it is taken as attached
+        whenever it is loaded.
         """
         now = time.monotonic_ns()
         with self._lock:
-            return sum(h.attached_ns(now) for h in self._hooks.values() if h.fn == fn)
+            hooks = [h for h in self._hooks.values() if h.fn == fn]
+            return sum(h.attached_ns(now) for h in hooks) if hooks else None
 
     def attached(self, fn: str) -> bool:
         """Whether ``fn`` is attached right now (at any of its attach points)."""

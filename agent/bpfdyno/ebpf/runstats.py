@@ -258,7 +258,7 @@ class MeasuredProgram(Protocol):
 
     def program_ids(self) -> dict[str, int]: ...
 
-    def attached_ns(self, fn: str) -> int: ...
+    def attached_ns(self, fn: str) -> int | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -466,7 +466,9 @@ class ProcessRunStats:
                     max(cnt1 - cnt0, 0),
                     max(ns1 - ns0, 0),
                     window_s,
-                    min(max(att1 - att0, 0) / 1e9, window_s),
+                    window_s
+                    if att0 is None or att1 is None
+                    else min(max(att1 - att0, 0) / 1e9, window_s),
                     self.overhead_ns or 0.0,
                 )
                 for prog_id, (name, cnt1, ns1, att1) in after.items()
@@ -479,11 +481,12 @@ class ProcessRunStats:
                 self._changed.notify_all()
             self._stop.wait(max(0.0, period_s - (time.monotonic() - t0)))
 
-    def _counters(self) -> dict[int, tuple[str, int, int, int]]:
-        """prog id -> (name, run_cnt, run_time_ns, attached ns) of every registered function."""
+    def _counters(self) -> dict[int, tuple[str, int, int, int | None]]:
+        """prog id -> (name, run_cnt, run_time_ns, attached ns or None: attached whenever
+        loaded) of every registered function."""
         with self._lock:
             programs = list(self._programs)
-        out: dict[int, tuple[str, int, int, int]] = {}
+        out: dict[int, tuple[str, int, int, int | None]] = {}
         for program in programs:
             try:
                 fds = program.program_fds()

@@ -3,7 +3,10 @@
 Each test drives the kernel path on purpose (known sleeps, CPU contention on one pinned CPU,
 threads that burn CPU and exit, exec of /bin/true) and checks the numbers the collector
 reports, against the workload and against the kernel's own per-task accounting
-(``/proc/PID/task/TID/schedstat``: on-CPU ns, run-queue wait ns, timeslices).
+(``/proc/PID/task/TID/schedstat``: on-CPU ns, run-queue wait ns, timeslices). At the end, the
+overhead budget's steps: with exec/exit detached a process's times never go down and the
+exec/exit rates are not known; the switch program held off counts nothing and, attached
+again, credits no task with the gap it did not see.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import re
 import signal
@@ -23,11 +27,13 @@ from pathlib import Path
 
 import pytest
 
+from bpfdyno.core.budget import Reduction
 from bpfdyno.core.events import KernelEvent
 from bpfdyno.core.metrics import Sample
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.introspect import programs_still_loaded
 from bpfdyno.ebpf.program import BpfProgram, bpf_source_dir
+from bpfdyno.ebpf.reductions import SampledFunctions
 from bpfdyno.sources.perf.perf_event import online_cpus
 from bpfdyno.sources.sched import collector as sched_mod
 from bpfdyno.sources.sched.collector import ProcSched, SchedCollector
@@ -484,3 +490,108 @@ def test_python_constants_match_the_c_header() -> None:
     assert task_size is not None and int(task_size[1]) == sched_mod.TASK_RECORD.size
     cpu_size = re.search(r"sizeof\(struct sched_cpu\) == 64 \+ 8 \* SCHED_HIST_SLOTS", header)
     assert cpu_size is not None and sched_mod.CPU_WORDS * 8 == 64 + 8 * sched_mod.SCHED_HIST_SLOTS
+
+
+# --- the overhead budget's steps ------------------------------------------------------------
+
+
+def step(collector: SchedCollector, name: str) -> Reduction:
+    (found,) = [r for r in collector.reductions() if r.name == name]
+    return found
+
+
+def threads_of(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+THREADS = """
+import sys, threading, time
+def burn(release):
+    end = time.thread_time() + 0.1
+    while time.thread_time() < end:
+        pass
+    release.wait()
+sys.stdin.readline()
+release = threading.Event()
+threads = [threading.Thread(target=burn, args=(release,)) for _ in range(3)]
+for t in threads:
+    t.start()
+print("burning", flush=True)
+sys.stdin.readline()
+release.set()
+for t in threads:
+    t.join()
+print("joined", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_exits_detached_keep_the_last_walked_books_and_say_the_rates_are_unknown(
+    sched: SchedCollector, sink: Sink
+) -> None:
+    exits = step(sched, "sched.exits_detached")
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(THREADS)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    exits.apply()
+    try:
+        assert not sched._require().attached("bpfdyno_exit")
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "burning\n"
+        wait_for(lambda: threads_of(child.pid) == 4 and asleep(child.pid))
+        sched.collect()
+        walked = (sched.per_process() or {})[child.pid]
+        assert walked.threads == 4 and walked.oncpu_ns >= 0.3e9
+        child.stdin.write("exit\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "joined\n"
+        wait_for(lambda: threads_of(child.pid) == 1 and asleep(child.pid))
+        samples = sched.collect()
+        after = (sched.per_process() or {})[child.pid]
+    finally:
+        exits.undo()
+        child.communicate("\n", timeout=10)
+    assert after.threads == 1
+    # Nothing recorded the exits: the three threads keep what the last walk read; the few
+    # microseconds each ran after it (and the main thread's) are all that may be missing.
+    assert walked.oncpu_ns <= after.oncpu_ns < walked.oncpu_ns + 5e6
+    assert walked.switches <= after.switches
+    for name in ("sched_execs_per_second", "sched_process_exits_per_second"):
+        (rate,) = [s.value for s in samples if s.spec.name == name]
+        assert math.isnan(rate), name
+    # Attached again, exits are seen again.
+    assert sched._require().attached("bpfdyno_exit")
+    true = subprocess.Popen(["/bin/true"])
+    true.wait()
+
+    def exit_seen() -> bool:
+        sched.collect()
+        return any(e.kind == "exit" and e.pid == true.pid for e in sink.events)
+
+    wait_for(exit_seen)
+
+
+def test_switch_program_held_off_counts_nothing_and_credits_no_gap(sched: SchedCollector) -> None:
+    sampled = step(sched, "sched.switch_sampled")
+    assert isinstance(sampled, SampledFunctions) and sampled.flag is None
+    sampled.target.set_off(True)  # the off phase: detached
+    try:
+        off0 = sched._read_totals()
+        time.sleep(0.5)  # the machine switches hundreds of times meanwhile
+        off1 = sched._read_totals()
+    finally:
+        sampled.target.set_off(False)
+    on0 = sched._read_totals()
+    time.sleep(0.3)
+    on1 = sched._read_totals()
+    assert off1.switches == off0.switches and off1.busy_ns == off0.busy_ns
+    assert sum(on1.switches) > sum(on0.switches)
+    # Attached again, each CPU starts its busy time afresh: no task is credited with the
+    # half second the program did not see.
+    for b0, b1 in zip(on0.busy_ns, on1.busy_ns, strict=True):
+        assert b1 - b0 <= (on1.t - on0.t) * 1e9 * 1.02 + 1e6

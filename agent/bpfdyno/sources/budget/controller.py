@@ -4,7 +4,8 @@ Every round (1 s) it reads the agent's CPU time and RSS; every run-statistics wi
 (``[budget] stats_window_s`` every ``stats_period_s``, the process-wide meter of
 `bpfdyno.ebpf.runstats`) it has what every BPF function of the agent cost, and decides:
 
-* **Over budget** — the total (BPF run time + the agent's threads) above ``cpu_ratio`` of one
+* **Over budget** — the total (BPF run time in the latest window + the agent's threads over
+  the last `AGENT_SPAN_S`) above ``cpu_ratio`` of one
   CPU in two windows in a row, or above twice the budget in one: it takes, at once, as many
   of the parts' steps (`bpfdyno.core.budget.Reduction`) as it predicts will bring the total
   to 80 % of the budget, the one saving the most first. The steps of a trace in progress
@@ -30,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -66,6 +68,10 @@ MIN_SAVING = 0.05
 MAX_RESTORE_AFTER_S = 600.0
 #: Memory steps are undone once RSS stayed under this share of the limit.
 RSS_RESTORE_BELOW = 0.7
+#: The agent's threads are counted over this long (BPF over the last window): a status call,
+#: a garbage collection or a burst of stream clients lasts a moment and must not trip the
+#: budget, while a storm shows in the BPF programs at once.
+AGENT_SPAN_S = 10.0
 
 ReductionSource = Callable[[], Iterable[Reduction]]
 
@@ -158,6 +164,7 @@ class BudgetCollector(Collector):
         self._state = BudgetState()
         self._errors: list[str] = []
         self._last_full: dict[str, float] = {}  # each function's latest known full cost
+        self._agent_periods: deque[tuple[float, int]] = deque()  # (seconds, CPU ns) each
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -190,19 +197,25 @@ class BudgetCollector(Collector):
     # -- a round --------------------------------------------------------------------------
 
     def collect(self) -> Sequence[Sample]:
-        """Measure; on a new run-statistics window, decide; report costs and steps."""
+        """On a new run-statistics window: measure, decide, report costs and steps.
+
+        Rounds between two windows report nothing (the costs are per window), which keeps
+        the budget's own cost to one decision per window.
+        """
+        window = self._meter.last_window()
+        if window is None or window.seq == self._window_seq:
+            return [] if self._window_seq else self._samples()
+        self._window_seq = window.seq
         now = self._clock()
         reading = _Reading(now, self._cpu_ns() - excluded_cpu_ns())
         rss = self._rss()
-        window = self._meter.last_window()
-        if window is not None and window.seq != self._window_seq:
-            self._window_seq = window.seq
-            costs = self._costs(window, reading)
-            if costs is not None:
-                self._state.costs = costs
-                if self._cfg.enabled and now - self._started_at >= WARMUP_S:
-                    self._decide(costs, now)
-        if self._cfg.enabled and now - self._started_at >= WARMUP_S:
+        costs = self._costs(window, reading)
+        acting = self._cfg.enabled and now - self._started_at >= WARMUP_S
+        if costs is not None:
+            self._state.costs = costs
+            if acting:
+                self._decide(costs, now)
+        if acting:
             self._memory(rss, now)
         self._state.rss_bytes = rss
         self._state.held = tuple(self._held + self._memory_held)
@@ -263,6 +276,12 @@ class BudgetCollector(Collector):
         for step in self._steps():
             if isinstance(step, SampledFunctions):
                 bpf.update(step.smoothed(bpf, self._last_full))
+        self._agent_periods.append((period, max(reading.cpu_ns - prev.cpu_ns, 0)))
+        while sum(p for p, _ in self._agent_periods) - self._agent_periods[0][0] >= AGENT_SPAN_S:
+            self._agent_periods.popleft()
+        agent_ns_s = sum(ns for _, ns in self._agent_periods) / sum(
+            p for p, _ in self._agent_periods
+        )
         return Costs(
             bpf_ns_s=bpf,
             bpf_full_ns_s=full,
@@ -271,7 +290,7 @@ class BudgetCollector(Collector):
                 name: max(ns - prev_collectors.get(name, ns), 0) / period
                 for name, ns in collectors.items()
             },
-            agent_ns_s=max(reading.cpu_ns - prev.cpu_ns, 0) / period,
+            agent_ns_s=agent_ns_s,
             window_s=window.window_s,
         )
 

@@ -16,9 +16,10 @@ COST = TABLE.declare(
     "agent_cost_ratio",
     MetricKind.RATIO,
     "ratio",
-    "What the agent cost over the last run-statistics period as a share of one CPU: part "
-    '"bpf" (its BPF programs\' run time, kernel run statistics), "agent" (its threads\' CPU '
-    'time, requested one-off work left out) and "total" (both, what the budget limits).',
+    'What the agent costs as a share of one CPU, as the budget counts it: part "bpf" (its '
+    "BPF programs' run time in the last run-statistics window, the statistics' own cost left "
+    'out), "agent" (its threads\' CPU time over the last 10 s, requested one-off work left '
+    'out) and "total" (both, what the budget limits).',
     ("part",),
 )
 BUDGET = TABLE.declare(

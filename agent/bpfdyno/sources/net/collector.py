@@ -329,7 +329,7 @@ class NetCollector(Collector):
         dt_s = now - self._prev_t if self._prev_totals is not None else 0.0
         share = sampled_share(held_off - self._bytes_held_off_ns, dt_s)
         self._bytes_held_off_ns = held_off
-        drops = {i: n for i, n in enumerate(percpu_sums(program.table(_DROPS))) if n}
+        drops = self._read_drops(program, totals)
         raw = {int(k): proc_from_leaf(v) for k, v in map_items(program.table(_PROCS))}
         self._procs = self._scaled_procs(raw, share)
         # Decoded into TcpConnections only when asked for (connections()): most rounds need
@@ -437,6 +437,17 @@ class NetCollector(Collector):
 
     def _decode_event(self, record: Any) -> KernelEvent:
         return event_from_record(record, self._clock, self._kinds, self._reset_names)
+
+    def _read_drops(self, program: BpfProgram, totals: list[int]) -> dict[int, int]:
+        """Drops by reason: the per-CPU array of every reason (256 slots times every CPU) is
+        read only when the total moved since the last round (drops are rare)."""
+        total = totals[self._counters["NET_C_DROPS"]]
+        if (
+            self._prev_totals is not None
+            and total == self._prev_totals[self._counters["NET_C_DROPS"]]
+        ):
+            return self._prev_drops
+        return {i: n for i, n in enumerate(percpu_sums(program.table(_DROPS))) if n}
 
     def _read_totals(self, program: BpfProgram) -> list[int]:
         """Host-wide counters, indexed by ``enum net_counter`` (NET_C_MAX slots)."""

@@ -1,0 +1,119 @@
+"""The budget's steps on the real BPF programs: what each does in the kernel, exactly.
+
+* net: per-call accounting in its off phase keeps the host-wide byte counts exact and skips
+  the per-process ones; a sampled interval's per-process counts are scaled by its share;
+  a detached rare-event program's metrics are not known (NaN), never 0.
+
+The scheduler's steps are tested beside its other tests (tests/sources/sched).
+
+Needs root (BPF).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from bpfdyno.core.budget import Reduction
+from bpfdyno.core.status import PartState
+from bpfdyno.ebpf.reductions import DetachedFunctions, SampledFunctions
+from bpfdyno.sources.net.collector import NetCollector
+from bpfdyno.sources.net.decode import ProcNet
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="loading BPF programs needs root"),
+]
+
+
+def step(collector: NetCollector, name: str) -> Reduction:
+    (found,) = [r for r in collector.reductions() if r.name == name]
+    return found
+
+
+# --- net ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def net() -> Iterator[NetCollector]:
+    c = NetCollector()
+    c.start()
+    c.collect()
+    yield c
+    c.close()
+
+
+def udp_roundtrip(count: int, size: int) -> None:
+    """``count`` datagrams of ``size`` bytes sent and received by this process."""
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with rx, tx:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+        rx.bind(("127.0.0.1", 0))
+        for _ in range(count):
+            tx.sendto(b"b" * size, rx.getsockname())
+        for _ in range(count):
+            assert len(rx.recv(65536)) == size
+
+
+def udp_of(net: NetCollector) -> tuple[int, int]:
+    net.collect()
+    p = net.per_process().get(os.getpid(), ProcNet(0, 0, 0, 0, 0, 0, 0))
+    return p.udp_tx_bytes, p.udp_rx_bytes
+
+
+def test_net_off_phase_counts_host_bytes_exactly_and_skips_per_process(net: NetCollector) -> None:
+    sampled = step(net, "net.bytes_sampled")
+    assert isinstance(sampled, SampledFunctions) and sampled.flag is not None
+    before = udp_of(net)
+    host0 = net.counter("NET_C_UDP_TX_BYTES"), net.counter("NET_C_UDP_RX_BYTES")
+    sampled.target.set_off(True)  # the off phase the duty cycler would set
+    try:
+        udp_roundtrip(50, 1000)
+        during = udp_of(net)
+        host1 = net.counter("NET_C_UDP_TX_BYTES"), net.counter("NET_C_UDP_RX_BYTES")
+    finally:
+        sampled.target.set_off(False)
+    udp_roundtrip(40, 1000)
+    after = udp_of(net)
+    assert during == before  # per-process accounting skipped
+    # Host-wide counts go on at every call (other processes may add their own traffic).
+    assert host1[0] - host0[0] >= 50_000 and host1[1] - host0[1] >= 50_000
+    assert (after[0] - during[0], after[1] - during[1]) == (40_000, 40_000)
+
+
+def test_a_sampled_intervals_per_process_bytes_are_scaled_by_its_share(net: NetCollector) -> None:
+    # What the collector does with an interval in which per-call accounting was on a share
+    # of the time: the bytes it saw, divided by that share (exact arithmetic here).
+    raw0 = {7: ProcNet(1000, 0, 200, 0, 0, 0, 3)}
+    raw1 = {7: ProcNet(1500, 80, 260, 0, 0, 0, 4), 8: ProcNet(10, 0, 0, 0, 0, 0, 0)}
+    net._raw_procs, net._extra = {}, {}
+    assert net._scaled_procs(raw0, 1.0) == raw0  # exact while never sampled
+    scaled = net._scaled_procs(raw1, 0.25)
+    assert scaled[7] == ProcNet(1000 + 500 * 4, 80 * 4, 200 + 60 * 4, 0, 0, 0, 4)
+    assert scaled[8] == ProcNet(40, 0, 0, 0, 0, 0, 0)
+    # Back to exact accounting: the bytes added stay, new ones count once.
+    raw2 = {7: ProcNet(1600, 80, 260, 0, 0, 0, 4)}
+    assert net._scaled_procs(raw2, 1.0)[7] == ProcNet(3100, 320, 440, 0, 0, 0, 4)
+    net._raw_procs, net._extra = {}, {}
+
+
+def test_detached_rare_event_programs_report_nan_not_zero(net: NetCollector) -> None:
+    drops = step(net, "net.drops_detached")
+    assert isinstance(drops, DetachedFunctions)
+    drops.apply()
+    try:
+        assert not net._require().attached("bpfdyno_ndrop")
+        samples = net.collect()
+        assert all(math.isnan(s.value) for s in samples if s.spec.name == "net_drops_per_second")
+        state, reason = net.health() or (None, "")
+        assert state is PartState.DEGRADED
+        assert "the bpfdyno_ndrop program(s) detached" in reason
+    finally:
+        drops.undo()
+    assert net._require().attached("bpfdyno_ndrop")
+    assert net.health() is None

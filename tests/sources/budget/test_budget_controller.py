@@ -1,0 +1,368 @@
+"""The budget's decisions, driven by measurements the test sets exactly.
+
+The controller reads three things: a monotonic clock, the agent's CPU time and the BPF
+run-statistics windows. Here they come from the test (`Meter` serves windows built from
+exact costs), so every decision — which steps, when, and when they are undone — is checked
+against known numbers. The steps are plain `Reduction`s that record what was done to them.
+The same controller acting on real BPF programs and a real storm is tested in
+test_budget_storm.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pytest
+
+from bpfdyno.core.budget import Costs, Reduction, excluded_work
+from bpfdyno.core.config import BudgetSection
+from bpfdyno.core.metrics import Sample
+from bpfdyno.core.status import PartState
+from bpfdyno.ebpf.runstats import FunctionCost, MeterWindow
+from bpfdyno.sources.budget.controller import MAX_RESTORE_AFTER_S, WARMUP_S, BudgetCollector
+
+MS = 1_000_000  # ns in a millisecond: 1 ms of CPU per second is 0.1 % of a core
+
+
+class Meter:
+    """Run-statistics windows on demand: each `window` call completes one."""
+
+    def __init__(self) -> None:
+        self.requested: tuple[float, float] | None = None
+        self._last: MeterWindow | None = None
+        self._seq = 0
+
+    def request(self, owner: object, on_s: float, period_s: float) -> None:
+        self.requested = (on_s, period_s)
+
+    def release(self, owner: object) -> None:
+        self.requested = None
+
+    def last_window(self) -> MeterWindow | None:
+        return self._last
+
+    def window(self, ns_per_s: dict[str, float], runs_per_s: float = 1000.0) -> None:
+        """A 0.5 s window in which each function cost ``ns_per_s`` (attached throughout)."""
+        self._seq += 1
+        functions = tuple(
+            FunctionCost(name, i, int(runs_per_s * 0.5), int(ns * 0.5), 0.5, 0.5)
+            for i, (name, ns) in enumerate(ns_per_s.items())
+        )
+        self._last = MeterWindow(self._seq, 0.0, 0.5, functions)
+
+
+class Step(Reduction):
+    """A step that saves a fixed share of what some functions cost."""
+
+    def __init__(
+        self,
+        name: str,
+        fns: Sequence[str],
+        share_saved: float = 1.0,
+        restore: float | None = None,
+        capture: bool = False,
+    ) -> None:
+        self.name, self.part = name, name.split(".")[0]
+        self.what, self.lost = f"{name} on", f"{name} data"
+        self.fns = fns
+        self.share_saved = share_saved
+        self.restore = restore
+        self.capture = capture
+        self.active = False
+        self.log: list[str] = []
+
+    def apply(self) -> None:
+        self.active = True
+        self.log.append("apply")
+
+    def undo(self) -> None:
+        self.active = False
+        self.log.append("undo")
+
+    def cost_ns_s(self, costs: Costs) -> float:
+        return sum(costs.bpf_ns_s.get(f, 0.0) for f in self.fns)
+
+    def saving_ns_s(self, costs: Costs) -> float:
+        return 0.0 if self.active else self.cost_ns_s(costs) * self.share_saved
+
+    def restore_ns_s(self, costs: Costs) -> float | None:
+        return self.restore
+
+
+class Agent:
+    """The controller with its measurements under the test's control."""
+
+    def __init__(
+        self, steps: Sequence[Reduction], memory: Sequence[Reduction] = (), **cfg: object
+    ) -> None:
+        self.now = 1000.0
+        self.cpu = 0
+        self.rss = 50 * 1024 * 1024
+        self.meter = Meter()
+        section = BudgetSection(**{"restore_after_s": 10.0, **cfg})  # type: ignore[arg-type]
+        self.budget = BudgetCollector(
+            section,
+            [lambda: steps],
+            memory,
+            meter=self.meter,  # type: ignore[arg-type]
+            cpu_ns=lambda: self.cpu,
+            rss=lambda: self.rss,
+            clock=lambda: self.now,
+        )
+        self.budget.start()
+        self.samples: Sequence[Sample] = self.budget.collect()
+
+    def period(
+        self, bpf: dict[str, float], agent_ns_s: float = 2 * MS, seconds: float = 2.0
+    ) -> None:
+        """``seconds`` pass with the agent's threads at ``agent_ns_s``, then one window."""
+        self.now += seconds
+        self.cpu += int(agent_ns_s * seconds)
+        self.meter.window(bpf)
+        self.samples = self.budget.collect()
+
+    def warm(self) -> None:
+        """Past the warm-up with the agent's threads idle (its cost is counted over the last
+        10 s: five periods)."""
+        while self.now < 1000.0 + WARMUP_S:
+            self.period({}, agent_ns_s=0)
+
+    def value(self, name: str, **labels: str) -> float:
+        found = [
+            s.value
+            for s in self.samples
+            if s.spec.name == name and labels.items() <= dict(s.labels).items()
+        ]
+        assert len(found) == 1, (name, labels, found)
+        return found[0]
+
+
+def test_under_budget_nothing_is_taken_and_costs_are_reported_exactly() -> None:
+    net = Step("net.sampled", ["bpfdyno_nsend"])
+    agent = Agent([net])
+    assert agent.meter.requested == (0.5, 2.0)
+    agent.warm()
+    for _ in range(5):  # the agent's threads are counted over the last 10 s
+        agent.period({"bpfdyno_nsend": 3 * MS, "bpfdyno_switch": 1 * MS}, agent_ns_s=4 * MS)
+    assert net.log == []
+    assert agent.value("agent_cost_ratio", part="bpf") == pytest.approx(0.004)
+    assert agent.value("agent_cost_ratio", part="agent") == pytest.approx(0.004)
+    assert agent.value("agent_cost_ratio", part="total") == pytest.approx(0.008)
+    assert agent.value("agent_budget_ratio") == 0.01
+    assert agent.value("agent_budget_exceeded") == 0.0
+    assert agent.value("bpf_function_cost_ratio", program="bpfdyno_nsend") == pytest.approx(0.003)
+    assert agent.value("agent_budget_step_active", step="net.sampled") == 0.0
+    assert agent.value("agent_budget_steps_total", step="net.sampled") == 0.0
+    state, reason = agent.budget.health()
+    assert state is PartState.OK
+    assert reason == (
+        "cost 0.80 % of a core (BPF 0.40 %, agent 0.40 %) against a budget of 1.00 %; "
+        "RSS 52 MB of 268 MB; nothing reduced"
+    )
+
+
+def test_over_budget_twice_takes_the_biggest_savings_until_80_percent() -> None:
+    big = Step("net.sampled", ["bpfdyno_nsend"], share_saved=0.875)
+    mid = Step("sched.sampled", ["bpfdyno_switch"], share_saved=0.875)
+    tiny = Step("net.drops", ["bpfdyno_ndrop"])
+    agent = Agent([tiny, mid, big])
+    agent.warm()
+    storm = {"bpfdyno_nsend": 16 * MS, "bpfdyno_switch": 2 * MS, "bpfdyno_ndrop": 0.2 * MS}
+    # 1.82 % in all: over the 1 % budget, but not twice it; one window is not enough.
+    agent.period(storm, agent_ns_s=0)
+    assert (big.log, mid.log, tiny.log) == ([], [], [])
+    assert agent.value("agent_budget_exceeded") == 1.0
+    agent.period(storm, agent_ns_s=0)
+    # 1.82 - 1.4 = 0.42 % <= 0.8 %: the biggest saving alone is enough.
+    assert (big.log, mid.log, tiny.log) == (["apply"], [], [])
+    assert agent.value("agent_budget_step_active", step="net.sampled") == 1.0
+    assert agent.value("agent_budget_steps_total", step="net.sampled") == 1.0
+    state, reason = agent.budget.health()
+    assert state is PartState.DEGRADED
+    assert "reduced: net.sampled since " in reason
+    assert reason.endswith(
+        ": net.sampled on (net.sampled data) because the agent cost 1.82 % of a core against "
+        "1.00 % (net 1.60 %)"
+    )
+
+
+def test_twice_the_budget_in_one_window_acts_at_once_and_takes_what_it_needs() -> None:
+    big = Step("net.sampled", ["bpfdyno_nsend"], share_saved=0.5)
+    mid = Step("sched.sampled", ["bpfdyno_switch"], share_saved=0.5)
+    tiny = Step("net.drops", ["bpfdyno_ndrop"])  # saves less than 5 % of the budget
+    agent = Agent([big, mid, tiny])
+    agent.warm()
+    agent.period(
+        {"bpfdyno_nsend": 20 * MS, "bpfdyno_switch": 18 * MS, "bpfdyno_ndrop": 0.4 * MS},
+        agent_ns_s=5 * MS,
+    )
+    # 4.34 % -> 3.34 (net) -> 2.44 (sched): still over 0.8 %, and nothing else is worth it.
+    assert (big.log, mid.log, tiny.log) == (["apply"], ["apply"], [])
+    state, reason = agent.budget.health()
+    assert state is PartState.DEGRADED
+    assert "reduced: net.sampled since" in reason and "; sched.sampled since" in reason
+
+
+def test_a_traces_steps_are_taken_only_when_the_capture_alone_is_over_budget() -> None:
+    capture = Step("capture.sched_sampled", ["bpfdyno_cswitch"], 0.75, capture=True)
+    net = Step("net.sampled", ["bpfdyno_nsend"], 0.875)
+    agent = Agent([capture, net])
+    agent.warm()
+    # The capture costs 0.9 % (under the budget) and net 2 %: only net's step is taken, even
+    # though the total stays over 80 % of the budget without the capture's.
+    agent.period({"bpfdyno_cswitch": 9 * MS, "bpfdyno_nsend": 20 * MS}, agent_ns_s=0)
+    assert (net.log, capture.log) == (["apply"], [])
+    # The capture alone above the budget: now its step too.
+    agent.period({"bpfdyno_cswitch": 12 * MS, "bpfdyno_nsend": 2.5 * MS}, agent_ns_s=0)
+    agent.period({"bpfdyno_cswitch": 12 * MS, "bpfdyno_nsend": 2.5 * MS}, agent_ns_s=0)
+    assert capture.log == ["apply"]
+
+
+def test_nothing_happens_during_the_warm_up() -> None:
+    net = Step("net.sampled", ["bpfdyno_nsend"])
+    agent = Agent([net])
+    while agent.now + 2 < 1000.0 + WARMUP_S:
+        agent.period({"bpfdyno_nsend": 50 * MS})
+    assert net.log == []
+    agent.period({"bpfdyno_nsend": 50 * MS})
+    assert net.log == ["apply"]
+
+
+def test_steps_are_undone_once_calm_for_the_wait_newest_first_when_they_fit() -> None:
+    first = Step("net.sampled", ["bpfdyno_nsend"], 0.875, restore=1 * MS)
+    second = Step("sched.sampled", ["bpfdyno_switch"], 0.875, restore=9 * MS)
+    agent = Agent([first, second], restore_after_s=10.0)
+    agent.warm()
+    agent.period({"bpfdyno_nsend": 20 * MS, "bpfdyno_switch": 20 * MS}, agent_ns_s=0)
+    assert (first.log, second.log) == (["apply"], ["apply"])
+    calm = {"bpfdyno_nsend": 0.1 * MS, "bpfdyno_switch": 0.1 * MS}
+    for _ in range(5):  # calm since the first calm window: 8 s after the fifth
+        agent.period(calm, agent_ns_s=2 * MS)
+    assert (first.log, second.log) == (["apply"], ["apply"])
+    agent.period(calm, agent_ns_s=2 * MS)  # 10 s
+    # The newest (sched) would add 0.9 % back: 0.22 + 0.9 > 0.8; the older one fits.
+    assert (first.log, second.log) == (["apply", "undo"], ["apply"])
+    second.restore = 3 * MS
+    for _ in range(4):  # the next undo waits a full period after the last change
+        agent.period(calm, agent_ns_s=2 * MS)
+    assert second.log == ["apply"]
+    agent.period(calm, agent_ns_s=2 * MS)
+    assert second.log == ["apply", "undo"]
+    assert agent.budget.health()[0] is PartState.OK
+    assert agent.value("agent_budget_steps_total", step="net.sampled") == 1.0
+    assert agent.value("agent_budget_step_active", step="net.sampled") == 0.0
+
+
+def test_a_step_needed_again_right_after_its_undo_waits_twice_as_long() -> None:
+    detached = Step("sched.exits_detached", ["bpfdyno_exit"])  # restore cost unknown
+    agent = Agent([detached], restore_after_s=10.0)
+    agent.warm()
+    storm = {"bpfdyno_exit": 25 * MS}
+    agent.period(storm, agent_ns_s=0)
+    assert detached.log == ["apply"]
+    for _ in range(6):  # detached: the exit program costs nothing, the storm goes on
+        agent.period({}, agent_ns_s=2 * MS)
+    assert detached.log == ["apply", "undo"]  # not known: tried
+    agent.period(storm, agent_ns_s=0)
+    assert detached.log == ["apply", "undo", "apply"]
+    for _ in range(10):  # 18 s after the first calm window: the wait is 20 s now
+        agent.period({}, agent_ns_s=2 * MS)
+    assert detached.log[-1] == "apply"
+    agent.period({}, agent_ns_s=2 * MS)
+    assert detached.log[-1] == "undo"
+    assert agent.value("agent_budget_steps_total", step="sched.exits_detached") == 2.0
+    for _ in range(8):  # taken again and again: the wait doubles up to its cap
+        agent.period(storm, agent_ns_s=0)
+        for _ in range(int(MAX_RESTORE_AFTER_S / 2) + 1):
+            if detached.log[-1] == "undo":
+                break
+            agent.period({}, agent_ns_s=2 * MS)
+    assert agent.budget._history["sched.exits_detached"].restore_after_s == MAX_RESTORE_AFTER_S
+
+
+def test_excluded_work_is_not_the_agents_cost() -> None:
+    net = Step("net.sampled", ["bpfdyno_nsend"])
+    agent = Agent([net])
+    agent.warm()
+    for _ in range(4):
+        agent.period({}, agent_ns_s=2 * MS)
+    # Work inside excluded_work (compiling, merging a trace) is subtracted: here 30 ms of
+    # this thread's CPU, against a 2 s period in which the agent's counter says 30 ms more.
+    with excluded_work():
+        import time
+
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.03:
+            pass
+        spent = int((time.thread_time() - t0) * 1e9)
+    agent.period({}, agent_ns_s=(spent + 2 * MS * 2) / 2)
+    assert agent.value("agent_cost_ratio", part="agent") == pytest.approx(0.002, abs=1e-4)
+    assert net.log == []
+
+
+def test_memory_over_budget_trims_then_sheds_then_comes_back() -> None:
+    history = Step("memory.less_history", [])
+    events = Step("memory.fewer_events", [])
+    agent = Agent([], [history, events], rss_bytes=100 * 1024 * 1024)
+    agent.warm()
+    agent.rss = 120 * 1024 * 1024
+    agent.period({})
+    assert (history.log, events.log) == ([], [])  # first the heap is trimmed
+    agent.period({})
+    assert (history.log, events.log) == (["apply"], [])
+    agent.period({})
+    assert (history.log, events.log) == (["apply"], ["apply"])
+    state, reason = agent.budget.health()
+    assert state is PartState.DEGRADED
+    assert "memory.less_history since" in reason and "RSS 126 MB over the 105 MB budget" in reason
+    agent.rss = 60 * 1024 * 1024  # under 70 % of the limit
+    agent.period({})
+    for _ in range(5):
+        agent.period({})
+    assert events.log == ["apply", "undo"]
+    for _ in range(5):
+        agent.period({})
+    assert history.log == ["apply", "undo"]
+
+
+def test_measuring_only_reduces_nothing() -> None:
+    net = Step("net.sampled", ["bpfdyno_nsend"])
+    agent = Agent([net], enabled=False)
+    agent.warm()
+    agent.period({"bpfdyno_nsend": 80 * MS}, agent_ns_s=0)
+    agent.period({"bpfdyno_nsend": 80 * MS}, agent_ns_s=0)
+    assert net.log == []
+    assert agent.value("agent_cost_ratio", part="total") == pytest.approx(0.08)
+    state, reason = agent.budget.health()
+    assert state is PartState.OK
+    assert reason.endswith("; measuring only ([budget] enabled = false)")
+
+
+def test_close_undoes_every_step_and_releases_the_meter() -> None:
+    net = Step("net.sampled", ["bpfdyno_nsend"])
+    agent = Agent([net])
+    agent.warm()
+    agent.period({"bpfdyno_nsend": 80 * MS})
+    agent.budget.close()
+    assert net.log == ["apply", "undo"]
+    assert agent.meter.requested is None
+
+
+def test_costs_are_not_reported_before_the_first_measured_period() -> None:
+    agent = Agent([])
+    names = {s.spec.name for s in agent.samples}
+    assert names == {"agent_budget_ratio", "agent_rss_budget_bytes"}
+    assert not any(math.isnan(s.value) for s in agent.samples)
+
+
+def test_a_moment_of_agent_work_does_not_trip_the_budget() -> None:
+    # A 2 s period in which the agent's threads cost 1.5 % (a burst of clients, a garbage
+    # collection) among idle ones: over 10 s that is 0.3 %, under the budget.
+    slower = Step("daemon.slower", ["collect"])
+    agent = Agent([slower])
+    agent.warm()
+    agent.period({}, agent_ns_s=15 * MS)
+    agent.period({}, agent_ns_s=0)
+    assert agent.value("agent_cost_ratio", part="agent") == pytest.approx(0.003)
+    assert agent.value("agent_budget_exceeded") == 0.0
