@@ -98,7 +98,16 @@ def build(cfg: Config) -> Assembly:
     on = cfg.collector_enabled
     recorder = FlightRecorder(max_age_s=cfg.events.max_age_s, max_bytes=cfg.events.max_bytes)
 
-    sched = SchedCollector.from_config(cfg.sched, sink=recorder.add) if on("sched") else None
+    # The thread walk follows the process table's readers (the table is made below).
+    sched = (
+        SchedCollector.from_config(
+            cfg.sched,
+            sink=recorder.add,
+            walk_demand=lambda: table is not None and table.in_demand(),
+        )
+        if on("sched")
+        else None
+    )
     net = NetCollector.from_config(cfg.net, sink=recorder.add) if on("net") else None
     kubelet = PodResourcesCollector(cfg.kubelet.pod_resources_socket) if on("kubelet") else None
     gpu = (

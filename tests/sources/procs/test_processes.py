@@ -18,6 +18,7 @@ from bpfdyno.core.events import FlightRecorder
 from bpfdyno.rpc.processes import sort_rows
 from bpfdyno.services.kernel import KernelService
 from bpfdyno.sources.kubelet.podresources import PodRef
+from bpfdyno.sources.procs.collector import IDLE_REFRESH_S, ProcsCollector
 from bpfdyno.sources.procs.table import ProcessTable
 
 CLK = os.sysconf("SC_CLK_TCK")
@@ -500,3 +501,28 @@ def test_rows_are_built_only_while_someone_reads_the_table(
     fp.now += table_mod.DEMAND_S + 1
     table.update()
     assert len(builds) == 2  # nobody read it lately: not built
+
+
+def test_the_collector_refreshes_every_round_only_while_the_table_is_read(tmp_path: Path) -> None:
+    fp = FakeProc(tmp_path)
+    fp.add(100, ticks=10)
+    table = ProcessTable(tmp_path, clock=fp.clock)
+    collector = ProcsCollector(table, clock=fp.clock)
+
+    def cpu_ratio_after(seconds: float, ticks: int) -> float:
+        fp.now += seconds
+        fp.set_stat(100, "proc", ticks, 100, 10, 1)
+        collector.collect()
+        (row,) = table.snapshot.rows
+        return row.cpu_ratio
+
+    collector.collect()
+    # Nobody read it: rounds within IDLE_REFRESH_S keep the last refresh (no new reading).
+    first = collector.collect()
+    fp.now += 1.0
+    assert collector.collect() is first
+    # Read now (a `ps`): from here on every round refreshes, its rates over one round.
+    fp.now += IDLE_REFRESH_S
+    assert cpu_ratio_after(0.0, 10 + 6 * CLK) == pytest.approx(6 / (1 + IDLE_REFRESH_S))
+    assert cpu_ratio_after(1.0, 10 + 7 * CLK) == pytest.approx(1.0)
+    assert cpu_ratio_after(1.0, 10 + 7 * CLK) == 0.0

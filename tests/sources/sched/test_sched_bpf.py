@@ -566,6 +566,7 @@ def test_exits_detached_keep_the_last_walked_books_and_say_the_rates_are_unknown
         assert math.isnan(rate), name
     # Attached again, exits are seen again.
     assert sched._require().attached("bpfdyno_exit")
+    sched.collect()  # room in the ring buffer (other processes on the machine fill it)
     true = subprocess.Popen(["/bin/true"])
     true.wait()
 
@@ -595,3 +596,39 @@ def test_switch_program_held_off_counts_nothing_and_credits_no_gap(sched: SchedC
     # half second the program did not see.
     for b0, b1 in zip(on0.busy_ns, on1.busy_ns, strict=True):
         assert b1 - b0 <= (on1.t - on0.t) * 1e9 * 1.02 + 1e6
+
+
+def test_threads_are_walked_only_while_someone_reads_the_processes(header_cache: Path) -> None:
+    # Nobody reads the per-process times: no walk (on a big node the walk is what grows),
+    # but the exits and events are drained every round, each exit event with its totals.
+    reading = [False]
+    sink = Sink()
+    c = SchedCollector(
+        sink=sink,
+        header_cache=header_cache,
+        ringbuf_pages=256,
+        walk_demand=lambda: reading[0],
+        idle_walk_s=3600,
+    )
+    c.start()
+    child = _python("import sys; sys.stdin.readline()")
+    try:
+        wait_for(lambda: asleep(child.pid))
+        c.collect()  # room in the ring buffer (other processes on the machine fill it)
+        true = subprocess.Popen(["/bin/true"])
+        true.wait()
+
+        def exit_seen() -> bool:
+            c.collect()
+            return any(e.kind == "exit" and e.pid == true.pid for e in sink.events)
+
+        wait_for(exit_seen)
+        (ev,) = [e for e in sink.events if e.kind == "exit" and e.pid == true.pid]
+        assert ev.attrs["oncpu_ns"] > 0  # the exited thread's books, drained without a walk
+        assert child.pid not in (c.per_process() or {})  # started after the only walk
+        reading[0] = True
+        c.collect()
+        assert child.pid in (c.per_process() or {})
+    finally:
+        child.communicate("\n", timeout=10)
+        c.close()

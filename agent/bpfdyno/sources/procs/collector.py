@@ -3,12 +3,17 @@
 `ProcessTable.update` reads /proc and the sched/net/GPU snapshots, which is blocking work:
 running it as a collector puts it on its own worker thread at the configured interval. Its
 samples describe the table itself; the rows are served by `bpfdyno.services.kernel`.
+
+The table has readers only now and then (`ps`, the TUI, a scrape): while nobody read it in
+the last few seconds it is refreshed every `IDLE_REFRESH_S` instead of every round (its
+rates then cover that longer interval), and every round again as soon as someone reads it.
+On an idle node that was the largest share of the agent's own cost.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.sources.base import Collector, CollectorUnavailable
@@ -19,14 +24,25 @@ from bpfdyno.sources.procs.metrics import (
 )
 from bpfdyno.sources.procs.table import ProcessTable
 
+#: How often the table is refreshed while nobody reads it.
+IDLE_REFRESH_S = 5.0
+
 
 class ProcsCollector(Collector):
-    """Refreshes a `ProcessTable` every interval."""
+    """Refreshes a `ProcessTable` every interval while it is read, less often otherwise.
+
+    Args:
+        table: the table.
+        clock: monotonic seconds.
+    """
 
     name = "procs"
 
-    def __init__(self, table: ProcessTable) -> None:
+    def __init__(self, table: ProcessTable, clock: Callable[[], float] = time.monotonic) -> None:
         self.table = table
+        self._clock = clock
+        self._refreshed_at: float | None = None
+        self._last: list[Sample] = []
 
     def start(self) -> None:
         """Check that procfs is readable.
@@ -41,7 +57,15 @@ class ProcsCollector(Collector):
             )
 
     def collect(self) -> Sequence[Sample]:
-        """Refresh the table; report its size, cost and cache sizes."""
+        """Refresh the table (see the module docstring); report its size, cost, caches."""
+        now = self._clock()
+        if (
+            self._refreshed_at is not None
+            and now - self._refreshed_at < IDLE_REFRESH_S
+            and not self.table.in_demand()
+        ):
+            return self._last  # nobody reads it: the last refresh stands
+        self._refreshed_at = now
         t0 = time.monotonic()
         rows = self.table.update()
         out = [
@@ -50,4 +74,5 @@ class ProcsCollector(Collector):
         ]
         for cache, size in self.table.cache_sizes().items():
             out.append(sample(CACHE_ENTRIES, size, {"cache": cache}))
+        self._last = out
         return out

@@ -210,6 +210,11 @@ class ProcessTable:
                 self._built = True
             return self._snapshot
 
+    def in_demand(self) -> bool:
+        """Whether someone read the table in the last `DEMAND_S` seconds."""
+        with self._lock:
+            return self._read_at is not None and self._clock() - self._read_at < DEMAND_S
+
     def cache_sizes(self) -> dict[str, int]:
         """Entries in each internal cache (for tests and self-monitoring)."""
         last = self._last

@@ -10,7 +10,10 @@ which the exit program keeps in a map that each collection drains. See ``bpf/sch
 
 Every ``collect`` turns the per-CPU counters into per-second rates and interval quantiles,
 sums threads into processes for the process table (`per_process`), and hands the exec/exit
-events to ``sink`` as `KernelEvent`s.
+events to ``sink`` as `KernelEvent`s. The walk of every thread is what grows with the node
+(thousands of threads on a big one): when given ``walk_demand`` (the process table says
+whether anyone reads it), it walks every round only while someone does, else every
+``idle_walk_s``; the exited threads' books and the events are drained every round anyway.
 
 Why the process totals are exact and never go down: a thread's books only grow; a thread is
 counted live by the iterator until its exit is recorded; its last books then replace its
@@ -32,7 +35,7 @@ import math
 import struct
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -167,6 +170,8 @@ class SchedCollector(Collector):
         stats_on_s: BPF run statistics are on for this long ...
         stats_period_s: ... once per this period (see `bpfdyno.ebpf.runstats.BpfRunStats`).
         header_cache: where `bpfdyno.ebpf.kheaders` caches generated headers.
+        walk_demand: whether someone reads the per-process times now; None: walk every round.
+        idle_walk_s: while nobody does, walk the threads this often.
 
     Raises:
         ValueError: a size the kernel would refuse.
@@ -184,6 +189,8 @@ class SchedCollector(Collector):
         stats_on_s: float = DEFAULT_ON_S,
         stats_period_s: float = DEFAULT_PERIOD_S,
         header_cache: Path | None = None,
+        walk_demand: Callable[[], bool] | None = None,
+        idle_walk_s: float = 5.0,
     ) -> None:
         if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
             raise ValueError(f"[sched] ringbuf_pages must be a power of two, got {ringbuf_pages}")
@@ -214,11 +221,26 @@ class SchedCollector(Collector):
         self._exit_gap = False  # the exit program was off at some time since the last round
         #: Per-CPU switches added by scaling sampled intervals up (see `cpu_switch_counts`).
         self._switch_extra: dict[int, float] = {}
+        self._walk_demand = walk_demand
+        self._idle_walk_s = idle_walk_s
+        self._walk_t = 0.0  # monotonic time of the last walk
+        self._threads = 0  # live threads the last walk saw
 
     @classmethod
-    def from_config(cls, section: SchedSection, *, sink: EventSink | None = None) -> SchedCollector:
+    def from_config(
+        cls,
+        section: SchedSection,
+        *,
+        sink: EventSink | None = None,
+        walk_demand: Callable[[], bool] | None = None,
+    ) -> SchedCollector:
         """Build the collector from the ``[sched]`` config section."""
-        return cls(sink, max_exits=section.max_exits, ringbuf_pages=section.ringbuf_pages)
+        return cls(
+            sink,
+            max_exits=section.max_exits,
+            ringbuf_pages=section.ringbuf_pages,
+            walk_demand=walk_demand,
+        )
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -253,7 +275,8 @@ class SchedCollector(Collector):
         self._switch_held_off_ns = self._switch_sampled.held_off_ns() if self._switch_sampled else 0
         self._prev = self._read_totals()
         self._prev_walk = self._tasks.read()
-        self._refresh_processes(self._prev_walk, [], [])
+        self._walk_t = time.monotonic()
+        self._threads = self._refresh_processes(self._prev_walk, [], [])
 
     def _make_reductions(self, program: BpfProgram) -> None:
         self._switch_sampled = SampledFunctions(
@@ -323,24 +346,30 @@ class SchedCollector(Collector):
         exits_off = self._exit_gap or bool(self._exits_detached and self._exits_detached.active)
         # Order matters: the walk first, then the exits (see the module docstring); the
         # events before the exits, so an exit event's process has all its threads' books.
-        walk = self._tasks.read()
+        walk = self._tasks.read() if self._walk_due() else None
         events = self._events.drain()
         exited = map_pop_all(program.table(_EXITED))
         totals = self._read_totals()
         held_off = self._switch_sampled.held_off_ns() if self._switch_sampled else 0
-        prev_procs = self._procs
-        if exits_off:  # threads that vanished without an exit record keep their last books
-            exited = exited + _vanished(self._prev_walk, walk, exited)
-        threads = self._refresh_processes(walk, exited, events)
-        self._prev_walk = walk
-        self._exit_gap = bool(self._exits_detached and self._exits_detached.active)
+        prev_procs, prev_walk_t = self._procs, self._walk_t
+        if walk is not None:
+            if exits_off:  # threads that vanished without an exit record keep their last books
+                exited = exited + _vanished(self._prev_walk, walk, exited)
+            self._threads = self._refresh_processes(walk, exited, events)
+            self._prev_walk, self._walk_t = walk, totals.t
+            self._exit_gap = bool(self._exits_detached and self._exits_detached.active)
+        else:
+            self._record_exits(exited, events)
+            self._exit_gap = exits_off
+        threads = self._threads
         prev, self._prev = self._prev, totals
         out: list[Sample] = []
         if prev is not None and totals.t > prev.t:
             share = sampled_share(held_off - self._switch_held_off_ns, totals.t - prev.t)
             self._add_switch_extra(prev, totals, share)
             out += _interval_samples(prev, totals, events, self._online, share, exits_off)
-            out.append(_blocked_sample(prev_procs, self._procs, totals.t - prev.t))
+            if walk is not None and totals.t > prev_walk_t:
+                out.append(_blocked_sample(prev_procs, self._procs, totals.t - prev_walk_t))
         self._switch_held_off_ns = held_off
         out += self._drop_samples()
         out.append(sample(TRACKED_THREADS, threads))
@@ -429,6 +458,12 @@ class SchedCollector(Collector):
             self._clock.to_wall_ns(int(raw.ts_ns)), kind, int(raw.pid), int(raw.tid), comm, attrs
         )
 
+    def _walk_due(self) -> bool:
+        """Walk every round while someone reads the per-process times, else now and then."""
+        if self._walk_demand is None or self._walk_demand():
+            return True
+        return time.monotonic() - self._walk_t >= self._idle_walk_s
+
     def _read_totals(self) -> _Totals:
         cpus = percpu_words(self._require().table(_CPU_STATS))
         hist = tuple(sum(slot) for slot in zip(*(w[_HIST:CPU_WORDS] for w in cpus), strict=True))
@@ -475,10 +510,8 @@ class SchedCollector(Collector):
                 acc[3] += switches
                 acc[4] += migrations
                 acc[5] += 1
-        for _, tgid, *times, comm in gone:
-            acc = self._exited.setdefault(tgid, [0] * _N_TIMES)
-            for i in range(_N_TIMES):
-                acc[i] += times[i]
+        self._add_exited(gone)
+        for _, tgid, *_times, comm in gone:
             comms.setdefault(tgid, comm)
         procs: dict[int, ProcSched] = {}
         for tgid, acc in live.items():
@@ -499,16 +532,24 @@ class SchedCollector(Collector):
         # A process without live threads is gone: its exited threads' books are kept one more
         # collection, for an exit event that arrives after them.
         departed = {t: self._exited.pop(t) for t in [t for t in self._exited if t not in live]}
-        for ev in events:
-            if ev.kind == "exit":
-                dead = departed.get(ev.pid) or self._departed.get(ev.pid)
-                if dead is not None:  # the process's totals, every thread's last books
-                    ev.attrs["oncpu_ns"] = dead[0]
-                    ev.attrs["offcpu_ns"] = dead[1] + dead[2]
+        _exit_totals(events, departed, self._departed)
         self._departed = departed
         with self._snapshot_lock:
             self._procs = procs
         return threads
+
+    def _record_exits(self, exited: list[tuple[Any, Any]], events: Iterable[KernelEvent]) -> None:
+        """A round without a walk: keep the exited threads' books for the next walk, and give
+        exit events their process's totals (all its threads' last books are in by then)."""
+        self._add_exited([TASK_RECORD.unpack(bytes(rec)) for _, rec in exited])
+        _exit_totals(events, self._exited, self._departed)
+
+    def _add_exited(self, gone: Iterable[tuple[Any, ...]]) -> None:
+        """Add exited threads' last books (unpacked `TASK_RECORD`s) to their processes."""
+        for _, tgid, *times, _comm in gone:
+            acc = self._exited.setdefault(tgid, [0] * _N_TIMES)
+            for i in range(_N_TIMES):
+                acc[i] += times[i]
 
     def _comm(self, raw: bytes) -> str:
         comm = self._comms.get(raw)
@@ -563,6 +604,18 @@ def _interval_samples(
         rate = math.nan if exits_off else sum(1 for e in events if e.kind == kind) / dt
         out.append(sample(spec, rate))
     return out
+
+
+def _exit_totals(events: Iterable[KernelEvent], *books: dict[int, list[int]]) -> None:
+    """Give each exit event its process's totals: every thread's last books, from the first
+    of ``books`` (tgid -> summed books of its exited threads) that has them."""
+    for ev in events:
+        if ev.kind != "exit":
+            continue
+        dead = next((b[ev.pid] for b in books if ev.pid in b), None)
+        if dead is not None:
+            ev.attrs["oncpu_ns"] = dead[0]
+            ev.attrs["offcpu_ns"] = dead[1] + dead[2]
 
 
 def _vanished(

@@ -1,0 +1,194 @@
+"""The overhead budget in a real `bpfdyno serve`: a real training job leaves the default
+budget untouched; a real storm (UDP floods over loopback) is brought under the budget,
+visibly, and every step is undone once it is over.
+
+Each test runs its own agent (its decisions start `WARMUP_S` after it starts) and waits
+for what it checks with generous timeouts: the storm causes the cost, the agent's status
+says when it acted. Needs root (BPF) and PyTorch (the training job).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from bpfdyno.rpc.v1 import agent_pb2 as pb
+from bpfdyno.rpc.v1 import agent_pb2_grpc as pb_grpc
+from bpfdyno.sources.budget.controller import WARMUP_S
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="loading BPF programs needs root"),
+]
+
+TRAINERS = Path(__file__).resolve().parents[2] / "tracing" / "trainers"
+
+#: One process sending 64-byte UDP datagrams over loopback as fast as it can (a thread
+#: drains them), for ``argv[1]`` seconds.
+FLOOD = r"""
+import socket, sys, threading, time
+rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+rx.bind(("127.0.0.1", 0))
+def drain():
+    rx.settimeout(1.0)
+    try:
+        while True:
+            rx.recv(2048)
+    except OSError:
+        pass
+threading.Thread(target=drain, daemon=True).start()
+tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+tx.connect(rx.getsockname())
+end = time.monotonic() + float(sys.argv[1])
+msg = b"x" * 64
+while time.monotonic() < end:
+    for _ in range(1000):
+        tx.send(msg)
+"""
+
+
+class Agent:
+    """`bpfdyno serve` at its defaults plus ``sets``, on private sockets."""
+
+    def __init__(self, sets: list[str]) -> None:
+        self.dir = tempfile.mkdtemp(prefix="bd-budget-", dir="/tmp")
+        self.sock = os.path.join(self.dir, "agent.sock")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bpfdyno",
+                "serve",
+                "--socket",
+                self.sock,
+                "--set=legacy_rpc.enabled=false",
+                f'--set=kineto.socket_dir="{self.dir}"',
+                *(f"--set={s}" for s in sets),
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.started = time.monotonic()
+        self.channel = grpc.insecure_channel(f"unix:{self.sock}")
+        self.stub = pb_grpc.AgentStub(self.channel)
+        wait_for(lambda: os.path.exists(self.sock) and self._answers(), 120, self)
+
+    def _answers(self) -> bool:
+        try:
+            self.stub.GetStatus(pb.GetStatusRequest(), timeout=5)
+        except grpc.RpcError:
+            return False
+        return True
+
+    def budget(self) -> tuple[str, str]:
+        """(state, reason) of the budget part."""
+        status = self.stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+        (part,) = [c for c in status.collectors if c.name == "budget"]
+        return pb.CollectorState.Name(part.state).removeprefix("COLLECTOR_STATE_"), part.reason
+
+    def metric(self, name: str) -> dict[str, float]:
+        """The latest value of each series of ``name``, by its ``step`` (or "") label."""
+        snap = self.stub.GetMetrics(pb.GetMetricsRequest(names=[name]), timeout=10)
+        return {
+            {lab.name: lab.value for lab in s.labels}.get("step", ""): s.points[-1].value
+            for s in snap.series
+            if s.points
+        }
+
+    def wait_until_deciding(self) -> None:
+        """Past the warm-up, with a few windows decided on."""
+        left = WARMUP_S + 6 - (time.monotonic() - self.started)
+        if left > 0:
+            time.sleep(left)
+
+    def stop(self) -> str:
+        self.channel.close()
+        self.proc.terminate()
+        _, err = self.proc.communicate(timeout=60)
+        return err
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, agent: Agent | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if agent is not None and agent.proc.poll() is not None:
+            raise AssertionError(f"the agent exited: {agent.proc.stderr.read()}")  # type: ignore[union-attr]
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def agent_factory() -> Iterator[Callable[[list[str]], Agent]]:
+    agents: list[Agent] = []
+
+    def make(sets: list[str]) -> Agent:
+        agents.append(Agent(sets))
+        return agents[-1]
+
+    yield make
+    for a in agents:
+        a.stop()
+
+
+def test_a_training_job_leaves_the_default_budget_untouched(
+    agent_factory: Callable[[list[str]], Agent],
+) -> None:
+    pytest.importorskip("torch")
+    agent = agent_factory([])  # every default: the 1 % budget included
+    trainer = subprocess.Popen(
+        [sys.executable, str(TRAINERS / "dataloader.py"), "--seconds", "120"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert trainer.stdout is not None
+        assert trainer.stdout.readline().startswith("ready")  # its workers feed batches
+        agent.wait_until_deciding()
+        time.sleep(20)  # ten decisions while it trains
+        state, reason = agent.budget()
+        taken = agent.metric("agent_budget_steps_total")
+        costs = agent.metric("agent_cost_ratio")
+    finally:
+        trainer.kill()
+        trainer.wait()
+    assert (state, reason.split("; ")[-1]) == ("OK", "nothing reduced"), reason
+    assert taken and set(taken.values()) == {0.0}
+    assert costs[""] > 0  # measured all along
+
+
+def test_a_storm_is_brought_under_the_budget_and_undone_after_it(
+    agent_factory: Callable[[list[str]], Agent],
+) -> None:
+    # A budget of 2 % of a core, far above the idle agent, far below two floods of 64-byte
+    # datagrams (each ~250k sends and receives a second, ~100 ns of BPF each).
+    agent = agent_factory(["budget.cpu_ratio=0.02", "budget.restore_after_s=5"])
+    agent.wait_until_deciding()
+    state, reason = agent.budget()
+    assert state == "OK" and reason.endswith("nothing reduced"), reason
+    floods = [subprocess.Popen([sys.executable, "-c", FLOOD, "60"]) for _ in range(2)]
+    try:
+        wait_for(lambda: "net.bytes_sampled since" in agent.budget()[1], 60, agent)
+        state, reason = agent.budget()
+        assert state == "DEGRADED"
+        assert "per-process and per-socket byte accounting done 12.5% of the time" in reason
+        assert "because the agent cost" in reason
+        assert agent.metric("agent_budget_step_active")["net.bytes_sampled"] == 1.0
+        assert agent.metric("agent_budget_steps_total")["net.bytes_sampled"] >= 1.0
+    finally:
+        for f in floods:
+            f.kill()
+            f.wait()
+    # The storm is over: every step is undone once the cost stays low.
+    wait_for(lambda: agent.budget()[1].endswith("nothing reduced"), 120, agent)
+    assert agent.budget()[0] == "OK"
+    assert agent.metric("agent_budget_step_active")["net.bytes_sampled"] == 0.0
+    assert agent.metric("agent_budget_steps_total")["net.bytes_sampled"] >= 1.0
