@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,7 +65,15 @@ class Daemon:
         self.ready_after_s = 0.0
         self.serving_after_s = 0.0
         self.collectors: dict[str, str] = {}
+        #: The agent's log lines so far, each with the wall-clock time it was read.
+        self.log: list[tuple[float, str]] = []
         self._tmp = ""
+        self._log_reader: threading.Thread | None = None
+
+    @property
+    def kineto_dir(self) -> str:
+        """The directory of its Kineto socket (trainers' ``KINETO_IPC_SOCKET_DIR``)."""
+        return self._tmp
 
     @property
     def pid(self) -> int:
@@ -94,6 +103,10 @@ class Daemon:
             env["PYTHONPATH"] = str(self.tree / "agent")
         t0 = time.monotonic()
         self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
+        # Read the log as it comes: a full pipe would stop the agent at its next log line.
+        self._log_reader = threading.Thread(target=self._read_log, daemon=True)
+        self._log_reader.start()
+        self.sock = sock
         self._wait_ready(sock, t0)
         self.ready_after_s = time.monotonic() - t0
         time.sleep(self.settle_s)
@@ -104,7 +117,9 @@ class Daemon:
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read() if self.proc.stderr else ""
+                if self._log_reader is not None:
+                    self._log_reader.join(5)
+                err = "\n".join(line for _, line in self.log)
                 raise RuntimeError(f"the agent exited with {self.proc.returncode}: {err}")
             if os.path.exists(sock):
                 with grpc.insecure_channel(f"unix:{sock}") as ch:
@@ -137,10 +152,12 @@ class Daemon:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.communicate(timeout=30)
+                self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.communicate()
+                self.proc.wait()
+        if self._log_reader is not None:
+            self._log_reader.join(10)
         shutil.rmtree(self._tmp, ignore_errors=True)
         # The kernel frees detached programs a little later: wait, so the next round starts
         # clean (and does not count them as someone else's).
@@ -148,6 +165,11 @@ class Daemon:
         while held and time.monotonic() < deadline:
             held &= {int(str(p["id"])) for p in bpf_programs()}
             time.sleep(0.05)
+
+    def _read_log(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append((time.time(), line.rstrip("\n")))
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the daemon so far (all its threads), from /proc."""

@@ -115,6 +115,8 @@ def build(cfg: Config) -> Assembly:
             cfg.gpu,
             event_sink=recorder.add,
             device_owners=(lambda: kubelet.owners) if kubelet is not None else None,
+            # Its per-process queries follow processes starting and exiting.
+            process_churn=(lambda: sched.process_events) if sched is not None else None,
         )
         if on("gpu")
         else None

@@ -255,3 +255,82 @@ def test_gpu_config_section(fake: FakeNvml, tmp_path: Path) -> None:
     toml.write_text("[gpu]\ngpm = true\n")
     with pytest.raises(config.ConfigError, match=r":2: unknown key 'gpu.gpm'"):
         config.load(toml)
+
+
+# --- what a round asks NVML: as little as the values allow -----------------------------------
+
+
+def test_one_field_values_call_reads_power_and_the_nvlink_and_pcie_counters(
+    collector: GpuCollector, fake: FakeNvml
+) -> None:
+    # A driver with the fields: power and both byte counters come in the one call per GPU
+    # and round that NVLink already needed; no nvmlDeviceGetPowerUsage, and no
+    # nvmlDeviceGetPcieThroughput (which samples for 20 ms per call).
+    fake.set(
+        {"gpu.0.power_avg_mw": 301000, "gpu.0.pcie_tx_bytes": 1000, "gpu.0.pcie_rx_bytes": 5000}
+    )
+    fake.reset_calls()
+    samples = collector.collect()
+    assert value(samples, "gpu_power_watts", gpu="0") == 301.0
+    assert math.isnan(value(samples, "gpu_pcie_tx_bytes_per_second", gpu="0"))  # one reading
+    fake.set({"clock_us": 3_000_000, "gpu.0.pcie_tx_bytes": 9000, "gpu.0.pcie_rx_bytes": 5400})
+    samples = collector.collect()
+    assert value(samples, "gpu_pcie_tx_bytes_per_second", gpu="0") == 8000 / 2
+    assert value(samples, "gpu_pcie_rx_bytes_per_second", gpu="0") == 400 / 2
+    assert fake.calls("nvmlDeviceGetFieldValues", 0) == 2
+    assert fake.calls("nvmlDeviceGetPowerUsage", 0) == 0
+    assert fake.calls("nvmlDeviceGetPcieThroughput", 0) == 0
+    # The A100 of the fake has none of them: after the first round it is not asked for them
+    # again and the calls of older drivers give the values.
+    assert value(samples, "gpu_power_watts", gpu="1") == 90.25
+    assert value(samples, "gpu_pcie_rx_bytes_per_second", gpu="1") == 1024.0
+    assert fake.calls("nvmlDeviceGetPowerUsage", 1) == 2
+
+
+def test_slow_fields_are_read_every_30_s_and_reported_between(fake: FakeNvml) -> None:
+    now = [1000.0]
+    c = GpuCollector(str(fake.library), clock=lambda: now[0])
+    c.start()
+    try:
+        fake.reset_calls()
+        assert value(c.collect(), "gpu_power_limit_watts", gpu="0") == 700.0
+        fake.set({"gpu.0.power_limit_mw": 500000, "gpu.0.ecc_corrected": 9})
+        for _ in range(29):
+            now[0] += 1.0
+            samples = c.collect()
+            assert value(samples, "gpu_power_limit_watts", gpu="0") == 700.0
+            assert value(samples, "gpu_ecc_errors_total", gpu="0", type="corrected") == 3.0
+        assert fake.calls("nvmlDeviceGetEnforcedPowerLimit", 0) == 1
+        assert fake.calls("nvmlDeviceGetMigMode", 0) == 1
+        now[0] += 1.0  # 30 s after the last read
+        samples = c.collect()
+        assert value(samples, "gpu_power_limit_watts", gpu="0") == 500.0
+        assert value(samples, "gpu_ecc_errors_total", gpu="0", type="corrected") == 9.0
+        assert fake.calls("nvmlDeviceGetEnforcedPowerLimit", 0) == 2
+    finally:
+        c.close()
+
+
+def test_processes_are_asked_for_when_processes_start_or_exit(fake: FakeNvml) -> None:
+    now, churn = [1000.0], [0]
+    c = GpuCollector(str(fake.library), clock=lambda: now[0], process_churn=lambda: churn[0])
+    c.start()
+    try:
+        fake.reset_calls()
+
+        def rounds(n: int) -> int:
+            for _ in range(n):
+                now[0] += 1.0
+                samples = c.collect()
+                assert value(samples, "gpu_process_memory_used_bytes", gpu="0", pid="4242") == 2**30
+            # pynvml calls the function twice per query (the count, then the list).
+            return fake.calls("nvmlDeviceGetComputeRunningProcesses_v3", 0) // 2
+
+        assert rounds(5) == 1  # the first round; no process started or exited since
+        churn[0] += 1  # an exec or exit somewhere on the host
+        assert rounds(1) == 2
+        assert rounds(8) == 2
+        assert rounds(2) == 3  # and at least every 10 s (memory use changes by itself)
+        assert c.gpu_memory_by_pid() == {4242: 2**30, 4343: 2684354560}
+    finally:
+        c.close()

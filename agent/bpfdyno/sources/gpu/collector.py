@@ -57,6 +57,9 @@ from bpfdyno.sources.kubelet.podresources import DeviceOwners, PodRef
 log = logging.getLogger("bpfdyno.sources.gpu.collector")
 
 NAN = math.nan
+#: With a process-churn signal, each GPU's processes are asked for at least this often (their
+#: memory grows and shrinks without any process starting or exiting).
+PROCESS_REFRESH_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,9 @@ class GpuCollector(Collector):
         retry_max_s: longest delay between re-init attempts.
         event_wait_ms: ``nvmlEventSetWait`` timeout; bounds how long `close` waits.
         clock: monotonic seconds (injectable for tests).
+        process_churn: a count that moves whenever a process starts or exits on the host
+            (the sched collector's exec/exit events): the per-process queries run only when
+            it moved or every `PROCESS_REFRESH_S`; None: every round.
     """
 
     name = "gpu"
@@ -117,8 +123,12 @@ class GpuCollector(Collector):
         retry_max_s: float = 60.0,
         event_wait_ms: int = 200,
         clock: Callable[[], float] = time.monotonic,
+        process_churn: Callable[[], int] | None = None,
     ) -> None:
         self._nv = Nvml(library_path)
+        self._process_churn = process_churn
+        self._churn_seen: int | None = None
+        self._processes_at = 0.0
         self._gpm_enabled = gpm_enabled
         self._events_enabled = events_enabled
         self._event_sink = event_sink
@@ -151,6 +161,7 @@ class GpuCollector(Collector):
         event_sink: EventSink | None = None,
         traced_pids: Callable[[], Collection[int]] | None = None,
         device_owners: Callable[[], DeviceOwners] | None = None,
+        process_churn: Callable[[], int] | None = None,
     ) -> GpuCollector:
         """Build the collector from the ``[gpu]`` config section and the daemon's hooks."""
         return cls(
@@ -160,6 +171,7 @@ class GpuCollector(Collector):
             event_sink=event_sink,
             traced_pids=traced_pids,
             device_owners=device_owners,
+            process_churn=process_churn,
         )
 
     # ---- lifecycle ----
@@ -332,13 +344,21 @@ class GpuCollector(Collector):
         owners = self._device_owners() if self._device_owners is not None else DeviceOwners()
         for dev in self._devices:
             dev.attribute(owners.labels(dev.ref.uuid))
+        now = self._clock()
+        processes_due = self._processes_due(now)
         for pos, dev in enumerate(self._devices):
             if dev.lost:
                 continue
             rows: ProcessRows = {}  # merged only if the whole GPU could be read
             try:
                 per_device[pos] = collect_device(
-                    self._nv, dev, self._pause_reason(manual, traced), self._xid_count(dev), rows
+                    self._nv,
+                    dev,
+                    self._pause_reason(manual, traced),
+                    self._xid_count(dev),
+                    rows,
+                    now,
+                    processes_due,
                 )
                 for pid, entries in rows.items():
                     procs.setdefault(pid, []).extend(entries)
@@ -367,6 +387,16 @@ class GpuCollector(Collector):
             if (pod := owners.owner(by_index.get(p.gpu, ""))) is not None
         }
         return out
+
+    def _processes_due(self, now: float) -> bool:
+        """Whether to ask NVML for each GPU's processes this round (see ``process_churn``)."""
+        if self._process_churn is None:
+            return True
+        churn = self._process_churn()
+        if churn == self._churn_seen and now - self._processes_at < PROCESS_REFRESH_S:
+            return False
+        self._churn_seen, self._processes_at = churn, now
+        return True
 
     def _device_lost(self, dev: DeviceState, why: str) -> None:
         if not dev.lost:

@@ -85,13 +85,17 @@ MEMORY_RESERVED = _declare(
     "drivers without it).",
 )
 POWER = _declare(
-    "gpu_power_watts", GAUGE, "watts", "Board power draw (nvmlDeviceGetPowerUsage, mW / 1000)."
+    "gpu_power_watts",
+    GAUGE,
+    "watts",
+    "Board power draw averaged over 1 s (field NVML_FI_DEV_POWER_AVERAGE, or "
+    "nvmlDeviceGetPowerUsage on drivers without it; mW / 1000).",
 )
 POWER_LIMIT = _declare(
     "gpu_power_limit_watts",
     GAUGE,
     "watts",
-    "Enforced power limit (nvmlDeviceGetEnforcedPowerLimit, mW / 1000).",
+    "Enforced power limit (nvmlDeviceGetEnforcedPowerLimit, mW / 1000; read every 30 s).",
 )
 TEMPERATURE = _declare(
     "gpu_temperature_celsius",
@@ -113,14 +117,16 @@ PCIE_TX = _declare(
     "gpu_pcie_tx_bytes_per_second",
     RATE,
     "bytes/s",
-    "PCIe bytes sent by the GPU, measured by NVML over 20 ms (nvmlDeviceGetPcieThroughput, "
+    "PCIe bytes sent by the GPU over the interval (field NVML_FI_DEV_PCIE_COUNT_TX_BYTES: "
+    "counter delta / seconds; drivers without it: nvmlDeviceGetPcieThroughput over 20 ms, "
     "KB/s x 1024).",
 )
 PCIE_RX = _declare(
     "gpu_pcie_rx_bytes_per_second",
     RATE,
     "bytes/s",
-    "PCIe bytes received by the GPU, measured by NVML over 20 ms (nvmlDeviceGetPcieThroughput, "
+    "PCIe bytes received by the GPU over the interval (field NVML_FI_DEV_PCIE_COUNT_RX_BYTES: "
+    "counter delta / seconds; drivers without it: nvmlDeviceGetPcieThroughput over 20 ms, "
     "KB/s x 1024).",
 )
 NVLINK_TX = _declare(
@@ -141,8 +147,8 @@ ECC_ERRORS = _declare(
     "gpu_ecc_errors_total",
     COUNTER,
     "errors",
-    "ECC errors since the driver loaded (nvmlDeviceGetTotalEccErrors, volatile); type is "
-    "corrected or uncorrected.",
+    "ECC errors since the driver loaded (nvmlDeviceGetTotalEccErrors, volatile; read every "
+    "30 s, the XID events report critical errors at once); type is corrected or uncorrected.",
     (*_G, "type"),
 )
 THROTTLE_REASONS = _declare(
@@ -162,7 +168,10 @@ THROTTLE_REASON_ACTIVE = _declare(
     (*_G, "reason"),
 )
 MIG_MODE = _declare(
-    "gpu_mig_mode_enabled", GAUGE, "boolean", "1 when MIG mode is on (nvmlDeviceGetMigMode)."
+    "gpu_mig_mode_enabled",
+    GAUGE,
+    "boolean",
+    "1 when MIG mode is on (nvmlDeviceGetMigMode; read every 30 s).",
 )
 XID_ERRORS = _declare(
     "gpu_xid_errors_total",
@@ -261,8 +270,9 @@ PROCESS_MEMORY = _declare(
     "gpu_process_memory_used_bytes",
     GAUGE,
     "bytes",
-    "Device memory used by this process (nvmlDeviceGetComputeRunningProcesses_v3; at most 128 "
-    "processes per GPU, largest first).",
+    "Device memory used by this process (nvmlDeviceGetComputeRunningProcesses_v3, asked when "
+    "a process started or exited on the host and at least every 10 s; at most 128 processes "
+    "per GPU, largest first).",
     _P,
 )
 PROCESS_SM_UTILIZATION = _declare(

@@ -2,7 +2,15 @@
 
 NVML's units are converted here and nowhere else: percent -> ratio, milliwatts -> watts,
 MHz -> hertz, PCIe KB/s (KiB, as nvidia-smi and nvitop read it) -> bytes/s, cumulative NVLink
-KiB counters -> bytes/s over the interval (between NVML's own read timestamps).
+KiB and PCIe byte counters -> bytes/s over the interval (between NVML's own read timestamps).
+
+What a round costs grows with the GPUs, so it asks NVML as little as it can (each call is an
+ioctl into the driver on a real GPU): power and the NVLink and PCIe byte counters come in
+one ``nvmlDeviceGetFieldValues`` call (each falls back to its own call on a driver that
+lacks the field; the PCIe counters replace ``nvmlDeviceGetPcieThroughput``, which samples
+for 20 ms per call); what changes slowly (the power limit, ECC totals, MIG mode) is read
+every `SLOW_FIELDS_S` and reported from the last read in between; the per-process queries
+run only when the caller says the process set may have changed.
 """
 
 from __future__ import annotations
@@ -29,10 +37,19 @@ NAN = math.nan
 MAX_PROCESSES_PER_GPU = 128
 #: nvmlDeviceGetFieldValues scope meaning "summed over all NVLink links".
 _ALL_LINKS = 0xFFFFFFFF
+#: The fields of the one per-round ``nvmlDeviceGetFieldValues`` call, in its order.
+_POWER_FIELD = (pynvml.NVML_FI_DEV_POWER_AVERAGE, 0)
 _NVLINK_FIELDS = (
     (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS),
     (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
 )
+_PCIE_FIELDS = (
+    (pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0),
+    (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0),
+)
+#: The power limit, ECC totals and MIG mode are read this often (they rarely change).
+SLOW_FIELDS_S = 30.0
+_FIELD_VALUE = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
 _ECC_TYPES = (
     (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
     (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected"),
@@ -53,6 +70,18 @@ class DeviceState:
     gpm_state: str = "starting"
     #: (timestamp us, tx KiB, rx KiB) of the previous NVLink counter read.
     nvlink_prev: tuple[int, int, int] | None = None
+    #: (timestamp us, tx bytes, rx bytes) of the previous PCIe counter read.
+    pcie_prev: tuple[int, int, int] | None = None
+    #: Whether the driver has the power and PCIe counter fields (else their own calls).
+    power_field: bool = True
+    pcie_fields: bool = True
+    #: The slow fields' samples and when they were read (monotonic s; None: never).
+    slow: list[Sample] = field(default_factory=list)
+    slow_at: float | None = None
+    #: The per-process samples, rows and pids of the last process query.
+    proc_samples: list[Sample] = field(default_factory=list)
+    proc_rows: ProcessRows = field(default_factory=dict)
+    proc_pids: set[int] = field(default_factory=set)
     #: Newest process-utilization sample timestamp seen (NVML's lastSeenTimeStamp).
     util_seen_us: int = 0
     labels: dict[str, str] = field(default_factory=dict)
@@ -66,7 +95,10 @@ class DeviceState:
 
     def attribute(self, pod: Mapping[str, str]) -> None:
         """Label the GPU's series with the pod holding it (`bpfdyno.sources.kubelet`)."""
-        self.labels = {"gpu": str(self.ref.index), "uuid": self.ref.uuid, **pod}
+        labels = {"gpu": str(self.ref.index), "uuid": self.ref.uuid, **pod}
+        if labels != self.labels:
+            self.labels = labels
+            self.slow_at = None  # its cached slow-field samples carry the old labels
 
 
 def _scaled(value: float | None, factor: float = 1, divisor: float = 1) -> float:
@@ -81,6 +113,8 @@ def collect_device(
     pause_reason: Callable[[Collection[int]], str],
     xid_count: float,
     procs: ProcessRows,
+    now: float | None = None,
+    processes_due: bool = True,
 ) -> list[Sample]:
     """Read one GPU; return its samples (NaN where NVML has no value).
 
@@ -90,12 +124,15 @@ def collect_device(
         pause_reason: from the pids on this GPU, why GPM must pause ("" if it need not).
         xid_count: XID events seen on this GPU (NaN when events are not watched).
         procs: accumulates this GPU's processes for the process table.
+        now: monotonic seconds, for `SLOW_FIELDS_S` (default: the clock).
+        processes_due: query its processes now (else the last query's are reported).
 
     Raises:
         DeviceLost: the GPU is gone (the partial samples are dropped by the caller).
         DriverGone: NVML lost the driver.
     """
     h, i, labels = dev.ref.handle, dev.ref.index, dev.labels
+    now = time.monotonic() if now is None else now
 
     def get(function: str, call: Callable[[], T], detail: str = "") -> T | None:
         return nv.get(function, i, call, detail)
@@ -123,16 +160,8 @@ def collect_device(
     put(m.MEMORY_TOTAL, _scaled(mem.total if mem else None))
     put(m.MEMORY_RESERVED, _scaled(getattr(mem, "reserved", None)))
 
-    put(
-        m.POWER,
-        _scaled(
-            get("nvmlDeviceGetPowerUsage", lambda: pynvml.nvmlDeviceGetPowerUsage(h)), divisor=1000
-        ),
-    )
-    limit = get(
-        "nvmlDeviceGetEnforcedPowerLimit", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h)
-    )
-    put(m.POWER_LIMIT, _scaled(limit, divisor=1000))
+    power, (nvlink_tx, nvlink_rx), (pcie_tx, pcie_rx) = _round_fields(nv, dev)
+    put(m.POWER, power)
     # nvmlDeviceGetTemperatureV (R550+) replaces the deprecated nvmlDeviceGetTemperature.
     temp = get(
         "nvmlDeviceGetTemperatureV",
@@ -152,27 +181,10 @@ def collect_device(
             "nvmlDeviceGetClockInfo", partial(pynvml.nvmlDeviceGetClockInfo, h, clock), detail
         )
         put(spec, _scaled(mhz, 1_000_000))
-    for spec, counter, detail in (
-        (m.PCIE_TX, pynvml.NVML_PCIE_UTIL_TX_BYTES, "tx"),
-        (m.PCIE_RX, pynvml.NVML_PCIE_UTIL_RX_BYTES, "rx"),
-    ):
-        kbps = get(
-            "nvmlDeviceGetPcieThroughput",
-            partial(pynvml.nvmlDeviceGetPcieThroughput, h, counter),
-            detail,
-        )
-        put(spec, _scaled(kbps, 1024))
-    tx_rate, rx_rate = _nvlink_rates(nv, dev)
-    put(m.NVLINK_TX, tx_rate)
-    put(m.NVLINK_RX, rx_rate)
-
-    for etype, name in _ECC_TYPES:
-        count = get(
-            "nvmlDeviceGetTotalEccErrors",
-            partial(pynvml.nvmlDeviceGetTotalEccErrors, h, etype, pynvml.NVML_VOLATILE_ECC),
-            name,
-        )
-        out.append(sample(m.ECC_ERRORS, _scaled(count), {**labels, "type": name}))
+    put(m.PCIE_TX, pcie_tx)
+    put(m.PCIE_RX, pcie_rx)
+    put(m.NVLINK_TX, nvlink_tx)
+    put(m.NVLINK_RX, nvlink_rx)
 
     # "Clocks event reasons" is the R535+ name of the throttle reasons; same bits.
     reasons = get(
@@ -189,36 +201,143 @@ def collect_device(
         active = NAN if reasons is None else float(bool(reasons & bit))
         out.append(sample(m.THROTTLE_REASON_ACTIVE, active, {**labels, "reason": reason}))
 
-    mig = get("nvmlDeviceGetMigMode", lambda: pynvml.nvmlDeviceGetMigMode(h))
-    put(m.MIG_MODE, NAN if mig is None else float(mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE))
+    if dev.slow_at is None or now - dev.slow_at >= SLOW_FIELDS_S:
+        dev.slow, dev.slow_at = _slow_fields(nv, dev), now
+    out.extend(dev.slow)
     put(m.XID_ERRORS, xid_count)
 
-    pids = _processes(nv, dev, out, procs)
-    _gpm(dev, pause_reason(pids), out)
+    if processes_due:
+        dev.proc_samples, dev.proc_rows = [], {}
+        dev.proc_pids = _processes(nv, dev, dev.proc_samples, dev.proc_rows)
+    out.extend(dev.proc_samples)
+    for pid, entries in dev.proc_rows.items():
+        procs.setdefault(pid, []).extend(entries)
+    _gpm(dev, pause_reason(dev.proc_pids), out)
     return out
 
 
-def _nvlink_rates(nv: Nvml, dev: DeviceState) -> tuple[float, float]:
-    h, i = dev.ref.handle, dev.ref.index
-    values: Any = nv.get(
-        "nvmlDeviceGetFieldValues", i, lambda: pynvml.nvmlDeviceGetFieldValues(h, _NVLINK_FIELDS)
+def _slow_fields(nv: Nvml, dev: DeviceState) -> list[Sample]:
+    """The power limit, ECC totals and MIG mode of one GPU (read every `SLOW_FIELDS_S`)."""
+    h, i, labels = dev.ref.handle, dev.ref.index, dev.labels
+    limit = nv.get(
+        "nvmlDeviceGetEnforcedPowerLimit", i, lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h)
     )
-    if values is None:
-        dev.nvlink_prev = None
+    out = [sample(m.POWER_LIMIT, _scaled(limit, divisor=1000), labels)]
+    for etype, name in _ECC_TYPES:
+        count = nv.get(
+            "nvmlDeviceGetTotalEccErrors",
+            i,
+            partial(pynvml.nvmlDeviceGetTotalEccErrors, h, etype, pynvml.NVML_VOLATILE_ECC),
+            name,
+        )
+        out.append(sample(m.ECC_ERRORS, _scaled(count), {**labels, "type": name}))
+    mig = nv.get("nvmlDeviceGetMigMode", i, lambda: pynvml.nvmlDeviceGetMigMode(h))
+    out.append(
+        sample(
+            m.MIG_MODE,
+            NAN if mig is None else float(mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE),
+            labels,
+        )
+    )
+    return out
+
+
+def _round_fields(
+    nv: Nvml, dev: DeviceState
+) -> tuple[float, tuple[float, float], tuple[float, float]]:
+    """Power (W), NVLink and PCIe (tx, rx) bytes/s: one field-values call, with fallbacks.
+
+    A field the driver does not have (``NOT_SUPPORTED`` for it) is not asked for again: the
+    power then comes from ``nvmlDeviceGetPowerUsage``, the PCIe rates from
+    ``nvmlDeviceGetPcieThroughput``.
+    """
+    h, i = dev.ref.handle, dev.ref.index
+    fields = [
+        *((_POWER_FIELD,) if dev.power_field else ()),
+        *_NVLINK_FIELDS,
+        *(_PCIE_FIELDS if dev.pcie_fields else ()),
+    ]
+    values: Any = nv.get(
+        "nvmlDeviceGetFieldValues", i, lambda: pynvml.nvmlDeviceGetFieldValues(h, fields)
+    )
+    entries = dict(zip(fields, values, strict=True)) if values is not None else {}
+
+    power = NAN
+    if dev.power_field and values is not None:
+        entry = entries[_POWER_FIELD]
+        if entry.nvmlReturn == pynvml.NVML_SUCCESS:
+            power = _scaled(_field_value(entry), divisor=1000)
+        elif entry.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED:
+            dev.power_field = False
+        else:
+            nv.failed("nvmlDeviceGetFieldValues", i, entry.nvmlReturn, "power")
+    if not dev.power_field:
+        mw = nv.get("nvmlDeviceGetPowerUsage", i, lambda: pynvml.nvmlDeviceGetPowerUsage(h))
+        power = _scaled(mw, divisor=1000)
+
+    nvlink = _counter_rates(nv, dev, [entries.get(f) for f in _NVLINK_FIELDS], "nvlink", 1024)
+    pcie = (NAN, NAN)
+    if dev.pcie_fields and values is not None:
+        pcie_entries = [entries[f] for f in _PCIE_FIELDS]
+        if any(e.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED for e in pcie_entries):
+            dev.pcie_fields = False
+        else:
+            pcie = _counter_rates(nv, dev, pcie_entries, "pcie", 1)
+    if not dev.pcie_fields:
+        pcie = _pcie_throughput(nv, dev)
+    return power, nvlink, pcie
+
+
+def _field_value(entry: Any) -> float:
+    return float(getattr(entry.value, _FIELD_VALUE.get(int(entry.valueType), "ullVal")))
+
+
+def _pcie_throughput(nv: Nvml, dev: DeviceState) -> tuple[float, float]:
+    """PCIe tx/rx bytes/s sampled by NVML over 20 ms (drivers without the counter fields)."""
+    h, i = dev.ref.handle, dev.ref.index
+    out: list[float] = []
+    for counter, detail in (
+        (pynvml.NVML_PCIE_UTIL_TX_BYTES, "tx"),
+        (pynvml.NVML_PCIE_UTIL_RX_BYTES, "rx"),
+    ):
+        kbps = nv.get(
+            "nvmlDeviceGetPcieThroughput",
+            i,
+            partial(pynvml.nvmlDeviceGetPcieThroughput, h, counter),
+            detail,
+        )
+        out.append(_scaled(kbps, 1024))
+    return out[0], out[1]
+
+
+def _counter_rates(
+    nv: Nvml, dev: DeviceState, entries: list[Any], kind: str, unit: int
+) -> tuple[float, float]:
+    """tx/rx bytes/s from two cumulative counters (``unit`` bytes each) between two reads.
+
+    The previous read is kept on ``dev`` (``<kind>_prev``); a counter that went back was
+    reset (a driver reload): no rate for that interval.
+    """
+    if any(e is None for e in entries):
+        setattr(dev, f"{kind}_prev", None)
         return NAN, NAN
-    for entry, detail in zip(values, ("nvlink_tx", "nvlink_rx"), strict=True):
+    for entry, detail in zip(entries, (f"{kind}_tx", f"{kind}_rx"), strict=True):
         if entry.nvmlReturn != pynvml.NVML_SUCCESS:
-            nv.failed("nvmlDeviceGetFieldValues", i, entry.nvmlReturn, detail)
-            dev.nvlink_prev = None
+            nv.failed("nvmlDeviceGetFieldValues", dev.ref.index, entry.nvmlReturn, detail)
+            setattr(dev, f"{kind}_prev", None)
             return NAN, NAN
-    now = (int(values[0].timestamp), int(values[0].value.ullVal), int(values[1].value.ullVal))
-    prev, dev.nvlink_prev = dev.nvlink_prev, now
+    now = (
+        int(entries[0].timestamp),
+        int(_field_value(entries[0])),
+        int(_field_value(entries[1])),
+    )
+    prev = getattr(dev, f"{kind}_prev")
+    setattr(dev, f"{kind}_prev", now)
     if prev is None or now[0] <= prev[0]:
         return NAN, NAN
     seconds = (now[0] - prev[0]) / 1e6
-    # A counter that went backwards was reset (driver reload): no rate for this interval.
-    tx = NAN if now[1] < prev[1] else (now[1] - prev[1]) * 1024 / seconds
-    rx = NAN if now[2] < prev[2] else (now[2] - prev[2]) * 1024 / seconds
+    tx = NAN if now[1] < prev[1] else (now[1] - prev[1]) * unit / seconds
+    rx = NAN if now[2] < prev[2] else (now[2] - prev[2]) * unit / seconds
     return tx, rx
 
 

@@ -224,6 +224,8 @@ class SchedCollector(Collector):
         self._walk_demand = walk_demand
         self._idle_walk_s = idle_walk_s
         self._walk_t = 0.0  # monotonic time of the last walk
+        #: Exec and exit events seen so far (other collectors watch it move).
+        self.process_events = 0
         self._threads = 0  # live threads the last walk saw
 
     @classmethod
@@ -348,6 +350,7 @@ class SchedCollector(Collector):
         # events before the exits, so an exit event's process has all its threads' books.
         walk = self._tasks.read() if self._walk_due() else None
         events = self._events.drain()
+        self.process_events += len(events)
         exited = map_pop_all(program.table(_EXITED))
         totals = self._read_totals()
         held_off = self._switch_sampled.held_off_ns() if self._switch_sampled else 0

@@ -120,9 +120,13 @@ typedef struct {
     nvmlReturn_t nvmlReturn;
     nvmlValue_t value;
 } nvmlFieldValue_t;
+#define NVML_VALUE_TYPE_UNSIGNED_INT 1
 #define NVML_VALUE_TYPE_UNSIGNED_LONG_LONG 3
 #define NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX 138
 #define NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX 139
+#define NVML_FI_DEV_POWER_AVERAGE 185
+#define NVML_FI_DEV_PCIE_COUNT_TX_BYTES 197
+#define NVML_FI_DEV_PCIE_COUNT_RX_BYTES 198
 
 typedef struct {
     unsigned int pid;
@@ -659,18 +663,35 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
     for (int i = 0; i < valuesCount; i++) {
         nvmlFieldValue_t *v = &values[i];
         const char *field = NULL;
-        if (v->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX)
+        unsigned int scope = 0; /* the all-links aggregate (UINT_MAX) for NVLink */
+        int type = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        if (v->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX) {
             field = "nvlink_tx_kib";
-        else if (v->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)
+            scope = UINT_MAX;
+        } else if (v->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX) {
             field = "nvlink_rx_kib";
+            scope = UINT_MAX;
+        } else if (v->fieldId == NVML_FI_DEV_POWER_AVERAGE) {
+            field = "power_avg_mw"; /* a driver without the field: leave the key out */
+            type = NVML_VALUE_TYPE_UNSIGNED_INT;
+        } else if (v->fieldId == NVML_FI_DEV_PCIE_COUNT_TX_BYTES) {
+            field = "pcie_tx_bytes";
+        } else if (v->fieldId == NVML_FI_DEV_PCIE_COUNT_RX_BYTES) {
+            field = "pcie_rx_bytes";
+        }
         v->timestamp = now_us();
         v->latencyUsec = 0;
-        v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
-        /* Only the all-links aggregate (scopeId UINT_MAX) is modelled. */
-        if (field == NULL || v->scopeId != UINT_MAX || !gpu_u64(idx, field, &v->value.ullVal))
+        v->valueType = type;
+        unsigned long long value = 0;
+        if (field == NULL || v->scopeId != scope || !gpu_u64(idx, field, &value)) {
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            continue;
+        }
+        if (type == NVML_VALUE_TYPE_UNSIGNED_INT)
+            v->value.uiVal = (unsigned int)value;
         else
-            v->nvmlReturn = NVML_SUCCESS;
+            v->value.ullVal = value;
+        v->nvmlReturn = NVML_SUCCESS;
     }
     return NVML_SUCCESS;
 }
