@@ -88,7 +88,9 @@ def build(cfg: Config) -> Assembly:
     from bpfdyno.sources.irq.collector import IrqCollector
     from bpfdyno.sources.kubelet.collector import PodResourcesCollector
     from bpfdyno.sources.net.collector import NetCollector
+    from bpfdyno.sources.percpu import rounds_between
     from bpfdyno.sources.perf.collector import PerfSwCollector, PmuCollector
+    from bpfdyno.sources.perf.perf_event import online_cpus
     from bpfdyno.sources.procs.collector import ProcsCollector
     from bpfdyno.sources.procs.table import ProcessTable
     from bpfdyno.sources.sched.collector import SchedCollector
@@ -96,6 +98,8 @@ def build(cfg: Config) -> Assembly:
 
     asm = Assembly()
     on = cfg.collector_enabled
+    # Per-CPU series every few rounds on a big node (their cost per CPU, bpfdyno.sources.percpu).
+    per_cpu_every = rounds_between(len(online_cpus()), cfg.daemon.per_cpu_series_max)
     recorder = FlightRecorder(max_age_s=cfg.events.max_age_s, max_bytes=cfg.events.max_bytes)
 
     # The thread walk follows the process table's readers (the table is made below).
@@ -104,6 +108,7 @@ def build(cfg: Config) -> Assembly:
             cfg.sched,
             sink=recorder.add,
             walk_demand=lambda: table is not None and table.in_demand(),
+            per_cpu_every=per_cpu_every,
         )
         if on("sched")
         else None
@@ -156,17 +161,18 @@ def build(cfg: Config) -> Assembly:
         else None
     )
     candidates: dict[str, Collector | None] = {
-        "host": HostCollector() if on("host") else None,
+        "host": HostCollector(per_cpu_every=per_cpu_every) if on("host") else None,
         "self": SelfCollector() if on("self") else None,
         "sched": sched,
         "net": net,
-        "pmu": PmuCollector() if on("pmu") else None,
+        "pmu": PmuCollector(per_cpu_every=per_cpu_every) if on("pmu") else None,
         # Per-CPU context switches from the sched programs when they run: a perf counter of
         # its own would cost every context switch again.
         "perf_sw": (
             PerfSwCollector(
                 switch_counts=sched.cpu_switch_counts if sched else None,
                 switch_estimate=sched.switch_estimate if sched else None,
+                per_cpu_every=per_cpu_every,
             )
             if on("perf_sw")
             else None

@@ -206,6 +206,11 @@ class CollectorRunner:
             self.reason = f"failed to start: {type(e).__name__}: {e}"
             log.exception("collector %s failed to start", self.name)
             return False
+        finally:
+            if self._worker is not None:
+                # Its rounds run on the shared thread: no idle thread (with its stack and
+                # malloc arena) kept for a close that comes once; `close` makes one.
+                self._executor.shutdown(wait=False)
         self._started = True
         self.state = PartState.OK
         return True
@@ -277,6 +282,8 @@ class CollectorRunner:
     async def close(self) -> None:
         if self._started:
             loop = asyncio.get_running_loop()
+            if self._worker is not None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"close-{self.name}")
             try:
                 await loop.run_in_executor(self._executor, self.collector.close)
             except Exception:

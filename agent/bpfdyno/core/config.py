@@ -52,6 +52,11 @@ class DaemonSection:
     history_s: float = 900.0
     #: Most series the store holds before evicting the least recently updated.
     max_series: int = 50_000
+    #: Per-CPU series (host CPU ratios, sched and perf_sw per CPU) are reported every round
+    #: on nodes of up to this many CPUs; a node with more reports them every
+    #: ceil(CPUs / this) rounds, each rate over that interval, so they cost what this many
+    #: CPUs cost (host-wide totals stay every round). 0: every round whatever the node.
+    per_cpu_series_max: int = 16
     #: One of debug, info, warning, error.
     log_level: str = "info"
 
@@ -559,6 +564,8 @@ def _validate(cfg: Config, path: Path | None) -> None:
         raise bad("must be at least daemon.interval_s", "daemon.history_s")
     if cfg.daemon.max_series < 100:
         raise bad("must be at least 100", "daemon.max_series")
+    if cfg.daemon.per_cpu_series_max < 0:
+        raise bad("must be 0 (every round) or a number of CPUs", "daemon.per_cpu_series_max")
     if cfg.daemon.log_level not in _LOG_LEVELS:
         raise bad(f"must be one of {', '.join(_LOG_LEVELS)}", "daemon.log_level")
     if not cfg.grpc.socket.startswith("/"):

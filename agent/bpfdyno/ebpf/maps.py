@@ -116,6 +116,19 @@ def percpu_values(table: Any, index: int = 0) -> list[Any]:
     return list(table.getvalue(table.Key(index)))
 
 
+def percpu_flat(table: Any, index: int = 0) -> tuple[array[int], int]:
+    """Slot ``index`` of a per-CPU array of 64-bit-only structs as one flat array of words.
+
+    Returns (the words of every possible CPU's value back to back, words per CPU): field f
+    of every CPU is ``words[f::per_cpu]``, which sums or copies in C without an object per
+    CPU — what keeps a round's decoding flat on a node with hundreds of CPUs.
+    """
+    values = table.getvalue(table.Key(index))
+    words: array[int] = array("Q")
+    words.frombytes(memoryview(values).cast("B"))
+    return words, len(words) // max(1, len(values))
+
+
 def percpu_words(table: Any, index: int = 0) -> list[array[int]]:
     """Slot ``index`` of a per-CPU array of 64-bit-only structs, as raw words per CPU.
 
@@ -159,7 +172,8 @@ def percpu_sums(table: Any) -> list[int]:
     words.frombytes(bytes(vals))
     if ncpu == 1:
         return list(words)
-    return [sum(cpus) for cpus in zip(*(words[c::ncpu] for c in range(ncpu)), strict=True)]
+    # Slot i's value of every CPU, back to back: one slice and one C-level sum per slot.
+    return [sum(words[i * ncpu : (i + 1) * ncpu]) for i in range(size)]
 
 
 def _plain(value: Any) -> Any:

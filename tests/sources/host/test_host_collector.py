@@ -442,3 +442,20 @@ def test_disk_busy_ratio_is_capped_at_one(rig: Rig, tmp_path: Path) -> None:
     rig.collect_at(FIXTURES / "t0")
     got = rig.collect_at(t1, advance_s=2.0)
     assert got[key("disk_busy_ratio", device="vda")] == 1.0
+
+
+def test_per_cpu_ratios_every_few_rounds_cover_their_whole_interval(tmp_path: Path) -> None:
+    # A node with more CPUs than [daemon] per_cpu_series_max reports each CPU's ratios every
+    # few rounds (here 3), over the time since the last report; the totals every round.
+    rig = Rig(tmp_path)
+    rig.collector = HostCollector(root=rig.root, clock=rig.clock, per_cpu_every=3)
+    rig.collect_at(FIXTURES / "t0")
+    per_cpu = {k for k in rates_t0_t1() if k[0].startswith("cpu_") and k[1] != (("cpu", "total"),)}
+    for _ in range(2):  # t0 again: nothing moved, so no ratios at all; none per CPU
+        got = rig.collect_at(FIXTURES / "t0", advance_s=1.0)
+        assert not per_cpu & got.keys()
+    got = rig.collect_at(FIXTURES / "t1", advance_s=2.0)
+    expected = rates_t0_t1()
+    assert {k: got[k] for k in per_cpu} == {k: expected[k] for k in per_cpu}
+    got = rig.collect_at(FIXTURES / "t1", advance_s=1.0)
+    assert not per_cpu & got.keys()

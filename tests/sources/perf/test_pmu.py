@@ -288,3 +288,18 @@ def test_refused_counters_name_the_fix() -> None:
     for collector in (PmuCollector(opener=refuse), PerfSwCollector(opener=refuse)):
         with pytest.raises(CollectorUnavailable, match=r"refused \(EACCES\); run as root"):
             collector.start()
+
+
+def test_per_cpu_counters_are_read_every_few_rounds_on_a_big_node() -> None:
+    # Every third round (a node past [daemon] per_cpu_series_max): nothing is read in
+    # between, and the rates cover the whole time since the last read.
+    ticks = iter([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    sw = PerfSwCollector(clock=lambda: next(ticks), per_cpu_every=3)
+    sw.start()
+    try:
+        rounds = [sw.collect() for _ in range(6)]
+    finally:
+        sw.close()
+    assert [bool(r) for r in rounds] == [False, False, True, False, False, True]
+    clock_s = _by(list(rounds[2]), "perf_cpu_clock_seconds_per_second")
+    assert set(clock_s) == {str(c) for c in online_cpus()}

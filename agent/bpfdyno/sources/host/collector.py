@@ -30,7 +30,7 @@ import dataclasses
 import logging
 import operator
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -65,6 +65,7 @@ from bpfdyno.sources.host.metrics import (
     UPTIME,
 )
 from bpfdyno.sources.host.procfs import CpuTimes, DiskStats, NetDev, ProcfsError
+from bpfdyno.sources.percpu import PerCpuCadence
 
 log = logging.getLogger(__name__)
 
@@ -109,16 +110,25 @@ class HostCollector(Collector):
     name = "host"
     may_block = False  # procfs and sysfs counters of the host
 
-    def __init__(self, root: Path = Path("/"), clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        root: Path = Path("/"),
+        clock: Callable[[], float] = time.monotonic,
+        per_cpu_every: int = 1,
+    ) -> None:
         """Create the collector.
 
         Args:
             root: directory holding ``proc/`` and ``sys/`` (``/`` on a host; the host's root
                 mounted elsewhere in a container; a fixture tree in tests).
             clock: monotonic seconds, used to turn counter deltas into per-second rates.
+            per_cpu_every: report the per-CPU ratios every this many rounds
+                (`bpfdyno.sources.percpu`); the totals come every round.
         """
         self._root = root
         self._clock = clock
+        self._per_cpu = PerCpuCadence(per_cpu_every)
+        self._cpus: _Timed[Mapping[int, procfs.CpuTimes]] | None = None
         self._stat: _Timed[procfs.Stat] | None = None
         self._disks: _Timed[dict[str, DiskStats]] | None = None
         self._nets: _Timed[dict[str, NetDev]] | None = None
@@ -181,7 +191,8 @@ class HostCollector(Collector):
             self._failing.discard(source)
 
     def _collect_stat(self, now: float) -> list[Sample]:
-        cur = _Timed(now, procfs.read_stat(self._root))
+        per_cpu = self._per_cpu.due()
+        cur = _Timed(now, procfs.read_stat(self._root, per_cpu))
         prev, self._stat = self._stat, cur
         stat = cur.value
         out = [
@@ -189,6 +200,8 @@ class HostCollector(Collector):
             sample(PROCS_BLOCKED, stat.procs_blocked),
         ]
         if prev is None or cur.ts <= prev.ts:
+            if per_cpu:
+                self._cpus = _Timed(now, stat.cpus)  # the first per-CPU reading
             return out
         dt, old = cur.ts - prev.ts, prev.value
         for spec, before, after in (
@@ -199,9 +212,11 @@ class HostCollector(Collector):
             if rate is not None:
                 out.append(sample(spec, rate))
         out.extend(_cpu_samples("total", old.cpu_total, stat.cpu_total))
-        for cpu, times in sorted(stat.cpus.items()):
-            if cpu in old.cpus:
-                out.extend(_cpu_samples(str(cpu), old.cpus[cpu], times))
+        if per_cpu:  # each CPU's ratios over the time since they were last reported
+            since, self._cpus = self._cpus, _Timed(now, stat.cpus)
+            for cpu, times in sorted(stat.cpus.items()):
+                if since is not None and cpu in since.value:
+                    out.extend(_cpu_samples(str(cpu), since.value[cpu], times))
         return out
 
     def _collect_meminfo(self, now: float) -> list[Sample]:

@@ -190,8 +190,12 @@ def _cpu_times(path: Path, lineno: int, fields: list[str]) -> CpuTimes:
     return CpuTimes(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7])
 
 
-def read_stat(root: Path) -> Stat:
+def read_stat(root: Path, per_cpu: bool = True) -> Stat:
     """Parse ``<root>/proc/stat``.
+
+    Args:
+        root: where ``proc/`` is.
+        per_cpu: parse each CPU's line too (False: ``cpus`` is empty, the rest as usual).
 
     Raises:
         ProcfsError: unreadable, or a required line (cpu, ctxt, processes, procs_running,
@@ -207,7 +211,8 @@ def read_stat(root: Path) -> Stat:
         if key == "cpu":
             total = _cpu_times(path, lineno, rest.split())
         elif key.startswith("cpu") and key[3:].isdigit():
-            cpus[int(key[3:])] = _cpu_times(path, lineno, rest.split())
+            if per_cpu:
+                cpus[int(key[3:])] = _cpu_times(path, lineno, rest.split())
         elif key in wanted:
             scalars[key] = _first_int(path, lineno, rest)
     missing = ([] if total is not None else ["cpu"]) + [k for k in wanted if k not in scalars]

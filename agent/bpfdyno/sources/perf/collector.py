@@ -27,6 +27,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.sources.base import Collector, CollectorUnavailable
+from bpfdyno.sources.percpu import PerCpuCadence
 from bpfdyno.sources.perf.metrics import (
     CACHE_MISSES,
     CPU_CLOCK,
@@ -80,10 +81,13 @@ class _PerCpuCounters(Collector):
         opener: Opener = perf_event_open,
         cpus: Sequence[int] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        per_cpu_every: int = 1,
     ) -> None:
         self._opener = opener
         self._cpus = cpus
         self._clock = clock
+        #: Which rounds read the counters (`bpfdyno.sources.percpu`).
+        self.per_cpu = PerCpuCadence(per_cpu_every)
         self._groups: list[CounterGroup] = []
         self._prev: tuple[float, list[GroupReading]] | None = None
 
@@ -103,11 +107,18 @@ class _PerCpuCounters(Collector):
             self.close()
             raise CollectorUnavailable(self._unavailable_reason(e)) from e
         self._prev = (self._clock(), [g.read() for g in self._groups])
+        self.per_cpu.due()  # that read was this round's: the first report comes `every` later
 
     def collect(self) -> Sequence[Sample]:
-        """Read every group; rates over the time since the previous read."""
+        """Read every group; rates over the time since the previous read.
+
+        On a node with many CPUs only every few rounds (`per_cpu_every`): nothing is read
+        in between, and the next rates cover the longer interval.
+        """
         if self._prev is None:
             raise RuntimeError(f"the {self.name} collector is not started (or was closed)")
+        if not self.per_cpu.due():
+            return []
         now, readings = self._clock(), [g.read() for g in self._groups]
         (then, before), self._prev = self._prev, (now, readings)
         dt = now - then
@@ -206,6 +217,7 @@ class PerfSwCollector(_PerCpuCounters):
             collector counts them.
         switch_estimate: how that source estimated them ("" while they are exact; the sched
             collector's `switch_estimate`): the series is labelled with it.
+        per_cpu_every: read and report every this many rounds (`bpfdyno.sources.percpu`).
     """
 
     name = "perf_sw"
@@ -220,8 +232,9 @@ class PerfSwCollector(_PerCpuCounters):
         clock: Callable[[], float] = time.monotonic,
         switch_counts: SwitchCounts | None = None,
         switch_estimate: Callable[[], str] | None = None,
+        per_cpu_every: int = 1,
     ) -> None:
-        super().__init__(opener, cpus, clock)
+        super().__init__(opener, cpus, clock, per_cpu_every)
         self._switch_counts = switch_counts
         self._switch_estimate = switch_estimate
         self._estimate = ""

@@ -48,11 +48,12 @@ from bpfdyno.core.metrics import HistogramSample, Sample, sample
 from bpfdyno.core.status import PartState
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.headers import header_defines, header_enum, header_text
-from bpfdyno.ebpf.maps import map_pop_all, percpu_words
+from bpfdyno.ebpf.maps import map_pop_all, percpu_flat, percpu_words
 from bpfdyno.ebpf.program import BpfProgram, RingBuffer, TaskIterator
 from bpfdyno.ebpf.reductions import DetachedFunctions, SampledFunctions
 from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S
 from bpfdyno.sources.base import Collector, CollectorUnavailable
+from bpfdyno.sources.percpu import PerCpuCadence
 from bpfdyno.sources.perf.perf_event import online_cpus
 from bpfdyno.sources.sched.metrics import (
     CPU_BUSY,
@@ -172,6 +173,8 @@ class SchedCollector(Collector):
         header_cache: where `bpfdyno.ebpf.kheaders` caches generated headers.
         walk_demand: whether someone reads the per-process times now; None: walk every round.
         idle_walk_s: while nobody does, walk the threads this often.
+        per_cpu_every: report the per-CPU series every this many rounds
+            (`bpfdyno.sources.percpu`).
 
     Raises:
         ValueError: a size the kernel would refuse.
@@ -190,7 +193,8 @@ class SchedCollector(Collector):
         stats_period_s: float = DEFAULT_PERIOD_S,
         header_cache: Path | None = None,
         walk_demand: Callable[[], bool] | None = None,
-        idle_walk_s: float = 5.0,
+        idle_walk_s: float = 10.0,
+        per_cpu_every: int = 1,
     ) -> None:
         if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
             raise ValueError(f"[sched] ringbuf_pages must be a power of two, got {ringbuf_pages}")
@@ -223,6 +227,10 @@ class SchedCollector(Collector):
         self._switch_extra: dict[int, float] = {}
         self._walk_demand = walk_demand
         self._idle_walk_s = idle_walk_s
+        self._per_cpu = PerCpuCadence(per_cpu_every)
+        #: The totals (and the switch program's held-off time) when per-CPU series were
+        #: last reported: their rates are over the time since.
+        self._cpu_prev: tuple[_Totals, int] | None = None
         self._walk_t = 0.0  # monotonic time of the last walk
         #: Exec and exit events seen so far (other collectors watch it move).
         self.process_events = 0
@@ -235,6 +243,7 @@ class SchedCollector(Collector):
         *,
         sink: EventSink | None = None,
         walk_demand: Callable[[], bool] | None = None,
+        per_cpu_every: int = 1,
     ) -> SchedCollector:
         """Build the collector from the ``[sched]`` config section."""
         return cls(
@@ -242,6 +251,7 @@ class SchedCollector(Collector):
             max_exits=section.max_exits,
             ringbuf_pages=section.ringbuf_pages,
             walk_demand=walk_demand,
+            per_cpu_every=per_cpu_every,
         )
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -276,6 +286,8 @@ class SchedCollector(Collector):
         self._make_reductions(program)
         self._switch_held_off_ns = self._switch_sampled.held_off_ns() if self._switch_sampled else 0
         self._prev = self._read_totals()
+        self._cpu_prev = (self._prev, self._switch_held_off_ns)
+        self._per_cpu.due()  # the first round's per-CPU series are over the time since now
         self._prev_walk = self._tasks.read()
         self._walk_t = time.monotonic()
         self._threads = self._refresh_processes(self._prev_walk, [], [])
@@ -370,7 +382,12 @@ class SchedCollector(Collector):
         if prev is not None and totals.t > prev.t:
             share = sampled_share(held_off - self._switch_held_off_ns, totals.t - prev.t)
             self._add_switch_extra(prev, totals, share)
-            out += _interval_samples(prev, totals, events, self._online, share, exits_off)
+            out += _interval_samples(prev, totals, events, share, exits_off)
+            if self._per_cpu.due() and self._cpu_prev is not None:
+                (since, since_held), self._cpu_prev = self._cpu_prev, (totals, held_off)
+                if totals.t > since.t:
+                    cpu_share = sampled_share(held_off - since_held, totals.t - since.t)
+                    out += _per_cpu_samples(since, totals, self._online, cpu_share)
             if walk is not None and totals.t > prev_walk_t:
                 out.append(_blocked_sample(prev_procs, self._procs, totals.t - prev_walk_t))
         self._switch_held_off_ns = held_off
@@ -415,11 +432,11 @@ class SchedCollector(Collector):
         """
         if self._program is None:
             return None
-        words = percpu_words(self._program.table(_CPU_STATS))
+        words, per_cpu = percpu_flat(self._program.table(_CPU_STATS))
         extra = self._switch_extra
         return {
-            cpu: int(w[_SWITCHES] + extra.get(cpu, 0.0))
-            for cpu, w in enumerate(words)
+            cpu: int(n + extra.get(cpu, 0.0))
+            for cpu, n in enumerate(words[_SWITCHES::per_cpu])
             if cpu in self._online
         }
 
@@ -468,17 +485,8 @@ class SchedCollector(Collector):
         return time.monotonic() - self._walk_t >= self._idle_walk_s
 
     def _read_totals(self) -> _Totals:
-        cpus = percpu_words(self._require().table(_CPU_STATS))
-        hist = tuple(sum(slot) for slot in zip(*(w[_HIST:CPU_WORDS] for w in cpus), strict=True))
-        return _Totals(
-            t=time.monotonic(),
-            switches=tuple(w[_SWITCHES] for w in cpus),
-            busy_ns=tuple(w[_BUSY] for w in cpus),
-            migrations=sum(w[_MIGRATIONS] for w in cpus),
-            runq_count=sum(w[_RUNQ_COUNT] for w in cpus),
-            runq_sum_ns=sum(w[_RUNQ_SUM] for w in cpus),
-            hist=hist,
-        )
+        words, per_cpu = percpu_flat(self._require().table(_CPU_STATS))
+        return totals_from_words(words, per_cpu, time.monotonic())
 
     def _drop_samples(self) -> list[Sample]:
         per_cpu = percpu_words(self._require().table(_ERRORS))
@@ -564,17 +572,54 @@ class SchedCollector(Collector):
         return comm
 
 
+def _per_cpu_samples(
+    prev: _Totals, cur: _Totals, online: frozenset[int], share: float = 1.0
+) -> list[Sample]:
+    """Each online CPU's switch rate and busy share since ``prev`` (``share`` as in
+    `_interval_samples`)."""
+    seen = (cur.t - prev.t) * share
+    est = SAMPLED if share < 1.0 else ""
+    out: list[Sample] = []
+    for cpu, (s0, s1, b0, b1) in enumerate(
+        zip(prev.switches, cur.switches, prev.busy_ns, cur.busy_ns, strict=True)
+    ):
+        if cpu not in online:  # bcc returns a slot for every *possible* CPU
+            continue
+        labels = {"cpu": str(cpu)}
+        switches = max(s1 - s0, 0) / seen if seen > 0 else math.nan
+        busy = min(max(b1 - b0, 0) / 1e9 / seen, 1.0) if seen > 0 else math.nan
+        out.append(sample(SWITCHES, switches, labels, est))
+        out.append(sample(CPU_BUSY, busy, labels, est))
+    return out
+
+
+def totals_from_words(words: Sequence[int], per_cpu: int, t: float) -> _Totals:
+    """The host-wide counters at ``t`` from every CPU's `struct sched_cpu`, back to back.
+
+    Each field of every CPU is one strided slice (`bpfdyno.ebpf.maps.percpu_flat`): no
+    object per CPU, so this stays cheap on a node with hundreds of CPUs.
+    """
+    return _Totals(
+        t=t,
+        switches=tuple(words[_SWITCHES::per_cpu]),
+        busy_ns=tuple(words[_BUSY::per_cpu]),
+        migrations=sum(words[_MIGRATIONS::per_cpu]),
+        runq_count=sum(words[_RUNQ_COUNT::per_cpu]),
+        runq_sum_ns=sum(words[_RUNQ_SUM::per_cpu]),
+        hist=tuple(sum(words[_HIST + k :: per_cpu]) for k in range(SCHED_HIST_SLOTS)),
+    )
+
+
 def _interval_samples(
     prev: _Totals,
     cur: _Totals,
     events: Sequence[KernelEvent],
-    online: frozenset[int],
     share: float = 1.0,
     exits_off: bool = False,
 ) -> list[Sample]:
-    """The interval's rates; ``share`` of it the switch program was attached (counts made
-    in that time are scaled up and labelled estimates), ``exits_off``: the exec/exit
-    programs were detached some of it (their rates are not known)."""
+    """The interval's host-wide rates; ``share`` of it the switch program was attached
+    (counts made in that time are scaled up and labelled estimates), ``exits_off``: the
+    exec/exit programs were detached some of it (their rates are not known)."""
     dt = cur.t - prev.t
     est = SAMPLED if share < 1.0 else ""
 
@@ -583,14 +628,6 @@ def _interval_samples(
         return delta / (dt * share) if share > 0 else math.nan
 
     out: list[Sample] = []
-    for cpu, (s0, s1, b0, b1) in enumerate(
-        zip(prev.switches, cur.switches, prev.busy_ns, cur.busy_ns, strict=True)
-    ):
-        if cpu not in online:  # bcc returns a slot for every *possible* CPU
-            continue
-        labels = {"cpu": str(cpu)}
-        out.append(sample(SWITCHES, per_seen_s(max(s1 - s0, 0)), labels, est))
-        out.append(sample(CPU_BUSY, min(per_seen_s(max(b1 - b0, 0) / 1e9), 1.0), labels, est))
     out.append(sample(MIGRATIONS, max(cur.migrations - prev.migrations, 0) / dt))
     waits = cur.runq_count - prev.runq_count
     out.append(sample(RUNQ_WAITS, per_seen_s(max(waits, 0)), None, est))
