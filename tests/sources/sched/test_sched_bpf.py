@@ -632,3 +632,23 @@ def test_threads_are_walked_only_while_someone_reads_the_processes(header_cache:
     finally:
         child.communicate("\n", timeout=10)
         c.close()
+
+
+def test_per_cpu_series_every_few_rounds_on_a_big_node(header_cache: Path) -> None:
+    # Past [daemon] per_cpu_series_max CPUs: each CPU's switches and busy share every
+    # second round (over both), the host-wide rates every round.
+    c = SchedCollector(header_cache=header_cache, per_cpu_every=2)
+    c.start()
+    try:
+        rounds = []
+        for _ in range(4):
+            time.sleep(0.1)
+            rounds.append(c.collect())
+    finally:
+        c.close()
+    per_cpu = [
+        {s.labels for s in r if s.spec.name == "sched_context_switches_per_second"} for r in rounds
+    ]
+    online = {(("cpu", str(cpu)),) for cpu in online_cpus()}
+    assert per_cpu == [set(), online, set(), online]
+    assert all(any(s.spec.name == "sched_runqueue_waits_per_second" for s in r) for r in rounds)
