@@ -327,7 +327,8 @@ def request_trace(daemon: Daemon, pid: int, workdir: Path) -> str:
             capture_output=True, text=True,
         )  # fmt: skip
         if out.returncode == 0:
-            triggered = json.loads(out.stdout).get("triggered", [])
+            answer = json.loads(out.stdout)
+            triggered = answer.get("request", answer).get("triggered", [])
             if triggered:
                 return str(triggered[0]["output_path"])
         if time.monotonic() > deadline:
