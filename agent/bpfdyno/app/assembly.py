@@ -128,7 +128,7 @@ def build(cfg: Config) -> Assembly:
     )
     dcgm = DcgmCollector(host_engine=cfg.gpu.dcgm_host_engine) if on("dcgm") else None
     fabric = FabricCollector.from_config(cfg.fabric, sink=recorder.add) if on("fabric") else None
-    irq = IrqCollector.from_config(cfg.irq) if on("irq") else None
+    irq = IrqCollector.from_config(cfg.irq, per_cpu_every=per_cpu_every) if on("irq") else None
     pause, resume = profiling_controls([c for c in (gpu, dcgm) if c is not None])
     # Kernel tracks of traced processes: their programs load in the background at start.
     capture = (

@@ -52,10 +52,11 @@ class DaemonSection:
     history_s: float = 900.0
     #: Most series the store holds before evicting the least recently updated.
     max_series: int = 50_000
-    #: Per-CPU series (host CPU ratios, sched and perf_sw per CPU) are reported every round
-    #: on nodes of up to this many CPUs; a node with more reports them every
-    #: ceil(CPUs / this) rounds, each rate over that interval, so they cost what this many
-    #: CPUs cost (host-wide totals stay every round). 0: every round whatever the node.
+    #: Per-CPU series (host CPU ratios, sched, perf_sw and pmu per CPU, the irq collector's
+    #: interrupts and softirq time) are reported every round on nodes of up to this many
+    #: CPUs; a node with more reports them every ceil(CPUs / this) rounds, each rate over
+    #: that interval, so they cost what this many CPUs cost (host-wide totals stay every
+    #: round). 0: every round whatever the node.
     per_cpu_series_max: int = 16
     #: One of debug, info, warning, error.
     log_level: str = "info"

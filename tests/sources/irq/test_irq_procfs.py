@@ -14,6 +14,7 @@ from bpfdyno.sources.base import CollectorUnavailable
 from bpfdyno.sources.host.procfs import ProcfsError
 from bpfdyno.sources.irq.collector import SOFTIRQS, IrqCollector
 from bpfdyno.sources.irq.procfs import IrqLine, read_interrupts, read_softirqs
+from bpfdyno.sources.percpu import rounds_between
 
 #: A GPU server's /proc/interrupts (x86, 4 CPUs shown) and /proc/softirqs, as the kernel
 #: prints them (padding included).
@@ -174,3 +175,28 @@ def test_a_large_machine_file_at_its_real_size(tmp_path: Path) -> None:
     assert len(per_cpu) == irqs + cpus
     assert per_cpu[("250", str(226 % cpus))] == 454.0
     assert per_cpu[("LOC", "223")] == 500.0
+
+
+def test_a_large_machine_reads_every_few_rounds_over_the_whole_interval(tmp_path: Path) -> None:
+    # 224 CPUs at [daemon] per_cpu_series_max = 16: every 14 rounds (the assembly's
+    # rounds_between); in between nothing is read, and the next rates cover all 14 rounds.
+    cpus, irqs, every = 224, 40, rounds_between(224, 16)
+    assert every == 14
+    write_proc(tmp_path, big_interrupts(cpus, irqs, 0))
+    (tmp_path / "sys/devices/system/cpu/online").write_text(f"0-{cpus - 1}\n")
+    clock = Clock()
+    c = IrqCollector(root=tmp_path, load_bpf=False, clock=clock, per_cpu_every=every)
+    c.start()
+    reports = []
+    for step in range(1, 2 * every + 1):
+        (tmp_path / "proc/interrupts").write_text(big_interrupts(cpus, irqs, step))
+        clock.t += 1.0
+        out = list(c.collect())
+        if out:
+            reports.append((step, rates(out, "irq_interrupts_per_second")))
+    # Rounds 1 and 15 report (the first round, then every 14th).
+    assert [step for step, _ in reports] == [1, 1 + every]
+    per_irq = reports[1][1]
+    # IRQ 24 fires once per step: 14 interrupts over the 14 s since the last report.
+    assert per_irq[("24", "mlx5_comp0@pci:0000:3b:00.0")] == 1.0
+    assert per_irq[("LOC", "Local timer interrupts")] == 224 * 250.0
