@@ -10,7 +10,10 @@ of ``--rounds``), with the node's size emulated where this machine has less:
   every round, as a busy node's do); the scheduler's per-CPU counters decoded for N CPUs
   (`totals_from_words` and the interval's samples); ``perf_sw`` with N per-CPU counters
   (real software counters, N of them on this machine's CPUs); every per-CPU sample appended
-  to the store (the event loop's share);
+  to the store (the event loop's share); the interrupt collector: its per-CPU array of N CPUs
+  (bcc's map stood in for by a buffer of the same layout) and a ``/proc/interrupts`` of N
+  CPUs and 2 x N device IRQs (two multi-queue devices, a queue per CPU: the file grows as
+  N squared, so the projection uses its cost measured at the node's size, not a fit);
 * **per GPU**: the GPU collector against the fake NVML library with G GPUs (H100s with GPM
   and two processes each), with per-process queries every round and every 10 s;
 * **per thread** (walked every 10 s while nobody reads the process table): the task
@@ -39,15 +42,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sources" / "gpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sources" / "irq"))
 
 from bench_gpu_collect import control_values
 from doc_blocks import write_results
 from gpu_fake_nvml import build_fake_nvml
+from large_interrupts import big_interrupts
 
 from bpfdyno.core.config import DaemonSection
 from bpfdyno.core.metrics import sample
 from bpfdyno.core.store import MetricStore
 from bpfdyno.sources.host.collector import HostCollector
+from bpfdyno.sources.irq import collector as irq_mod
 from bpfdyno.sources.percpu import rounds_between
 from bpfdyno.sources.perf.collector import PerfSwCollector
 from bpfdyno.sources.perf.perf_event import perf_event_open
@@ -166,6 +172,67 @@ def perf_sw_us(cpus: int, rounds: int) -> float:
         sw.close()
 
 
+class _IrqArray:
+    """Stands in for bcc's per-CPU array of the interrupt program: one slot, ``cpus`` values
+    of `irq_mod.CPU_WORDS` 64-bit words, every word moving each round."""
+
+    def __init__(self, cpus: int) -> None:
+        self.values = (ctypes.c_uint64 * irq_mod.CPU_WORDS * cpus)()
+        self.n = 0
+
+    def advance(self) -> None:
+        self.n += 1
+        flat = ctypes.cast(self.values, ctypes.POINTER(ctypes.c_uint64))
+        for i in range(len(self.values) * irq_mod.CPU_WORDS):
+            flat[i] = self.n * 1000 + i
+
+    @staticmethod
+    def Key(index: int) -> int:  # bcc's name
+        return index
+
+    def getvalue(self, key: int) -> ctypes.Array[ctypes.Array[ctypes.c_uint64]]:
+        return self.values
+
+
+class _IrqProgram:
+    """The loaded program as the collector uses it: its array; run statistics come apart."""
+
+    def __init__(self, array: _IrqArray) -> None:
+        self.array = array
+
+    def table(self, name: str) -> _IrqArray:
+        return self.array
+
+    def run_stats_samples(self) -> list[object]:
+        return []
+
+
+def irq_us(tmp: Path, cpus: int, rounds: int) -> tuple[float, int]:
+    """One interrupt-collector read on N CPUs: the per-CPU array and /proc/interrupts, every
+    device IRQ and the local timer having fired (a busy node's round); and its samples."""
+    root = tmp / f"irq{cpus}"
+    (root / "proc").mkdir(parents=True)
+    online = root / "sys/devices/system/cpu/online"
+    online.parent.mkdir(parents=True)
+    online.write_text(f"0-{cpus - 1}\n")
+    texts = [big_interrupts(cpus, 2 * cpus, step) for step in range(rounds + 2)]
+    (root / "proc/interrupts").write_text(texts[0])
+    array = _IrqArray(cpus)
+    c = irq_mod.IrqCollector(root=root, load_bpf=False)
+    c.start()
+    c._program = _IrqProgram(array)  # type: ignore[assignment]
+    c._prev_bpf = c._read_bpf()
+    step = [0]
+
+    def between() -> None:
+        step[0] += 1
+        (root / "proc/interrupts").write_text(texts[step[0]])
+        array.advance()
+
+    samples = len(c.collect())
+    return per_round_us(c.collect, rounds, between), samples
+
+
 def store_us_per_series(rounds: int) -> float:
     """The event loop's share: appending one sample of a per-CPU series to the store."""
     store = MetricStore(900.0, 1.0)
@@ -259,6 +326,7 @@ def report(rounds: int) -> str:
         host = [host_us(tmp, n, rounds) for n in CPUS]
         sched = [sched_cpu_us(n, rounds) for n in CPUS]
         perf = [perf_sw_us(n, rounds) for n in CPUS]
+        irq_runs = [irq_us(tmp, n, rounds) for n in CPUS]
         store = store_us_per_series(rounds)
         with fake_nvml(tmp) as (lib, control):
             gpu_each = [gpu_us(lib, control, g, rounds, churn=False) for g in GPUS]
@@ -275,6 +343,8 @@ def report(rounds: int) -> str:
     _, c_gpu_each = fit(list(GPUS), gpu_each)
     per_thread = statistics.median(walk) + kernel_walk
     per_cpu = b_host + b_sched + b_perf + series_per_cpu * store
+    irq = [us for us, _ in irq_runs]
+    irq_stored = [us + n * store for us, n in irq_runs]
 
     lines = [
         f"Measured {time.strftime('%Y-%m-%d')} on {os.uname().release} ({os.cpu_count()} CPUs), "
@@ -292,6 +362,14 @@ def report(rounds: int) -> str:
         "| perf_sw (N counter sets) | "
         + " | ".join(f"{v:.0f}" for v in perf)
         + f" | {b_perf:.2f} |",
+        "| irq (per-CPU array, /proc/interrupts of N CPUs x 2N IRQs) | "
+        + " | ".join(f"{v:.0f}" for v in irq)
+        + " | (measured at the size) |",
+        "| irq: its samples stored | "
+        + " | ".join(f"{n * store:.0f}" for _, n in irq_runs)
+        + " | (its series: "
+        + ", ".join(f"{n:,}" for _, n in irq_runs)
+        + ") |",
         f"| store, per per-CPU series | | | | | {store:.2f} x {series_per_cpu} series |",
         "",
         "| GPU collector (fake NVML) | "
@@ -313,14 +391,15 @@ def report(rounds: int) -> str:
         "",
         "Model, µs per second on the collectors' threads (the fake's NVML calls, not a "
         f"driver's): {a_host + a_sched + a_perf:.0f} + {per_cpu:.2f} x CPUs / k + "
-        f"{c_gpu:.0f} x GPUs + {per_thread / IDLE_REFRESH_S:.3f} x threads, where k = "
+        f"{c_gpu:.0f} x GPUs + {per_thread / IDLE_REFRESH_S:.3f} x threads + irq(CPUs) / k, "
+        "where k = "
         f"ceil(CPUs / {PER_CPU_MAX}) is the rounds between two per-CPU reports "
         "(`[daemon] per_cpu_series_max`). The rest of the agent (event loop, run statistics, "
         "gRPC) does not grow with the node: bench_agent_idle.py measures the whole.",
         "",
-        "| node | CPUs | GPUs | threads | k | per-CPU part | per-GPU part | walk "
+        "| node | CPUs | GPUs | threads | k | per-CPU part | irq | per-GPU part | walk "
         "| sum, % of a core |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, cpus, gpus, threads in (
         ("this machine", os.cpu_count() or 2, 0, 400),
@@ -329,11 +408,13 @@ def report(rounds: int) -> str:
     ):
         k = rounds_between(cpus, PER_CPU_MAX)
         cpu_part = per_cpu * cpus / k
+        irq_part = irq_stored[CPUS.index(cpus)] / k
         gpu_part = (a_gpu + c_gpu * gpus) if gpus else 0.0
         walk_part = per_thread * threads / IDLE_REFRESH_S
-        total = a_host + a_sched + a_perf + cpu_part + gpu_part + walk_part
+        total = a_host + a_sched + a_perf + cpu_part + irq_part + gpu_part + walk_part
         lines.append(
             f"| {name} | {cpus} | {gpus} | {threads:,} | {k} | {cpu_part:.0f} µs | "
+            f"{irq_part:.0f} µs | "
             f"{gpu_part:.0f} µs | {walk_part:.0f} µs | {total / 1e4:.3f} % |"
         )
     return "\n".join(lines)
