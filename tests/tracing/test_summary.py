@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from bpfdyno.cli.trace_summary import format_summary
+from bpfdyno.rpc.diagnosis import ProcessSummary, from_pb, to_pb
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
-from bpfdyno.tracing.summary import ProcessSummary, summarize_file
+from bpfdyno.tracing.summary import summarize_file
 
 PID = 77
 
@@ -96,7 +97,8 @@ def test_numbers_from_the_file(tmp_path: Path, gz: bool) -> None:
     path = tmp_path / "t.json"
     write_trace(path, gz)
     s = summarize_file(str(path))
-    assert s == ProcessSummary(
+    assert s.evidence is not None and s.evidence.rank == 3
+    assert dataclasses.replace(s, evidence=None) == ProcessSummary(
         path=str(path),
         pid=PID,
         rank=3,
@@ -127,8 +129,10 @@ def test_summary_fields_are_the_api_s(tmp_path: Path) -> None:
     assert fields == set(pb.ProcessSummary.DESCRIPTOR.fields_by_name)
     path = tmp_path / "t.json"
     write_trace(path)
-    msg = pb.ProcessSummary(**dataclasses.asdict(summarize_file(str(path))))
+    summary = summarize_file(str(path))
+    msg = to_pb(summary, pb.ProcessSummary())
     assert msg.net_sent_bytes == 1024 and msg.blocked_seconds_by_cause["lock"] > 0
+    assert from_pb(ProcessSummary, msg) == summary
 
 
 def test_broken_files_say_why(tmp_path: Path) -> None:
@@ -136,7 +140,7 @@ def test_broken_files_say_why(tmp_path: Path) -> None:
     write_trace(path)
     path.write_bytes(path.read_bytes()[:-300])
     s = summarize_file(str(path))
-    assert "is not complete JSON" in s.error or "ends inside" in s.error
+    assert "does not end like a complete Kineto trace" in s.error
     missing = summarize_file(str(tmp_path / "nope.json"))
     assert missing.error.startswith("cannot read")
     (tmp_path / "o.json").write_text('{"a": 1}')

@@ -6,14 +6,15 @@ each call comes from `bpfdyno.server.peers`.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Callable
 
 import grpc
 
 from bpfdyno.core.errors import InvalidArgument
+from bpfdyno.rpc.diagnosis import to_pb
 from bpfdyno.rpc.kernel_tracks import parse_kernel_tracks
 from bpfdyno.rpc.traces import spec_from_pb
+from bpfdyno.rpc.v1 import diagnosis_pb2
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
 from bpfdyno.server.errors import grpc_errors
@@ -195,10 +196,11 @@ class TracingServicer(pb_grpc.TracingServicer):
     async def GetTraceSummary(
         self, request: pb.GetTraceRequest, context: grpc.aio.ServicerContext
     ) -> pb.TraceSummary:
-        summaries = await self._svc.trace_summary(request.trace_id)
+        summaries, verdict = await self._svc.trace_summary(request.trace_id)
         return pb.TraceSummary(
             trace_id=request.trace_id,
-            processes=[pb.ProcessSummary(**dataclasses.asdict(s)) for s in summaries],
+            processes=[to_pb(s, pb.ProcessSummary()) for s in summaries],
+            verdict=to_pb(verdict, diagnosis_pb2.Verdict()),
         )
 
     def _dcgm_reason(self) -> str:

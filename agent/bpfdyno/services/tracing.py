@@ -29,8 +29,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bpfdyno.core.errors import InvalidArgument, NotFound, RequestError, Unavailable
-from bpfdyno.core.identity import Requester, in_process
+from bpfdyno.core.identity import (
+    FileIdentityError,
+    Requester,
+    file_owner,
+    files_as,
+    in_process,
+)
 from bpfdyno.core.rules import pause_duration_s
+from bpfdyno.rpc.diagnosis import ProcessSummary, Verdict
+from bpfdyno.rpc.verdict import compare
 from bpfdyno.tracing.audit import AuditedProcess, AuditLog, config_for_record
 from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest
 from bpfdyno.tracing.config_text import (
@@ -64,7 +72,8 @@ from bpfdyno.tracing.requests import (
 )
 from bpfdyno.tracing.roles import Role, classify
 from bpfdyno.tracing.safety import PlacementChecker, Writer
-from bpfdyno.tracing.summary import ProcessSummary, summarize_file
+from bpfdyno.tracing.summary import summarize_file
+from bpfdyno.tracing.tracefile import DEFAULT_LIMITS, ReadLimits
 from bpfdyno.tracing.traces import NewProcess, ProcState, TraceTracker, TraceView, TrainerState
 from bpfdyno.tracing.trainers import Trainer, TrainerRegistry
 
@@ -141,6 +150,7 @@ class TracingService:
         limits: TraceLimits | None = None,
         audit: AuditLog | None = None,
         placement: PlacementChecker | None = None,
+        read_limits: ReadLimits = DEFAULT_LIMITS,
     ) -> None:
         self.allowed_dirs = list(allowed_dirs)
         self.default_tracks = default_tracks
@@ -159,6 +169,8 @@ class TracingService:
         self.limits = limits or TraceLimits()
         self.audit = audit or AuditLog(wall=wall)
         self._placement = placement or PlacementChecker(proc_root)
+        #: Bounds on reading a trace file for a summary.
+        self.read_limits = read_limits
         self._claims = ClaimVerifier(proc_root)
         #: Polls ignored because the pid they claim is not their sender's, per sender uid.
         self.false_claims: Counter[int] = Counter()
@@ -315,22 +327,30 @@ class TracingService:
             view = nxt
             yield view
 
-    async def trace_summary(self, trace_id: str) -> list[ProcessSummary]:
-        """Each triggered process's file summarised (`bpfdyno.tracing.summary`), in order.
+    async def trace_summary(self, trace_id: str) -> tuple[list[ProcessSummary], Verdict]:
+        """Each triggered process's file summarised (`bpfdyno.tracing.summary`), in order,
+        and the verdict across them (`bpfdyno.rpc.verdict`).
 
-        The files are read on a worker thread. A process whose file is not written yet (or
-        never was) gets an entry with ``error`` saying so.
+        Each file is read on a worker thread with its owner's rights (a link or a FIFO the
+        owner put at its name reads nothing of anyone else's: see `summarize_file`). A
+        process whose file is not written yet (or never was) gets an entry with ``error``
+        saying so.
 
         Raises:
             NotFound: unknown id.
         """
         view = self.get_trace(trace_id)
+        limits = self.read_limits
 
         def read() -> list[ProcessSummary]:
             out = []
             for p in view.processes:
                 if p.state is ProcState.WRITTEN:
-                    summary = summarize_file(p.output_path)
+                    try:
+                        with files_as(*file_owner(p.owner_uid, p.output_path)):
+                            summary = summarize_file(p.output_path, limits)
+                    except FileIdentityError as e:
+                        summary = ProcessSummary(p.output_path, error=str(e))
                     summary.pid = summary.pid or p.pid
                     summary.trace_id = summary.trace_id or trace_id
                     out.append(summary)
@@ -345,7 +365,9 @@ class TracingService:
                     )
             return out
 
-        return await asyncio.to_thread(read)
+        summaries = await asyncio.to_thread(read)
+        verdict = compare([s.evidence for s in summaries if s.evidence is not None])
+        return summaries, verdict
 
     def tracing_pids(self) -> set[int]:
         """Pids of registered trainers whose profiler is tracing now (ours or their own)."""

@@ -121,6 +121,7 @@ class ProcessTrace:
         size_bytes: the final file's size once written, else -1.
         updated: wall-clock epoch seconds of the last state change.
         kernel_tracks: its kernel tracks.
+        owner_uid: the traced process's owner, whose file it is (None: unknown).
     """
 
     pid: int
@@ -131,6 +132,7 @@ class ProcessTrace:
     size_bytes: int = -1
     updated: float = 0.0
     kernel_tracks: KernelTrackStatus = KernelTrackStatus()
+    owner_uid: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +310,7 @@ class TraceTracker:
                     state=ProcState.PENDING,
                     reason="config stored; waiting for the process's next poll",
                     updated=now,
+                    owner_uid=p.owner_uid,
                 ),
                 address=p.address,
                 config_text=p.config_text,

@@ -1,0 +1,450 @@
+"""The ranks of a job compared: which rank holds the job back, and why — `compare`.
+
+Input: each rank's `RankEvidence` (read on its own node) and, for ranks on other hosts, the
+offset of each host's clock (measured by the fan-out, `bpfdyno.client.cluster.clock`).
+Pure computation: the agent uses it for the ranks of one node (``GetTraceSummary``), the
+clients for a whole job; both decide the same way.
+
+1. **Match** the collectives across ranks: per group (matched by the order in which each
+   rank's groups first appear), by their order, with the shift (at most `MAX_SHIFT` places)
+   that best lines up their arrivals and operations — windows started by iteration begin at
+   the same collective, those started at a common time may not.
+2. **Arrival**: per matched collective, each rank's arrival against the median of the
+   others'. A rank that arrives after them made them wait that long. Summed over the
+   collectives (only the positive part), it is the time the job lost to that rank.
+3. **Straggler**: a rank the others waited for at least `MIN_SHARE` of the compared time, in
+   at least `MIN_LATE_FRACTION` of the collectives (consistently, not by jitter). Otherwise
+   the ranks are within noise.
+4. **Why**: in each collective a straggler reached late, what its threads spent, by cause,
+   in the run-up (from its previous arrival), beyond the median of the other ranks' same
+   run-up: that excess is the time the cause explains. Causes are ranked by it; who held
+   the CPU and the system calls are named; the worst instances come with their timestamps.
+   What no cause explains is said as such.
+5. **Network**: packet loss slows the collectives themselves rather than one rank's arrival
+   (everyone waits inside them). The time from the last arrival to the first completion is
+   compared with that of the collectives without loss; the excess in collectives with TCP
+   retransmits, resets or drops is the time lost to the network, and the rank whose
+   connections carry the loss (its address on both ends of the lost packets' sockets) is
+   named.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from bpfdyno.rpc.diagnosis import (
+    CAUSES,
+    STEP_PARTS,
+    CauseTime,
+    CollectiveEvidence,
+    Finding,
+    Instance,
+    RankEvidence,
+    RankTiming,
+    Verdict,
+)
+
+#: A rank is a straggler when the others waited for it this share of the compared time...
+MIN_SHARE = 0.05
+#: ... and it arrived after the median of the others in at least this share of collectives.
+MIN_LATE_FRACTION = 0.6
+#: Lost time below this is noise, whatever the share.
+MIN_SECONDS = 0.002
+#: Alignments tried between two ranks' collectives (places either way).
+MAX_SHIFT = 3
+#: A cause is listed when it explains at least this share of a straggler's lost time.
+MIN_CAUSE_SHARE = 0.05
+#: Worst instances listed per finding.
+TOP_INSTANCES = 5
+#: Ratio of a straggler's SM clock to the others' below which it is said to run slower.
+SLOW_CLOCK = 0.95
+
+
+@dataclass(slots=True)
+class _Rank:
+    ev: RankEvidence
+    label: int  # the rank, or its position when the file has no rank
+    offset_ns: int
+    groups: list[list[CollectiveEvidence]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Match:
+    """One collective across the ranks: rank label -> its collective."""
+
+    members: dict[int, CollectiveEvidence]
+    arrivals: dict[int, float]  # seconds on the common clock
+    ends: dict[int, float]
+
+
+def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None = None) -> Verdict:
+    """Compare the ranks of one trace (see the module doc).
+
+    Args:
+        ranks: each rank's evidence (one per traced process).
+        offsets_ns: per host, ns to add to its clock to get the common clock (absent: 0).
+    """
+    offsets_ns = offsets_ns or {}
+    rs = _ranks(ranks, offsets_ns)
+    notes: list[str] = []
+    for r in rs:
+        notes += [f"rank {r.label}: {n}" for n in r.ev.notes]
+    timings = {r.label: _timing(r) for r in rs}
+    with_collectives = [r for r in rs if r.groups]
+    if len(with_collectives) < 2:
+        return Verdict(
+            headline=_single_headline(rs),
+            ranks=tuple(timings.values()),
+            notes=tuple(notes),
+        )
+    if len({r.ev.host for r in rs}) > 1 and not all(r.ev.host in offsets_ns for r in rs):
+        notes.append(
+            "ranks on several hosts without measured clock offsets: arrivals compared as is"
+        )
+    matches = _match(with_collectives)
+    if not matches:
+        return Verdict(
+            headline="no collective could be matched across the ranks: nothing to compare",
+            ranks=tuple(timings.values()),
+            notes=tuple(notes),
+        )
+    span = max(max(m.ends.values()) for m in matches) - min(
+        min(m.arrivals.values()) for m in matches
+    )
+    span = max(span, 1e-9)
+    late = _lateness(matches)
+    by_label = {r.label: r for r in rs}
+    findings: list[Finding] = []
+    for label, (seconds, late_count, count, lateness) in late.items():
+        t = timings[label]
+        timings[label] = RankTiming(
+            t.rank,
+            t.host,
+            t.pid,
+            t.path,
+            collectives=count,
+            last=sum(1 for m in matches if label in m.arrivals and _last(m) == label),
+            held_seconds=seconds,
+            lateness_seconds=statistics.median(lateness) if lateness else 0.0,
+            collective_seconds=sum(
+                m.ends[label] - m.arrivals[label] for m in matches if label in m.arrivals
+            ),
+            step_seconds=t.step_seconds,
+        )
+        if (
+            seconds >= max(MIN_SECONDS, MIN_SHARE * span)
+            and count
+            and late_count / count >= MIN_LATE_FRACTION
+        ):
+            findings.append(_late_finding(by_label[label], matches, seconds, span, rs))
+    network = _network_finding(matches, rs, span)
+    if network is not None:
+        findings.append(network)
+    findings.sort(key=lambda f: -f.seconds)
+    worst = max(late.values(), key=lambda v: v[0])[0] if late else 0.0
+    if findings:
+        headline = "; ".join(f.summary for f in findings)
+    else:
+        headline = (
+            f"no straggler: the ranks are within noise (the latest rank kept the others "
+            f"waiting {_fmt_s(worst)}, {worst / span:.1%} of the {_fmt_s(span)} compared)"
+        )
+    return Verdict(
+        headline=headline,
+        stragglers=tuple(findings),
+        within_noise=not findings,
+        ranks=tuple(timings[r.label] for r in rs),
+        compared_seconds=span,
+        matched=len(matches),
+        notes=tuple(notes),
+    )
+
+
+def _ranks(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int]) -> list[_Rank]:
+    out = []
+    seen: set[int] = set()
+    for i, ev in enumerate(sorted(ranks, key=lambda e: (e.rank < 0, e.rank, e.host, e.pid))):
+        label = ev.rank if ev.rank >= 0 and ev.rank not in seen else -(i + 1)
+        seen.add(label)
+        r = _Rank(ev, label, offsets_ns.get(ev.host, 0))
+        groups: dict[str, list[CollectiveEvidence]] = {}
+        for c in ev.collectives:
+            groups.setdefault(c.group, []).append(c)
+        r.groups = sorted(groups.values(), key=lambda g: g[0].arrival_unix_ns)
+        out.append(r)
+    return out
+
+
+def _name(r: _Rank) -> str:
+    who = f"rank {r.label}" if r.label >= 0 else f"pid {r.ev.pid}"
+    return who + (f" on {r.ev.host}" if r.ev.host else "")
+
+
+def _timing(r: _Rank) -> RankTiming:
+    return RankTiming(r.label, r.ev.host, r.ev.pid, r.ev.path, step_seconds=r.ev.steps.step_seconds)
+
+
+def _sec(r: _Rank, unix_ns: int) -> float:
+    return (unix_ns + r.offset_ns) / 1e9
+
+
+def _match(rs: list[_Rank]) -> list[_Match]:
+    """Line up the ranks' collectives group by group (see the module doc)."""
+    out: list[_Match] = []
+    for g in range(max(len(r.groups) for r in rs)):
+        present = [r for r in rs if g < len(r.groups)]
+        if len(present) < 2:
+            continue
+        ref = max(present, key=lambda r: len(r.groups[g]))
+        seq_ref = ref.groups[g]
+        shifts = {ref.label: 0}
+        for r in present:
+            if r is not ref:
+                shifts[r.label] = _best_shift(ref, seq_ref, r, r.groups[g])
+        for i, c in enumerate(seq_ref):
+            members = {ref.label: c}
+            for r in present:
+                j = i + shifts[r.label]
+                if r is not ref and 0 <= j < len(r.groups[g]) and r.groups[g][j].op == c.op:
+                    members[r.label] = r.groups[g][j]
+            if len(members) < 2:
+                continue
+            by = {r.label: r for r in present}
+            out.append(
+                _Match(
+                    members,
+                    {k: _sec(by[k], v.arrival_unix_ns) for k, v in members.items()},
+                    {k: _sec(by[k], v.end_unix_ns) for k, v in members.items()},
+                )
+            )
+    return out
+
+
+def _best_shift(
+    ref: _Rank, a: list[CollectiveEvidence], r: _Rank, b: list[CollectiveEvidence]
+) -> int:
+    """The shift j - i pairing a[i] with b[j] that best lines them up: most equal operations,
+    then the smallest median gap between arrivals."""
+    best: tuple[int, float, int] | None = None
+    shift_of_best = 0
+    for shift in range(-MAX_SHIFT, MAX_SHIFT + 1):
+        pairs = [(x, b[i + shift]) for i, x in enumerate(a) if 0 <= i + shift < len(b)]
+        if not pairs:
+            continue
+        # Operations that differ, and pairing fewer than half of them, count against a shift.
+        penalty = sum(1 for x, y in pairs if x.op != y.op) + max(0, len(a) // 2 - len(pairs))
+        gap = statistics.median(
+            abs(_sec(ref, x.arrival_unix_ns) - _sec(r, y.arrival_unix_ns)) for x, y in pairs
+        )
+        key = (penalty, gap, abs(shift))
+        if best is None or key < best:
+            best, shift_of_best = key, shift
+    return shift_of_best
+
+
+def _last(m: _Match) -> int:
+    return max(m.arrivals, key=m.arrivals.__getitem__)
+
+
+def _lateness(matches: list[_Match]) -> dict[int, tuple[float, int, int, list[float]]]:
+    """Per rank: (seconds the others waited for it, collectives it was late to, collectives
+    it took part in, its lateness in each)."""
+    out: dict[int, list[float]] = defaultdict(list)
+    for m in matches:
+        for k, a in m.arrivals.items():
+            others = [v for o, v in m.arrivals.items() if o != k]
+            out[k].append(a - statistics.median(others))
+    return {
+        k: (sum(x for x in v if x > 0), sum(1 for x in v if x > 0), len(v), v)
+        for k, v in out.items()
+    }
+
+
+def _late_finding(
+    r: _Rank, matches: list[_Match], seconds: float, span: float, rs: list[_Rank]
+) -> Finding:
+    """Why ``r`` arrived late: its run-ups' causes beyond the other ranks' (module doc)."""
+    excess: dict[str, float] = defaultdict(float)
+    holders: dict[str, float] = defaultdict(float)
+    details: dict[str, Counter[str]] = defaultdict(Counter)
+    worst: list[Instance] = []
+    for m in matches:
+        mine = m.members.get(r.label)
+        if mine is None:
+            continue
+        others = [v for o, v in m.arrivals.items() if o != r.label]
+        if m.arrivals[r.label] - statistics.median(others) <= 0:
+            continue
+        own = {c.cause: c for c in mine.before}
+        theirs = [
+            {c.cause: c.seconds for c in v.before} for o, v in m.members.items() if o != r.label
+        ]
+        for cause, c in own.items():
+            extra = c.seconds - statistics.median(t.get(cause, 0.0) for t in theirs)
+            if extra > 0:
+                excess[cause] += extra
+                if c.detail:
+                    details[cause][c.detail] += 1
+        for h in mine.holders:
+            holders[h.cause] += h.seconds
+        worst += [w for w in mine.worst if w.cause in own]
+    causes: list[CauseTime] = []
+    explained = 0.0
+    for cause, extra in sorted(excess.items(), key=lambda kv: -kv[1]):
+        share = min(extra, seconds)
+        if share < MIN_CAUSE_SHARE * seconds:
+            continue
+        explained += share
+        causes.append(CauseTime(cause, share, _cause_detail(cause, r, rs, holders, details)))
+    rest = seconds - min(seconds, explained)
+    if rest >= MIN_CAUSE_SHARE * seconds:
+        causes.append(CauseTime("unexplained", rest))
+    listed = {c.cause for c in causes}
+    worst = sorted((w for w in worst if w.cause in listed), key=lambda w: -w.duration_ns)
+    why = ", ".join(
+        f"{CAUSES.get(c.cause, c.cause)} {_fmt_s(c.seconds)}"
+        + (f" ({c.detail})" if c.detail else "")
+        for c in causes[:3]
+    )
+    summary = (
+        f"{_name(r)} held the job back: the other ranks waited {_fmt_s(seconds)} for it "
+        f"({seconds / span:.0%} of the {_fmt_s(span)} compared)" + (f"; why: {why}" if why else "")
+    )
+    return Finding(
+        rank=r.label,
+        host=r.ev.host,
+        pid=r.ev.pid,
+        kind="late",
+        seconds=seconds,
+        share=seconds / span,
+        causes=tuple(causes),
+        worst=tuple(worst[:TOP_INSTANCES]),
+        summary=summary,
+    )
+
+
+def _cause_detail(
+    cause: str,
+    r: _Rank,
+    rs: list[_Rank],
+    holders: Mapping[str, float],
+    details: Mapping[str, Counter[str]],
+) -> str:
+    if cause == "cpu_wait" and holders:
+        total = sum(holders.values())
+        top = sorted(holders.items(), key=lambda kv: -kv[1])[:3]
+        return "the CPU was held by " + ", ".join(f"{h} {s / total:.0%}" for h, s in top)
+    if cause == "gpu_compute":
+        mine = r.ev.gpu_sm_clock_mhz
+        others = [x.ev.gpu_sm_clock_mhz for x in rs if x is not r and x.ev.gpu_sm_clock_mhz]
+        if mine and others:
+            median = statistics.median(others)
+            if mine < SLOW_CLOCK * median:
+                return f"SM clock {mine:.0f} MHz against {median:.0f} MHz on the other ranks"
+        return ""
+    if details.get(cause):
+        return ", ".join(name for name, _ in details[cause].most_common(3))
+    return ""
+
+
+def _network_finding(matches: list[_Match], rs: list[_Rank], span: float) -> Finding | None:
+    """Collectives slowed by packet loss, and whose connections lost the packets."""
+    transfer = []
+    for m in matches:
+        t = min(m.ends.values()) - max(m.arrivals.values())
+        lossy = any(c.loss_events for c in m.members.values())
+        transfer.append((max(t, 0.0), lossy, m))
+    clean = [t for t, lossy, _ in transfer if not lossy]
+    if len(clean) >= 3:
+        baseline = statistics.median(clean)
+    else:
+        baseline = sorted(t for t, _, _ in transfer)[len(transfer) // 4]
+    lost = sum(max(0.0, t - baseline) for t, lossy, _ in transfer if lossy)
+    if lost < max(MIN_SECONDS, MIN_SHARE * span):
+        return None
+    owner: dict[str, int] = {}
+    for r in rs:
+        for address in r.ev.local_addresses:
+            owner[address] = r.label
+    involved: Counter[int] = Counter()
+    peers: dict[int, Counter[int]] = defaultdict(Counter)
+    kinds: Counter[str] = Counter()
+    events = 0
+    instances: list[Instance] = []
+    for r in rs:
+        for e in r.ev.loss_events:
+            events += 1
+            kinds[e.kind] += 1
+            other = owner.get(e.peer)
+            involved[r.label] += 1
+            if other is not None and other != r.label:
+                involved[other] += 1
+                peers[r.label][other] += 1
+                peers[other][r.label] += 1
+            instances.append(
+                Instance(
+                    "network_loss",
+                    e.ts_us,
+                    e.unix_ns,
+                    0,
+                    f"{e.kind} on {_name(r)}'s socket {e.local} -> {e.peer}",
+                )
+            )
+    if not involved:
+        return None
+    (culprit, count), *rest = involved.most_common()
+    by_label = {r.label: r for r in rs}
+    who = by_label[culprit]
+    tied = [k for k, n in rest if n == count]
+    what = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in kinds.most_common())
+    with_ranks = ", ".join(str(k) for k, _ in peers[culprit].most_common()) or "unknown peers"
+    detail = (
+        f"{what}; rank {culprit} is on {count} of the {events} lost packets' connections "
+        f"(peers: ranks {with_ranks})"
+    )
+    if tied:
+        detail += f"; as many on rank(s) {', '.join(map(str, tied))}: the link between them"
+    summary = (
+        f"network loss on {_name(who)}'s connections slowed the collectives by {_fmt_s(lost)} "
+        f"({lost / span:.0%} of the {_fmt_s(span)} compared): {what}"
+    )
+    return Finding(
+        rank=culprit,
+        host=who.ev.host,
+        pid=who.ev.pid,
+        kind="network",
+        seconds=lost,
+        share=lost / span,
+        causes=(CauseTime("network_loss", lost, detail),),
+        worst=tuple(sorted(instances, key=lambda i: i.ts_us)[:TOP_INSTANCES]),
+        summary=summary,
+    )
+
+
+def _single_headline(rs: list[_Rank]) -> str:
+    if not rs:
+        return "no trace to compare"
+    r = rs[0]
+    split = r.ev.steps
+    if len(rs) > 1:
+        head = f"{len(rs)} processes, but fewer than two with collectives: nothing to compare"
+    else:
+        head = f"one rank ({_name(r)}): nothing to compare it with"
+    if not split.steps:
+        return head
+    parts = ", ".join(
+        f"{STEP_PARTS.get(p.cause) or CAUSES.get(p.cause, p.cause)} {_fmt_s(p.seconds)}"
+        for p in split.parts
+    )
+    return f"{head}; a step takes {_fmt_s(split.step_seconds)} (median of {split.steps}): {parts}"
+
+
+def _fmt_s(seconds: float) -> str:
+    if abs(seconds) >= 1:
+        return f"{seconds:.2f} s"
+    if abs(seconds) >= 0.001:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} µs"
