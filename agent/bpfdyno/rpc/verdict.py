@@ -67,7 +67,8 @@ SLOW_CLOCK = 0.95
 class _Rank:
     ev: RankEvidence
     label: int  # the rank, or its position when the file has no rank
-    offset_ns: int
+    offset_ns: int  # to the common clock, and from the comparison's origin (seconds are
+    # kept small so that doubles hold them to the nanosecond)
     groups: list[list[CollectiveEvidence]] = field(default_factory=list)
 
 
@@ -166,10 +167,14 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
 def _ranks(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int]) -> list[_Rank]:
     out = []
     seen: set[int] = set()
+    origin = min(
+        (c.arrival_unix_ns + offsets_ns.get(ev.host, 0) for ev in ranks for c in ev.collectives),
+        default=0,
+    )
     for i, ev in enumerate(sorted(ranks, key=lambda e: (e.rank < 0, e.rank, e.host, e.pid))):
         label = ev.rank if ev.rank >= 0 and ev.rank not in seen else -(i + 1)
         seen.add(label)
-        r = _Rank(ev, label, offsets_ns.get(ev.host, 0))
+        r = _Rank(ev, label, offsets_ns.get(ev.host, 0) - origin)
         groups: dict[str, list[CollectiveEvidence]] = {}
         for c in ev.collectives:
             groups.setdefault(c.group, []).append(c)

@@ -1,0 +1,221 @@
+"""The ranks compared (`bpfdyno.rpc.verdict.compare`) on evidence whose answer is known:
+who arrived late and by how much, what its run-ups held, which connections lost packets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bpfdyno.rpc.diagnosis import (
+    CauseTime,
+    CollectiveEvidence,
+    Instance,
+    LossEvent,
+    RankEvidence,
+    Verdict,
+    from_pb,
+    to_pb,
+)
+from bpfdyno.rpc.v1 import diagnosis_pb2
+from bpfdyno.rpc.verdict import compare
+
+T0 = 1_800_000_000_000_000_000  # ns
+STEP = 100_000_000  # 100 ms between collectives
+
+
+def collective(
+    i: int,
+    arrival_ms: float,
+    end_ms: float,
+    before: dict[str, float] | None = None,
+    holders: dict[str, float] | None = None,
+    worst: tuple[Instance, ...] = (),
+    loss: int = 0,
+    op: str = "allreduce",
+) -> CollectiveEvidence:
+    return CollectiveEvidence(
+        op=op,
+        source="gloo",
+        group="gloo",
+        index=i,
+        step=i,
+        size_bytes=4096,
+        arrival_unix_ns=T0 + round(arrival_ms * 1e6),
+        end_unix_ns=T0 + round(end_ms * 1e6),
+        before=tuple(CauseTime(c, s) for c, s in (before or {}).items()),
+        holders=tuple(CauseTime(h, s) for h, s in (holders or {}).items()),
+        worst=worst,
+        loss_events=loss,
+    )
+
+
+def rank(r: int, collectives: list[CollectiveEvidence], **kw: object) -> RankEvidence:
+    return RankEvidence(
+        path=f"/t/r{r}.json",
+        host="node",
+        pid=100 + r,
+        rank=r,
+        world_size=4,
+        collectives=tuple(collectives),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def healthy(r: int, n: int = 20, jitter: float = 0.0) -> RankEvidence:
+    """Arrives every 100 ms (± a jitter that alternates between ranks), 1 ms of waiting for
+    a CPU in each run-up, collectives end 5 ms after the last arrival."""
+    return rank(
+        r,
+        [
+            collective(
+                i,
+                i * 100 + (jitter if (i + r) % 2 else -jitter),
+                i * 100 + 30 + 5,
+                {"cpu_wait": 0.001, "lock": 0.050},
+            )
+            for i in range(n)
+        ],
+    )
+
+
+def test_a_rank_starved_of_cpu_is_named_with_who_held_it() -> None:
+    late_ms = 30.0
+    hog = Instance("cpu_wait", 1234.5, T0 + 5_000_000, 29_000_000, "held by hog (pid 9)", 9)
+    slow = rank(
+        2,
+        [
+            collective(
+                i,
+                i * 100 + late_ms,
+                i * 100 + late_ms + 5,
+                {"cpu_wait": 0.001 + late_ms / 1e3, "lock": 0.020},
+                {"hog (pid 9)": 0.028, "kworker/1:0 (pid 30)": 0.001},
+                (hog,) if i == 3 else (),
+            )
+            for i in range(20)
+        ],
+    )
+    v = compare([healthy(0), healthy(1), slow, healthy(3)])
+    assert not v.within_noise and v.matched == 20
+    [f] = v.stragglers
+    assert (f.rank, f.kind, f.pid) == (2, "late", 102)
+    assert f.seconds == pytest.approx(20 * 0.030)
+    assert f.causes[0].cause == "cpu_wait"
+    assert f.causes[0].seconds == pytest.approx(20 * 0.030)
+    assert f.causes[0].detail == "the CPU was held by hog (pid 9) 97%, kworker/1:0 (pid 30) 3%"
+    assert f.worst == (hog,)
+    assert v.headline.startswith(
+        "rank 2 on node held the job back: the other ranks waited 600.0 ms"
+    )
+    timing = {t.rank: t for t in v.ranks}
+    assert timing[2].last == 20 and timing[2].lateness_seconds == pytest.approx(0.030)
+    assert timing[0].last == 0 and timing[0].held_seconds == 0
+
+
+def test_what_no_cause_explains_is_said() -> None:
+    """Late by 30 ms with nothing more off-CPU than the others: unexplained (compute)."""
+    slow = rank(
+        1, [collective(i, i * 100 + 30, i * 100 + 35, {"cpu_wait": 0.001}) for i in range(20)]
+    )
+    [f] = compare([healthy(0), slow, healthy(2)]).stragglers
+    assert [(c.cause, round(c.seconds, 6)) for c in f.causes] == [("unexplained", 0.6)]
+
+
+def test_ranks_within_noise_have_no_straggler() -> None:
+    """Each rank late by 0.5 ms every other collective: jitter, not a straggler."""
+    v = compare([healthy(r, jitter=0.5) for r in range(4)])
+    assert v.within_noise and v.stragglers == ()
+    assert v.headline.startswith("no straggler: the ranks are within noise")
+
+
+def test_a_rank_late_only_once_is_not_a_straggler() -> None:
+    """One 200 ms hiccup in 20 collectives: large, but not consistent."""
+    cs = [collective(i, i * 100 + (200 if i == 5 else 0), i * 100 + 205) for i in range(20)]
+    v = compare([healthy(0), rank(1, cs), healthy(2)])
+    assert v.within_noise
+
+
+def test_windows_that_start_a_collective_apart_are_aligned() -> None:
+    """Rank 1's trace began one collective later: matched by time, not by index."""
+    slow = rank(
+        1,
+        [
+            collective(i, (i + 1) * 100 + 30, (i + 1) * 100 + 35, {"file_io": 0.031})
+            for i in range(19)
+        ],
+    )
+    v = compare([healthy(0), slow, healthy(2)])
+    assert v.matched == 20  # rank 0's 20 (rank 1 takes part in 19 of them)
+    [f] = v.stragglers
+    assert (f.rank, f.causes[0].cause) == (1, "file_io")
+
+
+def test_clock_offsets_of_other_hosts_are_applied() -> None:
+    """Rank 1's host clock is 50 ms ahead: without the offset it looks late, with it not."""
+    ahead = dataclasses.replace(
+        healthy(1),
+        host="other",
+        collectives=tuple(
+            dataclasses.replace(
+                c,
+                arrival_unix_ns=c.arrival_unix_ns + 50_000_000,
+                end_unix_ns=c.end_unix_ns + 50_000_000,
+            )
+            for c in healthy(1).collectives
+        ),
+    )
+    ranks = [healthy(0), ahead, healthy(2)]
+    assert not compare(ranks, {"node": 0}).within_noise
+    assert compare(ranks, {"node": 0, "other": -50_000_000}).within_noise
+
+
+def test_packet_loss_names_the_rank_on_every_lossy_connection() -> None:
+    """Collectives with retransmits take 40 ms longer; every lost packet's connection has
+    rank 2 at one end."""
+    addrs = {r: f"10.0.0.{r + 1}:4000{r}" for r in range(3)}
+
+    def lossy(r: int) -> RankEvidence:
+        cs = [
+            collective(i, i * 100, i * 100 + (45 if i % 4 == 0 else 5), loss=int(i % 4 == 0))
+            for i in range(20)
+        ]
+        events = tuple(
+            LossEvent("tcp_retransmit", 1e6 + i, T0 + i, addrs[r], addrs[2])
+            for i in range(5)
+            if r != 2
+        ) + tuple(
+            LossEvent("tcp_retransmit", 1e6 + i, T0 + i, addrs[2], addrs[0])
+            for i in range(3)
+            if r == 2
+        )
+        return rank(r, cs, local_addresses=(addrs[r],), loss_events=events)
+
+    v = compare([lossy(0), lossy(1), lossy(2)])
+    [f] = v.stragglers
+    assert (f.rank, f.kind) == (2, "network")
+    assert f.seconds == pytest.approx(5 * 0.040)
+    assert f.causes[0].cause == "network_loss"
+    assert "13 tcp retransmit" in f.causes[0].detail
+    assert "rank 2 is on 13 of the 13 lost packets' connections (peers: ranks 0, 1)" in (
+        f.causes[0].detail
+    )
+    assert f.worst[0].ts_us == 1e6
+
+
+def test_one_rank_is_not_compared() -> None:
+    v = compare([healthy(0)])
+    assert v.within_noise and v.matched == 0
+    assert v.headline == "one rank (rank 0 on node): nothing to compare it with"
+
+
+def test_the_verdict_travels_through_protobuf() -> None:
+    slow = rank(
+        2, [collective(i, i * 100 + 30, i * 100 + 35, {"cpu_wait": 0.031}) for i in range(20)]
+    )
+    v = compare([healthy(0), healthy(1), slow])
+    msg = to_pb(v, diagnosis_pb2.Verdict())
+    assert msg.stragglers[0].rank == 2 and msg.stragglers[0].causes[0].cause == "cpu_wait"
+    assert from_pb(Verdict, msg) == v
+    ev = from_pb(RankEvidence, to_pb(slow, diagnosis_pb2.RankEvidence()))
+    assert ev == slow
