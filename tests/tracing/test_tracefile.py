@@ -20,7 +20,7 @@ import pytest
 from h200_fixtures import DURATION, ITERATIONS, SPAN, kineto_body, merged
 
 from bpfdyno.tracing import tracefile
-from bpfdyno.tracing.trace_facts import CATEGORIES
+from bpfdyno.tracing.trace_facts import CATEGORIES as READ
 from bpfdyno.tracing.tracefile import (
     Categories,
     ReadLimits,
@@ -31,6 +31,9 @@ from bpfdyno.tracing.tracefile import (
     open_regular,
     scan_trace,
 )
+
+#: What the summary reads, every event parsed (no "light" CPU ops).
+CATEGORIES = Categories(READ.names, READ.prefixes)
 
 
 def scan(data: bytes, categories: Categories = CATEGORIES, **limits: Any) -> list[Any]:
@@ -67,6 +70,15 @@ def test_every_event_of_the_real_cuda_traces(trace: Path, small_chunks: int) -> 
     assert len(want[1]) in (1804, 74427)
     assert split(scan(data)) == want
     assert split(scan(gzip.compress(data, compresslevel=1))) == want
+    # The summary's own categories read CPU ops "light": exactly their name and times.
+    chunks = [item for kind, item in scan(data, READ) if kind == "light"]
+    light = [
+        (cat, name.decode(), int(pid), int(tid), float(ts), float(dur))
+        for cat, fields in chunks
+        for name, pid, tid, ts, dur in fields
+    ]
+    ops = [e for e in want[1] if e["cat"] == "cpu_op"]
+    assert light == [("cpu_op", e["name"], e["pid"], e["tid"], e["ts"], e["dur"]) for e in ops]
 
 
 def test_a_plain_file_of_1_5_mb_of_cpu_ops() -> None:

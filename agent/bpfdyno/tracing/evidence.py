@@ -216,10 +216,10 @@ def _collectives(facts: TraceFacts, lo: float, hi: float) -> tuple[list[Collecti
 def _steps(facts: TraceFacts, lo: float, hi: float) -> list[tuple[float, float]]:
     """The steps inside the window: ``ProfilerStep#N`` spans, else the time between the
     ends of consecutive ``Optimizer.step`` calls (the first from the window's start)."""
-    marked = sorted((s, e) for _, s, e in facts.profiler_steps if e > lo and s < hi)
+    marked = sorted({(s, e) for _, s, e in facts.profiler_steps if e > lo and s < hi})
     if marked:
         return marked
-    ends = sorted(e for _, e in facts.optimizer_steps if lo < e <= hi)
+    ends = sorted({e for _, e in facts.optimizer_steps if lo < e <= hi})
     out = []
     start = lo
     for end in ends:

@@ -7,7 +7,7 @@ parsing only the events either needs, and keeps each as a compact interval:
   times, in arrays); steps (``ProfilerStep#N``, else the ends of ``Optimizer.step``); the
   collectives — NCCL kernels on the GPU (``ncclDevKernel_*``, older ``ncclKernel_*``), gloo's
   and NCCL's execution annotations (``gloo:all_reduce``...), the calls that enqueue them
-  (``c10d::allreduce_``) and ``record_param_comms`` (process group, sizes); the DataLoader's
+  (``c10d::allreduce_``); the DataLoader's
   ``enumerate(DataLoader)`` spans; the GPU's other kernels (its busy time);
 * from bpfdyno's kernel tracks (categories ``bpfdyno.*``, see
   `bpfdyno.tracing.capture.tracks`): off-CPU slices with their cause and who held the CPU,
@@ -23,10 +23,12 @@ reached), CPU ops are kept as pairs of doubles per thread.
 
 from __future__ import annotations
 
+import operator
 import re
 from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import chain, repeat
 from typing import IO, Any
 
 from bpfdyno.tracing.capture.tracks import CAT_GPU, CAT_INFO, CAT_NCCL, CAT_NET, CAT_SCHED
@@ -41,10 +43,21 @@ from bpfdyno.tracing.tracefile import (
 #: Most intervals of one kind kept from one file (a 500 MB trace has ~2 M events).
 MAX_INTERVALS = 2_000_000
 
-#: The event categories read: Kineto's CPU ops and annotations, GPU kernels, the profiler's
-#: span, and every bpfdyno track.
+_NUMBER = rb"(-?[0-9.]+(?:[eE][-+]?[0-9]+)?)"
+#: A CPU op as Kineto writes it, from its category to its times: name (without escapes),
+#: pid, tid, ts, dur. Kineto's exact spacing: the literal start is what makes the search fast
+#: (another writer's layout reads the ops one by one, see `Categories`).
+KINETO_CPU_OP = re.compile(
+    rb'"cat": "cpu_op", "name": "([^"\\]*)", "pid": (-?[0-9]+), "tid": (-?[0-9]+),'
+    rb'\s*"ts": ' + _NUMBER + rb', "dur": ' + _NUMBER
+)
+
+#: The event categories read: Kineto's CPU ops (their times only, see `KINETO_CPU_OP`) and
+#: annotations, GPU kernels, the profiler's span, and every bpfdyno track.
 CATEGORIES = Categories(
-    {"cpu_op", "user_annotation", "gpu_user_annotation", "kernel", "Trace"}, ("bpfdyno.",)
+    {"cpu_op", "user_annotation", "gpu_user_annotation", "kernel", "Trace"},
+    ("bpfdyno.",),
+    light={"cpu_op": KINETO_CPU_OP},
 )
 
 _NCCL_KERNEL = re.compile(r"^(?:void )?nccl(?:Dev)?Kernel_([A-Za-z]+)")
@@ -52,6 +65,9 @@ _EXEC = re.compile(r"^(gloo|nccl|mpi|ucc):([a-z_]+)$")
 _ENQUEUE = re.compile(r"^c10d::([a-z_]+?)_?$")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _NUM = (int, float)
+#: CPU ops that are more than their time: collectives' enqueues, steps.
+_NAMED_OPS = ("c10d::", "ProfilerStep#")
+_NAMED_OPS_B = tuple(n.encode() for n in _NAMED_OPS)
 
 
 @dataclass(slots=True)
@@ -122,8 +138,6 @@ class TraceFacts:
     dataloader: list[tuple[int, float, float]] = field(default_factory=list)
     collectives: list[Collective] = field(default_factory=list)
     enqueues: list[Collective] = field(default_factory=list)
-    #: record_param_comms by start: (start_us, tid, collective name, process group, bytes).
-    comms_params: list[tuple[float, int, str, str, int]] = field(default_factory=list)
     #: Per GPU device: non-NCCL kernels as start, end, start, end...
     gpu_busy: dict[int, array[float]] = field(default_factory=dict)
     offcpu: list[OffCpuSlice] = field(default_factory=list)
@@ -156,7 +170,9 @@ def read_facts(f: IO[bytes], path: str, limits: ReadLimits = DEFAULT_LIMITS) -> 
     facts = TraceFacts(path)
     reader = _Reader(facts)
     for kind, item in scan_trace(json_stream(f), path, CATEGORIES, limits):
-        if kind == "event":
+        if kind == "light":
+            reader.ops(item[1])
+        elif kind == "event":
             reader.event(item)
         else:
             reader.member(*item)
@@ -232,16 +248,50 @@ class _Reader:
             self.f.window = (ts, ts + self._dur(e))
 
     def cpu_op(self, e: dict[str, Any], ts: float) -> None:
-        if e.get("ph") != "X":
+        if e.get("ph") == "X":
+            self.op(str(e.get("name", "")), e.get("pid"), e.get("tid"), ts, self._dur(e))
+
+    def ops(self, fields: list[tuple[bytes, bytes, bytes, bytes, bytes]]) -> None:
+        """CPU ops read lightly (`KINETO_CPU_OP`'s groups), a chunk's at a time: their times
+        go into the threads' arrays without a Python step per op where the chunk holds one
+        thread's ops (the common case)."""
+        if not fields:
             return
+        names, pids, tids, starts, durs = zip(*fields, strict=True)
+        joined = b"\0" + b"\0".join(names)
+        if any(b"\0" + prefix in joined for prefix in _NAMED_OPS_B):
+            for n, _p, t, ts, dur in fields:
+                if n.startswith(_NAMED_OPS_B):
+                    self._named(n.decode("utf-8", "replace"), float(ts), float(dur), int(t))
+        begin = array("d", map(float, starts))
+        end = array("d", map(operator.add, begin, map(max, map(float, durs), repeat(0.0))))
+        keys = list(zip(pids, tids, strict=True))
+        threads = set(keys)
+        for key in threads:
+            if len(threads) == 1:
+                b, e2 = begin, end
+            else:
+                chosen = [i for i, k in enumerate(keys) if k == key]
+                b, e2 = array("d", (begin[i] for i in chosen)), array("d", (end[i] for i in chosen))
+            pid, tid = int(key[0]), int(key[1])
+            times = self.f.ops.get((pid, tid))
+            if times is None:
+                times = self.f.ops[(pid, tid)] = array("d")
+            room = max(0, MAX_INTERVALS - len(times) // 2)
+            if len(b) > room:
+                self.f.dropped += len(b) - room
+                b, e2 = b[:room], e2[:room]
+            times.extend(chain.from_iterable(zip(b, e2, strict=True)))
+            self.f.op_count_by_pid[pid] += len(b)
+
+    def op(self, name: str, pid: Any, tid: Any, ts: float, dur: float) -> None:
+        """A CPU op."""
         f = self.f
-        pid, tid, dur = e.get("pid"), e.get("tid"), self._dur(e)
-        self._pair(f.ops, (pid, tid), ts, ts + dur)
+        self._pair(f.ops, (pid, tid), ts, ts + max(dur, 0.0))
         if isinstance(pid, int):
             f.op_count_by_pid[pid] += 1
-        name = e.get("name", "")
-        if name.startswith(("c10d::", "record_param_comms", "ProfilerStep#")):
-            self._named(e, name, ts, dur, tid)
+        if name.startswith(_NAMED_OPS):
+            self._named(name, ts, dur, tid)
 
     def annotation(self, e: dict[str, Any], ts: float) -> None:
         if e.get("ph") != "X":
@@ -268,26 +318,14 @@ class _Reader:
             if self._room(self.f.dataloader):
                 self.f.dataloader.append((tid if isinstance(tid, int) else 0, ts, ts + dur))
         else:
-            self._named(e, name, ts, dur, tid)
+            self._named(name, ts, dur, tid)
 
-    def _named(self, e: dict[str, Any], name: str, ts: float, dur: float, tid: Any) -> None:
+    def _named(self, name: str, ts: float, dur: float, tid: Any) -> None:
         f = self.f
         tid = tid if isinstance(tid, int) else 0
         if (m := _STEP.match(name)) is not None:
             if self._room(f.profiler_steps):
                 f.profiler_steps.append((int(m.group(1)), ts, ts + dur))
-        elif name == "record_param_comms":
-            args = e.get("args") or {}
-            if self._room(f.comms_params):
-                f.comms_params.append(
-                    (
-                        ts,
-                        tid,
-                        str(args.get("Collective name", "")),
-                        str(args.get("Process Group Name", "")),
-                        _payload(args),
-                    )
-                )
         elif (m := _ENQUEUE.match(name)) is not None and self._room(f.enqueues):
             op = m.group(1).replace("_", "")
             f.enqueues.append(Collective(op, "enqueue", "", ts, ts + dur, tid))
@@ -386,24 +424,3 @@ class _Reader:
             self.f.info = e["args"]
             pid = e.get("pid")
             self.f.info_pid = pid if isinstance(pid, int) else 0
-
-
-_DTYPE_BYTES = {
-    "Float": 4,
-    "Double": 8,
-    "Half": 2,
-    "BFloat16": 2,
-    "Int": 4,
-    "Long": 8,
-    "Short": 2,
-    "Char": 1,
-    "Byte": 1,
-    "Bool": 1,
-}
-
-
-def _payload(args: dict[str, Any]) -> int:
-    """Bytes a ``record_param_comms`` call moves in (its input message), when known."""
-    n = args.get("In msg nelems")
-    size = _DTYPE_BYTES.get(str(args.get("dtype", "")))
-    return int(n) * size if isinstance(n, int) and size else 0

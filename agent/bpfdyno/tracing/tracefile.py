@@ -40,7 +40,7 @@ import os
 import re
 import stat
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
@@ -427,15 +427,34 @@ class Categories:
     Args:
         names: exact category names (``cpu_op``, ``kernel``, ``Trace``...).
         prefixes: category prefixes (``bpfdyno.`` for every kernel track).
+        light: per category, a pattern that reads the fields a reader needs from an event's
+            bytes as the writer lays them out (from its ``{``). Most of a trace's events are
+            CPU ops, and a reader that needs only their times should not pay for building
+            each one as a dict: where the pattern matches every event of its category in a
+            chunk, they are yielded all at once as ``("light", (category, [groups...]))``
+            (not in file order), none of them parsed; otherwise that chunk's events of the
+            category are parsed and yielded one by one as usual.
     """
 
-    def __init__(self, names: Iterable[str], prefixes: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        names: Iterable[str],
+        prefixes: Iterable[str] = (),
+        light: Mapping[str, re.Pattern[bytes]] | None = None,
+    ) -> None:
         self.names = frozenset(names)
         self.prefixes = tuple(prefixes)
-        alts = [re.escape(c.encode()) for c in sorted(self.names)]
-        alts += [re.escape(p.encode()) + rb'[^"\\]*' for p in self.prefixes]
-        #: Finds ``"cat": "<one of them>"`` in the file's bytes.
-        self.pattern = re.compile(rb'"cat"[ \t\r\n]*:[ \t\r\n]*"(?:' + b"|".join(alts) + rb')"')
+        self.light = {c.encode(): p for c, p in (light or {}).items()}
+        #: Finds ``"cat": "<one of them>"`` in the file's bytes (group 1: the category)...
+        self.pattern = self._keys(sorted(self.names), self.prefixes)
+        #: ... and of those not read lightly.
+        self.parsed = self._keys(sorted(self.names - set(light or {})), self.prefixes)
+
+    @staticmethod
+    def _keys(names: Iterable[str], prefixes: Iterable[str]) -> re.Pattern[bytes]:
+        alts = [re.escape(c.encode()) for c in names]
+        alts += [re.escape(p.encode()) + rb'[^"\\]*' for p in prefixes]
+        return re.compile(rb'"cat"[ \t\r\n]*:[ \t\r\n]*"(' + b"|".join(alts) + rb')"')
 
     def __contains__(self, category: object) -> bool:
         return isinstance(category, str) and (
@@ -452,8 +471,8 @@ def scan_trace(
     """The file's members and its events of the wanted categories, in file order.
 
     Yields ``("member", (key, value))`` for each top-level member (those after the events
-    last) and ``("event", dict)`` for each event whose ``cat`` is in ``categories``. Numbers
-    in events are floats.
+    last) and ``("event", dict)`` for each event whose ``cat`` is in ``categories`` (or
+    ``("light", (category, fields))``, see `Categories`). Numbers in events are floats.
 
     The fast way (module doc) reads what Kineto and bpfdyno write; a file it cannot follow
     (another writer's key order, ``}, {`` inside nested arrays) is read again from its start
@@ -684,12 +703,21 @@ def _events(
     next look must begin: ``limit``, or the start of an event that only the next chunk
     completes (a ``}, {`` inside it looked like its end)."""
     out: list[tuple[str, Any]] = []
+    skip: set[bytes] = set()
+    for cat, pattern in categories.light.items():
+        fields = pattern.findall(buf, pos, limit)
+        # Every one of them read (a category name anywhere else makes the count differ, and
+        # the chunk's events of it are parsed instead).
+        if len(fields) == buf.count(b'"' + cat + b'"', pos, limit):
+            out.append(("light", (cat.decode(), fields)))
+            skip.add(cat)
+    markers = categories.parsed if len(skip) == len(categories.light) else categories.pattern
     done = pos  # the events before this are dealt with
     find_open, boundary, loads, wanted = buf.rfind, _BOUNDARY.search, orjson.loads, categories
-    for m in categories.pattern.finditer(buf, pos, limit):
+    for m in markers.finditer(buf, pos, limit):
         at = m.start()
-        if at < done:
-            continue  # inside the event just parsed
+        if at < done or (skip and m.group(1) in skip):
+            continue  # inside the event just parsed, or read lightly
         # The common case (Kineto, bpfdyno): the event's "{" is the nearest before its "cat",
         # and the next "}, {" ends it.
         start = find_open(b"{", done, at)
