@@ -481,7 +481,7 @@ async def test_cpu_contention_shows_as_waiting_for_a_cpu(capture_harness: Harnes
     waited = sum(e["dur"] for e in preempted)
     assert waited >= 0.3 * (hi - lo), (waited, hi - lo)
     # ... for the spinners, among others: each slice names the task that held the CPU. The
-    # spinners hold it most of the time on a quiet machine (95 % here when idle); whatever
+    # spinners hold it most of the time on a quiet machine; whatever
     # else the machine runs on that CPU (kernel threads, other tests' processes on a loaded
     # machine) takes its share, so the bound is loose.
     hogs = {s.pid for s in spinners}
