@@ -3,8 +3,8 @@
  * Fixed-width fields spelled u64/u32/s32/s64 (bcc decodes ring-buffer events by these type
  * names), explicit padding, sizes checked at compile time. User space gets the layouts of
  * maps and events from bcc (it derives them from the compiled program) and unpacks
- * struct sched_task with the format in the collector; the enum values and the record size
- * are mirrored in the collector and checked against this file by a test.
+ * struct sched_task with the format in the collector (its size checked against this file by a
+ * test); the collector reads the enum values and SCHED_HIST_SLOTS from this file.
  *
  * Per-thread times are the kernel's own books, read when asked (the task iterator) and when
  * a thread exits, never kept per switch (all ns, since the thread started):

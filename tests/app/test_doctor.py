@@ -315,6 +315,45 @@ def test_tcp_port_free_and_in_use() -> None:
     )
 
 
+_HOLDER = """
+import socket, sys, time
+tcp = socket.socket()
+tcp.bind(("127.0.0.1", 0))
+tcp.listen()
+if sys.argv[1]:  # the agent serves its gRPC socket too
+    unix = socket.socket(socket.AF_UNIX)
+    unix.bind(sys.argv[1])
+    unix.listen()
+print(tcp.getsockname()[1], flush=True)
+time.sleep(60)
+"""
+
+
+def test_tcp_port_held_by_the_running_agent_is_said_to_be_its(tmp_path: Path) -> None:
+    """The legacy port in use by the process that serves the gRPC socket is the agent's own
+    (the doctor said "another process" of a running agent)."""
+    sock = str(tmp_path / "agent.sock")
+    agent = subprocess.Popen([sys.executable, "-c", _HOLDER, sock], stdout=subprocess.PIPE)
+    other = subprocess.Popen([sys.executable, "-c", _HOLDER, ""], stdout=subprocess.PIPE)
+    try:
+        assert agent.stdout is not None and other.stdout is not None
+        agent_port, other_port = int(agent.stdout.readline()), int(other.stdout.readline())
+        mine = check_tcp_port("127.0.0.1", agent_port, agent_socket=sock)
+        assert format_check(mine) == (
+            f"ok      legacy-rpc-port: 127.0.0.1:{agent_port} in use by the running agent "
+            f"(pid {agent.pid}, which serves {sock})"
+        )
+        theirs = check_tcp_port("127.0.0.1", other_port, agent_socket=sock)
+        assert format_check(theirs).startswith(
+            f"warn    legacy-rpc-port: 127.0.0.1:{other_port} in use by another process (a "
+            "running agent, or dynolog?)"
+        )
+    finally:
+        for p in (agent, other):
+            p.kill()
+            p.wait()
+
+
 def test_run_checks_on_this_machine(tmp_path: Path) -> None:
     # A fresh process, so that nothing other tests loaded (a fake NVML) changes the answers.
     out = _python_in_child(

@@ -56,8 +56,8 @@ def address(i: int) -> str:
 
 def serve(first: int, count: int, port: int, pki: Path) -> None:
     """Serve nodes ``first .. first + count - 1`` until SIGTERM; print "ready" once bound."""
+    from bpfdyno.app.catalog import CATALOG
     from bpfdyno.app.daemon import Daemon
-    from bpfdyno.core.catalog import CATALOG
     from bpfdyno.core.config import load
     from bpfdyno.core.metrics import MetricSpec, Sample, sample
     from bpfdyno.services.agent import AgentService

@@ -34,8 +34,8 @@ from pathlib import Path
 
 from bpfdyno.app.tracing import TracingComponent
 from bpfdyno.core.config import load
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.services.tracing import TraceRequest
-from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.traces import ProcState
 
 TRAINERS = Path(__file__).resolve().parents[1] / "tracing" / "trainers"
@@ -97,7 +97,7 @@ async def measure(args: argparse.Namespace) -> list[dict[str, float]]:
             before = rss_mb(pid)
             res = comp.service.start_trace(
                 TraceRequest(
-                    options=TraceOptions(
+                    options=TraceSpec(
                         log_file=str(traces / f"m{seconds}.json"),
                         duration_ms=int(seconds * 1000),
                         with_stacks=True,

@@ -6,8 +6,9 @@ import orjson
 import pytest
 from google.protobuf.json_format import MessageToDict
 
-from bpfdyno.cli.output import message_dict, print_json
+from bpfdyno.cli.output import print_json
 from bpfdyno.rpc.v1 import agent_pb2, kernel_pb2, tracing_pb2
+from bpfdyno.rpc.wire import message_dict
 
 BIG = 2**53 + 1  # not exact as a double: must travel as an integer
 

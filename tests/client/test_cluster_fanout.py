@@ -17,7 +17,8 @@ import grpc
 import pytest
 
 from bpfdyno.app.daemon import Daemon
-from bpfdyno.client.cluster import FanOut, HostErrorKind, Node, measure_clock
+from bpfdyno.client.cluster import FanOut, Node, measure_clock
+from bpfdyno.client.errors import ErrorKind
 from bpfdyno.core.config import load
 from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc
 from bpfdyno.server.agent import AgentServicer
@@ -99,12 +100,12 @@ async def test_one_result_per_host_in_order_whatever_each_host_does(
     assert [r.node for r in results] == [*nodes, closed]
     assert [r.ok for r in results] == [True, True, True, True, False, True, False]
     hung, refused = results[4], results[6]
-    assert hung.error is not None and hung.error.kind is HostErrorKind.TIMEOUT
+    assert hung.error is not None and hung.error.kind is ErrorKind.TIMEOUT
     assert hung.error.message == (
         f"no answer from the agent at {nodes[4].target} within 1 s (overloaded, or a firewall "
         "drops the packets?); raise the per-host timeout if it is just slow"
     )
-    assert refused.error is not None and refused.error.kind is HostErrorKind.UNREACHABLE
+    assert refused.error is not None and refused.error.kind is ErrorKind.UNREACHABLE
     assert "Connection refused" in refused.error.message
     for r in results:
         if r.ok:

@@ -14,9 +14,12 @@ from bpfdyno.app.daemon import Daemon
 from bpfdyno.client.cluster import FanOut, Node
 from bpfdyno.client.cluster.summary import SUMMARY_METRICS, SummaryPoller, summarize_node
 from bpfdyno.core.config import load
+from bpfdyno.rpc.agent import AgentStatus, MetricsSnapshot
+from bpfdyno.rpc.traces import Trainer
 from bpfdyno.rpc.v1 import agent_pb2 as apb
 from bpfdyno.rpc.v1 import agent_pb2_grpc, tracing_pb2_grpc
 from bpfdyno.rpc.v1 import tracing_pb2 as tpb
+from bpfdyno.rpc.wire import from_pb
 from bpfdyno.server.agent import AgentServicer
 from bpfdyno.server.tracing import TracingServicer
 from bpfdyno.services.agent import AgentService
@@ -37,6 +40,14 @@ def series(name: str, value: float, **labels: str) -> apb.Series:
 
 def status(*collectors: apb.CollectorStatus) -> apb.Status:
     return apb.Status(hostname="gpu-node-1", version="0.1.0", collectors=collectors)
+
+
+def records(
+    st: apb.Status, snap: apb.MetricsSnapshot, trainers: tpb.ListTrainersResponse | None
+) -> tuple[AgentStatus, MetricsSnapshot, list[Trainer] | None]:
+    """The agent's answers as `AgentClient` hands them over."""
+    listed = None if trainers is None else [from_pb(Trainer, t) for t in trainers.trainers]
+    return from_pb(AgentStatus, st), from_pb(MetricsSnapshot, snap), listed
 
 
 def test_a_big_node_boils_down_to_its_row() -> None:
@@ -78,7 +89,7 @@ def test_a_big_node_boils_down_to_its_row() -> None:
             tpb.Trainer(pid=3, job_id=8, state=tpb.TRAINER_STATE_TRACING),  # another job
         ]
     )
-    row = summarize_node(NODE, st, snap, trainers, NODE.job_ids, elapsed_s=0.01)
+    row = summarize_node(NODE, *records(st, snap, trainers), NODE.job_ids, elapsed_s=0.01)
     assert (row.hostname, row.version, row.ts, row.up) == ("gpu-node-1", "0.1.0", 100.0, True)
     assert row.agent_state == "degraded"
     assert row.problems == ("net: degraded: ring buffer full",)
@@ -100,7 +111,7 @@ def test_what_a_node_does_not_have_is_unknown_not_zero() -> None:
         series=[series("cpu_utilization_ratio", 0.5, cpu="total")],
     )
     st = status(apb.CollectorStatus(name="host", state=apb.COLLECTOR_STATE_STARTING))
-    row = summarize_node(NODE, st, snap, None)
+    row = summarize_node(NODE, *records(st, snap, None))
     assert row.agent_state == "starting" and row.gpus == 0
     for value in (
         row.gpu_utilization_ratio,

@@ -56,11 +56,16 @@ async def test_cluster_rows_drill_down_job_trace_and_a_node_going_down(
     async with app.run_test(size=(120, 40)) as pilot:
         state = app.cluster_state
         # -- a row per node, live ----------------------------------------------------------
+        # The agents' capture programs may still be loading on a busy machine ("starting"):
+        # wait for every part to be up, as the rows then say.
         await wait_until(
             pilot,
-            lambda: len(state.nodes) == 2 and all(n.up and n.trainers == 1 for n in state.nodes),
-            30,
-            "both nodes' rows, each with its registered rank",
+            lambda: (
+                len(state.nodes) == 2
+                and all(n.up and n.trainers == 1 and n.agent_state == "ok" for n in state.nodes)
+            ),
+            90,
+            "both nodes' rows, each with its registered rank, every part of its agent ok",
         )
         await pilot.pause(0.6)
         text = screen_text(app)
@@ -105,15 +110,15 @@ async def test_cluster_rows_drill_down_job_trace_and_a_node_going_down(
         await pilot.press("ctrl+s")
         await wait_until(
             pilot,
-            lambda: state.trace is not None and state.trace.finished,
+            lambda: state.trace is not None and state.trace_finished,
             120,
             "the job trace to finish",
         )
         assert state.trace is not None and state.trace.outcome == "all"
         for row, name in zip(state.trace.hosts, names, strict=True):
-            (f,) = row.files
+            (f,) = row.files()
             (rank,) = agents[name].trainers(job_id)
-            assert (row.host, row.outcome, f.pid, f.state) == (name, "ok", rank.pid, "written")
+            assert (row.node.name, row.outcome, f.pid, f.state) == (name, "ok", rank.pid, "written")
             assert f.path == str(trace_dir / f"tui_{rank.pid}.json")
             assert f.size_bytes == os.path.getsize(f.path)
         await pilot.pause(0.3)

@@ -23,7 +23,7 @@ from otlp_receiver import (
     self_signed,
 )
 
-from bpfdyno.core.catalog import CATALOG
+from bpfdyno.app.catalog import CATALOG
 from bpfdyno.core.config import OtlpSection
 from bpfdyno.core.histogram import log2_export_buckets
 from bpfdyno.core.metrics import HistogramSample, Round, Sample, sample

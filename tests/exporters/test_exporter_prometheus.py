@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from export_harness import AgentProcess, PrometheusServer, build_fake_nvml, free_port, wait_for
 
-from bpfdyno.core.catalog import CATALOG
+from bpfdyno.app.catalog import CATALOG
 from bpfdyno.core.metrics import MetricKind
 from bpfdyno.exporters.prometheus import help_text
 from bpfdyno.sources.procs.metrics import PROCESS_LABELS

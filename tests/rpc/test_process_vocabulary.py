@@ -14,9 +14,12 @@ from pathlib import Path
 import pytest
 
 from bpfdyno.cli.main import build_parser
+from bpfdyno.cli.ps import format_table
 from bpfdyno.rpc.processes import (
     SORT_KEYS,
     SORT_WORDS,
+    THREAD_COLUMNS,
+    ProcessList,
     ProcessRow,
     QueryError,
     filter_rows,
@@ -24,6 +27,7 @@ from bpfdyno.rpc.processes import (
     row_from_pb,
     row_to_pb,
     sort_rows,
+    threads_text,
 )
 from bpfdyno.rpc.v1 import kernel_pb2
 from bpfdyno.tui.widgets.processes import PROCESS_COLUMNS, ProcessesView
@@ -199,3 +203,42 @@ def test_the_proto_documents_every_sort_word() -> None:
     text = proto.read_text()
     comment = text[text.index("message ListProcessesRequest") : text.index("string sort_by")]
     assert {w for w in SORT_WORDS if not re.search(rf"\b{w}\b", comment)} == set()
+
+
+def test_scheduler_columns_read_as_threads() -> None:
+    """On-CPU, run-queue and blocked time are thread-seconds per second: a trainer with 44
+    mostly idle threads is "blocked 4402 %", which nobody can read; as threads it is 44."""
+    assert [threads_text(v) for v in (0.99, 0.004, 44.02, 143.4, NAN)] == [
+        "1.0",
+        "0.0",
+        "44.0",
+        "143",
+        "-",
+    ]
+    assert [field for _, field in THREAD_COLUMNS] == [
+        "oncpu_ratio",
+        "runq_wait_ratio",
+        "offcpu_blocked_ratio",
+    ]
+
+
+def test_ps_and_the_ui_show_a_many_threaded_trainer_in_threads() -> None:
+    trainer = ProcessRow(
+        4242,
+        user="ann",
+        cmdline="python train.py",
+        cpu_ratio=0.99,
+        rss_bytes=3 << 30,
+        oncpu_ratio=0.99,
+        runq_wait_ratio=0.004,
+        offcpu_blocked_ratio=44.02,
+        num_threads=45,
+    )
+    header, row, footer = format_table(ProcessList((trainer,), 1.0, 300)).splitlines()
+    assert header.split()[:7] == ["PID", "USER", "CPU%", "RSS", "ONCPU", "RUNQ", "BLOCK"]
+    assert row.split()[:7] == ["4242", "ann", "99.0", "3.0G", "1.0", "0.0", "44.0"]
+    assert footer == (
+        "1 of 300 processes (ONCPU, RUNQ, BLOCK: threads on a CPU, waiting for one, blocked)"
+    )
+    cells = {c.key: c.cell(trainer) for c in PROCESS_COLUMNS}
+    assert [cells[f] for _, f in THREAD_COLUMNS] == ["1.0", "0.0", "44.0"]

@@ -8,7 +8,6 @@ import dataclasses
 from bpfdyno.rpc.traces import DEFAULT_PROCESS_LIMIT, TraceSpec, spec_from_pb, spec_to_pb
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.server.tracing import request_from_pb
-from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.requests import TraceRequest
 
 
@@ -60,13 +59,16 @@ def test_the_agent_reads_a_message_as_before() -> None:
         job_id=7,
         pids=(1, 2),
         process_limit=3,
-        options=TraceOptions(
+        options=TraceSpec(  # the request as it is: its profiler options build the config
             log_file="/tmp/x.json",
             duration_ms=500,
             iterations=3,
-            start_time_ms=0,
-            start_iteration_roundup=1,
+            profile_start_time_ms=0,
+            profile_start_iteration_roundup=1,
             with_flops=True,
+            pids=(1, 2),
+            job_id=7,
+            timeout_seconds=9.0,
         ),
         timeout_s=9.0,
     )

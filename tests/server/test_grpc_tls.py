@@ -19,7 +19,9 @@ import grpc
 import pytest
 
 from bpfdyno.app.daemon import Daemon
-from bpfdyno.client.connection import aio_channel, channel
+from bpfdyno.client.agent import AgentClient
+from bpfdyno.client.connection import aio_channel
+from bpfdyno.client.errors import AgentError, ErrorKind
 from bpfdyno.core.config import ConfigError, load
 from bpfdyno.rpc.v1 import agent_pb2 as pb
 from bpfdyno.rpc.v1 import agent_pb2_grpc as pb_grpc
@@ -177,23 +179,27 @@ async def test_token_over_tls(
         assert (err.code(), err.details()) == (grpc.StatusCode.UNAUTHENTICATED, MISSING_TOKEN)
 
 
-async def test_token_over_tls_on_a_blocking_channel(
-    token_agent: Served, pki: Pki, monkeypatch: pytest.MonkeyPatch
+async def test_token_over_tls_with_the_agent_client(
+    token_agent: Served, pki: Pki, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The CLI's blocking channels carry the token on unary and streaming calls alike."""
+    """`AgentClient` (every command's client) carries the token on unary and streaming calls
+    alike."""
     monkeypatch.setenv("BPFDYNO_TLS_CA", str(pki.ca))
     monkeypatch.setenv("BPFDYNO_TOKEN_FILE", str(pki.token))
-
-    def calls() -> tuple[int, grpc.StatusCode]:
-        with channel(token_agent.addr) as ch:
-            stub = pb_grpc.AgentStub(ch)
-            pid = stub.GetStatus(pb.GetStatusRequest(), timeout=5).pid
-            with pytest.raises(grpc.RpcError) as ei:
-                for _ in stub.StreamMetrics(pb.StreamMetricsRequest(), timeout=1):
+    async with AgentClient(token_agent.addr) as agent:
+        assert (await agent.status()).pid == os.getpid()
+        with pytest.raises(TimeoutError):  # authorized: the stream is open, only idle
+            async with asyncio.timeout(1):
+                async for _ in agent.stream_metrics():
                     pass
-            return pid, ei.value.code()
-
-    assert await asyncio.to_thread(calls) == (os.getpid(), grpc.StatusCode.DEADLINE_EXCEEDED)
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("s3cret-token-0123456788")
+    monkeypatch.setenv("BPFDYNO_TOKEN_FILE", str(wrong))
+    async with AgentClient(token_agent.addr) as agent:
+        with pytest.raises(AgentError) as ei:
+            async for _ in agent.stream_metrics():
+                pass
+        assert (ei.value.kind, ei.value.details) == (ErrorKind.UNAUTHENTICATED, WRONG_TOKEN)
 
 
 async def test_plain_text_client_is_refused(token_agent: Served) -> None:
@@ -250,7 +256,7 @@ async def test_cli_status_over_tls(token_agent: Served, pki: Pki, tmp_path: Path
     wrong.write_text("nope")
     rc, out, err = await _cli_status(token_agent.addr, {**env, "BPFDYNO_TOKEN_FILE": str(wrong)})
     assert (rc, out) == (1, "")
-    assert err == f"bpfdyno: agent at {token_agent.addr} answered UNAUTHENTICATED: {WRONG_TOKEN}\n"
+    assert err == f"bpfdyno: refused the credentials: {WRONG_TOKEN}\n"
 
     missing = str(tmp_path / "missing")
     rc, out, err = await _cli_status(token_agent.addr, {**env, "BPFDYNO_TOKEN_FILE": missing})

@@ -26,9 +26,9 @@ from tui_helpers import wait_until, widget_text
 
 from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc, kernel_pb2, kernel_pb2_grpc
 from bpfdyno.tui.app import TopApp
-from bpfdyno.tui.datasource import GrpcDataSource, RecordedDataSource
+from bpfdyno.tui.datasource import AgentDataSource
 from bpfdyno.tui.fmt import fmt_bytes, fmt_clock
-from bpfdyno.tui.recorded import load_recording
+from bpfdyno.tui.recorded import RecordedDataSource, load_recording
 from bpfdyno.tui.recorder import record, save_recording
 from bpfdyno.tui.screens.trace import TraceScreen
 from bpfdyno.tui.widgets.overview import LABEL
@@ -136,7 +136,7 @@ def _online_cpus() -> list[str]:
 
 
 async def test_live_agent_views(agent: Agent) -> None:
-    app = TopApp(GrpcDataSource(agent.sock), refresh_s=0.2, retry_s=(0.2, 0.5))
+    app = TopApp(AgentDataSource(agent.sock), refresh_s=0.2, retry_s=(0.2, 0.5))
     async with app.run_test(size=(120, 40)) as pilot:
         m = app.state.metrics
         await wait_until(
@@ -195,7 +195,7 @@ async def test_live_agent_views(agent: Agent) -> None:
 
 
 async def test_agent_restart_is_reported_and_reconnected(agent: Agent) -> None:
-    app = TopApp(GrpcDataSource(agent.sock), refresh_s=0.2, retry_s=(0.2, 0.5))
+    app = TopApp(AgentDataSource(agent.sock), refresh_s=0.2, retry_s=(0.2, 0.5))
     async with app.run_test(size=(200, 30)) as pilot:
         await wait_until(pilot, lambda: app.state.connection.connected, 20, "connected")
         first_start = app.state.connection.agent_started_ts
@@ -217,7 +217,7 @@ async def test_agent_restart_is_reported_and_reconnected(agent: Agent) -> None:
 
 
 async def test_record_then_replay(agent: Agent, tmp_path: Path) -> None:
-    source = GrpcDataSource(agent.sock)
+    source = AgentDataSource(agent.sock)
     try:
         rec = await record(source, seconds=2.0, interval_s=1.0)
     finally:
@@ -228,7 +228,7 @@ async def test_record_then_replay(agent: Agent, tmp_path: Path) -> None:
     assert len(back.frames) == 2
     assert all(any(r.collector == "host" for r in f.rounds) for f in back.frames)
     if agent.serves_kernel():
-        assert all(f.processes is not None and f.processes.rows for f in back.frames)
+        assert all(f.processes is not None and f.processes.processes for f in back.frames)
     else:
         assert dict(back.unavailable)["processes"].endswith(
             "(an older agent, or that part is turned off in its configuration)"
@@ -274,7 +274,7 @@ async def test_trace_a_real_trainer_from_the_form(agent: Agent, tmp_path: Path) 
     traces = tmp_path / "traces"
     traces.mkdir()
     try:
-        app = TopApp(GrpcDataSource(agent.sock), refresh_s=0.2, retry_s=(0.2, 0.5))
+        app = TopApp(AgentDataSource(agent.sock), refresh_s=0.2, retry_s=(0.2, 0.5))
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_until(pilot, lambda: app.state.connection.connected, 20, "connected")
             await pilot.press("3")
@@ -296,7 +296,7 @@ async def test_trace_a_real_trainer_from_the_form(agent: Agent, tmp_path: Path) 
             await wait_until(pilot, finished, 90, "the trace to finish")
             st = app.state.last_trace
             assert st is not None
-            procs = {p.pid: p for p in st.processes}
+            procs = {p.pid: p for p in st.lines()}
             expected = traces / f"t_{pid}.json"
             assert procs[pid].state == "written", procs[pid]
             assert procs[pid].path == str(expected)

@@ -6,14 +6,21 @@ import io
 
 from rich.console import Console
 
+from bpfdyno.rpc.traces import TraceStart, TraceStatus
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
-from bpfdyno.tui.convert_tracing import trace_from_pb
+from bpfdyno.rpc.wire import from_pb
+from bpfdyno.tui.model import TraceProgress
 from bpfdyno.tui.widgets.trainers import trace_table
+
+
+def progress(status: pb.TraceStatus) -> TraceProgress:
+    """The UI's view of a trace whose state the agent sent as ``status``."""
+    return TraceProgress(TraceStart(status.trace_id), from_pb(TraceStatus, status))
 
 
 def rendered(status: pb.TraceStatus) -> str:
     console = Console(width=160, file=io.StringIO(), record=True, color_system=None)
-    console.print(trace_table(trace_from_pb(status)))
+    console.print(trace_table(progress(status)))
     return console.export_text()
 
 
@@ -55,13 +62,13 @@ def test_merged_not_merged_and_merging() -> None:
             pb.ProcessTrace(pid=14, state=pb.PROCESS_TRACE_STATE_WRITTEN, output_path="/t/x"),
         ],
     )
-    record = trace_from_pb(status)
-    assert [p.state for p in record.processes] == ["written", "written", "merging", "written"]
-    assert record.processes[0].kernel_tracks == (
+    lines = progress(status).lines()
+    assert [p.state for p in lines] == ["written", "written", "merging", "written"]
+    assert lines[0].kernel_tracks == (
         "kernel tracks net,sched merged (812 events, 3 records lost); "
         "nccl: process 11 maps no libnccl"
     )
-    assert record.processes[3].kernel_tracks == ""
+    assert lines[3].kernel_tracks == ""
     text = rendered(status)
     assert "kernel tracks net,sched merged (812 events, 3 records lost)" in text
     assert (

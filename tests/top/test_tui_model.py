@@ -7,7 +7,17 @@ from __future__ import annotations
 
 import math
 
-from bpfdyno.rpc.processes import ProcessRow
+from bpfdyno.rpc.agent import Label, MetricKind, MetricSpec, MetricsSnapshot, Point, Series
+from bpfdyno.rpc.kernel import KernelEvent
+from bpfdyno.rpc.processes import ProcessList, ProcessRow
+from bpfdyno.rpc.traces import (
+    ProcessTrace,
+    ProcessTraceState,
+    SkippedProcess,
+    TraceStart,
+    TraceStatus,
+    TriggeredProcess,
+)
 from bpfdyno.tui.fmt import (
     bar,
     fmt_bytes,
@@ -19,21 +29,16 @@ from bpfdyno.tui.fmt import (
     sparkline,
     unit_from_name,
 )
-from bpfdyno.tui.model import EventLog, MetricsModel, ProcessHistory
-from bpfdyno.tui.records import (
-    KernelEventInfo,
-    MetricSpecInfo,
-    MetricsRound,
-    MetricValue,
-    ProcessTable,
-    SeriesPoints,
-)
+from bpfdyno.tui.model import EventLog, MetricsModel, ProcessHistory, TraceLine, TraceProgress
 
 NAN = float("nan")
 
 
-def _round(ts: float, *values: tuple[str, tuple[tuple[str, str], ...], float]) -> MetricsRound:
-    return MetricsRound(ts, "host", tuple(MetricValue(n, lab, v) for n, lab, v in values))
+def _round(ts: float, *values: tuple[str, tuple[tuple[str, str], ...], float]) -> MetricsSnapshot:
+    series = tuple(
+        Series(n, tuple(Label(*pair) for pair in lab), (Point(ts, v),)) for n, lab, v in values
+    )
+    return MetricsSnapshot(ts, "host", series)
 
 
 def test_metrics_latest_history_and_label_order() -> None:
@@ -61,7 +66,7 @@ def test_metrics_nan_is_not_stored_and_stale_series_disappear() -> None:
 
 def test_metrics_window_then_stream_keeps_each_timestamp_once() -> None:
     m = MetricsModel()
-    m.apply_window([SeriesPoints("load_average_1m", (), ((10.0, 1.0), (11.0, 2.0)))])
+    m.apply_window([Series("load_average_1m", (), (Point(10.0, 1.0), Point(11.0, 2.0)))])
     m.apply_round(_round(11.0, ("load_average_1m", (), 2.0)))
     m.apply_round(_round(12.0, ("load_average_1m", (), 3.0)))
     assert m.history("load_average_1m") == [1.0, 2.0, 3.0]
@@ -70,7 +75,7 @@ def test_metrics_window_then_stream_keeps_each_timestamp_once() -> None:
 
 def test_label_values_natural_order_and_units() -> None:
     m = MetricsModel()
-    m.set_specs([MetricSpecInfo("cpu_utilization_ratio", "ratio", "ratio", labels=("cpu",))])
+    m.set_specs([MetricSpec("cpu_utilization_ratio", MetricKind.RATIO, "ratio", labels=("cpu",))])
     m.apply_round(
         _round(
             1.0,
@@ -97,23 +102,55 @@ ROWS = [
 
 def test_event_log_bounded_counts_and_kinds() -> None:
     log = EventLog(maxlen=3)
-    log.add(
-        KernelEventInfo(i, kind) for i, kind in enumerate(["exec", "tcp_reset", "exec", "exit"])
-    )
-    assert [e.ts_ns for e in log.newest_first()] == [3, 2, 1]
-    assert [e.ts_ns for e in log.newest_first(["tcp_"])] == [1]
+    log.add(KernelEvent(i, kind) for i, kind in enumerate(["exec", "tcp_reset", "exec", "exit"]))
+    assert [e.unix_ns for e in log.newest_first()] == [3, 2, 1]
+    assert [e.unix_ns for e in log.newest_first(["tcp_"])] == [1]
     assert dict(log.counts) == {"exec": 2, "tcp_reset": 1, "exit": 1}
 
 
 def test_process_history_follows_one_pid_and_marks_absence() -> None:
     h = ProcessHistory(12)
-    h.add(ProcessTable(1.0, tuple(ROWS), 4))
-    h.add(ProcessTable(1.0, tuple(ROWS), 4))  # the same table again: ignored
-    h.add(ProcessTable(2.0, (ROWS[0],), 4))
+    h.add(ProcessList(tuple(ROWS), 1.0, 4))
+    h.add(ProcessList(tuple(ROWS), 1.0, 4))  # the same table again: ignored
+    h.add(ProcessList((ROWS[0],), 2.0, 4))
     first, second = h.cpu
     assert first == 0.9
     assert math.isnan(second)
     assert len(h.rss) == 2
+
+
+def test_a_trace_request_followed_from_its_start_to_its_files() -> None:
+    start = TraceStart(
+        "t1",
+        processes_matched=(10, 11, 12),
+        triggered=(TriggeredProcess(10, 7, "/t/a_10.json"),),
+        busy=(SkippedProcess(11, 7, "busy: its profiler is tracing"),),
+        over_limit=(SkippedProcess(12, 7, "over the process limit of 1"),),
+        not_matched=(SkippedProcess(13, 8, "its job id is 8"),),
+    )
+    started = TraceProgress(start)
+    assert (started.state, started.message, started.finished) == (
+        "started",
+        "1 triggered, 1 busy, 1 over the process limit",
+        False,
+    )
+    skipped = [
+        TraceLine(11, "busy", message="busy: its profiler is tracing"),
+        TraceLine(12, "over limit", message="over the process limit of 1"),
+    ]
+    assert started.lines() == [TraceLine(10, "pending", "/t/a_10.json"), *skipped]
+    late = ProcessTrace(10, 7, "/t/a_10.json", ProcessTraceState.TIMED_OUT, "no file after 60 s")
+    done = TraceProgress(start, TraceStatus("t1", processes=(late,), done=True))
+    assert (done.state, done.message, done.finished) == ("failed", "0 written, 1 failed", True)
+    # The watch reports the triggered process only; who was skipped stays listed.
+    assert done.lines() == [
+        TraceLine(10, "timed out", "/t/a_10.json", None, "no file after 60 s"),
+        *skipped,
+    ]
+    nothing = TraceProgress(TraceStart("t2", not_matched=start.not_matched))
+    assert (nothing.state, nothing.finished) == ("nothing traced", True)
+    assert nothing.message == "0 triggered, no registered process matched"
+    assert nothing.lines() == [TraceLine(13, "not matched", message="its job id is 8")]
 
 
 def test_formatting_by_unit() -> None:

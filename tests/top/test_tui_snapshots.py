@@ -16,9 +16,9 @@ from textual.pilot import Pilot
 from tui_helpers import assert_snapshot, make_app, settle, settled_screen, wait_until
 from tui_synthetic import make_recording
 
+from bpfdyno.rpc.processes import ProcessList
 from bpfdyno.tui.app import TopApp
 from bpfdyno.tui.recorded import Frame, RecordedDataSource
-from bpfdyno.tui.records import ProcessTable
 from bpfdyno.tui.screens.help import HelpScreen
 from bpfdyno.tui.screens.process import ProcessScreen
 from bpfdyno.tui.screens.trace import TraceScreen
@@ -56,7 +56,7 @@ async def _show(pilot: Pilot[Any], app: TopApp, source: RecordedDataSource, key:
         last = source.recording.frames[-1].ts
         await wait_until(
             pilot,
-            lambda: app.state.processes is not None and app.state.processes.ts == last,
+            lambda: app.state.processes is not None and app.state.processes.unix_seconds == last,
             what="the last process table",
         )
     if key == "3":
@@ -123,7 +123,7 @@ async def test_empty_agent() -> None:
     """An agent that just started: no rounds yet, no processes, trainers or events."""
     rec = make_recording(processes=0, frames=1, gpus=0, trainer_count=0, with_events=False)
     ts = rec.frames[0].ts
-    empty = Frame(ts=ts, rounds=(), processes=ProcessTable(ts, (), 0), trainers=())
+    empty = Frame(ts=ts, rounds=(), processes=ProcessList((), ts, 0), trainers=())
     rec = replace(rec, frames=(empty,), history=())
     app, source = make_app(rec)
     async with app.run_test(size=SMALL) as pilot:
@@ -141,11 +141,7 @@ async def test_degraded_agent() -> None:
         gpus=0,
         gpu_state="unavailable",
         gpu_reason=NO_GPU,
-        unavailable=(
-            ("processes", NO_KERNEL),
-            ("events", NO_KERNEL),
-            ("trainers", NO_TRACING),
-        ),
+        unavailable={"processes": NO_KERNEL, "events": NO_KERNEL, "trainers": NO_TRACING},
     )
     app, source = make_app(rec)
     async with app.run_test(size=SMALL) as pilot:

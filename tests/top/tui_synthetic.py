@@ -10,115 +10,51 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from bpfdyno.rpc.processes import ProcessRow
-from bpfdyno.tui.recorded import Frame, Recording
-from bpfdyno.tui.records import (
+from bpfdyno.app.catalog import CATALOG
+from bpfdyno.rpc.agent import (
     AgentStatus,
-    CollectorInfo,
-    KernelEventInfo,
-    MetricSpecInfo,
-    MetricsRound,
-    MetricValue,
-    ProcessTable,
-    SeriesPoints,
-    TraceProcess,
-    TraceStatus,
-    TrainerInfo,
+    CollectorState,
+    CollectorStatus,
+    Label,
+    MetricSpec,
+    MetricsSnapshot,
+    Point,
+    Series,
 )
+from bpfdyno.rpc.kernel import KernelEvent
+from bpfdyno.rpc.processes import ProcessList, ProcessRow
+from bpfdyno.rpc.traces import (
+    ProcessTrace,
+    ProcessTraceState,
+    TraceStart,
+    TraceStatus,
+    Trainer,
+    TrainerRole,
+    TrainerState,
+    TriggeredProcess,
+)
+from bpfdyno.rpc.wire import from_pb, to_pb
+from bpfdyno.tui.recorded import Frame, Recording
 
 BASE_TS = 1_700_000_000.0
 NAN = float("nan")
 
-SPECS = (
-    *(
-        MetricSpecInfo(f"cpu_{s}_ratio", "ratio", "ratio", labels=("cpu",), source="host")
-        for s in ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
-    ),
-    MetricSpecInfo("cpu_utilization_ratio", "ratio", "ratio", labels=("cpu",), source="host"),
-    MetricSpecInfo("context_switches_per_second", "rate", "1/s", source="host"),
-    MetricSpecInfo("forks_per_second", "rate", "1/s", source="host"),
-    MetricSpecInfo("procs_running", "gauge", "tasks", source="host"),
-    MetricSpecInfo("procs_blocked", "gauge", "tasks", source="host"),
-    MetricSpecInfo("memory_total_bytes", "gauge", "bytes", source="host"),
-    MetricSpecInfo("memory_used_bytes", "gauge", "bytes", source="host"),
-    MetricSpecInfo("memory_available_bytes", "gauge", "bytes", source="host"),
-    MetricSpecInfo("memory_cached_bytes", "gauge", "bytes", source="host"),
-    MetricSpecInfo("memory_buffers_bytes", "gauge", "bytes", source="host"),
-    MetricSpecInfo("swap_total_bytes", "gauge", "bytes", source="host"),
-    MetricSpecInfo("swap_used_bytes", "gauge", "bytes", source="host"),
-    *(
-        MetricSpecInfo(f"load_average_{s}", "gauge", "tasks", source="host")
-        for s in ("1m", "5m", "15m")
-    ),
-    MetricSpecInfo("processes_total", "gauge", "processes", source="host"),
-    MetricSpecInfo("threads_total", "gauge", "threads", source="host"),
-    MetricSpecInfo("uptime_seconds", "gauge", "seconds", source="host"),
-    *(
-        MetricSpecInfo(f"disk_{k}_per_second", "rate", u, labels=("device",), source="host")
-        for k, u in (
-            ("read_bytes", "bytes/s"),
-            ("write_bytes", "bytes/s"),
-            ("reads", "1/s"),
-            ("writes", "1/s"),
-        )
-    ),
-    MetricSpecInfo("disk_busy_ratio", "ratio", "ratio", labels=("device",), source="host"),
-    *(
-        MetricSpecInfo(f"net_{k}_per_second", "rate", u, labels=("interface",), source="host")
-        for k, u in (
-            ("rx_bytes", "bytes/s"),
-            ("tx_bytes", "bytes/s"),
-            ("rx_packets", "1/s"),
-            ("tx_packets", "1/s"),
-            ("rx_drops", "1/s"),
-            ("rx_errors", "1/s"),
-        )
-    ),
-    MetricSpecInfo("agent_cpu_ratio", "ratio", "ratio", source="self"),
-    MetricSpecInfo("agent_rss_bytes", "gauge", "bytes", source="self"),
-    MetricSpecInfo("agent_threads", "gauge", "threads", source="self"),
-    MetricSpecInfo("agent_open_fds", "gauge", "fds", source="self"),
-    MetricSpecInfo(
-        "bpf_program_run_ns_per_event", "gauge", "ns", labels=("program",), source="sched"
-    ),
-    MetricSpecInfo(
-        "bpf_program_runs_per_second", "rate", "1/s", labels=("program",), source="sched"
-    ),
-    MetricSpecInfo(
-        "sched_runqueue_latency_seconds", "gauge", "seconds", labels=("quantile",), source="sched"
-    ),
-    MetricSpecInfo(
-        "sched_context_switches_per_second", "rate", "1/s", labels=("cpu",), source="sched"
-    ),
-    MetricSpecInfo("sched_migrations_per_second", "rate", "1/s", source="sched"),
-    MetricSpecInfo("sched_execs_per_second", "rate", "1/s", source="sched"),
-    MetricSpecInfo("net_tcp_sent_bytes_per_second", "rate", "bytes/s", source="net"),
-    MetricSpecInfo("net_tcp_received_bytes_per_second", "rate", "bytes/s", source="net"),
-    MetricSpecInfo("net_tcp_retransmits_per_second", "rate", "1/s", source="net"),
-    MetricSpecInfo("net_tcp_resets_per_second", "rate", "1/s", labels=("direction",), source="net"),
-    MetricSpecInfo("net_drops_per_second", "rate", "1/s", labels=("reason",), source="net"),
-    MetricSpecInfo("net_tcp_established_connections", "gauge", "connections", source="net"),
-    MetricSpecInfo("net_tcp_srtt_seconds", "gauge", "seconds", labels=("stat",), source="net"),
-    MetricSpecInfo(
-        "gpu_info", "gauge", "info", labels=("gpu", "uuid", "name", "pci_bus_id"), source="gpu"
-    ),
-    *(
-        MetricSpecInfo(name, "gauge", unit, labels=("gpu", "uuid"), source="gpu")
-        for name, unit in (
-            ("gpu_up", "boolean"),
-            ("gpu_utilization_ratio", "ratio"),
-            ("gpu_memory_used_bytes", "bytes"),
-            ("gpu_memory_total_bytes", "bytes"),
-            ("gpu_power_watts", "watts"),
-            ("gpu_power_limit_watts", "watts"),
-            ("gpu_temperature_celsius", "celsius"),
-            ("gpu_sm_active_ratio", "ratio"),
-            ("gpu_sm_occupancy_ratio", "ratio"),
-            ("gpu_tensor_active_ratio", "ratio"),
-            ("gpu_dram_bw_util_ratio", "ratio"),
-        )
-    ),
-)
+
+#: One series' value in a round: (name, label pairs, value).
+MetricValue = tuple[str, tuple[tuple[str, str], ...], float]
+
+
+def MetricsRound(ts: float, collector: str, values: tuple[MetricValue, ...]) -> MetricsSnapshot:
+    """One streamed round: each value a one-point series."""
+    series = tuple(
+        Series(name, tuple(Label(k, v) for k, v in labels), (Point(ts, value),))
+        for name, labels, value in values
+    )
+    return MetricsSnapshot(ts, collector, series)
+
+
+#: What the synthetic agent declares: the daemon's own catalog, as ``ListMetricSpecs`` sends it.
+SPECS = tuple(from_pb(MetricSpec, to_pb(spec, MetricSpec)) for spec in CATALOG)
 
 GIB = 1 << 30
 
@@ -133,7 +69,7 @@ def host_round(i: int, ts: float, cores: int) -> MetricsRound:
     v: list[MetricValue] = []
 
     def add(name: str, value: float, **labels: str) -> None:
-        v.append(MetricValue(name, tuple(labels.items()), value))
+        v.append((name, tuple(labels.items()), value))
 
     for c in [*(str(n) for n in range(cores)), "total"]:
         util = wave(i, 20, 0.1, 0.9, phase=0 if c == "total" else int(c))
@@ -184,10 +120,10 @@ def self_round(i: int, ts: float) -> MetricsRound:
         ts,
         "self",
         (
-            MetricValue("agent_cpu_ratio", (), wave(i, 12, 0.004, 0.012)),
-            MetricValue("agent_rss_bytes", (), 96.0 * (1 << 20) + 4096 * i),
-            MetricValue("agent_threads", (), 9.0),
-            MetricValue("agent_open_fds", (), 31.0),
+            ("agent_cpu_ratio", (), wave(i, 12, 0.004, 0.012)),
+            ("agent_rss_bytes", (), 96.0 * (1 << 20) + 4096 * i),
+            ("agent_threads", (), 9.0),
+            ("agent_open_fds", (), 31.0),
         ),
     )
 
@@ -195,19 +131,16 @@ def self_round(i: int, ts: float) -> MetricsRound:
 def bpf_round(i: int, ts: float, cores: int = 8) -> MetricsRound:
     """The sched collector's round: run-queue latency, switches, BPF run statistics."""
     v = [
-        MetricValue("sched_runqueue_latency_seconds", (("quantile", "0.5"),), 12e-6),
-        MetricValue("sched_runqueue_latency_seconds", (("quantile", "0.99"),), 1.25e-3),
-        MetricValue("sched_migrations_per_second", (), 310.0),
-        MetricValue("sched_execs_per_second", (), 3.0),
+        ("sched_runqueue_latency_seconds", (("quantile", "0.5"),), 12e-6),
+        ("sched_runqueue_latency_seconds", (("quantile", "0.99"),), 1.25e-3),
+        ("sched_migrations_per_second", (), 310.0),
+        ("sched_execs_per_second", (), 3.0),
     ]
-    v += [
-        MetricValue("sched_context_switches_per_second", (("cpu", str(c)),), 1500.0)
-        for c in range(cores)
-    ]
+    v += [("sched_context_switches_per_second", (("cpu", str(c)),), 1500.0) for c in range(cores)]
     for prog, ns, runs in (("sched_switch", 92.0, 24_000.0), ("sched_wakeup", 48.0, 9_000.0)):
         labels = (("program", prog),)
-        v.append(MetricValue("bpf_program_run_ns_per_event", labels, ns + (i % 5)))
-        v.append(MetricValue("bpf_program_runs_per_second", labels, runs))
+        v.append(("bpf_program_run_ns_per_event", labels, ns + (i % 5)))
+        v.append(("bpf_program_runs_per_second", labels, runs))
     return MetricsRound(ts, "sched", tuple(v))
 
 
@@ -217,16 +150,16 @@ def net_round(i: int, ts: float) -> MetricsRound:
         ts,
         "net",
         (
-            MetricValue("net_tcp_sent_bytes_per_second", (), wave(i, 10, 1e6, 9e7)),
-            MetricValue("net_tcp_received_bytes_per_second", (), wave(i, 10, 1e6, 4e7, 1)),
-            MetricValue("net_tcp_retransmits_per_second", (), 2.0 if i % 2 == 0 else 0.0),
-            MetricValue("net_tcp_resets_per_second", (("direction", "sent"),), 1.0),
-            MetricValue("net_tcp_resets_per_second", (("direction", "received"),), 0.0),
-            MetricValue("net_drops_per_second", (("reason", "NO_SOCKET"),), 3.0),
-            MetricValue("net_drops_per_second", (("reason", "TCP_CSUM"),), 1.0),
-            MetricValue("net_tcp_established_connections", (), 42.0),
-            MetricValue("net_tcp_srtt_seconds", (("stat", "p50"),), 85e-6),
-            MetricValue("net_tcp_srtt_seconds", (("stat", "max"),), 2.5e-3),
+            ("net_tcp_sent_bytes_per_second", (), wave(i, 10, 1e6, 9e7)),
+            ("net_tcp_received_bytes_per_second", (), wave(i, 10, 1e6, 4e7, 1)),
+            ("net_tcp_retransmits_per_second", (), 2.0 if i % 2 == 0 else 0.0),
+            ("net_tcp_resets_per_second", (("direction", "sent"),), 1.0),
+            ("net_tcp_resets_per_second", (("direction", "received"),), 0.0),
+            ("net_drops_per_second", (("reason", "NO_SOCKET"),), 3.0),
+            ("net_drops_per_second", (("reason", "TCP_CSUM"),), 1.0),
+            ("net_tcp_established_connections", (), 42.0),
+            ("net_tcp_srtt_seconds", (("stat", "p50"),), 85e-6),
+            ("net_tcp_srtt_seconds", (("stat", "max"),), 2.5e-3),
         ),
     )
 
@@ -237,7 +170,7 @@ def gpu_round(i: int, ts: float, gpus: int, gpm: bool = True) -> MetricsRound:
     for g in range(gpus):
         labels = (("gpu", str(g)), ("uuid", f"GPU-{g:08d}-0000-0000-0000-000000000000"))
         info = (*labels, ("name", "NVIDIA H100 80GB HBM3"), ("pci_bus_id", f"0000:{g:02x}:00.0"))
-        v.append(MetricValue("gpu_info", info, 1.0))
+        v.append(("gpu_info", info, 1.0))
         values = {
             "gpu_up": 1.0,
             "gpu_utilization_ratio": wave(i, 8, 0.6, 0.98, phase=g),
@@ -254,7 +187,7 @@ def gpu_round(i: int, ts: float, gpus: int, gpm: bool = True) -> MetricsRound:
                 "gpu_tensor_active_ratio": 0.37,
                 "gpu_dram_bw_util_ratio": 0.55,
             }
-        v += [MetricValue(k, labels, x) for k, x in values.items()]
+        v += [(k, labels, x) for k, x in values.items()]
     return MetricsRound(ts, "gpu", tuple(v))
 
 
@@ -304,62 +237,56 @@ def process_rows(n: int, i: int, trainer_pids: tuple[int, ...] = ()) -> tuple[Pr
     return tuple(rows)
 
 
-def trainers(pids: tuple[int, ...], ts: float) -> tuple[TrainerInfo, ...]:
+def trainers(pids: tuple[int, ...], ts: float) -> tuple[Trainer, ...]:
     """Registered trainers for ``pids`` (all in job 5678)."""
     return tuple(
-        TrainerInfo(
+        Trainer(
             pid=p,
-            job_id="5678",
-            comm="python",
-            state="idle" if n else "tracing",
-            first_seen_ts=BASE_TS - 600,
-            last_poll_ts=ts - 1,
-            ancestors=(p, 900),
+            job_id=5678,
+            state=TrainerState.IDLE if n else TrainerState.TRACING,
+            first_poll_unix_seconds=BASE_TS - 600,
+            last_poll_unix_seconds=ts - 1,
+            ancestors=(900,),
             trace_id="" if n else "t-0001",
-            role="worker",
+            role=TrainerRole.WORKER,
         )
         for n, p in enumerate(pids)
     )
 
 
-def events(i: int, ts: float) -> tuple[KernelEventInfo, ...]:
+def events(i: int, ts: float) -> tuple[KernelEvent, ...]:
     """A few kernel events per frame."""
     ns = int(ts * 1e9)
     out = [
-        KernelEventInfo(
+        KernelEvent(
             ns + 1_000_000,
             "exec",
             20_000 + i,
             20_000 + i,
             "sh",
-            (("filename", "/bin/sh"),),
+            {"filename": "/bin/sh"},
         ),
     ]
     if i % 2 == 0:
         out.append(
-            KernelEventInfo(
+            KernelEvent(
                 ns + 2_000_000,
                 "tcp_retransmit",
                 1007,
                 0,
                 "python",
-                (
-                    ("saddr", "10.0.0.1"),
-                    ("sport", "41000"),
-                    ("daddr", "10.0.0.2"),
-                    ("dport", "29500"),
-                ),
+                {"saddr": "10.0.0.1", "sport": "41000", "daddr": "10.0.0.2", "dport": "29500"},
             )
         )
     if i % 3 == 0:
         out.append(
-            KernelEventInfo(
+            KernelEvent(
                 ns + 3_000_000,
                 "tcp_reset_received",
                 1014,
                 1014,
                 "worker2",
-                (("daddr", "10.0.0.9"), ("dport", "8080")),
+                {"daddr": "10.0.0.9", "dport": "8080"},
             )
         )
     return tuple(out)
@@ -367,44 +294,55 @@ def events(i: int, ts: float) -> tuple[KernelEventInfo, ...]:
 
 def status(gpu_state: str = "ok", gpu_reason: str = "") -> AgentStatus:
     """The agent's status with its collectors."""
+    ok = CollectorState.OK
     collectors = (
-        CollectorInfo("host", "ok", "", 1.0, 3725, 0, 0.0021, BASE_TS),
-        CollectorInfo("self", "ok", "", 1.0, 3725, 0, 0.0003, BASE_TS),
-        CollectorInfo("sched", "ok", "", 1.0, 3725, 0, 0.0012, BASE_TS),
-        CollectorInfo("net", "ok", "", 1.0, 3725, 2, 0.0009, BASE_TS),
-        CollectorInfo("gpu", gpu_state, gpu_reason, 1.0, 3725 if gpu_state == "ok" else 0, 0),
-        CollectorInfo("pmu", "unavailable", "no hardware PMU: perf_event_open ENOENT"),
+        CollectorStatus("host", ok, "", 1.0, 3725, 0, 0.0021, BASE_TS),
+        CollectorStatus("self", ok, "", 1.0, 3725, 0, 0.0003, BASE_TS),
+        CollectorStatus("sched", ok, "", 1.0, 3725, 0, 0.0012, BASE_TS),
+        CollectorStatus("net", ok, "", 1.0, 3725, 2, 0.0009, BASE_TS),
+        CollectorStatus(
+            "gpu", CollectorState(gpu_state), gpu_reason, 1.0, 3725 if gpu_state == "ok" else 0
+        ),
+        CollectorStatus(
+            "pmu", CollectorState.UNAVAILABLE, "no hardware PMU: perf_event_open ENOENT"
+        ),
     )
     return AgentStatus(
         version="1.0.0",
         hostname="node-a1",
         kernel_release="6.18.0",
-        agent_uptime_s=3725.0,
-        host_uptime_s=3 * 86400 + 4 * 3600.0,
+        agent_uptime_seconds=3725.0,
+        host_uptime_seconds=3 * 86400 + 4 * 3600.0,
         pid=4242,
         config_source="/etc/bpfdyno/bpfdyno.toml",
-        started_ts=BASE_TS - 3725,
+        started_unix_seconds=BASE_TS - 3725,
         collectors=collectors,
     )
 
 
-def trace_script(pids: tuple[int, ...]) -> tuple[TraceStatus, ...]:
-    """A trace going pending -> tracing -> written for ``pids``."""
-    states = (("pending", "delivered"), ("running", "tracing"), ("done", "written"))
+def trace_script(pids: tuple[int, ...]) -> tuple[TraceStart, tuple[TraceStatus, ...]]:
+    """A trace of ``pids``: started, then tracing, then written."""
+    start = TraceStart(
+        "t-0002",
+        processes_matched=pids,
+        triggered=tuple(TriggeredProcess(p, 5678, f"/tmp/trace_{p}.json") for p in pids),
+    )
     out = []
-    for overall, per in states:
+    for per in (ProcessTraceState.TRACING, ProcessTraceState.WRITTEN):
+        written = per is ProcessTraceState.WRITTEN
         procs = tuple(
-            TraceProcess(
+            ProcessTrace(
                 pid=p,
+                job_id=5678,
+                output_path=f"/tmp/trace_{p}.json",
                 state=per,
-                path=f"/tmp/trace_{p}.json" if per == "written" else "",
-                size_bytes=1_234_567 if per == "written" else None,
-                message="" if per == "written" else "waiting for the next poll",
+                size_bytes=1_234_567 if written else -1,
+                reason="" if written else "its profiler is busy with the trace",
             )
             for p in pids
         )
-        out.append(TraceStatus("t-0002", overall, procs, finished=overall == "done"))
-    return tuple(out)
+        out.append(TraceStatus("t-0002", processes=procs, done=written))
+    return start, tuple(out)
 
 
 def make_recording(
@@ -417,7 +355,7 @@ def make_recording(
     trainer_count: int = 2,
     with_events: bool = True,
     with_host: bool = True,
-    unavailable: tuple[tuple[str, str], ...] = (),
+    unavailable: dict[str, str] | None = None,
     gpu_state: str = "ok",
     gpu_reason: str = "",
 ) -> Recording:
@@ -436,27 +374,29 @@ def make_recording(
             Frame(
                 ts=ts,
                 rounds=tuple(rounds),
-                processes=ProcessTable(ts, process_rows(processes, i, trainer_pids), 612),
+                processes=ProcessList(process_rows(processes, i, trainer_pids), ts, 612),
                 trainers=trainers(trainer_pids, ts),
                 events=events(i, ts) if with_events else (),
             )
         )
     history = tuple(
-        SeriesPoints(
+        Series(
             "cpu_utilization_ratio",
-            (("cpu", "total"),),
-            tuple((BASE_TS - 60 + k, wave(k, 20, 0.1, 0.9)) for k in range(60)),
+            (Label("cpu", "total"),),
+            tuple(Point(BASE_TS - 60 + k, wave(k, 20, 0.1, 0.9)) for k in range(60)),
         )
         for _ in range(1 if with_host else 0)
     )
+    trace_start, trace = trace_script(trainer_pids)
     return Recording(
         status=status(gpu_state, gpu_reason),
         specs=SPECS,
         frames=tuple(out),
         history=history,
         interval_s=1.0,
-        unavailable=unavailable,
-        trace=trace_script(trainer_pids),
+        unavailable=dict(unavailable or {}),
+        trace_start=trace_start,
+        trace=trace,
     )
 
 

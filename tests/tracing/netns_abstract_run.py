@@ -19,14 +19,14 @@ from tracing_harness import TRAINERS, TrainerProc, trainer_env
 
 from bpfdyno.app.tracing import TracingComponent
 from bpfdyno.core.config import load
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.services.tracing import TraceRequest
-from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.ipc.endpoint import EndpointUnavailable, KinetoEndpoint
 
 
 async def trace(comp: TracingComponent, trace_dir: Path, name: str) -> dict[str, object]:
     res = comp.service.start_trace(
-        TraceRequest(options=TraceOptions(log_file=str(trace_dir / name), iterations=2))
+        TraceRequest(options=TraceSpec(log_file=str(trace_dir / name), iterations=2))
     )
     view = comp.service.get_trace(res.trace_id)
     async with asyncio.timeout(60):

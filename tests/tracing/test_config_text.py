@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.tracing.config_text import (
     ConfigRejected,
-    TraceOptions,
     build_config,
     check_config,
     with_trace_id,
@@ -99,7 +99,7 @@ def test_leading_double_slash_is_the_same_directory(allowed: Path) -> None:
 
 
 def test_dyno_duration_config_text() -> None:
-    text = build_config(TraceOptions(log_file="/tmp/t.json"))
+    text = build_config(TraceSpec(log_file="/tmp/t.json"))
     assert text == (
         "ACTIVITIES_LOG_FILE=/tmp/t.json\n"
         "PROFILE_START_TIME=0\n"
@@ -112,10 +112,10 @@ def test_dyno_duration_config_text() -> None:
 
 
 def test_dyno_iteration_config_text_with_options() -> None:
-    opts = TraceOptions(
+    opts = TraceSpec(
         log_file="/tmp/t.json",
         iterations=5,
-        start_iteration_roundup=100,
+        profile_start_iteration_roundup=100,
         record_shapes=True,
         with_stacks=True,
         with_flops=True,
@@ -134,7 +134,7 @@ def test_dyno_iteration_config_text_with_options() -> None:
 
 
 def test_dyno_memory_config_text() -> None:
-    text = build_config(TraceOptions(log_file="/tmp/t.json", duration_ms=2000, profile_memory=True))
+    text = build_config(TraceSpec(log_file="/tmp/t.json", duration_ms=2000, profile_memory=True))
     assert text.splitlines()[3:7] == [
         "PROFILE_REPORT_INPUT_SHAPES=false",
         "PROFILE_PROFILE_MEMORY=true",
@@ -142,22 +142,22 @@ def test_dyno_memory_config_text() -> None:
         "PROFILE_MEMORY_DURATION_MSECS=2000",
     ]
     with pytest.raises(ConfigRejected) as info:
-        build_config(TraceOptions(log_file="/tmp/t.json", iterations=3, profile_memory=True))
+        build_config(TraceSpec(log_file="/tmp/t.json", iterations=3, profile_memory=True))
     assert info.value.rule == "memory_needs_duration"
 
 
 @pytest.mark.parametrize(
     ("opts", "rule"),
     [
-        (TraceOptions(log_file="/tmp/t.json", duration_ms=0), "bad_option"),
+        (TraceSpec(log_file="/tmp/t.json", duration_ms=0), "bad_option"),
         (
-            TraceOptions(log_file="/tmp/t.json", iterations=2, start_iteration_roundup=0),
+            TraceSpec(log_file="/tmp/t.json", iterations=2, profile_start_iteration_roundup=0),
             "bad_option",
         ),
-        (TraceOptions(log_file="/tmp/t.json", start_time_ms=-5), "bad_option"),
+        (TraceSpec(log_file="/tmp/t.json", profile_start_time_ms=-5), "bad_option"),
     ],
 )
-def test_bad_options(opts: TraceOptions, rule: str) -> None:
+def test_bad_options(opts: TraceSpec, rule: str) -> None:
     with pytest.raises(ConfigRejected) as info:
         build_config(opts)
     assert info.value.rule == rule

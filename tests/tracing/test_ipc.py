@@ -13,8 +13,8 @@ import pytest
 from tracing_harness import Harness, KinetoClient
 
 from bpfdyno.core.status import PartState
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.services.tracing import TraceRequest
-from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.ipc import wire
 from bpfdyno.tracing.ipc.endpoint import SENDER_BURST, EndpointUnavailable, KinetoEndpoint
 
@@ -40,7 +40,7 @@ async def test_config_reaches_the_client_and_context_is_counted(harness: Harness
         res = harness.service.start_trace(
             TraceRequest(
                 pids=(4400,),
-                options=TraceOptions(log_file=str(harness.trace_dir / "t.json"), iterations=2),
+                options=TraceSpec(log_file=str(harness.trace_dir / "t.json"), iterations=2),
             )
         )
         text = await client.poll([4400, 1])

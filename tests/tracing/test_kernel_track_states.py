@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from bpfdyno.core.errors import InvalidArgument
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.services.tracing import TraceRequest, TracingService
 from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest, Track
-from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.ipc.wire import KinetoRequest
 from bpfdyno.tracing.safety import PROTECTIONS, PlacementChecker
 from bpfdyno.tracing.traces import (
@@ -73,7 +73,7 @@ def poll(svc: TracingService, ctype: int = IDLE) -> str:
 
 def start(svc: TracingService, tmp_path: Path, **kw: object) -> str:
     poll(svc)
-    opts = TraceOptions(log_file=str(tmp_path / "t.json"), iterations=2)
+    opts = TraceSpec(log_file=str(tmp_path / "t.json"), iterations=2)
     res = svc.start_trace(TraceRequest(options=opts, **kw))  # type: ignore[arg-type]
     assert [p.pid for p in res.triggered] == [PID]
     return res.trace_id
@@ -138,7 +138,7 @@ def test_a_recording_that_never_starts_times_out_saying_so(
     listener.ready = False
     svc.tracker.set_listener(listener)
     poll(svc)
-    opts = TraceOptions(log_file=str(tmp_path / "t.json"), iterations=2)
+    opts = TraceSpec(log_file=str(tmp_path / "t.json"), iterations=2)
     res = svc.start_trace(TraceRequest(options=opts, timeout_s=0.001))
     poll(svc)
     time.sleep(0.01)  # past the deadline
@@ -176,7 +176,7 @@ def test_a_failed_trace_drops_its_recording(svc: TracingService, tmp_path: Path)
     listener = Listener()
     svc.tracker.set_listener(listener)
     poll(svc)
-    opts = TraceOptions(log_file=str(tmp_path / "d.json"))  # a duration trace
+    opts = TraceSpec(log_file=str(tmp_path / "d.json"))  # a duration trace
     trace_id = svc.start_trace(TraceRequest(options=opts)).trace_id
     poll(svc)  # delivered
     for _ in range(NEVER_STARTED_POLLS):
@@ -232,7 +232,7 @@ def test_bad_track_requests_are_refused(
     svc: TracingService, tmp_path: Path, kw: dict[str, object], rule: str, words: str
 ) -> None:
     poll(svc)
-    opts = TraceOptions(log_file=str(tmp_path / "t.json"), iterations=2)
+    opts = TraceSpec(log_file=str(tmp_path / "t.json"), iterations=2)
     with pytest.raises(InvalidArgument) as e:
         svc.start_trace(TraceRequest(options=opts, **kw))  # type: ignore[arg-type]
     assert e.value.rule == rule and words in str(e.value)
@@ -241,7 +241,7 @@ def test_bad_track_requests_are_refused(
 
 def test_a_memory_snapshot_gets_no_tracks(svc: TracingService, tmp_path: Path) -> None:
     poll(svc)
-    opts = TraceOptions(log_file=str(tmp_path / "m.json"), profile_memory=True)
+    opts = TraceSpec(log_file=str(tmp_path / "m.json"), profile_memory=True)
     res = svc.start_trace(TraceRequest(options=opts))
     [p] = svc.get_trace(res.trace_id).processes
     assert p.kernel_tracks == KernelTrackStatus()

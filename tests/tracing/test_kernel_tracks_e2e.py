@@ -19,9 +19,9 @@ from kernel_tracks_helpers import echo_server, events, info, load, of_cat, row_n
 from tracing_harness import TRAINERS, Harness, dyno_gputrace_bytes, legacy_call
 
 from bpfdyno.core.events import FlightRecorder
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.services.tracing import TraceRequest
 from bpfdyno.sources.net.collector import NetCollector
-from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.traces import KernelTrackState, ProcessTrace, ProcState
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.usefixtures("torch_ready")]
@@ -90,7 +90,7 @@ async def test_network_bytes_sleeps_and_the_pre_window_are_exact_and_aligned(
             await h.wait_trainers(lambda ts: [t.pid for t in ts] == [pid])
             res = h.service.start_trace(
                 TraceRequest(
-                    options=TraceOptions(log_file=str(h.trace_dir / "n.json"), iterations=STEPS),
+                    options=TraceSpec(log_file=str(h.trace_dir / "n.json"), iterations=STEPS),
                     kernel_tracks=("net", "sched"),
                     pre_window_s=120.0,
                 )
@@ -222,7 +222,7 @@ async def test_two_gloo_ranks_each_see_their_traffic_with_the_other_rank(
         TraceRequest(
             pids=(run.pid,),
             process_limit=2,
-            options=TraceOptions(log_file=str(h.trace_dir / "r.pt.trace.json"), iterations=3),
+            options=TraceSpec(log_file=str(h.trace_dir / "r.pt.trace.json"), iterations=3),
             kernel_tracks=("net", "sched"),
         )
     )
@@ -309,7 +309,7 @@ async def test_nccl_calls_with_their_exact_arguments(capture_harness: Harness) -
     await h.wait_trainers(lambda ts: [t.pid for t in ts] == [pid])
     res = h.service.start_trace(
         TraceRequest(
-            options=TraceOptions(log_file=str(h.trace_dir / "c.json"), iterations=STEPS),
+            options=TraceSpec(log_file=str(h.trace_dir / "c.json"), iterations=STEPS),
             kernel_tracks=("nccl",),
         )
     )
@@ -452,7 +452,7 @@ async def test_cpu_contention_shows_as_waiting_for_a_cpu(capture_harness: Harnes
         await h.wait_trainers(lambda ts: [t.pid for t in ts] == [pid])
         res = h.service.start_trace(
             TraceRequest(
-                options=TraceOptions(log_file=str(h.trace_dir / "s.json"), iterations=50),
+                options=TraceSpec(log_file=str(h.trace_dir / "s.json"), iterations=50),
                 kernel_tracks=("sched",),
             )
         )
@@ -535,7 +535,7 @@ async def test_a_merge_that_finds_no_space_leaves_kineto_s_file(short_tmp: Path)
 
             async def trace(name: str, tracks: tuple[str, ...]) -> ProcessTrace:
                 req = TraceRequest(
-                    options=TraceOptions(log_file=str(h.trace_dir / name), iterations=STEPS),
+                    options=TraceSpec(log_file=str(h.trace_dir / name), iterations=STEPS),
                     kernel_tracks=tracks,
                 )
                 async with asyncio.timeout(30):  # free again a poll after its last trace

@@ -16,9 +16,9 @@ from gpu_fake_nvml import FakeNvml
 from kernel_tracks_helpers import events, info, of_cat, window_us
 from tracing_harness import Harness
 
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.services.tracing import TraceRequest
 from bpfdyno.sources.gpu.collector import GpuCollector
-from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.traces import KernelTrackState
 
 pytest_plugins = ("gpu_fake_nvml",)  # the fake_libs / fake fixtures
@@ -55,7 +55,7 @@ async def test_the_traced_process_gpu_counters_at_the_trace_rate(
         await h.wait_trainers(lambda ts: [t.pid for t in ts] == [pid])
         res = h.service.start_trace(
             TraceRequest(
-                options=TraceOptions(log_file=str(h.trace_dir / "g.json"), iterations=5),
+                options=TraceSpec(log_file=str(h.trace_dir / "g.json"), iterations=5),
                 kernel_tracks=("gpu",),
             )
         )

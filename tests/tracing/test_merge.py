@@ -18,8 +18,8 @@ import pytest
 from tracing_harness import Harness
 
 from bpfdyno.core.identity import files_as
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.services.tracing import TraceRequest
-from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.merge import (
     Insertion,
     MergeError,
@@ -44,7 +44,7 @@ def kineto_trace(torch_ready: str) -> Iterator[bytes]:
             [pid] = await trainer.wait_ready()
             await h.wait_trainers(lambda ts: [t.pid for t in ts] == [pid])
             req = TraceRequest(
-                options=TraceOptions(log_file=str(h.trace_dir / "k.json"), iterations=3)
+                options=TraceSpec(log_file=str(h.trace_dir / "k.json"), iterations=3)
             )
             view = await h.wait_done(h.service.start_trace(req).trace_id, timeout=60)
             [p] = view.processes

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from bpfdyno.core.errors import InvalidArgument, NotFound, Unavailable
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.services.tracing import (
     TraceRequest,
     TracingService,
 )
-from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.ipc.sender import SenderCreds
 from bpfdyno.tracing.ipc.wire import KinetoRequest
 from bpfdyno.tracing.roles import Role
@@ -63,8 +63,8 @@ def poll(svc: TracingService, pids: list[int], job: int = 0, ctype: int = IDLE) 
     return svc.on_request(addr(pids[0]), KinetoRequest(ctype, job, tuple(pids)))
 
 
-def iters(tmp_path: Path, n: int = 3, name: str = "t.pt.trace.json") -> TraceOptions:
-    return TraceOptions(log_file=str(tmp_path / name), iterations=n)
+def iters(tmp_path: Path, n: int = 3, name: str = "t.pt.trace.json") -> TraceSpec:
+    return TraceSpec(log_file=str(tmp_path / name), iterations=n)
 
 
 def test_registration_and_listing(svc: TracingService, clock: Clock) -> None:
@@ -208,7 +208,7 @@ def test_tmp_file_means_tracing_and_only_the_final_name_means_written(
 
 def test_duration_trace_that_never_starts_fails(svc: TracingService, tmp_path: Path) -> None:
     poll(svc, [70])
-    opts = TraceOptions(log_file=str(tmp_path / "d.json"))
+    opts = TraceSpec(log_file=str(tmp_path / "d.json"))
     res = svc.start_trace(TraceRequest(pids=(70,), options=opts))
     poll(svc, [70])  # delivered
     for _ in range(NEVER_STARTED_POLLS):
@@ -225,7 +225,7 @@ def test_duration_trace_with_a_start_time_may_stay_idle_until_its_warm_up(
 ) -> None:
     poll(svc, [73])
     start_s = clock.wall() + 20  # Kineto warms up 5 s before: idle for ~15 s is healthy
-    opts = TraceOptions(log_file=str(tmp_path / "s.json"), start_time_ms=int(start_s * 1000))
+    opts = TraceSpec(log_file=str(tmp_path / "s.json"), profile_start_time_ms=int(start_s * 1000))
     res = svc.start_trace(TraceRequest(pids=(73,), options=opts))
     poll(svc, [73])  # delivered
     for _ in range(14):
@@ -316,7 +316,7 @@ def test_bad_requests(svc: TracingService, req: TraceRequest, rule: str) -> None
 
 def test_default_log_file_and_unknown_trace(svc: TracingService, tmp_path: Path) -> None:
     poll(svc, [90])
-    res = svc.start_trace(TraceRequest(options=TraceOptions(log_file="", iterations=2)))
+    res = svc.start_trace(TraceRequest(options=TraceSpec(log_file="", iterations=2)))
     assert res.triggered[0].output_path == str(
         tmp_path / f"bpfdyno-{res.trace_id}_90.pt.trace.json"
     )

@@ -20,8 +20,8 @@ from tracing_harness import (
     trace_json,
 )
 
+from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.services.tracing import TraceRequest
-from bpfdyno.tracing.config_text import TraceOptions
 from bpfdyno.tracing.roles import Role
 from bpfdyno.tracing.traces import ProcState
 
@@ -39,8 +39,8 @@ def step_count(path: str) -> int:
     return sum(1 for e in events_of(path) if str(e.get("name", "")).startswith("Optimizer.step#"))
 
 
-def iterations(h: Harness, name: str, n: int = 3) -> TraceOptions:
-    return TraceOptions(log_file=str(h.trace_dir / name), iterations=n)
+def iterations(h: Harness, name: str, n: int = 3) -> TraceSpec:
+    return TraceSpec(log_file=str(h.trace_dir / name), iterations=n)
 
 
 async def test_duration_trace_from_dyno_cli_bytes(harness: Harness) -> None:
@@ -100,7 +100,7 @@ async def test_busy_trainer_is_not_given_a_second_config(harness: Harness) -> No
     [pid] = await trainer.wait_ready()
     await h.wait_trainers(lambda ts: len(ts) == 1)
     first = h.service.start_trace(
-        TraceRequest(options=TraceOptions(log_file=str(h.trace_dir / "first.json")))
+        TraceRequest(options=TraceSpec(log_file=str(h.trace_dir / "first.json")))
     )
     assert [p.pid for p in first.triggered] == [pid]
     pending = h.service.start_trace(TraceRequest(options=iterations(h, "second.json")))

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from bpfdyno.app.catalog import CATALOG
 from bpfdyno.app.daemon import Component, RoundSink
 from bpfdyno.core.config import Config
 from bpfdyno.core.events import FlightRecorder
@@ -162,9 +163,9 @@ def _metric_exporters(cfg: Config, table: ProcessTable | None) -> list[RoundSink
     if cfg.export.prometheus.enabled:
         from bpfdyno.exporters.prometheus import PrometheusExporter
 
-        sinks.append(PrometheusExporter(cfg.export.prometheus, providers))
+        sinks.append(PrometheusExporter(cfg.export.prometheus, providers, CATALOG))
     if cfg.export.otlp.enabled:
         from bpfdyno.exporters.otlp import OtlpExporter
 
-        sinks.append(OtlpExporter(cfg.export.otlp, providers))
+        sinks.append(OtlpExporter(cfg.export.otlp, providers, CATALOG))
     return sinks

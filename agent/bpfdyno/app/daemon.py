@@ -25,6 +25,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from bpfdyno.app.catalog import CATALOG
+from bpfdyno.core.catalog import Catalog
 from bpfdyno.core.config import Config
 from bpfdyno.core.metrics import HistogramSample, Round, Sample
 from bpfdyno.core.status import PartState, PartStatus
@@ -298,6 +300,7 @@ class Daemon:
         components: Sequence[Component] = (),
         sinks: Sequence[RoundSink] = (),
         disabled: Sequence[str] = (),
+        catalog: Catalog = CATALOG,
     ) -> None:
         """Args:
         cfg: the configuration.
@@ -305,8 +308,10 @@ class Daemon:
         components: the other long-running parts (tracing, legacy RPC, ...).
         sinks: the exporters.
         disabled: collectors turned off in the configuration, reported as such by status.
+        catalog: every metric the collectors can emit.
         """
         self.cfg = cfg
+        self.catalog = catalog
         self.store = MetricStore(cfg.daemon.history_s, cfg.daemon.interval_s, cfg.daemon.max_series)
         self._workers: dict[float, SharedWorker] = {}
         self.runners = [

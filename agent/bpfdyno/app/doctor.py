@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bpfdyno.core.config import Config
+from bpfdyno.core.pidfs import listening_socket_inodes, socket_holders, unix_socket_inodes
 from bpfdyno.ebpf.tracefs import MOUNT_COMMAND, find_tracefs
 from bpfdyno.server.sockdiag import SockDiagUnavailable, tcp_owner_uid
 from bpfdyno.sources.perf.perf_event import (
@@ -320,9 +321,17 @@ def check_grpc_socket(path: str) -> Check:
 
 
 def check_tcp_port(
-    host: str = LEGACY_RPC_HOST, port: int = LEGACY_RPC_PORT, name: str = "legacy-rpc-port"
+    host: str = LEGACY_RPC_HOST,
+    port: int = LEGACY_RPC_PORT,
+    name: str = "legacy-rpc-port",
+    agent_socket: str = "",
+    proc_root: Path = Path("/proc"),
 ) -> Check:
-    """The TCP port can be bound on ``host`` the way a server binds it (SO_REUSEADDR)."""
+    """The TCP port can be bound on ``host`` the way a server binds it (SO_REUSEADDR).
+
+    A port in use by the process that also serves ``agent_socket`` (the agent's gRPC socket)
+    is the running agent's, and fine: said as the grpc-socket check says it.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         # Like a server: lingering TIME_WAIT connections must not count as "in use".
@@ -331,6 +340,15 @@ def check_tcp_port(
             s.bind((host, port))
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
+                agent = _agent_holding(host, port, agent_socket, proc_root)
+                if agent:
+                    return Check(
+                        name,
+                        True,
+                        f"{host}:{port} in use by the running agent (pid {agent}, which serves "
+                        f"{agent_socket})",
+                        required=False,
+                    )
                 return Check(
                     name,
                     None,
@@ -346,6 +364,16 @@ def check_tcp_port(
                 required=False,
             )
     return Check(name, True, f"{host}:{port} free", required=False)
+
+
+def _agent_holding(host: str, port: int, agent_socket: str, proc_root: Path) -> int:
+    """The pid of the process listening on ``host:port`` that also holds ``agent_socket``
+    (the running agent); 0 when there is none, or its sockets cannot be seen (not root)."""
+    if not agent_socket:
+        return 0
+    on_port = socket_holders(proc_root, listening_socket_inodes(proc_root, host, port))
+    on_socket = set(socket_holders(proc_root, unix_socket_inodes(proc_root, agent_socket)))
+    return next((pid for pid in on_port if pid in on_socket), 0)
 
 
 def check_peer_identity() -> Check:
@@ -460,7 +488,7 @@ def run_checks(cfg: Config) -> list[Check]:
         ("pmu", check_pmu),
         ("nvml", check_nvml),
         ("grpc-socket", lambda: check_grpc_socket(cfg.grpc.socket)),
-        ("legacy-rpc-port", check_tcp_port),
+        ("legacy-rpc-port", lambda: check_tcp_port(agent_socket=cfg.grpc.socket)),
         ("peer-identity", check_peer_identity),
         ("link-protections", check_link_protections),
         ("tracepoint sched:sched_switch", lambda: check_tracepoint("sched", "sched_switch")),

@@ -7,6 +7,7 @@ import sys
 import time
 
 from bpfdyno.app import assembly
+from bpfdyno.app.catalog import CATALOG
 from bpfdyno.app.daemon import Daemon, install_signal_handlers, notify_systemd
 from bpfdyno.core.config import Config
 from bpfdyno.server.grpc_server import AddressInUse, GrpcServer
@@ -22,7 +23,9 @@ async def run(cfg: Config) -> int:
     """Run until SIGTERM/SIGINT. Raises AddressInUse before starting anything if needed."""
     t0 = time.monotonic()
     asm = assembly.build(cfg)
-    daemon = Daemon(cfg, asm.collectors, asm.components, asm.sinks, disabled=asm.disabled)
+    daemon = Daemon(
+        cfg, asm.collectors, asm.components, asm.sinks, disabled=asm.disabled, catalog=CATALOG
+    )
     server = GrpcServer(cfg.grpc, AgentService(daemon), asm.servicers)
     server.check_addresses()
     install_signal_handlers(daemon)

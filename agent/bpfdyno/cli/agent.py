@@ -12,11 +12,11 @@ import argparse
 import sys
 import time
 
-import grpc
-
-from bpfdyno.cli.output import message_dict, print_json, report_rpc_error
-from bpfdyno.client.connection import EXIT_OK, add_target_argument, channel, default_target
-from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc
+from bpfdyno.cli.output import print_json, with_agent
+from bpfdyno.client.agent import AgentClient
+from bpfdyno.client.connection import EXIT_OK, add_target_argument, default_target
+from bpfdyno.rpc.agent import MetricsSnapshot
+from bpfdyno.rpc.wire import message_dict, to_pb
 from bpfdyno.version import __version__
 
 
@@ -46,27 +46,25 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Run ``bpfdyno status``; returns the exit status."""
-    target = args.target or default_target()
-    try:
-        with channel(target) as ch:
-            st = agent_pb2_grpc.AgentStub(ch).GetStatus(agent_pb2.GetStatusRequest(), timeout=5)
-    except grpc.RpcError as e:
-        return report_rpc_error(e, target)
-    if args.json:
-        print_json(message_dict(st, proto_names=False))
+
+    async def show(agent: AgentClient) -> int:
+        st = await agent.status()
+        if args.json:
+            print_json(message_dict(to_pb(st), proto_names=False))
+            return EXIT_OK
+        print(f"bpfdyno {st.version} on {st.hostname} (kernel {st.kernel_release}), pid {st.pid}")
+        print(
+            f"agent up {_duration(st.agent_uptime_seconds)}, host up "
+            f"{_duration(st.host_uptime_seconds)}, config {st.config_source}"
+        )
+        print(f"{'COLLECTOR':<14}{'STATE':<13}{'INTERVAL':>9}{'ROUNDS':>9}{'ERRORS':>8}  REASON")
+        for c in st.collectors:
+            interval = f"{c.interval_seconds:.2f}s" if c.interval_seconds else "-"
+            rounds = str(c.collections) if c.interval_seconds else "-"
+            print(f"{c.name:<14}{c.state:<13}{interval:>9}{rounds:>9}{c.errors:>8}  {c.reason}")
         return EXIT_OK
-    print(f"bpfdyno {st.version} on {st.hostname} (kernel {st.kernel_release}), pid {st.pid}")
-    print(
-        f"agent up {_duration(st.agent_uptime_seconds)}, host up "
-        f"{_duration(st.host_uptime_seconds)}, config {st.config_source}"
-    )
-    print(f"{'COLLECTOR':<14}{'STATE':<13}{'INTERVAL':>9}{'ROUNDS':>9}{'ERRORS':>8}  REASON")
-    for c in st.collectors:
-        state = agent_pb2.CollectorState.Name(c.state).removeprefix("COLLECTOR_STATE_").lower()
-        interval = f"{c.interval_seconds:.2f}s" if c.interval_seconds else "-"
-        rounds = str(c.collections) if c.interval_seconds else "-"
-        print(f"{c.name:<14}{state:<13}{interval:>9}{rounds:>9}{c.errors:>8}  {c.reason}")
-    return EXIT_OK
+
+    return with_agent(args.target or default_target(), show)
 
 
 def _duration(s: float) -> str:
@@ -81,27 +79,20 @@ def _duration(s: float) -> str:
 
 def cmd_metrics(args: argparse.Namespace) -> int:
     """Run ``bpfdyno metrics``; returns the exit status."""
-    target = args.target or default_target()
-    try:
-        with channel(target) as ch:
-            stub = agent_pb2_grpc.AgentStub(ch)
-            units = {
-                s.name: s.unit
-                for s in stub.ListMetricSpecs(agent_pb2.ListMetricSpecsRequest(), timeout=5).specs
-            }
-            if args.watch:
-                stream = stub.StreamMetrics(agent_pb2.StreamMetricsRequest(names=args.names))
-                for snap in stream:
-                    _print_snapshot(snap, units, args.json)
-                return EXIT_OK
-            snap = stub.GetMetrics(agent_pb2.GetMetricsRequest(names=args.names), timeout=5)
-    except grpc.RpcError as e:
-        return report_rpc_error(e, target)
-    _print_snapshot(snap, units, args.json)
-    return EXIT_OK
+
+    async def show(agent: AgentClient) -> int:
+        units = {s.name: s.unit for s in await agent.metric_specs()}
+        if args.watch:
+            async for snap in agent.stream_metrics(args.names):
+                _print_snapshot(snap, units, args.json)
+            return EXIT_OK
+        _print_snapshot(await agent.metrics(args.names), units, args.json)
+        return EXIT_OK
+
+    return with_agent(args.target or default_target(), show)
 
 
-def _print_snapshot(snap: agent_pb2.MetricsSnapshot, units: dict[str, str], as_json: bool) -> None:
+def _print_snapshot(snap: MetricsSnapshot, units: dict[str, str], as_json: bool) -> None:
     if as_json:
         print_json(
             {
@@ -110,7 +101,7 @@ def _print_snapshot(snap: agent_pb2.MetricsSnapshot, units: dict[str, str], as_j
                 "series": [
                     {
                         "name": s.name,
-                        "labels": {lab.name: lab.value for lab in s.labels},
+                        "labels": dict(s.labels),
                         "value": s.points[-1].value if s.points else None,
                         "unit": units.get(s.name, ""),
                     }
@@ -125,8 +116,7 @@ def _print_snapshot(snap: agent_pb2.MetricsSnapshot, units: dict[str, str], as_j
     print(header)
     for s in snap.series:
         if s.points:
-            labels = {lab.name: lab.value for lab in s.labels}
-            print(_format_series_line(s.name, labels, s.points[-1].value, units.get(s.name, "")))
+            print(_format_series_line(s.name, dict(s.labels), s.value, units.get(s.name, "")))
     sys.stdout.flush()
 
 

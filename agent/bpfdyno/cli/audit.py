@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
 
-import grpc
-
-from bpfdyno.cli.output import message_dict, print_json, report_rpc_error
-from bpfdyno.client.connection import EXIT_OK, add_target_argument, channel, default_target
-from bpfdyno.rpc.v1 import audit_pb2 as pb
-from bpfdyno.rpc.v1 import audit_pb2_grpc as pb_grpc
+from bpfdyno.cli.output import print_json, with_agent
+from bpfdyno.client.agent import AgentClient
+from bpfdyno.client.connection import EXIT_OK, add_target_argument, default_target
+from bpfdyno.rpc.audit import AuditRecord
+from bpfdyno.rpc.wire import record_dict
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,26 +29,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """Run ``bpfdyno audit``; returns the exit status."""
-    target = str(args.target or default_target())
-    req = pb.ListAuditRecordsRequest(since_seq=max(0, args.since), limit=max(0, args.limit))
-    try:
-        with channel(target) as ch:
-            resp = pb_grpc.AuditStub(ch).ListAuditRecords(req, timeout=5)
-    except grpc.RpcError as e:
-        return report_rpc_error(e, target)
-    if args.json:
-        print_json(message_dict(resp))
-    elif not resp.records:
-        print("No audit records visible to you (root sees every user's; others their own).")
-    else:
-        print("\n".join(format_record(r) for r in resp.records))
-    return EXIT_OK
+
+    async def show(agent: AgentClient) -> int:
+        records = await agent.audit(max(0, args.since), max(0, args.limit))
+        if args.json:
+            print_json({"records": [record_dict(r) for r in records]} if records else {})
+        elif not records:
+            print("No audit records visible to you (root sees every user's; others their own).")
+        else:
+            print("\n".join(format_record(r) for r in records))
+        return EXIT_OK
+
+    return with_agent(str(args.target or default_target()), show)
 
 
-def format_record(r: Any) -> str:
+def format_record(r: AuditRecord) -> str:
     """One record: when, who, from where, what was decided, and on which processes."""
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.ts_unix_seconds))
-    who = f"uid {r.uid}" if r.HasField("uid") else "unattributed"
+    who = f"uid {r.uid}" if r.uid is not None else "unattributed"
     if r.user:
         who += f" ({r.user})"
     decision = r.decision if not r.rule else f"{r.decision} [{r.rule}]"
@@ -59,6 +55,6 @@ def format_record(r: Any) -> str:
         line += f" trace {r.trace_id}"
     details = [f"    {r.message}"] if r.message else []
     for p in r.processes:
-        owner = f"uid {p.uid}" if p.HasField("uid") else "unknown owner"
+        owner = f"uid {p.uid}" if p.uid is not None else "unknown owner"
         details.append(f"    pid {p.pid} ({owner}) -> {p.output_path}")
     return "\n".join([line, *details])

@@ -19,11 +19,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bpfdyno.cli.output import message_dict, print_json
+from bpfdyno.cli.output import print_json
 from bpfdyno.client.cluster import (
     DEFAULT_AGENT_PORT,
     FanOut,
-    HostErrorKind,
     HostOutcome,
     HostTrace,
     JobOutcome,
@@ -38,15 +37,11 @@ from bpfdyno.client.cluster import (
 )
 from bpfdyno.client.cluster.fanout import DEFAULT_CONCURRENCY, DEFAULT_HOST_TIMEOUT_S
 from bpfdyno.client.cluster.jobtrace import hosts_failed_alike, summarize
-from bpfdyno.client.connection import (
-    EXIT_FAIL,
-    EXIT_OK,
-    EXIT_USAGE,
-    TARGET_ENV,
-    ClientSetupError,
-)
+from bpfdyno.client.connection import EXIT_FAIL, EXIT_OK, EXIT_USAGE
+from bpfdyno.client.errors import TARGET_ENV, ClientSetupError, ErrorKind
 from bpfdyno.core.config import DEFAULT_CONFIG_PATH, ConfigError, load
-from bpfdyno.rpc.traces import TraceSpec, spec_to_pb
+from bpfdyno.rpc.traces import TraceSpec
+from bpfdyno.rpc.wire import record_dict
 
 #: Exit status of a job-wide command when some hosts succeeded and others did not.
 EXIT_PARTIAL = 3
@@ -241,11 +236,8 @@ def run_job_trace(args: argparse.Namespace, spec: TraceSpec, wait_s: float) -> i
     try:
         cluster = resolve_cluster(args)
         fanout = cluster.fanout()
-    except ClusterUsageError as e:
+    except (ClusterUsageError, ClientSetupError) as e:
         print(f"bpfdyno: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except ClientSetupError as e:
-        print(f"bpfdyno: {e.message}", file=sys.stderr)
         return EXIT_USAGE
     spec = replace(spec, job_id=cluster.job_id)
     report = None if args.json else _ProgressPrinter(cluster)
@@ -278,7 +270,7 @@ def job_trace_exit_status(result: JobTraceResult) -> int:
     if result.outcome is JobOutcome.SOME_FAILED:
         return EXIT_PARTIAL
     same = hosts_failed_alike(result)
-    if same is not None and same.kind is HostErrorKind.REFUSED:
+    if same is not None and same.kind is ErrorKind.REFUSED:
         return EXIT_USAGE
     return EXIT_FAIL
 
@@ -428,7 +420,7 @@ def job_trace_dict(cluster: Cluster, result: JobTraceResult) -> dict[str, Any]:
         "nodes_from": cluster.source,
         "not_running": list(cluster.not_running),
         "outcome": result.outcome.value,
-        "request": message_dict(spec_to_pb(result.spec)),
+        "request": record_dict(result.spec),
         "hosts": [_host_dict(h) for h in result.hosts],
         "summary": {"hosts": len(result.hosts), **{o.value: n for o, n in counts.items()}},
     }
@@ -450,8 +442,8 @@ def _host_dict(h: HostTrace) -> dict[str, Any]:
     out["requests"] = [
         {
             "job_id": r.job_id,
-            "response": message_dict(r.start),
-            **({"trace": message_dict(r.final)} if r.final is not None else {}),
+            "response": record_dict(r.start),
+            **({"trace": record_dict(r.final)} if r.final is not None else {}),
         }
         for r in h.requests
     ]

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from bpfdyno.cli.serve import add_config_argument, load_config
+from bpfdyno.cli.serve import add_config_argument, config_or_say
 from bpfdyno.client.connection import EXIT_USAGE
-from bpfdyno.core.config import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,10 +20,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """Run ``bpfdyno doctor``: 0 when nothing required is missing, 1 if something is."""
     from bpfdyno.app.doctor import exit_code, format_checks, run_checks
 
-    try:
-        cfg = load_config(args)
-    except ConfigError as e:
-        print(f"bpfdyno: config error: {e}", file=sys.stderr)
+    cfg = config_or_say(args)
+    if cfg is None:
         return EXIT_USAGE
     checks = run_checks(cfg)
     print(format_checks(checks))

@@ -10,27 +10,21 @@ import argparse
 import math
 import sys
 
-import grpc
-
-from bpfdyno.cli.output import message_dict, print_json
-from bpfdyno.client.connection import (
-    EXIT_FAIL,
-    EXIT_OK,
-    EXIT_USAGE,
-    add_target_argument,
-    channel,
-    default_target,
-    explain_rpc_error,
-)
+from bpfdyno.cli.output import print_json, with_agent
+from bpfdyno.client.agent import AgentClient
+from bpfdyno.client.connection import EXIT_OK, EXIT_USAGE, add_target_argument, default_target
 from bpfdyno.rpc.processes import (
     DEFAULT_SORT,
     FILTER_KEYS,
     SORT_KEYS,
+    THREAD_COLUMNS,
+    THREAD_COLUMNS_NOTE,
+    ProcessList,
     QueryError,
-    row_from_pb,
     sort_key,
+    threads_text,
 )
-from bpfdyno.rpc.v1 import kernel_pb2, kernel_pb2_grpc
+from bpfdyno.rpc.wire import record_dict
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -73,23 +67,17 @@ def cmd_ps(args: argparse.Namespace) -> int:
     if args.limit < 0:
         print("bpfdyno ps: --limit must be 0 (all) or positive", file=sys.stderr)
         return EXIT_USAGE
-    target = args.target or default_target()
     # The word as given, not its canonical form: an older agent knows only the older words.
-    request = kernel_pb2.ListProcessesRequest(
-        sort_by=args.sort, limit=args.limit, filter=args.filter
-    )
-    try:
-        with channel(target) as ch:
-            resp = kernel_pb2_grpc.KernelStub(ch).ListProcesses(request, timeout=5)
-    except grpc.RpcError as e:
-        print(f"bpfdyno: {explain_rpc_error(e, target)}", file=sys.stderr)
-        code = e.code() if isinstance(e, grpc.Call) else None
-        return EXIT_USAGE if code == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAIL
-    if args.json:
-        print_json(message_dict(resp, with_defaults=True))
+
+    async def show(agent: AgentClient) -> int:
+        table = await agent.processes(args.sort, args.limit, args.filter)
+        if args.json:
+            print_json(record_dict(table, with_defaults=True))
+        else:
+            sys.stdout.write(format_table(table))
         return EXIT_OK
-    sys.stdout.write(format_table(resp))
-    return EXIT_OK
+
+    return with_agent(args.target or default_target(), show, refused=EXIT_USAGE)
 
 
 _COLUMNS = (
@@ -97,7 +85,7 @@ _COLUMNS = (
     ("USER", 10),
     ("CPU%", 7),
     ("RSS", 8),
-    ("RUNQ%", 7),
+    *((title, 6) for title, _ in THREAD_COLUMNS),
     ("TCP TX/s", 10),
     ("TCP RX/s", 10),
     ("RETX/s", 7),
@@ -106,20 +94,20 @@ _COLUMNS = (
 )
 
 
-def format_table(resp: kernel_pb2.ListProcessesResponse) -> str:
-    """A fixed-width table of a ``ListProcessesResponse`` ("-" marks unknown values)."""
+def format_table(table: ProcessList) -> str:
+    """A fixed-width table of the agent's process table ("-" marks unknown values)."""
     header = "".join(
         f"{name:>{w}} " if i != 1 else f"{name:<{w}} " for i, (name, w) in enumerate(_COLUMNS)
     )
     lines = [header + "COMMAND"]
-    for r in (row_from_pb(msg) for msg in resp.processes):
+    for r in table.processes:
         retx = r.tcp_retransmits_per_second
         cells = (
             str(r.pid),
             r.user[:10],
             _pct(r.cpu_ratio),
             human_bytes(r.rss_bytes),
-            _pct(r.runq_wait_ratio),
+            *(threads_text(getattr(r, field)) for _, field in THREAD_COLUMNS),
             _rate(r.tcp_tx_bytes_per_second),
             _rate(r.tcp_rx_bytes_per_second),
             "-" if math.isnan(retx) else f"{retx:.1f}",
@@ -131,9 +119,9 @@ def format_table(resp: kernel_pb2.ListProcessesResponse) -> str:
             for i, (c, (_, w)) in enumerate(zip(cells, _COLUMNS, strict=True))
         )
         lines.append(row + ("*" if r.pinned else "") + r.command[:120])
-    footer = f"{len(resp.processes)} of {resp.total_processes} processes"
-    if resp.unavailable:
-        footer += "; unavailable: " + "; ".join(f"{k}: {v}" for k, v in resp.unavailable.items())
+    footer = f"{len(table.processes)} of {table.total_processes} processes ({THREAD_COLUMNS_NOTE})"
+    if table.unavailable:
+        footer += "; unavailable: " + "; ".join(f"{k}: {v}" for k, v in table.unavailable.items())
     lines.append(footer)
     return "\n".join(lines) + "\n"
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bpfdyno.cli.serve import add_config_argument
+from bpfdyno.cli.serve import add_config_argument, add_overrides_argument
 from bpfdyno.client.connection import EXIT_USAGE
 from bpfdyno.core.config import DEFAULT_SOCKET
 
@@ -33,14 +33,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="socket, locks and log of an agent started here (default: /run/bpfdyno/job for "
         "root, else $TMPDIR/bpfdyno-UID)",
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="config override for an agent started here (repeatable)",
-    )
+    add_overrides_argument(p, "config override for an agent started here (repeatable)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     p.set_defaults(handler=cmd_run)
 

@@ -23,13 +23,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--jsonl", metavar="PATH", help="write metrics as JSON lines to PATH ('-' = stdout)"
     )
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override any config value (repeatable), e.g. --set collectors.gpu.enabled=false",
+    add_overrides_argument(
+        p, "override any config value (repeatable), e.g. --set collectors.gpu.enabled=false"
     )
     p.set_defaults(handler=cmd_serve)
 
@@ -42,6 +37,27 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"TOML config file (default: {DEFAULT_CONFIG_PATH} if it exists)",
     )
+
+
+def add_overrides_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    """The repeatable ``--set SECTION.KEY=VALUE`` option (dest ``overrides``)."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help=help,
+    )
+
+
+def config_or_say(args: argparse.Namespace) -> Config | None:
+    """`load_config`, or None after saying on stderr what is wrong with the config."""
+    try:
+        return load_config(args)
+    except ConfigError as e:
+        print(f"bpfdyno: config error: {e}", file=sys.stderr)
+        return None
 
 
 def load_config(args: argparse.Namespace) -> Config:
@@ -78,10 +94,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run ``bpfdyno serve`` until SIGTERM/SIGINT; returns the exit status."""
     from bpfdyno.app.serve import AddressInUse, run
 
-    try:
-        cfg = load_config(args)
-    except ConfigError as e:
-        print(f"bpfdyno: config error: {e}", file=sys.stderr)
+    cfg = config_or_say(args)
+    if cfg is None:
         return EXIT_USAGE
     logging.basicConfig(
         level=cfg.daemon.log_level.upper(),

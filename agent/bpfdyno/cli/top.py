@@ -17,7 +17,8 @@ from bpfdyno.cli.cluster import (
     cluster_requested,
     resolve_cluster,
 )
-from bpfdyno.client.connection import EXIT_USAGE, ClientSetupError, add_target_argument
+from bpfdyno.client.connection import EXIT_USAGE, add_target_argument
+from bpfdyno.client.errors import ClientSetupError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,7 +51,7 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 def _cluster_top(args: argparse.Namespace) -> int:
     from bpfdyno.tui.cluster_app import run_cluster_top
-    from bpfdyno.tui.datasource import ClusterDataSource
+    from bpfdyno.tui.cluster_source import ClusterDataSource
 
     try:
         cluster = resolve_cluster(args)
@@ -62,10 +63,7 @@ def _cluster_top(args: argparse.Namespace) -> int:
             timeout_s=cluster.timeout_s,
             concurrency=cluster.concurrency,
         )
-    except ClusterUsageError as e:
+    except (ClusterUsageError, ClientSetupError) as e:
         print(f"bpfdyno top: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except ClientSetupError as e:
-        print(f"bpfdyno top: {e.message}", file=sys.stderr)
         return EXIT_USAGE
     return run_cluster_top(source)

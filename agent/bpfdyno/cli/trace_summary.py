@@ -17,26 +17,23 @@ for files and for a trace id.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import grpc
-
-from bpfdyno.cli.output import message_dict, print_json, report_rpc_error
+from bpfdyno.cli.output import print_json, with_agent
+from bpfdyno.client.agent import AgentClient
 from bpfdyno.client.connection import (
     EXIT_FAIL,
     EXIT_OK,
     EXIT_USAGE,
     add_target_argument,
-    channel,
     default_target,
 )
-from bpfdyno.rpc.v1 import tracing_pb2 as pb
-from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
+from bpfdyno.rpc.traces import ProcessSummary
+from bpfdyno.rpc.wire import record_dict
 
 #: A value at least this many times the row's median is marked as standing out...
 OUTLIER_RATIO = 1.5
@@ -62,32 +59,26 @@ def cmd_trace_summary(args: argparse.Namespace) -> int:
     if bool(args.files) == bool(args.trace_id):
         print("bpfdyno: give trace files, or --trace-id (not both)", file=sys.stderr)
         return EXIT_USAGE
-    rows: list[dict[str, Any]]
     if args.files:
         from bpfdyno.tracing.summary import summarize_file
 
-        rows = [_with_defaults(dataclasses.asdict(summarize_file(f))) for f in args.files]
-    else:
-        target = args.target or default_target()
-        try:
-            with channel(target) as ch:
-                resp = pb_grpc.TracingStub(ch).GetTraceSummary(
-                    pb.GetTraceRequest(trace_id=args.trace_id), timeout=300
-                )
-        except grpc.RpcError as e:
-            return report_rpc_error(e, target)
-        rows = [message_dict(p, with_defaults=True) for p in resp.processes]
+        return _show([summarize_file(f) for f in args.files], args.json)
+
+    async def ask(agent: AgentClient) -> int:
+        return _show((await agent.trace_summary(args.trace_id)).processes, args.json)
+
+    return with_agent(args.target or default_target(), ask)
+
+
+def _show(summaries: Sequence[ProcessSummary], as_json: bool) -> int:
+    """Print the summaries, by rank; 1 when no file could be summarised."""
+    rows = [record_dict(s, with_defaults=True) for s in summaries]
     rows.sort(key=lambda r: (r["rank"] if r["rank"] >= 0 else 1 << 30, r["pid"], r["path"]))
-    if args.json:
+    if as_json:
         print_json({"processes": rows})
     else:
         print(format_summary(rows))
     return EXIT_FAIL if all(r.get("error") for r in rows) else EXIT_OK
-
-
-def _with_defaults(row: dict[str, Any]) -> dict[str, Any]:
-    row["kernel_tracks"] = list(row["kernel_tracks"])
-    return row
 
 
 def _seconds(v: float) -> str:

@@ -17,33 +17,52 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import grpc
-
 from bpfdyno.cli.cluster import add_cluster_arguments, cluster_requested, run_job_trace
-from bpfdyno.cli.output import message_dict, print_json, report_rpc_error
+from bpfdyno.cli.output import print_json, with_agent
+from bpfdyno.client.agent import AgentClient
 from bpfdyno.client.connection import (
     EXIT_FAIL,
     EXIT_OK,
     EXIT_USAGE,
     add_target_argument,
-    channel,
     default_target,
 )
+from bpfdyno.client.errors import AgentError, ErrorKind
 from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.identity import user_name
 from bpfdyno.core.rules import pause_duration_s
-from bpfdyno.rpc.kernel_tracks import describe_kernel_tracks
-from bpfdyno.rpc.traces import TraceSpec, spec_to_pb
-from bpfdyno.rpc.v1 import tracing_pb2 as pb
-from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
+from bpfdyno.rpc.traces import (
+    PROFILER_SWITCHES,
+    DcgmResult,
+    ProcessTraceState,
+    TraceSpec,
+    TraceStart,
+    TraceStatus,
+    Trainer,
+)
+from bpfdyno.rpc.wire import record_dict
 
 #: How long `gputrace --wait` waits when --timeout is not given.
 DEFAULT_WAIT_S = 120.0
 #: dyno's defaults, which `TraceSpec` holds.
 _DEFAULT = TraceSpec()
+#: ``gputrace``'s numbers that are `TraceSpec` fields as they are, with dyno's flags:
+#: (flag, field, help), defaulting to the spec's defaults. The switches are
+#: `PROFILER_SWITCHES` (``--record-shapes``...), off by default.
+SPEC_NUMBERS = (
+    ("--duration-ms", "duration_ms", "duration of the trace in ms"),
+    ("--iterations", "iterations", "trace this many iterations (> 0) instead"),
+    ("--profile-start-time", "profile_start_time_ms", "epoch ms to start at (0 = ~7 s)"),
+    (
+        "--profile-start-iteration-roundup",
+        "profile_start_iteration_roundup",
+        "start an iteration trace at a multiple of this",
+    ),
+    ("--process-limit", "process_limit", "most processes to trace"),
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -66,42 +85,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(SLURM: 1234, an array task 1234_5, a het component 1234+1)",
     )
     p.add_argument("--pids", default="0", help="pids to trace, comma separated; 0 = all in job")
-    p.add_argument(
-        "--duration-ms",
-        type=int,
-        default=_DEFAULT.duration_ms,
-        help="duration of the trace in ms",
-    )
-    p.add_argument(
-        "--iterations",
-        type=int,
-        default=_DEFAULT.iterations,
-        help="trace this many iterations (> 0) instead",
-    )
     p.add_argument("--log-file", required=True, help="trace file (Kineto inserts _<pid>)")
-    p.add_argument(
-        "--profile-start-time",
-        type=int,
-        default=_DEFAULT.profile_start_time_ms,
-        help="epoch ms to start at (0 = ~7 s)",
-    )
-    p.add_argument(
-        "--profile-start-iteration-roundup",
-        type=int,
-        default=_DEFAULT.profile_start_iteration_roundup,
-        help="start an iteration trace at a multiple of this",
-    )
-    p.add_argument(
-        "--process-limit",
-        type=int,
-        default=_DEFAULT.process_limit,
-        help="most processes to trace",
-    )
-    p.add_argument("--record-shapes", action="store_true", help="record operator input shapes")
-    p.add_argument("--profile-memory", action="store_true", help="profile memory")
-    p.add_argument("--with-stacks", action="store_true", help="record Python stacks")
-    p.add_argument("--with-flops", action="store_true", help="estimate operator FLOPs")
-    p.add_argument("--with-modules", action="store_true", help="record nn.Module hierarchy")
+    for flag, field, help_text in SPEC_NUMBERS:
+        default = getattr(_DEFAULT, field)
+        p.add_argument(flag, dest=field, type=int, default=default, help=help_text)
+    for field, _, help_text in PROFILER_SWITCHES:
+        p.add_argument(f"--{field.replace('_', '-')}", action="store_true", help=help_text)
     p.add_argument(
         "--fail-on-no-process", action="store_true", help="exit 1 when no process matched"
     )
@@ -147,10 +136,6 @@ def _target(args: argparse.Namespace) -> str:
     return str(args.target or default_target())
 
 
-def _state(value: int, enum: Any, prefix: str) -> str:
-    return str(enum.Name(value)).removeprefix(prefix).lower()
-
-
 def _ago(ts: float) -> str:
     return f"{max(0.0, time.time() - ts):.1f}s ago"
 
@@ -160,37 +145,31 @@ def _ago(ts: float) -> str:
 
 def cmd_trainers(args: argparse.Namespace) -> int:
     """Run ``bpfdyno trainers``; returns the exit status."""
-    target = _target(args)
-    req = pb.ListTrainersRequest()
-    if args.job_id is not None:
-        req.job_id = args.job_id
-    try:
-        with channel(target) as ch:
-            resp = pb_grpc.TracingStub(ch).ListTrainers(req, timeout=5)
-    except grpc.RpcError as e:
-        return report_rpc_error(e, target)
-    if args.json:
-        print_json(message_dict(resp))
+
+    async def show(agent: AgentClient) -> int:
+        trainers = await agent.trainers(args.job_id)
+        if args.json:
+            print_json({"trainers": [record_dict(t) for t in trainers]} if trainers else {})
+        elif not trainers:
+            print(_no_trainers_hint())
+        else:
+            print(format_trainers(trainers))
         return EXIT_OK
-    if not resp.trainers:
-        print(_no_trainers_hint())
-        return EXIT_OK
-    print(format_trainers(resp.trainers))
-    return EXIT_OK
+
+    return with_agent(_target(args), show)
 
 
-def format_trainers(trainers: Any) -> str:
+def format_trainers(trainers: Sequence[Trainer]) -> str:
     """A table of registered trainers."""
     lines = [
         f"{'PID':>8} {'JOB':>10} {'STATE':<15}{'ROLE':<12}{'OWNER':<12}{'POLLS':>6}  "
         f"{'LAST POLL':<11}{'TRACE':<17}ANCESTORS"
     ]
     for t in trainers:
-        state = _state(t.state, pb.TrainerState, "TRAINER_STATE_")
-        role = _state(t.role, pb.TrainerRole, "TRAINER_ROLE_")
-        owner = (user_name(t.uid) or str(t.uid)) if t.HasField("uid") else "?"
+        role = t.role or "unknown"
+        owner = (user_name(t.uid) or str(t.uid)) if t.uid is not None else "?"
         lines.append(
-            f"{t.pid:>8} {t.job_id:>10} {state:<15}{role:<12}{owner:<12}{t.polls:>6}  "
+            f"{t.pid:>8} {t.job_id:>10} {t.state:<15}{role:<12}{owner:<12}{t.polls:>6}  "
             f"{_ago(t.last_poll_unix_seconds):<11}{t.trace_id or '-':<17}"
             f"{','.join(str(a) for a in t.ancestors)}"
         )
@@ -240,16 +219,8 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
     wait_s = args.timeout if args.timeout is not None else DEFAULT_WAIT_S
     spec = TraceSpec(
         log_file=args.log_file,
-        duration_ms=args.duration_ms,
-        iterations=args.iterations,
-        profile_start_time_ms=args.profile_start_time,
-        profile_start_iteration_roundup=args.profile_start_iteration_roundup,
-        record_shapes=args.record_shapes,
-        profile_memory=args.profile_memory,
-        with_stacks=args.with_stacks,
-        with_flops=args.with_flops,
-        with_modules=args.with_modules,
-        process_limit=args.process_limit,
+        **{field: getattr(args, field) for _, field, _ in SPEC_NUMBERS},
+        **{field: getattr(args, field) for field, _, _ in PROFILER_SWITCHES},
         pids=() if pids == [0] else tuple(pids),
         job_id=int(job_id) if job_id.isdigit() else 0,
         timeout_seconds=wait_s if (args.wait or args.timeout is not None) else 0.0,
@@ -258,69 +229,48 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
     )
     if cluster_requested(args):
         return run_job_trace(args, spec, wait_s)
-    target = _target(args)
-    try:
-        with channel(target) as ch:
-            stub = pb_grpc.TracingStub(ch)
-            try:
-                resp = stub.StartTrace(spec_to_pb(spec), timeout=10)
-            except grpc.RpcError as e:
-                if isinstance(e, grpc.Call) and e.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                    print(f"bpfdyno: trace request rejected: {e.details()}", file=sys.stderr)
-                    return EXIT_USAGE
+
+    async def trace(agent: AgentClient) -> int:
+        try:
+            started = await agent.start_trace(spec, timeout_s=10)
+        except AgentError as e:
+            if e.kind is not ErrorKind.REFUSED:
                 raise
-            if not args.json:
-                print(format_start(resp), flush=True)
-            final = None
-            if args.wait and resp.triggered:
-                final = _wait(stub, resp.trace_id, wait_s, quiet=args.json)
-    except grpc.RpcError as e:
-        return report_rpc_error(e, target)
-    if args.json:
-        out: dict[str, Any] = {"request": message_dict(resp)}
-        if final is not None:
-            out["trace"] = message_dict(final)
-        print_json(out)
-    elif final is not None:
-        print(format_final(final))
-    if not resp.processes_matched and args.fail_on_no_process:
-        return EXIT_FAIL
-    if final is not None and any(
-        p.state != pb.PROCESS_TRACE_STATE_WRITTEN for p in final.processes
-    ):
-        return EXIT_FAIL
-    return EXIT_OK
+            print(f"bpfdyno: trace request rejected: {e.details}", file=sys.stderr)
+            return EXIT_USAGE
+        if not args.json:
+            print(format_start(started), flush=True)
+        final = None
+        said: dict[int, ProcessTraceState] = {}
+        if args.wait and started.triggered:
+            async for final in agent.follow_trace(started.trace_id, wait_s):
+                if not args.json:
+                    _print_changes(said, final)
+        if args.json:
+            out: dict[str, Any] = {"request": record_dict(started)}
+            if final is not None:
+                out["trace"] = record_dict(final)
+            print_json(out)
+        elif final is not None:
+            print(format_final(final))
+        if not started.processes_matched and args.fail_on_no_process:
+            return EXIT_FAIL
+        if final is not None and final.count(ProcessTraceState.WRITTEN) < len(final.processes):
+            return EXIT_FAIL
+        return EXIT_OK
+
+    return with_agent(_target(args), trace)
 
 
-def _wait(stub: pb_grpc.TracingStub, trace_id: str, wait_s: float, quiet: bool) -> Any:
-    """Follow the trace until done or ``wait_s`` (plus a little, for the agent's verdict)."""
-    last: Any = None
-    stream = stub.WatchTrace(pb.GetTraceRequest(trace_id=trace_id), timeout=wait_s + 5)
-    try:
-        for status in stream:
-            if not quiet:
-                _print_changes(last, status)
-            last = status
-            if status.done:
-                break
-    except grpc.RpcError as e:
-        if not (isinstance(e, grpc.Call) and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
-            raise
-        last = stub.GetTrace(pb.GetTraceRequest(trace_id=trace_id), timeout=5)
-    finally:
-        stream.cancel()
-    return last
-
-
-def _print_changes(before: Any, now: Any) -> None:
-    old = {p.pid: p.state for p in before.processes} if before is not None else {}
+def _print_changes(said: dict[int, ProcessTraceState], now: TraceStatus) -> None:
+    """Say each process whose state is not the one ``said`` holds for it (then hold it)."""
     for p in now.processes:
-        if old.get(p.pid) != p.state:
-            state = _state(p.state, pb.ProcessTraceState, "PROCESS_TRACE_STATE_")
-            print(f"  {time.strftime('%H:%M:%S')} pid {p.pid}: {state} — {p.reason}", flush=True)
+        if said.get(p.pid) != p.state:
+            said[p.pid] = p.state
+            print(f"  {time.strftime('%H:%M:%S')} pid {p.pid}: {p.state} — {p.reason}", flush=True)
 
 
-def format_start(resp: Any) -> str:
+def format_start(resp: TraceStart) -> str:
     """What a trace request did, in words: triggered files, busy and skipped processes."""
     lines = [
         f"trace {resp.trace_id}: matched {len(resp.processes_matched)}, triggered "
@@ -343,16 +293,15 @@ def format_start(resp: Any) -> str:
     return "\n".join(lines)
 
 
-def format_final(status: Any) -> str:
+def format_final(status: TraceStatus) -> str:
     """Per process: state, size and path, once the trace is over (or the wait timed out)."""
     lines = [f"trace {status.trace_id}: {'done' if status.done else 'still open'}"]
     for p in status.processes:
-        state = _state(p.state, pb.ProcessTraceState, "PROCESS_TRACE_STATE_")
         size = f"{p.size_bytes} bytes" if p.size_bytes >= 0 else "-"
-        lines.append(f"  pid {p.pid:>8} {state:<10} {size:>14}  {p.output_path}")
-        if p.state != pb.PROCESS_TRACE_STATE_WRITTEN:
+        lines.append(f"  pid {p.pid:>8} {p.state:<10} {size:>14}  {p.output_path}")
+        if p.state is not ProcessTraceState.WRITTEN:
             lines.append(f"  {'':>12} {p.reason}")
-        tracks = describe_kernel_tracks(p.kernel_tracks)
+        tracks = p.kernel_tracks.describe()
         if tracks:
             lines.append(f"  {'':>12} {tracks}")
     return "\n".join(lines)
@@ -361,18 +310,16 @@ def format_final(status: Any) -> str:
 # -- dcgm -----------------------------------------------------------------------------------
 
 
-def _dcgm(args: argparse.Namespace, call: Callable[[pb_grpc.TracingStub], Any]) -> int:
-    target = _target(args)
-    try:
-        with channel(target) as ch:
-            resp = call(pb_grpc.TracingStub(ch))
-    except grpc.RpcError as e:
-        return report_rpc_error(e, target)
-    print(
-        f"status: {'true' if resp.status else 'false'}"
-        + (f" ({resp.reason})" if resp.reason else "")
-    )
-    return EXIT_OK if resp.status else EXIT_FAIL
+def _dcgm(args: argparse.Namespace, call: Callable[[AgentClient], Awaitable[DcgmResult]]) -> int:
+    async def ask(agent: AgentClient) -> int:
+        resp = await call(agent)
+        print(
+            f"status: {'true' if resp.status else 'false'}"
+            + (f" ({resp.reason})" if resp.reason else "")
+        )
+        return EXIT_OK if resp.status else EXIT_FAIL
+
+    return with_agent(_target(args), ask)
 
 
 def cmd_dcgm_pause(args: argparse.Namespace) -> int:
@@ -382,11 +329,9 @@ def cmd_dcgm_pause(args: argparse.Namespace) -> int:
     except InvalidArgument as e:
         print(f"bpfdyno: {e}", file=sys.stderr)
         return EXIT_USAGE
-    return _dcgm(
-        args, lambda s: s.DcgmPause(pb.DcgmPauseRequest(duration_s=args.duration_s), timeout=5)
-    )
+    return _dcgm(args, lambda agent: agent.dcgm_pause(args.duration_s))
 
 
 def cmd_dcgm_resume(args: argparse.Namespace) -> int:
     """Run ``bpfdyno dcgm-resume``; returns the exit status."""
-    return _dcgm(args, lambda s: s.DcgmResume(pb.DcgmResumeRequest(), timeout=5))
+    return _dcgm(args, lambda agent: agent.dcgm_resume())

@@ -1,4 +1,4 @@
-"""Connecting to a running agent's gRPC API (used by the CLI and the TUI).
+"""Connecting to a running agent's gRPC API: targets, TLS and token (`AgentClient` uses it).
 
 A Unix socket target is always plain (its permissions are the access control). A TCP target
 uses TLS when any of these environment variables is set, so every command and the TUI
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections import namedtuple
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +22,9 @@ from typing import Any, Literal
 
 import grpc
 
+from bpfdyno.client.errors import TARGET_ENV, ClientSetupError, is_unix_target
 from bpfdyno.core.config import DEFAULT_SOCKET
 
-#: Environment variable naming the agent to talk to (a socket path or host:port).
-TARGET_ENV = "BPFDYNO_TARGET"
 TLS_CA_ENV = "BPFDYNO_TLS_CA"
 TLS_CERT_ENV = "BPFDYNO_TLS_CERT"
 TLS_KEY_ENV = "BPFDYNO_TLS_KEY"
@@ -46,17 +44,6 @@ CHANNEL_OPTIONS: ChannelOptions = (
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.max_receive_message_length", 16 << 20),
 )
-
-
-class ClientSetupError(grpc.RpcError):  # type: ignore[misc]  # grpc is untyped here
-    """The client's TLS/token settings are unusable; the message says which and what to do.
-
-    An `RpcError` so that every caller's existing error handling reports it.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 #: Exit statuses shared by every CLI command.
@@ -89,39 +76,8 @@ def grpc_target(target: str) -> str:
     return target
 
 
-def unreachable_message(target: str, details: str = "") -> str:
-    """Why the agent at ``target`` cannot be reached, and what to do about it."""
-    if target.startswith("/") and os.path.exists(target) and not os.access(target, os.W_OK):
-        return (
-            f"cannot reach the agent at {target}: no permission on the socket; run as "
-            "root or as a member of the socket's group"
-        )
-    # gRPC's details nest the cause ("failed to connect to all addresses; last error:
-    # ...: connect failed: ... error: No such file or directory"): keep the innermost.
-    cause = details.rsplit("error: ", 1)[-1].strip() if details else "no answer"
-    return (
-        f"cannot reach the agent at {target} ({cause}): is it running? "
-        "start it with `sudo bpfdyno serve`; if it runs elsewhere, pass --socket PATH or "
-        f"--host HOST:PORT (or set {TARGET_ENV})"
-    )
-
-
-def explain_rpc_error(e: grpc.RpcError, target: str) -> str:
-    """A one-line message for a failed call, with what to do about it."""
-    # Both grpc.Call (sync stubs) and grpc.aio.AioRpcError carry code() and details().
-    if isinstance(e, ClientSetupError):
-        return e.message
-    code_fn, details_fn = getattr(e, "code", None), getattr(e, "details", None)
-    code = code_fn() if callable(code_fn) else None
-    details = (details_fn() if callable(details_fn) else str(e)) or ""
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return unreachable_message(target, details)
-    name = code.name if code is not None else "ERROR"
-    return f"agent at {target} answered {name}: {details}"
-
-
 def _is_unix(target: str) -> bool:
-    return grpc_target(target).startswith("unix:")
+    return is_unix_target(grpc_target(target))
 
 
 def _read_env_file(env: str) -> bytes:
@@ -138,7 +94,7 @@ def _read_env_file(env: str) -> bytes:
 class ClientSecurity:
     """How a TCP target is reached: TLS, and the bearer token sent with every call.
 
-    The token is added by a client interceptor, not by gRPC's call credentials: those are a
+    The token is added by client interceptors, not by gRPC's call credentials: those are a
     Python metadata plugin that gRPC destroys from one of its own threads, which can
     deadlock against the closing of the channel (grpc/grpc#42247; seen here, a CLI command
     hanging at exit under load).
@@ -175,56 +131,8 @@ def security_from_env() -> ClientSecurity | None:
     return ClientSecurity(creds, token)
 
 
-class _CallDetails(
-    namedtuple(  # grpc.ClientCallDetails is an interface of these attributes
-        "_CallDetails",
-        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
-    ),
-    grpc.ClientCallDetails,  # type: ignore[misc]  # grpc is untyped here
-):
-    pass
-
-
-def _with_token(metadata: Any, token: str) -> list[tuple[str, str]]:
-    return [*(metadata or ()), (AUTHORIZATION, f"Bearer {token}")]
-
-
-class _BearerToken(
-    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
-    grpc.StreamUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.StreamStreamClientInterceptor,  # type: ignore[misc]
-):
-    """Adds ``authorization: Bearer <token>`` to every call of a blocking channel."""
-
-    def __init__(self, token: str) -> None:
-        self._token = token
-
-    def _details(self, d: Any) -> _CallDetails:
-        return _CallDetails(
-            d.method,
-            d.timeout,
-            _with_token(d.metadata, self._token),
-            d.credentials,
-            d.wait_for_ready,
-            getattr(d, "compression", None),
-        )
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(self._details(details), requests)
-
-    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(self._details(details), requests)
-
-
 def _aio_details(d: Any, token: str) -> grpc.aio.ClientCallDetails:
-    metadata = grpc.aio.Metadata(*_with_token(d.metadata, token))
+    metadata = grpc.aio.Metadata(*(d.metadata or ()), (AUTHORIZATION, f"Bearer {token}"))
     return grpc.aio.ClientCallDetails(
         d.method, d.timeout, metadata, d.credentials, d.wait_for_ready
     )
@@ -263,19 +171,6 @@ def _aio_token_interceptors(token: str) -> list[_AioToken]:
     """Interceptors adding ``authorization: Bearer <token>`` to every call of an asyncio
     channel."""
     return [cls(token) for cls in (_AioTokenUU, _AioTokenUS, _AioTokenSU, _AioTokenSS)]
-
-
-def channel(target: str, options: ChannelOptions = ()) -> grpc.Channel:
-    """A blocking channel to ``target``: TLS per the environment for TCP targets.
-
-    Raises:
-        ClientSetupError: the TLS/token environment variables are unusable.
-    """
-    security = None if _is_unix(target) else security_from_env()
-    if security is None:
-        return grpc.insecure_channel(grpc_target(target), options=options)
-    ch = grpc.secure_channel(grpc_target(target), security.credentials, options=options)
-    return grpc.intercept_channel(ch, _BearerToken(security.token)) if security.token else ch
 
 
 def aio_channel(

@@ -19,7 +19,7 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Collection, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 AttrValue = int | float | str
@@ -55,6 +55,10 @@ class KernelEvent:
     tid: int
     comm: str
     attrs: dict[str, AttrValue] = field(default_factory=dict)
+
+
+#: Where a collector hands the events it decoded (the daemon's flight recorder), in batches.
+EventSink = Callable[[Sequence[KernelEvent]], None]
 
 
 def estimate_event_bytes(ev: KernelEvent) -> int:

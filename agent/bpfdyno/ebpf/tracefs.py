@@ -79,3 +79,12 @@ def ensure_tracefs() -> Path:
             f"({os.strerror(err)}); run as root or mount it: {MOUNT_COMMAND}"
         )
     return TRACEFS_MOUNTPOINT
+
+
+def read_format(tracefs: Path, tracepoint: str) -> str | None:
+    """The ``format`` file of ``category:event``; None if the kernel has no such event."""
+    category, _, event = tracepoint.partition(":")
+    try:
+        return (tracefs / "events" / category / event / "format").read_text()
+    except OSError:
+        return None

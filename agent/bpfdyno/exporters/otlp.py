@@ -51,7 +51,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from bpfdyno.core.catalog import CATALOG, Catalog
+from bpfdyno.core.catalog import Catalog
 from bpfdyno.core.config import OtlpSection
 from bpfdyno.core.metrics import HistogramSample, MetricKind, Round, Sample
 from bpfdyno.core.status import PartState, PartStatus
@@ -131,7 +131,7 @@ def resource_attributes(
 
 
 def metrics_data(
-    view: ExportView, resource: Resource, start_ns: int, catalog: Catalog = CATALOG
+    view: ExportView, resource: Resource, start_ns: int, catalog: Catalog | None = None
 ) -> MetricsData:
     """One export in the SDK's data model (which its OTLP exporters encode)."""
     now_ns = int(view.ts * 1e9)
@@ -272,7 +272,7 @@ class OtlpExporter:
         self,
         cfg: OtlpSection,
         providers: Sequence[SampleProvider] = (),
-        catalog: Catalog = CATALOG,
+        catalog: Catalog | None = None,
         sdk_exporter: Callable[[OtlpSection], MetricExporter] = build_sdk_exporter,
     ) -> None:
         self._cfg = cfg

@@ -36,7 +36,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from bpfdyno.core.catalog import CATALOG, Catalog
+from bpfdyno.core.catalog import Catalog
 from bpfdyno.core.config import PrometheusSection
 from bpfdyno.core.metrics import HistogramSample, MetricKind, MetricSpec, Round, Sample
 from bpfdyno.core.status import PartState, PartStatus
@@ -62,7 +62,7 @@ def help_text(spec: MetricSpec) -> str:
     return f"{spec.help} Unit: {spec.unit}."
 
 
-def families(view: ExportView, catalog: Catalog = CATALOG) -> list[Metric]:
+def families(view: ExportView, catalog: Catalog | None = None) -> list[Metric]:
     """The Prometheus metric families of one export, in catalog order."""
     return [
         _histogram_family(m.spec, m.histograms)
@@ -126,7 +126,7 @@ class PrometheusExporter:
         self,
         cfg: PrometheusSection,
         providers: Sequence[SampleProvider] = (),
-        catalog: Catalog = CATALOG,
+        catalog: Catalog | None = None,
     ) -> None:
         self._latest = LatestRounds(providers)
         self._catalog = catalog

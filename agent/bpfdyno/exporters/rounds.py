@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -45,11 +45,12 @@ class ExportView:
     samples: tuple[Sample, ...]
     histograms: tuple[HistogramSample, ...]
 
-    def by_metric(self, catalog: Catalog) -> Iterator[MetricSeries]:
-        """The metrics of ``catalog`` this export has series of, in catalog order.
+    def by_metric(self, catalog: Catalog | None = None) -> Iterator[MetricSeries]:
+        """The metrics of ``catalog`` this export has series of, in catalog order (by name).
 
         Samples of metrics that are not in ``catalog`` are left out (they cannot be typed);
-        a test keeps every emitted metric declared.
+        a test keeps every emitted metric declared. Without a catalog, the samples' own
+        specs are the catalog.
         """
         samples: dict[str, list[Sample]] = defaultdict(list)
         for s in self.samples:
@@ -57,12 +58,20 @@ class ExportView:
         histograms: dict[str, list[HistogramSample]] = defaultdict(list)
         for h in self.histograms:
             histograms[h.spec.name].append(h)
-        for spec in catalog:
+        specs: Iterable[MetricSpec] = catalog if catalog is not None else _specs_of(self)
+        for spec in specs:
             if spec.kind is MetricKind.HISTOGRAM:
                 if spec.name in histograms:
                     yield MetricSeries(spec, [], histograms[spec.name])
             elif spec.name in samples:
                 yield MetricSeries(spec, samples[spec.name], [])
+
+
+def _specs_of(view: ExportView) -> list[MetricSpec]:
+    """The specs of a view's samples and histograms, by name (the order a catalog has)."""
+    specs = {s.spec.name: s.spec for s in view.samples}
+    specs.update((h.spec.name, h.spec) for h in view.histograms)
+    return [specs[name] for name in sorted(specs)]
 
 
 class MetricSeries(NamedTuple):

@@ -7,8 +7,6 @@ is in docs/tracing.md.
 
 from __future__ import annotations
 
-from typing import Any
-
 #: Every kernel track, in the order they are listed.
 KERNEL_TRACKS = ("net", "sched", "nccl", "gpu")
 #: The words a request may use besides the track names.
@@ -36,16 +34,3 @@ def parse_kernel_tracks(text: str) -> tuple[str, ...] | None:
             f"{','.join(KERNEL_TRACKS)}, or '{ALL}', or '{NONE}'"
         )
     return tuple(t for t in KERNEL_TRACKS if t in words)
-
-
-def describe_kernel_tracks(k: Any) -> str:
-    """A process's ``KernelTracks`` message (tracing.proto) in one line; "" if none asked."""
-    if not k.requested:
-        return ""
-    if k.state == "merged":
-        text = f"kernel tracks {','.join(k.merged)} merged ({k.events} events"
-        text += f", {k.lost} records lost)" if k.lost else ")"
-        return text + (f"; {k.reason}" if k.reason else "")
-    return f"kernel tracks {','.join(k.requested)} {k.state}" + (
-        f": {k.reason}" if k.reason else ""
-    )

@@ -1,9 +1,10 @@
 """The process table's vocabulary, shared by the agent and every client.
 
 One `ProcessRow` whose field names are those of ``ProcessRow`` in ``kernel.proto`` (units in
-the names), its protobuf conversion in both directions, the ``ListProcesses`` filter language
-and its sort keys. The agent's table builds these rows, its gRPC servicer sends them, and
-``bpfdyno ps`` and ``bpfdyno top`` read them back, filter and sort them with the same words.
+the names; mapped to and from protobuf by `bpfdyno.rpc.wire`), the table as ``ListProcesses``
+answers it (`ProcessList`), its filter language and its sort keys. The agent's table builds
+these rows, its gRPC servicer sends them, and ``bpfdyno ps`` and ``bpfdyno top`` read them
+back, filter and sort them with the same words.
 
 A value that is not known (its collector is not running) is NaN for floats and None for
 counts, never 0. On the wire an unknown value is an unset ``optional`` field, except for
@@ -12,21 +13,20 @@ counts, never 0. On the wire an unknown value is an unset ``optional`` field, ex
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import cast
 
 from bpfdyno.rpc.v1 import kernel_pb2
+from bpfdyno.rpc.wire import from_pb, record, to_pb
 
 NAN = float("nan")
 #: Bytes per second that count as much activity as one busy core (1 Gbit/s).
 NET_ACTIVITY_SCALE = 125e6
 
 
-@dataclass(frozen=True, slots=True)
+@record(kernel_pb2.ProcessRow)
 class ProcessRow:
     """One process of the agent's process table.
 
@@ -51,9 +51,9 @@ class ProcessRow:
     offcpu_runnable_ns: int | None = None
     offcpu_blocked_ns: int | None = None
     runq_wait_ns: int | None = None
-    oncpu_ratio: float = NAN
-    runq_wait_ratio: float = NAN
-    offcpu_blocked_ratio: float = NAN
+    oncpu_ratio: float = NAN  # thread-seconds per second: average threads on a CPU
+    runq_wait_ratio: float = NAN  # ... waiting in a run queue
+    offcpu_blocked_ratio: float = NAN  # ... blocked (sleeping, I/O, locks)
     tcp_tx_bytes: int | None = None  # cumulative payload bytes, from the net collector
     tcp_rx_bytes: int | None = None
     udp_tx_bytes: int | None = None
@@ -92,6 +92,27 @@ class ProcessRow:
         return self.cmdline or f"[{self.comm}]"
 
 
+#: The scheduler's view of a process, column title and row field: how many of its threads
+#: were on a CPU, waiting for one, and blocked, on average over the last interval. (The
+#: ratios are thread-seconds per second: a trainer with 44 mostly idle threads is blocked
+#: "4402 %" of the time, which reads as nothing; as threads it reads 44.)
+THREAD_COLUMNS = (
+    ("ONCPU", "oncpu_ratio"),
+    ("RUNQ", "runq_wait_ratio"),
+    ("BLOCK", "offcpu_blocked_ratio"),
+)
+#: What those columns mean, for a table's legend.
+THREAD_COLUMNS_NOTE = "ONCPU, RUNQ, BLOCK: threads on a CPU, waiting for one, blocked"
+
+
+def threads_text(threads: float) -> str:
+    """An average number of threads as a column shows it: ``0.3``, ``12.0``, ``143``; ``-``
+    when unknown."""
+    if math.isnan(threads):
+        return "-"
+    return f"{threads:.1f}" if threads < 99.95 else f"{threads:.0f}"
+
+
 def activity(cpu_ratio: float, net_bytes_per_second: float) -> float:
     """What picks the table's rows and the default sort: CPU plus network traffic.
 
@@ -106,82 +127,31 @@ def activity(cpu_ratio: float, net_bytes_per_second: float) -> float:
 # -- protobuf conversion --------------------------------------------------------------------
 
 
-class _Wire(enum.Enum):
-    """How a field says "unknown" on the wire."""
-
-    COPY = "always known: sent as it is"
-    UNSET_IS_NAN = "optional double: unset means NaN"
-    UNSET_IS_NONE = "optional integer: unset means None"
-    ZERO_IS_NAN = "plain double (proto3 cannot leave it unset): 0 means NaN"
-
-
-def _wire_rules() -> tuple[tuple[str, _Wire], ...]:
-    """Each field with its wire rule, read off the dataclass defaults and the proto.
-
-    The dataclass is the one field table: a NaN default marks a float that may be unknown, a
-    None default an integer that may be; the proto says whether the field can be unset.
-
-    Raises:
-        TypeError: the dataclass and ``kernel.proto`` disagree (a programming error).
-    """
-    wire = kernel_pb2.ProcessRow.DESCRIPTOR.fields_by_name
-    ours = {f.name: f for f in dataclasses.fields(ProcessRow)}
-    if set(ours) != set(wire):
-        raise TypeError(
-            "ProcessRow and kernel.proto's ProcessRow must have the same fields; only in the "
-            f"dataclass: {sorted(set(ours) - set(wire))}, only in the proto: "
-            f"{sorted(set(wire) - set(ours))}"
-        )
-    rules = []
-    for name, f in ours.items():
-        optional = wire[name].has_presence
-        if f.default is None:
-            rule = _Wire.UNSET_IS_NONE
-        elif isinstance(f.default, float) and math.isnan(f.default):
-            rule = _Wire.UNSET_IS_NAN if optional else _Wire.ZERO_IS_NAN
-        else:
-            rule = _Wire.COPY
-        if optional != (rule in (_Wire.UNSET_IS_NAN, _Wire.UNSET_IS_NONE)):
-            raise TypeError(
-                f"ProcessRow.{name}: an optional proto field needs a NaN or None default "
-                "(unknown), and only an optional one may have a None default"
-            )
-        rules.append((name, rule))
-    return tuple(rules)
-
-
-_RULES = _wire_rules()
-
-
 def row_to_pb(row: ProcessRow) -> kernel_pb2.ProcessRow:
     """The protobuf message of a row; unknown values become unset fields."""
-    values: dict[str, Any] = {}
-    for name, rule in _RULES:
-        value = getattr(row, name)
-        if rule is _Wire.COPY:
-            values[name] = value
-        elif rule is _Wire.ZERO_IS_NAN:
-            values[name] = 0.0 if math.isnan(value) else value
-        elif rule is _Wire.UNSET_IS_NAN:
-            if not math.isnan(value):
-                values[name] = value
-        elif value is not None:
-            values[name] = value
-    return kernel_pb2.ProcessRow(**values)
+    return cast(kernel_pb2.ProcessRow, to_pb(row))
 
 
 def row_from_pb(msg: kernel_pb2.ProcessRow) -> ProcessRow:
     """The row of a protobuf message; unset optional fields become NaN or None (unknown)."""
-    values: dict[str, Any] = {}
-    for name, rule in _RULES:
-        if rule is _Wire.COPY:
-            values[name] = getattr(msg, name)
-        elif rule is _Wire.ZERO_IS_NAN:
-            values[name] = getattr(msg, name) or NAN
-        elif msg.HasField(name):
-            values[name] = getattr(msg, name)
-        # else: the dataclass default, NaN or None
-    return ProcessRow(**values)
+    return from_pb(ProcessRow, msg)
+
+
+@record(kernel_pb2.ListProcessesResponse)
+class ProcessList:
+    """What ``ListProcesses`` answers: a snapshot of the agent's process table.
+
+    Attributes:
+        processes: the rows asked for (the most active processes plus trainers).
+        unix_seconds: wall-clock time of the table's refresh.
+        total_processes: processes on the host, shown or not.
+        unavailable: sources whose columns are unknown: name -> reason with a fix.
+    """
+
+    processes: tuple[ProcessRow, ...] = ()
+    unix_seconds: float = 0.0
+    total_processes: int = 0
+    unavailable: dict[str, str] = field(default_factory=dict)
 
 
 # -- filtering and sorting ------------------------------------------------------------------

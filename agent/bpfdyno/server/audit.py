@@ -7,12 +7,14 @@ sees the records of its own uid; an unattributed caller sees none.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import grpc
-import orjson
 
+from bpfdyno.rpc import audit as api
 from bpfdyno.rpc.v1 import audit_pb2 as pb
 from bpfdyno.rpc.v1 import audit_pb2_grpc as pb_grpc
+from bpfdyno.rpc.wire import to_pb
 from bpfdyno.server.peers import requester_from_context
 from bpfdyno.tracing.audit import AuditLog, AuditRecord
 
@@ -21,26 +23,8 @@ DEFAULT_LIMIT = 100
 
 
 def record_to_pb(r: AuditRecord) -> pb.AuditRecord:
-    return pb.AuditRecord(
-        seq=r.seq,
-        ts_unix_seconds=r.ts,
-        action=r.action,
-        decision=r.decision,
-        rule=r.rule,
-        message=r.message,
-        uid=r.uid,
-        user=r.user,
-        transport=r.transport,
-        peer=r.peer,
-        requester_pid=r.requester_pid,
-        trace_id=r.trace_id,
-        request_json=orjson.dumps(r.request, option=orjson.OPT_SORT_KEYS).decode(),
-        processes=[
-            pb.AuditedProcess(pid=p.pid, host_pid=p.host_pid, uid=p.uid, output_path=p.output_path)
-            for p in r.processes
-        ],
-        matched=list(r.matched),
-    )
+    """An audit record as its message: it speaks the API's words (`bpfdyno.rpc.audit`)."""
+    return cast(pb.AuditRecord, to_pb(r, api.AuditRecord))
 
 
 class AuditServicer(pb_grpc.AuditServicer):

@@ -4,25 +4,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Callable
+from typing import cast
 
 import grpc
 
 from bpfdyno.core.events import KernelEvent
-from bpfdyno.rpc.processes import row_to_pb
+from bpfdyno.rpc import kernel as api
+from bpfdyno.rpc.processes import ProcessList
 from bpfdyno.rpc.v1 import kernel_pb2 as pb
 from bpfdyno.rpc.v1 import kernel_pb2_grpc as pb_grpc
+from bpfdyno.rpc.wire import to_pb
 from bpfdyno.server.errors import grpc_errors
 from bpfdyno.services.kernel import KernelService
 from bpfdyno.sources.net.decode import TcpConnection
 
 
-def _opt_float(value: float) -> float | None:
-    """NaN (unknown) becomes an unset optional field."""
-    return None if math.isnan(value) else value
-
-
-def connection_to_pb(c: TcpConnection) -> pb.TcpConnection:
-    return pb.TcpConnection(
+def connection_record(c: TcpConnection) -> api.TcpConnection:
+    """A tracked connection in the API's words (unknown RTT: None)."""
+    return api.TcpConnection(
         pid=c.pid,
         comm=c.comm,
         family=c.family,
@@ -34,24 +33,16 @@ def connection_to_pb(c: TcpConnection) -> pb.TcpConnection:
         tx_bytes=c.tx_bytes,
         rx_bytes=c.rx_bytes,
         retransmits=c.retransmits,
-        srtt_seconds=_opt_float(c.srtt_s),
+        srtt_seconds=None if math.isnan(c.srtt_s) else c.srtt_s,
         snd_cwnd=c.snd_cwnd,
         established_unix_ns=c.established_ts_ns,
         passive=c.passive,
     )
 
 
-def event_to_pb(e: KernelEvent) -> pb.KernelEvent:
-    msg = pb.KernelEvent(unix_ns=e.ts_ns, kind=e.kind, pid=e.pid, tid=e.tid, comm=e.comm)
-    for key, value in e.attrs.items():
-        attr = msg.attrs[key]
-        if isinstance(value, bool | int):
-            attr.int_value = int(value)
-        elif isinstance(value, float):
-            attr.double_value = value
-        else:
-            attr.string_value = str(value)
-    return msg
+def event_record(e: KernelEvent) -> api.KernelEvent:
+    """A flight-recorder event in the API's words."""
+    return api.KernelEvent(e.ts_ns, e.kind, e.pid, e.tid, e.comm, dict(e.attrs))
 
 
 class KernelServicer(pb_grpc.KernelServicer):
@@ -65,31 +56,25 @@ class KernelServicer(pb_grpc.KernelServicer):
         self, request: pb.ListProcessesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListProcessesResponse:
         snap = self._svc.list_processes(request.sort_by, request.limit, request.filter)
-        return pb.ListProcessesResponse(
-            processes=[row_to_pb(r) for r in snap.rows],
-            unix_seconds=snap.ts,
-            total_processes=snap.total_processes,
-            unavailable=dict(snap.unavailable),
-        )
+        table = ProcessList(snap.rows, snap.ts, snap.total_processes, dict(snap.unavailable))
+        return cast(pb.ListProcessesResponse, to_pb(table))
 
     @grpc_errors
     async def ListConnections(
         self, request: pb.ListConnectionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListConnectionsResponse:
         conns = self._svc.list_connections(request.pid, request.state)
-        return pb.ListConnectionsResponse(connections=[connection_to_pb(c) for c in conns])
+        records = [cast(pb.TcpConnection, to_pb(connection_record(c))) for c in conns]
+        return pb.ListConnectionsResponse(connections=records)
 
     @grpc_errors
     async def GetEvents(
         self, request: pb.GetEventsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetEventsResponse:
         page = self._svc.get_events(request.since_unix_ns, list(request.kinds), request.limit)
-        return pb.GetEventsResponse(
-            events=[event_to_pb(e) for e in page.events],
-            evicted_age=page.evicted_age,
-            evicted_memory=page.evicted_memory,
-            oldest_unix_ns=page.oldest_ts_ns,
-        )
+        events = tuple(map(event_record, page.events))
+        api_page = api.EventsPage(events, page.evicted_age, page.evicted_memory, page.oldest_ts_ns)
+        return cast(pb.GetEventsResponse, to_pb(api_page))
 
     @grpc_errors
     async def StreamEvents(
@@ -99,7 +84,7 @@ class KernelServicer(pb_grpc.KernelServicer):
         # The subscription is closed however the stream ends (client gone: CancelledError).
         async with sub:
             async for event in sub:
-                yield event_to_pb(event)
+                yield cast(pb.KernelEvent, to_pb(event_record(event)))
 
 
 def kernel_servicer_factory(service: KernelService) -> Callable[[grpc.aio.Server], None]:

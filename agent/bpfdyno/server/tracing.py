@@ -7,119 +7,40 @@ each call comes from `bpfdyno.server.peers`.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from typing import cast
 
 import grpc
 
 from bpfdyno.core.errors import InvalidArgument
-from bpfdyno.rpc.diagnosis import to_pb
 from bpfdyno.rpc.kernel_tracks import parse_kernel_tracks
-from bpfdyno.rpc.traces import spec_from_pb
-from bpfdyno.rpc.v1 import diagnosis_pb2
+from bpfdyno.rpc.traces import (
+    DcgmResult,
+    TraceStart,
+    TraceStatus,
+    TraceSummary,
+    Trainer,
+    spec_from_pb,
+)
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
+from bpfdyno.rpc.wire import to_pb
 from bpfdyno.server.errors import grpc_errors
 from bpfdyno.server.peers import requester_from_context
-from bpfdyno.services.tracing import (
-    SkippedProcess,
-    TraceRequest,
-    TracingService,
-    TrainerView,
-)
-from bpfdyno.tracing.config_text import TraceOptions
-from bpfdyno.tracing.roles import Role
-from bpfdyno.tracing.traces import ProcState, TraceView, TrainerState
+from bpfdyno.services.tracing import TraceRequest, TracingService
+from bpfdyno.tracing.traces import TraceView
 
-_TRAINER_STATE = {
-    TrainerState.IDLE: pb.TRAINER_STATE_IDLE,
-    TrainerState.CONFIG_PENDING: pb.TRAINER_STATE_CONFIG_PENDING,
-    TrainerState.TRACING: pb.TRAINER_STATE_TRACING,
-}
-_ROLE = {
-    Role.WORKER: pb.TRAINER_ROLE_WORKER,
-    Role.LAUNCHER: pb.TRAINER_ROLE_LAUNCHER,
-    Role.DATA_WORKER: pb.TRAINER_ROLE_DATA_WORKER,
-}
-_PROC_STATE = {
-    ProcState.PENDING: pb.PROCESS_TRACE_STATE_PENDING,
-    ProcState.DELIVERED: pb.PROCESS_TRACE_STATE_DELIVERED,
-    ProcState.TRACING: pb.PROCESS_TRACE_STATE_TRACING,
-    ProcState.WRITTEN: pb.PROCESS_TRACE_STATE_WRITTEN,
-    ProcState.FAILED: pb.PROCESS_TRACE_STATE_FAILED,
-    ProcState.TIMED_OUT: pb.PROCESS_TRACE_STATE_TIMED_OUT,
-    ProcState.MERGING: pb.PROCESS_TRACE_STATE_MERGING,
-}
 _NO_GPU_MONITOR = "no GPU monitor in this agent (no GPU, or the gpu collector is disabled)"
 
 
-def trainer_to_pb(t: TrainerView) -> pb.Trainer:
-    return pb.Trainer(
-        pid=t.pid,
-        ancestors=list(t.ancestors),
-        job_id=t.job_id,
-        first_poll_unix_seconds=t.first_poll,
-        last_poll_unix_seconds=t.last_poll,
-        polls=t.polls,
-        state=_TRAINER_STATE[t.state],
-        role=_ROLE[t.role],
-        endpoint=t.endpoint,
-        trace_id=t.trace_id,
-        uid=t.uid,
-        host_pid=t.host_pid,
-    )
-
-
-def trace_to_pb(v: TraceView) -> pb.TraceStatus:
-    return pb.TraceStatus(
-        trace_id=v.trace_id,
-        created_unix_seconds=v.created,
-        deadline_unix_seconds=v.deadline,
-        iteration_mode=v.iteration_mode,
-        done=v.done,
-        processes=[
-            pb.ProcessTrace(
-                pid=p.pid,
-                job_id=p.job_id,
-                output_path=p.output_path,
-                state=_PROC_STATE[p.state],
-                reason=p.reason,
-                size_bytes=p.size_bytes,
-                updated_unix_seconds=p.updated,
-                kernel_tracks=pb.KernelTracks(
-                    requested=list(p.kernel_tracks.requested),
-                    state=p.kernel_tracks.state.value,
-                    merged=list(p.kernel_tracks.merged),
-                    events=p.kernel_tracks.events,
-                    lost=p.kernel_tracks.lost,
-                    reason=p.kernel_tracks.reason,
-                ),
-            )
-            for p in v.processes
-        ],
-    )
-
-
-def _skipped(items: tuple[SkippedProcess, ...]) -> list[pb.SkippedProcess]:
-    return [pb.SkippedProcess(pid=s.pid, job_id=s.job_id, reason=s.reason) for s in items]
+def trace_to_pb(view: TraceView) -> pb.TraceStatus:
+    """A trace's state as its message (the tracker keeps it in the API's own words)."""
+    return cast(pb.TraceStatus, to_pb(view, TraceStatus))
 
 
 def request_from_pb(r: pb.StartTraceRequest) -> TraceRequest:
-    """The domain request for a StartTrace message (proto3 zero values mean "default").
-
-    The one place where the client's `TraceSpec` becomes the Kineto `TraceOptions`.
-    """
+    """The domain request for a StartTrace message (proto3 zero values mean "default"): the
+    client's `TraceSpec` is its profiler options as they are."""
     spec = spec_from_pb(r)
-    options = TraceOptions(
-        log_file=spec.log_file,
-        duration_ms=spec.duration_ms,
-        iterations=spec.iterations,
-        start_time_ms=spec.profile_start_time_ms,
-        start_iteration_roundup=spec.profile_start_iteration_roundup,
-        record_shapes=spec.record_shapes,
-        profile_memory=spec.profile_memory,
-        with_stacks=spec.with_stacks,
-        with_flops=spec.with_flops,
-        with_modules=spec.with_modules,
-    )
     try:
         tracks = parse_kernel_tracks(spec.kernel_tracks)
     except ValueError as e:
@@ -128,7 +49,7 @@ def request_from_pb(r: pb.StartTraceRequest) -> TraceRequest:
         job_id=spec.job_id,
         pids=spec.pids,
         process_limit=spec.process_limit,
-        options=options,
+        options=spec,
         timeout_s=spec.timeout_seconds,
         kernel_tracks=tracks,
         pre_window_s=spec.pre_window_seconds,
@@ -143,27 +64,15 @@ class TracingServicer(pb_grpc.TracingServicer):
         self, request: pb.ListTrainersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListTrainersResponse:
         job = request.job_id if request.HasField("job_id") else None
-        return pb.ListTrainersResponse(
-            trainers=[trainer_to_pb(t) for t in self._svc.list_trainers(job)]
-        )
+        trainers = [cast(pb.Trainer, to_pb(t, Trainer)) for t in self._svc.list_trainers(job)]
+        return pb.ListTrainersResponse(trainers=trainers)
 
     @grpc_errors
     async def StartTrace(
         self, request: pb.StartTraceRequest, context: grpc.aio.ServicerContext
     ) -> pb.StartTraceResponse:
         res = self._svc.start_trace(request_from_pb(request), requester_from_context(context))
-        return pb.StartTraceResponse(
-            trace_id=res.trace_id,
-            processes_matched=list(res.matched),
-            triggered=[
-                pb.TriggeredProcess(pid=p.pid, job_id=p.job_id, output_path=p.output_path)
-                for p in res.triggered
-            ],
-            busy=_skipped(res.busy),
-            over_limit=_skipped(res.over_limit),
-            not_matched=_skipped(res.not_matched),
-            config_text=res.config_text,
-        )
+        return cast(pb.StartTraceResponse, to_pb(res, TraceStart))
 
     @grpc_errors
     async def GetTrace(
@@ -183,30 +92,28 @@ class TracingServicer(pb_grpc.TracingServicer):
         self, request: pb.DcgmPauseRequest, context: grpc.aio.ServicerContext
     ) -> pb.DcgmResponse:
         ok = self._svc.dcgm_pause(request.duration_s, requester_from_context(context))
-        return pb.DcgmResponse(status=ok, reason="" if ok else self._dcgm_reason())
+        return self._dcgm(ok)
 
     @grpc_errors
     async def DcgmResume(
         self, request: pb.DcgmResumeRequest, context: grpc.aio.ServicerContext
     ) -> pb.DcgmResponse:
-        ok = self._svc.dcgm_resume(requester_from_context(context))
-        return pb.DcgmResponse(status=ok, reason="" if ok else self._dcgm_reason())
+        return self._dcgm(self._svc.dcgm_resume(requester_from_context(context)))
 
     @grpc_errors
     async def GetTraceSummary(
         self, request: pb.GetTraceRequest, context: grpc.aio.ServicerContext
     ) -> pb.TraceSummary:
-        summaries, verdict = await self._svc.trace_summary(request.trace_id)
-        return pb.TraceSummary(
-            trace_id=request.trace_id,
-            processes=[to_pb(s, pb.ProcessSummary()) for s in summaries],
-            verdict=to_pb(verdict, diagnosis_pb2.Verdict()),
-        )
+        return cast(pb.TraceSummary, to_pb(await self._svc.trace_summary(request.trace_id)))
 
-    def _dcgm_reason(self) -> str:
-        if not self._svc.has_gpu_monitor:
-            return _NO_GPU_MONITOR
-        return "the GPU monitor refused (see the agent's log)"
+    def _dcgm(self, ok: bool) -> pb.DcgmResponse:
+        if ok:
+            reason = ""
+        elif not self._svc.has_gpu_monitor:
+            reason = _NO_GPU_MONITOR
+        else:
+            reason = "the GPU monitor refused (see the agent's log)"
+        return cast(pb.DcgmResponse, to_pb(DcgmResult(ok, reason)))
 
 
 def servicer_factory(service: TracingService) -> Callable[[grpc.aio.Server], None]:

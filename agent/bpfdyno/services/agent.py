@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
-from bpfdyno.core.catalog import CATALOG, Catalog
+from bpfdyno.core.catalog import Catalog
 from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.metrics import MetricSpec, Round
 from bpfdyno.core.status import PartStatus
@@ -27,24 +27,12 @@ from bpfdyno.core.store import (
     SharedResults,
     matches_any,
 )
+from bpfdyno.rpc.agent import AgentStatus, CollectorState, CollectorStatus
 from bpfdyno.version import __version__
 
 #: Longest window a single query may ask for (the store keeps less anyway).
 MAX_WINDOW_S = 7 * 24 * 3600.0
 DEFAULT_WINDOW_S = 300.0
-
-
-@dataclass(frozen=True, slots=True)
-class AgentStatus:
-    version: str
-    hostname: str
-    kernel_release: str
-    agent_uptime_s: float
-    host_uptime_s: float
-    pid: int
-    config_source: str
-    started_ts: float
-    collectors: list[PartStatus]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +49,8 @@ class DaemonState(Protocol):
     started_monotonic: float
     store: MetricStore
     publisher: RoundPublisher
+    #: Every metric the daemon can emit (the assembly hands it over).
+    catalog: Catalog
 
     @property
     def config_source(self) -> str: ...
@@ -80,11 +70,16 @@ def host_uptime_s(proc_root: str = "/proc") -> float:
 
 
 class AgentService:
-    """Status and metrics queries against one running daemon."""
+    """Status and metrics queries against one running daemon.
 
-    def __init__(self, daemon: DaemonState, catalog: Catalog = CATALOG) -> None:
+    Args:
+        daemon: the running daemon.
+        catalog: the metrics ``ListMetricSpecs`` declares; None: the daemon's.
+    """
+
+    def __init__(self, daemon: DaemonState, catalog: Catalog | None = None) -> None:
         self._daemon = daemon
-        self._catalog = catalog
+        self._catalog = catalog if catalog is not None else daemon.catalog
         # Every stream subscriber with the same name filter gets the same Snapshot object.
         self._round_snapshots: SharedResults[tuple[str, ...], Snapshot | None] = SharedResults()
 
@@ -94,12 +89,12 @@ class AgentService:
             version=__version__,
             hostname=socket.gethostname(),
             kernel_release=os.uname().release,
-            agent_uptime_s=time.monotonic() - d.started_monotonic,
-            host_uptime_s=host_uptime_s(),
+            agent_uptime_seconds=time.monotonic() - d.started_monotonic,
+            host_uptime_seconds=host_uptime_s(),
             pid=os.getpid(),
             config_source=d.config_source,
-            started_ts=d.started_ts,
-            collectors=d.statuses(),
+            started_unix_seconds=d.started_ts,
+            collectors=tuple(map(collector_status, d.statuses())),
         )
 
     def metric_specs(self) -> list[MetricSpec]:
@@ -156,6 +151,20 @@ class AgentService:
 
     def _longest_interval(self) -> float:
         return max(self._daemon.collector_intervals().values(), default=1.0)
+
+
+def collector_status(p: PartStatus) -> CollectorStatus:
+    """A part's status in the API's words."""
+    return CollectorStatus(
+        name=p.name,
+        state=CollectorState[p.state.name],
+        reason=p.reason,
+        interval_seconds=p.interval_s,
+        collections=p.collections,
+        errors=p.errors,
+        last_duration_seconds=p.last_duration_s,
+        last_success_unix_seconds=p.last_success_ts,
+    )
 
 
 def _check_names(names: Sequence[str]) -> None:

@@ -1,10 +1,12 @@
 """`TracingService`: the transport-free façade over trainers and traces.
 
-The gRPC servicer, the legacy dyno RPC and the CLI all go through it; the Kineto IPC
-endpoint feeds it every poll. It runs on the daemon's event loop and never blocks: a poll is
-answered from memory, a trace request only stats a few files.
+The gRPC servicer, the legacy dyno RPC and the CLI all go through it. It is built on the
+trainers' side, `bpfdyno.tracing.polls.KinetoPolls`, which the Kineto IPC endpoint feeds
+every poll. It runs on the daemon's event loop and never blocks: a poll is answered from
+memory, a trace request only stats a few files.
 
-Matching follows dynolog, with the fixes its users ask for:
+Matching (`bpfdyno.tracing.requests.match_trainers`) follows dynolog, with the fixes its
+users ask for:
 
 * pids ``[]`` or ``[0]`` mean "every process of the job"; other pids match a process whose
   own pid *or any ancestor* is listed. With explicit pids and job id 0 the job id is not
@@ -23,12 +25,11 @@ import logging
 import os
 import secrets
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bpfdyno.core.errors import InvalidArgument, NotFound, RequestError, Unavailable
+from bpfdyno.core.errors import InvalidArgument, NotFound, Unavailable
 from bpfdyno.core.identity import (
     FileIdentityError,
     Requester,
@@ -37,44 +38,44 @@ from bpfdyno.core.identity import (
     in_process,
 )
 from bpfdyno.core.rules import pause_duration_s
-from bpfdyno.rpc.diagnosis import ProcessSummary, Verdict
+from bpfdyno.rpc.audit import AuditedProcess
+from bpfdyno.rpc.traces import (
+    ProcessSummary,
+    SkippedProcess,
+    TraceSummary,
+    TrainerState,
+    TriggeredProcess,
+)
 from bpfdyno.rpc.verdict import compare
-from bpfdyno.tracing.audit import AuditedProcess, AuditLog, config_for_record
+from bpfdyno.tracing.audit import AuditLog, config_for_record
 from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest
 from bpfdyno.tracing.config_text import (
     CheckedConfig,
-    TraceOptions,
     build_config,
     check_config,
     with_trace_id,
 )
-from bpfdyno.tracing.ipc.sender import ClaimVerifier, SenderCreds
-from bpfdyno.tracing.ipc.wire import KinetoContext, KinetoRequest
 from bpfdyno.tracing.paths import check_log_file, inserts_pid
 from bpfdyno.tracing.policy import (
     TraceLimits,
     check_limits,
-    ownership_problem,
     refuse_not_owner,
     require_attributed,
 )
+from bpfdyno.tracing.polls import KinetoPolls
 from bpfdyno.tracing.requests import (
-    ROLE_NOTE,
-    SkippedProcess,
     TraceRequest,
     TraceStartResult,
-    TriggeredProcess,
-    busy_reason,
     check_request_shape,
     kernel_track_request,
-    mismatch,
+    match_trainers,
     output_path,
 )
 from bpfdyno.tracing.roles import Role, classify
 from bpfdyno.tracing.safety import PlacementChecker, Writer
 from bpfdyno.tracing.summary import summarize_file
 from bpfdyno.tracing.tracefile import DEFAULT_LIMITS, ReadLimits
-from bpfdyno.tracing.traces import NewProcess, ProcState, TraceTracker, TraceView, TrainerState
+from bpfdyno.tracing.traces import NewProcess, ProcState, TraceTracker, TraceView
 from bpfdyno.tracing.trainers import Trainer, TrainerRegistry
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,8 @@ DcgmResume = Callable[[], bool]
 
 @dataclass(frozen=True, slots=True)
 class TrainerView:
-    """A registered trainer as reported to clients."""
+    """A registered trainer as reported to clients (sent as the API's `Trainer` by field
+    name: the two poll times under the API's names below, the role by its member name)."""
 
     pid: int
     ancestors: tuple[int, ...]
@@ -106,6 +108,16 @@ class TrainerView:
     uid: int | None = None
     host_pid: int = 0
 
+    @property
+    def first_poll_unix_seconds(self) -> float:
+        """``first_poll`` by its name in the API."""
+        return self.first_poll
+
+    @property
+    def last_poll_unix_seconds(self) -> float:
+        """``last_poll`` by its name in the API."""
+        return self.last_poll
+
 
 def describe_address(address: bytes) -> str:
     """An endpoint address for humans: ``@name`` for abstract names, else the path."""
@@ -114,7 +126,7 @@ def describe_address(address: bytes) -> str:
     return os.fsdecode(address)
 
 
-class TracingService:
+class TracingService(KinetoPolls):
     """Trainers, trace requests and trace tracking, shared by every front end.
 
     Args:
@@ -152,122 +164,28 @@ class TracingService:
         placement: PlacementChecker | None = None,
         read_limits: ReadLimits = DEFAULT_LIMITS,
     ) -> None:
+        super().__init__(
+            registry,
+            TraceTracker(wall, mono),
+            audit or AuditLog(wall=wall),
+            placement or PlacementChecker(proc_root),
+            proc_root,
+            wall,
+            mono,
+        )
         self.allowed_dirs = list(allowed_dirs)
         self.default_tracks = default_tracks
         self.trace_dir = trace_dir or (self.allowed_dirs[0] if self.allowed_dirs else "/tmp")
         self.default_timeout_s = default_timeout_s
-        self.registry = registry
-        self.tracker = TraceTracker(wall, mono)
         self.version = version
         self._dcgm_pause = dcgm_pause
         self._dcgm_resume = dcgm_resume
-        self._wall = wall
-        self._mono = mono
         self._proc_root = proc_root
         #: Set by the component while the IPC endpoint is down: why no trainer can poll.
         self.unavailable_reason = ""
-        self.limits = limits or TraceLimits()
-        self.audit = audit or AuditLog(wall=wall)
-        self._placement = placement or PlacementChecker(proc_root)
         #: Bounds on reading a trace file for a summary.
         self.read_limits = read_limits
-        self._claims = ClaimVerifier(proc_root)
-        #: Polls ignored because the pid they claim is not their sender's, per sender uid.
-        self.false_claims: Counter[int] = Counter()
-
-    # -- the Kineto side: called for every datagram --------------------------------------
-
-    def on_request(
-        self, address: bytes, req: KinetoRequest, sender: SenderCreds | None = None
-    ) -> str:
-        """Account one poll and return the reply's config text ("" = nothing for it).
-
-        Args:
-            sender: the kernel's credentials of the poll; the claimed pids are checked
-                against them and the trainer's owner comes from them (None: in-process
-                callers, whose trainers only root may trace).
-        """
-        uid, host_pid, pids = None, 0, None
-        if sender is not None:
-            pids = self._claims.verify(sender, req.pids)
-            if pids is None:
-                self._false_claim(sender, req)
-                return ""
-            uid, host_pid = sender.uid, sender.pid
-            known = self.registry.get(address)
-            if known is not None and (known.uid, known.host_pid) != (uid, host_pid):
-                self._forget(address, "another process now polls from its socket address")
-        t = self.registry.observe(
-            address,
-            req,
-            self._wall(),
-            self._mono(),
-            uid,
-            host_pid,
-            None if pids == req.pids else pids,
-        )
-        if t is None:
-            return ""
-        self.tracker.on_poll(address, busy=not req.activities_free)
-        if not req.activities_free:
-            return ""  # a busy client would drop a config: keep it for a free poll
-        if not self._still_safe(t):
-            return ""
-        taken = self.tracker.take_config(address)
-        if taken is None:
-            return ""
-        trace_id, text = taken
-        log.info("trace %s: config delivered to pid %d", trace_id, t.pid)
-        return text
-
-    def _false_claim(self, sender: SenderCreds, req: KinetoRequest) -> None:
-        if sender.uid not in self.false_claims:
-            log.warning(
-                "ignoring Kineto polls of pid %d (uid %d): they claim to be pid %d, which the "
-                "kernel does not confirm (rule 'pid_mismatch'); further ones are only counted",
-                sender.pid,
-                sender.uid,
-                req.pid,
-            )
-        self.false_claims[sender.uid] += 1
-
-    def _forget(self, address: bytes, reason: str) -> None:
-        """Drop the trainer at ``address``; its open part of a trace fails with ``reason``."""
-        self.registry.forget(address)
-        self.tracker.fail_open(address, reason)
-
-    def _still_safe(self, t: Trainer) -> bool:
-        """Re-check a pending config's file just before delivery (a directory may have
-        changed since the request); a failing one is not delivered and the trace says why."""
-        pending = self.tracker.pending_output(t.address)
-        if pending is None:
-            return True
-        trace_id, path = pending
-        try:
-            self._placement.check(path, Writer(t.uid, t.host_pid))
-        except RequestError as e:
-            self.tracker.fail_open(t.address, f"not delivered: {e}")
-            self.audit.record(
-                "deliver_trace",
-                in_process(),
-                error=e,
-                trace_id=trace_id,
-                processes=[AuditedProcess(t.pid, t.host_pid, t.uid, path)],
-            )
-            return False
-        return True
-
-    def on_context(self, address: bytes, ctxt: KinetoContext) -> int:
-        """Legacy ``ctxt`` registration; returns the count dynolog would return."""
-        return self.registry.register_context(ctxt)
-
-    def sweep(self) -> list[bytes]:
-        """Expire silent trainers (their open parts of traces fail); return their addresses."""
-        gone = self.registry.expire(self._mono())
-        for t in gone:
-            log.info("trainer pid %d (job %d) stopped polling; removed", t.pid, t.job_id)
-            self.tracker.on_gone(t.address)
-        return [t.address for t in gone]
+        self.limits = limits or TraceLimits()
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -327,7 +245,7 @@ class TracingService:
             view = nxt
             yield view
 
-    async def trace_summary(self, trace_id: str) -> tuple[list[ProcessSummary], Verdict]:
+    async def trace_summary(self, trace_id: str) -> TraceSummary:
         """Each triggered process's file summarised (`bpfdyno.tracing.summary`), in order,
         and the verdict across them (`bpfdyno.rpc.verdict`).
 
@@ -340,20 +258,21 @@ class TracingService:
             NotFound: unknown id.
         """
         view = self.get_trace(trace_id)
+        owners = self.tracker.file_owners(trace_id)
         limits = self.read_limits
 
         def read() -> list[ProcessSummary]:
             out = []
             for p in view.processes:
                 if p.state is ProcState.WRITTEN:
+                    path = p.output_path
                     try:
-                        with files_as(*file_owner(p.owner_uid, p.output_path)):
-                            summary = summarize_file(p.output_path, limits)
+                        with files_as(*file_owner(owners.get(path), path)):
+                            summary = summarize_file(path, limits)
                     except FileIdentityError as e:
-                        summary = ProcessSummary(p.output_path, error=str(e))
-                    summary.pid = summary.pid or p.pid
-                    summary.trace_id = summary.trace_id or trace_id
-                    out.append(summary)
+                        summary = ProcessSummary(path, error=str(e))
+                    pid, tid = summary.pid or p.pid, summary.trace_id or trace_id
+                    out.append(replace(summary, pid=pid, trace_id=tid))
                 else:
                     out.append(
                         ProcessSummary(
@@ -367,7 +286,7 @@ class TracingService:
 
         summaries = await asyncio.to_thread(read)
         verdict = compare([s.evidence for s in summaries if s.evidence is not None])
-        return summaries, verdict
+        return TraceSummary(trace_id, tuple(summaries), verdict)
 
     def tracing_pids(self) -> set[int]:
         """Pids of registered trainers whose profiler is tracing now (ours or their own)."""
@@ -466,39 +385,15 @@ class TracingService:
         checked = self._checked_config(req)
         span_s = check_limits(checked, self.limits, self._wall())
         trainers = self.registry.trainers()
-        roles = classify(trainers, self._proc_root)
-        matched: list[Trainer] = []
-        not_matched: list[SkippedProcess] = []
-        not_theirs: list[tuple[int, int | None]] = []
-        for t in trainers:
-            why_not = mismatch(t, req)
-            if not why_not and (why_not := ownership_problem(requester, t.uid)):
-                not_theirs.append((t.pid, t.uid))
-            if why_not:
-                not_matched.append(SkippedProcess(t.pid, t.job_id, why_not))
-            else:
-                matched.append(t)
-        if not_theirs and not matched:
-            refuse_not_owner(requester, not_theirs)
-        # Workers, then launchers, then DataLoader workers; by pid within each, so the order
-        # is stable and explainable.
-        matched.sort(key=lambda t: (roles[t.address].priority, t.pid))
-        triggered: list[tuple[Trainer, str]] = []
-        busy: list[SkippedProcess] = []
-        over: list[SkippedProcess] = []
-        for t in matched:
-            part = self.tracker.open_part(t.address)
-            if len(triggered) >= req.process_limit:
-                role = ROLE_NOTE[roles[t.address]]
-                over.append(
-                    SkippedProcess(
-                        t.pid, t.job_id, f"over the process limit of {req.process_limit}{role}"
-                    )
-                )
-            elif t.profiler_busy or part is not None:
-                busy.append(SkippedProcess(t.pid, t.job_id, busy_reason(part)))
-            else:
-                triggered.append((t, output_path(checked, t.pid)))
+        open_parts = {
+            t.address: part for t in trainers if (part := self.tracker.open_part(t.address))
+        }
+        m = match_trainers(
+            req, requester, trainers, classify(trainers, self._proc_root), open_parts
+        )
+        if m.not_theirs and not m.matched:
+            refuse_not_owner(requester, m.not_theirs)
+        triggered = [(t, output_path(checked, t.pid)) for t in m.triggered]
         self._check_outputs(checked, triggered)
         for t, path in triggered:
             self._placement.check(path, Writer(t.uid, t.host_pid))
@@ -525,17 +420,17 @@ class TracingService:
             trace_id,
             req.job_id,
             list(req.pids) or "all",
-            len(matched),
+            len(m.matched),
             [t.pid for t, _ in triggered],
-            len(busy),
+            len(m.busy),
         )
         result = TraceStartResult(
             trace_id=trace_id,
-            matched=tuple(t.pid for t in matched),
+            matched=tuple(t.pid for t in m.matched),
             triggered=tuple(TriggeredProcess(t.pid, t.job_id, p) for t, p in triggered),
-            busy=tuple(busy),
-            over_limit=tuple(over),
-            not_matched=tuple(not_matched),
+            busy=m.busy,
+            over_limit=m.over_limit,
+            not_matched=m.not_matched,
             config_text=checked.text,
         )
         return result, audited
@@ -591,14 +486,13 @@ def _audited_request(req: TraceRequest, config_text: str = "") -> dict[str, obje
         shown["log_file"] = req.options.log_file
         shown["duration_ms"] = req.options.duration_ms
         shown["iterations"] = req.options.iterations
-        shown["start_time_ms"] = req.options.start_time_ms
+        shown["start_time_ms"] = req.options.profile_start_time_ms
     return shown
 
 
 __all__ = [
     "ProcState",
     "SkippedProcess",
-    "TraceOptions",
     "TraceRequest",
     "TraceStartResult",
     "TraceView",

@@ -29,6 +29,7 @@ import orjson
 
 from bpfdyno.core.errors import RequestError
 from bpfdyno.core.identity import Requester
+from bpfdyno.rpc.audit import AuditedProcess
 
 log = logging.getLogger("bpfdyno.audit")
 
@@ -37,17 +38,6 @@ MAX_CONFIG_CHARS = 2048
 
 ACCEPTED = "accepted"
 REFUSED = "refused"
-
-
-@dataclass(frozen=True, slots=True)
-class AuditedProcess:
-    """A process a request acted on: its pid (as the request names it), its pid in the
-    daemon's namespace, its owner and the file it will write."""
-
-    pid: int
-    host_pid: int
-    uid: int | None
-    output_path: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +77,16 @@ class AuditRecord:
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))
+
+    @property
+    def ts_unix_seconds(self) -> float:
+        """``ts`` by its name in the API (the record is sent as the API's by field name)."""
+        return self.ts
+
+    @property
+    def request_json(self) -> str:
+        """``request`` as the API carries it: a JSON object, keys sorted."""
+        return orjson.dumps(self.request, option=orjson.OPT_SORT_KEYS).decode()
 
 
 class AuditLog:

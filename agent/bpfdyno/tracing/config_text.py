@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bpfdyno.core.errors import InvalidArgument
-from bpfdyno.rpc.traces import KINETO_WARMUP_S
+from bpfdyno.rpc.traces import KINETO_WARMUP_S, TraceSpec
 from bpfdyno.tracing.paths import PathRejected, check_log_file, printable
 
 #: Largest config text accepted (Kineto's limit is the ~212 KB datagram; stay far below).
@@ -73,42 +73,13 @@ class ConfigRejected(InvalidArgument):
         )
 
 
-@dataclass(frozen=True, slots=True)
-class TraceOptions:
-    """What a trace request asks for; the defaults are the dyno CLI's.
-
-    Attributes:
-        log_file: ``ACTIVITIES_LOG_FILE``; Kineto inserts ``_<pid>`` (see `paths`).
-        duration_ms: length of a duration trace.
-        iterations: > 0 switches to an iteration trace of this many optimizer steps.
-        start_time_ms: duration mode: epoch ms to start at; 0 = ~7 s after delivery.
-        start_iteration_roundup: iteration mode: start at a multiple of this step count.
-        record_shapes, profile_memory, with_stacks, with_flops, with_modules: profiler
-            options, as ``dyno gputrace`` switches.
-    """
-
-    log_file: str
-    duration_ms: int = 500
-    iterations: int = -1
-    start_time_ms: int = 0
-    start_iteration_roundup: int = 1
-    record_shapes: bool = False
-    profile_memory: bool = False
-    with_stacks: bool = False
-    with_flops: bool = False
-    with_modules: bool = False
-
-    @property
-    def iteration_mode(self) -> bool:
-        return self.iterations > 0
-
-
 def _b(v: bool) -> str:
     return "true" if v else "false"
 
 
-def build_config(opts: TraceOptions) -> str:
-    """The config text for ``opts``, line for line what ``dyno gputrace`` sends.
+def build_config(opts: TraceSpec) -> str:
+    """The config text of a request's profiler options, line for line what ``dyno gputrace``
+    sends (the spec's other fields — who to trace — are not the config's).
 
     Raises:
         ConfigRejected: options Kineto cannot honour (memory profiling in iteration mode).
@@ -123,12 +94,12 @@ def build_config(opts: TraceOptions) -> str:
             )
         lines += [
             "PROFILE_START_ITERATION=0",
-            f"PROFILE_START_ITERATION_ROUNDUP={opts.start_iteration_roundup}",
+            f"PROFILE_START_ITERATION_ROUNDUP={opts.profile_start_iteration_roundup}",
             f"ACTIVITIES_ITERATIONS={opts.iterations}",
         ]
     else:
         lines += [
-            f"PROFILE_START_TIME={opts.start_time_ms}",
+            f"PROFILE_START_TIME={opts.profile_start_time_ms}",
             f"ACTIVITIES_DURATION_MSECS={opts.duration_ms}",
         ]
     lines.append(f"PROFILE_REPORT_INPUT_SHAPES={_b(opts.record_shapes)}")
@@ -147,7 +118,7 @@ def build_config(opts: TraceOptions) -> str:
     return "\n".join(lines)
 
 
-def _check_options(opts: TraceOptions) -> None:
+def _check_options(opts: TraceSpec) -> None:
     def bad(what: str) -> ConfigRejected:
         return ConfigRejected("bad_option", what)
 
@@ -155,12 +126,15 @@ def _check_options(opts: TraceOptions) -> None:
         raise bad(f"duration_ms = {opts.duration_ms}; give a duration in 1..{_INT32_MAX} ms")
     if opts.iterations > _INT32_MAX:
         raise bad(f"iterations = {opts.iterations} is too large")
-    if opts.iteration_mode and not 1 <= opts.start_iteration_roundup <= _INT32_MAX:
+    if opts.iteration_mode and not 1 <= opts.profile_start_iteration_roundup <= _INT32_MAX:
         raise bad(
-            f"start_iteration_roundup = {opts.start_iteration_roundup}; it must be at least 1"
+            f"profile_start_iteration_roundup = {opts.profile_start_iteration_roundup}; it must be "
+            "at least 1"
         )
-    if opts.start_time_ms < 0:
-        raise bad(f"start_time_ms = {opts.start_time_ms}; use 0 or epoch milliseconds")
+    if opts.profile_start_time_ms < 0:
+        raise bad(
+            f"profile_start_time_ms = {opts.profile_start_time_ms}; use 0 or epoch milliseconds"
+        )
 
 
 @dataclass(frozen=True, slots=True)

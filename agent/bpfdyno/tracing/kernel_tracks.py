@@ -27,41 +27,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from bpfdyno.core.events import FlightRecorder, KernelEvent
 from bpfdyno.core.identity import FileIdentityError, file_owner, files_as
+from bpfdyno.rpc.traces import KernelTracks as TrackStatus
 from bpfdyno.sources.net.decode import NET_EVENT_KINDS
 from bpfdyno.tracing.capture.manager import CaptureKey, CaptureManager
-from bpfdyno.tracing.capture.records import (
-    ALL_TRACKS,
-    GpuSample,
-    NcclCall,
-    NetBurst,
-    NetEvent,
-    OffCpu,
-    ProcessCapture,
-    Track,
-)
+from bpfdyno.tracing.capture.records import ALL_TRACKS, TRACK_OF, ProcessCapture, Track
 from bpfdyno.tracing.capture.tracks import INFO_NAME, Sink, Window, write_tracks
 from bpfdyno.tracing.merge import Insertion, MergeError, TraceLayout, merge_into_trace
 from bpfdyno.tracing.tracefile import DEFAULT_LIMITS, ReadLimits
-from bpfdyno.tracing.traces import (
-    KernelTrackState,
-    KernelTrackStatus,
-    PartRef,
-    TraceTracker,
-)
+from bpfdyno.tracing.traces import KernelTrackState, PartRef, TraceTracker
 
 log = logging.getLogger(__name__)
 
 #: Longest wait for the capture's records once a file is complete (they come in
 #: milliseconds; this only keeps a part from staying "merging" if the capture is stuck).
 END_TIMEOUT_S = 60.0
-
-_RECORD_TRACK = {
-    NetBurst: Track.NET,
-    NetEvent: Track.NET,
-    OffCpu: Track.SCHED,
-    NcclCall: Track.NCCL,
-    GpuSample: Track.GPU,
-}
 
 
 class KernelTracks:
@@ -140,7 +119,7 @@ class KernelTracks:
                 END_TIMEOUT_S,
             )
         except TimeoutError:
-            status = KernelTrackStatus(
+            status = TrackStatus(
                 requested,
                 KernelTrackState.NOT_MERGED,
                 reason=f"the capture did not hand over its records within {END_TIMEOUT_S:g} s "
@@ -149,7 +128,7 @@ class KernelTracks:
             self._tracker.merge_done(part.trace_id, part.address, status, _size(part.output_path))
             return
         except Exception as e:
-            status = KernelTrackStatus(
+            status = TrackStatus(
                 requested, KernelTrackState.NOT_MERGED, reason=f"nothing was recorded ({e})"
             )
             self._tracker.merge_done(part.trace_id, part.address, status, _size(part.output_path))
@@ -159,7 +138,7 @@ class KernelTracks:
             status = await loop.run_in_executor(self._executor, self.merge, part, capture)
         except Exception as e:  # a bug: the file is intact (the merge writes a copy)
             log.exception("merging the kernel tracks into %s failed", part.output_path)
-            status = KernelTrackStatus(
+            status = TrackStatus(
                 requested, KernelTrackState.NOT_MERGED, reason=f"internal error: {e}"
             )
         if status.state is KernelTrackState.MERGED:
@@ -168,7 +147,7 @@ class KernelTracks:
             self.failed += 1
         self._tracker.merge_done(part.trace_id, part.address, status, _size(part.output_path))
 
-    def merge(self, part: PartRef, capture: ProcessCapture) -> KernelTrackStatus:
+    def merge(self, part: PartRef, capture: ProcessCapture) -> TrackStatus:
         """Write ``capture`` into ``part``'s file (blocking); the outcome as a status."""
         return merge_capture(part, capture, self._recorder, self._limits)
 
@@ -178,7 +157,7 @@ def merge_capture(
     capture: ProcessCapture,
     recorder: FlightRecorder | None = None,
     limits: ReadLimits = DEFAULT_LIMITS,
-) -> KernelTrackStatus:
+) -> TrackStatus:
     """Write ``capture`` into ``part``'s file (blocking); the outcome as a status.
 
     Args:
@@ -190,7 +169,7 @@ def merge_capture(
     requested = part.tracks.names()
     kept = {t: 0 for t in ALL_TRACKS}
     for r in capture.records:
-        kept[_RECORD_TRACK[type(r)]] += 1
+        kept[TRACK_OF[type(r)]] += 1
     merged: list[Track] = []
     notes: list[str] = []
     for track in ALL_TRACKS:
@@ -208,7 +187,7 @@ def merge_capture(
     if lost:
         notes.append(f"{lost} records lost (see the file's '{INFO_NAME}' slice)")
     if not merged:
-        return KernelTrackStatus(
+        return TrackStatus(
             requested,
             KernelTrackState.NOT_MERGED,
             lost=lost,
@@ -239,7 +218,7 @@ def merge_capture(
             _, result = merge_into_trace(part.output_path, build, limits)
     except (MergeError, FileIdentityError) as e:
         log.warning("kernel tracks of pid %d not merged: %s", part.pid, e)
-        return KernelTrackStatus(requested, KernelTrackState.NOT_MERGED, lost=lost, reason=str(e))
+        return TrackStatus(requested, KernelTrackState.NOT_MERGED, lost=lost, reason=str(e))
     log.info(
         "trace %s: %d kernel-track events merged into %s in %.2f s",
         part.trace_id,
@@ -247,7 +226,7 @@ def merge_capture(
         part.output_path,
         result.seconds,
     )
-    return KernelTrackStatus(
+    return TrackStatus(
         requested,
         KernelTrackState.MERGED,
         tuple(t.value for t in merged),

@@ -20,6 +20,7 @@ by ``[tracing]`` keys: ``duration_too_long`` (``max_duration_ms``), ``too_many_i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bpfdyno.core.config import TracingSection
@@ -153,7 +154,7 @@ def ownership_problem(requester: Requester, owner_uid: int | None) -> str:
     )
 
 
-def refuse_not_owner(requester: Requester, others: list[tuple[int, int | None]]) -> None:
+def refuse_not_owner(requester: Requester, others: Sequence[tuple[int, int | None]]) -> None:
     """Every process a request matched belongs to someone else: refuse the whole request.
 
     Args:

@@ -1,18 +1,23 @@
 """Trace requests and their outcome: the request, the result, and matching.
 
-Pure data and pure functions; `TracingService` applies them to the registered trainers.
+Pure data and pure functions: `match_trainers` decides, from the registered trainers and
+what the tracker says of them, who is triggered, who is busy and who is left out, and why;
+`TracingService` applies the outcome.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from bpfdyno.core.errors import InvalidArgument
-from bpfdyno.rpc.traces import DEFAULT_PROCESS_LIMIT
+from bpfdyno.core.identity import Requester
+from bpfdyno.rpc.traces import DEFAULT_PROCESS_LIMIT, SkippedProcess, TraceSpec, TriggeredProcess
 from bpfdyno.tracing.capture.records import KernelTrackRequest, Track
-from bpfdyno.tracing.config_text import CheckedConfig, TraceOptions
+from bpfdyno.tracing.config_text import CheckedConfig
 from bpfdyno.tracing.ipc.wire import MAX_PID
 from bpfdyno.tracing.paths import default_output_path, kineto_output_path, memory_snapshot_path
+from bpfdyno.tracing.policy import ownership_problem
 from bpfdyno.tracing.roles import Role
 from bpfdyno.tracing.traces import OpenPart, ProcState
 from bpfdyno.tracing.trainers import Trainer
@@ -29,7 +34,8 @@ class TraceRequest:
             pids are given).
         pids: pids to match (own pid or an ancestor); empty or ``(0,)`` = the whole job.
         process_limit: most processes to trigger.
-        options: structured options (gRPC, CLI); exactly one of ``options`` / ``config``.
+        options: the profiler options of the API's request (gRPC, CLI: its log file, duration
+            or iterations, start, switches); exactly one of ``options`` / ``config``.
         config: raw Kineto config text (the legacy RPC).
         timeout_s: how long to follow the trace; 0 = the configured default.
         kernel_tracks: names of the kernel tracks to merge into each file (see
@@ -41,27 +47,11 @@ class TraceRequest:
     job_id: int = 0
     pids: tuple[int, ...] = ()
     process_limit: int = DEFAULT_PROCESS_LIMIT
-    options: TraceOptions | None = None
+    options: TraceSpec | None = None
     config: str | None = None
     timeout_s: float = 0.0
     kernel_tracks: tuple[str, ...] | None = None
     pre_window_s: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class TriggeredProcess:
-    pid: int
-    job_id: int
-    output_path: str
-
-
-@dataclass(frozen=True, slots=True)
-class SkippedProcess:
-    """A registered process that was not triggered, and why (in words)."""
-
-    pid: int
-    job_id: int
-    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +75,11 @@ class TraceStartResult:
     over_limit: tuple[SkippedProcess, ...]
     not_matched: tuple[SkippedProcess, ...]
     config_text: str
+
+    @property
+    def processes_matched(self) -> tuple[int, ...]:
+        """``matched`` by its name in the API (`bpfdyno.rpc.traces.TraceStart`)."""
+        return self.matched
 
 
 #: What the "over the process limit" reason adds for each role.
@@ -186,3 +181,81 @@ def output_path(checked: CheckedConfig, pid: int) -> str:
     if checked.log_file:
         return kineto_output_path(checked.log_file, pid)
     return default_output_path(pid)
+
+
+@dataclass(frozen=True, slots=True)
+class Matching:
+    """Who a request reaches among the registered trainers.
+
+    Attributes:
+        matched: every trainer that matches and may be traced by the requester, workers
+            first, then launchers, then DataLoader workers (by pid within each).
+        triggered: the matched trainers that get the config, in that order.
+        busy: matched trainers that hold a config or are tracing.
+        over_limit: matched trainers left out by the process limit.
+        not_matched: every other registered trainer, with why.
+        not_theirs: (pid, owner uid) of trainers that match but belong to someone else.
+    """
+
+    matched: tuple[Trainer, ...]
+    triggered: tuple[Trainer, ...]
+    busy: tuple[SkippedProcess, ...]
+    over_limit: tuple[SkippedProcess, ...]
+    not_matched: tuple[SkippedProcess, ...]
+    not_theirs: tuple[tuple[int, int | None], ...]
+
+
+def match_trainers(
+    req: TraceRequest,
+    requester: Requester,
+    trainers: Sequence[Trainer],
+    roles: Mapping[bytes, Role],
+    open_parts: Mapping[bytes, OpenPart],
+) -> Matching:
+    """Match ``req`` against the registered trainers (a pure function of its arguments).
+
+    Args:
+        req: the request.
+        requester: who asks; only its own processes match (root's: all).
+        trainers: the registered trainers.
+        roles: each trainer's role, by address.
+        open_parts: the open part of a trace each busy trainer holds, by address.
+    """
+    matched: list[Trainer] = []
+    not_matched: list[SkippedProcess] = []
+    not_theirs: list[tuple[int, int | None]] = []
+    for t in trainers:
+        why_not = mismatch(t, req)
+        if not why_not and (why_not := ownership_problem(requester, t.uid)):
+            not_theirs.append((t.pid, t.uid))
+        if why_not:
+            not_matched.append(SkippedProcess(t.pid, t.job_id, why_not))
+        else:
+            matched.append(t)
+    # Workers, then launchers, then DataLoader workers; by pid within each, so the order is
+    # stable and explainable.
+    matched.sort(key=lambda t: (roles[t.address].priority, t.pid))
+    triggered: list[Trainer] = []
+    busy: list[SkippedProcess] = []
+    over: list[SkippedProcess] = []
+    for t in matched:
+        part = open_parts.get(t.address)
+        if len(triggered) >= req.process_limit:
+            role = ROLE_NOTE[roles[t.address]]
+            over.append(
+                SkippedProcess(
+                    t.pid, t.job_id, f"over the process limit of {req.process_limit}{role}"
+                )
+            )
+        elif t.profiler_busy or part is not None:
+            busy.append(SkippedProcess(t.pid, t.job_id, busy_reason(part)))
+        else:
+            triggered.append(t)
+    return Matching(
+        tuple(matched),
+        tuple(triggered),
+        tuple(busy),
+        tuple(over),
+        tuple(not_matched),
+        tuple(not_theirs),
+    )

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from bpfdyno.core.errors import InvalidArgument, PermissionDenied, RequestError
 from bpfdyno.core.identity import ROOT_UID
-from bpfdyno.sources.procs.pidfs import read_status, status_ints
+from bpfdyno.core.pidfs import read_status, status_ints
 from bpfdyno.tracing.paths import TMP_SUFFIX
 from bpfdyno.tracing.policy import describe_uid
 

@@ -19,9 +19,11 @@ from __future__ import annotations
 from array import array
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import fields, replace
+from types import SimpleNamespace
 from typing import Any
 
-from bpfdyno.rpc.diagnosis import ProcessSummary
+from bpfdyno.rpc.traces import ProcessSummary
 from bpfdyno.tracing.evidence import build_evidence
 from bpfdyno.tracing.trace_facts import TraceFacts, read_facts
 from bpfdyno.tracing.tracefile import DEFAULT_LIMITS, ReadLimits, TraceFileError, open_regular
@@ -39,9 +41,7 @@ def summarize_file(path: str, limits: ReadLimits = DEFAULT_LIMITS) -> ProcessSum
             facts = read_facts(f, path, limits)
     except TraceFileError as e:
         return ProcessSummary(path, error=str(e))
-    out = summarize_facts(facts)
-    out.evidence = build_evidence(facts)
-    return out
+    return replace(summarize_facts(facts), evidence=build_evidence(facts))
 
 
 def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
@@ -68,7 +68,9 @@ def _pairs(times: array[float], lo: float, hi: float) -> list[tuple[float, float
 
 def summarize_facts(facts: TraceFacts) -> ProcessSummary:
     """The numbers of one trace file (see the module doc), every one inside its window."""
-    out = ProcessSummary(facts.path, rank=facts.rank, trace_id=facts.trace_id)
+    # Totals as they add up; the record (frozen) is made of them at the end.
+    out = SimpleNamespace(**{f.name: getattr(_EMPTY, f.name) for f in fields(_EMPTY)})
+    out.path, out.rank, out.trace_id = facts.path, facts.rank, facts.trace_id
     out.pid = facts.main_pid
     if facts.window is not None:
         out.window_start_unix_seconds = facts.abs_ns(facts.window[0]) / 1e9
@@ -119,10 +121,13 @@ def summarize_facts(facts: TraceFacts) -> ProcessSummary:
             out.nccl_calls += 1
     out.nccl_seconds = sum(union_seconds(v) for v in by_thread.values())
     _read_info(facts.info, out)
-    return out
+    return ProcessSummary(**vars(out))
 
 
-def _read_info(args: dict[str, Any], out: ProcessSummary) -> None:
+_EMPTY = ProcessSummary("")
+
+
+def _read_info(args: dict[str, Any], out: SimpleNamespace) -> None:
     tracks = args.get("tracks")
     if isinstance(tracks, list):
         out.kernel_tracks = tuple(str(t) for t in tracks)

@@ -7,7 +7,7 @@ A process moves ``pending -> delivered -> tracing -> written``, or ends ``failed
 ``timed_out``. With kernel tracks requested, the final file first makes it ``merging``: the
 file is complete as Kineto wrote it and the agent is adding its tracks (see
 `bpfdyno.tracing.kernel_tracks`); ``written`` then means the merge finished, or failed with
-the original file left intact, and the part's `KernelTrackStatus` says which. Their
+the original file left intact, and the part's `KernelTracks` says which. Their
 recording starts when the trace is opened, and the config stays ``pending`` until the
 listener says the recording is in place (`TraceListener.armed`). The evidence
 comes from two places:
@@ -36,7 +36,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from bpfdyno.rpc.traces import KINETO_WARMUP_S
+from bpfdyno.rpc.traces import (
+    KINETO_WARMUP_S,
+    KernelTracks,
+    ProcessTrace,
+    ProcessTraceState,
+    TrainerState,
+)
 from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest
 from bpfdyno.tracing.paths import TMP_SUFFIX
 
@@ -57,29 +63,14 @@ WAITING_FOR_RECORDING = (
 )
 
 
-class TrainerState(enum.Enum):
-    """What a trainer is doing, as far as the daemon can tell."""
-
-    IDLE = "idle"
-    CONFIG_PENDING = "config_pending"  # a config waits for it, or it has one not yet started
-    TRACING = "tracing"  # its last poll said the activity profiler is busy
-
-
-class ProcState(enum.Enum):
-    PENDING = "pending"  # stored; the process has not polled since
-    DELIVERED = "delivered"  # handed to the process in a reply
-    TRACING = "tracing"  # the process's profiler is busy with it, or its .tmp appeared
-    MERGING = "merging"  # the final file exists; the kernel tracks are being added to it
-    WRITTEN = "written"  # the final file exists (with its kernel tracks, or why not)
-    FAILED = "failed"
-    TIMED_OUT = "timed_out"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (ProcState.WRITTEN, ProcState.FAILED, ProcState.TIMED_OUT)
+#: The tracker keeps its state in the API's own words and records (`bpfdyno.rpc.traces`):
+#: what it reports needs no translation.
+ProcState = ProcessTraceState
+KernelTrackStatus = KernelTracks
+__all__ = ["KernelTrackStatus", "ProcState", "ProcessTrace", "TrainerState"]
 
 
-class KernelTrackState(enum.Enum):
+class KernelTrackState(enum.StrEnum):
     """Where a process's kernel tracks stand."""
 
     OFF = "off"  # none requested (or the capture is disabled)
@@ -90,58 +81,12 @@ class KernelTrackState(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class KernelTrackStatus:
-    """A process's kernel tracks: asked for, merged, how many events, what was lost.
-
-    Attributes:
-        requested: the track names asked for.
-        state: where they stand.
-        merged: the tracks in the file.
-        events: events added to the file.
-        lost: records lost (full ring buffers, the per-process cap).
-        reason: what to know (unavailable tracks, losses) or why nothing was merged.
-    """
-
-    requested: tuple[str, ...] = ()
-    state: KernelTrackState = KernelTrackState.OFF
-    merged: tuple[str, ...] = ()
-    events: int = 0
-    lost: int = 0
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessTrace:
-    """One process's part of a trace (an immutable snapshot).
-
-    Attributes:
-        pid, job_id: the process.
-        output_path: the file Kineto will write for it (``_<pid>`` rule applied).
-        state: where it is; ``reason`` says why in words.
-        size_bytes: the final file's size once written, else -1.
-        updated: wall-clock epoch seconds of the last state change.
-        kernel_tracks: its kernel tracks.
-        owner_uid: the traced process's owner, whose file it is (None: unknown).
-    """
-
-    pid: int
-    job_id: int
-    output_path: str
-    state: ProcState
-    reason: str
-    size_bytes: int = -1
-    updated: float = 0.0
-    kernel_tracks: KernelTrackStatus = KernelTrackStatus()
-    owner_uid: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class TraceView:
     """A trace as reported to clients."""
 
     trace_id: str
-    created: float
-    deadline: float  # wall-clock epoch seconds after which open processes time out
+    created_unix_seconds: float
+    deadline_unix_seconds: float  # after which open processes time out
     iteration_mode: bool
     processes: tuple[ProcessTrace, ...]
     version: int
@@ -180,8 +125,8 @@ class _Trace:
     def view(self) -> TraceView:
         return TraceView(
             trace_id=self.trace_id,
-            created=self.created,
-            deadline=self.deadline_wall,
+            created_unix_seconds=self.created,
+            deadline_unix_seconds=self.deadline_wall,
             iteration_mode=self.iteration_mode,
             processes=tuple(p.view for p in self.procs.values()),
             version=self.version,
@@ -309,8 +254,7 @@ class TraceTracker:
                     output_path=p.output_path,
                     state=ProcState.PENDING,
                     reason="config stored; waiting for the process's next poll",
-                    updated=now,
-                    owner_uid=p.owner_uid,
+                    updated_unix_seconds=now,
                 ),
                 address=p.address,
                 config_text=p.config_text,
@@ -343,14 +287,14 @@ class TraceTracker:
             self.opened.set()
         return tr.view()
 
-    def _initial_tracks(self, tracks: KernelTrackRequest) -> KernelTrackStatus:
+    def _initial_tracks(self, tracks: KernelTrackRequest) -> KernelTracks:
         if not tracks.enabled:
-            return KernelTrackStatus()
+            return KernelTracks(state=KernelTrackState.OFF)
         if self._listener is None:
-            return KernelTrackStatus(
+            return KernelTracks(
                 tracks.names(), KernelTrackState.NOT_MERGED, reason=self.tracks_off_reason
             )
-        return KernelTrackStatus(tracks.names(), KernelTrackState.RECORDING)
+        return KernelTracks(tracks.names(), KernelTrackState.RECORDING)
 
     def _recording(self, p: _Proc) -> bool:
         return self._listener is not None and p.tracks.enabled
@@ -376,6 +320,12 @@ class TraceTracker:
 
     def traces(self) -> list[TraceView]:
         return [t.view() for t in self._traces.values()]
+
+    def file_owners(self, trace_id: str) -> dict[str, int | None]:
+        """Each part's file and its traced process's owner (None: unknown), whose rights the
+        agent reads it with."""
+        tr = self._traces.get(trace_id)
+        return {p.view.output_path: p.owner_uid for p in tr.procs.values()} if tr else {}
 
     def open_part(self, address: bytes) -> OpenPart | None:
         """The process's part of a trace that has not ended (None: it is free of ours)."""
@@ -421,7 +371,7 @@ class TraceTracker:
         state: ProcState,
         reason: str,
         size: int = -1,
-        kernel_tracks: KernelTrackStatus | None = None,
+        kernel_tracks: KernelTracks | None = None,
     ) -> None:
         before = p.view.state
         tracks = p.view.kernel_tracks if kernel_tracks is None else kernel_tracks
@@ -434,7 +384,7 @@ class TraceTracker:
             state=state,
             reason=reason,
             size_bytes=size,
-            updated=self._wall(),
+            updated_unix_seconds=self._wall(),
             kernel_tracks=tracks,
         )
         if state.terminal and self._by_address.get(p.address) == tr.trace_id:
@@ -594,9 +544,7 @@ class TraceTracker:
             self._set(tr, p, ProcState.TRACING, f"Kineto is writing {path}{TMP_SUFFIX}")
         return False
 
-    def merge_done(
-        self, trace_id: str, address: bytes, tracks: KernelTrackStatus, size: int
-    ) -> None:
+    def merge_done(self, trace_id: str, address: bytes, tracks: KernelTracks, size: int) -> None:
         """The kernel tracks' merge of a part ended (merged, or not with the file intact)."""
         tr = self._traces.get(trace_id)
         p = tr.procs.get(address) if tr else None

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from gpu_fake_nvml import A100_UUID, H100_UUID, FakeNvml, as_dict, value
 
+from bpfdyno.app.catalog import CATALOG
 from bpfdyno.core import config
-from bpfdyno.core.catalog import CATALOG
 from bpfdyno.core.status import PartState
 from bpfdyno.sources.base import CollectorUnavailable
 from bpfdyno.sources.gpu.collector import GpuCollector, ProcGpu, doctor_check

@@ -7,10 +7,10 @@ import re
 
 import pytest
 
+from bpfdyno.ebpf.headers import header_enum
 from bpfdyno.sources.net import decode
 from bpfdyno.sources.net.decode import (
     format_addr,
-    header_enum,
     net_header_enums,
     state_name,
 )

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from bpfdyno.core import pidfs as procinfo
 from bpfdyno.core.errors import InvalidArgument, Unavailable
 from bpfdyno.core.events import FlightRecorder
 from bpfdyno.rpc.processes import sort_rows
 from bpfdyno.services.kernel import KernelService
-from bpfdyno.sources.procs import pidfs as procinfo
 from bpfdyno.sources.procs.table import ProcessTable
 
 CLK = os.sysconf("SC_CLK_TCK")

@@ -14,7 +14,6 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,15 +23,9 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import Footer, TabbedContent, TabPane
 
+from bpfdyno.client.errors import AgentError
 from bpfdyno.rpc.traces import TraceSpec
-from bpfdyno.tui.datasource import (
-    DataSource,
-    DataSourceError,
-    Disconnected,
-    GrpcDataSource,
-    RecordedDataSource,
-    ServiceUnavailable,
-)
+from bpfdyno.tui.datasource import AgentDataSource, DataSource, stream_ended
 from bpfdyno.tui.fmt import fmt_clock
 from bpfdyno.tui.messages import (
     Connected,
@@ -49,7 +42,8 @@ from bpfdyno.tui.messages import (
     TraceUpdated,
     TrainersUpdated,
 )
-from bpfdyno.tui.model import Connection, TopState
+from bpfdyno.tui.model import Connection, TopState, TraceProgress
+from bpfdyno.tui.recorded import RecordedDataSource, RecordingError
 from bpfdyno.tui.screens.help import HelpScreen
 from bpfdyno.tui.screens.process import ProcessScreen
 from bpfdyno.tui.screens.trace import TraceScreen, TraceSubmitted
@@ -65,8 +59,6 @@ TABS = ("overview", "processes", "trainers", "events", "agent")
 HISTORY_S = 120.0
 #: How long "reconnected" stays in the status bar.
 NOTICE_S = 10.0
-#: Per-process states of a trace request's processes that were not triggered.
-SKIPPED_STATES = frozenset({"busy", "over limit", "not matched"})
 
 
 class TopApp(App[int]):
@@ -224,8 +216,8 @@ class TopApp(App[int]):
                 delay, attempt = first, 0
                 async for rnd in self.source.stream_metrics():
                     self.post_message(MetricsReceived(rnd))
-                raise Disconnected("the metrics stream ended")
-            except DataSourceError as e:
+                raise stream_ended(self.source.target, "metrics")
+            except AgentError as e:
                 attempt += 1
                 self.post_message(ConnectionLost(str(e), delay, attempt))
                 await asyncio.sleep(delay)
@@ -237,9 +229,7 @@ class TopApp(App[int]):
         try:
             async for ev in self.source.stream_events():
                 self.post_message(EventsReceived((ev,)))
-        except ServiceUnavailable as e:
-            self.post_message(PartUnavailable("events", str(e)))
-        except DataSourceError as e:
+        except AgentError as e:
             self.post_message(PartUnavailable("events", str(e)))
 
     def _poll(self, name: str, fetch: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -257,26 +247,24 @@ class TopApp(App[int]):
         self.run_worker(run(), group=f"poll-{name}")
 
     async def _fetch_status(self) -> None:
-        with contextlib.suppress(DataSourceError):  # the connection loop reports a lost agent
+        with contextlib.suppress(AgentError):  # the connection loop reports a lost agent
             self.post_message(StatusUpdated(await self.source.status()))
 
     async def _fetch_processes(self) -> None:
         try:
             table = await self.source.processes(self.process_limit, self.state.job_id)
-        except Disconnected:
-            return
-        except DataSourceError as e:
-            self.post_message(PartUnavailable("processes", str(e)))
+        except AgentError as e:
+            if not e.kind.disconnected:  # a lost agent: the connection loop says so
+                self.post_message(PartUnavailable("processes", str(e)))
             return
         self.post_message(ProcessesUpdated(table))
 
     async def _fetch_trainers(self) -> None:
         try:
             trainers = await self.source.trainers()
-        except Disconnected:
-            return
-        except DataSourceError as e:
-            self.post_message(PartUnavailable("trainers", str(e)))
+        except AgentError as e:
+            if not e.kind.disconnected:
+                self.post_message(PartUnavailable("trainers", str(e)))
             return
         self.post_message(TrainersUpdated(trainers))
 
@@ -284,18 +272,15 @@ class TopApp(App[int]):
     async def _follow_trace(self, request: TraceSpec) -> None:
         """Send a trace request and follow it until every process is done."""
         try:
-            status = await self.source.start_trace(request)
-            self.post_message(TraceUpdated(status))
-            if status.finished:
+            start = await self.source.start_trace(request)
+            self.post_message(TraceUpdated(TraceProgress(start)))
+            if not start.triggered:
                 return
-            # The watch reports the triggered processes only; keep showing who was skipped.
-            skipped = tuple(p for p in status.processes if p.state in SKIPPED_STATES)
-            async for update in self.source.watch_trace(status.trace_id):
-                update = replace(update, processes=update.processes + skipped)
-                self.post_message(TraceUpdated(update))
-                if update.finished:
+            async for status in self.source.watch_trace(start.trace_id):
+                self.post_message(TraceUpdated(TraceProgress(start, status)))
+                if status.done:
                     return
-        except DataSourceError as e:
+        except AgentError as e:
             self.post_message(TraceFailed(str(e)))
 
     # -- message handlers ------------------------------------------------------------------
@@ -303,10 +288,11 @@ class TopApp(App[int]):
     def on_connected(self, msg: Connected) -> None:
         """The agent answered: note a restart, take its units, start the event stream."""
         conn = self.state.connection
+        started = msg.status.started_unix_seconds
         previous = conn.agent_started_ts
-        restarted = bool(previous) and msg.status.started_ts != previous
+        restarted = bool(previous) and started != previous
         if restarted:
-            conn.message = f"reconnected: the agent restarted at {fmt_clock(msg.status.started_ts)}"
+            conn.message = f"reconnected: the agent restarted at {fmt_clock(started)}"
         elif not conn.connected and conn.reconnects:
             conn.message = "reconnected"
         else:
@@ -315,7 +301,7 @@ class TopApp(App[int]):
             self._notice_until = self.clock() + NOTICE_S
         conn.connected = True
         conn.reconnects += 1
-        conn.agent_started_ts = msg.status.started_ts
+        conn.agent_started_ts = started
         self.state.status = msg.status
         self.state.metrics.set_specs(msg.specs)
         self.state.events_state.set_ok()
@@ -388,10 +374,10 @@ class TopApp(App[int]):
 
     def on_trace_updated(self, msg: TraceUpdated) -> None:
         """Show a trace's progress in the form (if open) and in the Trainers tab."""
-        self.state.last_trace = msg.status
+        self.state.last_trace = msg.progress
         screen = self._top_screen()
         if isinstance(screen, TraceScreen):
-            screen.show_status(msg.status)
+            screen.show_status(msg.progress)
         self.render_views()
 
     def on_trace_failed(self, msg: TraceFailed) -> None:
@@ -427,7 +413,6 @@ def run_top(
         The process exit status: 0 after a normal quit, 2 for an unreadable recording.
     """
     from bpfdyno.client.connection import default_target
-    from bpfdyno.tui.codec import RecordingError
 
     source: DataSource
     if replay is not None:
@@ -437,6 +422,6 @@ def run_top(
             print(f"bpfdyno top: {e}", file=sys.stderr)
             return 2
     else:
-        source = GrpcDataSource(target or default_target())
+        source = AgentDataSource(target or default_target())
     result = TopApp(source, job_id=job_id or "").run()
     return result if isinstance(result, int) else 0

@@ -17,11 +17,11 @@ from typing import ClassVar
 from textual import work
 from textual.binding import Binding, BindingType
 
+from bpfdyno.client.cluster import JobTraceResult
 from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.tui.app import TopApp
 from bpfdyno.tui.cluster_model import ClusterState
-from bpfdyno.tui.cluster_records import JobTraceView
-from bpfdyno.tui.datasource import ClusterDataSource
+from bpfdyno.tui.cluster_source import ClusterDataSource
 from bpfdyno.tui.messages import JobTraceUpdated, NodesUpdated, OpenNode, OpenTraceForm
 from bpfdyno.tui.model import Connection, TopState
 from bpfdyno.tui.screens.cluster import ClusterScreen
@@ -160,17 +160,18 @@ class ClusterApp(TopApp):
     async def _trace_job(self, request: TraceSpec) -> None:
         """Trace every node and follow each host's part to its end."""
 
-        def progress(view: JobTraceView) -> None:
-            self.post_message(JobTraceUpdated(view))
+        def progress(trace: JobTraceResult) -> None:
+            self.post_message(JobTraceUpdated(trace))
 
-        progress(await self.cluster.trace_job(request, progress))
+        self.post_message(JobTraceUpdated(await self.cluster.trace_job(request, progress), True))
 
     def on_job_trace_updated(self, msg: JobTraceUpdated) -> None:
         """Show the job trace's progress in the form (if open) and the cluster screen."""
         self.cluster_state.trace = msg.trace
+        self.cluster_state.trace_finished = msg.finished
         screen = self._top_screen()
         if isinstance(screen, JobTraceScreen):
-            screen.show_job(msg.trace)
+            screen.show_job(msg.trace, msg.finished)
         self.render_views()
 
     async def on_unmount(self) -> None:

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
-from bpfdyno.tui.cluster_records import JobTraceView, NodeSummary
+from bpfdyno.client.cluster import HostOutcome, JobOutcome, JobTraceResult
+from bpfdyno.client.cluster.summary import NodeSummary
+from bpfdyno.rpc.traces import words
 from bpfdyno.tui.fmt import UNKNOWN, fmt_bytes, fmt_percent, fmt_seconds, fmt_si, fmt_value
 
 
@@ -26,6 +28,7 @@ class ClusterState:
         nodes: the newest row of every node (empty until the first poll answers).
         updated_ts: when those rows arrived (epoch seconds; 0: not yet).
         trace: the last job-wide trace, if any.
+        trace_finished: no host's part of it will change any more.
         polls: how many polls have answered (0: the rows are not there yet).
     """
 
@@ -34,7 +37,8 @@ class ClusterState:
     node_count: int
     nodes: tuple[NodeSummary, ...] = ()
     updated_ts: float = 0.0
-    trace: JobTraceView | None = None
+    trace: JobTraceResult | None = None
+    trace_finished: bool = False
     polls: int = 0
 
     @property
@@ -116,18 +120,23 @@ def summary_line(state: ClusterState) -> str:
     return text
 
 
-def trace_lines(trace: JobTraceView) -> list[tuple[str, str]]:
+#: Colours of a host's outcome in a job-wide trace.
+OUTCOME_STYLE = {HostOutcome.OK: "green", HostOutcome.FAILED: "red", HostOutcome.INCOMPLETE: "red"}
+
+
+def trace_lines(trace: JobTraceResult, finished: bool) -> list[tuple[str, str]]:
     """A job-wide trace as (text, style) lines: the verdict, then per host and file."""
-    head = "job trace: " + (f"done, {trace.outcome}" if trace.finished else "running")
-    lines = [(head, "bold green" if trace.finished and trace.outcome == "all" else "bold")]
-    width = max([4, *(len(h.host) for h in trace.hosts)])
+    outcome = words(trace.outcome)
+    head = "job trace: " + (f"done, {outcome}" if finished else "running")
+    lines = [(head, "bold green" if finished and trace.outcome is JobOutcome.ALL else "bold")]
+    width = max([4, *(len(h.node.name) for h in trace.hosts)])
     for h in trace.hosts:
-        clock = f"{h.clock_offset_s * 1e3:+.1f}ms" if h.clock_offset_s is not None else UNKNOWN
-        style = {"ok": "green", "failed": "red", "incomplete": "red"}.get(h.outcome, "")
-        lines.append((f"{h.host:<{width}} {h.outcome:<12} clock {clock}", style))
+        clock = f"{h.clock.offset_s * 1e3:+.1f}ms" if h.clock is not None else UNKNOWN
+        style = OUTCOME_STYLE.get(h.outcome, "")
+        lines.append((f"{h.node.name:<{width}} {words(h.outcome):<12} clock {clock}", style))
         if h.reason:
             lines.append((f"{'':<{width}}   {h.reason}", style))
-        for f in h.files:
+        for f in h.files():
             size = fmt_bytes(f.size_bytes) if f.size_bytes is not None else UNKNOWN
             lines.append((f"{'':<{width}}   pid {f.pid} {f.state} {size} {f.path}", ""))
     return lines

@@ -1,22 +1,21 @@
 """`ClusterDataSource`: the cluster view's data, from every agent of a job at once.
 
 Built on the client library (`bpfdyno.client.cluster`): one `FanOut` for the session (one
-kept channel per agent), a summary row per node per poll, and job-wide traces through the
-same `trace_job` as ``bpfdyno gputrace --job-id``. A node's full view uses a
-`GrpcDataSource` of its own, opened when the user drills into it.
+kept client per agent), a summary row per node per poll, and job-wide traces through the
+same `trace_job` as ``bpfdyno gputrace --job-id``. A node's full view uses an
+`AgentDataSource` of its own, opened when the user drills into it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from bpfdyno.client.cluster import FanOut, Node, trace_job
+from bpfdyno.client.cluster import FanOut, JobTraceResult, Node, trace_job
 from bpfdyno.client.cluster.fanout import DEFAULT_CONCURRENCY, DEFAULT_HOST_TIMEOUT_S
 from bpfdyno.client.cluster.jobtrace import KINETO_POLL_INTERVAL_S
 from bpfdyno.client.cluster.summary import NodeSummary, SummaryPoller
 from bpfdyno.rpc.traces import TraceSpec
-from bpfdyno.tui.cluster_records import JobTraceView, job_trace_view
-from bpfdyno.tui.grpc_source import GrpcDataSource
+from bpfdyno.tui.datasource import AgentDataSource
 
 
 class ClusterDataSource:
@@ -66,23 +65,22 @@ class ClusterDataSource:
             return str(self.job_id)
         return ""
 
-    def node_source(self, node: Node) -> GrpcDataSource:
+    def node_source(self, node: Node) -> AgentDataSource:
         """A data source for one node's full view."""
-        return GrpcDataSource(node.target)
+        return AgentDataSource(node.target)
 
     async def trace_job(
-        self, spec: TraceSpec, on_progress: Callable[[JobTraceView], None]
-    ) -> JobTraceView:
+        self, spec: TraceSpec, on_progress: Callable[[JobTraceResult], None]
+    ) -> JobTraceResult:
         """Trace every node with ``spec`` (job id set per node), following it to the end."""
-        result = await trace_job(
+        return await trace_job(
             self._fanout,
             spec,
             wait=True,
             wait_s=spec.timeout_seconds or 120.0,
             poll_interval_s=self.poll_interval_s,
-            on_progress=lambda r: on_progress(job_trace_view(r)),
+            on_progress=on_progress,
         )
-        return job_trace_view(result, finished=True)
 
     async def close(self) -> None:
         """Close every agent's channel."""

@@ -1,23 +1,20 @@
-"""Records <-> JSON-ready values, for recordings of a live agent.
+"""Recordings <-> JSON-ready values.
 
-Generic over the frozen dataclasses in `bpfdyno.tui.records`: field types drive the decoding,
-so a record gains a field without touching this module. NaN (unknown) is written as ``null``
-(strict JSON has no NaN) and read back as NaN for float fields. Fields of key/value pairs
-(labels, event attributes) are written as JSON objects, which is how a person editing a
-recording expects them.
+A recording holds the API's own records (`bpfdyno.rpc`), written as their messages' JSON
+(`bpfdyno.rpc.wire.record_dict`: the .proto field names, unknown values left out) inside the
+recording's own frames. Generic over the recording's frozen dataclasses: field types drive
+the decoding, so a frame gains a field without touching this module.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import types
 import typing
 from typing import Any, TypeVar
 
-#: The type of fields holding ``((key, value), ...)`` pairs, written as JSON objects.
-_PAIRS = tuple[tuple[str, str], ...]
+from bpfdyno.rpc.wire import WireError, is_record, record_dict, record_from_dict
 
 T = TypeVar("T")
 
@@ -31,27 +28,21 @@ def _hints(cls: Any) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def encode(value: Any, pairs: bool = False) -> Any:
-    """A JSON-ready copy of a record, tuple, or scalar."""
+def encode(value: Any) -> Any:
+    """A JSON-ready copy of a recording, a frame, a record, a tuple or a scalar."""
+    if is_record(type(value)):
+        return record_dict(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        hints = _hints(type(value))
-        return {
-            f.name: encode(getattr(value, f.name), hints[f.name] == _PAIRS)
-            for f in dataclasses.fields(value)
-        }
-    if isinstance(value, float) and math.isnan(value):
-        return None
+        return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, tuple):
-        if pairs:
-            return {str(k): v for k, v in value}
         return [encode(v) for v in value]
     return value
 
 
 def decode(cls: type[T], obj: Any, where: str = "") -> T:
-    """Build a record of type ``cls`` from what `encode` wrote.
+    """Build a recording (or one of its parts) of type ``cls`` from what `encode` wrote.
 
-    Missing fields take the record's defaults.
+    Missing fields take the defaults.
 
     Raises:
         RecordingError: a field has the wrong type, or a required field is missing.
@@ -60,10 +51,11 @@ def decode(cls: type[T], obj: Any, where: str = "") -> T:
     if not isinstance(obj, dict):
         raise RecordingError(f"{where}: expected an object, got {type(obj).__name__}")
     hints = _hints(typing.cast(Any, cls))
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name in obj:
-            kwargs[f.name] = _value(hints[f.name], obj[f.name], f"{where}.{f.name}")
+    kwargs = {
+        f.name: _value(hints[f.name], obj[f.name], f"{where}.{f.name}")
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.name in obj
+    }
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
@@ -71,47 +63,28 @@ def decode(cls: type[T], obj: Any, where: str = "") -> T:
 
 
 def _value(tp: Any, v: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         if v is None and type(None) in args:
             return None
-        real = [a for a in args if a is not type(None)]
-        return _value(real[0], v, where)
+        return _value(next(a for a in args if a is not type(None)), v, where)
+    if isinstance(tp, type) and is_record(tp):
+        try:
+            return record_from_dict(tp, v, where)
+        except WireError as e:
+            raise RecordingError(str(e)) from None
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return decode(tp, v, where)
     if origin is tuple:
-        if tp == _PAIRS:
-            if not isinstance(v, dict):
-                raise RecordingError(f"{where}: expected an object of key/value pairs")
-            return tuple((str(k), str(x)) for k, x in v.items())
         if not isinstance(v, list):
             raise RecordingError(f"{where}: expected a list, got {type(v).__name__}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_value(args[0], x, f"{where}[{i}]") for i, x in enumerate(v))
-        if len(args) != len(v):
-            raise RecordingError(f"{where}: expected {len(args)} items, got {len(v)}")
-        return tuple(
-            _value(a, x, f"{where}[{i}]") for i, (a, x) in enumerate(zip(args, v, strict=True))
-        )
-    return _scalar(tp, v, where)
-
-
-def _scalar(tp: Any, v: Any, where: str) -> Any:
-    if tp is float:
-        if v is None:
-            return math.nan
-        if isinstance(v, int | float) and not isinstance(v, bool):
-            return float(v)
-    elif tp is int:
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-    elif tp is bool:
-        if isinstance(v, bool):
-            return v
-    elif tp is str:
-        if isinstance(v, str):
-            return v
-    else:
+        return tuple(_value(args[0], x, f"{where}[{i}]") for i, x in enumerate(v))
+    if origin is dict:
+        if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
+            raise RecordingError(f"{where}: expected an object of texts")
+        return dict(v)
+    if tp is float and isinstance(v, int | float) and not isinstance(v, bool):
+        return float(v)
+    if tp is not float and isinstance(v, tp) and not (tp is int and isinstance(v, bool)):
         return v
     raise RecordingError(f"{where}: expected {tp.__name__}, got {v!r}")

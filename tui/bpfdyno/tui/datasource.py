@@ -1,17 +1,17 @@
-"""The one door between the UI and its data: the `DataSource` protocol and its errors.
+"""The one door between the UI and its data: the `DataSource` protocol and the live source.
 
 Screens and workers only ever call a `DataSource`; they never import gRPC, psutil, NVML or
-bcc (ruff's banned-api rule enforces it for ``tui/``). Two implementations exist:
+bcc (ruff's banned-api rule enforces it for ``tui/``). Every call returns the API's own
+records (`bpfdyno.rpc`) or raises the client's `AgentError` (`bpfdyno.client.errors`), whose
+kind the UI turns into a banner (the agent is lost) or an "unavailable" panel (a part of it
+is) — never a crash. Three implementations exist:
 
-- `GrpcDataSource` talks to a running agent (Unix socket or ``host:port``);
-- `RecordedDataSource` replays a JSON recording, for demos and for tests without root,
-  BPF or a GPU.
-
-The cluster view (``bpfdyno top --job-id``) reads every node of a job through
-`ClusterDataSource`, and each node's full view through a `GrpcDataSource` of its own.
-
-Every call either returns plain records (`bpfdyno.tui.records`) or raises one of the three
-errors below, which the UI turns into a banner or an "unavailable" panel — never a crash.
+- `AgentDataSource`, a running agent through `bpfdyno.client.AgentClient` (Unix socket or
+  ``host:port``);
+- `RecordedDataSource` (`bpfdyno.tui.recorded`) replays a recording, for demos and for
+  tests without root, BPF or a GPU;
+- `ClusterDataSource` (`bpfdyno.tui.cluster_source`) reads every node of a job for the
+  cluster view, and gives an `AgentDataSource` for each node's full view.
 """
 
 from __future__ import annotations
@@ -19,25 +19,20 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from bpfdyno.rpc.traces import TraceSpec
-from bpfdyno.tui.cluster_source import ClusterDataSource
-from bpfdyno.tui.errors import DataSourceError, Disconnected, RequestFailed, ServiceUnavailable
-from bpfdyno.tui.grpc_source import GrpcDataSource
-from bpfdyno.tui.recorded import RecordedDataSource
-from bpfdyno.tui.records import (
-    AgentStatus,
-    KernelEventInfo,
-    MetricSpecInfo,
-    MetricsRound,
-    ProcessTable,
-    SeriesPoints,
-    TraceStatus,
-    TrainerInfo,
-)
+from bpfdyno.client.agent import AgentClient
+from bpfdyno.client.errors import AgentError, ErrorKind
+from bpfdyno.rpc.agent import AgentStatus, MetricSpec, MetricsSnapshot, Series
+from bpfdyno.rpc.kernel import KernelEvent
+from bpfdyno.rpc.processes import DEFAULT_SORT, ProcessList
+from bpfdyno.rpc.traces import TraceSpec, TraceStart, TraceStatus, Trainer
+
+#: Events of the recent past shown when the UI connects.
+RECENT_EVENTS = 200
 
 
 class DataSource(Protocol):
-    """What the UI needs from an agent. All calls run on the app's event loop."""
+    """What the UI needs from an agent. All calls run on the app's event loop and raise
+    `AgentError` when they cannot answer."""
 
     @property
     def target(self) -> str:
@@ -45,60 +40,40 @@ class DataSource(Protocol):
         ...
 
     async def status(self) -> AgentStatus:
-        """The agent's identity and collectors' states.
-
-        Raises:
-            Disconnected: the agent cannot be reached.
-        """
+        """The agent's identity and collectors' states."""
         ...
 
-    async def metric_specs(self) -> list[MetricSpecInfo]:
+    async def metric_specs(self) -> list[MetricSpec]:
         """Every metric the agent declares (names, units, labels)."""
         ...
 
-    async def metrics_window(self, names: Sequence[str], seconds: float) -> list[SeriesPoints]:
-        """History of the matching series (names or prefixes ending in ``*``) over ``seconds``."""
+    async def metrics_window(self, names: Sequence[str], seconds: float) -> list[Series]:
+        """History of the matching series (names or prefixes ending in ``*``) over the last
+        ``seconds`` of the agent's clock."""
         ...
 
-    def stream_metrics(self) -> AsyncIterator[MetricsRound]:
-        """Every collection round as it happens; ends by raising `Disconnected`."""
+    def stream_metrics(self) -> AsyncIterator[MetricsSnapshot]:
+        """Every collection round as it happens; ends by raising `AgentError`."""
         ...
 
-    async def processes(self, limit: int, job_id: str = "") -> ProcessTable:
-        """The agent's process table (the most active processes plus trainers).
-
-        Raises:
-            ServiceUnavailable: the agent has no process table.
-        """
+    async def processes(self, limit: int, job_id: str = "") -> ProcessList:
+        """The agent's process table (the most active processes plus trainers)."""
         ...
 
-    async def trainers(self) -> list[TrainerInfo]:
-        """PyTorch processes registered for on-demand tracing.
-
-        Raises:
-            ServiceUnavailable: the agent does not serve tracing.
-        """
+    async def trainers(self) -> list[Trainer]:
+        """PyTorch processes registered for on-demand tracing."""
         ...
 
-    async def start_trace(self, request: TraceSpec) -> TraceStatus:
-        """Ask for a trace; the answer says which processes were triggered.
-
-        Raises:
-            RequestFailed: the agent refused the request (the message says why).
-            ServiceUnavailable: the agent does not serve tracing.
-        """
+    async def start_trace(self, request: TraceSpec) -> TraceStart:
+        """Ask for a trace; the answer says which processes were triggered."""
         ...
 
     def watch_trace(self, trace_id: str) -> AsyncIterator[TraceStatus]:
         """Each change of a trace's state until it is finished."""
         ...
 
-    def stream_events(self) -> AsyncIterator[KernelEventInfo]:
-        """Kernel and GPU events as they happen.
-
-        Raises:
-            ServiceUnavailable: the agent does not stream events.
-        """
+    def stream_events(self) -> AsyncIterator[KernelEvent]:
+        """Recent kernel and GPU events, then new ones as they happen."""
         ...
 
     async def close(self) -> None:
@@ -106,13 +81,85 @@ class DataSource(Protocol):
         ...
 
 
-__all__ = [
-    "ClusterDataSource",
-    "DataSource",
-    "DataSourceError",
-    "Disconnected",
-    "GrpcDataSource",
-    "RecordedDataSource",
-    "RequestFailed",
-    "ServiceUnavailable",
-]
+def stream_ended(target: str, what: str) -> AgentError:
+    """The error of a stream the agent ended: the UI treats it as a lost agent."""
+    return AgentError(
+        ErrorKind.UNREACHABLE, f"the agent at {target} ended the {what} stream (stopping?)"
+    )
+
+
+class AgentDataSource:
+    """The UI's data from the agent at ``target`` (a Unix socket path or ``host:port``).
+
+    Args:
+        target: where the agent listens.
+        call_timeout_s: deadline of each unary call.
+    """
+
+    def __init__(self, target: str, call_timeout_s: float = 5.0) -> None:
+        self._agent = AgentClient(target, timeout_s=call_timeout_s)
+
+    @property
+    def target(self) -> str:
+        """Where the agent listens, as given."""
+        return self._agent.target
+
+    async def status(self) -> AgentStatus:
+        """The agent's identity and its collectors' states."""
+        return await self._agent.status()
+
+    async def metric_specs(self) -> list[MetricSpec]:
+        """Every declared metric."""
+        return await self._agent.metric_specs()
+
+    async def metrics_window(self, names: Sequence[str], seconds: float) -> list[Series]:
+        """History of the matching series over the last ``seconds``."""
+        # The agent's clock, not ours: a remote agent's clock may differ from this host's.
+        now = (await self._agent.status()).now_unix_seconds
+        return await self._agent.metrics_window(names, now - seconds, now)
+
+    async def stream_metrics(self) -> AsyncIterator[MetricsSnapshot]:
+        """Every collection round; raises `AgentError` when the stream ends."""
+        async for snap in self._agent.stream_metrics():
+            yield snap
+        raise stream_ended(self.target, "metrics")
+
+    async def processes(self, limit: int, job_id: str = "") -> ProcessList:
+        """The agent's process table (only ``job_id``'s processes if given)."""
+        return await self._agent.processes(DEFAULT_SORT, limit, f"job={job_id}" if job_id else "")
+
+    async def trainers(self) -> list[Trainer]:
+        """Registered PyTorch processes."""
+        return await self._agent.trainers()
+
+    async def start_trace(self, request: TraceSpec) -> TraceStart:
+        """Ask for a trace; the answer lists who was triggered, with their file names."""
+        return await self._agent.start_trace(request)
+
+    def watch_trace(self, trace_id: str) -> AsyncIterator[TraceStatus]:
+        """The trace's state now and after every change, until every process has ended."""
+        return self._agent.watch_trace(trace_id)
+
+    async def stream_events(self) -> AsyncIterator[KernelEvent]:
+        """Recent events the agent still holds, then new ones as they happen."""
+        # Subscribe first, then fetch the recent past: an event in between arrives twice
+        # (dropped by key below) rather than not at all.
+        live = self._agent.stream_events()
+        recent = (await self._agent.events(limit=RECENT_EVENTS)).events
+        seen = {_event_key(ev) for ev in recent}
+        for ev in recent:
+            yield ev
+        async for ev in live:
+            if seen and _event_key(ev) in seen:
+                continue
+            seen.clear()  # past the overlap: stop paying for the check
+            yield ev
+        raise stream_ended(self.target, "event")
+
+    async def close(self) -> None:
+        """Close the connection (cancelling its calls); the source is not used afterwards."""
+        await self._agent.close()
+
+
+def _event_key(ev: KernelEvent) -> tuple[int, str, int, int]:
+    return (ev.unix_ns, ev.kind, ev.pid, ev.tid)

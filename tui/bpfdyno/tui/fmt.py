@@ -22,40 +22,37 @@ def _unknown(value: float | int | None) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+def _scaled(value: float, step: float, units: tuple[str, ...]) -> tuple[str, float, str]:
+    """(sign, magnitude, unit) of ``value`` in the largest unit (``step`` apart) that keeps
+    the magnitude under ``step``."""
+    sign, v = ("-" if value < 0 else ""), abs(value)
+    for unit in units[:-1]:
+        if v < step:
+            return sign, v, unit
+        v /= step
+    return sign, v, units[-1]
+
+
 def fmt_bytes(value: float | int | None) -> str:
     """Bytes in binary units with 3 significant digits: ``512B``, ``1.5K``, ``12.3G``."""
-    if _unknown(value):
+    if value is None or _unknown(value):
         return UNKNOWN
-    assert value is not None
-    v = float(value)
-    sign = "-" if v < 0 else ""
-    v = abs(v)
-    for unit in _BYTE_UNITS:
-        if v < 1024 or unit == _BYTE_UNITS[-1]:
-            if unit == "B":
-                return f"{sign}{v:.0f}B"
-            return f"{sign}{v:.1f}{unit}" if v < 100 else f"{sign}{v:.0f}{unit}"
-        v /= 1024
-    raise AssertionError("unreachable")
+    sign, v, unit = _scaled(float(value), 1024, _BYTE_UNITS)
+    if unit == "B":
+        return f"{sign}{v:.0f}B"
+    return f"{sign}{v:.1f}{unit}" if v < 100 else f"{sign}{v:.0f}{unit}"
 
 
 def fmt_si(value: float | int | None, suffix: str = "") -> str:
     """A count or rate in SI units with up to 3 significant digits: ``950``, ``1.2k``."""
-    if _unknown(value):
+    if value is None or _unknown(value):
         return UNKNOWN
-    assert value is not None
-    v = float(value)
-    sign = "-" if v < 0 else ""
-    v = abs(v)
-    for unit in _SI_UNITS:
-        if v < 1000 or unit == _SI_UNITS[-1]:
-            if unit == "":
-                text = f"{v:.0f}" if v >= 10 or v == int(v) else f"{v:.1f}"
-            else:
-                text = f"{v:.1f}" if v < 100 else f"{v:.0f}"
-            return f"{sign}{text}{unit}{suffix}"
-        v /= 1000
-    raise AssertionError("unreachable")
+    sign, v, unit = _scaled(float(value), 1000, _SI_UNITS)
+    if unit == "":
+        text = f"{v:.0f}" if v >= 10 or v == int(v) else f"{v:.1f}"
+    else:
+        text = f"{v:.1f}" if v < 100 else f"{v:.0f}"
+    return f"{sign}{text}{unit}{suffix}"
 
 
 def fmt_percent(ratio: float | None, digits: int = 0) -> str:
@@ -86,25 +83,18 @@ def fmt_duration(seconds: float | None) -> str:
 
 def fmt_ns(ns: float | None) -> str:
     """Nanoseconds per event: ``87ns``, ``1.2us``, ``3.4ms``."""
-    if _unknown(ns):
-        return UNKNOWN
-    assert ns is not None
-    if ns < 1000:
-        return f"{ns:.0f}ns"
-    if ns < 1e6:
-        return f"{ns / 1e3:.1f}us"
-    return f"{ns / 1e6:.1f}ms"
+    return fmt_seconds(None if ns is None else ns / 1e9, micro_digits=1)
 
 
-def fmt_seconds(seconds: float | None) -> str:
-    """A short duration with sub-second precision: ``850ns``, ``12us``, ``3.4ms``, ``1.2s``."""
-    if _unknown(seconds):
+def fmt_seconds(seconds: float | None, micro_digits: int = 0) -> str:
+    """A short duration with sub-second precision: ``850ns``, ``12us``, ``3.4ms``, ``1.2s``
+    (microseconds with ``micro_digits`` decimals)."""
+    if seconds is None or _unknown(seconds):
         return UNKNOWN
-    assert seconds is not None
     if seconds < 1e-6:
         return f"{seconds * 1e9:.0f}ns"
     if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f}us"
+        return f"{seconds * 1e6:.{micro_digits}f}us"
     if seconds < 1:
         return f"{seconds * 1e3:.1f}ms"
     return f"{seconds:.1f}s"

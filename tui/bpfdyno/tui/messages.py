@@ -12,23 +12,19 @@ from collections.abc import Sequence
 
 from textual.message import Message
 
-from bpfdyno.tui.cluster_records import JobTraceView, NodeSummary
-from bpfdyno.tui.records import (
-    AgentStatus,
-    KernelEventInfo,
-    MetricSpecInfo,
-    MetricsRound,
-    ProcessTable,
-    SeriesPoints,
-    TraceStatus,
-    TrainerInfo,
-)
+from bpfdyno.client.cluster import JobTraceResult
+from bpfdyno.client.cluster.summary import NodeSummary
+from bpfdyno.rpc.agent import AgentStatus, MetricSpec, MetricsSnapshot, Series
+from bpfdyno.rpc.kernel import KernelEvent
+from bpfdyno.rpc.processes import ProcessList
+from bpfdyno.rpc.traces import Trainer
+from bpfdyno.tui.model import TraceProgress
 
 
 class Connected(Message):
     """The agent answered: its status and metric declarations."""
 
-    def __init__(self, status: AgentStatus, specs: Sequence[MetricSpecInfo]) -> None:
+    def __init__(self, status: AgentStatus, specs: Sequence[MetricSpec]) -> None:
         super().__init__()
         self.status = status
         self.specs = tuple(specs)
@@ -47,7 +43,7 @@ class ConnectionLost(Message):
 class MetricsHistory(Message):
     """Recent history of every series, fetched after connecting."""
 
-    def __init__(self, series: Sequence[SeriesPoints]) -> None:
+    def __init__(self, series: Sequence[Series]) -> None:
         super().__init__()
         self.series = tuple(series)
 
@@ -55,7 +51,7 @@ class MetricsHistory(Message):
 class MetricsReceived(Message):
     """One streamed collection round (never replaced: each carries different series)."""
 
-    def __init__(self, rnd: MetricsRound) -> None:
+    def __init__(self, rnd: MetricsSnapshot) -> None:
         super().__init__()
         self.round = rnd
 
@@ -75,7 +71,7 @@ class StatusUpdated(Message):
 class ProcessesUpdated(Message):
     """A fresh process table."""
 
-    def __init__(self, table: ProcessTable) -> None:
+    def __init__(self, table: ProcessList) -> None:
         super().__init__()
         self.table = table
 
@@ -87,7 +83,7 @@ class ProcessesUpdated(Message):
 class TrainersUpdated(Message):
     """A fresh list of registered trainers."""
 
-    def __init__(self, trainers: Sequence[TrainerInfo]) -> None:
+    def __init__(self, trainers: Sequence[Trainer]) -> None:
         super().__init__()
         self.trainers = tuple(trainers)
 
@@ -99,7 +95,7 @@ class TrainersUpdated(Message):
 class EventsReceived(Message):
     """Kernel events, in arrival order."""
 
-    def __init__(self, events: Sequence[KernelEventInfo]) -> None:
+    def __init__(self, events: Sequence[KernelEvent]) -> None:
         super().__init__()
         self.events = tuple(events)
 
@@ -116,9 +112,9 @@ class PartUnavailable(Message):
 class TraceUpdated(Message):
     """A trace request's new state (posted to the trace screen that follows it)."""
 
-    def __init__(self, status: TraceStatus) -> None:
+    def __init__(self, progress: TraceProgress) -> None:
         super().__init__()
-        self.status = status
+        self.progress = progress
 
 
 class TraceFailed(Message):
@@ -162,11 +158,12 @@ class NodesUpdated(Message):
 
 
 class JobTraceUpdated(Message):
-    """A job-wide trace's new state."""
+    """A job-wide trace's new state (``finished``: no host's part will change any more)."""
 
-    def __init__(self, trace: JobTraceView) -> None:
+    def __init__(self, trace: JobTraceResult, finished: bool = False) -> None:
         super().__init__()
         self.trace = trace
+        self.finished = finished
 
     def can_replace(self, message: Message) -> bool:
         """A newer state supersedes a queued one."""

@@ -13,21 +13,15 @@ from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from bpfdyno.rpc.agent import AgentStatus, MetricSpec, MetricsSnapshot, Series
+from bpfdyno.rpc.kernel import KernelEvent
+from bpfdyno.rpc.processes import ProcessList
+from bpfdyno.rpc.traces import TraceStart, TraceStatus, Trainer, words
 from bpfdyno.tui.fmt import fmt_value, unit_from_name
-from bpfdyno.tui.records import (
-    AgentStatus,
-    KernelEventInfo,
-    Labels,
-    MetricSpecInfo,
-    MetricsRound,
-    ProcessTable,
-    SeriesPoints,
-    TraceStatus,
-    TrainerInfo,
-)
 
 NAN = float("nan")
-SeriesKey = tuple[str, Labels]
+#: Label pairs of one series, sorted by name.
+Labels = tuple[tuple[str, str], ...]
 
 
 def _norm(labels: Iterable[tuple[str, str]]) -> Labels:
@@ -52,12 +46,12 @@ class MetricsModel:
         self.history_points = history_points
         self.stale_after_s = stale_after_s
         self.max_series = max_series
-        self.specs: dict[str, MetricSpecInfo] = {}
+        self.specs: dict[str, MetricSpec] = {}
         self.now = 0.0
         self._series: dict[str, dict[Labels, deque[tuple[float, float]]]] = {}
         self._count = 0
 
-    def set_specs(self, specs: Iterable[MetricSpecInfo]) -> None:
+    def set_specs(self, specs: Iterable[MetricSpec]) -> None:
         """Replace the metric declarations (units) with the agent's."""
         self.specs = {s.name: s for s in specs}
 
@@ -90,8 +84,9 @@ class MetricsModel:
             return  # a window overlapping the stream: keep each timestamp once
         points.append((ts, value))
 
-    def apply_window(self, series: Iterable[SeriesPoints]) -> None:
-        """Seed history from a window query (older points first)."""
+    def apply_window(self, series: Iterable[Series]) -> None:
+        """Add the points of each series (a window query's, or a streamed round's), older
+        points first."""
         for s in series:
             labels = _norm(s.labels)
             for ts, value in s.points:
@@ -99,12 +94,10 @@ class MetricsModel:
                     self._append(s.name, labels, ts, value)
                     self.now = max(self.now, ts)
 
-    def apply_round(self, rnd: MetricsRound) -> None:
-        """Add one streamed collection round."""
-        for v in rnd.values:
-            if not math.isnan(v.value):
-                self._append(v.name, _norm(v.labels), rnd.ts, v.value)
-        self.now = max(self.now, rnd.ts)
+    def apply_round(self, rnd: MetricsSnapshot) -> None:
+        """Add one streamed collection round (one point per series)."""
+        self.apply_window(rnd.series)
+        self.now = max(self.now, rnd.unix_seconds)
 
     def _fresh(self, points: deque[tuple[float, float]]) -> bool:
         return bool(points) and points[-1][0] >= self.now - self.stale_after_s
@@ -160,12 +153,12 @@ class ProcessHistory:
         self.net: deque[float] = deque(maxlen=points)
         self._last_ts = 0.0
 
-    def add(self, table: ProcessTable) -> None:
+    def add(self, table: ProcessList) -> None:
         """Record the process's values from ``table`` (NaN when it is not in it)."""
-        if table.ts <= self._last_ts:
+        if table.unix_seconds <= self._last_ts:
             return
-        self._last_ts = table.ts
-        row = next((r for r in table.rows if r.pid == self.pid), None)
+        self._last_ts = table.unix_seconds
+        row = next((r for r in table.processes if r.pid == self.pid), None)
         if row is None:
             self.cpu.append(NAN)
             self.rss.append(NAN)
@@ -183,11 +176,11 @@ class EventLog:
     """The newest kernel events, newest last, plus a count per kind since connecting."""
 
     def __init__(self, maxlen: int = 1000) -> None:
-        self.events: deque[KernelEventInfo] = deque(maxlen=maxlen)
+        self.events: deque[KernelEvent] = deque(maxlen=maxlen)
         self.counts: Counter[str] = Counter()
         self.generation = 0
 
-    def add(self, events: Iterable[KernelEventInfo]) -> None:
+    def add(self, events: Iterable[KernelEvent]) -> None:
         """Append events (in arrival order)."""
         for ev in events:
             self.events.append(ev)
@@ -200,15 +193,95 @@ class EventLog:
         self.counts.clear()
         self.generation += 1
 
-    def newest_first(self, kinds: Sequence[str] = ()) -> list[KernelEventInfo]:
+    def newest_first(self, kinds: Sequence[str] = ()) -> list[KernelEvent]:
         """Events by time, newest first, optionally only of ``kinds`` (prefixes work).
 
         Sorted by timestamp, not arrival: collectors deliver in batches, so a network event
         can arrive after a scheduler event that happened later.
         """
-        out = sorted(self.events, key=lambda e: e.ts_ns, reverse=True)
+        out = sorted(self.events, key=lambda e: e.unix_ns, reverse=True)
         if kinds:
             return [e for e in out if any(e.kind.startswith(k) for k in kinds)]
+        return out
+
+
+# -- a trace request ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TraceLine:
+    """One process of a trace as the UI lists it.
+
+    Attributes:
+        pid: the process.
+        state: its state in words (``timed out``), or why it was not triggered (``busy``,
+            ``over limit``, ``not matched``).
+        path: the file it writes ("" for one not triggered).
+        size_bytes: the written file's size; None until written.
+        message: why it is in this state.
+        kernel_tracks: its kernel tracks in words ("" when none were asked for).
+    """
+
+    pid: int
+    state: str
+    path: str = ""
+    size_bytes: int | None = None
+    message: str = ""
+    kernel_tracks: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceProgress:
+    """A trace request as the UI follows it: what ``StartTrace`` answered, then the newest
+    state the agent reported."""
+
+    start: TraceStart
+    status: TraceStatus | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Nothing will change any more (every process ended, or none was triggered)."""
+        return self.status.done if self.status is not None else not self.start.triggered
+
+    @property
+    def state(self) -> str:
+        """``started``, ``nothing traced``, then ``running``, ``done``, ``partly done``,
+        ``failed``."""
+        if self.status is not None:
+            return self.status.outcome
+        return "started" if self.start.triggered else "nothing traced"
+
+    @property
+    def message(self) -> str:
+        """Counts, in words ("2 written, 1 in progress"), or why nothing was traced."""
+        return self.status.summary() if self.status is not None else self.start.summary()
+
+    def lines(self) -> list[TraceLine]:
+        """Each triggered process, then the ones that were not, and why.
+
+        Every registered trainer is listed with why it did not match only when nothing was
+        triggered, so the user can correct the request.
+        """
+        start = self.start
+        if self.status is not None:
+            out = [
+                TraceLine(
+                    p.pid,
+                    words(p.state),
+                    p.output_path,
+                    p.size_bytes if p.size_bytes >= 0 else None,
+                    p.reason,
+                    p.kernel_tracks.describe(),
+                )
+                for p in self.status.processes
+            ]
+        else:
+            out = [TraceLine(p.pid, "pending", p.output_path) for p in start.triggered]
+        skipped = [("busy", start.busy), ("over limit", start.over_limit)]
+        if not start.triggered:
+            skipped.append(("not matched", start.not_matched))
+        for state, items in skipped:
+            out += [TraceLine(p.pid, state, message=p.reason) for p in items]
         return out
 
 
@@ -250,10 +323,10 @@ class TopState:
     job_id: str = ""
     metrics: MetricsModel = field(default_factory=MetricsModel)
     status: AgentStatus | None = None
-    processes: ProcessTable | None = None
+    processes: ProcessList | None = None
     processes_state: Availability = field(default_factory=Availability)
-    trainers: tuple[TrainerInfo, ...] = ()
+    trainers: tuple[Trainer, ...] = ()
     trainers_state: Availability = field(default_factory=Availability)
     events: EventLog = field(default_factory=EventLog)
     events_state: Availability = field(default_factory=Availability)
-    last_trace: TraceStatus | None = None
+    last_trace: TraceProgress | None = None

@@ -1,25 +1,23 @@
 """`RecordedDataSource`: replays a recording of an agent, for demos and tests.
 
 A recording is one JSON object (written by `bpfdyno.tui.recorder` from a live agent, or by
-hand)::
+hand) holding the API's own records as their messages' JSON (``.proto`` field names)::
 
-    {"format": "bpfdyno-top-recording", "version": 2, "interval_s": 1.0,
-     "status": {...AgentStatus...}, "specs": [...MetricSpecInfo...],
-     "history": [...SeriesPoints...],
+    {"format": "bpfdyno-top-recording", "version": 3, "interval_s": 1.0,
+     "status": {...Status...}, "specs": [...MetricSpec...], "history": [...Series...],
      "frames": [{"ts": 1700000000.0,
-                 "rounds": [...MetricsRound...],
-                 "status": {...}, "processes": {...ProcessTable...},
-                 "trainers": [...], "events": [...]}],
+                 "rounds": [...MetricsSnapshot...],
+                 "status": {...}, "processes": {...ListProcessesResponse...},
+                 "trainers": [...Trainer...], "events": [...KernelEvent...]}],
      "unavailable": {"processes": "why", "trainers": "why", "events": "why"},
-     "trace": [...TraceStatus...]}
+     "trace_start": {...StartTraceResponse...}, "trace": [...TraceStatus...]}
 
 Frames play one per ``interval_s / speed`` seconds, driven by the metrics stream; a frame
 without ``status``/``processes``/``trainers`` keeps the previous one. With ``loop`` the
-frames start over with their timestamps shifted forward, so time keeps increasing. A
-``trace`` list is the sequence of states the next trace request goes through.
-
-Process rows are the API's `bpfdyno.rpc.processes.ProcessRow`. Version 1 recordings, made
-before the UI took that record, are read too: three of their row fields had other names.
+frames start over with their timestamps shifted forward, so time keeps increasing. The next
+trace request is answered with ``trace_start``, and ``trace`` is the sequence of states it
+goes through. Recordings made before version 3 (before the UI took the API's records) are
+refused with what to do.
 
 `disconnect` and `reconnect` make the replay behave like an agent going away and coming back.
 """
@@ -30,32 +28,21 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bpfdyno.rpc.traces import TraceSpec
+from bpfdyno.client.errors import AgentError, ErrorKind
+from bpfdyno.rpc.agent import AgentStatus, MetricSpec, MetricsSnapshot, Point, Series
+from bpfdyno.rpc.kernel import KernelEvent
+from bpfdyno.rpc.processes import ProcessList
+from bpfdyno.rpc.traces import TraceSpec, TraceStart, TraceStatus, Trainer
 from bpfdyno.tui.codec import RecordingError, decode
-from bpfdyno.tui.errors import Disconnected, RequestFailed, ServiceUnavailable
-from bpfdyno.tui.records import (
-    AgentStatus,
-    KernelEventInfo,
-    MetricSpecInfo,
-    MetricsRound,
-    ProcessTable,
-    SeriesPoints,
-    TraceStatus,
-    TrainerInfo,
-)
 
 FORMAT = "bpfdyno-top-recording"
-VERSION = 2
-#: Process row fields of version 1 recordings, by their version 2 names.
-_V1_PROCESS_FIELDS = {
-    "num_threads": "threads",
-    "start_unix_seconds": "start_ts",
-    "slurm_job_id": "job_id",
-}
+VERSION = 3
+
+__all__ = ["FORMAT", "VERSION", "Frame", "RecordedDataSource", "Recording", "RecordingError"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +50,11 @@ class Frame:
     """What the agent said during one interval of the recording."""
 
     ts: float
-    rounds: tuple[MetricsRound, ...] = ()
+    rounds: tuple[MetricsSnapshot, ...] = ()
     status: AgentStatus | None = None
-    processes: ProcessTable | None = None
-    trainers: tuple[TrainerInfo, ...] | None = None
-    events: tuple[KernelEventInfo, ...] = ()
+    processes: ProcessList | None = None
+    trainers: tuple[Trainer, ...] | None = None
+    events: tuple[KernelEvent, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,11 +62,12 @@ class Recording:
     """A decoded recording."""
 
     status: AgentStatus
-    specs: tuple[MetricSpecInfo, ...]
+    specs: tuple[MetricSpec, ...]
     frames: tuple[Frame, ...]
-    history: tuple[SeriesPoints, ...] = ()
+    history: tuple[Series, ...] = ()
     interval_s: float = 1.0
-    unavailable: tuple[tuple[str, str], ...] = ()
+    unavailable: dict[str, str] = field(default_factory=dict)
+    trace_start: TraceStart | None = None
     trace: tuple[TraceStatus, ...] = ()
 
 
@@ -91,12 +79,10 @@ def parse_recording(obj: Any) -> Recording:
     """
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise RecordingError(f'not a bpfdyno top recording: expected "format": "{FORMAT}"')
-    if obj.get("version") == 1:
-        obj = _from_version_1(obj)
-    elif obj.get("version") != VERSION:
+    if obj.get("version") != VERSION:
         raise RecordingError(
             f"recording version {obj.get('version')!r} is not supported; this build reads "
-            f"versions 1 and {VERSION} (record it again with this bpfdyno)"
+            f"version {VERSION} (record it again with this bpfdyno)"
         )
     for key in ("status", "frames"):
         if key not in obj:
@@ -107,30 +93,6 @@ def parse_recording(obj: Any) -> Recording:
     if rec.interval_s <= 0:
         raise RecordingError(f"interval_s must be positive, got {rec.interval_s}")
     return rec
-
-
-def _from_version_1(obj: dict[str, Any]) -> dict[str, Any]:
-    """A version 1 recording in version 2's shape: its process rows' fields renamed.
-
-    Version 1 rows could leave the thread count and RSS unknown (null); version 2 rows
-    always have them, as the agent always sends them, so a null becomes the default.
-    """
-    frames = []
-    for frame in obj.get("frames", []):
-        table = frame.get("processes") if isinstance(frame, dict) else None
-        if isinstance(table, dict) and isinstance(table.get("rows"), list):
-            rows = [_row_from_version_1(r) if isinstance(r, dict) else r for r in table["rows"]]
-            frame = {**frame, "processes": {**table, "rows": rows}}
-        frames.append(frame)
-    return {**obj, "frames": frames}
-
-
-def _row_from_version_1(row: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in row.items() if not (k in ("threads", "rss_bytes") and v is None)}
-    for new, old in _V1_PROCESS_FIELDS.items():
-        if old in out:
-            out[new] = out.pop(old)
-    return out
 
 
 def load_recording(path: Path) -> Recording:
@@ -149,6 +111,14 @@ def load_recording(path: Path) -> Recording:
         return parse_recording(obj)
     except RecordingError as e:
         raise RecordingError(f"{path}: {e}") from None
+
+
+def _shifted(snap: MetricsSnapshot, shift: float) -> MetricsSnapshot:
+    """A round as it replays ``shift`` seconds later."""
+    series = tuple(
+        replace(s, points=tuple(Point(ts + shift, v) for ts, v in s.points)) for s in snap.series
+    )
+    return replace(snap, unix_seconds=snap.unix_seconds + shift, series=series)
 
 
 class RecordedDataSource:
@@ -203,9 +173,8 @@ class RecordedDataSource:
         self._down = None
         if restarted:
             self._restarts += 1
-            self._status = replace(
-                self._status, started_ts=self._status.started_ts + 1000.0 * self._restarts
-            )
+            started = self._status.started_unix_seconds + 1000.0 * self._restarts
+            self._status = replace(self._status, started_unix_seconds=started)
         self._wake()
 
     def _wake(self) -> None:
@@ -214,7 +183,9 @@ class RecordedDataSource:
 
     def _check(self) -> None:
         if self._down is not None:
-            raise Disconnected(f"cannot reach the agent ({self._name}): {self._down}")
+            raise AgentError(
+                ErrorKind.UNREACHABLE, f"cannot reach the agent ({self._name}): {self._down}"
+            )
 
     def _shift(self) -> float:
         frames = self.recording.frames
@@ -233,9 +204,9 @@ class RecordedDataSource:
         return None
 
     def _unavailable(self, part: str) -> None:
-        for key, reason in self.recording.unavailable:
-            if key == part:
-                raise ServiceUnavailable(reason)
+        reason = self.recording.unavailable.get(part)
+        if reason is not None:
+            raise AgentError(ErrorKind.UNAVAILABLE, reason)
 
     # -- DataSource ------------------------------------------------------------------------
 
@@ -244,19 +215,19 @@ class RecordedDataSource:
         self._check()
         st: AgentStatus | None = self._latest("status")
         base = st if st is not None else self._status
-        return replace(base, started_ts=self._status.started_ts)
+        return replace(base, started_unix_seconds=self._status.started_unix_seconds)
 
-    async def metric_specs(self) -> list[MetricSpecInfo]:
+    async def metric_specs(self) -> list[MetricSpec]:
         """The recorded specs."""
         self._check()
         return list(self.recording.specs)
 
-    async def metrics_window(self, names: Sequence[str], seconds: float) -> list[SeriesPoints]:
+    async def metrics_window(self, names: Sequence[str], seconds: float) -> list[Series]:
         """The recorded history of the matching series (names, or prefixes ending in ``*``)."""
         self._check()
         return [s for s in self.recording.history if _matches(s.name, names)]
 
-    async def stream_metrics(self) -> AsyncIterator[MetricsRound]:
+    async def stream_metrics(self) -> AsyncIterator[MetricsSnapshot]:
         """Play the frames' rounds, one frame per interval."""
         self._check()
         frames = self.recording.frames
@@ -274,51 +245,56 @@ class RecordedDataSource:
             shift = self._shift()
             self._wake()
             for rnd in self._frame().rounds:
-                yield replace(rnd, ts=rnd.ts + shift)
+                yield _shifted(rnd, shift)
             changed = self._changed
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), period)
             self._check()
 
-    async def processes(self, limit: int, job_id: str = "") -> ProcessTable:
+    async def processes(self, limit: int, job_id: str = "") -> ProcessList:
         """The current frame's process table, optionally one job's processes."""
         self._check()
         self._unavailable("processes")
-        table: ProcessTable | None = self._latest("processes")
+        table: ProcessList | None = self._latest("processes")
         if table is None:
-            raise ServiceUnavailable("this recording holds no process table")
-        rows = [r for r in table.rows if not job_id or r.slurm_job_id == job_id]
-        return replace(table, ts=table.ts + self._shift(), rows=tuple(rows[:limit]))
+            raise AgentError(ErrorKind.UNAVAILABLE, "this recording holds no process table")
+        rows = [r for r in table.processes if not job_id or r.slurm_job_id == job_id]
+        ts = table.unix_seconds + self._shift()
+        return replace(table, unix_seconds=ts, processes=tuple(rows[:limit]))
 
-    async def trainers(self) -> list[TrainerInfo]:
+    async def trainers(self) -> list[Trainer]:
         """The current frame's trainers."""
         self._check()
         self._unavailable("trainers")
-        trainers: tuple[TrainerInfo, ...] | None = self._latest("trainers")
+        trainers: tuple[Trainer, ...] | None = self._latest("trainers")
         shift = self._shift()
         return [
-            replace(t, first_seen_ts=t.first_seen_ts + shift, last_poll_ts=t.last_poll_ts + shift)
+            replace(
+                t,
+                first_poll_unix_seconds=t.first_poll_unix_seconds + shift,
+                last_poll_unix_seconds=t.last_poll_unix_seconds + shift,
+            )
             for t in trainers or ()
         ]
 
-    async def start_trace(self, request: TraceSpec) -> TraceStatus:
-        """Record the request and answer with the recording's first trace state."""
+    async def start_trace(self, request: TraceSpec) -> TraceStart:
+        """Record the request and answer with the recording's trace start."""
         self._check()
         self._unavailable("trainers")
         self.trace_requests.append(request)
-        if not self.recording.trace:
-            raise RequestFailed("this recording holds no trace to replay")
-        return self.recording.trace[0]
+        if self.recording.trace_start is None:
+            raise AgentError(ErrorKind.FAILED, "this recording holds no trace to replay")
+        return self.recording.trace_start
 
     async def watch_trace(self, trace_id: str) -> AsyncIterator[TraceStatus]:
-        """The recording's trace states after the first, one per interval."""
+        """The recording's trace states, one per interval."""
         period = self.recording.interval_s / self.speed if self.speed > 0 else 0.0
-        for st in self.recording.trace[1:]:
+        for st in self.recording.trace:
             await asyncio.sleep(period)
             self._check()
             yield replace(st, trace_id=trace_id)
 
-    async def stream_events(self) -> AsyncIterator[KernelEventInfo]:
+    async def stream_events(self) -> AsyncIterator[KernelEvent]:
         """Events of the frames played so far (the agent's recent events), then new ones."""
         self._check()
         self._unavailable("events")
@@ -331,7 +307,7 @@ class RecordedDataSource:
                 shift_ns = int(self._shift() * 1e9)
                 for frame in self.recording.frames[first : seen + 1]:
                     for ev in frame.events:
-                        yield replace(ev, ts_ns=ev.ts_ns + shift_ns)
+                        yield replace(ev, unix_ns=ev.unix_ns + shift_ns)
                 continue  # frames may have played while the consumer held an event
             await self._changed.wait()
             self._check()

@@ -15,15 +15,14 @@ import json
 import sys
 from pathlib import Path
 
+from bpfdyno.client.errors import AgentError
+from bpfdyno.rpc.agent import MetricsSnapshot
+from bpfdyno.rpc.kernel import KernelEvent
+from bpfdyno.rpc.processes import ProcessList
+from bpfdyno.rpc.traces import Trainer
 from bpfdyno.tui.codec import encode
-from bpfdyno.tui.datasource import (
-    DataSource,
-    DataSourceError,
-    GrpcDataSource,
-    ServiceUnavailable,
-)
+from bpfdyno.tui.datasource import AgentDataSource, DataSource
 from bpfdyno.tui.recorded import FORMAT, VERSION, Frame, Recording
-from bpfdyno.tui.records import KernelEventInfo, MetricsRound, ProcessTable, TrainerInfo
 
 #: Seconds of metric history stored with the recording (the sparklines' start).
 HISTORY_S = 60.0
@@ -35,13 +34,13 @@ async def record(
     """Record ``seconds`` of ``source``: ``round(seconds / interval_s)`` frames (at least 1).
 
     Raises:
-        Disconnected: the agent cannot be reached (at the start or while recording).
+        AgentError: the agent cannot be reached (at the start or while recording).
     """
     status = await source.status()
     specs = await source.metric_specs()
     history = await source.metrics_window([], HISTORY_S)
-    rounds: list[MetricsRound] = []
-    events: list[KernelEventInfo] = []
+    rounds: list[MetricsSnapshot] = []
+    events: list[KernelEvent] = []
     unavailable: dict[str, str] = {}
 
     async def pump_metrics() -> None:
@@ -52,7 +51,9 @@ async def record(
         try:
             async for ev in source.stream_events():
                 events.append(ev)
-        except ServiceUnavailable as e:
+        except AgentError as e:
+            if e.kind.disconnected:
+                raise
             unavailable["events"] = str(e)
 
     metrics_task = asyncio.create_task(pump_metrics())
@@ -63,20 +64,25 @@ async def record(
             await asyncio.sleep(interval_s)
             if metrics_task.done():
                 metrics_task.result()  # raises why the stream ended
-            table: ProcessTable | None = None
-            trainers: tuple[TrainerInfo, ...] | None = None
+            table: ProcessList | None = None
+            trainers: tuple[Trainer, ...] | None = None
             try:
                 table = await source.processes(process_limit)
-            except ServiceUnavailable as e:
+            except AgentError as e:
+                if e.kind.disconnected:
+                    raise
                 unavailable["processes"] = str(e)
             try:
                 trainers = tuple(await source.trainers())
-            except ServiceUnavailable as e:
+            except AgentError as e:
+                if e.kind.disconnected:
+                    raise
                 unavailable["trainers"] = str(e)
-            ts = max((r.ts for r in rounds), default=frames[-1].ts + interval_s if frames else 0.0)
+            last = frames[-1].ts + interval_s if frames else 0.0
+            ts = max((r.unix_seconds for r in rounds), default=last)
             frames.append(
                 Frame(
-                    ts=ts or status.started_ts + status.agent_uptime_s,
+                    ts=ts or status.now_unix_seconds,
                     rounds=tuple(rounds),
                     status=await source.status(),
                     processes=table,
@@ -89,7 +95,7 @@ async def record(
     finally:
         for task in (metrics_task, events_task):
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, DataSourceError):
+            with contextlib.suppress(asyncio.CancelledError, AgentError):
                 await task
     return Recording(
         status=status,
@@ -97,7 +103,7 @@ async def record(
         frames=tuple(frames),
         history=tuple(history),
         interval_s=interval_s,
-        unavailable=tuple(sorted(unavailable.items())),
+        unavailable=dict(sorted(unavailable.items())),
     )
 
 
@@ -119,7 +125,7 @@ def main() -> int:
     args = p.parse_args()
     from bpfdyno.client.connection import default_target
 
-    source = GrpcDataSource(args.target or default_target())
+    source = AgentDataSource(args.target or default_target())
 
     async def run() -> Recording:
         try:
@@ -129,7 +135,7 @@ def main() -> int:
 
     try:
         rec = asyncio.run(run())
-    except DataSourceError as e:
+    except AgentError as e:
         print(f"bpfdyno recorder: {e}", file=sys.stderr)
         return 1
     save_recording(rec, args.out)

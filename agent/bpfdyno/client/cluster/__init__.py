@@ -21,7 +21,7 @@ Example::
 """
 
 from bpfdyno.client.cluster.clock import ClockOffset, measure_clock
-from bpfdyno.client.cluster.fanout import FanOut, HostError, HostErrorKind, HostResult
+from bpfdyno.client.cluster.fanout import FanOut, HostResult
 from bpfdyno.client.cluster.jobtrace import (
     HostOutcome,
     HostTrace,
@@ -46,8 +46,6 @@ __all__ = [
     "DEFAULT_AGENT_PORT",
     "ClockOffset",
     "FanOut",
-    "HostError",
-    "HostErrorKind",
     "HostOutcome",
     "HostResult",
     "HostTrace",

@@ -21,9 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import grpc
-
-from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc
+from bpfdyno.client.agent import AgentClient
 
 #: Samples taken per agent; the one with the shortest round trip is kept.
 CLOCK_SAMPLES = 2
@@ -56,22 +54,23 @@ def offset_from_times(t1: float, t2: float, t3: float, t4: float) -> ClockOffset
 
 
 async def measure_clock(
-    channel: grpc.aio.Channel,
+    agent: AgentClient,
     *,
     samples: int = CLOCK_SAMPLES,
-    timeout_s: float = 5.0,
+    timeout_s: float | None = None,
     clock: Callable[[], float] = time.time,
 ) -> ClockOffset:
-    """Measure the clock of the agent on ``channel`` against ``clock`` (ours).
+    """Measure the clock of ``agent`` against ``clock`` (ours), each call within
+    ``timeout_s`` (default: the client's).
 
     Raises:
-        grpc.RpcError: the agent did not answer (UNIMPLEMENTED: it predates ``GetClock``).
+        AgentError: the agent did not answer (kind ``unimplemented``: it predates
+            ``GetClock``).
     """
-    stub = agent_pb2_grpc.AgentStub(channel)
     best: ClockOffset | None = None
     for _ in range(max(1, samples)):
         t1 = clock()
-        reply = await stub.GetClock(agent_pb2.GetClockRequest(), timeout=timeout_s)
+        reply = await agent.clock(timeout_s)
         t4 = clock()
         sample = offset_from_times(t1, reply.receive_unix_seconds, reply.transmit_unix_seconds, t4)
         if best is None or sample.round_trip_s < best.round_trip_s:

@@ -24,14 +24,18 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-import grpc
-
+from bpfdyno.client.agent import VERDICT_S, AgentClient
 from bpfdyno.client.cluster.clock import ClockOffset, measure_clock
-from bpfdyno.client.cluster.fanout import FanOut, HostError, HostErrorKind
+from bpfdyno.client.cluster.fanout import FanOut
 from bpfdyno.client.cluster.nodes import Node
-from bpfdyno.rpc.traces import KINETO_WARMUP_S, TraceSpec, spec_to_pb
-from bpfdyno.rpc.v1 import tracing_pb2 as pb
-from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
+from bpfdyno.client.errors import AgentError, ErrorKind
+from bpfdyno.rpc.traces import (
+    KINETO_WARMUP_S,
+    ProcessTraceState,
+    TraceSpec,
+    TraceStart,
+    TraceStatus,
+)
 
 #: How often PyTorch asks its agent for a config by default
 #: (``ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS``): a request waits up to this long for delivery.
@@ -40,8 +44,6 @@ KINETO_POLL_INTERVAL_S = 5.0
 START_MARGIN_S = 2.0
 #: How long `trace_job` follows the trace when waiting and no time is given.
 DEFAULT_WAIT_S = 120.0
-#: Extra time for the agent's verdict after the wait (it marks late processes timed out).
-_VERDICT_S = 5.0
 
 
 def plan_start_time_ms(
@@ -96,8 +98,8 @@ class TraceFile:
         pid: the process.
         job_id: its ``$SLURM_JOB_ID``.
         path: the file Kineto writes there.
-        state: ``triggered`` until followed, then pending, delivered, tracing, written,
-            failed or timed_out.
+        state: ``triggered`` until followed, then the process's `ProcessTraceState`
+            (pending, delivered, tracing, merging, written, failed, timed_out).
         size_bytes: the written file's size; None until written.
         reason: why it is in this state, in words.
     """
@@ -116,12 +118,8 @@ class HostRequest:
     """One ``StartTrace`` on one host, and the trace's last known state."""
 
     job_id: int
-    start: pb.StartTraceResponse
-    final: pb.TraceStatus | None = None
-
-
-def _state_word(state: int) -> str:
-    return str(pb.ProcessTraceState.Name(state)).removeprefix("PROCESS_TRACE_STATE_").lower()
+    start: TraceStart
+    final: TraceStatus | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +129,7 @@ class HostTrace:
     node: Node
     clock: ClockOffset | None = None
     requests: tuple[HostRequest, ...] = ()
-    error: HostError | None = None
+    error: AgentError | None = None
     waited: bool = False
 
     @property
@@ -178,7 +176,7 @@ class HostTrace:
                         pid=p.pid,
                         job_id=p.job_id,
                         path=p.output_path or t.output_path,
-                        state=_state_word(p.state),
+                        state=p.state.value,
                         size_bytes=p.size_bytes if p.size_bytes >= 0 else None,
                         reason=p.reason,
                     )
@@ -195,7 +193,7 @@ class HostTrace:
         if self.waited:
             if any(r.start.triggered and r.final is None for r in self.requests):
                 return HostOutcome.IN_PROGRESS
-            if any(f.state != "written" for f in self.files()):
+            if any(f.state != ProcessTraceState.WRITTEN for f in self.files()):
                 return HostOutcome.INCOMPLETE
         return HostOutcome.OK
 
@@ -223,7 +221,9 @@ class HostTrace:
             )
         if outcome is HostOutcome.INCOMPLETE:
             return "; ".join(
-                f"pid {f.pid} {f.state}: {f.reason}" for f in self.files() if f.state != "written"
+                f"pid {f.pid} {f.state}: {f.reason}"
+                for f in self.files()
+                if f.state != ProcessTraceState.WRITTEN
             )
         return ""
 
@@ -291,14 +291,14 @@ async def trace_job(
         if on_progress is not None:
             on_progress(snapshot())
 
-    probes = await fanout.map(lambda node, ch: measure_clock(ch, timeout_s=fanout.timeout_s))
+    probes = await fanout.map(lambda node, agent: measure_clock(agent))
     reachable: list[Node] = []
     for probe in probes:
         node = probe.node
         if probe.ok:
             hosts[node.target] = replace(hosts[node.target], clock=probe.value)
             reachable.append(node)
-        elif probe.error is not None and probe.error.kind is HostErrorKind.UNIMPLEMENTED:
+        elif probe.error is not None and probe.error.kind is ErrorKind.UNIMPLEMENTED:
             reachable.append(node)  # an agent without GetClock: traced, offset unknown
         else:
             hosts[node.target] = replace(hosts[node.target], error=probe.error)
@@ -312,14 +312,11 @@ async def trace_job(
     if on_progress is not None:
         on_progress(snapshot())
 
-    async def start(node: Node, ch: grpc.aio.Channel) -> tuple[HostRequest, ...]:
-        stub = pb_grpc.TracingStub(ch)
+    async def start(node: Node, agent: AgentClient) -> tuple[HostRequest, ...]:
         requests = []
         for job_id in node.job_ids or (spec.job_id,):
-            req = spec_to_pb(replace(spec, job_id=job_id))
-            requests.append(
-                HostRequest(job_id, await stub.StartTrace(req, timeout=fanout.timeout_s))
-            )
+            started = await agent.start_trace(replace(spec, job_id=job_id))
+            requests.append(HostRequest(job_id, started))
         return tuple(requests)
 
     for started in await fanout.map(start, reachable):
@@ -331,55 +328,26 @@ async def trace_job(
     if not wait:
         return snapshot()
 
-    async def follow(node: Node, ch: grpc.aio.Channel) -> None:
-        stub = pb_grpc.TracingStub(ch)
+    async def follow(node: Node, agent: AgentClient) -> None:
         for i, request in enumerate(hosts[node.target].requests):
             if not request.start.triggered:
                 continue
-
-            def seen(status: pb.TraceStatus, i: int = i) -> None:
+            async for status in agent.follow_trace(request.start.trace_id, wait_s):
                 requests = list(hosts[node.target].requests)
                 requests[i] = replace(requests[i], final=status)
                 put(replace(hosts[node.target], requests=tuple(requests)))
 
-            await _watch(stub, request.start.trace_id, wait_s, seen)
-
     waiting = [n for n in fanout.nodes if hosts[n.target].triggered]
-    results = await fanout.map(follow, waiting, timeout_s=wait_s + 2 * _VERDICT_S, bounded=False)
+    results = await fanout.map(follow, waiting, timeout_s=wait_s + 2 * VERDICT_S, bounded=False)
     for followed in results:
         if followed.error is not None:
             why = followed.error
-            lost = HostError(why.kind, f"lost while following the trace: {why.message}")
+            lost = AgentError(why.kind, f"lost while following the trace: {why.message}")
             put(replace(hosts[followed.node.target], error=lost))
     return snapshot()
 
 
-async def _watch(
-    stub: pb_grpc.TracingStub,
-    trace_id: str,
-    wait_s: float,
-    seen: Callable[[pb.TraceStatus], None],
-) -> None:
-    """Pass every state of the trace to ``seen`` until every process has ended, or until
-    ``wait_s`` is over (then the agent's verdict at that time)."""
-    done = False
-    call = stub.WatchTrace(pb.GetTraceRequest(trace_id=trace_id), timeout=wait_s + _VERDICT_S)
-    try:
-        async for status in call:
-            seen(status)
-            if status.done:
-                done = True
-                break
-    except grpc.aio.AioRpcError as e:
-        if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-            raise
-    finally:
-        call.cancel()
-    if not done:
-        seen(await stub.GetTrace(pb.GetTraceRequest(trace_id=trace_id), timeout=_VERDICT_S))
-
-
-def hosts_failed_alike(result: JobTraceResult) -> HostError | None:
+def hosts_failed_alike(result: JobTraceResult) -> AgentError | None:
     """The one error every host failed with (the same kind and words), if they all did.
 
     A wrong token, or a log file every agent refuses for the same rule, is then said once.

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import grpc
-
-from bpfdyno.client.cluster.fanout import FanOut, HostError
+from bpfdyno.client.agent import AgentClient
+from bpfdyno.client.cluster.fanout import FanOut
 from bpfdyno.client.cluster.nodes import Node
-from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc, tracing_pb2, tracing_pb2_grpc
+from bpfdyno.client.errors import AgentError
+from bpfdyno.rpc.agent import AgentStatus, CollectorState, Label, MetricsSnapshot
+from bpfdyno.rpc.traces import Trainer, TrainerState
 
 NAN = float("nan")
 
@@ -37,7 +38,7 @@ class _RowMetric:
     #: ...and not one of these.
     skip: frozenset[str] = frozenset()
 
-    def counts(self, labels: Iterable[agent_pb2.Label]) -> bool:
+    def counts(self, labels: Iterable[Label]) -> bool:
         if not self.label:
             return True
         value = next((lab.value for lab in labels if lab.name == self.label), "")
@@ -66,10 +67,7 @@ _ROW_METRICS = {
 #: The metrics a summary needs (only these are asked for, to keep every poll small).
 SUMMARY_METRICS = tuple(_ROW_METRICS)
 #: Collector states that make the agent's state "degraded" or "starting".
-_PROBLEM_STATES = {
-    agent_pb2.COLLECTOR_STATE_DEGRADED: "degraded",
-    agent_pb2.COLLECTOR_STATE_STARTING: "starting",
-}
+_PROBLEM_STATES = {CollectorState.DEGRADED, CollectorState.STARTING}
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +100,7 @@ class NodeSummary:
     """
 
     node: Node
-    error: HostError | None = None
+    error: AgentError | None = None
     hostname: str = ""
     version: str = ""
     agent_state: str = "down"
@@ -143,9 +141,9 @@ def _mean(values: Iterable[float]) -> float:
 
 def summarize_node(
     node: Node,
-    status: agent_pb2.Status,
-    snapshot: agent_pb2.MetricsSnapshot,
-    trainers: tracing_pb2.ListTrainersResponse | None,
+    status: AgentStatus,
+    snapshot: MetricsSnapshot,
+    trainers: Sequence[Trainer] | None,
     job_ids: Iterable[int] = (),
     elapsed_s: float = NAN,
 ) -> NodeSummary:
@@ -163,26 +161,26 @@ def summarize_node(
     for series in snapshot.series:
         row = _ROW_METRICS.get(series.name)
         if row is not None and series.points and row.counts(series.labels):
-            values.setdefault(row.field, []).append(series.points[-1].value)
+            values.setdefault(row.field, []).append(series.value)
 
     def total(field: str) -> float:
         return _sum(values.get(field, ()))
 
     gpu_util = values.get("gpu_utilization_ratio", [])
     problems = tuple(
-        f"{c.name}: {_PROBLEM_STATES[c.state]}: {c.reason or 'no reason given'}"
+        f"{c.name}: {c.state}: {c.reason or 'no reason given'}"
         for c in status.collectors
         if c.state in _PROBLEM_STATES
     )
-    states = {_PROBLEM_STATES[c.state] for c in status.collectors if c.state in _PROBLEM_STATES}
-    state = "degraded" if "degraded" in states else "starting" if states else "ok"
+    states = {c.state for c in status.collectors if c.state in _PROBLEM_STATES}
+    state = "degraded" if CollectorState.DEGRADED in states else "starting" if states else "ok"
     wanted = set(job_ids)
     registered: int | None = None
     tracing = 0
     if trainers is not None:
-        mine = [t for t in trainers.trainers if not wanted or t.job_id in wanted]
+        mine = [t for t in trainers if not wanted or t.job_id in wanted]
         registered = len(mine)
-        tracing = sum(t.state != tracing_pb2.TRAINER_STATE_IDLE for t in mine)
+        tracing = sum(t.state is not TrainerState.IDLE for t in mine)
     return NodeSummary(
         node=node,
         hostname=status.hostname,
@@ -190,7 +188,7 @@ def summarize_node(
         agent_state=state,
         problems=problems,
         unavailable=tuple(
-            c.name for c in status.collectors if c.state == agent_pb2.COLLECTOR_STATE_UNAVAILABLE
+            c.name for c in status.collectors if c.state is CollectorState.UNAVAILABLE
         ),
         ts=snapshot.unix_seconds,
         cpu_ratio=total("cpu_ratio"),
@@ -221,7 +219,7 @@ class SummaryPoller:
 
     Each poll asks every node for the row's metrics and its trainers; the agent's status
     (version, collectors' states) only at the first poll, every `STATUS_EVERY` polls after,
-    and again after the node was down — a third fewer calls at 1 Hz. Stubs are kept per node.
+    and again after the node was down — a third fewer calls at 1 Hz.
 
     Args:
         fanout: the nodes' agents.
@@ -237,49 +235,34 @@ class SummaryPoller:
         self.job_id = job_id
         self.status_every = max(1, status_every)
         self._polls = 0
-        self._status: dict[str, agent_pb2.Status] = {}
-        self._stubs: dict[str, tuple[agent_pb2_grpc.AgentStub, tracing_pb2_grpc.TracingStub]] = {}
+        self._status: dict[str, AgentStatus] = {}
 
     async def poll(self) -> list[NodeSummary]:
         """Every node's row; a node that does not answer carries why."""
         due = self._polls % self.status_every == 0
         self._polls += 1
-        names = list(SUMMARY_METRICS)
-        timeout = self.fanout.timeout_s
 
         async def ask(
-            node: Node, ch: grpc.aio.Channel
-        ) -> tuple[
-            agent_pb2.Status, agent_pb2.MetricsSnapshot, tracing_pb2.ListTrainersResponse | None
-        ]:
-            stubs = self._stubs.get(node.target)
-            if stubs is None:
-                stubs = self._stubs[node.target] = (
-                    agent_pb2_grpc.AgentStub(ch),
-                    tracing_pb2_grpc.TracingStub(ch),
-                )
-            agent, tracing = stubs
+            node: Node, agent: AgentClient
+        ) -> tuple[AgentStatus, MetricsSnapshot, list[Trainer] | None]:
             known = self._status.get(node.target)
-            calls = [
-                agent.GetMetrics(agent_pb2.GetMetricsRequest(names=names), timeout=timeout),
-                tracing.ListTrainers(tracing_pb2.ListTrainersRequest(), timeout=timeout),
-            ]
+            calls = [agent.metrics(SUMMARY_METRICS), agent.trainers()]
             if due or known is None:
-                calls.append(agent.GetStatus(agent_pb2.GetStatusRequest(), timeout=timeout))
+                calls.append(agent.status())
             answers: list[object] = await asyncio.gather(*calls, return_exceptions=True)
             for answer in answers:
-                if isinstance(answer, BaseException) and not isinstance(answer, grpc.RpcError):
+                if isinstance(answer, BaseException) and not isinstance(answer, AgentError):
                     raise answer  # cancelled, or a bug
             snapshot, listed, *asked = answers
-            if isinstance(snapshot, grpc.RpcError):
+            if isinstance(snapshot, AgentError):
                 raise snapshot
-            if asked and isinstance(asked[0], grpc.RpcError):
+            if asked and isinstance(asked[0], AgentError):
                 raise asked[0]
             status = asked[0] if asked else known
-            assert isinstance(snapshot, agent_pb2.MetricsSnapshot)
-            assert isinstance(status, agent_pb2.Status)
+            assert isinstance(snapshot, MetricsSnapshot)
+            assert isinstance(status, AgentStatus)
             # Tracing off there: the trainers column is unknown, not 0.
-            trainers = listed if isinstance(listed, tracing_pb2.ListTrainersResponse) else None
+            trainers = listed if isinstance(listed, list) else None
             return status, snapshot, trainers
 
         out = []

@@ -29,11 +29,12 @@ from functools import partial
 import pynvml
 
 from bpfdyno.core.config import GpuSection
+from bpfdyno.core.events import EventSink
 from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.core.status import PartState
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 from bpfdyno.sources.gpu import metrics as m
-from bpfdyno.sources.gpu.events import EventSink, EventWatcher
+from bpfdyno.sources.gpu.events import EventWatcher
 from bpfdyno.sources.gpu.gpm import GpmSampler, ManualPause, ProfilingPause
 from bpfdyno.sources.gpu.nvml import (
     DeviceLost,

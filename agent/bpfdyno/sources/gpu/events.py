@@ -14,12 +14,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 
 import pynvml
 
-from bpfdyno.core.events import KernelEvent
+from bpfdyno.core.events import EventSink, KernelEvent
 from bpfdyno.sources.gpu.nvml import (
     DEVICE_LOST_CODES,
     DRIVER_GONE_CODES,
@@ -33,7 +33,6 @@ from bpfdyno.sources.gpu.nvml import (
 
 log = logging.getLogger("bpfdyno.sources.gpu.collector")
 
-EventSink = Callable[[Sequence[KernelEvent]], None]
 
 #: Critical event types watched, and the event kind each becomes. Single-bit ECC errors are
 #: left out on purpose: they are corrected, can be frequent, and the ECC counters count them.

@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bpfdyno.core.metrics import Sample, sample
+from bpfdyno.core.pidfs import read_stat
 from bpfdyno.sources.base import Collector
 from bpfdyno.sources.host.metrics import AGENT_CPU, AGENT_OPEN_FDS, AGENT_RSS, AGENT_THREADS
-from bpfdyno.sources.procs.pidfs import read_stat
 
 _PROC = Path("/proc")
 

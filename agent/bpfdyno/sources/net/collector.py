@@ -14,12 +14,12 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from bpfdyno.core.config import NetSection
-from bpfdyno.core.events import KernelEvent, MonotonicClock
+from bpfdyno.core.events import EventSink, KernelEvent, MonotonicClock
 from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.maps import map_items, percpu_sums
@@ -57,8 +57,6 @@ from bpfdyno.sources.net.metrics import (
 from bpfdyno.sources.net.plan import BYTES_SOCK, Plan, PlanError, enum_names, make_plan
 
 log = logging.getLogger(__name__)
-
-EventSink = Callable[[Sequence[KernelEvent]], None]
 
 
 # The program's maps (bpf/net.bpf.c).

@@ -6,16 +6,15 @@ header stays the only definition; TCP state numbers are kernel ABI (``include/ne
 
 from __future__ import annotations
 
-import importlib.resources
 import ipaddress
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any
 
 from bpfdyno.core.events import AttrValue, KernelEvent, MonotonicClock
+from bpfdyno.ebpf.headers import header_enum, header_text
 
 AF_INET = 2
 AF_INET6 = 10
@@ -51,22 +50,11 @@ NET_EVENT_KINDS = tuple(_KIND_NAMES.values())
 NET_SOCK_TUPLE = 1
 NET_SOCK_PASSIVE = 2
 
-_ENUM_RE = re.compile(r"enum\s+(\w+)\s*\{(.*?)\};", re.S)
-_MEMBER_RE = re.compile(r"^\s*(\w+)\s*=\s*(\d+)\s*,", re.M)
-
-
-def header_enum(text: str, enum_name: str) -> dict[str, int]:
-    """Members of ``enum <enum_name> { NAME = n, ... };`` in a C header (explicit values)."""
-    for m in _ENUM_RE.finditer(text):
-        if m.group(1) == enum_name:
-            return {name: int(v) for name, v in _MEMBER_RE.findall(m.group(2))}
-    raise ValueError(f"enum {enum_name} not found in net.h; reinstall bpfdyno")
-
 
 @cache
 def net_header_enums() -> tuple[dict[str, int], dict[int, str]]:
     """(counter name -> slot, event kind number -> KernelEvent kind), from ``bpf/net.h``."""
-    text = (importlib.resources.files("bpfdyno.bpf") / "net.h").read_text(encoding="utf-8")
+    text = header_text("net.h")
     counters = header_enum(text, "net_counter")
     kinds = {num: _KIND_NAMES[name] for name, num in header_enum(text, "net_event_kind").items()}
     return counters, kinds

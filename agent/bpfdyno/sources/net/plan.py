@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bpfdyno.ebpf.tracefs import read_format
+
 #: Where the per-process byte counts come from.
 BYTES_SOCK = "sock"  # sock:sock_{send,recv}_length (exact, every socket call)
 BYTES_SYSCALLS = "syscalls"  # sendto/sendmsg/recvfrom/recvmsg exits (protocol unknown)
@@ -156,15 +158,6 @@ class PlanError(Exception):
 
 
 _FIELD_RE = re.compile(r"^\s*field:(?P<decl>[^;]+);\s*offset:\d+;\s*size:(?P<size>\d+);", re.M)
-
-
-def read_format(tracefs: Path, tracepoint: str) -> str | None:
-    """The ``format`` file of ``category:event``; None if the kernel has no such event."""
-    category, _, event = tracepoint.partition(":")
-    try:
-        return (tracefs / "events" / category / event / "format").read_text()
-    except OSError:
-        return None
 
 
 def format_fields(fmt: str) -> dict[str, int]:

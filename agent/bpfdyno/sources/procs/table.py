@@ -34,8 +34,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from bpfdyno.core import pidfs as procinfo
 from bpfdyno.rpc.processes import ProcessRow, activity
-from bpfdyno.sources.procs import pidfs as procinfo
 
 log = logging.getLogger(__name__)
 

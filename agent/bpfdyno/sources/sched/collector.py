@@ -25,16 +25,17 @@ import math
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from bpfdyno.core.config import SchedSection
-from bpfdyno.core.events import KernelEvent, MonotonicClock
-from bpfdyno.core.histogram import LOG2_SLOTS, histogram_quantile, log2_export_buckets
+from bpfdyno.core.events import EventSink, KernelEvent, MonotonicClock
+from bpfdyno.core.histogram import histogram_quantile, log2_export_buckets
 from bpfdyno.core.metrics import HistogramSample, Sample, sample
 from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.ebpf.headers import header_defines, header_enum, header_text
 from bpfdyno.ebpf.maps import map_pop_all, percpu_words
 from bpfdyno.ebpf.program import BpfProgram, RingBuffer, TaskIterator
 from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S
@@ -58,15 +59,16 @@ from bpfdyno.sources.sched.metrics import (
 
 log = logging.getLogger(__name__)
 
-EventSink = Callable[[Sequence[KernelEvent]], None]
 
-# Mirrors of bpf/sched.h (a test checks they match).
-SCHED_HIST_SLOTS = LOG2_SLOTS
-SCHED_EV_EXEC = 1
-SCHED_EV_EXIT = 2
-SCHED_ERR_EXIT_FULL = 0
-SCHED_ERR_RINGBUF = 1
-SCHED_ERR_MARK = 2
+# From bpf/sched.h, the one definition of the numbers both sides use.
+_HEADER = header_text("sched.h")
+SCHED_HIST_SLOTS = header_defines(_HEADER, "SCHED_HIST_SLOTS")["SCHED_HIST_SLOTS"]
+_KINDS = header_enum(_HEADER, "sched_event_kind")
+SCHED_EV_EXEC, SCHED_EV_EXIT = _KINDS["SCHED_EV_EXEC"], _KINDS["SCHED_EV_EXIT"]
+_ERRS = header_enum(_HEADER, "sched_error")
+SCHED_ERR_EXIT_FULL = _ERRS["SCHED_ERR_EXIT_FULL"]
+SCHED_ERR_RINGBUF = _ERRS["SCHED_ERR_RINGBUF"]
+SCHED_ERR_MARK = _ERRS["SCHED_ERR_MARK"]
 #: struct sched_task: tid, tgid, oncpu, runq wait, blocked, switches, migrations, comm.
 TASK_RECORD = struct.Struct("<IIQQQQQ16s")
 #: struct sched_cpu: 8 words of counters, then the histogram.

@@ -13,7 +13,6 @@ Not thread-safe: one thread (the capture manager's) makes every call.
 from __future__ import annotations
 
 import contextlib
-import importlib.resources
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -24,11 +23,12 @@ from typing import Any
 
 from bpfdyno.core.config import CaptureSection
 from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.ebpf.headers import header_defines, header_enum, header_text
 from bpfdyno.ebpf.maps import map_items, percpu_sums
 from bpfdyno.ebpf.program import BpfProgram, RingBuffer
-from bpfdyno.ebpf.tracefs import TracefsError, ensure_tracefs
-from bpfdyno.sources.net.decode import AF_INET6, format_addr, header_enum, state_name
-from bpfdyno.sources.net.plan import enum_names, format_fields, read_format
+from bpfdyno.ebpf.tracefs import TracefsError, ensure_tracefs, read_format
+from bpfdyno.sources.net.decode import AF_INET6, format_addr, state_name
+from bpfdyno.sources.net.plan import enum_names, format_fields
 from bpfdyno.tracing.capture.records import (
     KernelRecord,
     NetBurst,
@@ -84,15 +84,10 @@ _ATTACHMENTS = {Track.NET: NET_ATTACHMENTS, Track.SCHED: SCHED_ATTACHMENTS}
 @cache
 def capture_enums() -> tuple[dict[str, int], dict[int, str], dict[str, int]]:
     """(counter name -> slot, net kind number -> name, CAP_F_* flags), from ``capture.h``."""
-    text = (importlib.resources.files("bpfdyno.bpf") / "capture.h").read_text(encoding="utf-8")
+    text = header_text("capture.h")
     counters = header_enum(text, "cap_counter")
     kinds = {n: name for name, n in header_enum(text, "cap_net_kind").items()}
-    flags = {
-        line.split()[1]: int(line.split()[2])
-        for line in text.splitlines()
-        if line.startswith("#define CAP_F_")
-    }
-    return counters, kinds, flags
+    return counters, kinds, header_defines(text, "CAP_F_")
 
 
 _NET_KIND_NAMES = {

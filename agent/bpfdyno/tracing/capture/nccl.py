@@ -24,7 +24,6 @@ Not thread-safe: one thread (the capture manager's) makes every call.
 
 from __future__ import annotations
 
-import importlib.resources
 import logging
 import os
 from collections import defaultdict
@@ -36,9 +35,9 @@ from typing import Any
 
 from bpfdyno.core.config import CaptureSection
 from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.ebpf.headers import header_enum, header_text
 from bpfdyno.ebpf.maps import percpu_sums
 from bpfdyno.ebpf.program import BpfProgram, RingBuffer
-from bpfdyno.sources.net.decode import header_enum
 from bpfdyno.tracing.capture.records import NcclCall, TrackStats
 
 log = logging.getLogger(__name__)
@@ -97,21 +96,21 @@ RESULTS = {
 }
 
 
-def _header() -> str:
-    return (importlib.resources.files("bpfdyno.bpf") / "nccl.h").read_text(encoding="utf-8")
-
-
 @cache
 def function_names() -> dict[int, str]:
     """``enum nccl_fn`` number -> NCCL function name, from ``nccl.h``."""
-    numbers = header_enum(_header(), "nccl_fn")
+    numbers = header_enum(header_text("nccl.h"), "nccl_fn")
     return {numbers[member]: name for name, member, _ in NCCL_FUNCTIONS}
 
 
 @cache
 def counter_slots() -> dict[str, int]:
     """``enum nccl_counter`` name -> its slot in ``bpfdyno_nctotal``, from ``nccl.h``."""
-    return {k: v for k, v in header_enum(_header(), "nccl_counter").items() if k != "NCCL_C_MAX"}
+    return {
+        k: v
+        for k, v in header_enum(header_text("nccl.h"), "nccl_counter").items()
+        if k != "NCCL_C_MAX"
+    }
 
 
 def find_libnccl(pid: int, proc_root: Path = Path("/proc")) -> str | None:

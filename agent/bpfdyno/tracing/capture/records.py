@@ -189,6 +189,14 @@ class GpuSample:
 
 
 KernelRecord = NetBurst | NetEvent | OffCpu | NcclCall | GpuSample
+#: The track each kind of record belongs to.
+TRACK_OF: dict[type, Track] = {
+    NetBurst: Track.NET,
+    NetEvent: Track.NET,
+    OffCpu: Track.SCHED,
+    NcclCall: Track.NCCL,
+    GpuSample: Track.GPU,
+}
 
 
 @dataclass(slots=True)

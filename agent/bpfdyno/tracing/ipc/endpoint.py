@@ -55,7 +55,7 @@ class EndpointUnavailable(Exception):
 
 
 class DatagramHandler(Protocol):
-    """What the endpoint calls for each valid datagram (the tracing service).
+    """What the endpoint calls for each valid datagram (`bpfdyno.tracing.polls.KinetoPolls`).
 
     ``sender`` carries the kernel's credentials of the datagram (None when the kernel
     attached none, which a socket with ``SO_PASSCRED`` never sees).

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bpfdyno.core.identity import ROOT_UID
-from bpfdyno.sources.procs.pidfs import read_status, status_ints
+from bpfdyno.core.pidfs import read_status, status_ints
 
 #: Verdicts remembered (one per live trainer is enough; liars rotate through it).
 CACHE_SIZE = 8192

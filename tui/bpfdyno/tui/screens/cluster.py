@@ -17,6 +17,7 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from bpfdyno.client.cluster.summary import NodeSummary
 from bpfdyno.tui.cluster_model import (
     ClusterState,
     lines_text,
@@ -26,7 +27,6 @@ from bpfdyno.tui.cluster_model import (
     summary_line,
     trace_lines,
 )
-from bpfdyno.tui.cluster_records import NodeSummary
 from bpfdyno.tui.fmt import fmt_clock
 from bpfdyno.tui.messages import OpenNode, OpenTraceForm
 from bpfdyno.tui.widgets.table import Column, FastTable
@@ -119,7 +119,7 @@ class ClusterScreen(Screen[None]):
         panel = self.query_one("#cluster-trace", Static)
         panel.display = state.trace is not None
         if state.trace is not None:
-            panel.update(lines_text(trace_lines(state.trace)))
+            panel.update(lines_text(trace_lines(state.trace, state.trace_finished)))
 
     def _show_detail(self) -> None:
         node = self.table.cursor_item

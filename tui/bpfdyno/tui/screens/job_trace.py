@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from textual.widgets import Input, Label
 
+from bpfdyno.client.cluster import JobTraceResult
 from bpfdyno.tui.cluster_model import lines_text, trace_lines
-from bpfdyno.tui.cluster_records import JobTraceView
 from bpfdyno.tui.screens.trace import TraceScreen
 
 
@@ -39,6 +39,6 @@ class JobTraceScreen(TraceScreen):
             box.disabled = True
         self.query_one("#trace-amount", Input).focus()
 
-    def show_job(self, trace: JobTraceView) -> None:
+    def show_job(self, trace: JobTraceResult, finished: bool) -> None:
         """Show each host's progress."""
-        self._progress(lines_text(trace_lines(trace)))
+        self._progress(lines_text(trace_lines(trace, finished)))

@@ -13,7 +13,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from bpfdyno.rpc.processes import ProcessRow
+from bpfdyno.rpc.processes import ProcessRow, threads_text
 from bpfdyno.tui.fmt import fmt_bytes, fmt_clock, fmt_percent, fmt_si, sparkline
 from bpfdyno.tui.messages import OpenTraceForm
 from bpfdyno.tui.model import ProcessHistory, TopState
@@ -55,8 +55,9 @@ def process_details(row: ProcessRow, history: ProcessHistory, width: int) -> Tab
     t.add_row(
         "scheduler",
         Text(
-            f"on-CPU {fmt_percent(row.oncpu_ratio)} · run-queue wait "
-            f"{fmt_percent(row.runq_wait_ratio)} · blocked {fmt_percent(row.offcpu_blocked_ratio)}"
+            f"threads on a CPU {threads_text(row.oncpu_ratio)} · waiting for one "
+            f"{threads_text(row.runq_wait_ratio)} · blocked "
+            f"{threads_text(row.offcpu_blocked_ratio)}"
             f" (totals: on {_secs(row.oncpu_ns)}, waiting {_secs(row.runq_wait_ns)},"
             f" blocked {_secs(row.offcpu_blocked_ns)})"
         ),
@@ -109,7 +110,7 @@ class ProcessScreen(Screen[None]):
         table = state.processes
         if table is not None:
             self.history.add(table)
-            row = next((r for r in table.rows if r.pid == self.pid), None)
+            row = next((r for r in table.processes if r.pid == self.pid), None)
             if row is not None:
                 self._row = row
         if self._row is None:
@@ -124,7 +125,7 @@ class ProcessScreen(Screen[None]):
             return
         head = Text(f"{self._row.pid} ", style="bold")
         head.append(self._row.comm, style="bold cyan")
-        if table is not None and all(r.pid != self.pid for r in table.rows):
+        if table is not None and all(r.pid != self.pid for r in table.processes):
             head.append("  (gone from the table: showing its last values)", style="yellow")
         title.update(head)
         body.update(process_details(self._row, self.history, self.size.width))

@@ -23,18 +23,15 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, RadioButton, RadioSet, Static
 
 from bpfdyno.rpc.kernel_tracks import ALL, KERNEL_TRACKS, NONE
-from bpfdyno.rpc.traces import DEFAULT_DURATION_MS, DEFAULT_PROCESS_LIMIT, TraceSpec
-from bpfdyno.tui.records import TraceStatus
+from bpfdyno.rpc.traces import (
+    DEFAULT_DURATION_MS,
+    DEFAULT_PROCESS_LIMIT,
+    PROFILER_SWITCHES,
+    TraceSpec,
+)
+from bpfdyno.tui.model import TraceProgress
 from bpfdyno.tui.widgets.trainers import trace_summary, trace_table
 
-#: Profiler options: (checkbox id, label, TraceSpec field).
-OPTIONS = (
-    ("opt-shapes", "shapes", "record_shapes"),
-    ("opt-memory", "memory", "profile_memory"),
-    ("opt-stacks", "stacks", "with_stacks"),
-    ("opt-flops", "flops", "with_flops"),
-    ("opt-modules", "modules", "with_modules"),
-)
 #: Kernel track checkboxes: (checkbox id, track name); all are checked at first.
 TRACKS = tuple((f"track-{name}", name) for name in KERNEL_TRACKS)
 #: The amount the form suggests when switched to iterations.
@@ -106,7 +103,7 @@ def parse_trace_form(
             "Log file: end the name in .json, so each process writes its own <name>_<pid>.json"
         )
     limit = _positive_int(process_limit, "Process limit", "3")
-    flags = {field: field in options for _, _, field in OPTIONS}
+    flags = {field: field in options for field, _, _ in PROFILER_SWITCHES}
     chosen = [t for t in KERNEL_TRACKS if t in kernel_tracks]
     tracks = ALL if len(chosen) == len(KERNEL_TRACKS) else ",".join(chosen) or NONE
     window: float | None = None
@@ -183,8 +180,8 @@ class TraceScreen(ModalScreen[None]):
                 yield Label(" processes", classes="form-label-inline")
             with Horizontal(classes="form-row", id="trace-options"):
                 yield Label("Options", classes="form-label")
-                for cid, label, _ in OPTIONS:
-                    yield Checkbox(label, id=cid, compact=True)
+                for _, word, _ in PROFILER_SWITCHES:
+                    yield Checkbox(word, id=f"opt-{word}", compact=True)
             with Horizontal(classes="form-row", id="trace-tracks"):
                 yield Label("Kernel", classes="form-label")
                 for cid, name in TRACKS:
@@ -229,7 +226,11 @@ class TraceScreen(ModalScreen[None]):
                 amount=self.query_one("#trace-amount", Input).value,
                 log_file=self.query_one("#trace-file", Input).value,
                 process_limit=self.query_one("#trace-limit", Input).value,
-                options=[f for cid, _, f in OPTIONS if self.query_one(f"#{cid}", Checkbox).value],
+                options=[
+                    field
+                    for field, word, _ in PROFILER_SWITCHES
+                    if self.query_one(f"#opt-{word}", Checkbox).value
+                ],
                 kernel_tracks=[n for cid, n in TRACKS if self.query_one(f"#{cid}", Checkbox).value],
                 pre_window=self.query_one("#trace-prewindow", Input).value,
             )
@@ -267,9 +268,9 @@ class TraceScreen(ModalScreen[None]):
             self.submitted = False
             self.query_one("#trace-start", Button).disabled = False
 
-    def show_status(self, status: TraceStatus) -> None:
+    def show_status(self, progress: TraceProgress) -> None:
         """Show the trace's newest state: per process, where its file is."""
-        self._progress(Group(trace_summary(status), trace_table(status)))
+        self._progress(Group(trace_summary(progress), trace_table(progress)))
 
     def _progress(self, renderable: Text | Group) -> None:
         panel = self.query_one("#trace-progress", Static)

@@ -39,7 +39,7 @@ class AgentSummary(Static):
         text = Text(f"bpfdyno {st.version}", style="bold")
         text.append(
             f" on {st.hostname} (kernel {st.kernel_release}) · pid {st.pid}"
-            f" · up {fmt_duration(st.agent_uptime_s)} · config {st.config_source}\n"
+            f" · up {fmt_duration(st.agent_uptime_seconds)} · config {st.config_source}\n"
         )
         width = max(40, self.size.width or 80)
         spark_w = max(4, min(30, (width - 50) // 2))
@@ -101,12 +101,14 @@ class CollectorsPanel(Static):
             cells: list[Text | str] = [
                 Text(c.name),
                 Text(c.state, style=STATE_STYLE.get(c.state, "")),
-                "-" if math.isnan(c.interval_s) or c.interval_s <= 0 else f"{c.interval_s:g}s",
+                "-"
+                if math.isnan(c.interval_seconds) or c.interval_seconds <= 0
+                else f"{c.interval_seconds:g}s",
                 str(c.collections),
                 Text(str(c.errors), style="red" if c.errors else ""),
                 "-"
-                if c.collections == 0 or math.isnan(c.last_duration_s)
-                else f"{c.last_duration_s * 1000:.1f}ms",
+                if c.collections == 0 or not c.last_duration_seconds > 0  # NaN, 0: unknown
+                else f"{c.last_duration_seconds * 1000:.1f}ms",
             ]
             if wide:
                 cells.append(Text(c.reason))

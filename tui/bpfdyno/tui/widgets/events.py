@@ -12,8 +12,8 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.widgets import Input, Static
 
+from bpfdyno.rpc.kernel import KernelEvent
 from bpfdyno.tui.model import TopState
-from bpfdyno.tui.records import KernelEventInfo
 from bpfdyno.tui.widgets.table import Column, FastTable
 
 EVENT_COLUMNS = (
@@ -33,17 +33,17 @@ KIND_STYLE = {
 }
 
 
-def event_time(ts_ns: int) -> str:
+def event_time(unix_ns: int) -> str:
     """Local ``HH:MM:SS.mmm`` of an epoch-ns time."""
-    secs, ns = divmod(ts_ns, 1_000_000_000)
+    secs, ns = divmod(unix_ns, 1_000_000_000)
     return time.strftime("%H:%M:%S", time.localtime(secs)) + f".{ns // 1_000_000:03d}"
 
 
-def _cells(ev: KernelEventInfo) -> Sequence[str]:
-    return [event_time(ev.ts_ns), ev.kind, str(ev.pid) if ev.pid else "-", ev.comm, ev.detail()]
+def _cells(ev: KernelEvent) -> Sequence[str]:
+    return [event_time(ev.unix_ns), ev.kind, str(ev.pid) if ev.pid else "-", ev.comm, ev.detail()]
 
 
-def _style(ev: KernelEventInfo) -> str:
+def _style(ev: KernelEvent) -> str:
     for prefix, style in KIND_STYLE.items():
         if ev.kind.startswith(prefix):
             return style
@@ -71,7 +71,7 @@ class EventsView(Vertical):
         yield FastTable(
             EVENT_COLUMNS,
             format_row=_cells,
-            row_key=lambda ev: (ev.ts_ns, ev.kind, ev.pid, ev.tid),
+            row_key=lambda ev: (ev.unix_ns, ev.kind, ev.pid, ev.tid),
             row_style=_style,
             empty_text="no events yet",
             id="event-table",
@@ -100,7 +100,7 @@ class EventsView(Vertical):
         for kind, n in sorted(log.counts.items()):
             if text:
                 text.append(" · ")
-            text.append(kind, style=_style(KernelEventInfo(0, kind)) or "bold")
+            text.append(kind, style=_style(KernelEvent(0, kind)) or "bold")
             text.append(f" {n}")
         if not state.events_state.ok:
             text.append(f" · stream stopped: {state.events_state.reason}", style="yellow")
@@ -127,5 +127,5 @@ class EventsView(Vertical):
         self.query_one("#event-table", FastTable).focus()
 
 
-def _haystack(ev: KernelEventInfo) -> str:
+def _haystack(ev: KernelEvent) -> str:
     return f"{ev.kind} {ev.comm} {ev.pid} {ev.detail()}".lower()

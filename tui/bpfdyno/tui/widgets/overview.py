@@ -193,55 +193,59 @@ def _device_lines(
     return no_wrap(text)
 
 
-class DiskPanel(Static):
+class _DevicePanel(Static):
+    """One line per device (a disk, a NIC) of a metric with a device label: cells of its
+    metrics and a sparkline; more cells on a wide terminal.
+
+    Class attributes: ``LABEL`` (the panel's label), ``WHAT`` (the devices, in words),
+    ``BY`` (the device label), ``FIRST`` (the metric whose series list the devices),
+    ``SPARK`` (the metric of the sparkline), ``CELLS`` and ``WIDE_CELLS`` ((title, metric)
+    pairs, for terminals narrower and wider than 100 columns).
+    """
+
+    LABEL = WHAT = BY = FIRST = SPARK = ""
+    CELLS: tuple[tuple[str, str], ...] = ()
+    WIDE_CELLS: tuple[tuple[str, str], ...] = ()
+
+    def update_view(self, state: TopState) -> None:
+        """Rebuild from the model."""
+        width = max(40, self.size.width or 80)
+        cells = list(self.WIDE_CELLS if width >= 100 else self.CELLS)
+        text = _device_lines(
+            state.metrics, self.LABEL, self.FIRST, self.BY, cells, self.SPARK, width
+        )
+        self.update(
+            text if text is not None else unavailable_line(self.LABEL, state, "host", self.WHAT)
+        )
+
+
+class DiskPanel(_DevicePanel):
     """Per whole disk: read/write throughput and operations, busy ratio."""
 
-    def update_view(self, state: TopState) -> None:
-        """Rebuild from the model."""
-        width = max(40, self.size.width or 80)
-        cells = [
-            ("R", "disk_read_bytes_per_second"),
-            ("W", "disk_write_bytes_per_second"),
-            ("busy", "disk_busy_ratio"),
-        ]
-        if width >= 100:
-            cells[2:2] = [("r", "disk_reads_per_second"), ("w", "disk_writes_per_second")]
-        text = _device_lines(
-            state.metrics,
-            "DISK",
-            "disk_read_bytes_per_second",
-            "device",
-            cells,
-            "disk_busy_ratio",
-            width,
-        )
-        self.update(text if text is not None else unavailable_line("DISK", state, "host", "disks"))
+    LABEL, WHAT, BY = "DISK", "disks", "device"
+    FIRST, SPARK = "disk_read_bytes_per_second", "disk_busy_ratio"
+    CELLS = (("R", FIRST), ("W", "disk_write_bytes_per_second"), ("busy", SPARK))
+    WIDE_CELLS = (
+        *CELLS[:2],
+        ("r", "disk_reads_per_second"),
+        ("w", "disk_writes_per_second"),
+        CELLS[2],
+    )
 
 
-class NetPanel(Static):
+class NetPanel(_DevicePanel):
     """Per NIC: receive/transmit throughput, packets, errors and drops."""
 
-    def update_view(self, state: TopState) -> None:
-        """Rebuild from the model."""
-        width = max(40, self.size.width or 80)
-        cells = [("RX", "net_rx_bytes_per_second"), ("TX", "net_tx_bytes_per_second")]
-        if width >= 100:
-            cells += [
-                ("pkt in", "net_rx_packets_per_second"),
-                ("out", "net_tx_packets_per_second"),
-                ("drop", "net_rx_drops_per_second"),
-                ("err", "net_rx_errors_per_second"),
-            ]
-        text = _device_lines(
-            state.metrics,
-            "NET",
-            "net_rx_bytes_per_second",
-            "interface",
-            cells,
-            "net_rx_bytes_per_second",
-            width,
-        )
-        self.update(text if text is not None else unavailable_line("NET", state, "host", "NICs"))
+    LABEL, WHAT, BY = "NET", "NICs", "interface"
+    FIRST = SPARK = "net_rx_bytes_per_second"
+    CELLS = (("RX", FIRST), ("TX", "net_tx_bytes_per_second"))
+    WIDE_CELLS = (
+        *CELLS,
+        ("pkt in", "net_rx_packets_per_second"),
+        ("out", "net_tx_packets_per_second"),
+        ("drop", "net_rx_drops_per_second"),
+        ("err", "net_rx_errors_per_second"),
+    )
 
 
 class KernelPanel(Static):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -19,6 +19,8 @@ from textual.widgets import Input, Static
 
 from bpfdyno.rpc.processes import (
     FILTER_KEYS,
+    THREAD_COLUMNS,
+    THREAD_COLUMNS_NOTE,
     ProcessFilter,
     ProcessRow,
     QueryError,
@@ -26,6 +28,7 @@ from bpfdyno.rpc.processes import (
     parse_filter,
     sort_key,
     sort_rows,
+    threads_text,
 )
 from bpfdyno.tui.fmt import fmt_bytes, fmt_percent, fmt_si
 from bpfdyno.tui.messages import OpenProcess, OpenTraceForm
@@ -38,9 +41,10 @@ class ProcessColumn:
     """A column of the process table.
 
     Attributes:
-        key: the sort key it sorts by (a word of `bpfdyno.rpc.processes.SORT_KEYS`).
+        key: the `ProcessRow` field (or property) it shows, which is also the sort key it
+            sorts by (a word of `bpfdyno.rpc.processes.SORT_KEYS`).
         title: its title in the wide layout.
-        cell: the row's value as text.
+        text: the field's value as text.
         width: its width in cells in the narrow layout.
         wide_width: its width in the wide layout, if wider.
         narrow_title: its title in the narrow layout, where every cell counts.
@@ -49,58 +53,35 @@ class ProcessColumn:
 
     key: str
     title: str
-    cell: Callable[[ProcessRow], str]
+    text: Callable[[Any], str]
     width: int
     wide_width: int | None = None
     narrow_title: str | None = None
     left: bool = False
 
+    def cell(self, row: ProcessRow) -> str:
+        """The row's value in this column, as text."""
+        return self.text(getattr(row, self.key))
 
-#: The process table's columns in display order; each can be the sort key.
+
+def _or_dash(text: str) -> str:
+    return text or "-"
+
+
+#: The process table's columns in display order; each can be the sort key. The scheduler
+#: columns count threads (`THREAD_COLUMNS`, which ``bpfdyno ps`` shows too).
 PROCESS_COLUMNS: tuple[ProcessColumn, ...] = (
-    ProcessColumn("pid", "PID", lambda r: str(r.pid), 7),
-    ProcessColumn("user", "USER", lambda r: r.user or "-", 8, left=True),
-    ProcessColumn("cpu_ratio", "CPU%", lambda r: fmt_percent(r.cpu_ratio), 5),
-    ProcessColumn("rss_bytes", "RSS", lambda r: fmt_bytes(r.rss_bytes), 6),
-    ProcessColumn("oncpu_ratio", "ONCPU", lambda r: fmt_percent(r.oncpu_ratio), 5),
-    ProcessColumn("runq_wait_ratio", "RUNQ", lambda r: fmt_percent(r.runq_wait_ratio), 5),
-    ProcessColumn(
-        "offcpu_blocked_ratio", "BLOCK", lambda r: fmt_percent(r.offcpu_blocked_ratio), 5
-    ),
-    ProcessColumn(
-        "tcp_tx_bytes_per_second",
-        "TCP TX/s",
-        lambda r: fmt_bytes(r.tcp_tx_bytes_per_second),
-        7,
-        wide_width=9,
-        narrow_title="TX/s",
-    ),
-    ProcessColumn(
-        "tcp_rx_bytes_per_second",
-        "TCP RX/s",
-        lambda r: fmt_bytes(r.tcp_rx_bytes_per_second),
-        7,
-        wide_width=9,
-        narrow_title="RX/s",
-    ),
-    ProcessColumn(
-        "tcp_retransmits_per_second",
-        "RETX/s",
-        lambda r: fmt_si(r.tcp_retransmits_per_second),
-        5,
-        wide_width=6,
-        narrow_title="RETX",
-    ),
-    ProcessColumn(
-        "gpu_memory_bytes",
-        "GPU MEM",
-        lambda r: fmt_bytes(r.gpu_memory_bytes),
-        6,
-        wide_width=7,
-        narrow_title="GPUMEM",
-    ),
-    ProcessColumn("slurm_job_id", "JOB", lambda r: r.slurm_job_id or "-", 7, left=True),
-    ProcessColumn("command", "COMMAND", lambda r: r.command, 14, left=True),
+    ProcessColumn("pid", "PID", str, 7),
+    ProcessColumn("user", "USER", _or_dash, 8, left=True),
+    ProcessColumn("cpu_ratio", "CPU%", fmt_percent, 5),
+    ProcessColumn("rss_bytes", "RSS", fmt_bytes, 6),
+    *(ProcessColumn(field, title, threads_text, 5) for title, field in THREAD_COLUMNS),
+    ProcessColumn("tcp_tx_bytes_per_second", "TCP TX/s", fmt_bytes, 7, 9, "TX/s"),
+    ProcessColumn("tcp_rx_bytes_per_second", "TCP RX/s", fmt_bytes, 7, 9, "RX/s"),
+    ProcessColumn("tcp_retransmits_per_second", "RETX/s", fmt_si, 5, 6, "RETX"),
+    ProcessColumn("gpu_memory_bytes", "GPU MEM", fmt_bytes, 6, 7, "GPUMEM"),
+    ProcessColumn("slurm_job_id", "JOB", _or_dash, 7, left=True),
+    ProcessColumn("command", "COMMAND", str, 14, left=True),
 )
 _BY_KEY = {c.key: c for c in PROCESS_COLUMNS}
 #: Columns shown when the terminal is narrower than `WIDE_AT` (80 columns fit these).
@@ -225,19 +206,21 @@ class ProcessesView(Vertical):
             table.set_items([])
             summary.update(Text(""))
             return
-        rows = filter_rows(snap.rows, self.filter)
+        rows = filter_rows(snap.processes, self.filter)
         rows = sort_rows(rows, self.sort_key, self.descending)
-        table.empty_text = "no process matches the filter" if snap.rows else "no processes"
+        table.empty_text = "no process matches the filter" if snap.processes else "no processes"
         table.set_items(rows)
         title = sort_title(self.sort_key)
         text = (
-            f"{len(rows)} shown of {len(snap.rows)} reported, {snap.total_processes} on host"
+            f"{len(rows)} shown of {len(snap.processes)} reported, {snap.total_processes} on host"
             f" · sort {title}{'▼' if self.descending else '▲'}"
         )
         if state.job_id:
             text += f" · job {state.job_id}"
+        # The scheduler columns count threads, not percents: say so (narrow: RUNQ only).
+        text += f" · {THREAD_COLUMNS_NOTE}" if self._wide else " · RUNQ in threads"
         if snap.unavailable:
-            text += " · unknown: " + "; ".join(f"{k} ({v})" for k, v in snap.unavailable)
+            text += " · unknown: " + "; ".join(f"{k} ({v})" for k, v in snap.unavailable.items())
         if self.filter_error:
             # Until the filter is fixed, the last good one stays in force; say what is wrong.
             summary.update(Text(self.filter_error, style="red"))

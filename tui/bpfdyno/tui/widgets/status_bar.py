@@ -27,7 +27,7 @@ class StatusBar(Static):
             if st is not None:
                 text.append(
                     f" · bpfdyno {st.version} · kernel {st.kernel_release}"
-                    f" · agent up {fmt_duration(st.agent_uptime_s)}"
+                    f" · agent up {fmt_duration(st.agent_uptime_seconds)}"
                 )
             if state.job_id:
                 text.append(f" · job {state.job_id}", style="bold")

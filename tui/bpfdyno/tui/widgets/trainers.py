@@ -18,10 +18,10 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.widgets import Static
 
+from bpfdyno.rpc.traces import Trainer, words
 from bpfdyno.tui.fmt import fmt_bytes, fmt_duration
 from bpfdyno.tui.messages import OpenTraceForm
-from bpfdyno.tui.model import TopState
-from bpfdyno.tui.records import TraceStatus, TrainerInfo
+from bpfdyno.tui.model import TopState, TraceProgress
 from bpfdyno.tui.widgets.table import Column, FastTable
 
 TRAINER_COLUMNS = (
@@ -36,14 +36,14 @@ TRAINER_COLUMNS = (
 STATE_STYLE = {"tracing": "bold green", "config pending": "yellow"}
 
 
-def trace_table(status: TraceStatus) -> Table:
+def trace_table(progress: TraceProgress) -> Table:
     """Per process state and file of a trace, as a Rich table."""
     table = Table(box=None, pad_edge=False, expand=True, show_edge=False)
     table.add_column("PID", justify="right", no_wrap=True)
     table.add_column("STATE", no_wrap=True)
     table.add_column("SIZE", justify="right", no_wrap=True)
     table.add_column("FILE / MESSAGE", ratio=1, overflow="fold")
-    for p in status.processes:
+    for p in progress.lines():
         style = {"written": "green", "failed": "red", "timed out": "red"}.get(p.state, "")
         where = Text(p.path or p.message)  # Text: a path or reason is not Rich markup
         if p.kernel_tracks:
@@ -53,12 +53,12 @@ def trace_table(status: TraceStatus) -> Table:
     return table
 
 
-def trace_summary(status: TraceStatus) -> Text:
+def trace_summary(progress: TraceProgress) -> Text:
     """One line: the trace id, its state and what the agent said."""
-    text = Text(f"trace {status.trace_id}: ", style="bold")
-    text.append(status.state, style="green" if status.state == "done" else "yellow")
-    if status.message:
-        text.append(f" · {status.message}")
+    text = Text(f"trace {progress.start.trace_id}: ", style="bold")
+    text.append(progress.state, style="green" if progress.state == "done" else "yellow")
+    if progress.message:
+        text.append(f" · {progress.message}")
     return text
 
 
@@ -82,22 +82,22 @@ class TrainersView(Vertical):
             TRAINER_COLUMNS,
             format_row=self._cells,
             row_key=lambda t: t.pid,
-            row_style=lambda t: STATE_STYLE.get(t.state, ""),
+            row_style=lambda t: STATE_STYLE.get(words(t.state), ""),
             empty_text="no PyTorch process registered: start training with KINETO_USE_DAEMON=1",
             id="trainer-table",
         )
         yield Static("", id="trace-panel")
 
-    def _cells(self, t: TrainerInfo) -> Sequence[str]:
-        age = self._now() - t.last_poll_ts if not math.isnan(t.last_poll_ts) else math.nan
+    def _cells(self, t: Trainer) -> Sequence[str]:
+        age = self._now() - t.last_poll_unix_seconds if t.last_poll_unix_seconds else math.nan
         return [
             str(t.pid),
-            t.job_id or "-",
-            t.role or "-",
-            t.state,
+            str(t.job_id or "-"),
+            words(t.role) if t.role else "-",
+            words(t.state),
             fmt_duration(age) if not math.isnan(age) else "-",
             t.trace_id or "-",
-            self._commands.get(t.pid) or t.comm or "-",
+            self._commands.get(t.pid) or "-",
         ]
 
     def update_view(self, state: TopState) -> None:
@@ -109,9 +109,9 @@ class TrainersView(Vertical):
         self._now = (lambda: now) if now else time.time
         # The tracing API knows pids; the process table knows what they run.
         if state.processes is not None:
-            self._commands = {r.pid: r.command for r in state.processes.rows}
+            self._commands = {r.pid: r.command for r in state.processes.processes}
         job = state.job_id
-        trainers = [t for t in state.trainers if not job or t.job_id == job]
+        trainers = [t for t in state.trainers if not job or str(t.job_id) == job]
         if not state.trainers_state.ok:
             table.empty_text = f"tracing unavailable: {state.trainers_state.reason}"
             table.set_items([])
@@ -142,10 +142,11 @@ class TrainersView(Vertical):
     def action_trace(self, whole_job: int) -> None:
         """Open the trace form for the selected trainer (or its whole job)."""
         item = self.query_one("#trainer-table", FastTable).cursor_item
-        if not isinstance(item, TrainerInfo):
+        if not isinstance(item, Trainer):
             self.notify("no trainer selected", severity="warning")
             return
-        if whole_job and item.job_id:
-            self.post_message(OpenTraceForm(job_id=item.job_id))
+        job = str(item.job_id or "")
+        if whole_job and job:
+            self.post_message(OpenTraceForm(job_id=job))
         else:
-            self.post_message(OpenTraceForm(pids=(item.pid,), job_id=item.job_id))
+            self.post_message(OpenTraceForm(pids=(item.pid,), job_id=job))

@@ -1,6 +1,6 @@
 """Render docs/metrics.md from the metric catalog, so the docs list exactly what is emitted.
 
-Usage: python -m bpfdyno.core.metrics_doc [--check] [PATH]
+Usage: python -m bpfdyno.app.metrics_doc [--check] [PATH]
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from bpfdyno.core.catalog import CATALOG, Catalog
+from bpfdyno.app.catalog import CATALOG
+from bpfdyno.core.catalog import Catalog
 
 HEADER = """\
 # Metrics
 
-Generated from the metric catalog by `python -m bpfdyno.core.metrics_doc`; a test fails when this
+Generated from the metric catalog by `python -m bpfdyno.app.metrics_doc`; a test fails when this
 file and the code disagree. Every metric is declared once (name, kind, unit, help, labels) and
 every exporter and API reads that same table.
 
@@ -60,9 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = args.path.read_text(encoding="utf-8") if args.path.exists() else ""
         if current != text:
-            print(
-                f"{args.path} is stale: run `python -m bpfdyno.core.metrics_doc`", file=sys.stderr
-            )
+            print(f"{args.path} is stale: run `python -m bpfdyno.app.metrics_doc`", file=sys.stderr)
             return 1
         return 0
     args.path.write_text(text, encoding="utf-8")

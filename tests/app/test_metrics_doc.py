@@ -6,9 +6,9 @@ import ast
 import importlib
 from pathlib import Path
 
-from bpfdyno.core.catalog import CATALOG, TABLES
+from bpfdyno.app.catalog import CATALOG, TABLES
+from bpfdyno.app.metrics_doc import render
 from bpfdyno.core.metrics import MetricKind, MetricSpec, MetricTable
-from bpfdyno.core.metrics_doc import render
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "agent" / "bpfdyno"
@@ -37,7 +37,7 @@ def _table_modules() -> set[str]:
 def test_docs_metrics_md_is_current() -> None:
     expected = render(CATALOG)
     current = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
-    assert current == expected, "docs/metrics.md is stale: run `python -m bpfdyno.core.metrics_doc`"
+    assert current == expected, "docs/metrics.md is stale: run `python -m bpfdyno.app.metrics_doc`"
 
 
 def test_metrics_are_declared_only_in_the_catalogs_tables() -> None:

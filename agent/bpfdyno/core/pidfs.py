@@ -7,8 +7,11 @@ and reading.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
+import struct
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,3 +206,58 @@ def read_uptime_s(proc_root: Path) -> float | None:
             return float(f.read().split()[0])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def socket_inodes(proc_root: Path, pid: int) -> set[int]:
+    """The inodes of the sockets process ``pid`` holds open (``socket:[N]`` fds); empty when
+    it is gone or its fds cannot be read (another user's, without root)."""
+    out = set()
+    try:
+        with os.scandir(proc_root / str(pid) / "fd") as fds:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd.path)
+                    if target.startswith("socket:["):
+                        out.add(int(target[8:-1]))
+    except OSError:
+        return set()
+    return out
+
+
+def listening_socket_inodes(proc_root: Path, host: str, port: int) -> set[int]:
+    """The inodes of the TCP sockets listening on ``host:port`` (or on the wildcard address
+    of its family, which holds the port too), from ``/proc/net/tcp`` and ``tcp6``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    wanted = {socket.inet_pton(family, host), bytes(4 if family == socket.AF_INET else 16)}
+    table = "tcp6" if family == socket.AF_INET6 else "tcp"
+    out: set[int] = set()
+    try:
+        lines = (proc_root / "net" / table).read_text().splitlines()[1:]
+    except OSError:
+        return out
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 10 or fields[3] != "0A":  # 0A: TCP_LISTEN
+            continue
+        addr, _, hexport = fields[1].partition(":")
+        # The address is printed as 32-bit words in this host's byte order.
+        words = [int(addr[i : i + 8], 16) for i in range(0, len(addr), 8)]
+        if int(hexport, 16) == port and struct.pack(f"={len(words)}I", *words) in wanted:
+            out.add(int(fields[9]))
+    return out
+
+
+def unix_socket_inodes(proc_root: Path, path: str) -> set[int]:
+    """The inodes of the Unix sockets bound to ``path``, from ``/proc/net/unix``."""
+    try:
+        lines = (proc_root / "net" / "unix").read_text().splitlines()[1:]
+    except OSError:
+        return set()
+    return {int(f[6]) for f in (line.split() for line in lines) if len(f) >= 8 and f[7] == path}
+
+
+def socket_holders(proc_root: Path, inodes: Collection[int]) -> list[int]:
+    """The pids of the processes holding any of the sockets ``inodes`` (root sees all)."""
+    if not inodes:
+        return []
+    return [pid for pid in list_pids(proc_root) if socket_inodes(proc_root, pid) & set(inodes)]

@@ -1,4 +1,5 @@
-"""`GrpcDataSource` against the agent's real servicers on a real gRPC server.
+"""`AgentDataSource` (over `AgentClient`) against the agent's real servicers on a real gRPC
+server: the records it hands the UI, and every kind of error it raises.
 
 The server is the agent's own `GrpcServer` with the real Agent, Kernel and Tracing
 servicers over real services (a flight recorder, a process table read from this machine's
@@ -18,9 +19,12 @@ import pytest
 
 import bpfdyno.sources.host.collector  # noqa: F401 - declares the host metrics the specs list
 from bpfdyno.app.daemon import Daemon
+from bpfdyno.client.errors import AgentError, ErrorKind
 from bpfdyno.core.config import load
 from bpfdyno.core.errors import InvalidArgument
-from bpfdyno.core.events import FlightRecorder, KernelEvent
+from bpfdyno.core.events import FlightRecorder
+from bpfdyno.core.events import KernelEvent as RecordedEvent
+from bpfdyno.rpc.kernel import KernelEvent
 from bpfdyno.rpc.traces import TraceSpec, spec_to_pb
 from bpfdyno.server.grpc_server import GrpcServer
 from bpfdyno.server.kernel import kernel_servicer_factory
@@ -30,13 +34,8 @@ from bpfdyno.services.kernel import KernelService
 from bpfdyno.services.tracing import TracingService
 from bpfdyno.sources.procs.table import ProcessTable
 from bpfdyno.tracing.trainers import TrainerRegistry
-from bpfdyno.tui.datasource import (
-    Disconnected,
-    GrpcDataSource,
-    RequestFailed,
-    ServiceUnavailable,
-)
-from bpfdyno.tui.records import KernelEventInfo
+from bpfdyno.tui.datasource import AgentDataSource
+from bpfdyno.tui.model import TraceProgress
 
 
 @dataclass
@@ -82,7 +81,7 @@ def _comm(pid: int) -> str:
 
 
 async def test_status_specs_and_process_table(served: Served) -> None:
-    source = GrpcDataSource(served.sock)
+    source = AgentDataSource(served.sock)
     try:
         st = await source.status()
         assert st.pid == os.getpid()
@@ -91,13 +90,13 @@ async def test_status_specs_and_process_table(served: Served) -> None:
         assert specs["cpu_utilization_ratio"].labels == ("cpu",)
         assert specs["cpu_utilization_ratio"].kind == "ratio"
         table = await source.processes(1000)
-        me = next(r for r in table.rows if r.pid == os.getpid())
+        me = next(r for r in table.processes if r.pid == os.getpid())
         assert me.comm == _comm(os.getpid())
         assert me.ppid == os.getppid()
         assert me.rss_bytes is not None and me.rss_bytes > 0
         # No sched/net collectors here: their columns are unknown, never 0.
         assert me.oncpu_ns is None and me.tcp_tx_bytes is None
-        assert (await source.processes(1000, job_id="424242")).rows == ()
+        assert (await source.processes(1000, job_id="424242")).processes == ()
     finally:
         await source.close()
 
@@ -106,7 +105,7 @@ async def test_recent_events_then_the_stream(served: Served) -> None:
     now = time.time_ns()
     served.recorder.add(
         [
-            KernelEvent(
+            RecordedEvent(
                 now,
                 "tcp_retransmit",
                 11,
@@ -116,45 +115,51 @@ async def test_recent_events_then_the_stream(served: Served) -> None:
             )
         ]
     )
-    source = GrpcDataSource(served.sock)
+    source = AgentDataSource(served.sock)
     try:
         stream = source.stream_events()
         first = await anext(stream)
-        assert first == KernelEventInfo(
+        assert first == KernelEvent(
             now,
             "tcp_retransmit",
             11,
             0,
             "python",
-            (("daddr", "10.0.0.2"), ("dport", "29500"), ("srtt_s", "0.00125")),
+            {"daddr": "10.0.0.2", "dport": 29500, "srtt_s": 0.00125},
         )
+        assert first.detail() == "daddr=10.0.0.2 dport=29500 srtt_s=0.00125"
         await asyncio.sleep(0.2)  # the stream's subscription is in place
-        served.recorder.add([KernelEvent(now + 1, "exec", 12, 12, "sh", {"filename": "/bin/sh"})])
+        served.recorder.add([RecordedEvent(now + 1, "exec", 12, 12, "sh", {"filename": "/bin/sh"})])
         second = await asyncio.wait_for(anext(stream), 5)
-        assert second == KernelEventInfo(now + 1, "exec", 12, 12, "sh", (("filename", "/bin/sh"),))
+        assert second == KernelEvent(now + 1, "exec", 12, 12, "sh", {"filename": "/bin/sh"})
     finally:
         await source.close()
 
 
 async def test_tracing_answers_and_refusals(served: Served) -> None:
-    source = GrpcDataSource(served.sock)
+    source = AgentDataSource(served.sock)
     try:
         assert await source.trainers() == []
         req = TraceSpec(log_file="/tmp/tui_test_trace.json", pids=(1234,), duration_ms=500)
-        st = await source.start_trace(req)
-        assert (st.state, st.finished, st.processes) == ("nothing traced", True, ())
+        st = TraceProgress(await source.start_trace(req))
+        assert (st.state, st.finished, st.lines()) == ("nothing traced", True, [])
         assert st.message == "0 triggered, no registered process matched"
         # A request the service refuses: the form shows the service's own words.
         bad = TraceSpec(log_file="/etc/passwd.json", pids=(1234,), duration_ms=500)
         with pytest.raises(InvalidArgument) as expected:
             served.tracing.start_trace(request_from_pb(spec_to_pb(bad)))
-        with pytest.raises(RequestFailed) as refused:
+        with pytest.raises(AgentError) as refused:
             await source.start_trace(bad)
-        assert str(refused.value) == str(expected.value)
+        assert (refused.value.kind, refused.value.details) == (
+            ErrorKind.REFUSED,
+            str(expected.value),
+        )
+        assert str(refused.value) == f"refused the request: {expected.value}"
         # The Kineto endpoint down: the service is there but cannot trace.
         served.tracing.unavailable_reason = "the @dynolog@ name is taken by another daemon"
-        with pytest.raises(ServiceUnavailable) as down:
+        with pytest.raises(AgentError) as down:
             await source.start_trace(req)
+        assert down.value.kind is ErrorKind.UNAVAILABLE
         assert str(down.value) == "Tracing: the @dynolog@ name is taken by another daemon"
         assert (await source.status()).pid == os.getpid()  # still connected
     finally:
@@ -164,29 +169,32 @@ async def test_tracing_answers_and_refusals(served: Served) -> None:
 async def test_parts_not_served_bad_requests_and_no_agent(tmp_path: Path) -> None:
     sock = str(tmp_path / "agent-only.sock")
     server = await _serve(sock, None, None)
-    source = GrpcDataSource(sock)
+    source = AgentDataSource(sock)
     try:
-        with pytest.raises(ServiceUnavailable) as kernel:
+        with pytest.raises(AgentError) as kernel:
             await source.processes(10)
+        assert kernel.value.kind is ErrorKind.UNIMPLEMENTED
         assert str(kernel.value) == (
             f"the agent at {sock} does not serve the Kernel API (an older agent, or that part "
             "is turned off in its configuration)"
         )
-        with pytest.raises(ServiceUnavailable, match="does not serve the Tracing API"):
+        with pytest.raises(AgentError, match="does not serve the Tracing API"):
             await source.trainers()
-        with pytest.raises(RequestFailed) as bad:
+        with pytest.raises(AgentError) as bad:
             await source.metrics_window(["bad name"], 60)
         assert str(bad.value) == (
-            "bad metric name pattern 'bad name': use a metric name or a prefix ending in '*'"
+            "refused the request: bad metric name pattern 'bad name': use a metric name or a "
+            "prefix ending in '*'"
         )
     finally:
         await source.close()
         await server.stop(0)
     missing = str(tmp_path / "none.sock")
-    gone = GrpcDataSource(missing)
+    gone = AgentDataSource(missing)
     try:
-        with pytest.raises(Disconnected) as e:
+        with pytest.raises(AgentError) as e:
             await gone.status()
+        assert e.value.kind is ErrorKind.UNREACHABLE
         assert str(e.value).startswith(f"cannot reach the agent at {missing} (")
         assert str(e.value).endswith(
             "is it running? start it with `sudo bpfdyno serve`; if it runs elsewhere, pass "
@@ -199,10 +207,11 @@ async def test_parts_not_served_bad_requests_and_no_agent(tmp_path: Path) -> Non
 async def test_kernel_without_a_process_table(tmp_path: Path) -> None:
     sock = str(tmp_path / "k.sock")
     server = await _serve(sock, KernelService(FlightRecorder(60, 1 << 20), None), None)
-    source = GrpcDataSource(sock)
+    source = AgentDataSource(sock)
     try:
-        with pytest.raises(ServiceUnavailable) as e:
+        with pytest.raises(AgentError) as e:
             await source.processes(10)
+        assert e.value.kind is ErrorKind.UNAVAILABLE
         assert str(e.value) == (
             "Kernel: the process table is disabled; enable [collectors.procs] in the config"
         )

@@ -1,0 +1,158 @@
+"""The trainers' side of tracing: every Kineto poll the IPC endpoint receives.
+
+`KinetoPolls` is the endpoint's `DatagramHandler`. A poll registers (or refreshes) its
+trainer, tells the trace tracker whether the trainer's profiler is busy, and — when a config
+waits for it and its profiler is free — hands the config out, once, after checking its file's
+directory again. Its sender's claims are checked against the kernel's credentials first: a
+poll claiming another process's pid is ignored and counted. Nothing here blocks: a poll is
+answered from memory.
+
+The clients' side (trace requests, queries) is `bpfdyno.services.tracing.TracingService`,
+which is built on this class.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from bpfdyno.core.errors import RequestError
+from bpfdyno.core.identity import in_process
+from bpfdyno.rpc.audit import AuditedProcess
+from bpfdyno.tracing.audit import AuditLog
+from bpfdyno.tracing.ipc.sender import ClaimVerifier, SenderCreds
+from bpfdyno.tracing.ipc.wire import KinetoContext, KinetoRequest
+from bpfdyno.tracing.safety import PlacementChecker, Writer
+from bpfdyno.tracing.traces import TraceTracker
+from bpfdyno.tracing.trainers import Trainer, TrainerRegistry
+
+log = logging.getLogger(__name__)
+
+
+class KinetoPolls:
+    """Trainers' polls against the registry and the trace tracker.
+
+    Args:
+        registry: the trainer registry (its size and expiry come from the config).
+        tracker: the trace tracker, which holds the configs waiting for trainers.
+        audit: where a config refused at delivery is recorded.
+        placement: the trace-file placement rules (`bpfdyno.tracing.safety`).
+        proc_root: where /proc is (to check the senders' claims).
+        wall, mono: time sources (epoch seconds, monotonic seconds).
+    """
+
+    def __init__(
+        self,
+        registry: TrainerRegistry,
+        tracker: TraceTracker,
+        audit: AuditLog,
+        placement: PlacementChecker,
+        proc_root: Path,
+        wall: Callable[[], float],
+        mono: Callable[[], float],
+    ) -> None:
+        self.registry = registry
+        self.tracker = tracker
+        self.audit = audit
+        self._placement = placement
+        self._claims = ClaimVerifier(proc_root)
+        self._wall = wall
+        self._mono = mono
+        #: Polls ignored because the pid they claim is not their sender's, per sender uid.
+        self.false_claims: Counter[int] = Counter()
+
+    def on_request(
+        self, address: bytes, req: KinetoRequest, sender: SenderCreds | None = None
+    ) -> str:
+        """Account one poll and return the reply's config text ("" = nothing for it).
+
+        Args:
+            address: the socket address the poll came from.
+            req: the poll.
+            sender: the kernel's credentials of the poll; the claimed pids are checked
+                against them and the trainer's owner comes from them (None: in-process
+                callers, whose trainers only root may trace).
+        """
+        uid, host_pid, pids = None, 0, None
+        if sender is not None:
+            pids = self._claims.verify(sender, req.pids)
+            if pids is None:
+                self._false_claim(sender, req)
+                return ""
+            uid, host_pid = sender.uid, sender.pid
+            known = self.registry.get(address)
+            if known is not None and (known.uid, known.host_pid) != (uid, host_pid):
+                self._forget(address, "another process now polls from its socket address")
+        t = self.registry.observe(
+            address,
+            req,
+            self._wall(),
+            self._mono(),
+            uid,
+            host_pid,
+            None if pids == req.pids else pids,
+        )
+        if t is None:
+            return ""
+        self.tracker.on_poll(address, busy=not req.activities_free)
+        if not req.activities_free:
+            return ""  # a busy client would drop a config: keep it for a free poll
+        if not self._still_safe(t):
+            return ""
+        taken = self.tracker.take_config(address)
+        if taken is None:
+            return ""
+        trace_id, text = taken
+        log.info("trace %s: config delivered to pid %d", trace_id, t.pid)
+        return text
+
+    def on_context(self, address: bytes, ctxt: KinetoContext) -> int:
+        """Legacy ``ctxt`` registration; returns the count dynolog would return."""
+        return self.registry.register_context(ctxt)
+
+    def sweep(self) -> list[bytes]:
+        """Expire silent trainers (their open parts of traces fail); return their addresses."""
+        gone = self.registry.expire(self._mono())
+        for t in gone:
+            log.info("trainer pid %d (job %d) stopped polling; removed", t.pid, t.job_id)
+            self.tracker.on_gone(t.address)
+        return [t.address for t in gone]
+
+    def _false_claim(self, sender: SenderCreds, req: KinetoRequest) -> None:
+        if sender.uid not in self.false_claims:
+            log.warning(
+                "ignoring Kineto polls of pid %d (uid %d): they claim to be pid %d, which the "
+                "kernel does not confirm (rule 'pid_mismatch'); further ones are only counted",
+                sender.pid,
+                sender.uid,
+                req.pid,
+            )
+        self.false_claims[sender.uid] += 1
+
+    def _forget(self, address: bytes, reason: str) -> None:
+        """Drop the trainer at ``address``; its open part of a trace fails with ``reason``."""
+        self.registry.forget(address)
+        self.tracker.fail_open(address, reason)
+
+    def _still_safe(self, t: Trainer) -> bool:
+        """Re-check a pending config's file just before delivery (a directory may have
+        changed since the request); a failing one is not delivered and the trace says why."""
+        pending = self.tracker.pending_output(t.address)
+        if pending is None:
+            return True
+        trace_id, path = pending
+        try:
+            self._placement.check(path, Writer(t.uid, t.host_pid))
+        except RequestError as e:
+            self.tracker.fail_open(t.address, f"not delivered: {e}")
+            self.audit.record(
+                "deliver_trace",
+                in_process(),
+                error=e,
+                trace_id=trace_id,
+                processes=[AuditedProcess(t.pid, t.host_pid, t.uid, path)],
+            )
+            return False
+        return True
