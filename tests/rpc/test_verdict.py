@@ -14,11 +14,10 @@ from bpfdyno.rpc.diagnosis import (
     LossEvent,
     RankEvidence,
     Verdict,
-    from_pb,
-    to_pb,
 )
 from bpfdyno.rpc.v1 import diagnosis_pb2
-from bpfdyno.rpc.verdict import compare
+from bpfdyno.rpc.verdict import compare, verdict_text
+from bpfdyno.rpc.wire import from_pb, to_pb
 
 T0 = 1_800_000_000_000_000_000  # ns
 STEP = 100_000_000  # 100 ms between collectives
@@ -51,12 +50,16 @@ def collective(
 
 
 def rank(r: int, collectives: list[CollectiveEvidence], **kw: object) -> RankEvidence:
+    """A rank's evidence; its window from 100 ms before its first collective to 100 ms after
+    its last."""
     return RankEvidence(
         path=f"/t/r{r}.json",
         host="node",
         pid=100 + r,
         rank=r,
         world_size=4,
+        window_start_unix_ns=collectives[0].arrival_unix_ns - STEP,
+        window_end_unix_ns=collectives[-1].end_unix_ns + STEP,
         collectives=tuple(collectives),
         **kw,  # type: ignore[arg-type]
     )
@@ -156,6 +159,8 @@ def test_clock_offsets_of_other_hosts_are_applied() -> None:
     ahead = dataclasses.replace(
         healthy(1),
         host="other",
+        window_start_unix_ns=healthy(1).window_start_unix_ns + 50_000_000,
+        window_end_unix_ns=healthy(1).window_end_unix_ns + 50_000_000,
         collectives=tuple(
             dataclasses.replace(
                 c,
@@ -214,8 +219,57 @@ def test_the_verdict_travels_through_protobuf() -> None:
         2, [collective(i, i * 100 + 30, i * 100 + 35, {"cpu_wait": 0.031}) for i in range(20)]
     )
     v = compare([healthy(0), healthy(1), slow])
-    msg = to_pb(v, diagnosis_pb2.Verdict())
+    msg = to_pb(v)
+    assert isinstance(msg, diagnosis_pb2.Verdict)
     assert msg.stragglers[0].rank == 2 and msg.stragglers[0].causes[0].cause == "cpu_wait"
     assert from_pb(Verdict, msg) == v
-    ev = from_pb(RankEvidence, to_pb(slow, diagnosis_pb2.RankEvidence()))
+    ev = from_pb(RankEvidence, to_pb(slow))
     assert ev == slow
+
+
+def test_files_of_different_traces_are_not_compared() -> None:
+    """Two files whose windows do not overlap: not one trace of one job."""
+    later = healthy(1)
+    shift = 3_600_000_000_000
+    later = dataclasses.replace(
+        later,
+        window_start_unix_ns=later.window_start_unix_ns + shift,
+        window_end_unix_ns=later.window_end_unix_ns + shift,
+        collectives=tuple(
+            dataclasses.replace(
+                c, arrival_unix_ns=c.arrival_unix_ns + shift, end_unix_ns=c.end_unix_ns + shift
+            )
+            for c in later.collectives
+        ),
+    )
+    v = compare([healthy(0), later])
+    assert v.stragglers == () and v.matched == 0
+    assert v.headline.startswith("not compared: the files' windows do not overlap in time")
+
+
+def test_the_verdict_as_printed() -> None:
+    hog = Instance("cpu_wait", 1234.5, T0 + 5_000_000, 29_000_000, "held by hog (pid 9)", 9)
+    slow = rank(
+        2,
+        [
+            collective(
+                i, i * 100 + 30, i * 100 + 35, {"cpu_wait": 0.031}, {"hog (pid 9)": 0.03},
+                (hog,) if i == 3 else (),
+            )
+            for i in range(20)
+        ],
+    )  # fmt: skip
+    text = verdict_text(compare([healthy(0), healthy(1), slow]))
+    assert text.splitlines() == [
+        "verdict: rank 2 on node held the job back: the other ranks waited 600.0 ms for it "
+        "(31% of the 1.94 s compared); why: waiting for a CPU 600.0 ms (the CPU was held by "
+        "hog (pid 9) 100%)",
+        "  rank 2 on node (late to collectives): 600.0 ms lost, 31% of the 1.94 s compared",
+        "    waiting for a CPU   600.0 ms  the CPU was held by hog (pid 9) 100%",
+        "    worst: waiting for a CPU 29.0 ms at ts 1234.500 (held by hog (pid 9)) in /t/r2.json",
+        "  20 collectives matched; per rank: reached last / kept the others waiting / median "
+        "lateness",
+        "    rank 0: 0/20, 0 µs, -15.0 ms",
+        "    rank 1: 0/20, 0 µs, -15.0 ms",
+        "    rank 2: 20/20, 600.0 ms, 30.0 ms",
+    ]

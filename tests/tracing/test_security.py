@@ -46,7 +46,7 @@ from bpfdyno.server.grpc_server import GrpcServer
 from bpfdyno.server.tracing import servicer_factory
 from bpfdyno.services.agent import AgentService
 from bpfdyno.services.tracing import TraceRequest
-from bpfdyno.tracing.traces import ProcState, TrainerState
+from bpfdyno.tracing.traces import ProcState
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from bpfdyno.cli.trace_summary import format_summary
-from bpfdyno.rpc.diagnosis import ProcessSummary, from_pb, to_pb
+from bpfdyno.rpc.traces import ProcessSummary
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
+from bpfdyno.rpc.wire import from_pb, to_pb
 from bpfdyno.tracing.summary import summarize_file
 
 PID = 77
@@ -130,7 +131,8 @@ def test_summary_fields_are_the_api_s(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     write_trace(path)
     summary = summarize_file(str(path))
-    msg = to_pb(summary, pb.ProcessSummary())
+    msg = to_pb(summary)
+    assert isinstance(msg, pb.ProcessSummary)
     assert msg.net_sent_bytes == 1024 and msg.blocked_seconds_by_cause["lock"] > 0
     assert from_pb(ProcessSummary, msg) == summary
 

@@ -2,8 +2,8 @@
 of a job show together (`Verdict`), shared by the agent, which reads its own trace files,
 and every client, which compares the ranks of a job across nodes.
 
-The records' field names are those of the messages in ``tracing.proto`` (units in the
-names); `to_pb` and `from_pb` map them by field name, nested records and lists included.
+The records' field names are those of the messages in ``diagnosis.proto`` (units in the
+names), mapped by `bpfdyno.rpc.wire` like every record of the API.
 How the evidence is read from a file is `bpfdyno.tracing.evidence`; how ranks are compared
 is `bpfdyno.rpc.verdict`.
 
@@ -16,13 +16,8 @@ rank's own sockets; ``gpu_compute`` from the GPU's own kernels (CUPTI) and its c
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
-
-from google.protobuf.message import Message
+from bpfdyno.rpc.v1 import diagnosis_pb2
+from bpfdyno.rpc.wire import record
 
 #: Cause -> how it is said. The order is the order of listing when times are equal.
 CAUSES: dict[str, str] = {
@@ -59,7 +54,7 @@ OFFCPU_CAUSE = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@record(diagnosis_pb2.CauseTime)
 class CauseTime:
     """Time spent for one cause (or, in a holder list, by one task holding the CPU)."""
 
@@ -68,7 +63,7 @@ class CauseTime:
     detail: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record(diagnosis_pb2.Instance)
 class Instance:
     """One occurrence worth looking at in Perfetto: where it is in its file and what it was.
 
@@ -89,7 +84,7 @@ class Instance:
     tid: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record(diagnosis_pb2.CollectiveEvidence)
 class CollectiveEvidence:
     """One collective as one rank saw it, with what the kernel saw the rank do before it.
 
@@ -127,7 +122,7 @@ class CollectiveEvidence:
     loss_events: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record(diagnosis_pb2.LossEvent)
 class LossEvent:
     """A TCP retransmit, reset or packet drop on one of the rank's sockets."""
 
@@ -138,7 +133,7 @@ class LossEvent:
     peer: str
 
 
-@dataclass(frozen=True, slots=True)
+@record(diagnosis_pb2.StepSplit)
 class StepSplit:
     """Where a step's time went on this rank (medians over the trace's steps).
 
@@ -150,7 +145,7 @@ class StepSplit:
     parts: tuple[CauseTime, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record(diagnosis_pb2.RankEvidence)
 class RankEvidence:
     """What one rank's trace file shows, read on its own node (no trace file travels).
 
@@ -184,7 +179,7 @@ class RankEvidence:
     notes: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record(diagnosis_pb2.RankTiming)
 class RankTiming:
     """One rank in the comparison.
 
@@ -211,7 +206,7 @@ class RankTiming:
     step_seconds: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@record(diagnosis_pb2.Finding)
 class Finding:
     """A rank that held the job back, and why.
 
@@ -237,7 +232,7 @@ class Finding:
     summary: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record(diagnosis_pb2.Verdict)
 class Verdict:
     """The ranks of a trace compared: who held the job back and why, or that none did.
 
@@ -260,97 +255,6 @@ class Verdict:
     notes: tuple[str, ...] = ()
 
 
-@dataclass(slots=True)
-class ProcessSummary:
-    """One trace file's numbers (`bpfdyno.tracing.summary`): the fields of
-    ``ProcessSummary`` in tracing.proto, same names and units (so the CLI's ``--json`` is the
-    same for files and for a trace id), with the file's evidence for the verdict.
-
-    ``error`` is set instead of the numbers when the file could not be read.
-    """
-
-    path: str
-    pid: int = 0
-    rank: int = -1
-    trace_id: str = ""
-    window_start_unix_seconds: float = 0.0
-    window_seconds: float = 0.0
-    pytorch_op_seconds: float = 0.0
-    kernel_tracks: tuple[str, ...] = ()
-    net_sent_bytes: int = 0
-    net_received_bytes: int = 0
-    net_calls: int = 0
-    tcp_retransmits: int = 0
-    tcp_resets: int = 0
-    packet_drops: int = 0
-    offcpu_runnable_seconds: float = 0.0
-    offcpu_blocked_seconds: float = 0.0
-    blocked_seconds_by_cause: dict[str, float] = field(default_factory=dict)
-    main_thread_runnable_seconds: float = 0.0
-    main_thread_blocked_seconds: float = 0.0
-    nccl_calls: int = 0
-    nccl_seconds: float = 0.0
-    kernel_records_lost: int = 0
-    error: str = ""
-    evidence: RankEvidence | None = None
-
-
-# -- protobuf ----------------------------------------------------------------------------
-
-R = TypeVar("R")
-M = TypeVar("M", bound=Message)
-
-
-def to_pb(record: Any, message: M) -> M:
-    """Fill ``message`` from ``record`` by field name (nested records and tuples too)."""
-    for f in dataclasses.fields(record):
-        value = getattr(record, f.name)
-        if value is None:
-            continue  # an unset message field
-        if dataclasses.is_dataclass(value):
-            to_pb(value, getattr(message, f.name))
-        elif isinstance(value, dict):
-            getattr(message, f.name).update(value)
-        elif isinstance(value, tuple):
-            target = getattr(message, f.name)
-            for item in value:
-                if dataclasses.is_dataclass(item):
-                    to_pb(item, target.add())
-                else:
-                    target.append(item)
-        else:
-            setattr(message, f.name, value)
-    return message
-
-
-def from_pb(cls: type[R], message: Message) -> R:
-    """The record of type ``cls`` that ``message`` holds (the inverse of `to_pb`)."""
-    hints = typing.get_type_hints(cls)
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        value = getattr(message, f.name)
-        hint = hints[f.name]
-        optional = [a for a in typing.get_args(hint) if a is not type(None)]
-        if typing.get_origin(hint) in (types.UnionType, typing.Union) and len(optional) == 1:
-            if not message.HasField(f.name):
-                values[f.name] = None
-                continue
-            hint = optional[0]
-        if dataclasses.is_dataclass(hint):
-            values[f.name] = from_pb(hint, value)  # type: ignore[arg-type]
-        elif typing.get_origin(hint) is dict:
-            values[f.name] = dict(value)
-        elif typing.get_origin(hint) is tuple:
-            item = typing.get_args(hint)[0]
-            if dataclasses.is_dataclass(item):
-                values[f.name] = tuple(from_pb(item, v) for v in value)  # type: ignore[arg-type]
-            else:
-                values[f.name] = tuple(value)
-        else:
-            values[f.name] = value
-    return cls(**values)
-
-
 __all__ = [
     "CAUSES",
     "OFFCPU_CAUSE",
@@ -360,11 +264,8 @@ __all__ = [
     "Finding",
     "Instance",
     "LossEvent",
-    "ProcessSummary",
     "RankEvidence",
     "RankTiming",
     "StepSplit",
     "Verdict",
-    "from_pb",
-    "to_pb",
 ]

@@ -92,12 +92,19 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
     rs = _ranks(ranks, offsets_ns)
     notes: list[str] = []
     for r in rs:
-        notes += [f"rank {r.label}: {n}" for n in r.ev.notes]
+        notes += [f"{_name(r)}: {n}" for n in r.ev.notes]
     timings = {r.label: _timing(r) for r in rs}
     with_collectives = [r for r in rs if r.groups]
     if len(with_collectives) < 2:
         return Verdict(
             headline=_single_headline(rs),
+            ranks=tuple(timings.values()),
+            notes=tuple(notes),
+        )
+    apart = _apart(with_collectives)
+    if apart:
+        return Verdict(
+            headline=f"not compared: {apart}",
             ranks=tuple(timings.values()),
             notes=tuple(notes),
         )
@@ -181,6 +188,18 @@ def _ranks(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int]) -> list
         r.groups = sorted(groups.values(), key=lambda g: g[0].arrival_unix_ns)
         out.append(r)
     return out
+
+
+def _apart(rs: list[_Rank]) -> str:
+    """Why these ranks' files are not one trace of one job ("" when their windows overlap)."""
+    starts = [r.ev.window_start_unix_ns + r.offset_ns for r in rs]
+    ends = [r.ev.window_end_unix_ns + r.offset_ns for r in rs]
+    if max(starts) < min(ends):
+        return ""
+    return (
+        "the files' windows do not overlap in time, so they are not one trace of one job "
+        "(give the files of one trace: each rank's file of the same request)"
+    )
 
 
 def _name(r: _Rank) -> str:
@@ -453,3 +472,51 @@ def _fmt_s(seconds: float) -> str:
     if abs(seconds) >= 0.001:
         return f"{seconds * 1e3:.1f} ms"
     return f"{seconds * 1e6:.0f} µs"
+
+
+def verdict_text(v: Verdict, paths: Mapping[int, str] | None = None) -> str:
+    """The verdict as the CLI prints it: the headline, then per finding its causes with the
+    time each explains, the worst instances (``ts`` in the rank's file, to jump to in
+    Perfetto), and the notes.
+
+    Args:
+        v: the verdict.
+        paths: rank -> its file, to say where each worst instance is (default: the ranks'
+            own paths in ``v``).
+    """
+    files = {t.rank: t.path for t in v.ranks} | dict(paths or {})
+    lines = [f"verdict: {v.headline}"]
+    for f in v.stragglers:
+        lines.append(
+            ("  " + (f"rank {f.rank}" if f.rank >= 0 else f"pid {f.pid}"))
+            + (f" on {f.host}" if f.host else "")
+            + f" ({'late to collectives' if f.kind == 'late' else 'network loss'}): "
+            f"{_fmt_s(f.seconds)} lost, {f.share:.0%} of the {_fmt_s(v.compared_seconds)} compared"
+        )
+        width = max((len(CAUSES.get(c.cause, c.cause)) for c in f.causes), default=0)
+        for c in f.causes:
+            label = CAUSES.get(c.cause, c.cause)
+            lines.append(
+                f"    {label:<{width}}  {_fmt_s(c.seconds):>9}"
+                + (f"  {c.detail}" if c.detail else "")
+            )
+        for w in f.worst:
+            what = CAUSES.get(w.cause, w.cause)
+            lines.append(
+                f"    worst: {what} {_fmt_s(w.duration_ns / 1e9)} at ts {w.ts_us:.3f}"
+                + (f" ({w.detail})" if w.detail else "")
+                + (f" in {files[f.rank]}" if files.get(f.rank) else "")
+            )
+    if v.ranks and v.matched:
+        lines.append(
+            f"  {v.matched} collectives matched; per rank: reached last / kept the others "
+            "waiting / median lateness"
+        )
+        for t in v.ranks:
+            who = f"rank {t.rank}" if t.rank >= 0 else f"pid {t.pid}"
+            lines.append(
+                f"    {who}: {t.last}/{t.collectives}, {_fmt_s(t.held_seconds)}, "
+                f"{_fmt_s(t.lateness_seconds)}"
+            )
+    lines += [f"  note: {n}" for n in v.notes]
+    return "\n".join(lines)

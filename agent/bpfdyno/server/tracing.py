@@ -17,7 +17,6 @@ from bpfdyno.rpc.traces import (
     DcgmResult,
     TraceStart,
     TraceStatus,
-    TraceSummary,
     Trainer,
     spec_from_pb,
 )
