@@ -57,7 +57,7 @@ ITERATIONS = 5
 DURATION_MS = 1500
 #: The duration trace starts this long after its request: Kineto warms up for 5 s, and the
 #: CLI's start and the trainer's next poll come first.
-START_IN_S = 12
+START_IN_S = 15
 #: How many paired readings of the agent and nvidia-smi are compared (their medians).
 PAIRS = 5
 
