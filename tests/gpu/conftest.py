@@ -26,6 +26,9 @@ from gpu_suite import REQUIRED_ENV, WORK_ENV, Agent, Checks, Report, smi
 from bpfdyno.sources.gpu.nvml import probe_host
 from bpfdyno.version import __version__
 
+#: Where prepare_offline.sh may put its directory (git ignores it): a copy of this suite.
+collect_ignore = ["offline"]
+
 REPORT = Report()
 _state = {"deselected": 0, "started": time.monotonic()}
 _work: list[Path] = []
