@@ -23,6 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
+
+from bpfdyno.cli.output import message_dict
+from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc
+
 HERE = Path(__file__).resolve().parent
 BPFDYNO = [sys.executable, "-m", "bpfdyno"]
 #: Environment variables the suite reads (tests/gpu/README.md).
@@ -85,10 +90,8 @@ class Agent:
         while True:
             self.check_alive()
             if os.path.exists(self.socket):
-                r = self.cli("status", "--json", timeout=30)
-                if r.returncode == 0:
-                    status: dict[str, Any] = json.loads(r.stdout)
-                    return status
+                with contextlib.suppress(grpc.RpcError):
+                    return self.status()
             if time.monotonic() > deadline:
                 raise AssertionError(
                     f"the agent did not answer within {timeout:g} s; its log:\n{tail(self.log)}"
@@ -121,11 +124,13 @@ class Agent:
         )
 
     def status(self) -> dict[str, Any]:
-        """``bpfdyno status --json``."""
-        r = self.cli("status", "--json", timeout=30)
-        assert r.returncode == 0, f"bpfdyno status failed: {r.stderr}"
-        status: dict[str, Any] = json.loads(r.stdout)
-        return status
+        """The agent's status, as ``bpfdyno status --json`` prints it (through gRPC here: the
+        suite polls it while traces run, and a CLI process each time would load the node)."""
+        with grpc.insecure_channel(f"unix:{self.socket}") as channel:
+            status = agent_pb2_grpc.AgentStub(channel).GetStatus(
+                agent_pb2.GetStatusRequest(), timeout=10
+            )
+        return message_dict(status, proto_names=False)
 
     def collector(self, name: str) -> dict[str, Any]:
         """One collector's entry of `status` (state, reason, collections...)."""

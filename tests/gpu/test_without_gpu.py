@@ -13,6 +13,7 @@ import pytest
 from conftest import gpu_absent_reason
 from gpu_suite import Checks
 from trace_checks import (
+    NoProfilerSpan,
     Trace,
     check_allreduces,
     check_connection,
@@ -112,3 +113,19 @@ def test_the_trace_checks_catch_the_lost_window_of_the_h200_duration_trace() -> 
     assert verdict.detail.startswith(
         "one rank (pid 652): nothing to compare it with; a step takes 10."
     ), verdict.detail
+
+
+def test_a_file_kineto_recorded_nothing_in_is_named(tmp_path: Path) -> None:
+    """Kineto once wrote a duration trace with only its metadata: the suite takes it again."""
+    path = tmp_path / "empty.pt.trace.json"
+    path.write_text(
+        '{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 7, "tid": 0, "ts": 1, '
+        '"args": {"name": "python"}}, {"ph": "X", "cat": "bpfdyno.info", "name": "x", '
+        '"pid": 7, "tid": 1000000001, "ts": 1, "dur": 2, "args": {}}]}'
+    )
+    with pytest.raises(NoProfilerSpan) as info:
+        Trace.load(path)
+    assert str(info.value) == (
+        f"{path} has 0 profiler spans (in 2 events): Kineto recorded nothing (see the "
+        "trainer's log)"
+    )

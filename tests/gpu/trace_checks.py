@@ -25,6 +25,10 @@ ALL_TRACKS = ["net", "sched", "nccl", "gpu"]
 NcclArgs = tuple[int, str, int, str, str]
 
 
+class NoProfilerSpan(AssertionError):
+    """A trace file without Kineto's ``PyTorch Profiler`` span: Kineto recorded nothing."""
+
+
 @dataclass
 class Trace:
     """A merged trace file: its events and the profiler's span (µs, as in the file)."""
@@ -39,7 +43,13 @@ class Trace:
         events: list[dict[str, Any]] = json.loads(
             gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
         )["traceEvents"]
-        [span] = [e for e in events if e.get("cat") == "Trace" and e.get("ph") == "X"]
+        spans = [e for e in events if e.get("cat") == "Trace" and e.get("ph") == "X"]
+        if len(spans) != 1:
+            raise NoProfilerSpan(
+                f"{path} has {len(spans)} profiler spans (in {len(events)} events): Kineto "
+                "recorded nothing (see the trainer's log)"
+            )
+        span = spans[0]
         return cls(path, events, (span["ts"], span["ts"] + span["dur"]))
 
     def of(self, cat: str, ph: str = "X") -> list[dict[str, Any]]:
