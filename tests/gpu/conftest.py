@@ -9,7 +9,6 @@ is 1 (the offline runner sets it: on a GPU node, no GPU is a failure).
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import platform
@@ -21,29 +20,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gpu_suite import REQUIRED_ENV, WORK_ENV, Agent, Checks, Report, smi
+from gpu_suite import REPORT, REQUIRED_ENV, WORK_ENV, Agent, Checks, gpu_absent_reason, smi
 
-from bpfdyno.sources.gpu.nvml import probe_host
 from bpfdyno.version import __version__
 
 #: Where prepare_offline.sh may put its directory (git ignores it): a copy of this suite.
 collect_ignore = ["offline"]
 
-REPORT = Report()
 _state = {"deselected": 0, "started": time.monotonic()}
 _work: list[Path] = []
 _suite: set[str] = set()  # the node ids of the suite's tests
-
-
-@functools.cache
-def gpu_absent_reason() -> str:
-    """Why this machine cannot run the suite ("" when it has a usable NVIDIA GPU)."""
-    ok, detail, fix = probe_host()
-    if ok is None:
-        return f"no NVIDIA GPU: NVML could not be initialised: {detail}"
-    if not ok:
-        return f"no usable NVIDIA GPU: {detail} — {fix}"
-    return ""
 
 
 def _short(nodeid: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import json
 import math
 import os
@@ -27,6 +28,7 @@ import grpc
 
 from bpfdyno.cli.output import message_dict
 from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc
+from bpfdyno.sources.gpu.nvml import probe_host
 
 HERE = Path(__file__).resolve().parent
 BPFDYNO = [sys.executable, "-m", "bpfdyno"]
@@ -34,6 +36,18 @@ BPFDYNO = [sys.executable, "-m", "bpfdyno"]
 REQUIRED_ENV = "BPFDYNO_GPU_REQUIRED"
 PYTHON_ENV = "BPFDYNO_GPU_PYTHON"
 WORK_ENV = "BPFDYNO_GPU_WORK_DIR"
+
+
+@functools.cache
+def gpu_absent_reason() -> str:
+    """Why this machine cannot run the suite ("" when it has a usable NVIDIA GPU), from
+    bpfdyno's own NVML probe (the one ``bpfdyno doctor`` uses)."""
+    ok, detail, fix = probe_host()
+    if ok is None:
+        return f"no NVIDIA GPU: NVML could not be initialised: {detail}"
+    if not ok:
+        return f"no usable NVIDIA GPU: {detail} — {fix}"
+    return ""
 
 
 def cuda_python() -> str:
@@ -455,3 +469,7 @@ class Report:
                 for test, (outcome, note) in self.outcomes.items()
             },
         }
+
+
+#: The report of this run (filled by the fixtures and the tests, printed by the conftest).
+REPORT = Report()

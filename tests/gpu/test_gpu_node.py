@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPORT
 from gpu_suite import (
+    REPORT,
     Agent,
     Checks,
     CudaProcess,
@@ -416,6 +416,7 @@ def trace(
         out, err = run.communicate()
         assert run.returncode == 0, f"gputrace {name} failed ({run.returncode}): {err}{out}"
         doc = json.loads(out)
+        assert "trace" in doc, f"gputrace {name} traced nothing: {json.dumps(doc['request'])}"
         [part] = doc["trace"]["processes"]
         try:
             t = Trace.load(Path(part["output_path"]))

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import gpu_absent_reason
-from gpu_suite import Checks
+from gpu_suite import Checks, gpu_absent_reason
 from trace_checks import (
     NoProfilerSpan,
     Trace,
