@@ -41,7 +41,7 @@ MACHINE=$(uname -m)
 
 mkdir -p "$1"
 DIR=$(cd "$1" && pwd)
-rm -rf -- "${DIR:?}"/{debs,wheels,suite,run} "$DIR/MANIFEST" "$DIR/run_offline.sh"
+rm -rf -- "${DIR:?}"/{debs,wheels,suite,run,results} "$DIR/MANIFEST" "$DIR/run_offline.sh"
 mkdir -p "$DIR"/{debs,wheels,suite/tests/gpu}
 start=$SECONDS
 

@@ -76,7 +76,9 @@ missing=$(ldd "$LIB/libbcc.so.0" "$ROOT/usr/sbin/bpftool" | awk '/not found/ {pr
 say "bcc unpacked ($(elapsed))"
 
 # -- the virtualenv ------------------------------------------------------------------------
-if [[ ! -f $VENV/.installed ]]; then
+# Made again when made by another Python or at another path (DIR copied from elsewhere).
+venv_stamp="$(command -v "$PYTHON" | xargs readlink -f) $VENV"
+if [[ "$(cat "$VENV/.installed" 2>/dev/null)" != "$venv_stamp" ]]; then
 	rm -rf -- "$VENV"
 	# No pip in the venv (Debian's python3 may lack ensurepip): pip runs from its wheel.
 	"$PYTHON" -m venv --without-pip --system-site-packages "$VENV"
@@ -86,7 +88,7 @@ if [[ ! -f $VENV/.installed ]]; then
 	pip_wheel=$(ls "$DIR"/wheels/pip-*.whl)
 	"$VENV/bin/python" "$pip_wheel/pip" install -q --no-index --no-deps --no-compile \
 		--disable-pip-version-check "$DIR"/wheels/*.whl
-	touch "$VENV/.installed"
+	echo "$venv_stamp" >"$VENV/.installed"
 fi
 say "virtualenv $VENV ready ($(elapsed))"
 "$VENV/bin/python" -c 'import bcc, bpfdyno.version as v; print("run_offline: bpfdyno", v.__version__, "with bcc from", bcc.__file__)'
