@@ -55,6 +55,12 @@ glibc=$(getconf GNU_LIBC_VERSION | awk '{print $2}')
 	die "glibc $glibc is older than 2.36, which Debian 12's LLVM (bcc's compiler) needs; use the node's own bcc (python3-bpfcc) instead"
 command -v dpkg >/dev/null || die "dpkg is needed to unpack the .deb files"
 
+# bcc attaches tracepoints through tracefs, which a fresh boot may not have mounted.
+if ! mountpoint -q /sys/kernel/tracing; then
+	mount -t tracefs nodev /sys/kernel/tracing && say "mounted tracefs on /sys/kernel/tracing" ||
+		say "warning: cannot mount tracefs; the preflight will say what it costs"
+fi
+
 RUN=$DIR/run
 ROOT=$RUN/root
 VENV=$RUN/venv
