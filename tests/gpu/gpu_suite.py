@@ -26,8 +26,8 @@ from typing import Any
 
 import grpc
 
-from bpfdyno.cli.output import message_dict
 from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc
+from bpfdyno.rpc.wire import message_dict
 from bpfdyno.sources.gpu.nvml import probe_host
 
 HERE = Path(__file__).resolve().parent

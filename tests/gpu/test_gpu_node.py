@@ -380,7 +380,8 @@ class TestTracedTrainer:
         t = by_duration.trace
         r = agent.cli("trace-summary", str(t.path), "--json", timeout=120)
         assert r.returncode == 0, f"trace-summary failed: {r.stdout}{r.stderr}"
-        [row] = json.loads(r.stdout)["processes"]
+        doc = json.loads(r.stdout)
+        [row] = doc["processes"]
         checks.equal("trace-summary: error", row.get("error", ""), "")
         checks.equal("trace-summary: pid", row["pid"], trainer.pid)
         checks.equal("trace-summary: kernel tracks", row["kernel_tracks"], ALL_TRACKS)
@@ -388,7 +389,9 @@ class TestTracedTrainer:
         checks.near("trace-summary: window (s)", row["window_seconds"], (hi - lo) / 1e6, 1e-6)
         calls = [e for e in t.of("bpfdyno.nccl") if e["name"] == "ncclAllReduce" and t.inside(e)]
         checks.near("trace-summary: NCCL calls (±1 at the edges)", row["nccl_calls"], len(calls), 1)
-        check_verdict(t, trainer.pid, checks)
+        headline = check_verdict(t, trainer.pid, checks)  # summarize_file + compare, here
+        said = doc.get("verdict", {}).get("headline")
+        checks.equal("trace-summary --json: the same verdict", said, headline)
         checks.verify()
 
 

@@ -157,12 +157,13 @@ def _say(steps: range) -> str:
     return f"{steps.start} to {steps.stop - 1} for {steps.start + 1} optimizer steps"
 
 
-def check_verdict(t: Trace, pid: int, checks: Checks) -> None:
-    """One rank: no straggler; a step's time split, with a GPU-busy part."""
+def check_verdict(t: Trace, pid: int, checks: Checks) -> str:
+    """One rank: no straggler; a step's time split, with a GPU-busy part. Returns the
+    verdict's headline ("" when the file has no evidence)."""
     summary = summarize_file(str(t.path))
     checks.equal("summary error", summary.error, "")
     if summary.evidence is None:
-        return
+        return ""
     steps = summary.evidence.steps
     parts = {p.cause: p.seconds for p in steps.parts}
     checks.between("steps found", steps.steps, 5, 1e9)
@@ -175,3 +176,4 @@ def check_verdict(t: Trace, pid: int, checks: Checks) -> None:
         verdict.headline,
     )
     checks.equal("stragglers", (verdict.within_noise, verdict.stragglers), (True, ()))
+    return verdict.headline
