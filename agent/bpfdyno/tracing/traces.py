@@ -464,18 +464,18 @@ class TraceTracker:
         if tr.start_time_s and self._wall() < tr.start_time_s - KINETO_WARMUP_S:
             return False  # Kineto waits, idle, until its warm-up before the start time
         p.idle_polls += 1
-        if (
-            not tr.iteration_mode
-            and state is ProcState.DELIVERED
-            and p.idle_polls >= NEVER_STARTED_POLLS
-        ):
+        # Never busy since delivery: Kineto did not start, even if it left an empty .tmp
+        # behind (it does when it drops a config for want of warm-up time).
+        if not tr.iteration_mode and p.idle_polls >= NEVER_STARTED_POLLS:
+            left = " (it left an unfinished .tmp)" if state is ProcState.TRACING else ""
             self._set(
                 tr,
                 p,
                 ProcState.FAILED,
-                f"the process never started tracing ({p.idle_polls} polls after delivery); "
-                "Kineto dropped the config — see the trainer's log (e.g. 'insufficient time "
-                "for warmup' when PROFILE_START_TIME is too close, or 'profiler busy')",
+                f"the process never started tracing ({p.idle_polls} polls after delivery)"
+                f"{left}; Kineto dropped the config — see the trainer's log (e.g. "
+                "'insufficient time for warmup' when PROFILE_START_TIME is too close, or "
+                "'profiler busy')",
             )
             return True
         return False
