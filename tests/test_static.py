@@ -15,7 +15,7 @@ BIN = Path(sys.executable).parent
 
 def test_ruff_check() -> None:
     r = subprocess.run(
-        [BIN / "ruff", "check", "agent", "tui", "bpf", "tests", "proto"],
+        [BIN / "ruff", "check", "agent", "tui", "bpf", "tests", "proto", "deploy"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -25,7 +25,7 @@ def test_ruff_check() -> None:
 
 def test_ruff_format() -> None:
     r = subprocess.run(
-        [BIN / "ruff", "format", "--check", "agent", "tui", "bpf", "tests", "proto"],
+        [BIN / "ruff", "format", "--check", "agent", "tui", "bpf", "tests", "proto", "deploy"],
         cwd=ROOT,
         capture_output=True,
         text=True,

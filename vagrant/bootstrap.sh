@@ -22,8 +22,12 @@ APT_PACKAGES=(python3-bpfcc bpftool linux-perf nftables iproute2 tmux gcc libc6-
 # Only for the test suite: a real Prometheus scrapes the exporter, `vagrant validate` checks
 # the dev cluster, `systemd-analyze verify` the unit, capsh runs the agent with its
 # capabilities, and a real SLURM cluster runs on this machine (tests/cluster; the tests start
-# and stop its daemons themselves: no system service is enabled or used).
-TEST_APT_PACKAGES=(prometheus vagrant systemd libcap2-bin slurmctld slurmd slurm-client munge)
+# and stop its daemons themselves: no system service is enabled or used). The Debian package
+# and the container image are built and run (deploy/debian, deploy/image): dpkg-dev, debhelper
+# and python3-venv build it, lintian checks it, mmdebstrap makes the image's root filesystem
+# and podman (with runc) runs it.
+TEST_APT_PACKAGES=(prometheus vagrant systemd libcap2-bin slurmctld slurmd slurm-client munge
+	dpkg-dev debhelper python3-venv lintian mmdebstrap podman runc)
 
 log() { printf 'bootstrap: %s\n' "$*" >&2; }
 die() {

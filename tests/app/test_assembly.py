@@ -15,6 +15,7 @@ from bpfdyno.app import assembly
 from bpfdyno.core.config import KNOWN_COLLECTORS, Config, NetSection, SchedSection, load
 from bpfdyno.ebpf.introspect import LoadedMap, loaded_maps, loaded_programs
 from bpfdyno.ebpf.program import BpfProgram
+from bpfdyno.sources.gpu.dcgm import HostEngine
 
 
 def test_default_assembly_has_every_collector_and_the_tracing_component() -> None:
@@ -46,6 +47,22 @@ def test_disabled_collectors_are_listed_and_config_reaches_them() -> None:
     assert "gpu" not in names and "procs" not in names
     sched = next(c for c in asm.collectors if c.name == "sched")
     assert sched._defines["SCHED_MAX_EXITS"] == 123  # type: ignore[attr-defined]
+
+
+def test_the_kubelet_and_dcgm_settings_reach_their_collectors() -> None:
+    cfg = load(
+        None,
+        [
+            ("kubelet.pod_resources_socket", '"/run/kubelet/pod-resources/kubelet.sock"'),
+            ("gpu.dcgm_host_engine", '"unix:/run/nv-hostengine"'),
+        ],
+    )
+    by_name: dict[str, Any] = {c.name: c for c in assembly.build(cfg).collectors}
+    assert by_name["kubelet"].socket_path == "/run/kubelet/pod-resources/kubelet.sock"
+    assert by_name["dcgm"]._candidates == (HostEngine("/run/nv-hostengine", unix_socket=True),)
+    # The GPU series are attributed with the kubelet collector's latest lookup.
+    assert by_name["gpu"]._device_owners() is by_name["kubelet"].owners
+    assert cfg.collectors["kubelet"].interval_s == 10.0
 
 
 # --- the [sched] and [net] settings reach the kernel -------------------------------------

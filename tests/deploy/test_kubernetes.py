@@ -55,9 +55,15 @@ def test_the_daemonset_has_what_the_agent_needs() -> None:
     assert sc["capabilities"]["drop"] == ["ALL"]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
-    for name, host_path in (("btf", "/sys/kernel/btf"), ("tracefs", "/sys/kernel/tracing")):
+    # The kubelet's pod-resources directory, where the agent looks for its socket by default.
+    pod_resources = str(Path(config.KubeletSection().pod_resources_socket).parent)
+    for name, host_path in (("btf", "/sys/kernel/btf"), ("tracefs", "/sys/kernel/tracing"),
+                            ("pod-resources", pod_resources)):  # fmt: skip
         assert mounts[name] == host_path
         assert volumes[name]["hostPath"]["path"] == host_path
+    # The init container makes the Kineto socket directory root's and sticky.
+    (init,) = pod["initContainers"]
+    assert init["command"] == ["install", "-d", "-m", "1777", "/run/bpfdyno/kineto"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     kineto_dir = env["KINETO_IPC_SOCKET_DIR"]
     # The Kineto socket directory is inside the hostPath mounted at /run/bpfdyno.

@@ -108,6 +108,28 @@ def test_front_names_are_trusted_only_in_a_root_only_directory(tmp_path: Path) -
     assert requester_from_peer("ipv4:127.0.0.1:5000").uid is None  # TCP without its listener
 
 
+def test_front_names_are_trusted_in_the_agents_own_directory_when_it_is_not_root() -> None:
+    """The systemd unit runs the agent as an unprivileged user: its private directory is that
+    user's, and the names the front binds there are the agent's own."""
+    base = Path(tempfile.mkdtemp(prefix="bdpriv-", dir="/tmp"))
+    os.chmod(base, 0o755)  # the agent's user must reach it
+    private = base / "private"
+    private.mkdir(mode=0o700)
+    os.chown(private, NOBODY, NOBODY)
+    name = f"unix:{private}/{front_name(1000, 1000, 4242, 7)}"
+
+    def as_the_agent() -> None:  # fails the child, and so the test, on a wrong answer
+        assert requester_from_peer(name).uid == 1000
+        os.chmod(private, 0o755)  # others may enter: no longer private
+        assert requester_from_peer(name).uid is None
+
+    try:
+        with as_nobody(as_the_agent):
+            pass
+    finally:
+        shutil.rmtree(base)
+
+
 async def test_front_relays_with_the_clients_credentials() -> None:
     """A client running as nobody connects to the front; the inner end sees its name."""
     base = Path(tempfile.mkdtemp(prefix="bdfront-", dir="/tmp"))

@@ -7,13 +7,14 @@ path is refused with the rule's name, or accepted when only root and the writer 
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bpfdyno.core.errors import InvalidArgument, PermissionDenied, RequestError
-from bpfdyno.tracing.safety import PROTECTIONS, PlacementChecker, Writer
+from bpfdyno.tracing.safety import PROTECTIONS, PlacementChecker, Writer, mount_root
 
 ALICE, MALLORY = 51001, 51002  # uids nobody on the machine has
 PROTECTED = dict.fromkeys(PROTECTIONS, 1)
@@ -136,4 +137,34 @@ def test_the_writer_must_be_able_to_create_the_file(base: Path) -> None:
 
 
 def test_missing_directory_is_refused(base: Path) -> None:
-    assert rule_of(base / "nope" / "t.json", Writer(0)) == "unsafe_directory"
+    assert rule_of(base / "nope" / "t.json", Writer(0)) == "missing_directory"
+
+
+@pytest.mark.root
+def test_a_writer_in_its_own_mount_namespace_is_checked_in_its_file_system(base: Path) -> None:
+    """A container's trainer: its directory exists only in its mount namespace (a tmpfs
+    mounted there), and the checker and `mount_root` reach it through /proc/<pid>/root."""
+    inside = base / "only-in-the-namespace"
+    inside.mkdir(mode=0o755)
+    # The process mounts a tmpfs over the directory in a mount namespace of its own, makes
+    # traces/ in it, says so, and waits.
+    child = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         f"mount -t tmpfs none {inside} && mkdir -m 700 {inside}/traces && echo ready && "
+         "exec sleep 60"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        root = mount_root(child.pid)
+        assert root == f"/proc/{child.pid}/root"
+        assert mount_root(os.getpid()) == "" and mount_root(0) == ""
+        target = inside / "traces" / "t.json"
+        assert not target.parent.exists()  # not in this agent's file system
+        assert rule_of(target, Writer(0, child.pid)) == ""
+        assert rule_of(target, Writer(0)) == "missing_directory"  # the agent's own view
+        (Path(root + str(target))).write_text("{}")
+        assert rule_of(target, Writer(0, child.pid)) == "would_overwrite"
+    finally:
+        child.kill()
+        child.wait()

@@ -78,6 +78,7 @@ def build(cfg: Config) -> Assembly:
     from bpfdyno.sources.gpu.dcgm import DcgmCollector
     from bpfdyno.sources.host.collector import HostCollector
     from bpfdyno.sources.host.self_stats import SelfCollector
+    from bpfdyno.sources.kubelet.collector import PodResourcesCollector
     from bpfdyno.sources.net.collector import NetCollector
     from bpfdyno.sources.perf.collector import PerfSwCollector, PmuCollector
     from bpfdyno.sources.procs.collector import ProcsCollector
@@ -91,8 +92,17 @@ def build(cfg: Config) -> Assembly:
 
     sched = SchedCollector.from_config(cfg.sched, sink=recorder.add) if on("sched") else None
     net = NetCollector.from_config(cfg.net, sink=recorder.add) if on("net") else None
-    gpu = GpuCollector.from_config(cfg.gpu, event_sink=recorder.add) if on("gpu") else None
-    dcgm = DcgmCollector() if on("dcgm") else None
+    kubelet = PodResourcesCollector(cfg.kubelet.pod_resources_socket) if on("kubelet") else None
+    gpu = (
+        GpuCollector.from_config(
+            cfg.gpu,
+            event_sink=recorder.add,
+            device_owners=(lambda: kubelet.owners) if kubelet is not None else None,
+        )
+        if on("gpu")
+        else None
+    )
+    dcgm = DcgmCollector(host_engine=cfg.gpu.dcgm_host_engine) if on("dcgm") else None
     pause, resume = profiling_controls([c for c in (gpu, dcgm) if c is not None])
     # Kernel tracks of traced processes: their programs load in the background at start.
     capture = (
@@ -114,6 +124,7 @@ def build(cfg: Config) -> Assembly:
             sched=sched.per_process if sched else None,
             net=net.per_process if net else None,
             gpu_memory=gpu.gpu_memory_by_pid if gpu else None,
+            pods=gpu.pods_by_pid if gpu else None,
             pinned=lambda: {t.pid for t in tracing.service.registry.trainers()},
         )
         if on("procs")
@@ -135,6 +146,7 @@ def build(cfg: Config) -> Assembly:
         "gpu": gpu,
         "dcgm": dcgm,
         "procs": ProcsCollector(table) if table is not None else None,
+        "kubelet": kubelet,
     }
     for name, collector in candidates.items():
         if collector is None:

@@ -14,6 +14,7 @@ from bpfdyno.ebpf import metrics as bpf_metrics
 from bpfdyno.sources.gpu import dcgm_metrics
 from bpfdyno.sources.gpu import metrics as gpu_metrics
 from bpfdyno.sources.host import metrics as host_metrics
+from bpfdyno.sources.kubelet import metrics as kubelet_metrics
 from bpfdyno.sources.net import metrics as net_metrics
 from bpfdyno.sources.perf import metrics as perf_metrics
 from bpfdyno.sources.procs import metrics as procs_metrics
@@ -30,6 +31,7 @@ TABLES: tuple[MetricTable, ...] = (
     gpu_metrics.TABLE,
     dcgm_metrics.TABLE,
     procs_metrics.TABLE,
+    kubelet_metrics.TABLE,
     bpf_metrics.TABLE,
 )
 

@@ -23,7 +23,12 @@ DEFAULT_CONFIG_PATH = Path("/etc/bpfdyno/bpfdyno.toml")
 DEFAULT_SOCKET = "/run/bpfdyno/bpfdyno.sock"
 
 #: Collectors the daemon knows; ``[collectors.<name>]`` may only name these.
-KNOWN_COLLECTORS = ("host", "self", "sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs")
+KNOWN_COLLECTORS = (
+    "host", "self", "sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs", "kubelet",
+)  # fmt: skip
+#: Collectors whose own interval is not the daemon's by default: the kubelet's allocations
+#: change only when pods start or end.
+DEFAULT_INTERVALS_S = {"kubelet": 10.0}
 
 
 class ConfigError(Exception):
@@ -216,6 +221,17 @@ class GpuSection:
     gpm_enabled: bool = True
     #: Watch XID and other critical GPU events.
     events_enabled: bool = True
+    #: The DCGM host engine of the dcgm collector: "auto" (a running nv-hostengine on
+    #: 127.0.0.1:5555 if one answers, else one embedded in the agent), "embedded",
+    #: "HOST:PORT" or "unix:PATH" (that nv-hostengine only: share it with dcgm-exporter).
+    dcgm_host_engine: str = "auto"
+
+
+@dataclass
+class KubeletSection:
+    #: The kubelet's pod-resources socket: which pod and container holds each GPU (the
+    #: kubelet collector; absent: not a Kubernetes node).
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 @dataclass
@@ -302,7 +318,10 @@ class CaptureSection:
 
 
 def _default_collectors() -> dict[str, CollectorSection]:
-    return {name: CollectorSection() for name in KNOWN_COLLECTORS}
+    return {
+        name: CollectorSection(interval_s=DEFAULT_INTERVALS_S.get(name, 0.0))
+        for name in KNOWN_COLLECTORS
+    }
 
 
 @dataclass
@@ -315,6 +334,7 @@ class Config:
     tracing: TracingSection = field(default_factory=TracingSection)
     legacy_rpc: LegacyRpcSection = field(default_factory=LegacyRpcSection)
     gpu: GpuSection = field(default_factory=GpuSection)
+    kubelet: KubeletSection = field(default_factory=KubeletSection)
     events: EventsSection = field(default_factory=EventsSection)
     sched: SchedSection = field(default_factory=SchedSection)
     net: NetSection = field(default_factory=NetSection)
@@ -522,6 +542,17 @@ def _validate(cfg: Config, path: Path | None) -> None:
     _validate_security(cfg, bad)
     _validate_bpf_sizes(cfg, bad)
     _validate_export(cfg, bad)
+    engine = cfg.gpu.dcgm_host_engine
+    if engine not in ("auto", "embedded") and not re.fullmatch(
+        r"unix:/\S+|(\[[0-9a-fA-F:.]+\]|[^:\s/\[\]]+)(:\d{1,5})?", engine
+    ):
+        raise bad(
+            'must be "auto", "embedded", "HOST", "HOST:PORT" or "unix:/PATH" (e.g. '
+            '"127.0.0.1:5555")',
+            "gpu.dcgm_host_engine",
+        )
+    if not cfg.kubelet.pod_resources_socket.startswith("/"):
+        raise bad("must be an absolute path", "kubelet.pod_resources_socket")
     _validate_capture(cfg.capture, bad)
 
 

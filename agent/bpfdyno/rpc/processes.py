@@ -70,6 +70,11 @@ class ProcessRow:
     slurm_job_id: str = ""
     gpu_memory_bytes: int | None = None
     pinned: bool = False  # always shown (a registered trainer), whatever its activity
+    # On Kubernetes: the pod holding the process's GPU (the kubelet's pod-resources API), for
+    # it and the other processes of its container.
+    k8s_namespace: str = ""
+    k8s_pod: str = ""
+    k8s_container: str = ""
 
     @property
     def net_bytes_per_second(self) -> float:

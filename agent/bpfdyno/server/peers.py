@@ -80,14 +80,15 @@ def requester_from_peer(peer: str) -> Requester:
 
 
 def _private(directory: str) -> bool:
-    """True for a directory only root can create entries in (not a link, root's, 0700)."""
+    """True for a directory only the agent and root can create entries in (not a link, 0700,
+    owned by root or by the agent's own user: the systemd unit runs it as ``bpfdyno``)."""
     try:
         st = os.lstat(directory)
     except OSError:
         return False
     return (
         stat.S_ISDIR(st.st_mode)
-        and st.st_uid == 0
+        and st.st_uid in (0, os.geteuid())
         and not st.st_mode & (stat.S_IRWXG | stat.S_IRWXO)
     )
 

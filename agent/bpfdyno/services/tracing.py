@@ -72,7 +72,7 @@ from bpfdyno.tracing.requests import (
     output_path,
 )
 from bpfdyno.tracing.roles import Role, classify
-from bpfdyno.tracing.safety import PlacementChecker, Writer
+from bpfdyno.tracing.safety import PlacementChecker, Writer, mount_root
 from bpfdyno.tracing.summary import summarize_file
 from bpfdyno.tracing.tracefile import DEFAULT_LIMITS, ReadLimits
 from bpfdyno.tracing.traces import NewProcess, ProcState, TraceTracker, TraceView
@@ -258,21 +258,25 @@ class TracingService(KinetoPolls):
             NotFound: unknown id.
         """
         view = self.get_trace(trace_id)
-        owners = self.tracker.file_owners(trace_id)
+        files = self.tracker.files(trace_id)
         limits = self.read_limits
 
         def read() -> list[ProcessSummary]:
             out = []
             for p in view.processes:
                 if p.state is ProcState.WRITTEN:
-                    path = p.output_path
+                    local, owner = files.get(p.output_path, (p.output_path, None))
                     try:
-                        with files_as(*file_owner(owners.get(path), path)):
-                            summary = summarize_file(path, limits)
+                        with files_as(*file_owner(owner, local)):
+                            summary = summarize_file(local, limits)
                     except FileIdentityError as e:
-                        summary = ProcessSummary(path, error=str(e))
+                        summary = ProcessSummary(local, error=str(e))
                     pid, tid = summary.pid or p.pid, summary.trace_id or trace_id
-                    out.append(replace(summary, pid=pid, trace_id=tid))
+                    ev = summary.evidence
+                    ev = replace(ev, path=p.output_path) if ev is not None else None
+                    out.append(
+                        replace(summary, path=p.output_path, pid=pid, trace_id=tid, evidence=ev)
+                    )
                 else:
                     out.append(
                         ProcessSummary(
@@ -408,7 +412,16 @@ class TracingService(KinetoPolls):
         self.tracker.open_trace(
             trace_id,
             [
-                NewProcess(t.address, t.pid, t.job_id, path, text, tracks=tracks, owner_uid=t.uid)
+                NewProcess(
+                    t.address,
+                    t.pid,
+                    t.job_id,
+                    path,
+                    text,
+                    tracks=tracks,
+                    owner_uid=t.uid,
+                    fs_root=mount_root(t.host_pid, self._proc_root),
+                )
                 for t, path in triggered
             ],
             min(timeout, MAX_TIMEOUT_S),
@@ -462,7 +475,9 @@ class TracingService(KinetoPolls):
                 message="two matched processes would write the same file (same pid in different "
                 "containers?); narrow the request with --pids or --job-id",
             )
-        existing = [p for p in paths if os.path.lexists(p)]
+        existing = [
+            p for t, p in triggered if os.path.lexists(mount_root(t.host_pid, self._proc_root) + p)
+        ]
         if existing:
             raise InvalidArgument(
                 rule="would_overwrite",

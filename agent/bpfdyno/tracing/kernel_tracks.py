@@ -125,13 +125,13 @@ class KernelTracks:
                 reason=f"the capture did not hand over its records within {END_TIMEOUT_S:g} s "
                 "(see the agent's log)",
             )
-            self._tracker.merge_done(part.trace_id, part.address, status, _size(part.output_path))
+            self._tracker.merge_done(part.trace_id, part.address, status, _size(part.local_path))
             return
         except Exception as e:
             status = TrackStatus(
                 requested, KernelTrackState.NOT_MERGED, reason=f"nothing was recorded ({e})"
             )
-            self._tracker.merge_done(part.trace_id, part.address, status, _size(part.output_path))
+            self._tracker.merge_done(part.trace_id, part.address, status, _size(part.local_path))
             return
         loop = asyncio.get_running_loop()
         try:
@@ -145,7 +145,7 @@ class KernelTracks:
             self.merged += 1
         else:
             self.failed += 1
-        self._tracker.merge_done(part.trace_id, part.address, status, _size(part.output_path))
+        self._tracker.merge_done(part.trace_id, part.address, status, _size(part.local_path))
 
     def merge(self, part: PartRef, capture: ProcessCapture) -> TrackStatus:
         """Write ``capture`` into ``part``'s file (blocking); the outcome as a status."""
@@ -214,8 +214,8 @@ def merge_capture(
 
     try:
         # As the file's owner: its directory is theirs, so every lookup there must be too.
-        with files_as(*file_owner(part.owner_uid, part.output_path)):
-            _, result = merge_into_trace(part.output_path, build, limits)
+        with files_as(*file_owner(part.owner_uid, part.local_path)):
+            _, result = merge_into_trace(part.local_path, build, limits)
     except (MergeError, FileIdentityError) as e:
         log.warning("kernel tracks of pid %d not merged: %s", part.pid, e)
         return TrackStatus(requested, KernelTrackState.NOT_MERGED, lost=lost, reason=str(e))

@@ -136,19 +136,17 @@ def check_log_file(log_file: str, allowed_dirs: Sequence[str]) -> str:
             "of them or add the directory to [tracing] allowed_dirs",
         )
     parent = os.path.dirname(normalized)
-    if not os.path.isdir(parent):
-        raise PathRejected(
-            "missing_directory",
-            f"the directory {parent} does not exist and Kineto does not create it; create it "
-            "first (for trainers in containers, at the same path on the host)",
-        )
-    real_parent = os.path.realpath(parent)
-    if not any(_inside(real_parent, os.path.realpath(d)) for d in allowed):
-        raise PathRejected(
-            "outside_allowed_dirs",
-            f"{parent} resolves to {real_parent} through a symbolic link, outside the allowed "
-            f"trace directories ({shown})",
-        )
+    # A trainer in a container writes in its own file system, where the directory is checked
+    # (it exists, it is safe: `bpfdyno.tracing.safety`) once the writer is known. Here, only a
+    # directory this agent sees can be checked for links out of the allowed ones.
+    if os.path.isdir(parent):
+        real_parent = os.path.realpath(parent)
+        if not any(_inside(real_parent, os.path.realpath(d)) for d in allowed):
+            raise PathRejected(
+                "outside_allowed_dirs",
+                f"{parent} resolves to {real_parent} through a symbolic link, outside the "
+                f"allowed trace directories ({shown})",
+            )
     probe = kineto_output_path(log_file, 1)
     if os.path.dirname(probe) != os.path.dirname(log_file):
         raise PathRejected(

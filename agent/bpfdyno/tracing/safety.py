@@ -17,12 +17,13 @@ process's owner control:
   (``fs.protected_symlinks``, ``fs.protected_hardlinks``, ``fs.protected_regular``), because
   a link can appear between this check and Kineto's open (rule
   ``shared_directory_unprotected``);
-* neither the final name nor ``<name>.tmp`` exists yet (rules ``would_overwrite``,
-  ``tmp_exists``);
+* the directory exists (rule ``missing_directory``), and neither the final name nor
+  ``<name>.tmp`` exists yet (rules ``would_overwrite``, ``tmp_exists``);
 * the owner can create files there (rule ``directory_not_writable``).
 
 A process in another mount namespace (a container) is checked through
-``/proc/<pid>/root``, so the rules apply to the directory it will really write into.
+``/proc/<pid>/root`` (`mount_root`), so the rules apply to the directory it will really write
+into; the trace tracker and the kernel tracks' merge reach its file the same way.
 """
 
 from __future__ import annotations
@@ -64,6 +65,20 @@ class Writer:
     host_pid: int = 0
 
 
+def mount_root(host_pid: int, proc_root: Path = Path("/proc")) -> str:
+    """Where this agent sees the file system of process ``host_pid``: "" when it shares the
+    agent's mount namespace (or is unknown, 0), ``/proc/<pid>/root`` when it is in another
+    one (a container): prefix a path the process names with it to reach the same file."""
+    if not host_pid:
+        return ""
+    try:
+        theirs = os.stat(proc_root / str(host_pid) / "ns" / "mnt").st_ino
+        ours = os.stat(proc_root / "self" / "ns" / "mnt").st_ino
+    except OSError:
+        return ""
+    return "" if theirs == ours else str(proc_root / str(host_pid) / "root")
+
+
 def read_protections(proc_sys: Path = Path("/proc/sys")) -> dict[str, int]:
     """The current value of each of `PROTECTIONS` (0 when unreadable)."""
     values = {}
@@ -77,7 +92,7 @@ def read_protections(proc_sys: Path = Path("/proc/sys")) -> dict[str, int]:
 
 def _rejected(rule: str, message: str) -> RequestError:
     text = f"trace file rejected by rule '{rule}': {message}"
-    if rule in ("would_overwrite", "tmp_exists"):
+    if rule in ("would_overwrite", "tmp_exists", "missing_directory"):
         return InvalidArgument(text, rule=rule)
     return PermissionDenied(text, rule=rule)
 
@@ -151,15 +166,7 @@ class PlacementChecker:
         return self._walk(self._root_of(writer), directory, _trusted(writer), writer)[2]
 
     def _root_of(self, writer: Writer) -> str:
-        """``/proc/<pid>/root`` for a process in another mount namespace, else ""."""
-        if not writer.host_pid:
-            return ""
-        try:
-            theirs = os.stat(self._proc / str(writer.host_pid) / "ns" / "mnt").st_ino
-            ours = os.stat(self._proc / "self" / "ns" / "mnt").st_ino
-        except OSError:
-            return ""
-        return "" if theirs == ours else str(self._proc / str(writer.host_pid) / "root")
+        return mount_root(writer.host_pid, self._proc)
 
     def _walk(
         self, root: str, directory: str, trusted: set[int], writer: Writer
@@ -212,8 +219,10 @@ class PlacementChecker:
             return os.lstat(root + path)
         except FileNotFoundError:
             raise _rejected(
-                "unsafe_directory",
-                f"{path} does not exist (for the process that would write there); create it",
+                "missing_directory",
+                f"{path} does not exist for the process that would write there, and Kineto "
+                "does not create it; create it first (in the process's container, if it runs "
+                "in one)",
             ) from None
         except OSError as e:
             raise _rejected("unsafe_directory", f"cannot check {path}: {e.strerror}") from None

@@ -103,6 +103,7 @@ class _Proc:
     config_text: str  # what the process is handed at its next free poll
     tracks: KernelTrackRequest = NO_TRACKS
     owner_uid: int | None = None  # the traced process's owner: its file must be theirs
+    fs_root: str = ""  # see `NewProcess.fs_root`
     waits_for_recording: bool = False  # it polled for its config before its recording began
     idle_polls: int = 0  # idle polls since delivery, before any sign of tracing
     idle_after_busy: int = 0
@@ -154,6 +155,9 @@ class NewProcess:
     config_text: str
     tracks: KernelTrackRequest = NO_TRACKS
     owner_uid: int | None = None
+    #: Where the agent reaches the process's file system (`bpfdyno.tracing.safety.mount_root`):
+    #: "" for its own, ``/proc/<pid>/root`` for a process in a container of its own.
+    fs_root: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +170,12 @@ class PartRef:
     output_path: str
     tracks: KernelTrackRequest
     owner_uid: int | None = None  # the traced process's owner (None: unknown, treat as root)
+    fs_root: str = ""  # see `NewProcess.fs_root`
+
+    @property
+    def local_path(self) -> str:
+        """The file as this agent reaches it (``output_path`` is as the process names it)."""
+        return self.fs_root + self.output_path
 
 
 class TraceListener(Protocol):
@@ -260,6 +270,7 @@ class TraceTracker:
                 config_text=p.config_text,
                 tracks=p.tracks,
                 owner_uid=p.owner_uid,
+                fs_root=p.fs_root,
             )
             for p in processes
         }
@@ -301,7 +312,13 @@ class TraceTracker:
 
     def _ref(self, tr: _Trace, p: _Proc) -> PartRef:
         return PartRef(
-            tr.trace_id, p.address, p.view.pid, p.view.output_path, p.tracks, p.owner_uid
+            tr.trace_id,
+            p.address,
+            p.view.pid,
+            p.view.output_path,
+            p.tracks,
+            p.owner_uid,
+            p.fs_root,
         )
 
     def _forget_old(self) -> None:
@@ -321,11 +338,13 @@ class TraceTracker:
     def traces(self) -> list[TraceView]:
         return [t.view() for t in self._traces.values()]
 
-    def file_owners(self, trace_id: str) -> dict[str, int | None]:
-        """Each part's file and its traced process's owner (None: unknown), whose rights the
-        agent reads it with."""
+    def files(self, trace_id: str) -> dict[str, tuple[str, int | None]]:
+        """Each part's file: where the agent reads it (through the process's root when it
+        is in a mount namespace of its own) and its traced process's owner (None: unknown),
+        whose rights the agent reads it with."""
         tr = self._traces.get(trace_id)
-        return {p.view.output_path: p.owner_uid for p in tr.procs.values()} if tr else {}
+        procs = tr.procs.values() if tr else ()
+        return {p.view.output_path: (p.fs_root + p.view.output_path, p.owner_uid) for p in procs}
 
     def open_part(self, address: bytes) -> OpenPart | None:
         """The process's part of a trace that has not ended (None: it is free of ours)."""
@@ -509,7 +528,7 @@ class TraceTracker:
         """Look for the final file (→ written) and the .tmp (→ tracing); True when written."""
         path = p.view.output_path
         try:
-            st = self._stat(path)
+            st = self._stat(p.fs_root + path)
         except OSError:
             st = None
         if st is not None and stat.S_ISREG(st.st_mode):
@@ -538,7 +557,7 @@ class TraceTracker:
             return True
         if p.view.state is ProcState.DELIVERED:
             try:
-                self._stat(path + TMP_SUFFIX)
+                self._stat(p.fs_root + path + TMP_SUFFIX)
             except OSError:
                 return False
             self._set(tr, p, ProcState.TRACING, f"Kineto is writing {path}{TMP_SUFFIX}")

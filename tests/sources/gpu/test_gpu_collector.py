@@ -31,8 +31,9 @@ def collector(fake: FakeNvml) -> Iterator[GpuCollector]:
 def test_every_field_exact_with_units_converted(collector: GpuCollector, fake: FakeNvml) -> None:
     samples = collector.collect()
     got = as_dict(samples)
-    h100 = (("gpu", "0"), ("uuid", H100_UUID))
-    a100 = (("gpu", "1"), ("uuid", A100_UUID))
+    no_pod = (("namespace", ""), ("pod", ""), ("container", ""))  # not on Kubernetes
+    h100 = (("gpu", "0"), ("uuid", H100_UUID), *no_pod)
+    a100 = (("gpu", "1"), ("uuid", A100_UUID), *no_pod)
     expected = {
         ("gpu_count", ()): 2.0,
         ("gpu_up", h100): 1.0,

@@ -1,15 +1,19 @@
-"""The dcgm collector against a dcgm libdcgm implementing the DCGM C ABI.
+"""The dcgm collector against a fake libdcgm implementing the DCGM C ABI.
 
 `dcgm_fake/fake_dcgm.c` is compiled once per session; the collector loads it through its
 real ctypes binding. Values come from a control file the test writes (see the C file's
-header); the dcgm counts calls, so tests check what reached the library.
+header); the fake counts calls, so tests check what reached the library. An nv-hostengine
+(standalone mode) is something listening on a real socket that the fake's dcgmConnect_v2
+connects to (`EngineStandIn`); stopping it loses the connection as a stopped engine does.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -24,7 +28,13 @@ from bpfdyno.core.metrics import Sample
 from bpfdyno.core.status import PartState
 from bpfdyno.sources.base import CollectorUnavailable
 from bpfdyno.sources.gpu.collector import GpuCollector
-from bpfdyno.sources.gpu.dcgm import DCGM_FIELDS, DcgmCollector, find_libdcgm
+from bpfdyno.sources.gpu.dcgm import (
+    DCGM_FIELDS,
+    DcgmCollector,
+    HostEngine,
+    find_libdcgm,
+    host_engines,
+)
 from bpfdyno.sources.gpu.dcgm_api import FIELD_VALUE_VERSION1, FieldValueV1
 
 pytest_plugins = ("gpu_fake_nvml",)  # the NVML fake, for pause/resume acting on both sources
@@ -131,6 +141,89 @@ class FakeDcgm:
     def watch_freq_us(self) -> int:
         return int(self._lib.fake_dcgm_watch_freq_us())
 
+    def connections(self) -> int:
+        return int(self._lib.fake_dcgm_connections())
+
+    def connect_timeout_ms(self) -> int:
+        return int(self._lib.fake_dcgm_connect_timeout_ms())
+
+
+class EngineStandIn:
+    """Where an nv-hostengine listens (TCP on loopback, or a Unix socket): accepts and holds
+    connections until `stop`, which closes them all, like an engine that exits."""
+
+    def __init__(self, address: tuple[str, int] | str) -> None:
+        self.address = address
+        self.accepted = 0
+        self._changed = threading.Condition()
+        self._listener: socket.socket | None = None
+        self._conns: list[socket.socket] = []
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> EngineStandIn:
+        family = socket.AF_UNIX if isinstance(self.address, str) else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        if family == socket.AF_INET:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(self.address)
+        listener.listen()
+        if family == socket.AF_INET:
+            self.address = listener.getsockname()
+        listener.settimeout(0.05)
+        self._listener = listener
+        self._thread = threading.Thread(target=self._accept, args=(listener,), daemon=True)
+        self._thread.start()
+        return self
+
+    def _accept(self, listener: socket.socket) -> None:
+        while self._listener is listener:
+            try:
+                conn, _ = listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            self._conns.append(conn)
+            with self._changed:
+                self.accepted += 1
+                self._changed.notify_all()
+
+    def wait_accepted(self, count: int, timeout: float = 30.0) -> int:
+        """Wait until ``count`` connections were accepted (the accept thread may lag)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.accepted >= count, timeout)
+            return self.accepted
+
+    def stop(self) -> None:
+        listener, self._listener = self._listener, None
+        if self._thread is not None:
+            self._thread.join()
+        if listener is not None:
+            listener.close()
+        for conn in self._conns:
+            conn.close()
+        self._conns.clear()
+        if isinstance(self.address, str):
+            os.unlink(self.address)
+
+    @property
+    def host_port(self) -> str:
+        assert isinstance(self.address, tuple)
+        return f"{self.address[0]}:{self.address[1]}"
+
+
+@pytest.fixture
+def engine() -> Iterator[EngineStandIn]:
+    stand_in = EngineStandIn(("127.0.0.1", 0)).start()
+    yield stand_in
+    if stand_in._listener is not None:
+        stand_in.stop()
+
+
+def closed_port() -> str:
+    """A loopback address nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
 
 @pytest.fixture(scope="session")
 def dcgm_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -164,7 +257,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def collector(dcgm: FakeDcgm, clock: Clock) -> Iterator[DcgmCollector]:
-    c = DcgmCollector(str(dcgm.library), update_freq_s=0.5, clock=clock)
+    c = DcgmCollector(str(dcgm.library), host_engine="embedded", update_freq_s=0.5, clock=clock)
     c.start()
     yield c
     c.close()
@@ -224,8 +317,8 @@ def test_engine_loss_degrades_then_recovers(
     state, reason = collector.health()
     assert state is PartState.DEGRADED
     assert reason == (
-        "DCGM host engine lost: dcgmUpdateAllFields failed: The connection to the host engine "
-        "is not valid any longer (-21); re-start in 1 s"
+        "DCGM embedded host engine lost: dcgmUpdateAllFields failed: The connection to the host "
+        "engine is not valid any longer (-21); re-start in 1 s"
     )
     assert dcgm.engines() == 0  # the lost engine was stopped
     clock.now += 1.0
@@ -310,7 +403,7 @@ def test_pause_survives_engine_restart(
 
 def test_gpus_without_profiling_read_device_fields(dcgm: FakeDcgm, clock: Clock) -> None:
     dcgm.set({"profiling": "0"})
-    c = DcgmCollector(str(dcgm.library), clock=clock)
+    c = DcgmCollector(str(dcgm.library), host_engine="embedded", clock=clock)
     c.start()
     try:
         got = by_key(list(c.collect()))
@@ -338,14 +431,14 @@ def test_unavailable_without_library_or_engine_or_gpu(dcgm: FakeDcgm) -> None:
         DcgmCollector("/nonexistent/libdcgm.so.4").start()
     dcgm.set({"engine": "down"})
     with pytest.raises(CollectorUnavailable) as e:
-        DcgmCollector(str(dcgm.library)).start()
+        DcgmCollector(str(dcgm.library), host_engine="embedded").start()
     assert str(e.value).startswith(
         "DCGM host engine did not start (dcgmStartEmbedded failed: DCGM initialization error "
         "(-7)) — check that `nvidia-smi` works"
     )
     dcgm.set({"engine": "up", "gpus": ""})
     with pytest.raises(CollectorUnavailable, match=r"^DCGM lists no supported GPU"):
-        DcgmCollector(str(dcgm.library)).start()
+        DcgmCollector(str(dcgm.library), host_engine="embedded").start()
     assert dcgm.engines() == 0
     assert dcgm.calls("dcgmShutdown") == dcgm.calls("dcgmInit") == 2
     c = DcgmCollector(find=lambda: None)
@@ -383,3 +476,114 @@ def test_profiling_controls_act_on_nvml_and_dcgm(
         assert pause(3) is True
     finally:
         gpu.close()
+
+
+# ---- a running nv-hostengine (standalone mode) ----
+
+
+def test_a_configured_nv_hostengine_is_used_and_left_running(
+    dcgm: FakeDcgm, engine: EngineStandIn, clock: Clock
+) -> None:
+    c = DcgmCollector(str(dcgm.library), host_engine=engine.host_port, clock=clock)
+    c.start()
+    try:
+        assert by_key(list(c.collect())) == pytest.approx(EXPECTED, rel=1e-12)
+        assert (engine.wait_accepted(1), dcgm.connections(), dcgm.engines()) == (1, 1, 0)
+        assert dcgm.calls("dcgmStartEmbedded") == 0
+        assert dcgm.connect_timeout_ms() == 2000
+        assert c.health() == (
+            PartState.OK,
+            f"2 GPU(s) via DCGM nv-hostengine at {engine.host_port} ({dcgm.library}); "
+            "profiling: active",
+        )
+        assert c.pause_profiling(30) is True  # on the shared engine, for every client of it
+        assert dcgm.paused() and dcgm.calls("dcgmProfPause") == 1
+    finally:
+        c.close()
+    # Disconnected, not stopped: the engine goes on for its other users.
+    assert (dcgm.calls("dcgmDisconnect"), dcgm.calls("dcgmStopEmbedded")) == (1, 0)
+    assert dcgm.connections() == 0
+
+
+def test_auto_uses_a_running_nv_hostengine_else_embeds_one(
+    dcgm: FakeDcgm, engine: EngineStandIn, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    c = DcgmCollector(str(dcgm.library), auto_address=engine.host_port, clock=clock)
+    c.start()
+    try:
+        assert c.collect()
+        assert (dcgm.connections(), dcgm.engines()) == (1, 0)
+    finally:
+        c.close()
+    address = closed_port()
+    caplog.set_level(logging.INFO, logger="bpfdyno.sources.gpu.dcgm")
+    c = DcgmCollector(str(dcgm.library), auto_address=address, clock=clock)
+    c.start()
+    try:
+        assert by_key(list(c.collect())) == pytest.approx(EXPECTED, rel=1e-12)
+        assert (dcgm.connections(), dcgm.engines()) == (0, 1)
+        assert c.health()[1].startswith("2 GPU(s) via DCGM embedded host engine (")
+        said = [r.getMessage() for r in caplog.records if "no nv-hostengine" in r.getMessage()]
+        assert said == [
+            f"dcgm: no nv-hostengine at {address} (dcgmConnect_v2 failed: The connection to "
+            "the host engine is not valid any longer (-21)); starting an embedded host engine"
+        ]
+    finally:
+        c.close()
+    assert dcgm.engines() == 0
+
+
+def test_a_configured_nv_hostengine_that_does_not_answer_makes_it_unavailable(
+    dcgm: FakeDcgm,
+) -> None:
+    address = closed_port()
+    with pytest.raises(CollectorUnavailable) as e:
+        DcgmCollector(str(dcgm.library), host_engine=address).start()
+    assert str(e.value) == (
+        f"cannot reach the DCGM nv-hostengine at {address} (dcgmConnect_v2 failed: The "
+        "connection to the host engine is not valid any longer (-21)) — start it (`systemctl "
+        'start nvidia-dcgm`), fix [gpu] dcgm_host_engine, or set it to "embedded"'
+    )
+    assert dcgm.calls("dcgmStartEmbedded") == 0  # never a second engine beside the node's
+    assert dcgm.calls("dcgmShutdown") == dcgm.calls("dcgmInit") == 1
+
+
+def test_a_lost_nv_hostengine_is_reconnected_not_replaced(
+    dcgm: FakeDcgm, tmp_path: Path, clock: Clock
+) -> None:
+    path = str(tmp_path / "nv-hostengine")
+    engine = EngineStandIn(path).start()
+    c = DcgmCollector(str(dcgm.library), host_engine=f"unix:{path}", clock=clock)
+    c.start()
+    try:
+        assert c.collect()
+        engine.stop()  # the engine exits: its end of the connection closes
+        assert c.collect() == []
+        assert c.health() == (
+            PartState.DEGRADED,
+            f"DCGM nv-hostengine at unix:{path} lost: dcgmUpdateAllFields failed: The "
+            "connection to the host engine is not valid any longer (-21); re-connect in 1 s",
+        )
+        assert dcgm.connections() == 0
+        clock.now += 1.0
+        assert c.collect() == []  # nothing listens yet: back-off doubles
+        assert c.health()[1].endswith("(-21); re-connect in 2 s")
+        engine = EngineStandIn(path).start()  # restarted
+        clock.now += 2.0
+        assert by_key(list(c.collect())) == pytest.approx(EXPECTED, rel=1e-12)
+        assert c.health()[0] is PartState.OK
+        assert (engine.wait_accepted(1), dcgm.connections()) == (1, 1)
+        assert dcgm.calls("dcgmStartEmbedded") == 0
+    finally:
+        c.close()
+        engine.stop()
+
+
+def test_host_engine_settings() -> None:
+    assert [str(e) for e in host_engines("auto")] == [
+        "nv-hostengine at 127.0.0.1:5555",
+        "embedded host engine",
+    ]
+    assert [str(e) for e in host_engines("embedded")] == ["embedded host engine"]
+    assert host_engines("unix:/run/nv-hostengine") == (HostEngine("/run/nv-hostengine", True),)
+    assert host_engines("10.0.0.7:5555") == (HostEngine("10.0.0.7:5555"),)

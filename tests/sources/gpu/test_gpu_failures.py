@@ -215,7 +215,7 @@ def test_old_driver_without_newer_functions(fake_libs: FakeLibs, fake: FakeNvml)
     out = run_child(OLD_DRIVER_SCRIPT, fake_libs.old, fake.path)
     last = out["last"]
     assert isinstance(last, dict)
-    h100 = f"{{'gpu': '0', 'uuid': '{H100_UUID}'}}"
+    h100 = str({"gpu": "0", "uuid": H100_UUID, "namespace": "", "pod": "", "container": ""})
     # Missing functions: their fields are not available...
     assert math.isnan(last[f"gpu_pcie_tx_bytes_per_second{h100}"])
     assert math.isnan(last[f"gpu_memory_reserved_bytes{h100}"])

@@ -17,6 +17,7 @@ from bpfdyno.core.errors import InvalidArgument, Unavailable
 from bpfdyno.core.events import FlightRecorder
 from bpfdyno.rpc.processes import sort_rows
 from bpfdyno.services.kernel import KernelService
+from bpfdyno.sources.kubelet.podresources import PodRef
 from bpfdyno.sources.procs.table import ProcessTable
 
 CLK = os.sysconf("SC_CLK_TCK")
@@ -117,6 +118,31 @@ def test_stat_parser_agrees_with_the_kernel_for_this_process() -> None:
     assert st.num_threads == len(os.listdir(f"/proc/{os.getpid()}/task"))
     times = os.times()
     assert abs(st.cpu_ticks / CLK - (times.user + times.system)) < 0.05
+
+
+def test_a_gpu_process_names_its_pod_for_its_whole_container(tmp_path: Path) -> None:
+    """The GPU collector knows the pod of the processes on a pod's GPU (from the kubelet);
+    the other processes of that container (same container id) are the same pod's."""
+    fp = FakeProc(tmp_path)
+    kubepods = f"0::/kubepods/besteffort/pod{POD}"
+    fp.add(10, comm="python", ticks=50, cgroup=f"{kubepods}/{CRI_ID}\n")  # on the GPU
+    fp.add(11, comm="pt_data_worker", ticks=40, cgroup=f"{kubepods}/{CRI_ID}\n")  # no GPU
+    fp.add(12, comm="sidecar", ticks=30, cgroup=f"{kubepods}/{DOCKER_ID}\n")  # another container
+    fp.add(13, comm="sshd", ticks=20)  # not in a container
+    trainer = PodRef("ml", "train-0", "trainer")
+    pods: dict[int, PodRef] = {10: trainer}
+    table = ProcessTable(tmp_path, pods=lambda: pods, clock=fp.clock)
+    rows = {r.pid: r for r in table.refresh().rows}
+    assert {pid: (r.k8s_namespace, r.k8s_pod, r.k8s_container) for pid, r in rows.items()} == {
+        10: ("ml", "train-0", "trainer"),
+        11: ("ml", "train-0", "trainer"),
+        12: ("", "", ""),
+        13: ("", "", ""),
+    }
+    assert rows[11].k8s_pod_uid == POD
+    pods.clear()  # the GPU process is gone from the GPU: nothing says which pod it is
+    fp.now += 1.0
+    assert {r.k8s_pod for r in table.refresh().rows} == {""}
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,7 @@ from bpfdyno.sources.gpu.probe import (
     join_processes,
     read_trace_counters,
 )
+from bpfdyno.sources.kubelet.podresources import DeviceOwners, PodRef
 
 log = logging.getLogger("bpfdyno.sources.gpu.collector")
 
@@ -92,6 +93,8 @@ class GpuCollector(Collector):
         events_enabled: watch XID and other critical events.
         event_sink: receives critical events as `KernelEvent`s (from the event thread).
         traced_pids: returns the pids being traced right now (GPM pauses on their GPUs).
+        device_owners: returns who holds each device on Kubernetes (the kubelet collector's
+            latest lookup): the GPUs' series carry the holder's namespace, pod, container.
         retry_min_s: first delay before re-initialising NVML after a loss; doubles per
             failed attempt up to ``retry_max_s``.
         retry_max_s: longest delay between re-init attempts.
@@ -109,6 +112,7 @@ class GpuCollector(Collector):
         events_enabled: bool = True,
         event_sink: EventSink | None = None,
         traced_pids: Callable[[], Collection[int]] | None = None,
+        device_owners: Callable[[], DeviceOwners] | None = None,
         retry_min_s: float = 1.0,
         retry_max_s: float = 60.0,
         event_wait_ms: int = 200,
@@ -119,6 +123,8 @@ class GpuCollector(Collector):
         self._events_enabled = events_enabled
         self._event_sink = event_sink
         self._traced_pids = traced_pids
+        self._device_owners = device_owners
+        self._pods: dict[int, PodRef] = {}
         self._retry_min_s = retry_min_s
         self._retry_max_s = retry_max_s
         self._event_wait_ms = event_wait_ms
@@ -144,6 +150,7 @@ class GpuCollector(Collector):
         *,
         event_sink: EventSink | None = None,
         traced_pids: Callable[[], Collection[int]] | None = None,
+        device_owners: Callable[[], DeviceOwners] | None = None,
     ) -> GpuCollector:
         """Build the collector from the ``[gpu]`` config section and the daemon's hooks."""
         return cls(
@@ -152,6 +159,7 @@ class GpuCollector(Collector):
             events_enabled=section.events_enabled,
             event_sink=event_sink,
             traced_pids=traced_pids,
+            device_owners=device_owners,
         )
 
     # ---- lifecycle ----
@@ -321,6 +329,9 @@ class GpuCollector(Collector):
         )
         per_device: dict[int, list[Sample]] = {}
         procs: ProcessRows = {}
+        owners = self._device_owners() if self._device_owners is not None else DeviceOwners()
+        for dev in self._devices:
+            dev.attribute(owners.labels(dev.ref.uuid))
         for pos, dev in enumerate(self._devices):
             if dev.lost:
                 continue
@@ -349,6 +360,12 @@ class GpuCollector(Collector):
             else:
                 out.append(sample(m.GPU_UP, 0, dev.labels))
         self._procs = join_processes(procs)
+        by_index = {d.ref.index: d.ref.uuid for d in self._devices}
+        self._pods = {
+            pid: pod
+            for pid, p in self._procs.items()
+            if (pod := owners.owner(by_index.get(p.gpu, ""))) is not None
+        }
         return out
 
     def _device_lost(self, dev: DeviceState, why: str) -> None:
@@ -437,6 +454,11 @@ class GpuCollector(Collector):
     def per_process(self) -> dict[int, ProcGpu]:
         """pid -> its GPU use, from the last round (a snapshot; safe from any thread)."""
         return self._procs
+
+    def pods_by_pid(self) -> dict[int, PodRef]:
+        """The pod and container of each process on a GPU one container holds (Kubernetes),
+        as of the last round; for the process table."""
+        return self._pods
 
     def gpu_memory_by_pid(self) -> dict[int, int] | None:
         """pid -> GPU memory in bytes, the shape the process table's provider takes.

@@ -6,13 +6,18 @@ fields from NVML GPM in the ``gpu`` collector on Hopper-class GPUs; this collect
 DCGM's values where libdcgm is installed (any DCGM-supported datacenter GPU):
 
 * no libdcgm -> unavailable, with the package to install;
-* libdcgm -> an embedded host engine (dcgmStartEmbedded, auto mode) in the daemon watches
-  dynolog's field set on every supported GPU; each round forces an update and reads the
-  latest values per GPU. The series are ``gpu_dcgm_*`` (labels ``gpu``: the DCGM GPU id,
-  which is the NVML index), separate from the ``gpu`` collector's names so both sources can
-  run side by side without colliding;
+* libdcgm -> a host engine watches dynolog's field set on every supported GPU; each round
+  forces an update and reads the latest values per GPU. The engine is a running
+  ``nv-hostengine`` (standalone mode: DCGM's own service, shared with dcgm-exporter and
+  ``dcgmi``) when ``[gpu] dcgm_host_engine`` names one or, at ``auto``, when one answers on
+  its default address; otherwise an engine embedded in the daemon (dcgmStartEmbedded, auto
+  mode). Two engines on one GPU would fight over its profiling counters, so a node that runs
+  nv-hostengine must be read through it. The series are ``gpu_dcgm_*`` (labels ``gpu``:
+  the DCGM GPU id, which is the NVML index), separate from the ``gpu`` collector's names so
+  both sources can run side by side without colliding;
 * GPUs without DCGM's profiling module: only SM clock and power, the reason in the status;
-* a lost host engine -> degraded, re-started with exponential back-off;
+* a lost host engine -> degraded, re-started (embedded) or re-connected (standalone, never
+  replaced by an embedded one) with exponential back-off;
 * ``dcgm-pause`` / ``dcgm-resume`` -> dcgmProfPause / dcgmProfResume, with an expiry.
 """
 
@@ -25,6 +30,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from bpfdyno.core.metrics import Sample, sample
@@ -56,6 +62,44 @@ _RPC_LOCK_WAIT_S = 0.05
 
 NOT_FOUND = "libdcgm not found — install datacenter-gpu-manager to use DCGM fields"
 
+#: Where nv-hostengine listens unless told otherwise (its --port 5555, on loopback).
+DEFAULT_HOST_ENGINE = "127.0.0.1:5555"
+#: How long dcgmConnect_v2 may wait for an nv-hostengine to answer.
+CONNECT_TIMEOUT_MS = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class HostEngine:
+    """A DCGM host engine: a running nv-hostengine at ``address``, or ("") one embedded here."""
+
+    address: str = ""
+    unix_socket: bool = False
+
+    @property
+    def embedded(self) -> bool:
+        return not self.address
+
+    def __str__(self) -> str:
+        if self.embedded:
+            return "embedded host engine"
+        return f"nv-hostengine at {'unix:' if self.unix_socket else ''}{self.address}"
+
+
+def host_engines(setting: str, auto_address: str = DEFAULT_HOST_ENGINE) -> tuple[HostEngine, ...]:
+    """The engines to try, in order, for a ``[gpu] dcgm_host_engine`` setting.
+
+    ``auto``: nv-hostengine at ``auto_address``, else an embedded one; ``embedded``: only an
+    embedded one; ``unix:PATH``: only nv-hostengine on that domain socket; anything else
+    (``host`` or ``host:port``): only nv-hostengine there.
+    """
+    if setting == "auto":
+        return (HostEngine(auto_address), HostEngine())
+    if setting == "embedded":
+        return (HostEngine(),)
+    if setting.startswith("unix:"):
+        return (HostEngine(setting.removeprefix("unix:"), unix_socket=True),)
+    return (HostEngine(setting),)
+
 
 #: Field ids in a fixed order: the profiling set, then the device fields.
 ALL_FIELDS: tuple[int, ...] = tuple(sorted(DCGM_FIELDS, key=lambda f: (f < FIRST_PROF_FIELD, f)))
@@ -83,10 +127,12 @@ def find_libdcgm(
 
 
 class DcgmCollector(Collector):
-    """dynolog's DCGM field set from an embedded DCGM host engine.
+    """dynolog's DCGM field set from a DCGM host engine (nv-hostengine or embedded).
 
     Args:
         library_path: libdcgm to use; None finds it with ``find``.
+        host_engine: the ``[gpu] dcgm_host_engine`` setting (see `host_engines`).
+        auto_address: where ``auto`` looks for a running nv-hostengine.
         find: locates libdcgm when no path is given (`find_libdcgm`).
         update_freq_s: how often the host engine samples the fields.
         retry_min_s: first delay before re-starting a lost host engine; doubles per failed
@@ -101,6 +147,8 @@ class DcgmCollector(Collector):
         self,
         library_path: str | None = None,
         *,
+        host_engine: str = "auto",
+        auto_address: str = DEFAULT_HOST_ENGINE,
         find: Callable[[], str | None] = find_libdcgm,
         update_freq_s: float = 1.0,
         retry_min_s: float = 1.0,
@@ -108,6 +156,8 @@ class DcgmCollector(Collector):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._library_path = library_path
+        self._candidates = host_engines(host_engine, auto_address)
+        self._engine = self._candidates[0]  # the one in use, chosen by start()
         self._find = find
         self._update_freq_us = max(1, int(update_freq_s * 1e6))
         self._retry_min_s = retry_min_s
@@ -129,10 +179,11 @@ class DcgmCollector(Collector):
     # ---- lifecycle ----
 
     def start(self) -> None:
-        """Load libdcgm, start the embedded host engine and watch the fields.
+        """Load libdcgm, reach the first host engine that answers and watch the fields.
 
         Raises:
-            CollectorUnavailable: no libdcgm, or the host engine does not start / sees no GPU.
+            CollectorUnavailable: no libdcgm, no host engine starts or answers, or it sees no
+                GPU.
         """
         path = self._library_path or self._find()
         if path is None:
@@ -143,11 +194,17 @@ class DcgmCollector(Collector):
             raise CollectorUnavailable(f"{e} — {NOT_FOUND}") from e
         with self._lock:
             self._lib = lib
-            try:
-                self._connect()
-            except DcgmError as e:
-                self._lib = None
-                raise CollectorUnavailable(_engine_hint(str(e))) from e
+            for engine in self._candidates:
+                self._engine = engine
+                try:
+                    self._connect()
+                    break
+                except DcgmError as e:
+                    if engine is not self._candidates[-1]:
+                        log.info("dcgm: no %s (%s); starting an embedded host engine", engine, e)
+                        continue
+                    self._lib = None
+                    raise CollectorUnavailable(_engine_hint(engine, str(e))) from e
             if self._watch is None:
                 self._disconnect()
                 self._lib = None
@@ -157,23 +214,29 @@ class DcgmCollector(Collector):
         log.info("dcgm: %s", self.health()[1])
 
     def close(self) -> None:
-        """Stop the embedded host engine and shut DCGM down. Idempotent."""
+        """Stop the embedded host engine (or disconnect from nv-hostengine) and shut DCGM
+        down. Idempotent."""
         with self._lock:
             if self._lib is not None:
                 self._disconnect()
                 self._lib = None
 
     def _connect(self) -> None:
-        """dcgmInit, start the engine, watch the fields (self._watch None: no GPU).
+        """dcgmInit, start or reach the engine, watch the fields (self._watch None: no GPU).
 
         Raises:
             DcgmError: a call failed; DCGM is shut down again.
         """
-        lib = self._lib
+        lib, engine = self._lib, self._engine
         assert lib is not None
         lib.init()
         try:
-            handle = lib.start_embedded()
+            if engine.embedded:
+                handle = lib.start_embedded()
+            else:
+                handle = lib.connect(
+                    engine.address, unix_socket=engine.unix_socket, timeout_ms=CONNECT_TIMEOUT_MS
+                )
         except DcgmError:
             _quietly(lib.shutdown)
             raise
@@ -181,8 +244,7 @@ class DcgmCollector(Collector):
             gpus = lib.supported_gpus(handle)
             if not gpus:
                 self._watch = None
-                _quietly(lambda: lib.stop_embedded(handle))
-                _quietly(lib.shutdown)
+                self._release(lib, handle)
                 return
             keep_age_s = 2 * self._update_freq_us / 1e6 + 1
             try:
@@ -200,10 +262,17 @@ class DcgmCollector(Collector):
                 lib.prof_pause(handle)  # a dcgm-pause outlives an engine restart
                 self._lib_paused = True
         except DcgmError:
-            _quietly(lambda: lib.stop_embedded(handle))
-            _quietly(lib.shutdown)
+            self._release(lib, handle)
             self._watch = None
             raise
+
+    def _release(self, lib: DcgmLib, handle: int) -> None:
+        """Stop our embedded engine, or leave nv-hostengine (it drops our watches); shut down."""
+        if self._engine.embedded:
+            _quietly(lambda: lib.stop_embedded(handle))
+        else:
+            _quietly(lambda: lib.disconnect(handle))
+        _quietly(lib.shutdown)
 
     def _disconnect(self) -> None:
         lib, watch = self._lib, self._watch
@@ -212,13 +281,12 @@ class DcgmCollector(Collector):
         if lib is None:
             return
         if watch is not None:
-            _quietly(lambda: lib.stop_embedded(watch.handle))
-            _quietly(lib.shutdown)
+            self._release(lib, watch.handle)
 
     # ---- recovery ----
 
     def _lost(self, why: str) -> None:
-        log.warning("dcgm: host engine lost (%s); it will be re-started", why)
+        log.warning("dcgm: %s lost (%s); trying again with back-off", self._engine, why)
         self._disconnect()
         self._down = why
         self._retry_at = self._clock() + self._retry_delay
@@ -231,7 +299,7 @@ class DcgmCollector(Collector):
             self._down = str(e)
         else:
             if self._watch is not None:
-                log.info("dcgm: host engine re-started")
+                log.info("dcgm: %s is back", self._engine)
                 self._down = ""
                 self._retry_at = None
                 self._retry_delay = self._retry_min_s
@@ -341,12 +409,13 @@ class DcgmCollector(Collector):
         if self._lib is None:
             return PartState.STOPPED, "not started"
         if self._down:
+            again = "re-start" if self._engine.embedded else "re-connect"
             retry = (
                 ""
                 if self._retry_at is None
-                else f"; re-start in {max(0.0, self._retry_at - self._clock()):.0f} s"
+                else f"; {again} in {max(0.0, self._retry_at - self._clock()):.0f} s"
             )
-            return PartState.DEGRADED, f"DCGM host engine lost: {self._down}{retry}"
+            return PartState.DEGRADED, f"DCGM {self._engine} lost: {self._down}{retry}"
         watch = self._watch
         gpus = len(watch.gpu_ids) if watch else 0
         manual = self._pause.current()
@@ -357,7 +426,7 @@ class DcgmCollector(Collector):
         else:
             prof = "active"
         return PartState.OK, (
-            f"{gpus} GPU(s) via DCGM embedded host engine ({self._lib.path}); profiling: {prof}"
+            f"{gpus} GPU(s) via DCGM {self._engine} ({self._lib.path}); profiling: {prof}"
         )
 
 
@@ -369,10 +438,16 @@ def _quietly(call: Callable[[], None]) -> None:
         log.debug("dcgm: %s", e)
 
 
-def _engine_hint(error: str) -> str:
+def _engine_hint(engine: HostEngine, error: str) -> str:
+    if engine.embedded:
+        return (
+            f"DCGM host engine did not start ({error}) — check that `nvidia-smi` works and "
+            "that the DCGM version matches the driver; disable with [collectors.dcgm] "
+            "enabled = false"
+        )
     return (
-        f"DCGM host engine did not start ({error}) — check that `nvidia-smi` works and that "
-        "the DCGM version matches the driver; disable with [collectors.dcgm] enabled = false"
+        f"cannot reach the DCGM {engine} ({error}) — start it (`systemctl start "
+        'nvidia-dcgm`), fix [gpu] dcgm_host_engine, or set it to "embedded"'
     )
 
 
@@ -380,4 +455,12 @@ def _iso(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-__all__ = ["DCGM_FIELDS", "DCGM_SONAMES", "DcgmCollector", "find_libdcgm"]
+__all__ = [
+    "DCGM_FIELDS",
+    "DCGM_SONAMES",
+    "DEFAULT_HOST_ENGINE",
+    "DcgmCollector",
+    "HostEngine",
+    "find_libdcgm",
+    "host_engines",
+]

@@ -1,7 +1,8 @@
-"""A minimal ctypes binding of the DCGM C API (``dcgm_agent.h``), embedded host engine only.
+"""A minimal ctypes binding of the DCGM C API (``dcgm_agent.h``).
 
-Only what the ``dcgm`` collector needs: start an embedded host engine, watch a field group
-on a group of GPUs, read the latest values per GPU, pause/resume profiling. The structure
+Only what the ``dcgm`` collector needs: start an embedded host engine or connect to a running
+``nv-hostengine`` (standalone mode), watch a field group on a group of GPUs, read the latest
+values per GPU, pause/resume profiling. The structure
 layouts and constants mirror ``dcgm_structs.h`` / ``dcgm_fields.h`` (DCGM 3 and 4 share them).
 Every call returning an error raises `DcgmError` with DCGM's own error text.
 """
@@ -46,6 +47,22 @@ class _Value(ctypes.Union):
     )
 
 
+class ConnectParamsV2(ctypes.Structure):
+    """``dcgmConnectV2Params_v2``: how `DcgmLib.connect` reaches an nv-hostengine."""
+
+    _fields_ = (
+        ("version", ctypes.c_uint),
+        # 0: the engine drops this connection's watches and groups when it goes away.
+        ("persistAfterDisconnect", ctypes.c_uint),
+        ("timeoutMs", ctypes.c_uint),
+        ("addressIsUnixSocket", ctypes.c_uint),
+    )
+
+
+#: MAKE_DCGM_VERSION(dcgmConnectV2Params_v2, 2).
+CONNECT_PARAMS_VERSION2 = ctypes.sizeof(ConnectParamsV2) | (2 << 24)
+
+
 class FieldValueV1(ctypes.Structure):
     """``dcgmFieldValue_v1``: 4120 bytes, the value union at offset 24."""
 
@@ -68,6 +85,8 @@ FUNCTIONS = (
     "dcgmShutdown",
     "dcgmStartEmbedded",
     "dcgmStopEmbedded",
+    "dcgmConnect_v2",
+    "dcgmDisconnect",
     "dcgmGetAllSupportedDevices",
     "dcgmGroupCreate",
     "dcgmGroupAddDevice",
@@ -176,6 +195,24 @@ class DcgmLib:
     def stop_embedded(self, handle: int) -> None:
         """dcgmStopEmbedded."""
         self._call("dcgmStopEmbedded", Handle(handle))
+
+    def connect(self, address: str, *, unix_socket: bool, timeout_ms: int) -> int:
+        """dcgmConnect_v2 to a running nv-hostengine; returns the connection's handle.
+
+        Args:
+            address: "host", "host:port" (nv-hostengine's default port is 5555) or, with
+                ``unix_socket``, the path of its domain socket.
+            unix_socket: ``address`` is a Unix domain socket path.
+            timeout_ms: how long to wait for the engine to answer.
+        """
+        params = ConnectParamsV2(CONNECT_PARAMS_VERSION2, 0, timeout_ms, int(unix_socket))
+        handle = Handle()
+        self._call("dcgmConnect_v2", address.encode(), ctypes.byref(params), ctypes.byref(handle))
+        return int(handle.value)
+
+    def disconnect(self, handle: int) -> None:
+        """dcgmDisconnect: the engine drops this connection's watches, the engine goes on."""
+        self._call("dcgmDisconnect", Handle(handle))
 
     def supported_gpus(self, handle: int) -> tuple[int, ...]:
         """dcgmGetAllSupportedDevices: the ids of the GPUs DCGM supports."""

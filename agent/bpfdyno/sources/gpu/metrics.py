@@ -1,7 +1,9 @@
 """The GPU collector's metrics, declared once, and the tables that feed them.
 
 Per-GPU series carry ``gpu`` (the NVML index) and ``uuid`` (stable across reboots and index
-changes); per-process series carry ``gpu`` and ``pid``. Label values are bounded: GPUs,
+changes), and on Kubernetes the ``namespace``, ``pod`` and ``container`` the kubelet gave the
+GPU to (empty when none, or several, hold it: see `bpfdyno.sources.kubelet`); per-process
+series carry ``gpu`` and ``pid``. Label values are bounded: GPUs,
 ECC error types, throttle reasons, and the processes NVML lists on a GPU.
 """
 
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 from bpfdyno.core.metrics import MetricKind, MetricSpec, MetricTable
 
 TABLE = MetricTable("gpu")
-_G = ("gpu", "uuid")
+_G = ("gpu", "uuid", "namespace", "pod", "container")
 _P = ("gpu", "pid")
 
 
@@ -43,7 +45,7 @@ GPU_INFO = _declare(
     "info",
     "Always 1; the labels carry the GPU model and PCI bus id (nvmlDeviceGetName, "
     "nvmlDeviceGetPciInfo_v3).",
-    ("gpu", "uuid", "name", "pci_bus_id"),
+    (*_G, "name", "pci_bus_id"),
 )
 GPU_UP = _declare(
     "gpu_up",
@@ -141,7 +143,7 @@ ECC_ERRORS = _declare(
     "errors",
     "ECC errors since the driver loaded (nvmlDeviceGetTotalEccErrors, volatile); type is "
     "corrected or uncorrected.",
-    ("gpu", "uuid", "type"),
+    (*_G, "type"),
 )
 THROTTLE_REASONS = _declare(
     "gpu_throttle_reasons",
@@ -157,7 +159,7 @@ THROTTLE_REASON_ACTIVE = _declare(
     "1 while this reason holds the clocks down: gpu_idle, applications_clocks_setting, "
     "sw_power_cap, hw_slowdown, sync_boost, sw_thermal_slowdown, hw_thermal_slowdown, "
     "hw_power_brake_slowdown, display_clock_setting.",
-    ("gpu", "uuid", "reason"),
+    (*_G, "reason"),
 )
 MIG_MODE = _declare(
     "gpu_mig_mode_enabled", GAUGE, "boolean", "1 when MIG mode is on (nvmlDeviceGetMigMode)."

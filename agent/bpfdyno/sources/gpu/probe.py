@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
@@ -20,6 +20,7 @@ from bpfdyno.core.metrics import MetricSpec, Sample, sample
 from bpfdyno.sources.gpu import metrics as m
 from bpfdyno.sources.gpu.gpm import GpmSampler
 from bpfdyno.sources.gpu.nvml import DeviceRef, Nvml
+from bpfdyno.sources.kubelet.podresources import NO_POD
 
 T = TypeVar("T")
 NAN = math.nan
@@ -61,7 +62,11 @@ class DeviceState:
     gpm_last_mono: float = 0.0
 
     def __post_init__(self) -> None:
-        self.labels = {"gpu": str(self.ref.index), "uuid": self.ref.uuid}
+        self.attribute(NO_POD)
+
+    def attribute(self, pod: Mapping[str, str]) -> None:
+        """Label the GPU's series with the pod holding it (`bpfdyno.sources.kubelet`)."""
+        self.labels = {"gpu": str(self.ref.index), "uuid": self.ref.uuid, **pod}
 
 
 def _scaled(value: float | None, factor: float = 1, divisor: float = 1) -> float:

@@ -36,6 +36,7 @@ from typing import Protocol, TypeVar
 
 from bpfdyno.core import pidfs as procinfo
 from bpfdyno.rpc.processes import ProcessRow, activity
+from bpfdyno.sources.kubelet.podresources import PodRef
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ class _Update:
     states: dict[int, _PidState]
     details: dict[int, _Details]
     gpu: Mapping[int, int] | None
+    pods: Mapping[int, PodRef] | None
     pinned: set[int]
     unavailable: dict[str, str]
 
@@ -157,6 +159,9 @@ class ProcessTable:
         sched: per-pid scheduler counters (``SchedCollector.per_process``).
         net: per-pid network counters (``NetCollector.per_process``).
         gpu_memory: per-pid GPU memory used in bytes (from the GPU collector).
+        pods: on Kubernetes, the pod and container of each process on a GPU one container
+            holds (``GpuCollector.pods_by_pid``); the other processes of that container (same
+            container id) get them too.
         pinned: pids always shown, e.g. registered trainers.
         clock: monotonic seconds (injectable for tests).
     """
@@ -168,6 +173,7 @@ class ProcessTable:
         sched: Provider[SchedCounters] | None = None,
         net: Provider[NetCounters] | None = None,
         gpu_memory: Provider[int] | None = None,
+        pods: Provider[PodRef] | None = None,
         pinned: Callable[[], Collection[int]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -178,6 +184,7 @@ class ProcessTable:
         self._sched = sched
         self._net = net
         self._gpu = gpu_memory
+        self._pods = pods
         self._pinned = pinned
         self._clock = clock
         self._clk_tck = os.sysconf("SC_CLK_TCK")
@@ -229,6 +236,7 @@ class ProcessTable:
         sched = self._call("sched", self._sched, unavailable)
         net = self._call("net", self._net, unavailable)
         gpu = self._call("gpu", self._gpu, unavailable)
+        pods = self._call("pods", self._pods, unavailable)
         pinned = self._call_pinned(unavailable)
         last = self._last.states if self._last is not None else {}
         known = self._last.details if self._last is not None else {}
@@ -288,6 +296,7 @@ class ProcessTable:
             states,
             details,
             gpu,
+            pods,
             pinned,
             unavailable,
         )
@@ -307,12 +316,12 @@ class ProcessTable:
             return ProcessSnapshot(0.0, (), 0)
         measured = {pid: self._measure(pid, state, prev, cur) for pid, state in cur.states.items()}
         chosen = self._choose(measured, cur.pinned)
+        by_container = _pods_by_container(cur)
         rows = []
         for pid in chosen:
-            state = cur.states[pid]
-            rows.append(
-                self._row(pid, state, cur.details[pid], measured[pid], cur, pid in cur.pinned)
-            )
+            state, d = cur.states[pid], cur.details[pid]
+            pod = (cur.pods or {}).get(pid) or by_container.get(d.container_id)
+            rows.append(self._row(pid, state, d, measured[pid], cur, pid in cur.pinned, pod))
         return ProcessSnapshot(cur.ts, tuple(rows), len(cur.states), cur.unavailable)
 
     def _measure(
@@ -356,6 +365,7 @@ class ProcessTable:
         m: _Measured,
         cur: _Update,
         pinned: bool,
+        pod: PodRef | None,
     ) -> ProcessRow:
         st, s, n = state.stat, state.sched, state.net
         return ProcessRow(
@@ -392,6 +402,9 @@ class ProcessTable:
             cgroup=d.cgroup,
             container_id=d.container_id,
             k8s_pod_uid=d.k8s_pod_uid,
+            k8s_namespace=pod.namespace if pod else "",
+            k8s_pod=pod.pod if pod else "",
+            k8s_container=pod.container if pod else "",
             slurm_job_id=d.slurm_job_id,
             gpu_memory_bytes=None if cur.gpu is None else int(cur.gpu.get(pid, 0)),
             pinned=pinned,
@@ -487,3 +500,13 @@ class ProcessTable:
         except Exception as e:
             unavailable["pinned"] = f"{type(e).__name__}: {e}"
             return set()
+
+
+def _pods_by_container(update: _Update) -> dict[str, PodRef]:
+    """Container id -> its pod, from the processes whose GPU says which pod they are in."""
+    out: dict[str, PodRef] = {}
+    for pid, pod in (update.pods or {}).items():
+        d = update.details.get(pid)
+        if d is not None and d.container_id:
+            out[d.container_id] = pod
+    return out

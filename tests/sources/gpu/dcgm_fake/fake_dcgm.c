@@ -2,9 +2,16 @@
  * A fake libdcgm for tests: the DCGM C ABI (dcgm_agent.h / dcgm_structs.h) for exactly the entry
  * points the dcgm collector uses, with values chosen by the test.
  *
+ * Two kinds of host engine, as in DCGM: one embedded in the caller (dcgmStartEmbedded), or a
+ * running nv-hostengine reached with dcgmConnect_v2. The latter really connects (TCP
+ * "host[:port]", port 5555 by default, or a Unix socket path) to whatever the test listens
+ * with, and the connection is lost when that end closes it: calls then answer
+ * DCGM_ST_CONNECTION_NOT_VALID, as DCGM's client library does.
+ *
  * Values come from the key=value control file named by FAKE_DCGM_CONTROL, re-read on every
  * call so a test can change them between two collections:
  *   engine=up|down      down: the embedded host engine cannot start, and a running one is lost
+ *                       (an nv-hostengine is up while its connection is open)
  *                       (dcgmUpdateAllFields answers DCGM_ST_CONNECTION_NOT_VALID)
  *   gpus=0,1            the GPU ids dcgmGetAllSupportedDevices lists
  *   profiling=0         the GPUs have no profiling module: watching a field >= 1001 fails
@@ -14,13 +21,20 @@
  *
  * Test introspection, not DCGM: fake_dcgm_call_count(function) says how often a function ran,
  * fake_dcgm_paused() whether profiling is paused, fake_dcgm_watch_freq_us() the last update
- * frequency watched, fake_dcgm_engines() embedded engines started and not stopped.
+ * frequency watched, fake_dcgm_engines() embedded engines started and not stopped,
+ * fake_dcgm_connections() nv-hostengine connections open, fake_dcgm_connect_timeout_ms() the
+ * timeout of the last dcgmConnect_v2.
  */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define DCGM_ST_OK 0
@@ -64,6 +78,15 @@ typedef struct {
 #define MAKE_DCGM_VERSION(typeName, ver) (unsigned int)(sizeof(typeName) | ((unsigned long)(ver) << 24U))
 #define dcgmFieldValue_version1 MAKE_DCGM_VERSION(dcgmFieldValue_v1, 1)
 
+typedef struct {
+    unsigned int version;
+    unsigned int persistAfterDisconnect;
+    unsigned int timeoutMs;
+    unsigned int addressIsUnixSocket;
+} dcgmConnectV2Params_v2;
+
+#define dcgmConnectV2Params_version2 MAKE_DCGM_VERSION(dcgmConnectV2Params_v2, 2)
+
 /* The layout the Python binding mirrors: a mismatch must fail the build, not a test. */
 _Static_assert(sizeof(dcgmFieldValue_v1) == 4120, "dcgmFieldValue_v1 size");
 _Static_assert(offsetof(dcgmFieldValue_v1, ts) == 16, "ts offset");
@@ -73,6 +96,9 @@ _Static_assert(offsetof(dcgmFieldValue_v1, value) == 24, "value offset");
 
 static int initialized;
 static int engines;           /* embedded engines started, not stopped */
+static int conn_fd = -1;      /* the nv-hostengine connection (-1: none) */
+static int connections;       /* nv-hostengine connections open */
+static unsigned int connect_timeout_ms;
 static dcgmHandle_t handle;   /* the current engine's handle (0: none) */
 static int paused;
 static long long watch_freq_us;
@@ -104,6 +130,8 @@ void fake_dcgm_reset(void) { n_counters = 0; }
 int fake_dcgm_paused(void) { return paused; }
 long long fake_dcgm_watch_freq_us(void) { return watch_freq_us; }
 int fake_dcgm_engines(void) { return engines; }
+int fake_dcgm_connections(void) { return connections; }
+unsigned int fake_dcgm_connect_timeout_ms(void) { return connect_timeout_ms; }
 
 /* ---- control file ---- */
 
@@ -127,9 +155,25 @@ static int control(const char *key, char *out, size_t size) {
     return found;
 }
 
+/* The nv-hostengine end of the connection is still open (nothing to read is fine). */
+static int peer_open(int fd) {
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+}
+
 static int engine_up(void) {
     char v[32];
+    if (conn_fd >= 0) return peer_open(conn_fd);
     return !control("engine", v, sizeof v) || strcmp(v, "down") != 0;
+}
+
+static void close_connection(void) {
+    if (conn_fd >= 0) {
+        close(conn_fd);
+        conn_fd = -1;
+        connections--;
+    }
 }
 
 static int valid(dcgmHandle_t h) { return initialized && h != 0 && h == handle; }
@@ -144,6 +188,7 @@ dcgmReturn_t dcgmInit(void) {
 
 dcgmReturn_t dcgmShutdown(void) {
     count_call("dcgmShutdown");
+    close_connection();
     initialized = 0;
     handle = 0;
     return DCGM_ST_OK;
@@ -175,9 +220,66 @@ dcgmReturn_t dcgmStartEmbedded(int opMode, dcgmHandle_t *pDcgmHandle) {
     return DCGM_ST_OK;
 }
 
+/* Connects to "host[:port]" (TCP, IPv4) or, with addressIsUnixSocket, to a Unix socket path. */
+static int connect_to(const char *address, int unix_socket) {
+    int fd;
+    if (unix_socket) {
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        if (strlen(address) >= sizeof sa.sun_path) return -1;
+        strcpy(sa.sun_path, address);
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) return fd;
+    } else {
+        char host[256];
+        int port = 5555;
+        snprintf(host, sizeof host, "%s", address);
+        char *colon = strrchr(host, ':');
+        if (colon) {
+            *colon = 0;
+            port = atoi(colon + 1);
+        }
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) return -1;
+        fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) return fd;
+    }
+    if (fd >= 0) close(fd);
+    return -1;
+}
+
+dcgmReturn_t dcgmConnect_v2(const char *ipAddress, dcgmConnectV2Params_v2 *params,
+                            dcgmHandle_t *pDcgmHandle) {
+    count_call("dcgmConnect_v2");
+    if (!initialized) return DCGM_ST_UNINITIALIZED;
+    if (!ipAddress || !params || !pDcgmHandle || params->version != dcgmConnectV2Params_version2)
+        return DCGM_ST_BADPARAM;
+    connect_timeout_ms = params->timeoutMs;
+    int fd = connect_to(ipAddress, params->addressIsUnixSocket != 0);
+    if (fd < 0) return DCGM_ST_CONNECTION_NOT_VALID;
+    close_connection();
+    static uintptr_t next = 0x8000;
+    handle = next++;
+    conn_fd = fd;
+    connections++;
+    paused = 0;
+    watched = 0;
+    n_fields = 0;
+    n_group_gpus = 0;
+    *pDcgmHandle = handle;
+    return DCGM_ST_OK;
+}
+
+dcgmReturn_t dcgmDisconnect(dcgmHandle_t h) {
+    count_call("dcgmDisconnect");
+    if (!valid(h) || conn_fd < 0) return DCGM_ST_BADPARAM;
+    close_connection();
+    handle = 0;
+    return DCGM_ST_OK;
+}
+
 dcgmReturn_t dcgmStopEmbedded(dcgmHandle_t h) {
     count_call("dcgmStopEmbedded");
-    if (!valid(h)) return DCGM_ST_BADPARAM;
+    if (!valid(h) || conn_fd >= 0) return DCGM_ST_BADPARAM; /* a connection is not embedded */
     engines--;
     handle = 0;
     return DCGM_ST_OK;

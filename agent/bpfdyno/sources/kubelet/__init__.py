@@ -1,0 +1,1 @@
+"""Kubernetes: which pod and container holds each device, from the kubelet."""
