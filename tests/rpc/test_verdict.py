@@ -273,3 +273,132 @@ def test_the_verdict_as_printed() -> None:
         "    rank 1: 0/20, 0 µs, -15.0 ms",
         "    rank 2: 20/20, 600.0 ms, 30.0 ms",
     ]
+
+
+def test_a_rank_late_because_its_packets_were_lost_is_the_network_s() -> None:
+    """Packets on the way to rank 1 are lost in 3 collectives of 4: rank 1 leaves each of
+    them 40 ms after the others (waiting for the retransmit) and, its run-up as long as
+    theirs, reaches the next one 40 ms late. Those 40 ms are the network's, not rank 1's."""
+    addrs = {r: f"10.0.0.{r + 1}:4000{r}" for r in range(3)}
+    lossy = [i % 4 != 3 for i in range(20)]
+    late = [40.0 if i and lossy[i - 1] else 0.0 for i in range(20)]
+
+    def sender(i: int) -> int:  # who retransmits to rank 1: ranks 0 and 2 in turn
+        return 0 if i % 2 == 0 else 2
+
+    def member(r: int) -> RankEvidence:
+        cs = []
+        for i in range(20):
+            arrival = i * 100 + (late[i] if r == 1 else 0.0)
+            end = i * 100 + late[i] + 5 + (40 if r == 1 and lossy[i] else 0)
+            cs.append(collective(i, arrival, end, loss=int(lossy[i] and sender(i) == r)))
+        events = tuple(
+            LossEvent(
+                "tcp_retransmit", 1e6 + i, T0 + (i * 100 + 30) * 1_000_000, addrs[r], addrs[1]
+            )
+            for i in range(20)
+            if lossy[i] and sender(i) == r
+        )
+        return rank(r, cs, local_addresses=(addrs[r],), loss_events=events)
+
+    v = compare([member(0), member(1), member(2)])
+    [f] = v.stragglers
+    assert (f.rank, f.kind) == (1, "network")
+    assert f.seconds == pytest.approx(15 * 0.040)  # last completion 45 ms after, not 5
+    timing = {t.rank: t for t in v.ranks}
+    assert timing[1].lateness_seconds == pytest.approx(0.040)  # it did arrive late...
+    assert timing[1].held_seconds == pytest.approx(0, abs=1e-9)  # ...for the network's sake
+
+
+def test_retransmits_the_peer_did_not_need_are_no_loss() -> None:
+    """Collectives with a retransmit from rank 0 to rank 1 take 60 ms longer. Where rank 1
+    dropped the retransmitted data as a duplicate (it had it: the ACK was late), no packet
+    was lost; only the other retransmits are loss."""
+    addrs = {r: f"10.0.0.{r + 1}:4000{r}" for r in range(3)}
+    slow = [i % 2 == 0 for i in range(20)]
+
+    def at(i: int, ms: float) -> int:
+        return T0 + round((i * 100 + ms) * 1e6)
+
+    def sender(i: int) -> int:  # who retransmits to rank 1
+        return 0 if (i // 4) % 2 == 0 else 2
+
+    def member(r: int, spurious: set[int]) -> RankEvidence:
+        mine = [i for i in range(20) if slow[i] and sender(i) == r]
+        cs = [
+            collective(i, i * 100, i * 100 + (65 if slow[i] else 5), loss=int(i in mine))
+            for i in range(20)
+        ]
+        events = tuple(
+            LossEvent("tcp_retransmit", 1e6 + i, at(i, 30), addrs[r], addrs[1]) for i in mine
+        )
+        if r == 1:  # the copies it dropped: it had the data
+            events = tuple(
+                LossEvent("duplicate", 2e6 + i, at(i, 30.2), addrs[1], addrs[sender(i)])
+                for i in sorted(spurious)
+            )
+        return rank(r, cs, local_addresses=(addrs[r],), loss_events=events)
+
+    half = {i for i in range(20) if i % 4 == 0}  # 5 of the 10 retransmits were not needed
+    v = compare([member(r, half) for r in range(3)])
+    [f] = v.stragglers
+    assert (f.rank, f.kind) == (1, "network")
+    assert f.seconds == pytest.approx(5 * 0.060)
+    assert f.causes[0].detail == (
+        "5 tcp retransmit; rank 1 is on 5 of the 5 lost packets' connections (peers: ranks 0, 2)"
+        "; 5 more retransmit(s) were not needed (the peer had the data): not counted"
+    )
+    assert [w.start_unix_ns for w in f.worst] == [at(i, 30) for i in (2, 6, 10, 14, 18)]
+
+    every = {i for i in range(20) if slow[i]}
+    assert compare([member(r, every) for r in range(3)]).within_noise
+
+
+def test_a_rank_late_by_half_the_spacing_is_matched_with_its_own_collective() -> None:
+    """Rank 2 arrives 55 ms into a 100 ms spacing: as near the others' next collective as
+    their own, but it completes with its own (at +60), never with the next one."""
+    slow = rank(2, [collective(i, i * 100 + 55, i * 100 + 60) for i in range(20)])
+    fast = [rank(r, [collective(i, i * 100, i * 100 + 60) for i in range(20)]) for r in (0, 1)]
+    v = compare([*fast, slow])
+    assert v.matched == 20
+    [f] = v.stragglers
+    assert (f.rank, f.kind) == (2, "late")
+    assert f.seconds == pytest.approx(20 * 0.055)
+
+
+def test_an_interval_in_two_run_ups_is_one_worst_instance() -> None:
+    """A run-up starts at the previous arrival, so an interval during one collective is also
+    in the next one's run-up: it is listed once."""
+    hog = Instance("cpu_wait", 1234.5, T0 + 5_000_000, 29_000_000, "held by hog (pid 9)", 9)
+    slow = rank(
+        2,
+        [
+            collective(i, i * 100 + 30, i * 100 + 35, {"cpu_wait": 0.031}, worst=(hog,))
+            for i in range(20)
+        ],
+    )
+    [f] = compare([healthy(0), healthy(1), slow]).stragglers
+    assert f.worst == (hog,)
+
+
+def test_the_first_cause_s_worst_instances_come_first() -> None:
+    """Late by 30 ms reading, plus a little waiting for a CPU once for longer than any read:
+    the reads are listed first."""
+    read = Instance("io_wait", 100.0, T0 + 100_000, 30_000_000, "read", 7)
+    wait = Instance("cpu_wait", 200.0, T0 + 200_000, 80_000_000, "held by x (pid 8)", 7)
+    slow = rank(
+        1,
+        [
+            collective(
+                i,
+                i * 100 + 30,
+                i * 100 + 35,
+                {"io_wait": 0.030, "cpu_wait": 0.001 + (0.080 if i == 5 else 0.0)},
+                worst=(read,) if i != 5 else (read, wait),
+            )
+            for i in range(20)
+        ],
+    )
+    [f] = compare([healthy(0), slow, healthy(2)]).stragglers
+    assert [c.cause for c in f.causes] == ["io_wait", "cpu_wait"]
+    assert f.worst == (read, wait)

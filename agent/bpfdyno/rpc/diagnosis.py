@@ -103,8 +103,8 @@ class CollectiveEvidence:
         during: the same from its arrival to its end.
         holders: the tasks that held the CPU while the rank waited for one in the run-up.
         worst: the longest instance of each cause in the run-up and during.
-        loss_events: TCP retransmits, resets and drops on the rank's sockets from the run-up's
-            start to the end.
+        loss_events: TCP retransmits, resets and drops (not duplicates) on the rank's sockets
+            from the run-up's start to the end.
     """
 
     op: str
@@ -124,7 +124,12 @@ class CollectiveEvidence:
 
 @record(diagnosis_pb2.LossEvent)
 class LossEvent:
-    """A TCP retransmit, reset or packet drop on one of the rank's sockets."""
+    """A TCP retransmit, reset or packet drop on one of the rank's sockets.
+
+    ``kind`` is ``tcp_retransmit``, ``tcp_reset_sent``, ``tcp_reset_received``,
+    ``packet_drop``, or ``duplicate``: a drop of data the socket had already (the copy of a
+    retransmit that was not needed), which is no loss but tells which retransmit was not one.
+    """
 
     kind: str
     ts_us: float

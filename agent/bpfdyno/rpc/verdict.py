@@ -11,7 +11,10 @@ clients for a whole job; both decide the same way.
    the same collective, those started at a common time may not.
 2. **Arrival**: per matched collective, each rank's arrival against the median of the
    others'. A rank that arrives after them made them wait that long. Summed over the
-   collectives (only the positive part), it is the time the job lost to that rank.
+   collectives (only the positive part), it is the time the job lost to that rank — except
+   what it inherited from a collective slowed by packet loss: a rank whose previous
+   collective ended after the others' because its packets were lost on the way is late for
+   the network's sake, and that part is the network's (5).
 3. **Straggler**: a rank the others waited for at least `MIN_SHARE` of the compared time, in
    at least `MIN_LATE_FRACTION` of the collectives (consistently, not by jitter). Otherwise
    the ranks are within noise.
@@ -21,15 +24,18 @@ clients for a whole job; both decide the same way.
    the CPU and the system calls are named; the worst instances come with their timestamps.
    What no cause explains is said as such.
 5. **Network**: packet loss slows the collectives themselves rather than one rank's arrival
-   (everyone waits inside them). The time from the last arrival to the first completion is
+   (everyone waits inside them). The time from the last arrival to the last completion is
    compared with that of the collectives without loss; the excess in collectives with TCP
    retransmits, resets or drops is the time lost to the network, and the rank whose
    connections carry the loss (its address on both ends of the lost packets' sockets) is
-   named.
+   named. A retransmit whose copy the peer dropped as data it already had lost nothing (the
+   original arrived, its acknowledgement was late: a busy receiver does that), and neither
+   did that drop: both are left out.
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
@@ -42,6 +48,7 @@ from bpfdyno.rpc.diagnosis import (
     CollectiveEvidence,
     Finding,
     Instance,
+    LossEvent,
     RankEvidence,
     RankTiming,
     Verdict,
@@ -61,6 +68,10 @@ MIN_CAUSE_SHARE = 0.05
 TOP_INSTANCES = 5
 #: Ratio of a straggler's SM clock to the others' below which it is said to run slower.
 SLOW_CLOCK = 0.95
+#: A peer's drop of data it already had pairs with a retransmit on the same connection at
+#: most this long before it (seconds; clocks of other hosts may be off by `CLOCK_SLACK`).
+SPURIOUS_WINDOW = 1.0
+CLOCK_SLACK = 0.01
 
 
 @dataclass(slots=True)
@@ -79,6 +90,22 @@ class _Match:
     members: dict[int, CollectiveEvidence]
     arrivals: dict[int, float]  # seconds on the common clock
     ends: dict[int, float]
+    group: int = 0
+    #: Per rank: when its run-up to it began (its previous arrival, or its window's start).
+    run_ups: dict[int, float] = field(default_factory=dict)
+    #: Packets were lost while it ran (`_mark_lossy`).
+    lossy: bool = False
+    #: Per rank: its lateness that is its own (set by `_lateness`).
+    late: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Loss:
+    """A loss event of a rank, on the common clock."""
+
+    t: float
+    rank: int
+    event: LossEvent
 
 
 def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None = None) -> Verdict:
@@ -123,6 +150,8 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
         min(m.arrivals.values()) for m in matches
     )
     span = max(span, 1e-9)
+    losses, spurious = _real_losses(rs)
+    _mark_lossy(matches, losses, spurious)
     late = _lateness(matches)
     by_label = {r.label: r for r in rs}
     findings: list[Finding] = []
@@ -148,7 +177,7 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
             and late_count / count >= MIN_LATE_FRACTION
         ):
             findings.append(_late_finding(by_label[label], matches, seconds, span, rs))
-    network = _network_finding(matches, rs, span)
+    network = _network_finding(matches, rs, span, losses, spurious)
     if network is not None:
         findings.append(network)
     findings.sort(key=lambda f: -f.seconds)
@@ -230,18 +259,29 @@ def _match(rs: list[_Rank]) -> list[_Match]:
                 shifts[r.label] = _best_shift(ref, seq_ref, r, r.groups[g])
         for i, c in enumerate(seq_ref):
             members = {ref.label: c}
+            places = {ref.label: i}
             for r in present:
                 j = i + shifts[r.label]
                 if r is not ref and 0 <= j < len(r.groups[g]) and r.groups[g][j].op == c.op:
                     members[r.label] = r.groups[g][j]
+                    places[r.label] = j
             if len(members) < 2:
                 continue
             by = {r.label: r for r in present}
+            run_ups = {
+                k: _sec(
+                    by[k],
+                    by[k].groups[g][j - 1].arrival_unix_ns if j else by[k].ev.window_start_unix_ns,
+                )
+                for k, j in places.items()
+            }
             out.append(
                 _Match(
                     members,
                     {k: _sec(by[k], v.arrival_unix_ns) for k, v in members.items()},
                     {k: _sec(by[k], v.end_unix_ns) for k, v in members.items()},
+                    g,
+                    run_ups,
                 )
             )
     return out
@@ -251,7 +291,11 @@ def _best_shift(
     ref: _Rank, a: list[CollectiveEvidence], r: _Rank, b: list[CollectiveEvidence]
 ) -> int:
     """The shift j - i pairing a[i] with b[j] that best lines them up: most equal operations,
-    then the smallest median gap between arrivals."""
+    then the smallest median gap between arrivals or between completions, whichever is
+    smaller for each pair. Completions count too because a rank late by half the spacing
+    of its collectives arrives as near the others' next collective as their own; only
+    completing together tells which one it joined (and a collective completes only after
+    its last rank arrives, so a late rank cannot line up with the next one)."""
     best: tuple[int, float, int] | None = None
     shift_of_best = 0
     for shift in range(-MAX_SHIFT, MAX_SHIFT + 1):
@@ -261,7 +305,11 @@ def _best_shift(
         # Operations that differ, and pairing fewer than half of them, count against a shift.
         penalty = sum(1 for x, y in pairs if x.op != y.op) + max(0, len(a) // 2 - len(pairs))
         gap = statistics.median(
-            abs(_sec(ref, x.arrival_unix_ns) - _sec(r, y.arrival_unix_ns)) for x, y in pairs
+            min(
+                abs(_sec(ref, x.arrival_unix_ns) - _sec(r, y.arrival_unix_ns)),
+                abs(_sec(ref, x.end_unix_ns) - _sec(r, y.end_unix_ns)),
+            )
+            for x, y in pairs
         )
         key = (penalty, gap, abs(shift))
         if best is None or key < best:
@@ -275,15 +323,37 @@ def _last(m: _Match) -> int:
 
 def _lateness(matches: list[_Match]) -> dict[int, tuple[float, int, int, list[float]]]:
     """Per rank: (seconds the others waited for it, collectives it was late to, collectives
-    it took part in, its lateness in each)."""
-    out: dict[int, list[float]] = defaultdict(list)
+    it took part in, its lateness in each); each match's ``late`` holds the part of each
+    rank's lateness that is its own.
+
+    A rank that left the previous collective of its group after the others, when packets
+    were lost around that collective, starts its run-up late for the network's sake: with
+    gloo's ring, a packet lost on the way to one rank stalls that rank (and those that wait
+    for its next send) until the retransmit, while the others are already done. That part
+    of its lateness (how much later than the others' median it left, at most its lateness)
+    is not its own; the network finding counts it (the collective's last completion).
+    """
+    raw: dict[int, list[float]] = defaultdict(list)
+    own: dict[int, list[float]] = defaultdict(list)
+    previous: dict[tuple[int, int], _Match] = {}
     for m in matches:
         for k, a in m.arrivals.items():
-            others = [v for o, v in m.arrivals.items() if o != k]
-            out[k].append(a - statistics.median(others))
+            lateness = a - statistics.median(v for o, v in m.arrivals.items() if o != k)
+            raw[k].append(lateness)
+            mine = lateness
+            before = previous.get((m.group, k))
+            if mine > 0 and before is not None and before.lossy:
+                left = before.ends[k] - statistics.median(
+                    v for o, v in before.ends.items() if o != k
+                )
+                mine -= min(mine, max(0.0, left))
+            m.late[k] = mine
+            own[k].append(mine)
+        for k in m.arrivals:
+            previous[(m.group, k)] = m
     return {
-        k: (sum(x for x in v if x > 0), sum(1 for x in v if x > 0), len(v), v)
-        for k, v in out.items()
+        k: (sum(x for x in own[k] if x > 0), sum(1 for x in own[k] if x > 0), len(v), v)
+        for k, v in raw.items()
     }
 
 
@@ -299,8 +369,7 @@ def _late_finding(
         mine = m.members.get(r.label)
         if mine is None:
             continue
-        others = [v for o, v in m.arrivals.items() if o != r.label]
-        if m.arrivals[r.label] - statistics.median(others) <= 0:
+        if m.late.get(r.label, 0.0) <= 0:
             continue
         own = {c.cause: c for c in mine.before}
         theirs = [
@@ -326,8 +395,13 @@ def _late_finding(
     rest = seconds - min(seconds, explained)
     if rest >= MIN_CAUSE_SHARE * seconds:
         causes.append(CauseTime("unexplained", rest))
-    listed = {c.cause for c in causes}
-    worst = sorted((w for w in worst if w.cause in listed), key=lambda w: -w.duration_ns)
+    order = {c.cause: i for i, c in enumerate(causes)}
+    # A collective's run-up starts at the previous arrival, so it holds the previous
+    # collective: an interval there is the worst of both. List it once.
+    unique = {(w.cause, w.tid, w.ts_us): w for w in worst if w.cause in order}
+    # The first cause's worst first: a long wait for a CPU on a loaded machine must not
+    # hide the reads that made the rank late.
+    worst = sorted(unique.values(), key=lambda w: (order[w.cause], -w.duration_ns))
     why = ", ".join(
         f"{CAUSES.get(c.cause, c.cause)} {_fmt_s(c.seconds)}"
         + (f" ({c.detail})" if c.detail else "")
@@ -374,13 +448,64 @@ def _cause_detail(
     return ""
 
 
-def _network_finding(matches: list[_Match], rs: list[_Rank], span: float) -> Finding | None:
+def _real_losses(rs: list[_Rank]) -> tuple[list[_Loss], list[_Loss]]:
+    """Every rank's loss events on the common clock, in time order, split into those that
+    lost packets and the retransmits that were not needed: those whose copy the peer
+    dropped as data it already had (a ``duplicate`` on the same connection, seen from the
+    other end). Duplicates themselves are neither."""
+    events = sorted(
+        (_Loss(_sec(r, e.unix_ns), r.label, e) for r in rs for e in r.ev.loss_events),
+        key=lambda x: x.t,
+    )
+    unpaired: dict[tuple[str, str], list[int]] = defaultdict(list)  # (local, peer) -> indices
+    for i, x in enumerate(events):
+        if x.event.kind == "tcp_retransmit":
+            unpaired[(x.event.local, x.event.peer)].append(i)
+    spurious: set[int] = set()
+    for x in events:
+        if x.event.kind != "duplicate":
+            continue
+        # The latest retransmit of the connection's other end before this copy arrived.
+        candidates = unpaired.get((x.event.peer, x.event.local), [])
+        for j in reversed(candidates):
+            if events[j].t <= x.t + CLOCK_SLACK:
+                if x.t - events[j].t <= SPURIOUS_WINDOW:
+                    spurious.add(j)
+                    candidates.remove(j)
+                break
+    real = [x for i, x in enumerate(events) if x.event.kind != "duplicate" and i not in spurious]
+    return real, [events[i] for i in sorted(spurious)]
+
+
+def _mark_lossy(matches: list[_Match], real: list[_Loss], spurious: list[_Loss]) -> None:
+    """A collective is lossy when some member counted loss events from its run-up to its
+    end, unless every event listed in that time was a retransmit that was not needed.
+    (A rank lists at most its first 1000 events: beyond them its count is trusted.)"""
+    real_times = [x.t for x in real]
+    spurious_times = [x.t for x in spurious]
+
+    def within(times: list[float], lo: float, hi: float) -> int:
+        return bisect.bisect_right(times, hi) - bisect.bisect_left(times, lo)
+
+    for m in matches:
+        if not any(c.loss_events for c in m.members.values()):
+            continue
+        lo, hi = min(m.run_ups.values()), max(m.ends.values())
+        m.lossy = within(real_times, lo, hi) > 0 or within(spurious_times, lo, hi) == 0
+
+
+def _network_finding(
+    matches: list[_Match],
+    rs: list[_Rank],
+    span: float,
+    losses: list[_Loss],
+    spurious: list[_Loss],
+) -> Finding | None:
     """Collectives slowed by packet loss, and whose connections lost the packets."""
     transfer = []
     for m in matches:
-        t = min(m.ends.values()) - max(m.arrivals.values())
-        lossy = any(c.loss_events for c in m.members.values())
-        transfer.append((max(t, 0.0), lossy, m))
+        t = max(m.ends.values()) - max(m.arrivals.values())
+        transfer.append((max(t, 0.0), m.lossy, m))
     clean = [t for t, lossy, _ in transfer if not lossy]
     if len(clean) >= 3:
         baseline = statistics.median(clean)
@@ -398,29 +523,29 @@ def _network_finding(matches: list[_Match], rs: list[_Rank], span: float) -> Fin
     kinds: Counter[str] = Counter()
     events = 0
     instances: list[Instance] = []
-    for r in rs:
-        for e in r.ev.loss_events:
-            events += 1
-            kinds[e.kind] += 1
-            other = owner.get(e.peer)
-            involved[r.label] += 1
-            if other is not None and other != r.label:
-                involved[other] += 1
-                peers[r.label][other] += 1
-                peers[other][r.label] += 1
-            instances.append(
-                Instance(
-                    "network_loss",
-                    e.ts_us,
-                    e.unix_ns,
-                    0,
-                    f"{e.kind} on {_name(r)}'s socket {e.local} -> {e.peer}",
-                )
+    by_label = {r.label: r for r in rs}
+    for x in losses:  # in time order
+        e, r = x.event, by_label[x.rank]
+        events += 1
+        kinds[e.kind] += 1
+        other = owner.get(e.peer)
+        involved[r.label] += 1
+        if other is not None and other != r.label:
+            involved[other] += 1
+            peers[r.label][other] += 1
+            peers[other][r.label] += 1
+        instances.append(
+            Instance(
+                "network_loss",
+                e.ts_us,
+                e.unix_ns,
+                0,
+                f"{e.kind} on {_name(r)}'s socket {e.local} -> {e.peer}",
             )
+        )
     if not involved:
         return None
     (culprit, count), *rest = involved.most_common()
-    by_label = {r.label: r for r in rs}
     who = by_label[culprit]
     tied = [k for k, n in rest if n == count]
     what = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in kinds.most_common())
@@ -431,6 +556,11 @@ def _network_finding(matches: list[_Match], rs: list[_Rank], span: float) -> Fin
     )
     if tied:
         detail += f"; as many on rank(s) {', '.join(map(str, tied))}: the link between them"
+    if spurious:
+        detail += (
+            f"; {len(spurious)} more retransmit(s) were not needed (the peer had the data): "
+            "not counted"
+        )
     summary = (
         f"network loss on {_name(who)}'s connections slowed the collectives by {_fmt_s(lost)} "
         f"({lost / span:.0%} of the {_fmt_s(span)} compared): {what}"
@@ -443,7 +573,7 @@ def _network_finding(matches: list[_Match], rs: list[_Rank], span: float) -> Fin
         seconds=lost,
         share=lost / span,
         causes=(CauseTime("network_loss", lost, detail),),
-        worst=tuple(sorted(instances, key=lambda i: i.ts_us)[:TOP_INSTANCES]),
+        worst=tuple(instances[:TOP_INSTANCES]),
         summary=summary,
     )
 

@@ -46,13 +46,17 @@ from bpfdyno.rpc.diagnosis import (
     RankEvidence,
     StepSplit,
 )
-from bpfdyno.tracing.trace_facts import Collective, OffCpuSlice, TraceFacts
+from bpfdyno.tracing.trace_facts import Collective, NetInstant, OffCpuSlice, TraceFacts
 
 #: Most collectives kept per file (a 1.5 s trace of a fast job has ~150).
 MAX_COLLECTIVES = 20_000
 #: Most loss events kept per file.
 MAX_LOSS_EVENTS = 1000
 LOSS_KINDS = ("tcp_retransmit", "tcp_reset_sent", "tcp_reset_received", "packet_drop")
+#: Drop reasons that mean the data had arrived already: the copy of a retransmit that was
+#: not needed (its original arrived; its acknowledgement came late), not a loss. Listed as
+#: ``duplicate`` so the comparison can tell the sender's retransmit apart from a loss.
+DUPLICATE_REASONS = frozenset({"TCP_OLD_DATA", "TCP_OFOMERGE"})
 #: Holders of the CPU listed per collective.
 TOP_HOLDERS = 3
 
@@ -104,11 +108,11 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
     steps = _steps(facts, lo, hi)
     threads = _Threads(_slices(facts, pid, {c.tid for c in chosen if c.tid} - {pid}, lo, hi))
     busy = _gpu_busy(facts, lo, hi)
-    loss = sorted(
+    listed = sorted(
         (e for e in facts.net_events if e.kind in LOSS_KINDS and lo <= e.ts_us <= hi),
         key=lambda e: e.ts_us,
     )
-    loss_ts = [e.ts_us for e in loss]
+    loss_ts = [e.ts_us for e in listed if not _duplicate(e)]
     out: list[CollectiveEvidence] = []
     previous: dict[str, float] = {}
     index: dict[str, int] = defaultdict(int)
@@ -163,13 +167,23 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         collectives=tuple(out),
         local_addresses=tuple(sorted(a for a in locals_ if a)),
         loss_events=tuple(
-            LossEvent(e.kind, e.ts_us, facts.abs_ns(e.ts_us), e.local, e.peer)
-            for e in loss[:MAX_LOSS_EVENTS]
+            LossEvent(
+                "duplicate" if _duplicate(e) else e.kind,
+                e.ts_us,
+                facts.abs_ns(e.ts_us),
+                e.local,
+                e.peer,
+            )
+            for e in listed[:MAX_LOSS_EVENTS]
         ),
         gpu_sm_clock_mhz=_mean_clock(facts, lo, hi),
         steps=_step_split(steps, chosen, threads, busy, pid),
         notes=tuple(notes),
     )
+
+
+def _duplicate(e: NetInstant) -> bool:
+    return e.kind == "packet_drop" and e.reason in DUPLICATE_REASONS
 
 
 def _window(facts: TraceFacts, notes: list[str]) -> tuple[float, float]:

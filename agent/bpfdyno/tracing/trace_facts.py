@@ -115,6 +115,7 @@ class NetInstant:
     kind: str
     local: str
     peer: str
+    reason: str = ""  # a drop's reason (the kernel's SKB_DROP_REASON_*, without the prefix)
 
 
 @dataclass(slots=True)
@@ -389,7 +390,10 @@ class _Reader:
                     )
                 )
         elif ph == "i" and self._room(f.net_events):
-            f.net_events.append(NetInstant(ts, name, local, peer))
+            reason = args.get("reason")
+            f.net_events.append(
+                NetInstant(ts, name, local, peer, reason if isinstance(reason, str) else "")
+            )
 
     def nccl(self, e: dict[str, Any], ts: float) -> None:
         if e.get("ph") != "X" or e.get("name") == "ncclGroup" or not self._room(self.f.nccl_calls):
