@@ -36,8 +36,10 @@ from pathlib import Path
 
 import grpc
 
-from bpfdyno.rpc.diagnosis import ProcessSummary, RankEvidence, Verdict, from_pb
+from bpfdyno.rpc.diagnosis import RankEvidence, Verdict
+from bpfdyno.rpc.traces import ProcessSummary, TraceSummary
 from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc, tracing_pb2, tracing_pb2_grpc
+from bpfdyno.rpc.wire import from_pb
 
 TRAINERS = Path(__file__).resolve().parent / "trainers"
 SUBNET = "10.18.0"
@@ -530,14 +532,18 @@ class StragglerJob:
             assert all(p.state == written for p in status.processes), (
                 f"{status}\n{self.diagnostics()}"
             )
-            summary = stub.GetTraceSummary(
-                tracing_pb2.GetTraceRequest(trace_id=resp.trace_id), timeout=120
+            summary = from_pb(
+                TraceSummary,
+                stub.GetTraceSummary(
+                    tracing_pb2.GetTraceRequest(trace_id=resp.trace_id), timeout=120
+                ),
             )
+        assert summary.verdict is not None, summary
         trace = Trace(
             name,
             resp.trace_id,
-            [from_pb(ProcessSummary, p) for p in summary.processes],
-            from_pb(Verdict, summary.verdict),
+            list(summary.processes),
+            summary.verdict,
             time.monotonic() - started,
         )
         self.traces.append(trace)

@@ -137,7 +137,7 @@ def test_a_data_step_blocked_on_a_slow_read(job: StragglerJob) -> None:
     assert_worst_inside_windows(trace, f)
 
     # The same files through the command line: the ranks side by side, the blocked one's
-    # "io wait" standing out.
+    # "io wait" standing out, and the same verdict.
     r = subprocess.run(
         [sys.executable, "-m", "bpfdyno", "trace-summary", *trace.paths],
         capture_output=True,
@@ -153,3 +153,4 @@ def test_a_data_step_blocked_on_a_slow_read(job: StragglerJob) -> None:
     assert [c.endswith(" !") for c in cells] == [rank == READ_RANK for rank in range(RANKS)], (
         r.stdout
     )
+    assert f"verdict: {trace.verdict.headline}" in lines, r.stdout
