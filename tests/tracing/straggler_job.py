@@ -36,6 +36,7 @@ from pathlib import Path
 
 import grpc
 
+from bpfdyno.core.config import KNOWN_COLLECTORS
 from bpfdyno.rpc.diagnosis import RankEvidence, Verdict
 from bpfdyno.rpc.traces import ProcessSummary, TraceSummary
 from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc, tracing_pb2, tracing_pb2_grpc
@@ -53,6 +54,9 @@ SLOW_BATCH_MS = 120.0
 #: The name the CPU hog gives itself (prctl PR_SET_NAME), so the verdict can be checked to
 #: name it.
 HOG_NAME = "stress-hog"
+#: Its weight (its nice, and its session's with autogroups). At equal weight a rank that
+#: sleeps most of its step hardly waits: EEVDF gives a sleeper its lag back. At -17 it holds
+#: the job back about 40 % of the time (docs/tracing.md, "Proven with real faults").
 HOG_NICE = -17
 
 HOG_CODE = """
@@ -249,7 +253,7 @@ class Agent:
             "[legacy_rpc]",
             "enabled = false",
         ]
-        for c in ("host", "self", "sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs"):
+        for c in KNOWN_COLLECTORS:
             lines += [f"[collectors.{c}]", "enabled = false"]
         self.config = base / "bpfdyno.toml"
         self.config.write_text("\n".join(lines) + "\n")

@@ -116,11 +116,13 @@ def test_packet_loss_on_a_rank_s_link(job: StragglerJob) -> None:
     f = the_straggler(trace)
     assert (f.rank, f.kind, f.pid) == (LOSS_RANK, "network", job.rank_pids[LOSS_RANK])
     assert f.causes[0].cause == "network_loss"
-    # Only this rank's packets were dropped: every lost packet's connection is one of its.
-    m = re.search(
-        r"rank (\d+) is on (\d+) of the (\d+) lost packets' connections", f.causes[0].detail
-    )
-    assert m is not None and m[1] == str(LOSS_RANK) and m[2] == m[3], f.causes[0].detail
+    # Only this rank's packets were dropped: the lost packets' connections are its own. (A
+    # retransmit between two other ranks counts too if the kernel did not report the copy
+    # its peer dropped: never seen in 13 runs, allowed for 1 in 20.)
+    detail = f.causes[0].detail
+    m = re.search(r"rank (\d+) is on (\d+) of the (\d+) lost packets' connections", detail)
+    assert m is not None and int(m[1]) == LOSS_RANK, detail
+    assert int(m[2]) >= 0.95 * int(m[3]), detail
     assert_worst_inside_windows(trace, f)
 
 
