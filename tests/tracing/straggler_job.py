@@ -55,19 +55,17 @@ SLOW_BATCH_MS = 120.0
 #: name it.
 HOG_NAME = "stress-hog"
 #: Its weight (its nice, and its session's with autogroups). At equal weight a rank that
-#: sleeps most of its step hardly waits: EEVDF gives a sleeper its lag back. At -17 it holds
-#: the job back about 40 % of the time (docs/tracing.md, "Proven with real faults").
-HOG_NICE = -17
+#: sleeps most of its step hardly waits: EEVDF gives a sleeper its lag back. Against the
+#: ranks' `RANK_NICE` it holds the job back about 40 % of the time (docs/tracing.md).
+HOG_NICE = -20
+#: The ranks' weight: a little above other work's, so that other processes on the machine
+#: (a benchmark pinned to CPU 0 was seen) do not make a healthy rank a straggler.
+RANK_NICE = -3
 
 HOG_CODE = """
 import ctypes, os, sys
 ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)  # PR_SET_NAME
 os.sched_setaffinity(0, {int(sys.argv[2])})
-os.nice(int(sys.argv[3]))
-# With autogroups, CPU weight is shared per session first: the session's nice counts.
-if os.path.exists("/proc/self/autogroup"):
-    with open("/proc/self/autogroup", "w") as f:
-        f.write(sys.argv[3])
 os.write(1, b"spinning\\n")
 while True:
     pass
@@ -207,6 +205,16 @@ def spawn(
             start_new_session=True,
         )
     return Proc(popen, out)
+
+
+def set_weight(pid: int, nice: int) -> None:
+    """Give process ``pid`` (each of its threads, and its session with autogroups, where
+    CPU weight is shared per session first) the CPU weight of ``nice``."""
+    autogroup = Path(f"/proc/{pid}/autogroup")
+    if autogroup.exists():
+        autogroup.write_text(str(nice))
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.setpriority(os.PRIO_PROCESS, int(tid), nice)
 
 
 def _kill_pid(pid: int) -> None:
@@ -378,6 +386,8 @@ class StragglerJob:
             ]  # fmt: skip
             self.launchers.append(spawn(launcher, self.base / f"rank-{i}.out", env))
         wait_for(self._all_ready, 180, "every rank to train", step=0.5)
+        for pid in self.rank_pids.values():
+            set_weight(pid, RANK_NICE)
         wait_for(
             lambda: (
                 len([t for t in self.agent.trainers() if t.pid in self.rank_pids.values()])
@@ -425,11 +435,12 @@ class StragglerJob:
     def cpu_hog(self, rank: int) -> Iterator[Proc]:
         """A busy process named `HOG_NAME` pinned to rank ``rank``'s CPU."""
         hog = spawn(
-            [sys.executable, "-c", HOG_CODE, HOG_NAME, str(self.cpus[rank]), str(HOG_NICE)],
+            [sys.executable, "-c", HOG_CODE, HOG_NAME, str(self.cpus[rank])],
             self.base / "hog.out",
         )
         try:
             wait_for(lambda: "spinning" in hog.lines(), 30, "the CPU hog to spin")
+            set_weight(hog.pid, HOG_NICE)
             yield hog
         finally:
             hog.kill()

@@ -58,7 +58,7 @@ from bpfdyno.rpc.diagnosis import (
 #: Measured on a real 4-rank gloo job (tests/tracing/test_straggler_verdict.py, docs/tracing.md)
 #: on a loaded 2-CPU machine, three ranks sharing a CPU: healthy ranks late in 60 % of the
 #: collectives or more kept the others waiting up to 5.6 % of the time; a rank held back by
-#: a CPU hog, a slow read or packet loss 33 % or more.
+#: a CPU hog, a slow read or packet loss 23 % or more.
 MIN_SHARE = 0.10
 #: ... and it arrived after the median of the others in at least this share of collectives.
 MIN_LATE_FRACTION = 0.6
