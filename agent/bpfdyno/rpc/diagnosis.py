@@ -74,6 +74,8 @@ class Instance:
         duration_ns: how long.
         detail: e.g. ``held by stress (pid 4242)``, ``read``, ``tcp_retransmit to 10.0.0.2:29500``.
         tid: the thread (0: not a thread's).
+        path: the trace file it is in (set in a verdict, whose findings gather instances of
+            several ranks; a rank's own evidence leaves it empty).
     """
 
     cause: str
@@ -82,6 +84,7 @@ class Instance:
     duration_ns: int
     detail: str = ""
     tid: int = 0
+    path: str = ""
 
 
 @record(diagnosis_pb2.CollectiveEvidence)

@@ -39,7 +39,7 @@ import bisect
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bpfdyno.rpc.diagnosis import (
     CAUSES,
@@ -387,7 +387,7 @@ def _late_finding(
                     details[cause][c.detail] += 1
         for h in mine.holders:
             holders[h.cause] += h.seconds
-        worst += [w for w in mine.worst if w.cause in own]
+        worst += [replace(w, path=r.ev.path) for w in mine.worst if w.cause in own]
     causes: list[CauseTime] = []
     explained = 0.0
     for cause, extra in sorted(excess.items(), key=lambda kv: -kv[1]):
@@ -545,6 +545,7 @@ def _network_finding(
                 e.unix_ns,
                 0,
                 f"{e.kind} on {_name(r)}'s socket {e.local} -> {e.peer}",
+                path=r.ev.path,
             )
         )
     if not involved:
@@ -608,17 +609,11 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds * 1e6:.0f} µs"
 
 
-def verdict_text(v: Verdict, paths: Mapping[int, str] | None = None) -> str:
+def verdict_text(v: Verdict) -> str:
     """The verdict as the CLI prints it: the headline, then per finding its causes with the
     time each explains, the worst instances (``ts`` in the rank's file, to jump to in
     Perfetto), and the notes.
-
-    Args:
-        v: the verdict.
-        paths: rank -> its file, to say where each worst instance is (default: the ranks'
-            own paths in ``v``).
     """
-    files = {t.rank: t.path for t in v.ranks} | dict(paths or {})
     lines = [f"verdict: {v.headline}"]
     for f in v.stragglers:
         lines.append(
@@ -639,7 +634,7 @@ def verdict_text(v: Verdict, paths: Mapping[int, str] | None = None) -> str:
             lines.append(
                 f"    worst: {what} {_fmt_s(w.duration_ns / 1e9)} at ts {w.ts_us:.3f}"
                 + (f" ({w.detail})" if w.detail else "")
-                + (f" in {files[f.rank]}" if files.get(f.rank) else "")
+                + (f" in {w.path}" if w.path else "")
             )
     if v.ranks and v.matched:
         lines.append(

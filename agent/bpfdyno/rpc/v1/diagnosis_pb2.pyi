@@ -17,20 +17,22 @@ class CauseTime(_message.Message):
     def __init__(self, cause: _Optional[str] = ..., seconds: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Instance(_message.Message):
-    __slots__ = ("cause", "ts_us", "start_unix_ns", "duration_ns", "detail", "tid")
+    __slots__ = ("cause", "ts_us", "start_unix_ns", "duration_ns", "detail", "tid", "path")
     CAUSE_FIELD_NUMBER: _ClassVar[int]
     TS_US_FIELD_NUMBER: _ClassVar[int]
     START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     DURATION_NS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     TID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
     cause: str
     ts_us: float
     start_unix_ns: int
     duration_ns: int
     detail: str
     tid: int
-    def __init__(self, cause: _Optional[str] = ..., ts_us: _Optional[float] = ..., start_unix_ns: _Optional[int] = ..., duration_ns: _Optional[int] = ..., detail: _Optional[str] = ..., tid: _Optional[int] = ...) -> None: ...
+    path: str
+    def __init__(self, cause: _Optional[str] = ..., ts_us: _Optional[float] = ..., start_unix_ns: _Optional[int] = ..., duration_ns: _Optional[int] = ..., detail: _Optional[str] = ..., tid: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class CollectiveEvidence(_message.Message):
     __slots__ = ("op", "source", "group", "index", "step", "size_bytes", "arrival_unix_ns", "end_unix_ns", "before", "during", "holders", "worst", "loss_events")
