@@ -201,7 +201,7 @@ def test_packet_loss_names_the_rank_on_every_lossy_connection() -> None:
     assert (f.rank, f.kind) == (2, "network")
     assert f.seconds == pytest.approx(5 * 0.040)
     assert f.causes[0].cause == "network_loss"
-    assert "13 tcp retransmit" in f.causes[0].detail
+    assert "13 TCP retransmits;" in f.causes[0].detail
     assert "rank 2 is on 13 of the 13 lost packets' connections (peers: ranks 0, 1)" in (
         f.causes[0].detail
     )
@@ -345,7 +345,7 @@ def test_retransmits_the_peer_did_not_need_are_no_loss() -> None:
     assert (f.rank, f.kind) == (1, "network")
     assert f.seconds == pytest.approx(5 * 0.060)
     assert f.causes[0].detail == (
-        "5 tcp retransmit; rank 1 is on 5 of the 5 lost packets' connections (peers: ranks 0, 2)"
+        "5 TCP retransmits; rank 1 is on 5 of the 5 lost packets' connections (peers: ranks 0, 2)"
         "; 5 more retransmit(s) were not needed (the peer had the data): not counted"
     )
     assert [w.start_unix_ns for w in f.worst] == [at(i, 30) for i in (2, 6, 10, 14, 18)]

@@ -70,6 +70,13 @@ MAX_SHIFT = 3
 MIN_CAUSE_SHARE = 0.05
 #: Worst instances listed per finding.
 TOP_INSTANCES = 5
+#: The loss events, as a finding says them (one; "s" is added for several).
+LOSS_WORDS = {
+    "tcp_retransmit": "TCP retransmit",
+    "tcp_reset_sent": "TCP reset sent",
+    "tcp_reset_received": "TCP reset received",
+    "packet_drop": "packet drop",
+}
 #: Ratio of a straggler's SM clock to the others' below which it is said to run slower.
 SLOW_CLOCK = 0.95
 #: A peer's drop of data it already had pairs with a retransmit on the same connection at
@@ -553,7 +560,10 @@ def _network_finding(
     (culprit, count), *rest = involved.most_common()
     who = by_label[culprit]
     tied = [k for k, n in rest if n == count]
-    what = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in kinds.most_common())
+    what = ", ".join(
+        f"{n} {LOSS_WORDS.get(kind, kind)}{'' if n == 1 else 's'}"
+        for kind, n in kinds.most_common()
+    )
     with_ranks = ", ".join(str(k) for k, _ in peers[culprit].most_common()) or "unknown peers"
     detail = (
         f"{what}; rank {culprit} is on {count} of the {events} lost packets' connections "
@@ -631,8 +641,9 @@ def verdict_text(v: Verdict) -> str:
             )
         for w in f.worst:
             what = CAUSES.get(w.cause, w.cause)
+            how_long = f" {_fmt_s(w.duration_ns / 1e9)}" if w.duration_ns else ""  # instants
             lines.append(
-                f"    worst: {what} {_fmt_s(w.duration_ns / 1e9)} at ts {w.ts_us:.3f}"
+                f"    worst: {what}{how_long} at ts {w.ts_us:.3f}"
                 + (f" ({w.detail})" if w.detail else "")
                 + (f" in {w.path}" if w.path else "")
             )
