@@ -268,15 +268,11 @@ class TracingService(KinetoPolls):
                     local, owner = files.get(p.output_path, (p.output_path, None))
                     try:
                         with files_as(*file_owner(owner, local)):
-                            summary = summarize_file(local, limits)
+                            summary = summarize_file(local, limits, p.output_path)
                     except FileIdentityError as e:
-                        summary = ProcessSummary(local, error=str(e))
+                        summary = ProcessSummary(p.output_path, error=str(e))
                     pid, tid = summary.pid or p.pid, summary.trace_id or trace_id
-                    ev = summary.evidence
-                    ev = replace(ev, path=p.output_path) if ev is not None else None
-                    out.append(
-                        replace(summary, path=p.output_path, pid=pid, trace_id=tid, evidence=ev)
-                    )
+                    out.append(replace(summary, pid=pid, trace_id=tid))
                 else:
                     out.append(
                         ProcessSummary(

@@ -29,18 +29,28 @@ from bpfdyno.tracing.trace_facts import TraceFacts, read_facts
 from bpfdyno.tracing.tracefile import DEFAULT_LIMITS, ReadLimits, TraceFileError, open_regular
 
 
-def summarize_file(path: str, limits: ReadLimits = DEFAULT_LIMITS) -> ProcessSummary:
+def summarize_file(
+    path: str, limits: ReadLimits = DEFAULT_LIMITS, name: str = ""
+) -> ProcessSummary:
     """Summarise one trace file, with its evidence; errors go into ``error``.
 
     The file is opened without following a link and only if it is a regular file
     (`bpfdyno.tracing.tracefile.open_regular`); the caller chooses whose rights it is read
     with (the agent reads a user's file as that user).
+
+    Args:
+        path: where to read it.
+        limits: bounds on reading it.
+        name: the file as its user knows it, in the summary and its errors (default:
+            ``path``; the agent reads a containerized trainer's file through
+            ``/proc/PID/root``).
     """
+    name = name or path
     try:
-        with open_regular(path) as f:
-            facts = read_facts(f, path, limits)
+        with open_regular(path, name) as f:
+            facts = read_facts(f, name, limits)
     except TraceFileError as e:
-        return ProcessSummary(path, error=str(e))
+        return ProcessSummary(name, error=str(e))
     return replace(summarize_facts(facts), evidence=build_evidence(facts))
 
 

@@ -773,8 +773,9 @@ def _loads(data: bytes) -> Any:
         return json.loads(data.decode("utf-8", "replace"))
 
 
-def open_regular(path: str) -> IO[bytes]:
-    """Open ``path`` for reading only if it is a regular file, never through a link.
+def open_regular(path: str, name: str = "") -> IO[bytes]:
+    """Open ``path`` for reading only if it is a regular file, never through a link
+    (``name``: the file as errors call it; default ``path``).
 
     ``O_NOFOLLOW``: a link at ``path`` is refused (whatever it points to, so the error says
     nothing of its target); ``O_NONBLOCK``: a FIFO is opened without waiting for a writer
@@ -784,17 +785,18 @@ def open_regular(path: str) -> IO[bytes]:
     Raises:
         TraceFileError: not a regular file, or cannot be opened (the reason).
     """
+    name = name or path
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
         fd = os.open(path, flags)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise TraceFileError(f"{path} is a symbolic link, not a trace file") from e
-        raise TraceFileError(f"cannot read {path}: {e.strerror}") from e
+            raise TraceFileError(f"{name} is a symbolic link, not a trace file") from e
+        raise TraceFileError(f"cannot read {name}: {e.strerror}") from e
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise TraceFileError(f"{path} is not a regular file, not a trace file")
+            raise TraceFileError(f"{name} is not a regular file, not a trace file")
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
