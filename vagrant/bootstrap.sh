@@ -25,9 +25,10 @@ APT_PACKAGES=(python3-bpfcc bpftool linux-perf nftables iproute2 tmux gcc libc6-
 # and stop its daemons themselves: no system service is enabled or used). The Debian package
 # and the container image are built and run (deploy/debian, deploy/image): dpkg-dev, debhelper
 # and python3-venv build it, lintian checks it, mmdebstrap makes the image's root filesystem
-# and podman (with runc) runs it.
+# and podman (with runc) runs it. ethtool reads NIC driver statistics beside the agent's own
+# reader (tests/sources/fabric).
 TEST_APT_PACKAGES=(prometheus vagrant systemd libcap2-bin slurmctld slurmd slurm-client munge
-	dpkg-dev debhelper python3-venv lintian mmdebstrap podman runc)
+	dpkg-dev debhelper python3-venv lintian mmdebstrap podman runc ethtool)
 
 log() { printf 'bootstrap: %s\n' "$*" >&2; }
 die() {

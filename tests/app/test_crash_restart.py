@@ -54,7 +54,7 @@ class Node:
              f'--set=kineto.socket_dir="{self.kineto_dir}"',
              f'--set=tracing.allowed_dirs=["{self.traces}"]',
              *(f"--set=collectors.{c}.enabled=false"
-               for c in ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs"))],
+               for c in ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs", "irq"))],
             stderr=subprocess.DEVNULL, text=True,
         )  # fmt: skip
         _wait("the agent", lambda: self.cli("status").returncode == 0 or None)

@@ -383,6 +383,8 @@ def test_run_checks_on_this_machine(tmp_path: Path) -> None:
         "link-protections",
         "tracepoint sched:sched_switch",
         "tracepoint sock:sock_send_length",
+        "tracepoint irq:softirq_entry",
+        "rdma",
     ]
     status = {}
     for line, name in zip(lines, names, strict=True):
@@ -395,6 +397,15 @@ def test_run_checks_on_this_machine(tmp_path: Path) -> None:
     assert any("grpc-socket: /run/bpfdyno/bpfdyno.sock " in line for line in lines)
     assert any("legacy-rpc-port: 127.0.0.1:1778 " in line for line in lines)
     assert status["peer-identity"] == "ok"
+    # No RDMA hardware here: that is how this machine is, not a problem.
+    assert status["rdma"] == "ok"
+    assert any(
+        line.endswith(
+            "rdma: no RDMA devices (/sys/class/infiniband is empty or absent): the "
+            "fabric collector reports the NICs only"
+        )
+        for line in lines
+    )
     protected = Path("/proc/sys/fs/protected_symlinks").read_text().strip() != "0"
     assert status["link-protections"] == ("ok" if protected else "warn")
 
@@ -412,3 +423,20 @@ def test_format_and_exit_code() -> None:
     )
     assert exit_code([ok, warn, optional]) == 0
     assert exit_code([ok, required]) == 1
+
+
+def test_rdma_devices_named_with_their_ports(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sources" / "fabric"))
+    from mlx5_sysfs import dgx_like
+
+    from bpfdyno.app.doctor import check_rdma
+
+    tree = dgx_like(tmp_path)
+    tree.set_link("mlx5_1", 1, "1: DOWN", "3: Disabled", "100 Gb/sec (4X EDR)")
+    assert check_rdma(tree.root) == Check(
+        "rdma",
+        True,
+        "2 device(s): mlx5_0:1 (ib0) InfiniBand, GPUs 0,1 PIX ACTIVE; "
+        "mlx5_1:1 (eth2) Ethernet, GPUs 2 PIX DOWN",
+        required=False,
+    )

@@ -28,7 +28,7 @@ LIGHT = [
     "--set=legacy_rpc.enabled=false",
     *(
         f"--set=collectors.{c}.enabled=false"
-        for c in ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs")
+        for c in ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs", "irq")
     ),
 ]
 

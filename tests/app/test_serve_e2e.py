@@ -22,7 +22,7 @@ BPFDYNO = [sys.executable, "-m", "bpfdyno"]
 LIGHT = [
     # Only the host and self collectors: this file tests the daemon, not BPF or NVML.
     f"--set=collectors.{name}.enabled=false"
-    for name in ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs")
+    for name in ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs", "irq")
 ]
 
 

@@ -33,7 +33,7 @@ from doc_blocks import write_results
 
 SECTION = "## Agent footprint at idle"
 #: Collectors switched off one at a time by --breakdown (those that run by default here).
-BREAKDOWN = ("procs", "sched", "net", "perf_sw", "host", "self")
+BREAKDOWN = ("procs", "sched", "net", "perf_sw", "host", "self", "fabric", "irq")
 
 
 def measure(

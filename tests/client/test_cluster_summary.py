@@ -71,6 +71,11 @@ def test_a_big_node_boils_down_to_its_row() -> None:
             series("net_rx_bytes_per_second", 200.0, interface="ib0"),
             series("net_tx_bytes_per_second", 50.0, interface="eth0"),
             series("net_tcp_retransmits_per_second", 2.0),
+            series("rdma_port_bytes_per_second", 4e9, device="mlx5_0", port="1", direction="tx"),
+            series("rdma_port_bytes_per_second", 1e9, device="mlx5_0", port="1", direction="rx"),
+            series("rdma_port_bytes_per_second", 2e9, device="mlx5_1", port="1", direction="tx"),
+            series("rdma_port_errors_per_second", 0.0, device="mlx5_0", port="1"),
+            series("rdma_port_errors_per_second", 3.0, device="mlx5_1", port="1"),
             series("sched_runqueue_latency_seconds", 1e-6, quantile="0.5"),
             series("sched_runqueue_latency_seconds", 4e-5, quantile="0.99"),
         ],
@@ -101,6 +106,7 @@ def test_a_big_node_boils_down_to_its_row() -> None:
     assert row.gpu_power_watts == 350.0
     assert (row.net_rx_bytes_per_second, row.net_tx_bytes_per_second) == (500.0, 50.0)
     assert row.tcp_retransmits_per_second == 2.0
+    assert (row.rdma_bytes_per_second, row.rdma_errors_per_second) == (7e9, 3.0)
     assert row.runqueue_p99_seconds == 4e-5
     assert (row.trainers, row.tracing) == (2, 1)
 
@@ -119,6 +125,8 @@ def test_what_a_node_does_not_have_is_unknown_not_zero() -> None:
         row.net_rx_bytes_per_second,
         row.runqueue_p99_seconds,
         row.memory_total_bytes,
+        row.rdma_bytes_per_second,  # no RDMA port on this node
+        row.rdma_errors_per_second,
     ):
         assert math.isnan(value)
     assert row.trainers is None  # tracing not served there

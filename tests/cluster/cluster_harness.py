@@ -39,7 +39,7 @@ NODES = ("n1", "n2", "n3", "n4")
 ADDRESSES = {name: f"127.0.0.{11 + i}" for i, name in enumerate(NODES)}
 TOKEN = "cluster-test-token-4f1c2a"
 #: Collectors the agents do not run: BPF, hardware and GPU ones (these tests read none).
-OFF_COLLECTORS = ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs")
+OFF_COLLECTORS = ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs", "irq")
 
 
 def wait_for(pred: Callable[[], bool], timeout: float, what: str, step: float = 0.1) -> None:

@@ -140,7 +140,7 @@ def test_capture_defaults_and_overrides() -> None:
     c = load(None).capture
     assert (c.enabled, c.default_tracks, c.pre_window_s) == (
         True,
-        ["net", "sched", "nccl", "gpu"],
+        ["net", "sched", "nccl", "gpu", "fabric"],
         5.0,
     )
     c = load(None, [("capture.default_tracks", '["sched"]'), ("capture.pre_window_s", "0")]).capture
@@ -157,9 +157,26 @@ def test_capture_defaults_and_overrides() -> None:
         ("capture.max_processes", "0", "must be in 1..65536"),
         ("capture.net_coalesce_gap_us", "-5", "must be in 0..10000000"),
         ("capture.gpu_sample_hz", "0", "must be in 0.1..1000"),
+        ("capture.fabric_sample_hz", "2000", "must be in 0.1..1000, got 2000"),
     ],
 )
 def test_capture_section_errors(key: str, value: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as e:
         load(None, [(key, value)])
     assert f"'{key}'" in str(e.value) and fragment in str(e.value)
+
+
+def test_fabric_and_irq_defaults_and_errors() -> None:
+    cfg = load(None)
+    assert (cfg.fabric.nic_interfaces, cfg.fabric.nic_queue_stats) == (["*"], False)
+    assert (cfg.fabric.max_stats_per_interface, cfg.irq.max_irq_cpu_series) == (1024, 4096)
+    assert cfg.capture.fabric_sample_hz == 10.0
+    assert {"fabric", "irq"} <= set(cfg.collectors)
+    for key, value, fragment in (
+        ("fabric.nic_interfaces", '["eth*", " "]', "must hold interface names or shell patterns"),
+        ("fabric.max_stats_per_interface", "-1", "must be in 0..65536, got -1"),
+        ("irq.max_irq_cpu_series", "2000000", "must be in 0..1000000, got 2000000"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            load(None, [(key, value)])
+        assert f"'{key}'" in str(e.value) and fragment in str(e.value), str(e.value)

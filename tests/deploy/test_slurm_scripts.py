@@ -24,7 +24,7 @@ def _env(run: Path, **extra: str) -> dict[str, str]:
     kineto = tempfile.mkdtemp(prefix="bd-", dir="/tmp")
     light = " ".join(
         f"--set=collectors.{c}.enabled=false"
-        for c in ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs")
+        for c in ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs", "irq")
     )
     return {
         **os.environ,

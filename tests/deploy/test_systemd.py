@@ -132,7 +132,7 @@ def test_the_units_capabilities_suffice_without_root(tmp_path: Path) -> None:
             time.sleep(0.5)
         uid = int(Path(f"/proc/{agent.pid}/status").read_text().split("Uid:")[1].split()[0])
         assert uid == 65534  # nobody, not root
-        for name in ("sched", "net", "perf_sw", "procs", "host", "kineto_ipc"):
+        for name in ("sched", "net", "perf_sw", "procs", "host", "kineto_ipc", "irq", "fabric"):
             assert states.get(name) == "COLLECTOR_STATE_OK", (name, states, log.read_text())
         assert "run statistics refused" not in log.read_text()
     finally:

@@ -39,7 +39,7 @@ def test_process_series_are_bounded_by_the_table_under_churn(tmp_path: Path) -> 
         "daemon.interval_s=0.25",
         *(
             f"collectors.{c}.enabled=false"
-            for c in ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "self")
+            for c in ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "self", "irq")
         ),
     )
     url = f"http://127.0.0.1:{port}/metrics"

@@ -38,7 +38,7 @@ from bpfdyno.version import __version__
 pytestmark = pytest.mark.slow
 
 #: Off: they need BPF or hardware, and this file tests the UI.
-OFF = ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm")
+OFF = ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "irq")
 
 
 def _flags(tmp: Path, socket_dir: str) -> list[str]:

@@ -281,3 +281,34 @@ def test_run_top_refuses_a_bad_recording(
         f'bpfdyno top: {bad}: not a bpfdyno top recording: expected "format": '
         '"bpfdyno-top-recording"\n'
     )
+
+
+async def test_the_fabric_panel_on_a_big_node_and_on_one_without_rdma() -> None:
+    # Eight adapters: one line for all of them (none in trouble), then the NICs and softirqs.
+    app, source = make_app(make_recording(processes=5, frames=2, rdma_ports=8))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app, source)
+        text = widget_text(app.query_one("#fabric-panel", Static))
+        lines = text.splitlines()
+        assert lines[0].startswith("RDMA  8 ports, 8 ACTIVE tx ")
+        assert " err 0/s" in lines[0] and not any("mlx5_" in line for line in lines)
+        assert lines[1:5] == [
+            f"{label}{nic} 200Gb discards 0/s pause 0/s pfc 120/s no buffer 0/s"
+            for label, nic in (
+                ("NIC   ", "eth1"),
+                ("      ", "eth3"),
+                ("      ", "eth5"),
+                ("      ", "eth7"),
+            )
+        ]
+        # NET_RX 0.2 s/s on CPU 1 and 0.01 on the 7 others, TIMER 0.004 and RCU 0.002 on each.
+        assert lines[5] == (
+            "IRQ   softirq 4.0% of CPU (NET_RX 3.4%, TIMER 0.4%, RCU 0.2%) · hardirq 0.1% · "
+            "busiest CPU 1 20.6%"
+        )
+    # No adapter: said so, not left blank or shown as zeros.
+    app, source = make_app(make_recording(processes=5, frames=2, rdma_ports=0))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app, source)
+        text = widget_text(app.query_one("#fabric-panel", Static))
+        assert text.splitlines()[0] == "RDMA  none on this node"

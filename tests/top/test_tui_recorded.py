@@ -103,9 +103,9 @@ async def test_replay_plays_frames_in_order_then_loops_with_shifted_time() -> No
     rec = make_recording(processes=40, frames=2, gpus=0)
     src = RecordedDataSource(rec, speed=1000.0, loop=True)
     stream = src.stream_metrics()
-    seen = [(r.unix_seconds, r.collector) for r in [await anext(stream) for _ in range(12)]]
+    kinds = ("host", "self", "sched", "net", "fabric", "irq")
+    seen = [(r.unix_seconds, r.collector) for r in [await anext(stream) for _ in range(18)]]
     # Frame 0, frame 1, then frame 0 again 2 s later (span + interval): time keeps going.
-    kinds = ("host", "self", "sched", "net")
     assert seen == [(BASE_TS + t, c) for t in (0, 1, 2) for c in kinds]
     table = await src.processes(10)
     assert table.unix_seconds == BASE_TS + 2
@@ -165,7 +165,7 @@ async def test_event_stream_starts_with_the_frames_already_played() -> None:
     rec = make_recording(processes=1, frames=3, gpus=0)
     src = RecordedDataSource(rec, speed=1000.0, loop=False)
     metrics = src.stream_metrics()
-    for _ in range(8):  # frames 0 and 1 (host, self, sched, net each)
+    for _ in range(12):  # frames 0 and 1 (host, self, sched, net, fabric, irq each)
         await anext(metrics)
     events = src.stream_events()
     got = [await anext(events) for _ in range(4)]

@@ -164,6 +164,77 @@ def net_round(i: int, ts: float) -> MetricsRound:
     )
 
 
+def fabric_round(i: int, ts: float, ports: int = 2) -> MetricsRound:
+    """The fabric collector: ``ports`` RDMA ports (InfiniBand, then RoCE), a RoCE netdev with
+    PFC pause frames."""
+    v: list[MetricValue] = [("rdma_devices", (), float(ports))]
+    for n in range(ports):
+        roce = n % 2 == 1
+        port = (("device", f"mlx5_{n}"), ("port", "1"))
+        info = (
+            ("link_layer", "Ethernet" if roce else "InfiniBand"),
+            ("netdev", f"eth{n}" if roce else f"ib{n}"),
+            ("pci", f"0000:{0x1B + n:02x}:00.0"),
+            ("numa_node", str(n // 4)),
+            ("gpus", str(n)),
+            ("gpu_link", "PIX"),
+        )
+        v.append(("rdma_port_info", (*port, *info), 1.0))
+        v += [
+            ("rdma_port_state", port, 4.0),
+            ("rdma_port_active", port, 1.0),
+            ("rdma_port_rate_bits_per_second", port, 200e9 if roce else 400e9),
+            ("rdma_port_bytes_per_second", (*port, ("direction", "tx")), wave(i, 8, 1e9, 2e10, n)),
+            (
+                "rdma_port_bytes_per_second",
+                (*port, ("direction", "rx")),
+                wave(i, 8, 1e9, 2e10, n + 1),
+            ),
+            ("rdma_port_errors_per_second", port, 0.0),
+            (
+                "rdma_counter_per_second",
+                (*port, ("group", "counters"), ("counter", "port_xmit_wait")),
+                1.5e3,
+            ),
+        ]
+        if roce:
+            for counter, rate in (("np_cnp_sent", 40.0), ("rp_cnp_handled", 12.0)):
+                v.append(
+                    (
+                        "rdma_counter_per_second",
+                        (*port, ("group", "hw_counters"), ("counter", counter)),
+                        rate,
+                    )
+                )
+            nic = (("interface", f"eth{n}"),)
+            v += [
+                ("nic_link_speed_bits_per_second", nic, 200e9),
+                ("nic_discards_per_second", (*nic, ("direction", "rx")), 0.0),
+                ("nic_pause_frames_per_second", (*nic, ("direction", "rx")), 0.0),
+                (
+                    "nic_pfc_pause_frames_per_second",
+                    (*nic, ("direction", "rx"), ("priority", "3")),
+                    120.0,
+                ),
+                ("nic_out_of_buffer_drops_per_second", nic, 0.0),
+            ]
+    return MetricsRound(ts, "fabric", tuple(v))
+
+
+def irq_round(i: int, ts: float, cores: int) -> MetricsRound:
+    """The interrupt collector: NET_RX mostly on CPU 1, TIMER and RCU everywhere."""
+    v: list[MetricValue] = []
+    for c in range(cores):
+        cpu = (("cpu", str(c)),)
+        net_rx = 0.2 if c == 1 else 0.01
+        for name, share in (("NET_RX", net_rx), ("TIMER", 0.004), ("RCU", 0.002)):
+            labels = (*cpu, ("softirq", name))
+            v.append(("softirq_seconds_per_second", labels, share))
+            v.append(("softirq_runs_per_second", labels, share * 1e6))
+        v.append(("hardirq_seconds_per_second", cpu, 0.001))
+    return MetricsRound(ts, "irq", tuple(v))
+
+
 def gpu_round(i: int, ts: float, gpus: int, gpm: bool = True) -> MetricsRound:
     """Per-GPU metrics of ``gpus`` H100s."""
     v: list[MetricValue] = []
@@ -306,6 +377,8 @@ def status(gpu_state: str = "ok", gpu_reason: str = "") -> AgentStatus:
         CollectorStatus(
             "pmu", CollectorState.UNAVAILABLE, "no hardware PMU: perf_event_open ENOENT"
         ),
+        CollectorStatus("fabric", ok, "", 1.0, 3725, 0, 0.0018, BASE_TS),
+        CollectorStatus("irq", ok, "", 1.0, 3725, 0, 0.0004, BASE_TS),
     )
     return AgentStatus(
         version="1.0.0",
@@ -358,6 +431,7 @@ def make_recording(
     unavailable: dict[str, str] | None = None,
     gpu_state: str = "ok",
     gpu_reason: str = "",
+    rdma_ports: int = 2,
 ) -> Recording:
     """A recording of a training node, fully determined by the arguments."""
     trainer_pids = tuple(1000 + 7 * (3 + 10 * n) for n in range(trainer_count))
@@ -365,7 +439,13 @@ def make_recording(
     out: list[Frame] = []
     for i in range(frames):
         ts = BASE_TS + i
-        rounds = [self_round(i, ts), bpf_round(i, ts, cores), net_round(i, ts)]
+        rounds = [
+            self_round(i, ts),
+            bpf_round(i, ts, cores),
+            net_round(i, ts),
+            fabric_round(i, ts, rdma_ports),
+            irq_round(i, ts, cores),
+        ]
         if with_host:
             rounds.insert(0, host_round(i, ts, cores))
         if gpus and gpu_state == "ok":

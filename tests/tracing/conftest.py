@@ -19,6 +19,7 @@ from tracing_harness import Harness, grpc_api
 
 from bpfdyno.server.audit import audit_servicer_factory
 from bpfdyno.server.tracing import servicer_factory
+from bpfdyno.sources.irq.collector import IrqCollector
 
 TORCH_VERSION = "2.13.0"
 
@@ -91,3 +92,15 @@ async def site(short_tmp: Path) -> AsyncIterator[Site]:
         finally:
             h.close()
             await h.comp.stop()
+
+
+@pytest.fixture(scope="module")
+def irq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IrqCollector]:
+    """The interrupt collector with its BPF program in the kernel (interrupt time for the
+    fabric track)."""
+    c = IrqCollector(header_cache=tmp_path_factory.mktemp("kheaders"))
+    c.start()
+    try:
+        yield c
+    finally:
+        c.close()

@@ -269,7 +269,7 @@ def test_the_info_slice_states_losses_and_notes() -> None:
     assert slice_["dur"] == 100_000.0
     args = slice_["args"]
     assert args["tracks"] == ["net", "sched"]
-    assert args["requested"] == ["net", "sched", "nccl", "gpu"]
+    assert args["requested"] == ["net", "sched", "nccl", "gpu", "fabric"]
     assert args["window"] == "capture"
     assert args["net_lost_ring_buffer_full"] == 4
     assert args["net_calls"] == 120

@@ -506,14 +506,16 @@ async def test_the_dyno_rpc_path_gets_the_configured_tracks(capture_harness: Har
     view = await h.wait_done(reply["traceId"], timeout=60)
     [p] = view.processes
     assert p.state is ProcState.WRITTEN
-    # [capture] default_tracks (all four); no NCCL library, no GPU collector here.
-    assert p.kernel_tracks.requested == ("net", "sched", "nccl", "gpu")
+    # [capture] default_tracks (all five); no NCCL library, no GPU collector, no interrupt
+    # collector here (the fabric track has the machine's NIC counters only).
+    assert p.kernel_tracks.requested == ("net", "sched", "nccl", "gpu", "fabric")
     assert p.kernel_tracks.state is KernelTrackState.MERGED
-    assert p.kernel_tracks.merged == ("net", "sched")
+    assert p.kernel_tracks.merged == ("net", "sched", "fabric")
     assert "nccl: process" in p.kernel_tracks.reason and "maps no libnccl" in p.kernel_tracks.reason
     assert "gpu: no GPU collector" in p.kernel_tracks.reason
+    assert "fabric: no interrupt time: the irq collector is not running" in p.kernel_tracks.reason
     evs = events(p.output_path)
-    assert info(evs)["tracks"] == ["net", "sched"]
+    assert info(evs)["tracks"] == ["net", "sched", "fabric"]
     assert info(evs)["window"] == "kineto"
     assert of_cat(evs, "bpfdyno.sched")
 

@@ -30,6 +30,7 @@ from bpfdyno.core.config import Config, load
 from bpfdyno.core.events import FlightRecorder
 from bpfdyno.server.unix_front import UnixFront
 from bpfdyno.services.tracing import TracingService, TrainerView
+from bpfdyno.tracing.capture.fabric import InterruptTimeSource
 from bpfdyno.tracing.capture.gpu import GpuCounterSource
 from bpfdyno.tracing.capture.manager import CaptureManager
 from bpfdyno.tracing.ipc import wire
@@ -142,7 +143,8 @@ class Harness:
 
     With ``capture``, the component records kernel tracks (a real `CaptureManager`: BPF
     programs, so root) with the ``[capture]`` settings of ``capture_settings`` (``--set``
-    pairs), the flight recorder ``recorder`` and GPU counters from ``gpu``.
+    pairs), the flight recorder ``recorder``, GPU counters from ``gpu``, interrupt times from
+    ``interrupts`` and RDMA ports and NICs from the sysfs under ``sysfs_root``.
     """
 
     def __init__(
@@ -153,6 +155,8 @@ class Harness:
         capture_settings: list[tuple[str, str]] | None = None,
         recorder: FlightRecorder | None = None,
         gpu: GpuCounterSource | None = None,
+        interrupts: InterruptTimeSource | None = None,
+        sysfs_root: Path = Path("/"),
         allowed: list[str] | None = None,
         overrides: Sequence[tuple[str, str]] = (),
     ) -> None:
@@ -170,13 +174,20 @@ class Harness:
         self._capture = capture
         self._recorder = recorder
         self._gpu = gpu
+        self._interrupts = interrupts
+        self._sysfs_root = sysfs_root
         self.comp = self._component()
         self.trainers: list[TrainerProc] = []
 
     def _component(self) -> TracingComponent:
         if not self._capture:
             return TracingComponent(self.cfg)
-        manager = CaptureManager(self.cfg.capture, gpu=self._gpu)
+        manager = CaptureManager(
+            self.cfg.capture,
+            gpu=self._gpu,
+            interrupts=self._interrupts,
+            sysfs_root=self._sysfs_root,
+        )
         return TracingComponent(self.cfg, capture=manager, recorder=self._recorder)
 
     async def start(self) -> None:

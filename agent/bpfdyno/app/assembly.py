@@ -74,10 +74,12 @@ def build(cfg: Config) -> Assembly:
     from bpfdyno.server.kernel import kernel_servicer_factory
     from bpfdyno.server.tracing import servicer_factory as tracing_servicer_factory
     from bpfdyno.services.kernel import KernelService
+    from bpfdyno.sources.fabric.collector import FabricCollector
     from bpfdyno.sources.gpu.collector import GpuCollector
     from bpfdyno.sources.gpu.dcgm import DcgmCollector
     from bpfdyno.sources.host.collector import HostCollector
     from bpfdyno.sources.host.self_stats import SelfCollector
+    from bpfdyno.sources.irq.collector import IrqCollector
     from bpfdyno.sources.kubelet.collector import PodResourcesCollector
     from bpfdyno.sources.net.collector import NetCollector
     from bpfdyno.sources.perf.collector import PerfSwCollector, PmuCollector
@@ -103,11 +105,17 @@ def build(cfg: Config) -> Assembly:
         else None
     )
     dcgm = DcgmCollector(host_engine=cfg.gpu.dcgm_host_engine) if on("dcgm") else None
+    fabric = FabricCollector.from_config(cfg.fabric, sink=recorder.add) if on("fabric") else None
+    irq = IrqCollector.from_config(cfg.irq) if on("irq") else None
     pause, resume = profiling_controls([c for c in (gpu, dcgm) if c is not None])
     # Kernel tracks of traced processes: their programs load in the background at start.
     capture = (
         CaptureManager(
-            cfg.capture, gpu=gpu, release_compiler_pages=True, preload_delay_s=PRELOAD_DELAY_S
+            cfg.capture,
+            gpu=gpu,
+            interrupts=irq,
+            release_compiler_pages=True,
+            preload_delay_s=PRELOAD_DELAY_S,
         )
         if cfg.capture.enabled
         else None
@@ -147,6 +155,8 @@ def build(cfg: Config) -> Assembly:
         "dcgm": dcgm,
         "procs": ProcsCollector(table) if table is not None else None,
         "kubelet": kubelet,
+        "fabric": fabric,
+        "irq": irq,
     }
     for name, collector in candidates.items():
         if collector is None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 from bpfdyno.core.catalog import Catalog
 from bpfdyno.core.metrics import MetricTable
 from bpfdyno.ebpf import metrics as bpf_metrics
+from bpfdyno.sources.fabric import metrics as fabric_metrics
 from bpfdyno.sources.gpu import dcgm_metrics
 from bpfdyno.sources.gpu import metrics as gpu_metrics
 from bpfdyno.sources.host import metrics as host_metrics
+from bpfdyno.sources.irq import metrics as irq_metrics
 from bpfdyno.sources.kubelet import metrics as kubelet_metrics
 from bpfdyno.sources.net import metrics as net_metrics
 from bpfdyno.sources.perf import metrics as perf_metrics
@@ -32,6 +34,8 @@ TABLES: tuple[MetricTable, ...] = (
     dcgm_metrics.TABLE,
     procs_metrics.TABLE,
     kubelet_metrics.TABLE,
+    fabric_metrics.TABLE,
+    irq_metrics.TABLE,
     bpf_metrics.TABLE,
 )
 

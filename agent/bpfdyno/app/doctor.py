@@ -12,6 +12,7 @@ Nothing here loads NVML or starts a BPF program, so it is safe to run next to a 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import importlib
@@ -468,6 +469,33 @@ def check_tracepoint(system: str, event: str, required: bool = True) -> Check:
     return Check(name, True, "available", required=required)
 
 
+def check_rdma(root: Path = Path("/")) -> Check:
+    """The RDMA devices the fabric collector will report; none is normal (no RDMA fabric)."""
+    from bpfdyno.sources.fabric.collector import port_places
+    from bpfdyno.sources.fabric.rdma import DeviceGone, list_devices, read_device, read_port_status
+
+    devices = []
+    for name in list_devices(root):
+        with contextlib.suppress(DeviceGone):
+            devices.append(read_device(root, name))
+    if not devices:
+        return Check(
+            "rdma",
+            True,
+            "no RDMA devices (/sys/class/infiniband is empty or absent): the fabric collector "
+            "reports the NICs only",
+            required=False,
+        )
+    ports = []
+    for place in port_places(root, devices):
+        try:
+            state = read_port_status(root, place.device, place.port).state_name
+        except DeviceGone:
+            continue
+        ports.append(f"{place.describe()} {state or '?'}")
+    return Check("rdma", True, f"{len(devices)} device(s): {'; '.join(ports)}", required=False)
+
+
 def run_checks(cfg: Config) -> list[Check]:
     """Run every check against this machine and the agent's configured endpoints.
 
@@ -496,6 +524,11 @@ def run_checks(cfg: Config) -> list[Check]:
             "tracepoint sock:sock_send_length",
             lambda: check_tracepoint("sock", "sock_send_length", required=False),
         ),
+        (
+            "tracepoint irq:softirq_entry",
+            lambda: check_tracepoint("irq", "softirq_entry", required=False),
+        ),
+        ("rdma", check_rdma),
     ]
     results = []
     for name, check in checks:

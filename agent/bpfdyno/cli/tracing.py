@@ -98,8 +98,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--kernel-tracks",
         default="",
         metavar="TRACKS",
-        help="kernel tracks merged into each file: some of net,sched,nccl,gpu, or all, or none "
-        "(default: the agent's [capture] default_tracks)",
+        help="kernel tracks merged into each file: some of net,sched,nccl,gpu,fabric, or all, "
+        "or none (default: the agent's [capture] default_tracks)",
     )
     p.add_argument(
         "--pre-window-s",

@@ -25,6 +25,7 @@ DEFAULT_SOCKET = "/run/bpfdyno/bpfdyno.sock"
 #: Collectors the daemon knows; ``[collectors.<name>]`` may only name these.
 KNOWN_COLLECTORS = (
     "host", "self", "sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs", "kubelet",
+    "fabric", "irq",
 )  # fmt: skip
 #: Collectors whose own interval is not the daemon's by default: the kubelet's allocations
 #: change only when pods start or end.
@@ -271,6 +272,30 @@ class NetSection:
 
 
 @dataclass
+class FabricSection:
+    """The fabric collector: RDMA ports (sysfs) and NIC driver statistics (ethtool)."""
+
+    #: Interfaces whose driver statistics (ETHTOOL_GSTATS) are read, as shell patterns
+    #: ("*" all; e.g. ["eth*", "ens*"]). Loopback has none.
+    nic_interfaces: list[str] = field(default_factory=lambda: ["*"])
+    #: Also export per-queue driver statistics (rx0_packets, rx_queue_3_drops, ...): tens
+    #: per queue on a multi-queue NIC. Their totals are exported either way.
+    nic_queue_stats: bool = False
+    #: Most driver statistics exported per interface; the rest are counted in
+    #: nic_driver_statistics_omitted.
+    max_stats_per_interface: int = 1024
+
+
+@dataclass
+class IrqSection:
+    """The interrupt collector: softirq time (bpf/irq.bpf.c) and /proc/interrupts."""
+
+    #: Most (IRQ, CPU) pairs reported by irq_cpu_interrupts_per_second (each pair from its
+    #: first interrupt on); beyond it, pairs are counted in irq_cpu_series_omitted.
+    max_irq_cpu_series: int = 4096
+
+
+@dataclass
 class EventsSection:
     #: The kernel/GPU event flight recorder keeps events this long (seconds)...
     max_age_s: float = 300.0
@@ -289,7 +314,7 @@ class CaptureSection:
     #: Record kernel tracks at all; false: traces are left exactly as Kineto wrote them.
     enabled: bool = True
     #: Tracks added when a request names none (and for every dyno RPC request): any of
-    #: "net", "sched", "nccl", "gpu".
+    #: "net", "sched", "nccl", "gpu", "fabric".
     default_tracks: list[str] = field(default_factory=lambda: list(KERNEL_TRACKS))
     #: Rare network events (retransmits, resets, connection changes) from this many seconds
     #: before the request are added from the flight recorder.
@@ -315,6 +340,9 @@ class CaptureSection:
     sched_min_offcpu_us: int = 0
     #: GPU counters of the traced processes' GPUs are read this often while a trace runs.
     gpu_sample_hz: float = 10.0
+    #: RDMA port and NIC counters, and interrupt time, of the traced processes' fabric are
+    #: read this often while a trace runs (the "fabric" track).
+    fabric_sample_hz: float = 10.0
 
 
 def _default_collectors() -> dict[str, CollectorSection]:
@@ -338,6 +366,8 @@ class Config:
     events: EventsSection = field(default_factory=EventsSection)
     sched: SchedSection = field(default_factory=SchedSection)
     net: NetSection = field(default_factory=NetSection)
+    fabric: FabricSection = field(default_factory=FabricSection)
+    irq: IrqSection = field(default_factory=IrqSection)
     capture: CaptureSection = field(default_factory=CaptureSection)
     #: Where the values came from, for error messages and `status`.
     source: str = field(default="<defaults>", compare=False)
@@ -554,6 +584,7 @@ def _validate(cfg: Config, path: Path | None) -> None:
     if not cfg.kubelet.pod_resources_socket.startswith("/"):
         raise bad("must be an absolute path", "kubelet.pod_resources_socket")
     _validate_capture(cfg.capture, bad)
+    _validate_fabric(cfg, bad)
 
 
 _PEM_MARKERS = {
@@ -795,5 +826,23 @@ def _validate_capture(c: CaptureSection, bad: typing.Callable[[str, str], Config
     for dotted, value, least, most in limits:
         if not least <= value <= most:
             raise bad(f"must be in {least}..{most}, got {value}", dotted)
-    if not 0.1 <= c.gpu_sample_hz <= 1000:
-        raise bad(f"must be in 0.1..1000, got {c.gpu_sample_hz}", "capture.gpu_sample_hz")
+    for key in ("gpu_sample_hz", "fabric_sample_hz"):
+        hz = getattr(c, key)
+        if not 0.1 <= hz <= 1000:
+            raise bad(f"must be in 0.1..1000, got {hz}", f"capture.{key}")
+
+
+def _validate_fabric(cfg: Config, bad: typing.Callable[[str, str], ConfigError]) -> None:
+    """The [fabric] and [irq] sections: bounds on the series they may create."""
+    for pattern in cfg.fabric.nic_interfaces:
+        if not pattern.strip():
+            raise bad(
+                "must hold interface names or shell patterns, not ''", "fabric.nic_interfaces"
+            )
+    limits = (
+        ("fabric.max_stats_per_interface", cfg.fabric.max_stats_per_interface, 0, 65536),
+        ("irq.max_irq_cpu_series", cfg.irq.max_irq_cpu_series, 0, 1_000_000),
+    )
+    for dotted, value, least, most in limits:
+        if not least <= value <= most:
+            raise bad(f"must be in {least}..{most}, got {value}", dotted)

@@ -165,18 +165,26 @@ def k8s_pod_uid(cgroup_path: str) -> str:
     return m.group(1).replace("_", "-") if m else ""
 
 
-def read_environ_var(proc_root: Path, pid: int, name: str) -> str | None:
-    """One variable of the process's initial environment; None if unset or unreadable."""
-    prefix = name.encode() + b"="
+def read_environ(proc_root: Path, pid: int, names: Collection[str]) -> dict[str, str]:
+    """The variables ``names`` that are set in the process's initial environment (its first
+    MiB); {} when it cannot be read."""
+    wanted = {n.encode() for n in names}
     try:
         with open(proc_root / str(pid) / "environ", "rb") as f:
             raw = f.read(1 << 20)
     except OSError:
-        return None
+        return {}
+    out = {}
     for entry in raw.split(b"\0"):
-        if entry.startswith(prefix):
-            return entry[len(prefix) :].decode("utf-8", "replace")
-    return None
+        key, eq, value = entry.partition(b"=")
+        if eq and key in wanted:
+            out[key.decode()] = value.decode("utf-8", "replace")
+    return out
+
+
+def read_environ_var(proc_root: Path, pid: int, name: str) -> str | None:
+    """One variable of the process's initial environment; None if unset or unreadable."""
+    return read_environ(proc_root, pid, (name,)).get(name)
 
 
 def slurm_job_from_cgroup(cgroup_path: str) -> str:

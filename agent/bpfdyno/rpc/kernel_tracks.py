@@ -8,7 +8,7 @@ is in docs/tracing.md.
 from __future__ import annotations
 
 #: Every kernel track, in the order they are listed.
-KERNEL_TRACKS = ("net", "sched", "nccl", "gpu")
+KERNEL_TRACKS = ("net", "sched", "nccl", "gpu", "fabric")
 #: The words a request may use besides the track names.
 ALL = "all"
 NONE = "none"

@@ -58,7 +58,7 @@ class TraceSpec:
             are given.
         timeout_seconds: how long the agent follows the trace; 0 = its default.
         kernel_tracks: the kernel tracks merged into each file (`bpfdyno.rpc.kernel_tracks`:
-            ``net,sched,nccl,gpu``, ``all`` or ``none``); "" = the agent's default.
+            ``net,sched,nccl,gpu,fabric``, ``all`` or ``none``); "" = the agent's default.
         pre_window_seconds: rare network events from this long before the request are
             added; None = the agent's default.
     """

@@ -56,7 +56,7 @@ def node_cells(n: NodeSummary) -> list[str]:
     """A node's cells, in `CLUSTER_COLUMNS` order (see the cluster screen)."""
     if not n.up:
         note = n.error.message if n.error is not None else "no answer"
-        return [n.node.name, "down", *([UNKNOWN] * 10), note]
+        return [n.node.name, "down", *([UNKNOWN] * 12), note]
     note = n.problems[0] if n.problems else (n.hostname if n.hostname != n.node.name else "")
     return [
         n.node.name,
@@ -70,6 +70,8 @@ def node_cells(n: NodeSummary) -> list[str]:
         fmt_value(n.gpu_power_watts, "watts") if n.gpus else UNKNOWN,
         fmt_bytes(n.net_rx_bytes_per_second),
         fmt_bytes(n.net_tx_bytes_per_second),
+        fmt_bytes(n.rdma_bytes_per_second),
+        fmt_si(n.rdma_errors_per_second),
         fmt_si(n.tcp_retransmits_per_second),
         fmt_seconds(n.runqueue_p99_seconds),
         str(n.trainers) if n.trainers is not None else UNKNOWN,

@@ -60,6 +60,8 @@ _ROW_METRICS = {
         "net_tx_bytes_per_second", "interface", skip=LOOPBACK_INTERFACES
     ),
     "net_tcp_retransmits_per_second": _RowMetric("tcp_retransmits_per_second"),
+    "rdma_port_bytes_per_second": _RowMetric("rdma_bytes_per_second"),
+    "rdma_port_errors_per_second": _RowMetric("rdma_errors_per_second"),
     "sched_runqueue_latency_seconds": _RowMetric(
         "runqueue_p99_seconds", "quantile", only=frozenset({"0.99"})
     ),
@@ -93,6 +95,9 @@ class NodeSummary:
         gpu_power_watts: summed over the GPUs.
         net_rx_bytes_per_second, net_tx_bytes_per_second: summed over the NICs but loopback.
         tcp_retransmits_per_second: TCP segments retransmitted.
+        rdma_bytes_per_second: RDMA traffic, sent and received, summed over the ports (NaN:
+            no RDMA port, or the fabric collector is not running).
+        rdma_errors_per_second: RDMA link, transport and drop errors, summed over the ports.
         runqueue_p99_seconds: run-queue latency, 99th percentile over the last interval.
         trainers: PyTorch processes of the job registered with the agent (None: unknown).
         tracing: of those, the ones tracing or holding a trace config now.
@@ -118,6 +123,8 @@ class NodeSummary:
     net_rx_bytes_per_second: float = NAN
     net_tx_bytes_per_second: float = NAN
     tcp_retransmits_per_second: float = NAN
+    rdma_bytes_per_second: float = NAN
+    rdma_errors_per_second: float = NAN
     runqueue_p99_seconds: float = NAN
     trainers: int | None = None
     tracing: int = 0
@@ -202,6 +209,8 @@ def summarize_node(
         net_rx_bytes_per_second=total("net_rx_bytes_per_second"),
         net_tx_bytes_per_second=total("net_tx_bytes_per_second"),
         tcp_retransmits_per_second=total("tcp_retransmits_per_second"),
+        rdma_bytes_per_second=total("rdma_bytes_per_second"),
+        rdma_errors_per_second=total("rdma_errors_per_second"),
         runqueue_p99_seconds=total("runqueue_p99_seconds"),
         trainers=registered,
         tracing=tracing,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from bpfdyno.tracing.capture.records import GpuSample, TrackStats
+from bpfdyno.tracing.capture.ticker import Ticker
 
 log = logging.getLogger(__name__)
 
@@ -68,17 +69,14 @@ class GpuSampler:
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self._source = source
-        self._interval = 1.0 / hz
         self._max = max_samples
         self._clock = clock
         self._lock = threading.Lock()
         self._traced: dict[Hashable, _Traced] = {}
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        #: Sampling rounds done and the time they took (for status and benchmarks).
-        self.rounds = 0
-        self.busy_s = 0.0
+        #: The sampling thread (its rounds and busy time: for status and benchmarks).
+        self.ticker = Ticker(
+            "trace-gpu-sampler", 1.0 / hz, self._busy, lambda: self._sample_once(time.monotonic())
+        )
 
     @property
     def available(self) -> str:
@@ -89,19 +87,12 @@ class GpuSampler:
 
     def start(self) -> None:
         """Start the sampling thread (it sleeps while nothing is traced)."""
-        if self._source is None or self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="trace-gpu-sampler", daemon=True)
-        self._thread.start()
+        if self._source is not None:
+            self.ticker.start()
 
     def stop(self) -> None:
         """Stop the thread (samples of processes still traced are kept)."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self.ticker.stop()
 
     def add(self, key: Hashable, pid: int) -> str:
         """Sample the GPUs of ``pid`` from now on under ``key``; "" or why it cannot be."""
@@ -110,7 +101,7 @@ class GpuSampler:
             return reason
         with self._lock:
             self._traced[key] = _Traced(pid, deque(maxlen=self._max))
-        self._wake.set()
+        self.ticker.wake()
         return ""
 
     def remove(self, key: Hashable) -> tuple[list[GpuSample], TrackStats]:
@@ -129,29 +120,9 @@ class GpuSampler:
 
     # -- the thread ---------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            with self._lock:
-                idle = not self._traced
-            if idle:
-                self._wake.wait()
-                self._wake.clear()
-                next_at = time.monotonic()
-                continue
-            t0 = time.monotonic()
-            try:
-                self._sample_once(t0)
-            except Exception:  # a bug or NVML trouble must not end sampling for good
-                log.exception("capture: sampling GPU counters failed; retrying")
-            self.rounds += 1
-            self.busy_s += time.monotonic() - t0
-            next_at += self._interval
-            delay = next_at - time.monotonic()
-            if delay <= 0:  # fell behind (a slow NVML call): skip, do not burst
-                next_at = time.monotonic()
-                delay = 0
-            self._stop.wait(delay)
+    def _busy(self) -> bool:
+        with self._lock:
+            return bool(self._traced)
 
     def _sample_once(self, now: float) -> None:
         source = self._source

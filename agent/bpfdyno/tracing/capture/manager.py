@@ -6,7 +6,9 @@ records, for that process only, what its request asked for:
 
 * ``net`` and ``sched`` through `KernelCapture` (bpf/capture.bpf.c),
 * ``nccl`` through `NcclCapture` (bpf/nccl.bpf.c on its libnccl),
-* ``gpu`` through `GpuSampler` (the GPU collector's NVML reads).
+* ``gpu`` through `GpuSampler` (the GPU collector's NVML reads),
+* ``fabric`` through `FabricSampler` (RDMA ports and NICs from sysfs and ethtool, interrupt
+  time from the interrupt collector).
 
 All BPF work happens on one thread of its own ("trace-capture"): it loads both programs when
 the manager starts (so the first trace does not wait for a compile), attaches them when the
@@ -38,8 +40,10 @@ from typing import NamedTuple
 
 from bpfdyno.core.config import CaptureSection
 from bpfdyno.core.events import MonotonicClock
+from bpfdyno.core.pidfs import read_environ
 from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.tracing.capture.fabric import FabricSampler, InterruptTimeSource
 from bpfdyno.tracing.capture.gpu import GpuCounterSource, GpuSampler
 from bpfdyno.tracing.capture.kernel import KernelCapture
 from bpfdyno.tracing.capture.nccl import NcclCapture
@@ -74,14 +78,10 @@ def distributed_info(pid: int, proc_root: Path = Path("/proc")) -> dict[str, int
     daemon path does not), and tools such as Holistic Trace Analysis need the rank to tell the
     files of a job apart; torchrun puts it in every rank's environment.
     """
-    try:
-        raw = (proc_root / str(pid) / "environ").read_bytes()
-    except OSError:
-        return None
-    env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    env = read_environ(proc_root, pid, [var for var, _ in _DIST_ENV])
     out: dict[str, int] = {}
     for var, key in _DIST_ENV:
-        value = env.get(var.encode(), b"")
+        value = env.get(var, "")
         if value.isdigit():
             out[key] = int(value)
     return out if "rank" in out and "world_size" in out else None
@@ -166,8 +166,12 @@ class CaptureManager:
     Args:
         settings: the ``[capture]`` section.
         gpu: the GPU collector's counters (None: no GPU track).
+        interrupts: the interrupt collector's times (None: no interrupt time in the fabric
+            track).
         header_cache: where generated kernel headers are cached.
         proc_root: where /proc is.
+        sysfs_root: the directory holding ``sys/`` for the fabric track (a fixture tree in
+            tests).
         release_compiler_pages: after loading the programs, advise the compiler's pages out
             of memory (what ``bpfdyno serve`` does after its other programs).
         preload_delay_s: compile the programs this long after `start`, or at the first
@@ -180,8 +184,10 @@ class CaptureManager:
         self,
         settings: CaptureSection,
         gpu: GpuCounterSource | None = None,
+        interrupts: InterruptTimeSource | None = None,
         header_cache: Path | None = None,
         proc_root: Path = Path("/proc"),
+        sysfs_root: Path = Path("/"),
         release_compiler_pages: bool = False,
         preload_delay_s: float = 0.0,
     ) -> None:
@@ -190,6 +196,13 @@ class CaptureManager:
         self.kernel = KernelCapture(settings, header_cache)
         self.nccl = NcclCapture(settings, header_cache, proc_root)
         self.gpu = GpuSampler(gpu, settings.gpu_sample_hz, settings.max_events_per_process)
+        self.fabric = FabricSampler(
+            interrupts,
+            settings.fabric_sample_hz,
+            settings.max_events_per_process,
+            root=sysfs_root,
+            proc_root=proc_root,
+        )
         self._proc_root = proc_root
         self._release_pages = release_compiler_pages
         self._queue: queue.Queue[object] = queue.Queue()
@@ -215,6 +228,7 @@ class CaptureManager:
         self._thread = threading.Thread(target=self._run, name="trace-capture", daemon=True)
         self._thread.start()
         self.gpu.start()
+        self.fabric.start()
 
     def stop(self) -> None:
         """Stop recording everything, detach and unload (blocks until the thread is done)."""
@@ -224,6 +238,7 @@ class CaptureManager:
         self._thread.join()
         self._thread = None
         self.gpu.stop()
+        self.fabric.stop()
 
     def wait_loaded(self, timeout: float | None = None) -> bool:
         """Wait until the programs are loaded (or failed to load); for tests and tools."""
@@ -427,6 +442,10 @@ class CaptureManager:
             reason = self.gpu.add(key, key.pid)
             if reason:
                 active.notes[Track.GPU] = reason
+        if Track.FABRIC in request.tracks:
+            reason = self.fabric.add(key, key.pid)
+            if reason:
+                active.notes[Track.FABRIC] = reason
         log.info(
             "capture: recording %s of pid %d for trace %s",
             ", ".join(request.names()),
@@ -498,6 +517,9 @@ class CaptureManager:
             samples, gpu_stats = self.gpu.remove(active.key)
             stats[Track.GPU] = gpu_stats
             self._keep(active, list(samples))
+        if Track.FABRIC in tracks:
+            fabric_records, stats[Track.FABRIC] = self.fabric.remove(active.key)
+            self._keep(active, fabric_records)
         for track in tracks:
             st = stats.setdefault(track, TrackStats())
             if track in active.notes and not st.note:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class Track(enum.Enum):
@@ -19,10 +20,11 @@ class Track(enum.Enum):
     SCHED = "sched"
     NCCL = "nccl"
     GPU = "gpu"
+    FABRIC = "fabric"
 
 
 #: Every track, in the order they are listed and written.
-ALL_TRACKS = (Track.NET, Track.SCHED, Track.NCCL, Track.GPU)
+ALL_TRACKS = (Track.NET, Track.SCHED, Track.NCCL, Track.GPU, Track.FABRIC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +190,43 @@ class GpuSample:
     values: dict[str, float]
 
 
-KernelRecord = NetBurst | NetEvent | OffCpu | NcclCall | GpuSample
+@dataclass(frozen=True, slots=True)
+class FabricDelta:
+    """How much a group of a fabric device's counters advanced over one sampling interval.
+
+    Attributes:
+        start_ns, end_ns: the interval (CLOCK_MONOTONIC, two consecutive readings).
+        device: ``rdma mlx5_0:1``, ``nic eth2``, or ``cpu`` (the CPUs the process's threads
+            ran on in the interval).
+        group: ``bytes``, ``packets``, ``congestion``, ``errors``, ``drops``, ``pause``,
+            ``interrupt time``.
+        values: counter -> its advance (bytes for ``bytes``, ns for ``interrupt time``,
+            counts for the others).
+    """
+
+    start_ns: int
+    end_ns: int
+    device: str
+    group: str
+    values: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class FabricEvent:
+    """A link of a traced process's fabric went down or came up.
+
+    Attributes:
+        ts_ns: the reading that saw it.
+        kind: ``rdma_link_down``, ``rdma_link_up``, ``nic_carrier_down``, ``nic_carrier_up``.
+        attrs: the device and its state.
+    """
+
+    ts_ns: int
+    kind: str
+    attrs: dict[str, str | int] = field(default_factory=dict)
+
+
+KernelRecord = NetBurst | NetEvent | OffCpu | NcclCall | GpuSample | FabricDelta | FabricEvent
 #: The track each kind of record belongs to.
 TRACK_OF: dict[type, Track] = {
     NetBurst: Track.NET,
@@ -196,6 +234,8 @@ TRACK_OF: dict[type, Track] = {
     OffCpu: Track.SCHED,
     NcclCall: Track.NCCL,
     GpuSample: Track.GPU,
+    FabricDelta: Track.FABRIC,
+    FabricEvent: Track.FABRIC,
 }
 
 
@@ -210,6 +250,7 @@ class TrackStats:
         short_offcpu: off-CPU intervals under the minimum, counted only (sched), and
             ``short_offcpu_ns`` their total length.
         note: why the track is missing or partial ("" when complete).
+        info: what else the trace's info slice says of the track (``<track>_<key>``).
     """
 
     events: int = 0
@@ -218,6 +259,7 @@ class TrackStats:
     short_offcpu: int = 0
     short_offcpu_ns: int = 0
     note: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

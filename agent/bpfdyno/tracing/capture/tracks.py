@@ -15,6 +15,10 @@ Every event goes under the traced process's pid, on rows (synthetic thread ids f
 * ``NCCL: thread <tid>``: one slice per NCCL call with its arguments (``bpfdyno.nccl``), and
   ``ncclGroup`` slices from ncclGroupStart to the matching ncclGroupEnd;
 * counters ``GPU <n> <counter> (<unit>)`` (``bpfdyno.gpu``) and ``kernel net bytes``;
+* counters ``fabric rdma mlx5_0:1 bytes``, ``fabric nic eth2 drops``, ``fabric cpu interrupt
+  time (ns)``... (``bpfdyno.fabric``): what each group of counters advanced over each
+  sampling interval, written at the interval's start; and instants on ``fabric events`` for
+  links that went down or came up;
 * ``kernel tracks``: one slice over the window named ``bpfdyno kernel tracks`` whose args
   say what was recorded, what was lost or coalesced, and how the clocks were aligned.
 
@@ -40,6 +44,8 @@ from bpfdyno.tracing.capture import causes
 from bpfdyno.tracing.capture.nccl import DATATYPE_BYTES, DATATYPES, REDOPS, RESULTS
 from bpfdyno.tracing.capture.records import (
     ALL_TRACKS,
+    FabricDelta,
+    FabricEvent,
     GpuSample,
     NcclCall,
     NetBurst,
@@ -56,6 +62,7 @@ CAT_NET = "bpfdyno.net"
 CAT_SCHED = "bpfdyno.sched"
 CAT_NCCL = "bpfdyno.nccl"
 CAT_GPU = "bpfdyno.gpu"
+CAT_FABRIC = "bpfdyno.fabric"
 CAT_INFO = "bpfdyno.info"
 #: Name of the slice over the window that describes the merged tracks.
 INFO_NAME = "bpfdyno kernel tracks"
@@ -261,6 +268,8 @@ def write_tracks(
         counts[Track.NCCL] = _nccl(w, by_kind[NcclCall], shift, window)
     if Track.GPU in wanted:
         counts[Track.GPU] = _gpu(w, by_kind[GpuSample], shift, window)
+    if Track.FABRIC in wanted:
+        counts[Track.FABRIC] = _fabric(w, by_kind[FabricDelta], by_kind[FabricEvent], shift, window)
     info = _info(capture, window, counts, base_ns)
     w.slices(
         "kernel tracks",
@@ -476,6 +485,38 @@ def _gpu(w: _Writer, samples: list[GpuSample], shift: int, window: Window) -> in
     return n
 
 
+def fabric_counter_name(device: str, group: str) -> str:
+    """The counter of a fabric device's group: ``fabric rdma mlx5_0:1 bytes``,
+    ``fabric cpu interrupt time (ns)``."""
+    return f"fabric {device} {group}" + (" (ns)" if group == "interrupt time" else "")
+
+
+def _fabric(
+    w: _Writer, deltas: list[FabricDelta], events: list[FabricEvent], shift: int, window: Window
+) -> int:
+    """Each (device, group) as a counter: at each interval's start, what the interval added;
+    after the last interval, a point of zeros (a counter keeps its value until the next one)."""
+    series: dict[tuple[str, str], list[FabricDelta]] = defaultdict(list)
+    for d in deltas:
+        if _overlaps(d.start_ns + shift, d.end_ns + shift, window):
+            series[(d.device, d.group)].append(d)
+    n = 0
+    for (device, group), points in sorted(series.items()):
+        points.sort(key=lambda d: d.start_ns)
+        name = fabric_counter_name(device, group)
+        for d in points:
+            w.counter(name, d.start_ns + shift, CAT_FABRIC, dict(d.values))
+            n += 1
+        last = points[-1]
+        w.counter(name, last.end_ns + shift, CAT_FABRIC, dict.fromkeys(last.values, 0))
+    for e in sorted(events, key=lambda e: e.ts_ns):
+        ts = e.ts_ns + shift
+        if window.start_ns <= ts <= window.end_ns:
+            w.instant("fabric events", ts, e.kind.replace("_", " "), CAT_FABRIC, dict(e.attrs))
+            n += 1
+    return n
+
+
 def _info(
     capture: ProcessCapture, window: Window, counts: dict[Track, int], base_ns: int
 ) -> dict[str, Any]:
@@ -522,4 +563,6 @@ def _info(
             info["sched_short_offcpu_total_us"] = round(st.short_offcpu_ns / 1000, 3)
         if st.note:
             info[f"{key}_note"] = st.note
+        for name, value in st.info.items():
+            info[f"{key}_{name}"] = value
     return info

@@ -44,6 +44,8 @@ CLUSTER_COLUMNS = (
     Column("power", "POWER", 5),
     Column("rx", "NET RX", 6),
     Column("tx", "NET TX", 6),
+    Column("rdma", "RDMA", 6),
+    Column("rerr", "RERR", 4),
     Column("retx", "RETX", 4),
     Column("runq", "RUNQ99", 6),
     Column("trainers", "TRN", 3),

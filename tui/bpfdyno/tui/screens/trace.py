@@ -186,8 +186,12 @@ class TraceScreen(ModalScreen[None]):
                 yield Label("Kernel", classes="form-label")
                 for cid, name in TRACKS:
                     yield Checkbox(name, value=True, id=cid, compact=True)
-                yield Label(" pre-window s ", classes="form-label-inline")
+            with Horizontal(classes="form-row"):
+                yield Label("Before", classes="form-label")
                 yield Input("", id="trace-prewindow", compact=True, placeholder="default")
+                yield Label(
+                    " s of rare network events before the request", classes="form-label-inline"
+                )
             yield Static("", id="trace-error")
             yield Static("", id="trace-progress")
             with Horizontal(id="trace-buttons"):

@@ -1,4 +1,5 @@
-"""The Overview tab: CPU per core, memory, load, disks, NICs and one panel per GPU.
+"""The Overview tab: CPU per core, memory, load, disks, NICs, the kernel's view, the fabric
+(RDMA ports, NIC drops and pause frames, softirq time) and one panel per GPU.
 
 Each panel is a `Static` rebuilt from the metrics model on the refresh tick; widths adapt to
 the terminal (sparklines take the room left over, per-core bars wrap into columns), so the
@@ -303,6 +304,155 @@ class KernelPanel(Static):
         self.update(lines)
 
 
+#: An RDMA port's logical states (rdma_port_state) and link layers, in words.
+PORT_STATES = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+LINK_LAYERS = {"InfiniBand": "IB", "Ethernet": "RoCE"}
+#: More RDMA ports than this get one line for all, and one more per port in trouble.
+MAX_PORT_LINES = 4
+#: The NIC statistics that explain drops the socket layer never sees, as (title, metric).
+NIC_PROBLEMS = (
+    ("discards", "nic_discards_per_second"),
+    ("pause", "nic_pause_frames_per_second"),
+    ("pfc", "nic_pfc_pause_frames_per_second"),
+    ("no buffer", "nic_out_of_buffer_drops_per_second"),
+)
+
+
+class FabricPanel(Static):
+    """The fabric: per RDMA port its link, traffic, errors and congestion; NICs whose driver
+    counts discards, pause or PFC frames; the CPU time softirqs and interrupts take."""
+
+    def update_view(self, state: TopState) -> None:
+        """Rebuild from the rdma_*, nic_*, softirq_* and hardirq_* metrics; each part alone."""
+        m = state.metrics
+        wide = (self.size.width or 80) >= 120
+        lines = label_grid()
+        ports = sorted(
+            (d for d, _ in m.series("rdma_port_info")),
+            key=lambda d: (d.get("device", ""), d.get("port", "")),
+        )
+        shown = ports
+        if len(ports) > MAX_PORT_LINES:  # a big node: the total, then only the ports in trouble
+            lines.add_row("RDMA", _ports_total(m, ports))
+            shown = [p for p in ports if _in_trouble(m, p)]
+        for info in shown:
+            lines.add_row("RDMA" if not lines.row_count else "", _port_line(m, info, wide))
+        if not ports:
+            devices = m.latest("rdma_devices")
+            if devices == 0:
+                lines.add_row("RDMA", Text("none on this node", style="dim"))
+            else:
+                lines.add_row("RDMA", unavailable_reason(state, "fabric", "RDMA ports"))
+        for i, ifname in enumerate(_nics_with_problems(m)):
+            lines.add_row("NIC" if i == 0 else "", _nic_line(m, ifname))
+        lines.add_row("IRQ", _irq_line(m, state))
+        self.update(lines)
+
+
+def _port_line(m: MetricsModel, info: dict[str, str], wide: bool) -> Text:
+    """``mlx5_0:1 IB ACTIVE 200G tx 1.2GB/s rx 1.1GB/s err 0/s cnp 0/s wait 0/s``."""
+    device, port = info.get("device", ""), info.get("port", "")
+    key = _port_key(info)
+    state = m.latest("rdma_port_state", key)
+    active = m.latest("rdma_port_active", key) == 1.0
+    errors = m.latest("rdma_port_errors_per_second", key)
+
+    def counter(name: str) -> float:
+        return sum(
+            v
+            for _, v in m.series("rdma_counter_per_second", device=device, port=port, counter=name)
+        )
+
+    cnp = [counter(c) for c in ("np_cnp_sent", "rp_cnp_handled")]
+    text = Text(f"{device}:{port} ")
+    text.append(f"{LINK_LAYERS.get(info.get('link_layer', ''), '?'):<4} ")
+    words = PORT_STATES.get(int(state), "?") if not math.isnan(state) else "?"
+    text.append(f"{words:<6} ", style="" if active else "bold red")
+    text.append(f"{fmt_si(m.latest('rdma_port_rate_bits_per_second', key), 'b'):>5}")
+    for direction in ("tx", "rx"):
+        rate = m.latest("rdma_port_bytes_per_second", (*key, ("direction", direction)))
+        text.append(f" {direction} {fmt_bytes(rate):>6}/s")
+    text.append(" err ")
+    text.append(fmt_si(errors, "/s"), style="bold red" if errors > 0 else "")
+    if any(m.series("rdma_counter_per_second", device=device, port=port, counter="np_cnp_sent")):
+        text.append(f" cnp {fmt_si(sum(cnp), '/s')}")
+    if wide:
+        text.append(f" wait {fmt_si(counter('port_xmit_wait'), '/s')}")
+        if info.get("netdev"):
+            text.append(f"  {info['netdev']}", style="dim")
+        if info.get("gpus"):
+            text.append(f" GPU {info['gpus']} {info.get('gpu_link', '')}", style="dim")
+    return no_wrap(text)
+
+
+def _port_key(info: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return (("device", info.get("device", "")), ("port", info.get("port", "")))
+
+
+def _in_trouble(m: MetricsModel, info: dict[str, str]) -> bool:
+    """A port not ACTIVE, or with errors in the last interval."""
+    key = _port_key(info)
+    return (
+        m.latest("rdma_port_active", key) != 1.0 or m.latest("rdma_port_errors_per_second", key) > 0
+    )
+
+
+def _ports_total(m: MetricsModel, ports: list[dict[str, str]]) -> Text:
+    """``8 ports, 8 ACTIVE tx 9.6GB/s rx 9.1GB/s err 0/s``."""
+    active = sum(m.latest("rdma_port_active", _port_key(p)) == 1.0 for p in ports)
+    text = Text(f"{len(ports)} ports, ")
+    text.append(f"{active} ACTIVE", style="" if active == len(ports) else "bold red")
+    for direction in ("tx", "rx"):
+        rate = sum(v for _, v in m.series("rdma_port_bytes_per_second", direction=direction))
+        text.append(f" {direction} {fmt_bytes(rate)}/s")
+    errors = sum(v for _, v in m.series("rdma_port_errors_per_second"))
+    text.append(" err ")
+    text.append(fmt_si(errors, "/s"), style="bold red" if errors > 0 else "")
+    return no_wrap(text)
+
+
+def _nics_with_problems(m: MetricsModel) -> list[str]:
+    """Interfaces whose driver reports the well-known drop and pause counters."""
+    names = {d.get("interface", "") for _, metric in NIC_PROBLEMS for d, _ in m.series(metric)}
+    return sorted(n for n in names if n)
+
+
+def _nic_line(m: MetricsModel, ifname: str) -> Text:
+    """``eth2 100G discards 0/s pause 0/s pfc 12/s no buffer 0/s``."""
+    speed = m.latest("nic_link_speed_bits_per_second", (("interface", ifname),))
+    text = Text(f"{ifname} {fmt_si(speed, 'b')}")
+    for title, metric in NIC_PROBLEMS:
+        rate = sum(v for _, v in m.series(metric, interface=ifname))
+        text.append(f" {title} ")
+        text.append(fmt_si(rate, "/s"), style="yellow" if rate > 0 else "")
+    return no_wrap(text)
+
+
+def _irq_line(m: MetricsModel, state: TopState) -> Text:
+    """The CPU time softirqs and device interrupts take, the largest softirqs, the busiest
+    CPU: ``softirq 3.6% of CPU (NET_RX 3.4%, TIMER 0.4%) · hardirq 0.1% · busiest CPU 1 21.6%``.
+    """
+    soft = m.series("softirq_seconds_per_second")
+    if not soft:
+        return unavailable_reason(state, "irq", "softirq time")
+    hard = m.series("hardirq_seconds_per_second")
+    cpus = {d.get("cpu", "") for d, _ in hard} | {d.get("cpu", "") for d, _ in soft}
+    n = max(1, len(cpus))
+    by_name: dict[str, float] = {}
+    by_cpu: dict[str, float] = {}
+    for d, v in soft:
+        by_name[d.get("softirq", "")] = by_name.get(d.get("softirq", ""), 0.0) + v
+        by_cpu[d.get("cpu", "")] = by_cpu.get(d.get("cpu", ""), 0.0) + v
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:3]
+    text = Text(f"softirq {fmt_percent(sum(by_name.values()) / n, 1)} of CPU (")
+    text.append(", ".join(f"{name} {fmt_percent(v / n, 1)}" for name, v in top) + ")")
+    text.append(f" · hardirq {fmt_percent(sum(v for _, v in hard) / n, 1)}")
+    cpu, busiest = max(by_cpu.items(), key=lambda kv: kv[1])
+    text.append(f" · busiest CPU {cpu} ")
+    text.append(fmt_percent(busiest, 1), style=level_style(busiest))
+    return no_wrap(text)
+
+
 GPM_FIELDS = (
     ("SM", "gpu_sm_active_ratio"),
     ("occ", "gpu_sm_occupancy_ratio"),
@@ -382,12 +532,20 @@ class OverviewView(VerticalScroll):
         yield DiskPanel(id="disk-panel", classes="panel")
         yield NetPanel(id="net-panel", classes="panel")
         yield KernelPanel(id="kernel-panel", classes="panel")
+        yield FabricPanel(id="fabric-panel", classes="panel")
         yield GpuPanel(id="gpu-panel", classes="panel")
 
     def update_view(self, state: TopState) -> None:
         """Rebuild every panel from the state."""
         for panel in self.query(".panel"):
             if isinstance(
-                panel, CpuPanel | MemoryPanel | DiskPanel | NetPanel | KernelPanel | GpuPanel
+                panel,
+                CpuPanel
+                | MemoryPanel
+                | DiskPanel
+                | NetPanel
+                | KernelPanel
+                | FabricPanel
+                | GpuPanel,
             ):
                 panel.update_view(state)

@@ -1,0 +1,1 @@
+"""Fabric telemetry: RDMA ports (InfiniBand, RoCE) from sysfs, NIC driver statistics."""

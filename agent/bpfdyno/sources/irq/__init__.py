@@ -1,0 +1,1 @@
+"""Interrupt telemetry: softirq and device-interrupt time from BPF, interrupts per IRQ."""

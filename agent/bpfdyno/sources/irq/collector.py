@@ -1,0 +1,378 @@
+"""Interrupt telemetry: ``bpf/irq.bpf.c`` for softirq and handler time, ``/proc/interrupts``.
+
+Two parts, each working without the other:
+
+- **BPF** (``bpf/irq.bpf.c``, four programs on the ``irq:softirq_*`` and
+  ``irq:irq_handler_*`` raw tracepoints): per CPU, the time and runs of each softirq and of
+  device interrupt handlers, kept in a per-CPU array that each collection reads once. The
+  same array answers `cpu_interrupt_times` for the ``fabric`` track of traces.
+- **/proc/interrupts**: interrupts per IRQ (named after its handlers: NIC queues, RDMA
+  completion vectors, the GPU) and per (IRQ, CPU).
+
+Rates come from the difference of two readings; the first collection returns none. A
+(CPU, softirq) or (IRQ, CPU) pair is reported from its first event since the agent started,
+so CPUs that never see NET_TX or an IRQ pinned elsewhere do not fill the store with zeros;
+(IRQ, CPU) pairs are capped at ``[irq] max_irq_cpu_series``.
+
+If the BPF part cannot load (no BPF, not root), the collector keeps reading /proc/interrupts
+and says why the softirq time is missing (degraded); if neither part works it is unavailable.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import compress
+from operator import ne, sub
+from pathlib import Path
+
+from bpfdyno.core.config import IrqSection
+from bpfdyno.core.metrics import Labels, Sample, sample
+from bpfdyno.core.status import PartState
+from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.ebpf.maps import percpu_words
+from bpfdyno.ebpf.program import BpfProgram
+from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S
+from bpfdyno.sources.base import Collector, CollectorUnavailable
+from bpfdyno.sources.counters import counter_delta
+from bpfdyno.sources.host.procfs import ProcfsError
+from bpfdyno.sources.irq.metrics import (
+    CPU_INTERRUPTS,
+    CPU_SERIES_OMITTED,
+    HARDIRQ_RUNS,
+    HARDIRQ_TIME,
+    INTERRUPTS,
+    SOFTIRQ_RUNS,
+    SOFTIRQ_TIME,
+)
+from bpfdyno.sources.irq.procfs import Interrupts, read_interrupts
+from bpfdyno.sources.perf.perf_event import online_cpus
+
+log = logging.getLogger(__name__)
+
+#: The kernel's softirq vectors in order (the rows of /proc/softirqs; IRQ_NR_SOFTIRQS in
+#: bpf/irq.h; a test checks both).
+SOFTIRQS = (
+    "HI",
+    "TIMER",
+    "NET_TX",
+    "NET_RX",
+    "BLOCK",
+    "IRQ_POLL",
+    "TASKLET",
+    "SCHED",
+    "HRTIMER",
+    "RCU",
+)
+#: Word offsets in struct irq_cpu (bpf/irq.h).
+_SOFT_NS, _SOFT_COUNT, _HARD_NS, _HARD_COUNT = (
+    0,
+    len(SOFTIRQS),
+    2 * len(SOFTIRQS),
+    2 * len(SOFTIRQS) + 1,
+)
+CPU_WORDS = 2 * len(SOFTIRQS) + 6
+
+#: Raw tracepoint -> program, in attach order (exits first: an entry without its exit would
+#: leave a start time that the exit program then takes for the next one).
+PROGRAMS = (
+    ("softirq_exit", "bpfdyno_softout"),
+    ("irq_handler_exit", "bpfdyno_hardout"),
+    ("softirq_entry", "bpfdyno_softin"),
+    ("irq_handler_entry", "bpfdyno_hardin"),
+)
+_CPU_MAP = "bpfdyno_icpu"
+
+
+@dataclass(frozen=True, slots=True)
+class CpuInterrupts:
+    """Cumulative interrupt time and runs of one CPU since the program was loaded.
+
+    Attributes:
+        softirq_ns: time in each softirq, in the order of `SOFTIRQS`.
+        softirq_runs: runs of each softirq.
+        hardirq_ns: time in device interrupt handlers.
+        hardirq_runs: device interrupt handler runs.
+    """
+
+    softirq_ns: tuple[int, ...]
+    softirq_runs: tuple[int, ...]
+    hardirq_ns: int
+    hardirq_runs: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    t: float
+    cpus: dict[int, CpuInterrupts]
+
+
+class IrqCollector(Collector):
+    """Softirq and interrupt-handler time per CPU (BPF), interrupts per IRQ and CPU (procfs).
+
+    Args:
+        root: directory holding ``proc/`` and ``sys/`` (a fixture tree in tests).
+        max_irq_cpu_series: most (IRQ, CPU) pairs reported (``[irq] max_irq_cpu_series``).
+        load_bpf: load the BPF part (False: /proc/interrupts only, e.g. for tests of it).
+        stats_on_s: BPF run statistics are on for this long ...
+        stats_period_s: ... once per this period (see `bpfdyno.ebpf.runstats.BpfRunStats`).
+        clock: monotonic seconds.
+        header_cache: where `bpfdyno.ebpf.kheaders` caches generated headers.
+
+    Raises:
+        ValueError: ``max_irq_cpu_series`` below 0.
+    """
+
+    name = "irq"
+    may_block = False  # a per-CPU BPF array and one procfs file
+
+    def __init__(
+        self,
+        *,
+        root: Path = Path("/"),
+        max_irq_cpu_series: int = IrqSection.max_irq_cpu_series,
+        load_bpf: bool = True,
+        stats_on_s: float = DEFAULT_ON_S,
+        stats_period_s: float = DEFAULT_PERIOD_S,
+        clock: Callable[[], float] = time.monotonic,
+        header_cache: Path | None = None,
+    ) -> None:
+        if max_irq_cpu_series < 0:
+            raise ValueError(
+                f"[irq] max_irq_cpu_series must be 0 or more, got {max_irq_cpu_series}"
+            )
+        self._root = root
+        self._max_pairs = max_irq_cpu_series
+        self._load_bpf = load_bpf
+        self._stats_args = (stats_on_s, stats_period_s)
+        self._clock = clock
+        self._header_cache = header_cache
+        self._program: BpfProgram | None = None
+        self._lock = threading.Lock()  # the program, against `cpu_interrupt_times` callers
+        self._online: frozenset[int] = frozenset()
+        self._bpf_missing = ""
+        self._procfs_error = ""
+        self._prev_bpf: _Reading | None = None
+        self._prev_irqs: tuple[float, Interrupts] | None = None
+        #: CPU -> the softirqs (vector numbers) that ran there since the start, with labels.
+        self._soft_pairs: dict[int, list[tuple[int, Labels]]] = {}
+        #: IRQ -> the columns (of /proc/interrupts' CPUs) where it had interrupts, each with
+        #: its series' labels (built once: a big machine reports thousands of pairs).
+        self._irq_pairs: dict[str, list[tuple[int, Labels]]] = {}
+        self._pair_count = 0
+        self._pairs_seeded = False  # every line's pairs looked at once
+        self._omitted_pairs: set[tuple[str, int]] = set()
+
+    @classmethod
+    def from_config(cls, section: IrqSection) -> IrqCollector:
+        """Build the collector from the ``[irq]`` config section."""
+        return cls(max_irq_cpu_series=section.max_irq_cpu_series)
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load and attach the BPF part, check /proc/interrupts, take the first readings.
+
+        Raises:
+            CollectorUnavailable: neither part works here (the reason names both).
+        """
+        procfs_error = ""
+        try:
+            self._prev_irqs = (self._clock(), read_interrupts(self._root))
+        except ProcfsError as e:
+            procfs_error = str(e)
+        if self._load_bpf:
+            try:
+                self._program = self._load()
+            except BpfLoadError as e:
+                self._bpf_missing = str(e)
+        else:
+            self._bpf_missing = "the BPF part is turned off"
+        if self._program is None and procfs_error:
+            raise CollectorUnavailable(
+                f"no interrupt source works: softirq time: {self._bpf_missing}; "
+                f"/proc/interrupts: {procfs_error}"
+            )
+        self._online = frozenset(online_cpus(self._root / "sys/devices/system/cpu/online"))
+        if self._program is not None:
+            self._program.start_run_stats(*self._stats_args)
+            self._prev_bpf = self._read_bpf()
+
+    def _load(self) -> BpfProgram:
+        program = BpfProgram.load("irq.bpf.c", header_cache=self._header_cache)
+        try:
+            for tracepoint, fn in PROGRAMS:
+                program.attach_raw_tracepoint(tracepoint, fn)
+        except BpfLoadError:
+            program.close()
+            raise
+        return program
+
+    def close(self) -> None:
+        """Detach and unload the BPF part (idempotent)."""
+        with self._lock:
+            if self._program is not None:
+                self._program.close()
+                self._program = None
+
+    # --- collection ----------------------------------------------------------------------
+
+    def collect(self) -> Sequence[Sample]:
+        """Rates of the interval since the previous collection (none on the first).
+
+        Raises:
+            ProcfsError: /proc/interrupts failed and there is no BPF part to report instead.
+        """
+        out: list[Sample] = []
+        if self._program is not None:
+            cur = self._read_bpf()
+            prev, self._prev_bpf = self._prev_bpf, cur
+            if prev is not None and cur.t > prev.t:
+                out += self._bpf_samples(prev, cur)
+            out += self._program.run_stats_samples()
+        try:
+            out += self._procfs_samples()
+            self._procfs_error = ""
+        except ProcfsError as e:
+            if not self._procfs_error:
+                log.warning("interrupts per IRQ skipped: %s", e)
+            self._procfs_error = str(e)
+            if self._program is None:
+                raise
+        return out
+
+    def health(self) -> tuple[PartState, str] | None:
+        """Degraded while one part is missing, with why; else what is measured."""
+        missing = []
+        if self._program is None:
+            missing.append(f"softirq and interrupt-handler time unavailable: {self._bpf_missing}")
+        if self._procfs_error:
+            missing.append(f"interrupts per IRQ unavailable: {self._procfs_error}")
+        if missing:
+            return PartState.DEGRADED, "; ".join(missing)
+        return PartState.OK, (
+            f"softirq and handler time on {len(self._online)} CPUs; "
+            f"{self._pair_count} (IRQ, CPU) pairs with interrupts"
+        )
+
+    def cpu_interrupt_times(self) -> dict[int, CpuInterrupts] | None:
+        """Online CPU -> its cumulative interrupt time now; None without the BPF part.
+
+        Thread-safe: the trace capture calls it at its own rate.
+        """
+        with self._lock:
+            if self._program is None:
+                return None
+            return self._read_bpf().cpus
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _read_bpf(self) -> _Reading:
+        assert self._program is not None
+        words = percpu_words(self._program.table(_CPU_MAP))
+        t = self._clock()
+        cpus = {
+            cpu: CpuInterrupts(
+                tuple(w[_SOFT_NS : _SOFT_NS + len(SOFTIRQS)]),
+                tuple(w[_SOFT_COUNT : _SOFT_COUNT + len(SOFTIRQS)]),
+                w[_HARD_NS],
+                w[_HARD_COUNT],
+            )
+            for cpu, w in enumerate(words)
+            if cpu in self._online  # bcc returns a slot for every *possible* CPU
+        }
+        return _Reading(t, cpus)
+
+    def _bpf_samples(self, prev: _Reading, cur: _Reading) -> list[Sample]:
+        dt = cur.t - prev.t
+        out: list[Sample] = []
+        for cpu, now in sorted(cur.cpus.items()):
+            before = prev.cpus.get(cpu)
+            if before is None:
+                continue
+            name = str(cpu)
+            labels = {"cpu": name}
+            out.append(
+                sample(HARDIRQ_TIME, (now.hardirq_ns - before.hardirq_ns) / 1e9 / dt, labels)
+            )
+            out.append(sample(HARDIRQ_RUNS, (now.hardirq_runs - before.hardirq_runs) / dt, labels))
+            vecs = self._soft_pairs.get(cpu)
+            if vecs is None or len(vecs) < len(SOFTIRQS):  # softirqs that ran here for once
+                seen = list(compress(range(len(SOFTIRQS)), now.softirq_runs))
+                if vecs is None or len(seen) != len(vecs):
+                    vecs = self._soft_pairs[cpu] = [
+                        (vec, (("cpu", name), ("softirq", SOFTIRQS[vec]))) for vec in seen
+                    ]
+            spent = list(map(sub, now.softirq_ns, before.softirq_ns))
+            runs = list(map(sub, now.softirq_runs, before.softirq_runs))
+            for vec, pair in vecs:
+                out.append(Sample(SOFTIRQ_TIME, spent[vec] / 1e9 / dt, pair))
+                out.append(Sample(SOFTIRQ_RUNS, runs[vec] / dt, pair))
+        return out
+
+    def _procfs_samples(self) -> list[Sample]:
+        t = self._clock()
+        cur = read_interrupts(self._root, self._prev_irqs[1] if self._prev_irqs else None)
+        prev, self._prev_irqs = self._prev_irqs, (t, cur)
+        if prev is None or t <= prev[0]:
+            return []
+        dt = t - prev[0]
+        columns = [str(cpu) for cpu in cur.cpus]
+        first, self._pairs_seeded = not self._pairs_seeded, True
+        out: list[Sample] = []
+        for irq, line in cur.lines.items():
+            old = prev[1].lines.get(irq)
+            if old is None or len(old.fields) != len(line.fields):
+                continue  # a new IRQ (a device came), or the CPUs changed: rates from the next
+            per_cpu = len(line.fields) == len(columns)
+            if first and per_cpu:
+                nonzero = compress(range(len(columns)), map("0".__ne__, line.fields))
+                self._add_pairs(irq, list(nonzero), columns)
+            # Only the columns whose text changed are converted (on a large machine, most do
+            # not change between two readings).
+            moved = (
+                []
+                if line is old
+                else list(compress(range(len(line.fields)), map(ne, line.fields, old.fields)))
+            )
+            deltas = {
+                col: counter_delta(int(old.fields[col]), int(line.fields[col])) for col in moved
+            }
+            if per_cpu and moved:
+                self._add_pairs(irq, [col for col in moved if line.fields[col] != "0"], columns)
+            if None not in deltas.values():
+                total = sum(d for d in deltas.values() if d is not None)
+                named = (("irq", irq), ("name", line.name))
+                out.append(Sample(INTERRUPTS, total / dt, named))
+            for col, labels in self._irq_pairs.get(irq, ()):
+                delta = deltas.get(col, 0)
+                if delta is not None:
+                    out.append(Sample(CPU_INTERRUPTS, delta / dt, labels))
+        out.append(sample(CPU_SERIES_OMITTED, len(self._omitted_pairs)))
+        return out
+
+    def _add_pairs(self, irq: str, nonzero: list[int], columns: list[str]) -> None:
+        """Report these (IRQ, column) pairs, which have had interrupts, from now on (up to the
+        cap); those reported already are skipped."""
+        have = self._irq_pairs.get(irq, [])
+        known = {col for col, _ in have}
+        for col in nonzero:
+            if col in known or (irq, col) in self._omitted_pairs:
+                continue
+            if self._pair_count < self._max_pairs:
+                have = self._irq_pairs[irq] = sorted(
+                    [*have, (col, (("irq", irq), ("cpu", columns[col])))]
+                )
+                known.add(col)
+                self._pair_count += 1
+                continue
+            if not self._omitted_pairs:
+                log.warning(
+                    "more than [irq] max_irq_cpu_series = %d (IRQ, CPU) pairs have interrupts; "
+                    "the others are left out (irq_cpu_series_omitted counts them)",
+                    self._max_pairs,
+                )
+            self._omitted_pairs.add((irq, col))
