@@ -402,3 +402,40 @@ def test_the_first_cause_s_worst_instances_come_first() -> None:
     [f] = compare([healthy(0), slow, healthy(2)]).stragglers
     assert [c.cause for c in f.causes] == ["io_wait", "cpu_wait"]
     assert f.worst == tuple(dataclasses.replace(w, path="/t/r1.json") for w in (read, wait))
+
+
+def test_fabric_congestion_names_the_rank_whose_ports_counted_it() -> None:
+    """Every other collective 40 ms slower while rank 3's RDMA port counted CNPs and a few
+    errors (the fabric track); the others' fabric was quiet."""
+
+    def node(r: int) -> RankEvidence:
+        cs = [
+            dataclasses.replace(
+                collective(i, i * 100, i * 100 + (45 if i % 2 == 0 else 5)),
+                fabric_congestion=120 if (r == 3 and i % 2 == 0) else 0,
+                fabric_errors=2 if (r == 3 and i % 2 == 0) else 0,
+            )
+            for i in range(20)
+        ]
+        return dataclasses.replace(rank(r, cs), fabric_devices=(f"rdma mlx5_{r}:1",))
+
+    v = compare([node(r) for r in range(4)])
+    [f] = v.stragglers
+    assert (f.rank, f.kind) == (3, "fabric")
+    assert f.seconds == pytest.approx(10 * 0.040)
+    assert [c.cause for c in f.causes] == ["fabric"]
+    assert f.causes[0].detail == (
+        "20 errors or drops and 1200 congestion signals (CNPs, ECN marks, transmit waits, "
+        "pause frames) on rdma mlx5_3:1"
+    )
+    assert "  rank 3 on node (fabric): 400.0 ms lost" in verdict_text(v)
+
+
+def test_interrupt_time_in_the_run_up_is_a_cause() -> None:
+    slow = rank(
+        1,
+        [collective(i, i * 100 + 20, i * 100 + 25, {"interrupts": 0.019}) for i in range(20)],
+    )
+    [f] = compare([healthy(0), slow, healthy(2)]).stragglers
+    assert (f.rank, f.causes[0].cause) == (1, "interrupts")
+    assert f.causes[0].seconds == pytest.approx(20 * 0.019)

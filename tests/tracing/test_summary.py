@@ -195,3 +195,41 @@ def test_the_table_marks_the_rank_that_stands_out() -> None:
     assert "1.00 MiB (1048576 B)" in lines["net sent"]
     assert text.splitlines()[-5].startswith("! stands out")
     assert "pid 102: /t/r2.json" in text
+
+
+def test_the_fabric_track_in_the_evidence(tmp_path: Path) -> None:
+    """What the fabric track's counters advanced between a collective's run-up and its end,
+    and the interrupt time of its CPUs in the run-up (as the fabric track writes them)."""
+
+    def counter(name: str, ts: float, args: dict[str, int]) -> dict[str, Any]:
+        return {
+            "ph": "C",
+            "cat": "bpfdyno.fabric",
+            "name": name,
+            "pid": PID,
+            "ts": ts,
+            "args": args,
+        }
+
+    span = {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans"}
+    events = [
+        {**span, "tid": "x", "ts": 1000.0, "dur": 1000.0},
+        x("user_annotation", "gloo:all_reduce", 1200.0, 100.0, 99),
+        counter("fabric cpu interrupt time (ns)", 1050.0, {"NET_RX": 300_000, "hardirq": 20_000}),
+        counter("fabric cpu interrupt time (ns)", 1250.0, {"NET_RX": 7, "hardirq": 0}),
+        counter(
+            "fabric rdma mlx5_0:1 congestion", 1100.0, {"np_cnp_sent": 30, "port_xmit_wait": 70}
+        ),
+        counter("fabric rdma mlx5_0:1 errors", 1290.0, {"symbol_error": 2}),
+        counter("fabric rdma mlx5_0:1 errors", 1400.0, {"symbol_error": 5}),  # after it
+        counter("fabric nic eth2 drops", 1100.0, {"rx_dropped": 1}),
+        x("bpfdyno.info", "bpfdyno kernel tracks", 1000.0, 1000.0, 5, {"tracks": ["fabric"]}),
+    ]
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps({"baseTimeNanoseconds": 0, "traceEvents": events}))
+    ev = summarize_file(str(path)).evidence
+    assert ev is not None
+    assert ev.fabric_devices == ("nic eth2", "rdma mlx5_0:1")
+    [c] = ev.collectives
+    assert (c.fabric_congestion, c.fabric_errors) == (100, 3)
+    assert {t.cause: t.seconds for t in c.before}["interrupts"] == pytest.approx(320e-6)

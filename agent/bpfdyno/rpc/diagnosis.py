@@ -31,7 +31,8 @@ CAUSES: dict[str, str] = {
     "blocked": "blocked (other)",
     "network_loss": "network loss (TCP retransmits, resets, drops)",
     "gpu_compute": "more GPU compute",
-    "fabric": "fabric congestion or errors",
+    "fabric": "fabric congestion or errors (RDMA ports, NICs)",
+    "interrupts": "CPU time taken by interrupts and softirqs",
     "unexplained": "not seen by the kernel (slower compute or Python work)",
 }
 
@@ -108,6 +109,9 @@ class CollectiveEvidence:
         worst: the longest instance of each cause in the run-up and during.
         loss_events: TCP retransmits, resets and drops (not duplicates) on the rank's sockets
             from the run-up's start to the end.
+        fabric_congestion, fabric_errors: what the rank's RDMA ports and NICs counted over the
+            same time (the fabric track): congestion signals (CNPs, ECN marks, transmit waits,
+            pause frames), and errors (link errors, drops, discards).
     """
 
     op: str
@@ -123,6 +127,8 @@ class CollectiveEvidence:
     holders: tuple[CauseTime, ...] = ()
     worst: tuple[Instance, ...] = ()
     loss_events: int = 0
+    fabric_congestion: int = 0
+    fabric_errors: int = 0
 
 
 @record(diagnosis_pb2.LossEvent)
@@ -168,6 +174,7 @@ class RankEvidence:
         gpu_sm_clock_mhz: the mean SM clock of its GPUs in the window (0: no GPU track).
         steps: where a step's time went.
         notes: what limits the evidence (no kernel tracks, records lost...).
+        fabric_devices: the RDMA ports and NICs of its fabric track.
     """
 
     path: str
@@ -185,6 +192,7 @@ class RankEvidence:
     gpu_sm_clock_mhz: float = 0.0
     steps: StepSplit = StepSplit()
     notes: tuple[str, ...] = ()
+    fabric_devices: tuple[str, ...] = ()
 
 
 @record(diagnosis_pb2.RankTiming)
@@ -220,8 +228,9 @@ class Finding:
 
     Attributes:
         rank, host, pid: which.
-        kind: ``late`` (it reached collectives after the others) or ``network`` (collectives
-            were slowed by packet loss on its connections).
+        kind: ``late`` (it reached collectives after the others), ``network`` (collectives
+            were slowed by packet loss on its connections) or ``fabric`` (collectives were
+            slowed while its RDMA ports or NICs counted congestion or errors).
         seconds: the job's time lost to it.
         share: that time over the compared time.
         causes: the causes the kernel saw, by the time each explains (most first).

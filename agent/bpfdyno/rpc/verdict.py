@@ -38,7 +38,7 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from bpfdyno.rpc.diagnosis import (
@@ -70,6 +70,8 @@ MAX_SHIFT = 3
 MIN_CAUSE_SHARE = 0.05
 #: Worst instances listed per finding.
 TOP_INSTANCES = 5
+#: A finding's kind, as the verdict's text says it.
+KIND_WORDS = {"late": "late to collectives", "network": "network loss", "fabric": "fabric"}
 #: The loss events, as a finding says them (one; "s" is added for several).
 LOSS_WORDS = {
     "tcp_retransmit": "TCP retransmit",
@@ -189,6 +191,9 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
         ):
             findings.append(_late_finding(by_label[label], matches, seconds, span, rs))
     network = _network_finding(matches, rs, span, losses, spurious)
+    fabric = _fabric_finding(matches, rs, span)
+    if fabric is not None:
+        findings.append(fabric)
     if network is not None:
         findings.append(network)
     findings.sort(key=lambda f: -f.seconds)
@@ -513,16 +518,7 @@ def _network_finding(
     spurious: list[_Loss],
 ) -> Finding | None:
     """Collectives slowed by packet loss, and whose connections lost the packets."""
-    transfer = []
-    for m in matches:
-        t = max(m.ends.values()) - max(m.arrivals.values())
-        transfer.append((max(t, 0.0), m.lossy, m))
-    clean = [t for t, lossy, _ in transfer if not lossy]
-    if len(clean) >= 3:
-        baseline = statistics.median(clean)
-    else:
-        baseline = sorted(t for t, _, _ in transfer)[len(transfer) // 4]
-    lost = sum(max(0.0, t - baseline) for t, lossy, _ in transfer if lossy)
+    lost = _slowed(matches, lambda m: m.lossy)
     if lost < max(MIN_SECONDS, MIN_SHARE * span):
         return None
     owner: dict[str, int] = {}
@@ -593,6 +589,64 @@ def _network_finding(
     )
 
 
+def _slowed(matches: list[_Match], flagged: Callable[[_Match], bool]) -> float:
+    """Seconds the flagged collectives took beyond the others: each one's time from the last
+    arrival to the last completion, over the median of the unflagged ones' (over the lower
+    quartile of all when fewer than 3 are unflagged)."""
+    transfer = [
+        (max(0.0, max(m.ends.values()) - max(m.arrivals.values())), flagged(m)) for m in matches
+    ]
+    clean = [t for t, bad in transfer if not bad]
+    if len(clean) >= 3:
+        baseline = statistics.median(clean)
+    else:
+        baseline = sorted(t for t, _ in transfer)[len(transfer) // 4]
+    return sum(max(0.0, t - baseline) for t, bad in transfer if bad)
+
+
+def _fabric_finding(matches: list[_Match], rs: list[_Rank], span: float) -> Finding | None:
+    """Collectives slowed while the fabric (the ranks' RDMA ports and NICs, the fabric track)
+    counted congestion or errors, and whose fabric counted most."""
+
+    def troubled(m: _Match) -> bool:
+        return any(c.fabric_congestion or c.fabric_errors for c in m.members.values())
+
+    lost = _slowed(matches, troubled)
+    if lost < max(MIN_SECONDS, MIN_SHARE * span):
+        return None
+    congestion: Counter[int] = Counter()
+    errors: Counter[int] = Counter()
+    for m in matches:
+        if troubled(m):
+            for label, c in m.members.items():
+                congestion[label] += c.fabric_congestion
+                errors[label] += c.fabric_errors
+    by_label = {r.label: r for r in rs}
+    culprit = max(by_label, key=lambda k: (errors[k], congestion[k]))
+    who = by_label[culprit]
+    others = sorted(k for k in by_label if k != culprit and errors[k] + congestion[k])
+    devices = ", ".join(who.ev.fabric_devices) or "its fabric"
+    detail = (
+        f"{errors[culprit]} errors or drops and {congestion[culprit]} congestion signals "
+        f"(CNPs, ECN marks, transmit waits, pause frames) on {devices}"
+        + (f"; fewer on rank(s) {', '.join(map(str, others))}" if others else "")
+    )
+    return Finding(
+        rank=culprit,
+        host=who.ev.host,
+        pid=who.ev.pid,
+        kind="fabric",
+        seconds=lost,
+        share=lost / span,
+        causes=(CauseTime("fabric", lost, detail),),
+        summary=(
+            f"the fabric of {_name(who)} slowed the collectives by {_fmt_s(lost)} "
+            f"({lost / span:.0%} of the {_fmt_s(span)} compared): {errors[culprit]} errors or "
+            f"drops, {congestion[culprit]} congestion signals on {devices}"
+        ),
+    )
+
+
 def _single_headline(rs: list[_Rank]) -> str:
     if not rs:
         return "no trace to compare"
@@ -629,7 +683,7 @@ def verdict_text(v: Verdict) -> str:
         lines.append(
             ("  " + (f"rank {f.rank}" if f.rank >= 0 else f"pid {f.pid}"))
             + (f" on {f.host}" if f.host else "")
-            + f" ({'late to collectives' if f.kind == 'late' else 'network loss'}): "
+            + f" ({KIND_WORDS.get(f.kind, f.kind)}): "
             f"{_fmt_s(f.seconds)} lost, {f.share:.0%} of the {_fmt_s(v.compared_seconds)} compared"
         )
         width = max((len(CAUSES.get(c.cause, c.cause)) for c in f.causes), default=0)

@@ -36,6 +36,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from bpfdyno.rpc.diagnosis import (
     OFFCPU_CAUSE,
@@ -113,6 +114,9 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         key=lambda e: e.ts_us,
     )
     loss_ts = [e.ts_us for e in listed if not _duplicate(e)]
+    congestion = _Totals(facts, FABRIC_CONGESTION, lo, hi)
+    errors = _Totals(facts, FABRIC_ERRORS, lo, hi)
+    interrupts = _Totals(facts, ("interrupt time",), lo, hi)
     out: list[CollectiveEvidence] = []
     previous: dict[str, float] = {}
     index: dict[str, int] = defaultdict(int)
@@ -121,6 +125,11 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         run_up = previous.get(c.group, lo)
         previous[c.group] = c.start_us
         before, holders, worst_before = _causes(threads, busy, run_up, c.start_us)
+        stolen = interrupts.between(run_up, c.start_us) / 1e9  # ns of CPU time
+        if stolen > 0:
+            before = tuple(
+                sorted((*before, CauseTime("interrupts", stolen)), key=lambda t: -t.seconds)
+            )
         during, _, worst_during = _causes(threads, busy, c.start_us, c.end_us)
         worst = {w.cause: w for w in worst_during}
         for w in worst_before:  # the run-up's, unless the collective itself had a longer one
@@ -143,6 +152,8 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
                 worst=tuple(_instance(w, facts) for w in worst.values()),
                 loss_events=bisect.bisect_right(loss_ts, c.end_us)
                 - bisect.bisect_left(loss_ts, run_up),
+                fabric_congestion=congestion.between(run_up, c.end_us),
+                fabric_errors=errors.between(run_up, c.end_us),
             )
         )
         index[c.group] += 1
@@ -179,7 +190,29 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         gpu_sm_clock_mhz=_mean_clock(facts, lo, hi),
         steps=_step_split(steps, chosen, threads, busy, pid),
         notes=tuple(notes),
+        fabric_devices=tuple(sorted({d for _, d, _, _ in facts.fabric if d != "cpu"})),
     )
+
+
+#: The fabric track's groups that are congestion signals, and those that are errors.
+FABRIC_CONGESTION = ("congestion", "pause")
+FABRIC_ERRORS = ("errors", "drops")
+
+
+class _Totals:
+    """The fabric track's points of some groups inside the window, summed over time ranges
+    (each point is what its counters advanced over the interval starting there)."""
+
+    def __init__(self, facts: TraceFacts, groups: Sequence[str], lo: float, hi: float) -> None:
+        points = sorted((ts, n) for ts, _, g, n in facts.fabric if g in groups and lo <= ts <= hi)
+        self.ts = [ts for ts, _ in points]
+        self.sums = [0, *accumulate(n for _, n in points)]
+
+    def between(self, lo: float, hi: float) -> int:
+        """The total of the points from ``lo`` (inclusive) to ``hi`` (exclusive)."""
+        return (
+            self.sums[bisect.bisect_left(self.ts, hi)] - self.sums[bisect.bisect_left(self.ts, lo)]
+        )
 
 
 def _duplicate(e: NetInstant) -> bool:

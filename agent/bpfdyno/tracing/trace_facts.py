@@ -12,7 +12,8 @@ parsing only the events either needs, and keeps each as a compact interval:
 * from bpfdyno's kernel tracks (categories ``bpfdyno.*``, see
   `bpfdyno.tracing.capture.tracks`): off-CPU slices with their cause and who held the CPU,
   network bursts and rare events with their endpoints, NCCL calls, GPU counter samples, and
-  the tracks' info slice.
+  the fabric track's counters (what each group advanced per interval), and the tracks' info
+  slice.
 
 Times are kept in microseconds on the file's own time base (``ts``, relative to
 ``baseTimeNanoseconds``), as floats, exactly as in the file.
@@ -31,7 +32,14 @@ from dataclasses import dataclass, field
 from itertools import chain, repeat
 from typing import IO, Any
 
-from bpfdyno.tracing.capture.tracks import CAT_GPU, CAT_INFO, CAT_NCCL, CAT_NET, CAT_SCHED
+from bpfdyno.tracing.capture.tracks import (
+    CAT_FABRIC,
+    CAT_GPU,
+    CAT_INFO,
+    CAT_NCCL,
+    CAT_NET,
+    CAT_SCHED,
+)
 from bpfdyno.tracing.tracefile import (
     DEFAULT_LIMITS,
     Categories,
@@ -148,6 +156,9 @@ class TraceFacts:
     nccl_calls: list[Collective] = field(default_factory=list)
     #: GPU counters: name -> [(ts_us, value)].
     gpu_counters: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    #: The fabric track's points: (ts_us, device, group, the sum of what its counters
+    #: advanced over the interval that starts there); device ``cpu`` for interrupt time.
+    fabric: list[tuple[float, str, str, int]] = field(default_factory=list)
     dropped: int = 0  # intervals beyond MAX_INTERVALS (not kept)
 
     @property
@@ -195,6 +206,7 @@ class _Reader:
             CAT_NET: self.net,
             CAT_NCCL: self.nccl,
             CAT_GPU: self.gpu,
+            CAT_FABRIC: self.fabric,
             CAT_INFO: self.info,
         }
 
@@ -422,6 +434,22 @@ class _Reader:
             series = self.f.gpu_counters.setdefault(str(e.get("name", "")), [])
             if self._room(series):
                 series.append((ts, float(value)))
+
+    def fabric(self, e: dict[str, Any], ts: float) -> None:
+        """``fabric rdma mlx5_0:1 congestion``, ``fabric cpu interrupt time (ns)``: what the
+        group's counters advanced from this point to the next."""
+        if e.get("ph") != "C" or not self._room(self.f.fabric):
+            return
+        name = str(e.get("name", "")).removeprefix("fabric ").removesuffix(" (ns)")
+        if name == "cpu interrupt time":
+            device, group = "cpu", "interrupt time"
+        else:
+            kind, _, rest = name.partition(" ")
+            dev, _, group = rest.partition(" ")
+            device = f"{kind} {dev}"
+        values = (e.get("args") or {}).values()
+        total = sum(int(v) for v in values if v.__class__ in _NUM)
+        self.f.fabric.append((ts, device, group, total))
 
     def info(self, e: dict[str, Any], ts: float) -> None:
         if e.get("ph") == "X" and isinstance(e.get("args"), dict):

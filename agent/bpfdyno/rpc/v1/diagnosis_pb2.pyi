@@ -35,7 +35,7 @@ class Instance(_message.Message):
     def __init__(self, cause: _Optional[str] = ..., ts_us: _Optional[float] = ..., start_unix_ns: _Optional[int] = ..., duration_ns: _Optional[int] = ..., detail: _Optional[str] = ..., tid: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class CollectiveEvidence(_message.Message):
-    __slots__ = ("op", "source", "group", "index", "step", "size_bytes", "arrival_unix_ns", "end_unix_ns", "before", "during", "holders", "worst", "loss_events")
+    __slots__ = ("op", "source", "group", "index", "step", "size_bytes", "arrival_unix_ns", "end_unix_ns", "before", "during", "holders", "worst", "loss_events", "fabric_congestion", "fabric_errors")
     OP_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,8 @@ class CollectiveEvidence(_message.Message):
     HOLDERS_FIELD_NUMBER: _ClassVar[int]
     WORST_FIELD_NUMBER: _ClassVar[int]
     LOSS_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_CONGESTION_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_ERRORS_FIELD_NUMBER: _ClassVar[int]
     op: str
     source: str
     group: str
@@ -62,7 +64,9 @@ class CollectiveEvidence(_message.Message):
     holders: _containers.RepeatedCompositeFieldContainer[CauseTime]
     worst: _containers.RepeatedCompositeFieldContainer[Instance]
     loss_events: int
-    def __init__(self, op: _Optional[str] = ..., source: _Optional[str] = ..., group: _Optional[str] = ..., index: _Optional[int] = ..., step: _Optional[int] = ..., size_bytes: _Optional[int] = ..., arrival_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., before: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ..., during: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ..., holders: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ..., worst: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ..., loss_events: _Optional[int] = ...) -> None: ...
+    fabric_congestion: int
+    fabric_errors: int
+    def __init__(self, op: _Optional[str] = ..., source: _Optional[str] = ..., group: _Optional[str] = ..., index: _Optional[int] = ..., step: _Optional[int] = ..., size_bytes: _Optional[int] = ..., arrival_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., before: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ..., during: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ..., holders: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ..., worst: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ..., loss_events: _Optional[int] = ..., fabric_congestion: _Optional[int] = ..., fabric_errors: _Optional[int] = ...) -> None: ...
 
 class LossEvent(_message.Message):
     __slots__ = ("kind", "ts_us", "unix_ns", "local", "peer")
@@ -89,7 +93,7 @@ class StepSplit(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., step_seconds: _Optional[float] = ..., parts: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ...) -> None: ...
 
 class RankEvidence(_message.Message):
-    __slots__ = ("path", "host", "pid", "rank", "world_size", "base_ns", "window_start_unix_ns", "window_end_unix_ns", "kernel_tracks", "collectives", "local_addresses", "loss_events", "gpu_sm_clock_mhz", "steps", "notes")
+    __slots__ = ("path", "host", "pid", "rank", "world_size", "base_ns", "window_start_unix_ns", "window_end_unix_ns", "kernel_tracks", "collectives", "local_addresses", "loss_events", "gpu_sm_clock_mhz", "steps", "notes", "fabric_devices")
     PATH_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +109,7 @@ class RankEvidence(_message.Message):
     GPU_SM_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_DEVICES_FIELD_NUMBER: _ClassVar[int]
     path: str
     host: str
     pid: int
@@ -120,7 +125,8 @@ class RankEvidence(_message.Message):
     gpu_sm_clock_mhz: float
     steps: StepSplit
     notes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, path: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., base_ns: _Optional[int] = ..., window_start_unix_ns: _Optional[int] = ..., window_end_unix_ns: _Optional[int] = ..., kernel_tracks: _Optional[_Iterable[str]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveEvidence, _Mapping]]] = ..., local_addresses: _Optional[_Iterable[str]] = ..., loss_events: _Optional[_Iterable[_Union[LossEvent, _Mapping]]] = ..., gpu_sm_clock_mhz: _Optional[float] = ..., steps: _Optional[_Union[StepSplit, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+    fabric_devices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, path: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., base_ns: _Optional[int] = ..., window_start_unix_ns: _Optional[int] = ..., window_end_unix_ns: _Optional[int] = ..., kernel_tracks: _Optional[_Iterable[str]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveEvidence, _Mapping]]] = ..., local_addresses: _Optional[_Iterable[str]] = ..., loss_events: _Optional[_Iterable[_Union[LossEvent, _Mapping]]] = ..., gpu_sm_clock_mhz: _Optional[float] = ..., steps: _Optional[_Union[StepSplit, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ..., fabric_devices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RankTiming(_message.Message):
     __slots__ = ("rank", "host", "pid", "path", "collectives", "last", "held_seconds", "lateness_seconds", "collective_seconds", "step_seconds")
