@@ -233,3 +233,25 @@ def test_the_fabric_track_in_the_evidence(tmp_path: Path) -> None:
     [c] = ev.collectives
     assert (c.fabric_congestion, c.fabric_errors) == (100, 3)
     assert {t.cause: t.seconds for t in c.before}["interrupts"] == pytest.approx(320e-6)
+
+
+def test_blocked_inside_the_dataloader_is_waiting_for_its_workers(tmp_path: Path) -> None:
+    """The main thread blocked (futex) inside enumerate(DataLoader): waiting for the workers'
+    next batch; the part of the same block outside it stays a lock."""
+    span = {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans"}
+    loader = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
+    blocked = {"tid": PID, "cause": "lock", "syscall": "futex"}
+    events = [
+        {**span, "tid": "x", "ts": 1000.0, "dur": 1000.0},
+        x("user_annotation", loader, 1100.0, 300.0),
+        x("bpfdyno.sched", "blocked: lock (futex)", 1050.0, 400.0, 2, blocked),
+        x("user_annotation", "gloo:all_reduce", 1500.0, 100.0, 99),
+        x("bpfdyno.info", "bpfdyno kernel tracks", 1000.0, 1000.0, 5, {"tracks": ["sched"]}),
+    ]
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps({"baseTimeNanoseconds": 0, "traceEvents": events}))
+    ev = summarize_file(str(path)).evidence
+    assert ev is not None
+    [c] = ev.collectives
+    before = {t.cause: t.seconds for t in c.before}
+    assert before == {"data_loader": pytest.approx(300e-6), "lock": pytest.approx(100e-6)}
