@@ -18,7 +18,8 @@
  *   fire in softirq context;
  * - the off-CPU intervals of its threads: switched out runnable (preempted: waiting for a
  *   CPU) or blocked (sleep, I/O, lock, futex), the wakeup of a blocked thread, and the switch
- *   back in. Intervals shorter than CAP_MIN_OFFCPU_NS are only counted and summed.
+ *   back in, with the task that held the CPU just before (who it waited for). Intervals
+ *   shorter than CAP_MIN_OFFCPU_NS are only counted and summed.
  *
  * Raw tracepoints reading struct sock / task_struct: needs the "btf" kernel-header flavour.
  *
@@ -512,6 +513,14 @@ int bpfdyno_cswitch(struct bpf_raw_tracepoint_args *ctx)
 			e->syscall = th->syscall;
 			e->pad = 0;
 			bpf_probe_read_kernel(&e->comm, sizeof(e->comm), &next->comm);
+			/* prev (current) held this CPU until now: unless it is the idle task, the
+			 * thread waited for it (helpers only: no task_struct read). */
+			e->held_tgid = tgid;
+			e->held_tid = tid;
+			if (tid)
+				bpf_get_current_comm(&e->held_comm, sizeof(e->held_comm));
+			else
+				__builtin_memset(&e->held_comm, 0, sizeof(e->held_comm));
 			bpfdyno_csched.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
 			__sync_fetch_and_add(&p->offcpu, 1);
 		} else {

@@ -131,7 +131,12 @@ struct cap_offcpu {
 	s32 syscall;  /* the system call it blocked in; -1: none, or not known on this arch */
 	u32 pad;
 	char comm[CAP_COMM_LEN];
+	/* The task that held the CPU just before it got it back (0: the CPU was idle): who it
+	 * waited for while it was runnable. */
+	u32 held_tgid;
+	u32 held_tid;
+	char held_comm[CAP_COMM_LEN];
 };
-_Static_assert(sizeof(struct cap_offcpu) == 64, "cap_offcpu layout");
+_Static_assert(sizeof(struct cap_offcpu) == 88, "cap_offcpu layout");
 
 #endif /* BPFDYNO_CAPTURE_H */

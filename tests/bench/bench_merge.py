@@ -4,7 +4,10 @@ Run: ``python tests/bench/bench_merge.py [--size-mb 500] [--events 100000] [--ro
 [--anchor-mb 50] [--dir /tmp]``.
 
 1. A synthetic Kineto trace of ``--size-mb`` MB is written once: Kineto's own layout (head,
-   ~320-byte ``cpu_op`` events, the profiler's span and ``Record Window End`` at the end).
+   ~320-byte ``cpu_op`` events, the profiler's span, then GPU kernels and ``Record Window
+   End``). ``--span-at`` says where the span is: 0.5 (the default) puts it mid-file, as a
+   CUDA trace does (CPU ops, span, GPU activities); 1.0 at the end, as a CPU trace does. The
+   merge must find it wherever it is.
 2. A capture with ``--events`` records (40 % socket bursts on 32 sockets, 50 % off-CPU
    intervals of 16 threads, 10 % NCCL calls) is built in a child process, as the agent holds
    it when the file appears.
@@ -53,7 +56,16 @@ EVENT = """  {
     }
   },
 """
-TAIL = """  {
+KERNEL = """  {
+    "ph": "X", "cat": "kernel", "name": "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT",
+    "pid": 0, "tid": 7, "ts": %d.%03d, "dur": 406.720,
+    "args": {
+      "queued": 0, "device": 0, "context": 1, "stream": 7, "correlation": %d,
+      "registers per thread": 168, "shared memory": 213188, "grid": [2, 66, 1]
+    }
+  },
+"""
+SPAN = """  {
     "ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
     "tid": "PyTorch Profiler",
     "ts": %d.000, "dur": %d.000,
@@ -61,7 +73,8 @@ TAIL = """  {
       "Op count": 0
     }
   },
-  {
+"""
+TAIL = """  {
     "ph": "i", "s": "g", "name": "Record Window End", "pid": "", "tid": "",
     "ts": %d.000
   }
@@ -69,26 +82,37 @@ TAIL = """  {
 """
 #: The trace window in µs relative to the base time (the capture's records fall inside).
 WINDOW_US = (1_000_000, 61_000_000)
+WINDOW_NS = (WINDOW_US[0] * 1000, WINDOW_US[1] * 1000)
 
 
-def write_trace(path: Path, size_mb: int) -> int:
-    """Write a Kineto-shaped trace of about ``size_mb`` MB; returns its size."""
+def write_trace(path: Path, size_mb: int, span_at: float = 0.5) -> int:
+    """Write a Kineto-shaped trace of about ``size_mb`` MB, the profiler's span after
+    ``span_at`` of it (CPU ops before, GPU kernels after); returns its size."""
     target = size_mb << 20
     block_events = 2000
+    span = WINDOW_US[1] - WINDOW_US[0]
     with open(path, "w", encoding="ascii") as f:
         f.write(HEAD % BASE_NS)
         written, n = 0, 0
+        spanned = False
         while written < target:
+            if not spanned and written >= span_at * target:
+                f.write(SPAN % (WINDOW_US[0], span))
+                spanned = True
+            event = KERNEL if spanned else EVENT
             block = []
             for _ in range(block_events):
-                us = WINDOW_US[0] + (n * 7) % (WINDOW_US[1] - WINDOW_US[0])
-                block.append(EVENT % (us, n % 1000, n, n))
+                us = WINDOW_US[0] + (n * 7) % span
+                block.append(
+                    event % (us, n % 1000, n, n) if event is EVENT else event % (us, n % 1000, n)
+                )
                 n += 1
             text = "".join(block)
             f.write(text)
             written += len(text)
-        span = WINDOW_US[1] - WINDOW_US[0]
-        f.write(TAIL % (WINDOW_US[0], span, WINDOW_US[1]))
+        if not spanned:
+            f.write(SPAN % (WINDOW_US[0], span))
+        f.write(TAIL % WINDOW_US[1])
     return path.stat().st_size
 
 
@@ -96,6 +120,7 @@ CHILD = r"""
 import json, os, sys, time
 from bpfdyno.tracing.capture.records import *
 from bpfdyno.tracing.kernel_tracks import merge_capture
+from bpfdyno.tracing.merge import inspect_trace
 from bpfdyno.tracing.traces import PartRef
 
 path, n, base_ns = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -130,12 +155,13 @@ with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # reset VmHWM to the current RSS
 before = rss("VmRSS")
 part = PartRef("bench", b"", 4242, path, cap.request)
+window = inspect_trace(path).window_ns
 t0 = time.perf_counter()
 status = merge_capture(part, cap)
 seconds = time.perf_counter() - t0
 peak = rss("VmHWM")
 print(json.dumps({"seconds": seconds, "extra_rss": peak - before, "records_rss": held - start_rss,
-                  "state": status.state.value, "events": status.events,
+                  "state": status.state.value, "events": status.events, "window": window,
                   "reason": status.reason, "size_after": os.path.getsize(path)}))
 """
 
@@ -180,12 +206,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--anchor-mb", type=int, default=50)
     ap.add_argument("--dir", default="/tmp")
+    ap.add_argument("--span-at", type=float, default=0.5, help="where the span is (0..1)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-merge-", dir=args.dir))
     try:
         master = work / "master.json"
-        size = write_trace(master, args.size_mb)
-        print(f"trace: {size / 1e6:.0f} MB, {args.events} kernel records, {args.rounds} rounds")
+        size = write_trace(master, args.size_mb, args.span_at)
+        print(
+            f"trace: {size / 1e6:.0f} MB (the span after {args.span_at:.0%} of it), "
+            f"{args.events} kernel records, {args.rounds} rounds"
+        )
         times, extra, held = [], [], []
         result: dict[str, object] = {}
         for i in range(args.rounds):
@@ -193,6 +223,7 @@ def main() -> None:
             shutil.copyfile(master, copy)
             result = run_child(CHILD, copy, args.events, BASE_NS, *WINDOW_US)
             assert result["state"] == "merged", result
+            assert result["window"] == list(WINDOW_NS), result  # the span was found
             times.append(float(str(result["seconds"])))
             extra.append(int(str(result["extra_rss"])) / 1e6)
             held.append(int(str(result["records_rss"])) / 1e6)

@@ -158,6 +158,9 @@ def test_iteration_trace_of_every_rank_waits_for_every_file(
     # The other nodes were not asked.
     for other in set(NODES) - set(nodes):
         assert f"\n{other} " not in out
+    # Each agent summarised its rank's file and the ranks were compared here: one process per
+    # node, no collectives between them (the trainer runs no distributed job).
+    assert "\nverdict: 2 processes, but fewer than two with collectives: nothing to compare" in out
 
 
 def test_duration_trace_starts_every_host_at_one_time(
@@ -190,6 +193,10 @@ def test_duration_trace_starts_every_host_at_one_time(
         # ...and traced from then on: the ranks' traces begin together (a few ms apart
         # here; a second allows for a busy machine).
         assert -50 <= first_event_ms(f["path"]) - start <= 1000
+    # The verdict names every host's rank, summarised by its own agent.
+    verdict = doc["verdict"]
+    assert {r["host"] for r in verdict["ranks"]} == set(nodes)
+    assert {r["path"] for r in verdict["ranks"]} == {h["files"][0]["path"] for h in doc["hosts"]}
     # Each trainer received that same start time (Kineto logs the config it got).
     received = trainer_job.received_configs()
     for h in doc["hosts"]:

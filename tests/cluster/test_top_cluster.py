@@ -126,6 +126,10 @@ async def test_cluster_rows_drill_down_job_trace_and_a_node_going_down(
         await pilot.pause(0.3)
         progress = widget_text(form.query_one("#trace-progress", Static))
         assert progress.startswith("job trace: done, all")
+        # ... and the ranks compared, as gputrace --wait prints it.
+        assert state.trace.verdict is not None
+        assert {r.host for r in state.trace.verdict.ranks} == set(names)
+        assert "\nverdict: 2 processes, but fewer than two with collectives" in progress
         await pilot.press("escape")
         # -- a node whose agent goes down stays, in red, with why; and comes back ----------
         down = agents[names[1]]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -11,8 +13,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from tracing_harness import Harness
+from local_user import local_user
+from security_site import MAX_DURATION_MS, VICTIM_BYTES, Site
+from tracing_harness import Harness, grpc_api
 
+from bpfdyno.server.audit import audit_servicer_factory
+from bpfdyno.server.tracing import servicer_factory
 from bpfdyno.sources.irq.collector import IrqCollector
 
 TORCH_VERSION = "2.13.0"
@@ -55,6 +61,37 @@ async def harness(short_tmp: Path) -> AsyncIterator[Harness]:
     h = Harness(short_tmp)
     async with h:
         yield h
+
+
+@pytest.fixture
+async def site(short_tmp: Path) -> AsyncIterator[Site]:
+    """A shared node (`security_site.Site`): the agent with its gRPC socket open to all."""
+    os.chmod(short_tmp, 0o755)  # everyone may reach the agent's sockets
+    with local_user() as user:
+        h = Harness(
+            short_tmp,
+            allowed=[str(short_tmp)],
+            overrides=[
+                ("tracing.max_duration_ms", str(MAX_DURATION_MS)),
+                ("tracing.audit_file", json.dumps(str(short_tmp / "audit.log"))),
+            ],
+        )
+        os.chmod(h.socket_dir, 0o1777)  # trainers of every user bind their sockets here
+        user_dir = short_tmp / "userdir"
+        user_dir.mkdir()
+        os.chown(user_dir, user.uid, user.gid)
+        victim = short_tmp / "victim"
+        victim.write_bytes(VICTIM_BYTES)
+        await h.comp.start()
+        sock = str(short_tmp / "grpc.sock")
+        try:
+            async with grpc_api(
+                sock, servicer_factory(h.service), audit_servicer_factory(h.service.audit)
+            ):
+                yield Site(h, user, sock, user_dir, victim)
+        finally:
+            h.close()
+            await h.comp.stop()
 
 
 @pytest.fixture(scope="module")

@@ -17,22 +17,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import orjson
 import pytest
-from local_user import LocalUser, local_user
+from local_user import local_user
+from security_site import MAX_DURATION_MS, USER_CLIENT, VICTIM_BYTES, Site, idle, registered
 from tracing_harness import (
-    TRAINERS,
     Harness,
     KinetoClient,
-    TrainerProc,
     dyno_gputrace_bytes,
     frame,
-    grpc_api,
     legacy_call,
     make_config,
     trace_json,
@@ -46,103 +42,13 @@ from bpfdyno.core.status import PartState
 from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
-from bpfdyno.server.audit import audit_servicer_factory
 from bpfdyno.server.grpc_server import GrpcServer
 from bpfdyno.server.tracing import servicer_factory
 from bpfdyno.services.agent import AgentService
 from bpfdyno.services.tracing import TraceRequest
-from bpfdyno.tracing.traces import ProcState, TrainerState
+from bpfdyno.tracing.traces import ProcState
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
-
-USER_CLIENT = str(Path(__file__).with_name("user_client.py"))
-VICTIM_BYTES = b"root:precious:contents\n" * 3
-#: The agent's duration limit in these tests ([tracing] max_duration_ms).
-MAX_DURATION_MS = 3000
-
-
-@dataclass
-class Site:
-    """An agent on a shared node: a sticky socket directory, root's trace directory, a
-    directory of the user's own, a root-owned victim file, the gRPC socket open to all."""
-
-    h: Harness
-    user: LocalUser
-    grpc_sock: str
-    user_dir: Path
-    victim: Path
-
-    async def as_user(
-        self, *argv: str, user: LocalUser | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` as the user without blocking the agent's loop."""
-        return await asyncio.to_thread((user or self.user).run, list(argv))
-
-    async def user_cli(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        """``bpfdyno ARGV --socket <the agent>`` as the user."""
-        return await self.as_user(
-            sys.executable, "-m", "bpfdyno", argv[0], "--socket", self.grpc_sock, *argv[1:]
-        )
-
-    async def user_frame(self, data: bytes, user: LocalUser | None = None) -> dict[str, object]:
-        """Send a legacy RPC frame as the user; the decoded reply."""
-        port = str(self.h.legacy_port)
-        r = await self.as_user(sys.executable, USER_CLIENT, "frame", port, data.hex(), user=user)
-        assert r.returncode == 0, r.stderr
-        return unframe(bytes.fromhex(json.loads(r.stdout)["reply"]))
-
-    def spawn_user_trainer(
-        self, job_id: int | None = None, pid_namespace: bool = False
-    ) -> TrainerProc:
-        argv = self.user.wrap([sys.executable, str(TRAINERS / "linear.py")], pid_namespace)
-        env = {k: v for k, v in self.user.env().items() if k in ("HOME", "TMPDIR", "USER")}
-        return self.h.spawn(argv, job_id=job_id, extra_env=env)
-
-    def stub(self) -> pb_grpc.TracingStub:
-        return pb_grpc.TracingStub(grpc.aio.insecure_channel(f"unix:{self.grpc_sock}"))
-
-
-@pytest.fixture
-async def site(short_tmp: Path) -> AsyncIterator[Site]:
-    os.chmod(short_tmp, 0o755)  # everyone may reach the agent's sockets
-    with local_user() as user:
-        h = Harness(
-            short_tmp,
-            allowed=[str(short_tmp)],
-            overrides=[
-                ("tracing.max_duration_ms", str(MAX_DURATION_MS)),
-                ("tracing.audit_file", json.dumps(str(short_tmp / "audit.log"))),
-            ],
-        )
-        os.chmod(h.socket_dir, 0o1777)  # trainers of every user bind their sockets here
-        user_dir = short_tmp / "userdir"
-        user_dir.mkdir()
-        os.chown(user_dir, user.uid, user.gid)
-        victim = short_tmp / "victim"
-        victim.write_bytes(VICTIM_BYTES)
-        await h.comp.start()
-        sock = str(short_tmp / "grpc.sock")
-        try:
-            async with grpc_api(
-                sock, servicer_factory(h.service), audit_servicer_factory(h.service.audit)
-            ):
-                yield Site(h, user, sock, user_dir, victim)
-        finally:
-            h.close()
-            await h.comp.stop()
-
-
-async def registered(site: Site, proc: TrainerProc) -> int:
-    [pid] = await proc.wait_ready()
-    await site.h.wait_trainers(lambda ts: pid in {t.pid for t in ts})
-    return pid
-
-
-async def idle(site: Site, pid: int) -> None:
-    """Wait until the trainer's profiler is free again after a trace (its next polls)."""
-    await site.h.wait_trainers(
-        lambda ts: any(t.pid == pid and t.state is TrainerState.IDLE for t in ts)
-    )
 
 
 def owner_of(path: Path) -> int:

@@ -220,6 +220,26 @@ def test_duration_trace_that_never_starts_fails(svc: TracingService, tmp_path: P
     assert svc.start_trace(TraceRequest(pids=(70,), options=iters(tmp_path))).triggered
 
 
+def test_a_dropped_trace_that_left_an_empty_tmp_fails_too(
+    svc: TracingService, tmp_path: Path
+) -> None:
+    """Kineto 2.13 drops a duration config it has no time to warm up for, and leaves an empty
+    <name>.tmp: the process never turns busy, so the trace fails after the same polls (it
+    used to count as tracing until its timeout)."""
+    poll(svc, [72])
+    opts = TraceSpec(log_file=str(tmp_path / "e.json"))
+    res = svc.start_trace(TraceRequest(pids=(72,), options=opts))
+    poll(svc, [72])  # delivered
+    (tmp_path / "e_72.json.tmp").write_text("")
+    for _ in range(NEVER_STARTED_POLLS - 1):
+        poll(svc, [72])
+    assert svc.get_trace(res.trace_id).processes[0].state is ProcState.TRACING
+    poll(svc, [72])
+    p = svc.get_trace(res.trace_id).processes[0]
+    assert p.state is ProcState.FAILED
+    assert "never started tracing" in p.reason and "left an unfinished .tmp" in p.reason
+
+
 def test_duration_trace_with_a_start_time_may_stay_idle_until_its_warm_up(
     svc: TracingService, tmp_path: Path, clock: Clock
 ) -> None:

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 
 from bpfdyno.cli.trace_summary import format_summary
+from bpfdyno.rpc.traces import ProcessSummary
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
-from bpfdyno.tracing.summary import ProcessSummary, summarize_file
+from bpfdyno.rpc.wire import from_pb, to_pb
+from bpfdyno.tracing.summary import summarize_file
 
 PID = 77
 
@@ -96,7 +98,8 @@ def test_numbers_from_the_file(tmp_path: Path, gz: bool) -> None:
     path = tmp_path / "t.json"
     write_trace(path, gz)
     s = summarize_file(str(path))
-    assert s == ProcessSummary(
+    assert s.evidence is not None and s.evidence.rank == 3
+    assert dataclasses.replace(s, evidence=None) == ProcessSummary(
         path=str(path),
         pid=PID,
         rank=3,
@@ -127,8 +130,11 @@ def test_summary_fields_are_the_api_s(tmp_path: Path) -> None:
     assert fields == set(pb.ProcessSummary.DESCRIPTOR.fields_by_name)
     path = tmp_path / "t.json"
     write_trace(path)
-    msg = pb.ProcessSummary(**dataclasses.asdict(summarize_file(str(path))))
+    summary = summarize_file(str(path))
+    msg = to_pb(summary)
+    assert isinstance(msg, pb.ProcessSummary)
     assert msg.net_sent_bytes == 1024 and msg.blocked_seconds_by_cause["lock"] > 0
+    assert from_pb(ProcessSummary, msg) == summary
 
 
 def test_broken_files_say_why(tmp_path: Path) -> None:
@@ -136,7 +142,7 @@ def test_broken_files_say_why(tmp_path: Path) -> None:
     write_trace(path)
     path.write_bytes(path.read_bytes()[:-300])
     s = summarize_file(str(path))
-    assert "is not complete JSON" in s.error or "ends inside" in s.error
+    assert "does not end like a complete Kineto trace" in s.error
     missing = summarize_file(str(tmp_path / "nope.json"))
     assert missing.error.startswith("cannot read")
     (tmp_path / "o.json").write_text('{"a": 1}')
@@ -189,3 +195,63 @@ def test_the_table_marks_the_rank_that_stands_out() -> None:
     assert "1.00 MiB (1048576 B)" in lines["net sent"]
     assert text.splitlines()[-5].startswith("! stands out")
     assert "pid 102: /t/r2.json" in text
+
+
+def test_the_fabric_track_in_the_evidence(tmp_path: Path) -> None:
+    """What the fabric track's counters advanced between a collective's run-up and its end,
+    and the interrupt time of its CPUs in the run-up (as the fabric track writes them)."""
+
+    def counter(name: str, ts: float, args: dict[str, int]) -> dict[str, Any]:
+        return {
+            "ph": "C",
+            "cat": "bpfdyno.fabric",
+            "name": name,
+            "pid": PID,
+            "ts": ts,
+            "args": args,
+        }
+
+    span = {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans"}
+    events = [
+        {**span, "tid": "x", "ts": 1000.0, "dur": 1000.0},
+        x("user_annotation", "gloo:all_reduce", 1200.0, 100.0, 99),
+        counter("fabric cpu interrupt time (ns)", 1050.0, {"NET_RX": 300_000, "hardirq": 20_000}),
+        counter("fabric cpu interrupt time (ns)", 1250.0, {"NET_RX": 7, "hardirq": 0}),
+        counter(
+            "fabric rdma mlx5_0:1 congestion", 1100.0, {"np_cnp_sent": 30, "port_xmit_wait": 70}
+        ),
+        counter("fabric rdma mlx5_0:1 errors", 1290.0, {"symbol_error": 2}),
+        counter("fabric rdma mlx5_0:1 errors", 1400.0, {"symbol_error": 5}),  # after it
+        counter("fabric nic eth2 drops", 1100.0, {"rx_dropped": 1}),
+        x("bpfdyno.info", "bpfdyno kernel tracks", 1000.0, 1000.0, 5, {"tracks": ["fabric"]}),
+    ]
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps({"baseTimeNanoseconds": 0, "traceEvents": events}))
+    ev = summarize_file(str(path)).evidence
+    assert ev is not None
+    assert ev.fabric_devices == ("nic eth2", "rdma mlx5_0:1")
+    [c] = ev.collectives
+    assert (c.fabric_congestion, c.fabric_errors) == (100, 3)
+    assert {t.cause: t.seconds for t in c.before}["interrupts"] == pytest.approx(320e-6)
+
+
+def test_blocked_inside_the_dataloader_is_waiting_for_its_workers(tmp_path: Path) -> None:
+    """The main thread blocked (futex) inside enumerate(DataLoader): waiting for the workers'
+    next batch; the part of the same block outside it stays a lock."""
+    span = {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans"}
+    loader = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
+    blocked = {"tid": PID, "cause": "lock", "syscall": "futex"}
+    events = [
+        {**span, "tid": "x", "ts": 1000.0, "dur": 1000.0},
+        x("user_annotation", loader, 1100.0, 300.0),
+        x("bpfdyno.sched", "blocked: lock (futex)", 1050.0, 400.0, 2, blocked),
+        x("user_annotation", "gloo:all_reduce", 1500.0, 100.0, 99),
+        x("bpfdyno.info", "bpfdyno kernel tracks", 1000.0, 1000.0, 5, {"tracks": ["sched"]}),
+    ]
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps({"baseTimeNanoseconds": 0, "traceEvents": events}))
+    ev = summarize_file(str(path)).evidence
+    assert ev is not None
+    [c] = ev.collectives
+    before = {t.cause: t.seconds for t in c.before}
+    assert before == {"data_loader": pytest.approx(300e-6), "lock": pytest.approx(100e-6)}

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 import orjson
+import psutil
 
 from bpfdyno.app.tracing import TracingComponent
 from bpfdyno.cli import trace_summary, tracing
@@ -124,7 +125,13 @@ class TrainerProc:
         return f"stdout: {self.lines[-20:]}\nstderr: {err}"
 
     def kill(self) -> None:
-        """SIGKILL the process group we created (the trainer and any children it left)."""
+        """SIGKILL the process group we created (the trainer and any children it left), and
+        every descendant in a session of its own (torchrun starts its ranks that way: they
+        would train on, orphaned, for minutes)."""
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(self.popen.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -26,6 +26,7 @@ from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest, Track
 from bpfdyno.tracing.ipc.endpoint import QUEUE_LEN, EndpointUnavailable, KinetoEndpoint
 from bpfdyno.tracing.kernel_tracks import KernelTracks
 from bpfdyno.tracing.policy import TraceLimits
+from bpfdyno.tracing.tracefile import ReadLimits
 from bpfdyno.tracing.trainers import TrainerRegistry
 from bpfdyno.version import __version__
 
@@ -106,11 +107,14 @@ class TracingComponent:
             default_tracks=default_tracks(cfg) if capture is not None else NO_TRACKS,
             limits=TraceLimits.from_config(cfg.tracing),
             audit=AuditLog(cfg.tracing.audit_records, cfg.tracing.audit_file),
+            read_limits=ReadLimits.from_config(cfg.tracing),
         )
         self.capture = capture
         self.kernel_tracks: KernelTracks | None = None
         if capture is not None:
-            self.kernel_tracks = KernelTracks(capture, self.service.tracker, recorder)
+            self.kernel_tracks = KernelTracks(
+                capture, self.service.tracker, recorder, ReadLimits.from_config(cfg.tracing)
+            )
         self.endpoint = KinetoEndpoint(self.service, cfg.kineto.socket_dir, queue_len=queue_len)
         self.legacy: LegacyRpcServer | None = None
         if cfg.legacy_rpc.enabled:

@@ -41,6 +41,7 @@ from bpfdyno.client.connection import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from bpfdyno.client.errors import TARGET_ENV, ClientSetupError, ErrorKind
 from bpfdyno.core.config import DEFAULT_CONFIG_PATH, ConfigError, load
 from bpfdyno.rpc.traces import TraceSpec
+from bpfdyno.rpc.verdict import verdict_text
 from bpfdyno.rpc.wire import record_dict
 
 #: Exit status of a job-wide command when some hosts succeeded and others did not.
@@ -337,7 +338,9 @@ class _ProgressPrinter:
             print(format_job_start(result))
         if result.waited:
             print(format_job_files(result))
-        print(format_job_verdict(result))
+        print(format_job_outcome(result))
+        if result.verdict is not None:
+            print(verdict_text(result.verdict))
 
 
 def format_job_start(result: JobTraceResult) -> str:
@@ -395,7 +398,7 @@ def format_job_files(result: JobTraceResult) -> str:
     return "\n".join(lines)
 
 
-def format_job_verdict(result: JobTraceResult) -> str:
+def format_job_outcome(result: JobTraceResult) -> str:
     """One line: how many hosts were traced, and the exit status that says so."""
     counts = summarize(result.hosts)
     total = len(result.hosts)
@@ -423,6 +426,7 @@ def job_trace_dict(cluster: Cluster, result: JobTraceResult) -> dict[str, Any]:
         "request": record_dict(result.spec),
         "hosts": [_host_dict(h) for h in result.hosts],
         "summary": {"hosts": len(result.hosts), **{o.value: n for o, n in counts.items()}},
+        **({"verdict": record_dict(result.verdict)} if result.verdict is not None else {}),
     }
 
 

@@ -10,8 +10,13 @@ NCCL calls and their time. A value that stands out — at least `OUTLIER_RATIO` 
 median of the row and clearly above it — is marked ``!``: HTA names the slow rank, this says
 why it was slow.
 
-``--json`` prints ``{"processes": [ProcessSummary...]}`` with the .proto field names, the same
-for files and for a trace id.
+Then the verdict (`bpfdyno.rpc.verdict`): which rank held the others back, and why, from
+what the kernel saw — or that the ranks are within noise (docs/tracing.md, "Why is rank N
+slow?").
+
+``--json`` prints ``{"processes": [ProcessSummary...], "verdict": Verdict}`` with the .proto
+field names (the evidence each file holds is left out: the verdict says what it showed), the
+same for files and for a trace id.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from bpfdyno.cli.output import print_json, with_agent
@@ -32,7 +38,9 @@ from bpfdyno.client.connection import (
     add_target_argument,
     default_target,
 )
+from bpfdyno.rpc.diagnosis import Verdict
 from bpfdyno.rpc.traces import ProcessSummary
+from bpfdyno.rpc.verdict import compare, verdict_text
 from bpfdyno.rpc.wire import record_dict
 
 #: A value at least this many times the row's median is marked as standing out...
@@ -62,22 +70,32 @@ def cmd_trace_summary(args: argparse.Namespace) -> int:
     if args.files:
         from bpfdyno.tracing.summary import summarize_file
 
-        return _show([summarize_file(f) for f in args.files], args.json)
+        summaries = [summarize_file(f) for f in args.files]
+        verdict = compare([s.evidence for s in summaries if s.evidence is not None])
+        return _show(summaries, verdict, args.json)
 
     async def ask(agent: AgentClient) -> int:
-        return _show((await agent.trace_summary(args.trace_id)).processes, args.json)
+        summary = await agent.trace_summary(args.trace_id)
+        return _show(summary.processes, summary.verdict, args.json)
 
     return with_agent(args.target or default_target(), ask)
 
 
-def _show(summaries: Sequence[ProcessSummary], as_json: bool) -> int:
-    """Print the summaries, by rank; 1 when no file could be summarised."""
-    rows = [record_dict(s, with_defaults=True) for s in summaries]
+def _show(summaries: Sequence[ProcessSummary], verdict: Verdict | None, as_json: bool) -> int:
+    """Print the summaries, by rank, and the verdict; 1 when no file could be summarised."""
+    rows = [record_dict(replace(s, evidence=None), with_defaults=True) for s in summaries]
+    for row in rows:
+        row.pop("evidence", None)  # in --json of the API; the table and the verdict say it
     rows.sort(key=lambda r: (r["rank"] if r["rank"] >= 0 else 1 << 30, r["pid"], r["path"]))
     if as_json:
-        print_json({"processes": rows})
+        doc: dict[str, Any] = {"processes": rows}
+        if verdict is not None:
+            doc["verdict"] = record_dict(verdict, with_defaults=True)
+        print_json(doc)
     else:
         print(format_summary(rows))
+        if verdict is not None and any(not r.get("error") for r in rows):
+            print(verdict_text(verdict))
     return EXIT_FAIL if all(r.get("error") for r in rows) else EXIT_OK
 
 

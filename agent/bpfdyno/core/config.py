@@ -195,6 +195,13 @@ class TracingSection:
     audit_file: str = ""
     #: Audit records kept in memory for `bpfdyno audit` / the gRPC Audit service.
     audit_records: int = 1000
+    #: Most bytes of JSON the agent reads from one trace file (after decompression) to merge
+    #: or summarise it: a small gzip file can inflate to gigabytes. A 3 s CUDA trace with
+    #: stacks and shapes is ~400 MB.
+    max_trace_json_bytes: int = 4 << 30
+    #: Most bytes of one event of a trace file the agent parses (Kineto's are < 10 KB; one
+    #: huge JSON string would otherwise cost its size several times over in memory).
+    max_trace_event_bytes: int = 16 << 20
 
 
 @dataclass
@@ -729,6 +736,13 @@ def _validate_security(cfg: Config, bad: typing.Callable[[str, str], ConfigError
         )
     if not 1 <= t.audit_records <= 1_000_000:
         raise bad("must be in 1..1000000", "tracing.audit_records")
+    if t.max_trace_json_bytes < 1 << 20:
+        raise bad("must be at least 1 MiB (1048576)", "tracing.max_trace_json_bytes")
+    if not 64 << 10 <= t.max_trace_event_bytes <= t.max_trace_json_bytes:
+        raise bad(
+            "must be at least 64 KiB (65536) and at most tracing.max_trace_json_bytes",
+            "tracing.max_trace_event_bytes",
+        )
     if not 1 <= rpc.max_connections_per_peer <= rpc.max_connections:
         raise bad(
             "must be at least 1 and at most legacy_rpc.max_connections",

@@ -121,3 +121,17 @@ def files_as(uid: int, gid: int) -> Iterator[None]:
     finally:
         libc.setfsuid(old_uid)  # back to a privileged fsuid first, so the gid can change
         libc.setfsgid(old_gid)
+
+
+def file_owner(owner_uid: int | None, path: str) -> tuple[int, int]:
+    """(uid, gid) to read or write a traced process's file as: its owner (root when unknown),
+    with the group the file was created with (else the owner's primary group)."""
+    uid = owner_uid if owner_uid is not None else ROOT_UID
+    with contextlib.suppress(OSError):
+        st = os.lstat(path)
+        if st.st_uid == uid:
+            return uid, st.st_gid  # the group Kineto created the file with
+    try:
+        return uid, pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return uid, uid

@@ -20,6 +20,7 @@ import enum
 from dataclasses import field
 from typing import cast
 
+from bpfdyno.rpc.diagnosis import RankEvidence, Verdict
 from bpfdyno.rpc.v1 import tracing_pb2
 from bpfdyno.rpc.wire import from_pb, record, to_pb
 
@@ -366,7 +367,8 @@ class DcgmResult:
 class ProcessSummary:
     """One trace file in numbers (see docs/tracing.md, "Summary across ranks").
 
-    ``error`` is set instead of the numbers when the file could not be read.
+    ``error`` is set instead of the numbers when the file could not be read; ``evidence`` is
+    what the file shows for the job's verdict (`bpfdyno.rpc.diagnosis`).
     """
 
     path: str
@@ -392,11 +394,14 @@ class ProcessSummary:
     nccl_seconds: float = 0.0
     kernel_records_lost: int = 0
     error: str = ""
+    evidence: RankEvidence | None = None
 
 
 @record(tracing_pb2.TraceSummary)
 class TraceSummary:
-    """Each triggered process's file of a trace, summarised, in the trace's order."""
+    """Each triggered process's file of a trace, summarised, in the trace's order, and the
+    verdict across them (one node's ranks; a job's nodes are compared by the client)."""
 
     trace_id: str = ""
     processes: tuple[ProcessSummary, ...] = ()
+    verdict: Verdict | None = None

@@ -17,7 +17,6 @@ from bpfdyno.rpc.traces import (
     DcgmResult,
     TraceStart,
     TraceStatus,
-    TraceSummary,
     Trainer,
     spec_from_pb,
 )
@@ -104,8 +103,7 @@ class TracingServicer(pb_grpc.TracingServicer):
     async def GetTraceSummary(
         self, request: pb.GetTraceRequest, context: grpc.aio.ServicerContext
     ) -> pb.TraceSummary:
-        summaries = await self._svc.trace_summary(request.trace_id)
-        return cast(pb.TraceSummary, to_pb(TraceSummary(request.trace_id, tuple(summaries))))
+        return cast(pb.TraceSummary, to_pb(await self._svc.trace_summary(request.trace_id)))
 
     def _dcgm(self, ok: bool) -> pb.DcgmResponse:
         if ok:

@@ -30,10 +30,23 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bpfdyno.core.errors import InvalidArgument, NotFound, Unavailable
-from bpfdyno.core.identity import Requester, in_process
+from bpfdyno.core.identity import (
+    FileIdentityError,
+    Requester,
+    file_owner,
+    files_as,
+    in_process,
+)
 from bpfdyno.core.rules import pause_duration_s
 from bpfdyno.rpc.audit import AuditedProcess
-from bpfdyno.rpc.traces import ProcessSummary, SkippedProcess, TrainerState, TriggeredProcess
+from bpfdyno.rpc.traces import (
+    ProcessSummary,
+    SkippedProcess,
+    TraceSummary,
+    TrainerState,
+    TriggeredProcess,
+)
+from bpfdyno.rpc.verdict import compare
 from bpfdyno.tracing.audit import AuditLog, config_for_record
 from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest
 from bpfdyno.tracing.config_text import (
@@ -61,6 +74,7 @@ from bpfdyno.tracing.requests import (
 from bpfdyno.tracing.roles import Role, classify
 from bpfdyno.tracing.safety import PlacementChecker, Writer, mount_root
 from bpfdyno.tracing.summary import summarize_file
+from bpfdyno.tracing.tracefile import DEFAULT_LIMITS, ReadLimits
 from bpfdyno.tracing.traces import NewProcess, ProcState, TraceTracker, TraceView
 from bpfdyno.tracing.trainers import Trainer, TrainerRegistry
 
@@ -148,6 +162,7 @@ class TracingService(KinetoPolls):
         limits: TraceLimits | None = None,
         audit: AuditLog | None = None,
         placement: PlacementChecker | None = None,
+        read_limits: ReadLimits = DEFAULT_LIMITS,
     ) -> None:
         super().__init__(
             registry,
@@ -168,6 +183,8 @@ class TracingService(KinetoPolls):
         self._proc_root = proc_root
         #: Set by the component while the IPC endpoint is down: why no trainer can poll.
         self.unavailable_reason = ""
+        #: Bounds on reading a trace file for a summary.
+        self.read_limits = read_limits
         self.limits = limits or TraceLimits()
 
     # -- queries ------------------------------------------------------------------------------
@@ -228,22 +245,32 @@ class TracingService(KinetoPolls):
             view = nxt
             yield view
 
-    async def trace_summary(self, trace_id: str) -> list[ProcessSummary]:
-        """Each triggered process's file summarised (`bpfdyno.tracing.summary`), in order.
+    async def trace_summary(self, trace_id: str) -> TraceSummary:
+        """Each triggered process's file summarised (`bpfdyno.tracing.summary`), in order,
+        and the verdict across them (`bpfdyno.rpc.verdict`).
 
-        The files are read on a worker thread. A process whose file is not written yet (or
-        never was) gets an entry with ``error`` saying so.
+        Each file is read on a worker thread with its owner's rights (a link or a FIFO the
+        owner put at its name reads nothing of anyone else's: see `summarize_file`). A
+        process whose file is not written yet (or never was) gets an entry with ``error``
+        saying so.
 
         Raises:
             NotFound: unknown id.
         """
         view = self.get_trace(trace_id)
+        files = self.tracker.files(trace_id)
+        limits = self.read_limits
 
         def read() -> list[ProcessSummary]:
             out = []
             for p in view.processes:
                 if p.state is ProcState.WRITTEN:
-                    summary = summarize_file(p.output_path)
+                    local, owner = files.get(p.output_path, (p.output_path, None))
+                    try:
+                        with files_as(*file_owner(owner, local)):
+                            summary = summarize_file(local, limits, p.output_path)
+                    except FileIdentityError as e:
+                        summary = ProcessSummary(p.output_path, error=str(e))
                     pid, tid = summary.pid or p.pid, summary.trace_id or trace_id
                     out.append(replace(summary, pid=pid, trace_id=tid))
                 else:
@@ -257,7 +284,9 @@ class TracingService(KinetoPolls):
                     )
             return out
 
-        return await asyncio.to_thread(read)
+        summaries = await asyncio.to_thread(read)
+        verdict = compare([s.evidence for s in summaries if s.evidence is not None])
+        return TraceSummary(trace_id, tuple(summaries), verdict)
 
     def tracing_pids(self) -> set[int]:
         """Pids of registered trainers whose profiler is tracing now (ours or their own)."""

@@ -23,18 +23,18 @@ import asyncio
 import contextlib
 import logging
 import os
-import pwd
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from bpfdyno.core.budget import excluded_work
 from bpfdyno.core.events import FlightRecorder, KernelEvent
-from bpfdyno.core.identity import ROOT_UID, FileIdentityError, files_as
+from bpfdyno.core.identity import FileIdentityError, file_owner, files_as
 from bpfdyno.rpc.traces import KernelTracks as TrackStatus
 from bpfdyno.sources.net.decode import NET_EVENT_KINDS
 from bpfdyno.tracing.capture.manager import CaptureKey, CaptureManager
 from bpfdyno.tracing.capture.records import ALL_TRACKS, TRACK_OF, ProcessCapture, Track
 from bpfdyno.tracing.capture.tracks import INFO_NAME, Sink, Window, write_tracks
 from bpfdyno.tracing.merge import Insertion, MergeError, TraceLayout, merge_into_trace
+from bpfdyno.tracing.tracefile import DEFAULT_LIMITS, ReadLimits
 from bpfdyno.tracing.traces import KernelTrackState, PartRef, TraceTracker
 
 log = logging.getLogger(__name__)
@@ -58,10 +58,12 @@ class KernelTracks:
         manager: CaptureManager,
         tracker: TraceTracker,
         recorder: FlightRecorder | None = None,
+        limits: ReadLimits = DEFAULT_LIMITS,
     ) -> None:
         self._manager = manager
         self._tracker = tracker
         self._recorder = recorder
+        self._limits = limits
         # One merge at a time: each holds a process's events in memory while it copies.
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="trace-merge")
         self._tasks: set[asyncio.Task[None]] = set()
@@ -152,11 +154,14 @@ class KernelTracks:
         Work a trace request asked for: not counted against the overhead budget.
         """
         with excluded_work():
-            return merge_capture(part, capture, self._recorder)
+            return merge_capture(part, capture, self._recorder, self._limits)
 
 
 def merge_capture(
-    part: PartRef, capture: ProcessCapture, recorder: FlightRecorder | None = None
+    part: PartRef,
+    capture: ProcessCapture,
+    recorder: FlightRecorder | None = None,
+    limits: ReadLimits = DEFAULT_LIMITS,
 ) -> TrackStatus:
     """Write ``capture`` into ``part``'s file (blocking); the outcome as a status.
 
@@ -164,6 +169,7 @@ def merge_capture(
     part: the process's part of the trace (its file, the tracks asked for).
     capture: what was recorded for it.
     recorder: the flight recorder, for the rare network events of the pre-window.
+    limits: how much JSON the file may inflate to (a gzip file).
     """
     requested = part.tracks.names()
     kept = {t: 0 for t in ALL_TRACKS}
@@ -213,8 +219,8 @@ def merge_capture(
 
     try:
         # As the file's owner: its directory is theirs, so every lookup there must be too.
-        with files_as(*_file_owner(part)):
-            _, result = merge_into_trace(part.local_path, build)
+        with files_as(*file_owner(part.owner_uid, part.local_path)):
+            _, result = merge_into_trace(part.local_path, build, limits)
     except (MergeError, FileIdentityError) as e:
         log.warning("kernel tracks of pid %d not merged: %s", part.pid, e)
         return TrackStatus(requested, KernelTrackState.NOT_MERGED, lost=lost, reason=str(e))
@@ -251,16 +257,3 @@ def _size(path: str) -> int:
     with contextlib.suppress(OSError):
         return os.stat(path).st_size
     return -1
-
-
-def _file_owner(part: PartRef) -> tuple[int, int]:
-    """(uid, gid) to merge ``part``'s file as: its process's owner (root when unknown)."""
-    uid = part.owner_uid if part.owner_uid is not None else ROOT_UID
-    with contextlib.suppress(OSError):
-        st = os.lstat(part.local_path)
-        if st.st_uid == uid:
-            return uid, st.st_gid  # the group Kineto created the file with
-    try:
-        return uid, pwd.getpwuid(uid).pw_gid
-    except KeyError:
-        return uid, uid

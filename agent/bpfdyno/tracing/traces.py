@@ -338,6 +338,14 @@ class TraceTracker:
     def traces(self) -> list[TraceView]:
         return [t.view() for t in self._traces.values()]
 
+    def files(self, trace_id: str) -> dict[str, tuple[str, int | None]]:
+        """Each part's file: where the agent reads it (through the process's root when it
+        is in a mount namespace of its own) and its traced process's owner (None: unknown),
+        whose rights the agent reads it with."""
+        tr = self._traces.get(trace_id)
+        procs = tr.procs.values() if tr else ()
+        return {p.view.output_path: (p.fs_root + p.view.output_path, p.owner_uid) for p in procs}
+
     def open_part(self, address: bytes) -> OpenPart | None:
         """The process's part of a trace that has not ended (None: it is free of ours)."""
         part = self._part(address)
@@ -475,18 +483,18 @@ class TraceTracker:
         if tr.start_time_s and self._wall() < tr.start_time_s - KINETO_WARMUP_S:
             return False  # Kineto waits, idle, until its warm-up before the start time
         p.idle_polls += 1
-        if (
-            not tr.iteration_mode
-            and state is ProcState.DELIVERED
-            and p.idle_polls >= NEVER_STARTED_POLLS
-        ):
+        # Never busy since delivery: Kineto did not start, even if it left an empty .tmp
+        # behind (it does when it drops a config for want of warm-up time).
+        if not tr.iteration_mode and p.idle_polls >= NEVER_STARTED_POLLS:
+            left = " (it left an unfinished .tmp)" if state is ProcState.TRACING else ""
             self._set(
                 tr,
                 p,
                 ProcState.FAILED,
-                f"the process never started tracing ({p.idle_polls} polls after delivery); "
-                "Kineto dropped the config — see the trainer's log (e.g. 'insufficient time "
-                "for warmup' when PROFILE_START_TIME is too close, or 'profiler busy')",
+                f"the process never started tracing ({p.idle_polls} polls after delivery)"
+                f"{left}; Kineto dropped the config — see the trainer's log (e.g. "
+                "'insufficient time for warmup' when PROFILE_START_TIME is too close, or "
+                "'profiler busy')",
             )
             return True
         return False

@@ -14,6 +14,7 @@ from rich.text import Text
 from bpfdyno.client.cluster import HostOutcome, JobOutcome, JobTraceResult
 from bpfdyno.client.cluster.summary import NodeSummary
 from bpfdyno.rpc.traces import words
+from bpfdyno.rpc.verdict import verdict_text
 from bpfdyno.tui.fmt import UNKNOWN, fmt_bytes, fmt_percent, fmt_seconds, fmt_si, fmt_value
 
 
@@ -141,6 +142,10 @@ def trace_lines(trace: JobTraceResult, finished: bool) -> list[tuple[str, str]]:
         for f in h.files():
             size = fmt_bytes(f.size_bytes) if f.size_bytes is not None else UNKNOWN
             lines.append((f"{'':<{width}}   pid {f.pid} {f.state} {size} {f.path}", ""))
+    if trace.verdict is not None:  # which rank held the job back, and why
+        first, *rest = verdict_text(trace.verdict).splitlines()
+        lines.append((first, "bold red" if trace.verdict.stragglers else "bold green"))
+        lines += [(line, "") for line in rest]
     return lines
 
 

@@ -11,9 +11,13 @@
    the same round-up.
 3. **Wait** (optional): follow every host's trace until each process has written its file,
    failed or timed out.
+4. **Verdict** (when waiting): each host's agent summarises its own ranks' files
+   (``GetTraceSummary``: no trace file travels), and the ranks of every host are compared here
+   on our clock, each host's arrivals moved by its measured offset
+   (`bpfdyno.rpc.verdict.compare`): which rank held the job back, and why.
 
 The result says, per host, what happened: the clock offset, who matched, who was triggered
-or busy, the files with their state and size, or the error.
+or busy, the files with their state and size, or the error; and the verdict.
 """
 
 from __future__ import annotations
@@ -24,18 +28,21 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from bpfdyno.client.agent import VERDICT_S, AgentClient
+from bpfdyno.client.agent import SUMMARY_TIMEOUT_S, VERDICT_S, AgentClient
 from bpfdyno.client.cluster.clock import ClockOffset, measure_clock
 from bpfdyno.client.cluster.fanout import FanOut
 from bpfdyno.client.cluster.nodes import Node
 from bpfdyno.client.errors import AgentError, ErrorKind
+from bpfdyno.rpc.diagnosis import RankEvidence, Verdict
 from bpfdyno.rpc.traces import (
     KINETO_WARMUP_S,
+    ProcessSummary,
     ProcessTraceState,
     TraceSpec,
     TraceStart,
     TraceStatus,
 )
+from bpfdyno.rpc.verdict import compare
 
 #: How often PyTorch asks its agent for a config by default
 #: (``ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS``): a request waits up to this long for delivery.
@@ -236,11 +243,13 @@ class JobTraceResult:
         spec: the request as sent (with the common start time, in duration mode).
         hosts: one entry per node, in the nodes' order.
         waited: whether the traces were followed to their end.
+        verdict: the ranks of every host compared (after waiting, once files are written).
     """
 
     spec: TraceSpec
     hosts: tuple[HostTrace, ...]
     waited: bool = False
+    verdict: Verdict | None = None
 
     @property
     def outcome(self) -> JobOutcome:
@@ -344,7 +353,47 @@ async def trace_job(
             why = followed.error
             lost = AgentError(why.kind, f"lost while following the trace: {why.message}")
             put(replace(hosts[followed.node.target], error=lost))
-    return snapshot()
+    return replace(snapshot(), verdict=await job_verdict(fanout, snapshot()))
+
+
+async def job_verdict(fanout: FanOut, result: JobTraceResult) -> Verdict:
+    """The ranks of every host compared (step 4 of the module doc).
+
+    Hosts whose agent could not summarise are named in the verdict's notes; the others are
+    still compared.
+    """
+
+    async def summaries(node: Node, agent: AgentClient) -> list[ProcessSummary]:
+        out: list[ProcessSummary] = []
+        for request in hosts[node.target].requests:
+            if request.final is not None and any(
+                p.state == ProcessTraceState.WRITTEN for p in request.final.processes
+            ):
+                out += (await agent.trace_summary(request.start.trace_id)).processes
+        return out
+
+    hosts = {h.node.target: h for h in result.hosts}
+    written = [
+        h.node for h in result.hosts if any(f.state == ProcessTraceState.WRITTEN for f in h.files())
+    ]
+    evidence: list[RankEvidence] = []
+    offsets: dict[str, int] = {}
+    notes: list[str] = []
+    for got in await fanout.map(summaries, written, timeout_s=SUMMARY_TIMEOUT_S):
+        node = got.node
+        if got.value is None:
+            notes.append(f"{node.name}: not summarised ({got.error.message if got.error else '?'})")
+            continue
+        clock = hosts[node.target].clock
+        if clock is not None:  # its clock minus ours: subtract it to be on ours
+            offsets[node.name] = -round(clock.offset_s * 1e9)
+        for s in got.value:
+            if s.evidence is not None:
+                evidence.append(replace(s.evidence, host=node.name))
+            elif s.error:
+                notes.append(f"{node.name}: {s.path}: {s.error}")
+    verdict = compare(evidence, offsets)
+    return replace(verdict, notes=verdict.notes + tuple(notes)) if notes else verdict
 
 
 def hosts_failed_alike(result: JobTraceResult) -> AgentError | None:

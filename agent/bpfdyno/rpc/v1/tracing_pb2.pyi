@@ -1,3 +1,4 @@
+from bpfdyno.rpc.v1 import diagnosis_pb2 as _diagnosis_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -239,7 +240,7 @@ class DcgmResponse(_message.Message):
     def __init__(self, status: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ProcessSummary(_message.Message):
-    __slots__ = ("pid", "path", "rank", "trace_id", "window_start_unix_seconds", "window_seconds", "pytorch_op_seconds", "kernel_tracks", "net_sent_bytes", "net_received_bytes", "net_calls", "tcp_retransmits", "tcp_resets", "packet_drops", "offcpu_runnable_seconds", "offcpu_blocked_seconds", "blocked_seconds_by_cause", "main_thread_runnable_seconds", "main_thread_blocked_seconds", "nccl_calls", "nccl_seconds", "kernel_records_lost", "error")
+    __slots__ = ("pid", "path", "rank", "trace_id", "window_start_unix_seconds", "window_seconds", "pytorch_op_seconds", "kernel_tracks", "net_sent_bytes", "net_received_bytes", "net_calls", "tcp_retransmits", "tcp_resets", "packet_drops", "offcpu_runnable_seconds", "offcpu_blocked_seconds", "blocked_seconds_by_cause", "main_thread_runnable_seconds", "main_thread_blocked_seconds", "nccl_calls", "nccl_seconds", "kernel_records_lost", "error", "evidence")
     class BlockedSecondsByCauseEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +271,7 @@ class ProcessSummary(_message.Message):
     NCCL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     KERNEL_RECORDS_LOST_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     pid: int
     path: str
     rank: int
@@ -293,12 +295,15 @@ class ProcessSummary(_message.Message):
     nccl_seconds: float
     kernel_records_lost: int
     error: str
-    def __init__(self, pid: _Optional[int] = ..., path: _Optional[str] = ..., rank: _Optional[int] = ..., trace_id: _Optional[str] = ..., window_start_unix_seconds: _Optional[float] = ..., window_seconds: _Optional[float] = ..., pytorch_op_seconds: _Optional[float] = ..., kernel_tracks: _Optional[_Iterable[str]] = ..., net_sent_bytes: _Optional[int] = ..., net_received_bytes: _Optional[int] = ..., net_calls: _Optional[int] = ..., tcp_retransmits: _Optional[int] = ..., tcp_resets: _Optional[int] = ..., packet_drops: _Optional[int] = ..., offcpu_runnable_seconds: _Optional[float] = ..., offcpu_blocked_seconds: _Optional[float] = ..., blocked_seconds_by_cause: _Optional[_Mapping[str, float]] = ..., main_thread_runnable_seconds: _Optional[float] = ..., main_thread_blocked_seconds: _Optional[float] = ..., nccl_calls: _Optional[int] = ..., nccl_seconds: _Optional[float] = ..., kernel_records_lost: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    evidence: _diagnosis_pb2.RankEvidence
+    def __init__(self, pid: _Optional[int] = ..., path: _Optional[str] = ..., rank: _Optional[int] = ..., trace_id: _Optional[str] = ..., window_start_unix_seconds: _Optional[float] = ..., window_seconds: _Optional[float] = ..., pytorch_op_seconds: _Optional[float] = ..., kernel_tracks: _Optional[_Iterable[str]] = ..., net_sent_bytes: _Optional[int] = ..., net_received_bytes: _Optional[int] = ..., net_calls: _Optional[int] = ..., tcp_retransmits: _Optional[int] = ..., tcp_resets: _Optional[int] = ..., packet_drops: _Optional[int] = ..., offcpu_runnable_seconds: _Optional[float] = ..., offcpu_blocked_seconds: _Optional[float] = ..., blocked_seconds_by_cause: _Optional[_Mapping[str, float]] = ..., main_thread_runnable_seconds: _Optional[float] = ..., main_thread_blocked_seconds: _Optional[float] = ..., nccl_calls: _Optional[int] = ..., nccl_seconds: _Optional[float] = ..., kernel_records_lost: _Optional[int] = ..., error: _Optional[str] = ..., evidence: _Optional[_Union[_diagnosis_pb2.RankEvidence, _Mapping]] = ...) -> None: ...
 
 class TraceSummary(_message.Message):
-    __slots__ = ("trace_id", "processes")
+    __slots__ = ("trace_id", "processes", "verdict")
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
     trace_id: str
     processes: _containers.RepeatedCompositeFieldContainer[ProcessSummary]
-    def __init__(self, trace_id: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessSummary, _Mapping]]] = ...) -> None: ...
+    verdict: _diagnosis_pb2.Verdict
+    def __init__(self, trace_id: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessSummary, _Mapping]]] = ..., verdict: _Optional[_Union[_diagnosis_pb2.Verdict, _Mapping]] = ...) -> None: ...

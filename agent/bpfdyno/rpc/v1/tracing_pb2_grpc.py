@@ -118,7 +118,9 @@ class TracingServicer:
 
     def GetTraceSummary(self, request, context):
         """Per written file of a trace: its window, time in PyTorch ops, network traffic, off-CPU
-        time by cause and NCCL calls, from the file itself (what `bpfdyno trace-summary` prints).
+        time by cause and NCCL calls, from the file itself, its evidence, and the verdict across
+        the processes (what `bpfdyno trace-summary --trace-id` prints). Files are read with
+        their owner's rights.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -513,6 +513,9 @@ class KernelCapture:
             state=int(e.state),
             syscall=int(e.syscall),
             cpu=int(e.cpu),
+            held_pid=int(e.held_tgid),
+            held_tid=int(e.held_tid),
+            held_comm=bytes(e.held_comm).split(b"\0", 1)[0].decode("utf-8", "replace"),
         )
 
 

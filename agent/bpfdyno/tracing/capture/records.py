@@ -124,6 +124,8 @@ class OffCpu:
         state: the task state at the switch-out; 0 = runnable (preempted: CPU contention).
         syscall: the system call it blocked in (x86-64), -1 when none or unknown.
         cpu: the CPU it came back on.
+        held_pid, held_tid, held_comm: the task that held that CPU just before the thread
+            got it back, i.e. that it waited for while runnable (0: the CPU was idle).
     """
 
     tid: int
@@ -134,6 +136,9 @@ class OffCpu:
     state: int
     syscall: int
     cpu: int
+    held_pid: int = 0
+    held_tid: int = 0
+    held_comm: str = ""
 
     @property
     def runnable(self) -> bool:

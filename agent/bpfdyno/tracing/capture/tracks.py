@@ -9,7 +9,9 @@ Every event goes under the traced process's pid, on rows (synthetic thread ids f
   including the flight recorder's from before the request;
 * ``kernel sched: thread <tid> (<name>)``: off-CPU slices of each traced thread
   (``bpfdyno.sched``): ``runnable: preempted`` (waiting for a CPU), ``blocked: <cause>``
-  until the wakeup, then ``runnable: woken`` until it ran again (the run-queue wait);
+  until the wakeup, then ``runnable: woken`` until it ran again (the run-queue wait); the
+  runnable ones name the task that held the CPU just before (``held_by_pid``,
+  ``held_by_tid``, ``held_by_comm``; absent when the CPU was idle);
 * ``NCCL: thread <tid>``: one slice per NCCL call with its arguments (``bpfdyno.nccl``), and
   ``ncclGroup`` slices from ncclGroupStart to the matching ncclGroupEnd;
 * counters ``GPU <n> <counter> (<unit>)`` (``bpfdyno.gpu``) and ``kernel net bytes``;
@@ -380,10 +382,16 @@ def _offcpu_slices(iv: OffCpu, shift: int, window: Window) -> list[_Slice]:
     if off < window.start_ns or on > window.end_ns:
         base["clipped_to_window"] = True
     lo, hi = max(off, window.start_ns), min(on, window.end_ns)
+    held: dict[str, Any] = {}
+    if iv.held_tid:
+        held = {
+            "held_by_pid": iv.held_pid,
+            "held_by_tid": iv.held_tid,
+            "held_by_comm": iv.held_comm,
+        }
     if iv.runnable:
-        return [
-            _Slice(lo, hi, "runnable: preempted", CAT_SCHED, {**base, "cause": causes.RUNNABLE})
-        ]
+        args = {**base, "cause": causes.RUNNABLE, **held}
+        return [_Slice(lo, hi, "runnable: preempted", CAT_SCHED, args)]
     cause = causes.cause(iv.state, iv.syscall)
     syscall = causes.syscall_name(iv.syscall)
     label = f"blocked: {cause}" + (f" ({syscall})" if syscall else "")
@@ -395,7 +403,7 @@ def _offcpu_slices(iv: OffCpu, shift: int, window: Window) -> list[_Slice]:
             _Slice(b_lo, b_hi, label, CAT_SCHED, {**base, "cause": cause, "syscall": syscall})
         )
     if iv.wake_ns and hi > b_hi:
-        after = {**base, "cause": causes.RUNNABLE, "after": cause}
+        after = {**base, "cause": causes.RUNNABLE, "after": cause, **held}
         out.append(_Slice(b_hi, hi, "runnable: woken", CAT_SCHED, after))
     return out
 

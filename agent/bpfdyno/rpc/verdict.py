@@ -1,0 +1,716 @@
+"""The ranks of a job compared: which rank holds the job back, and why — `compare`.
+
+Input: each rank's `RankEvidence` (read on its own node) and, for ranks on other hosts, the
+offset of each host's clock (measured by the fan-out, `bpfdyno.client.cluster.clock`).
+Pure computation: the agent uses it for the ranks of one node (``GetTraceSummary``), the
+clients for a whole job; both decide the same way.
+
+1. **Match** the collectives across ranks: per group (matched by the order in which each
+   rank's groups first appear), by their order, with the shift (at most `MAX_SHIFT` places)
+   that best lines up their arrivals and operations — windows started by iteration begin at
+   the same collective, those started at a common time may not.
+2. **Arrival**: per matched collective, each rank's arrival against the median of the
+   others'. A rank that arrives after them made them wait that long. Summed over the
+   collectives (only the positive part), it is the time the job lost to that rank — except
+   what it inherited from a collective slowed by packet loss: a rank whose previous
+   collective ended after the others' because its packets were lost on the way is late for
+   the network's sake, and that part is the network's (5).
+3. **Straggler**: a rank the others waited for at least `MIN_SHARE` of the compared time, in
+   at least `MIN_LATE_FRACTION` of the collectives (consistently, not by jitter). Otherwise
+   the ranks are within noise.
+4. **Why**: in each collective a straggler reached late, what its threads spent, by cause,
+   in the run-up (from its previous arrival), beyond the median of the other ranks' same
+   run-up: that excess is the time the cause explains. Causes are ranked by it; who held
+   the CPU and the system calls are named; the worst instances come with their timestamps.
+   What no cause explains is said as such.
+5. **Network**: packet loss slows the collectives themselves rather than one rank's arrival
+   (everyone waits inside them). The time from the last arrival to the last completion is
+   compared with that of the collectives without loss; the excess in collectives with TCP
+   retransmits, resets or drops is the time lost to the network, and the rank whose
+   connections carry the loss (its address on both ends of the lost packets' sockets) is
+   named. A retransmit whose copy the peer dropped as data it already had lost nothing (the
+   original arrived, its acknowledgement was late: a busy receiver does that), and neither
+   did that drop: both are left out.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from bpfdyno.rpc.diagnosis import (
+    CAUSES,
+    STEP_PARTS,
+    CauseTime,
+    CollectiveEvidence,
+    Finding,
+    Instance,
+    LossEvent,
+    RankEvidence,
+    RankTiming,
+    Verdict,
+)
+
+#: A rank is a straggler when the others waited for it this share of the compared time...
+#: Measured on a real 4-rank gloo job (tests/tracing/test_straggler_verdict.py, docs/tracing.md)
+#: on a loaded 2-CPU machine, three ranks sharing a CPU: healthy ranks late in 60 % of the
+#: collectives or more kept the others waiting up to 5.6 % of the time; a rank held back by
+#: a CPU hog, a slow read or packet loss 23 % or more.
+MIN_SHARE = 0.10
+#: ... and it arrived after the median of the others in at least this share of collectives.
+MIN_LATE_FRACTION = 0.6
+#: Lost time below this is noise, whatever the share.
+MIN_SECONDS = 0.002
+#: Alignments tried between two ranks' collectives (places either way).
+MAX_SHIFT = 3
+#: A cause is listed when it explains at least this share of a straggler's lost time.
+MIN_CAUSE_SHARE = 0.05
+#: Worst instances listed per finding.
+TOP_INSTANCES = 5
+#: A finding's kind, as the verdict's text says it.
+KIND_WORDS = {"late": "late to collectives", "network": "network loss", "fabric": "fabric"}
+#: The loss events, as a finding says them (one; "s" is added for several).
+LOSS_WORDS = {
+    "tcp_retransmit": "TCP retransmit",
+    "tcp_reset_sent": "TCP reset sent",
+    "tcp_reset_received": "TCP reset received",
+    "packet_drop": "packet drop",
+}
+#: Ratio of a straggler's SM clock to the others' below which it is said to run slower.
+SLOW_CLOCK = 0.95
+#: A peer's drop of data it already had pairs with a retransmit on the same connection at
+#: most this long before it (seconds; clocks of other hosts may be off by `CLOCK_SLACK`).
+SPURIOUS_WINDOW = 1.0
+CLOCK_SLACK = 0.01
+
+
+@dataclass(slots=True)
+class _Rank:
+    ev: RankEvidence
+    label: int  # the rank, or its position when the file has no rank
+    offset_ns: int  # to the common clock, and from the comparison's origin (seconds are
+    # kept small so that doubles hold them to the nanosecond)
+    groups: list[list[CollectiveEvidence]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Match:
+    """One collective across the ranks: rank label -> its collective."""
+
+    members: dict[int, CollectiveEvidence]
+    arrivals: dict[int, float]  # seconds on the common clock
+    ends: dict[int, float]
+    group: int = 0
+    #: Per rank: when its run-up to it began (its previous arrival, or its window's start).
+    run_ups: dict[int, float] = field(default_factory=dict)
+    #: Packets were lost while it ran (`_mark_lossy`).
+    lossy: bool = False
+    #: Per rank: its lateness that is its own (set by `_lateness`).
+    late: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Loss:
+    """A loss event of a rank, on the common clock."""
+
+    t: float
+    rank: int
+    event: LossEvent
+
+
+def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None = None) -> Verdict:
+    """Compare the ranks of one trace (see the module doc).
+
+    Args:
+        ranks: each rank's evidence (one per traced process).
+        offsets_ns: per host, ns to add to its clock to get the common clock (absent: 0).
+    """
+    offsets_ns = offsets_ns or {}
+    rs = _ranks(ranks, offsets_ns)
+    notes: list[str] = []
+    for r in rs:
+        notes += [f"{_name(r)}: {n}" for n in r.ev.notes]
+    timings = {r.label: _timing(r) for r in rs}
+    with_collectives = [r for r in rs if r.groups]
+    if len(with_collectives) < 2:
+        return Verdict(
+            headline=_single_headline(rs),
+            ranks=tuple(timings.values()),
+            notes=tuple(notes),
+        )
+    apart = _apart(with_collectives)
+    if apart:
+        return Verdict(
+            headline=f"not compared: {apart}",
+            ranks=tuple(timings.values()),
+            notes=tuple(notes),
+        )
+    if len({r.ev.host for r in rs}) > 1 and not all(r.ev.host in offsets_ns for r in rs):
+        notes.append(
+            "ranks on several hosts without measured clock offsets: arrivals compared as is"
+        )
+    matches = _match(with_collectives)
+    if not matches:
+        return Verdict(
+            headline="no collective could be matched across the ranks: nothing to compare",
+            ranks=tuple(timings.values()),
+            notes=tuple(notes),
+        )
+    span = max(max(m.ends.values()) for m in matches) - min(
+        min(m.arrivals.values()) for m in matches
+    )
+    span = max(span, 1e-9)
+    losses, spurious = _real_losses(rs)
+    _mark_lossy(matches, losses, spurious)
+    late = _lateness(matches)
+    by_label = {r.label: r for r in rs}
+    findings: list[Finding] = []
+    for label, (seconds, late_count, count, lateness) in late.items():
+        t = timings[label]
+        timings[label] = RankTiming(
+            t.rank,
+            t.host,
+            t.pid,
+            t.path,
+            collectives=count,
+            last=sum(1 for m in matches if label in m.arrivals and _last(m) == label),
+            held_seconds=seconds,
+            lateness_seconds=statistics.median(lateness) if lateness else 0.0,
+            collective_seconds=sum(
+                m.ends[label] - m.arrivals[label] for m in matches if label in m.arrivals
+            ),
+            step_seconds=t.step_seconds,
+        )
+        if (
+            seconds >= max(MIN_SECONDS, MIN_SHARE * span)
+            and count
+            and late_count / count >= MIN_LATE_FRACTION
+        ):
+            findings.append(_late_finding(by_label[label], matches, seconds, span, rs))
+    network = _network_finding(matches, rs, span, losses, spurious)
+    fabric = _fabric_finding(matches, rs, span)
+    if fabric is not None:
+        findings.append(fabric)
+    if network is not None:
+        findings.append(network)
+    findings.sort(key=lambda f: -f.seconds)
+    worst = max(late.values(), key=lambda v: v[0])[0] if late else 0.0
+    if findings:
+        headline = "; ".join(f.summary for f in findings)
+    else:
+        headline = (
+            f"no straggler: the ranks are within noise (the latest rank kept the others "
+            f"waiting {_fmt_s(worst)}, {worst / span:.1%} of the {_fmt_s(span)} compared)"
+        )
+    return Verdict(
+        headline=headline,
+        stragglers=tuple(findings),
+        within_noise=not findings,
+        ranks=tuple(timings[r.label] for r in rs),
+        compared_seconds=span,
+        matched=len(matches),
+        notes=tuple(notes),
+    )
+
+
+def _ranks(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int]) -> list[_Rank]:
+    out = []
+    seen: set[int] = set()
+    origin = min(
+        (c.arrival_unix_ns + offsets_ns.get(ev.host, 0) for ev in ranks for c in ev.collectives),
+        default=0,
+    )
+    for i, ev in enumerate(sorted(ranks, key=lambda e: (e.rank < 0, e.rank, e.host, e.pid))):
+        label = ev.rank if ev.rank >= 0 and ev.rank not in seen else -(i + 1)
+        seen.add(label)
+        r = _Rank(ev, label, offsets_ns.get(ev.host, 0) - origin)
+        groups: dict[str, list[CollectiveEvidence]] = {}
+        for c in ev.collectives:
+            groups.setdefault(c.group, []).append(c)
+        r.groups = sorted(groups.values(), key=lambda g: g[0].arrival_unix_ns)
+        out.append(r)
+    return out
+
+
+def _apart(rs: list[_Rank]) -> str:
+    """Why these ranks' files are not one trace of one job ("" when their windows overlap)."""
+    starts = [r.ev.window_start_unix_ns + r.offset_ns for r in rs]
+    ends = [r.ev.window_end_unix_ns + r.offset_ns for r in rs]
+    if max(starts) < min(ends):
+        return ""
+    return (
+        "the files' windows do not overlap in time, so they are not one trace of one job "
+        "(give the files of one trace: each rank's file of the same request)"
+    )
+
+
+def _name(r: _Rank) -> str:
+    who = f"rank {r.label}" if r.label >= 0 else f"pid {r.ev.pid}"
+    return who + (f" on {r.ev.host}" if r.ev.host else "")
+
+
+def _timing(r: _Rank) -> RankTiming:
+    return RankTiming(r.label, r.ev.host, r.ev.pid, r.ev.path, step_seconds=r.ev.steps.step_seconds)
+
+
+def _sec(r: _Rank, unix_ns: int) -> float:
+    return (unix_ns + r.offset_ns) / 1e9
+
+
+def _match(rs: list[_Rank]) -> list[_Match]:
+    """Line up the ranks' collectives group by group (see the module doc)."""
+    out: list[_Match] = []
+    for g in range(max(len(r.groups) for r in rs)):
+        present = [r for r in rs if g < len(r.groups)]
+        if len(present) < 2:
+            continue
+        ref = max(present, key=lambda r: len(r.groups[g]))
+        seq_ref = ref.groups[g]
+        shifts = {ref.label: 0}
+        for r in present:
+            if r is not ref:
+                shifts[r.label] = _best_shift(ref, seq_ref, r, r.groups[g])
+        for i, c in enumerate(seq_ref):
+            members = {ref.label: c}
+            places = {ref.label: i}
+            for r in present:
+                j = i + shifts[r.label]
+                if r is not ref and 0 <= j < len(r.groups[g]) and r.groups[g][j].op == c.op:
+                    members[r.label] = r.groups[g][j]
+                    places[r.label] = j
+            if len(members) < 2:
+                continue
+            by = {r.label: r for r in present}
+            run_ups = {
+                k: _sec(
+                    by[k],
+                    by[k].groups[g][j - 1].arrival_unix_ns if j else by[k].ev.window_start_unix_ns,
+                )
+                for k, j in places.items()
+            }
+            out.append(
+                _Match(
+                    members,
+                    {k: _sec(by[k], v.arrival_unix_ns) for k, v in members.items()},
+                    {k: _sec(by[k], v.end_unix_ns) for k, v in members.items()},
+                    g,
+                    run_ups,
+                )
+            )
+    return out
+
+
+def _best_shift(
+    ref: _Rank, a: list[CollectiveEvidence], r: _Rank, b: list[CollectiveEvidence]
+) -> int:
+    """The shift j - i pairing a[i] with b[j] that best lines them up: most equal operations,
+    then the smallest median gap between arrivals or between completions, whichever is
+    smaller for each pair. Completions count too because a rank late by half the spacing
+    of its collectives arrives as near the others' next collective as their own; only
+    completing together tells which one it joined (and a collective completes only after
+    its last rank arrives, so a late rank cannot line up with the next one)."""
+    best: tuple[int, float, int] | None = None
+    shift_of_best = 0
+    for shift in range(-MAX_SHIFT, MAX_SHIFT + 1):
+        pairs = [(x, b[i + shift]) for i, x in enumerate(a) if 0 <= i + shift < len(b)]
+        if not pairs:
+            continue
+        # Operations that differ, and pairing fewer than half of them, count against a shift.
+        penalty = sum(1 for x, y in pairs if x.op != y.op) + max(0, len(a) // 2 - len(pairs))
+        gap = statistics.median(
+            min(
+                abs(_sec(ref, x.arrival_unix_ns) - _sec(r, y.arrival_unix_ns)),
+                abs(_sec(ref, x.end_unix_ns) - _sec(r, y.end_unix_ns)),
+            )
+            for x, y in pairs
+        )
+        key = (penalty, gap, abs(shift))
+        if best is None or key < best:
+            best, shift_of_best = key, shift
+    return shift_of_best
+
+
+def _last(m: _Match) -> int:
+    return max(m.arrivals, key=m.arrivals.__getitem__)
+
+
+def _lateness(matches: list[_Match]) -> dict[int, tuple[float, int, int, list[float]]]:
+    """Per rank: (seconds the others waited for it, collectives it was late to, collectives
+    it took part in, its lateness in each); each match's ``late`` holds the part of each
+    rank's lateness that is its own.
+
+    A rank that left the previous collective of its group after the others, when packets
+    were lost around that collective, starts its run-up late for the network's sake: with
+    gloo's ring, a packet lost on the way to one rank stalls that rank (and those that wait
+    for its next send) until the retransmit, while the others are already done. That part
+    of its lateness (how much later than the others' median it left, at most its lateness)
+    is not its own; the network finding counts it (the collective's last completion).
+    """
+    raw: dict[int, list[float]] = defaultdict(list)
+    own: dict[int, list[float]] = defaultdict(list)
+    previous: dict[tuple[int, int], _Match] = {}
+    for m in matches:
+        for k, a in m.arrivals.items():
+            lateness = a - statistics.median(v for o, v in m.arrivals.items() if o != k)
+            raw[k].append(lateness)
+            mine = lateness
+            before = previous.get((m.group, k))
+            if mine > 0 and before is not None and before.lossy:
+                left = before.ends[k] - statistics.median(
+                    v for o, v in before.ends.items() if o != k
+                )
+                mine -= min(mine, max(0.0, left))
+            m.late[k] = mine
+            own[k].append(mine)
+        for k in m.arrivals:
+            previous[(m.group, k)] = m
+    return {
+        k: (sum(x for x in own[k] if x > 0), sum(1 for x in own[k] if x > 0), len(v), v)
+        for k, v in raw.items()
+    }
+
+
+def _late_finding(
+    r: _Rank, matches: list[_Match], seconds: float, span: float, rs: list[_Rank]
+) -> Finding:
+    """Why ``r`` arrived late: its run-ups' causes beyond the other ranks' (module doc)."""
+    excess: dict[str, float] = defaultdict(float)
+    holders: dict[str, float] = defaultdict(float)
+    details: dict[str, Counter[str]] = defaultdict(Counter)
+    worst: list[Instance] = []
+    for m in matches:
+        mine = m.members.get(r.label)
+        if mine is None:
+            continue
+        if m.late.get(r.label, 0.0) <= 0:
+            continue
+        own = {c.cause: c for c in mine.before}
+        theirs = [
+            {c.cause: c.seconds for c in v.before} for o, v in m.members.items() if o != r.label
+        ]
+        for cause, c in own.items():
+            extra = c.seconds - statistics.median(t.get(cause, 0.0) for t in theirs)
+            if extra > 0:
+                excess[cause] += extra
+                if c.detail:
+                    details[cause][c.detail] += 1
+        for h in mine.holders:
+            holders[h.cause] += h.seconds
+        worst += [replace(w, path=r.ev.path) for w in mine.worst if w.cause in own]
+    causes: list[CauseTime] = []
+    explained = 0.0
+    for cause, extra in sorted(excess.items(), key=lambda kv: -kv[1]):
+        share = min(extra, seconds)
+        if share < MIN_CAUSE_SHARE * seconds:
+            continue
+        explained += share
+        causes.append(CauseTime(cause, share, _cause_detail(cause, r, rs, holders, details)))
+    rest = seconds - min(seconds, explained)
+    if rest >= MIN_CAUSE_SHARE * seconds:
+        causes.append(CauseTime("unexplained", rest))
+    order = {c.cause: i for i, c in enumerate(causes)}
+    # A collective's run-up starts at the previous arrival, so it holds the previous
+    # collective: an interval there is the worst of both. List it once.
+    unique = {(w.cause, w.tid, w.ts_us): w for w in worst if w.cause in order}
+    # The first cause's worst first: a long wait for a CPU on a loaded machine must not
+    # hide the reads that made the rank late.
+    worst = sorted(unique.values(), key=lambda w: (order[w.cause], -w.duration_ns))
+    why = ", ".join(
+        f"{CAUSES.get(c.cause, c.cause)} {_fmt_s(c.seconds)}"
+        + (f" ({c.detail})" if c.detail else "")
+        for c in causes[:3]
+    )
+    summary = (
+        f"{_name(r)} held the job back: the other ranks waited {_fmt_s(seconds)} for it "
+        f"({seconds / span:.0%} of the {_fmt_s(span)} compared)" + (f"; why: {why}" if why else "")
+    )
+    return Finding(
+        rank=r.label,
+        host=r.ev.host,
+        pid=r.ev.pid,
+        kind="late",
+        seconds=seconds,
+        share=seconds / span,
+        causes=tuple(causes),
+        worst=tuple(worst[:TOP_INSTANCES]),
+        summary=summary,
+    )
+
+
+def _cause_detail(
+    cause: str,
+    r: _Rank,
+    rs: list[_Rank],
+    holders: Mapping[str, float],
+    details: Mapping[str, Counter[str]],
+) -> str:
+    if cause == "cpu_wait" and holders:
+        total = sum(holders.values())
+        top = sorted(holders.items(), key=lambda kv: -kv[1])[:3]
+        return "the CPU was held by " + ", ".join(f"{h} {s / total:.0%}" for h, s in top)
+    if cause == "gpu_compute":
+        mine = r.ev.gpu_sm_clock_mhz
+        others = [x.ev.gpu_sm_clock_mhz for x in rs if x is not r and x.ev.gpu_sm_clock_mhz]
+        if mine and others:
+            median = statistics.median(others)
+            if mine < SLOW_CLOCK * median:
+                return f"SM clock {mine:.0f} MHz against {median:.0f} MHz on the other ranks"
+        return ""
+    if details.get(cause):
+        return ", ".join(name for name, _ in details[cause].most_common(3))
+    return ""
+
+
+def _real_losses(rs: list[_Rank]) -> tuple[list[_Loss], list[_Loss]]:
+    """Every rank's loss events on the common clock, in time order, split into those that
+    lost packets and the retransmits that were not needed: those whose copy the peer
+    dropped as data it already had (a ``duplicate`` on the same connection, seen from the
+    other end). Duplicates themselves are neither."""
+    events = sorted(
+        (_Loss(_sec(r, e.unix_ns), r.label, e) for r in rs for e in r.ev.loss_events),
+        key=lambda x: x.t,
+    )
+    unpaired: dict[tuple[str, str], list[int]] = defaultdict(list)  # (local, peer) -> indices
+    for i, x in enumerate(events):
+        if x.event.kind == "tcp_retransmit":
+            unpaired[(x.event.local, x.event.peer)].append(i)
+    spurious: set[int] = set()
+    for x in events:
+        if x.event.kind != "duplicate":
+            continue
+        # The latest retransmit of the connection's other end before this copy arrived.
+        candidates = unpaired.get((x.event.peer, x.event.local), [])
+        for j in reversed(candidates):
+            if events[j].t <= x.t + CLOCK_SLACK:
+                if x.t - events[j].t <= SPURIOUS_WINDOW:
+                    spurious.add(j)
+                    candidates.remove(j)
+                break
+    real = [x for i, x in enumerate(events) if x.event.kind != "duplicate" and i not in spurious]
+    return real, [events[i] for i in sorted(spurious)]
+
+
+def _mark_lossy(matches: list[_Match], real: list[_Loss], spurious: list[_Loss]) -> None:
+    """A collective is lossy when some member counted loss events from its run-up to its
+    end, unless every event listed in that time was a retransmit that was not needed.
+    (A rank lists at most its first 1000 events: beyond them its count is trusted.)"""
+    real_times = [x.t for x in real]
+    spurious_times = [x.t for x in spurious]
+
+    def within(times: list[float], lo: float, hi: float) -> int:
+        return bisect.bisect_right(times, hi) - bisect.bisect_left(times, lo)
+
+    for m in matches:
+        if not any(c.loss_events for c in m.members.values()):
+            continue
+        lo, hi = min(m.run_ups.values()), max(m.ends.values())
+        m.lossy = within(real_times, lo, hi) > 0 or within(spurious_times, lo, hi) == 0
+
+
+def _network_finding(
+    matches: list[_Match],
+    rs: list[_Rank],
+    span: float,
+    losses: list[_Loss],
+    spurious: list[_Loss],
+) -> Finding | None:
+    """Collectives slowed by packet loss, and whose connections lost the packets."""
+    lost = _slowed(matches, lambda m: m.lossy)
+    if lost < max(MIN_SECONDS, MIN_SHARE * span):
+        return None
+    owner: dict[str, int] = {}
+    for r in rs:
+        for address in r.ev.local_addresses:
+            owner[address] = r.label
+    involved: Counter[int] = Counter()
+    peers: dict[int, Counter[int]] = defaultdict(Counter)
+    kinds: Counter[str] = Counter()
+    events = 0
+    instances: list[Instance] = []
+    by_label = {r.label: r for r in rs}
+    for x in losses:  # in time order
+        e, r = x.event, by_label[x.rank]
+        events += 1
+        kinds[e.kind] += 1
+        other = owner.get(e.peer)
+        involved[r.label] += 1
+        if other is not None and other != r.label:
+            involved[other] += 1
+            peers[r.label][other] += 1
+            peers[other][r.label] += 1
+        instances.append(
+            Instance(
+                "network_loss",
+                e.ts_us,
+                e.unix_ns,
+                0,
+                f"{e.kind} on {_name(r)}'s socket {e.local} -> {e.peer}",
+                path=r.ev.path,
+            )
+        )
+    if not involved:
+        return None
+    (culprit, count), *rest = involved.most_common()
+    who = by_label[culprit]
+    tied = [k for k, n in rest if n == count]
+    what = ", ".join(
+        f"{n} {LOSS_WORDS.get(kind, kind)}{'' if n == 1 else 's'}"
+        for kind, n in kinds.most_common()
+    )
+    with_ranks = ", ".join(str(k) for k, _ in peers[culprit].most_common()) or "unknown peers"
+    detail = (
+        f"{what}; rank {culprit} is on {count} of the {events} lost packets' connections "
+        f"(peers: ranks {with_ranks})"
+    )
+    if tied:
+        detail += f"; as many on rank(s) {', '.join(map(str, tied))}: the link between them"
+    if spurious:
+        detail += (
+            f"; {len(spurious)} more retransmit(s) were not needed (the peer had the data): "
+            "not counted"
+        )
+    summary = (
+        f"network loss on {_name(who)}'s connections slowed the collectives by {_fmt_s(lost)} "
+        f"({lost / span:.0%} of the {_fmt_s(span)} compared): {what}"
+    )
+    return Finding(
+        rank=culprit,
+        host=who.ev.host,
+        pid=who.ev.pid,
+        kind="network",
+        seconds=lost,
+        share=lost / span,
+        causes=(CauseTime("network_loss", lost, detail),),
+        worst=tuple(instances[:TOP_INSTANCES]),
+        summary=summary,
+    )
+
+
+def _slowed(matches: list[_Match], flagged: Callable[[_Match], bool]) -> float:
+    """Seconds the flagged collectives took beyond the others: each one's time from the last
+    arrival to the last completion, over the median of the unflagged ones' (over the lower
+    quartile of all when fewer than 3 are unflagged)."""
+    transfer = [
+        (max(0.0, max(m.ends.values()) - max(m.arrivals.values())), flagged(m)) for m in matches
+    ]
+    clean = [t for t, bad in transfer if not bad]
+    if len(clean) >= 3:
+        baseline = statistics.median(clean)
+    else:
+        baseline = sorted(t for t, _ in transfer)[len(transfer) // 4]
+    return sum(max(0.0, t - baseline) for t, bad in transfer if bad)
+
+
+def _fabric_finding(matches: list[_Match], rs: list[_Rank], span: float) -> Finding | None:
+    """Collectives slowed while the fabric (the ranks' RDMA ports and NICs, the fabric track)
+    counted congestion or errors, and whose fabric counted most."""
+
+    def troubled(m: _Match) -> bool:
+        return any(c.fabric_congestion or c.fabric_errors for c in m.members.values())
+
+    lost = _slowed(matches, troubled)
+    if lost < max(MIN_SECONDS, MIN_SHARE * span):
+        return None
+    congestion: Counter[int] = Counter()
+    errors: Counter[int] = Counter()
+    for m in matches:
+        if troubled(m):
+            for label, c in m.members.items():
+                congestion[label] += c.fabric_congestion
+                errors[label] += c.fabric_errors
+    by_label = {r.label: r for r in rs}
+    culprit = max(by_label, key=lambda k: (errors[k], congestion[k]))
+    who = by_label[culprit]
+    others = sorted(k for k in by_label if k != culprit and errors[k] + congestion[k])
+    devices = ", ".join(who.ev.fabric_devices) or "its fabric"
+    detail = (
+        f"{errors[culprit]} errors or drops and {congestion[culprit]} congestion signals "
+        f"(CNPs, ECN marks, transmit waits, pause frames) on {devices}"
+        + (f"; fewer on rank(s) {', '.join(map(str, others))}" if others else "")
+    )
+    return Finding(
+        rank=culprit,
+        host=who.ev.host,
+        pid=who.ev.pid,
+        kind="fabric",
+        seconds=lost,
+        share=lost / span,
+        causes=(CauseTime("fabric", lost, detail),),
+        summary=(
+            f"the fabric of {_name(who)} slowed the collectives by {_fmt_s(lost)} "
+            f"({lost / span:.0%} of the {_fmt_s(span)} compared): {errors[culprit]} errors or "
+            f"drops, {congestion[culprit]} congestion signals on {devices}"
+        ),
+    )
+
+
+def _single_headline(rs: list[_Rank]) -> str:
+    if not rs:
+        return "no trace to compare"
+    r = rs[0]
+    split = r.ev.steps
+    if len(rs) > 1:
+        head = f"{len(rs)} processes, but fewer than two with collectives: nothing to compare"
+    else:
+        head = f"one rank ({_name(r)}): nothing to compare it with"
+    if not split.steps:
+        return head
+    parts = ", ".join(
+        f"{STEP_PARTS.get(p.cause) or CAUSES.get(p.cause, p.cause)} {_fmt_s(p.seconds)}"
+        for p in split.parts
+    )
+    return f"{head}; a step takes {_fmt_s(split.step_seconds)} (median of {split.steps}): {parts}"
+
+
+def _fmt_s(seconds: float) -> str:
+    if abs(seconds) >= 1:
+        return f"{seconds:.2f} s"
+    if abs(seconds) >= 0.001:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} µs"
+
+
+def verdict_text(v: Verdict) -> str:
+    """The verdict as the CLI prints it: the headline, then per finding its causes with the
+    time each explains, the worst instances (``ts`` in the rank's file, to jump to in
+    Perfetto), and the notes.
+    """
+    lines = [f"verdict: {v.headline}"]
+    for f in v.stragglers:
+        lines.append(
+            ("  " + (f"rank {f.rank}" if f.rank >= 0 else f"pid {f.pid}"))
+            + (f" on {f.host}" if f.host else "")
+            + f" ({KIND_WORDS.get(f.kind, f.kind)}): "
+            f"{_fmt_s(f.seconds)} lost, {f.share:.0%} of the {_fmt_s(v.compared_seconds)} compared"
+        )
+        width = max((len(CAUSES.get(c.cause, c.cause)) for c in f.causes), default=0)
+        for c in f.causes:
+            label = CAUSES.get(c.cause, c.cause)
+            lines.append(
+                f"    {label:<{width}}  {_fmt_s(c.seconds):>9}"
+                + (f"  {c.detail}" if c.detail else "")
+            )
+        for w in f.worst:
+            what = CAUSES.get(w.cause, w.cause)
+            how_long = f" {_fmt_s(w.duration_ns / 1e9)}" if w.duration_ns else ""  # instants
+            lines.append(
+                f"    worst: {what}{how_long} at ts {w.ts_us:.3f}"
+                + (f" ({w.detail})" if w.detail else "")
+                + (f" in {w.path}" if w.path else "")
+            )
+    if v.ranks and v.matched:
+        lines.append(
+            f"  {v.matched} collectives matched; per rank: reached last / kept the others "
+            "waiting / median lateness"
+        )
+        for t in v.ranks:
+            who = f"rank {t.rank}" if t.rank >= 0 else f"pid {t.pid}"
+            lines.append(
+                f"    {who}: {t.last}/{t.collectives}, {_fmt_s(t.held_seconds)}, "
+                f"{_fmt_s(t.lateness_seconds)}"
+            )
+    lines += [f"  note: {n}" for n in v.notes]
+    return "\n".join(lines)

@@ -1,0 +1,458 @@
+"""One rank's evidence, read from its own trace file: `build_evidence`.
+
+The diagnosis of a job (`bpfdyno.rpc.verdict`) compares ranks collective by collective:
+which rank reached each one last, and what that rank's threads were doing — by the kernel's
+account — in the run-up to it, against what the other ranks were doing in theirs. Each node
+reads its own ranks' files; what travels is this evidence, a few hundred bytes per
+collective.
+
+Which collectives (the first kind the file has, in this order):
+
+1. NCCL kernels on the GPU (CUPTI's ``ncclDevKernel_*`` / ``ncclKernel_*``): a rank joins a
+   collective when its GPU reaches the kernel; the CPU runs ahead and tells nothing.
+2. The backend's execution spans on the CPU (``gloo:all_reduce``...): gloo runs each
+   collective on a worker thread, from when the rank joins to when it completes.
+3. The c10d calls (``c10d::allreduce_``) or bpfdyno's NCCL probes (host-side calls only:
+   said in the notes).
+
+Their order on each group (process group, CUDA stream, NCCL communicator) is what the
+comparison matches across ranks.
+
+What the kernel saw, per collective, in two windows on this rank: the run-up, from the
+previous collective's arrival (or the window's start) to this one's, and the collective
+itself. For the threads that matter — the main thread, for every cause; the threads that ran
+the collectives (gloo's workers), only for waiting for a CPU (the rest of their off-CPU time
+is idle time between collectives) — the time off-CPU by cause: waiting for a CPU (and which
+tasks held it: the capture records the task that ran instead), blocked by cause and system
+call, blocked inside ``enumerate(DataLoader)`` (waiting for DataLoader workers); the GPU's
+busy time (its other kernels); TCP retransmits, resets and drops on the rank's sockets.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+
+from bpfdyno.rpc.diagnosis import (
+    OFFCPU_CAUSE,
+    CauseTime,
+    CollectiveEvidence,
+    Instance,
+    LossEvent,
+    RankEvidence,
+    StepSplit,
+)
+from bpfdyno.tracing.trace_facts import Collective, NetInstant, OffCpuSlice, TraceFacts
+
+#: Most collectives kept per file (a 1.5 s trace of a fast job has ~150).
+MAX_COLLECTIVES = 20_000
+#: Most loss events kept per file.
+MAX_LOSS_EVENTS = 1000
+LOSS_KINDS = ("tcp_retransmit", "tcp_reset_sent", "tcp_reset_received", "packet_drop")
+#: Drop reasons that mean the data had arrived already: the copy of a retransmit that was
+#: not needed (its original arrived; its acknowledgement came late), not a loss. Listed as
+#: ``duplicate`` so the comparison can tell the sender's retransmit apart from a loss.
+DUPLICATE_REASONS = frozenset({"TCP_OLD_DATA", "TCP_OFOMERGE"})
+#: Holders of the CPU listed per collective.
+TOP_HOLDERS = 3
+
+
+@dataclass(slots=True)
+class _Slice:
+    tid: int
+    start: float  # µs, clipped to the window
+    end: float
+    cause: str  # a diagnosis cause
+    detail: str  # who held the CPU, or the system call
+
+
+class _Threads:
+    """The off-CPU slices that count, per thread, sorted: overlap queries by bisection."""
+
+    def __init__(self, slices: Iterable[_Slice]) -> None:
+        by_tid: dict[int, list[_Slice]] = defaultdict(list)
+        for s in slices:
+            by_tid[s.tid].append(s)
+        self.rows = {tid: sorted(v, key=lambda s: s.start) for tid, v in by_tid.items()}
+        self.starts = {tid: [s.start for s in v] for tid, v in self.rows.items()}
+
+    def overlapping(self, lo: float, hi: float) -> Iterable[tuple[_Slice, float]]:
+        """Each slice overlapping [lo, hi) with the length of the overlap (µs)."""
+        for tid, row in self.rows.items():
+            starts = self.starts[tid]
+            # A thread's slices do not overlap each other: only the one starting last before
+            # lo can reach into the window.
+            i = max(0, bisect.bisect_right(starts, lo) - 1)
+            while i < len(row) and row[i].start < hi:
+                s = row[i]
+                overlap = min(s.end, hi) - max(s.start, lo)
+                if overlap > 0:
+                    yield s, overlap
+                i += 1
+
+
+def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
+    """The evidence of one file's process (see the module doc)."""
+    notes: list[str] = []
+    pid = facts.main_pid
+    lo, hi = _window(facts, notes)
+    chosen, source_note = _collectives(facts, lo, hi)
+    if source_note:
+        notes.append(source_note)
+    if not facts.info:
+        notes.append("no kernel tracks in the file: only its collectives' times are compared")
+    steps = _steps(facts, lo, hi)
+    threads = _Threads(_slices(facts, pid, {c.tid for c in chosen if c.tid} - {pid}, lo, hi))
+    busy = _gpu_busy(facts, lo, hi)
+    listed = sorted(
+        (e for e in facts.net_events if e.kind in LOSS_KINDS and lo <= e.ts_us <= hi),
+        key=lambda e: e.ts_us,
+    )
+    loss_ts = [e.ts_us for e in listed if not _duplicate(e)]
+    congestion = _Totals(facts, FABRIC_CONGESTION, lo, hi)
+    errors = _Totals(facts, FABRIC_ERRORS, lo, hi)
+    interrupts = _Totals(facts, ("interrupt time",), lo, hi)
+    out: list[CollectiveEvidence] = []
+    previous: dict[str, float] = {}
+    index: dict[str, int] = defaultdict(int)
+    step_starts = [s for s, _ in steps]
+    for c in chosen[:MAX_COLLECTIVES]:
+        run_up = previous.get(c.group, lo)
+        previous[c.group] = c.start_us
+        before, holders, worst_before = _causes(threads, busy, run_up, c.start_us)
+        stolen = interrupts.between(run_up, c.start_us) / 1e9  # ns of CPU time
+        if stolen > 0:
+            before = tuple(
+                sorted((*before, CauseTime("interrupts", stolen)), key=lambda t: -t.seconds)
+            )
+        during, _, worst_during = _causes(threads, busy, c.start_us, c.end_us)
+        worst = {w.cause: w for w in worst_during}
+        for w in worst_before:  # the run-up's, unless the collective itself had a longer one
+            if w.cause not in worst or w.duration_ns > worst[w.cause].duration_ns:
+                worst[w.cause] = w
+        step = bisect.bisect_right(step_starts, c.start_us) - 1 if steps else -1
+        out.append(
+            CollectiveEvidence(
+                op=c.op,
+                source=c.source,
+                group=c.group,
+                index=index[c.group],
+                step=step,
+                size_bytes=c.size_bytes,
+                arrival_unix_ns=facts.abs_ns(c.start_us),
+                end_unix_ns=facts.abs_ns(c.end_us),
+                before=before,
+                during=during,
+                holders=holders,
+                worst=tuple(_instance(w, facts) for w in worst.values()),
+                loss_events=bisect.bisect_right(loss_ts, c.end_us)
+                - bisect.bisect_left(loss_ts, run_up),
+                fabric_congestion=congestion.between(run_up, c.end_us),
+                fabric_errors=errors.between(run_up, c.end_us),
+            )
+        )
+        index[c.group] += 1
+    if len(chosen) > MAX_COLLECTIVES:
+        notes.append(f"only the first {MAX_COLLECTIVES} of {len(chosen)} collectives are kept")
+    lost = facts.info.get("records_over_cap_dropped", 0)
+    if isinstance(lost, int) and lost:
+        notes.append(f"{lost} kernel records were lost while capturing (the file's info slice)")
+    if facts.dropped:
+        notes.append(f"{facts.dropped} events beyond the reader's limits were not read")
+    locals_ = {b[5] for b in facts.net_bursts} | {e.local for e in facts.net_events}
+    return RankEvidence(
+        path=facts.path,
+        host=host or facts.host,
+        pid=pid,
+        rank=facts.rank,
+        world_size=facts.world_size,
+        base_ns=facts.base_ns,
+        window_start_unix_ns=facts.abs_ns(lo),
+        window_end_unix_ns=facts.abs_ns(hi),
+        kernel_tracks=tuple(str(t) for t in facts.info.get("tracks", ()) or ()),
+        collectives=tuple(out),
+        local_addresses=tuple(sorted(a for a in locals_ if a)),
+        loss_events=tuple(
+            LossEvent(
+                "duplicate" if _duplicate(e) else e.kind,
+                e.ts_us,
+                facts.abs_ns(e.ts_us),
+                e.local,
+                e.peer,
+            )
+            for e in listed[:MAX_LOSS_EVENTS]
+        ),
+        gpu_sm_clock_mhz=_mean_clock(facts, lo, hi),
+        steps=_step_split(steps, chosen, threads, busy, pid),
+        notes=tuple(notes),
+        fabric_devices=tuple(sorted({d for _, d, _, _ in facts.fabric if d != "cpu"})),
+    )
+
+
+#: The fabric track's groups that are congestion signals, and those that are errors.
+FABRIC_CONGESTION = ("congestion", "pause")
+FABRIC_ERRORS = ("errors", "drops")
+
+
+class _Totals:
+    """The fabric track's points of some groups inside the window, summed over time ranges
+    (each point is what its counters advanced over the interval starting there)."""
+
+    def __init__(self, facts: TraceFacts, groups: Sequence[str], lo: float, hi: float) -> None:
+        points = sorted((ts, n) for ts, _, g, n in facts.fabric if g in groups and lo <= ts <= hi)
+        self.ts = [ts for ts, _ in points]
+        self.sums = [0, *accumulate(n for _, n in points)]
+
+    def between(self, lo: float, hi: float) -> int:
+        """The total of the points from ``lo`` (inclusive) to ``hi`` (exclusive)."""
+        return (
+            self.sums[bisect.bisect_left(self.ts, hi)] - self.sums[bisect.bisect_left(self.ts, lo)]
+        )
+
+
+def _duplicate(e: NetInstant) -> bool:
+    return e.kind == "packet_drop" and e.reason in DUPLICATE_REASONS
+
+
+def _window(facts: TraceFacts, notes: list[str]) -> tuple[float, float]:
+    if facts.window is not None:
+        return facts.window
+    times = [t for v in facts.ops.values() for t in (v[0], v[-1]) if v]
+    notes.append("the file has no profiler span: its whole time is compared")
+    return (min(times), max(times)) if times else (0.0, 0.0)
+
+
+def _collectives(facts: TraceFacts, lo: float, hi: float) -> tuple[list[Collective], str]:
+    """The file's collectives of the best kind it has, in time order (module doc)."""
+
+    def inside(items: Iterable[Collective]) -> list[Collective]:
+        return sorted((c for c in items if lo <= c.start_us <= hi), key=lambda c: c.start_us)
+
+    gpu = inside(c for c in facts.collectives if c.source == "gpu")
+    if gpu:
+        return gpu, ""
+    spans = inside(c for c in facts.collectives if c.source != "gpu")
+    if spans:
+        # gloo executes collectives in the order they were asked for, one stream per process
+        # group; the trace does not name the group: one ordered stream.
+        for c in spans:
+            c.group = c.source
+        note = ""
+        if any(c.source == "nccl" for c in spans):
+            note = (
+                "NCCL collectives without NCCL kernels on the GPU (CUDA activities not traced, "
+                "or a communicator of one rank): compared by when the CPU enqueued them"
+            )
+        return spans, note
+    enqueued = inside(facts.enqueues)
+    if enqueued:
+        for c in enqueued:
+            c.group = "c10d"
+        return enqueued, "collectives compared by when the CPU called them (c10d::*)"
+    calls = inside(c for c in facts.nccl_calls if c.op not in ("groupstart", "groupend"))
+    if calls:
+        return calls, "collectives compared by bpfdyno's NCCL calls (the CPU side only)"
+    return [], "no collectives in the file (a job of one process, or a trace without them)"
+
+
+def _steps(facts: TraceFacts, lo: float, hi: float) -> list[tuple[float, float]]:
+    """The steps inside the window: ``ProfilerStep#N`` spans, else the time between the
+    ends of consecutive ``Optimizer.step`` calls (the first from the window's start)."""
+    marked = sorted({(s, e) for _, s, e in facts.profiler_steps if e > lo and s < hi})
+    if marked:
+        return marked
+    ends = sorted({e for _, e in facts.optimizer_steps if lo < e <= hi})
+    out = []
+    start = lo
+    for end in ends:
+        out.append((start, end))
+        start = end
+    return out
+
+
+def _slices(facts: TraceFacts, pid: int, workers: set[int], lo: float, hi: float) -> list[_Slice]:
+    """The off-CPU slices that count, clipped to the window, in diagnosis causes."""
+    loaders = _union((s, e) for _tid, s, e in facts.dataloader if e > lo and s < hi)
+    out: list[_Slice] = []
+    for s in facts.offcpu:
+        if s.end_us <= lo or s.start_us >= hi:
+            continue
+        if s.tid != pid and not (s.tid in workers and s.cause == "runnable"):
+            continue
+        start, end = max(s.start_us, lo), min(s.end_us, hi)
+        cause = OFFCPU_CAUSE.get(s.cause, "blocked")
+        detail = _detail(s)
+        if cause != "cpu_wait" and s.tid == pid and loaders:
+            # Blocked inside enumerate(DataLoader): waiting for the workers' next batch.
+            for a, b in _cut(start, end, loaders):
+                out.append(_Slice(s.tid, a, b, "data_loader", detail))
+            for a, b in _cut_out(start, end, loaders):
+                out.append(_Slice(s.tid, a, b, cause, detail))
+        else:
+            out.append(_Slice(s.tid, start, end, cause, detail))
+    return out
+
+
+def _detail(s: OffCpuSlice) -> str:
+    if s.cause == "runnable":
+        return f"held by {s.held_by}" if s.held_by else ""
+    return s.syscall
+
+
+def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def _cut(lo: float, hi: float, union: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of [lo, hi) inside ``union`` (sorted, disjoint)."""
+    i = max(0, bisect.bisect_right(union, (lo, math.inf)) - 1)
+    out = []
+    while i < len(union) and union[i][0] < hi:
+        a, b = max(lo, union[i][0]), min(hi, union[i][1])
+        if b > a:
+            out.append((a, b))
+        i += 1
+    return out
+
+
+def _cut_out(
+    lo: float, hi: float, union: Sequence[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    """The parts of [lo, hi) outside ``union``."""
+    out = []
+    at = lo
+    for a, b in _cut(lo, hi, union):
+        if a > at:
+            out.append((at, a))
+        at = b
+    if hi > at:
+        out.append((at, hi))
+    return out
+
+
+def _gpu_busy(facts: TraceFacts, lo: float, hi: float) -> list[tuple[float, float]]:
+    """The union of the GPUs' non-NCCL kernels in the window (any device)."""
+    pairs: list[tuple[float, float]] = []
+    for times in facts.gpu_busy.values():
+        it = iter(times)
+        pairs += [
+            (max(s, lo), min(e, hi)) for s, e in zip(it, it, strict=True) if e > lo and s < hi
+        ]
+    return _union(pairs)
+
+
+def _covered(union: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
+    return sum(b - a for a, b in _cut(lo, hi, union))
+
+
+def _causes(
+    threads: _Threads, busy: Sequence[tuple[float, float]], lo: float, hi: float
+) -> tuple[tuple[CauseTime, ...], tuple[CauseTime, ...], list[Instance]]:
+    """(time per cause, CPU holders, the longest slice of each cause) in [lo, hi)."""
+    if hi <= lo:
+        return (), (), []
+    span = hi - lo
+    seconds: dict[str, float] = defaultdict(float)
+    syscalls: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    holders: dict[str, float] = defaultdict(float)
+    longest: dict[str, tuple[float, _Slice]] = {}
+    for s, overlap in threads.overlapping(lo, hi):
+        seconds[s.cause] += overlap
+        if s.cause == "cpu_wait":
+            if s.detail:
+                holders[s.detail.removeprefix("held by ")] += overlap
+        elif s.detail:
+            syscalls[s.cause][s.detail] += overlap
+        if overlap > longest.get(s.cause, (0.0, s))[0]:
+            longest[s.cause] = (overlap, s)
+    gpu = _covered(busy, lo, hi)
+    if gpu:
+        seconds["gpu_compute"] = gpu
+    causes = tuple(
+        CauseTime(
+            cause,
+            min(us, span) / 1e6,
+            max(syscalls[cause], key=syscalls[cause].__getitem__) if syscalls.get(cause) else "",
+        )
+        for cause, us in sorted(seconds.items(), key=lambda kv: -kv[1])
+    )
+    top = sorted(holders.items(), key=lambda kv: -kv[1])[:TOP_HOLDERS]
+    worst = [
+        Instance(
+            s.cause,
+            max(s.start, lo),
+            0,  # set by _instance
+            round(overlap * 1000),
+            s.detail,
+            s.tid,
+        )
+        for overlap, s in longest.values()
+    ]
+    return causes, tuple(CauseTime(h, us / 1e6) for h, us in top), worst
+
+
+def _instance(w: Instance, facts: TraceFacts) -> Instance:
+    return Instance(w.cause, w.ts_us, facts.abs_ns(w.ts_us), w.duration_ns, w.detail, w.tid)
+
+
+def _mean_clock(facts: TraceFacts, lo: float, hi: float) -> float:
+    values = [
+        v
+        for name, series in facts.gpu_counters.items()
+        if "SM clock" in name
+        for ts, v in series
+        if lo <= ts <= hi
+    ]
+    return statistics.fmean(values) if values else 0.0
+
+
+def _step_split(
+    steps: list[tuple[float, float]],
+    collectives: list[Collective],
+    threads: _Threads,
+    busy: Sequence[tuple[float, float]],
+    pid: int,
+) -> StepSplit:
+    """Where a step's time went: medians over the steps of the time in collectives, the main
+    thread's time on a CPU and off it by cause, and the GPUs' busy time (`STEP_PARTS`)."""
+    if not steps:
+        return StepSplit()
+    spans = _union((c.start_us, c.end_us) for c in collectives)
+    parts: dict[str, list[float]] = defaultdict(list)
+    for lo, hi in steps:
+        per: dict[str, float] = defaultdict(float)
+        per["collectives"] = _covered(spans, lo, hi)
+        off = 0.0
+        for s, overlap in threads.overlapping(lo, hi):
+            if s.tid == pid:
+                per[s.cause] += overlap
+                off += overlap
+        if threads.rows:
+            per["on_cpu"] = max(0.0, hi - lo - off)
+        if busy:
+            per["gpu_busy"] = _covered(busy, lo, hi)
+        for key in set(parts) | set(per):
+            parts[key].append(per.get(key, 0.0))
+    n = len(steps)
+    for values in parts.values():  # a part absent from the first steps: 0 there
+        values[:0] = [0.0] * (n - len(values))
+    medians = {k: statistics.median(v) / 1e6 for k, v in parts.items()}
+    return StepSplit(
+        steps=n,
+        step_seconds=statistics.median(hi - lo for lo, hi in steps) / 1e6,
+        parts=tuple(
+            CauseTime(k, v) for k, v in sorted(medians.items(), key=lambda kv: -kv[1]) if v > 0
+        ),
+    )

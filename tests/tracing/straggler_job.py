@@ -1,0 +1,604 @@
+"""A real multi-rank training job on this machine, an agent tracing it, and faults to inject
+on one rank at a time: the proof that the verdict (`bpfdyno.rpc.verdict`) names the rank
+that holds a job back, and why.
+
+- **Network**: each rank in its own network namespace, its ``eth0`` a veth joined to a
+  bridge in a namespace of its own, so every rank has its own address (``10.18.0.10+i``)
+  and its traffic with the others crosses a real link that can lose packets. Every name
+  carries this process's pid: several runs may share the machine.
+- **Job**: one ``torchrun`` per "node" (``--nnodes N --node-rank i --nproc-per-node 1``,
+  static rendezvous on rank 0's address), each launched inside its rank's namespace and
+  pinned to a CPU; the ranks (``trainers/ddp.py``, DDP on gloo over TCP) read each
+  step's batch from a FIFO written by a feeder process (``trainers/batch_feeder.py``), and
+  register with the agent through ``KINETO_IPC_SOCKET_DIR`` (a socket file, reachable from
+  every namespace; the abstract ``@dynolog@`` name is per namespace).
+- **Agent**: a real ``bpfdyno serve`` (no collectors: the capture of the traced processes'
+  kernel tracks is all this needs), asked through its gRPC API as a client would.
+- **Faults**, each on one rank and removed afterwards: a busy process pinned to the rank's
+  CPU (`cpu_hog`), random loss of the TCP packets the rank receives (`packet_loss`,
+  nftables in the rank's namespace), a feeder that delivers each batch late (`slow_batches`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from bpfdyno.core.config import KNOWN_COLLECTORS
+from bpfdyno.rpc.diagnosis import RankEvidence, Verdict
+from bpfdyno.rpc.traces import ProcessSummary, TraceSummary
+from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc, tracing_pb2, tracing_pb2_grpc
+from bpfdyno.rpc.wire import from_pb
+
+TRAINERS = Path(__file__).resolve().parent / "trainers"
+SUBNET = "10.18.0"
+MASTER_PORT = 29500
+#: The ranks' job id (libkineto reports $SLURM_JOB_ID with its polls).
+JOB_ID = 1818
+#: Sleep at the end of each step: the ranks' steps are light, most of a step is this.
+STEP_SLEEP_MS = 30.0
+#: The slow feeder's wait before each batch.
+SLOW_BATCH_MS = 120.0
+#: The name the CPU hog gives itself (prctl PR_SET_NAME), so the verdict can be checked to
+#: name it.
+HOG_NAME = "stress-hog"
+#: Its weight (its nice, and its session's with autogroups). At equal weight a rank that
+#: sleeps most of its step hardly waits: EEVDF gives a sleeper its lag back. Against the
+#: ranks' `RANK_NICE` it holds the job back about 40 % of the time (docs/tracing.md).
+HOG_NICE = -20
+#: The ranks' weight: a little above other work's, so that other processes on the machine
+#: (a benchmark pinned to CPU 0 was seen) do not make a healthy rank a straggler.
+RANK_NICE = -3
+
+HOG_CODE = """
+import ctypes, os, sys
+ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)  # PR_SET_NAME
+os.sched_setaffinity(0, {int(sys.argv[2])})
+os.write(1, b"spinning\\n")
+while True:
+    pass
+"""
+
+
+def wait_for(pred: Callable[[], bool], timeout: float, what: str, step: float = 0.1) -> None:
+    """Poll ``pred`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def run(*argv: str, stdin: str | None = None) -> None:
+    """Run a set-up command; fail with its stderr."""
+    r = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} failed ({r.returncode}): {r.stderr.strip()}")
+
+
+# -- network ---------------------------------------------------------------------------------
+
+
+class Network:
+    """N namespaces with one address each, joined by veth pairs to a bridge namespace."""
+
+    def __init__(self, ranks: int) -> None:
+        tag = f"bds{os.getpid()}"
+        self.bridge_ns = f"{tag}-br"
+        self.namespaces = [f"{tag}-r{i}" for i in range(ranks)]
+        self.addresses = [f"{SUBNET}.{10 + i}" for i in range(ranks)]
+
+    def create(self) -> None:
+        if shutil.which("ip") is None or shutil.which("nft") is None:
+            raise AssertionError(
+                "the straggler job needs iproute2 and nftables (`vagrant/bootstrap.sh test` "
+                "installs both)"
+            )
+        br = self.bridge_ns
+        run("ip", "netns", "add", br)
+        run("ip", "-n", br, "link", "add", "br0", "type", "bridge")
+        run("ip", "-n", br, "link", "set", "br0", "up")
+        for i, (ns, address) in enumerate(zip(self.namespaces, self.addresses, strict=True)):
+            run("ip", "netns", "add", ns)
+            # Both ends are made inside the namespaces: no name is taken in the host's.
+            run("ip", "-n", br, "link", "add", f"v{i}", "type", "veth",
+                "peer", "name", "eth0", "netns", ns)  # fmt: skip
+            run("ip", "-n", br, "link", "set", f"v{i}", "master", "br0", "up")
+            run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
+            run("ip", "-n", ns, "link", "set", "eth0", "up")
+            run("ip", "-n", ns, "link", "set", "lo", "up")
+
+    def delete(self) -> None:
+        for ns in [*self.namespaces, self.bridge_ns]:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+    def drop_input(self, rank: int, per_mille: int) -> None:
+        """Drop at random ``per_mille``/1000 of the TCP packets rank ``rank`` receives.
+
+        Ingress, not egress: a packet dropped on its way out of the sender's own stack is
+        reported back to TCP and re-sent at once, never seen as a retransmit; one lost on
+        the wire (here: at the receiver) is, after a timeout or duplicate ACKs."""
+        rules = (
+            "table inet bpfdyno_loss {\n"
+            "  chain input {\n"
+            "    type filter hook input priority 0; policy accept;\n"
+            f"    meta l4proto tcp numgen random mod 1000 < {per_mille} drop\n"
+            "  }\n"
+            "}\n"
+        )
+        run("ip", "netns", "exec", self.namespaces[rank], "nft", "-f", "-", stdin=rules)
+
+    def stop_dropping(self, rank: int) -> None:
+        run("ip", "netns", "exec", self.namespaces[rank], "nft", "delete", "table", "inet",
+            "bpfdyno_loss")  # fmt: skip
+
+
+# -- processes -------------------------------------------------------------------------------
+
+
+@dataclass
+class Proc:
+    """A process we started in its own session, its stdout lines kept in a file."""
+
+    popen: subprocess.Popen[bytes]
+    out: Path
+    answers_read: int = 0
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def lines(self) -> list[str]:
+        return self.out.read_text(errors="replace").splitlines() if self.out.exists() else []
+
+    def send(self, command: str) -> None:
+        """A command line on its stdin (see ``trainers/batch_feeder.py``)."""
+        assert self.popen.stdin is not None
+        self.popen.stdin.write(f"{command}\n".encode())
+        self.popen.stdin.flush()
+
+    def answer(self, word: str, timeout: float = 60) -> int:
+        """The number of its next answer line ``WORD N``."""
+        found: list[int] = []
+
+        def answered() -> bool:
+            for i, line in enumerate(self.lines()[self.answers_read :], self.answers_read):
+                if line.startswith(f"{word} "):
+                    found.append(int(line.split()[1]))
+                    self.answers_read = i + 1
+                    return True
+            return False
+
+        wait_for(answered, timeout, f"{self.out.name}: '{word} N'", step=0.02)
+        return found[0]
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=10)
+
+
+def spawn(
+    argv: Sequence[str], out: Path, env: dict[str, str] | None = None, stdin: bool = False
+) -> Proc:
+    with open(out, "wb") as f:
+        popen = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    return Proc(popen, out)
+
+
+def set_weight(pid: int, nice: int) -> None:
+    """Give process ``pid`` (each of its threads, and its session with autogroups, where
+    CPU weight is shared per session first) the CPU weight of ``nice``."""
+    autogroup = Path(f"/proc/{pid}/autogroup")
+    if autogroup.exists():
+        autogroup.write_text(str(nice))
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+
+
+def _kill_pid(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes under ``pid`` (children first found through /proc)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+        except OSError:
+            continue
+        out += map(int, children)
+        todo += map(int, children)
+    return out
+
+
+# -- agent -----------------------------------------------------------------------------------
+
+
+class Agent:
+    """A ``bpfdyno serve`` with only the tracing component (and its kernel-track capture)."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.sock = base / "agent.sock"
+        self.socket_dir = base / "k"  # the trainers' KINETO_IPC_SOCKET_DIR
+        self.trace_dir = base / "traces"
+        self.socket_dir.mkdir()
+        self.trace_dir.mkdir()
+        self.log = base / "agent.log"
+        lines = [
+            "[grpc]",
+            f"socket = {json.dumps(str(self.sock))}",
+            "[kineto]",
+            f"socket_dir = {json.dumps(str(self.socket_dir))}",
+            "[tracing]",
+            f"allowed_dirs = [{json.dumps(str(self.trace_dir))}]",
+            "[legacy_rpc]",
+            "enabled = false",
+        ]
+        for c in KNOWN_COLLECTORS:
+            lines += [f"[collectors.{c}]", "enabled = false"]
+        self.config = base / "bpfdyno.toml"
+        self.config.write_text("\n".join(lines) + "\n")
+        self.proc: Proc | None = None
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KINETO_", "SLURM_"))}
+        self.proc = spawn(
+            [sys.executable, "-m", "bpfdyno", "serve", "--config", str(self.config)],
+            self.log,
+            env,
+        )
+
+        def ready() -> bool:
+            assert self.proc is not None
+            if self.proc.popen.poll() is not None:
+                raise AssertionError(f"the agent exited:\n{self.log.read_text()[-3000:]}")
+            try:
+                with self.channel() as ch:
+                    agent_pb2_grpc.AgentStub(ch).GetStatus(agent_pb2.GetStatusRequest(), timeout=2)
+            except grpc.RpcError:
+                return False
+            return True
+
+        wait_for(ready, 90, "the agent to serve")
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(f"unix:{self.sock}")
+
+    def trainers(self) -> list[tracing_pb2.Trainer]:
+        with self.channel() as ch:
+            resp = tracing_pb2_grpc.TracingStub(ch).ListTrainers(
+                tracing_pb2.ListTrainersRequest(job_id=JOB_ID), timeout=10
+            )
+        return list(resp.trainers)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.popen.poll() is None:
+            self.proc.popen.send_signal(signal.SIGTERM)
+            try:
+                self.proc.popen.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+# -- the job ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Trace:
+    """One trace of the job: each rank's file summarised by the agent, and its verdict."""
+
+    name: str
+    trace_id: str
+    summaries: list[ProcessSummary]
+    verdict: Verdict
+    seconds: float  # from the request to the verdict
+
+    @property
+    def evidence(self) -> dict[int, RankEvidence]:
+        return {s.evidence.rank: s.evidence for s in self.summaries if s.evidence is not None}
+
+    @property
+    def paths(self) -> list[str]:
+        return [s.path for s in self.summaries]
+
+
+@dataclass
+class StragglerJob:
+    """The network, the agent, the feeders and the ranks (see the module doc).
+
+    Args:
+        base: a short directory of its own (Unix socket paths are limited).
+        ranks: how many ranks.
+        cpus: the CPU each rank (its torchrun and everything under it) is pinned to.
+    """
+
+    base: Path
+    ranks: int
+    cpus: Sequence[int]
+    network: Network = field(init=False)
+    agent: Agent = field(init=False)
+    feeders: list[Proc] = field(default_factory=list)
+    launchers: list[Proc] = field(default_factory=list)
+    rank_pids: dict[int, int] = field(default_factory=dict)
+    traces: list[Trace] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.network = Network(self.ranks)
+        self.agent = Agent(self.base)
+
+    def start(self) -> None:
+        self.network.create()
+        self.agent.start()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KINETO_", "SLURM_"))}
+        env.update(
+            KINETO_USE_DAEMON="1",
+            KINETO_IPC_SOCKET_DIR=str(self.agent.socket_dir),
+            KINETO_CONFIG=str(TRAINERS / "kineto.conf"),
+            SLURM_JOB_ID=str(JOB_ID),
+            # gloo binds to the address of the host name (127.0.0.1 here) unless told which
+            # interface: the rank's veth.
+            GLOO_SOCKET_IFNAME="eth0",
+            OMP_NUM_THREADS="1",
+            PYTHONUNBUFFERED="1",
+            # Kineto's INFO log: each config it gets and when it starts (failure messages).
+            KINETO_LOG_LEVEL="1",
+        )
+        for i in range(self.ranks):
+            fifo = self.base / f"batches-{i}"
+            os.mkfifo(fifo)
+            feeder = [sys.executable, str(TRAINERS / "batch_feeder.py"), str(fifo)]
+            self.feeders.append(spawn(feeder, self.base / f"feeder-{i}.out", stdin=True))
+            launcher = [
+                "ip", "netns", "exec", self.network.namespaces[i],
+                "taskset", "-c", str(self.cpus[i]),
+                sys.executable, "-m", "torch.distributed.run",
+                f"--nnodes={self.ranks}", f"--node-rank={i}", "--nproc-per-node=1",
+                f"--master-addr={self.network.addresses[0]}", f"--master-port={MASTER_PORT}",
+                str(TRAINERS / "ddp.py"), f"--batches={fifo}",
+                f"--sleep-ms={STEP_SLEEP_MS}", "--seconds=3600",
+            ]  # fmt: skip
+            self.launchers.append(spawn(launcher, self.base / f"rank-{i}.out", env))
+        wait_for(self._all_ready, 180, "every rank to train", step=0.5)
+        for pid in self.rank_pids.values():
+            set_weight(pid, RANK_NICE)
+        wait_for(
+            lambda: (
+                len([t for t in self.agent.trainers() if t.pid in self.rank_pids.values()])
+                == self.ranks
+            ),
+            60,
+            "every rank to register with the agent",
+        )
+
+    def _all_ready(self) -> bool:
+        for i, launcher in enumerate(self.launchers):
+            if launcher.popen.poll() is not None:
+                raise AssertionError(f"rank {i}'s torchrun exited:\n{self.diagnostics()}")
+            for line in launcher.lines():
+                if line.startswith("ready "):
+                    _, pid, _, rank = line.split()
+                    self.rank_pids[int(rank)] = int(pid)
+        return len(self.rank_pids) == self.ranks
+
+    def diagnostics(self) -> str:
+        """The ends of every log, for a failure message."""
+        parts = []
+        for p in [*self.launchers, *self.feeders]:
+            parts.append(f"--- {p.out.name}:\n" + "\n".join(p.lines()[-15:]))
+        if self.agent.log.exists():
+            parts.append("--- agent.log:\n" + self.agent.log.read_text(errors="replace")[-2000:])
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        # torchrun starts its workers in a session of their own: found under it, not in its
+        # process group (a rank that never got ready is not in rank_pids).
+        workers = {pid for launcher in self.launchers for pid in _descendants(launcher.pid)}
+        for launcher in self.launchers:
+            launcher.kill()
+        for pid in workers | set(self.rank_pids.values()):
+            _kill_pid(pid)
+        for feeder in self.feeders:
+            feeder.kill()
+        self.agent.stop()
+        self.network.delete()
+
+    # -- faults ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def cpu_hog(self, rank: int) -> Iterator[Proc]:
+        """A busy process named `HOG_NAME` pinned to rank ``rank``'s CPU."""
+        hog = spawn(
+            [sys.executable, "-c", HOG_CODE, HOG_NAME, str(self.cpus[rank])],
+            self.base / "hog.out",
+        )
+        try:
+            wait_for(lambda: "spinning" in hog.lines(), 30, "the CPU hog to spin")
+            set_weight(hog.pid, HOG_NICE)
+            yield hog
+        finally:
+            hog.kill()
+
+    @contextlib.contextmanager
+    def packet_loss(self, rank: int, per_mille: int) -> Iterator[None]:
+        """Random loss of the TCP packets rank ``rank`` receives."""
+        self.network.drop_input(rank, per_mille)
+        try:
+            yield
+        finally:
+            self.network.stop_dropping(rank)
+
+    @contextlib.contextmanager
+    def slow_batches(self, rank: int) -> Iterator[None]:
+        """Rank ``rank``'s feeder waits `SLOW_BATCH_MS` before each batch."""
+        self.feeders[rank].send(f"slow {SLOW_BATCH_MS}")
+        try:
+            yield
+        finally:
+            self.feeders[rank].send("fast")
+
+    # -- tracing -----------------------------------------------------------------------------
+
+    def hold(self) -> int:
+        """Stop every rank at the same step; returns how many steps they have made.
+
+        Each feeder stops writing, then writes up to the count of the one furthest ahead:
+        every rank takes its last batch, makes that step and blocks reading the next one.
+        """
+        for f in self.feeders:
+            f.send("hold")
+        steps = max(f.answer("held") for f in self.feeders)
+        for f in self.feeders:
+            f.send(f"until {steps}")
+        for f in self.feeders:
+            f.answer("drained")
+
+        def reading(pid: int) -> bool:
+            # The main thread asleep in the FIFO's read (pipe_read, anon_pipe_read since
+            # 6.x): its step is over.
+            return Path(f"/proc/{pid}/wchan").read_text().endswith("pipe_read")
+
+        wait_for(
+            lambda: all(reading(pid) for pid in self.rank_pids.values()),
+            60,
+            "every rank to wait for its next batch",
+            step=0.02,
+        )
+        return steps
+
+    def go(self) -> None:
+        for f in self.feeders:
+            f.send("go")
+
+    def trace(self, name: str, iterations: int, settle: int = 10, timeout: float = 120) -> Trace:
+        """Trace ``iterations`` steps of every rank, with the net and sched kernel tracks;
+        the agent's summary of the files and its verdict.
+
+        Every rank must start at the same step, but each gets the request at its own next
+        poll (up to a second apart: tens of steps here), and rounding the start up to a
+        multiple of N steps still splits the ranks when a multiple falls between their
+        polls. So the ranks are held at one step (`hold`) until each one's Kineto has the
+        request (it logs it), then let go; they all start ``settle`` steps later.
+        """
+        started = time.monotonic()
+        steps = self.hold()
+        with self.agent.channel() as ch:
+            stub = tracing_pb2_grpc.TracingStub(ch)
+            try:
+                resp = stub.StartTrace(
+                    tracing_pb2.StartTraceRequest(
+                        job_id=JOB_ID,
+                        log_file=str(self.agent.trace_dir / f"{name}.json"),
+                        iterations=iterations,
+                        # Kineto numbers steps from 0: the first after the hold is `steps`,
+                        # and it starts at the first multiple of the round-up from there.
+                        profile_start_iteration_roundup=steps + settle,
+                        process_limit=self.ranks,
+                        kernel_tracks="net,sched",
+                        pre_window_seconds=0.0,
+                        timeout_seconds=timeout,
+                    ),
+                    timeout=10,
+                )
+                triggered = sorted(p.pid for p in resp.triggered)
+                assert triggered == sorted(self.rank_pids.values()), (resp, self.rank_pids)
+                line = f"REQUEST_TRACE_ID={resp.trace_id}"
+                wait_for(
+                    lambda: all(line in launcher.lines() for launcher in self.launchers),
+                    60,
+                    f"every rank's Kineto to get trace {resp.trace_id}",
+                )
+            finally:
+                self.go()
+            status = None
+            for status in stub.WatchTrace(
+                tracing_pb2.GetTraceRequest(trace_id=resp.trace_id), timeout=timeout + 30
+            ):
+                if status.done:
+                    break
+            assert status is not None and status.done, status
+            written = tracing_pb2.PROCESS_TRACE_STATE_WRITTEN
+            assert all(p.state == written for p in status.processes), (
+                f"{status}\n{self.diagnostics()}"
+            )
+            summary = from_pb(
+                TraceSummary,
+                stub.GetTraceSummary(
+                    tracing_pb2.GetTraceRequest(trace_id=resp.trace_id), timeout=120
+                ),
+            )
+        assert summary.verdict is not None, summary
+        trace = Trace(
+            name,
+            resp.trace_id,
+            list(summary.processes),
+            summary.verdict,
+            time.monotonic() - started,
+        )
+        self.traces.append(trace)
+        return trace
+
+
+def short_base() -> Path:
+    """A short private directory (the Kineto and gRPC socket paths must fit in 107 bytes)."""
+    base = Path(tempfile.mkdtemp(prefix="bds-", dir="/tmp"))
+    base.chmod(0o755)
+    return base
+
+
+def describe(trace: Trace) -> str:
+    """The evidence behind a verdict, rank by rank, for failure messages and measurements:
+    per rank its lateness against the other ranks' median arrival, collective by collective,
+    and the causes of its run-ups."""
+    v = trace.verdict
+    lines = [f"{trace.name}: {v.headline}"]
+    for f in v.stragglers:
+        lines.append(
+            f"  finding rank {f.rank} {f.kind} {f.seconds * 1e3:.1f} ms ({f.share:.1%}): "
+            + "; ".join(f"{c.cause} {c.seconds * 1e3:.1f} ms [{c.detail}]" for c in f.causes)
+        )
+    for t in v.ranks:
+        lines.append(
+            f"  rank {t.rank}: held {t.held_seconds * 1e3:.1f} ms "
+            f"({t.held_seconds / max(v.compared_seconds, 1e-9):.1%} of "
+            f"{v.compared_seconds * 1e3:.0f} ms), median lateness "
+            f"{t.lateness_seconds * 1e3:.2f} ms, last in {t.last}/{t.collectives}"
+        )
+    for rank, ev in sorted(trace.evidence.items()):
+        causes: dict[str, float] = {}
+        for c in ev.collectives:
+            for cause in c.before:
+                causes[cause.cause] = causes.get(cause.cause, 0.0) + cause.seconds
+        loss = sum(c.loss_events for c in ev.collectives)
+        lines.append(
+            f"  rank {rank}: {len(ev.collectives)} collectives, loss events {loss}, run-ups: "
+            + ", ".join(f"{k} {s * 1e3:.1f} ms" for k, s in sorted(causes.items()))
+        )
+    lines += [f"  note: {n}" for n in v.notes]
+    return "\n".join(lines)

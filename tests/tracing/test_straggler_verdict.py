@@ -1,0 +1,158 @@
+"""The verdict proven with real faults: a 4-rank DDP job on gloo over TCP (one ``torchrun``
+per rank, each rank in its own network namespace), traced by iterations through a real
+agent with the net and sched kernel tracks, once healthy and once per fault, each fault on
+one rank only (`straggler_job`):
+
+- a busy process on the rank's CPU: that rank, late, waiting for a CPU, held by that process;
+- packet loss on the rank's link: that rank, network loss;
+- a data step that blocks on a slow read: that rank, late, blocked in readv(2) on its FIFO;
+- no fault: no straggler.
+
+The job is started once for the module and every scenario runs against it in turn. Each
+test prints the evidence behind its verdict (`describe`: run with ``-s`` to see the
+margins of a healthy run).
+
+CPUs: rank 2 alone on CPU 1 (the hog is pinned there), ranks 0, 1 and 3 share CPU 0. Their
+steps are light (a tiny model, a 30 ms sleep), so sharing a CPU costs the healthy ranks a
+few percent of each other's time at most, on a machine that other work loads too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+from straggler_job import HOG_NAME, StragglerJob, Trace, describe, short_base
+
+from bpfdyno.rpc.diagnosis import Finding
+
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.usefixtures("torch_ready")]
+
+RANKS = 4
+CPUS = (0, 0, 1, 0)
+HOG_RANK, LOSS_RANK, READ_RANK = 2, 1, 3
+#: Steps traced per scenario: one gloo all-reduce each.
+ITERATIONS = 60
+#: Packets the lossy rank receives that are dropped, per mille.
+LOSS_PER_MILLE = 50
+
+
+@pytest.fixture(scope="module")
+def job() -> Iterator[StragglerJob]:
+    if len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0):
+        pytest.fail("the straggler job pins its ranks to CPUs 0 and 1: it needs both")
+    base = short_base()
+    j = StragglerJob(base, RANKS, CPUS)
+    try:
+        j.start()
+        yield j
+    finally:
+        j.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def the_straggler(trace: Trace) -> Finding:
+    """The one rank the verdict names (failing with the evidence otherwise)."""
+    print(describe(trace))
+    assert len(trace.verdict.stragglers) == 1, describe(trace)
+    return trace.verdict.stragglers[0]
+
+
+def assert_every_rank_compared(trace: Trace) -> None:
+    """Every rank's file read, with one gloo all-reduce per traced step, all matched."""
+    assert sorted(trace.evidence) == list(range(RANKS)), describe(trace)
+    for ev in trace.evidence.values():
+        assert ev.kernel_tracks == ("net", "sched")
+        assert [(c.op, c.source) for c in ev.collectives] == [("allreduce", "gloo")] * ITERATIONS
+    assert trace.verdict.matched == ITERATIONS, describe(trace)
+
+
+def assert_worst_inside_windows(trace: Trace, finding: Finding) -> None:
+    """Each worst instance is a moment of the traced window, in its file's time base."""
+    evs = trace.evidence.values()
+    lo = min(ev.window_start_unix_ns for ev in evs)
+    hi = max(ev.window_end_unix_ns for ev in evs)
+    assert finding.worst, describe(trace)
+    for w in finding.worst:
+        assert lo <= w.start_unix_ns <= hi, (w, lo, hi)
+    if finding.kind == "late":  # the rank's own file
+        ev = trace.evidence[finding.rank]
+        for w in finding.worst:
+            assert abs(ev.base_ns + w.ts_us * 1000 - w.start_unix_ns) < 1000, w
+
+
+def test_healthy_ranks_are_within_noise(job: StragglerJob) -> None:
+    trace = job.trace("healthy", ITERATIONS)
+    print(describe(trace))
+    assert_every_rank_compared(trace)
+    assert trace.verdict.within_noise and trace.verdict.stragglers == (), describe(trace)
+    assert trace.verdict.headline.startswith("no straggler: the ranks are within noise")
+
+
+def test_a_busy_process_on_a_rank_s_cpu(job: StragglerJob) -> None:
+    with job.cpu_hog(HOG_RANK) as hog:
+        trace = job.trace("cpu-hog", ITERATIONS)
+    assert_every_rank_compared(trace)
+    f = the_straggler(trace)
+    assert (f.rank, f.kind, f.pid) == (HOG_RANK, "late", job.rank_pids[HOG_RANK])
+    assert f.causes[0].cause == "cpu_wait"
+    # The task that held the CPU most while the rank waited for it is the hog.
+    assert f.causes[0].detail.startswith(f"the CPU was held by {HOG_NAME} (pid {hog.pid}) ")
+    # (A worst interval names the task that ran just before the thread got its CPU back:
+    # mostly the hog, sometimes the softirq thread that woke it.)
+    assert f.worst[0].cause == "cpu_wait" and f.worst[0].detail.startswith("held by ")
+    assert_worst_inside_windows(trace, f)
+
+
+def test_packet_loss_on_a_rank_s_link(job: StragglerJob) -> None:
+    with job.packet_loss(LOSS_RANK, LOSS_PER_MILLE):
+        trace = job.trace("loss", ITERATIONS)
+    assert_every_rank_compared(trace)
+    f = the_straggler(trace)
+    assert (f.rank, f.kind, f.pid) == (LOSS_RANK, "network", job.rank_pids[LOSS_RANK])
+    assert f.causes[0].cause == "network_loss"
+    # Only this rank's packets were dropped: the lost packets' connections are its own. (A
+    # retransmit between two other ranks counts too if the kernel did not report the copy
+    # its peer dropped: never seen in 13 runs, allowed for 1 in 20.)
+    detail = f.causes[0].detail
+    m = re.search(r"rank (\d+) is on (\d+) of the (\d+) lost packets' connections", detail)
+    assert m is not None and int(m[1]) == LOSS_RANK, detail
+    assert int(m[2]) >= 0.95 * int(m[3]), detail
+    assert_worst_inside_windows(trace, f)
+
+
+def test_a_data_step_blocked_on_a_slow_read(job: StragglerJob) -> None:
+    with job.slow_batches(READ_RANK):
+        trace = job.trace("slow-read", ITERATIONS)
+    assert_every_rank_compared(trace)
+    f = the_straggler(trace)
+    assert (f.rank, f.kind, f.pid) == (READ_RANK, "late", job.rank_pids[READ_RANK])
+    # Its main thread blocked reading the FIFO: readv(2) on a pipe.
+    assert (f.causes[0].cause, f.causes[0].detail) == ("io_wait", "readv")
+    w = f.worst[0]
+    assert (w.cause, w.detail, w.tid) == ("io_wait", "readv", job.rank_pids[READ_RANK])
+    assert_worst_inside_windows(trace, f)
+
+    # The same files through the command line: the ranks side by side, the blocked one's
+    # "io wait" standing out, and the same verdict.
+    r = subprocess.run(
+        [sys.executable, "-m", "bpfdyno", "trace-summary", *trace.paths],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    heads = [f"rank {rank} / pid {job.rank_pids[rank]}" for rank in range(RANKS)]
+    assert re.fullmatch(r"\s+" + r"\s+".join(map(re.escape, heads)), lines[0]), r.stdout
+    [io_wait] = [line for line in lines if line.startswith("  blocked: io wait")]
+    cells = re.split(r"\s{2,}", io_wait.strip())[1:]
+    assert [c.endswith(" !") for c in cells] == [rank == READ_RANK for rank in range(RANKS)], (
+        r.stdout
+    )
+    assert f"verdict: {trace.verdict.headline}" in lines, r.stdout
