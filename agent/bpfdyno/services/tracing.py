@@ -38,6 +38,7 @@ from bpfdyno.core.identity import (
     in_process,
 )
 from bpfdyno.core.rules import pause_duration_s
+from bpfdyno.core.text import shown_bytes
 from bpfdyno.rpc.audit import AuditedProcess
 from bpfdyno.rpc.traces import (
     ProcessSummary,
@@ -120,10 +121,11 @@ class TrainerView:
 
 
 def describe_address(address: bytes) -> str:
-    """An endpoint address for humans: ``@name`` for abstract names, else the path."""
+    """An endpoint address for humans: ``@name`` for abstract names, else the path; `shown`
+    (the trainer chose it)."""
     if address.startswith(b"\0"):
-        return "@" + address[1:].rstrip(b"\0").decode("utf-8", "replace")
-    return os.fsdecode(address)
+        return "@" + shown_bytes(address[1:].rstrip(b"\0"))
+    return shown_bytes(address)
 
 
 class TracingService(KinetoPolls):
