@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import platform
 import pwd
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -89,15 +90,62 @@ class FileIdentityError(OSError):
     """The file-system identity could not be switched (the agent lacks CAP_SETUID/SETGID)."""
 
 
+#: ``setgroups(2)``'s number per architecture: glibc's ``setgroups()`` (and so Python's
+#: ``os.setgroups``) changes the groups of *every* thread of the process (it signals each
+#: one to make the call), so the per-thread switch calls the system call itself.
+_SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159, "riscv64": 159, "ppc64le": 81, "s390x": 206}
+
+
+def user_groups(uid: int, gid: int) -> tuple[int, ...]:
+    """The supplementary groups ``uid`` has in the group database (with ``gid`` first);
+    just ``gid`` for a uid without a passwd entry."""
+    name = user_name(uid)
+    if not name:
+        return (gid,)
+    try:
+        groups = os.getgrouplist(name, gid)
+    except OSError:
+        return (gid,)
+    return (gid, *(g for g in groups if g != gid))
+
+
+def _set_thread_groups(libc: ctypes.CDLL, groups: tuple[int, ...]) -> None:
+    """``setgroups(2)`` for the calling thread only.
+
+    Raises:
+        FileIdentityError: refused (no CAP_SETGID), or an architecture not in the table.
+    """
+    number = _SYS_SETGROUPS.get(platform.machine())
+    if number is None:
+        raise FileIdentityError(
+            f"cannot set one thread's supplementary groups on {platform.machine()} (its "
+            "setgroups system call number is not known here); kernel tracks are not merged"
+        )
+    array = (ctypes.c_uint * max(len(groups), 1))(*groups)
+    if libc.syscall(ctypes.c_long(number), ctypes.c_size_t(len(groups)), array) != 0:
+        raise FileIdentityError(
+            f"cannot set this thread's groups ({os.strerror(ctypes.get_errno())}); run the "
+            "agent as root or give it CAP_SETGID"
+        )
+
+
 @contextlib.contextmanager
-def files_as(uid: int, gid: int) -> Iterator[None]:
+def files_as(uid: int, gid: int, groups: tuple[int, ...] | None = None) -> Iterator[None]:
     """Open, create and rename files on this thread with ``uid``/``gid``'s rights only.
 
     The agent runs as root but writes into directories its users control (merging kernel
     tracks into their trace files). Switching the thread's file-system uid and gid
-    (``setfsuid(2)``/``setfsgid(2)``: per thread, file access only) makes every path lookup
-    and permission check the owner's own, so a link the owner planted cannot make the agent
+    (``setfsuid(2)``/``setfsgid(2)``: per thread, file access only) and its supplementary
+    groups (the user's own instead of the agent's: an agent started from a login with
+    groups such as ``adm`` or ``disk`` must not lend them) makes every path lookup and
+    permission check the owner's own, so a link the owner planted cannot make the agent
     read or write anything the owner could not. Files created meanwhile belong to ``uid``.
+    The agent's other threads keep their identity throughout.
+
+    Args:
+        uid, gid: whose rights.
+        groups: the supplementary groups to act with (default: ``uid``'s in the group
+            database, see `user_groups`).
 
     Raises:
         FileIdentityError: the switch was refused (not root and no CAP_SETUID/CAP_SETGID).
@@ -106,12 +154,15 @@ def files_as(uid: int, gid: int) -> Iterator[None]:
         yield
         return
     libc = ctypes.CDLL(None, use_errno=True)
+    old_groups = tuple(os.getgroups())  # getgroups(2) is per thread: this thread's own
+    _set_thread_groups(libc, user_groups(uid, gid) if groups is None else groups)
     old_gid = libc.setfsgid(gid)
     old_uid = libc.setfsuid(uid)
     # Both calls return the previous value even when they fail: ask again to see the result.
     if libc.setfsuid(uid) != uid or libc.setfsgid(gid) != gid:
         libc.setfsuid(old_uid)
         libc.setfsgid(old_gid)
+        _set_thread_groups(libc, old_groups)
         raise FileIdentityError(
             f"cannot act on files as uid {uid} (setfsuid refused); run the agent as root or "
             "give it CAP_SETUID and CAP_SETGID"
@@ -121,6 +172,7 @@ def files_as(uid: int, gid: int) -> Iterator[None]:
     finally:
         libc.setfsuid(old_uid)  # back to a privileged fsuid first, so the gid can change
         libc.setfsgid(old_gid)
+        _set_thread_groups(libc, old_groups)
 
 
 def file_owner(owner_uid: int | None, path: str) -> tuple[int, int]:
