@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
@@ -18,6 +19,12 @@ __all__ = ["AddressInUse", "run"]
 
 log = logging.getLogger(__name__)
 
+#: The agent is gone this long after SIGTERM whatever its workers are doing (systemd's
+#: TimeoutStopSec and most supervisors allow far more; `bpfdyno run` waits 30 s).
+EXIT_WITHIN_S = 4.5
+#: The graceful stop's own bound (the exit deadline is the backstop).
+STOP_TIMEOUT_S = 4.0
+
 
 async def run(cfg: Config) -> int:
     """Run until SIGTERM/SIGINT. Raises AddressInUse before starting anything if needed."""
@@ -28,7 +35,7 @@ async def run(cfg: Config) -> int:
     )
     server = GrpcServer(cfg.grpc, AgentService(daemon), asm.servicers)
     server.check_addresses()
-    install_signal_handlers(daemon)
+    install_signal_handlers(daemon, EXIT_WITHIN_S)
     await server.start()
     try:
         await daemon.start()
@@ -44,6 +51,13 @@ async def run(cfg: Config) -> int:
         log.info("stopping")
         notify_systemd("STOPPING=1")
     finally:
-        await server.stop()
-        await daemon.stop()
+        try:
+            await asyncio.wait_for(_stop(server, daemon), STOP_TIMEOUT_S)
+        except TimeoutError:
+            log.error("stopping took longer than %g s; exiting without the rest", STOP_TIMEOUT_S)
     return 0
+
+
+async def _stop(server: GrpcServer, daemon: Daemon) -> None:
+    await server.stop()
+    await daemon.stop()

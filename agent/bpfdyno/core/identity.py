@@ -74,6 +74,12 @@ def user_name(uid: int) -> str:
         return ""
 
 
+def owner_or_root(uid: int | None) -> int:
+    """A file or process owner, with an unknown one taken as root (the safe side: only
+    root-controlled places pass as root's)."""
+    return ROOT_UID if uid is None else uid
+
+
 def in_process() -> Requester:
     """The daemon itself (or a test driving it in process): the daemon's own uid."""
     return Requester(
