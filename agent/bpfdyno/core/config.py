@@ -58,11 +58,14 @@ class DaemonSection:
 
 @dataclass
 class GrpcSection:
-    #: Unix socket path of the gRPC API; its file permissions are the access control.
+    #: Unix socket path of the gRPC API.
     socket: str = DEFAULT_SOCKET
-    #: Permission bits of the socket file.
-    socket_mode: int = 0o660
-    #: Optional group owning the socket (e.g. "bpfdyno"), so members can use `bpfdyno top`.
+    #: Permission bits of the socket file. 0o666: every local user may connect, and each
+    #: acts only as itself (its uid comes from the kernel: docs/security.md); 0o660 with
+    #: socket_group: only root and that group's members.
+    socket_mode: int = 0o666
+    #: Group owning the socket (e.g. "bpfdyno"); with socket_mode = 0o660, only its
+    #: members (and root) may connect.
     socket_group: str = ""
     #: "host:port" to also listen on TCP; empty (the default) means Unix socket only.
     #: TCP needs tls_cert + tls_key and token_file and/or tls_client_ca.
