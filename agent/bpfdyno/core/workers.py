@@ -144,14 +144,13 @@ class UserLanes:
 
     def __init__(self, name: str, threads: int = 16) -> None:
         self._name = name
-        self._max = threads
-        self._cond = threading.Condition()
+        self._threads = DaemonExecutor(name, threads)
+        self._lock = threading.Lock()
         self._lanes: dict[int, deque[_Call]] = {}
-        self._ready: deque[int] = deque()  # uids with a call waiting and none running
-        self._running: dict[int, str] = {}  # uid -> the name of the thread running its call
-        self._threads = 0
-        self._idle = 0
-        self._started = 0
+        #: uids with a call waiting and none running, longest waiting first; each entry has
+        #: one `_next` queued on the threads.
+        self._ready: deque[int] = deque()
+        self._running: set[int] = set()
         self._stopped = False
 
     def submit(self, uid: int, fn: Callable[..., _R], *args: Any) -> Future[_R]:
@@ -161,21 +160,13 @@ class UserLanes:
             StoppedError: after `stop`.
         """
         future: Future[_R] = Future()
-        with self._cond:
+        with self._lock:
             if self._stopped:
                 raise StoppedError(f"{self._name}: the agent is stopping")
             lane = self._lanes.setdefault(uid, deque())
             lane.append(_Call(future, fn, args))
             if uid not in self._running and len(lane) == 1:
-                self._ready.append(uid)
-            if self._idle:
-                self._cond.notify()
-            elif self._threads < self._max:
-                self._threads += 1
-                self._started += 1
-                threading.Thread(
-                    target=self._work, name=f"{self._name}_{self._started}", daemon=True
-                ).start()
+                self._make_ready(uid)
         return future
 
     async def run(self, uid: int, fn: Callable[..., _R], *args: Any) -> _R:
@@ -186,58 +177,53 @@ class UserLanes:
         """
         return await asyncio.wrap_future(self.submit(uid, fn, *args))
 
-    def _work(self) -> None:
-        name = threading.current_thread().name
-        while True:
-            with self._cond:
-                while not self._ready and not self._stopped:
-                    self._idle += 1
-                    woken = self._cond.wait(IDLE_EXIT_S)
-                    self._idle -= 1
-                    if not woken and not self._ready:
-                        self._threads -= 1
-                        return
-                if self._stopped:
-                    self._threads -= 1
-                    return
-                uid = self._ready.popleft()
-                call = self._lanes[uid].popleft()
-                self._running[uid] = name
-            try:
-                call.run()
-            finally:
-                with self._cond:
-                    del self._running[uid]
-                    if self._lanes[uid]:
-                        self._ready.append(uid)  # behind the lanes that waited meanwhile
-                        self._cond.notify()
-                    else:
-                        del self._lanes[uid]
+    def _make_ready(self, uid: int) -> None:
+        self._ready.append(uid)
+        self._threads.submit(self._next)
+
+    def _next(self) -> None:
+        """On a thread: run the next call of the lane that has waited longest."""
+        with self._lock:
+            if not self._ready:
+                return  # stopped meanwhile
+            uid = self._ready.popleft()
+            call = self._lanes[uid].popleft()
+            self._running.add(uid)
+        try:
+            call.run()
+        finally:
+            with self._lock:
+                self._running.discard(uid)
+                if not self._lanes[uid]:
+                    del self._lanes[uid]
+                elif not self._stopped:
+                    self._make_ready(uid)  # behind the lanes that waited meanwhile
 
     def busy(self) -> dict[int, int]:
         """Per uid with work: calls queued plus running."""
-        with self._cond:
+        with self._lock:
             return {
                 uid: len(self._lanes.get(uid, ())) + (uid in self._running)
-                for uid in set(self._lanes) | set(self._running)
+                for uid in set(self._lanes) | self._running
             }
 
     def stop(self) -> None:
         """No new calls; cancel every queued one; leave running calls to finish or not
         (their threads are daemon threads: the agent exits regardless)."""
-        with self._cond:
+        with self._lock:
             self._stopped = True
             for lane in self._lanes.values():
                 while lane:
                     lane.popleft().future.cancel()
             self._ready.clear()
-            running = dict(self._running)
-            self._cond.notify_all()
+            running = sorted(self._running)
+        self._threads.shutdown(wait=False, cancel_futures=True)
         if running:
             log.warning(
-                "%s: not waiting for calls still running for uid %s (blocked on a user's file?)",
+                "%s: not waiting for calls still running for uid %s (blocked on a user's "
+                "file?)",
                 self._name,
-                ", ".join(str(u) for u in sorted(running)),
+                ", ".join(str(u) for u in running),
             )
 
 
