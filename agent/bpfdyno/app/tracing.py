@@ -215,11 +215,16 @@ class TracingComponent:
                 f", {sum(claims.values())} polls claiming another process's pid ignored "
                 f"(uid {uids})"
             )
-        quota = self.service.registry.stats.refused_uid_quota
-        if quota:
+        stats = self.service.registry.stats
+        if stats.refused_uid_quota:
             notes += (
-                f", {quota} polls of uids over [kineto] max_trainers_per_uid "
-                f"({self.service.registry.max_per_uid}) not registered"
+                f", {stats.refused_uid_quota} polls of users over [kineto] "
+                f"max_trainers_per_uid ({self.service.registry.max_per_uid}) not registered"
+            )
+        if stats.displaced:
+            notes += (
+                f", {stats.displaced} trainers of the users holding the most gave their place "
+                "to other users' (registry full)"
             )
         return notes
 

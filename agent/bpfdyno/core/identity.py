@@ -24,6 +24,7 @@ import platform
 import pwd
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 #: The uid with every right (root in the daemon's user namespace).
 ROOT_UID = 0
@@ -72,6 +73,69 @@ def user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except (KeyError, OverflowError):
         return ""
+
+
+#: Where subordinate uid ranges are delegated (``newuidmap``, rootless containers).
+SUBUID_FILE = Path("/etc/subuid")
+
+
+class Principals:
+    """Who stands behind a uid when resources are shared out: the user itself, or for a
+    subordinate uid (``/etc/subuid``: ``alice:100000:65536``) the user it is delegated to.
+
+    A user with a subordinate range runs processes as each of its uids (a rootless
+    container), so limits counted per uid would give that one user thousands of shares.
+    Only quotas use this; what a request may act on stays decided by its real uid.
+
+    Args:
+        path: the subordinate uid file (re-read when it changes).
+    """
+
+    def __init__(self, path: Path = SUBUID_FILE) -> None:
+        self._path = path
+        self._stamp: tuple[int, int] | None = None
+        self._ranges: list[tuple[int, int, int]] = []  # (first, end, owner uid)
+
+    def of(self, uid: int) -> int:
+        """The uid that ``uid``'s use counts against."""
+        self._refresh()
+        for first, end, owner in self._ranges:
+            if first <= uid < end:
+                return owner
+        return uid
+
+    def _refresh(self) -> None:
+        try:
+            st = self._path.stat()
+        except OSError:
+            self._stamp, self._ranges = None, []
+            return
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        ranges = []
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            for line in self._path.read_text(encoding="utf-8").splitlines()[:MAX_SUBUID_LINES]:
+                name, _, rest = line.partition(":")
+                first, _, count = rest.partition(":")
+                owner = _uid_of(name)
+                if owner is not None and first.isdigit() and count.isdigit():
+                    ranges.append((int(first), int(first) + int(count), owner))
+        self._ranges = ranges
+
+
+#: Lines of /etc/subuid read (one per user with a range; more is not a real system).
+MAX_SUBUID_LINES = 100_000
+
+
+def _uid_of(name: str) -> int | None:
+    if name.isdigit():
+        return int(name)
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return None
 
 
 def owner_or_root(uid: int | None) -> int:
