@@ -220,8 +220,7 @@ class UserLanes:
         self._threads.shutdown(wait=False, cancel_futures=True)
         if running:
             log.warning(
-                "%s: not waiting for calls still running for uid %s (blocked on a user's "
-                "file?)",
+                "%s: not waiting for calls still running for uid %s (blocked on a user's file?)",
                 self._name,
                 ", ".join(str(u) for u in running),
             )

@@ -193,8 +193,9 @@ class TrainerRegistry:
         most = max(self._per_user.values())
         if most <= self._per_user[user]:
             return False
+        biggest = {u for u, n in self._per_user.items() if n == most}
         victim = max(
-            (t for t in self._by_address.values() if self._per_user[self._user(t.uid)] == most),
+            (t for t in self._by_address.values() if self._user(t.uid) in biggest),
             key=lambda t: t.registered,
         )
         self._remove(victim.address)
