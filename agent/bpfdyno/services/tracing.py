@@ -181,6 +181,7 @@ class TracingService(KinetoPolls):
             proc_root,
             wall,
             mono,
+            user_files,
         )
         self.allowed_dirs = list(allowed_dirs)
         self.default_tracks = default_tracks
@@ -195,8 +196,6 @@ class TracingService(KinetoPolls):
         #: Bounds on reading a trace file for a summary.
         self.read_limits = read_limits
         self.limits = limits or TraceLimits()
-        #: Work on users' files (summaries, merges), each user's in its own lane.
-        self.user_files = user_files or UserLanes("user-files")
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -425,6 +424,8 @@ class TracingService(KinetoPolls):
             refuse_not_owner(requester, m.not_theirs)
         triggered = [(t, output_path(checked, t.pid)) for t in m.triggered]
         self._check_outputs(checked, triggered)
+        if checked.log_file and not checked.memory_snapshot:
+            self.kineto_builds.check(checked.log_file, [(t.pid, t.address) for t, _ in triggered])
         for t, path in triggered:
             self._placement.check(path, Writer(t.uid, t.host_pid))
         audited = [AuditedProcess(t.pid, t.host_pid, t.uid, path) for t, path in triggered]
