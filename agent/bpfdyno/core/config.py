@@ -107,6 +107,12 @@ class PrometheusSection:
     #: "host:port" of the /metrics endpoint (IPv6 as "[::1]:9470"). The default is reachable
     #: from this machine only; "0.0.0.0:9470" lets a Prometheus server elsewhere scrape it.
     listen: str = "127.0.0.1:9470"
+    #: Connections served at once; more are answered 503 at once.
+    max_connections: int = 16
+    #: Of them, from one user of this host (or one address elsewhere); root is not limited.
+    max_connections_per_peer: int = 4
+    #: A connection is closed this long after it was accepted, finished or not.
+    timeout_s: float = 10.0
 
 
 @dataclass
@@ -775,6 +781,13 @@ def _validate_export(cfg: Config, bad: typing.Callable[[str, str], ConfigError])
             f"must be host:port such as 127.0.0.1:9470 or [::1]:9470, got {prom.listen!r}",
             "export.prometheus.listen",
         )
+    if not 1 <= prom.max_connections_per_peer <= prom.max_connections:
+        raise bad(
+            "must be at least 1 and at most export.prometheus.max_connections",
+            "export.prometheus.max_connections_per_peer",
+        )
+    if prom.timeout_s <= 0:
+        raise bad("must be more than 0 seconds", "export.prometheus.timeout_s")
     if otlp.protocol not in _OTLP_PROTOCOLS:
         raise bad(
             f"must be one of {', '.join(_OTLP_PROTOCOLS)}, got {otlp.protocol!r}",
