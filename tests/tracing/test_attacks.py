@@ -14,6 +14,7 @@ import asyncio
 import gzip
 import json
 import os
+import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from served_site import STOP_WITHIN_S, USER_CLIENT, ServedSite, served_site
-from tracing_harness import TRAINERS
+from tracing_harness import TRAINERS, dyno_gputrace_bytes, unframe
 
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 
@@ -254,4 +255,42 @@ async def test_kinetos_ondemand_directory_rule(short_tmp: Path) -> None:
             r = await site.cli("alice", "gputrace", "--pids", str(pid), "--log-file", str(path),
                                "--iterations", "2", "--wait", "--timeout", "60")  # fmt: skip
             assert r.returncode == 0, r.stdout + r.stderr
+        stops_in_time(site)
+
+
+async def test_legacy_port_with_the_new_limits(short_tmp: Path) -> None:
+    """One user holds as many legacy-port connections as it may, trickling bytes so none is
+    idle, opens more, and asks for another user's trainer and for a file Kineto would not
+    write: each is refused naming its rule, and the other user's dyno request is served."""
+    async with served_site(short_tmp) as site:
+        pid = await trainer(site, "alice")
+        port = str(site.legacy_port)
+        # A request that announces 1000 bytes, then sends one every 0.5 s.
+        announce = struct.pack("<i", 1000).hex()
+        held = asyncio.create_task(site.client("mallory", "slow", port, "16", "30", announce))
+        await asyncio.sleep(2)  # they are in
+        steal = dyno_gputrace_bytes(str(site.dirs["mallory"] / "x.json"))
+        reply = await site.client("mallory", "frame", port, steal.hex())
+        assert isinstance(reply, dict)
+        answer = unframe(bytes.fromhex(reply["reply"]))
+        assert answer["rule"] == "peer_connection_limit", answer  # her 8 are all in use
+        # Alice's dyno request is served meanwhile, and her trace is written.
+        reply = await site.client(
+            "alice", "frame", port,
+            dyno_gputrace_bytes(str(site.dirs["alice"] / "d.json")).hex(),
+        )  # fmt: skip
+        answer = unframe(bytes.fromhex(reply["reply"]))  # type: ignore[index]
+        assert answer["activityProfilersTriggered"] == [pid], answer
+        done = await site.wait_done(str(answer["traceId"]))
+        assert [p.state for p in done.processes] == [WRITTEN]
+        slow = await held
+        assert isinstance(slow, dict)
+        ended = sorted(slow["ended_after_s"])
+        # 8 held until the request deadline ([legacy_rpc] timeout_s = 5), 8 refused at once.
+        assert len(ended) == 16 and all(e < 2 for e in ended[:8]), slow
+        assert all(4 < e < 10 for e in ended[8:]), slow
+        # Once they are gone, her request for another user's trainer is refused by rule.
+        reply = await site.client("mallory", "frame", port, steal.hex())
+        answer = unframe(bytes.fromhex(reply["reply"]))  # type: ignore[index]
+        assert answer["rule"] == "not_process_owner", answer
         stops_in_time(site)

@@ -16,8 +16,8 @@ Usage (each prints one JSON line):
   user_client.py flood SOCKDIR N SECONDS   register N fake trainers (N sockets of this
                                            process) and keep them polling for SECONDS; print
                                            how many were answered in the last round
-  user_client.py slow PORT N SECONDS       open N TCP connections, send one byte on each
-                                           every 0.5 s for SECONDS; print when each ended
+  user_client.py slow PORT N SECONDS HEX   open N TCP connections, send HEX on each, then one
+                                           byte every 0.5 s for SECONDS; print when each ended
   user_client.py kineto SOCKDIR SOURCE     poll like a trainer; given a config, stay busy two
                                            polls, then copy SOURCE to the file it names (with
                                            _<pid>, as Kineto); print its path; stop at EOF
@@ -153,12 +153,13 @@ def flood(sock_dir: str, n: int, seconds: float) -> None:
             s.close()
 
 
-def slow(port: int, n: int, seconds: float) -> None:
+def slow(port: int, n: int, seconds: float, first: bytes) -> None:
     t0 = time.monotonic()
     sel = selectors.DefaultSelector()
     for i in range(n):
         try:
             s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(first)
         except OSError:
             continue
         s.setblocking(False)
@@ -168,7 +169,7 @@ def slow(port: int, n: int, seconds: float) -> None:
         for key in list(sel.get_map().values()):
             s = key.fileobj
             try:
-                s.send(b"G")  # type: ignore[union-attr]
+                s.send(b" ")  # type: ignore[union-attr]
             except OSError:
                 ended[key.data] = time.monotonic() - t0
                 sel.unregister(s)
@@ -241,7 +242,7 @@ def main() -> None:
     elif cmd == "flood":
         flood(args[0], int(args[1]), float(args[2]))
     elif cmd == "slow":
-        slow(int(args[0]), int(args[1]), float(args[2]))
+        slow(int(args[0]), int(args[1]), float(args[2]), bytes.fromhex(args[3]))
     elif cmd == "kineto":
         kineto(args[0], args[1])
     else:
