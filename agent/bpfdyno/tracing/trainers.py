@@ -18,7 +18,7 @@ instead of keeping it out; they only displace each other.
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from bpfdyno.core.identity import ROOT_UID, Principals
@@ -61,6 +61,7 @@ class Trainer:
     uid: int | None = None
     host_pid: int = 0
     registered: int = 0  # the registry's sequence number: later registrations are larger
+    quota_user: int | None = None  # whose quota it counts against (None: root's, unknown)
 
     @property
     def pid(self) -> int:
@@ -109,9 +110,12 @@ class TrainerRegistry:
         self.max_per_uid = max_per_uid
         self.stats = RegistryStats()
         self._principals = principals or Principals()
-        self._by_address: OrderedDict[bytes, Trainer] = OrderedDict()
-        #: Entries per user (principal), root and unknown owners not counted.
-        self._per_user: Counter[int] = Counter()
+        self._by_address: OrderedDict[bytes, Trainer] = OrderedDict()  # last poll order
+        #: Each user's (principal's) entries in the order they registered (the newest last);
+        #: root's and those of unknown owners are not counted.
+        self._by_user: dict[int, dict[bytes, Trainer]] = {}
+        #: The users holding exactly N entries, per N, in the order they came to hold N.
+        self._users_holding: dict[int, dict[int, None]] = {}
         self._contexts: dict[tuple[int, int], set[int]] = {}
 
     def __len__(self) -> int:
@@ -137,7 +141,7 @@ class TrainerRegistry:
         t = self._by_address.get(address)
         if t is None:
             user = self._user(uid)
-            if user is not None and self._per_user[user] >= self.max_per_uid:
+            if user is not None and self._held(user) >= self.max_per_uid:
                 self.stats.refused_uid_quota += 1
                 return None
             if len(self._by_address) >= self.max_entries and not (
@@ -155,10 +159,11 @@ class TrainerRegistry:
                 uid=uid,
                 host_pid=host_pid,
                 registered=self.stats.registered + 1,
+                quota_user=user,
             )
             self._by_address[address] = t
             if user is not None:
-                self._per_user[user] += 1
+                self._count(user, address, t)
             self.stats.registered += 1
         else:
             self._by_address.move_to_end(address)
@@ -188,28 +193,46 @@ class TrainerRegistry:
         """Make room for a trainer of ``user`` in a registry full of live entries: the most
         recently registered trainer of the user holding the most gives way, if that user
         holds more than ``user``. Root's trainers and those of unknown owners stay."""
-        if user is None or not self._per_user:
+        if user is None or not self._users_holding:
             return False
-        most = max(self._per_user.values())
-        if most <= self._per_user[user]:
+        most = max(self._users_holding)
+        if most <= self._held(user):
             return False
-        biggest = {u for u, n in self._per_user.items() if n == most}
-        victim = max(
-            (t for t in self._by_address.values() if self._user(t.uid) in biggest),
-            key=lambda t: t.registered,
-        )
+        # Of the users holding the most, the one that came to hold that many last (the one
+        # coming back for more), and of its trainers the newest: no search through them all.
+        biggest = next(reversed(self._users_holding[most]))
+        victim = next(reversed(self._by_user[biggest].values()))
         self._remove(victim.address)
         self.stats.displaced += 1
         return True
 
     def _remove(self, address: bytes) -> Trainer | None:
         t = self._by_address.pop(address, None)
-        user = self._user(t.uid) if t is not None else None
-        if user is not None:
-            self._per_user[user] -= 1
-            if not self._per_user[user]:
-                del self._per_user[user]
+        if t is not None and t.quota_user is not None:
+            self._count(t.quota_user, address, None)
         return t
+
+    def _held(self, user: int) -> int:
+        entries = self._by_user.get(user)
+        return len(entries) if entries else 0
+
+    def _count(self, user: int, address: bytes, t: Trainer | None) -> None:
+        """``user``'s entry at ``address`` is ``t`` now (registered), or gone (None)."""
+        entries = self._by_user.setdefault(user, {})
+        held = len(entries)
+        if held:
+            users = self._users_holding[held]
+            del users[user]
+            if not users:
+                del self._users_holding[held]
+        if t is not None:
+            entries[address] = t
+        else:
+            del entries[address]
+        if entries:
+            self._users_holding.setdefault(len(entries), {})[user] = None
+        else:
+            del self._by_user[user]
 
     def expire(self, now_mono: float) -> list[Trainer]:
         """Drop and return the trainers silent for longer than ``expire_after_s``."""
