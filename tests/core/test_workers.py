@@ -55,6 +55,20 @@ async def test_a_user_blocked_in_open_stalls_only_its_own_lane(fifo: Path) -> No
     assert parked[0].result(5) == b"x"
 
 
+def test_idle_threads_do_not_hide_that_another_is_needed(fifo: Path) -> None:
+    """With a thread left idle by earlier work, two users' calls submitted back to back
+    each get a thread: the second never waits behind the first, which blocks."""
+    lanes = UserLanes("test", threads=4)
+    try:
+        lanes.submit(BOB, os.getpid).result(5)  # one thread, now idle
+        time.sleep(0.1)
+        parked = lanes.submit(ALICE, _read, fifo)
+        assert lanes.submit(BOB, lambda: "bob's").result(5) == "bob's"
+        assert not parked.done()
+    finally:
+        lanes.stop()
+
+
 def test_lanes_take_turns_for_the_threads() -> None:
     """With one thread, a uid with many calls queued does not delay another uid's call."""
     lanes = UserLanes("test", threads=1)

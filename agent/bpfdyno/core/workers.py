@@ -85,10 +85,11 @@ class DaemonExecutor(Executor):
             if self._stopped:
                 raise StoppedError(f"{self._name}: no new work after shutdown")
             self._queue.append(_Call(future, fn, args))
-            if self._idle:
-                self._cond.notify()
-            elif len(self._threads) < self._max:
+            # More calls waiting than idle threads to take them (a woken thread counts as
+            # idle until it runs): another thread, or a call could wait behind a blocked one.
+            if len(self._queue) > self._idle and len(self._threads) < self._max:
                 self._start_thread()
+            self._cond.notify()
         return future
 
     def _start_thread(self) -> None:
