@@ -49,6 +49,7 @@ async def trainer(site: ServedSite, user: str, *args: str, **env: str) -> int:
 
 def stops_in_time(site: ServedSite) -> None:
     took = site.stop()
+    print(f"agent stopped {took:.2f} s after SIGTERM")  # shown with -s
     assert took < STOP_WITHIN_S, f"stopped {took:.1f} s after SIGTERM\n{site.agent_log()[-3000:]}"
 
 

@@ -25,6 +25,7 @@ Usage (each prints one JSON line):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -146,8 +147,8 @@ def flood(sock_dir: str, n: int, seconds: float) -> None:
                         answered += 1
                 except BlockingIOError:
                     pass
-            print(json.dumps({"answered": answered}), flush=True)
     finally:
+        print(json.dumps({"answered": answered}), flush=True)
         for s in socks:
             os.unlink(s.getsockname())
             s.close()
@@ -205,9 +206,9 @@ def kineto(sock_dir: str, source: str) -> None:
     print(json.dumps({"pid": pid}), flush=True)
     try:
         while not sel.select(0.2):
-            s.sendto(
-                wire.encode_request(1 if busy else 3, 0, [pid]), os.path.join(sock_dir, "dynolog")
-            )
+            poll = wire.encode_request(1 if busy else 3, 0, [pid])
+            with contextlib.suppress(OSError):  # the agent is gone (stopped): stop at EOF
+                s.sendto(poll, os.path.join(sock_dir, "dynolog"))
             try:
                 _, config = wire.decode_reply(s.recv(300_000))
             except TimeoutError:

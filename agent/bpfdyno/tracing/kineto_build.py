@@ -14,10 +14,11 @@ The agent cannot ask the trainer, so it looks: when a trainer registers, its map
 searched for the variable's name — the string ``getenv`` is called with, present exactly in
 the builds that have the rule — and its initial environment for the variable. That is done
 in the trainer owner's lane (`bpfdyno.core.workers.UserLanes`) with the owner's file rights,
-once per library file (a library is 100s of MB; the result is cached by device, inode, size
-and time). A request whose log file such a trainer would ignore is refused up front with
-the reason and the fix (rule ``kineto_ondemand_dir``). Until a trainer's libraries have been
-looked at, or where they cannot be, nothing is refused (as before).
+once per process (one may poll from many sockets) and once per library file (a library is
+100s of MB; the result is cached by device, inode, size and time). A request whose log
+file such a trainer would ignore is refused up front with the reason and the fix (rule
+``kineto_ondemand_dir``). Until a trainer's libraries have been looked at, or where they
+cannot be, nothing is refused (as before).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.identity import FileIdentityError, files_as, owner_or_root
-from bpfdyno.core.pidfs import read_environ_bytes
+from bpfdyno.core.pidfs import read_environ_bytes, read_stat
 from bpfdyno.core.workers import StoppedError, UserLanes
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,8 @@ class KinetoBuilds:
         self._rules: OrderedDict[bytes, OnDemandRule | None] = OrderedDict()
         self._pending: dict[bytes, Future[OnDemandRule | None]] = {}
         self._libraries: OrderedDict[_Identity, bool] = OrderedDict()
+        #: (pid, start time) -> its rule, as looked up.
+        self._processes: OrderedDict[tuple[int, int], OnDemandRule | None] = OrderedDict()
 
     def learn(self, address: bytes, host_pid: int, uid: int | None) -> None:
         """Look at the trainer at ``address`` (once; called at every poll, costs nothing then)."""
@@ -163,6 +166,21 @@ class KinetoBuilds:
     # -- in the owner's lane --------------------------------------------------------------
 
     def _look(self, host_pid: int, uid: int | None) -> OnDemandRule | None:
+        """The process's rule: looked up once per process (a process may bind many sockets,
+        each a trainer of its own), by pid and start time (pids are reused)."""
+        st = read_stat(self._proc, host_pid)
+        if st is None:
+            return None  # gone
+        key = (host_pid, st.start_ticks)
+        if key in self._processes:
+            return self._processes[key]
+        rule = self._look_up(host_pid, uid)
+        self._processes[key] = rule
+        while len(self._processes) > MAX_REMEMBERED:
+            self._processes.popitem(last=False)
+        return rule
+
+    def _look_up(self, host_pid: int, uid: int | None) -> OnDemandRule | None:
         try:
             gid = (self._proc / str(host_pid)).stat().st_gid  # its effective gid
         except OSError:
