@@ -142,6 +142,11 @@ class ServedSite:
     def agent_log(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def diagnostics(self) -> str:
+        """The end of the agent's log and of each trainer's (Kineto's messages)."""
+        trainers = "".join(f"\ntrainer {t.pid}: {t.log_tail(1500)}" for t in self.trainers)
+        return f"\nagent log: {self.agent_log()[-3000:]}{trainers}"
+
 
 async def _ready(sock: str, agent: subprocess.Popen[bytes], log: Path) -> None:
     async with asyncio.timeout(120):

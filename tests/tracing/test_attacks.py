@@ -34,7 +34,7 @@ WRITTEN = pb.PROCESS_TRACE_STATE_WRITTEN
 async def trace(site: ServedSite, user: str, *argv: str) -> dict[str, object]:
     """``bpfdyno gputrace ARGV --json`` as ``user``; the decoded output."""
     r = await site.cli(user, "gputrace", *argv, "--json")
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr + site.diagnostics()
     out: dict[str, object] = json.loads(r.stdout)
     return out
 
@@ -218,13 +218,32 @@ async def test_thousands_of_fake_trainers_from_many_users(short_tmp: Path) -> No
         r = await site.cli("alice", "gputrace", "--pids", str(pid), "--iterations", "2",
                            "--log-file", str(site.dirs["alice"] / "a.json"), "--wait",
                            "--timeout", "60")  # fmt: skip
-        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.returncode == 0, r.stdout + r.stderr + site.diagnostics()
         assert "written" in r.stdout
         status = await site.cli("alice", "status")
         assert "gave their place to other users'" in status.stdout
         stops_in_time(site)
         for f in floods:
             f.cancel()
+
+
+async def test_replies_nobody_reads_fill_only_their_users_buffer(short_tmp: Path) -> None:
+    """Found here: replies are charged to the agent's socket until read, so 64 sockets that
+    poll and never read (278 unread replies suffice) filled its send buffer, and no
+    trainer on the node got a reply — no config was delivered to anyone. Each user's
+    replies now go out from a socket of its own."""
+    async with served_site(short_tmp) as site:
+        mute = asyncio.create_task(
+            site.client("mallory", "flood", str(site.socket_dir), "64", "60", "mute")
+        )
+        pid = await trainer(site, "alice")
+        r = await site.cli("alice", "gputrace", "--pids", str(pid), "--iterations", "2",
+                           "--log-file", str(site.dirs["alice"] / "a.json"), "--wait",
+                           "--timeout", "60")  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr + site.diagnostics()
+        assert "written" in r.stdout
+        stops_in_time(site)
+        mute.cancel()
 
 
 async def test_kinetos_ondemand_directory_rule(short_tmp: Path) -> None:

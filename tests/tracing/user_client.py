@@ -13,9 +13,11 @@ Usage (each prints one JSON line):
   user_client.py peek SOCK TRACE_ID        ask the agent's gRPC API about a trace: GetTrace,
                                            WatchTrace, GetTraceSummary (status code or
                                            answer each) and the trainers' trace ids
-  user_client.py flood SOCKDIR N SECONDS   register N fake trainers (N sockets of this
+  user_client.py flood SOCKDIR N SECONDS [mute]
+                                           register N fake trainers (N sockets of this
                                            process) and keep them polling for SECONDS; print
-                                           how many were answered in the last round
+                                           how many were answered in the last round (mute:
+                                           never read a reply)
   user_client.py slow PORT N SECONDS HEX   open N TCP connections, send HEX on each, then one
                                            byte every 0.5 s for SECONDS; print when each ended
   user_client.py kineto SOCKDIR SOURCE     poll like a trainer; given a config, stay busy two
@@ -119,7 +121,7 @@ def peek(sock: str, trace_id: str) -> None:
     print(json.dumps(out))
 
 
-def flood(sock_dir: str, n: int, seconds: float) -> None:
+def flood(sock_dir: str, n: int, seconds: float, mute: bool = False) -> None:
     daemon = os.path.join(sock_dir, "dynolog")
     socks = []
     for _ in range(n):
@@ -140,6 +142,8 @@ def flood(sock_dir: str, n: int, seconds: float) -> None:
                     except BlockingIOError:
                         time.sleep(0.005)
             time.sleep(1.0)
+            if mute:
+                continue
             answered = 0
             for s in socks:
                 try:
@@ -241,7 +245,7 @@ def main() -> None:
     elif cmd == "peek":
         peek(args[0], args[1])
     elif cmd == "flood":
-        flood(args[0], int(args[1]), float(args[2]))
+        flood(args[0], int(args[1]), float(args[2]), args[3:] == ["mute"])
     elif cmd == "slow":
         slow(int(args[0]), int(args[1]), float(args[2]), bytes.fromhex(args[3]))
     elif cmd == "kineto":
