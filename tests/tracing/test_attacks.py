@@ -47,6 +47,15 @@ async def trainer(site: ServedSite, user: str, *args: str, **env: str) -> int:
     return pid
 
 
+async def traced(site: ServedSite, user: str, pid: int) -> None:
+    """``user`` traces its trainer ``pid`` (2 iterations, ``bpfdyno gputrace --wait``): written."""
+    log_file = str(site.dirs[user] / "t.json")
+    r = await site.cli(user, "gputrace", "--pids", str(pid), "--iterations", "2",
+                       "--log-file", log_file, "--wait", "--timeout", "60")  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr + site.diagnostics()
+    assert "written" in r.stdout
+
+
 def stops_in_time(site: ServedSite) -> None:
     took = site.stop()
     print(f"agent stopped {took:.2f} s after SIGTERM")  # shown with -s
@@ -215,11 +224,7 @@ async def test_thousands_of_fake_trainers_from_many_users(short_tmp: Path) -> No
                     break
                 await asyncio.sleep(1)
         pid = await trainer(site, "alice")
-        r = await site.cli("alice", "gputrace", "--pids", str(pid), "--iterations", "2",
-                           "--log-file", str(site.dirs["alice"] / "a.json"), "--wait",
-                           "--timeout", "60")  # fmt: skip
-        assert r.returncode == 0, r.stdout + r.stderr + site.diagnostics()
-        assert "written" in r.stdout
+        await traced(site, "alice", pid)
         status = await site.cli("alice", "status")
         assert "gave their place to other users'" in status.stdout
         stops_in_time(site)
@@ -237,11 +242,7 @@ async def test_replies_nobody_reads_fill_only_their_users_buffer(short_tmp: Path
             site.client("mallory", "flood", str(site.socket_dir), "64", "60", "mute")
         )
         pid = await trainer(site, "alice")
-        r = await site.cli("alice", "gputrace", "--pids", str(pid), "--iterations", "2",
-                           "--log-file", str(site.dirs["alice"] / "a.json"), "--wait",
-                           "--timeout", "60")  # fmt: skip
-        assert r.returncode == 0, r.stdout + r.stderr + site.diagnostics()
-        assert "written" in r.stdout
+        await traced(site, "alice", pid)
         stops_in_time(site)
         mute.cancel()
 
