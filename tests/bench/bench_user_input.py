@@ -10,6 +10,12 @@ machine is shared: medians and ratios, not single times):
 * **libkineto**: looking for Kineto's on-demand rule in this PyTorch's ``libtorch_cpu.so``
   the first time (the whole library searched) and after (cached by device, inode, size,
   time), as `bpfdyno.tracing.kineto_build` does once per trainer.
+* **a full trainer registry**: what one new trainer costs the event loop when 4096 live
+  ones fill the registry and it displaces one (8 users x 512, and 4096 users x 1), against
+  a poll of a known trainer.
+* **unread replies**: how many 40-byte replies, sent to clients that never read them, fill
+  one socket's default send buffer (after which that socket can send nothing to anyone:
+  why each user is answered from a socket of its own, `tracing/ipc/replies.py`).
 * **Prometheus under slow clients**: a scrape from 127.0.0.2 while nothing else is
   connected, and while 40 connections from 127.0.0.1 send a byte every 0.2 s and never
   finish a request; and how many serving threads those 40 hold — for the bounded endpoint
@@ -39,7 +45,9 @@ from bpfdyno.core.metrics import Round, sample
 from bpfdyno.core.text import shown_bytes
 from bpfdyno.core.workers import UserLanes
 from bpfdyno.exporters.prometheus import PrometheusExporter
+from bpfdyno.tracing.ipc.wire import KinetoRequest
 from bpfdyno.tracing.kineto_build import KinetoBuilds
+from bpfdyno.tracing.trainers import TrainerRegistry
 
 SECTION = "## Untrusted input"
 PROC = "/proc"
@@ -173,6 +181,55 @@ def bench_prometheus(rounds: int) -> dict[str, str]:
     }
 
 
+def bench_registry(rounds: int) -> dict[str, float]:
+    """Microseconds per registration into a full registry (a displacement each)."""
+    req = KinetoRequest(3, 0, (1,))
+    out: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for users, each in ((8, 512), (4096, 1)):
+            reg = TrainerRegistry()
+            for u in range(users):
+                for i in range(each):
+                    reg.observe(f"{u}-{i}".encode(), req, 0.0, 1000.0, uid=20000 + u, host_pid=1)
+            t0 = time.perf_counter()
+            for i in range(500):
+                reg.observe(f"new-{i}".encode(), req, 0.0, 1000.0, uid=90000 + i % 7, host_pid=1)
+            new = (time.perf_counter() - t0) / 500 * 1e6
+            t0 = time.perf_counter()
+            for _ in range(5000):
+                reg.observe(b"0-0", req, 0.0, 1000.0, uid=20000, host_pid=1)
+            known = (time.perf_counter() - t0) / 5000 * 1e6
+            out.setdefault(f"new trainer, full of {users} users x {each}", []).append(new)
+            out.setdefault(f"poll of a known trainer ({users} x {each})", []).append(known)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def unread_replies_to_fill() -> tuple[int, int]:
+    """(replies sent before EAGAIN, the socket's send buffer in bytes)."""
+    name = f"bench-user-input-{os.getpid()}"
+    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sender.bind(f"\0{name}".encode())
+    sender.setblocking(False)
+    clients: list[socket.socket] = []
+    sent = 0
+    try:
+        while sent < 100_000:
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            c.bind(f"\0{name}-{len(clients)}".encode())
+            clients.append(c)
+            try:
+                for _ in range(10):  # a client's queue holds 10 (net.unix.max_dgram_qlen)
+                    sender.sendto(b"r" * 40, c.getsockname())
+                    sent += 1
+            except BlockingIOError:
+                break
+        return sent, sender.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    finally:
+        for c in clients:
+            c.close()
+        sender.close()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=15)
@@ -180,6 +237,8 @@ def main() -> int:
     args = p.parse_args()
     names = bench_names(args.rounds)
     kineto, size = bench_libkineto(args.rounds)
+    registry = bench_registry(max(3, args.rounds // 3))
+    unread, sndbuf = unread_replies_to_fill()
     prom = bench_prometheus(args.rounds)
     load = os.getloadavg()[0]
     ratio = names["escaped (shipped)"] / names["decoded only (before)"]
@@ -196,6 +255,9 @@ def main() -> int:
             f"| libkineto rule in libtorch_cpu.so ({size >> 20} MiB), {k} | {v:.2f} ms |"
             for k, v in kineto.items()
         ),
+        *(f"| registry: {k} | {v:.1f} µs |" for k, v in registry.items()),
+        f"| unread 40-byte replies that fill a socket's send buffer ({sndbuf >> 10} KiB) | "
+        f"{unread} |",
         "",
         "| Prometheus endpoint | scrape, alone | scrape, 40 slow clients of another peer "
         "| serving threads taken by them |",
