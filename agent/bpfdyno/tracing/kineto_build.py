@@ -36,6 +36,7 @@ from pathlib import Path
 from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.identity import FileIdentityError, files_as, owner_or_root
 from bpfdyno.core.pidfs import read_environ_bytes, read_stat
+from bpfdyno.core.text import shown
 from bpfdyno.core.workers import StoppedError, UserLanes
 
 log = logging.getLogger(__name__)
@@ -145,19 +146,21 @@ class KinetoBuilds:
             return
         pid, rule = ignoring[0]
         pids = ", ".join(str(p) for p, _ in ignoring)
+        # The directory and the library's path are the trainer's choice: shown escaped.
+        directory, library = shown(rule.directory), shown(rule.library)
         inside = log_file.startswith(rule.directory)
-        why = "it contains '..'" if inside else f"it is not under {rule.directory}"
+        why = "it contains '..'" if inside else f"it is not under {directory}"
         where = (
-            f"{ONDEMAND_DIR_ENV}={rule.directory.rstrip('/')} in its environment"
+            f"{ONDEMAND_DIR_ENV}={directory.rstrip('/')} in its environment"
             if rule.from_env
             else f"{ONDEMAND_DIR_ENV} unset, so {DEFAULT_ONDEMAND_DIR}"
         )
         raise InvalidArgument(
             f"refused by rule '{RULE}': the PyTorch of pid {pids} (libkineto in "
-            f"{rule.library}) accepts on-demand trace files only under its "
+            f"{library}) accepts on-demand trace files only under its "
             f"{ONDEMAND_DIR_ENV} ({where}) and without '..'; it would ignore {log_file} "
             f"({why}) and write /tmp/libkineto_activities_{pid}.json instead. Choose a log "
-            f"file under {rule.directory}, or start the job with {ONDEMAND_DIR_ENV} set to "
+            f"file under {directory}, or start the job with {ONDEMAND_DIR_ENV} set to "
             "the directory you want (e.g. export "
             f"{ONDEMAND_DIR_ENV}={os.path.dirname(log_file) or '/'})",
             rule=RULE,
