@@ -18,6 +18,7 @@ user whose clients never read their replies fills only its own send buffer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -32,7 +33,7 @@ from typing import Protocol
 from bpfdyno.core.errors import RequestError
 from bpfdyno.tracing.ipc import wire
 from bpfdyno.tracing.ipc.rawsock import DatagramIO
-from bpfdyno.tracing.ipc.replies import ReplySockets
+from bpfdyno.tracing.ipc.replies import REPLY_PREFIX, ReplySockets
 from bpfdyno.tracing.ipc.sender import SenderCreds
 from bpfdyno.tracing.safety import PlacementChecker, Writer
 
@@ -197,6 +198,10 @@ class KinetoEndpoint:
                 "of several users share it"
             ) from e
         _remove_stale(path, owner_uid=os.geteuid())
+        for name in os.listdir(self.socket_dir):  # reply sockets of an agent that was killed
+            if name.startswith(REPLY_PREFIX):
+                with contextlib.suppress(EndpointUnavailable):
+                    _remove_stale(os.path.join(self.socket_dir, name))
         try:
             sock.bind(path)
             os.chmod(path, 0o666)  # trainers run as other users; Kineto does the same

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 #: Reply sockets kept open at once (one per user polling); the least recently used closes.
 MAX_SOCKETS = 1024
+#: How the reply sockets' names begin (``dynolog-reply-<uid>-<random>``).
+REPLY_PREFIX = "dynolog-reply-"
 
 
 class ReplySockets:
@@ -69,7 +71,7 @@ class ReplySockets:
         return made[1]
 
     def _make(self, user: int) -> tuple[socket.socket, DatagramIO, str] | None:
-        name = f"dynolog-reply-{user}-{self._token}"
+        name = f"{REPLY_PREFIX}{user}-{self._token}"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         path = os.path.join(self._dir, name) if self._dir else ""
         try:
