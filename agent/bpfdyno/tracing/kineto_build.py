@@ -35,7 +35,7 @@ from pathlib import Path
 
 from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.identity import FileIdentityError, files_as, owner_or_root
-from bpfdyno.core.pidfs import read_environ_bytes, read_stat
+from bpfdyno.core.pidfs import read_environ_raw, read_stat
 from bpfdyno.core.text import shown
 from bpfdyno.core.workers import StoppedError, UserLanes
 
@@ -193,7 +193,9 @@ class KinetoBuilds:
                 library = self._library_with_rule(host_pid)
                 if library is None:
                     return None
-                env = read_environ_bytes(self._proc, host_pid, ONDEMAND_DIR_ENV)
+                env = read_environ_raw(self._proc, host_pid, (ONDEMAND_DIR_ENV,)).get(
+                    ONDEMAND_DIR_ENV
+                )
         except FileIdentityError as e:
             log.info("not looking at pid %d's libkineto: %s", host_pid, e)
             return None
