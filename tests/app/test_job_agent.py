@@ -127,8 +127,14 @@ def test_two_tasks_share_one_agent_started_once_and_the_last_stops_it(node: Node
     _wait_until("the supervisor to record it", lambda: (node.state / "state").read_text()
                 == "stopped\n")  # fmt: skip
     assert not agent_listening(node.state / "bpfdyno.sock")
-    leftovers = subprocess.run(["pgrep", "-f", str(node.state)], capture_output=True, text=True)
-    assert leftovers.stdout == "", leftovers.stdout  # no supervisor, agent or task left
+
+    def leftovers() -> str:
+        return subprocess.run(
+            ["pgrep", "-f", str(node.state)], capture_output=True, text=True
+        ).stdout
+
+    # The supervisor writes "stopped" just before it exits: give it the moment to.
+    _wait_until("no supervisor, agent or task left", lambda: leftovers() == "", timeout=10)
 
 
 def test_a_killed_task_orphans_nothing_and_the_agent_waits_for_the_other(node: Node) -> None:

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from bpfdyno.server import unix_front
 from bpfdyno.server.peers import TcpIdentityInterceptor, front_name, requester_from_peer
 from bpfdyno.server.sockdiag import tcp_owner_uid
 from bpfdyno.server.unix_front import UnixFront, peer_credentials
@@ -250,13 +249,13 @@ async def test_front_releases_closed_connections_and_limits_each_uid(
         for _ in range(10):
             (await loop.run_in_executor(None, connect)).close()
         async with asyncio.timeout(10):
-            while front.relayed < 10 or front._active:
+            while front.relayed < 10 or front._limits.active:
                 await asyncio.sleep(0.02)
         # One uid holds at most MAX_CONNECTIONS_PER_UID relays (3 here); the next is closed.
-        monkeypatch.setattr(unix_front, "MAX_CONNECTIONS_PER_UID", 3)
+        monkeypatch.setattr(front._limits, "max_per_peer", 3)
         held = [await loop.run_in_executor(None, connect) for _ in range(3)]
         async with asyncio.timeout(10):
-            while front._active < 3:
+            while front._limits.active < 3:
                 await asyncio.sleep(0.02)
         extra = await loop.run_in_executor(None, connect)
         extra.settimeout(10)

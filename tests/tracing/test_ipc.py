@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import socket
 import struct
 from pathlib import Path
@@ -24,7 +25,8 @@ async def test_reply_comes_from_the_bound_socket_with_exact_bytes(harness: Harne
     try:
         client.sock.sendto(wire.encode_request(3, 0, [4321, 4000]), client.daemon)
         data, sender = await client.recv()
-        assert sender == str(harness.socket_dir / "dynolog")
+        # The poller's user's reply socket, in the socket directory (where libkineto wants it).
+        assert re.fullmatch(rf"{harness.socket_dir}/dynolog-reply-0-[0-9a-f]{{8}}", str(sender))
         assert data == b"\0" * 8 + b"req" + b"\0" * 29
         assert os.stat(client.daemon).st_mode & 0o777 == 0o666
         [view] = harness.service.list_trainers()
@@ -177,9 +179,10 @@ async def test_second_endpoint_on_the_same_directory_is_refused(harness: Harness
 
 
 async def test_stale_socket_file_is_replaced_and_removed_on_close(short_tmp: Path) -> None:
-    stale = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    stale.bind(str(short_tmp / "dynolog"))
-    stale.close()  # the file stays, nobody is bound: a crashed daemon's leftover
+    for name in ("dynolog", "dynolog-reply-0-0badcafe"):  # a crashed daemon's leftovers:
+        stale = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        stale.bind(str(short_tmp / name))
+        stale.close()  # the file stays, nobody is bound
     from bpfdyno.services.tracing import TracingService
     from bpfdyno.tracing.trainers import TrainerRegistry
 
@@ -187,12 +190,14 @@ async def test_stale_socket_file_is_replaced_and_removed_on_close(short_tmp: Pat
     ep = KinetoEndpoint(svc, str(short_tmp))
     ep.open(asyncio.get_running_loop())
     try:
+        assert not (short_tmp / "dynolog-reply-0-0badcafe").exists()
         client = KinetoClient(str(short_tmp))
         assert await client.poll([7100]) == ""
         client.close()
+        assert [n.startswith("dynolog-reply-0-") for n in os.listdir(short_tmp)].count(True) == 1
     finally:
         ep.close()
-    assert not (short_tmp / "dynolog").exists()
+    assert os.listdir(short_tmp) == []  # its own reply sockets are removed too
 
 
 def test_missing_socket_dir_is_explained(tmp_path: Path) -> None:

@@ -263,7 +263,7 @@ async def test_legacy_port_cannot_be_locked_by_one_user(short_tmp: Path) -> None
                 asyncio.to_thread(mallory.run, [sys.executable, USER_CLIENT, "hold", port, "64"])
             )
             async with asyncio.timeout(30):  # refused ones linger briefly, then only 8 stay
-                while legacy.refused_peer_limit < 56 or legacy._per_peer[key] != 8:
+                while legacy.refused_peer_limit < 56 or legacy.limits.held(key) != 8:
                     await asyncio.sleep(0.05)
             r = await asyncio.to_thread(
                 bob.run,
@@ -276,7 +276,7 @@ async def test_legacy_port_cannot_be_locked_by_one_user(short_tmp: Path) -> None
                 ],
             )
             assert bytes.fromhex(json.loads(r.stdout)["reply"]) == b'\x0c\x00\x00\x00{"status":1}'
-            assert legacy._per_peer[key] == 8  # bob got in while they were held
+            assert legacy.limits.held(key) == 8  # bob got in while they were held
             held = json.loads((await hold).stdout)
             replies = [orjson.loads(x["reply"]) for x in held]
             refused = [x for x in replies if x.get("rule") == "peer_connection_limit"]

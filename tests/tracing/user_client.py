@@ -10,18 +10,39 @@ Usage (each prints one JSON line):
                                            print how many replies came and any config text
   user_client.py bind SOCKDIR              bind SOCKDIR/dynolog (as if it were the agent) and
                                            wait for stdin to close
+  user_client.py peek SOCK TRACE_ID        ask the agent's gRPC API about a trace: GetTrace,
+                                           WatchTrace, GetTraceSummary (status code or
+                                           answer each) and the trainers' trace ids
+  user_client.py flood SOCKDIR N SECONDS [mute]
+                                           register N fake trainers (N sockets of this
+                                           process) and keep them polling for SECONDS; print
+                                           how many were answered in the last round (mute:
+                                           never read a reply)
+  user_client.py slow PORT N SECONDS HEX   open N TCP connections, send HEX on each, then one
+                                           byte every 0.5 s for SECONDS; print when each ended
+  user_client.py kineto SOCKDIR SOURCE     poll like a trainer; given a config, stay busy two
+                                           polls, then copy SOURCE to the file it names (with
+                                           _<pid>, as Kineto); print its path; stop at EOF
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import selectors
+import shutil
 import socket
 import sys
 import time
 import uuid
 
+import grpc
+
+from bpfdyno.rpc.v1 import tracing_pb2 as pb
+from bpfdyno.rpc.v1 import tracing_pb2_grpc as pb_grpc
 from bpfdyno.tracing.ipc import wire
+from bpfdyno.tracing.paths import kineto_output_path
 
 
 def frame(port: int, data: bytes) -> None:
@@ -80,6 +101,137 @@ def bind(sock_dir: str) -> None:
     s.close()
 
 
+def peek(sock: str, trace_id: str) -> None:
+    out: dict[str, object] = {}
+    with grpc.insecure_channel(f"unix:{sock}") as ch:
+        stub = pb_grpc.TracingStub(ch)
+        req = pb.GetTraceRequest(trace_id=trace_id)
+        calls = {
+            "get": lambda: stub.GetTrace(req, timeout=10).trace_id,
+            "watch": lambda: next(iter(stub.WatchTrace(req, timeout=10))).trace_id,
+            "summary": lambda: [p.path for p in stub.GetTraceSummary(req, timeout=60).processes],
+        }
+        for name, call in calls.items():
+            try:
+                out[name] = call()
+            except grpc.RpcError as e:
+                out[name] = e.code().name  # type: ignore[attr-defined]
+        trainers = stub.ListTrainers(pb.ListTrainersRequest(), timeout=10).trainers
+        out["trainer_trace_ids"] = {str(t.pid): t.trace_id for t in trainers}
+    print(json.dumps(out))
+
+
+def flood(sock_dir: str, n: int, seconds: float, mute: bool = False) -> None:
+    daemon = os.path.join(sock_dir, "dynolog")
+    socks = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.bind(os.path.join(sock_dir, f"dynoconfigclient{uuid.uuid4()}"))
+        s.setblocking(False)
+        socks.append(s)
+    poll = wire.encode_request(3, 0, [os.getpid()])
+    end = time.monotonic() + seconds
+    answered = 0
+    try:
+        while time.monotonic() < end:
+            for s in socks:  # like libkineto: a full agent queue is retried after a moment
+                for _ in range(50):
+                    try:
+                        s.sendto(poll, daemon)
+                        break
+                    except BlockingIOError:
+                        time.sleep(0.005)
+            time.sleep(1.0)
+            if mute:
+                continue
+            answered = 0
+            for s in socks:
+                try:
+                    while s.recv(300_000):
+                        answered += 1
+                except BlockingIOError:
+                    pass
+    finally:
+        print(json.dumps({"answered": answered}), flush=True)
+        for s in socks:
+            os.unlink(s.getsockname())
+            s.close()
+
+
+def slow(port: int, n: int, seconds: float, first: bytes) -> None:
+    t0 = time.monotonic()
+    sel = selectors.DefaultSelector()
+    for i in range(n):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(first)
+        except OSError:
+            continue
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ, i)
+    ended: dict[int, float] = {}
+    while time.monotonic() - t0 < seconds and len(ended) < n:
+        for key in list(sel.get_map().values()):
+            s = key.fileobj
+            try:
+                s.send(b" ")  # type: ignore[union-attr]
+            except OSError:
+                ended[key.data] = time.monotonic() - t0
+                sel.unregister(s)
+                s.close()  # type: ignore[union-attr]
+        for key, _ in sel.select(0.5):
+            s = key.fileobj
+            try:
+                data = s.recv(65536)  # type: ignore[union-attr]
+            except OSError:
+                data = b""
+            if not data:
+                ended[key.data] = time.monotonic() - t0
+                sel.unregister(s)
+                s.close()  # type: ignore[union-attr]
+    print(
+        json.dumps(
+            {"ended_after_s": sorted(ended.values()), "connected": len(ended) + len(sel.get_map())}
+        )
+    )
+
+
+def kineto(sock_dir: str, source: str) -> None:
+    """A trainer of this user that writes its own "trace" (any process may poll)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    path = os.path.join(sock_dir, f"dynoconfigclient{uuid.uuid4()}")
+    s.bind(path)
+    s.settimeout(0.5)
+    pid = os.getpid()
+    busy = 0
+    target = ""
+    sel = selectors.DefaultSelector()
+    sel.register(sys.stdin, selectors.EVENT_READ)
+    print(json.dumps({"pid": pid}), flush=True)
+    try:
+        while not sel.select(0.2):
+            poll = wire.encode_request(1 if busy else 3, 0, [pid])
+            with contextlib.suppress(OSError):  # the agent is gone (stopped): stop at EOF
+                s.sendto(poll, os.path.join(sock_dir, "dynolog"))
+            try:
+                _, config = wire.decode_reply(s.recv(300_000))
+            except TimeoutError:
+                continue
+            for line in config.decode().splitlines():
+                if line.startswith("ACTIVITIES_LOG_FILE="):
+                    target = kineto_output_path(line.split("=", 1)[1], pid)
+                    busy = 3
+            if busy:
+                busy -= 1
+                if not busy:
+                    shutil.copyfile(source, target + ".tmp")
+                    os.rename(target + ".tmp", target)
+                    print(json.dumps({"wrote": target}), flush=True)
+    finally:
+        s.close()
+        os.unlink(path)
+
+
 def main() -> None:
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "frame":
@@ -90,6 +242,14 @@ def main() -> None:
         impostor(args[0], int(args[1]), float(args[2]))
     elif cmd == "bind":
         bind(args[0])
+    elif cmd == "peek":
+        peek(args[0], args[1])
+    elif cmd == "flood":
+        flood(args[0], int(args[1]), float(args[2]), args[3:] == ["mute"])
+    elif cmd == "slow":
+        slow(int(args[0]), int(args[1]), float(args[2]), bytes.fromhex(args[3]))
+    elif cmd == "kineto":
+        kineto(args[0], args[1])
     else:
         raise SystemExit(f"unknown command {cmd}")
 

@@ -220,8 +220,11 @@ def _metric_exporters(cfg: Config, table: ProcessTable | None) -> list[RoundSink
     sinks: list[RoundSink] = []
     if cfg.export.prometheus.enabled:
         from bpfdyno.exporters.prometheus import PrometheusExporter
+        from bpfdyno.server.peers import http_requester
 
-        sinks.append(PrometheusExporter(cfg.export.prometheus, providers, CATALOG))
+        sinks.append(
+            PrometheusExporter(cfg.export.prometheus, providers, CATALOG, identify=http_requester)
+        )
     if cfg.export.otlp.enabled:
         from bpfdyno.exporters.otlp import OtlpExporter
 

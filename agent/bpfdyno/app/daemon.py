@@ -19,9 +19,10 @@ import math
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -32,12 +33,17 @@ from bpfdyno.core.config import Config
 from bpfdyno.core.metrics import HistogramSample, Round, Sample
 from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.core.store import MetricStore, RoundPublisher
+from bpfdyno.core.workers import DaemonExecutor
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 
 log = logging.getLogger(__name__)
 
 #: Longest back-off after repeated failures of one collector.
 MAX_BACKOFF_S = 60.0
+#: Longest wait for one collector's close() at shutdown (detaching BPF takes milliseconds).
+CLOSE_TIMEOUT_S = 2.0
+#: Exit status when the graceful stop did not finish in time (`exit_deadline`).
+EXIT_STOP_TIMEOUT = 1
 
 
 class Component(Protocol):
@@ -95,7 +101,7 @@ class SharedWorker:
     """
 
     def __init__(self, name: str) -> None:
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=name)
+        self._executor = DaemonExecutor(name)
         self._batch: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
 
     async def run(self, fn: Callable[[], _R]) -> _R:
@@ -175,7 +181,9 @@ class CollectorRunner:
         self.interval_factor = 1
         self._errors = _ErrorLog()
         # start() and close() always run here (a BPF compile must not hold up others' rounds).
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"collector-{self.name}")
+        # A daemon thread: a collect() stuck in NVML or on a locked /proc file must not keep
+        # the agent from exiting.
+        self._executor = DaemonExecutor(f"collector-{self.name}")
         self._worker = worker
         self._started = False
 
@@ -283,9 +291,19 @@ class CollectorRunner:
         if self._started:
             loop = asyncio.get_running_loop()
             if self._worker is not None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"close-{self.name}")
+                self._executor = DaemonExecutor(f"close-{self.name}")
             try:
-                await loop.run_in_executor(self._executor, self.collector.close)
+                # Behind a collect() that may be stuck: the agent stops without it then.
+                await asyncio.wait_for(
+                    loop.run_in_executor(self._executor, self.collector.close), CLOSE_TIMEOUT_S
+                )
+            except TimeoutError:
+                log.error(
+                    "collector %s did not close within %g s (a collection still blocked?); "
+                    "stopping without it",
+                    self.name,
+                    CLOSE_TIMEOUT_S,
+                )
             except Exception:
                 log.exception("collector %s failed to close", self.name)
         if self.state is not PartState.UNAVAILABLE:
@@ -499,6 +517,10 @@ class Daemon:
     def request_stop(self) -> None:
         self._stop.set()
 
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
     async def wait_stopped(self) -> None:
         await self._stop.wait()
 
@@ -525,11 +547,49 @@ class Daemon:
                 log.exception("exporter %s failed to close", type(sink).__name__)
 
 
-def install_signal_handlers(daemon: Daemon) -> None:
-    """SIGTERM and SIGINT request a graceful stop."""
+def install_signal_handlers(daemon: Daemon, exit_within_s: float | None = None) -> None:
+    """SIGTERM and SIGINT request a graceful stop.
+
+    Args:
+        exit_within_s: the process exits this long after the first signal even if the
+            graceful stop has not finished (see `exit_deadline`); None: no deadline.
+    """
     loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        if exit_within_s is not None and not daemon.stop_requested:
+            exit_deadline(exit_within_s)
+        daemon.request_stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, daemon.request_stop)
+        loop.add_signal_handler(sig, stop)
+
+
+def exit_deadline(seconds: float, status: int = EXIT_STOP_TIMEOUT) -> threading.Thread:
+    """End the process ``seconds`` from now unless it has ended by then.
+
+    The graceful stop bounds each of its waits, but a thread can sit in a system call that
+    nothing interrupts (``open()`` of a FIFO, a read on a hung NFS or FUSE mount, NVML on a
+    lost GPU) and the interpreter's own exit may wait for one; whatever a worker is doing,
+    the agent is gone on time. A daemon thread: when the process ends first, so does it.
+    """
+
+    def expire() -> None:
+        time.sleep(seconds)
+        stuck = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
+        log.error(
+            "still stopping %g s after the signal; exiting now (threads: %s)",
+            seconds,
+            ", ".join(stuck) or "none",
+        )
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        os._exit(status)
+
+    t = threading.Thread(target=expire, name="exit-deadline", daemon=True)
+    t.start()
+    return t
 
 
 def notify_systemd(state: str) -> bool:

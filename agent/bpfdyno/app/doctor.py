@@ -316,7 +316,8 @@ def check_grpc_socket(path: str) -> Check:
                 "grpc-socket",
                 None,
                 f"{path} exists but cannot be connected to ({e.strerror})",
-                "run as root, or join the socket's group (grpc.socket_group)",
+                "run as root, or join the socket's group (grpc.socket_group), or ask the "
+                "administrator for grpc.socket_mode = 0o666 (every user acts only as itself)",
             )
     return Check("grpc-socket", True, f"{path} in use by a running agent")
 

@@ -15,8 +15,15 @@ and the last task to end stops it:
   agent and exits. The agent dies with the supervisor (``PR_SET_PDEATHSIG``) and the command
   with its task, so nothing is left behind even when something is SIGKILLed.
 
-If no agent can be started (no Python, a broken config), the command runs anyway with a
-warning: monitoring never stops a job.
+If no agent can be started (no Python, a broken config, a state directory that is not safe),
+the command runs anyway with a warning: monitoring never stops a job.
+
+The state directory holds the socket the task is pointed at and files the task writes, so
+it must be the user's alone (`private_state_dir`): ``$XDG_RUNTIME_DIR/bpfdyno`` (systemd's
+per-user ``/run/user/<uid>``), else ``$TMPDIR/bpfdyno-<uid>`` (``/tmp``), created mode 0700
+and checked on the opened directory — a directory someone else planted there (with links
+named like its files, or a socket of theirs) is refused, never used — and every file in it
+is opened without following links.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -53,11 +61,96 @@ _PR_SET_PDEATHSIG = 1
 
 
 def default_state_dir() -> Path:
-    """``/run/bpfdyno/job`` for root, else ``$TMPDIR/bpfdyno-<uid>`` (per user: tasks of one
-    user share an agent; another user's tasks use the node's agent or their own)."""
+    """``/run/bpfdyno/job`` for root, else ``$XDG_RUNTIME_DIR/bpfdyno`` or
+    ``$TMPDIR/bpfdyno-<uid>`` (per user: tasks of one user share an agent; another user's
+    tasks use the node's agent or their own)."""
     if os.geteuid() == 0:
         return Path("/run/bpfdyno/job")
-    return Path(os.environ.get("TMPDIR", "/tmp")) / f"bpfdyno-{os.geteuid()}"
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if runtime.startswith("/"):
+        return Path(runtime) / "bpfdyno"
+    return Path(os.environ.get("TMPDIR") or "/tmp") / f"bpfdyno-{os.geteuid()}"
+
+
+class UnsafeStateDir(Exception):
+    """The state directory could be someone else's; the message says why and what to do."""
+
+
+def private_state_dir(path: Path) -> Path:
+    """``path`` as a directory only this user controls: created mode 0700 if missing, and
+    checked (on the opened directory, not through links) to be ours and closed to others,
+    in a parent nobody else can rename it in. Returns it with links resolved.
+
+    Raises:
+        UnsafeStateDir: it belongs to someone else, others may use it, or it is a link or
+            not a directory — or its parent lets others replace it.
+    """
+    me = os.geteuid()
+    parent = Path(os.path.realpath(path.parent))
+    _check_parents(parent, me)
+    path = parent / path.name
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        is_link = os.path.islink(path)  # O_DIRECTORY | O_NOFOLLOW on a link: ENOTDIR
+        what = "a symbolic link" if is_link else f"unusable ({e.strerror})"
+        raise UnsafeStateDir(f"{path} is {what}; {_FIX}") from e
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if st.st_uid != me:
+        raise UnsafeStateDir(
+            f"{path} belongs to uid {st.st_uid}, not to you (uid {me}): someone else made "
+            f"it, and could read or replace what the agent keeps there; {_FIX}"
+        )
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise UnsafeStateDir(
+            f"{path} is open to others (mode {stat.S_IMODE(st.st_mode):o}); check what is in "
+            f"it, then chmod 700 {path} (or {_FIX})"
+        )
+    return path
+
+
+_FIX = "remove it if it is not yours, or give --state-dir a directory only you can use"
+
+
+def _check_parents(directory: Path, me: int) -> None:
+    """Every directory from / down to ``directory`` (no links: resolved) is root's or ours
+    and not writable by others, unless sticky (others cannot rename what is ours there)."""
+    current = Path("/")
+    for part in (*directory.parts[1:], None):
+        st = os.lstat(current)
+        if st.st_uid not in (0, me) or (
+            st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX
+        ):
+            raise UnsafeStateDir(
+                f"{current} (above the state directory) can be changed by others (owner uid "
+                f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): they could swap the state "
+                "directory; give --state-dir a directory under one only you and root control"
+            )
+        if part is None:
+            return
+        current = current / part
+
+
+def _open_nofollow(path: Path, flags: int) -> int:
+    """Open a file of the state directory, never through a link."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def _write_state(state_dir: Path, text: str) -> None:
+    fd = _open_nofollow(state_dir / STATE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def _read_state(state_dir: Path) -> str:
+    fd = _open_nofollow(state_dir / STATE, os.O_RDONLY)
+    with os.fdopen(fd) as f:
+        return f.read(4096)
 
 
 def agent_listening(path: str | os.PathLike[str]) -> bool:
@@ -99,9 +192,13 @@ def run(
     env.setdefault("KINETO_USE_DAEMON", "1")
     if agent_listening(node_socket):
         return _run_command(cmd, env)
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        state_dir = private_state_dir(state_dir)
+    except (UnsafeStateDir, OSError) as e:
+        out(f"no agent started ({e}); running the command without one")
+        return _run_command(cmd, env)
     # Held until this process exits: the agent stays while any task of the node needs it.
-    users = os.open(state_dir / USERS_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    users = _open_nofollow(state_dir / USERS_LOCK, os.O_RDWR | os.O_CREAT)
     fcntl.flock(users, fcntl.LOCK_SH)
     sock = state_dir / SOCKET
     with _locked(state_dir / START_LOCK):
@@ -120,7 +217,7 @@ def run(
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[int]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = _open_nofollow(path, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield fd
@@ -130,9 +227,9 @@ def _locked(path: Path) -> Iterator[int]:
 
 def _start_supervisor(state_dir: Path, serve_args: Sequence[str]) -> str:
     """Start the supervisor and wait for its agent; "" when ready, else what went wrong."""
-    state = state_dir / STATE
-    state.write_text("starting\n")
-    with open(state_dir / AGENT_LOG, "ab") as agent_log:
+    _write_state(state_dir, "starting\n")
+    log_fd = _open_nofollow(state_dir / AGENT_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    with os.fdopen(log_fd, "ab") as agent_log:
         supervisor = subprocess.Popen(
             [sys.executable, "-m", "bpfdyno.app.job_agent", "supervise", str(state_dir),
              "--", *serve_args],
@@ -141,7 +238,7 @@ def _start_supervisor(state_dir: Path, serve_args: Sequence[str]) -> str:
         )  # fmt: skip
     deadline = time.monotonic() + READY_TIMEOUT_S + 10
     while time.monotonic() < deadline:
-        text = state.read_text().strip()
+        text = _read_state(state_dir).strip()
         if text.startswith("ready"):
             return ""
         if text.startswith("failed") or supervisor.poll() is not None:
@@ -180,7 +277,6 @@ def _die_with_parent() -> None:
 
 def supervise(state_dir: Path, serve_args: Sequence[str]) -> int:
     """Run the agent until no task holds ``users.lock``; then stop it and exit."""
-    state = state_dir / STATE
     notify_path = state_dir / NOTIFY
     with contextlib.suppress(FileNotFoundError):
         notify_path.unlink()
@@ -201,11 +297,11 @@ def supervise(state_dir: Path, serve_args: Sequence[str]) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     if not _wait_ready(notify, agent):
-        state.write_text(f"failed the agent exited ({agent.poll()}) or was not ready\n")
+        _write_state(state_dir, f"failed the agent exited ({agent.poll()}) or was not ready\n")
         _stop_agent(agent)
         return 1
-    state.write_text(f"ready {agent.pid}\n")
-    users = os.open(state_dir / USERS_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    _write_state(state_dir, f"ready {agent.pid}\n")
+    users = _open_nofollow(state_dir / USERS_LOCK, os.O_RDWR | os.O_CREAT)
     try:
         while not stopping and agent.poll() is None:
             try:
@@ -215,7 +311,7 @@ def supervise(state_dir: Path, serve_args: Sequence[str]) -> int:
                 continue
             break  # no task holds it: done (and new tasks wait until the agent is gone)
         _stop_agent(agent)
-        state.write_text("stopped\n")
+        _write_state(state_dir, "stopped\n")
     finally:
         os.close(users)  # lets tasks waiting for the shared lock start a new agent
         notify.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import sys
@@ -18,6 +19,12 @@ from bpfdyno.version import __version__
 __all__ = ["AddressInUse", "run"]
 
 log = logging.getLogger(__name__)
+
+#: The agent is gone this long after SIGTERM whatever its workers are doing (systemd's
+#: TimeoutStopSec and most supervisors allow far more; `bpfdyno run` waits 30 s).
+EXIT_WITHIN_S = 4.5
+#: The graceful stop's own bound (the exit deadline is the backstop).
+STOP_TIMEOUT_S = 4.0
 
 
 #: glibc's mallopt parameter M_ARENA_MAX.
@@ -51,7 +58,7 @@ async def run(cfg: Config) -> int:
     assembly.bind_daemon(asm, daemon)
     server = GrpcServer(cfg.grpc, AgentService(daemon), asm.servicers)
     server.check_addresses()
-    install_signal_handlers(daemon)
+    install_signal_handlers(daemon, EXIT_WITHIN_S)
     await server.start()
     try:
         await daemon.start()
@@ -67,6 +74,13 @@ async def run(cfg: Config) -> int:
         log.info("stopping")
         notify_systemd("STOPPING=1")
     finally:
-        await server.stop()
-        await daemon.stop()
+        try:
+            await asyncio.wait_for(_stop(server, daemon), STOP_TIMEOUT_S)
+        except TimeoutError:
+            log.error("stopping took longer than %g s; exiting without the rest", STOP_TIMEOUT_S)
     return 0
+
+
+async def _stop(server: GrpcServer, daemon: Daemon) -> None:
+    await server.stop()
+    await daemon.stop()

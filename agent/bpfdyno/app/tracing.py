@@ -14,10 +14,12 @@ import contextlib
 import logging
 import sys
 import time
+from collections.abc import Callable
 
 from bpfdyno.core.config import Config
 from bpfdyno.core.events import FlightRecorder
 from bpfdyno.core.status import PartState, PartStatus
+from bpfdyno.core.workers import DaemonExecutor
 from bpfdyno.server.legacy_rpc import LegacyRpcHandler, LegacyRpcServer
 from bpfdyno.services.tracing import DcgmPause, DcgmResume, TracingService
 from bpfdyno.tracing.audit import AuditLog
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 
 #: How often silent trainers are looked for.
 SWEEP_INTERVAL_S = 5.0
+#: Longest wait for one part (the capture) to stop at shutdown.
+STOP_TIMEOUT_S = 2.0
 #: The interpreter's thread switch interval while the component runs. A Kineto client waits
 #: only ~80 ms for a reply, and a collector thread running pure-Python code holds the GIL
 #: for up to the switch interval (CPython's default: 5 ms) before the event loop gets it;
@@ -55,6 +59,15 @@ def allowed_dirs(cfg: Config) -> list[str]:
     if cfg.tracing.trace_dir and cfg.tracing.trace_dir not in dirs:
         dirs.append(cfg.tracing.trace_dir)
     return dirs
+
+
+async def _bounded(fn: Callable[[], None], what: str) -> None:
+    """Run ``fn`` on a daemon thread; wait at most `STOP_TIMEOUT_S` for it."""
+    done = asyncio.wrap_future(DaemonExecutor(f"stop-{what}").submit(fn))
+    try:
+        await asyncio.wait_for(done, STOP_TIMEOUT_S)
+    except TimeoutError:
+        log.error("%s did not stop within %g s; stopping without it", what, STOP_TIMEOUT_S)
 
 
 class TracingComponent:
@@ -113,7 +126,11 @@ class TracingComponent:
         self.kernel_tracks: KernelTracks | None = None
         if capture is not None:
             self.kernel_tracks = KernelTracks(
-                capture, self.service.tracker, recorder, ReadLimits.from_config(cfg.tracing)
+                capture,
+                self.service.tracker,
+                recorder,
+                ReadLimits.from_config(cfg.tracing),
+                self.service.user_files,
             )
         self.endpoint = KinetoEndpoint(self.service, cfg.kineto.socket_dir, queue_len=queue_len)
         self.legacy: LegacyRpcServer | None = None
@@ -166,8 +183,9 @@ class TracingComponent:
         self._tasks.clear()
         if self.kernel_tracks is not None:
             await self.kernel_tracks.stop()
+        self.service.user_files.stop()  # summaries still reading are not waited for
         if self.capture is not None:
-            await asyncio.to_thread(self.capture.stop)
+            await _bounded(self.capture.stop, "the kernel-track capture")
         self.endpoint.close()
         if self.legacy is not None:
             await self.legacy.stop()
@@ -197,11 +215,16 @@ class TracingComponent:
                 f", {sum(claims.values())} polls claiming another process's pid ignored "
                 f"(uid {uids})"
             )
-        quota = self.service.registry.stats.refused_uid_quota
-        if quota:
+        stats = self.service.registry.stats
+        if stats.refused_uid_quota:
             notes += (
-                f", {quota} polls of uids over [kineto] max_trainers_per_uid "
-                f"({self.service.registry.max_per_uid}) not registered"
+                f", {stats.refused_uid_quota} polls of users over [kineto] "
+                f"max_trainers_per_uid ({self.service.registry.max_per_uid}) not registered"
+            )
+        if stats.displaced:
+            notes += (
+                f", {stats.displaced} trainers of the users holding the most gave their place "
+                "to other users' (registry full)"
             )
         return notes
 

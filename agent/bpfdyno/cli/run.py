@@ -30,8 +30,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--state-dir",
         type=Path,
         default=None,
-        help="socket, locks and log of an agent started here (default: /run/bpfdyno/job for "
-        "root, else $TMPDIR/bpfdyno-UID)",
+        help="socket, locks and log of an agent started here, a directory only you can use "
+        "(default: /run/bpfdyno/job for root, else $XDG_RUNTIME_DIR/bpfdyno or "
+        "$TMPDIR/bpfdyno-UID, created mode 0700)",
     )
     add_overrides_argument(p, "config override for an agent started here (repeatable)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")

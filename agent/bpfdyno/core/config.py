@@ -64,11 +64,14 @@ class DaemonSection:
 
 @dataclass
 class GrpcSection:
-    #: Unix socket path of the gRPC API; its file permissions are the access control.
+    #: Unix socket path of the gRPC API.
     socket: str = DEFAULT_SOCKET
-    #: Permission bits of the socket file.
-    socket_mode: int = 0o660
-    #: Optional group owning the socket (e.g. "bpfdyno"), so members can use `bpfdyno top`.
+    #: Permission bits of the socket file. 0o666: every local user may connect, and each
+    #: acts only as itself (its uid comes from the kernel: docs/security.md); 0o660 with
+    #: socket_group: only root and that group's members.
+    socket_mode: int = 0o666
+    #: Group owning the socket (e.g. "bpfdyno"); with socket_mode = 0o660, only its
+    #: members (and root) may connect.
     socket_group: str = ""
     #: "host:port" to also listen on TCP; empty (the default) means Unix socket only.
     #: TCP needs tls_cert + tls_key and token_file and/or tls_client_ca.
@@ -110,6 +113,12 @@ class PrometheusSection:
     #: "host:port" of the /metrics endpoint (IPv6 as "[::1]:9470"). The default is reachable
     #: from this machine only; "0.0.0.0:9470" lets a Prometheus server elsewhere scrape it.
     listen: str = "127.0.0.1:9470"
+    #: Connections served at once; more are answered 503 at once.
+    max_connections: int = 16
+    #: Of them, from one user of this host (or one address elsewhere); root is not limited.
+    max_connections_per_peer: int = 4
+    #: A connection is closed this long after it was accepted, finished or not.
+    timeout_s: float = 10.0
 
 
 @dataclass
@@ -804,6 +813,13 @@ def _validate_export(cfg: Config, bad: typing.Callable[[str, str], ConfigError])
             f"must be host:port such as 127.0.0.1:9470 or [::1]:9470, got {prom.listen!r}",
             "export.prometheus.listen",
         )
+    if not 1 <= prom.max_connections_per_peer <= prom.max_connections:
+        raise bad(
+            "must be at least 1 and at most export.prometheus.max_connections",
+            "export.prometheus.max_connections_per_peer",
+        )
+    if prom.timeout_s <= 0:
+        raise bad("must be more than 0 seconds", "export.prometheus.timeout_s")
     if otlp.protocol not in _OTLP_PROTOCOLS:
         raise bad(
             f"must be one of {', '.join(_OTLP_PROTOCOLS)}, got {otlp.protocol!r}",

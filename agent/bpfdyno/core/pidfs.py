@@ -16,6 +16,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from bpfdyno.core.text import shown, shown_bytes
+
 #: Container ids are 64 hex digits in every runtime's cgroup naming.
 _CONTAINER_RE = re.compile(
     r"(?:docker-|cri-containerd-|crio-|containerd-|libpod-)?([0-9a-f]{64})(?:\.scope)?$"
@@ -69,7 +71,7 @@ def read_stat(proc_root: Path, pid: int) -> PidStat | None:
     rest = raw[close_i + 2 :].split()
     try:
         return PidStat(
-            comm=raw[open_i + 1 : close_i].decode("utf-8", "replace"),
+            comm=shown_bytes(raw[open_i + 1 : close_i]),
             state=rest[0].decode("ascii", "replace"),
             ppid=int(rest[1]),
             cpu_ticks=int(rest[11]) + int(rest[12]),
@@ -82,13 +84,13 @@ def read_stat(proc_root: Path, pid: int) -> PidStat | None:
 
 
 def read_cmdline(proc_root: Path, pid: int) -> str | None:
-    """The command line with arguments joined by spaces ("" for kernel threads)."""
+    """The command line with arguments joined by spaces ("" for kernel threads), `shown`."""
     try:
         with open(proc_root / str(pid) / "cmdline", "rb") as f:
             raw = f.read(8192)
     except OSError:
         return None
-    return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+    return shown_bytes(raw.rstrip(b"\0").replace(b"\0", b" "))
 
 
 def read_status(proc_root: Path, pid: int, names: Collection[str]) -> dict[str, list[str]] | None:
@@ -125,7 +127,10 @@ def read_uid(proc_root: Path, pid: int) -> int | None:
 
 
 def read_cgroup(proc_root: Path, pid: int) -> str | None:
-    """The process's cgroup path: the unified (v2) one, else the v1 ``cpu`` or systemd one."""
+    """The process's cgroup path: the unified (v2) one, else the v1 ``cpu`` or systemd one.
+
+    `shown`: users name the cgroups delegated to them.
+    """
     try:
         with open(proc_root / str(pid) / "cgroup", encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
@@ -138,14 +143,14 @@ def read_cgroup(proc_root: Path, pid: int) -> str | None:
             continue
         _, controllers, path = parts
         if controllers == "":
-            return path
+            return shown(path)
         names = controllers.split(",")
         if "cpu" in names or "name=systemd" in names:
             fallback = fallback or path
     if fallback is None and lines:
         parts = lines[0].split(":", 2)
         fallback = parts[2] if len(parts) == 3 else None
-    return fallback
+    return shown(fallback) if fallback is not None else None
 
 
 def container_id(cgroup_path: str) -> str:
@@ -165,26 +170,35 @@ def k8s_pod_uid(cgroup_path: str) -> str:
     return m.group(1).replace("_", "-") if m else ""
 
 
-def read_environ(proc_root: Path, pid: int, names: Collection[str]) -> dict[str, str]:
+def read_environ_raw(proc_root: Path, pid: int, names: Collection[str]) -> dict[str, bytes]:
     """The variables ``names`` that are set in the process's initial environment (its first
-    MiB); {} when it cannot be read."""
+    MiB), as they are (to compare, never to show); {} when it cannot be read."""
     wanted = {n.encode() for n in names}
     try:
         with open(proc_root / str(pid) / "environ", "rb") as f:
             raw = f.read(1 << 20)
     except OSError:
         return {}
-    out = {}
+    out: dict[str, bytes] = {}
     for entry in raw.split(b"\0"):
         key, eq, value = entry.partition(b"=")
         if eq and key in wanted:
-            out[key.decode()] = value.decode("utf-8", "replace")
+            out[key.decode()] = value
     return out
 
 
+def read_environ(proc_root: Path, pid: int, names: Collection[str]) -> dict[str, str]:
+    """The variables ``names`` that are set in the process's initial environment (its first
+    MiB), decoded; {} when it cannot be read."""
+    raw = read_environ_raw(proc_root, pid, names)
+    return {k: v.decode("utf-8", "replace") for k, v in raw.items()}
+
+
 def read_environ_var(proc_root: Path, pid: int, name: str) -> str | None:
-    """One variable of the process's initial environment; None if unset or unreadable."""
-    return read_environ(proc_root, pid, (name,)).get(name)
+    """One variable of the process's initial environment (`shown`); None if unset or
+    unreadable."""
+    raw = read_environ_raw(proc_root, pid, (name,)).get(name)
+    return shown_bytes(raw) if raw is not None else None
 
 
 def slurm_job_from_cgroup(cgroup_path: str) -> str:

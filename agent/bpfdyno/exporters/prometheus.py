@@ -15,9 +15,12 @@ Prometheus' staleness handling removes a series as soon as it disappears (a proc
 left the process table, a GPU that fell off the bus). Per-process series are the process
 table's rows: at most ``[events] process_table_size`` processes plus registered trainers.
 
-The HTTP server is prometheus_client's, on its own daemon threads; a scrape never touches
-the daemon's event loop. If the address cannot be bound the exporter is unavailable, with
-the reason in ``bpfdyno status``, and the daemon serves everything else.
+The HTTP server (`bpfdyno.exporters.bounded_http`) runs prometheus_client's WSGI app on its
+own daemon threads, so a scrape never touches the daemon's event loop; it serves at most
+``max_connections`` at once, ``max_connections_per_peer`` of one user (or address), and
+closes a connection ``timeout_s`` after accepting it, so slow or idle clients cannot take
+the agent's threads. If the address cannot be bound the exporter is unavailable, with the
+reason in ``bpfdyno status``, and the daemon serves everything else.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -39,8 +41,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from bpfdyno.core.budget import ESTIMATE_LABEL
 from bpfdyno.core.catalog import Catalog
 from bpfdyno.core.config import PrometheusSection
+from bpfdyno.core.connections import ConnectionLimits
 from bpfdyno.core.metrics import HistogramSample, MetricKind, MetricSpec, Round, Sample
 from bpfdyno.core.status import PartState, PartStatus
+from bpfdyno.exporters.bounded_http import BoundedWSGIServer, Identify, by_address
 from bpfdyno.exporters.rounds import ExportView, LatestRounds, SampleProvider
 
 log = logging.getLogger(__name__)
@@ -126,6 +130,7 @@ class PrometheusExporter:
         cfg: the ``[export.prometheus]`` section.
         providers: samples computed at each scrape (the process table's rows).
         catalog: types, units and help of every metric.
+        identify: who a connection is from (default: its address), for the per-peer limit.
     """
 
     def __init__(
@@ -133,9 +138,12 @@ class PrometheusExporter:
         cfg: PrometheusSection,
         providers: Sequence[SampleProvider] = (),
         catalog: Catalog | None = None,
+        identify: Identify = by_address,
     ) -> None:
         self._latest = LatestRounds(providers)
         self._catalog = catalog
+        self._cfg = cfg
+        self._identify = identify
         self._listen = cfg.listen
         self._lock = threading.Lock()
         self.scrapes = 0
@@ -144,17 +152,24 @@ class PrometheusExporter:
         self._error = ""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_CatalogCollector(self))
-        self._server: Any = None
+        self._server: BoundedWSGIServer | None = None
         self._thread: threading.Thread | None = None
         self.address: tuple[str, int] | None = None
         self._start()
 
     def _start(self) -> None:
-        from prometheus_client import start_http_server
+        from prometheus_client import make_wsgi_app
 
-        host, port = split_host_port(self._listen)
+        cfg = self._cfg
+        limits = ConnectionLimits(cfg.max_connections, cfg.max_connections_per_peer)
         try:
-            self._server, self._thread = start_http_server(port, host, self.registry)
+            self._server = BoundedWSGIServer(
+                split_host_port(self._listen),
+                make_wsgi_app(self.registry),
+                limits,
+                cfg.timeout_s,
+                self._identify,
+            )
         except OSError as e:
             self._error = (
                 f"cannot listen on {self._listen} ({e.strerror or e}): pick a free address with "
@@ -162,6 +177,7 @@ class PrometheusExporter:
             )
             log.error("Prometheus exporter unavailable: %s", self._error)
             return
+        self._thread = self._server.serve("export-prometheus")
         sockname = self._server.socket.getsockname()
         self.address = (str(sockname[0]), int(sockname[1]))
         log.info("Prometheus metrics on %s", self.url)
@@ -200,10 +216,18 @@ class PrometheusExporter:
         with self._lock:
             scrapes, errors, last = self.scrapes, self.scrape_errors, self._last_scrape_ts
         since = f", last {time.time() - last:.0f} s ago" if last else ""
+        refused = ""
+        if self._server is not None:
+            by_rule = self._server.limits.refused
+            if by_rule or self._server.timed_out:
+                refused = (
+                    f"; {sum(by_rule.values())} connections refused over the limits, "
+                    f"{self._server.timed_out} closed after {self._cfg.timeout_s:g} s"
+                )
         return PartStatus(
             NAME,
             PartState.OK,
-            f"serving {self.url} ({scrapes} scrapes{since})",
+            f"serving {self.url} ({scrapes} scrapes{since}){refused}",
             errors=errors,
             last_success_ts=last,
         )

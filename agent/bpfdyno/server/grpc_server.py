@@ -47,7 +47,9 @@ def prepare_unix_socket(path: str) -> None:
         AddressInUse: a live process is listening on it, or the path is not a socket.
     """
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    if not p.parent.is_dir():
+        p.parent.mkdir(parents=True, mode=0o755)
+        os.chmod(p.parent, 0o755)  # whatever the umask: users must reach the socket inside
     try:
         st = p.lstat()
     except FileNotFoundError:
@@ -143,6 +145,13 @@ class GrpcServer:
             finally:
                 os.umask(old)
             os.chmod(self._cfg.socket, self._cfg.socket_mode)
+            if self._cfg.socket_group and self._cfg.socket_mode & 0o006:
+                log.warning(
+                    "grpc.socket_group = %r does not limit who may connect while grpc."
+                    "socket_mode (%o) lets every user in; set socket_mode = 0o660 for that",
+                    self._cfg.socket_group,
+                    self._cfg.socket_mode,
+                )
             if self._cfg.socket_group:
                 try:
                     os.chown(self._cfg.socket, -1, grp.getgrnam(self._cfg.socket_group).gr_gid)

@@ -20,12 +20,12 @@ import asyncio
 import contextlib
 import logging
 import struct
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
+from bpfdyno.core.connections import PEER_LIMIT, TOTAL_LIMIT, ConnectionLimits
 from bpfdyno.core.errors import RequestError
 from bpfdyno.core.identity import Requester
 from bpfdyno.core.status import PartState, PartStatus
@@ -189,10 +189,8 @@ class LegacyRpcServer:
         self.max_per_peer = max_per_peer
         self.idle_timeout_s = idle_timeout_s
         self._servers: list[asyncio.Server] = []
-        self._active = 0
-        self._per_peer: Counter[str] = Counter()
-        #: Connections refused because their peer held too many (see `max_per_peer`).
-        self.refused_peer_limit = 0
+        #: Connections open, in all and per peer.
+        self.limits = ConnectionLimits(max_connections, max_per_peer)
         self._tasks: set[asyncio.Task[None]] = set()
         #: (address, error) for each listen address that could not be bound.
         self.failures: list[tuple[str, str]] = []
@@ -217,6 +215,11 @@ class LegacyRpcServer:
             sockname = server.sockets[0].getsockname()
             self.bound.append((host, int(sockname[1])))
             log.info("legacy dyno RPC listening on %s", addr if port else f"{host}:{sockname[1]}")
+
+    @property
+    def refused_peer_limit(self) -> int:
+        """Connections refused because their peer held too many (see ``max_per_peer``)."""
+        return self.limits.refused[PEER_LIMIT]
 
     def status(self) -> PartStatus:
         """ok on every address, degraded when some could not be bound, unavailable on none."""
@@ -267,29 +270,25 @@ class LegacyRpcServer:
         )
         # One user's connections count together wherever they come from; a peer that is not
         # on this host counts by address.
-        peer_key = (
-            f"uid {requester.uid}" if requester.attributed else requester.peer.rsplit(":", 1)[0]
-        )
-        self._active += 1
-        self._per_peer[peer_key] += 1
+        peer_key = self.limits.peer_of(requester)
+        refused = self.limits.admit(peer_key, requester.privileged)
         try:
-            if self._per_peer[peer_key] > self.max_per_peer and not requester.privileged:
-                self.refused_peer_limit += 1
+            if refused == PEER_LIMIT:
                 reply = encode_frame(
                     _error(
-                        f"refused by rule 'peer_connection_limit': {peer_key} already has "
+                        f"refused by rule '{PEER_LIMIT}': {peer_key} already has "
                         f"{self.max_per_peer} connections open to this port (legacy_rpc."
                         "max_connections_per_peer); close them or retry when they are done",
-                        rule="peer_connection_limit",
+                        rule=PEER_LIMIT,
                     )
                 )
                 complete = False
-            elif self._active > self.max_connections:
+            elif refused:
                 reply = encode_frame(
                     _error(
-                        "refused by rule 'connection_limit': too many connections at once "
+                        f"refused by rule '{TOTAL_LIMIT}': too many connections at once "
                         "(legacy_rpc.max_connections); retry in a moment",
-                        rule="connection_limit",
+                        rule=TOTAL_LIMIT,
                     )
                 )
                 complete = False
@@ -308,10 +307,8 @@ class LegacyRpcServer:
             # from logging the cancellation as an error.
             pass
         finally:
-            self._active -= 1
-            self._per_peer[peer_key] -= 1
-            if not self._per_peer[peer_key]:
-                del self._per_peer[peer_key]
+            if not refused:
+                self.limits.release(peer_key)
             writer.close()
             with contextlib.suppress(OSError, asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(writer.wait_closed(), 1.0)

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 GRPC_UNIX = "grpc-unix"
 GRPC_TCP = "grpc-tcp"
 LEGACY_RPC = "legacy-rpc"
+HTTP = "http"
 
 #: The file name a relayed connection is bound to: c-<uid>-<gid>-<pid>-<sequence>.
 FRONT_NAME_RE = re.compile(r"c-(\d+)-(\d+)-(\d+)-\d+")
@@ -99,6 +100,12 @@ def legacy_requester(peer: tuple[Any, ...] | None, local: tuple[Any, ...] | None
     if not peer or not local:
         return unattributed(LEGACY_RPC, "", "the connection closed before it could be checked")
     return _tcp_socket_owner(LEGACY_RPC, peer, local)
+
+
+def http_requester(peer: tuple[Any, ...], local: tuple[Any, ...]) -> Requester:
+    """The requester of a connection to the Prometheus endpoint: the owner of the peer's
+    socket on this host (for its per-user connection limit), else unattributed."""
+    return _tcp_socket_owner(HTTP, peer, local)
 
 
 def _tcp_socket_owner(transport: str, peer: tuple[Any, ...], local: tuple[Any, ...]) -> Requester:

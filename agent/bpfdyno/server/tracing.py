@@ -63,8 +63,10 @@ class TracingServicer(pb_grpc.TracingServicer):
         self, request: pb.ListTrainersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListTrainersResponse:
         job = request.job_id if request.HasField("job_id") else None
-        trainers = [cast(pb.Trainer, to_pb(t, Trainer)) for t in self._svc.list_trainers(job)]
-        return pb.ListTrainersResponse(trainers=trainers)
+        trainers = self._svc.list_trainers(job, requester_from_context(context))
+        return pb.ListTrainersResponse(
+            trainers=[cast(pb.Trainer, to_pb(t, Trainer)) for t in trainers]
+        )
 
     @grpc_errors
     async def StartTrace(
@@ -77,13 +79,13 @@ class TracingServicer(pb_grpc.TracingServicer):
     async def GetTrace(
         self, request: pb.GetTraceRequest, context: grpc.aio.ServicerContext
     ) -> pb.TraceStatus:
-        return trace_to_pb(self._svc.get_trace(request.trace_id))
+        return trace_to_pb(self._svc.get_trace(request.trace_id, requester_from_context(context)))
 
     @grpc_errors
     async def WatchTrace(
         self, request: pb.GetTraceRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.TraceStatus]:
-        async for view in self._svc.watch_trace(request.trace_id):
+        async for view in self._svc.watch_trace(request.trace_id, requester_from_context(context)):
             yield trace_to_pb(view)
 
     @grpc_errors
@@ -103,7 +105,8 @@ class TracingServicer(pb_grpc.TracingServicer):
     async def GetTraceSummary(
         self, request: pb.GetTraceRequest, context: grpc.aio.ServicerContext
     ) -> pb.TraceSummary:
-        return cast(pb.TraceSummary, to_pb(await self._svc.trace_summary(request.trace_id)))
+        summary = await self._svc.trace_summary(request.trace_id, requester_from_context(context))
+        return cast(pb.TraceSummary, to_pb(summary))
 
     def _dcgm(self, ok: bool) -> pb.DcgmResponse:
         if ok:

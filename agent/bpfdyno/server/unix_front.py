@@ -27,9 +27,10 @@ import socket
 import stat
 import struct
 import tempfile
-from collections import Counter
 
-from bpfdyno.server.peers import front_name
+from bpfdyno.core.connections import ConnectionLimits
+from bpfdyno.core.identity import Requester
+from bpfdyno.server.peers import GRPC_UNIX, front_name
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +142,7 @@ class UnixFront:
         self._sock: socket.socket | None = None
         self._server: asyncio.AbstractServer | None = None
         self._seq = itertools.count(1)
-        self._per_uid: Counter[int] = Counter()
-        self._active = 0
+        self._limits = ConnectionLimits(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_UID)
         self._tasks: set[asyncio.Task[None]] = set()
         self.relayed = 0
         self.refused = 0
@@ -191,29 +191,29 @@ class UnixFront:
 
     def admit(self, uid: int) -> bool:
         """Count a new connection of ``uid``; False (and counted as refused) over a limit."""
-        if self._active >= MAX_CONNECTIONS or self._per_uid[uid] >= MAX_CONNECTIONS_PER_UID:
+        peer = self._peer(uid)
+        if self._limits.admit(peer):
             self.refused += 1
             if self.refused == 1 or self.refused % 1000 == 0:
                 log.warning(
-                    "gRPC front: refused a connection of uid %d (%d open in all, %d of its "
-                    "own; limits %d and %d)",
+                    "gRPC front: refused a connection of uid %d (%d open in all, %d of %s; "
+                    "limits %d and %d)",
                     uid,
-                    self._active,
-                    self._per_uid[uid],
+                    self._limits.active,
+                    self._limits.held(peer),
+                    peer,
                     MAX_CONNECTIONS,
                     MAX_CONNECTIONS_PER_UID,
                 )
             return False
-        self._active += 1
-        self._per_uid[uid] += 1
         self.relayed += 1
         return True
 
     def release(self, uid: int) -> None:
-        self._active -= 1
-        self._per_uid[uid] -= 1
-        if not self._per_uid[uid]:
-            del self._per_uid[uid]
+        self._limits.release(self._peer(uid))
+
+    def _peer(self, uid: int) -> str:
+        return self._limits.peer_of(Requester(uid=uid, transport=GRPC_UNIX))
 
     def relay(self, outer: _Outer, pid: int, uid: int, gid: int) -> None:
         task = asyncio.get_running_loop().create_task(self._relay(outer, pid, uid, gid))

@@ -36,11 +36,15 @@ from bpfdyno.core.identity import (
     file_owner,
     files_as,
     in_process,
+    owner_or_root,
 )
 from bpfdyno.core.rules import pause_duration_s
+from bpfdyno.core.text import shown_bytes
+from bpfdyno.core.workers import StoppedError, UserLanes
 from bpfdyno.rpc.audit import AuditedProcess
 from bpfdyno.rpc.traces import (
     ProcessSummary,
+    ProcessTrace,
     SkippedProcess,
     TraceSummary,
     TrainerState,
@@ -61,6 +65,7 @@ from bpfdyno.tracing.policy import (
     check_limits,
     refuse_not_owner,
     require_attributed,
+    sees,
 )
 from bpfdyno.tracing.polls import KinetoPolls
 from bpfdyno.tracing.requests import (
@@ -120,10 +125,11 @@ class TrainerView:
 
 
 def describe_address(address: bytes) -> str:
-    """An endpoint address for humans: ``@name`` for abstract names, else the path."""
+    """An endpoint address for humans: ``@name`` for abstract names, else the path; `shown`
+    (the trainer chose it)."""
     if address.startswith(b"\0"):
-        return "@" + address[1:].rstrip(b"\0").decode("utf-8", "replace")
-    return os.fsdecode(address)
+        return "@" + shown_bytes(address[1:].rstrip(b"\0"))
+    return shown_bytes(address)
 
 
 class TracingService(KinetoPolls):
@@ -144,6 +150,8 @@ class TracingService(KinetoPolls):
         limits: the most a request may ask (`bpfdyno.tracing.policy`).
         audit: where every trace request is recorded (default: in memory and the log).
         placement: the trace-file placement rules (`bpfdyno.tracing.safety`).
+        user_files: where work on users' files runs, one lane per uid (default: lanes of
+            its own); the kernel-track merges share them.
     """
 
     def __init__(
@@ -163,6 +171,7 @@ class TracingService(KinetoPolls):
         audit: AuditLog | None = None,
         placement: PlacementChecker | None = None,
         read_limits: ReadLimits = DEFAULT_LIMITS,
+        user_files: UserLanes | None = None,
     ) -> None:
         super().__init__(
             registry,
@@ -172,6 +181,7 @@ class TracingService(KinetoPolls):
             proc_root,
             wall,
             mono,
+            user_files,
         )
         self.allowed_dirs = list(allowed_dirs)
         self.default_tracks = default_tracks
@@ -189,8 +199,14 @@ class TracingService(KinetoPolls):
 
     # -- queries ------------------------------------------------------------------------------
 
-    def list_trainers(self, job_id: int | None = None) -> list[TrainerView]:
-        """Registered trainers (of one job when ``job_id`` is given), by job id then pid."""
+    def list_trainers(
+        self, job_id: int | None = None, requester: Requester | None = None
+    ) -> list[TrainerView]:
+        """Registered trainers (of one job when ``job_id`` is given), by job id then pid.
+
+        A trainer's ``trace_id`` is shown only to those who may see that trace (`sees`).
+        """
+        who = requester or in_process()
         trainers = self.registry.trainers()
         roles = classify(trainers, self._proc_root)
         out = []
@@ -209,34 +225,41 @@ class TracingService(KinetoPolls):
                     state=self.tracker.trainer_state(t.address, t.profiler_busy),
                     role=roles[t.address],
                     endpoint=describe_address(t.address),
-                    trace_id=part.trace_id if part else "",
+                    trace_id=part.trace_id if part and sees(who, part.requester_uid) else "",
                     uid=t.uid,
                     host_pid=t.host_pid,
                 )
             )
         return out
 
-    def get_trace(self, trace_id: str) -> TraceView:
+    def get_trace(self, trace_id: str, requester: Requester | None = None) -> TraceView:
         """The trace's current state.
 
+        Args:
+            requester: who asks (None: the daemon itself). A trace another user asked for is
+                not found for a user other than root, exactly like an unknown one.
+
         Raises:
-            NotFound: unknown id (never issued, or forgotten after many newer traces).
+            NotFound: unknown id (never issued, or forgotten after many newer traces), or
+                not the requester's to see.
         """
         view = self.tracker.get(trace_id)
-        if view is None:
+        if view is None or not sees(requester or in_process(), view.requester_uid):
             raise NotFound(
                 f"no trace with id {trace_id!r}; it was never started here or was forgotten "
                 "after many newer traces"
             )
         return view
 
-    async def watch_trace(self, trace_id: str) -> AsyncIterator[TraceView]:
+    async def watch_trace(
+        self, trace_id: str, requester: Requester | None = None
+    ) -> AsyncIterator[TraceView]:
         """Yield the trace now and after every change, until every process has ended.
 
         Raises:
-            NotFound: unknown id.
+            NotFound: unknown id, or not the requester's (see `get_trace`).
         """
-        view = self.get_trace(trace_id)
+        view = self.get_trace(trace_id, requester)
         yield view
         while not view.done:
             nxt = await self.tracker.wait_change(trace_id, view.version)
@@ -245,46 +268,52 @@ class TracingService(KinetoPolls):
             view = nxt
             yield view
 
-    async def trace_summary(self, trace_id: str) -> TraceSummary:
+    async def trace_summary(
+        self, trace_id: str, requester: Requester | None = None
+    ) -> TraceSummary:
         """Each triggered process's file summarised (`bpfdyno.tracing.summary`), in order,
         and the verdict across them (`bpfdyno.rpc.verdict`).
 
-        Each file is read on a worker thread with its owner's rights (a link or a FIFO the
-        owner put at its name reads nothing of anyone else's: see `summarize_file`). A
+        Each file is read in its owner's lane (`user_files`) with its owner's rights (a link
+        or a FIFO the owner put at its name reads nothing of anyone else's: see
+        `summarize_file`), so one user's file cannot hold up another user's summary. A
         process whose file is not written yet (or never was) gets an entry with ``error``
         saying so.
 
         Raises:
-            NotFound: unknown id.
+            NotFound: unknown id, or not the requester's (see `get_trace`).
         """
-        view = self.get_trace(trace_id)
+        view = self.get_trace(trace_id, requester)
         files = self.tracker.files(trace_id)
         limits = self.read_limits
 
-        def read() -> list[ProcessSummary]:
-            out = []
-            for p in view.processes:
-                if p.state is ProcState.WRITTEN:
-                    local, owner = files.get(p.output_path, (p.output_path, None))
-                    try:
-                        with files_as(*file_owner(owner, local)):
-                            summary = summarize_file(local, limits, p.output_path)
-                    except FileIdentityError as e:
-                        summary = ProcessSummary(p.output_path, error=str(e))
-                    pid, tid = summary.pid or p.pid, summary.trace_id or trace_id
-                    out.append(replace(summary, pid=pid, trace_id=tid))
-                else:
-                    out.append(
-                        ProcessSummary(
-                            p.output_path,
-                            pid=p.pid,
-                            trace_id=trace_id,
-                            error=f"no trace file yet: {p.state.value} ({p.reason})",
-                        )
-                    )
-            return out
+        def owner(p: ProcessTrace) -> int | None:
+            return files.get(p.output_path, (p.output_path, None))[1]
 
-        summaries = await asyncio.to_thread(read)
+        def read(p: ProcessTrace) -> ProcessSummary:
+            if p.state is ProcState.WRITTEN:
+                local = files.get(p.output_path, (p.output_path, None))[0]
+                try:
+                    with files_as(*file_owner(owner(p), local)):
+                        summary = summarize_file(local, limits, p.output_path)
+                except FileIdentityError as e:
+                    summary = ProcessSummary(p.output_path, error=str(e))
+                pid, tid = summary.pid or p.pid, summary.trace_id or trace_id
+                return replace(summary, pid=pid, trace_id=tid)
+            return ProcessSummary(
+                p.output_path,
+                pid=p.pid,
+                trace_id=trace_id,
+                error=f"no trace file yet: {p.state.value} ({p.reason})",
+            )
+
+        lanes = self.user_files
+        try:
+            summaries = await asyncio.gather(
+                *(lanes.run(owner_or_root(owner(p)), read, p) for p in view.processes)
+            )
+        except StoppedError:
+            raise Unavailable("the agent is stopping; ask again when it is back") from None
         verdict = compare([s.evidence for s in summaries if s.evidence is not None])
         return TraceSummary(trace_id, tuple(summaries), verdict)
 
@@ -395,6 +424,8 @@ class TracingService(KinetoPolls):
             refuse_not_owner(requester, m.not_theirs)
         triggered = [(t, output_path(checked, t.pid)) for t in m.triggered]
         self._check_outputs(checked, triggered)
+        if checked.log_file and not checked.memory_snapshot:
+            self.kineto_builds.check(checked.log_file, [(t.pid, t.address) for t, _ in triggered])
         for t, path in triggered:
             self._placement.check(path, Writer(t.uid, t.host_pid))
         audited = [AuditedProcess(t.pid, t.host_pid, t.uid, path) for t, path in triggered]
@@ -423,6 +454,7 @@ class TracingService(KinetoPolls):
             min(timeout, MAX_TIMEOUT_S),
             checked.iteration_mode,
             start_time_s=checked.start_time_ms / 1000.0,
+            requester_uid=requester.uid,
         )
         log.info(
             "trace %s: job %d pids %s: matched %d, triggered %s, busy %d",

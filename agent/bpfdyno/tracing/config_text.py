@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bpfdyno.core.errors import InvalidArgument
+from bpfdyno.core.text import printable
 from bpfdyno.rpc.traces import KINETO_WARMUP_S, TraceSpec
-from bpfdyno.tracing.paths import PathRejected, check_log_file, printable
+from bpfdyno.tracing.paths import PathRejected, check_log_file
 
 #: Largest config text accepted (Kineto's limit is the ~212 KB datagram; stay far below).
 MAX_CONFIG_BYTES = 32 * 1024

@@ -14,6 +14,10 @@ For every process whose trace asked for kernel tracks:
    its tracks, or — if anything failed — with the file exactly as Kineto wrote it and the
    reason in the part's kernel-track status.
 
+Merges run in the file owner's lane of the agent's `UserLanes` (`bpfdyno.core.workers`):
+one user's merges one after another, users taking turns for the threads, so a user whose
+file blocks or takes long (a slow file system, a huge trace) delays only its own traces.
+
 If its trace fails or times out instead (``ended``), the recording is dropped.
 """
 
@@ -23,11 +27,12 @@ import asyncio
 import contextlib
 import logging
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from bpfdyno.core.budget import excluded_work
 from bpfdyno.core.events import FlightRecorder, KernelEvent
-from bpfdyno.core.identity import FileIdentityError, file_owner, files_as
+from bpfdyno.core.identity import FileIdentityError, file_owner, files_as, owner_or_root
+from bpfdyno.core.workers import StoppedError, UserLanes, wait_bounded
 from bpfdyno.rpc.traces import KernelTracks as TrackStatus
 from bpfdyno.sources.net.decode import NET_EVENT_KINDS
 from bpfdyno.tracing.capture.manager import CaptureKey, CaptureManager
@@ -42,6 +47,9 @@ log = logging.getLogger(__name__)
 #: Longest wait for the capture's records once a file is complete (they come in
 #: milliseconds; this only keeps a part from staying "merging" if the capture is stuck).
 END_TIMEOUT_S = 60.0
+#: At shutdown, merges in progress get this long to finish; the agent stops without the
+#: others (a merge writes a copy and renames it: the trace stays as Kineto wrote it).
+STOP_GRACE_S = 1.0
 
 
 class KernelTracks:
@@ -51,6 +59,8 @@ class KernelTracks:
         manager: records the tracks.
         tracker: told when a merge is done.
         recorder: the flight recorder (rare events of the pre-window), if the daemon has one.
+        limits: bounds on reading a trace file.
+        lanes: where merges run, in the file owner's lane (default: lanes of its own).
     """
 
     def __init__(
@@ -59,13 +69,13 @@ class KernelTracks:
         tracker: TraceTracker,
         recorder: FlightRecorder | None = None,
         limits: ReadLimits = DEFAULT_LIMITS,
+        lanes: UserLanes | None = None,
     ) -> None:
         self._manager = manager
         self._tracker = tracker
         self._recorder = recorder
         self._limits = limits
-        # One merge at a time: each holds a process's events in memory while it copies.
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="trace-merge")
+        self._lanes = lanes or UserLanes("trace-merge")
         self._tasks: set[asyncio.Task[None]] = set()
         #: Recordings asked for whose process has not been handed its config yet.
         self._arming: dict[CaptureKey, Future[None]] = {}
@@ -105,48 +115,61 @@ class KernelTracks:
         task.add_done_callback(self._tasks.discard)
 
     async def stop(self) -> None:
-        """Let merges in progress finish (they leave no half-written file either way)."""
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._executor.shutdown(wait=True)
+        """Give merges in progress `STOP_GRACE_S` to finish, then stop without them."""
+        await wait_bounded("kernel-track merges", list(self._tasks), STOP_GRACE_S)
+        self._lanes.stop()
 
     # -- merging --------------------------------------------------------------------------
 
     async def _finish(self, part: PartRef) -> None:
+        outcome = await self._recorded(part)
+        try:
+            status, size = await self._lanes.run(
+                owner_or_root(part.owner_uid), self._write, part, outcome
+            )
+        except StoppedError:
+            return  # the agent is stopping
+        if status.state is KernelTrackState.MERGED:
+            self.merged += 1
+        else:
+            self.failed += 1
+        self._tracker.merge_done(part.trace_id, part.address, status, size)
+
+    async def _recorded(self, part: PartRef) -> ProcessCapture | TrackStatus:
+        """What the capture recorded of ``part``'s process, or why there is nothing."""
         requested = part.tracks.names()
         try:
-            capture = await asyncio.wait_for(
+            capture: ProcessCapture = await asyncio.wait_for(
                 asyncio.wrap_future(self._manager.end(CaptureKey(part.trace_id, part.pid))),
                 END_TIMEOUT_S,
             )
         except TimeoutError:
-            status = TrackStatus(
+            return TrackStatus(
                 requested,
                 KernelTrackState.NOT_MERGED,
                 reason=f"the capture did not hand over its records within {END_TIMEOUT_S:g} s "
                 "(see the agent's log)",
             )
-            self._tracker.merge_done(part.trace_id, part.address, status, _size(part.local_path))
-            return
         except Exception as e:
-            status = TrackStatus(
+            return TrackStatus(
                 requested, KernelTrackState.NOT_MERGED, reason=f"nothing was recorded ({e})"
             )
-            self._tracker.merge_done(part.trace_id, part.address, status, _size(part.local_path))
-            return
-        loop = asyncio.get_running_loop()
+        return capture
+
+    def _write(
+        self, part: PartRef, outcome: ProcessCapture | TrackStatus
+    ) -> tuple[TrackStatus, int]:
+        """In the owner's lane: merge what was recorded; the outcome and the file's size."""
+        if isinstance(outcome, TrackStatus):
+            return outcome, _size(part.local_path)
         try:
-            status = await loop.run_in_executor(self._executor, self.merge, part, capture)
+            status = self.merge(part, outcome)
         except Exception as e:  # a bug: the file is intact (the merge writes a copy)
             log.exception("merging the kernel tracks into %s failed", part.output_path)
             status = TrackStatus(
-                requested, KernelTrackState.NOT_MERGED, reason=f"internal error: {e}"
+                part.tracks.names(), KernelTrackState.NOT_MERGED, reason=f"internal error: {e}"
             )
-        if status.state is KernelTrackState.MERGED:
-            self.merged += 1
-        else:
-            self.failed += 1
-        self._tracker.merge_done(part.trace_id, part.address, status, _size(part.local_path))
+        return status, _size(part.local_path)
 
     def merge(self, part: PartRef, capture: ProcessCapture) -> TrackStatus:
         """Write ``capture`` into ``part``'s file (blocking); the outcome as a status.

@@ -13,6 +13,7 @@ import os
 from collections.abc import Sequence
 
 from bpfdyno.core.errors import InvalidArgument
+from bpfdyno.core.text import printable
 
 #: Where Kineto writes when the config names no log file.
 DEFAULT_LOG_FILE_PATTERN = "/tmp/libkineto_activities_{pid}.json"
@@ -57,14 +58,6 @@ def default_output_path(pid: int) -> str:
 def memory_snapshot_path(pid: int) -> str:
     """The file Kineto writes in memory-snapshot mode (``PROFILE_MEMORY=true``)."""
     return MEMORY_SNAPSHOT_PATTERN.format(pid=pid)
-
-
-def printable(c: str) -> bool:
-    """False for control, line/paragraph-separator and format (e.g. bidi) characters.
-
-    ``str.isprintable`` is False for exactly those (and for spaces other than U+0020).
-    """
-    return c.isprintable()
 
 
 def normalize(path: str) -> str:

@@ -137,6 +137,15 @@ def require_attributed(requester: Requester) -> None:
     )
 
 
+def sees(requester: Requester, requested_by: int | None) -> bool:
+    """Whether ``requester`` may see a trace (its state, files, summary) that the uid
+    ``requested_by`` asked for: root sees every trace, any other user the traces it asked
+    for, an unattributed requester none (the rule of the audit trail)."""
+    if requester.privileged:
+        return True
+    return requester.attributed and requested_by == requester.uid
+
+
 def ownership_problem(requester: Requester, owner_uid: int | None) -> str:
     """Why ``requester`` may not trace a process owned by ``owner_uid`` ("" when it may)."""
     if requester.privileged:

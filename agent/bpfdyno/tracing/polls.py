@@ -20,10 +20,12 @@ from pathlib import Path
 
 from bpfdyno.core.errors import RequestError
 from bpfdyno.core.identity import in_process
+from bpfdyno.core.workers import UserLanes
 from bpfdyno.rpc.audit import AuditedProcess
 from bpfdyno.tracing.audit import AuditLog
 from bpfdyno.tracing.ipc.sender import ClaimVerifier, SenderCreds
 from bpfdyno.tracing.ipc.wire import KinetoContext, KinetoRequest
+from bpfdyno.tracing.kineto_build import KinetoBuilds
 from bpfdyno.tracing.safety import PlacementChecker, Writer
 from bpfdyno.tracing.traces import TraceTracker
 from bpfdyno.tracing.trainers import Trainer, TrainerRegistry
@@ -41,6 +43,9 @@ class KinetoPolls:
         placement: the trace-file placement rules (`bpfdyno.tracing.safety`).
         proc_root: where /proc is (to check the senders' claims).
         wall, mono: time sources (epoch seconds, monotonic seconds).
+        user_files: where work on users' files runs, one lane per uid (default: lanes of
+            its own); a trainer's libkineto is looked at there, the clients' side summarises
+            and merges there.
     """
 
     def __init__(
@@ -52,6 +57,7 @@ class KinetoPolls:
         proc_root: Path,
         wall: Callable[[], float],
         mono: Callable[[], float],
+        user_files: UserLanes | None = None,
     ) -> None:
         self.registry = registry
         self.tracker = tracker
@@ -62,6 +68,11 @@ class KinetoPolls:
         self._mono = mono
         #: Polls ignored because the pid they claim is not their sender's, per sender uid.
         self.false_claims: Counter[int] = Counter()
+        #: Work on users' files (summaries, merges, libkineto look-ups), each user's in its
+        #: own lane.
+        self.user_files = user_files or UserLanes("user-files")
+        #: What each trainer's libkineto does with an on-demand log file.
+        self.kineto_builds = KinetoBuilds(self.user_files, proc_root)
 
     def on_request(
         self, address: bytes, req: KinetoRequest, sender: SenderCreds | None = None
@@ -96,6 +107,7 @@ class KinetoPolls:
         )
         if t is None:
             return ""
+        self.kineto_builds.learn(address, t.host_pid, t.uid)
         self.tracker.on_poll(address, busy=not req.activities_free)
         if not req.activities_free:
             return ""  # a busy client would drop a config: keep it for a free poll
@@ -118,6 +130,7 @@ class KinetoPolls:
         for t in gone:
             log.info("trainer pid %d (job %d) stopped polling; removed", t.pid, t.job_id)
             self.tracker.on_gone(t.address)
+            self.kineto_builds.forget(t.address)
         return [t.address for t in gone]
 
     def _false_claim(self, sender: SenderCreds, req: KinetoRequest) -> None:
@@ -134,6 +147,7 @@ class KinetoPolls:
     def _forget(self, address: bytes, reason: str) -> None:
         """Drop the trainer at ``address``; its open part of a trace fails with ``reason``."""
         self.registry.forget(address)
+        self.kineto_builds.forget(address)
         self.tracker.fail_open(address, reason)
 
     def _still_safe(self, t: Trainer) -> bool:

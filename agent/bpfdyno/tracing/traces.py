@@ -82,7 +82,8 @@ class KernelTrackState(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class TraceView:
-    """A trace as reported to clients."""
+    """A trace as reported to clients (``requester_uid``: who asked for it, None when that
+    was not known; it decides who may see the trace)."""
 
     trace_id: str
     created_unix_seconds: float
@@ -90,6 +91,7 @@ class TraceView:
     iteration_mode: bool
     processes: tuple[ProcessTrace, ...]
     version: int
+    requester_uid: int | None = None
 
     @property
     def done(self) -> bool:
@@ -120,6 +122,7 @@ class _Trace:
     procs: dict[bytes, _Proc]
     #: PROFILE_START_TIME in epoch seconds; 0: the trace starts when the process gets it.
     start_time_s: float = 0.0
+    requester_uid: int | None = None
     version: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -131,6 +134,7 @@ class _Trace:
             iteration_mode=self.iteration_mode,
             processes=tuple(p.view for p in self.procs.values()),
             version=self.version,
+            requester_uid=self.requester_uid,
         )
 
     @property
@@ -201,10 +205,11 @@ class TraceListener(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class OpenPart:
-    """A process's part of a trace that has not ended."""
+    """A process's part of a trace that has not ended (and who asked for that trace)."""
 
     trace_id: str
     state: ProcState
+    requester_uid: int | None = None
 
 
 class TraceTracker:
@@ -250,10 +255,12 @@ class TraceTracker:
         timeout_s: float,
         iteration_mode: bool,
         start_time_s: float = 0.0,
+        requester_uid: int | None = None,
     ) -> TraceView:
         """Start tracking a trace whose configs were just stored for ``processes``.
 
-        ``start_time_s`` is the trace's PROFILE_START_TIME (epoch seconds), 0 for none.
+        ``start_time_s`` is the trace's PROFILE_START_TIME (epoch seconds), 0 for none;
+        ``requester_uid`` who asked for it (it decides who may see the trace).
         """
         now = self._wall()
         procs = {
@@ -284,6 +291,7 @@ class TraceTracker:
             iteration_mode=iteration_mode,
             procs=procs,
             start_time_s=start_time_s,
+            requester_uid=requester_uid,
         )
         self._traces[trace_id] = tr
         for address in procs:
@@ -349,7 +357,9 @@ class TraceTracker:
     def open_part(self, address: bytes) -> OpenPart | None:
         """The process's part of a trace that has not ended (None: it is free of ours)."""
         part = self._part(address)
-        return OpenPart(part[0].trace_id, part[1].view.state) if part else None
+        if part is None:
+            return None
+        return OpenPart(part[0].trace_id, part[1].view.state, part[0].requester_uid)
 
     def trainer_state(self, address: bytes, profiler_busy: bool) -> TrainerState:
         """What the process at ``address`` is doing, given whether its profiler is busy."""

@@ -6,17 +6,22 @@ Liveness only: what a trainer was handed and how its trace is going is the trace
 A trainer is identified by the address its Kineto client bound (one per process lifetime),
 not by its pid: pids repeat across containers (pid namespaces) and after a process exits.
 The registry is bounded: entries expire after a configurable silence, and when it is full a
-newcomer may only evict an entry that has itself gone quiet, so a flood of fake senders
-cannot push out the trainers that are really polling. One uid (root excepted) holds at most
-``max_per_uid`` entries, so no user can fill it with sockets of its own and keep other
-users' trainers out.
+newcomer first evicts an entry that has itself gone quiet, so a flood of fake senders cannot
+push out the trainers that are really polling. One user (root excepted) holds at most
+``max_per_uid`` entries — its subordinate uids counted as its own (`Principals`), so a
+rootless container's thousands of uids are still one user — and when the registry is full
+of live entries, a newcomer of a user holding fewer entries than the user holding the most
+takes the place of that user's most recently registered one. So users who fill the
+registry between them (4096 trainers from 8 accounts) share it with the next user's trainer
+instead of keeping it out; they only displace each other.
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from dataclasses import dataclass
 
+from bpfdyno.core.identity import ROOT_UID, Principals
 from bpfdyno.tracing.ipc.wire import ACTIVITIES_BIT, KinetoContext, KinetoRequest
 
 #: A full registry evicts its quietest entry only if it has been silent at least this long
@@ -55,6 +60,8 @@ class Trainer:
     last_config_type: int = 0
     uid: int | None = None
     host_pid: int = 0
+    registered: int = 0  # the registry's sequence number: later registrations are larger
+    quota_user: int | None = None  # whose quota it counts against (None: root's, unknown)
 
     @property
     def pid(self) -> int:
@@ -75,6 +82,8 @@ class RegistryStats:
     registered: int = 0
     expired: int = 0
     evicted: int = 0
+    #: Live entries that gave their place to another user's trainer (see `TrainerRegistry`).
+    displaced: int = 0
     refused_full: int = 0
     refused_uid_quota: int = 0
 
@@ -85,18 +94,28 @@ class TrainerRegistry:
     Args:
         max_entries: most trainers held at once.
         expire_after_s: a trainer silent this long is dropped.
-        max_per_uid: most trainers of one uid (root and unknown owners excepted).
+        max_per_uid: most trainers of one user (root and unknown owners excepted).
+        principals: who stands behind a uid (subordinate uids count as their user's).
     """
 
     def __init__(
-        self, max_entries: int = 4096, expire_after_s: float = 60.0, max_per_uid: int = 512
+        self,
+        max_entries: int = 4096,
+        expire_after_s: float = 60.0,
+        max_per_uid: int = 512,
+        principals: Principals | None = None,
     ) -> None:
         self.max_entries = max_entries
         self.expire_after_s = expire_after_s
         self.max_per_uid = max_per_uid
         self.stats = RegistryStats()
-        self._by_address: OrderedDict[bytes, Trainer] = OrderedDict()
-        self._per_uid: Counter[int] = Counter()
+        self._principals = principals or Principals()
+        self._by_address: OrderedDict[bytes, Trainer] = OrderedDict()  # last poll order
+        #: Each user's (principal's) entries in the order they registered (the newest last);
+        #: root's and those of unknown owners are not counted.
+        self._by_user: dict[int, dict[bytes, Trainer]] = {}
+        #: The users holding exactly N entries, per N, in the order they came to hold N.
+        self._users_holding: dict[int, dict[int, None]] = {}
         self._contexts: dict[tuple[int, int], set[int]] = {}
 
     def __len__(self) -> int:
@@ -121,10 +140,13 @@ class TrainerRegistry:
         """
         t = self._by_address.get(address)
         if t is None:
-            if uid and self._per_uid[uid] >= self.max_per_uid:
+            user = self._user(uid)
+            if user is not None and self._held(user) >= self.max_per_uid:
                 self.stats.refused_uid_quota += 1
                 return None
-            if len(self._by_address) >= self.max_entries and not self._evict_quiet(now_mono):
+            if len(self._by_address) >= self.max_entries and not (
+                self._evict_quiet(now_mono) or self._displace_for(user)
+            ):
                 self.stats.refused_full += 1
                 return None
             t = Trainer(
@@ -136,10 +158,12 @@ class TrainerRegistry:
                 last_poll_mono=now_mono,
                 uid=uid,
                 host_pid=host_pid,
+                registered=self.stats.registered + 1,
+                quota_user=user,
             )
             self._by_address[address] = t
-            if uid:
-                self._per_uid[uid] += 1
+            if user is not None:
+                self._count(user, address, t)
             self.stats.registered += 1
         else:
             self._by_address.move_to_end(address)
@@ -159,13 +183,56 @@ class TrainerRegistry:
         self.stats.evicted += 1
         return True
 
+    def _user(self, uid: int | None) -> int | None:
+        """The user a trainer of ``uid`` counts against (None: not counted — root, unknown)."""
+        if uid is None or uid == ROOT_UID:
+            return None
+        return self._principals.of(uid)
+
+    def _displace_for(self, user: int | None) -> bool:
+        """Make room for a trainer of ``user`` in a registry full of live entries: the most
+        recently registered trainer of the user holding the most gives way, if that user
+        holds more than ``user``. Root's trainers and those of unknown owners stay."""
+        if user is None or not self._users_holding:
+            return False
+        most = max(self._users_holding)
+        if most <= self._held(user):
+            return False
+        # Of the users holding the most, the one that came to hold that many last (the one
+        # coming back for more), and of its trainers the newest: no search through them all.
+        biggest = next(reversed(self._users_holding[most]))
+        victim = next(reversed(self._by_user[biggest].values()))
+        self._remove(victim.address)
+        self.stats.displaced += 1
+        return True
+
     def _remove(self, address: bytes) -> Trainer | None:
         t = self._by_address.pop(address, None)
-        if t is not None and t.uid:
-            self._per_uid[t.uid] -= 1
-            if not self._per_uid[t.uid]:
-                del self._per_uid[t.uid]
+        if t is not None and t.quota_user is not None:
+            self._count(t.quota_user, address, None)
         return t
+
+    def _held(self, user: int) -> int:
+        entries = self._by_user.get(user)
+        return len(entries) if entries else 0
+
+    def _count(self, user: int, address: bytes, t: Trainer | None) -> None:
+        """``user``'s entry at ``address`` is ``t`` now (registered), or gone (None)."""
+        entries = self._by_user.setdefault(user, {})
+        held = len(entries)
+        if held:
+            users = self._users_holding[held]
+            del users[user]
+            if not users:
+                del self._users_holding[held]
+        if t is not None:
+            entries[address] = t
+        else:
+            del entries[address]
+        if entries:
+            self._users_holding.setdefault(len(entries), {})[user] = None
+        else:
+            del self._by_user[user]
 
     def expire(self, now_mono: float) -> list[Trainer]:
         """Drop and return the trainers silent for longer than ``expire_after_s``."""

@@ -8,8 +8,6 @@ import argparse
 import os
 import time
 
-import torch
-
 parser = argparse.ArgumentParser()
 parser.add_argument("--seconds", type=float, default=120.0)
 parser.add_argument("--step-sleep", type=float, default=0.01)
@@ -17,7 +15,17 @@ parser.add_argument("--cpu", type=int, default=-1, help="pin the process to this
 parser.add_argument(
     "--busy-ms", type=float, default=0.0, help="also spin this much CPU time in each step"
 )
+parser.add_argument(
+    "--load", default="", help="load this shared library first (as libtorch_cpu.so would be)"
+)
 args = parser.parse_args()
+if args.load:
+    import ctypes
+
+    ctypes.CDLL(args.load)
+
+import torch  # noqa: E402 (after --load: the agent looks at the libraries at the first poll)
+
 if args.cpu >= 0:
     os.sched_setaffinity(0, {args.cpu})
 

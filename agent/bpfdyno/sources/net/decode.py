@@ -14,6 +14,7 @@ from functools import cache, lru_cache
 from typing import Any
 
 from bpfdyno.core.events import AttrValue, KernelEvent, MonotonicClock
+from bpfdyno.core.text import shown_c_string
 from bpfdyno.ebpf.headers import header_enum, header_text
 
 AF_INET = 2
@@ -151,7 +152,7 @@ def connection_from_leaf(s: Any, clock: MonotonicClock) -> TcpConnection | None:
         return None
     return TcpConnection(
         pid=int(s.tgid),
-        comm=bytes(s.comm).split(b"\0", 1)[0].decode("utf-8", "replace"),
+        comm=shown_c_string(bytes(s.comm)),
         family=family_name(s.family),
         saddr=format_addr(s.family, bytes(s.saddr)),
         sport=int(s.sport),
@@ -199,6 +200,6 @@ def event_from_record(
         kind=kind,
         pid=int(e.tgid),
         tid=int(e.tid),
-        comm=bytes(e.comm).split(b"\0", 1)[0].decode("utf-8", "replace"),
+        comm=shown_c_string(bytes(e.comm)),
         attrs=attrs,
     )

@@ -46,6 +46,7 @@ from bpfdyno.core.events import EventSink, KernelEvent, MonotonicClock
 from bpfdyno.core.histogram import histogram_quantile, log2_export_buckets
 from bpfdyno.core.metrics import HistogramSample, Sample, sample
 from bpfdyno.core.status import PartState
+from bpfdyno.core.text import shown_c_string
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.headers import header_defines, header_enum, header_text
 from bpfdyno.ebpf.maps import map_pop_all, percpu_flat, percpu_words
@@ -463,11 +464,11 @@ class SchedCollector(Collector):
         return self._program
 
     def _decode_event(self, raw: Any) -> KernelEvent:
-        comm = bytes(raw.comm).split(b"\0", 1)[0].decode("utf-8", "replace")
+        comm = shown_c_string(bytes(raw.comm))
         attrs: dict[str, int | float | str] = {"ppid": int(raw.ppid)}
         if raw.kind == SCHED_EV_EXEC:
             kind = "exec"
-            attrs["filename"] = bytes(raw.filename).split(b"\0", 1)[0].decode("utf-8", "replace")
+            attrs["filename"] = shown_c_string(bytes(raw.filename))
             attrs["old_tid"] = int(raw.old_tid)
         else:
             kind = "exit"
@@ -567,7 +568,7 @@ class SchedCollector(Collector):
         if comm is None:
             if len(self._comms) >= 4096:
                 self._comms.clear()  # a bound against name churn (cheap to refill)
-            comm = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+            comm = shown_c_string(raw)
             self._comms[raw] = comm
         return comm
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from bpfdyno.core.budget import Reduction
 from bpfdyno.core.config import CaptureSection
+from bpfdyno.core.text import shown_c_string
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.headers import header_defines, header_enum, header_text
 from bpfdyno.ebpf.maps import map_items, percpu_sums
@@ -506,7 +507,7 @@ class KernelCapture:
     def _decode_sched(self, e: Any) -> tuple[int, KernelRecord | None]:
         return int(e.tgid), OffCpu(
             tid=int(e.tid),
-            comm=bytes(e.comm).split(b"\0", 1)[0].decode("utf-8", "replace"),
+            comm=shown_c_string(bytes(e.comm)),
             off_ns=int(e.off_ns),
             wake_ns=int(e.wake_ns),
             on_ns=int(e.on_ns),

@@ -27,13 +27,14 @@ from __future__ import annotations
 import logging
 import os
 from collections import defaultdict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from bpfdyno.core.config import CaptureSection
+from bpfdyno.core.workers import DaemonExecutor
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.headers import header_enum, header_text
 from bpfdyno.ebpf.maps import percpu_sums
@@ -176,7 +177,7 @@ class NcclCapture:
         self._libs: dict[tuple[int, int], _Library] = {}
         self._lib_of: dict[int, tuple[int, int]] = {}  # tgid -> its library
         self._pending: dict[int, str] = {}  # traced, no library yet: tgid -> why
-        self._detacher: ThreadPoolExecutor | None = None
+        self._detacher: DaemonExecutor | None = None
         self._detaching: dict[tuple[int, int], Future[None]] = {}  # library -> its removal
         #: Functions missing from a library: path -> names.
         self.missing: dict[str, list[str]] = {}
@@ -203,7 +204,7 @@ class NcclCapture:
             program.close()
             raise
         self._program = program
-        self._detacher = ThreadPoolExecutor(1, thread_name_prefix="nccl-detach")
+        self._detacher = DaemonExecutor("nccl-detach")
 
     @property
     def loaded(self) -> bool:

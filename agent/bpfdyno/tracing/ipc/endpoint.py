@@ -2,8 +2,8 @@
 
 Byte-compatible with dynolog: the abstract name ``"\\0dynolog\\0"`` (the trailing NUL is
 part of the name), or ``<dir>/dynolog`` when ``KINETO_IPC_SOCKET_DIR`` is used. Replies go
-out with ``sendto`` from this bound socket — a client receiving a datagram from any other
-address aborts the training process.
+out with ``sendto`` from a bound socket: an abstract name, or one in the socket directory —
+a client receiving a datagram from any other address aborts the training process.
 
 A Kineto client waits only ~80 ms for its reply; a reply that comes later is read by its
 *next* poll, and from then on every config arrives one poll late. So instead of dynolog's
@@ -11,12 +11,14 @@ one-datagram-per-10-ms loop, the socket is registered with ``loop.add_reader`` a
 wake-up drains every queued datagram (up to `MAX_PER_WAKEUP`, so a flood cannot hold the
 loop) and answers each at once, without releasing the GIL (see `rawsock`). Nothing blocks:
 a reply that cannot be sent right now (the client's queue is full, the client is gone) is
-dropped and counted.
+dropped and counted. Replies go out from a socket of the poller's user (`replies`), so a
+user whose clients never read their replies fills only its own send buffer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -31,6 +33,7 @@ from typing import Protocol
 from bpfdyno.core.errors import RequestError
 from bpfdyno.tracing.ipc import wire
 from bpfdyno.tracing.ipc.rawsock import DatagramIO
+from bpfdyno.tracing.ipc.replies import REPLY_PREFIX, ReplySockets
 from bpfdyno.tracing.ipc.sender import SenderCreds
 from bpfdyno.tracing.safety import PlacementChecker, Writer
 
@@ -122,6 +125,7 @@ class KinetoEndpoint:
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._io: DatagramIO | None = None
+        self._replies: ReplySockets | None = None
         self._buckets: OrderedDict[bytes, list[float]] = OrderedDict()
         self._logged: set[str] = set()
         self._bound_ino: int | None = None
@@ -158,6 +162,7 @@ class KinetoEndpoint:
             raise
         self._sock = sock
         self._io = DatagramIO(sock, wire.MAX_DATAGRAM, keep_gil=self.keep_gil)
+        self._replies = ReplySockets(self.socket_dir, keep_gil=self.keep_gil)
         self._loop = loop
         loop.add_reader(sock.fileno(), self._on_readable)
         log.info("Kineto IPC endpoint listening at %s", self.address)
@@ -193,6 +198,10 @@ class KinetoEndpoint:
                 "of several users share it"
             ) from e
         _remove_stale(path, owner_uid=os.geteuid())
+        for name in os.listdir(self.socket_dir):  # reply sockets of an agent that was killed
+            if name.startswith(REPLY_PREFIX):
+                with contextlib.suppress(EndpointUnavailable):
+                    _remove_stale(os.path.join(self.socket_dir, name))
         try:
             sock.bind(path)
             os.chmod(path, 0o666)  # trainers run as other users; Kineto does the same
@@ -206,6 +215,9 @@ class KinetoEndpoint:
         """Stop answering; remove the socket file (only if it is still ours)."""
         sock, self._sock = self._sock, None
         self._io = None
+        if self._replies is not None:
+            self._replies.close()
+            self._replies = None
         if sock is None:
             return
         if self._loop is not None:
@@ -284,12 +296,13 @@ class KinetoEndpoint:
             self.stats.dropped["handler_error"] += 1
             log.exception("Kineto request handler failed; continuing")
             return
-        self._reply(reply, address)
+        self._reply(reply, address, creds)
 
-    def _reply(self, reply: bytes, address: bytes) -> None:
+    def _reply(self, reply: bytes, address: bytes, creds: SenderCreds | None) -> None:
         assert self._io is not None
+        io = self._replies.for_uid(creds.uid) if creds and self._replies else None
         try:
-            self._io.sendto(reply, address)
+            (io or self._io).sendto(reply, address)
             self.stats.replied += 1
         except BlockingIOError:
             self._drop("reply_queue_full", "a client's receive queue is full; reply dropped")

@@ -1,0 +1,247 @@
+"""What a trainer's own libkineto will do with an on-demand log file, learned from outside.
+
+Since pytorch/kineto commit 9ea826e ("Restrict on-demand trace output path to a safe
+directory", PR #1426, 2026-06-11), libkineto ignores an on-demand ``ACTIVITIES_LOG_FILE``
+that does not start with ``$KINETO_ONDEMAND_TRACE_DIR`` (``/tmp/`` when unset; a ``/`` is
+appended when missing) or that contains ``..`` anywhere — a plain string test, made on the
+value as sent. It logs a warning in the trainer and writes
+``/tmp/libkineto_activities_<pid>.json`` instead. The agent would then follow a file that
+never comes and end the trace failed while it exists elsewhere. PyTorch 2.13.0's libkineto
+(in its ``libtorch_cpu.so``) has no such rule; builds whose kineto includes that commit do.
+
+The agent cannot ask the trainer, so it looks: when a trainer registers, its mapped libraries
+(``/proc/<pid>/maps``) that can hold libkineto (``libtorch_cpu.so``, ``libkineto.so``) are
+searched for the variable's name — the string ``getenv`` is called with, present exactly in
+the builds that have the rule — and its initial environment for the variable. That is done
+in the trainer owner's lane (`bpfdyno.core.workers.UserLanes`) with the owner's file rights,
+once per process (one may poll from many sockets) and once per library file (a library is
+100s of MB; the result is cached by device, inode, size and time). A request whose log
+file such a trainer would ignore is refused up front with the reason and the fix (rule
+``kineto_ondemand_dir``). Until a trainer's libraries have been looked at, or where they
+cannot be, nothing is refused (as before).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import stat
+from collections import OrderedDict
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+from bpfdyno.core.errors import InvalidArgument
+from bpfdyno.core.identity import FileIdentityError, files_as, owner_or_root
+from bpfdyno.core.pidfs import read_environ_raw, read_stat
+from bpfdyno.core.text import shown
+from bpfdyno.core.workers import StoppedError, UserLanes
+
+log = logging.getLogger(__name__)
+
+#: The environment variable that moves libkineto's on-demand directory.
+ONDEMAND_DIR_ENV = "KINETO_ONDEMAND_TRACE_DIR"
+#: libkineto's on-demand directory when the variable is unset or empty.
+DEFAULT_ONDEMAND_DIR = "/tmp/"
+#: In a library's read-only data exactly when its libkineto has the rule.
+RULE_MARKER = ONDEMAND_DIR_ENV.encode() + b"\0"
+#: Mapped files that can hold libkineto (PyTorch links it into libtorch_cpu.so).
+_LIBRARY_PREFIXES = ("libtorch_cpu.so", "libkineto.so", "libkineto-")
+#: Larger files are not searched (no libkineto build comes near).
+MAX_LIBRARY_BYTES = 4 << 30
+#: Trainers (and library files) remembered; more are forgotten oldest first.
+MAX_REMEMBERED = 8192
+
+RULE = "kineto_ondemand_dir"
+
+
+@dataclass(frozen=True, slots=True)
+class OnDemandRule:
+    """A trainer's libkineto restricts on-demand log files to ``directory``.
+
+    Attributes:
+        directory: the allowed prefix, ending in ``/`` (as libkineto compares it).
+        library: the library file the rule was found in (for the message).
+        from_env: the directory comes from the trainer's ``KINETO_ONDEMAND_TRACE_DIR``.
+    """
+
+    directory: str
+    library: str
+    from_env: bool
+
+    def ignores(self, log_file: str) -> bool:
+        """Whether libkineto would ignore ``log_file`` (its own test, to the letter)."""
+        return not log_file.startswith(self.directory) or ".." in log_file
+
+
+@dataclass(frozen=True, slots=True)
+class _Identity:
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+
+
+class KinetoBuilds:
+    """The on-demand rule of each registered trainer's libkineto, looked up in the background.
+
+    Args:
+        lanes: where the lookups run, in each trainer owner's lane.
+        proc_root: where /proc is.
+    """
+
+    def __init__(self, lanes: UserLanes, proc_root: Path = Path("/proc")) -> None:
+        self._lanes = lanes
+        self._proc = proc_root
+        self._rules: OrderedDict[bytes, OnDemandRule | None] = OrderedDict()
+        self._pending: dict[bytes, Future[OnDemandRule | None]] = {}
+        self._libraries: OrderedDict[_Identity, bool] = OrderedDict()
+        #: (pid, start time) -> its rule, as looked up.
+        self._processes: OrderedDict[tuple[int, int], OnDemandRule | None] = OrderedDict()
+
+    def learn(self, address: bytes, host_pid: int, uid: int | None) -> None:
+        """Look at the trainer at ``address`` (once; called at every poll, costs nothing then)."""
+        if address in self._rules or address in self._pending or host_pid <= 0:
+            return
+        try:
+            fut = self._lanes.submit(owner_or_root(uid), self._look, host_pid, uid)
+        except StoppedError:
+            return
+        self._pending[address] = fut
+        fut.add_done_callback(lambda f: self._learned(address, f))
+
+    def _learned(self, address: bytes, fut: Future[OnDemandRule | None]) -> None:
+        # On the lane's thread: dict operations are atomic; the loop only reads.
+        self._pending.pop(address, None)
+        if fut.cancelled():
+            return
+        try:
+            rule = fut.result()
+        except Exception:
+            log.exception("looking at the libkineto of a trainer failed; not checked")
+            return
+        self._rules[address] = rule
+        while len(self._rules) > MAX_REMEMBERED:
+            self._rules.popitem(last=False)
+
+    def rule(self, address: bytes) -> OnDemandRule | None:
+        """The trainer's rule; None when it has none or is not (yet) known."""
+        return self._rules.get(address)
+
+    def forget(self, address: bytes) -> None:
+        self._rules.pop(address, None)
+
+    def check(self, log_file: str, trainers: list[tuple[int, bytes]]) -> None:
+        """Refuse ``log_file`` if the libkineto of any of ``trainers`` (pid, address) would
+        ignore it.
+
+        Raises:
+            InvalidArgument: rule ``kineto_ondemand_dir``, naming the processes, their
+                directory and the fix.
+        """
+        ignoring = [(pid, r) for pid, a in trainers if (r := self.rule(a)) and r.ignores(log_file)]
+        if not ignoring:
+            return
+        pid, rule = ignoring[0]
+        pids = ", ".join(str(p) for p, _ in ignoring)
+        # The directory and the library's path are the trainer's choice: shown escaped.
+        directory, library = shown(rule.directory), shown(rule.library)
+        inside = log_file.startswith(rule.directory)
+        why = "it contains '..'" if inside else f"it is not under {directory}"
+        where = (
+            f"{ONDEMAND_DIR_ENV}={directory.rstrip('/')} in its environment"
+            if rule.from_env
+            else f"{ONDEMAND_DIR_ENV} unset, so {DEFAULT_ONDEMAND_DIR}"
+        )
+        raise InvalidArgument(
+            f"refused by rule '{RULE}': the PyTorch of pid {pids} (libkineto in "
+            f"{library}) accepts on-demand trace files only under its "
+            f"{ONDEMAND_DIR_ENV} ({where}) and without '..'; it would ignore {log_file} "
+            f"({why}) and write /tmp/libkineto_activities_{pid}.json instead. Choose a log "
+            f"file under {directory}, or start the job with {ONDEMAND_DIR_ENV} set to "
+            "the directory you want (e.g. export "
+            f"{ONDEMAND_DIR_ENV}={os.path.dirname(log_file) or '/'})",
+            rule=RULE,
+        )
+
+    # -- in the owner's lane --------------------------------------------------------------
+
+    def _look(self, host_pid: int, uid: int | None) -> OnDemandRule | None:
+        """The process's rule: looked up once per process (a process may bind many sockets,
+        each a trainer of its own), by pid and start time (pids are reused)."""
+        st = read_stat(self._proc, host_pid)
+        if st is None:
+            return None  # gone
+        key = (host_pid, st.start_ticks)
+        if key in self._processes:
+            return self._processes[key]
+        rule = self._look_up(host_pid, uid)
+        self._processes[key] = rule
+        while len(self._processes) > MAX_REMEMBERED:
+            self._processes.popitem(last=False)
+        return rule
+
+    def _look_up(self, host_pid: int, uid: int | None) -> OnDemandRule | None:
+        try:
+            gid = (self._proc / str(host_pid)).stat().st_gid  # its effective gid
+        except OSError:
+            return None  # gone
+        try:
+            with files_as(owner_or_root(uid), gid):
+                library = self._library_with_rule(host_pid)
+                if library is None:
+                    return None
+                env = read_environ_raw(self._proc, host_pid, (ONDEMAND_DIR_ENV,)).get(
+                    ONDEMAND_DIR_ENV
+                )
+        except FileIdentityError as e:
+            log.info("not looking at pid %d's libkineto: %s", host_pid, e)
+            return None
+        directory = os.fsdecode(env) if env else DEFAULT_ONDEMAND_DIR
+        if not directory.endswith("/"):
+            directory += "/"
+        return OnDemandRule(directory, library, bool(env))
+
+    def _library_with_rule(self, host_pid: int) -> str | None:
+        """The first mapped libkineto of the process that has the rule (None: none has)."""
+        for path in _kineto_libraries(self._proc, host_pid):
+            if self._has_rule(self._proc / str(host_pid) / "root" / path.lstrip("/")):
+                return path
+        return None
+
+    def _has_rule(self, path: Path) -> bool:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or not 0 < st.st_size <= MAX_LIBRARY_BYTES:
+                return False
+            ident = _Identity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            known = self._libraries.get(ident)
+            if known is None:
+                with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as m:
+                    known = m.find(RULE_MARKER) >= 0
+                self._libraries[ident] = known
+                while len(self._libraries) > MAX_REMEMBERED:
+                    self._libraries.popitem(last=False)
+            return known
+        except (OSError, ValueError):
+            return False
+        finally:
+            os.close(fd)
+
+
+def _kineto_libraries(proc_root: Path, pid: int) -> list[str]:
+    """Paths (in the process's view) of its mapped files that can hold libkineto."""
+    out: dict[str, None] = {}  # in the order they are mapped, once each
+    with contextlib.suppress(OSError), open(proc_root / str(pid) / "maps", "rb") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            path = os.fsdecode(fields[5].rstrip(b"\n")) if len(fields) == 6 else ""
+            if path.startswith("/") and os.path.basename(path).startswith(_LIBRARY_PREFIXES):
+                out[path] = None
+    return list(out)
