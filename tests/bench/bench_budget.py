@@ -18,7 +18,7 @@ second (so rates can be taken over any part of it):
 Each storm runs under three kinds of agent, interleaved (the order rotates every round):
 **off** (no agent), **on** (``bpfdyno serve`` at its defaults but ``[budget] enabled =
 false``: it measures its cost and reduces nothing, as before the budget) and **budget**
-(every default: a budget of 1 % of one CPU). An agent is started for its kind's storms and
+(every default: a budget of 2 % of one CPU). An agent is started for its kind's storms and
 waits out the budget's warm-up first; between two storms the budget's agent waits until
 every step it took is undone (``[budget] restore_after_s``, 30 s by default), so each storm
 starts from an agent at rest.
@@ -451,7 +451,7 @@ def render(
         f"Measured {time.strftime('%Y-%m-%d')} on {os.uname().release} ({os.cpu_count()} CPUs), "
         f"{args.rounds} interleaved rounds of {args.duration:.0f} s storms, load average "
         f"{load0:.2f} at the start (1 min) and {os.getloadavg()[0]:.2f} at the end; budget "
-        f"1 % of one CPU; steady = from {STEADY_FROM_S:.0f} s into the storm.",
+        f"2 % of one CPU; steady = from {STEADY_FROM_S:.0f} s into the storm.",
         "",
         "| storm | agent | rate, whole storm | rate, steady | slowdown (steady) | agent threads "
         "| agent BPF | agent total vs budget | first step after | undone after | steps taken |",

@@ -100,7 +100,7 @@ class Agent:
         self.cpu = 0
         self.rss = 50 * 1024 * 1024
         self.meter = Meter()
-        section = BudgetSection(**{"restore_after_s": 10.0, **cfg})  # type: ignore[arg-type]
+        section = BudgetSection(**{"restore_after_s": 10.0, "cpu_ratio": 0.01, **cfg})  # type: ignore[arg-type]
         self.budget = BudgetCollector(
             section,
             [lambda: steps],

@@ -143,7 +143,7 @@ def test_a_training_job_leaves_the_default_budget_untouched(
     agent_factory: Callable[[list[str]], Agent],
 ) -> None:
     pytest.importorskip("torch")
-    agent = agent_factory([])  # every default: the 1 % budget included
+    agent = agent_factory([])  # every default: the 2 % budget included
     trainer = subprocess.Popen(
         [sys.executable, str(TRAINERS / "dataloader.py"), "--seconds", "120"],
         stdout=subprocess.PIPE,
