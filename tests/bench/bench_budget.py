@@ -60,11 +60,14 @@ import grpc
 from daemon_runner import Daemon
 from doc_blocks import write_results
 
+from bpfdyno.core.config import BudgetSection
 from bpfdyno.rpc.v1 import agent_pb2 as pb
 from bpfdyno.rpc.v1 import agent_pb2_grpc as pb_grpc
 from bpfdyno.sources.budget.controller import WARMUP_S
 
 SECTION = "## The overhead budget under storms"
+#: The default budget, which the "budget" kind runs with (a share of one CPU).
+BUDGET = BudgetSection().cpu_ratio
 KINDS = ("off", "on", "budget")
 #: The part of a storm after which the budget has acted (the steady part).
 STEADY_FROM_S = 6.0
@@ -451,7 +454,7 @@ def render(
         f"Measured {time.strftime('%Y-%m-%d')} on {os.uname().release} ({os.cpu_count()} CPUs), "
         f"{args.rounds} interleaved rounds of {args.duration:.0f} s storms, load average "
         f"{load0:.2f} at the start (1 min) and {os.getloadavg()[0]:.2f} at the end; budget "
-        f"2 % of one CPU; steady = from {STEADY_FROM_S:.0f} s into the storm.",
+        f"{BUDGET * 100:g} % of one CPU; steady = from {STEADY_FROM_S:.0f} s into the storm.",
         "",
         "| storm | agent | rate, whole storm | rate, steady | slowdown (steady) | agent threads "
         "| agent BPF | agent total vs budget | first step after | undone after | steps taken |",
@@ -477,7 +480,7 @@ def render(
                     f"{slow:+.1f} %",
                     f"{cpu * 100:.2f} %",
                     f"{bpf * 100:.2f} %",
-                    f"{(cpu + bpf) * 100:.2f} % ({(cpu + bpf) / 0.01:.1f}x)",
+                    f"{(cpu + bpf) * 100:.2f} % ({(cpu + bpf) / BUDGET:.1f}x)",
                 ]
                 if kind == "budget":
                     steps = sorted({step for r in runs for step in r.steps})
