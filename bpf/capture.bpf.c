@@ -13,6 +13,10 @@
  *   coalesced into a burst while each comes at most CAP_COALESCE_GAP_NS after the previous
  *   one and the burst spans at most CAP_COALESCE_MAX_NS (gap 0: one record per call). A
  *   burst is written when the next call does not fit, or by user space at the end;
+ * - samples of their TCP connections (round-trip time, congestion window, bytes in flight and
+ *   queued, retransmission timeout and counts), read from struct tcp_sock at a socket call,
+ *   at most one per connection per CAP_TCP_SAMPLE_NS (0: none), and with every rare event
+ *   below; so a reader sees each connection's latency and throughput over time;
  * - TCP state changes, retransmits, resets sent and received, and packet drops (with the
  *   kernel's reason) of the sockets it used, attributed through `bpfdyno_csocks` since most
  *   fire in softirq context;
@@ -27,7 +31,7 @@
  * CAP_MAX_PROCS (max_processes), CAP_MAX_THREADS (max_threads), CAP_MAX_SOCKS (max_sockets)
  * size the maps, CAP_RINGBUF_PAGES (ringbuf_pages, a power of two) each ring buffer,
  * CAP_COALESCE_GAP_NS / CAP_COALESCE_MAX_NS (net_coalesce_gap_us / net_coalesce_max_us) the
- * bursts, CAP_MIN_OFFCPU_NS (sched_min_offcpu_us) the shortest off-CPU interval written.
+ * bursts, CAP_TCP_SAMPLE_NS (net_tcp_sample_us) the TCP samples, CAP_MIN_OFFCPU_NS (sched_min_offcpu_us) the shortest off-CPU interval written.
  * Optional, from the tracepoints' formats: CAP_RETX_HAS_ERR, CAP_RST_HAS_REASON,
  * CAP_DROP_HAS_REASON, CAP_DROP_HAS_RXSK follow arguments newer kernels added.
  *
@@ -41,8 +45,8 @@
 
 #if !defined(CAP_MAX_PROCS) || !defined(CAP_MAX_THREADS) || !defined(CAP_MAX_SOCKS) ||        \
 	!defined(CAP_RINGBUF_PAGES) || !defined(CAP_COALESCE_GAP_NS) ||                       \
-	!defined(CAP_COALESCE_MAX_NS) || !defined(CAP_MIN_OFFCPU_NS)
-#error "CAP_MAX_PROCS, CAP_MAX_THREADS, CAP_MAX_SOCKS, CAP_RINGBUF_PAGES, CAP_COALESCE_GAP_NS, CAP_COALESCE_MAX_NS and CAP_MIN_OFFCPU_NS must be set with -D: load this program through bpfdyno's trace capture, which passes them from [capture]"
+	!defined(CAP_COALESCE_MAX_NS) || !defined(CAP_MIN_OFFCPU_NS) || !defined(CAP_TCP_SAMPLE_NS)
+#error "CAP_MAX_PROCS, CAP_MAX_THREADS, CAP_MAX_SOCKS, CAP_RINGBUF_PAGES, CAP_COALESCE_GAP_NS, CAP_COALESCE_MAX_NS, CAP_MIN_OFFCPU_NS and CAP_TCP_SAMPLE_NS must be set with -D: load this program through bpfdyno's trace capture, which passes them from [capture]"
 #endif
 
 /* Listening ports of traced processes, for attributing the connections they accept. */
@@ -82,6 +86,8 @@ BPF_HASH(bpfdyno_cbursts, struct cap_burst_key, struct cap_burst, CAP_MAX_SOCKS)
 /* Sockets a traced process used, and its tgid: softirq-context events are attributed by it. */
 BPF_HASH(bpfdyno_csocks, u64, u32, CAP_MAX_SOCKS);
 BPF_HASH(bpfdyno_clisten, u32, u32, CAP_MAX_LISTENERS);
+/* When each TCP connection was last sampled (LRU: a closed socket's entry ages out). */
+BPF_TABLE("lru_hash", u64, u64, bpfdyno_ctcp, CAP_MAX_SOCKS);
 BPF_RINGBUF_OUTPUT(bpfdyno_cnet, CAP_RINGBUF_PAGES);
 BPF_RINGBUF_OUTPUT(bpfdyno_csched, CAP_RINGBUF_PAGES);
 
@@ -140,6 +146,56 @@ static __always_inline void cap_copy_tuple(struct cap_net_event *e, const struct
 	__builtin_memcpy(e->daddr, t->daddr, CAP_ADDR_LEN);
 }
 
+static __always_inline u32 cap_sock_state(struct sock *sk)
+{
+	u8 state = 0;
+	bpf_probe_read_kernel(&state, sizeof(state), (void *)&sk->__sk_common.skc_state);
+	return state;
+}
+
+/* The TCP connection's latency and throughput now (struct tcp_sock; sk must be TCP). */
+static __always_inline void cap_read_tcp(struct sock *sk, struct cap_net_event *e)
+{
+	struct tcp_sock *tp = (struct tcp_sock *)sk;
+	struct inet_connection_sock *icsk = (struct inet_connection_sock *)sk;
+	u32 srtt = 0, mdev = 0, rto = 0, cwnd = 0, out = 0, una = 0, nxt = 0, wseq = 0, retr = 0;
+	u8 fires = 0;
+	bpf_probe_read_kernel(&srtt, sizeof(srtt), &tp->srtt_us);
+	bpf_probe_read_kernel(&mdev, sizeof(mdev), &tp->mdev_us);
+	bpf_probe_read_kernel(&cwnd, sizeof(cwnd), &tp->snd_cwnd);
+	bpf_probe_read_kernel(&out, sizeof(out), &tp->packets_out);
+	bpf_probe_read_kernel(&una, sizeof(una), &tp->snd_una);
+	bpf_probe_read_kernel(&nxt, sizeof(nxt), &tp->snd_nxt);
+	bpf_probe_read_kernel(&wseq, sizeof(wseq), &tp->write_seq);
+	bpf_probe_read_kernel(&retr, sizeof(retr), &tp->total_retrans);
+	bpf_probe_read_kernel(&rto, sizeof(rto), &icsk->icsk_rto);
+	bpf_probe_read_kernel(&fires, sizeof(fires), &icsk->icsk_retransmits);
+	e->tcp_valid = 1;
+	e->srtt_us = srtt >> 3; /* the kernel keeps 8 x srtt and 4 x mdev */
+	e->rttvar_us = mdev >> 2;
+	e->rto_us = rto * (1000000 / CONFIG_HZ); /* jiffies */
+	e->snd_cwnd = cwnd;
+	e->packets_out = out;
+	e->inflight_bytes = nxt - una;
+	e->queued_bytes = wseq - nxt;
+	e->total_retrans = retr;
+	e->rto_fires = fires;
+}
+
+static __always_inline void cap_clear_tcp(struct cap_net_event *e)
+{
+	e->tcp_valid = 0;
+	e->srtt_us = 0;
+	e->rttvar_us = 0;
+	e->rto_us = 0;
+	e->snd_cwnd = 0;
+	e->packets_out = 0;
+	e->inflight_bytes = 0;
+	e->queued_bytes = 0;
+	e->total_retrans = 0;
+	e->rto_fires = 0;
+}
+
 /* ---- socket calls ------------------------------------------------------------------ */
 
 static __always_inline void cap_emit_burst(const struct cap_burst_key *key,
@@ -164,6 +220,7 @@ static __always_inline void cap_emit_burst(const struct cap_burst_key *key,
 	e->detail = 0;
 	e->pad = 0;
 	cap_copy_tuple(e, &b->tuple);
+	cap_clear_tcp(e);
 	bpfdyno_cnet.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
 	__sync_fetch_and_add(&p->net_events, 1);
 }
@@ -174,6 +231,42 @@ static __always_inline void cap_remember_sock(u64 sk, u32 tgid)
 		return;
 	if (bpfdyno_csocks.update(&sk, &tgid))
 		cap_count(CAP_C_SOCK_FULL);
+}
+
+/* A sample of a traced process's TCP connection, at most one per CAP_TCP_SAMPLE_NS. */
+static __always_inline void cap_sample_tcp(struct sock *sk, u32 tgid, u32 tid, u64 now,
+					   const struct cap_tuple *t, struct cap_proc *p)
+{
+#if CAP_TCP_SAMPLE_NS > 0
+	u64 key = (u64)sk;
+	u64 *last = bpfdyno_ctcp.lookup(&key);
+	if (last && now - *last < CAP_TCP_SAMPLE_NS)
+		return;
+	bpfdyno_ctcp.update(&key, &now);
+	struct cap_net_event *e = bpfdyno_cnet.ringbuf_reserve(sizeof(struct cap_net_event));
+	if (!e) {
+		cap_count(CAP_C_NET_LOST);
+		__sync_fetch_and_add(&p->net_lost, 1);
+		return;
+	}
+	u32 state = cap_sock_state(sk);
+	e->ts_ns = now;
+	e->start_ns = now;
+	e->bytes = 0;
+	e->sk = key;
+	e->kind = CAP_NET_TCP;
+	e->tgid = tgid;
+	e->tid = tid;
+	e->calls = 0;
+	e->state = state;
+	e->oldstate = 0;
+	e->detail = 0;
+	e->pad = 0;
+	cap_copy_tuple(e, t);
+	cap_read_tcp(sk, e);
+	bpfdyno_cnet.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
+	__sync_fetch_and_add(&p->net_events, 1);
+#endif
 }
 
 static __always_inline int cap_sock_call(struct sock *sk, int ret, int flags, u32 rx)
@@ -199,14 +292,17 @@ static __always_inline int cap_sock_call(struct sock *sk, int ret, int flags, u3
 			b->last_ns = now;
 			b->bytes += ret;
 			b->calls += 1;
-			return 0;
+		} else {
+			cap_emit_burst(&key, b, p);
+			b->first_ns = now;
+			b->last_ns = now;
+			b->bytes = ret;
+			b->calls = 1;
+			/* a UDP socket may have connected */
+			cap_read_tuple(sk, b->tuple.family, &b->tuple);
 		}
-		cap_emit_burst(&key, b, p);
-		b->first_ns = now;
-		b->last_ns = now;
-		b->bytes = ret;
-		b->calls = 1;
-		cap_read_tuple(sk, b->tuple.family, &b->tuple); /* a UDP socket may have connected */
+		if (b->tuple.protocol == CAP_PROTO_TCP)
+			cap_sample_tcp(sk, tgid, key.tid, now, &b->tuple, p);
 		return 0;
 	}
 	u16 family = cap_sock_family(sk);
@@ -229,6 +325,8 @@ static __always_inline int cap_sock_call(struct sock *sk, int ret, int flags, u3
 	}
 	if (proto != CAP_PROTO_UDP)
 		cap_remember_sock(key.sk, tgid);
+	if (proto == CAP_PROTO_TCP)
+		cap_sample_tcp(sk, tgid, key.tid, now, &fresh.tuple, p);
 	return 0;
 }
 
@@ -280,15 +378,12 @@ static __always_inline void cap_emit_net(u32 kind, struct sock *sk, u32 tgid, u3
 	struct cap_tuple t = {};
 	cap_read_tuple(sk, cap_sock_family(sk), &t);
 	cap_copy_tuple(e, &t);
+	if (t.protocol == CAP_PROTO_TCP)
+		cap_read_tcp(sk, e);
+	else
+		cap_clear_tcp(e);
 	bpfdyno_cnet.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
 	__sync_fetch_and_add(&p->net_events, 1);
-}
-
-static __always_inline u32 cap_sock_state(struct sock *sk)
-{
-	u8 state = 0;
-	bpf_probe_read_kernel(&state, sizeof(state), (void *)&sk->__sk_common.skc_state);
-	return state;
 }
 
 /* TP_PROTO(const struct sock *sk, const int oldstate, const int newstate). Runs in process
@@ -340,8 +435,10 @@ int bpfdyno_cstate(struct bpf_raw_tracepoint_args *ctx)
 		cap_remember_sock(key, tgid);
 	}
 	cap_emit_net(CAP_NET_STATE, sk, tgid, tid, newstate, oldstate, 0, p);
-	if (newstate == CAP_TCP_CLOSE)
+	if (newstate == CAP_TCP_CLOSE) {
 		bpfdyno_csocks.delete(&key);
+		bpfdyno_ctcp.delete(&key);
+	}
 	return 0;
 }
 

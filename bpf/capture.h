@@ -1,8 +1,9 @@
 /* Types shared by capture.bpf.c and its reader (bpfdyno.tracing.capture.kernel).
  *
  * capture.bpf.c records what the kernel sees of the processes being traced, and of no
- * others: their socket calls (coalesced into bursts), TCP state changes, retransmits,
- * resets and drops on their sockets, and the off-CPU intervals of their threads. The Python
+ * others: their socket calls (coalesced into bursts), samples of their TCP connections'
+ * round-trip time, windows and bytes in flight, TCP state changes, retransmits, resets and
+ * drops on their sockets, and the off-CPU intervals of their threads. The Python
  * side lets bcc derive the ctypes layouts from the compiled program and reads the enums below
  * from this file, so every definition lives here once.
  */
@@ -31,6 +32,7 @@ enum cap_net_kind {
 	CAP_NET_RESET_SENT = 5,     /* tcp:tcp_send_reset */
 	CAP_NET_RESET_RECEIVED = 6, /* tcp:tcp_receive_reset */
 	CAP_NET_DROP = 7,           /* skb:kfree_skb of a packet of a traced socket */
+	CAP_NET_TCP = 8,            /* a TCP connection's state, sampled at a socket call */
 };
 
 /* cap_proc.flags: what is recorded for the process. */
@@ -105,8 +107,21 @@ struct cap_net_event {
 	u16 dport;
 	u8 saddr[CAP_ADDR_LEN];
 	u8 daddr[CAP_ADDR_LEN];
+	/* The TCP connection as the kernel had it when the record was written (TCP, STATE,
+	 * RETRANSMIT, RESET_*, DROP of a TCP socket; tcp_valid 0 otherwise): what its latency
+	 * and throughput were. */
+	u32 tcp_valid;      /* 1: the fields below were read */
+	u32 srtt_us;        /* smoothed round-trip time */
+	u32 rttvar_us;      /* its mean deviation */
+	u32 rto_us;         /* the retransmission timeout */
+	u32 snd_cwnd;       /* congestion window, segments */
+	u32 packets_out;    /* segments sent and not yet acknowledged */
+	u32 inflight_bytes; /* snd_nxt - snd_una: sent, not acknowledged */
+	u32 queued_bytes;   /* write_seq - snd_nxt: written by the process, not sent yet */
+	u32 total_retrans;  /* segments retransmitted over the connection's life */
+	u32 rto_fires;      /* consecutive retransmission timeouts now (icsk_retransmits) */
 };
-_Static_assert(sizeof(struct cap_net_event) == 104, "cap_net_event layout");
+_Static_assert(sizeof(struct cap_net_event) == 144, "cap_net_event layout");
 
 /* Per traced thread: the value of `bpfdyno_cthread` while it is off-CPU. */
 struct cap_thread {

@@ -5,6 +5,7 @@ traced; losses are counted; NCCL probes find a library loaded late."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -26,8 +27,10 @@ from bpfdyno.tracing.capture.records import (
     KernelTrackRequest,
     NcclCall,
     NetBurst,
+    NetEvent,
     OffCpu,
     ProcessCapture,
+    TcpSample,
     Track,
 )
 
@@ -252,7 +255,11 @@ def test_nothing_runs_in_the_kernel_while_nothing_is_traced(
 def test_ring_buffer_losses_are_counted_exactly(server: int) -> None:
     """A one-page ring buffer and 500 calls back to back, one record each (no coalescing):
     every call is kept or counted lost."""
-    m = manager_with(("capture.ringbuf_pages", "1"), ("capture.net_coalesce_gap_us", "0"))
+    m = manager_with(
+        ("capture.ringbuf_pages", "1"),
+        ("capture.net_coalesce_gap_us", "0"),
+        ("capture.net_tcp_sample_us", "0"),  # the calls' records only
+    )
     sender = Sender(server)
     net = KernelTrackRequest(frozenset({Track.NET}), 0.0)
     try:
@@ -270,7 +277,9 @@ def test_ring_buffer_losses_are_counted_exactly(server: int) -> None:
 
 def test_the_per_process_cap_keeps_the_newest(server: int) -> None:
     m = manager_with(
-        ("capture.max_events_per_process", "100"), ("capture.net_coalesce_gap_us", "0")
+        ("capture.max_events_per_process", "100"),
+        ("capture.net_coalesce_gap_us", "0"),
+        ("capture.net_tcp_sample_us", "0"),
     )
     sender = Sender(server)
     net = KernelTrackRequest(frozenset({Track.NET}), 0.0)
@@ -283,6 +292,126 @@ def test_the_per_process_cap_keeps_the_newest(server: int) -> None:
     assert (len(cap.records), cap.dropped_over_cap, cap.cap) == (100, 400, 100)
     kept = sorted(r.bytes for r in cap.records if isinstance(r, NetBurst) and r.calls == 1)
     assert kept == list(range(401, 501))  # the newest 100 calls
+
+
+#: In namespace A: connect to B's echo server, then on "ping K": K round trips of 100 bytes.
+PINGER = r"""
+import socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+print("local", c.getsockname()[1], flush=True)
+for line in sys.stdin:
+    k = int(line.split()[1])
+    for _ in range(k):
+        c.sendall(b"p" * 100)
+        got = 0
+        while got < 100:
+            got += len(c.recv(100 - got))
+    print("done", k, flush=True)
+"""
+
+#: In namespace B: echo every connection's bytes back.
+ECHO = r"""
+import socket, sys, threading
+s = socket.socket()
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen()
+print("listening", flush=True)
+def serve(c):
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while data := c.recv(65536):
+        c.sendall(data)
+while True:
+    threading.Thread(target=serve, args=(s.accept()[0],), daemon=True).start()
+"""
+
+WIRE = Path(__file__).resolve().parent / "delay_wire.py"
+
+
+@pytest.fixture
+def slow_link() -> Iterator[tuple[str, str]]:
+    """Namespaces A (10.19.0.1) and B (10.19.0.2) joined by a wire that delays each frame
+    10 ms each way: every round trip between them takes 20 ms and a little more."""
+    tag = f"bdw{os.getpid()}"
+    spaces = [f"{tag}-a", f"{tag}-b"]
+    wire = subprocess.Popen(
+        [sys.executable, str(WIRE), f"{tag}a", f"{tag}b", "10", "10", "0", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wire.stdout is not None and wire.stdout.readline() == "ready\n"
+        for ns, dev, addr in zip(
+            spaces, (f"{tag}a", f"{tag}b"), ("10.19.0.1", "10.19.0.2"), strict=True
+        ):
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+            subprocess.run(["ip", "link", "set", dev, "netns", ns], check=True)
+            subprocess.run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev], check=True)
+            subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True)
+            subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        yield spaces[0], spaces[1]
+    finally:
+        wire.kill()
+        wire.wait(10)
+        for ns in spaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_each_tcp_connection_s_round_trip_time_is_sampled(
+    manager: CaptureManager, slow_link: tuple[str, str]
+) -> None:
+    """A traced process's round trips over a link that adds 10 ms each way: its connection's
+    samples say 20-25 ms; no other socket is sampled, and at most one sample per 5 ms."""
+    a, b = slow_link
+    echo = subprocess.Popen(
+        ["ip", "netns", "exec", b, sys.executable, "-c", ECHO, "10.19.0.2", "7000"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    pinger = None
+    try:
+        assert echo.stdout is not None and echo.stdout.readline() == "listening\n"
+        pinger = subprocess.Popen(
+            ["ip", "netns", "exec", a, sys.executable, "-c", PINGER, "10.19.0.2", "7000"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert pinger.stdin is not None and pinger.stdout is not None
+        local = int(pinger.stdout.readline().split()[1])
+
+        def work() -> None:
+            assert pinger is not None and pinger.stdin is not None and pinger.stdout
+            pinger.stdin.write("ping 40\n")
+            pinger.stdin.flush()
+            assert pinger.stdout.readline() == "done 40\n"
+
+        started = time.monotonic_ns()
+        cap = record(manager, pinger.pid, NET_SCHED, work)
+        elapsed = time.monotonic_ns() - started
+    finally:
+        for p in (pinger, echo):
+            if p is not None:
+                p.kill()
+                p.wait(10)
+    samples = [r for r in cap.records if isinstance(r, TcpSample)]
+    assert {(s.socket.local, s.socket.peer) for s in samples} == {
+        (f"10.19.0.1:{local}", "10.19.0.2:7000")
+    }
+    assert {s.tid for s in samples} == {pinger.pid}
+    # 40 round trips of >= 20 ms: each call may sample, but at most once per 5 ms.
+    assert 10 <= len(samples) <= elapsed // 5_000_000 + 1, len(samples)
+    gaps = [b.ts_ns - a.ts_ns for a, b in itertools.pairwise(samples)]
+    assert min(gaps) >= 5_000_000, gaps
+    # After the first round trips the smoothed RTT is the link's 20 ms and a little more (the
+    # echo server's turn: more on a loaded machine). Never less: the wire holds each frame.
+    settled = sorted(s.srtt_us for s in samples[10:])
+    assert settled[0] >= 20_000 and settled[len(settled) // 2] <= 30_000, settled
+    last = samples[-1]
+    assert last.rto_us >= 200_000  # the kernel's minimum RTO (200 ms) plus the RTT's share
+    assert last.total_retrans == 0 and last.rto_fires == 0, last
+    assert last.snd_cwnd >= 10, last
+    assert not [r for r in cap.records if isinstance(r, NetEvent) and r.kind == "tcp_retransmit"]
 
 
 SLEEPERS = r"""

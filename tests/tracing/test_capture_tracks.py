@@ -20,6 +20,7 @@ from bpfdyno.tracing.capture.records import (
     OffCpu,
     ProcessCapture,
     SocketInfo,
+    TcpSample,
     Track,
     TrackStats,
 )
@@ -130,6 +131,47 @@ def test_net_bursts_on_socket_rows_with_a_lane_for_overlaps() -> None:
         {"sent": 4196, "received": 0},
         {"sent": 4196, "received": 64},
     ]
+    assert built.counts == {Track.NET: 3}
+
+
+def tcp_sample(ts_ns: int, srtt_us: int, retrans: int = 0) -> TcpSample:
+    return TcpSample(ts_ns, 11, 0xABC, SOCK, srtt_us, 1500, 224_000, 18, 3, 4344, 100, retrans, 0)
+
+
+def test_tcp_samples_are_one_counter_per_connection() -> None:
+    """Samples inside the window, the last one before it (at the window's start), none after;
+    times in ms."""
+    window = Window(rel(50_000_000), rel(100_000_000), "kineto")
+    other = SocketInfo("tcp", "10.0.0.1:5000", "10.0.0.2:29500")
+    recs = [
+        tcp_sample(10_000_000, 40_000),  # before, superseded
+        tcp_sample(40_000_000, 30_500),  # the last before the window
+        tcp_sample(60_000_000, 21_250, retrans=2),
+        tcp_sample(200_000_000, 99_000),  # after the window
+        TcpSample(70_000_000, 12, 0xDEF, other, 80, 20, 200_000, 10, 0, 0, 0, 0, 0),
+    ]
+    built = build_tracks(capture(recs), BASE_NS, window, [Track.NET])
+    counters = [e for e in decoded(built.events) if e["ph"] == "C"]
+    name = "kernel net tcp: TCP 127.0.0.1:40000 -> 127.0.0.1:29500"
+    assert [(c["name"], c["ts"], c["args"]["srtt_ms"]) for c in counters] == [
+        (
+            "kernel net tcp: TCP 10.0.0.1:5000 -> 10.0.0.2:29500",
+            float(format_us(rel(70_000_000))),
+            0.08,
+        ),
+        (name, float(format_us(rel(50_000_000))), 30.5),
+        (name, float(format_us(rel(60_000_000))), 21.25),
+    ]
+    assert counters[2]["args"] == {
+        "srtt_ms": 21.25,
+        "rttvar_ms": 1.5,
+        "rto_ms": 224.0,
+        "cwnd": 18,
+        "inflight_bytes": 4344,
+        "queued_bytes": 100,
+        "retransmits": 2,
+    }
+    assert all(c["cat"] == "bpfdyno.net" and c["pid"] == PID for c in counters)
     assert built.counts == {Track.NET: 3}
 
 

@@ -354,6 +354,10 @@ class CaptureSection:
     net_coalesce_gap_us: int = 50
     #: ...and while the burst spans at most this long.
     net_coalesce_max_us: int = 1000
+    #: Each TCP connection of a traced process is sampled (round-trip time, congestion window,
+    #: bytes in flight, retransmission timeout) at its socket calls, at most once per this
+    #: long; 0 = never (retransmits, resets and state changes still carry a sample).
+    net_tcp_sample_us: int = 5000
     #: Off-CPU intervals shorter than this are counted and summed, not written one by one.
     sched_min_offcpu_us: int = 0
     #: GPU counters of the traced processes' GPUs are read this often while a trace runs.
@@ -874,6 +878,7 @@ def _validate_capture(c: CaptureSection, bad: typing.Callable[[str, str], Config
         ("capture.max_sockets", c.max_sockets, 1, 16 * 1024 * 1024),
         ("capture.net_coalesce_gap_us", c.net_coalesce_gap_us, 0, 10_000_000),
         ("capture.net_coalesce_max_us", c.net_coalesce_max_us, 0, 10_000_000),
+        ("capture.net_tcp_sample_us", c.net_tcp_sample_us, 0, 10_000_000),
         ("capture.sched_min_offcpu_us", c.sched_min_offcpu_us, 0, 10_000_000),
     )
     for dotted, value, least, most in limits:

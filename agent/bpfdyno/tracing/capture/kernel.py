@@ -38,6 +38,7 @@ from bpfdyno.tracing.capture.records import (
     NetEvent,
     OffCpu,
     SocketInfo,
+    TcpSample,
     Track,
     TrackStats,
 )
@@ -164,6 +165,7 @@ class KernelCapture:
         self._kinds = {n: _NET_KIND_NAMES.get(name, "") for n, name in kinds.items()}
         self._send_kind = kinds_by_name(kinds)["CAP_NET_SEND"]
         self._recv_kind = kinds_by_name(kinds)["CAP_NET_RECV"]
+        self._tcp_kind = kinds_by_name(kinds)["CAP_NET_TCP"]
         self._drop_names: dict[int, str] = {}
         self._reset_names: dict[int, str] = {}
         self._sockets: dict[tuple[Any, ...], SocketInfo] = {}
@@ -202,6 +204,7 @@ class KernelCapture:
             "CAP_COALESCE_GAP_NS": s.net_coalesce_gap_us * 1000,
             "CAP_COALESCE_MAX_NS": s.net_coalesce_max_us * 1000,
             "CAP_MIN_OFFCPU_NS": s.sched_min_offcpu_us * 1000,
+            "CAP_TCP_SAMPLE_NS": s.net_tcp_sample_us * 1000,
         }
         program = BpfProgram.load(
             SOURCE,
@@ -492,10 +495,35 @@ class KernelCapture:
                 calls=int(e.calls),
                 socket=sock,
             )
+        if kind == self._tcp_kind:
+            return tgid, TcpSample(
+                ts_ns=int(e.ts_ns),
+                tid=int(e.tid),
+                sk=int(e.sk),
+                socket=sock,
+                srtt_us=int(e.srtt_us),
+                rttvar_us=int(e.rttvar_us),
+                rto_us=int(e.rto_us),
+                snd_cwnd=int(e.snd_cwnd),
+                packets_out=int(e.packets_out),
+                inflight_bytes=int(e.inflight_bytes),
+                queued_bytes=int(e.queued_bytes),
+                total_retrans=int(e.total_retrans),
+                rto_fires=int(e.rto_fires),
+            )
         name = self._kinds.get(kind, "")
         if not name:
             return tgid, None
         attrs: dict[str, str | int] = {"state": state_name(int(e.state))}
+        if int(e.tcp_valid):
+            # The connection when it happened: a retransmit's timeout and how many before it.
+            attrs.update(
+                srtt_us=int(e.srtt_us),
+                rto_us=int(e.rto_us),
+                inflight_bytes=int(e.inflight_bytes),
+                total_retrans=int(e.total_retrans),
+                rto_fires=int(e.rto_fires),
+            )
         if name == "tcp_state":
             attrs["oldstate"] = state_name(int(e.oldstate))
         elif name == "packet_drop":

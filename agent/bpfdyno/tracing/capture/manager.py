@@ -575,6 +575,7 @@ class CaptureManager:
             settings={
                 "net_coalesce_gap_us": self.settings.net_coalesce_gap_us,
                 "net_coalesce_max_us": self.settings.net_coalesce_max_us,
+                "net_tcp_sample_us": self.settings.net_tcp_sample_us,
                 "sched_min_offcpu_us": self.settings.sched_min_offcpu_us,
             },
             distributed=active.distributed,

@@ -114,6 +114,37 @@ class NetEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class TcpSample:
+    """A TCP connection of a traced process as the kernel had it at one of its socket calls
+    (at most one per connection per ``net_tcp_sample_us``): its latency and throughput.
+
+    Attributes:
+        ts_ns: when; ``tid`` the thread whose call it was; ``sk``, ``socket`` the connection.
+        srtt_us, rttvar_us: the smoothed round-trip time and its mean deviation.
+        rto_us: the retransmission timeout.
+        snd_cwnd: the congestion window (segments); ``packets_out`` segments sent and not
+            acknowledged, ``inflight_bytes`` their bytes (snd_nxt - snd_una).
+        queued_bytes: written by the process, not sent yet (write_seq - snd_nxt).
+        total_retrans: segments retransmitted over the connection's life so far.
+        rto_fires: consecutive retransmission timeouts at that moment (0 normally).
+    """
+
+    ts_ns: int
+    tid: int
+    sk: int
+    socket: SocketInfo
+    srtt_us: int
+    rttvar_us: int
+    rto_us: int
+    snd_cwnd: int
+    packets_out: int
+    inflight_bytes: int
+    queued_bytes: int
+    total_retrans: int
+    rto_fires: int
+
+
+@dataclass(frozen=True, slots=True)
 class OffCpu:
     """One off-CPU interval of a traced thread.
 
@@ -226,11 +257,14 @@ class FabricEvent:
     attrs: dict[str, str | int] = field(default_factory=dict)
 
 
-KernelRecord = NetBurst | NetEvent | OffCpu | NcclCall | GpuSample | FabricDelta | FabricEvent
+KernelRecord = (
+    NetBurst | NetEvent | TcpSample | OffCpu | NcclCall | GpuSample | FabricDelta | FabricEvent
+)
 #: The track each kind of record belongs to.
 TRACK_OF: dict[type, Track] = {
     NetBurst: Track.NET,
     NetEvent: Track.NET,
+    TcpSample: Track.NET,
     OffCpu: Track.SCHED,
     NcclCall: Track.NCCL,
     GpuSample: Track.GPU,

@@ -6,7 +6,12 @@ Every event goes under the traced process's pid, on rows (synthetic thread ids f
 * ``kernel net: TCP 10.0.0.1:43210 -> 10.0.0.2:29500 send`` (and ``recv``): one slice per
   burst of calls (category ``bpfdyno.net``; args: bytes, calls, thread, endpoints, socket);
 * ``kernel net events``: instants for TCP state changes, retransmits, resets and drops,
-  including the flight recorder's from before the request;
+  including the flight recorder's from before the request (a TCP socket's carry its
+  round-trip time, retransmission timeout and retransmits so far);
+* counters ``kernel net tcp: TCP 10.0.0.1:43210 -> 10.0.0.2:29500`` (``bpfdyno.net``): each
+  TCP connection's samples over time (``srtt_ms``, ``rttvar_ms``, ``rto_ms``, ``cwnd``,
+  ``inflight_bytes``, ``queued_bytes``, ``retransmits``), so a reader sees per-connection
+  latency and throughput;
 * ``kernel sched: thread <tid> (<name>)``: off-CPU slices of each traced thread
   (``bpfdyno.sched``): ``runnable: preempted`` (waiting for a CPU), ``blocked: <cause>``
   until the wakeup, then ``runnable: woken`` until it ran again (the run-queue wait); the
@@ -52,6 +57,7 @@ from bpfdyno.tracing.capture.records import (
     NetEvent,
     OffCpu,
     ProcessCapture,
+    TcpSample,
     Track,
 )
 
@@ -261,6 +267,7 @@ def write_tracks(
         by_kind[type(r)].append(r)
     if Track.NET in wanted:
         counts[Track.NET] = _net(w, by_kind[NetBurst], by_kind[NetEvent], shift, window)
+        counts[Track.NET] += _tcp(w, by_kind[TcpSample], shift, window)
         counts[Track.NET] += _pre_window(w, recorded, base_ns, window)
     if Track.SCHED in wanted:
         counts[Track.SCHED] = _sched(w, by_kind[OffCpu], shift, window)
@@ -330,6 +337,41 @@ def _net(
             name = f"tcp {e.attrs.get('oldstate', '?')} -> {e.attrs.get('state', '?')}"
         w.instant("kernel net events", ts, name, CAT_NET, args)
         n += 1
+    return n
+
+
+#: The prefix of each TCP connection's counter.
+TCP_COUNTER_PREFIX = "kernel net tcp: "
+
+
+def tcp_counter_values(s: TcpSample) -> dict[str, float]:
+    """A TCP sample as the args of its counter point (times in ms, 3 decimals)."""
+    return {
+        "srtt_ms": s.srtt_us / 1000,
+        "rttvar_ms": s.rttvar_us / 1000,
+        "rto_ms": s.rto_us / 1000,
+        "cwnd": s.snd_cwnd,
+        "inflight_bytes": s.inflight_bytes,
+        "queued_bytes": s.queued_bytes,
+        "retransmits": s.total_retrans,
+    }
+
+
+def _tcp(w: _Writer, samples: list[TcpSample], shift: int, window: Window) -> int:
+    """One counter per TCP connection: its samples inside the window, and the last one
+    before it (a counter holds its value until the next point)."""
+    by_conn: dict[str, list[TcpSample]] = defaultdict(list)
+    for s in samples:
+        if s.ts_ns + shift <= window.end_ns:
+            by_conn[TCP_COUNTER_PREFIX + s.socket.label()].append(s)
+    n = 0
+    for name in sorted(by_conn):
+        series = sorted(by_conn[name], key=lambda s: s.ts_ns)
+        before = [s for s in series if s.ts_ns + shift < window.start_ns]
+        inside = [s for s in series if s.ts_ns + shift >= window.start_ns]
+        for s in before[-1:] + inside:
+            w.counter(name, max(s.ts_ns + shift, window.start_ns), CAT_NET, tcp_counter_values(s))
+            n += 1
     return n
 
 
@@ -550,6 +592,13 @@ def _info(
             else "none: one slice per call"
         )
         info["pre_window_s"] = capture.request.pre_window_s
+        sample = capture.settings.get("net_tcp_sample_us", 0)
+        info["net_tcp_sampling"] = (
+            f"each TCP connection's round-trip time, window and bytes in flight at its socket "
+            f"calls, at most every {sample} us (counters 'kernel net tcp: ...')"
+            if sample
+            else "none: only retransmits, resets and state changes carry a sample"
+        )
     if Track.SCHED in counts:
         info["sched_min_offcpu_us"] = capture.settings.get("sched_min_offcpu_us", 0)
     for track, st in capture.stats.items():
