@@ -1,8 +1,9 @@
 """Data flows one way: each package imports only the layers it builds on.
 
 The rules (docs/architecture.md): `core/` and the API contract (`rpc/`) are shared by all;
+the analysis of trace files (`analysis/`) builds on them alone and serves the agent and clients;
 sources build on `ebpf/`; tracing builds on sources; services on tracing and sources; the
-transports (`server/`) on services; clients (`client/`) on the contract alone; `cli/` and
+transports (`server/`) on services; clients (`client/`) on the contract and the analysis; `cli/` and
 `app/` may wire anything. The TUI's own rules are enforced by ruff (tui/ruff.toml).
 """
 
@@ -20,11 +21,12 @@ ALLOWED: dict[str, set[str]] = {
     "core": {"rpc", "version"},
     "ebpf": {"core"},
     "sources": {"core", "ebpf", "rpc"},
-    "tracing": {"core", "ebpf", "rpc", "sources", "version"},
-    "services": {"core", "rpc", "sources", "tracing", "version"},
+    "analysis": {"core", "rpc"},
+    "tracing": {"analysis", "core", "ebpf", "rpc", "sources", "version"},
+    "services": {"analysis", "core", "rpc", "sources", "tracing", "version"},
     "server": {"core", "rpc", "services", "sources", "tracing", "version"},
     "exporters": {"core", "rpc", "version"},
-    "client": {"core", "rpc", "version"},
+    "client": {"analysis", "core", "rpc", "version"},
 }
 
 

@@ -37,8 +37,8 @@ def peak():
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM"):
             return int(line.split()[1]) * 1024
-from bpfdyno.rpc.verdict import compare
-from bpfdyno.tracing.summary import summarize_file
+from bpfdyno.analysis.verdict import compare
+from bpfdyno.analysis.summary import summarize_file
 t0 = time.perf_counter()
 s = summarize_file(sys.argv[1])
 verdict = compare([s.evidence])

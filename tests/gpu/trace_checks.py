@@ -17,8 +17,8 @@ from typing import Any
 
 from gpu_suite import Checks
 
-from bpfdyno.rpc.verdict import compare
-from bpfdyno.tracing.summary import summarize_file
+from bpfdyno.analysis.summary import summarize_file
+from bpfdyno.analysis.verdict import compare
 
 ALL_TRACKS = ["net", "sched", "nccl", "gpu"]
 #: One NCCL call's arguments as the NCCL track writes them: count, datatype, bytes, op, result.

@@ -1,5 +1,5 @@
 """A real multi-rank training job on this machine, an agent tracing it, and faults to inject
-on one rank at a time: the proof that the verdict (`bpfdyno.rpc.verdict`) names the rank
+on one rank at a time: the proof that the verdict (`bpfdyno.analysis.verdict`) names the rank
 that holds a job back, and why.
 
 - **Network**: each rank in its own network namespace, its ``eth0`` a veth joined to a

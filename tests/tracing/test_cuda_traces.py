@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from h200_fixtures import DURATION, ITERATIONS, SPAN, cuda_shaped, kineto_body, merged
 
-from bpfdyno.rpc.verdict import compare
+from bpfdyno.analysis.summary import summarize_file
+from bpfdyno.analysis.verdict import compare
 from bpfdyno.tracing.merge import Insertion, TraceLayout, merge_into_trace
-from bpfdyno.tracing.summary import summarize_file
 
 EVENT = b'{"ph":"i","s":"t","cat":"bpfdyno.net","name":"x","pid":1,"tid":2,"ts":5.000}'
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bpfdyno.tracing.summary import summarize_file
+from bpfdyno.analysis.summary import summarize_file
 
 PID = 41
 BASE_NS = 1_700_000_000_000_000_000

@@ -17,9 +17,9 @@ import orjson
 import pytest
 from security_site import Site, idle, registered
 
+from bpfdyno.analysis.tracefile import ReadLimits
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.tracing.merge import Insertion, MergeError, TraceLayout, merge_into_trace
-from bpfdyno.tracing.tracefile import ReadLimits
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

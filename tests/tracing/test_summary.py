@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from bpfdyno.analysis.summary import summarize_file
 from bpfdyno.cli.trace_summary import format_summary
 from bpfdyno.rpc.traces import ProcessSummary
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
 from bpfdyno.rpc.wire import from_pb, to_pb
-from bpfdyno.tracing.summary import summarize_file
 
 PID = 77
 

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from h200_fixtures import DURATION, ITERATIONS, SPAN, kineto_body, merged
 
-from bpfdyno.tracing import tracefile
-from bpfdyno.tracing.trace_facts import CATEGORIES as READ
-from bpfdyno.tracing.tracefile import (
+from bpfdyno.analysis import tracefile
+from bpfdyno.analysis.trace_facts import CATEGORIES as READ
+from bpfdyno.analysis.tracefile import (
     Categories,
     ReadLimits,
     SpanFinder,
@@ -208,7 +208,7 @@ def test_one_huge_string_costs_a_bounded_amount_of_memory(tmp_path: Path) -> Non
     assert path.stat().st_size < 1_000_000
     code = f"""
 import resource
-from bpfdyno.tracing.summary import summarize_file
+from bpfdyno.analysis.summary import summarize_file
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 s = summarize_file({str(path)!r})
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

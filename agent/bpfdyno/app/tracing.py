@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from bpfdyno.analysis.tracefile import ReadLimits
 from bpfdyno.core.config import Config
 from bpfdyno.core.events import FlightRecorder
 from bpfdyno.core.status import PartState, PartStatus
@@ -28,7 +29,6 @@ from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest, Track
 from bpfdyno.tracing.ipc.endpoint import QUEUE_LEN, EndpointUnavailable, KinetoEndpoint
 from bpfdyno.tracing.kernel_tracks import KernelTracks
 from bpfdyno.tracing.policy import TraceLimits
-from bpfdyno.tracing.tracefile import ReadLimits
 from bpfdyno.tracing.trainers import TrainerRegistry
 from bpfdyno.version import __version__
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bpfdyno.analysis.verdict import verdict_text
 from bpfdyno.cli.output import print_json
 from bpfdyno.client.cluster import (
     DEFAULT_AGENT_PORT,
@@ -41,7 +42,6 @@ from bpfdyno.client.connection import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from bpfdyno.client.errors import TARGET_ENV, ClientSetupError, ErrorKind
 from bpfdyno.core.config import DEFAULT_CONFIG_PATH, ConfigError, load
 from bpfdyno.rpc.traces import TraceSpec
-from bpfdyno.rpc.verdict import verdict_text
 from bpfdyno.rpc.wire import record_dict
 
 #: Exit status of a job-wide command when some hosts succeeded and others did not.

@@ -10,7 +10,7 @@ NCCL calls and their time. A value that stands out — at least `OUTLIER_RATIO` 
 median of the row and clearly above it — is marked ``!``: HTA names the slow rank, this says
 why it was slow.
 
-Then the verdict (`bpfdyno.rpc.verdict`): which rank held the others back, and why, from
+Then the verdict (`bpfdyno.analysis.verdict`): which rank held the others back, and why, from
 what the kernel saw — or that the ranks are within noise (docs/tracing.md, "Why is rank N
 slow?").
 
@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from bpfdyno.analysis.verdict import compare, verdict_text
 from bpfdyno.cli.output import print_json, with_agent
 from bpfdyno.client.agent import AgentClient
 from bpfdyno.client.connection import (
@@ -40,7 +41,6 @@ from bpfdyno.client.connection import (
 )
 from bpfdyno.rpc.diagnosis import Verdict
 from bpfdyno.rpc.traces import ProcessSummary
-from bpfdyno.rpc.verdict import compare, verdict_text
 from bpfdyno.rpc.wire import record_dict
 
 #: A value at least this many times the row's median is marked as standing out...
@@ -68,7 +68,7 @@ def cmd_trace_summary(args: argparse.Namespace) -> int:
         print("bpfdyno: give trace files, or --trace-id (not both)", file=sys.stderr)
         return EXIT_USAGE
     if args.files:
-        from bpfdyno.tracing.summary import summarize_file
+        from bpfdyno.analysis.summary import summarize_file
 
         summaries = [summarize_file(f) for f in args.files]
         verdict = compare([s.evidence for s in summaries if s.evidence is not None])

@@ -4,8 +4,8 @@ and every client, which compares the ranks of a job across nodes.
 
 The records' field names are those of the messages in ``diagnosis.proto`` (units in the
 names), mapped by `bpfdyno.rpc.wire` like every record of the API.
-How the evidence is read from a file is `bpfdyno.tracing.evidence`; how ranks are compared
-is `bpfdyno.rpc.verdict`.
+How the evidence is read from a file is `bpfdyno.analysis.evidence`; how ranks are compared
+is `bpfdyno.analysis.verdict`.
 
 Causes (`CAUSES`) are the reasons the kernel can give for a rank's lost time. Each names
 what the kernel saw, never a guess: ``cpu_wait`` is time a thread of the rank was runnable

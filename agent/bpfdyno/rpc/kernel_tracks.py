@@ -13,6 +13,16 @@ KERNEL_TRACKS = ("net", "sched", "nccl", "gpu", "fabric")
 ALL = "all"
 NONE = "none"
 
+# The categories of the kernel tracks' events in a merged trace: the contract between the
+# writer (`bpfdyno.tracing.capture.tracks`) and the readers (`bpfdyno.analysis`), so both
+# import them from here.
+CAT_NET = "bpfdyno.net"
+CAT_SCHED = "bpfdyno.sched"
+CAT_NCCL = "bpfdyno.nccl"
+CAT_GPU = "bpfdyno.gpu"
+CAT_FABRIC = "bpfdyno.fabric"
+CAT_INFO = "bpfdyno.info"
+
 
 def parse_kernel_tracks(text: str) -> tuple[str, ...] | None:
     """The tracks a request's text names, in canonical order; None for "" (the default).

@@ -29,6 +29,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from bpfdyno.analysis.summary import summarize_file
+from bpfdyno.analysis.tracefile import DEFAULT_LIMITS, ReadLimits
+from bpfdyno.analysis.verdict import compare
 from bpfdyno.core.errors import InvalidArgument, NotFound, Unavailable
 from bpfdyno.core.identity import (
     FileIdentityError,
@@ -50,7 +53,6 @@ from bpfdyno.rpc.traces import (
     TrainerState,
     TriggeredProcess,
 )
-from bpfdyno.rpc.verdict import compare
 from bpfdyno.tracing.audit import AuditLog, config_for_record
 from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest
 from bpfdyno.tracing.config_text import (
@@ -78,8 +80,6 @@ from bpfdyno.tracing.requests import (
 )
 from bpfdyno.tracing.roles import Role, classify
 from bpfdyno.tracing.safety import PlacementChecker, Writer, mount_root
-from bpfdyno.tracing.summary import summarize_file
-from bpfdyno.tracing.tracefile import DEFAULT_LIMITS, ReadLimits
 from bpfdyno.tracing.traces import NewProcess, ProcState, TraceTracker, TraceView
 from bpfdyno.tracing.trainers import Trainer, TrainerRegistry
 
@@ -271,8 +271,8 @@ class TracingService(KinetoPolls):
     async def trace_summary(
         self, trace_id: str, requester: Requester | None = None
     ) -> TraceSummary:
-        """Each triggered process's file summarised (`bpfdyno.tracing.summary`), in order,
-        and the verdict across them (`bpfdyno.rpc.verdict`).
+        """Each triggered process's file summarised (`bpfdyno.analysis.summary`), in order,
+        and the verdict across them (`bpfdyno.analysis.verdict`).
 
         Each file is read in its owner's lane (`user_files`) with its owner's rights (a link
         or a FIFO the owner put at its name reads nothing of anyone else's: see

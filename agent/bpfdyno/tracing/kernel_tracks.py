@@ -29,6 +29,7 @@ import logging
 import os
 from concurrent.futures import Future
 
+from bpfdyno.analysis.tracefile import DEFAULT_LIMITS, ReadLimits
 from bpfdyno.core.budget import excluded_work
 from bpfdyno.core.events import FlightRecorder, KernelEvent
 from bpfdyno.core.identity import FileIdentityError, file_owner, files_as, owner_or_root
@@ -39,7 +40,6 @@ from bpfdyno.tracing.capture.manager import CaptureKey, CaptureManager
 from bpfdyno.tracing.capture.records import ALL_TRACKS, TRACK_OF, ProcessCapture, Track
 from bpfdyno.tracing.capture.tracks import INFO_NAME, Sink, Window, write_tracks
 from bpfdyno.tracing.merge import Insertion, MergeError, TraceLayout, merge_into_trace
-from bpfdyno.tracing.tracefile import DEFAULT_LIMITS, ReadLimits
 from bpfdyno.tracing.traces import KernelTrackState, PartRef, TraceTracker
 
 log = logging.getLogger(__name__)

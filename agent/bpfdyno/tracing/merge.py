@@ -14,7 +14,7 @@ checked where it matters, and the body is copied byte for byte by the kernel
   window. It is looked for from the end backwards, wherever it is: a CPU trace has it in its
   last bytes, a CUDA trace between the CPU ops and the GPU activities (mid-file).
 
-(`bpfdyno.tracing.tracefile` knows that structure; this module splices.)
+(`bpfdyno.analysis.tracefile` knows that structure; this module splices.)
 
 The file is opened once, without following a link and without blocking (a FIFO put there
 is refused, not waited on), and everything — the checks, the copy, the final comparison —
@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from bpfdyno.tracing.tracefile import (
+from bpfdyno.analysis.tracefile import (
     DEFAULT_LIMITS,
     MAX_HEAD_BYTES,
     MAX_TAIL_BYTES,

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
+from bpfdyno.analysis.verdict import verdict_text
 from bpfdyno.client.cluster import HostOutcome, JobOutcome, JobTraceResult
 from bpfdyno.client.cluster.summary import NodeSummary
 from bpfdyno.rpc.traces import words
-from bpfdyno.rpc.verdict import verdict_text
 from bpfdyno.tui.fmt import UNKNOWN, fmt_bytes, fmt_percent, fmt_seconds, fmt_si, fmt_value
 
 

@@ -14,7 +14,7 @@
 4. **Verdict** (when waiting): each host's agent summarises its own ranks' files
    (``GetTraceSummary``: no trace file travels), and the ranks of every host are compared here
    on our clock, each host's arrivals moved by its measured offset
-   (`bpfdyno.rpc.verdict.compare`): which rank held the job back, and why.
+   (`bpfdyno.analysis.verdict.compare`): which rank held the job back, and why.
 
 The result says, per host, what happened: the clock offset, who matched, who was triggered
 or busy, the files with their state and size, or the error; and the verdict.
@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from bpfdyno.analysis.verdict import compare
 from bpfdyno.client.agent import SUMMARY_TIMEOUT_S, VERDICT_S, AgentClient
 from bpfdyno.client.cluster.clock import ClockOffset, measure_clock
 from bpfdyno.client.cluster.fanout import FanOut
@@ -42,7 +43,6 @@ from bpfdyno.rpc.traces import (
     TraceStart,
     TraceStatus,
 )
-from bpfdyno.rpc.verdict import compare
 
 #: How often PyTorch asks its agent for a config by default
 #: (``ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS``): a request waits up to this long for delivery.

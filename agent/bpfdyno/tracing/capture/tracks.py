@@ -45,6 +45,14 @@ from typing import Any
 import orjson
 
 from bpfdyno.core.events import KernelEvent
+from bpfdyno.rpc.kernel_tracks import (  # the categories readers match on
+    CAT_FABRIC,
+    CAT_GPU,
+    CAT_INFO,
+    CAT_NCCL,
+    CAT_NET,
+    CAT_SCHED,
+)
 from bpfdyno.tracing.capture import causes
 from bpfdyno.tracing.capture.nccl import DATATYPE_BYTES, DATATYPES, REDOPS, RESULTS
 from bpfdyno.tracing.capture.records import (
@@ -64,12 +72,6 @@ from bpfdyno.tracing.capture.records import (
 #: First synthetic thread id of the kernel tracks' rows.
 TID_BASE = 1_000_000_000
 
-CAT_NET = "bpfdyno.net"
-CAT_SCHED = "bpfdyno.sched"
-CAT_NCCL = "bpfdyno.nccl"
-CAT_GPU = "bpfdyno.gpu"
-CAT_FABRIC = "bpfdyno.fabric"
-CAT_INFO = "bpfdyno.info"
 #: Name of the slice over the window that describes the merged tracks.
 INFO_NAME = "bpfdyno kernel tracks"
 

@@ -1,6 +1,6 @@
 """One rank's evidence, read from its own trace file: `build_evidence`.
 
-The diagnosis of a job (`bpfdyno.rpc.verdict`) compares ranks collective by collective:
+The diagnosis of a job (`bpfdyno.analysis.verdict`) compares ranks collective by collective:
 which rank reached each one last, and what that rank's threads were doing — by the kernel's
 account — in the run-up to it, against what the other ranks were doing in theirs. Each node
 reads its own ranks' files; what travels is this evidence, a few hundred bytes per
@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
+from bpfdyno.analysis.trace_facts import Collective, NetInstant, OffCpuSlice, TraceFacts
 from bpfdyno.rpc.diagnosis import (
     OFFCPU_CAUSE,
     CauseTime,
@@ -47,7 +48,6 @@ from bpfdyno.rpc.diagnosis import (
     RankEvidence,
     StepSplit,
 )
-from bpfdyno.tracing.trace_facts import Collective, NetInstant, OffCpuSlice, TraceFacts
 
 #: Most collectives kept per file (a 1.5 s trace of a fast job has ~150).
 MAX_COLLECTIVES = 20_000

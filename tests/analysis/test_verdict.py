@@ -1,4 +1,4 @@
-"""The ranks compared (`bpfdyno.rpc.verdict.compare`) on evidence whose answer is known:
+"""The ranks compared (`bpfdyno.analysis.verdict.compare`) on evidence whose answer is known:
 who arrived late and by how much, what its run-ups held, which connections lost packets."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from bpfdyno.analysis.verdict import compare, verdict_text
 from bpfdyno.rpc.diagnosis import (
     CauseTime,
     CollectiveEvidence,
@@ -16,7 +17,6 @@ from bpfdyno.rpc.diagnosis import (
     Verdict,
 )
 from bpfdyno.rpc.v1 import diagnosis_pb2
-from bpfdyno.rpc.verdict import compare, verdict_text
 from bpfdyno.rpc.wire import from_pb, to_pb
 
 T0 = 1_800_000_000_000_000_000  # ns

@@ -1,6 +1,6 @@
 """One pass over a trace file: the facts the summary and the diagnosis are computed from.
 
-`read_facts` streams a (merged) Kineto trace with `bpfdyno.tracing.tracefile.scan_trace`,
+`read_facts` streams a (merged) Kineto trace with `bpfdyno.analysis.tracefile.scan_trace`,
 parsing only the events either needs, and keeps each as a compact interval:
 
 * from Kineto: the profiler's span (the window); the CPU ops of every thread (only their
@@ -32,20 +32,20 @@ from dataclasses import dataclass, field
 from itertools import chain, repeat
 from typing import IO, Any
 
-from bpfdyno.tracing.capture.tracks import (
+from bpfdyno.analysis.tracefile import (
+    DEFAULT_LIMITS,
+    Categories,
+    ReadLimits,
+    json_stream,
+    scan_trace,
+)
+from bpfdyno.rpc.kernel_tracks import (
     CAT_FABRIC,
     CAT_GPU,
     CAT_INFO,
     CAT_NCCL,
     CAT_NET,
     CAT_SCHED,
-)
-from bpfdyno.tracing.tracefile import (
-    DEFAULT_LIMITS,
-    Categories,
-    ReadLimits,
-    json_stream,
-    scan_trace,
 )
 
 #: Most intervals of one kind kept from one file (a 500 MB trace has ~2 M events).

@@ -5,12 +5,12 @@ process, the trace window, the time in PyTorch CPU ops, its network traffic and 
 the off-CPU time of its threads by cause, and its NCCL calls — so the ranks of a job can be
 compared side by side and the one that was starved, blocked or retransmitting stands out.
 
-The file is read once, as a stream (`bpfdyno.tracing.trace_facts`), never loaded whole:
+The file is read once, as a stream (`bpfdyno.analysis.trace_facts`), never loaded whole:
 memory stays bounded however large the trace. Only what is in the file is counted — the
 kernel tracks' events (categories ``bpfdyno.*``, see `bpfdyno.tracing.capture.tracks`) and
 Kineto's own ``cpu_op`` events — and only inside the window (the profiler's span): slices
 that cross its edges count for their part inside it. The same pass gives the process's
-evidence for the job's verdict (`bpfdyno.tracing.evidence`): which collectives it joined
+evidence for the job's verdict (`bpfdyno.analysis.evidence`): which collectives it joined
 when, and what the kernel saw it do before each.
 """
 
@@ -23,10 +23,10 @@ from dataclasses import fields, replace
 from types import SimpleNamespace
 from typing import Any
 
+from bpfdyno.analysis.evidence import build_evidence
+from bpfdyno.analysis.trace_facts import TraceFacts, read_facts
+from bpfdyno.analysis.tracefile import DEFAULT_LIMITS, ReadLimits, TraceFileError, open_regular
 from bpfdyno.rpc.traces import ProcessSummary
-from bpfdyno.tracing.evidence import build_evidence
-from bpfdyno.tracing.trace_facts import TraceFacts, read_facts
-from bpfdyno.tracing.tracefile import DEFAULT_LIMITS, ReadLimits, TraceFileError, open_regular
 
 
 def summarize_file(
@@ -35,7 +35,7 @@ def summarize_file(
     """Summarise one trace file, with its evidence; errors go into ``error``.
 
     The file is opened without following a link and only if it is a regular file
-    (`bpfdyno.tracing.tracefile.open_regular`); the caller chooses whose rights it is read
+    (`bpfdyno.analysis.tracefile.open_regular`); the caller chooses whose rights it is read
     with (the agent reads a user's file as that user).
 
     Args:
