@@ -44,6 +44,7 @@ from bpfdyno.core.events import MonotonicClock
 from bpfdyno.core.pidfs import read_environ
 from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.tracing.capture.cpu_quota import CpuQuotaReader
 from bpfdyno.tracing.capture.fabric import FabricSampler, InterruptTimeSource
 from bpfdyno.tracing.capture.gpu import GpuCounterSource, GpuSampler
 from bpfdyno.tracing.capture.kernel import SAMPLED, KernelCapture
@@ -206,6 +207,8 @@ class CaptureManager:
             root=sysfs_root,
             proc_root=proc_root,
         )
+        #: The traced processes' CPU-quota throttling (sched track), read at each drain.
+        self.quota = CpuQuotaReader(proc_root)
         self._proc_root = proc_root
         self._release_pages = release_compiler_pages
         self._queue: queue.Queue[object] = queue.Queue()
@@ -440,6 +443,8 @@ class CaptureManager:
             else:
                 for track in kernel_tracks:
                     active.notes[track] = self._load_errors.get("kernel", "not loaded")
+        if Track.SCHED in request.tracks:
+            self._keep(active, list(self.quota.sample(key.pid)))
         if Track.NCCL in request.tracks:
             if self.nccl.loaded:
                 reason = self.nccl.add(key.pid)
@@ -515,6 +520,9 @@ class CaptureManager:
                 if active is None:
                     continue  # its part just ended (records after its final drain)
                 self._keep(active, records)
+        for active in self._active.values():
+            if Track.SCHED in active.request.tracks:
+                self._keep(active, list(self.quota.sample(active.key.pid)))
 
     @staticmethod
     def _keep(active: _Active, records: list[KernelRecord]) -> None:

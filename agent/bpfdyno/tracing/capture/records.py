@@ -178,6 +178,29 @@ class OffCpu:
 
 
 @dataclass(frozen=True, slots=True)
+class CpuQuotaSample:
+    """One cgroup's CPU quota and its cumulative throttling counters at one moment.
+
+    Attributes:
+        ts_ns: CLOCK_MONOTONIC when read.
+        cgroup: the cgroup's path in its hierarchy (``/kubepods/pod1/c2``).
+        quota_us, period_us: the quota (CPU time per period, over all CPUs) and its period.
+        periods: periods in which the cgroup had runnable tasks (``nr_periods``).
+        throttled_periods: periods in which it used its quota up (``nr_throttled``).
+        throttled_ns: how long its tasks were held off the CPU in all (``throttled_usec``
+            in v2, ``throttled_time`` in v1).
+    """
+
+    ts_ns: int
+    cgroup: str
+    quota_us: int
+    period_us: int
+    periods: int
+    throttled_periods: int
+    throttled_ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class NcclCall:
     """One NCCL API call of a traced process, with the arguments it was given.
 
@@ -258,7 +281,15 @@ class FabricEvent:
 
 
 KernelRecord = (
-    NetBurst | NetEvent | TcpSample | OffCpu | NcclCall | GpuSample | FabricDelta | FabricEvent
+    NetBurst
+    | NetEvent
+    | TcpSample
+    | OffCpu
+    | CpuQuotaSample
+    | NcclCall
+    | GpuSample
+    | FabricDelta
+    | FabricEvent
 )
 #: The track each kind of record belongs to.
 TRACK_OF: dict[type, Track] = {
@@ -266,6 +297,7 @@ TRACK_OF: dict[type, Track] = {
     NetEvent: Track.NET,
     TcpSample: Track.NET,
     OffCpu: Track.SCHED,
+    CpuQuotaSample: Track.SCHED,
     NcclCall: Track.NCCL,
     GpuSample: Track.GPU,
     FabricDelta: Track.FABRIC,

@@ -17,6 +17,10 @@ Every event goes under the traced process's pid, on rows (synthetic thread ids f
   until the wakeup, then ``runnable: woken`` until it ran again (the run-queue wait); the
   runnable ones name the task that held the CPU just before (``held_by_pid``,
   ``held_by_tid``, ``held_by_comm``; absent when the CPU was idle);
+* counters ``kernel sched cpu quota: <cgroup>`` (``bpfdyno.sched``): for each cgroup of the
+  process with a CPU quota, what the window added so far to its ``periods``,
+  ``throttled_periods`` and ``throttled_ms``; the totals are in the info slice
+  (``sched_cpu_quota``);
 * ``NCCL: thread <tid>``: one slice per NCCL call with its arguments (``bpfdyno.nccl``), and
   ``ncclGroup`` slices from ncclGroupStart to the matching ncclGroupEnd;
 * counters ``GPU <n> <counter> (<unit>)`` (``bpfdyno.gpu``) and ``kernel net bytes``;
@@ -57,6 +61,7 @@ from bpfdyno.tracing.capture import causes
 from bpfdyno.tracing.capture.nccl import DATATYPE_BYTES, DATATYPES, REDOPS, RESULTS
 from bpfdyno.tracing.capture.records import (
     ALL_TRACKS,
+    CpuQuotaSample,
     FabricDelta,
     FabricEvent,
     GpuSample,
@@ -273,6 +278,8 @@ def write_tracks(
         counts[Track.NET] += _pre_window(w, recorded, base_ns, window)
     if Track.SCHED in wanted:
         counts[Track.SCHED] = _sched(w, by_kind[OffCpu], shift, window)
+        n, quotas = _quota(w, by_kind[CpuQuotaSample], shift, window)
+        counts[Track.SCHED] += n
     if Track.NCCL in wanted:
         counts[Track.NCCL] = _nccl(w, by_kind[NcclCall], shift, window)
     if Track.GPU in wanted:
@@ -280,6 +287,8 @@ def write_tracks(
     if Track.FABRIC in wanted:
         counts[Track.FABRIC] = _fabric(w, by_kind[FabricDelta], by_kind[FabricEvent], shift, window)
     info = _info(capture, window, counts, base_ns)
+    if Track.SCHED in wanted and quotas:
+        info["sched_cpu_quota"] = quotas
     w.slices(
         "kernel tracks",
         [_Slice(window.start_ns, window.end_ns, INFO_NAME, CAT_INFO, info)],
@@ -417,6 +426,52 @@ def _sched(w: _Writer, intervals: list[OffCpu], shift: int, window: Window) -> i
             slices.extend(_offcpu_slices(iv, shift, window))
         n += w.slices(name, slices)
     return n
+
+
+#: The prefix of each quota cgroup's counter.
+QUOTA_COUNTER_PREFIX = "kernel sched cpu quota: "
+
+
+def _quota(
+    w: _Writer, samples: list[CpuQuotaSample], shift: int, window: Window
+) -> tuple[int, list[dict[str, Any]]]:
+    """Per cgroup with a quota: a counter of what the window added to its throttling, from
+    the last sample at or before the window's start (or the first one) to the first at or
+    after its end (or the last one); and those totals for the info slice."""
+    by_cgroup: dict[str, list[CpuQuotaSample]] = defaultdict(list)
+    for s in samples:
+        by_cgroup[s.cgroup].append(s)
+    n = 0
+    totals: list[dict[str, Any]] = []
+    for cgroup in sorted(by_cgroup):
+        series = sorted(by_cgroup[cgroup], key=lambda s: s.ts_ns)
+        start = [i for i, s in enumerate(series) if s.ts_ns + shift <= window.start_ns]
+        end = [i for i, s in enumerate(series) if s.ts_ns + shift >= window.end_ns]
+        lo = start[-1] if start else 0
+        hi = end[0] if end else len(series) - 1
+        base = series[lo]
+        for s in series[lo : hi + 1]:
+            ts = min(max(s.ts_ns + shift, window.start_ns), window.end_ns)
+            w.counter(QUOTA_COUNTER_PREFIX + cgroup, ts, CAT_SCHED, _quota_delta(base, s))
+            n += 1
+        last = series[hi]
+        totals.append(
+            {
+                "cgroup": cgroup,
+                "quota_us": last.quota_us,
+                "period_us": last.period_us,
+                **_quota_delta(base, last),
+            }
+        )
+    return n, totals
+
+
+def _quota_delta(base: CpuQuotaSample, s: CpuQuotaSample) -> dict[str, Any]:
+    return {
+        "periods": s.periods - base.periods,
+        "throttled_periods": s.throttled_periods - base.throttled_periods,
+        "throttled_ms": round((s.throttled_ns - base.throttled_ns) / 1e6, 3),
+    }
 
 
 def _offcpu_slices(iv: OffCpu, shift: int, window: Window) -> list[_Slice]:
