@@ -5,13 +5,17 @@ offset of each host's clock (measured by the fan-out, `bpfdyno.client.cluster.cl
 Pure computation: the agent uses it for the ranks of one node (``GetTraceSummary``), the
 clients for a whole job; both decide the same way.
 
-1. **Match** the collectives across ranks: per group (matched by the order in which each
-   rank's groups first appear), by their order, with the shift (at most `MAX_SHIFT` places)
-   that best lines up their arrivals and operations — windows started by iteration begin at
-   the same collective, those started at a common time may not.
+1. **Match** the collectives across ranks by what identifies them (`_match`,
+   `_alignment`): a collective completes on every rank at nearly the same moment, so each
+   collective votes for the other rank's collective of the same operation and size that
+   completed nearest to it on the common clock; the offset in order most votes agree on
+   pairs two ranks' groups, however far apart their windows began. What completed with none
+   of the reference's collectives is not compared (a note says so); windows that share too
+   little are not compared at all ("too little overlap: X of Y").
 2. **Arrival**: per matched collective, each rank's arrival against the median of the
-   others'. A rank that arrives after them made them wait that long. Summed over the
-   collectives (only the positive part), it is the time the job lost to that rank — except
+   others'. A rank that arrives after them made them wait that long. Over the collectives
+   (the union of those waits, so no moment counts twice and no share exceeds 100 %), it is
+   the time the job lost to that rank — except
    what it inherited from a collective slowed by packet loss: a rank whose previous
    collective ended after the others' because its packets were lost on the way is late for
    the network's sake, and that part is the network's (5).
@@ -36,6 +40,7 @@ clients for a whole job; both decide the same way.
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -64,8 +69,15 @@ MIN_SHARE = 0.10
 MIN_LATE_FRACTION = 0.6
 #: Lost time below this is noise, whatever the share.
 MIN_SECONDS = 0.002
-#: Alignments tried between two ranks' collectives (places either way).
-MAX_SHIFT = 3
+#: Two ranks' collectives that completed further apart than this (seconds, on the common
+#: clock) are not taken for one collective.
+MAX_APART = 0.5
+#: Collectives that must vouch for an alignment of two ranks' groups (`_alignment`).
+MIN_VOTES = 2
+#: The ranks' windows must overlap by at least this share of the longest, and at least
+#: `MIN_MATCHED` collectives must be paired, for the ranks to be compared.
+MIN_OVERLAP = 0.25
+MIN_MATCHED = 3
 #: A cause is listed when it explains at least this share of a straggler's lost time.
 MIN_CAUSE_SHARE = 0.05
 #: Worst instances listed per finding.
@@ -152,12 +164,26 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
         notes.append(
             "ranks on several hosts without measured clock offsets: arrivals compared as is"
         )
-    matches = _match(with_collectives)
-    if not matches:
+    matches, unpaired = _match(with_collectives)
+    notes += unpaired
+    overlap, longest = _overlap(with_collectives)
+    if overlap < MIN_OVERLAP * longest or len(matches) < MIN_MATCHED:
+        # Too little in common to tell a late rank from windows that began apart: say so.
         return Verdict(
-            headline="no collective could be matched across the ranks: nothing to compare",
+            headline=(
+                f"not compared: too little overlap: {_fmt_s(overlap)} of {_fmt_s(longest)} "
+                f"({len(matches)} collective(s) completed together on two ranks or more; "
+                f"need {MIN_MATCHED} and a quarter of the longest window): trace the ranks "
+                "together (gputrace --job-id)"
+            ),
             ranks=tuple(timings.values()),
+            matched=len(matches),
             notes=tuple(notes),
+        )
+    if overlap < longest * 0.9:
+        notes.append(
+            f"the ranks' windows overlap {_fmt_s(overlap)} of {_fmt_s(longest)}: each "
+            "collective is compared among the ranks that traced it"
         )
     span = max(max(m.ends.values()) for m in matches) - min(
         min(m.arrivals.values()) for m in matches
@@ -247,6 +273,14 @@ def _apart(rs: list[_Rank]) -> str:
     )
 
 
+def _overlap(rs: list[_Rank]) -> tuple[float, float]:
+    """(seconds all the ranks' windows share, seconds of the longest window)."""
+    starts = [r.ev.window_start_unix_ns + r.offset_ns for r in rs]
+    ends = [r.ev.window_end_unix_ns + r.offset_ns for r in rs]
+    longest = max(e - s for s, e in zip(starts, ends, strict=True))
+    return max(0, min(ends) - max(starts)) / 1e9, longest / 1e9
+
+
 def _name(r: _Rank) -> str:
     who = f"rank {r.label}" if r.label >= 0 else f"pid {r.ev.pid}"
     return who + (f" on {r.ev.host}" if r.ev.host else "")
@@ -260,77 +294,124 @@ def _sec(r: _Rank, unix_ns: int) -> float:
     return (unix_ns + r.offset_ns) / 1e9
 
 
-def _match(rs: list[_Rank]) -> list[_Match]:
-    """Line up the ranks' collectives group by group (see the module doc)."""
-    out: list[_Match] = []
-    for g in range(max(len(r.groups) for r in rs)):
-        present = [r for r in rs if g < len(r.groups)]
-        if len(present) < 2:
-            continue
-        ref = max(present, key=lambda r: len(r.groups[g]))
-        seq_ref = ref.groups[g]
-        shifts = {ref.label: 0}
-        for r in present:
-            if r is not ref:
-                shifts[r.label] = _best_shift(ref, seq_ref, r, r.groups[g])
-        for i, c in enumerate(seq_ref):
-            members = {ref.label: c}
-            places = {ref.label: i}
-            for r in present:
-                j = i + shifts[r.label]
-                if r is not ref and 0 <= j < len(r.groups[g]) and r.groups[g][j].op == c.op:
-                    members[r.label] = r.groups[g][j]
-                    places[r.label] = j
-            if len(members) < 2:
-                continue
-            by = {r.label: r for r in present}
-            run_ups = {
-                k: _sec(
-                    by[k],
-                    by[k].groups[g][j - 1].arrival_unix_ns if j else by[k].ev.window_start_unix_ns,
-                )
-                for k, j in places.items()
-            }
-            out.append(
-                _Match(
-                    members,
-                    {k: _sec(by[k], v.arrival_unix_ns) for k, v in members.items()},
-                    {k: _sec(by[k], v.end_unix_ns) for k, v in members.items()},
-                    g,
-                    run_ups,
-                )
-            )
-    return out
+def _match(rs: list[_Rank]) -> tuple[list[_Match], list[str]]:
+    """The ranks' collectives paired by what identifies them (see the module doc), and
+    notes on what could not be paired.
 
-
-def _best_shift(
-    ref: _Rank, a: list[CollectiveEvidence], r: _Rank, b: list[CollectiveEvidence]
-) -> int:
-    """The shift j - i pairing a[i] with b[j] that best lines them up: most equal operations,
-    then the smallest median gap between arrivals or between completions, whichever is
-    smaller for each pair. Completions count too because a rank late by half the spacing
-    of its collectives arrives as near the others' next collective as their own; only
-    completing together tells which one it joined (and a collective completes only after
-    its last rank arrives, so a late rank cannot line up with the next one)."""
-    best: tuple[int, float, int] | None = None
-    shift_of_best = 0
-    for shift in range(-MAX_SHIFT, MAX_SHIFT + 1):
-        pairs = [(x, b[i + shift]) for i, x in enumerate(a) if 0 <= i + shift < len(b)]
-        if not pairs:
+    The reference is the rank with the most collectives. Each other rank's groups are
+    paired with the reference's groups, and each pair of groups aligned, by `_alignment`;
+    a collective then joins the match of the reference's collective it aligns with, or a
+    match of its own beyond the reference's window (where two other ranks may still share
+    it), keyed by its place in the reference's order.
+    """
+    ref = max(rs, key=lambda r: sum(len(g) for g in r.groups))
+    notes: list[str] = []
+    # (reference group, place in its order) -> rank label -> (the rank, its group, place)
+    keyed: dict[tuple[int, int], dict[int, tuple[_Rank, int, int]]] = defaultdict(dict)
+    for g, seq in enumerate(ref.groups):
+        for i in range(len(seq)):
+            keyed[(g, i)][ref.label] = (ref, g, i)
+    for r in rs:
+        if r is ref:
             continue
-        # Operations that differ, and pairing fewer than half of them, count against a shift.
-        penalty = sum(1 for x, y in pairs if x.op != y.op) + max(0, len(a) // 2 - len(pairs))
-        gap = statistics.median(
-            min(
-                abs(_sec(ref, x.arrival_unix_ns) - _sec(r, y.arrival_unix_ns)),
-                abs(_sec(ref, x.end_unix_ns) - _sec(r, y.end_unix_ns)),
-            )
-            for x, y in pairs
+        candidates = sorted(
+            (
+                (support, -abs(shift), g, h, shift)
+                for g, a in enumerate(ref.groups)
+                for h, b in enumerate(r.groups)
+                for shift, support in [_alignment(ref, a, r, b)]
+                if support
+            ),
+            reverse=True,
         )
-        key = (penalty, gap, abs(shift))
-        if best is None or key < best:
-            best, shift_of_best = key, shift
-    return shift_of_best
+        used_ref: set[int] = set()
+        used_own: set[int] = set()
+        for _support, _, g, h, shift in candidates:
+            if g in used_ref or h in used_own:
+                continue
+            used_ref.add(g)
+            used_own.add(h)
+            a, b = ref.groups[g], r.groups[h]
+            for j, c in enumerate(b):
+                i = j - shift
+                if 0 <= i < len(a) and not _same(a[i], c):
+                    continue  # a different collective at that place: not this one
+                keyed[(g, i)][r.label] = (r, h, j)
+        unpaired = sum(len(b) for h, b in enumerate(r.groups) if h not in used_own)
+        if unpaired:
+            notes.append(
+                f"{_name(r)}: {unpaired} collective(s) completed at no moment when one of "
+                f"{_name(ref)}'s did (different collectives, or clocks apart): not compared"
+            )
+    out: list[_Match] = []
+    for (g, _i), found in sorted(keyed.items()):
+        if len(found) < 2:
+            continue
+        members = {k: r.groups[h][j] for k, (r, h, j) in found.items()}
+        run_ups = {
+            k: _sec(r, r.groups[h][j - 1].arrival_unix_ns if j else r.ev.window_start_unix_ns)
+            for k, (r, h, j) in found.items()
+        }
+        out.append(
+            _Match(
+                members,
+                {k: _sec(found[k][0], v.arrival_unix_ns) for k, v in members.items()},
+                {k: _sec(found[k][0], v.end_unix_ns) for k, v in members.items()},
+                g,
+                run_ups,
+            )
+        )
+    out.sort(key=lambda m: (m.group, min(m.ends.values())))
+    return out, notes
+
+
+def _same(a: CollectiveEvidence, b: CollectiveEvidence) -> bool:
+    """Whether two ranks' collectives may be one: the same operation, and the same size where
+    both files know it."""
+    return a.op == b.op and (not a.size_bytes or not b.size_bytes or a.size_bytes == b.size_bytes)
+
+
+def _alignment(
+    ref: _Rank, a: list[CollectiveEvidence], r: _Rank, b: list[CollectiveEvidence]
+) -> tuple[int, int]:
+    """(shift, support): the offset j - i at which b[j] is the same collective as a[i], and
+    how many collectives vouch for it (0: none do).
+
+    A collective completes on every rank at nearly the same moment (its last rank's arrival
+    releases them all), so each of ``a``'s collectives votes for the one of ``b`` that
+    completed nearest to it on the common clock — when that is the same operation and size,
+    and nearer than half the time to ``a``'s neighbouring completions (else it could be a
+    neighbour's) and than `MAX_APART`. The offset most collectives vote for wins, when at
+    least `MIN_VOTES` vote for it and twice as many as for any other: there is no limit on
+    how far apart the windows started, and nothing is paired by order alone.
+    """
+    if not a or not b:
+        return 0, 0
+    a_end = [_sec(ref, c.end_unix_ns) for c in a]
+    order = sorted(range(len(b)), key=lambda j: b[j].end_unix_ns)
+    b_end = [_sec(r, b[j].end_unix_ns) for j in order]
+    votes: Counter[int] = Counter()
+    for i, c in enumerate(a):
+        room = MAX_APART
+        if i:
+            room = min(room, (a_end[i] - a_end[i - 1]) / 2)
+        if i + 1 < len(a):
+            room = min(room, (a_end[i + 1] - a_end[i]) / 2)
+        k = bisect.bisect_left(b_end, a_end[i])
+        near = min(
+            (x for x in (k - 1, k) if 0 <= x < len(b_end)),
+            key=lambda x: abs(b_end[x] - a_end[i]),
+        )
+        j = order[near]
+        if abs(b_end[near] - a_end[i]) < room and _same(c, b[j]):
+            votes[j - i] += 1
+    if not votes:
+        return 0, 0
+    (shift, support), *rest = sorted(votes.items(), key=lambda kv: (-kv[1], abs(kv[0])))
+    needed = min(MIN_VOTES, len(a), len(b))
+    if support < needed or (rest and support < 2 * rest[0][1]):
+        return 0, 0
+    return shift, support
 
 
 def _last(m: _Match) -> int:
@@ -351,6 +432,7 @@ def _lateness(matches: list[_Match]) -> dict[int, tuple[float, int, int, list[fl
     """
     raw: dict[int, list[float]] = defaultdict(list)
     own: dict[int, list[float]] = defaultdict(list)
+    waits: dict[int, list[tuple[float, float]]] = defaultdict(list)
     previous: dict[tuple[int, int], _Match] = {}
     for m in matches:
         for k, a in m.arrivals.items():
@@ -365,12 +447,25 @@ def _lateness(matches: list[_Match]) -> dict[int, tuple[float, int, int, list[fl
                 mine -= min(mine, max(0.0, left))
             m.late[k] = mine
             own[k].append(mine)
+            if mine > 0:  # the others waited from `mine` before its arrival to its arrival
+                waits[k].append((a - mine, a))
         for k in m.arrivals:
             previous[(m.group, k)] = m
     return {
-        k: (sum(x for x in own[k] if x > 0), sum(1 for x in own[k] if x > 0), len(v), v)
+        k: (_union_length(waits[k]), sum(1 for x in own[k] if x > 0), len(v), v)
         for k, v in raw.items()
     }
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by the intervals: time counted once however many collectives (of
+    several groups, or mispaired) claim it, so it never exceeds the time compared."""
+    total, reach = 0.0, -math.inf
+    for lo, hi in sorted(intervals):
+        if hi > reach:
+            total += hi - max(lo, reach)
+            reach = hi
+    return total
 
 
 def _late_finding(
