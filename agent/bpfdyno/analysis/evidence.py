@@ -43,6 +43,8 @@ from bpfdyno.rpc.diagnosis import (
     OFFCPU_CAUSE,
     CauseTime,
     CollectiveEvidence,
+    ConnectionRtt,
+    CpuQuota,
     Instance,
     LossEvent,
     RankEvidence,
@@ -191,7 +193,49 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         steps=_step_split(steps, chosen, threads, busy, pid),
         notes=tuple(notes),
         fabric_devices=tuple(sorted({d for _, d, _, _ in facts.fabric if d != "cpu"})),
+        connections=_connections(facts, lo, hi),
+        cpu_quotas=_cpu_quotas(facts),
     )
+
+
+#: Most TCP connections listed per file.
+MAX_CONNECTIONS = 1000
+
+
+def _connections(facts: TraceFacts, lo: float, hi: float) -> tuple[ConnectionRtt, ...]:
+    """Each TCP connection's round-trip times from its samples in the window (a sample at
+    the window's start is the last one before it)."""
+    by_conn: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for ts, local, peer, srtt in facts.tcp_rtt:
+        if lo <= ts <= hi:
+            by_conn[(local, peer)].append(srtt)
+    out = [
+        ConnectionRtt(local, peer, statistics.median(v), max(v), len(v))
+        for (local, peer), v in sorted(by_conn.items())
+    ]
+    return tuple(out[:MAX_CONNECTIONS])
+
+
+def _cpu_quotas(facts: TraceFacts) -> tuple[CpuQuota, ...]:
+    """The info slice's cgroups with a CPU quota and what the window added to them."""
+    out = []
+    for q in facts.info.get("sched_cpu_quota", ()) or ():
+        if not isinstance(q, dict):
+            continue
+        try:
+            out.append(
+                CpuQuota(
+                    str(q["cgroup"]),
+                    int(q["quota_us"]),
+                    int(q["period_us"]),
+                    int(q["periods"]),
+                    int(q["throttled_periods"]),
+                    float(q["throttled_ms"]) / 1000,
+                )
+            )
+        except (KeyError, TypeError, ValueError):
+            continue  # another writer's shape: not evidence
+    return tuple(out)
 
 
 #: The fabric track's groups that are congestion signals, and those that are errors.

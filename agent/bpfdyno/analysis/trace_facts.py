@@ -73,6 +73,8 @@ _EXEC = re.compile(r"^(gloo|nccl|mpi|ucc):([a-z_]+)$")
 _ENQUEUE = re.compile(r"^c10d::([a-z_]+?)_?$")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _NUM = (int, float)
+#: The prefix of a TCP connection's counter on the net track.
+TCP_COUNTER = "kernel net tcp: "
 #: CPU ops that are more than their time: collectives' enqueues, steps.
 _NAMED_OPS = ("c10d::", "ProfilerStep#")
 _NAMED_OPS_B = tuple(n.encode() for n in _NAMED_OPS)
@@ -153,6 +155,9 @@ class TraceFacts:
     #: bpfdyno net bursts: (start_us, end_us, "send"/"recv", bytes, calls, local, peer).
     net_bursts: list[tuple[float, float, str, int, int, str, str]] = field(default_factory=list)
     net_events: list[NetInstant] = field(default_factory=list)
+    #: The TCP connections' samples (counters ``kernel net tcp: ...``): (ts_us, local, peer,
+    #: smoothed round-trip time in ms).
+    tcp_rtt: list[tuple[float, str, str, float]] = field(default_factory=list)
     nccl_calls: list[Collective] = field(default_factory=list)
     #: GPU counters: name -> [(ts_us, value)].
     gpu_counters: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
@@ -406,6 +411,12 @@ class _Reader:
             f.net_events.append(
                 NetInstant(ts, name, local, peer, reason if isinstance(reason, str) else "")
             )
+        elif ph == "C" and name.startswith(TCP_COUNTER) and self._room(f.tcp_rtt):
+            # "kernel net tcp: TCP 10.0.0.1:43210 -> 10.0.0.2:29500"
+            ends = name.removeprefix(TCP_COUNTER).split(" ", 1)[-1].split(" -> ")
+            srtt = args.get("srtt_ms")
+            if len(ends) == 2 and srtt.__class__ in _NUM:
+                f.tcp_rtt.append((ts, ends[0], ends[1], float(srtt)))
 
     def nccl(self, e: dict[str, Any], ts: float) -> None:
         if e.get("ph") != "X" or e.get("name") == "ncclGroup" or not self._room(self.f.nccl_calls):

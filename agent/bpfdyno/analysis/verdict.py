@@ -34,7 +34,22 @@ clients for a whole job; both decide the same way.
    connections carry the loss (its address on both ends of the lost packets' sockets) is
    named. A retransmit whose copy the peer dropped as data it already had lost nothing (the
    original arrived, its acknowledgement was late: a busy receiver does that), and neither
-   did that drop: both are left out.
+   did that drop: both are left out. When the two ends of the lossy connections tie (one
+   connection, or one link), the end that retransmitted is named: its packets were the ones
+   lost on the way (one-way loss on the wire shows only as the sender's retransmits).
+6. **Slow links** (`_latency_finding`): the net track samples each TCP connection's
+   smoothed round-trip time. A delay on one rank's link (its packets or its acknowledgements
+   held on the way) shows on both ends of every connection of that rank, and on no other: a
+   connection is slow when its median round trip is `SLOW_RTT_FACTOR` times the job's
+   lower quartile and at least `SLOW_RTT_MS`; the rank on (nearly) every slow connection is
+   named, or the link between two ranks when only their connections are slow. The time lost
+   is the collectives' own time (last arrival to last completion, each moment once) times
+   the share of their round trips the slowness added (1 - typical / slow). A rank that
+   left a collective late because of it is late for the link's sake (as with loss, 2).
+7. **CPU quota**: a late rank whose cgroup was throttled by its CPU quota in the window
+   (the sched track reads the cgroup's counters) is named "throttled by its CPU quota"
+   with the cgroup's periods and throttled time, for up to that time of its lost time; its
+   waits for a CPU are the quota's then, and no task that ran meanwhile is named for them.
 """
 
 from __future__ import annotations
@@ -51,6 +66,8 @@ from bpfdyno.rpc.diagnosis import (
     STEP_PARTS,
     CauseTime,
     CollectiveEvidence,
+    ConnectionRtt,
+    CpuQuota,
     Finding,
     Instance,
     LossEvent,
@@ -83,7 +100,12 @@ MIN_CAUSE_SHARE = 0.05
 #: Worst instances listed per finding.
 TOP_INSTANCES = 5
 #: A finding's kind, as the verdict's text says it.
-KIND_WORDS = {"late": "late to collectives", "network": "network loss", "fabric": "fabric"}
+KIND_WORDS = {
+    "late": "late to collectives",
+    "network": "network loss",
+    "latency": "slow network links",
+    "fabric": "fabric",
+}
 #: The loss events, as a finding says them (one; "s" is added for several).
 LOSS_WORDS = {
     "tcp_retransmit": "TCP retransmit",
@@ -97,6 +119,13 @@ SLOW_CLOCK = 0.95
 #: most this long before it (seconds; clocks of other hosts may be off by `CLOCK_SLACK`).
 SPURIOUS_WINDOW = 1.0
 CLOCK_SLACK = 0.01
+#: A TCP connection is slow when its median smoothed round trip is at least this many times
+#: the lower quartile of the job's connections...
+SLOW_RTT_FACTOR = 4.0
+#: ... and at least this long (ms): below it, round trips cost a collective little.
+SLOW_RTT_MS = 1.0
+#: The rank named for slow links is on at least this share of the slow connections.
+SLOW_LINK_OWNER = 0.9
 
 
 @dataclass(slots=True)
@@ -120,6 +149,8 @@ class _Match:
     run_ups: dict[int, float] = field(default_factory=dict)
     #: Packets were lost while it ran (`_mark_lossy`).
     lossy: bool = False
+    #: It ran over slow links (`_latency_finding`): lateness inherited from it is theirs.
+    slow_link: bool = False
     #: Per rank: its lateness that is its own (set by `_lateness`).
     late: dict[int, float] = field(default_factory=dict)
 
@@ -191,6 +222,10 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
     span = max(span, 1e-9)
     losses, spurious = _real_losses(rs)
     _mark_lossy(matches, losses, spurious)
+    slow = _slow_links(rs)
+    if slow is not None:
+        for m in matches:
+            m.slow_link = bool(set(m.members) & set(slow.ranks))
     late = _lateness(matches)
     by_label = {r.label: r for r in rs}
     findings: list[Finding] = []
@@ -217,6 +252,9 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
         ):
             findings.append(_late_finding(by_label[label], matches, seconds, span, rs))
     network = _network_finding(matches, rs, span, losses, spurious)
+    latency = _latency_finding(matches, rs, span, slow) if slow is not None else None
+    if latency is not None:
+        findings.append(latency)
     fabric = _fabric_finding(matches, rs, span)
     if fabric is not None:
         findings.append(fabric)
@@ -440,7 +478,7 @@ def _lateness(matches: list[_Match]) -> dict[int, tuple[float, int, int, list[fl
             raw[k].append(lateness)
             mine = lateness
             before = previous.get((m.group, k))
-            if mine > 0 and before is not None and before.lossy:
+            if mine > 0 and before is not None and (before.lossy or before.slow_link):
                 left = before.ends[k] - statistics.median(
                     v for o, v in before.ends.items() if o != k
                 )
@@ -495,6 +533,17 @@ def _late_finding(
         for h in mine.holders:
             holders[h.cause] += h.seconds
         worst += [replace(w, path=r.ev.path) for w in mine.worst if w.cause in own]
+    quota = _throttled(r.ev.cpu_quotas)
+    if quota is not None:
+        # The quota held the rank's threads off the CPU while they were runnable: up to its
+        # throttled time, the rank's lateness is the quota's, and so are its waits for a CPU
+        # (whoever ran meanwhile did not cause them).
+        share = min(seconds, quota.throttled_seconds)
+        excess["cpu_quota"] = share
+        if "cpu_wait" in excess:
+            excess["cpu_wait"] = max(0.0, excess["cpu_wait"] - share)
+        worst = [_quota_instance(w, quota) if w.cause == "cpu_wait" else w for w in worst]
+        details["cpu_quota"][_quota_detail(quota)] += 1
     causes: list[CauseTime] = []
     explained = 0.0
     for cause, extra in sorted(excess.items(), key=lambda kv: -kv[1]):
@@ -542,6 +591,8 @@ def _cause_detail(
     holders: Mapping[str, float],
     details: Mapping[str, Counter[str]],
 ) -> str:
+    if cause == "cpu_quota":
+        return next(iter(details[cause]), "")
     if cause == "cpu_wait" and holders:
         total = sum(holders.values())
         top = sorted(holders.items(), key=lambda kv: -kv[1])[:3]
@@ -648,9 +699,13 @@ def _network_finding(
         )
     if not involved:
         return None
-    (culprit, count), *rest = involved.most_common()
+    # On a tie (the two ends of the same connections) the end that retransmitted: its
+    # packets were lost on the way.
+    retransmitted = Counter(x.rank for x in losses if x.event.kind == "tcp_retransmit")
+    culprit = max(involved, key=lambda k: (involved[k], retransmitted[k], -k))
+    count = involved[culprit]
     who = by_label[culprit]
-    tied = [k for k, n in rest if n == count]
+    tied = [k for k, n in involved.items() if n == count and k != culprit]
     what = ", ".join(
         f"{n} {LOSS_WORDS.get(kind, kind)}{'' if n == 1 else 's'}"
         for kind, n in kinds.most_common()
@@ -662,6 +717,8 @@ def _network_finding(
     )
     if tied:
         detail += f"; as many on rank(s) {', '.join(map(str, tied))}: the link between them"
+        if retransmitted[culprit] > max(retransmitted[k] for k in tied):
+            detail += f", rank {culprit}'s packets lost on the way (it retransmitted them)"
     if spurious:
         detail += (
             f"; {len(spurious)} more retransmit(s) were not needed (the peer had the data): "
@@ -740,6 +797,119 @@ def _fabric_finding(matches: list[_Match], rs: list[_Rank], span: float) -> Find
             f"drops, {congestion[culprit]} congestion signals on {devices}"
         ),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _SlowLinks:
+    """The slow connections of a job: the rank(s) they have in common (one rank, or the two
+    ends of one link), their round trips and the job's typical one (ms)."""
+
+    ranks: tuple[int, ...]
+    slow_ms: float
+    typical_ms: float
+    connections: int
+    peers: tuple[int, ...]
+
+
+def _slow_links(rs: list[_Rank]) -> _SlowLinks | None:
+    """The rank (or link) on the job's slow TCP connections (module doc, 6), or None."""
+    owner: dict[str, int] = {}
+    for r in rs:
+        for address in (*r.ev.local_addresses, *(c.local for c in r.ev.connections)):
+            owner[address] = r.label
+    ends: list[tuple[int, int | None, ConnectionRtt]] = [
+        (r.label, owner.get(c.peer), c) for r in rs for c in r.ev.connections if c.samples
+    ]
+    if len(ends) < 2:
+        return None
+    rtts = sorted(c.srtt_median_ms for _, _, c in ends)
+    typical = rtts[(len(rtts) - 1) // 4]
+    threshold = max(SLOW_RTT_MS, SLOW_RTT_FACTOR * typical)
+    slow = [(a, b, c) for a, b, c in ends if c.srtt_median_ms >= threshold]
+    if not slow:
+        return None
+    on: Counter[int] = Counter()
+    for a, b, _ in slow:
+        on[a] += 1
+        if b is not None and b != a:
+            on[b] += 1
+    common = tuple(sorted(k for k, n in on.items() if n >= SLOW_LINK_OWNER * len(slow)))
+    if not common or len(common) > 2:
+        return None  # slow everywhere, or no rank in common: not one rank's link
+    peers = sorted({k for a, b, _ in slow for k in (a, b) if k is not None and k not in common})
+    return _SlowLinks(
+        common,
+        statistics.median(c.srtt_median_ms for _, _, c in slow),
+        typical,
+        len(slow),
+        tuple(peers),
+    )
+
+
+def _latency_finding(
+    matches: list[_Match], rs: list[_Rank], span: float, slow: _SlowLinks
+) -> Finding | None:
+    """Collectives slowed by slow links, and whose links (module doc, 6)."""
+    inside = _union_length(
+        [(max(m.arrivals.values()), max(m.ends.values())) for m in matches if m.slow_link]
+    )
+    lost = inside * (1 - slow.typical_ms / slow.slow_ms)
+    if lost < max(MIN_SECONDS, MIN_SHARE * span):
+        return None
+    by_label = {r.label: r for r in rs}
+
+    def own(k: int) -> float:
+        mine = [c.srtt_median_ms for c in by_label[k].ev.connections if c.samples]
+        return statistics.median(mine) if mine else 0.0
+
+    # One link: its two ends; the end whose own connections are slower.
+    culprit = max(slow.ranks, key=lambda k: (own(k), -k))
+    who = by_label[culprit]
+    where = (
+        f"the link between ranks {slow.ranks[0]} and {slow.ranks[1]}"
+        if len(slow.ranks) == 2
+        else f"{_name(who)}'s connections"
+    )
+    with_ranks = ", ".join(map(str, slow.peers)) or "unknown peers"
+    detail = (
+        f"round trips of {slow.slow_ms:.1f} ms on {where} against {slow.typical_ms:.2f} ms "
+        f"typical ({slow.connections} slow connection ends; peers: ranks {with_ranks}): "
+        "added latency, or a bandwidth cap queueing its packets"
+    )
+    summary = (
+        f"slow network on {where} slowed the collectives by {_fmt_s(lost)} "
+        f"({lost / span:.0%} of the {_fmt_s(span)} compared): round trips of "
+        f"{slow.slow_ms:.1f} ms against {slow.typical_ms:.2f} ms"
+    )
+    return Finding(
+        rank=culprit,
+        host=who.ev.host,
+        pid=who.ev.pid,
+        kind="latency",
+        seconds=lost,
+        share=lost / span,
+        causes=(CauseTime("network_latency", lost, detail),),
+        summary=summary,
+    )
+
+
+def _throttled(quotas: Sequence[CpuQuota]) -> CpuQuota | None:
+    """The rank's cgroup throttled most by its CPU quota in the window, or None."""
+    hit = [q for q in quotas if q.throttled_periods and q.throttled_seconds > 0]
+    return max(hit, key=lambda q: q.throttled_seconds) if hit else None
+
+
+def _quota_detail(q: CpuQuota) -> str:
+    return (
+        f"cgroup {q.cgroup}: {q.throttled_periods} periods of {q.periods} throttled, "
+        f"{_fmt_s(q.throttled_seconds)}; quota {q.quota_us / 1000:g} ms per "
+        f"{q.period_us / 1000:g} ms"
+    )
+
+
+def _quota_instance(w: Instance, q: CpuQuota) -> Instance:
+    """A wait for a CPU under a throttled quota: the quota's, not the task that ran."""
+    return replace(w, cause="cpu_quota", detail=f"throttled: cgroup {q.cgroup}")
 
 
 def _single_headline(rs: list[_Rank]) -> str:

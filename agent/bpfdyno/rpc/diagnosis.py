@@ -22,6 +22,7 @@ from bpfdyno.rpc.wire import record
 #: Cause -> how it is said. The order is the order of listing when times are equal.
 CAUSES: dict[str, str] = {
     "cpu_wait": "waiting for a CPU",
+    "cpu_quota": "throttled by its CPU quota",
     "data_loader": "waiting for DataLoader workers",
     "file_io": "blocked in file I/O",
     "io_wait": "blocked on a socket, pipe or event",
@@ -30,6 +31,7 @@ CAUSES: dict[str, str] = {
     "sleep": "sleeping",
     "blocked": "blocked (other)",
     "network_loss": "network loss (TCP retransmits, resets, drops)",
+    "network_latency": "slow network links (TCP round trips)",
     "gpu_compute": "more GPU compute",
     "fabric": "fabric congestion or errors (RDMA ports, NICs)",
     "interrupts": "CPU time taken by interrupts and softirqs",
@@ -147,6 +149,31 @@ class LossEvent:
     peer: str
 
 
+@record(diagnosis_pb2.ConnectionRtt)
+class ConnectionRtt:
+    """One TCP connection of the rank in the window: its smoothed round-trip times (the net
+    track's samples), median and largest, and how many samples."""
+
+    local: str
+    peer: str
+    srtt_median_ms: float
+    srtt_max_ms: float
+    samples: int
+
+
+@record(diagnosis_pb2.CpuQuota)
+class CpuQuota:
+    """A cgroup of the rank with a CPU quota (``quota_us`` per ``period_us``): the periods
+    of the window, how many it was throttled in, and for how long in all."""
+
+    cgroup: str
+    quota_us: int
+    period_us: int
+    periods: int
+    throttled_periods: int
+    throttled_seconds: float
+
+
 @record(diagnosis_pb2.StepSplit)
 class StepSplit:
     """Where a step's time went on this rank (medians over the trace's steps).
@@ -175,6 +202,8 @@ class RankEvidence:
         steps: where a step's time went.
         notes: what limits the evidence (no kernel tracks, records lost...).
         fabric_devices: the RDMA ports and NICs of its fabric track.
+        connections: its TCP connections' round-trip times in the window (net track).
+        cpu_quotas: its cgroups with a CPU quota, throttling in the window (sched track).
     """
 
     path: str
@@ -193,6 +222,8 @@ class RankEvidence:
     steps: StepSplit = StepSplit()
     notes: tuple[str, ...] = ()
     fabric_devices: tuple[str, ...] = ()
+    connections: tuple[ConnectionRtt, ...] = ()
+    cpu_quotas: tuple[CpuQuota, ...] = ()
 
 
 @record(diagnosis_pb2.RankTiming)

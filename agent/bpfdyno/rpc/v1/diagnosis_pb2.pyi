@@ -82,6 +82,36 @@ class LossEvent(_message.Message):
     peer: str
     def __init__(self, kind: _Optional[str] = ..., ts_us: _Optional[float] = ..., unix_ns: _Optional[int] = ..., local: _Optional[str] = ..., peer: _Optional[str] = ...) -> None: ...
 
+class ConnectionRtt(_message.Message):
+    __slots__ = ("local", "peer", "srtt_median_ms", "srtt_max_ms", "samples")
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    SRTT_MEDIAN_MS_FIELD_NUMBER: _ClassVar[int]
+    SRTT_MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    local: str
+    peer: str
+    srtt_median_ms: float
+    srtt_max_ms: float
+    samples: int
+    def __init__(self, local: _Optional[str] = ..., peer: _Optional[str] = ..., srtt_median_ms: _Optional[float] = ..., srtt_max_ms: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
+
+class CpuQuota(_message.Message):
+    __slots__ = ("cgroup", "quota_us", "period_us", "periods", "throttled_periods", "throttled_seconds")
+    CGROUP_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_US_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_US_FIELD_NUMBER: _ClassVar[int]
+    PERIODS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLED_PERIODS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    cgroup: str
+    quota_us: int
+    period_us: int
+    periods: int
+    throttled_periods: int
+    throttled_seconds: float
+    def __init__(self, cgroup: _Optional[str] = ..., quota_us: _Optional[int] = ..., period_us: _Optional[int] = ..., periods: _Optional[int] = ..., throttled_periods: _Optional[int] = ..., throttled_seconds: _Optional[float] = ...) -> None: ...
+
 class StepSplit(_message.Message):
     __slots__ = ("steps", "step_seconds", "parts")
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -93,7 +123,7 @@ class StepSplit(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., step_seconds: _Optional[float] = ..., parts: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ...) -> None: ...
 
 class RankEvidence(_message.Message):
-    __slots__ = ("path", "host", "pid", "rank", "world_size", "base_ns", "window_start_unix_ns", "window_end_unix_ns", "kernel_tracks", "collectives", "local_addresses", "loss_events", "gpu_sm_clock_mhz", "steps", "notes", "fabric_devices")
+    __slots__ = ("path", "host", "pid", "rank", "world_size", "base_ns", "window_start_unix_ns", "window_end_unix_ns", "kernel_tracks", "collectives", "local_addresses", "loss_events", "gpu_sm_clock_mhz", "steps", "notes", "fabric_devices", "connections", "cpu_quotas")
     PATH_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +140,8 @@ class RankEvidence(_message.Message):
     STEPS_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
     FABRIC_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
+    CPU_QUOTAS_FIELD_NUMBER: _ClassVar[int]
     path: str
     host: str
     pid: int
@@ -126,7 +158,9 @@ class RankEvidence(_message.Message):
     steps: StepSplit
     notes: _containers.RepeatedScalarFieldContainer[str]
     fabric_devices: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, path: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., base_ns: _Optional[int] = ..., window_start_unix_ns: _Optional[int] = ..., window_end_unix_ns: _Optional[int] = ..., kernel_tracks: _Optional[_Iterable[str]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveEvidence, _Mapping]]] = ..., local_addresses: _Optional[_Iterable[str]] = ..., loss_events: _Optional[_Iterable[_Union[LossEvent, _Mapping]]] = ..., gpu_sm_clock_mhz: _Optional[float] = ..., steps: _Optional[_Union[StepSplit, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ..., fabric_devices: _Optional[_Iterable[str]] = ...) -> None: ...
+    connections: _containers.RepeatedCompositeFieldContainer[ConnectionRtt]
+    cpu_quotas: _containers.RepeatedCompositeFieldContainer[CpuQuota]
+    def __init__(self, path: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., base_ns: _Optional[int] = ..., window_start_unix_ns: _Optional[int] = ..., window_end_unix_ns: _Optional[int] = ..., kernel_tracks: _Optional[_Iterable[str]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveEvidence, _Mapping]]] = ..., local_addresses: _Optional[_Iterable[str]] = ..., loss_events: _Optional[_Iterable[_Union[LossEvent, _Mapping]]] = ..., gpu_sm_clock_mhz: _Optional[float] = ..., steps: _Optional[_Union[StepSplit, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ..., fabric_devices: _Optional[_Iterable[str]] = ..., connections: _Optional[_Iterable[_Union[ConnectionRtt, _Mapping]]] = ..., cpu_quotas: _Optional[_Iterable[_Union[CpuQuota, _Mapping]]] = ...) -> None: ...
 
 class RankTiming(_message.Message):
     __slots__ = ("rank", "host", "pid", "path", "collectives", "last", "held_seconds", "lateness_seconds", "collective_seconds", "step_seconds")
