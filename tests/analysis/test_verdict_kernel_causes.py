@@ -131,6 +131,19 @@ def test_a_slow_link_seen_from_the_delayed_rank_s_end_only() -> None:
     assert (f.rank, f.kind) == (1, "latency")
 
 
+def test_a_busy_receiver_is_no_slow_link() -> None:
+    """Rank 2 starved of CPU acknowledges late: its peers' round trips to it are 4.7 ms, its
+    own are fast (seen on the real job with a CPU hog). Not a link: no latency finding."""
+    conns = mesh({})
+    for r in (1, 3):
+        conns[r] = tuple(
+            ConnectionRtt(c.local, c.peer, 4.7, 10.0, 30) if c.peer == address(2, r) else c
+            for c in conns[r]
+        )
+    v = compare(slow_collectives_job(conns))
+    assert all(f.kind != "latency" for f in v.stragglers), v.headline
+
+
 def test_a_slow_link_between_two_ranks_is_said_as_such() -> None:
     conns = mesh({frozenset((1, 3)): 8.0})
     [f] = compare(slow_collectives_job(conns)).stragglers

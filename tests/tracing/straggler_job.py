@@ -16,7 +16,11 @@ that holds a job back, and why.
   kernel tracks is all this needs), asked through its gRPC API as a client would.
 - **Faults**, each on one rank and removed afterwards: a busy process pinned to the rank's
   CPU (`cpu_hog`), random loss of the TCP packets the rank receives (`packet_loss`,
-  nftables in the rank's namespace), a feeder that delivers each batch late (`slow_batches`).
+  nftables in the rank's namespace), a feeder that delivers each batch late (`slow_batches`),
+  a link that delays (and may lose) what the rank sends (`slow_link`: its veth replaced by a
+  wire through `delay_wire.py`, this kernel having no netem), a bandwidth cap on what it
+  sends (`bandwidth_cap`, tbf), a CPU quota on the rank's process (`cpu_quota`, a cgroup of
+  the cpu controller).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from bpfdyno.rpc.v1 import agent_pb2, agent_pb2_grpc, tracing_pb2, tracing_pb2_g
 from bpfdyno.rpc.wire import from_pb
 
 TRAINERS = Path(__file__).resolve().parent / "trainers"
+WIRE = Path(__file__).resolve().parent / "delay_wire.py"
 SUBNET = "10.18.0"
 MASTER_PORT = 29500
 #: The ranks' job id (libkineto reports $SLURM_JOB_ID with its polls).
@@ -140,6 +145,39 @@ class Network:
             "}\n"
         )
         run("ip", "netns", "exec", self.namespaces[rank], "nft", "-f", "-", stdin=rules)
+
+    def mac(self, rank: int) -> str:
+        out = subprocess.run(
+            ["ip", "-n", self.namespaces[rank], "-j", "link", "show", "eth0"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        return str(json.loads(out)[0]["address"])
+
+    def _plug(self, rank: int, rank_end: str, bridge_end: str, mac: str) -> None:
+        """Make ``rank_end`` (in the rank's namespace) its eth0 with its address and MAC,
+        and ``bridge_end`` a port of the bridge: the peers' ARP entries stay right."""
+        ns, br = self.namespaces[rank], self.bridge_ns
+        run("ip", "-n", ns, "link", "set", rank_end, "name", "eth0")
+        run("ip", "-n", ns, "link", "set", "eth0", "address", mac)
+        run("ip", "-n", ns, "addr", "add", f"{self.addresses[rank]}/24", "dev", "eth0")
+        run("ip", "-n", ns, "link", "set", "eth0", "up")
+        run("ip", "-n", br, "link", "set", bridge_end, "master", "br0", "up")
+
+    def to_wire(self, rank: int, wire: str) -> None:
+        """Replace rank ``rank``'s veth by the wire's TAP devices ``{wire}a`` (the rank's
+        side) and ``{wire}b``, created in this namespace by a running `delay_wire.py`."""
+        mac = self.mac(rank)
+        run("ip", "link", "set", f"{wire}a", "netns", self.namespaces[rank])
+        run("ip", "link", "set", f"{wire}b", "netns", self.bridge_ns)
+        run("ip", "-n", self.bridge_ns, "link", "del", f"v{rank}")  # its eth0 goes with it
+        self._plug(rank, f"{wire}a", f"{wire}b", mac)
+
+    def to_veth(self, rank: int, mac: str) -> None:
+        """A veth again for rank ``rank`` (after its wire went away), with its MAC."""
+        ns = self.namespaces[rank]
+        run("ip", "-n", self.bridge_ns, "link", "add", f"v{rank}", "type", "veth",
+            "peer", "name", "new0", "netns", ns)  # fmt: skip
+        self._plug(rank, "new0", f"v{rank}", mac)
 
     def stop_dropping(self, rank: int) -> None:
         run("ip", "netns", "exec", self.namespaces[rank], "nft", "delete", "table", "inet",
@@ -455,6 +493,62 @@ class StragglerJob:
             self.network.stop_dropping(rank)
 
     @contextlib.contextmanager
+    def slow_link(self, rank: int, delay_ms: float, loss: float = 0.0) -> Iterator[None]:
+        """Everything rank ``rank`` sends is held ``delay_ms`` on its link (and lost with
+        probability ``loss``) on the way to the others; what it receives is not: a delay on
+        the sender's side only, one-way loss on the wire."""
+        wire_name = f"w{os.getpid() % 100000}r{rank}"
+        wire = spawn(
+            [sys.executable, str(WIRE), f"{wire_name}a", f"{wire_name}b", str(delay_ms), "0",
+             str(loss), "0"],
+            self.base / f"wire-{rank}.out",
+        )  # fmt: skip
+        mac = self.network.mac(rank)
+        try:
+            wait_for(lambda: "ready" in wire.lines(), 30, "the wire to be ready")
+            self.network.to_wire(rank, wire_name)
+            yield
+        finally:
+            wire.kill()  # its TAP devices, the rank's eth0 among them, go with it
+            self.network.to_veth(rank, mac)
+
+    @contextlib.contextmanager
+    def bandwidth_cap(self, rank: int, rate: str) -> Iterator[None]:
+        """What rank ``rank`` sends is limited to ``rate`` (tc's words: ``2mbit``), queued
+        up to 200 ms beyond it."""
+        ns = self.network.namespaces[rank]
+        run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
+            "rate", rate, "burst", "16kb", "latency", "200ms")  # fmt: skip
+        try:
+            yield
+        finally:
+            run("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root")
+
+    @contextlib.contextmanager
+    def cpu_quota(self, rank: int, quota_us: int, period_us: int = 100_000) -> Iterator[Path]:
+        """Rank ``rank``'s process (all its threads) in a cgroup of its own with ``quota_us``
+        of CPU time per ``period_us``: what a Kubernetes CPU limit does."""
+        root = Path("/sys/fs/cgroup/cpu")
+        v2 = not (root / "cpu.cfs_quota_us").exists()
+        if v2:
+            root = Path("/sys/fs/cgroup")
+        d = root / f"bds{os.getpid()}-r{rank}"
+        d.mkdir()
+        pid = self.rank_pids[rank]
+        try:
+            if v2:
+                (d / "cpu.max").write_text(f"{quota_us} {period_us}")
+            else:
+                (d / "cpu.cfs_period_us").write_text(str(period_us))
+                (d / "cpu.cfs_quota_us").write_text(str(quota_us))
+            (d / "cgroup.procs").write_text(str(pid))
+            yield d
+        finally:
+            with contextlib.suppress(OSError):
+                (root / "cgroup.procs").write_text(str(pid))
+            d.rmdir()
+
+    @contextlib.contextmanager
     def slow_batches(self, rank: int) -> Iterator[None]:
         """Rank ``rank``'s feeder waits `SLOW_BATCH_MS` before each batch."""
         self.feeders[rank].send(f"slow {SLOW_BATCH_MS}")
@@ -600,5 +694,17 @@ def describe(trace: Trace) -> str:
             f"  rank {rank}: {len(ev.collectives)} collectives, loss events {loss}, run-ups: "
             + ", ".join(f"{k} {s * 1e3:.1f} ms" for k, s in sorted(causes.items()))
         )
+        if ev.connections:
+            lines.append(
+                f"  rank {rank} round trips (ms): "
+                + ", ".join(
+                    f"{c.peer} {c.srtt_median_ms:.2f}/{c.srtt_max_ms:.2f}" for c in ev.connections
+                )
+            )
+        lines += [
+            f"  rank {rank} quota: {q.cgroup} {q.throttled_periods}/{q.periods} throttled, "
+            f"{q.throttled_seconds * 1e3:.0f} ms"
+            for q in ev.cpu_quotas
+        ]
     lines += [f"  note: {n}" for n in v.notes]
     return "\n".join(lines)

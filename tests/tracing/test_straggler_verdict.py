@@ -6,7 +6,13 @@ one rank only (`straggler_job`):
 - a busy process on the rank's CPU: that rank, late, waiting for a CPU, held by that process;
 - packet loss on the rank's link: that rank, network loss;
 - a data step that blocks on a slow read: that rank, late, blocked in readv(2) on its FIFO;
+- a link that delays what the rank sends by 20 ms: that rank, slow network links (its
+  connections' round trips);
+- a CPU quota of 5 ms per 100 ms on the rank's process: that rank, throttled by its CPU
+  quota, with no other task blamed;
 - no fault: no straggler.
+
+The wider matrix of faults, strengths and ranks is `tests/bench/bench_verdict_matrix.py`.
 
 The job is started once for the module and every scenario runs against it in turn. Each
 test prints the evidence behind its verdict (`describe`: run with ``-s`` to see the
@@ -36,6 +42,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.usefixtures("torch
 RANKS = 4
 CPUS = (0, 0, 1, 0)
 HOG_RANK, LOSS_RANK, READ_RANK = 2, 1, 3
+LATENCY_RANK, QUOTA_RANK = 3, 1
+#: What the slow link adds to every packet the rank sends.
+DELAY_MS = 20.0
+#: The quota: CPU time per 100 ms period.
+QUOTA_US = 5000
 #: Steps traced per scenario: one gloo all-reduce each.
 ITERATIONS = 60
 #: Packets the lossy rank receives that are dropped, per mille.
@@ -156,3 +167,36 @@ def test_a_data_step_blocked_on_a_slow_read(job: StragglerJob) -> None:
         r.stdout
     )
     assert f"verdict: {trace.verdict.headline}" in lines, r.stdout
+
+
+def test_added_latency_on_a_rank_s_link(job: StragglerJob) -> None:
+    with job.slow_link(LATENCY_RANK, DELAY_MS):
+        trace = job.trace("latency", ITERATIONS)
+    assert_every_rank_compared(trace)
+    f = the_straggler(trace)
+    assert (f.rank, f.kind, f.pid) == (LATENCY_RANK, "latency", job.rank_pids[LATENCY_RANK])
+    assert f.causes[0].cause == "network_latency"
+    # Its connections' round trips: the link's 20 ms and more (the wire's own turn).
+    m = re.match(
+        r"round trips of ([0-9.]+) ms on rank (\d+)(?: on \S+)?'s connections", f.causes[0].detail
+    )
+    assert m is not None and int(m[2]) == LATENCY_RANK, f.causes[0].detail
+    assert DELAY_MS <= float(m[1]) <= 3 * DELAY_MS, f.causes[0].detail
+    assert 0 < f.share <= 1
+
+
+def test_a_cpu_quota_on_a_rank(job: StragglerJob) -> None:
+    with job.cpu_quota(QUOTA_RANK, QUOTA_US) as cgroup:
+        trace = job.trace("cpu-quota", ITERATIONS)
+    assert_every_rank_compared(trace)
+    f = the_straggler(trace)
+    assert (f.rank, f.kind, f.pid) == (QUOTA_RANK, "late", job.rank_pids[QUOTA_RANK])
+    assert f.causes[0].cause == "cpu_quota"
+    assert re.match(
+        rf"cgroup /{cgroup.name}: (\d+) periods of (\d+) throttled, .*; quota 5 ms per 100 ms",
+        f.causes[0].detail,
+    ), f.causes[0].detail
+    # The waits were the quota's: no task that ran meanwhile is named for them.
+    assert all(c.cause != "cpu_wait" or "held by" not in c.detail for c in f.causes)
+    assert all(not w.detail.startswith("held by") for w in f.worst), f.worst
+    assert_worst_inside_windows(trace, f)

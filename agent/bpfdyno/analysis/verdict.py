@@ -40,16 +40,19 @@ clients for a whole job; both decide the same way.
 6. **Slow links** (`_latency_finding`): the net track samples each TCP connection's
    smoothed round-trip time. A delay on one rank's link (its packets or its acknowledgements
    held on the way) shows on both ends of every connection of that rank, and on no other: a
-   connection is slow when its median round trip is `SLOW_RTT_FACTOR` times the job's
-   lower quartile and at least `SLOW_RTT_MS`; the rank on (nearly) every slow connection is
-   named, or the link between two ranks when only their connections are slow. The time lost
-   is the collectives' own time (last arrival to last completion, each moment once) times
+   connection between two ranks is slow when its median round trip is `SLOW_RTT_FACTOR`
+   times the job's lower quartile and at least `SLOW_RTT_MS`; with `MIN_SLOW_ENDS` or more
+   slow, the rank on (nearly) every slow connection is named, or the link between two ranks
+   when only their connections are slow — if the named ranks' own ends are slow too: a rank
+   starved of CPU acknowledges late, so its peers see it slow, but its own round trips stay
+   fast; a link delays both. The time lost is the collectives' own time (last arrival to last completion, each moment once) times
    the share of their round trips the slowness added (1 - typical / slow). A rank that
    left a collective late because of it is late for the link's sake (as with loss, 2).
 7. **CPU quota**: a late rank whose cgroup was throttled by its CPU quota in the window
    (the sched track reads the cgroup's counters) is named "throttled by its CPU quota"
-   with the cgroup's periods and throttled time, for up to that time of its lost time; its
-   waits for a CPU are the quota's then, and no task that ran meanwhile is named for them.
+   with the cgroup's periods and throttled time: its excess waits for a CPU are the quota's
+   (all of them when most periods were throttled, else up to the throttled time), and no
+   task that ran meanwhile is named for them.
 """
 
 from __future__ import annotations
@@ -122,8 +125,15 @@ CLOCK_SLACK = 0.01
 #: A TCP connection is slow when its median smoothed round trip is at least this many times
 #: the lower quartile of the job's connections...
 SLOW_RTT_FACTOR = 4.0
-#: ... and at least this long (ms): below it, round trips cost a collective little.
-SLOW_RTT_MS = 1.0
+#: ... and at least this long (ms): below it, round trips cost a collective little (healthy
+#: ranks sharing a loaded 2-CPU machine were seen at up to 0.3 ms, an idle store connection
+#: whose last sample dated from the job's start at 1.9 ms).
+SLOW_RTT_MS = 2.0
+#: Slow connection ends needed: one alone is one socket's bad moment, not a link.
+MIN_SLOW_ENDS = 2
+#: A cgroup throttled in at least this share of its periods: every wait of its threads for a
+#: CPU is the quota's.
+QUOTA_MOSTLY = 0.5
 #: The rank named for slow links is on at least this share of the slow connections.
 SLOW_LINK_OWNER = 0.9
 
@@ -535,13 +545,16 @@ def _late_finding(
         worst += [replace(w, path=r.ev.path) for w in mine.worst if w.cause in own]
     quota = _throttled(r.ev.cpu_quotas)
     if quota is not None:
-        # The quota held the rank's threads off the CPU while they were runnable: up to its
-        # throttled time, the rank's lateness is the quota's, and so are its waits for a CPU
-        # (whoever ran meanwhile did not cause them).
-        share = min(seconds, quota.throttled_seconds)
-        excess["cpu_quota"] = share
-        if "cpu_wait" in excess:
-            excess["cpu_wait"] = max(0.0, excess["cpu_wait"] - share)
+        # The quota held the rank's threads off the CPU while they were runnable: its waits
+        # for a CPU are the quota's (whoever ran meanwhile did not cause them) — all of them
+        # when most periods were throttled (each runnable thread waits out the period, so
+        # threads together wait longer than the cgroup's throttled time), else up to it.
+        waits = excess.pop("cpu_wait", 0.0)
+        mostly = quota.throttled_periods >= QUOTA_MOSTLY * quota.periods
+        moved = waits if mostly else min(waits, quota.throttled_seconds)
+        excess["cpu_quota"] = moved
+        if waits > moved:
+            excess["cpu_wait"] = waits - moved
         worst = [_quota_instance(w, quota) if w.cause == "cpu_wait" else w for w in worst]
         details["cpu_quota"][_quota_detail(quota)] += 1
     causes: list[CauseTime] = []
@@ -817,8 +830,13 @@ def _slow_links(rs: list[_Rank]) -> _SlowLinks | None:
     for r in rs:
         for address in (*r.ev.local_addresses, *(c.local for c in r.ev.connections)):
             owner[address] = r.label
-    ends: list[tuple[int, int | None, ConnectionRtt]] = [
-        (r.label, owner.get(c.peer), c) for r in rs for c in r.ev.connections if c.samples
+    # Only connections between the ranks: those the collectives use (not the rendezvous
+    # store's, whose process is not a rank, nor anything else the ranks talk to).
+    ends: list[tuple[int, int, ConnectionRtt]] = [
+        (r.label, owner[c.peer], c)
+        for r in rs
+        for c in r.ev.connections
+        if c.samples and c.peer in owner and owner[c.peer] != r.label
     ]
     if len(ends) < 2:
         return None
@@ -826,17 +844,20 @@ def _slow_links(rs: list[_Rank]) -> _SlowLinks | None:
     typical = rtts[(len(rtts) - 1) // 4]
     threshold = max(SLOW_RTT_MS, SLOW_RTT_FACTOR * typical)
     slow = [(a, b, c) for a, b, c in ends if c.srtt_median_ms >= threshold]
-    if not slow:
+    if len(slow) < MIN_SLOW_ENDS:
         return None
     on: Counter[int] = Counter()
     for a, b, _ in slow:
         on[a] += 1
-        if b is not None and b != a:
-            on[b] += 1
+        on[b] += 1
     common = tuple(sorted(k for k, n in on.items() if n >= SLOW_LINK_OWNER * len(slow)))
     if not common or len(common) > 2:
         return None  # slow everywhere, or no rank in common: not one rank's link
-    peers = sorted({k for a, b, _ in slow for k in (a, b) if k is not None and k not in common})
+    if not all(any(a == k for a, _, _ in slow) for k in common):
+        # Only its peers see it slow: its acknowledgements come late because it does not
+        # run (a busy receiver), while what it measures itself is fast. A link delays both.
+        return None
+    peers = sorted({k for a, b, _ in slow for k in (a, b) if k not in common})
     return _SlowLinks(
         common,
         statistics.median(c.srtt_median_ms for _, _, c in slow),
