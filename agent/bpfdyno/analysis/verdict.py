@@ -45,9 +45,10 @@ clients for a whole job; both decide the same way.
    slow, the rank on (nearly) every slow connection is named, or the link between two ranks
    when only their connections are slow — if the named ranks' own ends are slow too: a rank
    starved of CPU acknowledges late, so its peers see it slow, but its own round trips stay
-   fast; a link delays both. The time lost is the collectives' own time (last arrival to last completion, each moment once) times
-   the share of their round trips the slowness added (1 - typical / slow). A rank that
-   left a collective late because of it is late for the link's sake (as with loss, 2).
+   fast; a link delays both. The time lost is the collectives' own time (last arrival to
+   last completion, each moment once) times the share of their round trips the slowness
+   added (1 - typical / slow). A rank that left a collective late because of it is late for
+   the link's sake (as with loss, 2).
 7. **CPU quota**: a late rank whose cgroup was throttled by its CPU quota in the window
    (the sched track reads the cgroup's counters) is named "throttled by its CPU quota"
    with the cgroup's periods and throttled time: its excess waits for a CPU are the quota's
