@@ -115,7 +115,7 @@ def test_a_slow_link_of_one_rank_names_that_rank() -> None:
     assert f.share <= 1.0
     assert f.causes[0].detail.startswith(
         "round trips of 20.0 ms on rank 2 on node's connections against 0.05 ms typical "
-        "(6 slow connection ends; peers: ranks 0, 1, 3)"
+        "(3 slow connections; peers: ranks 0, 1, 3)"
     )
     assert v.headline.startswith("slow network on rank 2 on node's connections slowed the")
 

@@ -470,15 +470,15 @@ class StragglerJob:
     # -- faults ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def cpu_hog(self, rank: int) -> Iterator[Proc]:
-        """A busy process named `HOG_NAME` pinned to rank ``rank``'s CPU."""
+    def cpu_hog(self, rank: int, nice: int = HOG_NICE) -> Iterator[Proc]:
+        """A busy process named `HOG_NAME` pinned to rank ``rank``'s CPU, at ``nice``."""
         hog = spawn(
             [sys.executable, "-c", HOG_CODE, HOG_NAME, str(self.cpus[rank])],
             self.base / "hog.out",
         )
         try:
             wait_for(lambda: "spinning" in hog.lines(), 30, "the CPU hog to spin")
-            set_weight(hog.pid, HOG_NICE)
+            set_weight(hog.pid, nice)
             yield hog
         finally:
             hog.kill()
@@ -549,9 +549,9 @@ class StragglerJob:
             d.rmdir()
 
     @contextlib.contextmanager
-    def slow_batches(self, rank: int) -> Iterator[None]:
-        """Rank ``rank``'s feeder waits `SLOW_BATCH_MS` before each batch."""
-        self.feeders[rank].send(f"slow {SLOW_BATCH_MS}")
+    def slow_batches(self, rank: int, ms: float = SLOW_BATCH_MS) -> Iterator[None]:
+        """Rank ``rank``'s feeder waits ``ms`` before each batch."""
+        self.feeders[rank].send(f"slow {ms}")
         try:
             yield
         finally:
@@ -590,7 +590,14 @@ class StragglerJob:
         for f in self.feeders:
             f.send("go")
 
-    def trace(self, name: str, iterations: int, settle: int = 10, timeout: float = 120) -> Trace:
+    def trace(
+        self,
+        name: str,
+        iterations: int,
+        settle: int = 10,
+        timeout: float = 120,
+        aligned: bool = True,
+    ) -> Trace:
         """Trace ``iterations`` steps of every rank, with the net and sched kernel tracks;
         the agent's summary of the files and its verdict.
 
@@ -599,9 +606,12 @@ class StragglerJob:
         multiple of N steps still splits the ranks when a multiple falls between their
         polls. So the ranks are held at one step (`hold`) until each one's Kineto has the
         request (it logs it), then let go; they all start ``settle`` steps later.
+
+        ``aligned=False`` asks as ``gputrace --job-id`` does, without the hold: each rank
+        starts at its own next poll, its window apart from the others'.
         """
         started = time.monotonic()
-        steps = self.hold()
+        steps = self.hold() if aligned else 0
         with self.agent.channel() as ch:
             stub = tracing_pb2_grpc.TracingStub(ch)
             try:
@@ -612,7 +622,7 @@ class StragglerJob:
                         iterations=iterations,
                         # Kineto numbers steps from 0: the first after the hold is `steps`,
                         # and it starts at the first multiple of the round-up from there.
-                        profile_start_iteration_roundup=steps + settle,
+                        profile_start_iteration_roundup=steps + settle if aligned else 1,
                         process_limit=self.ranks,
                         kernel_tracks="net,sched",
                         pre_window_seconds=0.0,

@@ -39,16 +39,16 @@ clients for a whole job; both decide the same way.
    lost on the way (one-way loss on the wire shows only as the sender's retransmits).
 6. **Slow links** (`_latency_finding`): the net track samples each TCP connection's
    smoothed round-trip time. A delay on one rank's link (its packets or its acknowledgements
-   held on the way) shows on both ends of every connection of that rank, and on no other: a
-   connection between two ranks is slow when its median round trip is `SLOW_RTT_FACTOR`
-   times the job's lower quartile and at least `SLOW_RTT_MS`; with `MIN_SLOW_ENDS` or more
-   slow, the rank on (nearly) every slow connection is named, or the link between two ranks
-   when only their connections are slow — if the named ranks' own ends are slow too: a rank
-   starved of CPU acknowledges late, so its peers see it slow, but its own round trips stay
-   fast; a link delays both. The time lost is the collectives' own time (last arrival to
-   last completion, each moment once) times the share of their round trips the slowness
-   added (1 - typical / slow). A rank that left a collective late because of it is late for
-   the link's sake (as with loss, 2).
+   held on the way) shows on both ends of every connection of that rank, and on no other;
+   a rank starved of CPU acknowledges late, so its peers see it slow while its own round
+   trips stay fast. So each connection between two ranks counts its faster end, and it is
+   slow when that is `SLOW_RTT_FACTOR` times the job's lower quartile and at least
+   `SLOW_RTT_MS`; with a slow connection measured from both ends, or `MIN_SLOW_CONNECTIONS`,
+   the rank on (nearly) every slow connection is named, or the link between two ranks when
+   only theirs is slow. The time lost is the collectives' own time (last arrival to last
+   completion, each moment once) times the share of their round trips the slowness added
+   (1 - typical / slow). A rank that left a collective late because of it is late for the
+   link's sake (as with loss, 2).
 7. **CPU quota**: a late rank whose cgroup was throttled by its CPU quota in the window
    (the sched track reads the cgroup's counters) is named "throttled by its CPU quota"
    with the cgroup's periods and throttled time: its excess waits for a CPU are the quota's
@@ -70,7 +70,6 @@ from bpfdyno.rpc.diagnosis import (
     STEP_PARTS,
     CauseTime,
     CollectiveEvidence,
-    ConnectionRtt,
     CpuQuota,
     Finding,
     Instance,
@@ -130,8 +129,8 @@ SLOW_RTT_FACTOR = 4.0
 #: ranks sharing a loaded 2-CPU machine were seen at up to 0.3 ms, an idle store connection
 #: whose last sample dated from the job's start at 1.9 ms).
 SLOW_RTT_MS = 2.0
-#: Slow connection ends needed: one alone is one socket's bad moment, not a link.
-MIN_SLOW_ENDS = 2
+#: Slow connections needed when none was measured slow from both its ends.
+MIN_SLOW_CONNECTIONS = 2
 #: A cgroup throttled in at least this share of its periods: every wait of its threads for a
 #: CPU is the quota's.
 QUOTA_MOSTLY = 0.5
@@ -831,37 +830,37 @@ def _slow_links(rs: list[_Rank]) -> _SlowLinks | None:
     for r in rs:
         for address in (*r.ev.local_addresses, *(c.local for c in r.ev.connections)):
             owner[address] = r.label
-    # Only connections between the ranks: those the collectives use (not the rendezvous
-    # store's, whose process is not a rank, nor anything else the ranks talk to).
-    ends: list[tuple[int, int, ConnectionRtt]] = [
-        (r.label, owner[c.peer], c)
-        for r in rs
-        for c in r.ev.connections
-        if c.samples and c.peer in owner and owner[c.peer] != r.label
-    ]
-    if len(ends) < 2:
+    # Per connection between two ranks (the collectives' connections: not the rendezvous
+    # store's, whose process is not a rank), the round trips of its sampled ends.
+    conns: dict[tuple[str, str], list[float]] = defaultdict(list)
+    pair: dict[tuple[str, str], tuple[int, int]] = {}
+    for r in rs:
+        for c in r.ev.connections:
+            if c.samples and c.peer in owner and owner[c.peer] != r.label:
+                key = (min(c.local, c.peer), max(c.local, c.peer))
+                conns[key].append(c.srtt_median_ms)
+                pair[key] = (r.label, owner[c.peer])
+    if len(conns) < 2:
         return None
-    rtts = sorted(c.srtt_median_ms for _, _, c in ends)
-    typical = rtts[(len(rtts) - 1) // 4]
+    # A link delays what crosses it both ways, so both ends measure it; one end alone slow is
+    # that end's peer answering late (a busy receiver acknowledges late): the faster end.
+    rtt = {key: min(v) for key, v in conns.items()}
+    ordered = sorted(rtt.values())
+    typical = ordered[(len(ordered) - 1) // 4]
     threshold = max(SLOW_RTT_MS, SLOW_RTT_FACTOR * typical)
-    slow = [(a, b, c) for a, b, c in ends if c.srtt_median_ms >= threshold]
-    if len(slow) < MIN_SLOW_ENDS:
+    slow = [key for key, ms in rtt.items() if ms >= threshold]
+    if len(slow) < MIN_SLOW_CONNECTIONS and not any(len(conns[k]) == 2 for k in slow):
+        return None  # one connection seen from one end: that socket's moment, not a link
+    if not slow:
         return None
-    on: Counter[int] = Counter()
-    for a, b, _ in slow:
-        on[a] += 1
-        on[b] += 1
+    on: Counter[int] = Counter(k for key in slow for k in pair[key])
     common = tuple(sorted(k for k, n in on.items() if n >= SLOW_LINK_OWNER * len(slow)))
     if not common or len(common) > 2:
         return None  # slow everywhere, or no rank in common: not one rank's link
-    if not all(any(a == k for a, _, _ in slow) for k in common):
-        # Only its peers see it slow: its acknowledgements come late because it does not
-        # run (a busy receiver), while what it measures itself is fast. A link delays both.
-        return None
-    peers = sorted({k for a, b, _ in slow for k in (a, b) if k not in common})
+    peers = sorted({k for key in slow for k in pair[key] if k not in common})
     return _SlowLinks(
         common,
-        statistics.median(c.srtt_median_ms for _, _, c in slow),
+        statistics.median(rtt[key] for key in slow),
         typical,
         len(slow),
         tuple(peers),
@@ -895,7 +894,7 @@ def _latency_finding(
     with_ranks = ", ".join(map(str, slow.peers)) or "unknown peers"
     detail = (
         f"round trips of {slow.slow_ms:.1f} ms on {where} against {slow.typical_ms:.2f} ms "
-        f"typical ({slow.connections} slow connection ends; peers: ranks {with_ranks}): "
+        f"typical ({slow.connections} slow connections; peers: ranks {with_ranks}): "
         "added latency, or a bandwidth cap queueing its packets"
     )
     summary = (

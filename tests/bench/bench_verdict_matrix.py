@@ -1,0 +1,241 @@
+"""The verdict on a matrix of real faults: the 4-rank DDP job of
+tests/tracing/test_straggler_verdict.py (gloo over TCP, each rank in its own network namespace,
+traced through a real agent with the net and sched tracks), each fault at two strengths, on
+different ranks, several runs each; and healthy runs, with background load and with windows
+that start apart as ``gputrace --job-id`` starts them (no hold). Run as root:
+
+    python tests/bench/bench_verdict_matrix.py [--runs 5] [--classes latency,quota,...]
+        [--out results.jsonl]
+
+Per class it reports: right (the faulted rank named with the fault's cause), wrong (another
+rank, or the right rank with another cause), "no straggler", errors (the trace failed), and
+any finding whose share of the compared time is over 100 %. Not CI-timed: a run takes 5-20 s,
+the whole matrix at 5 runs about half an hour on a 2-CPU machine.
+
+Classes and what each expects (`FAULTS`):
+
+- ``latency``: what the rank sends held 5 or 20 ms on its link -> that rank, slow network
+  links (``network_latency``);
+- ``bandwidth``: what the rank sends capped at 200 or 50 kbit/s (tbf) -> that rank, slow
+  network links;
+- ``loss``: 5 or 15 % of the TCP packets the rank receives dropped (nftables, at the
+  receiver) -> that rank, network loss;
+- ``wire-loss``: 5 or 15 % of what the rank sends lost on the wire (seen only as the
+  sender's retransmits) -> that rank, network loss;
+- ``hog``: a busy process on the rank's CPU at nice -20 or -10 -> that rank, waiting for a
+  CPU (rank 2 only: it has CPU 1 to itself; the others share CPU 0);
+- ``quota``: the rank's process under a CPU quota of 5 or 10 ms per 100 ms -> that rank,
+  throttled by its CPU quota;
+- ``slow-read``: each batch delivered 60 or 120 ms late -> that rank, blocked on its read
+  (``io_wait``);
+- ``two``: 20 ms of latency on one rank and a CPU hog on rank 2 at once -> both named;
+- ``healthy``: no fault -> no straggler; ``healthy-load``: with two busy processes at nice
+  19, unpinned; ``healthy-apart``: traced without the hold, each rank from its own poll.
+
+Not here yet: a throttled disk, page-cache eviction or memory pressure, a slow DataLoader
+worker, an interrupt storm, more work per step on one rank (the trainer has no knob for
+them yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tracing"))
+
+from straggler_job import StragglerJob, Trace, short_base, spawn
+
+RANKS = 4
+CPUS = (0, 0, 1, 0)
+ITERATIONS = 60
+
+#: What a right answer is: (rank, finding kind, first cause).
+Expected = tuple[int, str, str]
+Fault = Callable[[StragglerJob, int, int], AbstractContextManager[object]]
+
+BUSY = "import os\nos.nice(19)\nwhile True:\n    pass\n"
+
+
+@contextlib.contextmanager
+def background_load(job: StragglerJob) -> Iterator[None]:
+    """Two busy processes at nice 19, free to run on either CPU."""
+    procs = [spawn([sys.executable, "-c", BUSY], job.base / f"busy-{i}.out") for i in range(2)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+
+
+@contextlib.contextmanager
+def two_faults(job: StragglerJob, rank: int, strength: int) -> Iterator[None]:
+    with job.slow_link(rank, 20.0), job.cpu_hog(2, -20 if strength else -10):
+        yield
+
+
+@dataclass(frozen=True)
+class FaultClass:
+    name: str
+    ranks: tuple[int, ...]  # the runs go round these
+    strengths: tuple[str, str]
+    inject: Fault | None
+    expect: Callable[[int], list[Expected]]  # per faulted rank: the findings expected
+    aligned: bool = True
+
+
+def late(cause: str) -> Callable[[int], list[Expected]]:
+    return lambda rank: [(rank, "late", cause)]
+
+
+FAULTS = [
+    FaultClass(
+        "latency", (3, 1, 0), ("5 ms", "20 ms"),
+        lambda j, r, s: j.slow_link(r, (5.0, 20.0)[s]),
+        lambda r: [(r, "latency", "network_latency")],
+    ),
+    FaultClass(
+        "bandwidth", (1, 3, 0), ("200 kbit/s", "50 kbit/s"),
+        lambda j, r, s: j.bandwidth_cap(r, ("200kbit", "50kbit")[s]),
+        lambda r: [(r, "latency", "network_latency")],
+    ),
+    FaultClass(
+        "loss", (1, 3, 0), ("5 %", "15 %"),
+        lambda j, r, s: j.packet_loss(r, (50, 150)[s]),
+        lambda r: [(r, "network", "network_loss")],
+    ),
+    FaultClass(
+        "wire-loss", (3, 1, 0), ("5 %", "15 %"),
+        lambda j, r, s: j.slow_link(r, 0.0, (0.05, 0.15)[s]),
+        lambda r: [(r, "network", "network_loss")],
+    ),
+    FaultClass(
+        "hog", (2,), ("nice -10", "nice -20"),
+        lambda j, r, s: j.cpu_hog(r, (-10, -20)[s]),
+        late("cpu_wait"),
+    ),
+    FaultClass(
+        "quota", (1, 3, 0, 2), ("10 ms / 100 ms", "5 ms / 100 ms"),
+        lambda j, r, s: j.cpu_quota(r, (10000, 5000)[s]),
+        late("cpu_quota"),
+    ),
+    FaultClass(
+        "slow-read", (3, 1, 0, 2), ("60 ms", "120 ms"),
+        lambda j, r, s: j.slow_batches(r, (60.0, 120.0)[s]),
+        late("io_wait"),
+    ),
+    FaultClass(
+        "two", (3, 1, 0), ("+ hog nice -10", "+ hog nice -20"),
+        two_faults,
+        lambda r: [(r, "latency", "network_latency"), (2, "late", "cpu_wait")],
+    ),
+    FaultClass("healthy", (-1,), ("", ""), None, lambda r: []),
+    FaultClass(
+        "healthy-load", (-1,), ("", ""), lambda j, r, s: background_load(j), lambda r: []
+    ),
+    FaultClass("healthy-apart", (-1,), ("", ""), None, lambda r: [], aligned=False),
+]  # fmt: skip
+
+
+def judge(trace: Trace, expected: list[Expected]) -> str:
+    """``right``, ``wrong`` or ``none`` (no straggler)."""
+    found = {
+        (f.rank, f.kind, f.causes[0].cause if f.causes else "") for f in trace.verdict.stragglers
+    }
+    if not expected:
+        return "right" if not found else "wrong"
+    if not found:
+        return "none"
+    return "right" if set(expected) <= found else "wrong"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--runs", type=int, default=5, help="runs per class and strength")
+    ap.add_argument("--classes", default="", help="comma list (default: all)")
+    ap.add_argument("--out", default="verdict-matrix.jsonl", help="one JSON line per run")
+    args = ap.parse_args()
+    wanted = set(filter(None, args.classes.split(",")))
+    classes = [c for c in FAULTS if not wanted or c.name in wanted]
+    print(
+        f"{time.strftime('%Y-%m-%d %H:%M')} on {os.uname().release} ({os.cpu_count()} CPUs), "
+        f"load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    base = short_base()
+    job = StragglerJob(base, RANKS, CPUS)
+    tally: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    over: Counter[str] = Counter()
+    loads: dict[str, list[float]] = defaultdict(list)
+    try:
+        job.start()
+        with open(args.out, "a") as out:
+            for run in range(args.runs):
+                for c in classes:
+                    strengths = (0, 1) if c.strengths[0] else (0,)
+                    for s in strengths:
+                        rank = c.ranks[(run + s) % len(c.ranks)]
+                        label = (c.name, c.strengths[s])
+                        started = time.monotonic()
+                        outcome, headline, shares = "error", "", []
+                        try:
+                            ctx = (
+                                c.inject(job, rank, s)
+                                if c.inject is not None
+                                else contextlib.nullcontext()
+                            )
+                            with ctx:
+                                trace = job.trace(
+                                    f"{c.name}-{s}-{run}", ITERATIONS, aligned=c.aligned
+                                )
+                            outcome = judge(trace, c.expect(rank))
+                            headline = trace.verdict.headline
+                            shares = [f.share for f in trace.verdict.stragglers]
+                        except Exception as e:  # one run's failure is counted, not fatal
+                            headline = f"{type(e).__name__}: {str(e)[:300]}"
+                        tally[label][outcome] += 1
+                        over[c.name] += sum(1 for x in shares if x > 1.0)
+                        loads[c.name].append(os.getloadavg()[0])
+                        record = {
+                            "class": c.name, "strength": c.strengths[s], "rank": rank,
+                            "run": run, "outcome": outcome, "shares": shares,
+                            "headline": headline, "seconds": round(time.monotonic() - started, 1),
+                            "load": os.getloadavg()[0],
+                        }  # fmt: skip
+                        out.write(json.dumps(record) + "\n")
+                        out.flush()
+                        print(
+                            f"{c.name} {c.strengths[s]} rank {rank}: {outcome}: {headline}",
+                            flush=True,
+                        )
+    finally:
+        job.close()
+        shutil.rmtree(base, ignore_errors=True)
+    print("\n| class | strength | runs | right | wrong | no straggler | errors |")
+    print("|---|---|---|---|---|---|---|")
+    for c in classes:
+        for strength in c.strengths if c.strengths[0] else ("",):
+            t = tally[(c.name, strength)]
+            if sum(t.values()):
+                print(
+                    f"| {c.name} | {strength or '-'} | {sum(t.values())} | {t['right']} | "
+                    f"{t['wrong']} | {t['none']} | {t['error']} |"
+                )
+    print(f"\nfindings with a share over 100 %: {sum(over.values())} ({dict(over)})")
+    every = [x for v in loads.values() for x in v]
+    if every:
+        print(f"load average during the runs: {min(every):.1f}-{max(every):.1f}")
+
+
+if __name__ == "__main__":
+    main()
