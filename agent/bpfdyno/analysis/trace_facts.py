@@ -378,6 +378,10 @@ class _Reader:
             name = str(e.get("name", ""))
             cause = "runnable" if name.startswith("runnable") else name.split(": ")[-1]
             cause = cause.split(" (")[0] or "blocked"
+        if args.get("state") == "D" and cause != "runnable":
+            # Uninterruptible sleep is a disk or a page whatever the system call (files
+            # written before the capture decided by state first say "io wait" for a read).
+            cause = "disk/uninterruptible"
         self.f.offcpu.append(
             OffCpuSlice(tid, ts, ts + self._dur(e), cause, str(args.get("syscall") or ""), held)
         )

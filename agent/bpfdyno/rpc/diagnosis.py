@@ -25,7 +25,7 @@ CAUSES: dict[str, str] = {
     "data_loader": "waiting for DataLoader workers",
     "file_io": "blocked in file I/O",
     "io_wait": "blocked on a socket, pipe or event",
-    "disk": "uninterruptible sleep (disk, page faults)",
+    "disk": "disk or file I/O (uninterruptible sleep: reads, writes, page faults)",
     "lock": "blocked on a lock or another thread",
     "sleep": "sleeping",
     "blocked": "blocked (other)",
