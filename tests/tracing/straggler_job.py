@@ -505,9 +505,24 @@ class StragglerJob:
         multiple of N steps still splits the ranks when a multiple falls between their
         polls. So the ranks are held at one step (`hold`) until each one's Kineto has the
         request (it logs it), then let go; they all start ``settle`` steps later.
+
+        The previous trace is over for the agent only when each rank has polled again since
+        its Kineto wrote the file: until then its last poll says its profiler is busy, and a
+        request would skip it ("busy: its profiler is tracing"). So the request waits for
+        every rank to be idle in the agent's own list.
         """
         started = time.monotonic()
         steps = self.hold()
+        pids = set(self.rank_pids.values())
+        idle = tracing_pb2.TRAINER_STATE_IDLE
+
+        def all_idle() -> bool:
+            states = {t.pid: t.state for t in self.agent.trainers() if t.pid in pids}
+            return set(states) == pids and all(s == idle for s in states.values())
+
+        waited = time.monotonic()
+        wait_for(all_idle, 60, "every rank's profiler to be free (its last poll says so)")
+        print(f"{name}: waited {time.monotonic() - waited:.2f} s for every rank to be idle")
         with self.agent.channel() as ch:
             stub = tracing_pb2_grpc.TracingStub(ch)
             try:
