@@ -14,6 +14,7 @@ from bpfdyno.rpc.diagnosis import (
     Instance,
     LossEvent,
     RankEvidence,
+    StepSplit,
     Verdict,
 )
 from bpfdyno.rpc.v1 import diagnosis_pb2
@@ -566,3 +567,39 @@ def test_time_waited_in_two_groups_at_once_counts_once() -> None:
     assert v.matched == 40
     [f] = v.stragglers
     assert f.rank == 1 and f.seconds == pytest.approx(0.6) and f.share <= 1
+
+
+def test_when_every_rank_is_slowed_alike_the_job_s_time_is_said() -> None:
+    """Each collective takes 250 ms after every rank arrived together (a slow network for
+    all): no straggler, but where the time went — 89 % of a 280 ms step in collectives —
+    and what the collectives achieved for their bytes: 4 MiB per rank in 20 x 250 ms."""
+    split = StepSplit(
+        steps=20,
+        step_seconds=0.280,
+        parts=(
+            CauseTime("collectives", 0.250),
+            CauseTime("on_cpu", 0.025),
+            CauseTime("data_loader", 0.004),  # under 5 % of the step: not said
+        ),
+    )
+
+    def member(r: int) -> RankEvidence:
+        cs = [collective(i, i * 280, i * 280 + 250) for i in range(20)]
+        return dataclasses.replace(rank(r, cs), steps=split, collective_net_bytes=4 << 20)
+
+    v = compare([member(r) for r in range(4)])
+    assert v.within_noise and v.stragglers == ()
+    assert v.headline.endswith("; where the time went: in collectives (89% of a 280.0 ms step)")
+    assert v.job_time == (
+        "a step takes 280.0 ms (median over 4 ranks): in collectives 250.0 ms (89%), "
+        "main thread on a CPU 25.0 ms (9%); its collectives moved 4.0 MiB per rank over TCP "
+        "(median) in 5.00 s after their last rank arrived: 819.2 KiB/s"
+    )
+    assert "  where the job's time went: a step takes 280.0 ms" in verdict_text(v)
+    assert from_pb(Verdict, to_pb(v)) == v
+
+
+def test_a_straggler_verdict_says_no_job_time() -> None:
+    slow = rank(2, [collective(i, i * 100 + 30, i * 100 + 35) for i in range(20)])
+    v = compare([healthy(0), healthy(1), slow])
+    assert v.stragglers and v.job_time == ""

@@ -164,6 +164,7 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         notes.append(f"{lost} kernel records were lost while capturing (the file's info slice)")
     if facts.dropped:
         notes.append(f"{facts.dropped} events beyond the reader's limits were not read")
+    out_spans = chosen[:MAX_COLLECTIVES]
     locals_ = {b[5] for b in facts.net_bursts} | {e.local for e in facts.net_events}
     return RankEvidence(
         path=facts.path,
@@ -191,6 +192,9 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         steps=_step_split(steps, chosen, threads, busy, pid),
         notes=tuple(notes),
         fabric_devices=tuple(sorted({d for _, d, _, _ in facts.fabric if d != "cpu"})),
+        collective_net_bytes=_bytes_inside(
+            facts.net_bursts, _union((c.start_us, c.end_us) for c in out_spans)
+        ),
     )
 
 
@@ -213,6 +217,22 @@ class _Totals:
         return (
             self.sums[bisect.bisect_left(self.ts, hi)] - self.sums[bisect.bisect_left(self.ts, lo)]
         )
+
+
+def _bytes_inside(
+    bursts: Sequence[tuple[float, float, str, int, int, str, str]],
+    spans: Sequence[tuple[float, float]],
+) -> int:
+    """Bytes of the net track's bursts (sent and received) inside ``spans`` (sorted,
+    disjoint): a burst that crosses an edge counts for the share of its time inside."""
+    total = 0.0
+    for start, end, _kind, nbytes, _calls, _local, _peer in bursts:
+        if end <= start:  # one call: inside or not
+            total += nbytes if _cut(start, start + 1e-9, spans) else 0
+            continue
+        inside = sum(b - a for a, b in _cut(start, end, spans))
+        total += nbytes * inside / (end - start)
+    return round(total)
 
 
 def _duplicate(e: NetInstant) -> bool:

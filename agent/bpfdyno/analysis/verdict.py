@@ -80,6 +80,10 @@ MIN_OVERLAP = 0.25
 MIN_MATCHED = 3
 #: A cause is listed when it explains at least this share of a straggler's lost time.
 MIN_CAUSE_SHARE = 0.05
+#: The job's time (no straggler): the parts of a step said, the largest first, down to this
+#: share of the step.
+JOB_PARTS = 4
+JOB_PART_MIN = 0.05
 #: Worst instances listed per finding.
 TOP_INSTANCES = 5
 #: A finding's kind, as the verdict's text says it.
@@ -224,6 +228,7 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
         findings.append(network)
     findings.sort(key=lambda f: -f.seconds)
     worst = max(late.values(), key=lambda v: v[0])[0] if late else 0.0
+    job_time = ""
     if findings:
         headline = "; ".join(f.summary for f in findings)
     else:
@@ -231,10 +236,14 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
             f"no straggler: the ranks are within noise (the latest rank kept the others "
             f"waiting {_fmt_s(worst)}, {worst / span:.1%} of the {_fmt_s(span)} compared)"
         )
+        job_time, first = _job_time(rs, matches)
+        if first:
+            headline += f"; where the time went: {first}"
     return Verdict(
         headline=headline,
         stragglers=tuple(findings),
         within_noise=not findings,
+        job_time=job_time,
         ranks=tuple(timings[r.label] for r in rs),
         compared_seconds=span,
         matched=len(matches),
@@ -742,6 +751,62 @@ def _fabric_finding(matches: list[_Match], rs: list[_Rank], span: float) -> Find
     )
 
 
+def _job_time(rs: list[_Rank], matches: list[_Match]) -> tuple[str, str]:
+    """Where the job's time went when no rank held it back, and its largest part in words
+    ("" each when the files show no steps or bytes).
+
+    The parts of a step are the medians over the ranks of each rank's own medians (they
+    overlap: GPU work runs beside the CPU's); what the collectives achieved for their bytes
+    is the bytes a rank's sockets moved inside its collectives over the time the matched
+    collectives took after their last rank arrived (the transfer itself, not the waiting).
+    """
+    said: list[str] = []
+    first = ""
+    splits = [r.ev.steps for r in rs if r.ev.steps.steps]
+    if splits:
+        step = statistics.median(x.step_seconds for x in splits)
+        causes = list(dict.fromkeys(p.cause for x in splits for p in x.parts))
+        medians = {
+            c: statistics.median(
+                next((p.seconds for p in x.parts if p.cause == c), 0.0) for x in splits
+            )
+            for c in causes
+        }
+        top = [
+            (c, v)
+            for c, v in sorted(medians.items(), key=lambda kv: -kv[1])
+            if step and v >= JOB_PART_MIN * step
+        ][:JOB_PARTS]
+        if top:
+            words = [
+                f"{STEP_PARTS.get(c) or CAUSES.get(c, c)} {_fmt_s(v)} ({v / step:.0%})"
+                for c, v in top
+            ]
+            said.append(
+                f"a step takes {_fmt_s(step)} (median over {len(splits)} ranks): "
+                + ", ".join(words)
+            )
+            first = f"{STEP_PARTS.get(top[0][0]) or CAUSES.get(top[0][0], top[0][0])} " + (
+                f"({top[0][1] / step:.0%} of a {_fmt_s(step)} step)"
+            )
+    moved = [r.ev.collective_net_bytes for r in rs if r.ev.collective_net_bytes]
+    transfer = sum(max(0.0, max(m.ends.values()) - max(m.arrivals.values())) for m in matches)
+    if moved and transfer > 0:
+        per_rank = statistics.median(moved)
+        said.append(
+            f"its collectives moved {_fmt_bytes(per_rank)} per rank over TCP (median) in "
+            f"{_fmt_s(transfer)} after their last rank arrived: {_fmt_bytes(per_rank / transfer)}/s"
+        )
+    return "; ".join(said), first
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
 def _single_headline(rs: list[_Rank]) -> str:
     if not rs:
         return "no trace to compare"
@@ -807,5 +872,7 @@ def verdict_text(v: Verdict) -> str:
                 f"    {who}: {t.last}/{t.collectives}, {_fmt_s(t.held_seconds)}, "
                 f"{_fmt_s(t.lateness_seconds)}"
             )
+    if v.job_time:
+        lines.append(f"  where the job's time went: {v.job_time}")
     lines += [f"  note: {n}" for n in v.notes]
     return "\n".join(lines)

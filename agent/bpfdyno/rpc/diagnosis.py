@@ -175,6 +175,8 @@ class RankEvidence:
         steps: where a step's time went.
         notes: what limits the evidence (no kernel tracks, records lost...).
         fabric_devices: the RDMA ports and NICs of its fabric track.
+        collective_net_bytes: bytes its sockets sent and received while it was inside its
+            collectives (the net track; 0 without it).
     """
 
     path: str
@@ -193,6 +195,7 @@ class RankEvidence:
     steps: StepSplit = StepSplit()
     notes: tuple[str, ...] = ()
     fabric_devices: tuple[str, ...] = ()
+    collective_net_bytes: int = 0
 
 
 @record(diagnosis_pb2.RankTiming)
@@ -261,6 +264,8 @@ class Verdict:
         compared_seconds: the time the comparison covers (matched collectives' span).
         matched: collectives matched across the ranks.
         notes: what limits the comparison (a rank without evidence, unaligned clocks...).
+        job_time: where the job's time went, when no rank held it back (the parts of a
+            step, and what the collectives achieved for their bytes); "" otherwise.
     """
 
     headline: str
@@ -270,6 +275,7 @@ class Verdict:
     compared_seconds: float = 0.0
     matched: int = 0
     notes: tuple[str, ...] = ()
+    job_time: str = ""
 
 
 __all__ = [
