@@ -11,6 +11,7 @@ from bpfdyno.analysis.verdict import MIN_SHARE, compare, verdict_text
 from bpfdyno.rpc.diagnosis import (
     CauseTime,
     CollectiveEvidence,
+    Finding,
     Instance,
     LossEvent,
     RankEvidence,
@@ -603,3 +604,19 @@ def test_a_straggler_verdict_says_no_job_time() -> None:
     slow = rank(2, [collective(i, i * 100 + 30, i * 100 + 35) for i in range(20)])
     v = compare([healthy(0), healthy(1), slow])
     assert v.stragglers and v.job_time == ""
+
+
+def test_a_new_cause_is_one_more_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The extension points: a rule over the collectives returns its finding, a cause's
+    detail is a function of the late rank; both are used as they are listed."""
+    from bpfdyno.analysis import verdict
+
+    def slow_link(seen: verdict.Comparison) -> Finding | None:
+        return Finding(1, "node", 101, "latency", 0.1 * seen.span, 0.1, summary="slow link")
+
+    monkeypatch.setattr(verdict, "COLLECTIVE_RULES", (*verdict.COLLECTIVE_RULES, slow_link))
+    monkeypatch.setitem(verdict.CAUSE_DETAILS, "cpu_wait", lambda c: f"rank {c.rank.label}")
+    v = compare([healthy(0), healthy(1), late_by_30ms(2)])
+    assert [(f.rank, f.kind) for f in v.stragglers] == [(2, "late"), (1, "latency")]
+    assert v.stragglers[0].causes[0].detail == "rank 2"
+    assert v.headline.endswith("; slow link")

@@ -137,6 +137,19 @@ class _Loss:
     event: LossEvent
 
 
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """What a rule over the collectives sees (`COLLECTIVE_RULES`): the matched collectives,
+    the ranks, the compared seconds, and every rank's loss events on the common clock (those
+    that lost packets, and the retransmits that were not needed)."""
+
+    matches: list[_Match]
+    ranks: list[_Rank]
+    span: float
+    losses: list[_Loss]
+    spurious: list[_Loss]
+
+
 def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None = None) -> Verdict:
     """Compare the ranks of one trace (see the module doc).
 
@@ -220,12 +233,8 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
             and late_count / count >= MIN_LATE_FRACTION
         ):
             findings.append(_late_finding(by_label[label], matches, seconds, span, rs))
-    network = _network_finding(matches, rs, span, losses, spurious)
-    fabric = _fabric_finding(matches, rs, span)
-    if fabric is not None:
-        findings.append(fabric)
-    if network is not None:
-        findings.append(network)
+    seen = Comparison(matches, rs, span, losses, spurious)
+    findings += [f for rule in COLLECTIVE_RULES if (f := rule(seen)) is not None]
     findings.sort(key=lambda f: -f.seconds)
     worst = max(late.values(), key=lambda v: v[0])[0] if late else 0.0
     job_time = ""
@@ -506,12 +515,13 @@ def _late_finding(
         worst += [replace(w, path=r.ev.path) for w in mine.worst if w.cause in own]
     causes: list[CauseTime] = []
     explained = 0.0
+    said = LateCause(r, rs, holders, details)
     for cause, extra in sorted(excess.items(), key=lambda kv: -kv[1]):
         share = min(extra, seconds)
         if share < MIN_CAUSE_SHARE * seconds:
             continue
         explained += share
-        causes.append(CauseTime(cause, share, _cause_detail(cause, r, rs, holders, details)))
+        causes.append(CauseTime(cause, share, _cause_detail(cause, said)))
     rest = seconds - min(seconds, explained)
     if rest >= MIN_CAUSE_SHARE * seconds:
         causes.append(CauseTime("unexplained", rest))
@@ -544,27 +554,51 @@ def _late_finding(
     )
 
 
-def _cause_detail(
-    cause: str,
-    r: _Rank,
-    rs: list[_Rank],
-    holders: Mapping[str, float],
-    details: Mapping[str, Counter[str]],
-) -> str:
-    if cause == "cpu_wait" and holders:
-        total = sum(holders.values())
-        top = sorted(holders.items(), key=lambda kv: -kv[1])[:3]
-        return "the CPU was held by " + ", ".join(f"{h} {s / total:.0%}" for h, s in top)
-    if cause == "gpu_compute":
-        mine = r.ev.gpu_sm_clock_mhz
-        others = [x.ev.gpu_sm_clock_mhz for x in rs if x is not r and x.ev.gpu_sm_clock_mhz]
-        if mine and others:
-            median = statistics.median(others)
-            if mine < SLOW_CLOCK * median:
-                return f"SM clock {mine:.0f} MHz against {median:.0f} MHz on the other ranks"
+@dataclass(frozen=True, slots=True)
+class LateCause:
+    """What a cause's detail is said from, for a rank found late (`CAUSE_DETAILS`): the rank,
+    every rank, the tasks that held its CPU while it waited for one (seconds each), and the
+    details its run-ups gave each cause (system calls...), counted."""
+
+    rank: _Rank
+    ranks: list[_Rank]
+    holders: Mapping[str, float]
+    details: Mapping[str, Counter[str]]
+
+
+def _cpu_holders(c: LateCause) -> str:
+    if not c.holders:
         return ""
-    if details.get(cause):
-        return ", ".join(name for name, _ in details[cause].most_common(3))
+    total = sum(c.holders.values())
+    top = sorted(c.holders.items(), key=lambda kv: -kv[1])[:3]
+    return "the CPU was held by " + ", ".join(f"{h} {s / total:.0%}" for h, s in top)
+
+
+def _sm_clock(c: LateCause) -> str:
+    mine = c.rank.ev.gpu_sm_clock_mhz
+    others = [x.ev.gpu_sm_clock_mhz for x in c.ranks if x is not c.rank and x.ev.gpu_sm_clock_mhz]
+    if mine and others:
+        median = statistics.median(others)
+        if mine < SLOW_CLOCK * median:
+            return f"SM clock {mine:.0f} MHz against {median:.0f} MHz on the other ranks"
+    return ""
+
+
+#: A cause's detail for a late rank, when it says more than the system calls its run-ups
+#: gave (the default): a small function of what `LateCause` holds. A cause whose evidence
+#: names someone else (who held the CPU, a quota that throttled it) adds its function here.
+CAUSE_DETAILS: dict[str, Callable[[LateCause], str]] = {
+    "cpu_wait": _cpu_holders,
+    "gpu_compute": _sm_clock,
+}
+
+
+def _cause_detail(cause: str, c: LateCause) -> str:
+    said = CAUSE_DETAILS.get(cause)
+    if said is not None:
+        return said(c)
+    if c.details.get(cause):
+        return ", ".join(name for name, _ in c.details[cause].most_common(3))
     return ""
 
 
@@ -614,14 +648,15 @@ def _mark_lossy(matches: list[_Match], real: list[_Loss], spurious: list[_Loss])
         m.lossy = within(real_times, lo, hi) > 0 or within(spurious_times, lo, hi) == 0
 
 
-def _network_finding(
-    matches: list[_Match],
-    rs: list[_Rank],
-    span: float,
-    losses: list[_Loss],
-    spurious: list[_Loss],
-) -> Finding | None:
+def _network_finding(seen: Comparison) -> Finding | None:
     """Collectives slowed by packet loss, and whose connections lost the packets."""
+    matches, rs, span, losses, spurious = (
+        seen.matches,
+        seen.ranks,
+        seen.span,
+        seen.losses,
+        seen.spurious,
+    )
     lost = _slowed(matches, lambda m: m.lossy)
     if lost < max(MIN_SECONDS, MIN_SHARE * span):
         return None
@@ -708,9 +743,10 @@ def _slowed(matches: list[_Match], flagged: Callable[[_Match], bool]) -> float:
     return sum(max(0.0, t - baseline) for t, bad in transfer if bad)
 
 
-def _fabric_finding(matches: list[_Match], rs: list[_Rank], span: float) -> Finding | None:
+def _fabric_finding(seen: Comparison) -> Finding | None:
     """Collectives slowed while the fabric (the ranks' RDMA ports and NICs, the fabric track)
     counted congestion or errors, and whose fabric counted most."""
+    matches, rs, span = seen.matches, seen.ranks, seen.span
 
     def troubled(m: _Match) -> bool:
         return any(c.fabric_congestion or c.fabric_errors for c in m.members.values())
@@ -805,6 +841,16 @@ def _fmt_bytes(n: float) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n:.0f} B"
+
+
+#: The rules over the collectives themselves: time lost inside them (everyone waiting)
+#: rather than to a rank that arrived late. Each is a function of the comparison that
+#: returns its finding, or None when its cause did not slow the job; a new cause of slow
+#: collectives (latency on a connection, a throttled CPU quota) is one more function here.
+COLLECTIVE_RULES: tuple[Callable[[Comparison], Finding | None], ...] = (
+    _network_finding,
+    _fabric_finding,
+)
 
 
 def _single_headline(rs: list[_Rank]) -> str:
