@@ -534,7 +534,7 @@ def test_healthy_ranks_traced_one_second_apart_have_no_straggler() -> None:
     assert v.matched == 45
     assert v.compared_seconds == pytest.approx(4.4355)  # 0.5 ms of jitter at the start
     assert all(0 <= t.held_seconds <= 0.005 * 45 for t in v.ranks)
-    assert "overlap 2.63 s of 3.64 s" in " ".join(v.notes)
+    assert "overlap 2.63 s of 3.63 s" in " ".join(v.notes)
 
 
 @pytest.mark.parametrize(("late_ms", "named"), [(8.0, False), (12.0, True)])
@@ -549,10 +549,11 @@ def test_the_share_threshold(late_ms: float, named: bool) -> None:
 
 def test_too_little_overlap_is_said_not_guessed() -> None:
     """Rank 1 began tracing 17 collectives after rank 0: their windows share 405 ms of
-    2.135 s, too little to tell a late rank from windows that began apart."""
+    2.105 s (rank 1's, the shorter), too little to tell a late rank from windows that began
+    apart."""
     v = compare([window_of(0, 0, 20), window_of(1, 17, 20, 30)])
     assert v.stragglers == () and v.within_noise
-    assert v.headline.startswith("not compared: too little overlap: 405.0 ms of 2.13 s")
+    assert v.headline.startswith("not compared: too little overlap: 405.0 ms of 2.10 s")
 
 
 def test_time_waited_in_two_groups_at_once_counts_once() -> None:
@@ -620,3 +621,12 @@ def test_a_new_cause_is_one_more_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [(f.rank, f.kind) for f in v.stragglers] == [(2, "late"), (1, "latency")]
     assert v.stragglers[0].causes[0].detail == "rank 2"
     assert v.headline.endswith("; slow link")
+
+
+def test_a_short_window_inside_a_long_one_is_compared() -> None:
+    """Rank 1 traced collectives 10-17 of rank 0's 40 (and was 60 ms late to each): its
+    window lies inside rank 0's, so all of it is compared, whatever rank 0's length."""
+    v = compare([window_of(0, 0, 40), window_of(1, 10, 8, 60), window_of(2, 0, 40)])
+    assert not v.headline.startswith("not compared")
+    [f] = v.stragglers
+    assert f.rank == 1 and f.seconds == pytest.approx(8 * 0.060)

@@ -74,7 +74,7 @@ MIN_SECONDS = 0.002
 MAX_APART = 0.5
 #: Collectives that must vouch for an alignment of two ranks' groups (`_alignment`).
 MIN_VOTES = 2
-#: The ranks' windows must overlap by at least this share of the longest, and at least
+#: The ranks' windows must overlap by at least this share of the shortest, and at least
 #: `MIN_MATCHED` collectives must be paired, for the ranks to be compared.
 MIN_OVERLAP = 0.25
 MIN_MATCHED = 3
@@ -183,23 +183,23 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
         )
     matches, unpaired = _match(with_collectives)
     notes += unpaired
-    overlap, longest = _overlap(with_collectives)
-    if overlap < MIN_OVERLAP * longest or len(matches) < MIN_MATCHED:
+    overlap, shortest = _overlap(with_collectives)
+    if overlap < MIN_OVERLAP * shortest or len(matches) < MIN_MATCHED:
         # Too little in common to tell a late rank from windows that began apart: say so.
         return Verdict(
             headline=(
-                f"not compared: too little overlap: {_fmt_s(overlap)} of {_fmt_s(longest)} "
+                f"not compared: too little overlap: {_fmt_s(overlap)} of {_fmt_s(shortest)} "
                 f"({len(matches)} collective(s) completed together on two ranks or more; "
-                f"need {MIN_MATCHED} and a quarter of the longest window): trace the ranks "
+                f"need {MIN_MATCHED} and a quarter of the shortest window): trace the ranks "
                 "together (gputrace --job-id)"
             ),
             ranks=tuple(timings.values()),
             matched=len(matches),
             notes=tuple(notes),
         )
-    if overlap < longest * 0.9:
+    if overlap < shortest * 0.9:
         notes.append(
-            f"the ranks' windows overlap {_fmt_s(overlap)} of {_fmt_s(longest)}: each "
+            f"the ranks' windows overlap {_fmt_s(overlap)} of {_fmt_s(shortest)}: each "
             "collective is compared among the ranks that traced it"
         )
     span = max(max(m.ends.values()) for m in matches) - min(
@@ -292,11 +292,12 @@ def _apart(rs: list[_Rank]) -> str:
 
 
 def _overlap(rs: list[_Rank]) -> tuple[float, float]:
-    """(seconds all the ranks' windows share, seconds of the longest window)."""
+    """(seconds all the ranks' windows share, seconds of the shortest window): a window
+    inside a longer one is compared whole; windows that began apart share less."""
     starts = [r.ev.window_start_unix_ns + r.offset_ns for r in rs]
     ends = [r.ev.window_end_unix_ns + r.offset_ns for r in rs]
-    longest = max(e - s for s, e in zip(starts, ends, strict=True))
-    return max(0, min(ends) - max(starts)) / 1e9, longest / 1e9
+    shortest = min(e - s for s, e in zip(starts, ends, strict=True))
+    return max(0, min(ends) - max(starts)) / 1e9, shortest / 1e9
 
 
 def _name(r: _Rank) -> str:
