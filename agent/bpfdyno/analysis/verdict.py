@@ -15,10 +15,10 @@ clients for a whole job; both decide the same way.
 2. **Arrival**: per matched collective, each rank's arrival against the median of the
    others'. A rank that arrives after them made them wait that long. Over the collectives
    (the union of those waits, so no moment counts twice and no share exceeds 100 %), it is
-   the time the job lost to that rank — except
-   what it inherited from a collective slowed by packet loss: a rank whose previous
-   collective ended after the others' because its packets were lost on the way is late for
-   the network's sake, and that part is the network's (5).
+   the time the job lost to that rank — except what it inherited from a collective slowed
+   by packet loss: a rank whose previous collective ended after the others' because its
+   packets were lost on the way is late for the network's sake, and that part is the
+   network's (5).
 3. **Straggler**: a rank the others waited for at least `MIN_SHARE` of the compared time, in
    at least `MIN_LATE_FRACTION` of the collectives (consistently, not by jitter). Otherwise
    the ranks are within noise.
@@ -34,7 +34,10 @@ clients for a whole job; both decide the same way.
    connections carry the loss (its address on both ends of the lost packets' sockets) is
    named. A retransmit whose copy the peer dropped as data it already had lost nothing (the
    original arrived, its acknowledgement was late: a busy receiver does that), and neither
-   did that drop: both are left out.
+   did that drop: both are left out. The rules over the collectives themselves are
+   `COLLECTIVE_RULES`; a late rank's cause details, `CAUSE_DETAILS`.
+6. **The job's time**: when no rank stands out, where a step's time went and what the
+   collectives achieved for their bytes (`_job_time`).
 """
 
 from __future__ import annotations
