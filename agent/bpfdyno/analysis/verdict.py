@@ -387,10 +387,21 @@ def _match(rs: list[_Rank]) -> tuple[list[_Match], list[str]]:
     return out, notes
 
 
+#: Collectives whose payload is the same on every rank (so a different size means a
+#: different collective); all-to-all, gather, scatter and point-to-point sizes may differ.
+SAME_SIZE_OPS = frozenset(
+    {"allreduce", "broadcast", "allgather", "reducescatter", "reduce", "allgatherbase"}
+)
+
+
 def _same(a: CollectiveEvidence, b: CollectiveEvidence) -> bool:
     """Whether two ranks' collectives may be one: the same operation, and the same size where
-    both files know it."""
-    return a.op == b.op and (not a.size_bytes or not b.size_bytes or a.size_bytes == b.size_bytes)
+    both files know it and every rank's is the same."""
+    if a.op != b.op:
+        return False
+    if a.op not in SAME_SIZE_OPS or not a.size_bytes or not b.size_bytes:
+        return True
+    return a.size_bytes == b.size_bytes
 
 
 def _alignment(
