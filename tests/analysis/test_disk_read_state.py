@@ -133,9 +133,10 @@ def test_a_throttled_disk_read_is_a_disk_wait_and_a_pipe_read_is_not(
     s = summarize_file(str(path))
     assert s.error == ""
     by_cause = s.blocked_seconds_by_cause
-    # Most of the read's time asleep in D, named the disk's; the pipe's half second in S.
+    # Most of the read's time asleep in D, named the disk's; the pipe's half second (or more,
+    # on a loaded machine) in S, named a pipe wait.
     assert by_cause.get("disk/uninterruptible", 0.0) >= 0.7 * DATA_BYTES / READ_BPS, by_cause
-    assert 0.4 <= by_cause.get("io wait", 0.0) < 0.5 + 0.3, by_cause
+    assert by_cause.get("io wait", 0.0) >= 0.4, by_cause
     names = {e["name"] for e in doc["traceEvents"] if e.get("cat") == "bpfdyno.sched"}
     assert "blocked: disk/uninterruptible (read)" in names, names
     assert "blocked: io wait (read)" in names, names
