@@ -25,7 +25,8 @@ from bpfdyno.tracing.capture.tracks import Window, build_tracks
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-BLKIO = Path("/sys/fs/cgroup/blkio")
+BLKIO = Path("/sys/fs/cgroup/blkio")  # cgroup v1
+UNIFIED = Path("/sys/fs/cgroup")  # cgroup v2, where the io controller is enabled
 READ_BPS = 1 << 20
 DATA_BYTES = 2 << 20  # two seconds of reading at the limit
 
@@ -51,16 +52,22 @@ def run(*argv: str) -> str:
 
 @pytest.fixture
 def slow_disk(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    """(a file on a loop device, a blkio cgroup whose reads of that device are limited)."""
-    if not (BLKIO / "blkio.throttle.read_bps_device").exists():
-        pytest.fail("this test needs the cgroup v1 blkio controller at /sys/fs/cgroup/blkio")
+    """(a file on a loop device, a cgroup whose reads of that device are limited)."""
+    v1 = (BLKIO / "blkio.throttle.read_bps_device").exists()
+    subtree = UNIFIED / "cgroup.subtree_control"
+    v2 = subtree.exists() and "io" in subtree.read_text().split()
+    if not (v1 or v2):
+        pytest.fail(
+            "this test limits a disk's reads with a cgroup: it needs the v1 blkio controller "
+            "at /sys/fs/cgroup/blkio or the v2 io controller enabled at /sys/fs/cgroup"
+        )
     image = tmp_path / "disk.img"
     with open(image, "wb") as f:
         f.truncate(64 << 20)
     device = run("losetup", "--find", "--show", str(image))
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    group = BLKIO / f"bpfdyno-test-{os.getpid()}"
+    group = (BLKIO if v1 else UNIFIED) / f"bpfdyno-test-{os.getpid()}"
     try:
         run("mkfs.ext4", "-q", device)
         run("mount", device, str(mnt))
@@ -69,9 +76,11 @@ def slow_disk(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
         os.sync()
         group.mkdir()
         rdev = os.stat(device).st_rdev
-        (group / "blkio.throttle.read_bps_device").write_text(
-            f"{os.major(rdev)}:{os.minor(rdev)} {READ_BPS}\n"
-        )
+        dev = f"{os.major(rdev)}:{os.minor(rdev)}"
+        if v1:
+            (group / "blkio.throttle.read_bps_device").write_text(f"{dev} {READ_BPS}\n")
+        else:
+            (group / "io.max").write_text(f"{dev} rbps={READ_BPS}\n")
         yield data, group
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
