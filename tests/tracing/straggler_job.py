@@ -607,11 +607,26 @@ class StragglerJob:
         polls. So the ranks are held at one step (`hold`) until each one's Kineto has the
         request (it logs it), then let go; they all start ``settle`` steps later.
 
+        The previous trace is over for the agent only when each rank has polled again since
+        its Kineto wrote the file: until then its last poll says its profiler is busy, and a
+        request would skip it ("busy: its profiler is tracing"). So the request waits for
+        every rank to be idle in the agent's own list.
+
         ``aligned=False`` asks as ``gputrace --job-id`` does, without the hold: each rank
         starts at its own next poll, its window apart from the others'.
         """
         started = time.monotonic()
         steps = self.hold() if aligned else 0
+        pids = set(self.rank_pids.values())
+        idle = tracing_pb2.TRAINER_STATE_IDLE
+
+        def all_idle() -> bool:
+            states = {t.pid: t.state for t in self.agent.trainers() if t.pid in pids}
+            return set(states) == pids and all(s == idle for s in states.values())
+
+        waited = time.monotonic()
+        wait_for(all_idle, 60, "every rank's profiler to be free (its last poll says so)")
+        print(f"{name}: waited {time.monotonic() - waited:.2f} s for every rank to be idle")
         with self.agent.channel() as ch:
             stub = tracing_pb2_grpc.TracingStub(ch)
             try:

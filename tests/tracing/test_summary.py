@@ -122,6 +122,7 @@ def test_numbers_from_the_file(tmp_path: Path, gz: bool) -> None:
         nccl_calls=2,
         nccl_seconds=pytest.approx(21e-6),  # ncclGroupStart 1000-1001, ncclAllReduce 1010-1030
         kernel_records_lost=7,
+        offcpu_threads=2,  # the main thread and thread 78
     )
 
 
@@ -159,6 +160,7 @@ def row(rank: int, runnable: float, retx: int, sent: int) -> dict[str, Any]:
         tcp_retransmits=retx,
         net_sent_bytes=sent,
         kernel_tracks=("net", "sched"),
+        offcpu_threads=3,
     )
     out = dataclasses.asdict(s)
     out["kernel_tracks"] = list(out["kernel_tracks"])
@@ -188,7 +190,7 @@ def test_the_table_marks_the_rank_that_stands_out() -> None:
         "pid",
         "102",
     ]
-    waiting = lines["off-CPU: waiting for a CPU"]
+    waiting = lines["off-CPU: waiting for a CPU (sum over 3 threads)"]
     assert waiting.endswith("200.000 ms !") and waiting.count("!") == 1
     assert lines["TCP retransmits"].endswith("9 !")
     assert "!" not in lines["net sent"]  # the same on every rank

@@ -166,6 +166,7 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         notes.append(f"{lost} kernel records were lost while capturing (the file's info slice)")
     if facts.dropped:
         notes.append(f"{facts.dropped} events beyond the reader's limits were not read")
+    out_spans = chosen[:MAX_COLLECTIVES]
     locals_ = {b[5] for b in facts.net_bursts} | {e.local for e in facts.net_events}
     return RankEvidence(
         path=facts.path,
@@ -195,6 +196,9 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         fabric_devices=tuple(sorted({d for _, d, _, _ in facts.fabric if d != "cpu"})),
         connections=_connections(facts, lo, hi),
         cpu_quotas=_cpu_quotas(facts),
+        collective_net_bytes=_bytes_inside(
+            facts.net_bursts, _union((c.start_us, c.end_us) for c in out_spans)
+        ),
     )
 
 
@@ -257,6 +261,22 @@ class _Totals:
         return (
             self.sums[bisect.bisect_left(self.ts, hi)] - self.sums[bisect.bisect_left(self.ts, lo)]
         )
+
+
+def _bytes_inside(
+    bursts: Sequence[tuple[float, float, str, int, int, str, str]],
+    spans: Sequence[tuple[float, float]],
+) -> int:
+    """Bytes of the net track's bursts (sent and received) inside ``spans`` (sorted,
+    disjoint): a burst that crosses an edge counts for the share of its time inside."""
+    total = 0.0
+    for start, end, _kind, nbytes, _calls, _local, _peer in bursts:
+        if end <= start:  # one call: inside or not
+            total += nbytes if _cut(start, start + 1e-9, spans) else 0
+            continue
+        inside = sum(b - a for a, b in _cut(start, end, spans))
+        total += nbytes * inside / (end - start)
+    return round(total)
 
 
 def _duplicate(e: NetInstant) -> bool:

@@ -109,10 +109,12 @@ def summarize_facts(facts: TraceFacts) -> ProcessSummary:
         elif e.kind == "packet_drop":
             out.packet_drops += 1
     by_cause: dict[str, float] = defaultdict(float)
+    threads: set[int] = set()
     for s in facts.offcpu:
         seconds = (min(s.end_us, hi) - max(s.start_us, lo)) / 1e6
         if seconds <= 0:
             continue
+        threads.add(s.tid)
         main = s.tid == out.pid
         if s.cause == "runnable":
             out.offcpu_runnable_seconds += seconds
@@ -124,6 +126,14 @@ def summarize_facts(facts: TraceFacts) -> ProcessSummary:
             if main:
                 out.main_thread_blocked_seconds += seconds
     out.blocked_seconds_by_cause = dict(sorted(by_cause.items(), key=lambda kv: -kv[1]))
+    out.offcpu_threads = len(threads)
+    kernels = [pair for times in facts.gpu_busy.values() for pair in _pairs(times, lo, hi)]
+    kernels += [
+        (max(c.start_us, lo), min(c.end_us, hi))
+        for c in facts.collectives
+        if c.source == "gpu" and c.end_us >= lo and c.start_us <= hi
+    ]
+    out.gpu_busy_seconds = union_seconds(kernels)
     by_thread: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for c in facts.nccl_calls:
         if c.end_us >= lo and c.start_us <= hi:

@@ -80,6 +80,23 @@ _NAMED_OPS = ("c10d::", "ProfilerStep#")
 _NAMED_OPS_B = tuple(n.encode() for n in _NAMED_OPS)
 
 
+#: Bytes per element of the dtypes PyTorch names on NCCL kernels (c10's scalar types).
+DTYPE_BYTES = {
+    "Double": 8, "Long": 8, "ComplexFloat": 8, "Float": 4, "Int": 4, "ComplexHalf": 4,
+    "Half": 2, "BFloat16": 2, "Short": 2, "Byte": 1, "Char": 1, "Bool": 1,
+    "Float8_e4m3fn": 1, "Float8_e5m2": 1, "Float8_e4m3fnuz": 1, "Float8_e5m2fnuz": 1,
+}  # fmt: skip
+
+
+def _payload_bytes(args: dict[str, Any]) -> int:
+    """A collective kernel's payload from the sizes PyTorch puts in its args (the larger of
+    its input and output), 0 when they are not there."""
+    nelems = [args.get("In msg nelems"), args.get("Out msg nelems")]
+    counts = [n for n in nelems if isinstance(n, int) and n > 0]
+    size = DTYPE_BYTES.get(str(args.get("dtype", "")), 0)
+    return max(counts) * size if counts and size else 0
+
+
 @dataclass(slots=True)
 class Collective:
     """One collective of the process as the file shows it.
@@ -359,10 +376,15 @@ class _Reader:
         m = _NCCL_KERNEL.match(str(e.get("name", "")))
         if m is not None:
             if self._room(f.collectives):
+                # PyTorch names the collective's process group and its sizes on the kernel
+                # (multi-rank traces): the group is what every rank calls it, its stream
+                # is only this rank's.
+                pg = args.get("Process Group Name")
                 stream = args.get("stream", e.get("tid", 0))
+                group = f"process group {pg}" if pg is not None else f"GPU {device} stream {stream}"
                 f.collectives.append(
                     Collective(
-                        m.group(1).lower(), "gpu", f"GPU {device} stream {stream}", ts, ts + dur
+                        m.group(1).lower(), "gpu", group, ts, ts + dur, 0, _payload_bytes(args)
                     )
                 )
             return
@@ -383,6 +405,10 @@ class _Reader:
             name = str(e.get("name", ""))
             cause = "runnable" if name.startswith("runnable") else name.split(": ")[-1]
             cause = cause.split(" (")[0] or "blocked"
+        if args.get("state") == "D" and cause != "runnable":
+            # Uninterruptible sleep is a disk or a page whatever the system call (files
+            # written before the capture decided by state first say "io wait" for a read).
+            cause = "disk/uninterruptible"
         self.f.offcpu.append(
             OffCpuSlice(tid, ts, ts + self._dur(e), cause, str(args.get("syscall") or ""), held)
         )

@@ -15,10 +15,10 @@ clients for a whole job; both decide the same way.
 2. **Arrival**: per matched collective, each rank's arrival against the median of the
    others'. A rank that arrives after them made them wait that long. Over the collectives
    (the union of those waits, so no moment counts twice and no share exceeds 100 %), it is
-   the time the job lost to that rank — except
-   what it inherited from a collective slowed by packet loss: a rank whose previous
-   collective ended after the others' because its packets were lost on the way is late for
-   the network's sake, and that part is the network's (5).
+   the time the job lost to that rank — except what it inherited from a collective slowed
+   by packet loss: a rank whose previous collective ended after the others' because its
+   packets were lost on the way is late for the network's sake, and that part is the
+   network's (5).
 3. **Straggler**: a rank the others waited for at least `MIN_SHARE` of the compared time, in
    at least `MIN_LATE_FRACTION` of the collectives (consistently, not by jitter). Otherwise
    the ranks are within noise.
@@ -36,7 +36,9 @@ clients for a whole job; both decide the same way.
    original arrived, its acknowledgement was late: a busy receiver does that), and neither
    did that drop: both are left out. When the two ends of the lossy connections tie (one
    connection, or one link), the end that retransmitted is named: its packets were the ones
-   lost on the way (one-way loss on the wire shows only as the sender's retransmits).
+   lost on the way (one-way loss on the wire shows only as the sender's retransmits). The
+   rules over the collectives themselves are `COLLECTIVE_RULES`; a late rank's cause
+   details, `CAUSE_DETAILS`.
 6. **Slow links** (`_latency_finding`): the net track samples each TCP connection's
    smoothed round-trip time. A delay on one rank's link (its packets or its acknowledgements
    held on the way) shows on both ends of every connection of that rank, and on no other;
@@ -54,6 +56,8 @@ clients for a whole job; both decide the same way.
    with the cgroup's periods and throttled time: its excess waits for a CPU are the quota's
    (all of them when most periods were throttled, else up to the throttled time), and no
    task that ran meanwhile is named for them.
+8. **The job's time**: when no rank stands out, where a step's time went and what the
+   collectives achieved for their bytes (`_job_time`).
 """
 
 from __future__ import annotations
@@ -94,12 +98,16 @@ MIN_SECONDS = 0.002
 MAX_APART = 0.5
 #: Collectives that must vouch for an alignment of two ranks' groups (`_alignment`).
 MIN_VOTES = 2
-#: The ranks' windows must overlap by at least this share of the longest, and at least
+#: The ranks' windows must overlap by at least this share of the shortest, and at least
 #: `MIN_MATCHED` collectives must be paired, for the ranks to be compared.
 MIN_OVERLAP = 0.25
 MIN_MATCHED = 3
 #: A cause is listed when it explains at least this share of a straggler's lost time.
 MIN_CAUSE_SHARE = 0.05
+#: The job's time (no straggler): the parts of a step said, the largest first, down to this
+#: share of the step.
+JOB_PARTS = 4
+JOB_PART_MIN = 0.05
 #: Worst instances listed per finding.
 TOP_INSTANCES = 5
 #: A finding's kind, as the verdict's text says it.
@@ -174,6 +182,19 @@ class _Loss:
     event: LossEvent
 
 
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """What a rule over the collectives sees (`COLLECTIVE_RULES`): the matched collectives,
+    the ranks, the compared seconds, and every rank's loss events on the common clock (those
+    that lost packets, and the retransmits that were not needed)."""
+
+    matches: list[_Match]
+    ranks: list[_Rank]
+    span: float
+    losses: list[_Loss]
+    spurious: list[_Loss]
+
+
 def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None = None) -> Verdict:
     """Compare the ranks of one trace (see the module doc).
 
@@ -207,23 +228,23 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
         )
     matches, unpaired = _match(with_collectives)
     notes += unpaired
-    overlap, longest = _overlap(with_collectives)
-    if overlap < MIN_OVERLAP * longest or len(matches) < MIN_MATCHED:
+    overlap, shortest = _overlap(with_collectives)
+    if overlap < MIN_OVERLAP * shortest or len(matches) < MIN_MATCHED:
         # Too little in common to tell a late rank from windows that began apart: say so.
         return Verdict(
             headline=(
-                f"not compared: too little overlap: {_fmt_s(overlap)} of {_fmt_s(longest)} "
+                f"not compared: too little overlap: {_fmt_s(overlap)} of {_fmt_s(shortest)} "
                 f"({len(matches)} collective(s) completed together on two ranks or more; "
-                f"need {MIN_MATCHED} and a quarter of the longest window): trace the ranks "
+                f"need {MIN_MATCHED} and a quarter of the shortest window): trace the ranks "
                 "together (gputrace --job-id)"
             ),
             ranks=tuple(timings.values()),
             matched=len(matches),
             notes=tuple(notes),
         )
-    if overlap < longest * 0.9:
+    if overlap < shortest * 0.9:
         notes.append(
-            f"the ranks' windows overlap {_fmt_s(overlap)} of {_fmt_s(longest)}: each "
+            f"the ranks' windows overlap {_fmt_s(overlap)} of {_fmt_s(shortest)}: each "
             "collective is compared among the ranks that traced it"
         )
     span = max(max(m.ends.values()) for m in matches) - min(
@@ -261,17 +282,11 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
             and late_count / count >= MIN_LATE_FRACTION
         ):
             findings.append(_late_finding(by_label[label], matches, seconds, span, rs))
-    network = _network_finding(matches, rs, span, losses, spurious)
-    latency = _latency_finding(matches, rs, span, slow) if slow is not None else None
-    if latency is not None:
-        findings.append(latency)
-    fabric = _fabric_finding(matches, rs, span)
-    if fabric is not None:
-        findings.append(fabric)
-    if network is not None:
-        findings.append(network)
+    seen = Comparison(matches, rs, span, losses, spurious)
+    findings += [f for rule in COLLECTIVE_RULES if (f := rule(seen)) is not None]
     findings.sort(key=lambda f: -f.seconds)
     worst = max(late.values(), key=lambda v: v[0])[0] if late else 0.0
+    job_time = ""
     if findings:
         headline = "; ".join(f.summary for f in findings)
     else:
@@ -279,10 +294,14 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
             f"no straggler: the ranks are within noise (the latest rank kept the others "
             f"waiting {_fmt_s(worst)}, {worst / span:.1%} of the {_fmt_s(span)} compared)"
         )
+        job_time, first = _job_time(rs, matches)
+        if first:
+            headline += f"; where the time went: {first}"
     return Verdict(
         headline=headline,
         stragglers=tuple(findings),
         within_noise=not findings,
+        job_time=job_time,
         ranks=tuple(timings[r.label] for r in rs),
         compared_seconds=span,
         matched=len(matches),
@@ -322,11 +341,12 @@ def _apart(rs: list[_Rank]) -> str:
 
 
 def _overlap(rs: list[_Rank]) -> tuple[float, float]:
-    """(seconds all the ranks' windows share, seconds of the longest window)."""
+    """(seconds all the ranks' windows share, seconds of the shortest window): a window
+    inside a longer one is compared whole; windows that began apart share less."""
     starts = [r.ev.window_start_unix_ns + r.offset_ns for r in rs]
     ends = [r.ev.window_end_unix_ns + r.offset_ns for r in rs]
-    longest = max(e - s for s, e in zip(starts, ends, strict=True))
-    return max(0, min(ends) - max(starts)) / 1e9, longest / 1e9
+    shortest = min(e - s for s, e in zip(starts, ends, strict=True))
+    return max(0, min(ends) - max(starts)) / 1e9, shortest / 1e9
 
 
 def _name(r: _Rank) -> str:
@@ -413,10 +433,21 @@ def _match(rs: list[_Rank]) -> tuple[list[_Match], list[str]]:
     return out, notes
 
 
+#: Collectives whose payload is the same on every rank (so a different size means a
+#: different collective); all-to-all, gather, scatter and point-to-point sizes may differ.
+SAME_SIZE_OPS = frozenset(
+    {"allreduce", "broadcast", "allgather", "reducescatter", "reduce", "allgatherbase"}
+)
+
+
 def _same(a: CollectiveEvidence, b: CollectiveEvidence) -> bool:
     """Whether two ranks' collectives may be one: the same operation, and the same size where
-    both files know it."""
-    return a.op == b.op and (not a.size_bytes or not b.size_bytes or a.size_bytes == b.size_bytes)
+    both files know it and every rank's is the same."""
+    if a.op != b.op:
+        return False
+    if a.op not in SAME_SIZE_OPS or not a.size_bytes or not b.size_bytes:
+        return True
+    return a.size_bytes == b.size_bytes
 
 
 def _alignment(
@@ -559,12 +590,13 @@ def _late_finding(
         details["cpu_quota"][_quota_detail(quota)] += 1
     causes: list[CauseTime] = []
     explained = 0.0
+    said = LateCause(r, rs, holders, details)
     for cause, extra in sorted(excess.items(), key=lambda kv: -kv[1]):
         share = min(extra, seconds)
         if share < MIN_CAUSE_SHARE * seconds:
             continue
         explained += share
-        causes.append(CauseTime(cause, share, _cause_detail(cause, r, rs, holders, details)))
+        causes.append(CauseTime(cause, share, _cause_detail(cause, said)))
     rest = seconds - min(seconds, explained)
     if rest >= MIN_CAUSE_SHARE * seconds:
         causes.append(CauseTime("unexplained", rest))
@@ -597,29 +629,57 @@ def _late_finding(
     )
 
 
-def _cause_detail(
-    cause: str,
-    r: _Rank,
-    rs: list[_Rank],
-    holders: Mapping[str, float],
-    details: Mapping[str, Counter[str]],
-) -> str:
-    if cause == "cpu_quota":
-        return next(iter(details[cause]), "")
-    if cause == "cpu_wait" and holders:
-        total = sum(holders.values())
-        top = sorted(holders.items(), key=lambda kv: -kv[1])[:3]
-        return "the CPU was held by " + ", ".join(f"{h} {s / total:.0%}" for h, s in top)
-    if cause == "gpu_compute":
-        mine = r.ev.gpu_sm_clock_mhz
-        others = [x.ev.gpu_sm_clock_mhz for x in rs if x is not r and x.ev.gpu_sm_clock_mhz]
-        if mine and others:
-            median = statistics.median(others)
-            if mine < SLOW_CLOCK * median:
-                return f"SM clock {mine:.0f} MHz against {median:.0f} MHz on the other ranks"
+@dataclass(frozen=True, slots=True)
+class LateCause:
+    """What a cause's detail is said from, for a rank found late (`CAUSE_DETAILS`): the rank,
+    every rank, the tasks that held its CPU while it waited for one (seconds each), and the
+    details its run-ups gave each cause (system calls...), counted."""
+
+    rank: _Rank
+    ranks: list[_Rank]
+    holders: Mapping[str, float]
+    details: Mapping[str, Counter[str]]
+
+
+def _cpu_holders(c: LateCause) -> str:
+    if not c.holders:
         return ""
-    if details.get(cause):
-        return ", ".join(name for name, _ in details[cause].most_common(3))
+    total = sum(c.holders.values())
+    top = sorted(c.holders.items(), key=lambda kv: -kv[1])[:3]
+    return "the CPU was held by " + ", ".join(f"{h} {s / total:.0%}" for h, s in top)
+
+
+def _sm_clock(c: LateCause) -> str:
+    mine = c.rank.ev.gpu_sm_clock_mhz
+    others = [x.ev.gpu_sm_clock_mhz for x in c.ranks if x is not c.rank and x.ev.gpu_sm_clock_mhz]
+    if mine and others:
+        median = statistics.median(others)
+        if mine < SLOW_CLOCK * median:
+            return f"SM clock {mine:.0f} MHz against {median:.0f} MHz on the other ranks"
+    return ""
+
+
+def _quota_said(c: LateCause) -> str:
+    """The throttled cgroup, its periods and time (set in `_late_finding`)."""
+    return next(iter(c.details.get("cpu_quota", ())), "")
+
+
+#: A cause's detail for a late rank, when it says more than the system calls its run-ups
+#: gave (the default): a small function of what `LateCause` holds. A cause whose evidence
+#: names someone else (who held the CPU, a quota that throttled it) adds its function here.
+CAUSE_DETAILS: dict[str, Callable[[LateCause], str]] = {
+    "cpu_wait": _cpu_holders,
+    "gpu_compute": _sm_clock,
+    "cpu_quota": _quota_said,
+}
+
+
+def _cause_detail(cause: str, c: LateCause) -> str:
+    said = CAUSE_DETAILS.get(cause)
+    if said is not None:
+        return said(c)
+    if c.details.get(cause):
+        return ", ".join(name for name, _ in c.details[cause].most_common(3))
     return ""
 
 
@@ -669,14 +729,15 @@ def _mark_lossy(matches: list[_Match], real: list[_Loss], spurious: list[_Loss])
         m.lossy = within(real_times, lo, hi) > 0 or within(spurious_times, lo, hi) == 0
 
 
-def _network_finding(
-    matches: list[_Match],
-    rs: list[_Rank],
-    span: float,
-    losses: list[_Loss],
-    spurious: list[_Loss],
-) -> Finding | None:
+def _network_finding(seen: Comparison) -> Finding | None:
     """Collectives slowed by packet loss, and whose connections lost the packets."""
+    matches, rs, span, losses, spurious = (
+        seen.matches,
+        seen.ranks,
+        seen.span,
+        seen.losses,
+        seen.spurious,
+    )
     lost = _slowed(matches, lambda m: m.lossy)
     if lost < max(MIN_SECONDS, MIN_SHARE * span):
         return None
@@ -769,9 +830,10 @@ def _slowed(matches: list[_Match], flagged: Callable[[_Match], bool]) -> float:
     return sum(max(0.0, t - baseline) for t, bad in transfer if bad)
 
 
-def _fabric_finding(matches: list[_Match], rs: list[_Rank], span: float) -> Finding | None:
+def _fabric_finding(seen: Comparison) -> Finding | None:
     """Collectives slowed while the fabric (the ranks' RDMA ports and NICs, the fabric track)
     counted congestion or errors, and whose fabric counted most."""
+    matches, rs, span = seen.matches, seen.ranks, seen.span
 
     def troubled(m: _Match) -> bool:
         return any(c.fabric_congestion or c.fabric_errors for c in m.members.values())
@@ -867,10 +929,12 @@ def _slow_links(rs: list[_Rank]) -> _SlowLinks | None:
     )
 
 
-def _latency_finding(
-    matches: list[_Match], rs: list[_Rank], span: float, slow: _SlowLinks
-) -> Finding | None:
+def _latency_finding(seen: Comparison) -> Finding | None:
     """Collectives slowed by slow links, and whose links (module doc, 6)."""
+    matches, rs, span = seen.matches, seen.ranks, seen.span
+    slow = _slow_links(rs)
+    if slow is None:
+        return None
     inside = _union_length(
         [(max(m.arrivals.values()), max(m.ends.values())) for m in matches if m.slow_link]
     )
@@ -931,6 +995,73 @@ def _quota_detail(q: CpuQuota) -> str:
 def _quota_instance(w: Instance, q: CpuQuota) -> Instance:
     """A wait for a CPU under a throttled quota: the quota's, not the task that ran."""
     return replace(w, cause="cpu_quota", detail=f"throttled: cgroup {q.cgroup}")
+
+
+def _job_time(rs: list[_Rank], matches: list[_Match]) -> tuple[str, str]:
+    """Where the job's time went when no rank held it back, and its largest part in words
+    ("" each when the files show no steps or bytes).
+
+    The parts of a step are the medians over the ranks of each rank's own medians (they
+    overlap: GPU work runs beside the CPU's); what the collectives achieved for their bytes
+    is the bytes a rank's sockets moved inside its collectives over the time the matched
+    collectives took after their last rank arrived (the transfer itself, not the waiting).
+    """
+    said: list[str] = []
+    first = ""
+    splits = [r.ev.steps for r in rs if r.ev.steps.steps]
+    if splits:
+        step = statistics.median(x.step_seconds for x in splits)
+        causes = list(dict.fromkeys(p.cause for x in splits for p in x.parts))
+        medians = {
+            c: statistics.median(
+                next((p.seconds for p in x.parts if p.cause == c), 0.0) for x in splits
+            )
+            for c in causes
+        }
+        top = [
+            (c, v)
+            for c, v in sorted(medians.items(), key=lambda kv: -kv[1])
+            if step and v >= JOB_PART_MIN * step
+        ][:JOB_PARTS]
+        if top:
+            words = [
+                f"{STEP_PARTS.get(c) or CAUSES.get(c, c)} {_fmt_s(v)} ({v / step:.0%})"
+                for c, v in top
+            ]
+            said.append(
+                f"a step takes {_fmt_s(step)} (median over {len(splits)} ranks): "
+                + ", ".join(words)
+            )
+            first = f"{STEP_PARTS.get(top[0][0]) or CAUSES.get(top[0][0], top[0][0])} " + (
+                f"({top[0][1] / step:.0%} of a {_fmt_s(step)} step)"
+            )
+    moved = [r.ev.collective_net_bytes for r in rs if r.ev.collective_net_bytes]
+    transfer = sum(max(0.0, max(m.ends.values()) - max(m.arrivals.values())) for m in matches)
+    if moved and transfer > 0:
+        per_rank = statistics.median(moved)
+        said.append(
+            f"its collectives moved {_fmt_bytes(per_rank)} per rank over TCP (median) in "
+            f"{_fmt_s(transfer)} after their last rank arrived: {_fmt_bytes(per_rank / transfer)}/s"
+        )
+    return "; ".join(said), first
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+#: The rules over the collectives themselves: time lost inside them (everyone waiting)
+#: rather than to a rank that arrived late. Each is a function of the comparison that
+#: returns its finding, or None when its cause did not slow the job; a new cause of slow
+#: collectives (latency on a connection, a throttled CPU quota) is one more function here.
+COLLECTIVE_RULES: tuple[Callable[[Comparison], Finding | None], ...] = (
+    _network_finding,
+    _latency_finding,
+    _fabric_finding,
+)
 
 
 def _single_headline(rs: list[_Rank]) -> str:
@@ -998,5 +1129,7 @@ def verdict_text(v: Verdict) -> str:
                 f"    {who}: {t.last}/{t.collectives}, {_fmt_s(t.held_seconds)}, "
                 f"{_fmt_s(t.lateness_seconds)}"
             )
+    if v.job_time:
+        lines.append(f"  where the job's time went: {v.job_time}")
     lines += [f"  note: {n}" for n in v.notes]
     return "\n".join(lines)

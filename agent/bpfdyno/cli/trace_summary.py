@@ -3,12 +3,13 @@
     bpfdyno trace-summary /tmp/traces/t_*.pt.trace.json     # files (read here)
     bpfdyno trace-summary --trace-id 3f2a...                # a trace's files (read by the agent)
 
-Per traced process (one column each, by rank when the files know it): the window, the time
-in PyTorch ops, the network bytes, calls, retransmits, resets and drops, the off-CPU time of
-its threads (waiting for a CPU; blocked, by cause), the same for its main thread, and its
-NCCL calls and their time. A value that stands out — at least `OUTLIER_RATIO` times the
-median of the row and clearly above it — is marked ``!``: HTA names the slow rank, this says
-why it was slow.
+Per traced process (one column each, headed by its rank and pid): the window, its GPUs' busy
+time (with "GPU-bound" said in words when they were busy most of the window), the time in
+PyTorch ops, the network bytes, calls, retransmits, resets and drops, the off-CPU time of its
+threads (waiting for a CPU; blocked, by cause: sums over its threads, which the rows say, so
+they can exceed the window), the same for its main thread, and its NCCL calls and their time.
+A value that stands out — at least `OUTLIER_RATIO` times the median of the row and clearly
+above it — is marked ``!``: HTA names the slow rank, this says why it was slow.
 
 Then the verdict (`bpfdyno.analysis.verdict`): which rank held the others back, and why, from
 what the kernel saw — or that the ranks are within noise (docs/tracing.md, "Why is rank N
@@ -29,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from bpfdyno.analysis.readings import GPU_BOUND_SHARE, gpu_bound
 from bpfdyno.analysis.verdict import compare, verdict_text
 from bpfdyno.cli.output import print_json, with_agent
 from bpfdyno.client.agent import AgentClient
@@ -135,8 +137,19 @@ def _rows(processes: Sequence[dict[str, Any]]) -> list[Row]:
         ("TCP retransmits", lambda p: p["tcp_retransmits"], _count, 1),
         ("TCP resets", lambda p: p["tcp_resets"], _count, 1),
         ("packet drops", lambda p: p["packet_drops"], _count, 1),
-        ("off-CPU: waiting for a CPU", lambda p: p["offcpu_runnable_seconds"], _seconds, 0.001),
-        ("off-CPU: blocked", lambda p: p["offcpu_blocked_seconds"], _seconds, 0.001),
+        ("threads seen off-CPU", lambda p: p["offcpu_threads"], _count, 1),
+        (
+            f"off-CPU: waiting for a CPU ({_over_threads(processes)})",
+            lambda p: p["offcpu_runnable_seconds"],
+            _seconds,
+            0.001,
+        ),
+        (
+            f"off-CPU: blocked ({_over_threads(processes)})",
+            lambda p: p["offcpu_blocked_seconds"],
+            _seconds,
+            0.001,
+        ),
     ]
     for cause in causes:
         rows.append((f"  blocked: {cause}", _by_cause(cause), _seconds, 0.001))
@@ -153,6 +166,22 @@ def _rows(processes: Sequence[dict[str, Any]]) -> list[Row]:
         ("records lost", lambda p: p["kernel_records_lost"], _count, 1),
     ]
     return rows
+
+
+def _over_threads(processes: Sequence[dict[str, Any]]) -> str:
+    """What the off-CPU rows add up: each thread's own time, so more than the window."""
+    counts = sorted({int(p.get("offcpu_threads", 0)) for p in processes})
+    if len(counts) == 1:
+        return f"sum over {counts[0]} thread{'' if counts[0] == 1 else 's'}"
+    return f"sum over {counts[0]}-{counts[-1]} threads"
+
+
+def _gpu_cell(p: dict[str, Any]) -> str:
+    busy, window = float(p.get("gpu_busy_seconds", 0.0)), float(p["window_seconds"])
+    if not window:
+        return _seconds(busy)
+    share = f"{busy / window:.0%} of the window"
+    return f"{_seconds(busy)} ({share}{', GPU-bound' if gpu_bound(busy, window) else ''})"
 
 
 def _by_cause(cause: str) -> Callable[[dict[str, Any]], float]:
@@ -201,6 +230,8 @@ def format_summary(processes: Sequence[dict[str, Any]]) -> str:
                     marked = True
                 cells.append(out)
             table.append([label, *cells])
+        if any(p.get("gpu_busy_seconds") for p in ok):
+            table.insert(3, ["GPU busy", *(_gpu_cell(p) for p in ok)])
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         for row in table:
             lines.append(
@@ -214,6 +245,14 @@ def format_summary(processes: Sequence[dict[str, Any]]) -> str:
                 f"! stands out: at least {OUTLIER_RATIO:g}x the median of the row (and clearly "
                 "above it)"
             )
+        for head, p in zip(heads, ok, strict=True):
+            if gpu_bound(float(p.get("gpu_busy_seconds", 0.0)), float(p["window_seconds"])):
+                share = float(p["gpu_busy_seconds"]) / float(p["window_seconds"])
+                lines.append(
+                    f"{head} is GPU-bound: its GPUs ran kernels {share:.0%} of the window "
+                    f"(GPU-bound from {GPU_BOUND_SHARE:.0%}): the GPU's work sets its pace, "
+                    "not its CPU, data or network"
+                )
         lines.append("files:")
         lines += [f"  pid {p['pid']}: {p['path']}" for p in ok]
     for p in processes:

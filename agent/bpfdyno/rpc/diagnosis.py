@@ -26,7 +26,7 @@ CAUSES: dict[str, str] = {
     "data_loader": "waiting for DataLoader workers",
     "file_io": "blocked in file I/O",
     "io_wait": "blocked on a socket, pipe or event",
-    "disk": "uninterruptible sleep (disk, page faults)",
+    "disk": "disk or file I/O (uninterruptible sleep: reads, writes, page faults)",
     "lock": "blocked on a lock or another thread",
     "sleep": "sleeping",
     "blocked": "blocked (other)",
@@ -204,6 +204,8 @@ class RankEvidence:
         fabric_devices: the RDMA ports and NICs of its fabric track.
         connections: its TCP connections' round-trip times in the window (net track).
         cpu_quotas: its cgroups with a CPU quota, throttling in the window (sched track).
+        collective_net_bytes: bytes its sockets sent and received while it was inside its
+            collectives (the net track; 0 without it).
     """
 
     path: str
@@ -224,6 +226,7 @@ class RankEvidence:
     fabric_devices: tuple[str, ...] = ()
     connections: tuple[ConnectionRtt, ...] = ()
     cpu_quotas: tuple[CpuQuota, ...] = ()
+    collective_net_bytes: int = 0
 
 
 @record(diagnosis_pb2.RankTiming)
@@ -292,6 +295,8 @@ class Verdict:
         compared_seconds: the time the comparison covers (matched collectives' span).
         matched: collectives matched across the ranks.
         notes: what limits the comparison (a rank without evidence, unaligned clocks...).
+        job_time: where the job's time went, when no rank held it back (the parts of a
+            step, and what the collectives achieved for their bytes); "" otherwise.
     """
 
     headline: str
@@ -301,6 +306,7 @@ class Verdict:
     compared_seconds: float = 0.0
     matched: int = 0
     notes: tuple[str, ...] = ()
+    job_time: str = ""
 
 
 __all__ = [

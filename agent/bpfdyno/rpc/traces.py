@@ -395,6 +395,11 @@ class ProcessSummary:
     kernel_records_lost: int = 0
     error: str = ""
     evidence: RankEvidence | None = None
+    #: The threads the off-CPU sums add up (each counts its own time: the sums can exceed
+    #: the window).
+    offcpu_threads: int = 0
+    #: Time at least one of its GPUs ran a kernel, inside the window.
+    gpu_busy_seconds: float = 0.0
 
 
 @record(tracing_pb2.TraceSummary)

@@ -123,7 +123,7 @@ class StepSplit(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., step_seconds: _Optional[float] = ..., parts: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ...) -> None: ...
 
 class RankEvidence(_message.Message):
-    __slots__ = ("path", "host", "pid", "rank", "world_size", "base_ns", "window_start_unix_ns", "window_end_unix_ns", "kernel_tracks", "collectives", "local_addresses", "loss_events", "gpu_sm_clock_mhz", "steps", "notes", "fabric_devices", "connections", "cpu_quotas")
+    __slots__ = ("path", "host", "pid", "rank", "world_size", "base_ns", "window_start_unix_ns", "window_end_unix_ns", "kernel_tracks", "collectives", "local_addresses", "loss_events", "collective_net_bytes", "gpu_sm_clock_mhz", "steps", "notes", "fabric_devices", "connections", "cpu_quotas")
     PATH_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +136,7 @@ class RankEvidence(_message.Message):
     COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
     LOCAL_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     LOSS_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_NET_BYTES_FIELD_NUMBER: _ClassVar[int]
     GPU_SM_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
@@ -154,13 +155,14 @@ class RankEvidence(_message.Message):
     collectives: _containers.RepeatedCompositeFieldContainer[CollectiveEvidence]
     local_addresses: _containers.RepeatedScalarFieldContainer[str]
     loss_events: _containers.RepeatedCompositeFieldContainer[LossEvent]
+    collective_net_bytes: int
     gpu_sm_clock_mhz: float
     steps: StepSplit
     notes: _containers.RepeatedScalarFieldContainer[str]
     fabric_devices: _containers.RepeatedScalarFieldContainer[str]
     connections: _containers.RepeatedCompositeFieldContainer[ConnectionRtt]
     cpu_quotas: _containers.RepeatedCompositeFieldContainer[CpuQuota]
-    def __init__(self, path: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., base_ns: _Optional[int] = ..., window_start_unix_ns: _Optional[int] = ..., window_end_unix_ns: _Optional[int] = ..., kernel_tracks: _Optional[_Iterable[str]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveEvidence, _Mapping]]] = ..., local_addresses: _Optional[_Iterable[str]] = ..., loss_events: _Optional[_Iterable[_Union[LossEvent, _Mapping]]] = ..., gpu_sm_clock_mhz: _Optional[float] = ..., steps: _Optional[_Union[StepSplit, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ..., fabric_devices: _Optional[_Iterable[str]] = ..., connections: _Optional[_Iterable[_Union[ConnectionRtt, _Mapping]]] = ..., cpu_quotas: _Optional[_Iterable[_Union[CpuQuota, _Mapping]]] = ...) -> None: ...
+    def __init__(self, path: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., base_ns: _Optional[int] = ..., window_start_unix_ns: _Optional[int] = ..., window_end_unix_ns: _Optional[int] = ..., kernel_tracks: _Optional[_Iterable[str]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveEvidence, _Mapping]]] = ..., local_addresses: _Optional[_Iterable[str]] = ..., loss_events: _Optional[_Iterable[_Union[LossEvent, _Mapping]]] = ..., collective_net_bytes: _Optional[int] = ..., gpu_sm_clock_mhz: _Optional[float] = ..., steps: _Optional[_Union[StepSplit, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ..., fabric_devices: _Optional[_Iterable[str]] = ..., connections: _Optional[_Iterable[_Union[ConnectionRtt, _Mapping]]] = ..., cpu_quotas: _Optional[_Iterable[_Union[CpuQuota, _Mapping]]] = ...) -> None: ...
 
 class RankTiming(_message.Message):
     __slots__ = ("rank", "host", "pid", "path", "collectives", "last", "held_seconds", "lateness_seconds", "collective_seconds", "step_seconds")
@@ -209,10 +211,11 @@ class Finding(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., kind: _Optional[str] = ..., seconds: _Optional[float] = ..., share: _Optional[float] = ..., causes: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ..., worst: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ..., summary: _Optional[str] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("headline", "stragglers", "within_noise", "ranks", "compared_seconds", "matched", "notes")
+    __slots__ = ("headline", "stragglers", "within_noise", "job_time", "ranks", "compared_seconds", "matched", "notes")
     HEADLINE_FIELD_NUMBER: _ClassVar[int]
     STRAGGLERS_FIELD_NUMBER: _ClassVar[int]
     WITHIN_NOISE_FIELD_NUMBER: _ClassVar[int]
+    JOB_TIME_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     COMPARED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MATCHED_FIELD_NUMBER: _ClassVar[int]
@@ -220,8 +223,9 @@ class Verdict(_message.Message):
     headline: str
     stragglers: _containers.RepeatedCompositeFieldContainer[Finding]
     within_noise: bool
+    job_time: str
     ranks: _containers.RepeatedCompositeFieldContainer[RankTiming]
     compared_seconds: float
     matched: int
     notes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, headline: _Optional[str] = ..., stragglers: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., within_noise: _Optional[bool] = ..., ranks: _Optional[_Iterable[_Union[RankTiming, _Mapping]]] = ..., compared_seconds: _Optional[float] = ..., matched: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, headline: _Optional[str] = ..., stragglers: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., within_noise: _Optional[bool] = ..., job_time: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankTiming, _Mapping]]] = ..., compared_seconds: _Optional[float] = ..., matched: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...

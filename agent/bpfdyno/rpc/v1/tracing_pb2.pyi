@@ -240,7 +240,7 @@ class DcgmResponse(_message.Message):
     def __init__(self, status: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ProcessSummary(_message.Message):
-    __slots__ = ("pid", "path", "rank", "trace_id", "window_start_unix_seconds", "window_seconds", "pytorch_op_seconds", "kernel_tracks", "net_sent_bytes", "net_received_bytes", "net_calls", "tcp_retransmits", "tcp_resets", "packet_drops", "offcpu_runnable_seconds", "offcpu_blocked_seconds", "blocked_seconds_by_cause", "main_thread_runnable_seconds", "main_thread_blocked_seconds", "nccl_calls", "nccl_seconds", "kernel_records_lost", "error", "evidence")
+    __slots__ = ("pid", "path", "rank", "trace_id", "window_start_unix_seconds", "window_seconds", "pytorch_op_seconds", "kernel_tracks", "net_sent_bytes", "net_received_bytes", "net_calls", "tcp_retransmits", "tcp_resets", "packet_drops", "offcpu_runnable_seconds", "offcpu_blocked_seconds", "blocked_seconds_by_cause", "main_thread_runnable_seconds", "main_thread_blocked_seconds", "nccl_calls", "nccl_seconds", "kernel_records_lost", "error", "evidence", "offcpu_threads", "gpu_busy_seconds")
     class BlockedSecondsByCauseEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -272,6 +272,8 @@ class ProcessSummary(_message.Message):
     KERNEL_RECORDS_LOST_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    OFFCPU_THREADS_FIELD_NUMBER: _ClassVar[int]
+    GPU_BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     pid: int
     path: str
     rank: int
@@ -296,7 +298,9 @@ class ProcessSummary(_message.Message):
     kernel_records_lost: int
     error: str
     evidence: _diagnosis_pb2.RankEvidence
-    def __init__(self, pid: _Optional[int] = ..., path: _Optional[str] = ..., rank: _Optional[int] = ..., trace_id: _Optional[str] = ..., window_start_unix_seconds: _Optional[float] = ..., window_seconds: _Optional[float] = ..., pytorch_op_seconds: _Optional[float] = ..., kernel_tracks: _Optional[_Iterable[str]] = ..., net_sent_bytes: _Optional[int] = ..., net_received_bytes: _Optional[int] = ..., net_calls: _Optional[int] = ..., tcp_retransmits: _Optional[int] = ..., tcp_resets: _Optional[int] = ..., packet_drops: _Optional[int] = ..., offcpu_runnable_seconds: _Optional[float] = ..., offcpu_blocked_seconds: _Optional[float] = ..., blocked_seconds_by_cause: _Optional[_Mapping[str, float]] = ..., main_thread_runnable_seconds: _Optional[float] = ..., main_thread_blocked_seconds: _Optional[float] = ..., nccl_calls: _Optional[int] = ..., nccl_seconds: _Optional[float] = ..., kernel_records_lost: _Optional[int] = ..., error: _Optional[str] = ..., evidence: _Optional[_Union[_diagnosis_pb2.RankEvidence, _Mapping]] = ...) -> None: ...
+    offcpu_threads: int
+    gpu_busy_seconds: float
+    def __init__(self, pid: _Optional[int] = ..., path: _Optional[str] = ..., rank: _Optional[int] = ..., trace_id: _Optional[str] = ..., window_start_unix_seconds: _Optional[float] = ..., window_seconds: _Optional[float] = ..., pytorch_op_seconds: _Optional[float] = ..., kernel_tracks: _Optional[_Iterable[str]] = ..., net_sent_bytes: _Optional[int] = ..., net_received_bytes: _Optional[int] = ..., net_calls: _Optional[int] = ..., tcp_retransmits: _Optional[int] = ..., tcp_resets: _Optional[int] = ..., packet_drops: _Optional[int] = ..., offcpu_runnable_seconds: _Optional[float] = ..., offcpu_blocked_seconds: _Optional[float] = ..., blocked_seconds_by_cause: _Optional[_Mapping[str, float]] = ..., main_thread_runnable_seconds: _Optional[float] = ..., main_thread_blocked_seconds: _Optional[float] = ..., nccl_calls: _Optional[int] = ..., nccl_seconds: _Optional[float] = ..., kernel_records_lost: _Optional[int] = ..., error: _Optional[str] = ..., evidence: _Optional[_Union[_diagnosis_pb2.RankEvidence, _Mapping]] = ..., offcpu_threads: _Optional[int] = ..., gpu_busy_seconds: _Optional[float] = ...) -> None: ...
 
 class TraceSummary(_message.Message):
     __slots__ = ("trace_id", "processes", "verdict")

@@ -12,7 +12,7 @@ sleep         a timed sleep (nanosleep, clock_nanosleep, pause)
 lock          a futex: a mutex, condition variable, queue or thread join
 io wait       waiting for a socket, pipe, event or child (poll, epoll, recv, read...)
 file io       file reads, writes and syncs
-disk/uninterruptible  uninterruptible sleep (state D) with no known system call
+disk/uninterruptible  uninterruptible sleep (state D), whatever the system call: a disk or page
 blocked       anything else (the system call's name is kept)
 ============  =====================================================================
 """
@@ -91,14 +91,18 @@ def syscall_name(nr: int) -> str:
 
 
 def cause(state: int, syscall: int) -> str:
-    """The cause of an off-CPU interval (one of `CAUSES`)."""
+    """The cause of an off-CPU interval (one of `CAUSES`).
+
+    The state comes first: a read(2) that sleeps uninterruptibly (D) waits for a disk or a
+    page, not for a socket or pipe (those sleep interruptibly, S).
+    """
     if state == 0:
         return RUNNABLE
+    if state & _TASK_UNINTERRUPTIBLE:
+        return UNINTERRUPTIBLE
     known = _TABLE.get(syscall)
     if known is not None and known[1] != RUNNABLE:
         return known[1]
-    if state & _TASK_UNINTERRUPTIBLE:
-        return UNINTERRUPTIBLE
     return BLOCKED
 
 
