@@ -203,6 +203,12 @@ def main() -> None:
                             shares = [f.share for f in trace.verdict.stragglers]
                         except Exception as e:  # one run's failure is counted, not fatal
                             headline = f"{type(e).__name__}: {str(e)[:300]}"
+                            # The job may be left stuck (a rank mid-step): start it afresh.
+                            job.close()
+                            shutil.rmtree(base, ignore_errors=True)
+                            base = short_base()
+                            job = StragglerJob(base, RANKS, CPUS)
+                            job.start()
                         tally[label][outcome] += 1
                         over[c.name] += sum(1 for x in shares if x > 1.0)
                         loads[c.name].append(os.getloadavg()[0])
