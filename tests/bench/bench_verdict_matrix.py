@@ -201,6 +201,7 @@ def main() -> None:
                         started = time.monotonic()
                         outcome, headline, shares = "error", "", []
                         named: list[Expected] = []
+                        throttled: dict[int, list[str]] = {}
                         try:
                             ctx = (
                                 c.inject(job, rank, s)
@@ -215,6 +216,11 @@ def main() -> None:
                             headline = trace.verdict.headline
                             shares = [f.share for f in trace.verdict.stragglers]
                             named = sorted(findings(trace))
+                            throttled = {
+                                k: [f"{q.throttled_periods}/{q.periods} {q.throttled_seconds:.3f} s"
+                                    for q in ev.cpu_quotas]
+                                for k, ev in trace.evidence.items() if ev.cpu_quotas
+                            }  # fmt: skip
                         except Exception as e:  # one run's failure is counted, not fatal
                             headline = f"{type(e).__name__}: {str(e)[:300]}"
                             # The job may be left stuck (a rank mid-step): start it afresh.
@@ -229,6 +235,7 @@ def main() -> None:
                         record = {
                             "class": c.name, "strength": c.strengths[s], "rank": rank,
                             "run": run, "outcome": outcome, "shares": shares, "named": named,
+                            "throttled": throttled,
                             "headline": headline, "seconds": round(time.monotonic() - started, 1),
                             "load": os.getloadavg()[0],
                         }  # fmt: skip
