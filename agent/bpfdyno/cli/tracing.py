@@ -85,7 +85,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(SLURM: 1234, an array task 1234_5, a het component 1234+1)",
     )
     p.add_argument("--pids", default="0", help="pids to trace, comma separated; 0 = all in job")
-    p.add_argument("--log-file", required=True, help="trace file (Kineto inserts _<pid>)")
+    p.add_argument(
+        "--log-file",
+        default="",
+        help="trace file (Kineto inserts _<pid>); default: a timestamped name in your own "
+        "trace directory on each node (/var/tmp/bpfdyno/USER, [tracing] user_dirs)",
+    )
     for flag, field, help_text in SPEC_NUMBERS:
         default = getattr(_DEFAULT, field)
         p.add_argument(flag, dest=field, type=int, default=default, help=help_text)
