@@ -154,7 +154,8 @@ def cmd_trainers(args: argparse.Namespace) -> int:
     async def show(agent: AgentClient) -> int:
         trainers = await agent.trainers(args.job_id)
         if args.json:
-            print_json({"trainers": [record_dict(t) for t in trainers]} if trainers else {})
+            # The same shape whether or not a trainer is registered.
+            print_json({"trainers": [record_dict(t) for t in trainers]})
         elif not trainers:
             print(_no_trainers_hint())
         else:
