@@ -64,9 +64,7 @@ def served() -> Iterator[Served]:
 
 
 @pytest.mark.parametrize("name", ["cpu", "no_such_metric", "cpu*x"])
-def test_a_name_that_matches_nothing_says_so_and_how_names_work(
-    served: Served, name: str
-) -> None:
+def test_a_name_that_matches_nothing_says_so_and_how_names_work(served: Served, name: str) -> None:
     r = served.cli("metrics", name)
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr.startswith(f"bpfdyno: no metric matches {name!r}.\n")
