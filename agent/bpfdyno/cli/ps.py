@@ -136,7 +136,7 @@ def format_table(table: ProcessList, width: int | None = None) -> str:
         )
 
     titles = tuple(title for title, _, _ in _COLUMNS)
-    hidden = []
+    hidden: list[str] = []
     # On a narrow terminal the optional columns go, last first, before the command shrinks
     # below MIN_COMMAND characters; the footer says which (--json has every field).
     while width - len(line(titles)) < MIN_COMMAND and _COLUMNS[shown[-1]][2]:
