@@ -261,6 +261,15 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
             print(format_final(final))
         if not started.processes_matched and args.fail_on_no_process:
             return EXIT_FAIL
+        if started.busy and not started.triggered:
+            # Nothing will be written: say it in the exit status too (scripts, --wait).
+            if not args.json:
+                print(
+                    "bpfdyno: nothing was traced: every matched process is busy; try again "
+                    "when its trace is written (bpfdyno trainers shows each one's state)",
+                    file=sys.stderr,
+                )
+            return EXIT_FAIL
         if final is not None and final.count(ProcessTraceState.WRITTEN) < len(final.processes):
             return EXIT_FAIL
         return EXIT_OK
