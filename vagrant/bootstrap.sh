@@ -7,13 +7,19 @@
 #
 # Set-up: apt packages (python3-bpfcc, bpftool, perf, ...), a Python >= 3.11 virtualenv in
 # .venv at the repository root with bcc made importable in it, the project installed editable
-# with its test extras, and tracefs mounted. Every step checks first and does nothing when
-# already done, so running it again is cheap. Runs as root (re-executes itself with sudo).
+# with its test extras, `bpfdyno` on every user's PATH (/usr/local/bin/bpfdyno, a link into
+# .venv), and tracefs mounted. The virtualenv is built on the system's /usr/bin/python3 (the
+# interpreter bcc is built for, and one every user may run) when it is >= 3.11; one built on
+# an interpreter other users cannot run (a pyenv build in root's home) is rebuilt. Every step
+# checks first and does nothing when already done, so running it again is cheap. Runs as
+# root (re-executes itself with sudo).
 set -euo pipefail
 
 SCRIPT=$(readlink -f "${BASH_SOURCE[0]}")
 REPO_ROOT=$(dirname "$(dirname "$SCRIPT")")
 VENV="$REPO_ROOT/.venv"
+# Where the command goes for every user (a link to $VENV/bin/bpfdyno).
+BIN_LINK=/usr/local/bin/bpfdyno
 # pip work is skipped when this stamp matches the current pyproject.toml (see ensure_project).
 STAMP="$VENV/.bpfdyno-bootstrap"
 TORCH_REQUIREMENT="torch==2.13.0" # a bare "torch" pulls gigabytes of CUDA wheels
@@ -93,10 +99,11 @@ ensure_apt() {
 
 python_ok() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; }
 
-# Prefer python3.11 (a pyenv or deadsnakes build where present), then any python3 >= 3.11.
+# Prefer the system's Python (bcc is built for it, and every user may run it), then any
+# python3.11 / python3 >= 3.11 on PATH (Ubuntu 22.04: deadsnakes or pyenv).
 find_python() {
 	local cand path
-	for cand in python3.11 python3 /usr/bin/python3; do
+	for cand in /usr/bin/python3 python3.11 python3; do
 		path=$(command -v "$cand" 2>/dev/null) || continue
 		if python_ok "$path"; then
 			# Resolve pyenv shims to the real interpreter, so the venv does not depend on them.
@@ -118,12 +125,21 @@ ensure_python() {
 	fi
 }
 
+# Whether every user may run FILE: asked of the kernel as the user nobody (every directory on
+# the way, through each link, must let others pass).
+usable_by_all() {
+	setpriv --reuid=65534 --regid=65534 --clear-groups -- test -x "$1" 2>/dev/null
+}
+
 ensure_venv() {
 	if [[ -x $VENV/bin/python ]] && python_ok "$VENV/bin/python" &&
 		"$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
-		return
-	fi
-	if [[ -e $VENV ]]; then
+		if usable_by_all "$VENV/bin/python" || ! usable_by_all "$PYTHON"; then
+			return
+		fi
+		log "$VENV runs on $(readlink -f -- "$VENV/bin/python"), which other users cannot run: rebuilding it on $PYTHON"
+		rm -rf -- "$VENV"
+	elif [[ -e $VENV ]]; then
 		log "$VENV is unusable (interpreter gone or too old): recreating it"
 		rm -rf -- "$VENV"
 	fi
@@ -202,6 +218,25 @@ ensure_torch() {
 	"$VENV/bin/python" -m pip install -q --progress-bar off "$TORCH_REQUIREMENT"
 }
 
+# `bpfdyno` for every user: a link in /usr/local/bin, unless a command of that name is there
+# already that is not such a link (an installed package's stays first).
+ensure_path_link() {
+	local target="$VENV/bin/bpfdyno"
+	if [[ -L $BIN_LINK ]]; then
+		[[ "$(readlink -- "$BIN_LINK")" == "$target" ]] && return
+		[[ "$(readlink -- "$BIN_LINK")" == */.venv/bin/bpfdyno ]] ||
+			{ log "note: $BIN_LINK links elsewhere ($(readlink -- "$BIN_LINK")): left as it is"; return; }
+	elif [[ -e $BIN_LINK ]]; then
+		log "note: $BIN_LINK exists (an installed bpfdyno?): left as it is; this checkout's is $target"
+		return
+	fi
+	mkdir -p -- "$(dirname -- "$BIN_LINK")"
+	ln -sfn -- "$target" "$BIN_LINK"
+	log "bpfdyno on every user's PATH: $BIN_LINK -> $target"
+	usable_by_all "$target" ||
+		log "note: other users cannot reach $target (a directory above it is private): move the checkout, or install the Debian package (deploy/debian)"
+}
+
 # bcc attaches tracepoints through tracefs, which a fresh boot does not mount.
 ensure_mounts() {
 	if ! mountpoint -q /sys/kernel/tracing; then
@@ -225,6 +260,7 @@ setup() {
 	ensure_venv
 	ensure_bcc_link
 	ensure_project
+	ensure_path_link
 	if ((for_tests)); then
 		ensure_apt "${TEST_APT_PACKAGES[@]}"
 		ensure_torch
@@ -276,4 +312,7 @@ main() {
 	esac
 }
 
-main "$@"
+# Sourced (the tests call its functions one by one), it only defines them.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+	main "$@"
+fi

@@ -18,6 +18,22 @@ def _roff(text: str) -> str:
     return "\n".join("\\&" + ln if ln.startswith((".", "'")) else ln for ln in text.splitlines())
 
 
+def _options(sub: argparse.ArgumentParser) -> list[str]:
+    """A command's arguments and options, each with its value's name and its help."""
+    out = []
+    for action in sub._actions:  # argparse has no public accessor for a parser's arguments
+        if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+            continue
+        if action.option_strings:
+            value = "" if action.nargs == 0 else " " + (action.metavar or action.dest.upper())
+            name = ", ".join(f"\\fB{_roff(o)}\\fR" for o in action.option_strings)
+            name += f"\\fI{_roff(str(value))}\\fR" if value else ""
+        else:
+            name = f"\\fI{_roff(str(action.metavar or action.dest).upper())}\\fR"
+        out += [".RS", ".TP", name, _roff(action.help or ""), ".RE"]
+    return out
+
+
 def manpage(version: str) -> str:
     """The manual page, in roff."""
     parser = build_parser()
@@ -41,6 +57,7 @@ def manpage(version: str) -> str:
     ]
     for choice in commands._choices_actions:
         lines += [".TP", f"\\fB{_roff(choice.dest)}\\fR", _roff(choice.help or "")]
+        lines += _options(commands.choices[choice.dest])
     lines += [
         ".SH FILES",
         ".TP",

@@ -22,6 +22,7 @@ COMMANDS = [
     "dcgm-pause",
     "dcgm-resume",
     "trace-summary",
+    "timeline",
     "audit",
     "top",
     "run",

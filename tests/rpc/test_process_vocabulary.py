@@ -234,7 +234,7 @@ def test_ps_and_the_ui_show_a_many_threaded_trainer_in_threads() -> None:
         offcpu_blocked_ratio=44.02,
         num_threads=45,
     )
-    header, row, footer = format_table(ProcessList((trainer,), 1.0, 300)).splitlines()
+    header, row, footer = format_table(ProcessList((trainer,), 1.0, 300), 120).splitlines()
     assert header.split()[:7] == ["PID", "USER", "CPU%", "RSS", "ONCPU", "RUNQ", "BLOCK"]
     assert row.split()[:7] == ["4242", "ann", "99.0", "3.0G", "1.0", "0.0", "44.0"]
     assert footer == (

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -148,7 +149,8 @@ async def test_ps_command_table_and_json(agent: Agent, capsys: pytest.CaptureFix
     assert out[0].split()[:4] == ["PID", "USER", "CPU%", "RSS"]
     assert out[1].split()[:2] == [str(os.getpid()), "root"]
     assert "*" in out[1]  # pinned marker
-    assert out[-1].startswith("1 of ")
+    assert out[2].startswith("1 of ")  # the legend is wrapped to the terminal's width
+    assert max(len(line) for line in out) <= shutil.get_terminal_size().columns
 
     args = ps_args("--socket", agent.sock, "--json", "--sort", "pid", "--limit", "2")
     assert await asyncio.to_thread(cmd_ps, args) == 0

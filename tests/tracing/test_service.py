@@ -7,6 +7,7 @@ controllable clock so expiry and timeouts are exact.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -334,12 +335,14 @@ def test_bad_requests(svc: TracingService, req: TraceRequest, rule: str) -> None
     assert info.value.rule == rule
 
 
-def test_default_log_file_and_unknown_trace(svc: TracingService, tmp_path: Path) -> None:
+def test_default_log_file_and_unknown_trace(
+    svc: TracingService, tmp_path: Path, clock: Clock
+) -> None:
     poll(svc, [90])
     res = svc.start_trace(TraceRequest(options=TraceSpec(log_file="", iterations=2)))
-    assert res.triggered[0].output_path == str(
-        tmp_path / f"bpfdyno-{res.trace_id}_90.pt.trace.json"
-    )
+    # A timestamped name (the wall clock's local time) in the first allowed directory.
+    stamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(clock.wall()))
+    assert res.triggered[0].output_path == str(tmp_path / f"trace_{stamp}_90.pt.trace.json")
     with pytest.raises(NotFound):
         svc.get_trace("nope")
 

@@ -170,6 +170,8 @@ class CollectorRunner:
         self.interval_s = interval_s
         self.state = PartState.STARTING
         self.reason = ""
+        #: Unavailable because what it needs is not part of this host (`CollectorUnavailable`).
+        self.absent = False
         self.collections = 0
         self.errors = 0
         self.consecutive_errors = 0
@@ -207,7 +209,9 @@ class CollectorRunner:
             await loop.run_in_executor(self._executor, _excluded(self.collector.start))
         except CollectorUnavailable as e:
             self.state, self.reason = PartState.UNAVAILABLE, str(e)
-            log.warning("collector %s unavailable: %s", self.name, e)
+            self.absent = e.absent
+            if not e.absent:  # absent ones are named together by the daemon, at INFO
+                log.warning("collector %s unavailable: %s", self.name, e)
             return False
         except Exception as e:  # a bug or an unexpected environment: isolate it
             self.state = PartState.UNAVAILABLE
@@ -509,6 +513,12 @@ class Daemon:
         for comp in self.components:
             await comp.start()
         results = await asyncio.gather(*(r.start() for r in self.runners))
+        absent = [r.name for r in self.runners if r.absent]
+        if absent:
+            log.info(
+                "not on this host, which is normal: %s (bpfdyno status says what each needs)",
+                ", ".join(absent),
+            )
         start_t = time.monotonic()  # one start: rounds with the same interval fall due together
         for runner, ok in zip(self.runners, results, strict=True):
             if ok:

@@ -11,7 +11,7 @@ import time
 from bpfdyno.app import assembly
 from bpfdyno.app.catalog import CATALOG
 from bpfdyno.app.daemon import Daemon, install_signal_handlers, notify_systemd
-from bpfdyno.core.config import Config
+from bpfdyno.core.config import DEFAULT_SOCKET, Config
 from bpfdyno.server.grpc_server import AddressInUse, GrpcServer
 from bpfdyno.services.agent import AgentService
 from bpfdyno.version import __version__
@@ -69,6 +69,8 @@ async def run(cfg: Config) -> int:
         log.info(
             "bpfdyno %s ready in %.2f s (config %s)", __version__, time.monotonic() - t0, cfg.source
         )
+        for line in next_steps(cfg):
+            log.info("%s", line)
         notify_systemd("READY=1")
         await daemon.wait_stopped()
         log.info("stopping")
@@ -79,6 +81,21 @@ async def run(cfg: Config) -> int:
         except TimeoutError:
             log.error("stopping took longer than %g s; exiting without the rest", STOP_TIMEOUT_S)
     return 0
+
+
+def next_steps(cfg: Config) -> list[str]:
+    """What to do once the agent is ready: where its API is, and three commands to try (with
+    ``--socket`` when it is not where clients look by default)."""
+    where = f"unix:{cfg.grpc.socket}" + (f" and {cfg.grpc.tcp} (TLS)" if cfg.grpc.tcp else "")
+    who = "every local user, each as itself" if cfg.grpc.socket_mode & 0o006 else "root"
+    if not cfg.grpc.socket_mode & 0o006 and cfg.grpc.socket_group:
+        who += f" and the group {cfg.grpc.socket_group}"
+    target = "" if cfg.grpc.socket == DEFAULT_SOCKET else f" --socket {cfg.grpc.socket}"
+    return [
+        f"API on {where} ({who})",
+        f"next: bpfdyno status{target}  |  bpfdyno top{target}  |  bpfdyno gputrace{target} "
+        "--pids PID --iterations 5 --wait (PyTorch started with KINETO_USE_DAEMON=1)",
+    ]
 
 
 async def _stop(server: GrpcServer, daemon: Daemon) -> None:

@@ -114,6 +114,8 @@ class TracingComponent:
             default_timeout_s=cfg.tracing.default_timeout_s,
             registry=registry,
             trace_dir=cfg.tracing.trace_dir,
+            user_dirs=cfg.tracing.user_dirs,
+            allow_home=cfg.tracing.allow_home,
             dcgm_pause=dcgm_pause,
             dcgm_resume=dcgm_resume,
             version=version,

@@ -10,12 +10,23 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from bpfdyno.cli import agent, audit, doctor, ps, run, serve, top, trace_summary, tracing
+from bpfdyno.cli import (
+    agent,
+    audit,
+    doctor,
+    ps,
+    run,
+    serve,
+    timeline,
+    top,
+    trace_summary,
+    tracing,
+)
 from bpfdyno.client.connection import EXIT_OK
 from bpfdyno.version import __version__
 
 #: The command groups, in the order ``bpfdyno --help`` lists them.
-COMMAND_GROUPS = (serve, agent, doctor, ps, tracing, trace_summary, audit, top, run)
+COMMAND_GROUPS = (serve, agent, doctor, ps, tracing, trace_summary, timeline, audit, top, run)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import sys
+import textwrap
 
 from bpfdyno.cli.output import print_json, with_agent
 from bpfdyno.client.agent import AgentClient
@@ -80,49 +82,76 @@ def cmd_ps(args: argparse.Namespace) -> int:
     return with_agent(args.target or default_target(), show, refused=EXIT_USAGE)
 
 
+#: (title, width, whether shown only when some row has a value). Narrow enough that the
+#: table and some of each command fit 80 columns; the command gets the rest of the line.
 _COLUMNS = (
-    ("PID", 8),
-    ("USER", 10),
-    ("CPU%", 7),
-    ("RSS", 8),
-    *((title, 6) for title, _ in THREAD_COLUMNS),
-    ("TCP TX/s", 10),
-    ("TCP RX/s", 10),
-    ("RETX/s", 7),
-    ("JOB", 8),
-    ("CONTAINER", 13),
+    ("PID", 7, False),
+    ("USER", 8, False),
+    ("CPU%", 6, False),
+    ("RSS", 6, False),
+    *((title, 5, False) for title, _ in THREAD_COLUMNS),
+    ("TX/s", 6, False),
+    ("RX/s", 6, False),
+    ("RETX/s", 6, True),
+    ("JOB", 8, True),
+    ("CONTAINER", 12, True),
 )
+#: The command gets at least this many characters, however narrow the terminal.
+MIN_COMMAND = 12
 
 
-def format_table(table: ProcessList) -> str:
-    """A fixed-width table of the agent's process table ("-" marks unknown values)."""
-    header = "".join(
-        f"{name:>{w}} " if i != 1 else f"{name:<{w}} " for i, (name, w) in enumerate(_COLUMNS)
-    )
-    lines = [header + "COMMAND"]
+def format_table(table: ProcessList, width: int | None = None) -> str:
+    """A fixed-width table of the agent's process table ("-" marks unknown values), each line
+    at most ``width`` characters (default: the terminal's, 80 when there is none): the
+    retransmit, job and container columns only when some row has a value there, then as much
+    of the command as fits."""
+    width = width or shutil.get_terminal_size().columns
+    rows = []
     for r in table.processes:
         retx = r.tcp_retransmits_per_second
-        cells = (
-            str(r.pid),
-            r.user[:10],
-            _pct(r.cpu_ratio),
-            human_bytes(r.rss_bytes),
-            *(threads_text(getattr(r, field)) for _, field in THREAD_COLUMNS),
-            _rate(r.tcp_tx_bytes_per_second),
-            _rate(r.tcp_rx_bytes_per_second),
-            "-" if math.isnan(retx) else f"{retx:.1f}",
-            r.slurm_job_id or "-",
-            r.container_id[:12] or "-",
+        rows.append(
+            (
+                str(r.pid),
+                r.user[:8],
+                _pct(r.cpu_ratio),
+                human_bytes(r.rss_bytes),
+                *(threads_text(getattr(r, field)) for _, field in THREAD_COLUMNS),
+                _rate(r.tcp_tx_bytes_per_second),
+                _rate(r.tcp_rx_bytes_per_second),
+                "-" if math.isnan(retx) else f"{retx:.1f}",
+                r.slurm_job_id or "-",
+                r.container_id[:12] or "-",
+            )
         )
-        row = "".join(
-            f"{c:>{w}} " if i != 1 else f"{c:<{w}} "
-            for i, (c, (_, w)) in enumerate(zip(cells, _COLUMNS, strict=True))
+    shown = [
+        i
+        for i, (_, _, optional) in enumerate(_COLUMNS)
+        if not optional or any(row[i] not in ("-", "0.0") for row in rows)
+    ]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "".join(
+            f"{cells[i]:<{_COLUMNS[i][1]}} " if i == 1 else f"{cells[i]:>{_COLUMNS[i][1]}} "
+            for i in shown
         )
-        lines.append(row + ("*" if r.pinned else "") + r.command[:120])
+
+    titles = tuple(title for title, _, _ in _COLUMNS)
+    hidden: list[str] = []
+    # On a narrow terminal the optional columns go, last first, before the command shrinks
+    # below MIN_COMMAND characters; the footer says which (--json has every field).
+    while width - len(line(titles)) < MIN_COMMAND and _COLUMNS[shown[-1]][2]:
+        hidden.insert(0, titles[shown.pop()])
+    header = line(titles)
+    room = max(MIN_COMMAND, width - len(header))
+    lines = [header + "COMMAND"]
+    for r, cells in zip(table.processes, rows, strict=True):
+        lines.append(line(cells) + (("*" if r.pinned else "") + r.command)[:room])
     footer = f"{len(table.processes)} of {table.total_processes} processes ({THREAD_COLUMNS_NOTE})"
+    if hidden:
+        footer += f"; not shown on {width} columns: {', '.join(hidden)} (--json has them)"
     if table.unavailable:
         footer += "; unavailable: " + "; ".join(f"{k}: {v}" for k, v in table.unavailable.items())
-    lines.append(footer)
+    lines += textwrap.wrap(footer, width)
     return "\n".join(lines) + "\n"
 
 

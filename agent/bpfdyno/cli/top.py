@@ -34,6 +34,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "processes and trainers on that agent)",
     )
     p.add_argument("--replay", type=Path, default=None, help="replay a recording (demos)")
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="replay the recording shipped with bpfdyno: a real node with one NVIDIA H200 "
+        "under a training load (no agent needed)",
+    )
     p.add_argument("--speed", type=float, default=1.0, help="replay speed")
     add_cluster_arguments(p)
     p.set_defaults(handler=cmd_top)
@@ -41,6 +47,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def cmd_top(args: argparse.Namespace) -> int:
     """Run ``bpfdyno top`` until the user quits; returns the exit status."""
+    if args.demo:
+        from bpfdyno.tui.recorded import demo_recording
+
+        args.replay = demo_recording()
     if args.replay is None and cluster_requested(args):
         return _cluster_top(args)
     # Imported here: Textual takes a while to load, and only this command needs it.

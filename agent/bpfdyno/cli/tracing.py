@@ -85,7 +85,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(SLURM: 1234, an array task 1234_5, a het component 1234+1)",
     )
     p.add_argument("--pids", default="0", help="pids to trace, comma separated; 0 = all in job")
-    p.add_argument("--log-file", required=True, help="trace file (Kineto inserts _<pid>)")
+    p.add_argument(
+        "--log-file",
+        default="",
+        help="trace file (Kineto inserts _<pid>); default: a timestamped name in your own "
+        "trace directory on each node (/var/tmp/bpfdyno/USER, [tracing] user_dirs)",
+    )
     for flag, field, help_text in SPEC_NUMBERS:
         default = getattr(_DEFAULT, field)
         p.add_argument(flag, dest=field, type=int, default=default, help=help_text)
@@ -149,7 +154,8 @@ def cmd_trainers(args: argparse.Namespace) -> int:
     async def show(agent: AgentClient) -> int:
         trainers = await agent.trainers(args.job_id)
         if args.json:
-            print_json({"trainers": [record_dict(t) for t in trainers]} if trainers else {})
+            # The same shape whether or not a trainer is registered.
+            print_json({"trainers": [record_dict(t) for t in trainers]})
         elif not trainers:
             print(_no_trainers_hint())
         else:
@@ -254,6 +260,15 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
         elif final is not None:
             print(format_final(final))
         if not started.processes_matched and args.fail_on_no_process:
+            return EXIT_FAIL
+        if started.busy and not started.triggered:
+            # Nothing will be written: say it in the exit status too (scripts, --wait).
+            if not args.json:
+                print(
+                    "bpfdyno: nothing was traced: every matched process is busy; try again "
+                    "when its trace is written (bpfdyno trainers shows each one's state)",
+                    file=sys.stderr,
+                )
             return EXIT_FAIL
         if final is not None and final.count(ProcessTraceState.WRITTEN) < len(final.processes):
             return EXIT_FAIL

@@ -182,8 +182,19 @@ class KinetoSection:
 
 @dataclass
 class TracingSection:
-    #: Extra directory trace files may be written to (besides allowed_dirs); "" for none.
+    #: Where traces go when a request names no log file, for every requester; "" = each
+    #: user's own directory under ``user_dirs`` (or, with that empty, allowed_dirs[0]). Also
+    #: allowed for log files (besides allowed_dirs).
     trace_dir: str = ""
+    #: Parent of the per-user trace directories: the agent makes ``<user_dirs>/<user>`` (the
+    #: user's own, mode 0700, in a parent only the agent writes) for a request that names no
+    #: log file, and verifies it before every use; log files may be named anywhere under it.
+    #: Under /tmp because newer libkineto writes on-demand traces only under
+    #: $KINETO_ONDEMAND_TRACE_DIR, /tmp/ by default (docs/tracing.md); where /tmp is a small
+    #: tmpfs, point this at a disk and set that variable in jobs. "" = none.
+    user_dirs: str = "/tmp/bpfdyno"
+    #: A user may also name log files under its own home directory (the passwd database's).
+    allow_home: bool = True
     #: Directories trace log files must be inside.
     allowed_dirs: list[str] = field(default_factory=lambda: ["/tmp"])
     #: How long a trace is followed before its unfinished processes are "timed out".
@@ -707,6 +718,7 @@ def _validate_tracing(cfg: Config, bad: typing.Callable[[str, str], ConfigError]
         raise bad("must be at least 5 seconds (Kineto polls every 1-5 s)", "kineto.expire_after_s")
     for key, dirs in (
         ("tracing.trace_dir", [t.trace_dir] if t.trace_dir else []),
+        ("tracing.user_dirs", [t.user_dirs] if t.user_dirs else []),
         ("tracing.allowed_dirs", t.allowed_dirs),
     ):
         for d in dirs:

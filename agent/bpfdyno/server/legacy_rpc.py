@@ -12,6 +12,15 @@ request acts with that uid's rights. One peer (a uid, or an address when the pee
 this host; root excepted) may hold `max_per_peer` connections at once, and a connection that
 sends nothing for `idle_timeout_s` is closed, so no user can starve the others of
 connections.
+
+**Busy processes.** A request that reaches a process while it is tracing, or while its last
+trace is being written and merged, is not dropped: as dynolog does, it waits for the process
+(`BusyQueue`, up to `QUEUE_WAIT_S`) and its trace is started as soon as the process is free,
+with the same rules and audit as any request. The reply lists such processes as triggered (a
+dyno CLI prints their files) and, in additions dyno prints as they are, under ``queued``
+with why; one that cannot wait (a request for it already waits, its file would be
+overwritten) is under ``busy`` with why, and a request that traced nothing at all is a
+failure with those reasons.
 """
 
 from __future__ import annotations
@@ -19,8 +28,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import struct
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -29,8 +41,11 @@ from bpfdyno.core.connections import PEER_LIMIT, TOTAL_LIMIT, ConnectionLimits
 from bpfdyno.core.errors import RequestError
 from bpfdyno.core.identity import Requester
 from bpfdyno.core.status import PartState, PartStatus
+from bpfdyno.rpc.traces import SkippedProcess, TrainerState
 from bpfdyno.server.peers import legacy_requester
 from bpfdyno.services.tracing import TraceRequest, TracingService
+from bpfdyno.tracing.config_text import ConfigRejected, check_config
+from bpfdyno.tracing.requests import TraceStartResult, output_path
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +98,124 @@ def _int_field(req: dict[str, Any], key: str, default: int | None) -> int:
     return value
 
 
-class LegacyRpcHandler:
-    """Turns one request object into one reply object (no I/O; used by the server)."""
+#: How long a request for a busy process waits for it to be free. A trace is at most
+#: [tracing] max_duration_ms (30 s) after a start at most max_start_delay_s (120 s) ahead.
+QUEUE_WAIT_S = 180.0
+#: How often a waiting request looks whether its process is free (Kineto polls every ~1 s).
+QUEUE_POLL_S = 0.1
+#: Requests waiting at once, in all (one per process).
+MAX_QUEUED = 256
 
-    def __init__(self, service: TracingService) -> None:
+
+@dataclass(frozen=True, slots=True)
+class QueuedRequest:
+    """A dyno request for one process that was busy, waiting for it."""
+
+    pid: int
+    job_id: int
+    config: str
+    requester: Requester
+    output_path: str
+    deadline: float
+
+
+class BusyQueue:
+    """Dyno requests for busy processes, each started once its process is free again.
+
+    Args:
+        service: where the request is started (its rules, audit and tracking as for any).
+        poll_s: how often a waiting request looks at its process.
+        mono: monotonic clock.
+    """
+
+    def __init__(
+        self,
+        service: TracingService,
+        poll_s: float = QUEUE_POLL_S,
+        mono: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.service = service
+        self._poll_s = poll_s
+        self._mono = mono
+        self._waiting: dict[int, QueuedRequest] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.started = 0
+        self.expired = 0
+        self.refused = 0
+
+    def add(self, q: QueuedRequest) -> str:
+        """Wait for ``q``'s process; returns "" when it waits, else why it cannot."""
+        if q.pid in self._waiting:
+            return "a request for it already waits until it is free; try again after that trace"
+        if len(self._waiting) >= MAX_QUEUED:
+            return f"{MAX_QUEUED} requests already wait for busy processes; try again later"
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return "requests cannot wait here (no event loop); try again when it is free"
+        self._waiting[q.pid] = q
+        task = loop.create_task(self._wait(q))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return ""
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _wait(self, q: QueuedRequest) -> None:
+        try:
+            while self._mono() < q.deadline:
+                await asyncio.sleep(self._poll_s)
+                state = self._state(q)
+                if state is None:
+                    log.info("dyno request for pid %d: the process is gone", q.pid)
+                    return
+                if state is not TrainerState.IDLE:
+                    continue
+                req = TraceRequest(job_id=q.job_id, pids=(q.pid,), process_limit=1, config=q.config)
+                try:
+                    res = self.service.start_trace(req, q.requester)
+                except RequestError as e:  # recorded by the audit trail too
+                    self.refused += 1
+                    log.warning("dyno request for pid %d (it was busy) refused: %s", q.pid, e)
+                    return
+                if any(p.pid == q.pid for p in res.triggered):
+                    self.started += 1
+                    log.info(
+                        "dyno request for pid %d (it was busy) started: trace %s, file %s",
+                        q.pid,
+                        res.trace_id,
+                        ", ".join(p.output_path for p in res.triggered),
+                    )
+                    return
+            self.expired += 1
+            log.warning(
+                "dyno request for pid %d: still busy after %g s; not traced", q.pid, QUEUE_WAIT_S
+            )
+        finally:
+            self._waiting.pop(q.pid, None)
+
+    def _state(self, q: QueuedRequest) -> TrainerState | None:
+        for t in self.service.list_trainers(requester=q.requester):
+            if t.pid == q.pid:
+                return t.state
+        return None
+
+
+class LegacyRpcHandler:
+    """Turns one request object into one reply object (no I/O but the busy queue's)."""
+
+    def __init__(self, service: TracingService, queue: BusyQueue | None = None) -> None:
+        self.service = service
+        self.queue = queue or BusyQueue(service)
 
     def handle_bytes(self, body: bytes, requester: Requester) -> dict[str, Any]:
         """Decode, dispatch and answer one request body of ``requester``; never raises."""
@@ -149,16 +277,72 @@ class LegacyRpcHandler:
             return _error(str(e), **extra, **_KINETO_EMPTY)
         except ValueError as e:  # a field of the wrong JSON type
             return _error(str(e), **_KINETO_EMPTY)
-        return {
-            "activityProfilersBusy": len(res.busy),
-            "activityProfilersTriggered": [p.pid for p in res.triggered],
+        queued, busy = self._queue_busy(res, job_id, requester)
+        files = {str(p.pid): p.output_path for p in res.triggered}
+        files.update({str(q.pid): q.output_path for q in queued})
+        reply: dict[str, Any] = {
+            "activityProfilersBusy": len(busy),
+            "activityProfilersTriggered": [p.pid for p in res.triggered] + [q.pid for q in queued],
             "eventProfilersBusy": 0,
             "eventProfilersTriggered": [],
             "processesMatched": list(res.matched),
             # Additions (ignored by dyno, which prints the reply): the truth about files.
             "traceId": res.trace_id,
-            "traceFiles": {str(p.pid): p.output_path for p in res.triggered},
+            "traceFiles": files,
         }
+        if queued:
+            reply["queued"] = {
+                str(q.pid): f"busy now; its trace starts as soon as it is free (waits up to "
+                f"{QUEUE_WAIT_S:g} s; the agent's log and bpfdyno audit say when)"
+                for q in queued
+            }
+        if busy:
+            reply["busy"] = {str(s.pid): s.reason for s in busy}
+            if not res.triggered and not queued:
+                reply.update(
+                    status="failed",
+                    error="nothing was traced: "
+                    + "; ".join(f"pid {s.pid}: {s.reason}" for s in busy),
+                )
+        return reply
+
+    def _queue_busy(
+        self, res: TraceStartResult, job_id: int, requester: Requester
+    ) -> tuple[list[QueuedRequest], list[SkippedProcess]]:
+        """Queue each busy process of ``res`` (`BusyQueue`); returns (queued, still busy)."""
+        if not res.busy:
+            return [], []
+        try:
+            checked = check_config(res.config_text, self.service.allowed_for(requester))
+        except ConfigRejected as e:  # the start time has passed meanwhile: it cannot wait
+            return [], [SkippedProcess(s.pid, s.job_id, f"{s.reason}; {e}") for s in res.busy]
+        queued: list[QueuedRequest] = []
+        busy: list[SkippedProcess] = []
+        deadline = time.monotonic() + QUEUE_WAIT_S
+        for s in res.busy:
+            path = output_path(checked, s.pid)
+            why = ""
+            if os.path.lexists(path) or path in self._files_in_progress(s.pid, requester):
+                why = (
+                    f"{path} exists or is being written by its current trace, and a trace "
+                    "never overwrites one: use another --log-file"
+                )
+            if not why:
+                q = QueuedRequest(s.pid, job_id, res.config_text, requester, path, deadline)
+                why = self.queue.add(q)
+                if not why:
+                    queued.append(q)
+                    continue
+            busy.append(SkippedProcess(s.pid, s.job_id, f"{s.reason}; not queued: {why}"))
+        return queued, busy
+
+    def _files_in_progress(self, pid: int, requester: Requester) -> set[str]:
+        """The files the trace ``pid`` works on now writes (those ``requester`` may see)."""
+        for t in self.service.list_trainers(requester=requester):
+            if t.pid == pid and t.trace_id:
+                view = self.service.get_trace(t.trace_id, requester)
+                return {p.output_path for p in view.processes if p.pid == pid}
+        return set()
 
 
 class LegacyRpcServer:
@@ -240,10 +424,18 @@ class LegacyRpcServer:
             if self.refused_peer_limit
             else ""
         )
+        q = self.handler.queue
+        queued = (
+            f"; for busy processes: {q.waiting} waiting, {q.started} started, {q.expired} "
+            f"still busy after {QUEUE_WAIT_S:g} s, {q.refused} refused"
+            if q.waiting or q.started or q.expired or q.refused
+            else ""
+        )
         return PartStatus(
             "legacy_rpc",
             PartState.OK,
-            f"listening on {bound}; {self.served} requests, {self.bad_requests} bad{limited}",
+            f"listening on {bound}; {self.served} requests, {self.bad_requests} bad{limited}"
+            f"{queued}",
             errors=self.bad_requests,
         )
 
@@ -258,6 +450,7 @@ class LegacyRpcServer:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.handler.queue.stop()
 
     async def _on_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

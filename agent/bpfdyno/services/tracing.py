@@ -65,6 +65,7 @@ from bpfdyno.tracing.paths import check_log_file, inserts_pid
 from bpfdyno.tracing.policy import (
     TraceLimits,
     check_limits,
+    describe_uid,
     refuse_not_owner,
     require_attributed,
     sees,
@@ -79,7 +80,14 @@ from bpfdyno.tracing.requests import (
     output_path,
 )
 from bpfdyno.tracing.roles import Role, classify
-from bpfdyno.tracing.safety import PlacementChecker, Writer, mount_root
+from bpfdyno.tracing.safety import (
+    PlacementChecker,
+    Writer,
+    ensure_user_trace_dir,
+    home_directory,
+    mount_root,
+    user_trace_dir_path,
+)
 from bpfdyno.tracing.traces import NewProcess, ProcState, TraceTracker, TraceView
 from bpfdyno.tracing.trainers import Trainer, TrainerRegistry
 
@@ -139,8 +147,11 @@ class TracingService(KinetoPolls):
         allowed_dirs: directories log files may be written under.
         default_timeout_s: how long a trace is followed when the request names no timeout.
         registry: the trainer registry (its size and expiry come from the config).
-        trace_dir: where traces go when a request names no log file ("" = the first
-            allowed directory).
+        trace_dir: where traces go when a request names no log file ("" = the requester's
+            own directory under ``user_dirs``, else the first allowed directory).
+        user_dirs: parent of the per-user trace directories the agent makes ("" = none;
+            `bpfdyno.tracing.safety.ensure_user_trace_dir`); log files may go anywhere under it.
+        allow_home: whether a user may name log files under its own home directory.
         dcgm_pause, dcgm_resume: the GPU monitor's profiling pause/resume, if there is one.
         version: reported by the legacy ``getVersion``.
         wall, mono: time sources (epoch seconds, monotonic seconds).
@@ -160,6 +171,8 @@ class TracingService(KinetoPolls):
         default_timeout_s: float,
         registry: TrainerRegistry,
         trace_dir: str = "",
+        user_dirs: str = "",
+        allow_home: bool = False,
         dcgm_pause: DcgmPause | None = None,
         dcgm_resume: DcgmResume | None = None,
         version: str = "",
@@ -185,7 +198,9 @@ class TracingService(KinetoPolls):
         )
         self.allowed_dirs = list(allowed_dirs)
         self.default_tracks = default_tracks
-        self.trace_dir = trace_dir or (self.allowed_dirs[0] if self.allowed_dirs else "/tmp")
+        self.trace_dir = trace_dir
+        self.user_dirs = user_dirs
+        self.allow_home = allow_home
         self.default_timeout_s = default_timeout_s
         self.version = version
         self._dcgm_pause = dcgm_pause
@@ -408,10 +423,10 @@ class TracingService(KinetoPolls):
         require_attributed(requester)
         tracks = kernel_track_request(req, self.default_tracks)
         trace_id = secrets.token_hex(8)
-        if req.options is not None and not req.options.log_file:
-            default = os.path.join(self.trace_dir, f"bpfdyno-{trace_id}.pt.trace.json")
-            req = replace(req, options=replace(req.options, log_file=default))
-        checked = self._checked_config(req)
+        named_file = req.options is None or bool(req.options.log_file)
+        if req.options is not None and not named_file:
+            req = self._with_default_file(req, requester.uid)
+        checked = self._checked_config(req, requester)
         span_s = check_limits(checked, self.limits, self._wall())
         trainers = self.registry.trainers()
         open_parts = {
@@ -422,6 +437,8 @@ class TracingService(KinetoPolls):
         )
         if m.not_theirs and not m.matched:
             refuse_not_owner(requester, m.not_theirs)
+        if not named_file and self._per_user_default() and m.triggered:
+            req, checked = self._place_in_user_dir(req, requester, m.triggered, checked)
         triggered = [(t, output_path(checked, t.pid)) for t in m.triggered]
         self._check_outputs(checked, triggered)
         if checked.log_file and not checked.memory_snapshot:
@@ -476,11 +493,74 @@ class TracingService(KinetoPolls):
         )
         return result, audited
 
-    def _checked_config(self, req: TraceRequest) -> CheckedConfig:
+    def _checked_config(self, req: TraceRequest, requester: Requester) -> CheckedConfig:
+        allowed = self.allowed_for(requester)
         if req.options is not None:
-            check_log_file(req.options.log_file, self.allowed_dirs)
-            return check_config(build_config(req.options), self.allowed_dirs, self._wall())
-        return check_config(req.config or "", self.allowed_dirs, self._wall())
+            check_log_file(req.options.log_file, allowed)
+            return check_config(build_config(req.options), allowed, self._wall())
+        return check_config(req.config or "", allowed, self._wall())
+
+    def allowed_for(self, requester: Requester) -> list[str]:
+        """Where ``requester`` may name log files: the configured directories, the per-user
+        directories' parent (each user's own passes the placement rules; another's does not)
+        and, with ``allow_home``, its own home directory."""
+        allowed = list(self.allowed_dirs)
+        for extra in (self.trace_dir, self.user_dirs):
+            if extra and extra not in allowed:
+                allowed.append(extra)
+        if self.allow_home and requester.uid is not None:
+            home = home_directory(requester.uid)
+            if home and home not in allowed:
+                allowed.append(home)
+        return allowed
+
+    def _per_user_default(self) -> bool:
+        return not self.trace_dir and bool(self.user_dirs)
+
+    def _with_default_file(self, req: TraceRequest, uid: int | None) -> TraceRequest:
+        """``req`` with a fresh, timestamped log file (the request named none), in
+        ``trace_dir``, else the per-user directory of ``uid``, else the first allowed one."""
+        name = time.strftime("trace_%Y%m%d_%H%M%S.pt.trace.json", time.localtime(self._wall()))
+        if self.trace_dir:
+            directory = self.trace_dir
+        elif self.user_dirs:
+            directory = user_trace_dir_path(self.user_dirs, owner_or_root(uid))
+        else:
+            directory = self.allowed_dirs[0] if self.allowed_dirs else "/tmp"
+        assert req.options is not None
+        return replace(req, options=replace(req.options, log_file=os.path.join(directory, name)))
+
+    def _place_in_user_dir(
+        self,
+        req: TraceRequest,
+        requester: Requester,
+        triggered: Sequence[Trainer],
+        checked: CheckedConfig,
+    ) -> tuple[TraceRequest, CheckedConfig]:
+        """Put a request without a log file into its processes' owner's own directory
+        (made now if needed): root tracing a user's processes writes where that user can.
+
+        Raises:
+            InvalidArgument: rule ``several_owners`` (root matched processes of several
+                users: no one directory is theirs).
+            PermissionDenied: the directory is not safe (`ensure_user_trace_dir`).
+        """
+        owners = sorted({owner_or_root(t.uid) for t in triggered})
+        if len(owners) > 1:
+            raise InvalidArgument(
+                rule="several_owners",
+                message="the matched processes belong to "
+                + ", ".join(describe_uid(u) for u in owners)
+                + "; without --log-file each user's traces go to that user's own directory, "
+                "and one request writes one name. Trace each user's processes separately "
+                "(--pids), or name a --log-file in a directory all of them can write",
+            )
+        owner = owners[0]
+        if owner != owner_or_root(requester.uid):
+            req = self._with_default_file(req, owner)
+            checked = self._checked_config(req, requester)
+        ensure_user_trace_dir(self.user_dirs, owner)
+        return req, checked
 
     def _check_outputs(self, checked: CheckedConfig, triggered: list[tuple[Trainer, str]]) -> None:
         paths = [p for _, p in triggered]

@@ -20,7 +20,16 @@ class CollectorUnavailable(Exception):
 
     The message says what is missing *and how to fix it*; it is shown verbatim by
     ``bpfdyno status`` and ``bpfdyno doctor``.
+
+    Attributes:
+        absent: what it needs is simply not part of this host (no NVIDIA driver, not a
+            Kubernetes node, no hardware PMU): normal, not a fault, so the daemon names such
+            collectors in one INFO line instead of a warning each.
     """
+
+    def __init__(self, message: str, absent: bool = False) -> None:
+        super().__init__(message)
+        self.absent = absent
 
 
 class Collector(abc.ABC):

@@ -126,7 +126,8 @@ def check_log_file(log_file: str, allowed_dirs: Sequence[str]) -> str:
         raise PathRejected(
             "outside_allowed_dirs",
             f"{log_file} is not inside an allowed trace directory ({shown}); write under one "
-            "of them or add the directory to [tracing] allowed_dirs",
+            "of them, or leave out --log-file (the agent then writes into your own trace "
+            "directory), or add the directory to [tracing] allowed_dirs",
         )
     parent = os.path.dirname(normalized)
     # A trainer in a container writes in its own file system, where the directory is checked

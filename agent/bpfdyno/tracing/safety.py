@@ -28,14 +28,17 @@ into; the trace tracker and the kernel tracks' merge reach its file the same way
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import pwd
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from bpfdyno.core.errors import InvalidArgument, PermissionDenied, RequestError
-from bpfdyno.core.identity import ROOT_UID
+from bpfdyno.core.identity import ROOT_UID, user_name
 from bpfdyno.core.pidfs import read_status, status_ints
 from bpfdyno.tracing.paths import TMP_SUFFIX
 from bpfdyno.tracing.policy import describe_uid
@@ -136,8 +139,9 @@ class PlacementChecker:
                     f"kernel follows links other users plant there "
                     f"({', '.join(f'{k} = {v}' for k, v in off.items())}): a link named like "
                     f"the trace could send {who}'s writes anywhere. Use a directory only its "
-                    f"owner can write (e.g. mkdir -m 700 {directory}/traces), or enable "
-                    f"`sysctl {settings}`",
+                    f"owner can write (e.g. mkdir -m 700 {directory}/traces), or leave out "
+                    "--log-file (the agent then writes into your own trace directory, "
+                    f"[tracing] user_dirs), or enable `sysctl {settings}`",
                 )
         if not self._can_create(st, writer):
             raise _rejected(
@@ -281,3 +285,118 @@ def _trusted(writer: Writer) -> set[int]:
 def _writer_text(writer: Writer) -> str:
     pid = f"pid {writer.host_pid}, " if writer.host_pid else ""
     return f"the traced process ({pid}{describe_uid(writer.uid)})"
+
+
+# -- the per-user trace directories -----------------------------------------------------------
+#
+# Every user gets a directory that always passes the rules above, whatever the host's link
+# protections: ``<parent>/<user>``, made by the agent, owned by the user, mode 0700, in a
+# parent only the agent (or root) can write (0755). Nobody else can create, rename or link
+# anything in either, so no sticky-directory race exists there. Both are checked before every
+# use: another user may have made the parent first in the world-writable /tmp (a directory or
+# a link of theirs), and then it is refused, never followed.
+
+#: Mode of the parent of the per-user directories (only the agent writes it; all traverse).
+USER_DIRS_MODE = 0o755
+#: Mode a per-user trace directory is made with (its owner may widen reading later).
+USER_DIR_MODE = 0o700
+
+
+def user_trace_dir_path(parent: str, uid: int) -> str:
+    """``<parent>/<user name>`` (the uid's number when it has no name)."""
+    return os.path.join(parent, user_name(uid) or str(uid))
+
+
+def ensure_user_trace_dir(parent: str, uid: int) -> str:
+    """Make (or verify) the per-user trace directory of ``uid`` and return its path.
+
+    Raises:
+        PermissionDenied: rule ``unsafe_user_dirs`` (the parent is not root's alone, or the
+            user's directory belongs to someone else or others may write it), or
+            ``user_dir_unavailable`` (it cannot be made: the agent does not run as root, a
+            file is in the way).
+    """
+    path = user_trace_dir_path(parent, uid)
+    try:
+        os.makedirs(os.path.dirname(parent.rstrip("/")) or "/", exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(parent, USER_DIRS_MODE)
+        parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        # O_NOFOLLOW met a symbolic link (ELOOP, or ENOTDIR with O_DIRECTORY): never followed.
+        link = e.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(parent)
+        raise _user_dir_refused(
+            "unsafe_user_dirs" if link else "user_dir_unavailable",
+            f"{parent} cannot be used ({'a symbolic link' if link else e.strerror}); remove it "
+            f"(rm -r {parent}: the agent makes it again) or set [tracing] user_dirs",
+        ) from None
+    try:
+        st = os.fstat(parent_fd)
+        if st.st_uid not in (ROOT_UID, os.geteuid()) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise _user_dir_refused(
+                "unsafe_user_dirs",
+                f"{parent} belongs to {describe_uid(st.st_uid)} with mode "
+                f"{stat.S_IMODE(st.st_mode):o}; only the agent's user may own and write it, or "
+                f"another user could swap the per-user directories. Remove it (rm -r {parent}: "
+                "the agent makes it again)",
+            )
+        name = os.path.basename(path)
+        created = False
+        try:
+            os.mkdir(name, USER_DIR_MODE, dir_fd=parent_fd)
+            created = True
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
+        except OSError as e:
+            raise _user_dir_refused(
+                "user_dir_unavailable",
+                f"{path} is not a directory ({e.strerror}); remove it (the agent makes it again)",
+            ) from None
+        try:
+            if created:
+                try:
+                    os.fchown(fd, uid, _primary_gid(uid))
+                except PermissionError:
+                    os.rmdir(name, dir_fd=parent_fd)
+                    raise _user_dir_refused(
+                        "user_dir_unavailable",
+                        f"this agent may not give {path} to {describe_uid(uid)} (it runs "
+                        "without root or CAP_CHOWN: docs/deployment.md); name a log file in a "
+                        "directory of that user",
+                    ) from None
+            own = os.fstat(fd)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(parent_fd)
+    if own.st_uid != uid or own.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise _user_dir_refused(
+            "unsafe_user_dirs",
+            f"{path} belongs to {describe_uid(own.st_uid)} with mode "
+            f"{stat.S_IMODE(own.st_mode):o}, not to {describe_uid(uid)} alone; remove it "
+            f"(rm -r {path}: the agent makes it again for its user)",
+        )
+    return path
+
+
+def _primary_gid(uid: int) -> int:
+    try:
+        return pwd.getpwuid(uid).pw_gid
+    except (KeyError, OverflowError):
+        return -1  # keep the agent's group; the directory's mode gives the group nothing
+
+
+def _user_dir_refused(rule: str, message: str) -> RequestError:
+    text = f"per-user trace directory refused by rule '{rule}': {message}"
+    return PermissionDenied(text, rule=rule)
+
+
+def home_directory(uid: int) -> str:
+    """The home directory of ``uid`` in the passwd database ("" when none, or ``/``)."""
+    try:
+        home = pwd.getpwuid(uid).pw_dir
+    except (KeyError, OverflowError):
+        return ""
+    return home if home.startswith("/") and home.rstrip("/") else ""

@@ -361,7 +361,7 @@ class TopApp(App[int]):
 
     def on_open_trace_form(self, msg: OpenTraceForm) -> None:
         """Open the trace form, prefilled."""
-        self.push_screen(TraceScreen(msg.pids, msg.job_id, now=self.clock()))
+        self.push_screen(TraceScreen(msg.pids, msg.job_id))
 
     def on_open_process(self, msg: OpenProcess) -> None:
         """Open a process's details."""

@@ -148,7 +148,7 @@ class ClusterApp(TopApp):
         """From the cluster screen: the job-wide form (in a node's view: TopApp's)."""
         if self._top_screen() is self.cluster_screen:
             msg.prevent_default()
-            self.push_screen(JobTraceScreen(msg.job_id, len(self.cluster.nodes), now=self.clock()))
+            self.push_screen(JobTraceScreen(msg.job_id, len(self.cluster.nodes)))
 
     def on_trace_submitted(self, msg: TraceSubmitted) -> None:
         """A job-wide request goes to every node (a node's own: TopApp's handler)."""

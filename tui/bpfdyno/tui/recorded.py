@@ -16,8 +16,8 @@ Frames play one per ``interval_s / speed`` seconds, driven by the metrics stream
 without ``status``/``processes``/``trainers`` keeps the previous one. With ``loop`` the
 frames start over with their timestamps shifted forward, so time keeps increasing. The next
 trace request is answered with ``trace_start``, and ``trace`` is the sequence of states it
-goes through. Recordings made before version 3 (before the UI took the API's records) are
-refused with what to do.
+goes through. Recordings of version 2 (before the UI took the API's records) are upgraded
+on reading (`bpfdyno.tui.recording_v2`); older ones are refused with what to do.
 
 `disconnect` and `reconnect` make the replay behave like an agent going away and coming back.
 """
@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
+import importlib.resources
 import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -37,6 +39,7 @@ from bpfdyno.rpc.agent import AgentStatus, MetricSpec, MetricsSnapshot, Point, S
 from bpfdyno.rpc.kernel import KernelEvent
 from bpfdyno.rpc.processes import ProcessList
 from bpfdyno.rpc.traces import TraceSpec, TraceStart, TraceStatus, Trainer
+from bpfdyno.tui import recording_v2
 from bpfdyno.tui.codec import RecordingError, decode
 
 FORMAT = "bpfdyno-top-recording"
@@ -79,10 +82,12 @@ def parse_recording(obj: Any) -> Recording:
     """
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise RecordingError(f'not a bpfdyno top recording: expected "format": "{FORMAT}"')
+    if obj.get("version") == recording_v2.VERSION:
+        obj = recording_v2.upgrade(obj, VERSION)
     if obj.get("version") != VERSION:
         raise RecordingError(
             f"recording version {obj.get('version')!r} is not supported; this build reads "
-            f"version {VERSION} (record it again with this bpfdyno)"
+            f"versions {recording_v2.VERSION} and {VERSION} (record it again with this bpfdyno)"
         )
     for key in ("status", "frames"):
         if key not in obj:
@@ -95,14 +100,31 @@ def parse_recording(obj: Any) -> Recording:
     return rec
 
 
+#: The demo shipped with the package (`bpfdyno top --demo`): 15 s of a real node with one
+#: NVIDIA H200 under a training load, recorded by bpfdyno itself (a version-2 recording).
+DEMO_RECORDING = "demo/h200_node.json.gz"
+
+
+def demo_recording() -> Path:
+    """Where the shipped demo recording is."""
+    return Path(str(importlib.resources.files("bpfdyno.tui").joinpath(DEMO_RECORDING)))
+
+
 def load_recording(path: Path) -> Recording:
-    """Read and decode a recording file.
+    """Read and decode a recording file (gzip-compressed or not).
 
     Raises:
         RecordingError: unreadable, not JSON, or not a valid recording (message names it).
     """
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
+        if data[:2] == b"\x1f\x8b":  # gzip's magic number
+            data = gzip.decompress(data)
+        obj = json.loads(data)
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise RecordingError(f"{path} is not a complete gzip file: {e}") from None
+    except UnicodeDecodeError as e:
+        raise RecordingError(f"{path} is not UTF-8 JSON: {e}") from None
     except OSError as e:
         raise RecordingError(f"cannot read recording {path}: {e.strerror}") from None
     except json.JSONDecodeError as e:

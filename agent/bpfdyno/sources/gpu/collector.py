@@ -126,6 +126,7 @@ class GpuCollector(Collector):
         process_churn: Callable[[], int] | None = None,
     ) -> None:
         self._nv = Nvml(library_path)
+        self._library_path = library_path
         self._process_churn = process_churn
         self._churn_seen: int | None = None
         self._processes_at = 0.0
@@ -185,7 +186,9 @@ class GpuCollector(Collector):
         try:
             self._nv.init()
         except NvmlInitError as e:
-            raise CollectorUnavailable(str(e)) from e
+            # No NVIDIA driver at all: a host without GPUs, not a broken one.
+            no_driver = e.code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND and not self._library_path
+            raise CollectorUnavailable(str(e), absent=no_driver) from e
         try:
             self._enumerate()
         except DriverGone as e:

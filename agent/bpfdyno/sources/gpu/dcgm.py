@@ -187,7 +187,8 @@ class DcgmCollector(Collector):
         """
         path = self._library_path or self._find()
         if path is None:
-            raise CollectorUnavailable(NOT_FOUND)
+            # No libdcgm: the GPU manager is optional, its absence normal.
+            raise CollectorUnavailable(NOT_FOUND, absent=True)
         try:
             lib = DcgmLib(path)
         except DcgmLibraryError as e:

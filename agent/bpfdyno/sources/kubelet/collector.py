@@ -61,7 +61,8 @@ class PodResourcesCollector(Collector):
             raise CollectorUnavailable(
                 f"no kubelet pod-resources socket at {self.socket_path}: not a Kubernetes "
                 "node, so devices are not attributed to pods (in a pod, mount the kubelet's "
-                "pod-resources directory there; elsewhere disable [collectors.kubelet])"
+                "pod-resources directory there; elsewhere disable [collectors.kubelet])",
+                absent=True,
             )
         self._connect()
 

@@ -105,7 +105,7 @@ class _PerCpuCounters(Collector):
                 )
         except OSError as e:
             self.close()
-            raise CollectorUnavailable(self._unavailable_reason(e)) from e
+            raise CollectorUnavailable(self._unavailable_reason(e), self._absent(e)) from e
         self._prev = (self._clock(), [g.read() for g in self._groups])
         self.per_cpu.due()  # that read was this round's: the first report comes `every` later
 
@@ -151,6 +151,10 @@ class _PerCpuCounters(Collector):
     ) -> list[Sample]:
         return []
 
+    def _absent(self, e: OSError) -> bool:
+        """Whether ``e`` means the counters do not exist here (normal), not a fault."""
+        return False
+
     def _unavailable_reason(self, e: OSError) -> str:
         name = self.counters[0].name
         code = errno.errorcode.get(e.errno or 0, str(e.errno))
@@ -169,8 +173,11 @@ class PmuCollector(_PerCpuCounters):
     counters = HW_COUNTERS
     optional = ("cache_misses",)
 
+    def _absent(self, e: OSError) -> bool:
+        return e.errno in (errno.ENOENT, errno.EOPNOTSUPP, errno.ENODEV)  # no PMU (a VM)
+
     def _unavailable_reason(self, e: OSError) -> str:
-        if e.errno in (errno.ENOENT, errno.EOPNOTSUPP, errno.ENODEV):
+        if self._absent(e):
             code = errno.errorcode.get(e.errno or 0, str(e.errno))
             return (
                 f"no hardware PMU: perf_event_open(cycles) failed with {code}; this machine "

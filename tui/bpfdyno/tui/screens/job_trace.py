@@ -20,11 +20,10 @@ class JobTraceScreen(TraceScreen):
     Args:
         job_id: the job (its id on nodes that list none of their own).
         nodes: how many nodes will be asked.
-        now: the time used for the default file name.
     """
 
-    def __init__(self, job_id: str, nodes: int, now: float = 0.0) -> None:
-        super().__init__((), job_id or "0", now=now)
+    def __init__(self, job_id: str, nodes: int) -> None:
+        super().__init__((), job_id or "0")
         self._node_count = nodes
 
     def on_mount(self) -> None:

@@ -8,7 +8,6 @@ Trainers tab keeps showing it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import ClassVar
@@ -42,9 +41,9 @@ class FormError(ValueError):
     """A form field is invalid; the message names it and says what to enter."""
 
 
-def default_log_file(now: float) -> str:
-    """A fresh file name per trace, so no trace overwrites another."""
-    return time.strftime("/tmp/bpfdyno_trace_%Y%m%d_%H%M%S.json", time.localtime(now))
+#: What the empty log-file field means: the agent picks a fresh, timestamped name in the
+#: user's own trace directory, which works on every host (docs/tracing.md#safety-rules).
+LOG_FILE_PLACEHOLDER = "empty: a new file in /tmp/bpfdyno/<you>/"
 
 
 def _positive_int(text: str, field: str, example: str) -> int:
@@ -72,7 +71,8 @@ def parse_trace_form(
         job_id: a SLURM job id (may be empty if ``pids`` is set).
         mode: ``duration`` (``amount`` in ms) or ``iterations``.
         amount: the duration in ms or the number of iterations.
-        log_file: absolute path of the trace file ending in ``.json``.
+        log_file: absolute path of the trace file ending in ``.json``; empty: the agent
+            picks a new name in the user's own trace directory.
         process_limit: most processes to trace.
         options: the TraceSpec option fields to turn on (``record_shapes``...).
         kernel_tracks: the kernel tracks to merge into the files (all of them: "all").
@@ -96,9 +96,12 @@ def parse_trace_form(
         raise FormError(f"unknown mode {mode!r}: choose duration or iterations")
     n = _positive_int(amount, "Duration (ms)" if mode == "duration" else "Iterations", "500")
     path = log_file.strip()
-    if not path.startswith("/"):
-        raise FormError("Log file: enter an absolute path, e.g. /tmp/trace.json")
-    if not path.endswith(".json"):
+    if path and not path.startswith("/"):
+        raise FormError(
+            "Log file: enter an absolute path such as ~/traces/t.json written out, or leave "
+            "it empty for a new file in your own trace directory"
+        )
+    if path and not path.endswith(".json"):
         raise FormError(
             "Log file: end the name in .json, so each process writes its own <name>_<pid>.json"
         )
@@ -140,7 +143,6 @@ class TraceScreen(ModalScreen[None]):
     Args:
         pids: processes to prefill.
         job_id: job to prefill.
-        now: the time used for the default file name.
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -148,11 +150,10 @@ class TraceScreen(ModalScreen[None]):
         Binding("ctrl+s", "submit", "Start trace"),
     ]
 
-    def __init__(self, pids: Sequence[int] = (), job_id: str = "", now: float = 0.0) -> None:
+    def __init__(self, pids: Sequence[int] = (), job_id: str = "") -> None:
         super().__init__()
         self._pids = " ".join(str(p) for p in pids)
         self._job_id = job_id
-        self._now = now or time.time()
         self.submitted = False
 
     def compose(self) -> ComposeResult:
@@ -173,7 +174,7 @@ class TraceScreen(ModalScreen[None]):
                 yield Input(str(DEFAULT_DURATION_MS), id="trace-amount", compact=True)
             with Horizontal(classes="form-row"):
                 yield Label("Log file", classes="form-label")
-                yield Input(default_log_file(self._now), id="trace-file", compact=True)
+                yield Input("", id="trace-file", compact=True, placeholder=LOG_FILE_PLACEHOLDER)
             with Horizontal(classes="form-row"):
                 yield Label("Limit", classes="form-label")
                 yield Input(str(DEFAULT_PROCESS_LIMIT), id="trace-limit", compact=True)

@@ -523,7 +523,12 @@ def _gpu_labels(m: MetricsModel, gpu: str) -> list[tuple[str, str]]:
 
 
 class OverviewView(VerticalScroll):
-    """The Overview tab's panels, top to bottom."""
+    """The Overview tab's panels, top to bottom: the GPUs first on a host that has them (GPU
+    people read them first, and an 80x24 terminal shows little more than the CPU panel of a
+    big node), else last, where a host without GPUs says so."""
+
+    #: Whether the GPU panel is at the top now.
+    gpus_first = False
 
     def compose(self) -> ComposeResult:
         """The panels."""
@@ -537,6 +542,17 @@ class OverviewView(VerticalScroll):
 
     def update_view(self, state: TopState) -> None:
         """Rebuild every panel from the state."""
+        has_gpus = bool(
+            state.metrics.label_values("gpu_utilization_ratio", "gpu")
+            or state.metrics.label_values("gpu_memory_used_bytes", "gpu")
+        )
+        if has_gpus != self.gpus_first:
+            gpu_panel = self.query_one("#gpu-panel", GpuPanel)
+            if has_gpus:
+                self.move_child(gpu_panel, before=0)
+            else:
+                self.move_child(gpu_panel, after=len(self.children) - 1)
+            self.gpus_first = has_gpus
         for panel in self.query(".panel"):
             if isinstance(
                 panel,
