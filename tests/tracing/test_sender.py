@@ -75,3 +75,14 @@ def test_verdicts_are_cached(tree: ClaimVerifier, tmp_path: Path) -> None:
     (tmp_path / "200" / "status").unlink()  # /proc is not read again for the same claim
     assert tree.verify(creds, (200, 100)) == (200, 100)
     assert tree.verify(creds, (200,)) is None  # a new claim is checked afresh
+
+
+def test_the_host_pid_comes_from_the_kernel_not_the_claim(tree: ClaimVerifier) -> None:
+    """Every later step (capture, NCCL probes, GPU processes, /proc/<pid>/root) uses the
+    process's pid here: the kernel's, whatever the container's process says."""
+    assert tree.resolve(SenderCreds(310, ALICE, ALICE), (7, 1)) == ((7, 1), 310)
+    assert tree.resolve(SenderCreds(300, 0, 0), (1,)) == ((1,), 300)  # root in a container
+    assert tree.resolve(SenderCreds(200, ALICE, ALICE), (200, 100)) == ((200, 100), 200)
+    # Root in the agent's own namespace speaking for another pid (a simulator): a pid here.
+    assert tree.resolve(SenderCreds(200, 0, 0), (8100, 8000)) == ((8100, 8000), 8100)
+    assert tree.resolve(SenderCreds(310, ALICE, ALICE), (8,)) == (None, 310)

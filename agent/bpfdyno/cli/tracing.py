@@ -161,15 +161,19 @@ def cmd_trainers(args: argparse.Namespace) -> int:
 
 def format_trainers(trainers: Sequence[Trainer]) -> str:
     """A table of registered trainers."""
+    # PID is the process here (what ps, top and the kernel tracks name); NS PID the pid it
+    # reports from a pid namespace of its own (a container), which its file names use.
     lines = [
-        f"{'PID':>8} {'JOB':>10} {'STATE':<15}{'ROLE':<12}{'OWNER':<12}{'POLLS':>6}  "
-        f"{'LAST POLL':<11}{'TRACE':<17}ANCESTORS"
+        f"{'PID':>8} {'NS PID':>7} {'JOB':>10} {'STATE':<15}{'ROLE':<12}{'OWNER':<12}"
+        f"{'POLLS':>6}  {'LAST POLL':<11}{'TRACE':<17}ANCESTORS"
     ]
     for t in trainers:
         role = t.role or "unknown"
         owner = (user_name(t.uid) or str(t.uid)) if t.uid is not None else "?"
+        ns_pid = str(t.pid) if t.host_pid and t.host_pid != t.pid else "-"
         lines.append(
-            f"{t.pid:>8} {t.job_id:>10} {t.state:<15}{role:<12}{owner:<12}{t.polls:>6}  "
+            f"{t.host_pid or t.pid:>8} {ns_pid:>7} {t.job_id:>10} {t.state:<15}{role:<12}"
+            f"{owner:<12}{t.polls:>6}  "
             f"{_ago(t.last_poll_unix_seconds):<11}{t.trace_id or '-':<17}"
             f"{','.join(str(a) for a in t.ancestors)}"
         )

@@ -448,6 +448,7 @@ class TracingService(KinetoPolls):
                     tracks=tracks,
                     owner_uid=t.uid,
                     fs_root=mount_root(t.host_pid, self._proc_root),
+                    host_pid=t.host_pid,
                 )
                 for t, path in triggered
             ],

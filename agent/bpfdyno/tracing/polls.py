@@ -88,11 +88,11 @@ class KinetoPolls:
         """
         uid, host_pid, pids = None, 0, None
         if sender is not None:
-            pids = self._claims.verify(sender, req.pids)
+            pids, host_pid = self._claims.resolve(sender, req.pids)
             if pids is None:
                 self._false_claim(sender, req)
                 return ""
-            uid, host_pid = sender.uid, sender.pid
+            uid = sender.uid
             known = self.registry.get(address)
             if known is not None and (known.uid, known.host_pid) != (uid, host_pid):
                 self._forget(address, "another process now polls from its socket address")

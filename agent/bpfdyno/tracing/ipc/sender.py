@@ -63,9 +63,9 @@ class ClaimVerifier:
 
     def __init__(self, proc_root: Path = Path("/proc")) -> None:
         self._proc = proc_root
-        self._cache: OrderedDict[tuple[int, int, tuple[int, ...]], tuple[int, ...] | None] = (
-            OrderedDict()
-        )
+        self._cache: OrderedDict[
+            tuple[int, int, tuple[int, ...]], tuple[tuple[int, ...] | None, int]
+        ] = OrderedDict()
 
     def verify(self, sender: SenderCreds, claimed: tuple[int, ...]) -> tuple[int, ...] | None:
         """The claimed pids the kernel confirms, or None when the leaf is not the sender.
@@ -74,8 +74,17 @@ class ClaimVerifier:
             ``claimed`` itself when all of it holds, a prefix (leaf plus the confirmed
             ancestors) otherwise; None when the claimed leaf is not the sender.
         """
+        return self.resolve(sender, claimed)[0]
+
+    def resolve(
+        self, sender: SenderCreds, claimed: tuple[int, ...]
+    ) -> tuple[tuple[int, ...] | None, int]:
+        """`verify`'s answer, and the process the poll stands for as this agent's pid
+        namespace knows it (its host pid): the sender's pid from the kernel — except for
+        root in our own namespace speaking for another pid (a simulator), whose claim is a
+        pid here. Never a pid a process reports about itself from another namespace."""
         if sender.uid == ROOT_UID and sender.pid == claimed[0]:
-            return claimed  # root, itself: trusted, and the common case of a root trainer
+            return claimed, sender.pid  # root, itself: the common case of a root trainer
         key = (sender.pid, sender.uid, claimed)
         cache = self._cache
         if key in cache:
@@ -87,15 +96,17 @@ class ClaimVerifier:
             cache.popitem(last=False)
         return verdict
 
-    def _verify(self, sender: SenderCreds, claimed: tuple[int, ...]) -> tuple[int, ...] | None:
+    def _verify(
+        self, sender: SenderCreds, claimed: tuple[int, ...]
+    ) -> tuple[tuple[int, ...] | None, int]:
         own = self._status(sender.pid)
         if own is None:
-            return None  # gone already: nothing to vouch for it
+            return None, sender.pid  # gone already: nothing to vouch for it
         depth = len(own.nspids)
         if sender.uid == ROOT_UID and depth == 1:
-            return claimed  # root in our namespace may claim anything
+            return claimed, claimed[0]  # root in our namespace may claim anything
         if own.nspids[-1] != claimed[0]:
-            return None
+            return None, sender.pid
         confirmed = [claimed[0]]
         status = own
         for ancestor in claimed[1:]:
@@ -105,7 +116,7 @@ class ClaimVerifier:
                 break
             confirmed.append(ancestor)
             status = parent
-        return tuple(confirmed)
+        return tuple(confirmed), sender.pid
 
     def _status(self, pid: int) -> _Status | None:
         fields = read_status(self._proc, pid, ("PPid", "NSpid"))
