@@ -5,6 +5,7 @@ legitimate trace still works and the agent is gone within 5 s of SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 from pathlib import Path
@@ -67,5 +68,24 @@ async def test_squatted_reply_socket_names_cost_another_user_no_reply(short_tmp:
         status = await site.cli("alice", "status")
         assert "replies dropped" not in status.stdout, status.stdout
         pid = await trainer(site, "alice")
+        await traced(site, "alice", pid)
+        stops_in_time(site)
+
+
+async def test_trainers_hands_a_user_only_her_own_trainers_sockets(short_tmp: Path) -> None:
+    """Found: `bpfdyno trainers` gave every user every trainer's Kineto socket, and one
+    datagram there configures a trainer without the agent. Another user's trainer is still
+    listed (pid, job, owner, state), without its socket."""
+    async with served_site(short_tmp) as site:
+        pid = await trainer(site, "alice")
+        seen = {}
+        for user in ("alice", "mallory"):
+            r = await site.cli(user, "trainers", "--json")
+            assert r.returncode == 0, r.stderr
+            [t] = json.loads(r.stdout)["trainers"]
+            assert (t["pid"], t["uid"]) == (pid, site.users["alice"].uid)
+            seen[user] = t.get("endpoint", "")
+        assert re.fullmatch(rf"{site.socket_dir}/dynoconfigclient[0-9a-f-]{{36}}", seen["alice"])
+        assert seen["mallory"] == ""
         await traced(site, "alice", pid)
         stops_in_time(site)
