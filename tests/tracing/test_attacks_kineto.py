@@ -8,10 +8,14 @@ import asyncio
 import json
 import os
 import re
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from served_site import STOP_WITHIN_S, ServedSite, served_site
+from tracing_harness import TRAINERS, TrainerProc, trainer_env
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.usefixtures("torch_ready")]
 
@@ -89,3 +93,99 @@ async def test_trainers_hands_a_user_only_her_own_trainers_sockets(short_tmp: Pa
         assert seen["mallory"] == ""
         await traced(site, "alice", pid)
         stops_in_time(site)
+
+
+def _spawn_with_run(site: ServedSite, user: str) -> TrainerProc:
+    """``bpfdyno run -- linear.py`` as ``user``, the environment a job step has (the shared
+    socket directory set, as a site may have set it for everyone)."""
+    u = site.users[user]
+    env = trainer_env(str(site.socket_dir))
+    env.update({k: v for k, v in u.env().items() if k in ("HOME", "TMPDIR", "USER")})
+    cmd = [sys.executable, "-m", "bpfdyno", "run", "--node-socket", site.sock, "--",
+           sys.executable, str(TRAINERS / "linear.py")]  # fmt: skip
+    log = open(site.base / f"trainer-{len(site.trainers)}.log", "w")  # noqa: SIM115
+    popen = subprocess.Popen(
+        u.wrap(cmd), env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+        start_new_session=True, cwd=u.home,
+    )  # fmt: skip
+    log.close()
+    proc = TrainerProc(popen, Path(log.name))
+    proc.start_reader()
+    site.trainers.append(proc)
+    return proc
+
+
+#: What mallory tries against a trainer's socket in alice's directory.
+_REACH = """
+import errno, json, os, socket, sys
+from bpfdyno.tracing.ipc import wire
+out = {}
+try:
+    os.listdir(sys.argv[1])
+    out["list"] = "ok"
+except OSError as e:
+    out["list"] = errno.errorcode[e.errno]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+# The config that made a trainer write its trace over a file of mallory's choosing.
+config = "ACTIVITIES_LOG_FILE=/etc/owned.json\\nACTIVITIES_DURATION_MSECS=600000"
+try:
+    s.sendto(wire.encode_config_reply(config), sys.argv[2])
+    out["send"] = "ok"
+except OSError as e:
+    out["send"] = errno.errorcode[e.errno]
+print(json.dumps(out))
+"""
+
+_ASK = """
+import asyncio, json, sys
+from bpfdyno.client.agent import AgentClient
+from bpfdyno.client.errors import AgentError
+async def main():
+    async with AgentClient(sys.argv[1]) as a:
+        try:
+            print(json.dumps({"path": await a.kineto_socket_dir(int(sys.argv[2]))}))
+        except AgentError as e:
+            print(json.dumps({"error": e.kind.value, "details": e.details}))
+asyncio.run(main())
+"""
+
+
+async def test_per_user_socket_directories_keep_other_users_off_a_trainer(
+    short_tmp: Path,
+) -> None:
+    """Found: any user configured any trainer directly, without the agent (its file, its
+    duration): libkineto takes a config from any datagram that reaches its socket. With
+    [kineto] user_socket_root, `bpfdyno run` gives a job its user's own 0700 directory,
+    where the agent binds an endpoint of its own; nobody else can reach a socket there."""
+    root = short_tmp / "kroot"
+    async with served_site(short_tmp, sets=[f'kineto.user_socket_root="{root}"']) as site:
+        alice = site.users["alice"].uid
+        proc = _spawn_with_run(site, "alice")
+        [pid] = await proc.wait_ready()
+        await site.wait_registered(pid)
+        own = root / str(alice)
+        st = os.lstat(own)
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (alice, 0o700)
+        assert stat.S_IMODE(os.lstat(root).st_mode) == 0o711
+        r = await site.cli("alice", "trainers", "--json")
+        [t] = json.loads(r.stdout)["trainers"]
+        endpoint = t["endpoint"]
+        assert re.fullmatch(rf"{own}/dynoconfigclient[0-9a-f-]{{36}}", endpoint), t
+        # Mallory can neither list the directories nor send alice's trainer a config.
+        reach = await site.run("mallory", sys.executable, "-c", _REACH, str(root), endpoint)
+        assert json.loads(reach.stdout) == {"list": "EACCES", "send": "EACCES"}, reach.stderr
+        # Nor have the agent open alice's directory for her; her own she may.
+        mallory = site.users["mallory"].uid
+        asked = []
+        for uid in (alice, mallory):
+            r = await site.run("mallory", sys.executable, "-c", _ASK, site.sock, str(uid))
+            asked.append(json.loads(r.stdout))
+        assert asked[0]["error"] == "permission_denied", asked
+        assert "may open only its own socket directory" in asked[0]["details"]
+        assert asked[1] == {"path": str(root / str(mallory))}
+        status = await site.cli("alice", "status")
+        assert "protection: per-user directories" in status.stdout, status.stdout
+        assert re.search(rf"{root}/<uid> \(0700 each\): 2 users", status.stdout), status.stdout
+        await traced(site, "alice", pid)
+        stops_in_time(site)
+    assert not (root / str(alice) / "dynolog").exists()  # the agent's socket went with it

@@ -26,6 +26,7 @@ from bpfdyno.tracing.audit import AuditLog
 from bpfdyno.tracing.capture.manager import CaptureManager
 from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest, Track
 from bpfdyno.tracing.ipc.endpoint import QUEUE_LEN, EndpointUnavailable, KinetoEndpoint
+from bpfdyno.tracing.ipc.user_dirs import UserSocketDirs
 from bpfdyno.tracing.kernel_tracks import KernelTracks
 from bpfdyno.tracing.policy import TraceLimits
 from bpfdyno.tracing.tracefile import ReadLimits
@@ -133,6 +134,13 @@ class TracingComponent:
                 self.service.user_files,
             )
         self.endpoint = KinetoEndpoint(self.service, cfg.kineto.socket_dir, queue_len=queue_len)
+        #: The per-user socket directories, when configured (`bpfdyno.tracing.ipc.user_dirs`).
+        self.user_dirs = (
+            UserSocketDirs(cfg.kineto.user_socket_root, self.service)
+            if cfg.kineto.user_socket_root
+            else None
+        )
+        self._user_dirs_error = ""
         self.legacy: LegacyRpcServer | None = None
         if cfg.legacy_rpc.enabled:
             self.legacy = LegacyRpcServer(
@@ -159,6 +167,13 @@ class TracingComponent:
         except EndpointUnavailable as e:
             self._ipc_error = str(e)
             log.warning("Kineto IPC endpoint unavailable: %s", e)
+        if self.user_dirs is not None:
+            try:
+                self.user_dirs.open(loop)
+                self._user_dirs_error = ""
+            except EndpointUnavailable as e:
+                self._user_dirs_error = str(e)
+                log.warning("per-user Kineto socket directories unavailable: %s", e)
         self.service.unavailable_reason = (
             f"the Kineto IPC endpoint is not running: {self._ipc_error}" if self._ipc_error else ""
         )
@@ -187,6 +202,8 @@ class TracingComponent:
         if self.capture is not None:
             await _bounded(self.capture.stop, "the kernel-track capture")
         self.endpoint.close()
+        if self.user_dirs is not None:
+            self.user_dirs.close()
         if self.legacy is not None:
             await self.legacy.stop()
         if self._saved_switch_interval is not None:
@@ -200,7 +217,8 @@ class TracingComponent:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             try:
                 for address in self.service.sweep():
-                    self.endpoint.forget_client(address)
+                    if self.user_dirs is None or not self.user_dirs.forget_client(address):
+                        self.endpoint.forget_client(address)
             except Exception:
                 log.exception("tracing registry sweep failed; continuing")
 
@@ -228,6 +246,38 @@ class TracingComponent:
             )
         return notes
 
+    def _open_layout_note(self) -> str:
+        """Which protection the trainers have, and how many still poll in the open layout
+        (anyone on the node can configure those, bypassing the agent)."""
+        trainers = self.service.registry.trainers()
+        dirs = self.user_dirs
+        open_ = [t for t in trainers if dirs is None or not dirs.serves(t.address)]
+        if dirs is None:
+            protection = "protection: none (no [kineto] user_socket_root)"
+        else:
+            protection = "protection: per-user directories"
+        if not open_:
+            return f"; {protection}"
+        return (
+            f"; {protection}; {len(open_)} trainers use the open layout (any local user can "
+            "configure them without the agent; start them with `bpfdyno run`)"
+        )
+
+    def _layout_status(self) -> PartStatus:
+        assert self.user_dirs is not None
+        if self._user_dirs_error:
+            return PartStatus("kineto_user_dirs", PartState.UNAVAILABLE, self._user_dirs_error)
+        if not self.user_dirs.is_open:
+            return PartStatus("kineto_user_dirs", PartState.STOPPED, "not started")
+        t = self.user_dirs.totals()
+        return PartStatus(
+            "kineto_user_dirs",
+            PartState.OK,
+            f"{self.user_dirs.root}/<uid> (0700 each): {t.users} users; {t.received} "
+            f"datagrams, {t.replied} replies, {t.dropped} dropped",
+            last_success_ts=time.time(),
+        )
+
     def tracing_pids(self) -> set[int]:
         """Pids whose profiler is tracing now (for the GPU collector to pause GPM)."""
         return self.service.tracing_pids()
@@ -241,20 +291,24 @@ class TracingComponent:
                 "kineto_ipc",
                 PartState.OK,
                 f"{self.endpoint.address} (queue {self.endpoint.queue_len}): {n} trainers; "
-                f"{self.endpoint.stats.summary()}{self._identity_notes()}",
+                f"{self.endpoint.stats.summary()}{self._identity_notes()}"
+                f"{self._open_layout_note()}",
                 last_success_ts=time.time(),
             )
         elif self._ipc_error:
             ipc = PartStatus("kineto_ipc", PartState.UNAVAILABLE, self._ipc_error)
         else:
             ipc = PartStatus("kineto_ipc", PartState.STOPPED, "not started")
+        parts = [ipc]
+        if self.user_dirs is not None:
+            parts.append(self._layout_status())
         if self.legacy is None:
             legacy = PartStatus("legacy_rpc", PartState.DISABLED, "[legacy_rpc] enabled = false")
         elif not self._started:
             legacy = PartStatus("legacy_rpc", PartState.STOPPED, "not started")
         else:
             legacy = self.legacy.status()
-        parts = [ipc, legacy]
+        parts.append(legacy)
         if self.capture is not None:
             parts.append(self.capture.status())
         return parts

@@ -74,6 +74,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(handler=cmd_trainers)
 
     p = subparsers.add_parser(
+        "kineto-dir",
+        help="print your own Kineto socket directory (the agent makes it if needed)",
+        description="Print the directory to give your trainers as KINETO_IPC_SOCKET_DIR: "
+        "your own, mode 0700, where only you and root can reach their sockets. Needs an "
+        "agent with [kineto] user_socket_root set. `bpfdyno run` uses it for you.",
+    )
+    add_target_argument(p)
+    p.add_argument(
+        "--uid", type=int, default=None, help="whose directory (root only; default: yours)"
+    )
+    p.set_defaults(handler=cmd_kineto_dir)
+
+    p = subparsers.add_parser(
         "gputrace",
         help="trace PyTorch processes on demand (dyno gputrace flags, plus --wait)",
     )
@@ -154,6 +167,16 @@ def cmd_trainers(args: argparse.Namespace) -> int:
             print(_no_trainers_hint())
         else:
             print(format_trainers(trainers))
+        return EXIT_OK
+
+    return with_agent(_target(args), show)
+
+
+def cmd_kineto_dir(args: argparse.Namespace) -> int:
+    """Run ``bpfdyno kineto-dir``; returns the exit status."""
+
+    async def show(agent: AgentClient) -> int:
+        print(await agent.kineto_socket_dir(args.uid))
         return EXIT_OK
 
     return with_agent(_target(args), show)

@@ -109,6 +109,8 @@ class KinetoEndpoint:
         mono: monotonic clock (for the per-sender rate limit).
         queue_len: datagrams the kernel may queue for the endpoint (0: the kernel default).
         reply_names: names a user's reply socket (`replies.random_name`; tests pass their own).
+        dir_owner: ``socket_dir`` is this user's own (the per-user layout, `user_dirs`): it
+            must be that uid's, mode 0700 — nobody else can reach a socket in it.
     """
 
     def __init__(
@@ -118,9 +120,11 @@ class KinetoEndpoint:
         mono: Callable[[], float] | None = None,
         queue_len: int = QUEUE_LEN,
         reply_names: Callable[[int], str] = random_name,
+        dir_owner: int | None = None,
     ) -> None:
         self._handler = handler
         self._reply_names = reply_names
+        self._dir_owner = dir_owner
         self._queue_len = queue_len
         #: The queue length the socket got (the kernel's when it could not be raised).
         self.queue_len = 0
@@ -199,9 +203,13 @@ class KinetoEndpoint:
                 "(shared with the trainers as KINETO_IPC_SOCKET_DIR) or unset [kineto] socket_dir"
             )
         try:
-            # Trainers must be able to create their sockets there, but nobody may be able to
-            # move ours away and answer them in our place: root's, and sticky if shared.
-            PlacementChecker().check_directory(self.socket_dir, Writer(os.geteuid()))
+            if self._dir_owner is not None:
+                _check_private(self.socket_dir, self._dir_owner)
+            else:
+                # Trainers must be able to create their sockets there, but nobody may be
+                # able to move ours away and answer them in our place: root's, and sticky
+                # if shared.
+                PlacementChecker().check_directory(self.socket_dir, Writer(os.geteuid()))
         except RequestError as e:
             raise EndpointUnavailable(
                 f"the Kineto socket directory is not safe: {e}. Make it root's and not "
@@ -406,6 +414,22 @@ def _socket_with_queue(want: int) -> tuple[socket.socket, int]:
                 f.write(str(current))
         except OSError as e:
             log.warning("could not put %s back to %d: %s", _QLEN_SYSCTL, current, e.strerror)
+
+
+def _check_private(directory: str, owner: int) -> None:
+    """``directory`` is ``owner``'s own: a directory (not a link), theirs, mode 0700.
+
+    Raises:
+        RequestError: it is not.
+    """
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise RequestError(f"{directory} is not a directory")
+    if st.st_uid != owner or stat.S_IMODE(st.st_mode) & 0o077:
+        raise RequestError(
+            f"{directory} must be uid {owner}'s with mode 0700 (it is uid {st.st_uid}'s, "
+            f"mode {stat.S_IMODE(st.st_mode):04o})"
+        )
 
 
 def _remove_stale(path: str, owner_uid: int | None = None) -> None:
