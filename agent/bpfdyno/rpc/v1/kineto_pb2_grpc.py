@@ -46,7 +46,7 @@ class KinetoServicer:
 
     def OpenSocketDir(self, request, context):
         """The caller's directory (root: any uid's), created if it does not exist yet, with the
-        agent's endpoint bound in it. FAILED_PRECONDITION when the agent serves no per-user
+        agent's endpoint bound in it. UNAVAILABLE when the agent serves no per-user
         layout ([kineto] user_socket_root is empty).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
