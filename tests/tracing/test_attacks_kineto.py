@@ -95,11 +95,11 @@ async def test_trainers_hands_a_user_only_her_own_trainers_sockets(short_tmp: Pa
         stops_in_time(site)
 
 
-def _spawn_with_run(site: ServedSite, user: str) -> TrainerProc:
+def _spawn_with_run(site: ServedSite, user: str, socket_dir: str | None = "shared") -> TrainerProc:
     """``bpfdyno run -- linear.py`` as ``user``, the environment a job step has (the shared
-    socket directory set, as a site may have set it for everyone)."""
+    socket directory set, as a site may have set it for everyone; None: abstract names)."""
     u = site.users[user]
-    env = trainer_env(str(site.socket_dir))
+    env = trainer_env(str(site.socket_dir) if socket_dir else None)
     env.update({k: v for k, v in u.env().items() if k in ("HOME", "TMPDIR", "USER")})
     cmd = [sys.executable, "-m", "bpfdyno", "run", "--node-socket", site.sock, "--",
            sys.executable, str(TRAINERS / "linear.py")]  # fmt: skip
@@ -184,8 +184,55 @@ async def test_per_user_socket_directories_keep_other_users_off_a_trainer(
         assert "may open only its own socket directory" in asked[0]["details"]
         assert asked[1] == {"path": str(root / str(mallory))}
         status = await site.cli("alice", "status")
-        assert "protection: per-user directories" in status.stdout, status.stdout
+        assert re.search(r"protection: [^;\n]*per-user directories", status.stdout), status.stdout
         assert re.search(rf"{root}/<uid> \(0700 each\): 2 users", status.stdout), status.stdout
         await traced(site, "alice", pid)
         stops_in_time(site)
     assert not (root / str(alice) / "dynolog").exists()  # the agent's socket went with it
+
+
+_SEND_ALL = """
+import errno, json, socket
+# Every trainer's abstract name is listed here ('@' stands for a NUL).
+names = [line.split()[-1] for line in open("/proc/net/unix") if "@dynoconfigclient" in line]
+out = {}
+for name in names:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # unbound: its datagram once
+    address = name.replace("@", "\\0").encode()              # aborted the trainer
+    config = b"ACTIVITIES_LOG_FILE=/etc/owned.json\\nACTIVITIES_DURATION_MSECS=600000"
+    try:
+        s.sendto(len(config).to_bytes(8, "little") + b"req".ljust(32, b"\\0") + config, address)
+        out[name] = "sent"
+    except OSError as e:
+        out[name] = errno.errorcode[e.errno]
+    try:
+        s.connect(address)
+        out[name] += " connected"
+    except OSError as e:
+        out[name] += " " + errno.errorcode[e.errno]
+print(json.dumps(out))
+"""
+
+
+async def test_the_kernel_guard_refuses_other_users_datagrams_to_abstract_sockets(
+    short_tmp: Path,
+) -> None:
+    """Found: with abstract names (the default), any user sent any trainer a config
+    directly — its file, its duration — and a datagram from an unbound socket killed it
+    (SIGABRT). Where the kernel has cgroup hooks for Unix sockets, the agent's guard refuses
+    datagrams and connects to a registered trainer's name from anyone but its user."""
+    async with served_site(short_tmp, sets=['kineto.socket_dir=""']) as site:
+        proc = _spawn_with_run(site, "alice", socket_dir=None)
+        [pid] = await proc.wait_ready()
+        await site.wait_registered(pid)
+        r = await site.cli("alice", "trainers", "--json")
+        [t] = json.loads(r.stdout)["trainers"]
+        assert t["endpoint"].startswith("@dynoconfigclient"), t
+        reach = await site.run("mallory", sys.executable, "-c", _SEND_ALL)
+        # (/proc/net/unix shows the name's trailing NUL too.)
+        assert json.loads(reach.stdout) == {t["endpoint"] + "@": "EPERM EPERM"}, reach.stderr
+        status = await site.cli("alice", "status")
+        assert "protection: kernel guard (1 abstract sockets)" in status.stdout, status.stdout
+        assert "open layout" not in status.stdout
+        await traced(site, "alice", pid)  # alive, and traced through the agent
+        stops_in_time(site)

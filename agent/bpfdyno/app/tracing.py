@@ -20,12 +20,14 @@ from bpfdyno.core.config import Config
 from bpfdyno.core.events import FlightRecorder
 from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.core.workers import DaemonExecutor
+from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.server.legacy_rpc import LegacyRpcHandler, LegacyRpcServer
 from bpfdyno.services.tracing import DcgmPause, DcgmResume, TracingService
 from bpfdyno.tracing.audit import AuditLog
 from bpfdyno.tracing.capture.manager import CaptureManager
 from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest, Track
 from bpfdyno.tracing.ipc.endpoint import QUEUE_LEN, EndpointUnavailable, KinetoEndpoint
+from bpfdyno.tracing.ipc.guard import KernelGuard
 from bpfdyno.tracing.ipc.user_dirs import UserSocketDirs
 from bpfdyno.tracing.kernel_tracks import KernelTracks
 from bpfdyno.tracing.policy import TraceLimits
@@ -141,6 +143,9 @@ class TracingComponent:
             else None
         )
         self._user_dirs_error = ""
+        #: The kernel guard of trainers' abstract sockets (`bpfdyno.tracing.ipc.guard`).
+        self.guard = KernelGuard() if cfg.kineto.kernel_guard else None
+        self._guard_error = ""
         self.legacy: LegacyRpcServer | None = None
         if cfg.legacy_rpc.enabled:
             self.legacy = LegacyRpcServer(
@@ -167,6 +172,14 @@ class TracingComponent:
         except EndpointUnavailable as e:
             self._ipc_error = str(e)
             log.warning("Kineto IPC endpoint unavailable: %s", e)
+        if self.guard is not None:
+            try:
+                self.guard.load()
+                self.service.guard = self.guard
+                self._guard_error = ""
+            except BpfLoadError as e:
+                self._guard_error = str(e)
+                log.warning("Kineto guard unavailable: %s", e)
         if self.user_dirs is not None:
             try:
                 self.user_dirs.open(loop)
@@ -204,6 +217,9 @@ class TracingComponent:
         self.endpoint.close()
         if self.user_dirs is not None:
             self.user_dirs.close()
+        if self.guard is not None:
+            self.service.guard = None
+            self.guard.close()
         if self.legacy is not None:
             await self.legacy.stop()
         if self._saved_switch_interval is not None:
@@ -251,11 +267,22 @@ class TracingComponent:
         (anyone on the node can configure those, bypassing the agent)."""
         trainers = self.service.registry.trainers()
         dirs = self.user_dirs
-        open_ = [t for t in trainers if dirs is None or not dirs.serves(t.address)]
-        if dirs is None:
-            protection = "protection: none (no [kineto] user_socket_root)"
-        else:
-            protection = "protection: per-user directories"
+        guard = self.guard if self.guard is not None and self.guard.active else None
+        protections = []
+        if guard is not None:
+            protections.append(f"kernel guard ({guard.guarded} abstract sockets)")
+        elif self._guard_error:
+            protections.append(f"no kernel guard ({self._guard_error})")
+        if dirs is not None:
+            protections.append("per-user directories")
+        # Open: a shared directory's socket, or an abstract name without the guard.
+        open_ = [
+            t
+            for t in trainers
+            if not (dirs is not None and dirs.serves(t.address))
+            and not (guard is not None and t.address.startswith(b"\0"))
+        ]
+        protection = "protection: " + (", ".join(protections) or "none")
         if not open_:
             return f"; {protection}"
         return (
@@ -266,12 +293,12 @@ class TracingComponent:
     def _layout_status(self) -> PartStatus:
         assert self.user_dirs is not None
         if self._user_dirs_error:
-            return PartStatus("kineto_user_dirs", PartState.UNAVAILABLE, self._user_dirs_error)
+            return PartStatus("kineto_dirs", PartState.UNAVAILABLE, self._user_dirs_error)
         if not self.user_dirs.is_open:
-            return PartStatus("kineto_user_dirs", PartState.STOPPED, "not started")
+            return PartStatus("kineto_dirs", PartState.STOPPED, "not started")
         t = self.user_dirs.totals()
         return PartStatus(
-            "kineto_user_dirs",
+            "kineto_dirs",
             PartState.OK,
             f"{self.user_dirs.root}/<uid> (0700 each): {t.users} users; {t.received} "
             f"datagrams, {t.replied} replies, {t.dropped} dropped",

@@ -183,6 +183,10 @@ class KinetoSection:
     #: prolog ask for them, trainers get theirs as KINETO_IPC_SOCKET_DIR); "" for none.
     #: Nobody but a trainer's owner and root can reach it there (docs/security.md).
     user_socket_root: str = ""
+    #: Where the kernel has cgroup hooks for Unix sockets (Linux 6.7+), refuse datagrams
+    #: (and connects) to a registered trainer's abstract socket from anyone but its user,
+    #: root and the agent: a BPF program on the root cgroup (docs/security.md).
+    kernel_guard: bool = True
 
 
 @dataclass

@@ -23,6 +23,7 @@ from bpfdyno.core.identity import in_process
 from bpfdyno.core.workers import UserLanes
 from bpfdyno.rpc.audit import AuditedProcess
 from bpfdyno.tracing.audit import AuditLog
+from bpfdyno.tracing.ipc.guard import KernelGuard
 from bpfdyno.tracing.ipc.sender import ClaimVerifier, SenderCreds
 from bpfdyno.tracing.ipc.wire import KinetoContext, KinetoRequest
 from bpfdyno.tracing.kineto_build import KinetoBuilds
@@ -73,6 +74,9 @@ class KinetoPolls:
         self.user_files = user_files or UserLanes("user-files")
         #: What each trainer's libkineto does with an on-demand log file.
         self.kineto_builds = KinetoBuilds(self.user_files, proc_root)
+        #: The kernel guard of trainers' abstract sockets, when the kernel has it (set by
+        #: the component that loaded it).
+        self.guard: KernelGuard | None = None
 
     def on_request(
         self, address: bytes, req: KinetoRequest, sender: SenderCreds | None = None
@@ -107,6 +111,8 @@ class KinetoPolls:
         )
         if t is None:
             return ""
+        if self.guard is not None and t.uid is not None:
+            self.guard.protect(address, t.uid)  # a dictionary lookup once it is guarded
         self.kineto_builds.learn(address, t.host_pid, t.uid)
         self.tracker.on_poll(address, busy=not req.activities_free)
         if not req.activities_free:
@@ -131,6 +137,8 @@ class KinetoPolls:
             log.info("trainer pid %d (job %d) stopped polling; removed", t.pid, t.job_id)
             self.tracker.on_gone(t.address)
             self.kineto_builds.forget(t.address)
+            if self.guard is not None:
+                self.guard.release(t.address)
         return [t.address for t in gone]
 
     def _false_claim(self, sender: SenderCreds, req: KinetoRequest) -> None:
@@ -148,6 +156,8 @@ class KinetoPolls:
         """Drop the trainer at ``address``; its open part of a trace fails with ``reason``."""
         self.registry.forget(address)
         self.kineto_builds.forget(address)
+        if self.guard is not None:
+            self.guard.release(address)
         self.tracker.fail_open(address, reason)
 
     def _still_safe(self, t: Trainer) -> bool:
