@@ -249,6 +249,13 @@ class TracingComponent:
                 f", {sum(claims.values())} polls claiming another process's pid ignored "
                 f"(uid {uids})"
             )
+        unresolved = self.service.unresolved
+        if unresolved:
+            uids = ", ".join(str(u) for u in sorted(unresolved)[:5])
+            notes += (
+                f", {sum(unresolved.values())} polls whose sender /proc does not show ignored "
+                f"(uid {uids})"
+            )
         stats = self.service.registry.stats
         if stats.refused_uid_quota:
             notes += (

@@ -69,6 +69,9 @@ class KinetoPolls:
         self._mono = mono
         #: Polls ignored because the pid they claim is not their sender's, per sender uid.
         self.false_claims: Counter[int] = Counter()
+        #: Polls ignored because /proc here shows no process for their sender's pid (the
+        #: kernel's): gone already, or hidden from the agent; per sender uid.
+        self.unresolved: Counter[int] = Counter()
         #: Work on users' files (summaries, merges, libkineto look-ups), each user's in its
         #: own lane.
         self.user_files = user_files or UserLanes("user-files")
@@ -92,9 +95,9 @@ class KinetoPolls:
         """
         uid, host_pid, pids = None, 0, None
         if sender is not None:
-            pids, host_pid = self._claims.resolve(sender, req.pids)
+            pids, host_pid, seen = self._claims.resolve(sender, req.pids)
             if pids is None:
-                self._false_claim(sender, req)
+                self._false_claim(sender, req, seen)
                 return ""
             uid = sender.uid
             known = self.registry.get(address)
@@ -141,7 +144,19 @@ class KinetoPolls:
                 self.guard.release(t.address)
         return [t.address for t in gone]
 
-    def _false_claim(self, sender: SenderCreds, req: KinetoRequest) -> None:
+    def _false_claim(self, sender: SenderCreds, req: KinetoRequest, seen: bool) -> None:
+        if not seen:
+            if sender.uid not in self.unresolved:
+                log.warning(
+                    "ignoring Kineto polls of uid %d claiming pid %d: the kernel names their "
+                    "sender pid %d, which /proc here does not show, so the claim cannot be "
+                    "checked (rule 'sender_unresolved'); further ones are only counted",
+                    sender.uid,
+                    req.pid,
+                    sender.pid,
+                )
+            self.unresolved[sender.uid] += 1
+            return
         if sender.uid not in self.false_claims:
             log.warning(
                 "ignoring Kineto polls of pid %d (uid %d): they claim to be pid %d, which the "
