@@ -385,6 +385,7 @@ def test_run_checks_on_this_machine(tmp_path: Path) -> None:
         "tracepoint sock:sock_send_length",
         "tracepoint irq:softirq_entry",
         "rdma",
+        "kineto-protection",
     ]
     status = {}
     for line, name in zip(lines, names, strict=True):

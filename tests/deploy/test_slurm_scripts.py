@@ -4,6 +4,7 @@ epilog stops it only once no other job is on the node. Real scripts, real agent.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -76,6 +77,27 @@ def test_prolog_starts_one_agent_and_epilog_stops_it_after_the_last_job(tmp_path
     finally:
         for pid in _serve_pids(run):
             os.kill(pid, 9)
+
+
+@pytest.mark.root
+def test_prolog_gives_the_jobs_user_her_kineto_directory(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    root = Path(tempfile.mkdtemp(prefix="bk-", dir="/tmp")) / "k"  # short: sockets go in it
+    env = _env(run, SLURM_JOB_UID="4242")
+    env["BPFDYNO_SERVE_ARGS"] += f' --set=kineto.user_socket_root="{root}"'
+    try:
+        p = subprocess.run(["bash", str(SLURM / "prolog.sh")], env=env, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+        assert p.returncode == 0 and p.stderr == "", p.stderr
+        st = os.lstat(root / "4242")
+        assert (st.st_uid, st.st_mode & 0o7777) == (4242, 0o700)
+        assert (root / "4242" / "dynolog").is_socket()  # the agent listens there
+    finally:
+        subprocess.run(["bash", str(SLURM / "epilog.sh")], env={**env, "OTHER_JOBS": "0"},
+                       timeout=60)  # fmt: skip
+        for pid in _serve_pids(run):
+            os.kill(pid, 9)
+        shutil.rmtree(root.parent, ignore_errors=True)
 
 
 def test_the_scripts_are_valid_bash() -> None:

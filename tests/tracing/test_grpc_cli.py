@@ -106,9 +106,9 @@ async def test_cli_gputrace_wait_reports_real_files(api: Api) -> None:
         await h.wait_trainers(lambda ts: len(ts) == 2)
         rc, out, _ = await run_cli("trainers", "--host", api.socket)
         assert rc == 0
-        assert [line.split()[:3] for line in out.splitlines()[1:]] == [
-            ["9200", "0", "idle"],
-            ["9201", "0", "idle"],
+        assert [line.split()[:4] for line in out.splitlines()[1:]] == [
+            ["9200", "-", "0", "idle"],  # no pid namespace of its own: no second pid
+            ["9201", "-", "0", "idle"],
         ]
         rc, out, err = await run_cli(
             "gputrace",

@@ -26,7 +26,7 @@ async def test_reply_comes_from_the_bound_socket_with_exact_bytes(harness: Harne
         client.sock.sendto(wire.encode_request(3, 0, [4321, 4000]), client.daemon)
         data, sender = await client.recv()
         # The poller's user's reply socket, in the socket directory (where libkineto wants it).
-        assert re.fullmatch(rf"{harness.socket_dir}/dynolog-reply-0-[0-9a-f]{{8}}", str(sender))
+        assert re.fullmatch(rf"{harness.socket_dir}/dynolog-reply-0-[0-9a-f]{{24}}", str(sender))
         assert data == b"\0" * 8 + b"req" + b"\0" * 29
         assert os.stat(client.daemon).st_mode & 0o777 == 0o666
         [view] = harness.service.list_trainers()
@@ -292,3 +292,60 @@ def test_datagram_io_addresses(short_tmp: Path, use_libc: bool) -> None:
     finally:
         for s in (server, abstract, path_client, unnamed):
             s.close()
+
+
+async def test_reply_socket_names_are_fresh_and_a_taken_one_is_retried(short_tmp: Path) -> None:
+    """Each reply socket gets a name of its own (nothing to learn from another's), and a
+    name someone took first is given up for a new one."""
+    from bpfdyno.services.tracing import TracingService
+    from bpfdyno.tracing.ipc.replies import random_name
+    from bpfdyno.tracing.trainers import TrainerRegistry
+
+    names = [random_name(0) for _ in range(64)]
+    assert len(set(names)) == 64
+    assert all(re.fullmatch(r"dynolog-reply-0-[0-9a-f]{24}", n) for n in names)
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    squatter.bind(str(short_tmp / "dynolog-reply-0-taken"))
+    tries = iter(["dynolog-reply-0-taken", "dynolog-reply-0-free"])
+    svc = TracingService([str(short_tmp)], 60.0, TrainerRegistry())
+    ep = KinetoEndpoint(svc, str(short_tmp), reply_names=lambda user: next(tries))
+    ep.open(asyncio.get_running_loop())
+    client = KinetoClient(str(short_tmp))
+    try:
+        await client.send(wire.encode_request(3, 0, [7100]))
+        _, sender = await client.recv()
+        assert sender == str(short_tmp / "dynolog-reply-0-free")
+        assert ep.stats.replies_dropped_by_user == {}
+    finally:
+        client.close()
+        ep.close()
+        squatter.close()
+
+
+async def test_no_reply_socket_means_a_dropped_reply_never_the_shared_socket(
+    short_tmp: Path,
+) -> None:
+    """When no name can be bound, the poll's reply is dropped and counted against its user
+    (shown by status), instead of going out from the endpoint's socket that every user's
+    replies would then share."""
+    from bpfdyno.services.tracing import TracingService
+    from bpfdyno.tracing.trainers import TrainerRegistry
+
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    squatter.bind(str(short_tmp / "dynolog-reply-0-taken"))
+    svc = TracingService([str(short_tmp)], 60.0, TrainerRegistry())
+    ep = KinetoEndpoint(svc, str(short_tmp), reply_names=lambda user: "dynolog-reply-0-taken")
+    ep.open(asyncio.get_running_loop())
+    client = KinetoClient(str(short_tmp))
+    try:
+        for _ in range(3):
+            await client.send(wire.encode_request(3, 0, [7100]))
+        with pytest.raises(TimeoutError):
+            await client.recv(timeout=0.5)
+        assert ep.stats.replies_dropped_by_user == {0: 3}
+        assert ep.stats.dropped == {"no_reply_socket": 3}
+        assert ep.stats.summary().endswith("3 dropped (replies dropped: uid 0: 3)")
+    finally:
+        client.close()
+        ep.close()
+        squatter.close()

@@ -156,7 +156,7 @@ async def test_user_traces_own_trainer_on_every_entry_point(site: Site) -> None:
     assert sorted(os.listdir(site.user_dir)) == [f"d_{pid}.json", f"g_{pid}.json", f"r_{pid}.json"]
     # The trainer list names the owner.
     r = await site.user_cli("trainers")
-    assert r.stdout.splitlines()[1].split()[4] == user.name
+    assert r.stdout.splitlines()[1].split()[5] == user.name  # after PID and NS PID
 
 
 @pytest.mark.usefixtures("torch_ready")

@@ -75,3 +75,36 @@ def test_verdicts_are_cached(tree: ClaimVerifier, tmp_path: Path) -> None:
     (tmp_path / "200" / "status").unlink()  # /proc is not read again for the same claim
     assert tree.verify(creds, (200, 100)) == (200, 100)
     assert tree.verify(creds, (200,)) is None  # a new claim is checked afresh
+
+
+def test_the_host_pid_comes_from_the_kernel_not_the_claim(tree: ClaimVerifier) -> None:
+    """Every later step (capture, NCCL probes, GPU processes, /proc/<pid>/root) uses the
+    process's pid here: the kernel's, whatever the container's process says."""
+    assert tree.resolve(SenderCreds(310, ALICE, ALICE), (7, 1)) == ((7, 1), 310, True)
+    assert tree.resolve(SenderCreds(300, 0, 0), (1,)) == ((1,), 300, True)  # root in a container
+    assert tree.resolve(SenderCreds(200, ALICE, ALICE), (200, 100)) == ((200, 100), 200, True)
+    # Root in the agent's own namespace speaking for another pid (a simulator): a pid here.
+    assert tree.resolve(SenderCreds(200, 0, 0), (8100, 8000)) == ((8100, 8000), 8100, True)
+    assert tree.resolve(SenderCreds(310, ALICE, ALICE), (8,)) == (None, 310, True)
+
+
+def test_a_sender_proc_does_not_show_is_refused_as_unresolved(tree: ClaimVerifier) -> None:
+    assert tree.resolve(SenderCreds(999, ALICE, ALICE), (999,)) == (None, 999, False)
+
+
+def test_polls_of_a_sender_proc_does_not_show_are_refused_with_that_reason(
+    tree: ClaimVerifier, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from bpfdyno.services.tracing import TracingService
+    from bpfdyno.tracing.ipc.wire import KinetoRequest
+    from bpfdyno.tracing.trainers import TrainerRegistry
+
+    svc = TracingService([str(tmp_path)], 60.0, TrainerRegistry(), proc_root=tmp_path)
+    req = KinetoRequest(config_type=3, job_id=0, pids=(999,))
+    for _ in range(3):
+        assert svc.on_request(b"\0c", req, SenderCreds(999, ALICE, ALICE)) == ""
+    assert (svc.unresolved, svc.false_claims, len(svc.registry)) == ({ALICE: 3}, {}, 0)
+    assert "rule 'sender_unresolved'" in caplog.text and "sender pid 999" in caplog.text
+    # A sender /proc shows, claiming someone else's pid: the other rule.
+    assert svc.on_request(b"\0d", req, SenderCreds(200, ALICE, ALICE)) == ""
+    assert svc.false_claims == {ALICE: 1}

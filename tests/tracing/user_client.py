@@ -20,6 +20,12 @@ Usage (each prints one JSON line):
                                            never read a reply)
   user_client.py slow PORT N SECONDS HEX   open N TCP connections, send HEX on each, then one
                                            byte every 0.5 s for SECONDS; print when each ended
+  user_client.py squat SOCKDIR UID SECONDS
+                                           learn the agent's reply-socket names from its
+                                           reply to one poll, bind the name it would give
+                                           UID, hold it for SECONDS; print the names bound
+  user_client.py polls SOCKDIR N           poll N times like a trainer, waiting 1 s for each
+                                           reply; print how many came and from where
   user_client.py kineto SOCKDIR SOURCE     poll like a trainer; given a config, stay busy two
                                            polls, then copy SOURCE to the file it names (with
                                            _<pid>, as Kineto); print its path; stop at EOF
@@ -232,6 +238,61 @@ def kineto(sock_dir: str, source: str) -> None:
         os.unlink(path)
 
 
+def _poll_once(s: socket.socket, daemon: str, timeout: float) -> str | None:
+    """Send one poll as this process; the reply's sender (None: no reply in time)."""
+    s.sendto(wire.encode_request(3, 0, [os.getpid()]), daemon)
+    s.settimeout(timeout)
+    try:
+        _, sender = s.recvfrom(300_000)
+    except TimeoutError:
+        return None
+    return str(sender)
+
+
+def squat(sock_dir: str, uid: int, seconds: float) -> None:
+    daemon = os.path.join(sock_dir, "dynolog")
+    me = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    me.bind(os.path.join(sock_dir, f"dynoconfigclient{uuid.uuid4()}"))
+    held = []
+    try:
+        sender = _poll_once(me, daemon, 5.0)
+        assert sender is not None, "the agent did not answer"
+        # dynolog-reply-<my uid>-<token>: the same token would name UID's socket.
+        mine = f"dynolog-reply-{os.getuid()}-"
+        name = os.path.basename(sender)
+        token = name[len(mine) :] if name.startswith(mine) else ""
+        for guess in {f"dynolog-reply-{uid}-{token}", f"dynolog-reply-{uid}-"}:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            with contextlib.suppress(OSError):
+                s.bind(os.path.join(sock_dir, guess))
+                held.append(s)
+        print(json.dumps({"learned": name, "bound": [s.getsockname() for s in held]}), flush=True)
+        time.sleep(seconds)
+    finally:
+        for s in [*held, me]:
+            with contextlib.suppress(OSError):
+                os.unlink(s.getsockname())
+            s.close()
+
+
+def polls(sock_dir: str, n: int) -> None:
+    daemon = os.path.join(sock_dir, "dynolog")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    path = os.path.join(sock_dir, f"dynoconfigclient{uuid.uuid4()}")
+    s.bind(path)
+    senders = []
+    try:
+        for _ in range(n):
+            sender = _poll_once(s, daemon, 1.0)
+            if sender is not None:
+                senders.append(sender)
+            time.sleep(0.2)
+    finally:
+        s.close()
+        os.unlink(path)
+    print(json.dumps({"replies": len(senders), "senders": senders}))
+
+
 def main() -> None:
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "frame":
@@ -248,6 +309,10 @@ def main() -> None:
         flood(args[0], int(args[1]), float(args[2]), args[3:] == ["mute"])
     elif cmd == "slow":
         slow(int(args[0]), int(args[1]), float(args[2]), bytes.fromhex(args[3]))
+    elif cmd == "squat":
+        squat(args[0], int(args[1]), float(args[2]))
+    elif cmd == "polls":
+        polls(args[0], int(args[1]))
     elif cmd == "kineto":
         kineto(args[0], args[1])
     else:

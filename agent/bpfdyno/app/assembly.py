@@ -77,6 +77,7 @@ def build(cfg: Config) -> Assembly:
     from bpfdyno.app.tracing import TracingComponent
     from bpfdyno.server.audit import audit_servicer_factory
     from bpfdyno.server.kernel import kernel_servicer_factory
+    from bpfdyno.server.kineto import kineto_servicer_factory
     from bpfdyno.server.tracing import servicer_factory as tracing_servicer_factory
     from bpfdyno.services.kernel import KernelService
     from bpfdyno.sources.budget.controller import BudgetCollector
@@ -204,6 +205,7 @@ def build(cfg: Config) -> Assembly:
     asm.servicers.append(kernel_servicer_factory(KernelService(recorder, table, net)))
     asm.servicers.append(tracing_servicer_factory(tracing.service))
     asm.servicers.append(audit_servicer_factory(tracing.service.audit))
+    asm.servicers.append(kineto_servicer_factory(tracing.user_dirs))
     if cfg.export.jsonl.enabled:
         asm.sinks.append(JsonlExporter(cfg.export.jsonl))
     asm.sinks += _metric_exporters(cfg, table)

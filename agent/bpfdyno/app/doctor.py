@@ -497,6 +497,45 @@ def check_rdma(root: Path = Path("/")) -> Check:
     return Check("rdma", True, f"{len(devices)} device(s): {'; '.join(ports)}", required=False)
 
 
+def check_kineto_protection(cfg: Config) -> Check:
+    """Who can configure trainers directly, bypassing the agent, with this configuration
+    and kernel (libkineto takes a config from any datagram that reaches its socket)."""
+    from bpfdyno.ebpf.errors import BpfLoadError
+    from bpfdyno.tracing.ipc.guard import KernelGuard
+
+    k = cfg.kineto
+    found: list[str] = []
+    guard_problem = ""
+    if k.kernel_guard:
+        guard = KernelGuard()
+        try:
+            guard.load()  # loaded and closed at once: the kernel takes it or says why
+            found.append("kernel guard of abstract names")
+        except BpfLoadError as e:
+            guard_problem = str(e)
+        finally:
+            guard.close()
+    if k.user_socket_root:
+        found.append(f"per-user directories under {k.user_socket_root}")
+    layout = f"shared directory {k.socket_dir}" if k.socket_dir else "abstract names"
+    open_now = bool(k.socket_dir) or "kernel guard of abstract names" not in found
+    if found and not open_now:
+        return Check("kineto-protection", True, ", ".join(found), required=False)
+    detail = (
+        f"trainers on the {layout} can be configured by any local user, bypassing the agent"
+        + (f" ({', '.join(found)} for the others)" if found else "")
+        + (f"; no kernel guard: {guard_problem}" if guard_problem else "")
+        + " (`bpfdyno status` counts them)"
+    )
+    fix = (
+        "start jobs with `bpfdyno run` (their user's own directory)"
+        if k.user_socket_root
+        else 'set [kineto] user_socket_root = "/run/bpfdyno/kineto" and start jobs with '
+        "`bpfdyno run`"
+    )
+    return Check("kineto-protection", None, detail, fix, required=False)
+
+
 def run_checks(cfg: Config) -> list[Check]:
     """Run every check against this machine and the agent's configured endpoints.
 
@@ -530,6 +569,7 @@ def run_checks(cfg: Config) -> list[Check]:
             lambda: check_tracepoint("irq", "softirq_entry", required=False),
         ),
         ("rdma", check_rdma),
+        ("kineto-protection", lambda: check_kineto_protection(cfg)),
     ]
     results = []
     for name, check in checks:

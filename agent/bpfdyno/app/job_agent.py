@@ -57,6 +57,9 @@ AGENT_LOG = "agent.log"
 READY_TIMEOUT_S = 120.0
 #: How long a stopping agent may take before it is killed.
 STOP_TIMEOUT_S = 30.0
+#: How long `bpfdyno run` waits for the node's agent to hand out the user's socket directory
+#: (an interpreter's start included).
+SOCKET_DIR_TIMEOUT_S = 10.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -191,6 +194,7 @@ def run(
     env = dict(os.environ)
     env.setdefault("KINETO_USE_DAEMON", "1")
     if agent_listening(node_socket):
+        _use_own_socket_dir(node_socket, env, out)
         return _run_command(cmd, env)
     try:
         state_dir = private_state_dir(state_dir)
@@ -213,6 +217,37 @@ def run(
         return _run_command(cmd, env)
     finally:
         os.close(users)
+
+
+def _use_own_socket_dir(node_socket: str, env: dict[str, str], out: Callable[[str], None]) -> None:
+    """Give the command this user's own Kineto socket directory, if the node's agent serves
+    the per-user layout: there nobody else on the node can configure its trainers.
+
+    Asked by ``bpfdyno kineto-dir`` in a process of its own: gRPC's threads in this one
+    would make the command's start (a fork) print warnings on the job's stderr.
+    """
+    from bpfdyno.tracing.ipc.user_dirs import NO_LAYOUT
+
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "bpfdyno", "kineto-dir", "--socket", node_socket],
+            capture_output=True,
+            text=True,
+            timeout=SOCKET_DIR_TIMEOUT_S,
+            env={k: v for k, v in os.environ.items() if k != "BPFDYNO_TARGET"},
+        )
+    except subprocess.TimeoutExpired:
+        out("trainers use the agent's shared Kineto socket (it did not answer in time)")
+        return
+    path = r.stdout.strip()
+    if r.returncode != 0 or not path.startswith("/"):
+        if NO_LAYOUT not in r.stderr:
+            out(f"trainers use the agent's shared Kineto socket ({r.stderr.strip()[-300:]})")
+        return
+    old = env.get("KINETO_IPC_SOCKET_DIR")
+    if old and old != path:
+        out(f"KINETO_IPC_SOCKET_DIR={old} replaced by your own directory {path}")
+    env["KINETO_IPC_SOCKET_DIR"] = path
 
 
 @contextlib.contextmanager

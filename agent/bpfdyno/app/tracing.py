@@ -21,12 +21,15 @@ from bpfdyno.core.config import Config
 from bpfdyno.core.events import FlightRecorder
 from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.core.workers import DaemonExecutor
+from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.server.legacy_rpc import LegacyRpcHandler, LegacyRpcServer
 from bpfdyno.services.tracing import DcgmPause, DcgmResume, TracingService
 from bpfdyno.tracing.audit import AuditLog
 from bpfdyno.tracing.capture.manager import CaptureManager
 from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest, Track
 from bpfdyno.tracing.ipc.endpoint import QUEUE_LEN, EndpointUnavailable, KinetoEndpoint
+from bpfdyno.tracing.ipc.guard import KernelGuard
+from bpfdyno.tracing.ipc.user_dirs import UserSocketDirs
 from bpfdyno.tracing.kernel_tracks import KernelTracks
 from bpfdyno.tracing.policy import TraceLimits
 from bpfdyno.tracing.trainers import TrainerRegistry
@@ -135,6 +138,16 @@ class TracingComponent:
                 self.service.user_files,
             )
         self.endpoint = KinetoEndpoint(self.service, cfg.kineto.socket_dir, queue_len=queue_len)
+        #: The per-user socket directories, when configured (`bpfdyno.tracing.ipc.user_dirs`).
+        self.user_dirs = (
+            UserSocketDirs(cfg.kineto.user_socket_root, self.service)
+            if cfg.kineto.user_socket_root
+            else None
+        )
+        self._user_dirs_error = ""
+        #: The kernel guard of trainers' abstract sockets (`bpfdyno.tracing.ipc.guard`).
+        self.guard = KernelGuard() if cfg.kineto.kernel_guard else None
+        self._guard_error = ""
         self.legacy: LegacyRpcServer | None = None
         if cfg.legacy_rpc.enabled:
             self.legacy = LegacyRpcServer(
@@ -161,6 +174,21 @@ class TracingComponent:
         except EndpointUnavailable as e:
             self._ipc_error = str(e)
             log.warning("Kineto IPC endpoint unavailable: %s", e)
+        if self.guard is not None:
+            try:
+                self.guard.load()
+                self.service.guard = self.guard
+                self._guard_error = ""
+            except BpfLoadError as e:
+                self._guard_error = str(e)
+                log.warning("Kineto guard unavailable: %s", e)
+        if self.user_dirs is not None:
+            try:
+                self.user_dirs.open(loop)
+                self._user_dirs_error = ""
+            except EndpointUnavailable as e:
+                self._user_dirs_error = str(e)
+                log.warning("per-user Kineto socket directories unavailable: %s", e)
         self.service.unavailable_reason = (
             f"the Kineto IPC endpoint is not running: {self._ipc_error}" if self._ipc_error else ""
         )
@@ -189,6 +217,11 @@ class TracingComponent:
         if self.capture is not None:
             await _bounded(self.capture.stop, "the kernel-track capture")
         self.endpoint.close()
+        if self.user_dirs is not None:
+            self.user_dirs.close()
+        if self.guard is not None:
+            self.service.guard = None
+            self.guard.close()
         if self.legacy is not None:
             await self.legacy.stop()
         if self._saved_switch_interval is not None:
@@ -202,7 +235,8 @@ class TracingComponent:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             try:
                 for address in self.service.sweep():
-                    self.endpoint.forget_client(address)
+                    if self.user_dirs is None or not self.user_dirs.forget_client(address):
+                        self.endpoint.forget_client(address)
             except Exception:
                 log.exception("tracing registry sweep failed; continuing")
 
@@ -215,6 +249,13 @@ class TracingComponent:
             uids = ", ".join(str(u) for u in sorted(claims)[:5])
             notes += (
                 f", {sum(claims.values())} polls claiming another process's pid ignored "
+                f"(uid {uids})"
+            )
+        unresolved = self.service.unresolved
+        if unresolved:
+            uids = ", ".join(str(u) for u in sorted(unresolved)[:5])
+            notes += (
+                f", {sum(unresolved.values())} polls whose sender /proc does not show ignored "
                 f"(uid {uids})"
             )
         stats = self.service.registry.stats
@@ -230,6 +271,49 @@ class TracingComponent:
             )
         return notes
 
+    def _open_layout_note(self) -> str:
+        """Which protection the trainers have, and how many still poll in the open layout
+        (anyone on the node can configure those, bypassing the agent)."""
+        trainers = self.service.registry.trainers()
+        dirs = self.user_dirs
+        guard = self.guard if self.guard is not None and self.guard.active else None
+        protections = []
+        if guard is not None:
+            protections.append(f"kernel guard ({guard.guarded} abstract sockets)")
+        elif self._guard_error:
+            protections.append(f"no kernel guard ({self._guard_error})")
+        if dirs is not None:
+            protections.append("per-user directories")
+        # Open: a shared directory's socket, or an abstract name without the guard.
+        open_ = [
+            t
+            for t in trainers
+            if not (dirs is not None and dirs.serves(t.address))
+            and not (guard is not None and t.address.startswith(b"\0"))
+        ]
+        protection = "protection: " + (", ".join(protections) or "none")
+        if not open_:
+            return f"; {protection}"
+        return (
+            f"; {protection}; {len(open_)} trainers use the open layout (any local user can "
+            "configure them without the agent; start them with `bpfdyno run`)"
+        )
+
+    def _layout_status(self) -> PartStatus:
+        assert self.user_dirs is not None
+        if self._user_dirs_error:
+            return PartStatus("kineto_dirs", PartState.UNAVAILABLE, self._user_dirs_error)
+        if not self.user_dirs.is_open:
+            return PartStatus("kineto_dirs", PartState.STOPPED, "not started")
+        t = self.user_dirs.totals()
+        return PartStatus(
+            "kineto_dirs",
+            PartState.OK,
+            f"{self.user_dirs.root}/<uid> (0700 each): {t.users} users; {t.received} "
+            f"datagrams, {t.replied} replies, {t.dropped} dropped",
+            last_success_ts=time.time(),
+        )
+
     def tracing_pids(self) -> set[int]:
         """Pids whose profiler is tracing now (for the GPU collector to pause GPM)."""
         return self.service.tracing_pids()
@@ -243,20 +327,24 @@ class TracingComponent:
                 "kineto_ipc",
                 PartState.OK,
                 f"{self.endpoint.address} (queue {self.endpoint.queue_len}): {n} trainers; "
-                f"{self.endpoint.stats.summary()}{self._identity_notes()}",
+                f"{self.endpoint.stats.summary()}{self._identity_notes()}"
+                f"{self._open_layout_note()}",
                 last_success_ts=time.time(),
             )
         elif self._ipc_error:
             ipc = PartStatus("kineto_ipc", PartState.UNAVAILABLE, self._ipc_error)
         else:
             ipc = PartStatus("kineto_ipc", PartState.STOPPED, "not started")
+        parts = [ipc]
+        if self.user_dirs is not None:
+            parts.append(self._layout_status())
         if self.legacy is None:
             legacy = PartStatus("legacy_rpc", PartState.DISABLED, "[legacy_rpc] enabled = false")
         elif not self._started:
             legacy = PartStatus("legacy_rpc", PartState.STOPPED, "not started")
         else:
             legacy = self.legacy.status()
-        parts = [ipc, legacy]
+        parts.append(legacy)
         if self.capture is not None:
             parts.append(self.capture.status())
         return parts

@@ -74,6 +74,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(handler=cmd_trainers)
 
     p = subparsers.add_parser(
+        "kineto-dir",
+        help="print your own Kineto socket directory (the agent makes it if needed)",
+        description="Print the directory to give your trainers as KINETO_IPC_SOCKET_DIR: "
+        "your own, mode 0700, where only you and root can reach their sockets. Needs an "
+        "agent with [kineto] user_socket_root set. `bpfdyno run` uses it for you.",
+    )
+    add_target_argument(p)
+    p.add_argument(
+        "--uid", type=int, default=None, help="whose directory (root only; default: yours)"
+    )
+    p.set_defaults(handler=cmd_kineto_dir)
+
+    p = subparsers.add_parser(
         "gputrace",
         help="trace PyTorch processes on demand (dyno gputrace flags, plus --wait)",
     )
@@ -165,17 +178,31 @@ def cmd_trainers(args: argparse.Namespace) -> int:
     return with_agent(_target(args), show)
 
 
+def cmd_kineto_dir(args: argparse.Namespace) -> int:
+    """Run ``bpfdyno kineto-dir``; returns the exit status."""
+
+    async def show(agent: AgentClient) -> int:
+        print(await agent.kineto_socket_dir(args.uid))
+        return EXIT_OK
+
+    return with_agent(_target(args), show)
+
+
 def format_trainers(trainers: Sequence[Trainer]) -> str:
     """A table of registered trainers."""
+    # PID is the process here (what ps, top and the kernel tracks name); NS PID the pid it
+    # reports from a pid namespace of its own (a container), which its file names use.
     lines = [
-        f"{'PID':>8} {'JOB':>10} {'STATE':<15}{'ROLE':<12}{'OWNER':<12}{'POLLS':>6}  "
-        f"{'LAST POLL':<11}{'TRACE':<17}ANCESTORS"
+        f"{'PID':>8} {'NS PID':>7} {'JOB':>10} {'STATE':<15}{'ROLE':<12}{'OWNER':<12}"
+        f"{'POLLS':>6}  {'LAST POLL':<11}{'TRACE':<17}ANCESTORS"
     ]
     for t in trainers:
         role = t.role or "unknown"
         owner = (user_name(t.uid) or str(t.uid)) if t.uid is not None else "?"
+        ns_pid = str(t.pid) if t.host_pid and t.host_pid != t.pid else "-"
         lines.append(
-            f"{t.pid:>8} {t.job_id:>10} {t.state:<15}{role:<12}{owner:<12}{t.polls:>6}  "
+            f"{t.host_pid or t.pid:>8} {ns_pid:>7} {t.job_id:>10} {t.state:<15}{role:<12}"
+            f"{owner:<12}{t.polls:>6}  "
             f"{_ago(t.last_poll_unix_seconds):<11}{t.trace_id or '-':<17}"
             f"{','.join(str(a) for a in t.ancestors)}"
         )

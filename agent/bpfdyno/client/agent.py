@@ -54,6 +54,8 @@ from bpfdyno.rpc.v1 import (
     audit_pb2_grpc,
     kernel_pb2,
     kernel_pb2_grpc,
+    kineto_pb2,
+    kineto_pb2_grpc,
     tracing_pb2,
     tracing_pb2_grpc,
 )
@@ -74,6 +76,7 @@ _STUBS: dict[str, Any] = {
     "Kernel": kernel_pb2_grpc.KernelStub,
     "Tracing": tracing_pb2_grpc.TracingStub,
     "Audit": audit_pb2_grpc.AuditStub,
+    "Kineto": kineto_pb2_grpc.KinetoStub,
 }
 
 
@@ -267,6 +270,15 @@ class AgentClient:
             req.job_id = job_id
         resp = await self._call("Tracing", "ListTrainers", req)
         return [from_pb(Trainer, t) for t in resp.trainers]
+
+    async def kineto_socket_dir(self, uid: int | None = None) -> str:
+        """The per-user Kineto socket directory of ``uid`` (default: the caller's), made by
+        the agent if needed: the trainers' KINETO_IPC_SOCKET_DIR."""
+        req = kineto_pb2.OpenSocketDirRequest()
+        if uid is not None:
+            req.uid = uid
+        resp = await self._call("Kineto", "OpenSocketDir", req)
+        return str(resp.path)
 
     async def start_trace(self, spec: TraceSpec, timeout_s: float | None = None) -> TraceStart:
         """Ask for a trace: who was triggered (with each file's name), who not, and why."""

@@ -178,6 +178,15 @@ class KinetoSection:
     max_trainers_per_uid: int = 512
     #: A trainer that has not polled for this long is forgotten (dynolog: 60 s).
     expire_after_s: float = 60.0
+    #: Root-owned parent of the per-user socket directories (one ``<root>/<uid>``, mode
+    #: 0700, per user, the agent's endpoint bound in each; ``bpfdyno run`` and the SLURM
+    #: prolog ask for them, trainers get theirs as KINETO_IPC_SOCKET_DIR); "" for none.
+    #: Nobody but a trainer's owner and root can reach it there (docs/security.md).
+    user_socket_root: str = ""
+    #: Where the kernel has cgroup hooks for Unix sockets (Linux 6.7+), refuse datagrams
+    #: (and connects) to a registered trainer's abstract socket from anyone but its user,
+    #: root and the agent: a BPF program on the root cgroup (docs/security.md).
+    kernel_guard: bool = True
 
 
 @dataclass
@@ -711,6 +720,14 @@ def _validate_tracing(cfg: Config, bad: typing.Callable[[str, str], ConfigError]
     if len(os.path.join(k.socket_dir, "dynoconfigclient").encode()) + 36 > 107:
         raise bad(
             "is too long for a Unix socket path (keep it under 55 bytes)", "kineto.socket_dir"
+        )
+    if k.user_socket_root and not k.user_socket_root.startswith("/"):
+        raise bad("must be an absolute directory, or empty for none", "kineto.user_socket_root")
+    # <root>/<uid of up to 10 digits>/dynoconfigclient<uuid> must fit in sun_path too.
+    if len(os.path.join(k.user_socket_root, "4294967295", "dynoconfigclient").encode()) + 36 > 107:
+        raise bad(
+            "is too long for a Unix socket path (keep it under 44 bytes)",
+            "kineto.user_socket_root",
         )
     if not 1 <= k.registry_max_entries <= 1_000_000:
         raise bad("must be in 1..1000000", "kineto.registry_max_entries")

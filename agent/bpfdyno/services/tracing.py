@@ -219,7 +219,9 @@ class TracingService(KinetoPolls):
     ) -> list[TrainerView]:
         """Registered trainers (of one job when ``job_id`` is given), by job id then pid.
 
-        A trainer's ``trace_id`` is shown only to those who may see that trace (`sees`).
+        A trainer's ``trace_id`` is shown only to those who may see that trace (`sees`),
+        its ``endpoint`` (the socket its Kineto client takes configs from: one datagram
+        there configures it, bypassing the agent) only to its owner and root.
         """
         who = requester or in_process()
         trainers = self.registry.trainers()
@@ -239,7 +241,7 @@ class TracingService(KinetoPolls):
                     polls=t.polls,
                     state=self.tracker.trainer_state(t.address, t.profiler_busy),
                     role=roles[t.address],
-                    endpoint=describe_address(t.address),
+                    endpoint=describe_address(t.address) if sees(who, t.uid) else "",
                     trace_id=part.trace_id if part and sees(who, part.requester_uid) else "",
                     uid=t.uid,
                     host_pid=t.host_pid,
@@ -465,6 +467,7 @@ class TracingService(KinetoPolls):
                     tracks=tracks,
                     owner_uid=t.uid,
                     fs_root=mount_root(t.host_pid, self._proc_root),
+                    host_pid=t.host_pid,
                 )
                 for t, path in triggered
             ],

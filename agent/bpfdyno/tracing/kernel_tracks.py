@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from concurrent.futures import Future
@@ -87,12 +88,12 @@ class KernelTracks:
 
     def requested(self, part: PartRef) -> None:
         """Start recording the process."""
-        key = CaptureKey(part.trace_id, part.pid)
+        key = _capture_key(part)
         self._arming[key] = self._manager.begin(key, part.tracks)
 
     def armed(self, part: PartRef) -> bool:
         """Whether the process's recording is in place (or known not to be possible)."""
-        key = CaptureKey(part.trace_id, part.pid)
+        key = _capture_key(part)
         fut = self._arming.get(key)
         if fut is not None and not fut.done():
             return False
@@ -101,13 +102,13 @@ class KernelTracks:
 
     def ended(self, part: PartRef) -> None:
         """Its trace failed or timed out: drop what was recorded."""
-        key = CaptureKey(part.trace_id, part.pid)
+        key = _capture_key(part)
         self._arming.pop(key, None)
         self._manager.discard(key)
 
     def written(self, part: PartRef) -> None:
         """Its file is complete: stop recording and merge (in the background)."""
-        self._arming.pop(CaptureKey(part.trace_id, part.pid), None)
+        self._arming.pop(_capture_key(part), None)
         task = asyncio.get_running_loop().create_task(
             self._finish(part), name=f"merge-{part.trace_id}-{part.pid}"
         )
@@ -140,7 +141,7 @@ class KernelTracks:
         requested = part.tracks.names()
         try:
             capture: ProcessCapture = await asyncio.wait_for(
-                asyncio.wrap_future(self._manager.end(CaptureKey(part.trace_id, part.pid))),
+                asyncio.wrap_future(self._manager.end(_capture_key(part))),
                 END_TIMEOUT_S,
             )
         except TimeoutError:
@@ -221,7 +222,11 @@ def merge_capture(
             lost=lost,
             reason="; ".join(notes) or "no track could be recorded",
         )
-    pre = pre_window(capture, recorder)
+    pre = pre_window(capture, recorder)  # the recorder knows the process by its pid here
+    if capture.pid != part.pid:
+        # The file's own events carry the pid the process knows itself by (its container's):
+        # the kernel tracks go into the same process's rows.
+        capture = dataclasses.replace(capture, pid=part.pid)
     counted: list[int] = []
 
     def build(layout: TraceLayout) -> Insertion:
@@ -262,6 +267,12 @@ def merge_capture(
         lost=lost,
         reason="; ".join(notes),
     )
+
+
+def _capture_key(part: PartRef) -> CaptureKey:
+    """What the capture records ``part``'s process under: its pid here (the kernel's),
+    with the pid it knows itself by beside it."""
+    return CaptureKey(part.trace_id, part.kernel_pid, part.pid)
 
 
 def pre_window(capture: ProcessCapture, recorder: FlightRecorder | None) -> list[KernelEvent]:

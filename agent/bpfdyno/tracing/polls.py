@@ -23,6 +23,7 @@ from bpfdyno.core.identity import in_process
 from bpfdyno.core.workers import UserLanes
 from bpfdyno.rpc.audit import AuditedProcess
 from bpfdyno.tracing.audit import AuditLog
+from bpfdyno.tracing.ipc.guard import KernelGuard
 from bpfdyno.tracing.ipc.sender import ClaimVerifier, SenderCreds
 from bpfdyno.tracing.ipc.wire import KinetoContext, KinetoRequest
 from bpfdyno.tracing.kineto_build import KinetoBuilds
@@ -68,11 +69,17 @@ class KinetoPolls:
         self._mono = mono
         #: Polls ignored because the pid they claim is not their sender's, per sender uid.
         self.false_claims: Counter[int] = Counter()
+        #: Polls ignored because /proc here shows no process for their sender's pid (the
+        #: kernel's): gone already, or hidden from the agent; per sender uid.
+        self.unresolved: Counter[int] = Counter()
         #: Work on users' files (summaries, merges, libkineto look-ups), each user's in its
         #: own lane.
         self.user_files = user_files or UserLanes("user-files")
         #: What each trainer's libkineto does with an on-demand log file.
         self.kineto_builds = KinetoBuilds(self.user_files, proc_root)
+        #: The kernel guard of trainers' abstract sockets, when the kernel has it (set by
+        #: the component that loaded it).
+        self.guard: KernelGuard | None = None
 
     def on_request(
         self, address: bytes, req: KinetoRequest, sender: SenderCreds | None = None
@@ -88,11 +95,11 @@ class KinetoPolls:
         """
         uid, host_pid, pids = None, 0, None
         if sender is not None:
-            pids = self._claims.verify(sender, req.pids)
+            pids, host_pid, seen = self._claims.resolve(sender, req.pids)
             if pids is None:
-                self._false_claim(sender, req)
+                self._false_claim(sender, req, seen)
                 return ""
-            uid, host_pid = sender.uid, sender.pid
+            uid = sender.uid
             known = self.registry.get(address)
             if known is not None and (known.uid, known.host_pid) != (uid, host_pid):
                 self._forget(address, "another process now polls from its socket address")
@@ -107,6 +114,8 @@ class KinetoPolls:
         )
         if t is None:
             return ""
+        if self.guard is not None and t.uid is not None:
+            self.guard.protect(address, t.uid)  # a dictionary lookup once it is guarded
         self.kineto_builds.learn(address, t.host_pid, t.uid)
         self.tracker.on_poll(address, busy=not req.activities_free)
         if not req.activities_free:
@@ -131,9 +140,23 @@ class KinetoPolls:
             log.info("trainer pid %d (job %d) stopped polling; removed", t.pid, t.job_id)
             self.tracker.on_gone(t.address)
             self.kineto_builds.forget(t.address)
+            if self.guard is not None:
+                self.guard.release(t.address)
         return [t.address for t in gone]
 
-    def _false_claim(self, sender: SenderCreds, req: KinetoRequest) -> None:
+    def _false_claim(self, sender: SenderCreds, req: KinetoRequest, seen: bool) -> None:
+        if not seen:
+            if sender.uid not in self.unresolved:
+                log.warning(
+                    "ignoring Kineto polls of uid %d claiming pid %d: the kernel names their "
+                    "sender pid %d, which /proc here does not show, so the claim cannot be "
+                    "checked (rule 'sender_unresolved'); further ones are only counted",
+                    sender.uid,
+                    req.pid,
+                    sender.pid,
+                )
+            self.unresolved[sender.uid] += 1
+            return
         if sender.uid not in self.false_claims:
             log.warning(
                 "ignoring Kineto polls of pid %d (uid %d): they claim to be pid %d, which the "
@@ -148,6 +171,8 @@ class KinetoPolls:
         """Drop the trainer at ``address``; its open part of a trace fails with ``reason``."""
         self.registry.forget(address)
         self.kineto_builds.forget(address)
+        if self.guard is not None:
+            self.guard.release(address)
         self.tracker.fail_open(address, reason)
 
     def _still_safe(self, t: Trainer) -> bool:

@@ -155,7 +155,8 @@ def mismatch(t: Trainer, req: TraceRequest) -> str:
         hint = f"; pass --job-id {t.job_id} to trace it" if t.job_id else ""
         return f"its job id is {t.job_id}, the request asked for job {req.job_id}{hint}"
     wanted = set(req.pids)
-    if not wanted.intersection(t.pids):
+    # Its pid here (a container's trainer: the one ps shows) selects it as well.
+    if not wanted.intersection(t.pids) and not (t.host_pid and t.host_pid in wanted):
         return (
             f"neither its pid {t.pid} nor its ancestors {list(t.ancestors)} are among the "
             f"requested pids"

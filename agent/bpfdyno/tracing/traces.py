@@ -106,6 +106,7 @@ class _Proc:
     tracks: KernelTrackRequest = NO_TRACKS
     owner_uid: int | None = None  # the traced process's owner: its file must be theirs
     fs_root: str = ""  # see `NewProcess.fs_root`
+    host_pid: int = 0  # see `NewProcess.host_pid`
     waits_for_recording: bool = False  # it polled for its config before its recording began
     idle_polls: int = 0  # idle polls since delivery, before any sign of tracing
     idle_after_busy: int = 0
@@ -162,6 +163,10 @@ class NewProcess:
     #: Where the agent reaches the process's file system (`bpfdyno.tracing.safety.mount_root`):
     #: "" for its own, ``/proc/<pid>/root`` for a process in a container of its own.
     fs_root: str = ""
+    #: Its pid in the agent's pid namespace, from the kernel's credentials of its polls
+    #: (``pid`` is the one it reports, its own namespace's); 0 when unknown (in-process
+    #: callers), then ``pid`` is taken as it.
+    host_pid: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +180,12 @@ class PartRef:
     tracks: KernelTrackRequest
     owner_uid: int | None = None  # the traced process's owner (None: unknown, treat as root)
     fs_root: str = ""  # see `NewProcess.fs_root`
+    host_pid: int = 0  # see `NewProcess.host_pid`
+
+    @property
+    def kernel_pid(self) -> int:
+        """The process as the kernel and /proc here know it: what its recording follows."""
+        return self.host_pid or self.pid
 
     @property
     def local_path(self) -> str:
@@ -278,6 +289,7 @@ class TraceTracker:
                 tracks=p.tracks,
                 owner_uid=p.owner_uid,
                 fs_root=p.fs_root,
+                host_pid=p.host_pid,
             )
             for p in processes
         }
@@ -327,6 +339,7 @@ class TraceTracker:
             p.tracks,
             p.owner_uid,
             p.fs_root,
+            p.host_pid,
         )
 
     def _forget_old(self) -> None:

@@ -91,10 +91,23 @@ def distributed_info(pid: int, proc_root: Path = Path("/proc")) -> dict[str, int
 
 @dataclass(frozen=True, slots=True)
 class CaptureKey:
-    """One traced process's part of one trace."""
+    """One traced process's part of one trace.
+
+    ``pid`` is the process in the agent's pid namespace (from the kernel's credentials of
+    its polls, never its word): what the programs, /proc and the GPU's process list know.
+    ``ns_pid`` is the pid it knows itself by (in a container, its namespace's), shown beside
+    it; 0 when the two are the same.
+    """
 
     trace_id: str
     pid: int
+    ns_pid: int = 0
+
+    def label(self) -> str:
+        """ "pid 4242" or, for a process in a pid namespace of its own, "pid 4242 (1 in its
+        namespace)"."""
+        inner = f" ({self.ns_pid} in its namespace)" if self.ns_pid not in (0, self.pid) else ""
+        return f"pid {self.pid}{inner}"
 
 
 @dataclass(slots=True)
@@ -461,9 +474,9 @@ class CaptureManager:
             if reason:
                 active.notes[Track.FABRIC] = reason
         log.info(
-            "capture: recording %s of pid %d for trace %s",
+            "capture: recording %s of %s for trace %s",
             ", ".join(request.names()),
-            key.pid,
+            key.label(),
             key.trace_id,
         )
 

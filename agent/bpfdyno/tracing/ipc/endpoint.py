@@ -33,7 +33,7 @@ from typing import Protocol
 from bpfdyno.core.errors import RequestError
 from bpfdyno.tracing.ipc import wire
 from bpfdyno.tracing.ipc.rawsock import DatagramIO
-from bpfdyno.tracing.ipc.replies import REPLY_PREFIX, ReplySockets
+from bpfdyno.tracing.ipc.replies import REPLY_PREFIX, ReplySockets, random_name
 from bpfdyno.tracing.ipc.sender import SenderCreds
 from bpfdyno.tracing.safety import PlacementChecker, Writer
 
@@ -80,13 +80,19 @@ class EndpointStats:
     wakeups: int = 0
     malformed: Counter[str] = field(default_factory=Counter)
     dropped: Counter[str] = field(default_factory=Counter)
+    #: Replies dropped, per user (its reply socket could not be bound, its queue was full).
+    replies_dropped_by_user: Counter[int] = field(default_factory=Counter)
 
     def summary(self) -> str:
         bad = sum(self.malformed.values())
         dropped = sum(self.dropped.values())
-        return (
+        text = (
             f"{self.received} datagrams, {self.replied} replies, {bad} malformed, {dropped} dropped"
         )
+        if self.replies_dropped_by_user:
+            worst = self.replies_dropped_by_user.most_common(5)
+            text += " (replies dropped: " + ", ".join(f"uid {u}: {n}" for u, n in worst) + ")"
+        return text
 
 
 def socket_path(socket_dir: str) -> str:
@@ -102,6 +108,9 @@ class KinetoEndpoint:
             directory shared with the trainers (``KINETO_IPC_SOCKET_DIR``).
         mono: monotonic clock (for the per-sender rate limit).
         queue_len: datagrams the kernel may queue for the endpoint (0: the kernel default).
+        reply_names: names a user's reply socket (`replies.random_name`; tests pass their own).
+        dir_owner: ``socket_dir`` is this user's own (the per-user layout, `user_dirs`): it
+            must be that uid's, mode 0700 — nobody else can reach a socket in it.
     """
 
     def __init__(
@@ -110,8 +119,12 @@ class KinetoEndpoint:
         socket_dir: str = "",
         mono: Callable[[], float] | None = None,
         queue_len: int = QUEUE_LEN,
+        reply_names: Callable[[int], str] = random_name,
+        dir_owner: int | None = None,
     ) -> None:
         self._handler = handler
+        self._reply_names = reply_names
+        self._dir_owner = dir_owner
         self._queue_len = queue_len
         #: The queue length the socket got (the kernel's when it could not be raised).
         self.queue_len = 0
@@ -162,7 +175,9 @@ class KinetoEndpoint:
             raise
         self._sock = sock
         self._io = DatagramIO(sock, wire.MAX_DATAGRAM, keep_gil=self.keep_gil)
-        self._replies = ReplySockets(self.socket_dir, keep_gil=self.keep_gil)
+        self._replies = ReplySockets(
+            self.socket_dir, keep_gil=self.keep_gil, names=self._reply_names
+        )
         self._loop = loop
         loop.add_reader(sock.fileno(), self._on_readable)
         log.info("Kineto IPC endpoint listening at %s", self.address)
@@ -188,9 +203,13 @@ class KinetoEndpoint:
                 "(shared with the trainers as KINETO_IPC_SOCKET_DIR) or unset [kineto] socket_dir"
             )
         try:
-            # Trainers must be able to create their sockets there, but nobody may be able to
-            # move ours away and answer them in our place: root's, and sticky if shared.
-            PlacementChecker().check_directory(self.socket_dir, Writer(os.geteuid()))
+            if self._dir_owner is not None:
+                _check_private(self.socket_dir, self._dir_owner)
+            else:
+                # Trainers must be able to create their sockets there, but nobody may be
+                # able to move ours away and answer them in our place: root's, and sticky
+                # if shared.
+                PlacementChecker().check_directory(self.socket_dir, Writer(os.geteuid()))
         except RequestError as e:
             raise EndpointUnavailable(
                 f"the Kineto socket directory is not safe: {e}. Make it root's and not "
@@ -300,16 +319,31 @@ class KinetoEndpoint:
 
     def _reply(self, reply: bytes, address: bytes, creds: SenderCreds | None) -> None:
         assert self._io is not None
-        io = self._replies.for_uid(creds.uid) if creds and self._replies else None
+        io, user = self._io, None  # in-process callers (no credentials): our own socket
+        if creds is not None and self._replies is not None:
+            user = self._replies.user_of(creds.uid)
+            # Never the endpoint's own socket for a user's poll: its buffer is everyone's.
+            user_io = self._replies.for_uid(creds.uid)
+            if user_io is None:
+                self._drop_reply(user, "no_reply_socket", "no reply socket could be bound")
+                return
+            io = user_io
         try:
-            (io or self._io).sendto(reply, address)
+            io.sendto(reply, address)
             self.stats.replied += 1
         except BlockingIOError:
-            self._drop("reply_queue_full", "a client's receive queue is full; reply dropped")
+            self._drop_reply(
+                user, "reply_queue_full", "a client's receive queue is full; reply dropped"
+            )
         except (ConnectionRefusedError, FileNotFoundError):
             self._drop("client_gone", "a client closed its socket before the reply")
         except OSError as e:
-            self._drop("reply_error", f"sendto failed: {e.strerror}")
+            self._drop_reply(user, "reply_error", f"sendto failed: {e.strerror}")
+
+    def _drop_reply(self, user: int | None, reason: str, detail: str) -> None:
+        if user is not None:
+            self.stats.replies_dropped_by_user[user] += 1
+        self._drop(reason, detail)
 
     def _admit(self, address: bytes) -> bool:
         now = self._mono()
@@ -380,6 +414,22 @@ def _socket_with_queue(want: int) -> tuple[socket.socket, int]:
                 f.write(str(current))
         except OSError as e:
             log.warning("could not put %s back to %d: %s", _QLEN_SYSCTL, current, e.strerror)
+
+
+def _check_private(directory: str, owner: int) -> None:
+    """``directory`` is ``owner``'s own: a directory (not a link), theirs, mode 0700.
+
+    Raises:
+        RequestError: it is not.
+    """
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise RequestError(f"{directory} is not a directory")
+    if st.st_uid != owner or stat.S_IMODE(st.st_mode) & 0o077:
+        raise RequestError(
+            f"{directory} must be uid {owner}'s with mode 0700 (it is uid {st.st_uid}'s, "
+            f"mode {stat.S_IMODE(st.st_mode):04o})"
+        )
 
 
 def _remove_stale(path: str, owner_uid: int | None = None) -> None:

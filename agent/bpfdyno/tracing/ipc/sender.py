@@ -48,6 +48,21 @@ class SenderCreds(NamedTuple):
     gid: int
 
 
+class Resolution(NamedTuple):
+    """What the kernel confirms of a poll's claims.
+
+    Attributes:
+        pids: the confirmed claimed pids (see `ClaimVerifier.verify`); None: refused.
+        host_pid: the process the poll stands for, in the agent's pid namespace.
+        seen: False when /proc here has no entry for the sender (gone, or hidden from the
+            agent), so nothing could be checked: refused for that reason.
+    """
+
+    pids: tuple[int, ...] | None
+    host_pid: int
+    seen: bool = True
+
+
 @dataclass(frozen=True, slots=True)
 class _Status:
     ppid: int
@@ -63,9 +78,7 @@ class ClaimVerifier:
 
     def __init__(self, proc_root: Path = Path("/proc")) -> None:
         self._proc = proc_root
-        self._cache: OrderedDict[tuple[int, int, tuple[int, ...]], tuple[int, ...] | None] = (
-            OrderedDict()
-        )
+        self._cache: OrderedDict[tuple[int, int, tuple[int, ...]], Resolution] = OrderedDict()
 
     def verify(self, sender: SenderCreds, claimed: tuple[int, ...]) -> tuple[int, ...] | None:
         """The claimed pids the kernel confirms, or None when the leaf is not the sender.
@@ -74,8 +87,15 @@ class ClaimVerifier:
             ``claimed`` itself when all of it holds, a prefix (leaf plus the confirmed
             ancestors) otherwise; None when the claimed leaf is not the sender.
         """
+        return self.resolve(sender, claimed)[0]
+
+    def resolve(self, sender: SenderCreds, claimed: tuple[int, ...]) -> Resolution:
+        """`verify`'s answer, and the process the poll stands for as this agent's pid
+        namespace knows it (its host pid): the sender's pid from the kernel — except for
+        root in our own namespace speaking for another pid (a simulator), whose claim is a
+        pid here. Never a pid a process reports about itself from another namespace."""
         if sender.uid == ROOT_UID and sender.pid == claimed[0]:
-            return claimed  # root, itself: trusted, and the common case of a root trainer
+            return Resolution(claimed, sender.pid)  # root, itself: a root trainer
         key = (sender.pid, sender.uid, claimed)
         cache = self._cache
         if key in cache:
@@ -87,15 +107,15 @@ class ClaimVerifier:
             cache.popitem(last=False)
         return verdict
 
-    def _verify(self, sender: SenderCreds, claimed: tuple[int, ...]) -> tuple[int, ...] | None:
+    def _verify(self, sender: SenderCreds, claimed: tuple[int, ...]) -> Resolution:
         own = self._status(sender.pid)
         if own is None:
-            return None  # gone already: nothing to vouch for it
+            return Resolution(None, sender.pid, seen=False)  # nothing to vouch for it
         depth = len(own.nspids)
         if sender.uid == ROOT_UID and depth == 1:
-            return claimed  # root in our namespace may claim anything
+            return Resolution(claimed, claimed[0])  # root in our namespace may claim anything
         if own.nspids[-1] != claimed[0]:
-            return None
+            return Resolution(None, sender.pid)
         confirmed = [claimed[0]]
         status = own
         for ancestor in claimed[1:]:
@@ -105,7 +125,7 @@ class ClaimVerifier:
                 break
             confirmed.append(ancestor)
             status = parent
-        return tuple(confirmed)
+        return Resolution(tuple(confirmed), sender.pid)
 
     def _status(self, pid: int) -> _Status | None:
         fields = read_status(self._proc, pid, ("PPid", "NSpid"))
