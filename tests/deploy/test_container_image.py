@@ -115,6 +115,22 @@ def test_the_image_is_the_package_on_debian_and_loads_from_its_archive(image: Im
         assert c["image"] == f"bpfdyno:{version}", c["name"]
 
 
+def test_doctor_in_a_container_without_the_capabilities_says_to_add_them(image: Image) -> None:
+    """Root inside a container started without the DaemonSet's capabilities: the fix is
+    --cap-add (securityContext) at the container's start, not "run as root"."""
+    r = podman("run", "--rm", *RUN_LIMITS, "--network", "none", image.ref, "doctor")
+    assert r.returncode == 1, r.stdout + r.stderr
+    privileges = next(ln for ln in r.stdout.splitlines() if " privileges: " in ln)
+    assert privileges.startswith("missing privileges: running as root without CAP_BPF"), privileges
+    assert privileges.endswith(
+        "— fix: start the container with the capabilities the agent needs: podman/docker run "
+        "--cap-add BPF --cap-add PERFMON --cap-add SYS_ADMIN --cap-add SYS_PTRACE --cap-add "
+        "DAC_READ_SEARCH --pid host (Kubernetes: securityContext.capabilities.add and hostPID, "
+        "as deploy/kubernetes/bpfdyno.yaml does); root inside a container has only what it was "
+        "given"
+    ), privileges
+
+
 def _env(container: dict[str, Any], field_values: dict[str, str]) -> list[str]:
     """The container's env as podman flags: fieldRef values given, $(VAR) expanded."""
     env: dict[str, str] = {}
