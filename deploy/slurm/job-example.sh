@@ -7,4 +7,4 @@
 # `bpfdyno run` sets KINETO_USE_DAEMON=1 and uses the node's agent (systemd, DaemonSet or
 # prolog.sh); where there is none, the node's first task starts one for all its tasks and
 # the last one stops it, so several tasks per node never clash and nothing outlives the step.
-srun /opt/bpfdyno/.venv/bin/bpfdyno run -- python train.py
+srun bpfdyno run -- python train.py

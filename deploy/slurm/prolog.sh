@@ -4,17 +4,49 @@
 #
 # With the systemd unit installed this only starts it if it is down. Without systemd it
 # starts `bpfdyno serve` in the background and records its pid in $BPFDYNO_RUN/prolog.pid,
-# for epilog.sh. It never fails the job: a node without an agent is only not traceable.
+# for epilog.sh.
+#
+# The command is $BPFDYNO_BIN when set, else `bpfdyno` on PATH, else the Debian package's
+# /usr/bin/bpfdyno or /opt/bpfdyno/venv/bin/bpfdyno. When none of them runs, the prolog exits
+# 1 with the reason (SLURM then drains the node with "Prolog error": a prolog installed without
+# its agent is a broken node, and a silent one would leave every job on it untraceable). An
+# agent that does not answer in time only makes the node untraceable: that is logged as an
+# error and the job still starts.
 set -u
 
-BPFDYNO_BIN=${BPFDYNO_BIN:-/opt/bpfdyno/.venv/bin/bpfdyno}
+find_bpfdyno() {
+	local cand
+	if [[ -n ${BPFDYNO_BIN:-} ]]; then
+		[[ -x $BPFDYNO_BIN ]] && { echo "$BPFDYNO_BIN"; return 0; }
+		return 1
+	fi
+	for cand in "$(command -v bpfdyno 2>/dev/null)" /usr/bin/bpfdyno /opt/bpfdyno/venv/bin/bpfdyno; do
+		[[ -n $cand && -x $cand ]] && { echo "$cand"; return 0; }
+	done
+	return 1
+}
+
 BPFDYNO_RUN=${BPFDYNO_RUN:-/run/bpfdyno}
 BPFDYNO_SOCKET=${BPFDYNO_SOCKET:-$BPFDYNO_RUN/bpfdyno.sock}
 # Extra `bpfdyno serve` arguments for an agent started here (word-split on purpose).
 BPFDYNO_SERVE_ARGS=${BPFDYNO_SERVE_ARGS:-}
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-60}
 
-log() { logger -t bpfdyno-prolog -- "job ${SLURM_JOB_ID:-?}: $*" 2>/dev/null || echo "bpfdyno-prolog: $*" >&2; }
+log() {
+	# To the journal/syslog and to stderr (slurmd's log keeps a prolog's stderr).
+	logger -t bpfdyno-prolog -- "job ${SLURM_JOB_ID:-?}: $*" 2>/dev/null
+	echo "bpfdyno-prolog: job ${SLURM_JOB_ID:-?}: $*" >&2
+}
+
+if ! found=$(find_bpfdyno); then
+	if [[ -n ${BPFDYNO_BIN:-} ]]; then
+		log "error: BPFDYNO_BIN=$BPFDYNO_BIN is not an executable file: point it at the bpfdyno command (the Debian package installs /usr/bin/bpfdyno)"
+	else
+		log "error: no bpfdyno command found (not on PATH=$PATH, not /usr/bin/bpfdyno, not /opt/bpfdyno/venv/bin/bpfdyno): install the bpfdyno package, or set BPFDYNO_BIN in this prolog's environment"
+	fi
+	exit 1
+fi
+BPFDYNO_BIN=$found
 
 up() { "$BPFDYNO_BIN" status --socket "$BPFDYNO_SOCKET" >/dev/null 2>&1; }
 
@@ -47,5 +79,5 @@ for ((i = 0; i < READY_TIMEOUT_S * 10; i++)); do
 	up && ready
 	sleep 0.1
 done
-log "the agent did not answer within ${READY_TIMEOUT_S}s; see $BPFDYNO_RUN/agent.log"
+log "error: the agent ($BPFDYNO_BIN) did not answer on $BPFDYNO_SOCKET within ${READY_TIMEOUT_S}s; this node is not traceable for this job: see $BPFDYNO_RUN/agent.log (or journalctl -u bpfdyno)"
 exit 0

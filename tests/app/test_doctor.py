@@ -8,6 +8,7 @@ no hardware PMU and no GPU. Reduced privileges and an unmounted tracefs are prod
 from __future__ import annotations
 
 import os
+import pwd
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from bpfdyno.app.doctor import (
+    PRIVILEGE_FIXES,
     Check,
     check_bcc,
     check_bpf_syscall,
@@ -34,16 +36,43 @@ from bpfdyno.app.doctor import (
     format_check,
     format_checks,
     run_checks,
+    where_it_runs,
 )
 from bpfdyno.core.config import Config
 from bpfdyno.ebpf import kheaders
 
 pytestmark = pytest.mark.root
 
-GRANT_CAPS = (
-    "run as root (sudo bpfdyno ...), or grant CAP_BPF and CAP_PERFMON "
-    "(systemd: AmbientCapabilities=CAP_BPF CAP_PERFMON)"
-)
+#: The fix for missing capabilities where these tests run (a container's differs from a
+#: host's: test_the_privilege_fix_fits_where_bpfdyno_runs checks each).
+GRANT_CAPS = PRIVILEGE_FIXES[where_it_runs()]
+
+
+def test_the_privilege_fix_fits_where_bpfdyno_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var in ("container", "INVOCATION_ID"):
+        monkeypatch.delenv(var, raising=False)
+    assert where_it_runs(tmp_path) == ("unit" if os.geteuid() != 0 and
+                                       pwd.getpwuid(os.geteuid()).pw_name == "bpfdyno"
+                                       else "host")  # fmt: skip
+    assert PRIVILEGE_FIXES["host"] == (
+        "run as root (sudo bpfdyno ...), or grant CAP_BPF and CAP_PERFMON "
+        "(systemd: AmbientCapabilities=CAP_BPF CAP_PERFMON)"
+    )
+    monkeypatch.setenv("INVOCATION_ID", "4f0c")  # started by systemd: the unit's directives
+    assert where_it_runs(tmp_path) == "unit"
+    assert PRIVILEGE_FIXES["unit"].startswith("the unit's AmbientCapabilities must keep CAP_BPF")
+    monkeypatch.delenv("INVOCATION_ID")
+    (tmp_path / ".dockerenv").touch()  # Docker's marker; podman's is /run/.containerenv
+    assert where_it_runs(tmp_path) == "container"
+    (tmp_path / ".dockerenv").unlink()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ".containerenv").touch()
+    assert where_it_runs(tmp_path) == "container"
+    # Root in a container is told to add capabilities at the start, not to become root.
+    assert "--cap-add BPF --cap-add PERFMON" in PRIVILEGE_FIXES["container"]
+    assert "run as root" not in PRIVILEGE_FIXES["container"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -378,6 +407,7 @@ def test_run_checks_on_this_machine(tmp_path: Path) -> None:
         "pmu",
         "nvml",
         "grpc-socket",
+        "legacy-rpc-port",  # [legacy_rpc] listen: 127.0.0.1:1778 and [::1]:1778
         "legacy-rpc-port",
         "peer-identity",
         "link-protections",
@@ -397,6 +427,8 @@ def test_run_checks_on_this_machine(tmp_path: Path) -> None:
     assert code == "0"
     assert any("grpc-socket: /run/bpfdyno/bpfdyno.sock " in line for line in lines)
     assert any("legacy-rpc-port: 127.0.0.1:1778 " in line for line in lines)
+    assert any(("legacy-rpc-port: ::1:1778 " in line or "legacy-rpc-port: [::1]:1778" in line)
+               for line in lines)  # fmt: skip
     assert status["peer-identity"] == "ok"
     # No RDMA hardware here: that is how this machine is, not a problem.
     assert status["rdma"] == "ok"

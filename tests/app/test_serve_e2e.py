@@ -15,6 +15,7 @@ import grpc
 import orjson
 import pytest
 
+import bpfdyno.version
 from bpfdyno.rpc.v1 import agent_pb2 as pb
 from bpfdyno.rpc.v1 import agent_pb2_grpc as pb_grpc
 
@@ -200,3 +201,37 @@ def test_version() -> None:
     assert r.stdout == "bpfdyno 0.1.0\n"
     r = subprocess.run([*BPFDYNO, "version"], capture_output=True, text=True, timeout=30)
     assert r.stdout == "bpfdyno 0.1.0\n"
+
+
+def test_doctor_as_a_user_of_a_running_agent_says_what_she_can_do(tmp_path: Path) -> None:
+    """An ordinary user beside a healthy agent: doctor finds the agent first and says what
+    she can do with it (exit 0), not "run as root", "missing bcc" or "stop the process on
+    1778" — which is the agent itself."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tracing"))
+    from local_user import local_user
+
+    shared = Path(tempfile.mkdtemp(prefix="bdd-", dir="/tmp"))
+    shared.chmod(0o755)  # the socket's directory, reachable by the user
+    a = Agent(shared, "--set=grpc.socket_mode=0o666")
+    try:
+        with local_user() as user:
+            r = user.run([*BPFDYNO, "doctor", "--socket", a.sock], timeout=60)
+            assert r.returncode == 0, r.stdout + r.stderr
+            lines = r.stdout.splitlines()
+            assert lines[0].startswith(
+                f"ok      agent: bpfdyno {bpfdyno.version.__version__} "
+                f"answers at {a.sock} (pid {a.proc.pid}, user root, up "
+            ), lines[0]
+            assert lines[1].startswith(f"ok      you: uid {user.uid} ({user.name}): metrics, ")
+            assert "traces of your own processes" in lines[1]
+            assert lines[2].startswith(("ok      agent parts: ", "warn    agent parts: "))
+            for line in lines:
+                assert not line.startswith("missing"), line
+                assert "run as root" not in line and "bcc" not in line, line
+            # Root (or --machine) also gets what this machine supports for an agent.
+            r = subprocess.run([*BPFDYNO, "doctor", "--socket", a.sock], capture_output=True,
+                               text=True, timeout=60)  # fmt: skip
+            assert r.returncode == 0, r.stdout
+            assert "ok      agent: " in r.stdout and "ok      privileges: " in r.stdout
+    finally:
+        a.stop()

@@ -159,8 +159,10 @@ PartitionName=test Nodes=n[1-4] Default=YES MaxTime=INFINITE State=UP OverSubscr
 class SlurmCluster:
     """munged, slurmctld and four slurmd in the foreground, from a private configuration."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, extra_conf: str = "") -> None:
         self.base = base
+        #: slurm.conf lines added to the test cluster's own (a Prolog, an Epilog...).
+        self.extra_conf = extra_conf
         self.conf = base / "slurm.conf"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
@@ -193,6 +195,7 @@ class SlurmCluster:
                 base=b,
                 node_settings=f"Port=[{ports}] CPUs=4 State=UNKNOWN",
             )
+            + self.extra_conf
         )
         self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld")
         for name in NODES:

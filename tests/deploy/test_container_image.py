@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import resource
 import shutil
@@ -113,6 +114,22 @@ def test_the_image_is_the_package_on_debian_and_loads_from_its_archive(image: Im
     daemonset = kube("bpfdyno.yaml")["DaemonSet"]["spec"]["template"]["spec"]
     for c in (*daemonset["initContainers"], *daemonset["containers"]):
         assert c["image"] == f"bpfdyno:{version}", c["name"]
+
+
+def test_doctor_in_a_container_without_the_capabilities_says_to_add_them(image: Image) -> None:
+    """Root inside a container started without the DaemonSet's capabilities: the fix is
+    --cap-add (securityContext) at the container's start, not "run as root"."""
+    r = podman("run", "--rm", *RUN_LIMITS, "--network", "none", image.ref, "doctor")
+    assert r.returncode == 1, r.stdout + r.stderr
+    privileges = next(ln for ln in r.stdout.splitlines() if " privileges: " in ln)
+    assert privileges.startswith("missing privileges: running as root without CAP_BPF"), privileges
+    assert privileges.endswith(
+        "— fix: start the container with the capabilities the agent needs: podman/docker run "
+        "--cap-add BPF --cap-add PERFMON --cap-add SYS_ADMIN --cap-add SYS_PTRACE --cap-add "
+        "DAC_READ_SEARCH --pid host (Kubernetes: securityContext.capabilities.add and hostPID, "
+        "as deploy/kubernetes/bpfdyno.yaml does); root inside a container has only what it was "
+        "given"
+    ), privileges
 
 
 def _env(container: dict[str, Any], field_values: dict[str, str]) -> list[str]:
@@ -357,4 +374,137 @@ def test_the_daemonset_pod_traces_a_trainer_in_another_container(image: Image) -
             kubelet.stop()
         for name in (trainer, agent):
             podman("rm", "--force", "--time", "5", name)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+#: The toolkit's createContainer hook, as `nvidia-ctk hook create-symlinks` and
+#: `update-ldcache` do it: in the runtime's namespace, on the container's root before it
+#: starts (read from the bundle's config.json), make the library's link and its loader cache.
+TOOLKIT_HOOK = """#!/usr/bin/python3
+import json, os, subprocess, sys
+state = json.load(sys.stdin)
+bundle = state["bundle"]
+root = json.load(open(os.path.join(bundle, "config.json")))["root"]["path"]
+root = root if os.path.isabs(root) else os.path.join(bundle, root)
+libdir = os.path.join(root, "usr/lib/x86_64-linux-gnu")
+link = os.path.join(libdir, "libnvidia-ml.so.1")
+if os.path.lexists(link):
+    os.unlink(link)
+os.symlink("libnvidia-ml.so.{version}", link)
+subprocess.run(["ldconfig", "-r", root], check=True)
+"""
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_the_daemonset_sees_the_gpus_the_nvidia_toolkit_injects(image: Image) -> None:
+    """The agent's container started as the manifest starts it, on a node whose runtime
+    injects the driver's NVML the way the NVIDIA toolkit's CDI spec does (the versioned
+    library bind-mounted, a createContainer hook making libnvidia-ml.so.1 and the loader's
+    cache): GPU metrics, and a host process's GPU memory under its host pid."""
+    if platform.machine() != "x86_64":
+        pytest.fail("this test knows the x86_64 library directory only")
+    sys.path.insert(0, str(REPO / "tests" / "sources" / "gpu"))
+    from gpu_fake_nvml import DEFAULT_VALUES, build_fake_nvml
+
+    objects = kube("bpfdyno.yaml")
+    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
+    (agent_spec,) = pod["containers"]
+    (init_spec,) = pod["initContainers"]
+    configmaps = {objects["ConfigMap"]["metadata"]["name"]: objects["ConfigMap"]["data"]}
+    env = {e["name"]: e.get("value") for e in agent_spec["env"]}
+    # What makes the toolkit hand a monitor every GPU and the NVML library.
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["NVIDIA_DRIVER_CAPABILITIES"]) == (
+        "all", "compute,utility"
+    )  # fmt: skip
+    suffix = f"{os.getpid()}-{time.monotonic_ns()}"
+    agent = f"bd-gpu-{suffix}"
+    scratch = Path(tempfile.mkdtemp(prefix="bd-gpu-"))
+    scratch.chmod(0o755)
+    fields = {"metadata.name": agent, "metadata.namespace": "bpfdyno", "spec.nodeName": "node"}
+    spec_file = Path("/var/run/cdi") / f"bpfdyno-test-{suffix}.yaml"
+    holder = subprocess.Popen(["sleep", "600"])  # a process on the node that holds GPU memory
+    kubelet: KubeletServer | None = None
+    try:
+        # The node's driver: the fake NVML under the real library's versioned name.
+        version = DEFAULT_VALUES["driver_version"]
+        driver = scratch / "driver"
+        library = build_fake_nvml(driver).rename(driver / f"libnvidia-ml.so.{version}")
+        control = scratch / "nvml"
+        control.mkdir()
+        control.chmod(0o755)
+        values = {**DEFAULT_VALUES, "gpu.0.procs": f"{holder.pid}:{3 << 30}"}
+        (control / "nvml.ctl").write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+        hook = scratch / "toolkit-hook"
+        hook.write_text(TOOLKIT_HOOK.format(version=version))
+        hook.chmod(0o755)
+        libdir = "/usr/lib/x86_64-linux-gnu"
+        spec_file.parent.mkdir(parents=True, exist_ok=True)
+        spec_file.write_text(
+            yaml.safe_dump(
+                {
+                    "cdiVersion": "0.5.0",
+                    "kind": "test.bpfdyno/gpu",
+                    "devices": [{"name": "all", "containerEdits": {"env": ["NVIDIA_CDI=1"]}}],
+                    "containerEdits": {
+                        "mounts": [{"hostPath": str(library),
+                                    "containerPath": f"{libdir}/{library.name}",
+                                    "options": ["ro", "nosuid", "nodev", "bind"]}],
+                        "hooks": [{"hookName": "createContainer", "path": str(hook),
+                                   "args": ["toolkit-hook"]}],
+                    },
+                }
+            )
+        )  # fmt: skip
+        sources = volume_sources(pod, scratch, configmaps)
+        kubelet = KubeletServer(Path(sources["pod-resources"]) / "kubelet.sock").start()
+        kubelet.answer = response([])
+        r = podman("run", "--rm", *RUN_LIMITS, *container_flags(pod, init_spec, sources, fields),
+                   image.ref, *init_spec["command"][1:])  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        r = podman(
+            "run", "--detach", "--name", agent, *RUN_LIMITS,
+            *container_flags(pod, agent_spec, sources, fields),
+            # The runtime's part (the toolkit's CDI device) and the fake driver's control file.
+            "--device=test.bpfdyno/gpu=all", f"--volume={control}:/run/fake-nvml:ro",
+            "--env=FAKE_NVML_CONTROL=/run/fake-nvml/nvml.ctl",
+            image.ref, *agent_spec["args"],
+            "--set", 'legacy_rpc.listen=["127.0.0.1:0"]',
+            "--set", f'export.prometheus.listen="127.0.0.1:{free_port()}"',
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        probe = agent_spec["startupProbe"]
+        for _ in range(probe["failureThreshold"]):
+            r = podman("exec", agent, *probe["exec"]["command"])
+            if r.returncode == 0:
+                break
+            time.sleep(probe["periodSeconds"])
+        assert r.returncode == 0, r.stderr + podman("logs", agent).stderr
+        states = {c["name"]: (c["state"], c.get("reason", "")) for c in
+                  agent_json(agent, "status")["collectors"]}  # fmt: skip
+        assert states["gpu"][0] == "COLLECTOR_STATE_OK", states["gpu"]
+        deadline = time.monotonic() + 60
+        up: dict[str, float] = {}
+        while time.monotonic() < deadline and len(up) < 2:
+            series = agent_json(agent, "metrics", "gpu_up")["series"]
+            up = {s["labels"]["uuid"]: s["value"] for s in series}
+            time.sleep(0.5)
+        assert up == {DEFAULT_VALUES["gpu.0.uuid"]: 1.0, DEFAULT_VALUES["gpu.1.uuid"]: 1.0}
+        # The host process on GPU 0, by the pid the node knows it by (the pod has hostPID).
+        rows: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            table = agent_json(agent, "ps", "--sort", "gpu_memory", "--limit", "5")
+            rows = [p for p in table["processes"] if p["pid"] == holder.pid]
+            if rows and rows[0].get("gpu_memory_bytes"):
+                break
+            time.sleep(0.5)
+        assert rows and rows[0]["gpu_memory_bytes"] == 3 << 30, rows
+        assert rows[0]["comm"] == "sleep", rows
+    finally:
+        if kubelet is not None:
+            kubelet.stop()
+        podman("rm", "--force", "--time", "5", agent)
+        spec_file.unlink(missing_ok=True)
+        holder.kill()
+        holder.wait()
         shutil.rmtree(scratch, ignore_errors=True)

@@ -411,6 +411,109 @@ def test_upgrade_over_itself_keeps_the_operators_config(installation: Installati
     assert list(lib.glob("python3*/site-packages/bpfdyno/app/__pycache__/daemon.*.pyc"))
 
 
+#: The package's SLURM scripts, as dh_installexamples installs them.
+EXAMPLES = Path("/usr/share/doc/bpfdyno/examples")
+#: A prolog's environment under slurmd: the system's PATH only (no checkout on it).
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _serve_pids(socket_path: Path) -> list[int]:
+    r = subprocess.run(["pgrep", "-f", f"serve --socket {socket_path}"],
+                       capture_output=True, text=True)  # fmt: skip
+    return [int(p) for p in r.stdout.split()]
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_the_packaged_prolog_and_epilog_under_a_real_slurmd(installation: Installation) -> None:
+    """slurmd runs the package's own prolog and epilog (through a site wrapper that sets only
+    where the agent lives): the prolog finds the installed command by itself, the job's step
+    reaches the agent it started, and the epilog stops it after the job."""
+    sys.path.insert(0, str(REPO / "tests" / "cluster"))
+    from cluster_harness import SlurmCluster, wait_for
+
+    base = Path(tempfile.mkdtemp(prefix="bds-", dir="/tmp"))
+    base.chmod(0o755)
+    run_dir = base / "run"
+    socket_path = run_dir / "bpfdyno.sock"
+    kineto = base / "kineto"
+    kineto.mkdir()
+    light = " ".join(
+        f"--set=collectors.{c}.enabled=false"
+        for c in ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs", "irq")
+    )
+    wrappers = {}
+    for script in ("prolog", "epilog"):
+        w = base / f"site-{script}.sh"
+        w.write_text(
+            "#!/bin/bash\n"
+            "# A site's wrapper: where the agent lives; the command is found by the script.\n"
+            "unset BPFDYNO_BIN\n"
+            f"export PATH={SYSTEM_PATH}\n"
+            f"export BPFDYNO_RUN={run_dir}\n"
+            f"export BPFDYNO_SERVE_ARGS='{light} --set=legacy_rpc.enabled=false "
+            f'--set=kineto.socket_dir="{kineto}"\'\n'
+            f"exec bash {EXAMPLES / (script + '.sh')}\n"
+        )
+        w.chmod(0o755)
+        wrappers[script] = w
+    cluster = SlurmCluster(
+        base / "slurm",
+        extra_conf=f"Prolog={wrappers['prolog']}\nEpilog={wrappers['epilog']}\n",
+    )
+    out = base / "job.out"
+    try:
+        cluster.start()
+        # The job asks the agent the prolog started for its status, with the package's command.
+        job = cluster.sbatch(
+            "-N1", "-w", "n1", f"--output={out}",
+            f"--wrap=/usr/bin/bpfdyno status --socket {socket_path} && sleep 2",
+        )  # fmt: skip
+        wait_for(lambda: not cluster.jobs(), 120, f"job {job} to end", step=0.2)
+        text = out.read_text() if out.exists() else "(no output)"
+        assert "agent up " in text, text
+        # The prolog started the installed agent (Debian's interpreter, /usr/bin/bpfdyno)...
+        log = (run_dir / "agent.log").read_text()
+        assert "ready" in log.lower(), log
+        # ...and the epilog stopped it once the job (the only one) ended.
+        wait_for(lambda: not _serve_pids(socket_path), 60, "the epilog to stop the agent")
+        assert not (run_dir / "prolog.pid").exists()
+    finally:
+        cluster.stop()
+        for pid in _serve_pids(socket_path):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.root
+def test_the_packaged_prolog_fails_loudly_without_its_command(installation: Installation,
+                                                             tmp_path: Path) -> None:  # fmt: skip
+    """No command where the prolog looks: exit 1 at once (slurmd drains the node with "Prolog
+    error") and a message that names where it looked and the fix, not a silent 60 s wait."""
+    env = {"PATH": "/nonexistent", "BPFDYNO_RUN": str(tmp_path), "SLURM_JOB_ID": "7"}
+    # Hide the package's commands for this run only: the prolog must find neither.
+    hidden = [Path("/usr/bin/bpfdyno"), Path("/opt/bpfdyno/venv/bin/bpfdyno")]
+    for path in hidden:
+        path.rename(path.with_name(".bpfdyno.hidden-by-test"))
+    try:
+        r = subprocess.run(["/bin/bash", str(EXAMPLES / "prolog.sh")], env=env,
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    finally:
+        for path in hidden:
+            path.with_name(".bpfdyno.hidden-by-test").rename(path)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert r.stderr == (
+        "bpfdyno-prolog: job 7: error: no bpfdyno command found (not on PATH=/nonexistent, "
+        "not /usr/bin/bpfdyno, not /opt/bpfdyno/venv/bin/bpfdyno): install the bpfdyno "
+        "package, or set BPFDYNO_BIN in this prolog's environment\n"
+    )
+    r = subprocess.run(["/bin/bash", str(EXAMPLES / "prolog.sh")],
+                       env={**env, "BPFDYNO_BIN": "/opt/nothing/bpfdyno"},
+                       capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert r.returncode == 1
+    assert "BPFDYNO_BIN=/opt/nothing/bpfdyno is not an executable file" in r.stderr
+
+
 @pytest.mark.root
 def test_remove_then_purge_leave_nothing(installation: Installation) -> None:
     r = run(*APT, "remove", "bpfdyno")

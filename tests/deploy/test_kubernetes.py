@@ -96,3 +96,24 @@ def test_the_configmap_is_a_valid_agent_config(tmp_path: Path) -> None:
     ds = _by_kind(_docs("bpfdyno.yaml"))["DaemonSet"]
     ports = ds["spec"]["template"]["spec"]["containers"][0]["ports"]
     assert ports[0]["containerPort"] == 9470
+
+
+def test_the_docs_grant_the_daemonset_what_the_manifest_grants() -> None:
+    """docs/deployment.md lists the DaemonSet's capabilities and GPU environment exactly as
+    the manifest has them: an operator who follows the docs gets the manifest's pod."""
+    import re
+
+    pod = _by_kind(_docs("bpfdyno.yaml"))["DaemonSet"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    added = container["securityContext"]["capabilities"]["add"]
+    text = (REPO / "docs" / "deployment.md").read_text()
+    section = text.split("## Kubernetes", 1)[1].split("\n## ", 1)[0]
+    line = re.search(r"Not privileged: capabilities (.*?), all others dropped", section, re.S)
+    assert line is not None
+    assert re.findall(r"`([A-Z_]+)`", line.group(1)) == added
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    # The toolkit injects the driver's NVML for these (the image ships none).
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    assert "`NVIDIA_VISIBLE_DEVICES=all`" in section
+    assert "`NVIDIA_DRIVER_CAPABILITIES=compute,utility`" in section

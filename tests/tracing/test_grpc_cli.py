@@ -254,3 +254,58 @@ async def test_pause_duration_rule_is_the_same_on_every_entry_point(api: Api) ->
         await legacy_call(h.legacy_port, frame({"fn": "dcgmProfPause", "duration_s": 0}))
     )
     assert reply["status"] == "failed" and words in str(reply["error"])
+
+
+async def test_a_job_id_where_no_scheduler_answers_means_this_nodes_agent(
+    api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dyno's `gputrace --job-id 1234` means the trainers of job 1234 on this node. Where
+    SLURM's client is installed but no controller answers (here: real squeue with a
+    configuration whose controller does not resolve), or SLURM is absent, the command says so
+    in one line and traces this node's trainers of the job instead of exiting 2."""
+    h = api.harness
+    monkeypatch.delenv("BPFDYNO_TARGET", raising=False)
+    # This node's agent is the test's (the default socket belongs to the machine).
+    monkeypatch.setattr("bpfdyno.client.connection.DEFAULT_SOCKET", api.socket)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(
+        "ClusterName=nowhere\nSlurmctldHost=no-controller.invalid\n"
+        "NodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n"
+    )
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    client = KinetoClient(str(h.socket_dir))
+    stop = asyncio.Event()
+    out_file = h.trace_dir / "s_9500.json"
+    task = asyncio.create_task(behave_like_kineto(client, [9500, 9000], 1234, out_file, stop))
+    try:
+        await h.wait_trainers(lambda ts: len(ts) == 1)
+        log_file = str(h.trace_dir / "s.json")
+        argv = ("gputrace", "--job-id", "1234", "--iterations", "2", "--log-file", log_file,
+                "--wait", "--timeout", "30")  # fmt: skip
+        rc, out, err = await run_cli(*argv)
+        assert rc == 0, out + err
+        note, *rest = err.splitlines()
+        assert rest == [], err  # one line, not SLURM's errors
+        assert note.startswith("bpfdyno gputrace: no scheduler answers here (squeue failed: ")
+        assert note.endswith(
+            "): job 1234 on this node's agent only; for every node of the job run it where "
+            "SLURM answers, or name the nodes with --hosts h1,h2"
+        )
+        assert f"pid     9500 (job 1234): {out_file}" in out
+        assert out_file.exists()
+        # No SLURM at all: the same meaning, with that reason.
+        monkeypatch.setenv("PATH", str(tmp_path))
+        rc, out, err = await run_cli(*argv[:-3], "--log-file", str(h.trace_dir / "t.json"))
+        assert rc == 0, out + err
+        assert err == (
+            "bpfdyno gputrace: no scheduler answers here (SLURM's squeue is not installed): job "
+            "1234 on this node's agent only; for every node of the job run it where SLURM "
+            "answers, or name the nodes with --hosts h1,h2\n"
+        )
+        # An array task has no meaning without SLURM: still an error, exit 2.
+        rc, _, err = await run_cli("gputrace", "--job-id", "1234_5", "--log-file", log_file)
+        assert rc == 2 and "squeue is not installed" in err
+    finally:
+        stop.set()
+        await task
+        client.close()

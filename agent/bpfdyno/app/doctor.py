@@ -1,4 +1,14 @@
-"""`bpfdyno doctor`: one line per capability the agent needs, each with a fix when it is missing.
+"""`bpfdyno doctor`: can I use the agent here, and can this machine run one?
+
+It first looks for the running agent (`agent_checks`): when one answers, the report says who
+it is, what the caller may do with it and each of its parts' states with the agent's own
+reasons — a user of a healthy agent is told so, not asked to become root. The machine checks
+below (`run_checks`) answer "can an agent run here?": run when no agent answers, and for root
+or with ``--machine`` beside a running one. Their fixes fit where bpfdyno runs (`Place`): a
+container is fixed with capabilities at its start, the packaged unit with its own directives,
+a checkout or host install with sudo.
+
+One line per capability the agent needs, each with a fix when it is missing.
 
 Every check returns a `Check` whose ``ok`` is True (fine), None (a warning: it works, but
 degraded or worth knowing) or False (missing). A missing *required* check means the agent
@@ -24,6 +34,7 @@ import sys
 import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from bpfdyno.core.config import Config
@@ -38,7 +49,7 @@ from bpfdyno.sources.perf.perf_event import (
 )
 from bpfdyno.tracing.safety import PROTECTIONS, read_protections
 
-#: The legacy dyno JSON RPC listens here (dynolog's port); not yet configurable.
+#: dynolog's port, where the legacy dyno JSON RPC listens by default ([legacy_rpc] listen).
 LEGACY_RPC_HOST = "127.0.0.1"
 LEGACY_RPC_PORT = 1778
 
@@ -50,6 +61,50 @@ _GRANT_CAPS = (
     "run as root (sudo bpfdyno ...), or grant CAP_BPF and CAP_PERFMON "
     "(systemd: AmbientCapabilities=CAP_BPF CAP_PERFMON)"
 )
+#: The fix for missing capabilities where they cannot be had from inside: in a container.
+_CONTAINER_CAPS = (
+    "start the container with the capabilities the agent needs: podman/docker run --cap-add "
+    "BPF --cap-add PERFMON --cap-add SYS_ADMIN --cap-add SYS_PTRACE --cap-add "
+    "DAC_READ_SEARCH --pid host (Kubernetes: securityContext.capabilities.add and hostPID, "
+    "as deploy/kubernetes/bpfdyno.yaml does); root inside a container has only what it was "
+    "given"
+)
+#: The fix under the packaged unit (user bpfdyno): its capabilities come from the unit.
+_UNIT_CAPS = (
+    "the unit's AmbientCapabilities must keep CAP_BPF CAP_PERFMON (systemctl cat bpfdyno; an "
+    "override in /etc/systemd/system/bpfdyno.service.d/ may have removed them)"
+)
+
+
+def where_it_runs(root: Path = Path("/")) -> str:
+    """``container``, ``unit`` (the packaged service's user or a systemd service), or
+    ``host`` (a checkout, the package's command run by hand): which fixes fit."""
+    if (root / ".dockerenv").exists() or (root / "run/.containerenv").exists():
+        return "container"
+    # systemd, podman, nspawn and LXC set $container (lower case, by convention) in one.
+    if os.environ.get("container"):  # noqa: SIM112
+        return "container"
+    if os.environ.get("INVOCATION_ID") or _user_name(os.geteuid()) == "bpfdyno":
+        return "unit"
+    return "host"
+
+
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+#: The fix for missing BPF capabilities, by `where_it_runs`.
+PRIVILEGE_FIXES = {"container": _CONTAINER_CAPS, "unit": _UNIT_CAPS, "host": _GRANT_CAPS}
+
+
+def _grant_caps_fix() -> str:
+    return PRIVILEGE_FIXES[where_it_runs()]
+
 
 # Syscall numbers by architecture; Python's os module exposes neither bpf() nor
 # perf_event_open(), so they are called through libc's syscall().
@@ -130,7 +185,7 @@ def check_privileges() -> Check:
         "privileges",
         False,
         f"{who} without {' and '.join(lacking)} (effective capabilities {caps:#x})",
-        _GRANT_CAPS,
+        _grant_caps_fix(),
     )
 
 
@@ -148,7 +203,7 @@ def check_bpf_syscall() -> Check:
         return Check("bpf-syscall", True, "BPF_MAP_CREATE of a 1-entry array map works")
     detail = f"bpf(BPF_MAP_CREATE) failed with {_errno_name(err)} ({os.strerror(err)})"
     if err in (errno.EPERM, errno.EACCES):
-        return Check("bpf-syscall", False, detail, _GRANT_CAPS)
+        return Check("bpf-syscall", False, detail, _grant_caps_fix())
     if err == errno.ENOSYS:
         return Check("bpf-syscall", False, detail, "boot a kernel built with CONFIG_BPF_SYSCALL=y")
     return Check("bpf-syscall", False, detail, "check dmesg for the kernel's reason")
@@ -265,7 +320,7 @@ def check_pmu() -> Check:
         )
     detail = f"perf_event_open(cpu-cycles) failed with {_errno_name(err)} — PMU metrics disabled"
     if err in (errno.EPERM, errno.EACCES):
-        fix = f"{_GRANT_CAPS}, or lower kernel.perf_event_paranoid"
+        fix = f"{_grant_caps_fix()}, or lower kernel.perf_event_paranoid"
         return Check("pmu", False, detail, fix, required=False)
     return Check("pmu", False, detail, "check dmesg for the kernel's reason", required=False)
 
@@ -328,11 +383,13 @@ def check_tcp_port(
     name: str = "legacy-rpc-port",
     agent_socket: str = "",
     proc_root: Path = Path("/proc"),
+    agent_ports: frozenset[int] = frozenset(),
 ) -> Check:
     """The TCP port can be bound on ``host`` the way a server binds it (SO_REUSEADDR).
 
-    A port in use by the process that also serves ``agent_socket`` (the agent's gRPC socket)
-    is the running agent's, and fine: said as the grpc-socket check says it.
+    A port in use by the process that also serves ``agent_socket`` (the agent's gRPC socket),
+    or one the running agent said it listens on (``agent_ports``: seen by users who cannot
+    look into the agent's file descriptors), is the running agent's, and fine.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -342,6 +399,13 @@ def check_tcp_port(
             s.bind((host, port))
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
+                if port in agent_ports:
+                    return Check(
+                        name,
+                        True,
+                        f"{host}:{port} in use by the running agent (its legacy RPC)",
+                        required=False,
+                    )
                 agent = _agent_holding(host, port, agent_socket, proc_root)
                 if agent:
                     return Check(
@@ -356,6 +420,15 @@ def check_tcp_port(
                     None,
                     f"{host}:{port} in use by another process (a running agent, or dynolog?)",
                     f"stop the process listening there (find it: ss -ltnp 'sport = :{port}')",
+                    required=False,
+                )
+            if e.errno == errno.EADDRNOTAVAIL and family == socket.AF_INET6:
+                return Check(
+                    name,
+                    None,
+                    f"[{host}]:{port}: no such address here (IPv6 off?); the agent listens on "
+                    "its other addresses",
+                    "none needed, or leave it out of [legacy_rpc] listen",
                     required=False,
                 )
             return Check(
@@ -536,11 +609,24 @@ def check_kineto_protection(cfg: Config) -> Check:
     return Check("kineto-protection", None, detail, fix, required=False)
 
 
-def run_checks(cfg: Config) -> list[Check]:
+def _legacy_addresses(cfg: Config) -> list[tuple[str, int]]:
+    """The configured ``[legacy_rpc] listen`` addresses (none when it is disabled)."""
+    if not cfg.legacy_rpc.enabled:
+        return []
+    out = []
+    for addr in cfg.legacy_rpc.listen:
+        host, _, port = addr.rpartition(":")
+        if port.isdigit():
+            out.append((host.strip("[]"), int(port)))
+    return out
+
+
+def run_checks(cfg: Config, agent_ports: frozenset[int] = frozenset()) -> list[Check]:
     """Run every check against this machine and the agent's configured endpoints.
 
     Args:
         cfg: the agent's configuration (the gRPC socket path comes from ``cfg.grpc.socket``).
+        agent_ports: TCP ports a running agent said it holds (`AgentReport.held_ports`).
 
     Returns:
         One `Check` per capability, in a fixed order. A check that fails unexpectedly is
@@ -556,7 +642,19 @@ def run_checks(cfg: Config) -> list[Check]:
         ("pmu", check_pmu),
         ("nvml", check_nvml),
         ("grpc-socket", lambda: check_grpc_socket(cfg.grpc.socket)),
-        ("legacy-rpc-port", lambda: check_tcp_port(agent_socket=cfg.grpc.socket)),
+        *(
+            (
+                "legacy-rpc-port",
+                partial(
+                    check_tcp_port,
+                    host,
+                    port,
+                    agent_socket=cfg.grpc.socket,
+                    agent_ports=agent_ports,
+                ),
+            )
+            for host, port in _legacy_addresses(cfg)
+        ),
         ("peer-identity", check_peer_identity),
         ("link-protections", check_link_protections),
         ("tracepoint sched:sched_switch", lambda: check_tracepoint("sched", "sched_switch")),
@@ -604,3 +702,95 @@ def format_checks(checks: list[Check]) -> str:
 def exit_code(checks: list[Check]) -> int:
     """0 when nothing required is missing, else 1 (warnings and optional misses pass)."""
     return 1 if any(c.ok is False and c.required for c in checks) else 0
+
+
+# -- the running agent ------------------------------------------------------------------------
+
+#: How long doctor waits for a running agent's answer.
+AGENT_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentReport:
+    """What doctor learned from the running agent: its checks, and the TCP ports it holds
+    (which the machine checks must not call "in use by another process")."""
+
+    checks: list[Check]
+    held_ports: frozenset[int]
+
+
+def agent_checks(target: str) -> AgentReport | None:
+    """Ask the agent at ``target`` for its status; None when no agent answers there.
+
+    The checks say which agent answers (version, pid, its user, uptime), what the caller may
+    do with it, and one line per part of the agent that is not ok, with the agent's reason.
+    """
+    import asyncio
+    import re
+
+    from bpfdyno.client.agent import AgentClient
+    from bpfdyno.client.errors import AgentError
+    from bpfdyno.rpc.agent import AgentStatus, CollectorState
+
+    async def ask() -> AgentStatus:
+        async with AgentClient(target, timeout_s=AGENT_TIMEOUT_S) as agent:
+            return await agent.status()
+
+    try:
+        st = asyncio.run(ask())
+    except AgentError:
+        return None
+    owner = "?"
+    with contextlib.suppress(OSError):
+        owner = _user_name(os.stat(f"/proc/{st.pid}").st_uid) if st.pid else "?"
+    me = os.geteuid()
+    checks = [
+        Check(
+            "agent",
+            True,
+            f"bpfdyno {st.version} answers at {target} (pid {st.pid}, user {owner}, up "
+            f"{st.agent_uptime_seconds:.0f} s, config {st.config_source or 'defaults'})",
+        ),
+        Check(
+            "you",
+            True,
+            f"uid {me} ({_user_name(me)}): metrics, ps, trainers and status; traces of "
+            + (
+                "any process (root)"
+                if me == 0
+                else "your own processes, into directories you "
+                "control (other users' processes: root only)"
+            )
+            + "; your own traces and audit records",
+        ),
+    ]
+    ports: set[int] = set()
+    bad = []
+    for c in st.collectors:
+        if c.name == "legacy_rpc" and c.state is not CollectorState.UNAVAILABLE:
+            ports |= {int(p) for p in re.findall(r":(\d+)(?=[;,]|$)", c.reason.split(";")[0])}
+        if c.state in (CollectorState.OK, CollectorState.DISABLED):
+            continue
+        bad.append(c)
+        checks.append(
+            Check(
+                f"agent part {c.name}",
+                None,
+                f"{c.state.value}: {c.reason}" if c.reason else c.state.value,
+                "see its reason; bpfdyno status shows every part",
+                required=False,
+            )
+        )
+    ok = len(st.collectors) - len(bad)
+    checks.insert(
+        2,
+        Check(
+            "agent parts",
+            True if not bad else None,
+            f"{ok} of {len(st.collectors)} ok or disabled by configuration"
+            + (f"; not ok: {', '.join(c.name for c in bad)}" if bad else ""),
+            "bpfdyno status" if bad else "",
+            required=False,
+        ),
+    )
+    return AgentReport(checks, frozenset(ports))

@@ -31,6 +31,7 @@ from bpfdyno.client.cluster import (
     JobTraceResult,
     Node,
     NodeResolutionError,
+    SchedulerUnavailable,
     parse_hosts,
     read_hosts_file,
     resolve_slurm_job,
@@ -50,6 +51,33 @@ EXIT_PARTIAL = 3
 
 class ClusterUsageError(Exception):
     """The options cannot name a job's nodes; the message says what to write instead."""
+
+
+class NoScheduler(ClusterUsageError):
+    """A job id without --hosts, and no scheduler answers here to name the job's nodes."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def this_node_instead(args: argparse.Namespace, err: NoScheduler, command: str) -> bool:
+    """Whether ``--job-id`` may mean this node's agent because no scheduler answers (what
+    dyno users mean by it: the trainers of that job here); prints the one-line note if so.
+
+    A job named with ``--hosts``, or an array task / het component (only SLURM knows their
+    processes' ids), keeps its job-wide meaning and its error.
+    """
+    job = str(args.job_id or "").strip()
+    if args.hosts is not None or args.hosts_file is not None or not job.isdigit():
+        return False
+    print(
+        f"bpfdyno {command}: no scheduler answers here ({err.reason}): job {job} on this "
+        "node's agent only; for every node of the job run it where SLURM answers, or name "
+        "the nodes with --hosts h1,h2",
+        file=sys.stderr,
+    )
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +233,8 @@ def resolve_cluster(args: argparse.Namespace) -> Cluster:
                 concurrency=args.concurrency,
             )
         slurm = resolve_slurm_job(ref, port)
+    except SchedulerUnavailable as e:
+        raise NoScheduler(str(e), e.reason) from e
     except NodeResolutionError as e:
         raise ClusterUsageError(str(e)) from e
     return Cluster(
@@ -221,7 +251,9 @@ def resolve_cluster(args: argparse.Namespace) -> Cluster:
 # -- gputrace for a whole job ------------------------------------------------------------------
 
 
-def run_job_trace(args: argparse.Namespace, spec: TraceSpec, wait_s: float) -> int:
+def run_job_trace(
+    args: argparse.Namespace, spec: TraceSpec, wait_s: float, cluster: Cluster
+) -> int:
     """``bpfdyno gputrace`` over every node of a job; returns the exit status.
 
     0: every host traced; 3 (`EXIT_PARTIAL`): some did, others failed; 1: none did; 2: bad
@@ -235,9 +267,8 @@ def run_job_trace(args: argparse.Namespace, spec: TraceSpec, wait_s: float) -> i
         )
         return EXIT_USAGE
     try:
-        cluster = resolve_cluster(args)
         fanout = cluster.fanout()
-    except (ClusterUsageError, ClientSetupError) as e:
+    except ClientSetupError as e:
         print(f"bpfdyno: {e}", file=sys.stderr)
         return EXIT_USAGE
     spec = replace(spec, job_id=cluster.job_id)

@@ -12,10 +12,13 @@ import sys
 from pathlib import Path
 
 from bpfdyno.cli.cluster import (
+    Cluster,
     ClusterUsageError,
+    NoScheduler,
     add_cluster_arguments,
     cluster_requested,
     resolve_cluster,
+    this_node_instead,
 )
 from bpfdyno.client.connection import EXIT_USAGE, add_target_argument
 from bpfdyno.client.errors import ClientSetupError
@@ -52,19 +55,28 @@ def cmd_top(args: argparse.Namespace) -> int:
 
         args.replay = demo_recording()
     if args.replay is None and cluster_requested(args):
-        return _cluster_top(args)
+        try:
+            cluster = resolve_cluster(args)
+        except NoScheduler as e:
+            if not this_node_instead(args, e, "top"):
+                print(f"bpfdyno top: {e}", file=sys.stderr)
+                return EXIT_USAGE
+        except ClusterUsageError as e:
+            print(f"bpfdyno top: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        else:
+            return _cluster_top(cluster)
     # Imported here: Textual takes a while to load, and only this command needs it.
     from bpfdyno.tui.app import run_top
 
     return run_top(args.target, args.job_id, replay=args.replay, speed=args.speed)
 
 
-def _cluster_top(args: argparse.Namespace) -> int:
+def _cluster_top(cluster: Cluster) -> int:
     from bpfdyno.tui.cluster_app import run_cluster_top
     from bpfdyno.tui.cluster_source import ClusterDataSource
 
     try:
-        cluster = resolve_cluster(args)
         source = ClusterDataSource(
             cluster.nodes,
             job=cluster.job,
@@ -73,7 +85,7 @@ def _cluster_top(args: argparse.Namespace) -> int:
             timeout_s=cluster.timeout_s,
             concurrency=cluster.concurrency,
         )
-    except (ClusterUsageError, ClientSetupError) as e:
+    except ClientSetupError as e:
         print(f"bpfdyno top: {e}", file=sys.stderr)
         return EXIT_USAGE
     return run_cluster_top(source)

@@ -20,7 +20,15 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from bpfdyno.cli.cluster import add_cluster_arguments, cluster_requested, run_job_trace
+from bpfdyno.cli.cluster import (
+    ClusterUsageError,
+    NoScheduler,
+    add_cluster_arguments,
+    cluster_requested,
+    resolve_cluster,
+    run_job_trace,
+    this_node_instead,
+)
 from bpfdyno.cli.output import print_json, with_agent
 from bpfdyno.client.agent import AgentClient
 from bpfdyno.client.connection import (
@@ -261,7 +269,15 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
         pre_window_seconds=args.pre_window_s,
     )
     if cluster_requested(args):
-        return run_job_trace(args, spec, wait_s)
+        try:
+            return run_job_trace(args, spec, wait_s, resolve_cluster(args))
+        except NoScheduler as e:
+            if not this_node_instead(args, e, "gputrace"):
+                print(f"bpfdyno: {e}", file=sys.stderr)
+                return EXIT_USAGE
+        except ClusterUsageError as e:
+            print(f"bpfdyno: {e}", file=sys.stderr)
+            return EXIT_USAGE
 
     async def trace(agent: AgentClient) -> int:
         try:

@@ -41,6 +41,7 @@ DEFAULT_VALUES: dict[str, str] = {
     "device_count": "2",
     "clock_us": "1000000",
     "gpu.0.uuid": H100_UUID,
+    "gpu.0.minor": "3",  # /dev/nvidia3: not its index, as on nodes with gaps
     "gpu.0.name": "NVIDIA H100 80GB HBM3",
     "gpu.0.pci_bus_id": "00000000:18:00.0",
     "gpu.0.util_gpu": "57",
@@ -80,6 +81,7 @@ DEFAULT_VALUES: dict[str, str] = {
     "gpu.0.gpm.60": "1024.0",
     "gpu.0.gpm.61": "512.0",
     "gpu.1.uuid": A100_UUID,
+    "gpu.1.minor": "1",
     "gpu.1.name": "NVIDIA A100-SXM4-40GB",
     "gpu.1.pci_bus_id": "00000000:3B:00.0",
     "gpu.1.util_gpu": "10",

@@ -287,6 +287,42 @@ def test_one_field_values_call_reads_power_and_the_nvlink_and_pcie_counters(
     assert fake.calls("nvmlDeviceGetPowerUsage", 1) == 2
 
 
+#: GPU 0 with the batched fields (power and the PCIe byte counters).
+WITH_FIELDS = {"gpu.0.power_avg_mw": 301000, "gpu.0.pcie_tx_bytes": 1000,
+               "gpu.0.pcie_rx_bytes": 5000}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("control", "asked_again"),
+    [
+        # The whole call fails: an error for the call (UNKNOWN), or NOT_SUPPORTED for it.
+        ({**WITH_FIELDS, "gpu.0.err.nvmlDeviceGetFieldValues": 999}, True),
+        ({**WITH_FIELDS, "gpu.0.err.nvmlDeviceGetFieldValues": 3}, True),
+        # An older driver answers the ids it does not know with INVALID_ARGUMENT per entry.
+        ({**dict.fromkeys(WITH_FIELDS), "field_missing_code": 2}, False),
+    ],
+)
+def test_power_and_pcie_come_from_their_own_calls_when_the_batched_fields_fail(
+    collector: GpuCollector, fake: FakeNvml, control: dict[str, int | None], asked_again: bool
+) -> None:
+    fake.set({k: v for k, v in control.items() if v is not None})
+    fake.unset(*(k for k, v in control.items() if v is None))
+    fake.reset_calls()
+    for _ in range(3):
+        samples = collector.collect()
+        assert value(samples, "gpu_power_watts", gpu="0") == 312.5
+        assert value(samples, "gpu_pcie_tx_bytes_per_second", gpu="0") == 123456 * 1024
+        assert value(samples, "gpu_pcie_rx_bytes_per_second", gpu="0") == 654321 * 1024
+    assert fake.calls("nvmlDeviceGetPowerUsage", 0) == 3
+    assert fake.calls("nvmlDeviceGetPcieThroughput", 0) == 2 * 3  # tx and rx
+    # A failing call is tried again each round (it may recover; NVLink has no other
+    # source); fields the driver lacks are not asked for again.
+    assert fake.calls("nvmlDeviceGetFieldValues", 0) == 3
+    if asked_again:  # the call works again: the batched power is back
+        fake.unset("gpu.0.err.nvmlDeviceGetFieldValues")
+        assert value(collector.collect(), "gpu_power_watts", gpu="0") == 301.0
+
+
 def test_slow_fields_are_read_every_30_s_and_reported_between(fake: FakeNvml) -> None:
     now = [1000.0]
     c = GpuCollector(str(fake.library), clock=lambda: now[0])

@@ -51,7 +51,7 @@ def rows(samples: list[Sample] | tuple[Sample, ...]) -> list[dict[str, str]]:
 
 
 def test_who_holds_each_gpu(collector: PodResourcesCollector, kubelet: KubeletServer) -> None:
-    assert collector.owners.owner(GPU0) is None  # nothing asked yet
+    assert collector.owners.owner([GPU0]) is None  # nothing asked yet
     samples = list(collector.collect())
     assert kubelet.lists == 1
     assert rows(samples) == [
@@ -65,22 +65,21 @@ def test_who_holds_each_gpu(collector: PodResourcesCollector, kubelet: KubeletSe
          "resource": "intel.com/sriov", "device": "0000:3b:02.1"},
     ]  # fmt: skip
     owners = collector.owners
-    assert owners.owner(GPU0) == PodRef("ml", "train-0", "trainer")
-    assert owners.labels(GPU0) == {"namespace": "ml", "pod": "train-0", "container": "trainer"}
+    assert owners.owner([GPU0]) == PodRef("ml", "train-0", "trainer")
+    assert owners.labels([GPU0]) == {"namespace": "ml", "pod": "train-0", "container": "trainer"}
     # Shared by two containers: no single holder, so no pod on its series.
-    assert owners.owner(GPU1) is None and owners.labels(GPU1) == NO_POD
-    assert owners.shared == {GPU1}
-    assert owners.owner(GPU2) is None and owners.labels(GPU2) == NO_POD
+    assert owners.owner([GPU1]) is None and owners.labels([GPU1]) == NO_POD
+    assert owners.owner([GPU2]) is None and owners.labels([GPU2]) == NO_POD
 
 
 def test_a_pod_that_ends_frees_its_gpu(
     collector: PodResourcesCollector, kubelet: KubeletServer
 ) -> None:
     collector.collect()
-    assert collector.owners.owner(GPU0) is not None
+    assert collector.owners.owner([GPU0]) is not None
     kubelet.answer = response([a for a in ALLOCATED if a[1] != "train-0"])
     assert len(collector.collect()) == 3
-    assert collector.owners.owner(GPU0) is None
+    assert collector.owners.owner([GPU0]) is None
 
 
 def test_no_socket_means_not_kubernetes(tmp_path: Path) -> None:
@@ -100,7 +99,7 @@ def test_a_kubelet_that_stops_answering_leaves_no_stale_attribution(
     kubelet.stop()  # a kubelet restart: the socket goes away for a while
     with pytest.raises(RuntimeError, match=r"did not answer List: UNAVAILABLE"):
         collector.collect()
-    assert collector.owners.owner(GPU0) is None
+    assert collector.owners.owner([GPU0]) is None
     kubelet.start()
     assert len(collector.collect()) == 4  # the daemon's retry finds it again
-    assert collector.owners.owner(GPU0) == PodRef("ml", "train-0", "trainer")
+    assert collector.owners.owner([GPU0]) == PodRef("ml", "train-0", "trainer")

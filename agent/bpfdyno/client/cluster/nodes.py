@@ -40,6 +40,19 @@ class NodeResolutionError(Exception):
     """The job's nodes cannot be found; the message says why and what to do."""
 
 
+class SchedulerUnavailable(NodeResolutionError):
+    """No scheduler answers here (SLURM not installed, slurmctld unreachable or silent): the
+    job's nodes are unknown, not the job. Callers may then mean this node only, as dyno does.
+
+    Attributes:
+        reason: the short cause ("squeue is not installed", "squeue failed: ...").
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 @dataclass(frozen=True, slots=True)
 class Node:
     """One machine of the job, as its agent is reached.
@@ -184,27 +197,32 @@ def read_hosts_file(path: Path, port: int = DEFAULT_AGENT_PORT) -> list[Node]:
 def _slurm(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
     """Run a SLURM client command; its stdout, stderr and status."""
     if shutil.which(argv[0]) is None:
-        raise NodeResolutionError(
+        raise SchedulerUnavailable(
             f"SLURM's {argv[0]} is not installed here, so the job's nodes cannot be looked up: "
             "run this on a node of the cluster, or name the nodes with --hosts h1,h2,... or "
-            "--hosts-file FILE"
+            "--hosts-file FILE",
+            reason=f"SLURM's {argv[0]} is not installed",
         )
     try:
         return subprocess.run(
             argv, capture_output=True, text=True, timeout=SLURM_TIMEOUT_S, check=False
         )
     except subprocess.TimeoutExpired:
-        raise NodeResolutionError(
+        raise SchedulerUnavailable(
             f"{argv[0]} did not answer within {SLURM_TIMEOUT_S:g} s: is slurmctld reachable "
-            "(`scontrol ping`)? Or name the nodes with --hosts / --hosts-file"
+            "(`scontrol ping`)? Or name the nodes with --hosts / --hosts-file",
+            reason=f"{argv[0]} did not answer within {SLURM_TIMEOUT_S:g} s",
         ) from None
 
 
 def _failed(argv: Sequence[str], r: subprocess.CompletedProcess[str]) -> NodeResolutionError:
+    # A SLURM command that fails for anything but the job itself (the controller's address
+    # does not resolve, the connection is refused, munge fails) means no scheduler answers.
     err = " ".join(r.stderr.split()) or f"exit status {r.returncode}"
-    return NodeResolutionError(
+    return SchedulerUnavailable(
         f"`{' '.join(argv)}` failed: {err}. Check that SLURM answers (`scontrol ping`), or name "
-        "the nodes with --hosts / --hosts-file"
+        "the nodes with --hosts / --hosts-file",
+        reason=f"{argv[0]} failed: {err if len(err) <= 100 else err[:99] + '…'}",
     )
 
 

@@ -276,7 +276,11 @@ class GpuCollector(Collector):
                     "nvmlDeviceGetPciInfo_v3", i, partial(pynvml.nvmlDeviceGetPciInfo_v3, handle)
                 )
                 bus_id = _text(pci.busId) if pci is not None else ""
-                ref = DeviceRef(i, uuid or f"index-{i}", name or "", bus_id, handle)
+                # GKE's device plugin names GPUs by their device node, /dev/nvidia<minor>.
+                minor = nv.get(
+                    "nvmlDeviceGetMinorNumber", i, partial(pynvml.nvmlDeviceGetMinorNumber, handle)
+                )
+                ref = DeviceRef(i, uuid or f"index-{i}", name or "", bus_id, handle, minor)
                 devices.append(DeviceState(ref))
             except DeviceLost as e:
                 ref = (
@@ -346,7 +350,7 @@ class GpuCollector(Collector):
         procs: ProcessRows = {}
         owners = self._device_owners() if self._device_owners is not None else DeviceOwners()
         for dev in self._devices:
-            dev.attribute(owners.labels(dev.ref.uuid))
+            dev.attribute(owners.labels(dev.ref.aliases()))
         now = self._clock()
         processes_due = self._processes_due(now)
         for pos, dev in enumerate(self._devices):
@@ -383,11 +387,11 @@ class GpuCollector(Collector):
             else:
                 out.append(sample(m.GPU_UP, 0, dev.labels))
         self._procs = join_processes(procs)
-        by_index = {d.ref.index: d.ref.uuid for d in self._devices}
+        by_index = {d.ref.index: d.ref.aliases() for d in self._devices}
         self._pods = {
             pid: pod
             for pid, p in self._procs.items()
-            if (pod := owners.owner(by_index.get(p.gpu, ""))) is not None
+            if (pod := owners.owner(by_index.get(p.gpu, ()))) is not None
         }
         return out
 

@@ -34,6 +34,8 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from bpfdyno.sources.kubelet.podresources import gpu_aliases
+
 log = logging.getLogger("bpfdyno.sources.gpu.collector")
 
 T = TypeVar("T")
@@ -104,6 +106,11 @@ class DeviceRef:
     name: str
     pci_bus_id: str
     handle: Any  # pynvml's c_nvmlDevice_t; valid until the next nvmlShutdown
+    minor: int | None = None  # /dev/nvidia<minor>; None when NVML does not say
+
+    def aliases(self) -> tuple[str, ...]:
+        """Every id a Kubernetes device plugin may give this GPU."""
+        return gpu_aliases(self.uuid, self.index, self.minor)
 
 
 def device_address(handle: Any) -> int:

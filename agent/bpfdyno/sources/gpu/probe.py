@@ -37,6 +37,8 @@ NAN = math.nan
 MAX_PROCESSES_PER_GPU = 128
 #: nvmlDeviceGetFieldValues scope meaning "summed over all NVLink links".
 _ALL_LINKS = 0xFFFFFFFF
+#: Per-entry answers of nvmlDeviceGetFieldValues meaning "this driver lacks the field".
+_FIELD_MISSING = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT})
 #: The fields of the one per-round ``nvmlDeviceGetFieldValues`` call, in its order.
 _POWER_FIELD = (pynvml.NVML_FI_DEV_POWER_AVERAGE, 0)
 _NVLINK_FIELDS = (
@@ -247,9 +249,11 @@ def _round_fields(
 ) -> tuple[float, tuple[float, float], tuple[float, float]]:
     """Power (W), NVLink and PCIe (tx, rx) bytes/s: one field-values call, with fallbacks.
 
-    A field the driver does not have (``NOT_SUPPORTED`` for it) is not asked for again: the
-    power then comes from ``nvmlDeviceGetPowerUsage``, the PCIe rates from
-    ``nvmlDeviceGetPcieThroughput``.
+    A field the driver does not have (``NOT_SUPPORTED`` for it, or ``INVALID_ARGUMENT`` for an
+    id older drivers do not know) is not asked for again: the power then comes from
+    ``nvmlDeviceGetPowerUsage``, the PCIe rates from ``nvmlDeviceGetPcieThroughput``. When the
+    whole call fails (a driver without it, or an error for the call) this round's power and
+    PCIe come from those calls too; NVLink has no other source.
     """
     h, i = dev.ref.handle, dev.ref.index
     fields = [
@@ -262,28 +266,30 @@ def _round_fields(
     )
     entries = dict(zip(fields, values, strict=True)) if values is not None else {}
 
+    batched = values is not None
     power = NAN
-    if dev.power_field and values is not None:
+    if dev.power_field and batched:
         entry = entries[_POWER_FIELD]
         if entry.nvmlReturn == pynvml.NVML_SUCCESS:
             power = _scaled(_field_value(entry), divisor=1000)
-        elif entry.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED:
+        elif entry.nvmlReturn in _FIELD_MISSING:
             dev.power_field = False
         else:
             nv.failed("nvmlDeviceGetFieldValues", i, entry.nvmlReturn, "power")
-    if not dev.power_field:
+    if not dev.power_field or not batched:
         mw = nv.get("nvmlDeviceGetPowerUsage", i, lambda: pynvml.nvmlDeviceGetPowerUsage(h))
         power = _scaled(mw, divisor=1000)
 
     nvlink = _counter_rates(nv, dev, [entries.get(f) for f in _NVLINK_FIELDS], "nvlink", 1024)
     pcie = (NAN, NAN)
-    if dev.pcie_fields and values is not None:
+    if dev.pcie_fields and batched:
         pcie_entries = [entries[f] for f in _PCIE_FIELDS]
-        if any(e.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED for e in pcie_entries):
+        if any(e.nvmlReturn in _FIELD_MISSING for e in pcie_entries):
             dev.pcie_fields = False
         else:
             pcie = _counter_rates(nv, dev, pcie_entries, "pcie", 1)
-    if not dev.pcie_fields:
+    if not dev.pcie_fields or not batched:
+        dev.pcie_prev = None  # the counters' next reading starts a new interval
         pcie = _pcie_throughput(nv, dev)
     return power, nvlink, pcie
 

@@ -15,7 +15,7 @@
  *   driver=loaded|unloaded|mismatch   nvmlInitWithFlags fails with DRIVER_NOT_LOADED or
  *                                     LIB_RM_VERSION_MISMATCH; device calls return GPU_IS_LOST
  *   driver_version=550.54.15          device_count=2          clock_us=<field timestamps>
- *   gpu.N.uuid / name / pci_bus_id / pci_device_id
+ *   gpu.N.uuid / name / pci_bus_id / pci_device_id / minor (the /dev/nvidia<minor> number)
  *   gpu.N.lost=1                      every call on this GPU returns GPU_IS_LOST
  *   gpu.N.util_gpu / util_mem         percent
  *   gpu.N.mem_total / mem_free / mem_used / mem_reserved   bytes
@@ -26,6 +26,9 @@
  *   gpu.N.procs=pid:bytes,...         gpu.N.proc_util=pid:ts_us:sm:mem,...
  *   gpu.N.gpm=1                       gpu.N.gpm.<metric id>=<value>
  *   err.<function>=<code>, gpu.N.err.<function>=<code>   force a return code
+ *   field_missing_code=<code>         how nvmlDeviceGetFieldValues answers a field the GPU
+ *                                     lacks, per entry (default NOT_SUPPORTED; older drivers
+ *                                     answer an unknown id with INVALID_ARGUMENT)
  *   events=gpu:type:data;...          queue of events delivered by nvmlEventSetWait_v2
  *
  * Build variants: -DFAKE_OLD_DRIVER leaves out functions an old driver lacks: GPM,
@@ -531,6 +534,14 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int len
     return copy_string(idx, "uuid", uuid, length);
 }
 
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    DEV_ENTER(device);
+    if (minor == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    DEV_UINT("minor", minor);
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
     DEV_ENTER(device);
     return copy_string(idx, "name", name, length);
@@ -684,7 +695,11 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
         v->valueType = type;
         unsigned long long value = 0;
         if (field == NULL || v->scopeId != scope || !gpu_u64(idx, field, &value)) {
-            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            /* Drivers differ in how they answer a field they lack: NOT_SUPPORTED, or
+             * INVALID_ARGUMENT for an id older than the driver (field_missing_code). */
+            unsigned long long missing = NVML_ERROR_NOT_SUPPORTED;
+            cfg_u64("field_missing_code", &missing);
+            v->nvmlReturn = (nvmlReturn_t)missing;
             continue;
         }
         if (type == NVML_VALUE_TYPE_UNSIGNED_INT)
