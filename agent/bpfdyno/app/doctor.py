@@ -392,6 +392,7 @@ def check_tcp_port(
     look into the agent's file descriptors), is the running agent's, and fine.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
     with socket.socket(family, socket.SOCK_STREAM) as s:
         # Like a server: lingering TIME_WAIT connections must not count as "in use".
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -403,7 +404,7 @@ def check_tcp_port(
                     return Check(
                         name,
                         True,
-                        f"{host}:{port} in use by the running agent (its legacy RPC)",
+                        f"{where} in use by the running agent (its legacy RPC)",
                         required=False,
                     )
                 agent = _agent_holding(host, port, agent_socket, proc_root)
@@ -411,14 +412,14 @@ def check_tcp_port(
                     return Check(
                         name,
                         True,
-                        f"{host}:{port} in use by the running agent (pid {agent}, which serves "
+                        f"{where} in use by the running agent (pid {agent}, which serves "
                         f"{agent_socket})",
                         required=False,
                     )
                 return Check(
                     name,
                     None,
-                    f"{host}:{port} in use by another process (a running agent, or dynolog?)",
+                    f"{where} in use by another process (a running agent, or dynolog?)",
                     f"stop the process listening there (find it: ss -ltnp 'sport = :{port}')",
                     required=False,
                 )
@@ -426,7 +427,7 @@ def check_tcp_port(
                 return Check(
                     name,
                     None,
-                    f"[{host}]:{port}: no such address here (IPv6 off?); the agent listens on "
+                    f"{where}: no such address here (IPv6 off?); the agent listens on "
                     "its other addresses",
                     "none needed, or leave it out of [legacy_rpc] listen",
                     required=False,
@@ -434,11 +435,11 @@ def check_tcp_port(
             return Check(
                 name,
                 False,
-                f"cannot bind {host}:{port}: {e.strerror}",
+                f"cannot bind {where}: {e.strerror}",
                 "check the address and that no firewall or sandbox forbids binding it",
                 required=False,
             )
-    return Check(name, True, f"{host}:{port} free", required=False)
+    return Check(name, True, f"{where} free", required=False)
 
 
 def _agent_holding(host: str, port: int, agent_socket: str, proc_root: Path) -> int:
