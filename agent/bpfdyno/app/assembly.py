@@ -109,6 +109,7 @@ def build(cfg: Config) -> Assembly:
             sink=recorder.add,
             walk_demand=lambda: table is not None and table.in_demand(),
             per_cpu_every=per_cpu_every,
+            round_s=cfg.collector_interval("sched"),
         )
         if on("sched")
         else None
@@ -151,7 +152,9 @@ def build(cfg: Config) -> Assembly:
     table = (
         ProcessTable(
             top_n=cfg.events.process_table_size,
-            sched=sched.per_process if sched else None,
+            # Each update of the table has the threads walked unless a walk is under half a
+            # round old: its scheduler times are as fresh as its /proc reading.
+            sched=sched.fresh_per_process if sched else None,
             net=net.per_process if net else None,
             gpu_memory=gpu.gpu_memory_by_pid if gpu else None,
             pods=gpu.pods_by_pid if gpu else None,
@@ -201,7 +204,11 @@ def build(cfg: Config) -> Assembly:
     asm.collectors.append(asm.budget)
 
     asm.components.append(tracing)
-    asm.servicers.append(kernel_servicer_factory(KernelService(recorder, table, net)))
+    asm.servicers.append(
+        kernel_servicer_factory(
+            KernelService(recorder, table, net, cfg.collector_interval("procs"))
+        )
+    )
     asm.servicers.append(tracing_servicer_factory(tracing.service))
     asm.servicers.append(audit_servicer_factory(tracing.service.audit))
     if cfg.export.jsonl.enabled:

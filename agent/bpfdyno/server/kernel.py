@@ -55,7 +55,7 @@ class KernelServicer(pb_grpc.KernelServicer):
     async def ListProcesses(
         self, request: pb.ListProcessesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListProcessesResponse:
-        snap = self._svc.list_processes(request.sort_by, request.limit, request.filter)
+        snap = await self._svc.list_processes(request.sort_by, request.limit, request.filter)
         table = ProcessList(snap.rows, snap.ts, snap.total_processes, dict(snap.unavailable))
         return cast(pb.ListProcessesResponse, to_pb(table))
 
