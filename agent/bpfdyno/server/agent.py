@@ -23,6 +23,7 @@ from bpfdyno.rpc.v1 import agent_pb2 as pb
 from bpfdyno.rpc.v1 import agent_pb2_grpc as pb_grpc
 from bpfdyno.rpc.wire import to_pb
 from bpfdyno.server.errors import grpc_errors
+from bpfdyno.server.peers import requester_from_context
 from bpfdyno.services.agent import AgentService, Snapshot
 
 
@@ -77,7 +78,8 @@ class AgentServicer(pb_grpc.AgentServicer):
     async def StreamMetrics(
         self, request: pb.StreamMetricsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.MetricsSnapshot]:
-        async for snap in self._svc.stream(list(request.names), list(request.collectors)):
+        who = requester_from_context(context)
+        async for snap in self._svc.stream(list(request.names), list(request.collectors), who):
             # Subscribers with the same filter share the snapshot: convert it once.
             yield self._messages.get(snap, None, partial(snapshot_to_pb, snap))
 
