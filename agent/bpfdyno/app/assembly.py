@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from bpfdyno.app.catalog import CATALOG
 from bpfdyno.app.daemon import Component, RoundSink
+from bpfdyno.core.budget import REQUESTED
 from bpfdyno.core.config import Config
 from bpfdyno.core.events import FewerEvents, FlightRecorder
 from bpfdyno.exporters.jsonl import JsonlExporter
@@ -110,6 +111,7 @@ def build(cfg: Config) -> Assembly:
             walk_demand=lambda: table is not None and table.in_demand(),
             per_cpu_every=per_cpu_every,
             round_s=cfg.collector_interval("sched"),
+            readers=lambda: table.readers() if table is not None else (),
         )
         if on("sched")
         else None
@@ -194,6 +196,7 @@ def build(cfg: Config) -> Assembly:
             asm.collectors.append(collector)
     # The overhead budget: every collector's steps (and the capture's), asked as it decides.
     parts = list(asm.collectors)
+    REQUESTED.ratio = cfg.budget.requested_per_user_ratio
     asm.budget = BudgetCollector(
         cfg.budget,
         [lambda: [r for c in parts for r in c.reductions()]],

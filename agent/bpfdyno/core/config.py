@@ -389,6 +389,10 @@ class BudgetSection:
     #: A step is undone after the cost stayed at or below half the budget this long (longer
     #: each time the same step had to be taken again soon after).
     restore_after_s: float = 30.0
+    #: The most CPU one user's requests may have the agent spend, as a share of one CPU over
+    #: 10 s (refreshing what they read, answering their queries); past it their requests are
+    #: refused until it refills. This work is theirs: it never counts against cpu_ratio.
+    requested_per_user_ratio: float = 0.05
 
 
 def _default_collectors() -> dict[str, CollectorSection]:

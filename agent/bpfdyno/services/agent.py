@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
+from bpfdyno.core.budget import REQUESTED
 from bpfdyno.core.catalog import Catalog
 from bpfdyno.core.connections import PEER_LIMIT, ConnectionLimits
 from bpfdyno.core.errors import InvalidArgument, Unavailable
@@ -118,17 +119,23 @@ class AgentService:
     def metric_specs(self) -> list[MetricSpec]:
         return list(self._catalog)
 
-    def snapshot(self, names: Sequence[str] = ()) -> Snapshot:
-        """Latest value of every matching series still being updated."""
+    def snapshot(self, names: Sequence[str] = (), who: str = "in-process") -> Snapshot:
+        """Latest value of every matching series still being updated (the work is
+        ``who``'s: `bpfdyno.core.budget.RequestedWork`)."""
         _check_names(names)
+        REQUESTED.check(who)
         now = time.time()
         # A series not updated for 3 of its longest plausible intervals has gone away (a NIC
         # removed, a process exited); leave it out of "latest".
         horizon = now - max(3 * self._longest_interval(), 10.0)
-        return Snapshot(now, "", self._daemon.store.latest(names, newer_than=horizon))
+        with REQUESTED.work((who,)):
+            return Snapshot(now, "", self._daemon.store.latest(names, newer_than=horizon))
 
-    def window(self, names: Sequence[str], start: float, end: float) -> list[SeriesView]:
+    def window(
+        self, names: Sequence[str], start: float, end: float, who: str = "in-process"
+    ) -> list[SeriesView]:
         _check_names(names)
+        REQUESTED.check(who)
         now = time.time()
         if end == 0:
             end = now
@@ -140,7 +147,8 @@ class AgentService:
             )
         if end - start > MAX_WINDOW_S:
             raise InvalidArgument(f"window longer than {MAX_WINDOW_S:.0f} s; ask for less")
-        return self._daemon.store.window(start, end, names)
+        with REQUESTED.work((who,)):
+            return self._daemon.store.window(start, end, names)
 
     async def stream(
         self,

@@ -12,6 +12,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from bpfdyno.core.budget import REQUESTED
 from bpfdyno.core.errors import InvalidArgument, Unavailable
 from bpfdyno.core.events import FlightRecorder, KernelEvent, Subscription
 from bpfdyno.core.workers import DaemonExecutor
@@ -66,14 +67,15 @@ class KernelService:
         self._refresher = DaemonExecutor("procs-read")
 
     async def list_processes(
-        self, sort_by: str = "", limit: int = 0, filter: str = ""
+        self, sort_by: str = "", limit: int = 0, filter: str = "", who: str = "in-process"
     ) -> ProcessSnapshot:
         """The process table as of at most one round ago (``fresh_within_s``), filtered,
         sorted and cut to ``limit`` rows: updated first when its last update is older.
 
         Raises:
             InvalidArgument: unknown sort key, malformed filter, negative limit.
-            Unavailable: no process table, or it could not be updated in time.
+            Unavailable: no process table, or it could not be updated in time, or ``who``
+                (``uid N``) had the agent spend their share of requested work.
         """
         if limit < 0:
             raise InvalidArgument(f"limit must be 0 (all) or positive, got {limit}")
@@ -88,20 +90,28 @@ class KernelService:
             raise Unavailable(
                 "the process table is disabled; enable [collectors.procs] in the config"
             )
-        snap = await self._fresh(self._table)
+        REQUESTED.check(who)
+        snap = await self._fresh(self._table, who)
         if snap.ts == 0:
             raise Unavailable("the process table has not been built yet; retry in a second")
-        rows = sort_rows(filter_rows(snap.rows, flt), key)
+        with REQUESTED.work((who,)):
+            rows = sort_rows(filter_rows(snap.rows, flt), key)
         if limit:
             rows = rows[:limit]
         return replace(snap, rows=tuple(rows))
 
-    async def _fresh(self, table: ProcessTable) -> ProcessSnapshot:
+    async def _fresh(self, table: ProcessTable, who: str) -> ProcessSnapshot:
         age = table.age_s()
         if age is not None and age <= self._fresh_within_s:
-            return table.snapshot  # the rounds keep it fresh while someone reads
+            with REQUESTED.work((who,)):  # its rows may be built now
+                return table.read(who)  # the rounds keep it fresh while someone reads
+
+        def refresh() -> ProcessSnapshot:
+            with REQUESTED.work((who,)):
+                return table.fresh_snapshot(self._fresh_within_s, who)
+
         loop = asyncio.get_running_loop()
-        call = loop.run_in_executor(self._refresher, table.fresh_snapshot, self._fresh_within_s)
+        call = loop.run_in_executor(self._refresher, refresh)
         try:
             return await asyncio.wait_for(asyncio.shield(call), REFRESH_TIMEOUT_S)
         except TimeoutError:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from bpfdyno.core.budget import REQUESTED
 from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 from bpfdyno.sources.procs.metrics import (
@@ -69,9 +70,12 @@ class ProcsCollector(Collector):
             and not self.table.in_demand()
         ):
             return self._last  # nobody reads it: the last refresh stands
+        idle_due = self._refreshed_at is None or now - self._refreshed_at >= IDLE_REFRESH_S
         self._refreshed_at = now
         t0 = time.monotonic()
-        rows = self.table.update()
+        # Refreshed every round only because someone reads: that work is the readers'.
+        with REQUESTED.work(() if idle_due else self.table.readers()):
+            rows = self.table.update()
         out = [
             sample(TABLE_ROWS, rows),
             sample(REFRESH_SECONDS, time.monotonic() - t0),

@@ -91,6 +91,8 @@ class ProcessSnapshot:
 
 #: Rows are built at each update while the table was read within this many seconds.
 DEMAND_S = 5.0
+#: The reader a read without a name is counted as (the Prometheus and OTLP exporters).
+EXPORTERS = "exporters"
 #: A process's /proc/PID/stat is re-read at least this often even when it did not run.
 STAT_MAX_AGE_S = 30.0
 
@@ -205,18 +207,38 @@ class ProcessTable:
         self._snapshot = ProcessSnapshot(0.0, (), 0)
         self._built = True
         self._read_at: float | None = None
+        #: Who read the table, when (monotonic): the readers it is kept fresh for.
+        self._readers: dict[str, float] = {}
         # One update at a time, whoever asks (the collector's round or a reader).
         self._update_lock = threading.Lock()
 
     @property
     def snapshot(self) -> ProcessSnapshot:
-        """The table as of the last update (thread-safe); builds its rows if not built yet."""
+        """The table as of the last update (thread-safe); builds its rows if not built yet.
+        A read by the exporters (a scrape, a push)."""
+        return self.read(EXPORTERS)
+
+    def read(self, reader: str) -> ProcessSnapshot:
+        """`snapshot`, read by ``reader`` (``uid N``): the table is kept fresh for them."""
         with self._lock:
             self._read_at = self._clock()
+            self._note(reader, self._read_at)
             if not self._built:
                 self._snapshot = self._build()
                 self._built = True
             return self._snapshot
+
+    def _note(self, reader: str, now: float) -> None:
+        if reader not in self._readers and len(self._readers) >= 1024:
+            self._readers = {k: t for k, t in self._readers.items() if now - t < DEMAND_S}
+        self._readers[reader] = now
+
+    def readers(self) -> list[str]:
+        """Who read the table in the last `DEMAND_S` seconds (the work of keeping it fresh
+        every round is theirs)."""
+        with self._lock:
+            now = self._clock()
+            return [who for who, t in self._readers.items() if now - t < DEMAND_S]
 
     def in_demand(self) -> bool:
         """Whether someone read the table in the last `DEMAND_S` seconds."""
@@ -234,7 +256,7 @@ class ProcessTable:
         self.update()
         return self.snapshot
 
-    def fresh_snapshot(self, max_age_s: float) -> ProcessSnapshot:
+    def fresh_snapshot(self, max_age_s: float, reader: str = "") -> ProcessSnapshot:
         """The table as of an update at most ``max_age_s`` old: updated first when the last
         one is older (blocking: call it on a worker thread).
 
@@ -246,10 +268,11 @@ class ProcessTable:
             with self._lock:
                 now = self._clock()
                 self._read_at = now  # rows are built by the update below
+                self._note(reader or EXPORTERS, now)
                 last = self._last
             if last is None or now - last.t > max_age_s:
                 self._update()
-        return self.snapshot
+        return self.read(reader or EXPORTERS)
 
     def age_s(self) -> float | None:
         """Seconds since the last update; None before the first."""

@@ -38,12 +38,12 @@ import math
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from bpfdyno.core.budget import Reduction, degraded_by, sampled_share
+from bpfdyno.core.budget import REQUESTED, Reduction, degraded_by, sampled_share
 from bpfdyno.core.config import SchedSection
 from bpfdyno.core.events import EventSink, KernelEvent, MonotonicClock
 from bpfdyno.core.histogram import histogram_quantile, log2_export_buckets
@@ -179,6 +179,8 @@ class SchedCollector(Collector):
         idle_walk_s: while nobody does, walk the threads this often.
         round_s: the daemon's round: a walk is never repeated within half of it, whoever
             asks (`fresh_per_process`).
+        readers: who reads the per-process times now: a walk made every round only for
+            them is their requested work (`bpfdyno.core.budget.REQUESTED`).
         per_cpu_every: report the per-CPU series every this many rounds
             (`bpfdyno.sources.percpu`).
 
@@ -202,6 +204,7 @@ class SchedCollector(Collector):
         idle_walk_s: float = 10.0,
         per_cpu_every: int = 1,
         round_s: float = 1.0,
+        readers: Callable[[], Collection[str]] | None = None,
     ) -> None:
         if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
             raise ValueError(f"[sched] ringbuf_pages must be a power of two, got {ringbuf_pages}")
@@ -242,6 +245,7 @@ class SchedCollector(Collector):
         self._procs_at = 0.0  # the same, published with `_procs` under the snapshot lock
         self._round_s = round_s
         self._walked_between = False  # a reader had the threads walked since the last round
+        self._readers = readers
         # A walk, with the drain of exited threads that goes with it, runs under this lock:
         # in a round, or for a reader who needs the per-process times fresh.
         self._walk_lock = threading.Lock()
@@ -258,6 +262,7 @@ class SchedCollector(Collector):
         walk_demand: Callable[[], bool] | None = None,
         per_cpu_every: int = 1,
         round_s: float = 1.0,
+        readers: Callable[[], Collection[str]] | None = None,
     ) -> SchedCollector:
         """Build the collector from the ``[sched]`` config section."""
         return cls(
@@ -267,6 +272,7 @@ class SchedCollector(Collector):
             walk_demand=walk_demand,
             per_cpu_every=per_cpu_every,
             round_s=round_s,
+            readers=readers,
         )
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -378,7 +384,11 @@ class SchedCollector(Collector):
         exits_off = self._exit_gap or bool(self._exits_detached and self._exits_detached.active)
         # Order matters: the walk first, then the exits (see the module docstring); the
         # events before the exits, so an exit event's process has all its threads' books.
-        walk, walk_t = _timed_walk(self._tasks) if self._walk_due() else (None, 0.0)
+        why = self._walk_due()
+        # A walk made this round only because someone reads is the readers' work.
+        readers = self._readers() if why == _FOR_READERS and self._readers is not None else ()
+        with REQUESTED.work(readers):
+            walk, walk_t = _timed_walk(self._tasks) if why else (None, 0.0)
         events = self._events.drain()
         self.process_events += len(events)
         exited = map_pop_all(program.table(_EXITED))
@@ -388,7 +398,8 @@ class SchedCollector(Collector):
         if walk is not None:
             if exits_off:  # threads that vanished without an exit record keep their last books
                 exited = exited + _vanished(self._prev_walk, walk, exited)
-            self._threads = self._refresh_processes(walk, exited, events, walk_t)
+            with REQUESTED.work(readers):
+                self._threads = self._refresh_processes(walk, exited, events, walk_t)
             self._prev_walk, self._walk_t = walk, walk_t
             self._exit_gap = bool(self._exits_detached and self._exits_detached.active)
         else:
@@ -528,16 +539,19 @@ class SchedCollector(Collector):
             self._clock.to_wall_ns(int(raw.ts_ns)), kind, int(raw.pid), int(raw.tid), comm, attrs
         )
 
-    def _walk_due(self) -> bool:
-        """Walk every round while someone reads the per-process times, else now and then;
-        not again within half a round of a walk a reader had made since the last round."""
+    def _walk_due(self) -> str:
+        """Why walk this round: every round while someone reads the per-process times
+        (`_FOR_READERS`), else now and then (`_IDLE`); not again within half a round of a
+        walk a reader had made since the last round ("": no walk)."""
         since = time.monotonic() - self._walk_t
         between, self._walked_between = self._walked_between, False
         if between and since < self._round_s / 2:
-            return False
-        if self._walk_demand is None or self._walk_demand():
-            return True
-        return since >= self._idle_walk_s
+            return ""
+        if since >= self._idle_walk_s:
+            return _IDLE
+        if self._walk_demand is None:
+            return _IDLE  # no readers' signal: every round is the collector's own
+        return _FOR_READERS if self._walk_demand() else ""
 
     def _read_totals(self) -> _Totals:
         words, per_cpu = percpu_flat(self._require().table(_CPU_STATS))
@@ -729,6 +743,10 @@ def _vanished(
         for tid, *rest in TASK_RECORD.iter_unpack(prev_walk)
         if tid not in now and tid not in recorded
     ]
+
+
+#: Why a round walks the threads (`SchedCollector._walk_due`).
+_IDLE, _FOR_READERS = "idle", "readers"
 
 
 def _timed_walk(tasks: TaskIterator) -> tuple[bytes, float]:
