@@ -38,3 +38,11 @@ def test_work_is_counted_per_reader_once_and_bounded_per_reader() -> None:
     work.check("uid 1002")  # another reader is not held back
     now[0] += 6.0  # 6 s refill 12 ms: ~30 - 20 - 12 < 0 no longer short
     work.check("uid 1000")
+
+
+def test_keeping_a_part_fresh_for_readers_is_theirs_but_not_their_allowance() -> None:
+    work = RequestedWork(ratio=0.002, clock=lambda: 100.0)
+    with work.work(["uid 1000"], bounded=False):  # a table refreshed every round for her
+        _burn(0.05)
+    assert work.by_reader()["uid 1000"] >= 0.05e9
+    work.check("uid 1000")  # not refused for it

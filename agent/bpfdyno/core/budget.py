@@ -239,9 +239,14 @@ class RequestedWork:
         self._local = threading.local()
 
     @contextlib.contextmanager
-    def work(self, readers: Collection[str]) -> Iterator[None]:
+    def work(self, readers: Collection[str], bounded: bool = True) -> Iterator[None]:
         """Count the calling thread's CPU time in the block as ``readers``' (shared equally);
-        a block inside another counts once, in the outer one; no readers: not requested."""
+        a block inside another counts once, in the outer one; no readers: not requested.
+
+        ``bounded=False``: work that is bounded already, whoever reads (keeping a part fresh
+        every round while someone watches: once a round, shared by every reader). It is
+        theirs and named as theirs, but it does not spend their allowance: on a big node
+        one `top` would otherwise be refused for the node's size."""
         depth = getattr(self._local, "depth", 0)
         if not readers or depth:
             yield
@@ -254,16 +259,17 @@ class RequestedWork:
             self._local.depth = 0
             spent = time.thread_time_ns() - start
             self._local.ns = getattr(self._local, "ns", 0) + spent
-            self._charge(readers, spent)
+            self._charge(readers, spent, bounded)
 
-    def _charge(self, readers: Collection[str], spent: int) -> None:
+    def _charge(self, readers: Collection[str], spent: int, bounded: bool) -> None:
         share = spent / len(readers)
         now = self._clock()
         with self._lock:
             self._total_ns += spent
             for who in readers:
                 b = self._refilled(who, now)
-                b.tokens_ns -= share
+                if bounded:
+                    b.tokens_ns -= share
                 b.spent_ns += int(share)
 
     def _refilled(self, who: str, now: float) -> _Bucket:

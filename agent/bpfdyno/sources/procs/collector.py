@@ -74,7 +74,7 @@ class ProcsCollector(Collector):
         self._refreshed_at = now
         t0 = time.monotonic()
         # Refreshed every round only because someone reads: that work is the readers'.
-        with REQUESTED.work(() if idle_due else self.table.readers()):
+        with REQUESTED.work(() if idle_due else self.table.readers(), bounded=False):
             rows = self.table.update()
         out = [
             sample(TABLE_ROWS, rows),

@@ -387,7 +387,7 @@ class SchedCollector(Collector):
         why = self._walk_due()
         # A walk made this round only because someone reads is the readers' work.
         readers = self._readers() if why == _FOR_READERS and self._readers is not None else ()
-        with REQUESTED.work(readers):
+        with REQUESTED.work(readers, bounded=False):
             walk, walk_t = _timed_walk(self._tasks) if why else (None, 0.0)
         events = self._events.drain()
         self.process_events += len(events)
@@ -398,7 +398,7 @@ class SchedCollector(Collector):
         if walk is not None:
             if exits_off:  # threads that vanished without an exit record keep their last books
                 exited = exited + _vanished(self._prev_walk, walk, exited)
-            with REQUESTED.work(readers):
+            with REQUESTED.work(readers, bounded=False):
                 self._threads = self._refresh_processes(walk, exited, events, walk_t)
             self._prev_walk, self._walk_t = walk, walk_t
             self._exit_gap = bool(self._exits_detached and self._exits_detached.active)
