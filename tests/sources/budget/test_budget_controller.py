@@ -10,6 +10,7 @@ test_budget_storm.py.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 
@@ -408,3 +409,35 @@ def test_readers_requested_work_is_theirs_never_a_reason_to_reduce() -> None:
     for _ in range(5):
         agent.period({"bpfdyno_nsend": 4 * MS}, agent_ns_s=30 * MS)
     assert net.log == ["apply"]
+
+
+def test_a_storm_logs_one_warning_its_steps_and_undos_at_info(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    first = Step("net.sampled", ["bpfdyno_nsend"], 0.875, restore=1 * MS)
+    second = Step("sched.sampled", ["bpfdyno_switch"], 0.875, restore=1 * MS)
+    agent = Agent([first, second], restore_after_s=10.0)
+    agent.warm()
+    caplog.set_level(logging.INFO, logger="bpfdyno.sources.budget.controller")
+    agent.period({"bpfdyno_nsend": 20 * MS, "bpfdyno_switch": 20 * MS}, agent_ns_s=0)
+    agent.period({"bpfdyno_nsend": 20 * MS, "bpfdyno_switch": 20 * MS}, agent_ns_s=0)
+    calm = {"bpfdyno_nsend": 0.1 * MS, "bpfdyno_switch": 0.1 * MS}
+    for _ in range(20):
+        agent.period(calm, agent_ns_s=2 * MS)
+    assert (first.log, second.log) == (["apply", "undo"], ["apply", "undo"])
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    warnings = [m for level, m in lines if level == "WARNING"]
+    assert warnings == [
+        "budget: over budget, reducing (net.sampled, sched.sampled): the agent cost 4.00 % of "
+        "a core against 1.00 %: BPF 4.00 % (bpfdyno_nsend 2.00 %, bpfdyno_switch 2.00 %) + its "
+        "threads 0.00 % (loop and others 0.00 %); steps and undos follow at INFO until the "
+        "last is undone"
+    ]
+    infos = [m.split(" (")[0].split(":")[1].strip() for level, m in lines if level == "INFO"]
+    assert infos == [
+        "net.sampled",
+        "sched.sampled",
+        "sched.sampled undone",
+        "net.sampled undone",
+        "every step undone; the storm is over",
+    ]
