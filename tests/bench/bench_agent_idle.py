@@ -13,7 +13,11 @@ with other processes (``Private_*`` of ``smaps_rollup``): RSS counts the compile
 library pages too, which stay resident while another process on the machine maps them.
 ``--breakdown`` adds rounds with one collector turned off at a time (interleaved with the
 default ones), so the difference to the default is what that collector costs;
-``--baseline REF`` adds rounds of the agent of a git ref (e.g. ``main``).
+``--baseline REF`` adds rounds of the agent of a git ref (e.g. ``main``); ``--dynolog PATH``
+adds rounds of a Dynolog binary (the anchor the targets are set against: build it from source
+with the project's build script), measured the same way in the same interleaved rounds
+(``--dynolog-args``: its flags, e.g. ``--enable_ipc_monitor``). The load average at the start
+of each run is recorded with its figure: the machine may be shared.
 """
 
 from __future__ import annotations
@@ -22,14 +26,16 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
 
-from daemon_runner import Daemon, baseline_tree
+from daemon_runner import Daemon, baseline_tree, process_cpu_seconds
 from doc_blocks import write_results
 
 SECTION = "## Agent footprint at idle"
@@ -52,6 +58,26 @@ def measure(
             private_bytes(daemon.pid),
             (daemon.serving_after_s, daemon.ready_after_s),
         )
+
+
+def measure_dynolog(
+    binary: str, flags: list[str], settle_s: float, window_s: float
+) -> tuple[float, int, int]:
+    """(CPU share of one core, RSS bytes, private bytes) of one run of a Dynolog binary."""
+    proc = subprocess.Popen([binary, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(settle_s)
+        if proc.poll() is not None:
+            sys.exit(f"{binary} exited with {proc.returncode} while settling")
+        cpu0, t0 = process_cpu_seconds(proc.pid), time.monotonic()
+        time.sleep(window_s)
+        cpu1, t1 = process_cpu_seconds(proc.pid), time.monotonic()
+        with open(f"/proc/{proc.pid}/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return (cpu1 - cpu0) / (t1 - t0), rss, private_bytes(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def private_bytes(pid: int) -> int:
@@ -80,7 +106,11 @@ def report(args: argparse.Namespace, baseline: Path | None) -> str:
         kinds[f"agent of `{args.baseline}`"] = []
     if args.breakdown:
         kinds.update({f"without {c}": [f"collectors.{c}.enabled=false"] for c in BREAKDOWN})
+    dynolog = f"Dynolog {args.dynolog_args}".strip()
+    if args.dynolog:
+        kinds[dynolog] = []
     names = list(kinds)
+    loads: dict[str, list[float]] = {k: [] for k in names}
     cpu: dict[str, list[float]] = {k: [] for k in names}
     rss: dict[str, list[int]] = {k: [] for k in names}
     private: dict[str, list[int]] = {k: [] for k in names}
@@ -91,9 +121,16 @@ def report(args: argparse.Namespace, baseline: Path | None) -> str:
         order = names[i % len(names) :] + names[: i % len(names)]
         for kind in order:
             tree = baseline if kind.startswith("agent of") else None
-            share, rss_bytes, own_bytes, ready_s = measure(
-                kinds[kind], args.settle, args.window, tree
-            )
+            loads[kind].append(os.getloadavg()[0])
+            if kind == dynolog:
+                share, rss_bytes, own_bytes = measure_dynolog(
+                    args.dynolog, shlex.split(args.dynolog_args), args.settle, args.window
+                )
+                ready_s = (0.0, 0.0)
+            else:
+                share, rss_bytes, own_bytes, ready_s = measure(
+                    kinds[kind], args.settle, args.window, tree
+                )
             cpu[kind].append(share)
             rss[kind].append(rss_bytes)
             private[kind].append(own_bytes)
@@ -101,7 +138,7 @@ def report(args: argparse.Namespace, baseline: Path | None) -> str:
                 ready.append(ready_s)
             print(
                 f"  round {i + 1}/{args.rounds} {kind}: {share * 100:.2f} % of a core, "
-                f"RSS {rss_bytes / 1e6:.0f} MB",
+                f"RSS {rss_bytes / 1e6:.0f} MB, load average {loads[kind][-1]:.2f}",
                 flush=True,
             )
     lines = [
@@ -110,8 +147,9 @@ def report(args: argparse.Namespace, baseline: Path | None) -> str:
         f"start; {args.rounds} rounds, each {args.settle:.0f} s settling then "
         f"{args.window:.0f} s measured.",
         "",
-        "| agent | CPU, median (range) | RSS, median (range) | private memory | target |",
-        "|---|---|---|---|---|",
+        "| agent | CPU, median (range) | RSS, median (range) | private memory | load average "
+        "at each run's start | target |",
+        "|---|---|---|---|---|---|",
     ]
     base = statistics.median(cpu["defaults"])
     for kind in names:
@@ -126,8 +164,14 @@ def report(args: argparse.Namespace, baseline: Path | None) -> str:
             f"| {kind} | {statistics.median(c) * 100:.2f} % ({min(c) * 100:.2f}-"
             f"{max(c) * 100:.2f}){saving} | {statistics.median(r) / 1e6:.0f} MB "
             f"({min(r) / 1e6:.0f}-{max(r) / 1e6:.0f}) | "
-            f"{statistics.median(private[kind]) / 1e6:.0f} MB | {target} |"
+            f"{statistics.median(private[kind]) / 1e6:.0f} MB | "
+            f"{', '.join(f'{x:.1f}' for x in loads[kind])} | {target} |"
         )
+    if not args.dynolog:
+        lines += [
+            "",
+            "Dynolog (the anchor) was not measured in this run (no `--dynolog` binary given).",
+        ]
     serving = [r[0] for r in ready]
     everything = [r[1] for r in ready]
     lines += [
@@ -207,6 +251,8 @@ def main() -> None:
         "--baseline", metavar="GIT_REF", help="also measure the agent of this git ref"
     )
     parser.add_argument("--write-doc", type=Path, help="update this markdown file's section")
+    parser.add_argument("--dynolog", metavar="PATH", help="also measure this Dynolog binary")
+    parser.add_argument("--dynolog-args", default="", help="its flags, e.g. '--enable_ipc_monitor'")
     parser.add_argument(
         "--gpu-node", action="store_true", help="one short run with each part's cost (see above)"
     )

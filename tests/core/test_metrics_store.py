@@ -90,3 +90,26 @@ def test_store_caps_series_count_evicting_least_recently_updated() -> None:
     assert devs == ["0", "2", "3"]
     assert store.evicted_series == 1
     assert len(store) == 3
+
+
+def test_name_filter_matches_names_and_prefixes_as_the_patterns_say() -> None:
+    from bpfdyno.core.store import NameFilter, name_filter
+
+    f = NameFilter(["sched_runqueue_latency_seconds", "net_*", "net_tcp_*", "gpu_util*"])
+    assert [
+        f.matches(n)
+        for n in (
+            "sched_runqueue_latency_seconds",
+            "sched_runqueue_latency_seconds_bucket",
+            "net_tcp_rx_bytes",
+            "net_udp_tx_bytes",
+            "gpu_utilization_ratio",
+            "gpu_memory_used_bytes",
+            "ne",
+        )
+    ] == [True, False, True, True, True, False, False]
+    assert f.matches("net_udp_tx_bytes")  # the second answer, from what it kept
+    assert NameFilter([]).matches("anything")
+    # One index per distinct set, whatever the order or repeats.
+    assert name_filter(["b", "a*", "b"]) is name_filter(["a*", "b"])
+    assert name_filter(["a*"]) is not name_filter(["b*"])

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from bpfdyno.app.catalog import CATALOG
 from bpfdyno.app.daemon import Component, RoundSink
+from bpfdyno.core.budget import REQUESTED
 from bpfdyno.core.config import Config
 from bpfdyno.core.events import FewerEvents, FlightRecorder
 from bpfdyno.exporters.jsonl import JsonlExporter
@@ -110,6 +111,8 @@ def build(cfg: Config) -> Assembly:
             sink=recorder.add,
             walk_demand=lambda: table is not None and table.in_demand(),
             per_cpu_every=per_cpu_every,
+            round_s=cfg.collector_interval("sched"),
+            readers=lambda: table.readers() if table is not None else (),
         )
         if on("sched")
         else None
@@ -152,7 +155,9 @@ def build(cfg: Config) -> Assembly:
     table = (
         ProcessTable(
             top_n=cfg.events.process_table_size,
-            sched=sched.per_process if sched else None,
+            # Each update of the table has the threads walked unless a walk is under half a
+            # round old: its scheduler times are as fresh as its /proc reading.
+            sched=sched.fresh_per_process if sched else None,
             net=net.per_process if net else None,
             gpu_memory=gpu.gpu_memory_by_pid if gpu else None,
             pods=gpu.pods_by_pid if gpu else None,
@@ -192,6 +197,7 @@ def build(cfg: Config) -> Assembly:
             asm.collectors.append(collector)
     # The overhead budget: every collector's steps (and the capture's), asked as it decides.
     parts = list(asm.collectors)
+    REQUESTED.ratio = cfg.budget.requested_per_user_ratio
     asm.budget = BudgetCollector(
         cfg.budget,
         [lambda: [r for c in parts for r in c.reductions()]],
@@ -202,7 +208,11 @@ def build(cfg: Config) -> Assembly:
     asm.collectors.append(asm.budget)
 
     asm.components.append(tracing)
-    asm.servicers.append(kernel_servicer_factory(KernelService(recorder, table, net)))
+    asm.servicers.append(
+        kernel_servicer_factory(
+            KernelService(recorder, table, net, cfg.collector_interval("procs"))
+        )
+    )
     asm.servicers.append(tracing_servicer_factory(tracing.service))
     asm.servicers.append(audit_servicer_factory(tracing.service.audit))
     asm.servicers.append(kineto_servicer_factory(tracing.user_dirs))

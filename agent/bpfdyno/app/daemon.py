@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from bpfdyno.app.catalog import CATALOG
-from bpfdyno.core.budget import Costs, Reduction, excluded_work
+from bpfdyno.core.budget import REQUESTED, Costs, Reduction, excluded_work
 from bpfdyno.core.catalog import Catalog
 from bpfdyno.core.config import Config
 from bpfdyno.core.metrics import HistogramSample, Round, Sample
@@ -277,11 +277,14 @@ class CollectorRunner:
         self,
     ) -> tuple[Sequence[Sample], Sequence[HistogramSample], tuple[PartState, str] | None]:
         t0 = time.thread_time_ns()
+        r0 = REQUESTED.on_this_thread()
         try:
             samples = self.collector.collect()
             return samples, self.collector.histograms(), self.collector.health()
         finally:
-            self.cpu_ns += time.thread_time_ns() - t0
+            # What it did for readers is theirs (`bpfdyno.core.budget.RequestedWork`).
+            requested = REQUESTED.on_this_thread() - r0
+            self.cpu_ns += time.thread_time_ns() - t0 - requested
 
     def _failed(self, e: Exception) -> None:
         self.errors += 1

@@ -12,6 +12,7 @@ from bpfdyno.app import assembly
 from bpfdyno.app.catalog import CATALOG
 from bpfdyno.app.daemon import Daemon, install_signal_handlers, notify_systemd
 from bpfdyno.core.config import DEFAULT_SOCKET, Config
+from bpfdyno.core.connections import ConnectionLimits
 from bpfdyno.server.grpc_server import AddressInUse, GrpcServer
 from bpfdyno.services.agent import AgentService
 from bpfdyno.version import __version__
@@ -56,7 +57,8 @@ async def run(cfg: Config) -> int:
         cfg, asm.collectors, asm.components, asm.sinks, disabled=asm.disabled, catalog=CATALOG
     )
     assembly.bind_daemon(asm, daemon)
-    server = GrpcServer(cfg.grpc, AgentService(daemon), asm.servicers)
+    streams = ConnectionLimits(cfg.grpc.max_streams, cfg.grpc.max_streams_per_user)
+    server = GrpcServer(cfg.grpc, AgentService(daemon, streams=streams), asm.servicers)
     server.check_addresses()
     install_signal_handlers(daemon, EXIT_WITHIN_S)
     await server.start()

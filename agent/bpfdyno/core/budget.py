@@ -20,9 +20,10 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from bpfdyno.core.errors import Unavailable
 from bpfdyno.core.status import PartState
 
 #: The label a series carries while its value is an estimate (what the budget changed).
@@ -41,8 +42,11 @@ class Costs:
             functions that were not attached at all in the window.
         bpf_runs_s: BPF function name -> its runs per second in the window.
         collector_ns_s: collector name -> CPU time of its rounds per second.
-        agent_ns_s: every thread of the agent, per second (excluded work left out).
+        agent_ns_s: every thread of the agent, per second (excluded and requested work
+            left out).
         window_s: the length of the BPF run-statistics window these come from.
+        requested_ns_s: reader (``uid N``) -> CPU time per second the agent spent because
+            they read (`RequestedWork`): theirs, never weighed against the budget.
     """
 
     bpf_ns_s: Mapping[str, float] = field(default_factory=dict)
@@ -51,6 +55,7 @@ class Costs:
     collector_ns_s: Mapping[str, float] = field(default_factory=dict)
     agent_ns_s: float = 0.0
     window_s: float = 0.0
+    requested_ns_s: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def bpf_total_ns_s(self) -> float:
@@ -187,3 +192,138 @@ def excluded_cpu_ns() -> int:
 def ratio_text(ns_s: float) -> str:
     """A cost per second as a share of one CPU for messages ("0.42 %")."""
     return f"{ns_s / 1e7:.2f} %"
+
+
+# --- work done because someone reads: the reader's, not the agent's -------------------------
+
+#: The rule a reader over their share of requested work is refused by.
+REQUESTED_RULE = "requested_work_limit"
+#: Users whose requested work is kept apart (past it, the longest-idle is forgotten).
+_MAX_READERS = 1024
+
+
+@dataclass(slots=True)
+class _Bucket:
+    """One reader's allowance of requested CPU time: refilled at the per-user rate, up to
+    `RequestedWork.BURST_S` seconds' worth."""
+
+    tokens_ns: float
+    at: float
+    spent_ns: int = 0
+
+
+class RequestedWork:
+    """CPU time of work done because someone reads, per reader, and each reader's bound.
+
+    A read that refreshes a part (the process table, the threads' walk), keeps it fresh
+    every round while someone watches, or answers a query costs CPU because that reader
+    asked: it is theirs. It is counted apart per reader (``uid N``), left out of what the
+    overhead budget weighs for its collection decisions (ordinary reading must never make
+    the agent degrade itself for everyone), and bounded per reader: a reader who spent more
+    than ``ratio`` of a core over the last `BURST_S` seconds is refused until their
+    allowance refills.
+
+    Args:
+        ratio: each reader's share of one CPU (``[budget] requested_per_user_ratio``).
+        clock: monotonic seconds.
+    """
+
+    BURST_S = 10.0
+
+    def __init__(self, ratio: float = 0.05, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ratio = ratio
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._readers: dict[str, _Bucket] = {}
+        self._total_ns = 0
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def work(self, readers: Collection[str], bounded: bool = True) -> Iterator[None]:
+        """Count the calling thread's CPU time in the block as ``readers``' (shared equally);
+        a block inside another counts once, in the outer one; no readers: not requested.
+
+        ``bounded=False``: work that is bounded already, whoever reads (keeping a part fresh
+        every round while someone watches: once a round, shared by every reader). It is
+        theirs and named as theirs, but it does not spend their allowance: on a big node
+        one `top` would otherwise be refused for the node's size."""
+        depth = getattr(self._local, "depth", 0)
+        if not readers or depth:
+            yield
+            return
+        self._local.depth = 1
+        start = time.thread_time_ns()
+        try:
+            yield
+        finally:
+            self._local.depth = 0
+            spent = time.thread_time_ns() - start
+            self._local.ns = getattr(self._local, "ns", 0) + spent
+            self._charge(readers, spent, bounded)
+
+    def _charge(self, readers: Collection[str], spent: int, bounded: bool) -> None:
+        share = spent / len(readers)
+        now = self._clock()
+        with self._lock:
+            self._total_ns += spent
+            for who in readers:
+                b = self._refilled(who, now)
+                if bounded:
+                    b.tokens_ns -= share
+                b.spent_ns += int(share)
+
+    def _refilled(self, who: str, now: float) -> _Bucket:
+        full = self.ratio * 1e9 * self.BURST_S
+        b = self._readers.get(who)
+        if b is None:
+            if len(self._readers) >= _MAX_READERS:
+                oldest = min(self._readers, key=lambda k: self._readers[k].at)
+                del self._readers[oldest]
+            b = self._readers[who] = _Bucket(full, now)
+        else:
+            b.tokens_ns = min(full, b.tokens_ns + (now - b.at) * self.ratio * 1e9)
+            b.at = now
+        return b
+
+    def check(self, who: str) -> None:
+        """Refuse ``who`` while their allowance is spent.
+
+        Raises:
+            Unavailable: rule `REQUESTED_RULE`, with when to retry.
+        """
+        now = self._clock()
+        with self._lock:
+            b = self._refilled(who, now) if who in self._readers else None
+            short = -b.tokens_ns if b is not None and b.tokens_ns < 0 else 0.0
+        if short > 0:
+            wait = short / (self.ratio * 1e9)
+            raise Unavailable(
+                f"{who} has had the agent spend more than {self.ratio * 100:g} % of a core on "
+                f"their requests over the last {self.BURST_S:g} s (the most one user may, "
+                f"[budget] requested_per_user_ratio); retry in {wait:.1f} s, or read less often",
+                REQUESTED_RULE,
+            )
+
+    def total_ns(self) -> int:
+        """Every reader's requested CPU time so far (ns)."""
+        with self._lock:
+            return self._total_ns
+
+    def by_reader(self) -> dict[str, int]:
+        """Each reader's requested CPU time so far (ns)."""
+        with self._lock:
+            return {who: b.spent_ns for who, b in self._readers.items()}
+
+    def on_this_thread(self) -> int:
+        """Requested CPU time of the calling thread so far (ns): a part that measures its
+        own thread's time takes it out."""
+        return int(getattr(self._local, "ns", 0))
+
+
+#: The agent's one account of requested work.
+REQUESTED = RequestedWork()
+
+
+def reader(uid: int | None, peer: str = "") -> str:
+    """How a reader is named in the requested-work account and in ``status``."""
+    return f"uid {uid}" if uid is not None else (peer.rsplit(":", 1)[0] or "unknown")

@@ -95,6 +95,10 @@ class GrpcSection:
     #: but not start traces. Without TLS, a client on this host acts as the owner of its
     #: socket and a remote one may not start traces (docs/security.md).
     tcp_uid: int = 0
+    #: StreamMetrics calls open at once, in all (each holds a queue of rounds)...
+    max_streams: int = 256
+    #: ... and of one user (root is not limited per user).
+    max_streams_per_user: int = 8
 
 
 @dataclass
@@ -409,6 +413,10 @@ class BudgetSection:
     #: A step is undone after the cost stayed at or below half the budget this long (longer
     #: each time the same step had to be taken again soon after).
     restore_after_s: float = 30.0
+    #: The most CPU one user's requests may have the agent spend, as a share of one CPU over
+    #: 10 s (refreshing what they read, answering their queries); past it their requests are
+    #: refused until it refills. This work is theirs: it never counts against cpu_ratio.
+    requested_per_user_ratio: float = 0.05
 
 
 def _default_collectors() -> dict[str, CollectorSection]:
@@ -618,6 +626,10 @@ def _validate(cfg: Config, path: Path | None) -> None:
         raise bad("must be an absolute path", "grpc.socket")
     if not 0 <= cfg.grpc.socket_mode <= 0o777:
         raise bad("must be permission bits such as 0o660", "grpc.socket_mode")
+    if cfg.grpc.max_streams < 1:
+        raise bad("must be at least 1", "grpc.max_streams")
+    if not 1 <= cfg.grpc.max_streams_per_user <= cfg.grpc.max_streams:
+        raise bad("must be at least 1 and at most grpc.max_streams", "grpc.max_streams_per_user")
     if cfg.grpc.tcp and not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[^:\s]+):\d{1,5}", cfg.grpc.tcp):
         raise bad("must be host:port (e.g. 127.0.0.1:50051 or [::1]:50051)", "grpc.tcp")
     if cfg.grpc.tcp:

@@ -15,6 +15,7 @@ agent's heap. `Point` objects are made only for the points a query returns.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from array import array
 from collections import OrderedDict
@@ -153,8 +154,9 @@ class MetricStore:
                 (a NIC that disappeared stops being reported).
         """
         out: list[SeriesView] = []
+        wanted = name_filter(names)
         for (name, labels), series in self._series.items():
-            if not series.count or not matches_any(name, names):
+            if not series.count or not wanted.matches(name):
                 continue
             last = series.last()
             if last is None or (newer_than is not None and last.ts < newer_than):
@@ -166,8 +168,9 @@ class MetricStore:
     def window(self, start: float, end: float, names: Sequence[str] = ()) -> list[SeriesView]:
         """Every matching series' points with ``start <= ts <= end``."""
         out: list[SeriesView] = []
+        wanted = name_filter(names)
         for (name, labels), series in self._series.items():
-            if not matches_any(name, names):
+            if not wanted.matches(name):
                 continue
             pts = tuple(Point(t, v) for t, v in series.points() if start <= t <= end)
             if pts:
@@ -178,15 +181,58 @@ class MetricStore:
 
 def matches_any(name: str, patterns: Sequence[str]) -> bool:
     """Whether ``name`` equals a pattern or starts with a pattern's prefix before ``*``."""
-    if not patterns:
-        return True
-    for p in patterns:
-        if p.endswith("*"):
-            if name.startswith(p[:-1]):
-                return True
-        elif name == p:
+    return name_filter(patterns).matches(name)
+
+
+class NameFilter:
+    """Metric-name patterns made into an index: a set of exact names and the prefixes
+    (shortest only: one that starts with another adds nothing), and every answer kept per
+    name (the catalog holds a few hundred names), so matching a series costs a dict lookup
+    however many patterns a request holds.
+
+    Args:
+        patterns: metric names or prefixes ending in ``*``; none: everything matches.
+    """
+
+    def __init__(self, patterns: Iterable[str]) -> None:
+        exact: set[str] = set()
+        prefixes: list[str] = []
+        for p in sorted(set(patterns)):
+            if p.endswith("*"):
+                head = p[:-1]
+                if not prefixes or not head.startswith(prefixes[-1]):
+                    prefixes.append(head)  # sorted: a covering prefix comes just before
+            else:
+                exact.add(p)
+        self.everything = not exact and not prefixes
+        self._exact = frozenset(exact)
+        self._prefixes = tuple(prefixes)
+        self._seen: dict[str, bool] = {}
+
+    def matches(self, name: str) -> bool:
+        if self.everything:
             return True
-    return False
+        hit = self._seen.get(name)
+        if hit is None:
+            hit = name in self._exact or name.startswith(self._prefixes)
+            if len(self._seen) >= _MAX_NAMES_SEEN:
+                self._seen.clear()  # a bound against name churn (cheap to refill)
+            self._seen[name] = hit
+        return hit
+
+
+_MAX_NAMES_SEEN = 4096
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_filter(patterns: tuple[str, ...]) -> NameFilter:
+    return NameFilter(patterns)
+
+
+def name_filter(patterns: Sequence[str]) -> NameFilter:
+    """The index of ``patterns``, made once per distinct set (the TUI, each stream and each
+    scrape ask with the same few sets again and again)."""
+    return _cached_filter(tuple(sorted(set(patterns))))
 
 
 class RoundPublisher:

@@ -9,6 +9,7 @@ from typing import cast
 
 import grpc
 
+from bpfdyno.core.budget import REQUESTED, reader
 from bpfdyno.core.store import SeriesView, SharedResults
 from bpfdyno.rpc.agent import (
     Clock,
@@ -23,7 +24,13 @@ from bpfdyno.rpc.v1 import agent_pb2 as pb
 from bpfdyno.rpc.v1 import agent_pb2_grpc as pb_grpc
 from bpfdyno.rpc.wire import to_pb
 from bpfdyno.server.errors import grpc_errors
+from bpfdyno.server.peers import requester_from_context
 from bpfdyno.services.agent import AgentService, Snapshot
+
+
+def _uid_peer(context: grpc.aio.ServicerContext) -> tuple[int | None, str]:
+    who = requester_from_context(context)
+    return who.uid, who.peer
 
 
 def series_record(v: SeriesView) -> Series:
@@ -62,22 +69,28 @@ class AgentServicer(pb_grpc.AgentServicer):
     async def GetMetrics(
         self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext
     ) -> pb.MetricsSnapshot:
-        return snapshot_to_pb(self._svc.snapshot(list(request.names)))
+        who = requester_from_context(context)
+        snap = self._svc.snapshot(list(request.names), reader(who.uid, who.peer))
+        with REQUESTED.work((reader(who.uid, who.peer),)):
+            return snapshot_to_pb(snap)
 
     @grpc_errors
     async def GetMetricsWindow(
         self, request: pb.GetMetricsWindowRequest, context: grpc.aio.ServicerContext
     ) -> pb.MetricsWindow:
+        who = reader(*_uid_peer(context))
         views = self._svc.window(
-            list(request.names), request.start_unix_seconds, request.end_unix_seconds
+            list(request.names), request.start_unix_seconds, request.end_unix_seconds, who
         )
-        return cast(pb.MetricsWindow, to_pb(MetricsWindow(tuple(map(series_record, views)))))
+        with REQUESTED.work((who,)):
+            return cast(pb.MetricsWindow, to_pb(MetricsWindow(tuple(map(series_record, views)))))
 
     @grpc_errors
     async def StreamMetrics(
         self, request: pb.StreamMetricsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.MetricsSnapshot]:
-        async for snap in self._svc.stream(list(request.names), list(request.collectors)):
+        who = requester_from_context(context)
+        async for snap in self._svc.stream(list(request.names), list(request.collectors), who):
             # Subscribers with the same filter share the snapshot: convert it once.
             yield self._messages.get(snap, None, partial(snapshot_to_pb, snap))
 

@@ -8,6 +8,7 @@ from typing import cast
 
 import grpc
 
+from bpfdyno.core.budget import reader
 from bpfdyno.core.events import KernelEvent
 from bpfdyno.rpc import kernel as api
 from bpfdyno.rpc.processes import ProcessList
@@ -15,6 +16,7 @@ from bpfdyno.rpc.v1 import kernel_pb2 as pb
 from bpfdyno.rpc.v1 import kernel_pb2_grpc as pb_grpc
 from bpfdyno.rpc.wire import to_pb
 from bpfdyno.server.errors import grpc_errors
+from bpfdyno.server.peers import requester_from_context
 from bpfdyno.services.kernel import KernelService
 from bpfdyno.sources.net.decode import TcpConnection
 
@@ -55,7 +57,10 @@ class KernelServicer(pb_grpc.KernelServicer):
     async def ListProcesses(
         self, request: pb.ListProcessesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListProcessesResponse:
-        snap = self._svc.list_processes(request.sort_by, request.limit, request.filter)
+        who = requester_from_context(context)
+        snap = await self._svc.list_processes(
+            request.sort_by, request.limit, request.filter, reader(who.uid, who.peer)
+        )
         table = ProcessList(snap.rows, snap.ts, snap.total_processes, dict(snap.unavailable))
         return cast(pb.ListProcessesResponse, to_pb(table))
 

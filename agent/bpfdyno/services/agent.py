@@ -15,8 +15,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
+from bpfdyno.core.budget import REQUESTED
 from bpfdyno.core.catalog import Catalog
-from bpfdyno.core.errors import InvalidArgument
+from bpfdyno.core.connections import PEER_LIMIT, ConnectionLimits
+from bpfdyno.core.errors import InvalidArgument, Unavailable
+from bpfdyno.core.identity import Requester
 from bpfdyno.core.metrics import MetricSpec, Round
 from bpfdyno.core.status import PartStatus
 from bpfdyno.core.store import (
@@ -25,7 +28,7 @@ from bpfdyno.core.store import (
     RoundPublisher,
     SeriesView,
     SharedResults,
-    matches_any,
+    name_filter,
 )
 from bpfdyno.rpc.agent import AgentStatus, CollectorState, CollectorStatus
 from bpfdyno.version import __version__
@@ -33,6 +36,15 @@ from bpfdyno.version import __version__
 #: Longest window a single query may ask for (the store keeps less anyway).
 MAX_WINDOW_S = 7 * 24 * 3600.0
 DEFAULT_WINDOW_S = 300.0
+#: Most metric-name patterns one request may hold (the catalog has a few hundred names; a
+#: client that wants more asks for everything, or for a prefix).
+MAX_NAME_PATTERNS = 256
+#: Longest metric-name pattern.
+MAX_PATTERN_LEN = 200
+#: Rules a refused request names.
+PATTERNS_RULE = "metric_pattern_limit"
+STREAMS_PER_USER_RULE = "stream_limit_per_user"
+STREAMS_RULE = "stream_limit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +89,16 @@ class AgentService:
         catalog: the metrics ``ListMetricSpecs`` declares; None: the daemon's.
     """
 
-    def __init__(self, daemon: DaemonState, catalog: Catalog | None = None) -> None:
+    def __init__(
+        self,
+        daemon: DaemonState,
+        catalog: Catalog | None = None,
+        streams: ConnectionLimits | None = None,
+    ) -> None:
         self._daemon = daemon
         self._catalog = catalog if catalog is not None else daemon.catalog
+        #: StreamMetrics calls open, in all and per user.
+        self.streams = streams if streams is not None else ConnectionLimits(256, 8)
         # Every stream subscriber with the same name filter gets the same Snapshot object.
         self._round_snapshots: SharedResults[tuple[str, ...], Snapshot | None] = SharedResults()
 
@@ -100,17 +119,23 @@ class AgentService:
     def metric_specs(self) -> list[MetricSpec]:
         return list(self._catalog)
 
-    def snapshot(self, names: Sequence[str] = ()) -> Snapshot:
-        """Latest value of every matching series still being updated."""
+    def snapshot(self, names: Sequence[str] = (), who: str = "in-process") -> Snapshot:
+        """Latest value of every matching series still being updated (the work is
+        ``who``'s: `bpfdyno.core.budget.RequestedWork`)."""
         _check_names(names)
+        REQUESTED.check(who)
         now = time.time()
         # A series not updated for 3 of its longest plausible intervals has gone away (a NIC
         # removed, a process exited); leave it out of "latest".
         horizon = now - max(3 * self._longest_interval(), 10.0)
-        return Snapshot(now, "", self._daemon.store.latest(names, newer_than=horizon))
+        with REQUESTED.work((who,)):
+            return Snapshot(now, "", self._daemon.store.latest(names, newer_than=horizon))
 
-    def window(self, names: Sequence[str], start: float, end: float) -> list[SeriesView]:
+    def window(
+        self, names: Sequence[str], start: float, end: float, who: str = "in-process"
+    ) -> list[SeriesView]:
         _check_names(names)
+        REQUESTED.check(who)
         now = time.time()
         if end == 0:
             end = now
@@ -122,12 +147,21 @@ class AgentService:
             )
         if end - start > MAX_WINDOW_S:
             raise InvalidArgument(f"window longer than {MAX_WINDOW_S:.0f} s; ask for less")
-        return self._daemon.store.window(start, end, names)
+        with REQUESTED.work((who,)):
+            return self._daemon.store.window(start, end, names)
 
     async def stream(
-        self, names: Sequence[str] = (), collectors: Sequence[str] = ()
+        self,
+        names: Sequence[str] = (),
+        collectors: Sequence[str] = (),
+        requester: Requester | None = None,
     ) -> AsyncIterator[Snapshot]:
-        """Yield each collection round (filtered) as it happens, until the caller stops."""
+        """Yield each collection round (filtered) as it happens, until the caller stops.
+
+        Raises:
+            InvalidArgument: a bad pattern or collector name.
+            Unavailable: the requester's streams, or all streams, are at their limit.
+        """
         _check_names(names)
         known = set(self._daemon.collector_intervals())
         unknown = [c for c in collectors if c not in known]
@@ -135,6 +169,31 @@ class AgentService:
             raise InvalidArgument(
                 f"unknown collector(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
             )
+        who = requester if requester is not None else Requester(None, "in-process", "unknown")
+        peer = self.streams.peer_of(who)
+        refused = self.streams.admit(peer, privileged=who.uid == 0)
+        if refused == PEER_LIMIT:
+            raise Unavailable(
+                f"{peer} already has {self.streams.max_per_peer} metric streams open (the "
+                "most one user may); close one (each `metrics --watch` or `top` holds one) "
+                "or ask the operator to raise grpc.max_streams_per_user",
+                STREAMS_PER_USER_RULE,
+            )
+        if refused:
+            raise Unavailable(
+                f"the agent already serves {self.streams.max_total} metric streams (its "
+                "limit, grpc.max_streams); retry later",
+                STREAMS_RULE,
+            )
+        try:
+            async for snap in self._stream(names, collectors):
+                yield snap
+        finally:
+            self.streams.release(peer)
+
+    async def _stream(
+        self, names: Sequence[str], collectors: Sequence[str]
+    ) -> AsyncIterator[Snapshot]:
         q = self._daemon.publisher.subscribe()
         try:
             while True:
@@ -168,8 +227,20 @@ def collector_status(p: PartStatus) -> CollectorStatus:
 
 
 def _check_names(names: Sequence[str]) -> None:
+    if len(names) > MAX_NAME_PATTERNS:
+        raise InvalidArgument(
+            f"{len(names)} metric name patterns in one request; at most {MAX_NAME_PATTERNS}: "
+            "ask for prefixes ending in '*' (e.g. 'sched_*'), or for every metric with none",
+            PATTERNS_RULE,
+        )
     for n in names:
-        if not n or len(n) > 200 or any(c.isspace() for c in n):
+        if len(n) > MAX_PATTERN_LEN:
+            raise InvalidArgument(
+                f"a metric name pattern of {len(n)} characters; at most {MAX_PATTERN_LEN}: "
+                "use a metric name or a prefix ending in '*'",
+                PATTERNS_RULE,
+            )
+        if not n or any(c.isspace() for c in n):
             raise InvalidArgument(
                 f"bad metric name pattern {n!r}: use a metric name or a prefix ending in '*'"
             )
@@ -177,9 +248,10 @@ def _check_names(names: Sequence[str]) -> None:
 
 def _round_snapshot(rnd: Round, names: Sequence[str]) -> Snapshot | None:
     """The round's available values whose names match, or None when none does."""
+    wanted = name_filter(names)
     series = [
         SeriesView(s.spec, s.labels, (Point(rnd.ts, s.value),))
         for s in rnd.samples
-        if s.value == s.value and matches_any(s.spec.name, names)  # NaN: not available
+        if s.value == s.value and wanted.matches(s.spec.name)  # NaN: not available
     ]
     return Snapshot(rnd.ts, rnd.collector, series) if series else None

@@ -7,17 +7,22 @@ something malformed) and `Unavailable` (the data source is not running here).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from bpfdyno.core.budget import REQUESTED
 from bpfdyno.core.errors import InvalidArgument, Unavailable
 from bpfdyno.core.events import FlightRecorder, KernelEvent, Subscription
+from bpfdyno.core.workers import DaemonExecutor
 from bpfdyno.rpc.processes import QueryError, filter_rows, parse_filter, sort_key, sort_rows
 from bpfdyno.sources.net.decode import TcpConnection
 from bpfdyno.sources.procs.table import ProcessSnapshot, ProcessTable
 
 MAX_STREAM_KINDS = 64
+#: Longest a reader waits for the process table to be updated for it.
+REFRESH_TIMEOUT_S = 10.0
 
 
 class ConnectionSource(Protocol):
@@ -51,19 +56,26 @@ class KernelService:
         recorder: FlightRecorder,
         table: ProcessTable | None = None,
         net: ConnectionSource | None = None,
+        fresh_within_s: float = 1.0,
     ) -> None:
         self._recorder = recorder
         self._table = table
         self._net = net
+        self._fresh_within_s = fresh_within_s
+        # Updating the table reads /proc (another process's command line can block on its
+        # memory map lock): never on the event loop.
+        self._refresher = DaemonExecutor("procs-read")
 
-    def list_processes(
-        self, sort_by: str = "", limit: int = 0, filter: str = ""
+    async def list_processes(
+        self, sort_by: str = "", limit: int = 0, filter: str = "", who: str = "in-process"
     ) -> ProcessSnapshot:
-        """The latest process table, filtered, sorted and cut to ``limit`` rows.
+        """The process table as of at most one round ago (``fresh_within_s``), filtered,
+        sorted and cut to ``limit`` rows: updated first when its last update is older.
 
         Raises:
             InvalidArgument: unknown sort key, malformed filter, negative limit.
-            Unavailable: no process table, or it has not been built yet.
+            Unavailable: no process table, or it could not be updated in time, or ``who``
+                (``uid N``) had the agent spend their share of requested work.
         """
         if limit < 0:
             raise InvalidArgument(f"limit must be 0 (all) or positive, got {limit}")
@@ -78,13 +90,36 @@ class KernelService:
             raise Unavailable(
                 "the process table is disabled; enable [collectors.procs] in the config"
             )
-        snap = self._table.snapshot
+        REQUESTED.check(who)
+        snap = await self._fresh(self._table, who)
         if snap.ts == 0:
             raise Unavailable("the process table has not been built yet; retry in a second")
-        rows = sort_rows(filter_rows(snap.rows, flt), key)
+        with REQUESTED.work((who,)):
+            rows = sort_rows(filter_rows(snap.rows, flt), key)
         if limit:
             rows = rows[:limit]
         return replace(snap, rows=tuple(rows))
+
+    async def _fresh(self, table: ProcessTable, who: str) -> ProcessSnapshot:
+        age = table.age_s()
+        if age is not None and age <= self._fresh_within_s:
+            with REQUESTED.work((who,)):  # its rows may be built now
+                return table.read(who)  # the rounds keep it fresh while someone reads
+
+        def refresh() -> ProcessSnapshot:
+            with REQUESTED.work((who,)):
+                return table.fresh_snapshot(self._fresh_within_s, who)
+
+        loop = asyncio.get_running_loop()
+        call = loop.run_in_executor(self._refresher, refresh)
+        try:
+            return await asyncio.wait_for(asyncio.shield(call), REFRESH_TIMEOUT_S)
+        except TimeoutError:
+            raise Unavailable(
+                f"the process table could not be updated within {REFRESH_TIMEOUT_S:g} s (a "
+                "read of /proc is blocked); retry, and see `bpfdyno status` for the procs "
+                "collector"
+            ) from None
 
     def list_connections(self, pid: int = 0, state: str = "") -> list[TcpConnection]:
         """Tracked TCP connections, optionally of one process and/or in one state.

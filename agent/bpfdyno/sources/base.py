@@ -8,11 +8,14 @@ on its own worker thread at every deadline, then ``close()`` on shutdown.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 from bpfdyno.core.budget import Reduction
 from bpfdyno.core.metrics import HistogramSample, Sample
 from bpfdyno.core.status import PartState
+
+_V = TypeVar("_V")
 
 
 class CollectorUnavailable(Exception):
@@ -87,3 +90,15 @@ class Collector(abc.ABC):
         became estimates. The default has none.
         """
         return ()
+
+
+class ReadAt(dict[int, _V]):
+    """Per-pid values that were all read at one instant, ``read_at`` (monotonic seconds).
+
+    A consumer that turns two readings into rates divides by the time between their
+    ``read_at``, not by its own schedule: the values may be older than its own update.
+    """
+
+    def __init__(self, values: Mapping[int, _V], read_at: float) -> None:
+        super().__init__(values)
+        self.read_at = read_at

@@ -10,12 +10,13 @@ test_budget_storm.py.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 
 import pytest
 
-from bpfdyno.core.budget import Costs, Reduction, excluded_work
+from bpfdyno.core.budget import Costs, Reduction, RequestedWork, excluded_work
 from bpfdyno.core.config import BudgetSection
 from bpfdyno.core.metrics import Sample
 from bpfdyno.core.status import PartState
@@ -90,11 +91,29 @@ class Step(Reduction):
         return self.restore
 
 
+class Requested(RequestedWork):
+    """Readers' requested work, as the test says (ns so far, per reader)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ns: dict[str, int] = {}
+
+    def total_ns(self) -> int:
+        return sum(self.ns.values())
+
+    def by_reader(self) -> dict[str, int]:
+        return dict(self.ns)
+
+
 class Agent:
     """The controller with its measurements under the test's control."""
 
     def __init__(
-        self, steps: Sequence[Reduction], memory: Sequence[Reduction] = (), **cfg: object
+        self,
+        steps: Sequence[Reduction],
+        memory: Sequence[Reduction] = (),
+        requested: RequestedWork | None = None,
+        **cfg: object,
     ) -> None:
         self.now = 1000.0
         self.cpu = 0
@@ -109,6 +128,7 @@ class Agent:
             cpu_ns=lambda: self.cpu,
             rss=lambda: self.rss,
             clock=lambda: self.now,
+            requested=requested or Requested(),
         )
         self.budget.start()
         self.samples: Sequence[Sample] = self.budget.collect()
@@ -181,9 +201,11 @@ def test_over_budget_twice_takes_the_biggest_savings_until_80_percent() -> None:
     state, reason = agent.budget.health()
     assert state is PartState.DEGRADED
     assert "reduced: net.sampled since " in reason
+    # The reason names the parts that add up to the total, then the part the step acts on.
     assert reason.endswith(
         ": net.sampled on (net.sampled data) because the agent cost 1.82 % of a core against "
-        "1.00 % (net 1.60 %)"
+        "1.00 %: BPF 1.82 % (bpfdyno_nsend 1.60 %, bpfdyno_switch 0.20 %, bpfdyno_ndrop 0.02 %)"
+        " + its threads 0.00 % (loop and others 0.00 %); this step acts on net (1.60 %)"
     )
 
 
@@ -366,3 +388,56 @@ def test_a_moment_of_agent_work_does_not_trip_the_budget() -> None:
     agent.period({}, agent_ns_s=0)
     assert agent.value("agent_cost_ratio", part="agent") == pytest.approx(0.003)
     assert agent.value("agent_budget_exceeded") == 0.0
+
+
+def test_readers_requested_work_is_theirs_never_a_reason_to_reduce() -> None:
+    net = Step("net.sampled", ["bpfdyno_nsend"])
+    requested = Requested()
+    agent = Agent([net], requested=requested)
+    agent.warm()
+    # The agent's threads spend 30 ms/s, 25 of them because uid 1000 reads (a `top` keeping
+    # the process table fresh): 0.4 % BPF + 0.5 % the agent's own: under the 1 % budget.
+    for _ in range(10):
+        requested.ns["uid 1000"] = requested.ns.get("uid 1000", 0) + 50 * MS
+        agent.period({"bpfdyno_nsend": 4 * MS}, agent_ns_s=30 * MS)
+    assert net.log == []
+    assert agent.value("agent_cost_ratio", part="agent") == pytest.approx(0.005)
+    state, reason = agent.budget.health()
+    assert state is PartState.OK
+    assert "; requested by readers, theirs, not counted: uid 1000 2.50 %;" in reason
+    # The same 30 ms/s as the agent's own work (nobody reads): over budget, reduced.
+    for _ in range(5):
+        agent.period({"bpfdyno_nsend": 4 * MS}, agent_ns_s=30 * MS)
+    assert net.log == ["apply"]
+
+
+def test_a_storm_logs_one_warning_its_steps_and_undos_at_info(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    first = Step("net.sampled", ["bpfdyno_nsend"], 0.875, restore=1 * MS)
+    second = Step("sched.sampled", ["bpfdyno_switch"], 0.875, restore=1 * MS)
+    agent = Agent([first, second], restore_after_s=10.0)
+    agent.warm()
+    caplog.set_level(logging.INFO, logger="bpfdyno.sources.budget.controller")
+    agent.period({"bpfdyno_nsend": 20 * MS, "bpfdyno_switch": 20 * MS}, agent_ns_s=0)
+    agent.period({"bpfdyno_nsend": 20 * MS, "bpfdyno_switch": 20 * MS}, agent_ns_s=0)
+    calm = {"bpfdyno_nsend": 0.1 * MS, "bpfdyno_switch": 0.1 * MS}
+    for _ in range(20):
+        agent.period(calm, agent_ns_s=2 * MS)
+    assert (first.log, second.log) == (["apply", "undo"], ["apply", "undo"])
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    warnings = [m for level, m in lines if level == "WARNING"]
+    assert warnings == [
+        "budget: over budget, reducing (net.sampled, sched.sampled): the agent cost 4.00 % of "
+        "a core against 1.00 %: BPF 4.00 % (bpfdyno_nsend 2.00 %, bpfdyno_switch 2.00 %) + its "
+        "threads 0.00 % (loop and others 0.00 %); steps and undos follow at INFO until the "
+        "last is undone"
+    ]
+    infos = [m.split(" (")[0].split(":")[1].strip() for level, m in lines if level == "INFO"]
+    assert infos == [
+        "net.sampled",
+        "sched.sampled",
+        "sched.sampled undone",
+        "net.sampled undone",
+        "every step undone; the storm is over",
+    ]

@@ -192,3 +192,50 @@ def test_a_storm_is_brought_under_the_budget_and_undone_after_it(
     assert agent.budget()[0] == "OK"
     assert agent.metric("agent_budget_step_active")["net.bytes_sampled"] == 0.0
     assert agent.metric("agent_budget_steps_total")["net.bytes_sampled"] >= 1.0
+
+
+#: What `top` with its Processes tab open asks, once a second: every process, and metrics.
+READER = r"""
+import sys, time, grpc
+from bpfdyno.rpc.v1 import agent_pb2 as pb, agent_pb2_grpc as pb_grpc
+from bpfdyno.rpc.v1 import kernel_pb2 as kpb, kernel_pb2_grpc as kpb_grpc
+ch = grpc.insecure_channel("unix:" + sys.argv[1])
+agent, kernel = pb_grpc.AgentStub(ch), kpb_grpc.KernelStub(ch)
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    kernel.ListProcesses(kpb.ListProcessesRequest(), timeout=10)
+    agent.GetMetrics(pb.GetMetricsRequest(), timeout=10)
+    time.sleep(1.0)
+print("done", flush=True)
+"""
+
+
+def test_ordinary_reading_is_the_readers_work_and_never_a_step(
+    agent_factory: Callable[[list[str]], Agent],
+) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tracing"))
+    from local_user import local_user
+
+    agent = agent_factory([])  # every default: the 2 % budget included
+    os.chmod(agent.dir, 0o755)
+    with local_user() as ann:
+        reading = subprocess.Popen(
+            ann.wrap([sys.executable, "-c", READER, agent.sock, "45"]),
+            env=ann.env(),
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ann.home,
+        )
+        try:
+            agent.wait_until_deciding()
+            time.sleep(12)
+            state, reason = agent.budget()
+            taken = agent.metric("agent_budget_steps_total")
+        finally:
+            reading.kill()
+            reading.wait()
+    assert (state, "nothing reduced" in reason) == ("OK", True), reason
+    assert taken and set(taken.values()) == {0.0}
+    # Its work is named as hers, apart from the agent's own cost.
+    assert f"; requested by readers, theirs, not counted: uid {ann.uid} " in reason, reason
+    assert "budget:" not in agent.stop()  # not a line about the budget in its log

@@ -322,38 +322,36 @@ def test_network_traffic_counts_as_activity(tmp_path: Path) -> None:
     assert row.activity == pytest.approx(1.0)
 
 
-def test_service_filters_sorts_and_limits(tmp_path: Path) -> None:
+async def test_service_filters_sorts_and_limits(tmp_path: Path) -> None:
     fp = FakeProc(tmp_path)
     fp.add(1, comm="systemd", cmdline="/sbin/init", uid=0)
     fp.add(2, comm="python", cmdline="python train.py", environ={"SLURM_JOB_ID": "9"})
     fp.add(3, comm="python", cmdline="python eval.py", cgroup=f"0::/docker/{DOCKER_ID}\n")
     table = ProcessTable(tmp_path, clock=fp.clock)
     svc = KernelService(FlightRecorder(60, 1 << 20), table=table)
-    with pytest.raises(Unavailable, match="not been built yet"):
-        svc.list_processes()
     table.refresh()
 
-    def pids(**kw: object) -> list[int]:
-        return [r.pid for r in svc.list_processes(**kw).rows]  # type: ignore[arg-type]
+    async def pids(**kw: object) -> list[int]:
+        return [r.pid for r in (await svc.list_processes(**kw)).rows]  # type: ignore[arg-type]
 
-    assert pids(sort_by="pid") == [1, 2, 3]
-    assert pids(sort_by="pid", limit=2) == [1, 2]
-    assert pids(sort_by="pid", filter="python") == [2, 3]
-    assert pids(filter="job=9") == [2]
-    assert pids(filter=f"container={DOCKER_ID[:12]}") == [3]
-    assert pids(filter="comm=python train") == [2]
-    assert pids(filter="pid=3 user=root") == [3]
-    assert svc.list_processes(filter="pid=1").total_processes == 3
+    assert await pids(sort_by="pid") == [1, 2, 3]
+    assert await pids(sort_by="pid", limit=2) == [1, 2]
+    assert await pids(sort_by="pid", filter="python") == [2, 3]
+    assert await pids(filter="job=9") == [2]
+    assert await pids(filter=f"container={DOCKER_ID[:12]}") == [3]
+    assert await pids(filter="comm=python train") == [2]
+    assert await pids(filter="pid=3 user=root") == [3]
+    assert (await svc.list_processes(filter="pid=1")).total_processes == 3
     with pytest.raises(InvalidArgument, match="unknown filter key 'port'"):
-        svc.list_processes(filter="port=80")
+        await svc.list_processes(filter="port=80")
     with pytest.raises(InvalidArgument, match="pid must be a number"):
-        svc.list_processes(filter="pid=abc")
+        await svc.list_processes(filter="pid=abc")
     with pytest.raises(InvalidArgument, match="has no value"):
-        svc.list_processes(filter="user=")
+        await svc.list_processes(filter="user=")
     with pytest.raises(InvalidArgument, match="unknown sort key 'size'"):
-        svc.list_processes(sort_by="size")
+        await svc.list_processes(sort_by="size")
     with pytest.raises(InvalidArgument, match="limit must be"):
-        svc.list_processes(limit=-1)
+        await svc.list_processes(limit=-1)
     with pytest.raises(Unavailable, match=r"enable \[collectors.net\]"):
         svc.list_connections()
 

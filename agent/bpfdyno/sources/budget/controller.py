@@ -22,8 +22,15 @@ Every round (1 s) it reads the agent's CPU time and RSS; every run-statistics wi
 
 Everything is visible: ``status`` (this part) says what is reduced, since when and why, the
 metrics count the steps, and the parts label what became estimates. One-off work done at
-someone's request (compiling, merging a trace) is left out (`bpfdyno.core.budget`). The first
-`WARMUP_S` after start (first rounds, compiles) are measured but never acted on.
+someone's request (compiling, merging a trace) is left out (`bpfdyno.core.budget`), and so is
+work done because someone reads (`bpfdyno.core.budget.RequestedWork`: refreshing the process
+table for `ps` or `top`, answering queries): it is the reader's, bounded per reader, and
+named per reader in ``status``; ordinary reading never makes the agent degrade itself. The
+first `WARMUP_S` after start (first rounds, compiles) are measured but never acted on.
+
+Steps and undos are logged at INFO; a storm (from the first step taken while none is held
+until the last is undone) logs one WARNING, with the reason: the parts that add up to the
+total.
 """
 
 from __future__ import annotations
@@ -36,7 +43,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from bpfdyno.core.budget import Costs, Reduction, excluded_cpu_ns, ratio_text
+from bpfdyno.core.budget import (
+    REQUESTED,
+    Costs,
+    Reduction,
+    RequestedWork,
+    excluded_cpu_ns,
+    ratio_text,
+)
 from bpfdyno.core.config import BudgetSection
 from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.core.status import PartState
@@ -140,6 +154,7 @@ class BudgetCollector(Collector):
         cpu_ns: Callable[[], int] = time.process_time_ns,
         rss: Callable[[], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        requested: RequestedWork = REQUESTED,
     ) -> None:
         self._cfg = section
         self._sources = list(sources)
@@ -164,7 +179,10 @@ class BudgetCollector(Collector):
         self._state = BudgetState()
         self._errors: list[str] = []
         self._last_full: dict[str, float] = {}  # each function's latest known full cost
-        self._agent_periods: deque[tuple[float, int]] = deque()  # (seconds, CPU ns) each
+        #: (seconds, the agent's CPU ns, each collector's CPU ns) of each recent period.
+        self._agent_periods: deque[tuple[float, int, dict[str, int]]] = deque()
+        self._requested = requested
+        self._requested_at_window: dict[str, int] = {}
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -207,7 +225,7 @@ class BudgetCollector(Collector):
             return [] if self._window_seq else self._samples()
         self._window_seq = window.seq
         now = self._clock()
-        reading = _Reading(now, self._cpu_ns() - excluded_cpu_ns())
+        reading = _Reading(now, self._cpu_ns() - excluded_cpu_ns() - self._requested.total_ns())
         rss = self._rss()
         costs = self._costs(window, reading)
         acting = self._cfg.enabled and now - self._started_at >= WARMUP_S
@@ -236,6 +254,7 @@ class BudgetCollector(Collector):
             f"cost {ratio_text(costs.total_ns_s)} of a core (BPF {ratio_text(costs.bpf_total_ns_s)}"
             f", agent {ratio_text(costs.agent_ns_s)}) against a budget of {ratio_text(budget)}; "
             f"RSS {st.rss_bytes / 1e6:.0f} MB of {self._cfg.rss_bytes / 1e6:.0f} MB"
+            f"{_requested_text(costs)}"
         )
         if not self._cfg.enabled:
             return PartState.OK, f"{head}; measuring only ([budget] enabled = false)"
@@ -276,22 +295,36 @@ class BudgetCollector(Collector):
         for step in self._steps():
             if isinstance(step, SampledFunctions):
                 bpf.update(step.smoothed(bpf, self._last_full))
-        self._agent_periods.append((period, max(reading.cpu_ns - prev.cpu_ns, 0)))
-        while sum(p for p, _ in self._agent_periods) - self._agent_periods[0][0] >= AGENT_SPAN_S:
+        grown = {
+            name: max(ns - prev_collectors.get(name, ns), 0) for name, ns in collectors.items()
+        }
+        self._agent_periods.append((period, max(reading.cpu_ns - prev.cpu_ns, 0), grown))
+        while sum(p for p, _, _ in self._agent_periods) - self._agent_periods[0][0] >= AGENT_SPAN_S:
             self._agent_periods.popleft()
-        agent_ns_s = sum(ns for _, ns in self._agent_periods) / sum(
-            p for p, _ in self._agent_periods
-        )
+        # The agent's threads and each collector's rounds over the same span: the collectors'
+        # parts of the agent's cost add up to it (the rest is the loop and other threads).
+        span = sum(p for p, _, _ in self._agent_periods)
+        agent_ns_s = sum(ns for _, ns, _ in self._agent_periods) / span
+        collector_ns_s: dict[str, float] = {}
+        for _, _, each in self._agent_periods:
+            for name, ns in each.items():
+                collector_ns_s[name] = collector_ns_s.get(name, 0.0) + ns / span
+        requested = self._requested.by_reader()
+        before = self._requested_at_window
+        self._requested_at_window = requested
+        requested_ns_s = {
+            who: (ns - before.get(who, 0)) / period
+            for who, ns in requested.items()
+            if ns > before.get(who, 0)
+        }
         return Costs(
             bpf_ns_s=bpf,
             bpf_full_ns_s=full,
             bpf_runs_s=runs,
-            collector_ns_s={
-                name: max(ns - prev_collectors.get(name, ns), 0) / period
-                for name, ns in collectors.items()
-            },
+            collector_ns_s=collector_ns_s,
             agent_ns_s=agent_ns_s,
             window_s=window.window_s,
+            requested_ns_s=requested_ns_s,
         )
 
     # -- deciding -------------------------------------------------------------------------
@@ -336,13 +369,25 @@ class BudgetCollector(Collector):
         ]
         # The most saving first; a trace's own steps only after every other.
         candidates.sort(key=lambda c: (c[1].capture, -c[0]))
-        why_total = f"the agent cost {ratio_text(total)} of a core against {ratio_text(budget)}"
+        why_total = cost_reason(costs, budget)
+        storm = not self._held
+        taken: list[str] = []
         for saving, step in candidates:
             if total <= TARGET * budget:
                 break
-            why = f"{why_total} ({step.part} {ratio_text(step.cost_ns_s(costs))})"
+            why = (
+                f"{why_total}; this step acts on {step.part} ({ratio_text(step.cost_ns_s(costs))})"
+            )
             if self._take(step, why, now):
                 total -= saving
+                taken.append(step.name)
+        if storm and taken:
+            log.warning(
+                "budget: over budget, reducing (%s): %s; steps and undos follow at INFO "
+                "until the last is undone",
+                ", ".join(taken),
+                why_total,
+            )
         self._over_windows = 0
 
     def _take(self, step: Reduction, why: str, now: float) -> bool:
@@ -362,7 +407,7 @@ class BudgetCollector(Collector):
         self._changed_at = now
         held = Held(step, time.time(), now, why)
         (self._memory_held if step in self._memory_steps else self._held).append(held)
-        log.warning("budget: %s: %s (%s) because %s", step.name, step.what, step.lost, why)
+        log.info("budget: %s: %s (%s) because %s", step.name, step.what, step.lost, why)
         return True
 
     def _maybe_restore(self, costs: Costs, total: float, budget: float, now: float) -> None:
@@ -383,12 +428,14 @@ class BudgetCollector(Collector):
             if hist is not None:
                 hist.undone_at = now
             self._changed_at = now
-            log.warning(
+            log.info(
                 "budget: %s undone (the agent cost %s of a core; taken because %s)",
                 held.step.name,
                 ratio_text(total),
                 held.why,
             )
+            if not self._held:
+                log.info("budget: every step undone; the storm is over")
             return
 
     def _undo(self, step: Reduction) -> None:
@@ -455,6 +502,39 @@ class BudgetCollector(Collector):
             hist = self._history.get(name)
             out.append(sample(STEPS_TAKEN, hist.taken if hist else 0, {"step": name}))
         return out
+
+
+def cost_reason(costs: Costs, budget: float) -> str:
+    """Why the agent is over budget, as the parts that add up to the total: its BPF
+    programs (the costliest named) plus its threads (each collector's rounds, then the
+    rest: the event loop, the servers, the exporters); readers' work said apart."""
+    bpf = sorted(costs.bpf_ns_s.items(), key=lambda kv: -kv[1])
+    threads = sorted(costs.collector_ns_s.items(), key=lambda kv: -kv[1])
+    rest = costs.agent_ns_s - sum(ns for _, ns in threads)
+    return (
+        f"the agent cost {ratio_text(costs.total_ns_s)} of a core against "
+        f"{ratio_text(budget)}: BPF {ratio_text(costs.bpf_total_ns_s)} "
+        f"({_parts_text(bpf)}) + its threads {ratio_text(costs.agent_ns_s)} "
+        f"({_parts_text([*threads, ('loop and others', rest)])})"
+        f"{_requested_text(costs)}"
+    )
+
+
+def _parts_text(parts: Sequence[tuple[str, float]], most: int = 4) -> str:
+    """The ``most`` costliest parts by name, the others together."""
+    shown = [f"{name} {ratio_text(ns)}" for name, ns in parts[:most]]
+    others = sum(ns for _, ns in parts[most:])
+    if len(parts) > most:
+        shown.append(f"{len(parts) - most} others {ratio_text(others)}")
+    return ", ".join(shown) or "none"
+
+
+def _requested_text(costs: Costs) -> str:
+    """Readers' requested work, theirs and left out of the budget (empty: none)."""
+    if not costs.requested_ns_s:
+        return ""
+    each = sorted(costs.requested_ns_s.items(), key=lambda kv: -kv[1])
+    return f"; requested by readers, theirs, not counted: {_parts_text(each)}"
 
 
 def _own_rss() -> int:

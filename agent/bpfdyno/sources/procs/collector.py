@@ -7,7 +7,11 @@ samples describe the table itself; the rows are served by `bpfdyno.services.kern
 The table has readers only now and then (`ps`, the TUI, a scrape): while nobody read it in
 the last few seconds it is refreshed every `IDLE_REFRESH_S` instead of every round (its
 rates then cover that longer interval), and every round again as soon as someone reads it.
-On an idle node that was the largest share of the agent's own cost.
+On an idle node that was the largest share of the agent's own cost. A read never gets that
+idle table: `ProcessTable.fresh_snapshot` updates it first when it is older than a round
+(`bpfdyno.services.kernel`), so the idle cadence only sets the interval the first read's
+rates cover; it matches the thread walk's idle cadence (`SchedCollector`), which each
+update of the table brings up to date.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from bpfdyno.core.budget import REQUESTED
 from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 from bpfdyno.sources.procs.metrics import (
@@ -25,7 +30,7 @@ from bpfdyno.sources.procs.metrics import (
 from bpfdyno.sources.procs.table import ProcessTable
 
 #: How often the table is refreshed while nobody reads it.
-IDLE_REFRESH_S = 5.0
+IDLE_REFRESH_S = 10.0
 
 
 class ProcsCollector(Collector):
@@ -65,9 +70,12 @@ class ProcsCollector(Collector):
             and not self.table.in_demand()
         ):
             return self._last  # nobody reads it: the last refresh stands
+        idle_due = self._refreshed_at is None or now - self._refreshed_at >= IDLE_REFRESH_S
         self._refreshed_at = now
         t0 = time.monotonic()
-        rows = self.table.update()
+        # Refreshed every round only because someone reads: that work is the readers'.
+        with REQUESTED.work(() if idle_due else self.table.readers(), bounded=False):
+            rows = self.table.update()
         out = [
             sample(TABLE_ROWS, rows),
             sample(REFRESH_SECONDS, time.monotonic() - t0),

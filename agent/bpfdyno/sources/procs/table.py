@@ -36,6 +36,7 @@ from typing import Protocol, TypeVar
 
 from bpfdyno.core import pidfs as procinfo
 from bpfdyno.rpc.processes import ProcessRow, activity
+from bpfdyno.sources.base import ReadAt
 from bpfdyno.sources.kubelet.podresources import PodRef
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,8 @@ class ProcessSnapshot:
 
 #: Rows are built at each update while the table was read within this many seconds.
 DEMAND_S = 5.0
+#: The reader a read without a name is counted as (the Prometheus and OTLP exporters).
+EXPORTERS = "exporters"
 #: A process's /proc/PID/stat is re-read at least this often even when it did not run.
 STAT_MAX_AGE_S = 30.0
 
@@ -121,6 +124,8 @@ class _Update:
     pods: Mapping[int, PodRef] | None
     pinned: set[int]
     unavailable: dict[str, str]
+    #: When the scheduler totals were read (monotonic; the provider's `ReadAt`, else ``t``).
+    sched_t: float = 0.0
 
 
 @dataclass(slots=True)
@@ -195,20 +200,45 @@ class ProcessTable:
         # the lock, by the updating thread or by the first reader.
         self._lock = threading.Lock()
         self._prev: _Update | None = None
+        # The latest update whose scheduler totals came from an older walk than the last
+        # update's (two updates may share a walk): the scheduler ratios' other end.
+        self._sched_prev: _Update | None = None
         self._last: _Update | None = None
         self._snapshot = ProcessSnapshot(0.0, (), 0)
         self._built = True
         self._read_at: float | None = None
+        #: Who read the table, when (monotonic): the readers it is kept fresh for.
+        self._readers: dict[str, float] = {}
+        # One update at a time, whoever asks (the collector's round or a reader).
+        self._update_lock = threading.Lock()
 
     @property
     def snapshot(self) -> ProcessSnapshot:
-        """The table as of the last update (thread-safe); builds its rows if not built yet."""
+        """The table as of the last update (thread-safe); builds its rows if not built yet.
+        A read by the exporters (a scrape, a push)."""
+        return self.read(EXPORTERS)
+
+    def read(self, reader: str) -> ProcessSnapshot:
+        """`snapshot`, read by ``reader`` (``uid N``): the table is kept fresh for them."""
         with self._lock:
             self._read_at = self._clock()
+            self._note(reader, self._read_at)
             if not self._built:
                 self._snapshot = self._build()
                 self._built = True
             return self._snapshot
+
+    def _note(self, reader: str, now: float) -> None:
+        if reader not in self._readers and len(self._readers) >= 1024:
+            self._readers = {k: t for k, t in self._readers.items() if now - t < DEMAND_S}
+        self._readers[reader] = now
+
+    def readers(self) -> list[str]:
+        """Who read the table in the last `DEMAND_S` seconds (the work of keeping it fresh
+        every round is theirs)."""
+        with self._lock:
+            now = self._clock()
+            return [who for who, t in self._readers.items() if now - t < DEMAND_S]
 
     def in_demand(self) -> bool:
         """Whether someone read the table in the last `DEMAND_S` seconds."""
@@ -226,6 +256,29 @@ class ProcessTable:
         self.update()
         return self.snapshot
 
+    def fresh_snapshot(self, max_age_s: float, reader: str = "") -> ProcessSnapshot:
+        """The table as of an update at most ``max_age_s`` old: updated first when the last
+        one is older (blocking: call it on a worker thread).
+
+        While nobody reads, the table is updated only now and then; a reader is never
+        answered from that. Readers who come together share one update: it runs under the
+        update lock, and whoever waited for it finds it fresh.
+        """
+        with self._update_lock:
+            with self._lock:
+                now = self._clock()
+                self._read_at = now  # rows are built by the update below
+                self._note(reader or EXPORTERS, now)
+                last = self._last
+            if last is None or now - last.t > max_age_s:
+                self._update()
+        return self.read(reader or EXPORTERS)
+
+    def age_s(self) -> float | None:
+        """Seconds since the last update; None before the first."""
+        last = self._last
+        return None if last is None else self._clock() - last.t
+
     def update(self) -> int:
         """Read /proc and the providers once and publish the new table.
 
@@ -236,9 +289,14 @@ class ProcessTable:
         Returns:
             The number of processes seen.
         """
+        with self._update_lock:
+            return self._update()
+
+    def _update(self) -> int:
         now = self._clock()
         unavailable: dict[str, str] = {}
         sched = self._call("sched", self._sched, unavailable)
+        sched_t = sched.read_at if isinstance(sched, ReadAt) else now
         net = self._call("net", self._net, unavailable)
         gpu = self._call("gpu", self._gpu, unavailable)
         pods = self._call("pods", self._pods, unavailable)
@@ -304,8 +362,11 @@ class ProcessTable:
             pods,
             pinned,
             unavailable,
+            sched_t,
         )
         with self._lock:
+            if self._last is not None and self._last.sched_t < update.sched_t:
+                self._sched_prev = self._last
             self._prev, self._last = self._last, update
             self._built = False
             if self._read_at is not None and now - self._read_at < DEMAND_S:
@@ -316,10 +377,13 @@ class ProcessTable:
     # -- building the rows (under the lock) ---------------------------------------------------
 
     def _build(self) -> ProcessSnapshot:
-        cur, prev = self._last, self._prev
+        cur, prev, sched_prev = self._last, self._prev, self._sched_prev
         if cur is None:
             return ProcessSnapshot(0.0, (), 0)
-        measured = {pid: self._measure(pid, state, prev, cur) for pid, state in cur.states.items()}
+        measured = {
+            pid: self._measure(pid, state, prev, sched_prev, cur)
+            for pid, state in cur.states.items()
+        }
         chosen = self._choose(measured, cur.pinned)
         by_container = _pods_by_container(cur)
         rows = []
@@ -330,7 +394,12 @@ class ProcessTable:
         return ProcessSnapshot(cur.ts, tuple(rows), len(cur.states), cur.unavailable)
 
     def _measure(
-        self, pid: int, state: _PidState, prev_update: _Update | None, cur: _Update
+        self,
+        pid: int,
+        state: _PidState,
+        prev_update: _Update | None,
+        sched_update: _Update | None,
+        cur: _Update,
     ) -> _Measured:
         m = _Measured()
         st = state.stat
@@ -345,13 +414,25 @@ class ProcessTable:
             if cur.uptime is not None and cur.uptime > start_s:
                 # First sight: the average over the process's life so far.
                 m.cpu_ratio = st.cpu_ticks / self._clk_tck / (cur.uptime - start_s)
-        if interval > 0 and prev is not None:
-            cs, ps = state.sched, prev.sched
+        # The scheduler totals were read by their own walk, maybe not at this update's
+        # instant, and maybe by the same walk as the previous update's: their ratios are
+        # over the time between two different walks, never the table's interval.
+        before = sched_update.states.get(pid) if sched_update is not None else None
+        if before is not None and before.stat.start_ticks != st.start_ticks:
+            before = None
+        sched_interval = cur.sched_t - sched_update.sched_t if sched_update is not None else 0.0
+        if sched_interval > 0 and before is not None:
+            cs, ps = state.sched, before.sched
             if cs is not None and ps is not None:
-                ns = interval * 1e9
-                m.oncpu_ratio = max(0, cs[0] - ps[0]) / ns
-                m.offcpu_blocked_ratio = max(0, cs[2] - ps[2]) / ns
-                m.runq_wait_ratio = max(0, cs[3] - ps[3]) / ns
+                ns = sched_interval * 1e9
+                # Each thread's books are read as the walk visits it, within the walk's
+                # read, and the interval is between the middles of the two reads: a thread
+                # asleep throughout can come out a few parts in 10,000 over one thread.
+                most = float(max(st.num_threads, before.stat.num_threads, 1))
+                m.oncpu_ratio = min(max(0, cs[0] - ps[0]) / ns, most)
+                m.offcpu_blocked_ratio = min(max(0, cs[2] - ps[2]) / ns, most)
+                m.runq_wait_ratio = min(max(0, cs[3] - ps[3]) / ns, most)
+        if interval > 0 and prev is not None:
             cn, pn = state.net, prev.net
             if cn is not None and pn is not None:
                 if cn == pn:

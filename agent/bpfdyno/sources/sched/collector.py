@@ -14,6 +14,9 @@ events to ``sink`` as `KernelEvent`s. The walk of every thread is what grows wit
 (thousands of threads on a big one): when given ``walk_demand`` (the process table says
 whether anyone reads it), it walks every round only while someone does, else every
 ``idle_walk_s``; the exited threads' books and the events are drained every round anyway.
+A reader is never answered from that idle walk: `fresh_per_process` walks first when the
+last walk is older than half a round (the process table's updates ask for it that way), and
+each walk says when it read the books (`ReadAt`), so rates are over the time between walks.
 
 Why the process totals are exact and never go down: a thread's books only grow; a thread is
 counted live by the iterator until its exit is recorded; its last books then replace its
@@ -35,12 +38,12 @@ import math
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from bpfdyno.core.budget import Reduction, degraded_by, sampled_share
+from bpfdyno.core.budget import REQUESTED, Reduction, degraded_by, sampled_share
 from bpfdyno.core.config import SchedSection
 from bpfdyno.core.events import EventSink, KernelEvent, MonotonicClock
 from bpfdyno.core.histogram import histogram_quantile, log2_export_buckets
@@ -53,7 +56,7 @@ from bpfdyno.ebpf.maps import map_pop_all, percpu_flat, percpu_words
 from bpfdyno.ebpf.program import BpfProgram, RingBuffer, TaskIterator
 from bpfdyno.ebpf.reductions import DetachedFunctions, SampledFunctions
 from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S
-from bpfdyno.sources.base import Collector, CollectorUnavailable
+from bpfdyno.sources.base import Collector, CollectorUnavailable, ReadAt
 from bpfdyno.sources.percpu import PerCpuCadence
 from bpfdyno.sources.perf.perf_event import online_cpus
 from bpfdyno.sources.sched.metrics import (
@@ -174,6 +177,10 @@ class SchedCollector(Collector):
         header_cache: where `bpfdyno.ebpf.kheaders` caches generated headers.
         walk_demand: whether someone reads the per-process times now; None: walk every round.
         idle_walk_s: while nobody does, walk the threads this often.
+        round_s: the daemon's round: a walk is never repeated within half of it, whoever
+            asks (`fresh_per_process`).
+        readers: who reads the per-process times now: a walk made every round only for
+            them is their requested work (`bpfdyno.core.budget.REQUESTED`).
         per_cpu_every: report the per-CPU series every this many rounds
             (`bpfdyno.sources.percpu`).
 
@@ -196,6 +203,8 @@ class SchedCollector(Collector):
         walk_demand: Callable[[], bool] | None = None,
         idle_walk_s: float = 10.0,
         per_cpu_every: int = 1,
+        round_s: float = 1.0,
+        readers: Callable[[], Collection[str]] | None = None,
     ) -> None:
         if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
             raise ValueError(f"[sched] ringbuf_pages must be a power of two, got {ringbuf_pages}")
@@ -232,7 +241,14 @@ class SchedCollector(Collector):
         #: The totals (and the switch program's held-off time) when per-CPU series were
         #: last reported: their rates are over the time since.
         self._cpu_prev: tuple[_Totals, int] | None = None
-        self._walk_t = 0.0  # monotonic time of the last walk
+        self._walk_t = 0.0  # monotonic time of the last walk (the middle of its read)
+        self._procs_at = 0.0  # the same, published with `_procs` under the snapshot lock
+        self._round_s = round_s
+        self._walked_between = False  # a reader had the threads walked since the last round
+        self._readers = readers
+        # A walk, with the drain of exited threads that goes with it, runs under this lock:
+        # in a round, or for a reader who needs the per-process times fresh.
+        self._walk_lock = threading.Lock()
         #: Exec and exit events seen so far (other collectors watch it move).
         self.process_events = 0
         self._threads = 0  # live threads the last walk saw
@@ -245,6 +261,8 @@ class SchedCollector(Collector):
         sink: EventSink | None = None,
         walk_demand: Callable[[], bool] | None = None,
         per_cpu_every: int = 1,
+        round_s: float = 1.0,
+        readers: Callable[[], Collection[str]] | None = None,
     ) -> SchedCollector:
         """Build the collector from the ``[sched]`` config section."""
         return cls(
@@ -253,6 +271,8 @@ class SchedCollector(Collector):
             ringbuf_pages=section.ringbuf_pages,
             walk_demand=walk_demand,
             per_cpu_every=per_cpu_every,
+            round_s=round_s,
+            readers=readers,
         )
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -289,9 +309,8 @@ class SchedCollector(Collector):
         self._prev = self._read_totals()
         self._cpu_prev = (self._prev, self._switch_held_off_ns)
         self._per_cpu.due()  # the first round's per-CPU series are over the time since now
-        self._prev_walk = self._tasks.read()
-        self._walk_t = time.monotonic()
-        self._threads = self._refresh_processes(self._prev_walk, [], [])
+        self._prev_walk, self._walk_t = _timed_walk(self._tasks)
+        self._threads = self._refresh_processes(self._prev_walk, [], [], self._walk_t)
 
     def _make_reductions(self, program: BpfProgram) -> None:
         self._switch_sampled = SampledFunctions(
@@ -356,12 +375,20 @@ class SchedCollector(Collector):
 
     def collect(self) -> Sequence[Sample]:
         """Read the books and counters, compute the interval's rates, emit events."""
+        with self._walk_lock:
+            return self._collect()
+
+    def _collect(self) -> Sequence[Sample]:
         program = self._require()
         assert self._tasks is not None and self._events is not None
         exits_off = self._exit_gap or bool(self._exits_detached and self._exits_detached.active)
         # Order matters: the walk first, then the exits (see the module docstring); the
         # events before the exits, so an exit event's process has all its threads' books.
-        walk = self._tasks.read() if self._walk_due() else None
+        why = self._walk_due()
+        # A walk made this round only because someone reads is the readers' work.
+        readers = self._readers() if why == _FOR_READERS and self._readers is not None else ()
+        with REQUESTED.work(readers, bounded=False):
+            walk, walk_t = _timed_walk(self._tasks) if why else (None, 0.0)
         events = self._events.drain()
         self.process_events += len(events)
         exited = map_pop_all(program.table(_EXITED))
@@ -371,8 +398,9 @@ class SchedCollector(Collector):
         if walk is not None:
             if exits_off:  # threads that vanished without an exit record keep their last books
                 exited = exited + _vanished(self._prev_walk, walk, exited)
-            self._threads = self._refresh_processes(walk, exited, events)
-            self._prev_walk, self._walk_t = walk, totals.t
+            with REQUESTED.work(readers, bounded=False):
+                self._threads = self._refresh_processes(walk, exited, events, walk_t)
+            self._prev_walk, self._walk_t = walk, walk_t
             self._exit_gap = bool(self._exits_detached and self._exits_detached.active)
         else:
             self._record_exits(exited, events)
@@ -389,8 +417,8 @@ class SchedCollector(Collector):
                 if totals.t > since.t:
                     cpu_share = sampled_share(held_off - since_held, totals.t - since.t)
                     out += _per_cpu_samples(since, totals, self._online, cpu_share)
-            if walk is not None and totals.t > prev_walk_t:
-                out.append(_blocked_sample(prev_procs, self._procs, totals.t - prev_walk_t))
+            if walk is not None and walk_t > prev_walk_t:
+                out.append(_blocked_sample(prev_procs, self._procs, walk_t - prev_walk_t))
         self._switch_held_off_ns = held_off
         out += self._drop_samples()
         out.append(sample(TRACKED_THREADS, threads))
@@ -402,8 +430,9 @@ class SchedCollector(Collector):
                 log.exception("the kernel event sink failed; %d events lost", len(events))
         return out
 
-    def per_process(self) -> dict[int, ProcSched] | None:
-        """tgid -> cumulative scheduler times, as of the last ``collect`` (thread-safe).
+    def per_process(self) -> ReadAt[ProcSched] | None:
+        """tgid -> cumulative scheduler times, as of the last walk (thread-safe); its
+        ``read_at`` is when that walk read them.
 
         None while the programs are not loaded, so the process table shows "unknown"
         rather than zeros.
@@ -411,7 +440,38 @@ class SchedCollector(Collector):
         if self._program is None:
             return None
         with self._snapshot_lock:
-            return dict(self._procs)
+            return ReadAt(self._procs, self._procs_at)
+
+    def fresh_per_process(self, max_age_s: float | None = None) -> ReadAt[ProcSched] | None:
+        """`per_process`, walking the threads first when the last walk is older than
+        ``max_age_s`` (default: half a round).
+
+        For a reader: while nobody reads, the threads are walked only every ``idle_walk_s``,
+        and a reader must not be answered from that. A walk is never repeated within half a
+        round, however many readers ask.
+        """
+        age = self._round_s / 2 if max_age_s is None else max_age_s
+        with self._walk_lock:
+            if self._program is None:
+                return None
+            if time.monotonic() - self._walk_t > age:
+                self._walk_between_rounds()
+        return self.per_process()
+
+    def _walk_between_rounds(self) -> None:
+        """A walk and the exited threads' books that go with it, outside a round (under
+        the walk lock). The events stay in their ring buffer for the next round."""
+        program = self._require()
+        assert self._tasks is not None
+        exits_off = self._exit_gap or bool(self._exits_detached and self._exits_detached.active)
+        walk, walk_t = _timed_walk(self._tasks)
+        exited = map_pop_all(program.table(_EXITED))
+        if exits_off:
+            exited = exited + _vanished(self._prev_walk, walk, exited)
+        self._threads = self._refresh_processes(walk, exited, (), walk_t)
+        self._prev_walk, self._walk_t = walk, walk_t
+        self._exit_gap = bool(self._exits_detached and self._exits_detached.active)
+        self._walked_between = True
 
     def runq_histogram(self) -> tuple[int, ...]:
         """Cumulative run-queue latency counts per log2 slot (ns), as of the last collect."""
@@ -479,11 +539,19 @@ class SchedCollector(Collector):
             self._clock.to_wall_ns(int(raw.ts_ns)), kind, int(raw.pid), int(raw.tid), comm, attrs
         )
 
-    def _walk_due(self) -> bool:
-        """Walk every round while someone reads the per-process times, else now and then."""
-        if self._walk_demand is None or self._walk_demand():
-            return True
-        return time.monotonic() - self._walk_t >= self._idle_walk_s
+    def _walk_due(self) -> str:
+        """Why walk this round: every round while someone reads the per-process times
+        (`_FOR_READERS`), else now and then (`_IDLE`); not again within half a round of a
+        walk a reader had made since the last round ("": no walk)."""
+        since = time.monotonic() - self._walk_t
+        between, self._walked_between = self._walked_between, False
+        if between and since < self._round_s / 2:
+            return ""
+        if since >= self._idle_walk_s:
+            return _IDLE
+        if self._walk_demand is None:
+            return _IDLE  # no readers' signal: every round is the collector's own
+        return _FOR_READERS if self._walk_demand() else ""
 
     def _read_totals(self) -> _Totals:
         words, per_cpu = percpu_flat(self._require().table(_CPU_STATS))
@@ -497,7 +565,11 @@ class SchedCollector(Collector):
         ]
 
     def _refresh_processes(
-        self, walk: bytes, exited: list[tuple[Any, Any]], events: Iterable[KernelEvent]
+        self,
+        walk: bytes,
+        exited: list[tuple[Any, Any]],
+        events: Iterable[KernelEvent],
+        walk_t: float,
     ) -> int:
         """Sum the walk's live threads and the exited threads' books into processes."""
         gone = [TASK_RECORD.unpack(bytes(rec)) for _, rec in exited]
@@ -547,7 +619,7 @@ class SchedCollector(Collector):
         _exit_totals(events, departed, self._departed)
         self._departed = departed
         with self._snapshot_lock:
-            self._procs = procs
+            self._procs, self._procs_at = procs, walk_t
         return threads
 
     def _record_exits(self, exited: list[tuple[Any, Any]], events: Iterable[KernelEvent]) -> None:
@@ -671,6 +743,18 @@ def _vanished(
         for tid, *rest in TASK_RECORD.iter_unpack(prev_walk)
         if tid not in now and tid not in recorded
     ]
+
+
+#: Why a round walks the threads (`SchedCollector._walk_due`).
+_IDLE, _FOR_READERS = "idle", "readers"
+
+
+def _timed_walk(tasks: TaskIterator) -> tuple[bytes, float]:
+    """Every thread's books, and when they were read: the middle of the read (each thread's
+    books are taken as of the moment the iterator visits it, within the read)."""
+    t0 = time.monotonic()
+    walk = tasks.read()
+    return walk, (t0 + time.monotonic()) / 2
 
 
 def _bump_generation(program: BpfProgram) -> None:
