@@ -18,6 +18,7 @@ COMMANDS = [
     "doctor",
     "ps",
     "trainers",
+    "kineto-dir",
     "gputrace",
     "dcgm-pause",
     "dcgm-resume",
