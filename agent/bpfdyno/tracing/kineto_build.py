@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bpfdyno.core.errors import InvalidArgument
-from bpfdyno.core.identity import FileIdentityError, files_as, owner_or_root
+from bpfdyno.core.identity import FileIdentityError, files_as, owner_or_root, primary_gid
 from bpfdyno.core.pidfs import read_environ_raw, read_stat
 from bpfdyno.core.text import shown
 from bpfdyno.core.workers import StoppedError, UserLanes
@@ -184,12 +184,10 @@ class KinetoBuilds:
         return rule
 
     def _look_up(self, host_pid: int, uid: int | None) -> OnDemandRule | None:
+        owner = owner_or_root(uid)
         try:
-            gid = (self._proc / str(host_pid)).stat().st_gid  # its effective gid
-        except OSError:
-            return None  # gone
-        try:
-            with files_as(owner_or_root(uid), gid):
+            # The owner's own groups only: never a group the process or a file carries.
+            with files_as(owner, primary_gid(owner)):
                 library = self._library_with_rule(host_pid)
                 if library is None:
                     return None
