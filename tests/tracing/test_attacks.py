@@ -279,6 +279,24 @@ async def test_kinetos_ondemand_directory_rule(short_tmp: Path) -> None:
         stops_in_time(site)
 
 
+async def test_a_library_truncated_under_the_search_does_not_kill_the_agent(
+    short_tmp: Path,
+) -> None:
+    """Found: the Kineto-rule lookup mapped the file a trainer maps as libkineto and searched
+    it; the user truncating that file during the search killed the agent with SIGBUS (exit
+    135, no log line) on the first try — after which she could bind @dynolog@ and answer
+    other users' trainers. The file is now read in bounded chunks: the agent lives on."""
+    async with served_site(short_tmp) as site:
+        shrinking = await site.client("mallory", "shrink", str(site.socket_dir), "512", "8")
+        assert isinstance(shrinking, dict) and shrinking["toggles"] > 100, shrinking
+        assert site.agent.poll() is None, site.agent_log()[-3000:]
+        pid = await trainer(site, "alice")
+        await traced(site, "alice", pid)
+        status = await site.cli("alice", "status")
+        assert status.returncode == 0, status.stderr
+        stops_in_time(site)
+
+
 async def test_legacy_port_with_the_new_limits(short_tmp: Path) -> None:
     """One user holds as many legacy-port connections as it may, trickling bytes so none is
     idle, opens more, and asks for another user's trainer and for a file Kineto would not
