@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from local_user import local_user
 from served_site import STOP_WITHIN_S, USER_CLIENT, ServedSite, served_site
 from tracing_harness import TRAINERS, dyno_gputrace_bytes, unframe
 
@@ -295,6 +296,32 @@ async def test_a_library_truncated_under_the_search_does_not_kill_the_agent(
         status = await site.cli("alice", "status")
         assert status.returncode == 0, status.stderr
         stops_in_time(site)
+
+
+def test_a_user_holding_the_kineto_name_is_reported_as_an_attack() -> None:
+    """Found: after killing the agent a user bound @dynolog@; the restarted agent ran
+    without Kineto (a warning in its log) and her process answered other users' trainers.
+    Now `status` and `doctor` name it as an attack, with her uid and pid, and the agent takes
+    the name back once she lets go. (In a network namespace of its own: the name is global
+    to one.)"""
+    helper = Path(__file__).with_name("netns_impostor_run.py")
+    with local_user() as mallory:
+        r = subprocess.run(
+            ["unshare", "--net", sys.executable, str(helper), str(mallory.uid), str(mallory.gid)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        held, freed = out["held"], out["freed"]
+        who = f"pid {out['impostor_pid']} (python3) of uid {mallory.uid} ({mallory.name})"
+        assert held["state"] == "unavailable", held
+        assert held["reason"].startswith(
+            f"ATTACK: the Kineto name @dynolog@ is held by {who}, not by this agent"
+        ), held
+        assert held["doctor"][0] is False and held["doctor"][1] == held["reason"]
+        assert out["taken_back_after_s"] < 5, out
+        assert freed["state"] == "ok", freed
+        assert freed["doctor"][0] is True and "@dynolog@ held by pid" in freed["doctor"][1]
 
 
 async def test_legacy_port_with_the_new_limits(short_tmp: Path) -> None:
