@@ -93,15 +93,20 @@ class LocalUser:
     _stash: Path
 
     def wrap(
-        self, argv: Sequence[str], pid_namespace: bool = False, unit: bool = False
+        self,
+        argv: Sequence[str],
+        pid_namespace: bool = False,
+        unit: bool = False,
+        groups: bool = False,
     ) -> list[str]:
         """``argv`` as a command that runs as this user (in a new pid namespace if asked).
 
         With ``unit``, the way the packaged systemd unit runs the agent as this user: its
         groups, the unit's ambient (and only those bounding) capabilities, its umask,
-        NoNewPrivileges.
+        NoNewPrivileges. With ``groups``, with its supplementary groups (as at a login).
         """
-        drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--"]
+        member = "--init-groups" if groups else "--clear-groups"
+        drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", member, "--"]
         if unit:
             caps = ",".join(f"+{c}" for c in unit_capabilities())
             drop = [
@@ -132,11 +137,16 @@ class LocalUser:
         return env
 
     def run(
-        self, argv: Sequence[str], timeout: float = 120, **extra_env: str
+        self,
+        argv: Sequence[str],
+        timeout: float = 120,
+        unit: bool = False,
+        groups: bool = False,
+        **extra_env: str,
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` as this user and wait for it."""
+        """Run ``argv`` as this user and wait for it (see `wrap` for ``unit``, ``groups``)."""
         return subprocess.run(
-            self.wrap(argv),
+            self.wrap(argv, unit=unit, groups=groups),
             env=self.env(**extra_env),
             capture_output=True,
             text=True,
