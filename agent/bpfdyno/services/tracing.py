@@ -39,6 +39,7 @@ from bpfdyno.core.identity import (
     in_process,
     owner_or_root,
 )
+from bpfdyno.core.rootfs import within_root
 from bpfdyno.core.rules import pause_duration_s
 from bpfdyno.core.text import shown_bytes
 from bpfdyno.core.workers import StoppedError, UserLanes
@@ -297,10 +298,17 @@ class TracingService(KinetoPolls):
             if p.state is ProcState.WRITTEN:
                 local = files.get(p.output_path, (p.output_path, None))[0]
                 try:
-                    with files_as(*file_owner(owner(p), local)):
-                        summary = summarize_file(local, limits, p.output_path)
+                    # As the owner, and inside the process's own root when it is in a
+                    # container: its absolute links must not lead to the host's files.
+                    with (
+                        files_as(*file_owner(owner(p), local)),
+                        within_root(local, p.output_path) as path,
+                    ):
+                        summary = summarize_file(path, limits, p.output_path)
                 except FileIdentityError as e:
                     summary = ProcessSummary(p.output_path, error=str(e))
+                except OSError as e:  # its directory cannot be resolved in its root
+                    summary = ProcessSummary(p.output_path, error=f"{p.output_path}: {e.strerror}")
                 pid, tid = summary.pid or p.pid, summary.trace_id or trace_id
                 return replace(summary, pid=pid, trace_id=tid)
             return ProcessSummary(

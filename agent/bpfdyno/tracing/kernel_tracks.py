@@ -32,6 +32,7 @@ from concurrent.futures import Future
 from bpfdyno.core.budget import excluded_work
 from bpfdyno.core.events import FlightRecorder, KernelEvent
 from bpfdyno.core.identity import FileIdentityError, file_owner, files_as, owner_or_root
+from bpfdyno.core.rootfs import within_root
 from bpfdyno.core.workers import StoppedError, UserLanes, wait_bounded
 from bpfdyno.rpc.traces import KernelTracks as TrackStatus
 from bpfdyno.sources.net.decode import NET_EVENT_KINDS
@@ -242,9 +243,18 @@ def merge_capture(
 
     try:
         # As the file's owner: its directory is theirs, so every lookup there must be too.
-        with files_as(*file_owner(part.owner_uid, part.local_path)):
-            _, result = merge_into_trace(part.local_path, build, limits)
-    except (MergeError, FileIdentityError) as e:
+        # Inside the process's own root when it is in a container (its absolute links
+        # must not lead to the host's files).
+        with (
+            files_as(*file_owner(part.owner_uid, part.local_path)),
+            within_root(part.local_path, part.output_path) as path,
+        ):
+            _, result = merge_into_trace(path, build, limits)
+    except OSError as e:  # FileIdentityError, or the directory cannot be resolved in its root
+        log.warning("kernel tracks of pid %d not merged: %s", part.pid, e)
+        reason = str(e) if isinstance(e, FileIdentityError) else f"{part.output_path}: {e.strerror}"
+        return TrackStatus(requested, KernelTrackState.NOT_MERGED, lost=lost, reason=reason)
+    except MergeError as e:
         log.warning("kernel tracks of pid %d not merged: %s", part.pid, e)
         return TrackStatus(requested, KernelTrackState.NOT_MERGED, lost=lost, reason=str(e))
     log.info(

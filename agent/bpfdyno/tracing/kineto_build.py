@@ -55,6 +55,7 @@ from bpfdyno.core.identity import (
     primary_gid,
 )
 from bpfdyno.core.pidfs import read_environ_raw, read_stat
+from bpfdyno.core.rootfs import open_in_root
 from bpfdyno.core.text import shown
 from bpfdyno.core.workers import StoppedError, UserLanes
 
@@ -235,14 +236,16 @@ class KinetoBuilds:
 
     def _library_with_rule(self, host_pid: int, uid: int) -> str | None:
         """The first mapped libkineto of the process that has the rule (None: none has)."""
+        root = str(self._proc / str(host_pid) / "root")
         for path in _kineto_libraries(self._proc, host_pid):
-            if self._has_rule(self._proc / str(host_pid) / "root" / path.lstrip("/"), uid):
+            if self._has_rule(root, path, uid):
                 return path
         return None
 
-    def _has_rule(self, path: Path, uid: int) -> bool:
+    def _has_rule(self, root: str, path: str, uid: int) -> bool:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            # Resolved inside the process's root: a container's absolute links stay in it.
+            fd = open_in_root(root, path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         except OSError:
             return False
         try:
