@@ -101,18 +101,30 @@ async def test_a_users_traces_are_its_own(short_tmp: Path) -> None:
         stops_in_time(site)
 
 
-async def test_fifo_summaries_stall_only_their_user(short_tmp: Path) -> None:
+async def test_parked_summaries_stall_only_their_user(short_tmp: Path) -> None:
     """Found: a user swapped its trace for a FIFO; 8 summaries took every worker of the
-    agent's pool, another user's summary hung, and SIGTERM did not stop the agent."""
+    agent's pool, another user's summary hung, and SIGTERM did not stop the agent. A FIFO is
+    now refused at once; what still takes time — her file swapped for a gzip bomb that is
+    read up to the JSON limit (~10 s each), asked for 8 times at once — runs in her own
+    lane, one call after another, and the other user's summary comes within its 30 s (all
+    users in one lane, it would wait behind ~80 s of hers)."""
     async with served_site(short_tmp) as site:
         hers, theirs = await asyncio.gather(trainer(site, "alice"), trainer(site, "mallory"))
         m_file = str(site.dirs["mallory"] / "m.json")
         m = await trace(site, "mallory", "--pids", str(theirs), "--log-file", m_file,
                         "--iterations", "2", "--wait", "--timeout", "90")  # fmt: skip
         m_path = m["trace"]["processes"][0]["output_path"]  # type: ignore[index]
+        m_id = str(m["request"]["trace_id"])  # type: ignore[index]
         r = await site.run("mallory", "sh", "-c", f"rm {m_path} && mkfifo {m_path}")
         assert r.returncode == 0, r.stderr
-        m_id = str(m["request"]["trace_id"])  # type: ignore[index]
+        r = await site.cli("mallory", "trace-summary", "--trace-id", m_id, "--json", timeout=10)
+        [row] = json.loads(r.stdout)["processes"]
+        assert row["error"] == f"{m_path} is not a regular file, not a trace file"
+        bomb = site.dirs["mallory"] / "bomb.json.gz"
+        await asyncio.to_thread(gzip_bomb, bomb, 8)
+        os.chown(bomb, site.users["mallory"].uid, site.users["mallory"].gid)
+        r = await site.run("mallory", "sh", "-c", f"rm {m_path} && mv {bomb} {m_path}")
+        assert r.returncode == 0, r.stderr
         argv = ["trace-summary", "--trace-id", m_id, "--socket", site.sock]
         parked = [
             subprocess.Popen(
@@ -124,10 +136,11 @@ async def test_fifo_summaries_stall_only_their_user(short_tmp: Path) -> None:
             for _ in range(8)
         ]
         try:
-            await asyncio.sleep(3)  # their calls are in (and stuck, where they can be)
+            await asyncio.sleep(3)  # their calls are in, one reading, seven waiting
+            assert all(p.poll() is None for p in parked)
             a_file = str(site.dirs["alice"] / "a.json")
             a = await trace(site, "alice", "--pids", str(hers), "--log-file", a_file,
-                            "--iterations", "2", "--wait", "--timeout", "90")  # fmt: skip
+                            "--iterations", "2", "--wait", "--timeout", "30")  # fmt: skip
             a_path = a["trace"]["processes"][0]["output_path"]  # type: ignore[index]
             a_id = str(a["request"]["trace_id"])
             r = await site.cli("alice", "trace-summary", "--trace-id", a_id, "--json",
@@ -135,6 +148,7 @@ async def test_fifo_summaries_stall_only_their_user(short_tmp: Path) -> None:
             assert r.returncode == 0, r.stderr
             [row] = json.loads(r.stdout)["processes"]
             assert (row["path"], row["error"]) == (a_path, "")
+            assert sum(p.poll() is None for p in parked) >= 4, "hers were not still waiting"
             stops_in_time(site)
         finally:
             for p in parked:
@@ -153,47 +167,56 @@ def gzip_bomb(path: Path, gib: int) -> None:
                               b'"dur": 1}]}\n', 9))  # fmt: skip
 
 
-async def test_a_huge_merge_stalls_only_its_user(short_tmp: Path) -> None:
+async def test_huge_merges_stall_only_their_user(short_tmp: Path) -> None:
     """Found: a 20 MB gzip trace inflating to ~19 GB held the single merge thread for
-    134 s, and another user's trace stayed "merging" for 116 s. The attacker's "trainer"
-    here is its own Kineto client, which hands in the bomb as its trace."""
+    134 s, and another user's trace stayed "merging" for 116 s. The attacker's "trainers"
+    here are 4 Kineto clients of hers, each handing in a bomb as its trace: each merge is
+    refused at the JSON limit (~10 s), one after another in her lane, while the other
+    user's trace is merged within its 30 s (all users in one lane, it would wait ~40 s)."""
     async with served_site(short_tmp) as site:
         hers = await trainer(site, "alice")
         bomb = site.dirs["mallory"] / "source.json.gz"
         await asyncio.to_thread(gzip_bomb, bomb, 8)
         os.chown(bomb, site.users["mallory"].uid, site.users["mallory"].gid)
-        fake = subprocess.Popen(
-            site.users["mallory"].wrap(
-                [sys.executable, USER_CLIENT, "kineto", str(site.socket_dir), str(bomb)]
-            ),
-            env=site.users["mallory"].env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
+        fakes = [
+            subprocess.Popen(
+                site.users["mallory"].wrap(
+                    [sys.executable, USER_CLIENT, "kineto", str(site.socket_dir), str(bomb)]
+                ),
+                env=site.users["mallory"].env(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
         try:
-            assert fake.stdout is not None
-            theirs = json.loads(fake.stdout.readline())["pid"]
-            await site.wait_registered(theirs)
-            m = await trace(site, "mallory", "--pids", str(theirs), "--log-file",
-                            str(site.dirs["mallory"] / "m.json.gz"))  # fmt: skip
-            assert "wrote" in await asyncio.to_thread(fake.stdout.readline)
+            theirs = []
+            for fake in fakes:
+                assert fake.stdout is not None
+                theirs.append(json.loads(fake.stdout.readline())["pid"])
+                await site.wait_registered(theirs[-1])
+            m = await trace(site, "mallory", "--pids", ",".join(map(str, theirs)),
+                            "--process-limit", "4",
+                            "--log-file", str(site.dirs["mallory"] / "m.json.gz"))  # fmt: skip
+            for fake in fakes:
+                assert "wrote" in await asyncio.to_thread(fake.stdout.readline)  # type: ignore[union-attr]
             m_id = str(m["request"]["trace_id"])
             await wait_for_state(site, m_id, lambda s: s == pb.PROCESS_TRACE_STATE_MERGING)
-            # Behind the bomb's merge (minutes here) hers would not be done in 30 s.
             a = await trace(site, "alice", "--pids", str(hers), "--log-file",
                             str(site.dirs["alice"] / "a.json"), "--iterations", "2", "--wait",
                             "--timeout", "30")  # fmt: skip
             [part] = a["trace"]["processes"]  # type: ignore[index]
             assert part["state"] == "PROCESS_TRACE_STATE_WRITTEN"
             assert part["kernel_tracks"]["state"] == "merged", part
-            # Hers was merged while the bomb was still being merged (or already refused).
-            their_part = (await site.stub().GetTrace(pb.GetTraceRequest(trace_id=m_id))).processes[
-                0
-            ]
-            assert their_part.state in (pb.PROCESS_TRACE_STATE_MERGING, WRITTEN)
-            stops_in_time(site)  # with the bomb's merge running, when it still is
+            # Hers was merged while the bombs were still being merged.
+            their_parts = (await site.stub().GetTrace(pb.GetTraceRequest(trace_id=m_id))).processes
+            assert any(p.state == pb.PROCESS_TRACE_STATE_MERGING for p in their_parts)
+            stops_in_time(site)  # with a bomb's merge running
         finally:
-            fake.kill()
-            fake.wait()
+            for fake in fakes:
+                fake.kill()
+                fake.wait()
 
 
 async def wait_for_state(
