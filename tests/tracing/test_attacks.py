@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from local_user import local_user
-from served_site import STOP_WITHIN_S, USER_CLIENT, ServedSite, served_site
+from served_site import RUN_MODES, STOP_WITHIN_S, USER_CLIENT, ServedSite, served_site
 from tracing_harness import TRAINERS, dyno_gputrace_bytes, unframe
 
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
@@ -30,6 +30,14 @@ from bpfdyno.rpc.v1 import tracing_pb2 as pb
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.usefixtures("torch_ready")]
 
 WRITTEN = pb.PROCESS_TRACE_STATE_WRITTEN
+
+
+@pytest.fixture(params=RUN_MODES)
+def run_mode(request: pytest.FixtureRequest) -> str:
+    """Where the run mode matters (what the agent reads and with which capabilities), the
+    attack is made against the agent as root and as the packaged unit runs it."""
+    mode: str = request.param
+    return mode
 
 
 async def trace(site: ServedSite, user: str, *argv: str) -> dict[str, object]:
@@ -63,11 +71,11 @@ def stops_in_time(site: ServedSite) -> None:
     assert took < STOP_WITHIN_S, f"stopped {took:.1f} s after SIGTERM\n{site.agent_log()[-3000:]}"
 
 
-async def test_a_users_traces_are_its_own(short_tmp: Path) -> None:
+async def test_a_users_traces_are_its_own(short_tmp: Path, run_mode: str) -> None:
     """Found: ``bpfdyno trainers`` showed other users' trace ids, and with one a user read
     another user's trace path and full summary. Now another user's trace is not found,
     exactly like an unknown id — the rule of ``bpfdyno audit``."""
-    async with served_site(short_tmp) as site:
+    async with served_site(short_tmp, mode=run_mode) as site:
         pid = await trainer(site, "alice")
         log_file = str(site.dirs["alice"] / "a.json")
         # A duration trace: it stays open ~8 s (Kineto starts it 7 s after delivery).
@@ -101,14 +109,14 @@ async def test_a_users_traces_are_its_own(short_tmp: Path) -> None:
         stops_in_time(site)
 
 
-async def test_parked_summaries_stall_only_their_user(short_tmp: Path) -> None:
+async def test_parked_summaries_stall_only_their_user(short_tmp: Path, run_mode: str) -> None:
     """Found: a user swapped its trace for a FIFO; 8 summaries took every worker of the
     agent's pool, another user's summary hung, and SIGTERM did not stop the agent. A FIFO is
     now refused at once; what still takes time — her file swapped for a gzip bomb that is
     read up to the JSON limit (~10 s each), asked for 8 times at once — runs in her own
     lane, one call after another, and the other user's summary comes within its 30 s (all
     users in one lane, it would wait behind ~80 s of hers)."""
-    async with served_site(short_tmp) as site:
+    async with served_site(short_tmp, mode=run_mode) as site:
         hers, theirs = await asyncio.gather(trainer(site, "alice"), trainer(site, "mallory"))
         m_file = str(site.dirs["mallory"] / "m.json")
         m = await trace(site, "mallory", "--pids", str(theirs), "--log-file", m_file,
@@ -167,13 +175,13 @@ def gzip_bomb(path: Path, gib: int) -> None:
                               b'"dur": 1}]}\n', 9))  # fmt: skip
 
 
-async def test_huge_merges_stall_only_their_user(short_tmp: Path) -> None:
+async def test_huge_merges_stall_only_their_user(short_tmp: Path, run_mode: str) -> None:
     """Found: a 20 MB gzip trace inflating to ~19 GB held the single merge thread for
     134 s, and another user's trace stayed "merging" for 116 s. The attacker's "trainers"
     here are 4 Kineto clients of hers, each handing in a bomb as its trace: each merge is
     refused at the JSON limit (~10 s), one after another in her lane, while the other
     user's trace is merged within its 30 s (all users in one lane, it would wait ~40 s)."""
-    async with served_site(short_tmp) as site:
+    async with served_site(short_tmp, mode=run_mode) as site:
         hers = await trainer(site, "alice")
         bomb = site.dirs["mallory"] / "source.json.gz"
         await asyncio.to_thread(gzip_bomb, bomb, 8)
@@ -304,13 +312,13 @@ async def test_kinetos_ondemand_directory_rule(short_tmp: Path) -> None:
 
 
 async def test_a_library_truncated_under_the_search_does_not_kill_the_agent(
-    short_tmp: Path,
+    short_tmp: Path, run_mode: str
 ) -> None:
     """Found: the Kineto-rule lookup mapped the file a trainer maps as libkineto and searched
     it; the user truncating that file during the search killed the agent with SIGBUS (exit
     135, no log line) on the first try — after which she could bind @dynolog@ and answer
     other users' trainers. The file is now read in bounded chunks: the agent lives on."""
-    async with served_site(short_tmp) as site:
+    async with served_site(short_tmp, mode=run_mode) as site:
         shrinking = await site.client("mallory", "shrink", str(site.socket_dir), "512", "8")
         assert isinstance(shrinking, dict) and shrinking["toggles"] > 100, shrinking
         assert site.agent.poll() is None, site.agent_log()[-3000:]
@@ -345,6 +353,41 @@ def test_a_user_holding_the_kineto_name_is_reported_as_an_attack() -> None:
         assert out["taken_back_after_s"] < 5, out
         assert freed["state"] == "ok", freed
         assert freed["doctor"][0] is True and "@dynolog@ held by pid" in freed["doctor"][1]
+
+
+async def test_a_summary_reads_nothing_past_the_owners_rights(
+    short_tmp: Path, run_mode: str
+) -> None:
+    """Found in round three, under the unit: its reads "as the owner" kept
+    CAP_DAC_READ_SEARCH (setfsuid keeps it when the file-system uid was not 0), so a user
+    who swapped the directory of her written trace for a link to a root-only directory got
+    its 0600 file's contents back from GetTraceSummary. As root and as the unit, the read
+    is now refused like it is for her."""
+    secret = "ROOT-ONLY-SECRET-5e1d"
+    async with served_site(short_tmp, mode=run_mode) as site:
+        pid = await trainer(site, "alice")
+        out = site.dirs["alice"] / "out"
+        r = await site.run("alice", "mkdir", str(out))
+        assert r.returncode == 0, r.stderr
+        t = await trace(site, "alice", "--pids", str(pid), "--log-file", str(out / "t.json"),
+                        "--iterations", "2", "--wait", "--timeout", "60")  # fmt: skip
+        t_id = str(t["request"]["trace_id"])  # type: ignore[index]
+        name = os.path.basename(t["trace"]["processes"][0]["output_path"])  # type: ignore[index]
+        hidden = short_tmp / "root-only"
+        hidden.mkdir(mode=0o700)
+        doc = {"traceEvents": [
+            {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "ts": 0, "dur": 10},
+            {"ph": "X", "cat": "cpu_op", "name": secret, "pid": 1, "tid": 1, "ts": 0, "dur": 10},
+        ]}  # fmt: skip
+        (hidden / name).write_text(json.dumps(doc))
+        os.chmod(hidden / name, 0o600)
+        r = await site.run("alice", "sh", "-c", f"mv {out} {out}.real && ln -s {hidden} {out}")
+        assert r.returncode == 0, r.stderr
+        r = await site.cli("alice", "trace-summary", "--trace-id", t_id, "--json")
+        assert secret not in r.stdout + r.stderr
+        [row] = json.loads(r.stdout)["processes"]
+        assert row["error"] == f"cannot read {out / name}: Permission denied", row
+        stops_in_time(site)
 
 
 async def test_legacy_port_with_the_new_limits(short_tmp: Path) -> None:

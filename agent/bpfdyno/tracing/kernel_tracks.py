@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 from concurrent.futures import Future
 
 from bpfdyno.core.budget import excluded_work
@@ -255,8 +256,10 @@ def merge_capture(
         reason = str(e) if isinstance(e, FileIdentityError) else f"{part.output_path}: {e.strerror}"
         return TrackStatus(requested, KernelTrackState.NOT_MERGED, lost=lost, reason=reason)
     except MergeError as e:
-        log.warning("kernel tracks of pid %d not merged: %s", part.pid, e)
-        return TrackStatus(requested, KernelTrackState.NOT_MERGED, lost=lost, reason=str(e))
+        # A path inside a container's root reads /proc/self/fd/N/...: say it as the user does.
+        reason = _IN_ROOT.sub(os.path.dirname(part.output_path) + "/", str(e))
+        log.warning("kernel tracks of pid %d not merged: %s", part.pid, reason)
+        return TrackStatus(requested, KernelTrackState.NOT_MERGED, lost=lost, reason=reason)
     log.info(
         "trace %s: %d kernel-track events merged into %s in %.2f s",
         part.trace_id,
@@ -272,6 +275,9 @@ def merge_capture(
         lost=lost,
         reason="; ".join(notes),
     )
+
+
+_IN_ROOT = re.compile(r"/proc/self/fd/\d+/")
 
 
 def pre_window(capture: ProcessCapture, recorder: FlightRecorder | None) -> list[KernelEvent]:
