@@ -15,6 +15,7 @@ from bpfdyno.rpc.v1 import kernel_pb2 as pb
 from bpfdyno.rpc.v1 import kernel_pb2_grpc as pb_grpc
 from bpfdyno.rpc.wire import to_pb
 from bpfdyno.server.errors import grpc_errors
+from bpfdyno.server.peers import requester_from_context
 from bpfdyno.services.kernel import KernelService
 from bpfdyno.sources.net.decode import TcpConnection
 
@@ -55,7 +56,9 @@ class KernelServicer(pb_grpc.KernelServicer):
     async def ListProcesses(
         self, request: pb.ListProcessesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListProcessesResponse:
-        snap = self._svc.list_processes(request.sort_by, request.limit, request.filter)
+        snap = self._svc.list_processes(
+            request.sort_by, request.limit, request.filter, requester_from_context(context)
+        )
         table = ProcessList(snap.rows, snap.ts, snap.total_processes, dict(snap.unavailable))
         return cast(pb.ListProcessesResponse, to_pb(table))
 

@@ -7,12 +7,14 @@ something malformed) and `Unavailable` (the data source is not running here).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from bpfdyno.core.errors import InvalidArgument, Unavailable
 from bpfdyno.core.events import FlightRecorder, KernelEvent, Subscription
+from bpfdyno.core.identity import Requester
+from bpfdyno.core.procview import ProcView, proc_view
 from bpfdyno.rpc.processes import QueryError, filter_rows, parse_filter, sort_key, sort_rows
 from bpfdyno.sources.net.decode import TcpConnection
 from bpfdyno.sources.procs.table import ProcessSnapshot, ProcessTable
@@ -51,15 +53,24 @@ class KernelService:
         recorder: FlightRecorder,
         table: ProcessTable | None = None,
         net: ConnectionSource | None = None,
+        view: Callable[[], ProcView] = proc_view,
     ) -> None:
         self._recorder = recorder
         self._table = table
         self._net = net
+        self._view = view
 
     def list_processes(
-        self, sort_by: str = "", limit: int = 0, filter: str = ""
+        self,
+        sort_by: str = "",
+        limit: int = 0,
+        filter: str = "",
+        requester: Requester | None = None,
     ) -> ProcessSnapshot:
         """The latest process table, filtered, sorted and cut to ``limit`` rows.
+
+        With ``hidepid`` on /proc (`bpfdyno.core.procview`), a requester other than root
+        (or the exempt group) gets only her own processes, as /proc shows her.
 
         Raises:
             InvalidArgument: unknown sort key, malformed filter, negative limit.
@@ -82,6 +93,9 @@ class KernelService:
         if snap.ts == 0:
             raise Unavailable("the process table has not been built yet; retry in a second")
         rows = sort_rows(filter_rows(snap.rows, flt), key)
+        uid = requester.uid if requester is not None else None
+        if requester is not None and not self._view().sees_all(uid):
+            rows = [r for r in rows if uid is not None and r.uid == uid]
         if limit:
             rows = rows[:limit]
         return replace(snap, rows=tuple(rows))
