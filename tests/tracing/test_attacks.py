@@ -175,13 +175,13 @@ def gzip_bomb(path: Path, gib: int) -> None:
                               b'"dur": 1}]}\n', 9))  # fmt: skip
 
 
-async def test_huge_merges_stall_only_their_user(short_tmp: Path, run_mode: str) -> None:
+async def test_huge_merges_stall_only_their_user(short_tmp: Path) -> None:
     """Found: a 20 MB gzip trace inflating to ~19 GB held the single merge thread for
     134 s, and another user's trace stayed "merging" for 116 s. The attacker's "trainers"
     here are 4 Kineto clients of hers, each handing in a bomb as its trace: each merge is
     refused at the JSON limit (~10 s), one after another in her lane, while the other
     user's trace is merged within its 30 s (all users in one lane, it would wait ~40 s)."""
-    async with served_site(short_tmp, mode=run_mode) as site:
+    async with served_site(short_tmp) as site:
         hers = await trainer(site, "alice")
         bomb = site.dirs["mallory"] / "source.json.gz"
         await asyncio.to_thread(gzip_bomb, bomb, 8)
