@@ -411,6 +411,7 @@ def test_run_checks_on_this_machine(tmp_path: Path) -> None:
         "legacy-rpc-port",
         "peer-identity",
         "link-protections",
+        "kineto-name",
         "tracepoint sched:sched_switch",
         "tracepoint sock:sock_send_length",
         "tracepoint irq:softirq_entry",

@@ -317,6 +317,7 @@ class NodeAgent:
             f"tls_cert = {_toml_str(str(self.pki.cert))}",
             f"tls_key = {_toml_str(str(self.pki.key))}",
             f"token_file = {_toml_str(str(self.pki.token))}",
+            "tcp_uid = 0",  # the job's operator starts traces over TCP
             "[kineto]",
             f"socket_dir = {_toml_str(str(self.socket_dir))}",
             "[tracing]",

@@ -170,3 +170,23 @@ def test_daemon_executor_is_an_executor() -> None:
         assert ex.submit(lambda *, k: k, k=3).result(5) == 3
     finally:
         ex.shutdown()
+
+
+def test_a_users_subordinate_uids_share_her_lane(tmp_path: Path, fifo: Path) -> None:
+    """Found by reading the code: lanes were keyed by raw uid, so a user with a subordinate
+    uid range (a rootless container runs as any of them) could park a call on every thread.
+    Her 16 calls as 16 of her container's uids now wait in one lane: one thread."""
+    from bpfdyno.core.identity import Principals
+
+    subuid = tmp_path / "subuid"
+    subuid.write_text(f"{ALICE}:100000:65536\n")
+    lanes = UserLanes("test", threads=4, principals=Principals(subuid))
+    try:
+        parked = [lanes.submit(100_000 + i, _read, fifo) for i in range(16)]
+        time.sleep(0.2)
+        assert lanes.busy() == {ALICE: 16}
+        # Bob's call gets a thread at once: hers hold one, not all four.
+        assert lanes.submit(BOB, lambda: "bob").result(5) == "bob"
+        assert not any(f.done() for f in parked)
+    finally:
+        lanes.stop()

@@ -73,6 +73,9 @@ def test_sysusers_and_tmpfiles_create_the_user_group_and_socket_dir(tmp_path: Pa
     group = {line.split(":")[0]: line.split(":") for line in (root / "etc/group").open()}
     uid, gid = int(passwd["bpfdyno"][2]), int(passwd["bpfdyno"][3])
     assert gid == int(group["bpfdyno"][2])
+    # Socket access has a group of its own, with nobody in it yet: never the agent's.
+    assert int(group["bpfdyno-users"][2]) != gid
+    assert group["bpfdyno-users"][3].strip() == group["bpfdyno"][3].strip() == ""
     assert passwd["bpfdyno"][6].strip() == "/usr/sbin/nologin"
     subprocess.run(["systemd-tmpfiles", f"--root={root}", "--create"], check=True,
                    capture_output=True)  # fmt: skip
@@ -140,3 +143,31 @@ def test_the_units_capabilities_suffice_without_root(tmp_path: Path) -> None:
         agent.terminate()
         agent.wait(timeout=30)
         shutil.rmtree(run, ignore_errors=True)
+
+
+@pytest.mark.root
+def test_the_agent_refuses_its_own_group_as_the_socket_group(tmp_path: Path) -> None:
+    """Found: the docs told sites to add users to the agent's group for socket access, and
+    under UMask=0007 that group could write the agent's files. The agent now refuses to
+    serve with [grpc] socket_group naming its own group (exit 2, before it starts)."""
+    sys.path.insert(0, str(REPO / "tests" / "tracing"))
+    from local_user import local_user
+
+    with local_user() as agent:
+        os.chmod(tmp_path, 0o755)
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        os.chown(run_dir, agent.uid, agent.gid)
+        config = tmp_path / "bpfdyno.toml"
+        config.write_text("")
+        r = agent.run(
+            [str(BPFDYNO), "serve", "--config", str(config), "--socket", str(run_dir / "s"),
+             f'--set=grpc.socket_group="{agent.name}"', "--set=grpc.socket_mode=0o660"],
+            timeout=60, unit=True,
+        )  # fmt: skip
+        assert r.returncode == 2, r.stderr
+        assert (
+            f"bpfdyno: config error: 'grpc.socket_group': names the agent's own group "
+            f"({agent.name}): its members could change the agent's files"
+        ) in r.stderr, r.stderr
+        assert not (run_dir / "s").exists()

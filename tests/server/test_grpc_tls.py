@@ -347,3 +347,35 @@ def test_default_config_is_socket_only() -> None:
         "",
         False,
     )
+
+
+def test_a_token_others_may_read_is_refused_and_tcp_clients_only_read_by_default(
+    tmp_path: Path, pki: Pki
+) -> None:
+    """Found by reading the code: the docs handed users a readable token while every TCP
+    caller holding it acted as root (``tcp_uid`` defaulted to 0), and the token file's mode
+    was never checked. Now a token others may read is refused, and authenticated TCP clients
+    only read unless ``tcp_uid`` says whose rights they have."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    head = (
+        f'[grpc]\ntcp = "127.0.0.1:50051"\ntls_cert = "{pki.server_cert}"\n'
+        f'tls_key = "{pki.server_key}"\ntoken_file = "{token}"\n'
+    )
+    for mode in (0o644, 0o640, 0o604):
+        token.chmod(mode)
+        assert _config_error(tmp_path, head) == (
+            f"5: 'grpc.token_file' {token} has mode {mode:04o}: others than its owner may "
+            "read the token, and whoever holds it acts over TCP as grpc.tcp_uid; make it the "
+            f"agent's alone (chmod 600 {token}) and hand operators a copy of their own"
+        )
+    token.chmod(0o600)
+    os.chown(token, 65534, 0)
+    assert _config_error(tmp_path, head) == (
+        f"5: 'grpc.token_file' {token} belongs to uid 65534: that user may rewrite the "
+        f"token; make it root's or the agent's (chown root {token})"
+    )
+    os.chown(token, 0, 0)
+    p = tmp_path / "bpfdyno.toml"
+    p.write_text(head)
+    assert load(p).grpc.tcp_uid == -1

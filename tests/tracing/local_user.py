@@ -25,6 +25,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+UNIT = ROOT / "deploy" / "systemd" / "bpfdyno.service"
+
+
+def unit_capabilities() -> list[str]:
+    """The packaged unit's ambient capabilities, as setpriv names them (``bpf``, ...)."""
+    for line in UNIT.read_text().splitlines():
+        if line.startswith("AmbientCapabilities="):
+            return [c.lower().removeprefix("cap_") for c in line.split("=", 1)[1].split()]
+    raise AssertionError(f"{UNIT} has no AmbientCapabilities")
+
+
+def unit_umask() -> str:
+    """The packaged unit's UMask."""
+    for line in UNIT.read_text().splitlines():
+        if line.startswith("UMask="):
+            return line.split("=", 1)[1]
+    raise AssertionError(f"{UNIT} has no UMask")
 
 
 def _blocker(path: Path) -> Path | None:
@@ -75,9 +92,29 @@ class LocalUser:
     home: Path
     _stash: Path
 
-    def wrap(self, argv: Sequence[str], pid_namespace: bool = False) -> list[str]:
-        """``argv`` as a command that runs as this user (in a new pid namespace if asked)."""
-        drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--"]
+    def wrap(
+        self,
+        argv: Sequence[str],
+        pid_namespace: bool = False,
+        unit: bool = False,
+        groups: bool = False,
+    ) -> list[str]:
+        """``argv`` as a command that runs as this user (in a new pid namespace if asked).
+
+        With ``unit``, the way the packaged systemd unit runs the agent as this user: its
+        groups, the unit's ambient (and only those bounding) capabilities, its umask,
+        NoNewPrivileges. With ``groups``, with its supplementary groups (as at a login).
+        """
+        member = "--init-groups" if groups else "--clear-groups"
+        drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", member, "--"]
+        if unit:
+            caps = ",".join(f"+{c}" for c in unit_capabilities())
+            drop = [
+                "setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups",
+                f"--inh-caps=-all,{caps}", f"--ambient-caps=-all,{caps}",
+                f"--bounding-set=-all,{caps}", "--no-new-privs", "--",
+                "sh", "-c", f'umask {unit_umask()} && exec "$@"', "sh",
+            ]  # fmt: skip
         needed = [Path(os.path.realpath(p)) for p in (sys.base_prefix, sys.prefix)] + [ROOT]
         reach = _reach_script(needed, self._stash)
         if reach == "set -e" and not pid_namespace:
@@ -85,7 +122,7 @@ class LocalUser:
         unshare = ["unshare", "--mount", "--propagation", "private"]
         if pid_namespace:
             unshare += ["--pid", "--fork", "--mount-proc"]
-        script = f'{reach}\nexec {" ".join(drop)} "$@"'
+        script = f'{reach}\nexec {shlex.join(drop)} "$@"'
         return [*unshare, "sh", "-c", script, "sh", *argv]
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -100,11 +137,16 @@ class LocalUser:
         return env
 
     def run(
-        self, argv: Sequence[str], timeout: float = 120, **extra_env: str
+        self,
+        argv: Sequence[str],
+        timeout: float = 120,
+        unit: bool = False,
+        groups: bool = False,
+        **extra_env: str,
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` as this user and wait for it."""
+        """Run ``argv`` as this user and wait for it (see `wrap` for ``unit``, ``groups``)."""
         return subprocess.run(
-            self.wrap(argv),
+            self.wrap(argv, unit=unit, groups=groups),
             env=self.env(**extra_env),
             capture_output=True,
             text=True,

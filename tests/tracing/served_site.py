@@ -164,19 +164,39 @@ async def _ready(sock: str, agent: subprocess.Popen[bytes], log: Path) -> None:
             await asyncio.sleep(0.2)
 
 
+#: The two ways a node runs the agent: as root, and as the Debian package's unit (its own
+#: user with the unit's ambient capabilities, umask and NoNewPrivileges).
+RUN_MODES = ("root", "unit")
+
+
 @contextlib.asynccontextmanager
 async def served_site(
-    base: Path, users: Sequence[str] = ("alice", "mallory"), sets: Sequence[str] = ()
+    base: Path,
+    users: Sequence[str] = ("alice", "mallory"),
+    sets: Sequence[str] = (),
+    mode: str = "root",
 ) -> AsyncIterator[ServedSite]:
-    """Start the agent as `bpfdyno serve` would run on a node, with ``users`` created."""
+    """Start the agent as `bpfdyno serve` would run on a node, with ``users`` created;
+    ``mode`` (`RUN_MODES`) says how it runs."""
     os.chmod(base, 0o755)
     socket_dir = base / "sock"
     socket_dir.mkdir()
     os.chmod(socket_dir, 0o1777)  # trainers of every user bind their sockets here
     port = free_port()
-    sock = str(base / "agent.sock")
+    run_dir = base / "run"  # the agent's own (/run/bpfdyno)
+    run_dir.mkdir()
+    sock = str(run_dir / "agent.sock")
     log = base / "agent.log"
     with contextlib.ExitStack() as stack:
+        agent_user = stack.enter_context(local_user()) if mode == "unit" else None
+        if agent_user is not None:
+            os.chown(run_dir, agent_user.uid, agent_user.gid)
+            # The unit's user cannot write /var/cache: the headers its BPF programs need are
+            # made by root beforehand, as a root-run doctor or agent would have.
+            from bpfdyno.ebpf.kheaders import ensure_headers
+
+            for flavour in ("minimal", "btf"):
+                await asyncio.to_thread(ensure_headers, flavour)  # type: ignore[arg-type]
         made = {name: stack.enter_context(local_user()) for name in users}
         dirs = {}
         for name, u in made.items():
@@ -193,8 +213,11 @@ async def served_site(
             f'--set=legacy_rpc.listen=["127.0.0.1:{port}"]',
             *(f"--set={s}" for s in (*LIGHT, *sets)),
         ]  # fmt: skip
+        env = None
+        if agent_user is not None:
+            argv, env = agent_user.wrap(argv, unit=True), agent_user.env()
         with open(log, "wb") as out:
-            agent = subprocess.Popen(argv, stderr=out, start_new_session=True)
+            agent = subprocess.Popen(argv, stderr=out, start_new_session=True, env=env)
         site = ServedSite(base, agent, sock, socket_dir, port, made, dirs, log)
         try:
             await _ready(sock, agent, log)

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from served_site import STOP_WITHIN_S, USER_CLIENT, ServedSite, served_site
+from local_user import local_user
+from served_site import RUN_MODES, STOP_WITHIN_S, USER_CLIENT, ServedSite, served_site
 from tracing_harness import TRAINERS, dyno_gputrace_bytes, unframe
 
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
@@ -29,6 +30,14 @@ from bpfdyno.rpc.v1 import tracing_pb2 as pb
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.usefixtures("torch_ready")]
 
 WRITTEN = pb.PROCESS_TRACE_STATE_WRITTEN
+
+
+@pytest.fixture(params=RUN_MODES)
+def run_mode(request: pytest.FixtureRequest) -> str:
+    """Where the run mode matters (what the agent reads and with which capabilities), the
+    attack is made against the agent as root and as the packaged unit runs it."""
+    mode: str = request.param
+    return mode
 
 
 async def trace(site: ServedSite, user: str, *argv: str) -> dict[str, object]:
@@ -62,11 +71,11 @@ def stops_in_time(site: ServedSite) -> None:
     assert took < STOP_WITHIN_S, f"stopped {took:.1f} s after SIGTERM\n{site.agent_log()[-3000:]}"
 
 
-async def test_a_users_traces_are_its_own(short_tmp: Path) -> None:
+async def test_a_users_traces_are_its_own(short_tmp: Path, run_mode: str) -> None:
     """Found: ``bpfdyno trainers`` showed other users' trace ids, and with one a user read
     another user's trace path and full summary. Now another user's trace is not found,
     exactly like an unknown id — the rule of ``bpfdyno audit``."""
-    async with served_site(short_tmp) as site:
+    async with served_site(short_tmp, mode=run_mode) as site:
         pid = await trainer(site, "alice")
         log_file = str(site.dirs["alice"] / "a.json")
         # A duration trace: it stays open ~8 s (Kineto starts it 7 s after delivery).
@@ -100,18 +109,30 @@ async def test_a_users_traces_are_its_own(short_tmp: Path) -> None:
         stops_in_time(site)
 
 
-async def test_fifo_summaries_stall_only_their_user(short_tmp: Path) -> None:
+async def test_parked_summaries_stall_only_their_user(short_tmp: Path, run_mode: str) -> None:
     """Found: a user swapped its trace for a FIFO; 8 summaries took every worker of the
-    agent's pool, another user's summary hung, and SIGTERM did not stop the agent."""
-    async with served_site(short_tmp) as site:
+    agent's pool, another user's summary hung, and SIGTERM did not stop the agent. A FIFO is
+    now refused at once; what still takes time — her file swapped for a gzip bomb that is
+    read up to the JSON limit (~10 s each), asked for 8 times at once — runs in her own
+    lane, one call after another, and the other user's summary comes within its 30 s (all
+    users in one lane, it would wait behind ~80 s of hers)."""
+    async with served_site(short_tmp, mode=run_mode) as site:
         hers, theirs = await asyncio.gather(trainer(site, "alice"), trainer(site, "mallory"))
         m_file = str(site.dirs["mallory"] / "m.json")
         m = await trace(site, "mallory", "--pids", str(theirs), "--log-file", m_file,
                         "--iterations", "2", "--wait", "--timeout", "90")  # fmt: skip
         m_path = m["trace"]["processes"][0]["output_path"]  # type: ignore[index]
+        m_id = str(m["request"]["trace_id"])  # type: ignore[index]
         r = await site.run("mallory", "sh", "-c", f"rm {m_path} && mkfifo {m_path}")
         assert r.returncode == 0, r.stderr
-        m_id = str(m["request"]["trace_id"])  # type: ignore[index]
+        r = await site.cli("mallory", "trace-summary", "--trace-id", m_id, "--json", timeout=10)
+        [row] = json.loads(r.stdout)["processes"]
+        assert row["error"] == f"{m_path} is not a regular file, not a trace file"
+        bomb = site.dirs["mallory"] / "bomb.json.gz"
+        await asyncio.to_thread(gzip_bomb, bomb, 8)
+        os.chown(bomb, site.users["mallory"].uid, site.users["mallory"].gid)
+        r = await site.run("mallory", "sh", "-c", f"rm {m_path} && mv {bomb} {m_path}")
+        assert r.returncode == 0, r.stderr
         argv = ["trace-summary", "--trace-id", m_id, "--socket", site.sock]
         parked = [
             subprocess.Popen(
@@ -123,10 +144,11 @@ async def test_fifo_summaries_stall_only_their_user(short_tmp: Path) -> None:
             for _ in range(8)
         ]
         try:
-            await asyncio.sleep(3)  # their calls are in (and stuck, where they can be)
+            await asyncio.sleep(3)  # their calls are in, one reading, seven waiting
+            assert all(p.poll() is None for p in parked)
             a_file = str(site.dirs["alice"] / "a.json")
             a = await trace(site, "alice", "--pids", str(hers), "--log-file", a_file,
-                            "--iterations", "2", "--wait", "--timeout", "90")  # fmt: skip
+                            "--iterations", "2", "--wait", "--timeout", "30")  # fmt: skip
             a_path = a["trace"]["processes"][0]["output_path"]  # type: ignore[index]
             a_id = str(a["request"]["trace_id"])
             r = await site.cli("alice", "trace-summary", "--trace-id", a_id, "--json",
@@ -134,6 +156,7 @@ async def test_fifo_summaries_stall_only_their_user(short_tmp: Path) -> None:
             assert r.returncode == 0, r.stderr
             [row] = json.loads(r.stdout)["processes"]
             assert (row["path"], row["error"]) == (a_path, "")
+            assert sum(p.poll() is None for p in parked) >= 4, "hers were not still waiting"
             stops_in_time(site)
         finally:
             for p in parked:
@@ -152,47 +175,56 @@ def gzip_bomb(path: Path, gib: int) -> None:
                               b'"dur": 1}]}\n', 9))  # fmt: skip
 
 
-async def test_a_huge_merge_stalls_only_its_user(short_tmp: Path) -> None:
+async def test_huge_merges_stall_only_their_user(short_tmp: Path) -> None:
     """Found: a 20 MB gzip trace inflating to ~19 GB held the single merge thread for
-    134 s, and another user's trace stayed "merging" for 116 s. The attacker's "trainer"
-    here is its own Kineto client, which hands in the bomb as its trace."""
+    134 s, and another user's trace stayed "merging" for 116 s. The attacker's "trainers"
+    here are 4 Kineto clients of hers, each handing in a bomb as its trace: each merge is
+    refused at the JSON limit (~10 s), one after another in her lane, while the other
+    user's trace is merged within its 30 s (all users in one lane, it would wait ~40 s)."""
     async with served_site(short_tmp) as site:
         hers = await trainer(site, "alice")
         bomb = site.dirs["mallory"] / "source.json.gz"
         await asyncio.to_thread(gzip_bomb, bomb, 8)
         os.chown(bomb, site.users["mallory"].uid, site.users["mallory"].gid)
-        fake = subprocess.Popen(
-            site.users["mallory"].wrap(
-                [sys.executable, USER_CLIENT, "kineto", str(site.socket_dir), str(bomb)]
-            ),
-            env=site.users["mallory"].env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
+        fakes = [
+            subprocess.Popen(
+                site.users["mallory"].wrap(
+                    [sys.executable, USER_CLIENT, "kineto", str(site.socket_dir), str(bomb)]
+                ),
+                env=site.users["mallory"].env(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
         try:
-            assert fake.stdout is not None
-            theirs = json.loads(fake.stdout.readline())["pid"]
-            await site.wait_registered(theirs)
-            m = await trace(site, "mallory", "--pids", str(theirs), "--log-file",
-                            str(site.dirs["mallory"] / "m.json.gz"))  # fmt: skip
-            assert "wrote" in await asyncio.to_thread(fake.stdout.readline)
+            theirs = []
+            for fake in fakes:
+                assert fake.stdout is not None
+                theirs.append(json.loads(fake.stdout.readline())["pid"])
+                await site.wait_registered(theirs[-1])
+            m = await trace(site, "mallory", "--pids", ",".join(map(str, theirs)),
+                            "--process-limit", "4",
+                            "--log-file", str(site.dirs["mallory"] / "m.json.gz"))  # fmt: skip
+            for fake in fakes:
+                assert "wrote" in await asyncio.to_thread(fake.stdout.readline)  # type: ignore[union-attr]
             m_id = str(m["request"]["trace_id"])
             await wait_for_state(site, m_id, lambda s: s == pb.PROCESS_TRACE_STATE_MERGING)
-            # Behind the bomb's merge (minutes here) hers would not be done in 30 s.
             a = await trace(site, "alice", "--pids", str(hers), "--log-file",
                             str(site.dirs["alice"] / "a.json"), "--iterations", "2", "--wait",
                             "--timeout", "30")  # fmt: skip
             [part] = a["trace"]["processes"]  # type: ignore[index]
             assert part["state"] == "PROCESS_TRACE_STATE_WRITTEN"
             assert part["kernel_tracks"]["state"] == "merged", part
-            # Hers was merged while the bomb was still being merged (or already refused).
-            their_part = (await site.stub().GetTrace(pb.GetTraceRequest(trace_id=m_id))).processes[
-                0
-            ]
-            assert their_part.state in (pb.PROCESS_TRACE_STATE_MERGING, WRITTEN)
-            stops_in_time(site)  # with the bomb's merge running, when it still is
+            # Hers was merged while the bombs were still being merged.
+            their_parts = (await site.stub().GetTrace(pb.GetTraceRequest(trace_id=m_id))).processes
+            assert any(p.state == pb.PROCESS_TRACE_STATE_MERGING for p in their_parts)
+            stops_in_time(site)  # with a bomb's merge running
         finally:
-            fake.kill()
-            fake.wait()
+            for fake in fakes:
+                fake.kill()
+                fake.wait()
 
 
 async def wait_for_state(
@@ -276,6 +308,85 @@ async def test_kinetos_ondemand_directory_rule(short_tmp: Path) -> None:
             r = await site.cli("alice", "gputrace", "--pids", str(pid), "--log-file", str(path),
                                "--iterations", "2", "--wait", "--timeout", "60")  # fmt: skip
             assert r.returncode == 0, r.stdout + r.stderr
+        stops_in_time(site)
+
+
+async def test_a_library_truncated_under_the_search_does_not_kill_the_agent(
+    short_tmp: Path, run_mode: str
+) -> None:
+    """Found: the Kineto-rule lookup mapped the file a trainer maps as libkineto and searched
+    it; the user truncating that file during the search killed the agent with SIGBUS (exit
+    135, no log line) on the first try — after which she could bind @dynolog@ and answer
+    other users' trainers. The file is now read in bounded chunks: the agent lives on."""
+    async with served_site(short_tmp, mode=run_mode) as site:
+        shrinking = await site.client("mallory", "shrink", str(site.socket_dir), "512", "8")
+        assert isinstance(shrinking, dict) and shrinking["toggles"] > 100, shrinking
+        assert site.agent.poll() is None, site.agent_log()[-3000:]
+        pid = await trainer(site, "alice")
+        await traced(site, "alice", pid)
+        status = await site.cli("alice", "status")
+        assert status.returncode == 0, status.stderr
+        stops_in_time(site)
+
+
+def test_a_user_holding_the_kineto_name_is_reported_as_an_attack() -> None:
+    """Found: after killing the agent a user bound @dynolog@; the restarted agent ran
+    without Kineto (a warning in its log) and her process answered other users' trainers.
+    Now `status` and `doctor` name it as an attack, with her uid and pid, and the agent takes
+    the name back once she lets go. (In a network namespace of its own: the name is global
+    to one.)"""
+    helper = Path(__file__).with_name("netns_impostor_run.py")
+    with local_user() as mallory:
+        r = subprocess.run(
+            ["unshare", "--net", sys.executable, str(helper), str(mallory.uid), str(mallory.gid)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        held, freed = out["held"], out["freed"]
+        who = f"pid {out['impostor_pid']} (python3) of uid {mallory.uid} ({mallory.name})"
+        assert held["state"] == "unavailable", held
+        assert held["reason"].startswith(
+            f"ATTACK: the Kineto name @dynolog@ is held by {who}, not by this agent"
+        ), held
+        assert held["doctor"][0] is False and held["doctor"][1] == held["reason"]
+        assert out["taken_back_after_s"] < 5, out
+        assert freed["state"] == "ok", freed
+        assert freed["doctor"][0] is True and "@dynolog@ held by pid" in freed["doctor"][1]
+
+
+async def test_a_summary_reads_nothing_past_the_owners_rights(
+    short_tmp: Path, run_mode: str
+) -> None:
+    """Found in round three, under the unit: its reads "as the owner" kept
+    CAP_DAC_READ_SEARCH (setfsuid keeps it when the file-system uid was not 0), so a user
+    who swapped the directory of her written trace for a link to a root-only directory got
+    its 0600 file's contents back from GetTraceSummary. As root and as the unit, the read
+    is now refused like it is for her."""
+    secret = "ROOT-ONLY-SECRET-5e1d"
+    async with served_site(short_tmp, mode=run_mode) as site:
+        pid = await trainer(site, "alice")
+        out = site.dirs["alice"] / "out"
+        r = await site.run("alice", "mkdir", str(out))
+        assert r.returncode == 0, r.stderr
+        t = await trace(site, "alice", "--pids", str(pid), "--log-file", str(out / "t.json"),
+                        "--iterations", "2", "--wait", "--timeout", "60")  # fmt: skip
+        t_id = str(t["request"]["trace_id"])  # type: ignore[index]
+        name = os.path.basename(t["trace"]["processes"][0]["output_path"])  # type: ignore[index]
+        hidden = short_tmp / "root-only"
+        hidden.mkdir(mode=0o700)
+        doc = {"traceEvents": [
+            {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "ts": 0, "dur": 10},
+            {"ph": "X", "cat": "cpu_op", "name": secret, "pid": 1, "tid": 1, "ts": 0, "dur": 10},
+        ]}  # fmt: skip
+        (hidden / name).write_text(json.dumps(doc))
+        os.chmod(hidden / name, 0o600)
+        r = await site.run("alice", "sh", "-c", f"mv {out} {out}.real && ln -s {hidden} {out}")
+        assert r.returncode == 0, r.stderr
+        r = await site.cli("alice", "trace-summary", "--trace-id", t_id, "--json")
+        assert secret not in r.stdout + r.stderr
+        [row] = json.loads(r.stdout)["processes"]
+        assert row["error"] == f"cannot read {out / name}: Permission denied", row
         stops_in_time(site)
 
 

@@ -9,6 +9,7 @@ import struct
 from pathlib import Path
 
 import orjson
+import pytest
 from tracing_harness import (
     Harness,
     KinetoClient,
@@ -20,6 +21,8 @@ from tracing_harness import (
 
 from bpfdyno.app.tracing import TracingComponent
 from bpfdyno.core.config import load
+from bpfdyno.core.errors import PermissionDenied
+from bpfdyno.core.identity import Requester
 from bpfdyno.core.status import PartState
 from bpfdyno.server.legacy_rpc import MAX_FRAME_BYTES
 from bpfdyno.version import __version__
@@ -69,6 +72,50 @@ async def test_dcgm_calls_reach_the_gpu_monitor(short_tmp: Path) -> None:
         assert calls == [("pause", 300), "resume"]
     finally:
         await comp.stop()
+
+
+async def test_only_the_pauser_or_root_ends_a_gpu_profiling_pause(short_tmp: Path) -> None:
+    """Found by reading the code: any user's ``dcgm-resume`` ended another user's pause (and
+    a shorter pause cut a longer one short). A pause is now its pauser's: another user's
+    resume is refused naming the rule, the monitor stays paused until the last pause ends,
+    and root may end them all."""
+    calls: list[object] = []
+    now = [1000.0]
+
+    def pause(duration_s: int) -> bool:
+        calls.append(("pause", duration_s))
+        return True
+
+    def resume() -> bool:
+        calls.append("resume")
+        return True
+
+    cfg = load(None, [("kineto.socket_dir", f'"{short_tmp}"'), ("legacy_rpc.enabled", "false")])
+    comp = TracingComponent(cfg, dcgm_pause=pause, dcgm_resume=resume)
+    svc = comp.service
+    svc._mono = lambda: now[0]
+    alice, bob, root = (Requester(uid, "grpc-unix") for uid in (1001, 1002, 0))
+    assert svc.dcgm_pause(300, alice)
+    with pytest.raises(PermissionDenied) as e:
+        svc.dcgm_resume(bob)
+    assert e.value.rule == "not_pauser"
+    assert str(e.value) == (
+        "refused by rule 'not_pauser': the GPU profiling pause is another user's: only the "
+        "user who paused or root may end it; it ends by itself in 300 s"
+    )
+    now[0] += 100
+    assert svc.dcgm_pause(60, bob)  # shorter than what is left of hers: hers still holds
+    assert svc.dcgm_resume(bob)  # his own ends; hers goes on (200 s left)
+    assert svc.dcgm_resume(alice)  # hers ends: nothing left
+    assert calls == [("pause", 300), ("pause", 200), ("pause", 200), "resume"]
+    calls.clear()
+    assert svc.dcgm_pause(30, alice) and svc.dcgm_pause(30, bob)
+    assert svc.dcgm_resume(root)
+    assert calls == [("pause", 30), ("pause", 30), "resume"]
+    now[0] += 1000  # a pause that ended by itself is nobody's: anyone may resume
+    svc.dcgm_pause(30, alice)
+    now[0] += 31
+    assert svc.dcgm_resume(bob)
 
 
 async def test_dyno_gputrace_bytes_trigger_a_registered_client(harness: Harness) -> None:

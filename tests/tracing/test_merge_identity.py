@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -21,7 +23,7 @@ from pathlib import Path
 import pytest
 from local_user import LocalUser, local_user
 
-from bpfdyno.core.identity import files_as, user_groups
+from bpfdyno.core.identity import file_owner, files_as, user_groups
 from bpfdyno.tracing.merge import Insertion, MergeError, TraceLayout, merge_into_trace
 
 pytestmark = pytest.mark.root
@@ -146,3 +148,78 @@ def test_the_switch_is_for_the_merging_thread_alone(user: LocalUser) -> None:
         assert os.getgroups() == [4242, 4243]
     assert mine == [user.gid]
     assert seen == [[4242, 4243]]
+
+
+#: Run inside the agent's identity by the unit test below: reads ``argv[2]`` as itself and
+#: as the user ``argv[1]`` (through files_as), and reports what happened.
+_UNIT_READER = r"""
+import json, os, sys, threading
+from bpfdyno.core.identity import files_as, thread_fs_capabilities, primary_gid
+uid, path = int(sys.argv[1]), sys.argv[2]
+def read():
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode()
+    except OSError as e:
+        return type(e).__name__
+out = {"agent_uid": os.geteuid(), "caps_before": thread_fs_capabilities(), "as_agent": read()}
+other, inside, seen = [], threading.Event(), threading.Event()
+def other_thread():  # started before the switch: a thread's credentials are its own
+    inside.wait(10); other.append(thread_fs_capabilities()); seen.set()
+t = threading.Thread(target=other_thread); t.start()
+with files_as(uid, primary_gid(uid)):
+    out["caps_inside"] = thread_fs_capabilities()
+    out["as_user"] = read()
+    inside.set(); seen.wait(10)
+t.join()
+out["other_thread_inside"] = other[0]
+out["caps_after"] = thread_fs_capabilities()
+out["again_as_agent"] = read()
+print(json.dumps(out))
+"""
+
+
+def test_as_the_units_user_reads_as_the_owner_keep_no_capability(base: Path) -> None:
+    """The packaged unit runs the agent as its own user with CAP_DAC_READ_SEARCH: setfsuid
+    from a non-zero uid keeps it, so "as the owner" read a root-only file through a link the
+    owner planted. The working thread now drops the capabilities that override file
+    permissions for the duration (only it: the other threads keep theirs), and gets them
+    back afterwards."""
+    with local_user() as agent, local_user() as owner:
+        secret_dir = made(base / "root-only", 0, 0, 0o700)
+        made(secret_dir / "t.json", 0, 0, 0o600, b"SECRET")
+        theirs = made(base / "theirs", owner.uid, owner.gid, 0o755)
+        os.symlink(secret_dir, theirs / "d")
+        r = subprocess.run(
+            agent.wrap([sys.executable, "-c", _UNIT_READER, str(owner.uid),
+                        str(theirs / "d" / "t.json")], unit=True),
+            capture_output=True, text=True, timeout=60, env=agent.env(),
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        dac_read_search = 1 << 2
+        assert out == {
+            "agent_uid": agent.uid,
+            "caps_before": dac_read_search,  # the unit's: it reads past permissions itself
+            "as_agent": "SECRET",
+            "caps_inside": 0,
+            "as_user": "PermissionError",
+            "other_thread_inside": dac_read_search,
+            "caps_after": dac_read_search,
+            "again_as_agent": "SECRET",
+        }
+
+
+def test_the_reading_group_is_the_owners_never_the_files(user: LocalUser, base: Path) -> None:
+    """A user who owns a file of a group she is not (or no longer) in: acting "as the owner
+    of that file" takes her primary group, not the file's, so that group's files stay
+    closed to her."""
+    with a_group() as former:
+        hers = made(base / "hers.json", user.uid, former, 0o640, TRACE)
+        closed = made(base / "team.json", 0, former, 0o640, b"TEAM-ONLY")
+        assert file_owner(user.uid, str(hers)) == (user.uid, user.gid)
+        with files_as(*file_owner(user.uid, str(hers))), pytest.raises(PermissionError):
+            closed.read_bytes()
+        # A group she is in is kept (Kineto created the file with it).
+        subprocess.run(["usermod", "-aG", grp.getgrgid(former).gr_name, user.name], check=True)
+        assert file_owner(user.uid, str(hers)) == (user.uid, former)

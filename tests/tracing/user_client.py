@@ -26,6 +26,9 @@ Usage (each prints one JSON line):
                                            UID, hold it for SECONDS; print the names bound
   user_client.py polls SOCKDIR N           poll N times like a trainer, waiting 1 s for each
                                            reply; print how many came and from where
+  user_client.py shrink SOCKDIR MIB S      map a MIB MiB file named like libkineto, poll like
+                                           a trainer, and truncate and regrow the file for
+                                           S seconds; print how often
   user_client.py kineto SOCKDIR SOURCE     poll like a trainer; given a config, stay busy two
                                            polls, then copy SOURCE to the file it names (with
                                            _<pid>, as Kineto); print its path; stop at EOF
@@ -293,6 +296,53 @@ def polls(sock_dir: str, n: int) -> None:
     print(json.dumps({"replies": len(senders), "senders": senders}))
 
 
+def shrink(sock_dir: str, mib: int, seconds: float) -> None:
+    """A "trainer" whose libkineto is truncated and regrown while the agent searches it."""
+    import mmap
+    import threading
+
+    lib = os.path.abspath("libkineto-shrinking.so")
+    size = mib << 20
+    with open(lib, "wb") as f:
+        f.truncate(size)
+    fd = os.open(lib, os.O_RDWR)
+    mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)  # in /proc/<pid>/maps, never touched
+    stop = threading.Event()
+    toggles = [0]
+
+    def toggle() -> None:
+        while not stop.is_set():
+            os.ftruncate(fd, 0)
+            os.ftruncate(fd, size)
+            toggles[0] += 1
+            time.sleep(0.002)  # mostly at full size: the agent opens it and starts reading
+
+    t = threading.Thread(target=toggle)
+    t.start()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    path = os.path.join(sock_dir, f"dynoconfigclient{uuid.uuid4()}")
+    s.bind(path)
+    s.settimeout(0.2)
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            with contextlib.suppress(OSError):
+                s.sendto(wire.encode_request(3, 0, [os.getpid()]),
+                         os.path.join(sock_dir, "dynolog"))  # fmt: skip
+            with contextlib.suppress(OSError):
+                s.recv(300_000)
+            time.sleep(0.3)
+    finally:
+        stop.set()
+        t.join()
+        mapped.close()
+        os.close(fd)
+        s.close()
+        os.unlink(path)
+        os.unlink(lib)
+        print(json.dumps({"pid": os.getpid(), "toggles": toggles[0]}), flush=True)
+
+
 def main() -> None:
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "frame":
@@ -313,6 +363,9 @@ def main() -> None:
         squat(args[0], int(args[1]), float(args[2]))
     elif cmd == "polls":
         polls(args[0], int(args[1]))
+
+    elif cmd == "shrink":
+        shrink(args[0], int(args[1]), float(args[2]))
     elif cmd == "kineto":
         kineto(args[0], args[1])
     else:

@@ -28,6 +28,7 @@ import errno
 import importlib
 import os
 import platform
+import pwd
 import socket
 import stat
 import sys
@@ -38,6 +39,7 @@ from functools import partial
 from pathlib import Path
 
 from bpfdyno.core.config import Config
+from bpfdyno.core.identity import ROOT_UID
 from bpfdyno.core.pidfs import listening_socket_inodes, socket_holders, unix_socket_inodes
 from bpfdyno.ebpf.tracefs import MOUNT_COMMAND, find_tracefs
 from bpfdyno.server.sockdiag import SockDiagUnavailable, tcp_owner_uid
@@ -47,6 +49,7 @@ from bpfdyno.sources.perf.perf_event import (
     PerfEventAttr,
     perf_event_open,
 )
+from bpfdyno.tracing.name_holder import impostors, name_holders, taken_reason
 from bpfdyno.tracing.safety import PROTECTIONS, read_protections
 
 #: dynolog's port, where the legacy dyno JSON RPC listens by default ([legacy_rpc] listen).
@@ -514,6 +517,31 @@ def check_link_protections() -> Check:
     )
 
 
+def check_kineto_name(cfg: Config, proc_root: Path = Path("/proc")) -> Check:
+    """Nobody but an agent holds the abstract Kineto name ``@dynolog@`` (a user holding it
+    answers every trainer of the node in the agent's place)."""
+    if cfg.kineto.socket_dir:
+        return Check("kineto-name", True, f"not used (sockets in {cfg.kineto.socket_dir})")
+    agents = {ROOT_UID, os.geteuid()}
+    with contextlib.suppress(OSError):
+        agents.add(os.stat(cfg.grpc.socket).st_uid)  # a running agent's own user
+    with contextlib.suppress(KeyError):
+        agents.add(pwd.getpwnam("bpfdyno").pw_uid)  # the packaged unit's user
+    holders = name_holders(proc_root)
+    if impostors(holders, frozenset(agents)):
+        return Check(
+            "kineto-name",
+            False,
+            taken_reason(holders, frozenset(agents)),
+            "kill the process named, restart bpfdyno, and see docs/security.md",
+        )
+    if holders:
+        return Check(
+            "kineto-name", True, "@dynolog@ held by " + ", ".join(h.describe() for h in holders)
+        )
+    return Check("kineto-name", True, "@dynolog@ is free (the agent binds it when it starts)")
+
+
 def check_tracepoint(system: str, event: str, required: bool = True) -> Check:
     """A tracefs event exists (its ``format`` file is readable)."""
     name = f"tracepoint {system}:{event}"
@@ -658,6 +686,7 @@ def run_checks(cfg: Config, agent_ports: frozenset[int] = frozenset()) -> list[C
         ),
         ("peer-identity", check_peer_identity),
         ("link-protections", check_link_protections),
+        ("kineto-name", lambda: check_kineto_name(cfg)),
         ("tracepoint sched:sched_switch", lambda: check_tracepoint("sched", "sched_switch")),
         (
             "tracepoint sock:sock_send_length",

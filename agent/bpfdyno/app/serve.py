@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import grp
 import logging
+import os
 import sys
 import time
 
 from bpfdyno.app import assembly
 from bpfdyno.app.catalog import CATALOG
 from bpfdyno.app.daemon import Daemon, install_signal_handlers, notify_systemd
-from bpfdyno.core.config import DEFAULT_SOCKET, Config
+from bpfdyno.core.config import DEFAULT_SOCKET, Config, ConfigError
 from bpfdyno.core.connections import ConnectionLimits
 from bpfdyno.server.grpc_server import AddressInUse, GrpcServer
 from bpfdyno.services.agent import AgentService
@@ -48,8 +50,40 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
         return False
 
 
+def check_socket_group(cfg: Config) -> None:
+    """Refuse ``[grpc] socket_group`` naming the agent's own group.
+
+    The agent's group may own what the agent writes (its caches under a umask such as the
+    unit's 0007): a user let into it for the socket could change the agent's files, the
+    BPF headers it compiles included. Socket access gets a group of its own
+    (``bpfdyno-users`` in the package).
+
+    Raises:
+        ConfigError: it does.
+    """
+    name = cfg.grpc.socket_group
+    if not name:
+        return
+    try:
+        gid = grp.getgrnam(name).gr_gid
+    except KeyError:
+        return  # the server says it does not exist
+    if gid == os.getegid() and gid != 0:
+        raise ConfigError(
+            f"names the agent's own group ({name}): its members could change the agent's "
+            "files, not only use the socket; give socket access a group of its own (the "
+            'package makes "bpfdyno-users": socket_group = "bpfdyno-users")',
+            "'grpc.socket_group'",
+        )
+
+
 async def run(cfg: Config) -> int:
-    """Run until SIGTERM/SIGINT. Raises AddressInUse before starting anything if needed."""
+    """Run until SIGTERM/SIGINT. Raises AddressInUse before starting anything if needed.
+
+    Raises:
+        ConfigError: see `check_socket_group`.
+    """
+    check_socket_group(cfg)
     t0 = time.monotonic()
     limit_malloc_arenas()
     asm = assembly.build(cfg)

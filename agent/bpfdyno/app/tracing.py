@@ -31,6 +31,7 @@ from bpfdyno.tracing.ipc.endpoint import QUEUE_LEN, EndpointUnavailable, KinetoE
 from bpfdyno.tracing.ipc.guard import KernelGuard
 from bpfdyno.tracing.ipc.user_dirs import UserSocketDirs
 from bpfdyno.tracing.kernel_tracks import KernelTracks
+from bpfdyno.tracing.name_holder import agent_uids, name_holders, taken_reason
 from bpfdyno.tracing.policy import TraceLimits
 from bpfdyno.tracing.trainers import TrainerRegistry
 from bpfdyno.version import __version__
@@ -168,12 +169,7 @@ class TracingComponent:
         if self.capture is not None and self.kernel_tracks is not None:
             self.capture.start()  # loads the capture programs on its own thread
             self.service.tracker.set_listener(self.kernel_tracks)
-        try:
-            self.endpoint.open(loop)
-            self._ipc_error = ""
-        except EndpointUnavailable as e:
-            self._ipc_error = str(e)
-            log.warning("Kineto IPC endpoint unavailable: %s", e)
+        await self._open_endpoint(loop)
         if self.guard is not None:
             try:
                 self.guard.load()
@@ -189,9 +185,6 @@ class TracingComponent:
             except EndpointUnavailable as e:
                 self._user_dirs_error = str(e)
                 log.warning("per-user Kineto socket directories unavailable: %s", e)
-        self.service.unavailable_reason = (
-            f"the Kineto IPC endpoint is not running: {self._ipc_error}" if self._ipc_error else ""
-        )
         if self.legacy is not None:
             await self.legacy.start()
         if self._tune_switch_interval and sys.getswitchinterval() > IPC_SWITCH_INTERVAL_S:
@@ -230,9 +223,35 @@ class TracingComponent:
             self._saved_switch_interval = None
         self._started = False
 
+    async def _open_endpoint(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Open the Kineto endpoint; when the abstract name is taken, say who holds it (a
+        user holding it is reported as an attack: `bpfdyno.tracing.name_holder`)."""
+        try:
+            self.endpoint.open(loop)
+            self._ipc_error = ""
+        except EndpointUnavailable as e:
+            error = str(e)
+            if not self.endpoint.socket_dir:
+                holders = await asyncio.to_thread(name_holders)
+                if holders or "already bound" in error:
+                    error = taken_reason(holders, agent_uids())
+            if error != self._ipc_error:
+                log.warning("Kineto IPC endpoint unavailable: %s", error)
+            self._ipc_error = error
+        self.service.unavailable_reason = (
+            f"the Kineto IPC endpoint is not running: {self._ipc_error}" if self._ipc_error else ""
+        )
+
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
+            if self._ipc_error and not self.endpoint.socket_dir:
+                # The abstract name was taken: take it as soon as it is free again (and
+                # keep naming whoever holds it meanwhile).
+                try:
+                    await self._open_endpoint(asyncio.get_running_loop())
+                except Exception:
+                    log.exception("retrying the Kineto endpoint failed; trying again later")
             try:
                 for address in self.service.sweep():
                     if self.user_dirs is None or not self.user_dirs.forget_client(address):

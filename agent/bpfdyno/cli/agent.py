@@ -11,6 +11,8 @@ error that says how names and patterns work.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import sys
 import time
 
@@ -93,6 +95,10 @@ def _duration(s: float) -> str:
     return f"{d}d{h:02d}h{m:02d}m" if d else f"{h}h{m:02d}m{sec:02d}s"
 
 
+#: How long ``metrics`` waits for an agent's first round with values (one that just started).
+FIRST_ROUND_WAIT_S = 5.0
+
+
 def cmd_metrics(args: argparse.Namespace) -> int:
     """Run ``bpfdyno metrics``; returns the exit status."""
 
@@ -108,6 +114,15 @@ def cmd_metrics(args: argparse.Namespace) -> int:
                 _print_snapshot(snap, units, args.json)
             return EXIT_OK
         snap = await agent.metrics(args.names)
+        if not any(s.points for s in snap.series):
+            # An agent that just started has not collected yet (rates need two readings):
+            # wait for its first round with values rather than answer "nothing".
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(FIRST_ROUND_WAIT_S):
+                    async for streamed in agent.stream_metrics(args.names):
+                        if any(s.points for s in streamed.series):
+                            snap = await agent.metrics(args.names)
+                            break
         if not any(s.points for s in snap.series):
             what = " ".join(args.names) or "any metric"
             print(

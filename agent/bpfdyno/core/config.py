@@ -91,10 +91,11 @@ class GrpcSection:
     #: Allow TCP without TLS or client authentication (anyone who can connect is trusted).
     insecure_tcp: bool = False
     #: The uid whose rights a TCP client authenticated by TLS + token or client certificate
-    #: acts with (0: an operator, who may trace every process); -1: such clients may read
-    #: but not start traces. Without TLS, a client on this host acts as the owner of its
-    #: socket and a remote one may not start traces (docs/security.md).
-    tcp_uid: int = 0
+    #: acts with: -1 (the default): such clients may read but not start traces; 0: an
+    #: operator, who may trace every process (then keep the token to operators: whoever
+    #: holds it is root over TCP). Without TLS, a client on this host acts as the owner of
+    #: its socket and a remote one may not start traces (docs/security.md).
+    tcp_uid: int = -1
     #: StreamMetrics calls open at once, in all (each holds a queue of rounds)...
     max_streams: int = 256
     #: ... and of one user (root is not limited per user).
@@ -722,6 +723,28 @@ def _validate_tcp_security(g: GrpcSection, bad: typing.Callable[[str, str], Conf
             raise bad(
                 f"{path} is empty; write a token into it (e.g. `openssl rand -hex 32`)", dotted
             )
+        if key == "token_file":
+            _check_token_mode(path, dotted, bad)
+
+
+def _check_token_mode(
+    path: str, dotted: str, bad: typing.Callable[[str, str], ConfigError]
+) -> None:
+    """The token file is a password: only its owner (root or the agent's user) may read it."""
+    st = os.stat(path)
+    if st.st_mode & 0o077:
+        raise bad(
+            f"{path} has mode {st.st_mode & 0o777:04o}: others than its owner may read the "
+            "token, and whoever holds it acts over TCP as grpc.tcp_uid; make it the agent's "
+            f"alone (chmod 600 {path}) and hand operators a copy of their own",
+            dotted,
+        )
+    if st.st_uid not in (0, os.geteuid()):
+        raise bad(
+            f"{path} belongs to uid {st.st_uid}: that user may rewrite the token; make it "
+            f"root's or the agent's (chown root {path})",
+            dotted,
+        )
 
 
 def _validate_tracing(cfg: Config, bad: typing.Callable[[str, str], ConfigError]) -> None:

@@ -199,18 +199,103 @@ def _set_thread_groups(libc: ctypes.CDLL, groups: tuple[int, ...]) -> None:
         )
 
 
+#: The capabilities that override file permissions and ownership: what the kernel drops
+#: from the effective set when the file-system uid leaves 0 (its ``CAP_FS_MASK``: CHOWN,
+#: DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER, FSETID, LINUX_IMMUTABLE, MAC_OVERRIDE).
+FS_CAPABILITIES = (0, 1, 2, 3, 4, 9, 32)
+_FS_MASK = sum(1 << c for c in FS_CAPABILITIES)
+#: ``_LINUX_CAPABILITY_VERSION_3``: two 32-bit words per set.
+_CAP_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+_CapSets = _CapData * 2
+
+
+def _thread_caps(libc: ctypes.CDLL) -> ctypes.Array[_CapData]:
+    """The calling thread's capability sets (``capget(2)`` with pid 0: this thread)."""
+    header, data = _CapHeader(_CAP_VERSION_3, 0), _CapSets()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise FileIdentityError(
+            f"cannot read this thread's capabilities ({os.strerror(ctypes.get_errno())})"
+        )
+    return data
+
+
+def _set_thread_caps(libc: ctypes.CDLL, data: ctypes.Array[_CapData]) -> None:
+    """``capset(2)`` for the calling thread only (glibc's wrapper is the bare system call:
+    unlike setuid or setgroups, it is not broadcast to the process's other threads)."""
+    header = _CapHeader(_CAP_VERSION_3, 0)
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise FileIdentityError(
+            f"cannot change this thread's capabilities ({os.strerror(ctypes.get_errno())})"
+        )
+
+
+def _effective(data: ctypes.Array[_CapData]) -> int:
+    return int(data[0].effective) | int(data[1].effective) << 32
+
+
+def thread_fs_capabilities() -> int:
+    """The file-system capabilities in the calling thread's effective set (a bit mask of
+    `FS_CAPABILITIES`; 0 when none)."""
+    return _effective(_thread_caps(ctypes.CDLL(None, use_errno=True))) & _FS_MASK
+
+
+@contextlib.contextmanager
+def _without_fs_capabilities(libc: ctypes.CDLL) -> Iterator[None]:
+    """The calling thread without `FS_CAPABILITIES` in its effective set, verified; the
+    previous sets restored afterwards.
+
+    setfsuid(2) drops them only when the file-system uid leaves 0: an agent that runs as
+    its own user with ambient capabilities (the packaged unit: CAP_DAC_READ_SEARCH) would
+    keep reading past every permission "as the owner". Capabilities are per thread, so the
+    agent's other threads keep theirs.
+    """
+    saved = _thread_caps(libc)
+    reduced = _CapSets()
+    for i in range(2):
+        keep = ~(_FS_MASK >> (32 * i)) & 0xFFFFFFFF
+        reduced[i].effective = saved[i].effective & keep
+        reduced[i].permitted = saved[i].permitted
+        reduced[i].inheritable = saved[i].inheritable
+    _set_thread_caps(libc, reduced)
+    try:
+        if _effective(_thread_caps(libc)) & _FS_MASK:
+            raise FileIdentityError(
+                "this thread kept capabilities that override file permissions after they "
+                "were dropped; not acting on files as another user"
+            )
+        yield
+    finally:
+        _set_thread_caps(libc, saved)
+
+
 @contextlib.contextmanager
 def files_as(uid: int, gid: int, groups: tuple[int, ...] | None = None) -> Iterator[None]:
     """Open, create and rename files on this thread with ``uid``/``gid``'s rights only.
 
-    The agent runs as root but writes into directories its users control (merging kernel
-    tracks into their trace files). Switching the thread's file-system uid and gid
-    (``setfsuid(2)``/``setfsgid(2)``: per thread, file access only) and its supplementary
-    groups (the user's own instead of the agent's: an agent started from a login with
-    groups such as ``adm`` or ``disk`` must not lend them) makes every path lookup and
-    permission check the owner's own, so a link the owner planted cannot make the agent
-    read or write anything the owner could not. Files created meanwhile belong to ``uid``.
-    The agent's other threads keep their identity throughout.
+    The agent runs as root (or as its own user with capabilities) but writes into
+    directories its users control (merging kernel tracks into their trace files) and reads
+    their files. Switching the thread's file-system uid and gid (``setfsuid(2)``/
+    ``setfsgid(2)``: per thread, file access only), its supplementary groups (the user's own
+    instead of the agent's: an agent started from a login with groups such as ``adm`` or
+    ``disk`` must not lend them) and dropping the capabilities that override file
+    permissions from the thread's effective set (see `_without_fs_capabilities`) makes every
+    path lookup and permission check the owner's own, so a link the owner planted cannot
+    make the agent read or write anything the owner could not. Files created meanwhile
+    belong to ``uid``. The agent's other threads keep their identity throughout.
 
     Args:
         uid, gid: whose rights.
@@ -218,10 +303,11 @@ def files_as(uid: int, gid: int, groups: tuple[int, ...] | None = None) -> Itera
             database, see `user_groups`).
 
     Raises:
-        FileIdentityError: the switch was refused (not root and no CAP_SETUID/CAP_SETGID).
+        FileIdentityError: the switch was refused (not root and no CAP_SETUID/CAP_SETGID),
+            or the capabilities could not be dropped.
     """
-    if uid == os.geteuid():
-        yield
+    if uid == os.geteuid() == ROOT_UID and groups is None:
+        yield  # root acting as root
         return
     libc = ctypes.CDLL(None, use_errno=True)
     old_groups = tuple(os.getgroups())  # getgroups(2) is per thread: this thread's own
@@ -238,22 +324,36 @@ def files_as(uid: int, gid: int, groups: tuple[int, ...] | None = None) -> Itera
             "give it CAP_SETUID and CAP_SETGID"
         )
     try:
-        yield
+        with _without_fs_capabilities(libc):
+            yield
     finally:
         libc.setfsuid(old_uid)  # back to a privileged fsuid first, so the gid can change
         libc.setfsgid(old_gid)
         _set_thread_groups(libc, old_groups)
 
 
+def primary_gid(uid: int) -> int:
+    """``uid``'s primary group in the passwd database; for a uid without an entry (a
+    container's), the group of the same number."""
+    try:
+        return pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return uid
+
+
 def file_owner(owner_uid: int | None, path: str) -> tuple[int, int]:
-    """(uid, gid) to read or write a traced process's file as: its owner (root when unknown),
-    with the group the file was created with (else the owner's primary group)."""
+    """(uid, gid) to read or write a traced process's file as: its owner (root when unknown)
+    with the group the file was created with when that group is one of the owner's own
+    (Kineto creates it with the trainer's group), else the owner's primary group.
+
+    The file's group alone is not enough: a user may own a file of a group she has left
+    (or was never in: chown to her own groups only, but membership changes), and acting
+    with it would lend her that group's files.
+    """
     uid = owner_uid if owner_uid is not None else ROOT_UID
+    primary = primary_gid(uid)
     with contextlib.suppress(OSError):
         st = os.lstat(path)
-        if st.st_uid == uid:
-            return uid, st.st_gid  # the group Kineto created the file with
-    try:
-        return uid, pwd.getpwuid(uid).pw_gid
-    except KeyError:
-        return uid, uid
+        if st.st_uid == uid and st.st_gid in user_groups(uid, primary):
+            return uid, st.st_gid
+    return uid, primary

@@ -269,6 +269,28 @@ def listening_socket_inodes(proc_root: Path, host: str, port: int) -> set[int]:
     return out
 
 
+def listening_socket_owners(proc_root: Path, host: str, port: int) -> set[int]:
+    """The uids that created the TCP sockets listening on ``host:port`` (or on the wildcard
+    address of its family), from ``/proc/net/tcp`` and ``tcp6`` (their ``uid`` column)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    wanted = {socket.inet_pton(family, host), bytes(4 if family == socket.AF_INET else 16)}
+    table = "tcp6" if family == socket.AF_INET6 else "tcp"
+    out: set[int] = set()
+    try:
+        lines = (proc_root / "net" / table).read_text().splitlines()[1:]
+    except OSError:
+        return out
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 10 or fields[3] != "0A":  # 0A: TCP_LISTEN
+            continue
+        addr, _, hexport = fields[1].partition(":")
+        words = [int(addr[i : i + 8], 16) for i in range(0, len(addr), 8)]
+        if int(hexport, 16) == port and struct.pack(f"={len(words)}I", *words) in wanted:
+            out.add(int(fields[7]))
+    return out
+
+
 def unix_socket_inodes(proc_root: Path, path: str) -> set[int]:
     """The inodes of the Unix sockets bound to ``path``, from ``/proc/net/unix``."""
     try:

@@ -27,6 +27,8 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from bpfdyno.core.identity import Principals
+
 log = logging.getLogger(__name__)
 
 _R = TypeVar("_R")
@@ -137,14 +139,20 @@ class UserLanes:
     many calls queued does not delay another uid's single one. A call that blocks holds its
     lane and one thread, nothing else: the other lanes keep the other threads.
 
+    A lane is a user's, not a uid's: a subordinate uid (``/etc/subuid``, a rootless
+    container's) counts as the user it is delegated to (`bpfdyno.core.identity.Principals`),
+    so one user with a range of 65536 uids cannot hold every thread.
+
     Args:
         name: thread name prefix.
         threads: most threads at once (so at most this many users' calls can be blocked
             at once before other users wait too).
+        principals: who stands behind a uid (default: the system's /etc/subuid).
     """
 
-    def __init__(self, name: str, threads: int = 16) -> None:
+    def __init__(self, name: str, threads: int = 16, principals: Principals | None = None) -> None:
         self._name = name
+        self._principals = principals or Principals()
         self._threads = DaemonExecutor(name, threads)
         self._lock = threading.Lock()
         self._lanes: dict[int, deque[_Call]] = {}
@@ -155,12 +163,13 @@ class UserLanes:
         self._stopped = False
 
     def submit(self, uid: int, fn: Callable[..., _R], *args: Any) -> Future[_R]:
-        """Queue ``fn(*args)`` in ``uid``'s lane.
+        """Queue ``fn(*args)`` in the lane of ``uid``'s user.
 
         Raises:
             StoppedError: after `stop`.
         """
         future: Future[_R] = Future()
+        uid = self._principals.of(uid)
         with self._lock:
             if self._stopped:
                 raise StoppedError(f"{self._name}: the agent is stopping")
@@ -201,7 +210,7 @@ class UserLanes:
                     self._make_ready(uid)  # behind the lanes that waited meanwhile
 
     def busy(self) -> dict[int, int]:
-        """Per uid with work: calls queued plus running."""
+        """Per user (its uid) with work: calls queued plus running."""
         with self._lock:
             return {
                 uid: len(self._lanes.get(uid, ())) + (uid in self._running)

@@ -20,6 +20,14 @@ garbage. So bpfdyno uses, in this order:
 The cache lives under ``/var/cache/bpfdyno/kheaders/<release>-<build id>/<flavour>`` and is
 written atomically (a temporary directory renamed into place), so concurrent daemons and
 tests never see half a tree.
+
+What is compiled into programs loaded with CAP_BPF/CAP_SYS_ADMIN must be the agent's alone.
+Every directory and file is created with explicit modes (`DIR_MODE`, `FILE_MODE`: nobody
+but the owner may write), whatever the umask (the packaged unit's 0007 would otherwise make
+them writable by the agent's group), and before a tree is used its owner and modes are
+verified, every entry of it and every directory above it: a tree that anyone but the agent
+(or root) owns or could change is refused and generated anew, and a cache directory inside
+a directory others may change is refused with the reason.
 """
 
 from __future__ import annotations
@@ -27,9 +35,11 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import logging
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -39,8 +49,15 @@ from typing import Literal
 
 HeaderFlavour = Literal["minimal", "btf"]
 
+log = logging.getLogger(__name__)
+
 DEFAULT_CACHE_DIR = Path("/var/cache/bpfdyno/kheaders")
 _MARKER = ".bpfdyno-complete"
+#: Modes of the cache's directories and files: only their owner writes.
+DIR_MODE = 0o755
+FILE_MODE = 0o644
+#: Permission bits that let others than the owner change an entry.
+_OTHERS_WRITE = 0o022
 
 
 class KernelHeadersError(Exception):
@@ -135,9 +152,147 @@ def ensure_headers(
     build_id = kernel_build_id(k)
     root = (cache_dir or DEFAULT_CACHE_DIR) / f"{k.release}-{build_id}"
     final = root / flavour
+    _make_private_dirs(root, cache_dir or DEFAULT_CACHE_DIR)
+    if (final / _MARKER).is_file() or os.path.lexists(final):
+        problem = tree_problem(final)
+        if problem:
+            log.warning("refusing the cached kernel headers in %s (%s); generating them anew",
+                        final, problem)  # fmt: skip
+            _remove(final)
     if not (final / _MARKER).is_file():
         _generate_atomically(final, flavour, k)
+        problem = tree_problem(final)
+        if problem:  # someone else's copy won the rename, or the tree was changed meanwhile
+            raise KernelHeadersError(
+                f"the generated kernel headers in {final} cannot be trusted ({problem}); "
+                f"remove {final} and check who else writes to {root}"
+            )
     return HeaderTree(final, f"generated-{flavour}", k.release, build_id)
+
+
+def _trusted_owner(uid: int) -> bool:
+    return uid in (0, os.geteuid())
+
+
+def _entry_problem(path: Path, st: os.stat_result) -> str:
+    """Why one entry of a tree cannot be trusted ("" when it can)."""
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link"
+    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        return f"{path} is neither a directory nor a regular file"
+    if not _trusted_owner(st.st_uid):
+        return f"{path} belongs to uid {st.st_uid}"
+    if st.st_mode & _OTHERS_WRITE:
+        return f"{path} has mode {stat.S_IMODE(st.st_mode):04o} (others than its owner may write)"
+    return ""
+
+
+def tree_problem(tree: Path) -> str:
+    """Why the header tree at ``tree`` cannot be trusted ("" when it can): any entry that
+    is a link or a special file, belongs to someone other than the agent or root, or that
+    others may write; or a directory above it that others may change."""
+    problem = _ancestors_problem(tree.parent)
+    if problem:
+        return problem
+    try:
+        top = os.lstat(tree)
+    except OSError as e:
+        return f"{tree} cannot be read ({e.strerror})"
+    if problem := _entry_problem(tree, top):
+        return problem
+    for dirpath, dirnames, filenames in os.walk(tree, followlinks=False):
+        for name in (*dirnames, *filenames):
+            path = Path(dirpath) / name
+            try:
+                st = os.lstat(path)
+            except OSError as e:
+                return f"{path} cannot be read ({e.strerror})"
+            if problem := _entry_problem(path, st):
+                return problem
+    return ""
+
+
+def _ancestors_problem(directory: Path) -> str:
+    """Why ``directory`` or a directory above it lets others change what is inside (""
+    when none does). A sticky directory of root's (``/tmp``) is fine: others cannot rename
+    or remove what is not theirs."""
+    current = Path(os.path.abspath(directory))
+    for path in (current, *current.parents):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            return f"{path} cannot be read ({e.strerror})"
+        if stat.S_ISLNK(st.st_mode) and path != current:
+            continue  # a link above the cache (/var/run -> /run) is the system's
+        sticky_roots = st.st_uid == 0 and st.st_mode & stat.S_ISVTX
+        if not _trusted_owner(st.st_uid):
+            return f"{path} belongs to uid {st.st_uid}"
+        if st.st_mode & _OTHERS_WRITE and not sticky_roots:
+            return (
+                f"{path} has mode {stat.S_IMODE(st.st_mode):04o} (others than its owner may write)"
+            )
+    return ""
+
+
+def _make_private_dirs(directory: Path, cache: Path) -> None:
+    """Create ``directory`` and its missing parents with `DIR_MODE`, whatever the umask;
+    tighten the agent's own ones from ``cache`` down that others may write (an older
+    version's, made under a permissive umask); directories above ``cache`` are only
+    checked.
+
+    Raises:
+        KernelHeadersError: a directory cannot be made, or one on the way belongs to
+            someone else who lets others change it.
+    """
+    current = Path(os.path.abspath(directory))
+    top = Path(os.path.abspath(cache))
+    for path in (*reversed(current.parents), current):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            try:
+                os.mkdir(path, DIR_MODE)
+                os.chmod(path, DIR_MODE)  # not through mkdir's mode: the umask takes bits
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise KernelHeadersError(
+                    f"cannot create the header cache {path} ({e.strerror}); run as root or "
+                    "pass a writable cache directory"
+                ) from e
+            continue
+        except OSError as e:
+            raise KernelHeadersError(f"cannot use the header cache {path} ({e.strerror})") from e
+        if (
+            stat.S_ISDIR(st.st_mode)
+            and path.is_relative_to(top)
+            and st.st_uid == os.geteuid()
+            and st.st_mode & _OTHERS_WRITE
+            and not st.st_mode & stat.S_ISVTX
+        ):
+            os.chmod(path, DIR_MODE)
+    problem = _ancestors_problem(current)
+    if problem:
+        raise KernelHeadersError(
+            f"the header cache {directory} cannot be trusted: {problem}; whoever may change "
+            "it could put code into the agent's BPF programs. Make it the agent's own (mode "
+            "0755) or set another cache directory"
+        )
+
+
+def _remove(tree: Path) -> None:
+    """Remove a refused tree (never following its links: rmtree works by descriptor)."""
+    if os.path.islink(tree) or not os.path.isdir(tree):
+        with contextlib.suppress(OSError):
+            os.unlink(tree)
+        return
+    aside = tree.with_name(f".refused-{tree.name}-{os.getpid()}-{time.monotonic_ns()}")
+    with contextlib.suppress(OSError):
+        os.rename(tree, aside)
+        tree = aside
+    shutil.rmtree(tree, ignore_errors=True)
 
 
 def describe_header_source(
@@ -165,13 +320,6 @@ def describe_header_source(
 
 
 def _generate_atomically(final: Path, flavour: HeaderFlavour, k: KernelSources) -> None:
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise KernelHeadersError(
-            f"cannot create the header cache {final.parent} ({e.strerror}); run as root or "
-            "pass a writable cache directory"
-        ) from e
     for stale in final.parent.glob(".tmp-*"):  # left by a generator that was killed
         with contextlib.suppress(OSError):
             if time.time() - stale.stat().st_mtime > 600:
@@ -179,7 +327,8 @@ def _generate_atomically(final: Path, flavour: HeaderFlavour, k: KernelSources) 
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{flavour}-", dir=final.parent))
     try:
         _write_tree(tmp, flavour, k)
-        (tmp / _MARKER).write_text(f"{k.release}\n{flavour}\n")
+        _write_file(tmp / _MARKER, f"{k.release}\n{flavour}\n")
+        os.chmod(tmp, DIR_MODE)  # mkdtemp's 0700, readable like the rest once complete
         try:
             os.rename(tmp, final)
         except OSError:
@@ -214,9 +363,21 @@ def _write_tree(root: Path, flavour: HeaderFlavour, k: KernelSources) -> None:
         files.setdefault(name, "")
     for name, text in files.items():
         path = inc / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        for d in (*reversed(path.relative_to(root).parents[:-1]),):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(root / d, DIR_MODE)
+                os.chmod(root / d, DIR_MODE)
+        _write_file(path, text)
     # bcc adds -I<tree>/arch/<arch>/include...; those directories need not exist.
+
+
+def _write_file(path: Path, text: str) -> None:
+    """A new file with `FILE_MODE`, whatever the umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 FILE_MODE)  # fmt: skip
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, FILE_MODE)
+        f.write(text)
 
 
 def _read_kconfig(path: Path) -> list[tuple[str, str]]:

@@ -59,7 +59,7 @@ class KernelServicer(pb_grpc.KernelServicer):
     ) -> pb.ListProcessesResponse:
         who = requester_from_context(context)
         snap = await self._svc.list_processes(
-            request.sort_by, request.limit, request.filter, reader(who.uid, who.peer)
+            request.sort_by, request.limit, request.filter, reader(who.uid, who.peer), who
         )
         table = ProcessList(snap.rows, snap.ts, snap.total_processes, dict(snap.unavailable))
         return cast(pb.ListProcessesResponse, to_pb(table))

@@ -8,13 +8,15 @@ something malformed) and `Unavailable` (the data source is not running here).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from bpfdyno.core.budget import REQUESTED
 from bpfdyno.core.errors import InvalidArgument, Unavailable
 from bpfdyno.core.events import FlightRecorder, KernelEvent, Subscription
+from bpfdyno.core.identity import Requester
+from bpfdyno.core.procview import ProcView, proc_view
 from bpfdyno.core.workers import DaemonExecutor
 from bpfdyno.rpc.processes import QueryError, filter_rows, parse_filter, sort_key, sort_rows
 from bpfdyno.sources.net.decode import TcpConnection
@@ -57,20 +59,30 @@ class KernelService:
         table: ProcessTable | None = None,
         net: ConnectionSource | None = None,
         fresh_within_s: float = 1.0,
+        view: Callable[[], ProcView] = proc_view,
     ) -> None:
         self._recorder = recorder
         self._table = table
         self._net = net
         self._fresh_within_s = fresh_within_s
+        self._view = view
         # Updating the table reads /proc (another process's command line can block on its
         # memory map lock): never on the event loop.
         self._refresher = DaemonExecutor("procs-read")
 
     async def list_processes(
-        self, sort_by: str = "", limit: int = 0, filter: str = "", who: str = "in-process"
+        self,
+        sort_by: str = "",
+        limit: int = 0,
+        filter: str = "",
+        who: str = "in-process",
+        requester: Requester | None = None,
     ) -> ProcessSnapshot:
         """The process table as of at most one round ago (``fresh_within_s``), filtered,
         sorted and cut to ``limit`` rows: updated first when its last update is older.
+
+        With ``hidepid`` on /proc (`bpfdyno.core.procview`), a requester other than root
+        (or the exempt group) gets only her own processes, as /proc shows her.
 
         Raises:
             InvalidArgument: unknown sort key, malformed filter, negative limit.
@@ -96,6 +108,9 @@ class KernelService:
             raise Unavailable("the process table has not been built yet; retry in a second")
         with REQUESTED.work((who,)):
             rows = sort_rows(filter_rows(snap.rows, flt), key)
+        uid = requester.uid if requester is not None else None
+        if requester is not None and not self._view().sees_all(uid):
+            rows = [r for r in rows if uid is not None and r.uid == uid]
         if limit:
             rows = rows[:limit]
         return replace(snap, rows=tuple(rows))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import secrets
 import time
@@ -32,7 +33,7 @@ from pathlib import Path
 from bpfdyno.analysis.summary import summarize_file
 from bpfdyno.analysis.tracefile import DEFAULT_LIMITS, ReadLimits
 from bpfdyno.analysis.verdict import compare
-from bpfdyno.core.errors import InvalidArgument, NotFound, Unavailable
+from bpfdyno.core.errors import InvalidArgument, NotFound, PermissionDenied, Unavailable
 from bpfdyno.core.identity import (
     FileIdentityError,
     Requester,
@@ -41,6 +42,7 @@ from bpfdyno.core.identity import (
     in_process,
     owner_or_root,
 )
+from bpfdyno.core.rootfs import within_root
 from bpfdyno.core.rules import pause_duration_s
 from bpfdyno.core.text import shown_bytes
 from bpfdyno.core.workers import StoppedError, UserLanes
@@ -205,6 +207,8 @@ class TracingService(KinetoPolls):
         self.version = version
         self._dcgm_pause = dcgm_pause
         self._dcgm_resume = dcgm_resume
+        #: Live GPU-profiling pauses: the pauser's uid -> when its pause ends (monotonic).
+        self._pauses: dict[int, float] = {}
         self._proc_root = proc_root
         #: Set by the component while the IPC endpoint is down: why no trainer can poll.
         self.unavailable_reason = ""
@@ -311,10 +315,17 @@ class TracingService(KinetoPolls):
             if p.state is ProcState.WRITTEN:
                 local = files.get(p.output_path, (p.output_path, None))[0]
                 try:
-                    with files_as(*file_owner(owner(p), local)):
-                        summary = summarize_file(local, limits, p.output_path)
+                    # As the owner, and inside the process's own root when it is in a
+                    # container: its absolute links must not lead to the host's files.
+                    with (
+                        files_as(*file_owner(owner(p), local)),
+                        within_root(local, p.output_path) as path,
+                    ):
+                        summary = summarize_file(path, limits, p.output_path)
                 except FileIdentityError as e:
                     summary = ProcessSummary(p.output_path, error=str(e))
+                except OSError as e:  # its directory cannot be resolved in its root
+                    summary = ProcessSummary(p.output_path, error=f"{p.output_path}: {e.strerror}")
                 pid, tid = summary.pid or p.pid, summary.trace_id or trace_id
                 return replace(summary, pid=pid, trace_id=tid)
             return ProcessSummary(
@@ -353,6 +364,9 @@ class TracingService(KinetoPolls):
     def dcgm_pause(self, duration_s: int, requester: Requester | None = None) -> bool:
         """Pause GPU profiling metrics for ``duration_s``; False without a GPU monitor.
 
+        Each pause is its pauser's: the monitor stays paused until the last live pause
+        ends, so a shorter pause by another user never cuts one short.
+
         Raises:
             InvalidArgument: the duration breaks `bpfdyno.core.rules.pause_duration_s`.
             PermissionDenied: the requester's uid is unknown.
@@ -361,24 +375,59 @@ class TracingService(KinetoPolls):
         with self.audit.refusals("dcgm_pause", who, request={"duration_s": duration_s}):
             require_attributed(who)
         seconds = pause_duration_s(duration_s)
-        ok = bool(self._dcgm_pause(seconds)) if self._dcgm_pause else False
+        ok = False
+        if self._dcgm_pause:
+            assert who.uid is not None  # attributed
+            self._live_pauses()[who.uid] = self._mono() + seconds
+            ok = bool(self._dcgm_pause(self._pause_left_s()))
         self.audit.record(
             "dcgm_pause", who, message=f"{seconds} s: {ok}", request={"duration_s": seconds}
         )
         return ok
 
     def dcgm_resume(self, requester: Requester | None = None) -> bool:
-        """Resume GPU profiling metrics; False without a GPU monitor.
+        """End the requester's GPU-profiling pause (root: every pause); False without a GPU
+        monitor. The monitor resumes when no other user's pause is left.
 
         Raises:
-            PermissionDenied: the requester's uid is unknown.
+            PermissionDenied: the requester's uid is unknown, or the live pause is another
+                user's (rule ``not_pauser``: only its pauser or root may end it).
         """
         who = requester or in_process()
         with self.audit.refusals("dcgm_resume", who):
             require_attributed(who)
-        ok = bool(self._dcgm_resume()) if self._dcgm_resume else False
+            pauses = self._live_pauses()
+            if pauses and not who.privileged and who.uid not in pauses:
+                raise PermissionDenied(
+                    "the GPU profiling pause is another user's: only the user who paused or "
+                    f"root may end it; it ends by itself in {round(self._pause_left_s())} s",
+                    rule="not_pauser",
+                )
+        ok = False
+        if self._dcgm_resume:
+            if who.privileged:
+                self._pauses.clear()
+            elif who.uid is not None:
+                self._pauses.pop(who.uid, None)
+            left = self._pause_left_s()
+            ok = (
+                bool(self._dcgm_pause(left))
+                if left and self._dcgm_pause
+                else bool(self._dcgm_resume())
+            )
         self.audit.record("dcgm_resume", who, message=str(ok))
         return ok
+
+    def _live_pauses(self) -> dict[int, float]:
+        now = self._mono()
+        for uid in [u for u, until in self._pauses.items() if until <= now]:
+            del self._pauses[uid]
+        return self._pauses
+
+    def _pause_left_s(self) -> int:
+        """Whole seconds until the last live pause ends (0: none)."""
+        pauses = self._live_pauses()
+        return max(1, math.ceil(max(pauses.values()) - self._mono())) if pauses else 0
 
     # -- trace requests -------------------------------------------------------------------
 

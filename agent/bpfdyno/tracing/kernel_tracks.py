@@ -28,12 +28,14 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 from concurrent.futures import Future
 
 from bpfdyno.analysis.tracefile import DEFAULT_LIMITS, ReadLimits
 from bpfdyno.core.budget import excluded_work
 from bpfdyno.core.events import FlightRecorder, KernelEvent
 from bpfdyno.core.identity import FileIdentityError, file_owner, files_as, owner_or_root
+from bpfdyno.core.rootfs import within_root
 from bpfdyno.core.workers import StoppedError, UserLanes, wait_bounded
 from bpfdyno.rpc.traces import KernelTracks as TrackStatus
 from bpfdyno.sources.net.decode import NET_EVENT_KINDS
@@ -247,11 +249,22 @@ def merge_capture(
 
     try:
         # As the file's owner: its directory is theirs, so every lookup there must be too.
-        with files_as(*file_owner(part.owner_uid, part.local_path)):
-            _, result = merge_into_trace(part.local_path, build, limits)
-    except (MergeError, FileIdentityError) as e:
+        # Inside the process's own root when it is in a container (its absolute links
+        # must not lead to the host's files).
+        with (
+            files_as(*file_owner(part.owner_uid, part.local_path)),
+            within_root(part.local_path, part.output_path) as path,
+        ):
+            _, result = merge_into_trace(path, build, limits)
+    except OSError as e:  # FileIdentityError, or the directory cannot be resolved in its root
         log.warning("kernel tracks of pid %d not merged: %s", part.pid, e)
-        return TrackStatus(requested, KernelTrackState.NOT_MERGED, lost=lost, reason=str(e))
+        reason = str(e) if isinstance(e, FileIdentityError) else f"{part.output_path}: {e.strerror}"
+        return TrackStatus(requested, KernelTrackState.NOT_MERGED, lost=lost, reason=reason)
+    except MergeError as e:
+        # A path inside a container's root reads /proc/self/fd/N/...: say it as the user does.
+        reason = _IN_ROOT.sub(os.path.dirname(part.output_path) + "/", str(e))
+        log.warning("kernel tracks of pid %d not merged: %s", part.pid, reason)
+        return TrackStatus(requested, KernelTrackState.NOT_MERGED, lost=lost, reason=reason)
     log.info(
         "trace %s: %d kernel-track events merged into %s in %.2f s",
         part.trace_id,
@@ -273,6 +286,9 @@ def _capture_key(part: PartRef) -> CaptureKey:
     """What the capture records ``part``'s process under: its pid here (the kernel's),
     with the pid it knows itself by beside it."""
     return CaptureKey(part.trace_id, part.kernel_pid, part.pid)
+
+
+_IN_ROOT = re.compile(r"/proc/self/fd/\d+/")
 
 
 def pre_window(capture: ProcessCapture, recorder: FlightRecorder | None) -> list[KernelEvent]:

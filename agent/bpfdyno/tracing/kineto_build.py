@@ -15,7 +15,17 @@ searched for the variable's name — the string ``getenv`` is called with, prese
 the builds that have the rule — and its initial environment for the variable. That is done
 in the trainer owner's lane (`bpfdyno.core.workers.UserLanes`) with the owner's file rights,
 once per process (one may poll from many sockets) and once per library file (a library is
-100s of MB; the result is cached by device, inode, size and time). A request whose log
+100s of MB; the result is cached by device, inode, size and time).
+
+The file is the trainer's owner's: she may truncate or rewrite it at any moment. It is
+therefore read with bounded ``pread`` calls, chunk by chunk with a marker-length overlap,
+never mapped (a mapped file truncated under a search kills the reader with SIGBUS: the
+whole agent). What one user's files cost is bounded: a file larger than
+`MAX_LIBRARY_BYTES` is not searched, and each user (subordinate uids counted as their
+user) may have `SCAN_BYTES_PER_USER` searched per `SCAN_WINDOW_S`; past that her trainers
+stay unchecked until the window turns (nothing is refused for them, as for an unreadable
+library). The search is requested work: its CPU is kept out of the overhead budget's
+collection decisions (`bpfdyno.core.budget.excluded_work`). A request whose log
 file such a trainer would ignore is refused up front with the reason and the fix (rule
 ``kineto_ondemand_dir``). Until a trainer's libraries have been looked at, or where they
 cannot be, nothing is refused (as before).
@@ -25,17 +35,27 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import mmap
 import os
 import stat
+import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+from bpfdyno.core.budget import excluded_work
 from bpfdyno.core.errors import InvalidArgument
-from bpfdyno.core.identity import FileIdentityError, files_as, owner_or_root
+from bpfdyno.core.identity import (
+    FileIdentityError,
+    Principals,
+    files_as,
+    owner_or_root,
+    primary_gid,
+)
 from bpfdyno.core.pidfs import read_environ_raw, read_stat
+from bpfdyno.core.rootfs import open_in_root
 from bpfdyno.core.text import shown
 from bpfdyno.core.workers import StoppedError, UserLanes
 
@@ -49,8 +69,14 @@ DEFAULT_ONDEMAND_DIR = "/tmp/"
 RULE_MARKER = ONDEMAND_DIR_ENV.encode() + b"\0"
 #: Mapped files that can hold libkineto (PyTorch links it into libtorch_cpu.so).
 _LIBRARY_PREFIXES = ("libtorch_cpu.so", "libkineto.so", "libkineto-")
-#: Larger files are not searched (no libkineto build comes near).
-MAX_LIBRARY_BYTES = 4 << 30
+#: Larger files are not searched (PyTorch 2.13's CPU libtorch_cpu.so is 414 MiB; CUDA
+#: builds keep the CUDA code in libtorch_cuda.so, which holds no libkineto).
+MAX_LIBRARY_BYTES = 1 << 30
+#: Bytes of libraries searched per user and window; more waits for the next window.
+SCAN_BYTES_PER_USER = 4 << 30
+SCAN_WINDOW_S = 600.0
+#: One read of the search.
+CHUNK_BYTES = 4 << 20
 #: Trainers (and library files) remembered; more are forgotten oldest first.
 MAX_REMEMBERED = 8192
 
@@ -92,9 +118,15 @@ class KinetoBuilds:
         proc_root: where /proc is.
     """
 
-    def __init__(self, lanes: UserLanes, proc_root: Path = Path("/proc")) -> None:
+    def __init__(
+        self,
+        lanes: UserLanes,
+        proc_root: Path = Path("/proc"),
+        allowance: ScanAllowance | None = None,
+    ) -> None:
         self._lanes = lanes
         self._proc = proc_root
+        self.allowance = allowance or ScanAllowance()
         self._rules: OrderedDict[bytes, OnDemandRule | None] = OrderedDict()
         self._pending: dict[bytes, Future[OnDemandRule | None]] = {}
         self._libraries: OrderedDict[_Identity, bool] = OrderedDict()
@@ -184,13 +216,11 @@ class KinetoBuilds:
         return rule
 
     def _look_up(self, host_pid: int, uid: int | None) -> OnDemandRule | None:
+        owner = owner_or_root(uid)
         try:
-            gid = (self._proc / str(host_pid)).stat().st_gid  # its effective gid
-        except OSError:
-            return None  # gone
-        try:
-            with files_as(owner_or_root(uid), gid):
-                library = self._library_with_rule(host_pid)
+            # The owner's own groups only: never a group the process or a file carries.
+            with files_as(owner, primary_gid(owner)):
+                library = self._library_with_rule(host_pid, owner)
                 if library is None:
                     return None
                 env = read_environ_raw(self._proc, host_pid, (ONDEMAND_DIR_ENV,)).get(
@@ -204,16 +234,18 @@ class KinetoBuilds:
             directory += "/"
         return OnDemandRule(directory, library, bool(env))
 
-    def _library_with_rule(self, host_pid: int) -> str | None:
+    def _library_with_rule(self, host_pid: int, uid: int) -> str | None:
         """The first mapped libkineto of the process that has the rule (None: none has)."""
+        root = str(self._proc / str(host_pid) / "root")
         for path in _kineto_libraries(self._proc, host_pid):
-            if self._has_rule(self._proc / str(host_pid) / "root" / path.lstrip("/")):
+            if self._has_rule(root, path, uid):
                 return path
         return None
 
-    def _has_rule(self, path: Path) -> bool:
+    def _has_rule(self, root: str, path: str, uid: int) -> bool:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            # Resolved inside the process's root: a container's absolute links stay in it.
+            fd = open_in_root(root, path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         except OSError:
             return False
         try:
@@ -223,16 +255,87 @@ class KinetoBuilds:
             ident = _Identity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             known = self._libraries.get(ident)
             if known is None:
-                with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as m:
-                    known = m.find(RULE_MARKER) >= 0
+                if not self.allowance.take(uid, st.st_size):
+                    return False
+                with excluded_work():
+                    known = holds(fd, st.st_size, RULE_MARKER)
                 self._libraries[ident] = known
                 while len(self._libraries) > MAX_REMEMBERED:
                     self._libraries.popitem(last=False)
             return known
-        except (OSError, ValueError):
+        except OSError:
             return False
         finally:
             os.close(fd)
+
+
+def holds(fd: int, size: int, marker: bytes, chunk: int = CHUNK_BYTES) -> bool:
+    """Whether the first ``size`` bytes of the file ``fd`` hold ``marker``: bounded reads,
+    each overlapping the last by the marker's length less one, so a marker across two reads
+    is found. A file that shrinks meanwhile ends the search at its new end (a short read);
+    one that grows is searched to ``size`` only."""
+    keep = len(marker) - 1
+    tail = b""
+    offset = 0
+    while offset < size:
+        data = os.pread(fd, min(chunk, size - offset), offset)
+        if not data:
+            return False  # truncated under the search
+        window = tail + data
+        if marker in window:
+            return True
+        tail = window[-keep:] if keep else b""
+        offset += len(data)
+    return False
+
+
+class ScanAllowance:
+    """Bytes of library files searched per user (a subordinate uid counts as its user) and
+    window: one user's trainers cannot make the agent read without end.
+
+    Args:
+        per_user: bytes per user and window.
+        window_s: the window.
+        principals: who stands behind a uid.
+        clock: monotonic seconds (replaceable in tests).
+    """
+
+    def __init__(
+        self,
+        per_user: int = SCAN_BYTES_PER_USER,
+        window_s: float = SCAN_WINDOW_S,
+        principals: Principals | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.per_user = per_user
+        self.window_s = window_s
+        self._principals = principals or Principals()
+        self._clock = clock
+        self._lock = threading.Lock()  # taken from every user's lane
+        self._used: dict[int, tuple[float, int]] = {}  # user -> (window start, bytes)
+        #: Searches refused for being over the allowance, per user (for status).
+        self.refused: dict[int, int] = {}
+
+    def take(self, uid: int, size: int) -> bool:
+        """Count ``size`` bytes against ``uid``'s user; False (and nothing counted) when they
+        would exceed its allowance in the current window."""
+        user = self._principals.of(uid)
+        now = self._clock()
+        with self._lock:
+            start, used = self._used.get(user, (now, 0))
+            if now - start >= self.window_s:
+                start, used = now, 0
+            if used + size > self.per_user:
+                self.refused[user] = self.refused.get(user, 0) + 1
+                if self.refused[user] == 1:
+                    log.warning(
+                        "uid %d's trainers asked for more than %d MiB of library searches in "
+                        "%.0f s; their libkineto is not checked until the window turns",
+                        user, self.per_user >> 20, self.window_s,
+                    )  # fmt: skip
+                return False
+            self._used[user] = (start, used + size)
+            return True
 
 
 def _kineto_libraries(proc_root: Path, pid: int) -> list[str]:

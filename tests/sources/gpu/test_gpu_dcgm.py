@@ -533,6 +533,56 @@ def test_auto_uses_a_running_nv_hostengine_else_embeds_one(
     assert dcgm.engines() == 0
 
 
+_USER_LISTENER = (
+    "import socket, sys\n"
+    "s = socket.socket()\n"
+    "s.bind(('127.0.0.1', 0)); s.listen(8)\n"
+    "print(s.getsockname()[1], flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+@pytest.mark.root
+def test_auto_never_uses_a_listener_a_user_opened(dcgm: FakeDcgm, clock: Clock) -> None:
+    """Found by reading the code: ``auto`` connected to whatever listened on 127.0.0.1:5555,
+    so a local user listening there first would get the node's dcgm-pause calls and could
+    answer with made-up GPU metrics. Only a listener root opened is used; a user's is
+    refused, said in the log and in status, and an embedded engine is started instead."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tracing"))
+    from local_user import local_user
+
+    with local_user() as mallory:
+        squat = subprocess.Popen(
+            ["setpriv", f"--reuid={mallory.uid}", f"--regid={mallory.gid}", "--clear-groups",
+             "--", "/usr/bin/python3", "-c", _USER_LISTENER],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert squat.stdout is not None
+            address = f"127.0.0.1:{int(squat.stdout.readline())}"
+            c = DcgmCollector(str(dcgm.library), auto_address=address, clock=clock)
+            c.start()
+            try:
+                assert (dcgm.connections(), dcgm.engines()) == (0, 1)
+                assert dcgm.calls("dcgmConnect_v2") == 0
+                refused = (
+                    f"not connecting to {address}: it is listened on by uid {mallory.uid} "
+                    f"({mallory.name}), not root (the DCGM service runs as root; a user's "
+                    "program there would get the dcgm-pause calls and could report made-up GPU "
+                    "metrics); name the host engine in [gpu] dcgm_host_engine if this is the "
+                    "site's own"
+                )
+                assert c.refused_engine == refused
+                assert c.health()[1].endswith(f"profiling: active; {refused}")
+            finally:
+                c.close()
+        finally:
+            squat.kill()
+            squat.wait()
+
+
 def test_a_configured_nv_hostengine_that_does_not_answer_makes_it_unavailable(
     dcgm: FakeDcgm,
 ) -> None:

@@ -32,8 +32,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
+from bpfdyno.core.identity import ROOT_UID, user_name
 from bpfdyno.core.metrics import Sample, sample
+from bpfdyno.core.pidfs import listening_socket_owners
 from bpfdyno.core.status import PartState
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 from bpfdyno.sources.gpu.dcgm_api import (
@@ -70,10 +73,15 @@ CONNECT_TIMEOUT_MS = 2000
 
 @dataclass(frozen=True, slots=True)
 class HostEngine:
-    """A DCGM host engine: a running nv-hostengine at ``address``, or ("") one embedded here."""
+    """A DCGM host engine: a running nv-hostengine at ``address``, or ("") one embedded here.
+
+    ``found`` marks the address ``auto`` looks at: whatever listens there was not named by
+    the operator, so it is used only when root owns the listener (see `untrusted_listener`).
+    """
 
     address: str = ""
     unix_socket: bool = False
+    found: bool = False
 
     @property
     def embedded(self) -> bool:
@@ -93,7 +101,7 @@ def host_engines(setting: str, auto_address: str = DEFAULT_HOST_ENGINE) -> tuple
     (``host`` or ``host:port``): only nv-hostengine there.
     """
     if setting == "auto":
-        return (HostEngine(auto_address), HostEngine())
+        return (HostEngine(auto_address, found=True), HostEngine())
     if setting == "embedded":
         return (HostEngine(),)
     if setting.startswith("unix:"):
@@ -107,6 +115,33 @@ BASE_FIELDS: tuple[int, ...] = tuple(f for f in ALL_FIELDS if f < FIRST_PROF_FIE
 
 #: Watch statuses meaning "no profiling on these GPUs": fall back to the device fields.
 _NO_PROFILING = (ST_PROFILING_NOT_SUPPORTED, ST_MODULE_NOT_LOADED, ST_NOT_SUPPORTED)
+
+
+def untrusted_listener(engine: HostEngine, proc_root: Path = Path("/proc")) -> str:
+    """Why the engine ``auto`` found must not be used ("" when it may).
+
+    Anyone may listen on 127.0.0.1:5555 when nv-hostengine does not: a local user's program
+    there would be sent every dcgm-pause and resume and could answer with made-up GPU
+    metrics. nv-hostengine runs as root (the DCGM service), so ``auto`` uses a listener
+    only when root created it; a site running it otherwise names it in ``[gpu]
+    dcgm_host_engine`` (then it is the operator's choice).
+    """
+    if not engine.found or engine.unix_socket:
+        return ""
+    host, _, port = engine.address.rpartition(":")
+    if not host or not port.isdigit():
+        return ""
+    owners = listening_socket_owners(proc_root, host.strip("[]"), int(port))
+    strangers = sorted(u for u in owners if u != ROOT_UID)
+    if not strangers:
+        return ""
+    who = ", ".join(f"uid {u}" + (f" ({user_name(u)})" if user_name(u) else "") for u in strangers)
+    return (
+        f"not connecting to {engine.address}: it is listened on by {who}, not root (the DCGM "
+        "service runs as root; a user's program there would get the dcgm-pause calls and "
+        "could report made-up GPU metrics); name the host engine in [gpu] "
+        "dcgm_host_engine if this is the site's own"
+    )
 
 
 def find_libdcgm(
@@ -154,8 +189,12 @@ class DcgmCollector(Collector):
         retry_min_s: float = 1.0,
         retry_max_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        proc_root: Path = Path("/proc"),
     ) -> None:
         self._library_path = library_path
+        self._proc_root = proc_root
+        #: Why the listener ``auto`` found was not used ("" when none was refused).
+        self.refused_engine = ""
         self._candidates = host_engines(host_engine, auto_address)
         self._engine = self._candidates[0]  # the one in use, chosen by start()
         self._find = find
@@ -197,6 +236,11 @@ class DcgmCollector(Collector):
             self._lib = lib
             for engine in self._candidates:
                 self._engine = engine
+                untrusted = untrusted_listener(engine, self._proc_root)
+                if untrusted:
+                    log.warning("dcgm: %s; starting an embedded host engine", untrusted)
+                    self.refused_engine = untrusted
+                    continue
                 try:
                     self._connect()
                     break
@@ -426,8 +470,9 @@ class DcgmCollector(Collector):
             prof = f"paused (dcgm-pause, until {_iso(manual.until_wall)})"
         else:
             prof = "active"
+        refused = f"; {self.refused_engine}" if self.refused_engine else ""
         return PartState.OK, (
-            f"{gpus} GPU(s) via DCGM {self._engine} ({self._lib.path}); profiling: {prof}"
+            f"{gpus} GPU(s) via DCGM {self._engine} ({self._lib.path}); profiling: {prof}{refused}"
         )
 
 

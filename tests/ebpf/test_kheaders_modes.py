@@ -1,0 +1,191 @@
+"""Who may change the generated kernel headers: the agent (or root) alone, whatever the umask.
+
+Found: under the packaged unit's UMask=0007 the cache was 0770 group bpfdyno, and the docs
+told sites to add users to that group for socket access; a member swapped the tree and the
+agent's next compile included her header in programs loaded with CAP_BPF/CAP_SYS_ADMIN.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import json
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bpfdyno.ebpf.kheaders import (
+    DIR_MODE,
+    FILE_MODE,
+    KernelHeadersError,
+    KernelSources,
+    ensure_headers,
+    tree_problem,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tracing"))
+from local_user import local_user
+
+pytestmark = pytest.mark.root
+
+EVIL = "#error planted\n"
+
+
+@pytest.fixture
+def kernel(tmp_path: Path) -> KernelSources:
+    cfg = tmp_path / "config"
+    cfg.write_text("CONFIG_BPF_SYSCALL=y\nCONFIG_HZ=250\n")
+    return replace(KernelSources(), release="6.18.0-modes", config=cfg)
+
+
+@contextlib.contextmanager
+def umask(mask: int) -> Iterator[None]:
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def modes(top: Path) -> set[tuple[str, int, int]]:
+    """(kind, owner, mode) of every entry under ``top`` (``top`` included)."""
+    out = set()
+    for path in (top, *top.rglob("*")):
+        st = os.lstat(path)
+        kind = "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "?"
+        out.add((kind, st.st_uid, stat.S_IMODE(st.st_mode)))
+    return out
+
+
+@pytest.mark.parametrize("mask", [0o007, 0o000, 0o077])
+def test_every_entry_has_its_mode_whatever_the_umask(
+    tmp_path: Path, kernel: KernelSources, mask: int
+) -> None:
+    cache = tmp_path / "cache" / "kheaders"
+    with umask(mask):
+        tree = ensure_headers("minimal", cache, kernel=kernel)
+    assert modes(tmp_path / "cache") == {("dir", 0, DIR_MODE), ("file", 0, FILE_MODE)}
+    assert tree_problem(tree.path) == ""
+
+
+def test_a_tree_others_could_change_is_refused_and_made_anew(
+    tmp_path: Path, kernel: KernelSources
+) -> None:
+    """A tree as an older version left it under UMask=0007 (group-writable), in which a
+    member of the group replaced a header: refused, removed, generated anew."""
+    cache = tmp_path / "cache"
+    tree = ensure_headers("minimal", cache, kernel=kernel).path
+    good = (tree / "include/linux/kconfig.h").read_text()
+    os.chmod(tree / "include/linux", 0o770)
+    (tree / "include/linux/kconfig.h").unlink()
+    (tree / "include/linux/kconfig.h").write_text(EVIL)
+    assert (
+        tree_problem(tree)
+        == f"{tree}/include/linux has mode 0770 (others than its owner may write)"
+    )
+    again = ensure_headers("minimal", cache, kernel=kernel).path
+    assert again == tree
+    assert (tree / "include/linux/kconfig.h").read_text() == good
+    assert tree_problem(tree) == ""
+    assert [p.name for p in tree.parent.iterdir()] == ["minimal"]  # nothing left aside
+
+
+@pytest.mark.parametrize("how", ["link", "owner", "group-writable-file"])
+def test_each_kind_of_swapped_tree_is_refused(
+    tmp_path: Path, kernel: KernelSources, how: str
+) -> None:
+    cache = tmp_path / "cache"
+    tree = ensure_headers("minimal", cache, kernel=kernel).path
+    header = tree / "include/linux/kconfig.h"
+    if how == "link":
+        planted = tmp_path / "planted"
+        (planted / "include/linux").mkdir(parents=True)
+        (planted / "include/linux/kconfig.h").write_text(EVIL)
+        (planted / ".bpfdyno-complete").write_text("x\n")
+        os.rename(tree, tmp_path / "moved")
+        os.symlink(planted, tree)
+        expected = f"{tree} is a symbolic link"
+    elif how == "owner":
+        os.chown(header, 65534, 65534)
+        header.write_text(EVIL)
+        expected = f"{header} belongs to uid 65534"
+    else:
+        os.chmod(header, 0o664)
+        header.write_text(EVIL)
+        expected = f"{header} has mode 0664 (others than its owner may write)"
+    assert tree_problem(tree) == expected
+    again = ensure_headers("minimal", cache, kernel=kernel).path
+    assert not again.is_symlink() and EVIL not in header.read_text()
+    assert tree_problem(again) == ""
+
+
+def test_a_cache_in_a_directory_others_may_change_is_refused(
+    tmp_path: Path, kernel: KernelSources
+) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)  # not sticky: anyone may rename what is inside
+    with pytest.raises(KernelHeadersError) as e:
+        ensure_headers("minimal", open_dir / "kheaders", kernel=kernel)
+    assert str(e.value).startswith(
+        f"the header cache {open_dir}/kheaders/6.18.0-modes-"
+    ) and f"{open_dir} has mode 0777 (others than its owner may write)" in str(e.value)
+
+
+_GENERATE = r"""
+import json, sys
+from dataclasses import replace
+from pathlib import Path
+from bpfdyno.ebpf.kheaders import KernelSources, ensure_headers
+k = replace(KernelSources(), release="6.18.0-modes", config=Path(sys.argv[2]))
+print(json.dumps(str(ensure_headers("minimal", Path(sys.argv[1]), kernel=k).path)))
+"""
+
+
+def test_a_member_of_the_agents_group_cannot_change_what_the_unit_generated(
+    kernel: KernelSources,
+) -> None:
+    """The agent as the unit runs it (its own user, ambient capabilities, UMask=0007)
+    generates the tree; a member of the agent's group tries to swap or edit it: refused by
+    the kernel at each step."""
+    base = Path(tempfile.mkdtemp(prefix="bdt-kh-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    try:
+        with local_user() as agent, local_user() as member:
+            group = grp.getgrgid(agent.gid).gr_name
+            subprocess.run(["usermod", "-aG", group, member.name], check=True)
+            cache = base / "cache"
+            cache.mkdir()
+            os.chown(cache, agent.uid, agent.gid)
+            config = base / "config"
+            config.write_bytes(kernel.config.read_bytes())
+            os.chmod(config, 0o644)
+            r = agent.run([sys.executable, "-c", _GENERATE, str(cache / "kheaders"),
+                           str(config)], unit=True)  # fmt: skip
+            assert r.returncode == 0, r.stderr
+            tree = Path(json.loads(r.stdout))
+            assert modes(cache / "kheaders") == {
+                ("dir", agent.uid, DIR_MODE),
+                ("file", agent.uid, FILE_MODE),
+            }
+            header = tree / "include/linux/kconfig.h"
+            attempts = {
+                "rename": f"mv {tree} {tree}.x",
+                "edit": f"echo '{EVIL.strip()}' > {header}",
+                "add": f"echo x > {tree}/include/linux/extra.h",
+                "replace": f"rm -f {header}",
+            }
+            for what, cmd in attempts.items():
+                r = member.run(["sh", "-c", cmd], groups=True)
+                assert r.returncode != 0, what
+                assert "Permission denied" in r.stderr, (what, r.stderr)
+            assert EVIL.strip() not in header.read_text() and tree.is_dir()
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
