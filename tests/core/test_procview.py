@@ -3,6 +3,7 @@ round three: it showed every user's command lines to everyone)."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -25,13 +26,22 @@ ROWS = (
 
 @dataclass
 class Table:
+    """A process table just updated (the service reads it as it is)."""
+
     snapshot: ProcessSnapshot
+
+    def age_s(self) -> float:
+        return 0.0
+
+    def read(self, who: str) -> ProcessSnapshot:
+        return self.snapshot
 
 
 def pids(view: ProcView, who: Requester | None) -> list[int]:
     table = Table(ProcessSnapshot(1.0, ROWS, 3))
     svc = KernelService(FlightRecorder(60, 1 << 20), table, view=lambda: view)  # type: ignore[arg-type]
-    return sorted(r.pid for r in svc.list_processes(sort_by="pid", requester=who).rows)
+    listed = asyncio.run(svc.list_processes(sort_by="pid", requester=who))
+    return sorted(r.pid for r in listed.rows)
 
 
 def test_a_user_sees_only_her_processes_under_hidepid() -> None:
