@@ -12,7 +12,7 @@ import os
 import re
 import socket
 import struct
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -246,17 +246,16 @@ def socket_inodes(proc_root: Path, pid: int) -> set[int]:
     return out
 
 
-def listening_socket_inodes(proc_root: Path, host: str, port: int) -> set[int]:
-    """The inodes of the TCP sockets listening on ``host:port`` (or on the wildcard address
-    of its family, which holds the port too), from ``/proc/net/tcp`` and ``tcp6``."""
+def _listening_lines(proc_root: Path, host: str, port: int) -> Iterator[list[str]]:
+    """The fields of ``/proc/net/tcp`` (``tcp6``) lines of the sockets listening on
+    ``host:port`` or on the wildcard address of its family (which holds the port too)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     wanted = {socket.inet_pton(family, host), bytes(4 if family == socket.AF_INET else 16)}
     table = "tcp6" if family == socket.AF_INET6 else "tcp"
-    out: set[int] = set()
     try:
         lines = (proc_root / "net" / table).read_text().splitlines()[1:]
     except OSError:
-        return out
+        return
     for line in lines:
         fields = line.split()
         if len(fields) < 10 or fields[3] != "0A":  # 0A: TCP_LISTEN
@@ -265,30 +264,19 @@ def listening_socket_inodes(proc_root: Path, host: str, port: int) -> set[int]:
         # The address is printed as 32-bit words in this host's byte order.
         words = [int(addr[i : i + 8], 16) for i in range(0, len(addr), 8)]
         if int(hexport, 16) == port and struct.pack(f"={len(words)}I", *words) in wanted:
-            out.add(int(fields[9]))
-    return out
+            yield fields
+
+
+def listening_socket_inodes(proc_root: Path, host: str, port: int) -> set[int]:
+    """The inodes of the TCP sockets listening on ``host:port`` (or on the wildcard address
+    of its family), from ``/proc/net/tcp`` and ``tcp6``."""
+    return {int(fields[9]) for fields in _listening_lines(proc_root, host, port)}
 
 
 def listening_socket_owners(proc_root: Path, host: str, port: int) -> set[int]:
     """The uids that created the TCP sockets listening on ``host:port`` (or on the wildcard
     address of its family), from ``/proc/net/tcp`` and ``tcp6`` (their ``uid`` column)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    wanted = {socket.inet_pton(family, host), bytes(4 if family == socket.AF_INET else 16)}
-    table = "tcp6" if family == socket.AF_INET6 else "tcp"
-    out: set[int] = set()
-    try:
-        lines = (proc_root / "net" / table).read_text().splitlines()[1:]
-    except OSError:
-        return out
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 10 or fields[3] != "0A":  # 0A: TCP_LISTEN
-            continue
-        addr, _, hexport = fields[1].partition(":")
-        words = [int(addr[i : i + 8], 16) for i in range(0, len(addr), 8)]
-        if int(hexport, 16) == port and struct.pack(f"={len(words)}I", *words) in wanted:
-            out.add(int(fields[7]))
-    return out
+    return {int(fields[7]) for fields in _listening_lines(proc_root, host, port)}
 
 
 def unix_socket_inodes(proc_root: Path, path: str) -> set[int]:
