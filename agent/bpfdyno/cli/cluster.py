@@ -61,6 +61,21 @@ class NoScheduler(ClusterUsageError):
         self.reason = reason
 
 
+def job_cluster(args: argparse.Namespace, command: str) -> Cluster | None:
+    """The nodes of a job-wide ``command`` (`resolve_cluster`), or None when no scheduler
+    answers and the job id means this node's agent instead (`this_node_instead`).
+
+    Raises:
+        ClusterUsageError: the options cannot name the job's nodes (its message says why).
+    """
+    try:
+        return resolve_cluster(args)
+    except NoScheduler as e:
+        if this_node_instead(args, e, command):
+            return None
+        raise
+
+
 def this_node_instead(args: argparse.Namespace, err: NoScheduler, command: str) -> bool:
     """Whether ``--job-id`` may mean this node's agent because no scheduler answers (what
     dyno users mean by it: the trainers of that job here); prints the one-line note if so.

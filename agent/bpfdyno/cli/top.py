@@ -14,11 +14,9 @@ from pathlib import Path
 from bpfdyno.cli.cluster import (
     Cluster,
     ClusterUsageError,
-    NoScheduler,
     add_cluster_arguments,
     cluster_requested,
-    resolve_cluster,
-    this_node_instead,
+    job_cluster,
 )
 from bpfdyno.client.connection import EXIT_USAGE, add_target_argument
 from bpfdyno.client.errors import ClientSetupError
@@ -56,15 +54,11 @@ def cmd_top(args: argparse.Namespace) -> int:
         args.replay = demo_recording()
     if args.replay is None and cluster_requested(args):
         try:
-            cluster = resolve_cluster(args)
-        except NoScheduler as e:
-            if not this_node_instead(args, e, "top"):
-                print(f"bpfdyno top: {e}", file=sys.stderr)
-                return EXIT_USAGE
+            cluster = job_cluster(args, "top")
         except ClusterUsageError as e:
             print(f"bpfdyno top: {e}", file=sys.stderr)
             return EXIT_USAGE
-        else:
+        if cluster is not None:
             return _cluster_top(cluster)
     # Imported here: Textual takes a while to load, and only this command needs it.
     from bpfdyno.tui.app import run_top

@@ -22,12 +22,10 @@ from typing import Any
 
 from bpfdyno.cli.cluster import (
     ClusterUsageError,
-    NoScheduler,
     add_cluster_arguments,
     cluster_requested,
-    resolve_cluster,
+    job_cluster,
     run_job_trace,
-    this_node_instead,
 )
 from bpfdyno.cli.output import print_json, with_agent
 from bpfdyno.client.agent import AgentClient
@@ -270,14 +268,12 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
     )
     if cluster_requested(args):
         try:
-            return run_job_trace(args, spec, wait_s, resolve_cluster(args))
-        except NoScheduler as e:
-            if not this_node_instead(args, e, "gputrace"):
-                print(f"bpfdyno: {e}", file=sys.stderr)
-                return EXIT_USAGE
+            cluster = job_cluster(args, "gputrace")
         except ClusterUsageError as e:
             print(f"bpfdyno: {e}", file=sys.stderr)
             return EXIT_USAGE
+        if cluster is not None:
+            return run_job_trace(args, spec, wait_s, cluster)
 
     async def trace(agent: AgentClient) -> int:
         try:
