@@ -228,3 +228,29 @@ async def served_site(
             if agent.poll() is None:
                 agent.kill()
                 agent.wait()
+
+
+# -- what attack tests do after each attack ---------------------------------------------
+
+
+async def trainer(site: ServedSite, user: str, *args: str, **env: str) -> int:
+    """A registered PyTorch trainer of ``user``; its pid."""
+    proc = site.spawn_trainer(user, *args, env=env)
+    [pid] = await proc.wait_ready()
+    await site.wait_registered(pid)
+    return pid
+
+
+async def traced(site: ServedSite, user: str, pid: int) -> None:
+    """``user`` traces its trainer ``pid`` (2 iterations, ``bpfdyno gputrace --wait``): written."""
+    log_file = str(site.dirs[user] / "t.json")
+    r = await site.cli(user, "gputrace", "--pids", str(pid), "--iterations", "2",
+                       "--log-file", log_file, "--wait", "--timeout", "60")  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr + site.diagnostics()
+    assert "written" in r.stdout
+
+
+def stops_in_time(site: ServedSite) -> None:
+    took = site.stop()
+    print(f"agent stopped {took:.2f} s after SIGTERM")  # shown with -s
+    assert took < STOP_WITHIN_S, f"stopped {took:.1f} s after SIGTERM\n{site.agent_log()[-3000:]}"

@@ -22,7 +22,15 @@ from pathlib import Path
 
 import pytest
 from local_user import local_user
-from served_site import RUN_MODES, STOP_WITHIN_S, USER_CLIENT, ServedSite, served_site
+from served_site import (
+    RUN_MODES,
+    USER_CLIENT,
+    ServedSite,
+    served_site,
+    stops_in_time,
+    traced,
+    trainer,
+)
 from tracing_harness import TRAINERS, dyno_gputrace_bytes, unframe
 
 from bpfdyno.rpc.v1 import tracing_pb2 as pb
@@ -46,29 +54,6 @@ async def trace(site: ServedSite, user: str, *argv: str) -> dict[str, object]:
     assert r.returncode == 0, r.stdout + r.stderr + site.diagnostics()
     out: dict[str, object] = json.loads(r.stdout)
     return out
-
-
-async def trainer(site: ServedSite, user: str, *args: str, **env: str) -> int:
-    """A registered PyTorch trainer of ``user``; its pid."""
-    proc = site.spawn_trainer(user, *args, env=env)
-    [pid] = await proc.wait_ready()
-    await site.wait_registered(pid)
-    return pid
-
-
-async def traced(site: ServedSite, user: str, pid: int) -> None:
-    """``user`` traces its trainer ``pid`` (2 iterations, ``bpfdyno gputrace --wait``): written."""
-    log_file = str(site.dirs[user] / "t.json")
-    r = await site.cli(user, "gputrace", "--pids", str(pid), "--iterations", "2",
-                       "--log-file", log_file, "--wait", "--timeout", "60")  # fmt: skip
-    assert r.returncode == 0, r.stdout + r.stderr + site.diagnostics()
-    assert "written" in r.stdout
-
-
-def stops_in_time(site: ServedSite) -> None:
-    took = site.stop()
-    print(f"agent stopped {took:.2f} s after SIGTERM")  # shown with -s
-    assert took < STOP_WITHIN_S, f"stopped {took:.1f} s after SIGTERM\n{site.agent_log()[-3000:]}"
 
 
 async def test_a_users_traces_are_its_own(short_tmp: Path, run_mode: str) -> None:

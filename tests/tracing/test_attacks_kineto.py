@@ -14,32 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from served_site import STOP_WITHIN_S, ServedSite, served_site
+from served_site import ServedSite, served_site, stops_in_time, traced, trainer
 from tracing_harness import TRAINERS, TrainerProc, trainer_env
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.usefixtures("torch_ready")]
-
-
-async def trainer(site: ServedSite, user: str, *args: str, **env: str) -> int:
-    """A registered PyTorch trainer of ``user``; its pid."""
-    proc = site.spawn_trainer(user, *args, env=env)
-    [pid] = await proc.wait_ready()
-    await site.wait_registered(pid)
-    return pid
-
-
-async def traced(site: ServedSite, user: str, pid: int) -> None:
-    """``user`` traces its trainer ``pid`` (2 iterations, ``bpfdyno gputrace --wait``): written."""
-    log_file = str(site.dirs[user] / "t.json")
-    r = await site.cli(user, "gputrace", "--pids", str(pid), "--iterations", "2",
-                       "--log-file", log_file, "--wait", "--timeout", "60")  # fmt: skip
-    assert r.returncode == 0, r.stdout + r.stderr + site.diagnostics()
-    assert "written" in r.stdout
-
-
-def stops_in_time(site: ServedSite) -> None:
-    took = site.stop()
-    assert took < STOP_WITHIN_S, f"stopped {took:.1f} s after SIGTERM\n{site.agent_log()[-3000:]}"
 
 
 async def test_squatted_reply_socket_names_cost_another_user_no_reply(short_tmp: Path) -> None:
