@@ -117,7 +117,20 @@ def test_slurm_jobs_resolve_to_their_nodes_and_job_ids(
 def test_without_slurm_or_hosts_the_cli_says_what_to_do(pki: Pki, tmp_path: Path) -> None:
     env = client_env(pki)
     env["PATH"] = str(tmp_path)  # no squeue on it
+    env.pop("BPFDYNO_TARGET", None)
+    # A plain job id means this node's trainers of the job (dyno's meaning), said in one line;
+    # this node has no agent at the default socket, which is said next.
     r = run_cli("gputrace", "--job-id", "1234", "--log-file", "/tmp/x.json", env=env)
+    assert r.returncode == 1, r.stderr
+    note, *rest = r.stderr.splitlines()
+    assert note == (
+        "bpfdyno gputrace: no scheduler answers here (SLURM's squeue is not installed): job "
+        "1234 on this node's agent only; for every node of the job run it where SLURM "
+        "answers, or name the nodes with --hosts h1,h2"
+    )
+    assert rest and "sudo bpfdyno serve" in rest[0], r.stderr
+    # An array task has no meaning without SLURM: the job-wide error, with what to do.
+    r = run_cli("gputrace", "--job-id", "1234_5", "--log-file", "/tmp/x.json", env=env)
     assert r.returncode == 2
     assert "squeue is not installed here" in r.stderr
     assert "--hosts h1,h2,... or --hosts-file FILE" in r.stderr

@@ -53,9 +53,17 @@ NOT_EMULATED = {
 }  # fmt: skip
 
 
+#: The package's command. A checkout's set-up links its own into /usr/local/bin, ahead on
+#: PATH: these tests run the package's, always.
+PACKAGED = "/usr/bin/bpfdyno"
+
+
 def run(*cmd: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    argv = [str(c) for c in cmd]
+    if argv[0] == "bpfdyno":
+        argv[0] = PACKAGED
     return subprocess.run(
-        [str(c) for c in cmd],
+        argv,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -172,7 +180,8 @@ def installation(debian_package: Path) -> Iterator[Installation]:
 def test_installed_layout(installation: Installation) -> None:
     version = bpfdyno.version.__version__
     assert installed_version() == f"install ok installed {version}"
-    assert shutil.which("bpfdyno") == "/usr/bin/bpfdyno"
+    # On the system's PATH (a checkout's set-up may add its own in /usr/local/bin, first).
+    assert shutil.which("bpfdyno", path="/usr/sbin:/usr/bin:/sbin:/bin") == PACKAGED
     r = run("bpfdyno", "--version")
     assert (r.returncode, r.stdout) == (0, f"bpfdyno {version}\n")
     user = pwd.getpwnam("bpfdyno")
@@ -283,8 +292,9 @@ def capabilities(pid: int) -> int:
 
 
 def capability_mask(names: str) -> int:
-    numbers = {"cap_dac_read_search": 2, "cap_setgid": 6, "cap_setuid": 7, "cap_sys_ptrace": 19,
-               "cap_sys_admin": 21, "cap_perfmon": 38, "cap_bpf": 39}  # fmt: skip
+    numbers = {"cap_chown": 0, "cap_dac_read_search": 2, "cap_setgid": 6, "cap_setuid": 7,
+               "cap_sys_ptrace": 19, "cap_sys_admin": 21, "cap_perfmon": 38,
+               "cap_bpf": 39}  # fmt: skip
     return sum(1 << numbers[c.lower()] for c in names.split())
 
 

@@ -84,8 +84,11 @@ def test_deltas_per_interval_of_the_processes_devices(
     tree.add("mlx5_1", 1, "hw_counters", "np_cnp_sent", 5)
     tree.add("mlx5_0", 1, "counters", "port_xmit_data", 99)
     tree.nic_add("eth2", "tx_bytes", 4_000)
-    ran = ran_since(worker.pid, ran)
+    ran_since(worker.pid, ran)
     sampler.read_now()
+    # The baseline after that reading: the process must run after it, not only after the
+    # test's last look (it may have run in between and then not again before the end).
+    ran = runtime(worker.pid)
     # Interval 2: a transport error and the link going down.
     tree.add("mlx5_1", 1, "hw_counters", "packet_seq_err", 2)
     tree.set_link("mlx5_1", 1, "1: DOWN", "3: Disabled", "100 Gb/sec (4X EDR)")

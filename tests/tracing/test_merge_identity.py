@@ -197,15 +197,17 @@ def test_as_the_units_user_reads_as_the_owner_keep_no_capability(base: Path) -> 
         )  # fmt: skip
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
-        dac_read_search = 1 << 2
+        # The unit's file-permission capabilities: CAP_CHOWN (it hands users their trace
+        # directories) and CAP_DAC_READ_SEARCH (it reads past permissions itself).
+        units = (1 << 0) | (1 << 2)
         assert out == {
             "agent_uid": agent.uid,
-            "caps_before": dac_read_search,  # the unit's: it reads past permissions itself
+            "caps_before": units,
             "as_agent": "SECRET",
             "caps_inside": 0,
             "as_user": "PermissionError",
-            "other_thread_inside": dac_read_search,
-            "caps_after": dac_read_search,
+            "other_thread_inside": units,
+            "caps_after": units,
             "again_as_agent": "SECRET",
         }
 
