@@ -549,3 +549,7 @@ def test_remove_then_purge_leave_nothing(installation: Installation) -> None:
     assert not list(helper.rglob("*bpfdyno*"))  # the unit's enablement state went too
     # The user and group go with the package that made them (an operator's own stay).
     assert user_exists("bpfdyno") is installation.user_existed
+    # The per-user trace directories' parent keeps users' traces, owned by root from then.
+    if not installation.user_existed and os.path.isdir("/tmp/bpfdyno"):
+        st = os.stat("/tmp/bpfdyno")
+        assert (st.st_uid, st.st_gid) == (0, 0)

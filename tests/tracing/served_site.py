@@ -210,6 +210,9 @@ async def served_site(
             sys.executable, "-m", "bpfdyno", "serve", "--config", str(config), "--socket", sock,
             f"--set=kineto.socket_dir={json.dumps(str(socket_dir))}",
             f"--set=tracing.allowed_dirs={json.dumps([str(base)])}",
+            # Its own parent of the per-user trace directories: an agent run as a test user
+            # must not leave /tmp/bpfdyno owned by a uid that is deleted after the test.
+            f"--set=tracing.user_dirs={json.dumps(str(base / 'user-dirs'))}",
             f'--set=legacy_rpc.listen=["127.0.0.1:{port}"]',
             *(f"--set={s}" for s in (*LIGHT, *sets)),
         ]  # fmt: skip
