@@ -264,6 +264,17 @@ def agent_json(name: str, *args: str) -> Any:
     return orjson.loads(r.stdout)
 
 
+def started_as_the_kubelet_sees_it(name: str, spec: dict[str, Any]) -> None:
+    """Run container ``name``'s startupProbe as the kubelet does, until it passes."""
+    probe = spec["startupProbe"]
+    for _ in range(probe["failureThreshold"]):
+        r = podman("exec", name, *probe["exec"]["command"])
+        if r.returncode == 0:
+            return
+        time.sleep(probe["periodSeconds"])
+    raise AssertionError(r.stderr + podman("logs", name).stderr)
+
+
 @pytest.mark.root
 @pytest.mark.slow
 def test_the_daemonset_pod_traces_a_trainer_in_another_container(image: Image) -> None:
@@ -302,14 +313,7 @@ def test_the_daemonset_pod_traces_a_trainer_in_another_container(image: Image) -
             "--set", f'export.prometheus.listen="{prometheus}"',
         )  # fmt: skip
         assert r.returncode == 0, r.stderr
-        # The startup probe, as the kubelet runs it.
-        probe = agent_spec["startupProbe"]
-        for _ in range(probe["failureThreshold"]):
-            r = podman("exec", agent, *probe["exec"]["command"])
-            if r.returncode == 0:
-                break
-            time.sleep(probe["periodSeconds"])
-        assert r.returncode == 0, r.stderr + podman("logs", agent).stderr
+        started_as_the_kubelet_sees_it(agent, agent_spec)
 
         # The trainer: trainer-example.yaml's pod (its environment, the Kineto directory and
         # nothing else of the agent's); the image is this one with PyTorch from the test's
@@ -473,13 +477,7 @@ def test_the_daemonset_sees_the_gpus_the_nvidia_toolkit_injects(image: Image) ->
             "--set", f'export.prometheus.listen="127.0.0.1:{free_port()}"',
         )  # fmt: skip
         assert r.returncode == 0, r.stderr
-        probe = agent_spec["startupProbe"]
-        for _ in range(probe["failureThreshold"]):
-            r = podman("exec", agent, *probe["exec"]["command"])
-            if r.returncode == 0:
-                break
-            time.sleep(probe["periodSeconds"])
-        assert r.returncode == 0, r.stderr + podman("logs", agent).stderr
+        started_as_the_kubelet_sees_it(agent, agent_spec)
         states = {c["name"]: (c["state"], c.get("reason", "")) for c in
                   agent_json(agent, "status")["collectors"]}  # fmt: skip
         assert states["gpu"][0] == "COLLECTOR_STATE_OK", states["gpu"]
