@@ -89,6 +89,7 @@ from bpfdyno.tracing.safety import (
     home_directory,
     mount_root,
     user_trace_dir_path,
+    visible_to,
 )
 from bpfdyno.tracing.traces import NewProcess, ProcState, TraceTracker, TraceView
 from bpfdyno.tracing.trainers import Trainer, TrainerRegistry
@@ -496,6 +497,7 @@ class TracingService(KinetoPolls):
             self.kineto_builds.check(checked.log_file, [(t.pid, t.address) for t, _ in triggered])
         for t, path in triggered:
             self._placement.check(path, Writer(t.uid, t.host_pid))
+        self._check_not_existing(triggered)
         audited = [AuditedProcess(t.pid, t.host_pid, t.uid, path) for t, path in triggered]
         text = with_trace_id(checked.text, trace_id)
         timeout = req.timeout_s if req.timeout_s > 0 else self.default_timeout_s
@@ -547,10 +549,12 @@ class TracingService(KinetoPolls):
 
     def _checked_config(self, req: TraceRequest, requester: Requester) -> CheckedConfig:
         allowed = self.allowed_for(requester)
+        # Probe the file system for a user only where she could look herself.
+        sees = None if requester.privileged or requester.uid is None else visible_to(requester.uid)
         if req.options is not None:
-            check_log_file(req.options.log_file, allowed)
-            return check_config(build_config(req.options), allowed, self._wall())
-        return check_config(req.config or "", allowed, self._wall())
+            check_log_file(req.options.log_file, allowed, sees)
+            return check_config(build_config(req.options), allowed, self._wall(), sees)
+        return check_config(req.config or "", allowed, self._wall(), sees)
 
     def allowed_for(self, requester: Requester) -> list[str]:
         """Where ``requester`` may name log files: the configured directories, the per-user
@@ -635,6 +639,11 @@ class TracingService(KinetoPolls):
                 message="two matched processes would write the same file (same pid in different "
                 "containers?); narrow the request with --pids or --job-id",
             )
+
+    def _check_not_existing(self, triggered: list[tuple[Trainer, str]]) -> None:
+        """Refuse names that exist already. Only after the placement rules passed: each
+        directory is then one its writer (the requester, unless root) may enter, so this
+        tells her nothing she could not see."""
         existing = [
             p for t, p in triggered if os.path.lexists(mount_root(t.host_pid, self._proc_root) + p)
         ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bpfdyno.core.errors import InvalidArgument
@@ -161,9 +161,14 @@ class CheckedConfig:
 
 
 def check_config(
-    text: str, allowed_dirs: Sequence[str], now_s: float | None = None
+    text: str,
+    allowed_dirs: Sequence[str],
+    now_s: float | None = None,
+    sees: Callable[[str], bool] | None = None,
 ) -> CheckedConfig:
     """Validate config text line by line so Kineto never silently drops part of it.
+
+    ``sees`` is passed to `paths.check_log_file` (what the requester could look up).
 
     Raises:
         ConfigRejected: naming the rule: size, line syntax, key, value characters, integer
@@ -229,7 +234,7 @@ def check_config(
     log_file = values.get("ACTIVITIES_LOG_FILE", "")
     if log_file:
         try:
-            check_log_file(log_file, allowed_dirs)
+            check_log_file(log_file, allowed_dirs, sees)
         except PathRejected as e:
             raise ConfigRejected(e.rule, str(e), prefixed=True) from e
     iteration_mode = int(values.get("ACTIVITIES_ITERATIONS", "0")) > 0 or (

@@ -10,7 +10,7 @@ module is the one place that knows the real rule.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.text import printable
@@ -72,7 +72,9 @@ def _inside(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory if directory == "/" else directory + "/")
 
 
-def check_log_file(log_file: str, allowed_dirs: Sequence[str]) -> str:
+def check_log_file(
+    log_file: str, allowed_dirs: Sequence[str], sees: Callable[[str], bool] | None = None
+) -> str:
     """Validate a requested log-file path; return it unchanged when it passes.
 
     Rules, checked in order: printable text without ``=`` or ``#`` (it goes into
@@ -81,9 +83,17 @@ def check_log_file(log_file: str, allowed_dirs: Sequence[str]) -> str:
     existing parent directory (Kineto creates none), and ``_<pid>`` landing in the file name
     rather than a directory.
 
+    Args:
+        sees: whether the requester could look up a path itself
+            (`bpfdyno.tracing.safety.visible_to`); the file system is probed only where it
+            could, so the answer tells nothing about what lies behind a directory the
+            requester may not enter (the placement rules then refuse such a path with one
+            answer for all). None: everywhere (root, the daemon itself).
+
     Raises:
         PathRejected: naming the rule that failed and what to do.
     """
+    probe_ok = sees or (lambda path: True)
     if not log_file:
         raise PathRejected("empty", "no log file given; pass an absolute path such as /tmp/t.json")
     if len(log_file.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
@@ -117,7 +127,7 @@ def check_log_file(log_file: str, allowed_dirs: Sequence[str]) -> str:
     normalized = normalize(log_file)
     allowed = [normalize(d) for d in allowed_dirs if d]
     shown = ", ".join(allowed) or "(none configured)"
-    if normalized in allowed or os.path.isdir(normalized):
+    if normalized in allowed or (probe_ok(normalized) and os.path.isdir(normalized)):
         raise PathRejected(
             "not_a_file",
             f"{log_file!r} is a directory; add a file name such as {normalized}/trace.json",
@@ -133,7 +143,7 @@ def check_log_file(log_file: str, allowed_dirs: Sequence[str]) -> str:
     # A trainer in a container writes in its own file system, where the directory is checked
     # (it exists, it is safe: `bpfdyno.tracing.safety`) once the writer is known. Here, only a
     # directory this agent sees can be checked for links out of the allowed ones.
-    if os.path.isdir(parent):
+    if probe_ok(parent) and os.path.isdir(parent):
         real_parent = os.path.realpath(parent)
         if not any(_inside(real_parent, os.path.realpath(d)) for d in allowed):
             raise PathRejected(

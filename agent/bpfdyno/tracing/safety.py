@@ -19,7 +19,13 @@ process's owner control:
   ``shared_directory_unprotected``);
 * the directory exists (rule ``missing_directory``), and neither the final name nor
   ``<name>.tmp`` exists yet (rules ``would_overwrite``, ``tmp_exists``);
-* the owner can create files there (rule ``directory_not_writable``).
+* the owner can create files there (rule ``directory_not_writable``);
+* the owner can enter every directory on the way (rule ``directory_not_reachable``). This
+  one is checked before anything inside a directory is looked at, and its answer is the
+  same words whatever lies beyond (nothing, a file, a link and where it points, another
+  user's directory): the check runs with the agent's rights, and must not tell a user what
+  she could not see herself. Nor does it take longer for one than another: the walk stops
+  at the directory she may not enter.
 
 A process in another mount namespace (a container) is checked through
 ``/proc/<pid>/root`` (`mount_root`), so the rules apply to the directory it will really write
@@ -38,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bpfdyno.core.errors import InvalidArgument, PermissionDenied, RequestError
-from bpfdyno.core.identity import ROOT_UID, user_name
+from bpfdyno.core.identity import ROOT_UID, primary_gid, user_groups, user_name
 from bpfdyno.core.pidfs import read_status, status_ints
 from bpfdyno.tracing.paths import TMP_SUFFIX
 from bpfdyno.tracing.policy import describe_uid
@@ -100,6 +106,20 @@ def _rejected(rule: str, message: str) -> RequestError:
     return PermissionDenied(text, rule=rule)
 
 
+def _unreachable(path: str, writer: Writer) -> RequestError:
+    """The one answer for every path that passes through a directory the writer may not
+    enter: the same words (but the path asked for) whether what lies beyond is missing, a
+    file, a link or someone else's, so the refusal reveals nothing its user could not see."""
+    return _rejected(
+        "directory_not_reachable",
+        f"{_writer_text(writer)} cannot reach the directory of {path}: one of the "
+        "directories on the way does not exist, is not a directory, or may not be entered "
+        "by that user. Name a file in a directory that user can write, or leave out "
+        "--log-file (the agent then writes into your own trace directory, [tracing] "
+        "user_dirs)",
+    )
+
+
 class PlacementChecker:
     """Checks trace file paths against the rules above.
 
@@ -121,12 +141,12 @@ class PlacementChecker:
 
         Raises:
             PermissionDenied: rules ``unsafe_directory``, ``shared_directory_unprotected``,
-                ``directory_not_writable``.
-            InvalidArgument: rules ``would_overwrite``, ``tmp_exists``.
+                ``directory_not_writable``, ``directory_not_reachable``.
+            InvalidArgument: rules ``would_overwrite``, ``tmp_exists``, ``missing_directory``.
         """
         root = self._root_of(writer)
         directory, st, shared = self._walk(
-            root, os.path.dirname(path) or "/", _trusted(writer), writer
+            root, os.path.dirname(path) or "/", _trusted(writer), writer, path
         )
         who = _writer_text(writer)
         if shared:
@@ -165,27 +185,35 @@ class PlacementChecker:
             Whether the directory is shared (sticky and writable by others).
 
         Raises:
-            PermissionDenied: rule ``unsafe_directory``.
+            PermissionDenied: rules ``unsafe_directory``, ``directory_not_reachable``.
         """
-        return self._walk(self._root_of(writer), directory, _trusted(writer), writer)[2]
+        root = self._root_of(writer)
+        return self._walk(root, directory, _trusted(writer), writer, directory)[2]
 
     def _root_of(self, writer: Writer) -> str:
         return mount_root(writer.host_pid, self._proc)
 
     def _walk(
-        self, root: str, directory: str, trusted: set[int], writer: Writer
+        self, root: str, directory: str, trusted: set[int], writer: Writer, asked: str
     ) -> tuple[str, os.stat_result, bool]:
         """Resolve ``directory`` one component at a time, checking each.
+
+        Nothing inside a directory the writer may not enter is looked at: the walk stops
+        there with one answer for all (`_unreachable`, naming only ``asked``, the path the
+        request gave).
 
         Returns:
             (the resolved directory, its stat, whether it is shared: sticky + others write).
         """
+        enters = self._enters(writer)
         pending = [c for c in directory.split("/") if c]
         current = "/"
         st = self._lstat(root, current)
         self._check_dir(current, st, trusted, writer)
         links = 0
         while pending:
+            if not enters(st):
+                raise _unreachable(asked, writer)
             name = pending.pop(0)
             if name == ".":
                 continue
@@ -214,9 +242,23 @@ class PlacementChecker:
                 raise _rejected("unsafe_directory", f"{nxt} is not a directory")
             self._check_dir(nxt, st, trusted, writer)
             current = nxt
+        if not enters(st):  # the directory itself: its entries are hers to see only if so
+            raise _unreachable(asked, writer)
         mode = st.st_mode
         shared = bool(mode & stat.S_ISVTX) and bool(mode & (stat.S_IWGRP | stat.S_IWOTH))
         return current, st, shared
+
+    def _enters(self, writer: Writer) -> Callable[[os.stat_result], bool]:
+        """Whether ``writer`` may enter a directory of the given stat (`enters`), by its uid
+        and groups (from /proc, else the group database); root and an unknown writer enter
+        everything."""
+        uid = writer.uid
+        if uid is None or uid == ROOT_UID:
+            return lambda st: True
+        groups = self._groups(writer)
+        if groups is None:
+            groups = set(user_groups(uid, primary_gid(uid)))
+        return lambda st: enters(st, uid, groups)
 
     def _lstat(self, root: str, path: str) -> os.stat_result:
         try:
@@ -275,6 +317,67 @@ class PlacementChecker:
         if not gids or supplementary is None:
             return None
         return {gids[1], *supplementary}
+
+
+def enters(st: os.stat_result, uid: int, groups: set[int]) -> bool:
+    """Whether ``uid`` with ``groups`` may enter (search) a directory of stat ``st``: the
+    owner's, the group's or others' execute bit, as the kernel picks it."""
+    if st.st_uid == uid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if st.st_gid in groups:
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
+
+
+def visible_to(uid: int) -> Callable[[str], bool]:
+    """A test of whether ``uid`` (with its groups in the group database) could look up a
+    path itself: every directory the lookup passes through, links followed as the kernel
+    follows them, may be entered by that user. A path that stops at something missing or
+    not a directory counts as seen (that user gets the same answer from the kernel).
+
+    The agent's own probes of a path a user named (is it a directory, where do its links
+    lead) run with the agent's rights; they answer only where this says yes, so a refusal
+    tells a user nothing about what lies behind a directory she may not enter.
+    """
+    if uid == ROOT_UID:
+        return lambda path: True
+    groups = set(user_groups(uid, primary_gid(uid)))
+
+    def sees(path: str) -> bool:
+        pending = [c for c in path.split("/") if c]
+        current = "/"
+        try:
+            st = os.lstat(current)
+            links = 0
+            while pending:
+                if not stat.S_ISDIR(st.st_mode):
+                    return True  # the kernel answers ENOTDIR to her too
+                if not enters(st, uid, groups):
+                    return False
+                name = pending.pop(0)
+                if name == ".":
+                    continue
+                if name == "..":
+                    current = os.path.dirname(current)
+                    st = os.lstat(current)
+                    continue
+                nxt = os.path.join(current, name)
+                st = os.lstat(nxt)
+                if stat.S_ISLNK(st.st_mode):
+                    links += 1
+                    if links > MAX_SYMLINKS:
+                        return True  # ELOOP for her as well
+                    target = os.readlink(nxt)
+                    current = "/" if target.startswith("/") else current
+                    pending[:0] = [c for c in target.split("/") if c]
+                    st = os.lstat(current)
+                    continue
+                current = nxt
+        except OSError:
+            return True  # missing (or gone meanwhile): she sees that herself
+        return True
+
+    return sees
 
 
 def _trusted(writer: Writer) -> set[int]:
