@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from local_user import local_user
 from security_site import MAX_DURATION_MS, VICTIM_BYTES, Site
+from served_site import RUN_MODES
 from tracing_harness import Harness, grpc_api
 
 from bpfdyno.server.audit import audit_servicer_factory
@@ -92,6 +93,14 @@ async def site(short_tmp: Path) -> AsyncIterator[Site]:
         finally:
             h.close()
             await h.comp.stop()
+
+
+@pytest.fixture(params=RUN_MODES)
+def run_mode(request: pytest.FixtureRequest) -> str:
+    """Where the run mode matters (what the agent reads and with which capabilities), the
+    attack is made against the agent as root and as the packaged unit runs it."""
+    mode: str = request.param
+    return mode
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,14 @@ class ServedSite:
     users: dict[str, LocalUser]
     dirs: dict[str, Path]
     log: Path
+    #: The agent's uid: 0, or its own user's under the unit (`RUN_MODES`).
+    agent_uid: int = 0
     trainers: list[TrainerProc] = field(default_factory=list)
+
+    @property
+    def run_dir(self) -> Path:
+        """The agent's own directory (/run/bpfdyno's stand-in, owned by its user)."""
+        return Path(self.sock).parent
 
     # -- users ------------------------------------------------------------------------------
 
@@ -221,7 +228,8 @@ async def served_site(
             argv, env = agent_user.wrap(argv, unit=True), agent_user.env()
         with open(log, "wb") as out:
             agent = subprocess.Popen(argv, stderr=out, start_new_session=True, env=env)
-        site = ServedSite(base, agent, sock, socket_dir, port, made, dirs, log)
+        agent_uid = agent_user.uid if agent_user is not None else 0
+        site = ServedSite(base, agent, sock, socket_dir, port, made, dirs, log, agent_uid)
         try:
             await _ready(sock, agent, log)
             yield site

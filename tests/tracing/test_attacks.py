@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 from local_user import local_user
 from served_site import (
-    RUN_MODES,
     USER_CLIENT,
     ServedSite,
     served_site,
@@ -38,14 +37,6 @@ from bpfdyno.rpc.v1 import tracing_pb2 as pb
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.usefixtures("torch_ready")]
 
 WRITTEN = pb.PROCESS_TRACE_STATE_WRITTEN
-
-
-@pytest.fixture(params=RUN_MODES)
-def run_mode(request: pytest.FixtureRequest) -> str:
-    """Where the run mode matters (what the agent reads and with which capabilities), the
-    attack is made against the agent as root and as the packaged unit runs it."""
-    mode: str = request.param
-    return mode
 
 
 async def trace(site: ServedSite, user: str, *argv: str) -> dict[str, object]:
@@ -160,13 +151,13 @@ def gzip_bomb(path: Path, gib: int) -> None:
                               b'"dur": 1}]}\n', 9))  # fmt: skip
 
 
-async def test_huge_merges_stall_only_their_user(short_tmp: Path) -> None:
+async def test_huge_merges_stall_only_their_user(short_tmp: Path, run_mode: str) -> None:
     """Found: a 20 MB gzip trace inflating to ~19 GB held the single merge thread for
     134 s, and another user's trace stayed "merging" for 116 s. The attacker's "trainers"
     here are 4 Kineto clients of hers, each handing in a bomb as its trace: each merge is
     refused at the JSON limit (~10 s), one after another in her lane, while the other
     user's trace is merged within its 30 s (all users in one lane, it would wait ~40 s)."""
-    async with served_site(short_tmp) as site:
+    async with served_site(short_tmp, mode=run_mode) as site:
         hers = await trainer(site, "alice")
         bomb = site.dirs["mallory"] / "source.json.gz"
         await asyncio.to_thread(gzip_bomb, bomb, 8)

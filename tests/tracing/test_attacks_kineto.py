@@ -1,12 +1,14 @@
 """Attacks on the Kineto protocol's side of the agent, by real unprivileged users against a
-real `bpfdyno serve` (``mallory`` attacks, ``alice`` works). After each attack alice's
-legitimate trace still works and the agent is gone within 5 s of SIGTERM."""
+real `bpfdyno serve` (``mallory`` attacks, ``alice`` works), run as root and as the packaged
+unit runs it (``run_mode``). After each attack alice's legitimate trace still works and the
+agent is gone within 5 s of SIGTERM."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import pwd
 import re
 import stat
 import subprocess
@@ -20,12 +22,14 @@ from tracing_harness import TRAINERS, TrainerProc, trainer_env
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.usefixtures("torch_ready")]
 
 
-async def test_squatted_reply_socket_names_cost_another_user_no_reply(short_tmp: Path) -> None:
+async def test_squatted_reply_socket_names_cost_another_user_no_reply(
+    short_tmp: Path, run_mode: str
+) -> None:
     """Found: every reply socket's name shared one token per run, visible in any listing;
     a user bound another user's name before that user's first poll, the agent fell back
     to its shared socket, and her trainer got no replies while status said ok. Now each
     socket's name is fresh and random, and a reply never falls back to the shared socket."""
-    async with served_site(short_tmp) as site:
+    async with served_site(short_tmp, mode=run_mode) as site:
         alice = site.users["alice"].uid
         mallory = site.users["mallory"].uid
         squat = asyncio.create_task(
@@ -43,7 +47,7 @@ async def test_squatted_reply_socket_names_cost_another_user_no_reply(short_tmp:
         assert got["replies"] == 8, got
         [sender] = set(got["senders"])  # her own reply socket, the agent's, not mallory's
         assert re.fullmatch(rf"{site.socket_dir}/dynolog-reply-{alice}-[0-9a-f]{{24}}", sender)
-        assert os.lstat(sender).st_uid == 0
+        assert os.lstat(sender).st_uid == site.agent_uid
         squatted = await squat
         assert isinstance(squatted, dict) and squatted["bound"], squatted
         assert sender not in squatted["bound"]
@@ -54,11 +58,13 @@ async def test_squatted_reply_socket_names_cost_another_user_no_reply(short_tmp:
         stops_in_time(site)
 
 
-async def test_trainers_hands_a_user_only_her_own_trainers_sockets(short_tmp: Path) -> None:
+async def test_trainers_hands_a_user_only_her_own_trainers_sockets(
+    short_tmp: Path, run_mode: str
+) -> None:
     """Found: `bpfdyno trainers` gave every user every trainer's Kineto socket, and one
     datagram there configures a trainer without the agent. Another user's trainer is still
     listed (pid, job, owner, state), without its socket."""
-    async with served_site(short_tmp) as site:
+    async with served_site(short_tmp, mode=run_mode) as site:
         pid = await trainer(site, "alice")
         seen = {}
         for user in ("alice", "mallory"):
@@ -129,26 +135,35 @@ asyncio.run(main())
 
 
 async def test_per_user_socket_directories_keep_other_users_off_a_trainer(
-    short_tmp: Path,
+    short_tmp: Path, run_mode: str
 ) -> None:
     """Found: any user configured any trainer directly, without the agent (its file, its
     duration): libkineto takes a config from any datagram that reaches its socket. With
     [kineto] user_socket_root, `bpfdyno run` gives a job its user's own 0700 directory,
     where the agent binds an endpoint of its own; nobody else can reach a socket there."""
-    root = short_tmp / "kroot"
-    async with served_site(short_tmp, sets=[f'kineto.user_socket_root="{root}"']) as site:
+    root = short_tmp / "run" / "k"  # in the agent's own directory, as /run/bpfdyno/kineto
+    async with served_site(
+        short_tmp, sets=[f'kineto.user_socket_root="{root}"'], mode=run_mode
+    ) as site:
         alice = site.users["alice"].uid
         proc = _spawn_with_run(site, "alice")
         [pid] = await proc.wait_ready()
         await site.wait_registered(pid)
         own = root / str(alice)
         st = os.lstat(own)
-        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (alice, 0o700)
+        # As root 0700; the unit's agent (no CAP_DAC_OVERRIDE) needs its own group's access
+        # to bind its sockets there, a group that holds no one else.
+        mode = 0o700 if site.agent_uid == 0 else 0o770
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (alice, mode)
+        if site.agent_uid:
+            assert st.st_gid == pwd.getpwuid(site.agent_uid).pw_gid
         assert stat.S_IMODE(os.lstat(root).st_mode) == 0o711
         r = await site.cli("alice", "trainers", "--json")
         [t] = json.loads(r.stdout)["trainers"]
         endpoint = t["endpoint"]
-        assert re.fullmatch(rf"{own}/dynoconfigclient[0-9a-f-]{{36}}", endpoint), t
+        assert re.fullmatch(rf"{own}/dynoconfigclient[0-9a-f-]{{36}}", endpoint), (
+            f"{t}{site.diagnostics()}"
+        )
         # Mallory can neither list the directories nor send alice's trainer a config.
         reach = await site.run("mallory", sys.executable, "-c", _REACH, str(root), endpoint)
         assert json.loads(reach.stdout) == {"list": "EACCES", "send": "EACCES"}, reach.stderr
@@ -163,7 +178,8 @@ async def test_per_user_socket_directories_keep_other_users_off_a_trainer(
         assert asked[1] == {"path": str(root / str(mallory))}
         status = await site.cli("alice", "status")
         assert re.search(r"protection: [^;\n]*per-user directories", status.stdout), status.stdout
-        assert re.search(rf"{root}/<uid> \(0700 each\): 2 users", status.stdout), status.stdout
+        each = rf"{root}/<uid> \({mode:04o} each\): 2 users"
+        assert re.search(each, status.stdout), status.stdout
         await traced(site, "alice", pid)
         stops_in_time(site)
     assert not (root / str(alice) / "dynolog").exists()  # the agent's socket went with it
@@ -193,13 +209,13 @@ print(json.dumps(out))
 
 
 async def test_the_kernel_guard_refuses_other_users_datagrams_to_abstract_sockets(
-    short_tmp: Path,
+    short_tmp: Path, run_mode: str
 ) -> None:
     """Found: with abstract names (the default), any user sent any trainer a config
     directly — its file, its duration — and a datagram from an unbound socket killed it
     (SIGABRT). Where the kernel has cgroup hooks for Unix sockets, the agent's guard refuses
     datagrams and connects to a registered trainer's name from anyone but its user."""
-    async with served_site(short_tmp, sets=['kineto.socket_dir=""']) as site:
+    async with served_site(short_tmp, sets=['kineto.socket_dir=""'], mode=run_mode) as site:
         proc = _spawn_with_run(site, "alice", socket_dir=None)
         [pid] = await proc.wait_ready()
         await site.wait_registered(pid)

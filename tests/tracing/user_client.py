@@ -54,6 +54,14 @@ from bpfdyno.tracing.ipc import wire
 from bpfdyno.tracing.paths import kineto_output_path
 
 
+def kineto_bind(s: socket.socket, path: str) -> None:
+    """Bind a fake trainer's socket as libkineto binds its own in a socket directory: mode
+    0666, whatever this user's umask (the agent's replies must reach it also when it runs
+    without CAP_DAC_OVERRIDE, as the packaged unit does)."""
+    s.bind(path)
+    os.chmod(path, 0o666)
+
+
 def frame(port: int, data: bytes) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(data)
@@ -80,7 +88,7 @@ def hold(port: int, n: int) -> None:
 def impostor(sock_dir: str, pid: int, seconds: float) -> None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     path = os.path.join(sock_dir, f"dynoconfigclient{uuid.uuid4()}")
-    s.bind(path)
+    kineto_bind(s, path)
     s.settimeout(1.0)
     replies, configs = 0, []
     end = time.monotonic() + seconds
@@ -135,7 +143,7 @@ def flood(sock_dir: str, n: int, seconds: float, mute: bool = False) -> None:
     socks = []
     for _ in range(n):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        s.bind(os.path.join(sock_dir, f"dynoconfigclient{uuid.uuid4()}"))
+        kineto_bind(s, os.path.join(sock_dir, f"dynoconfigclient{uuid.uuid4()}"))
         s.setblocking(False)
         socks.append(s)
     poll = wire.encode_request(3, 0, [os.getpid()])
@@ -209,7 +217,7 @@ def kineto(sock_dir: str, source: str) -> None:
     """A trainer of this user that writes its own "trace" (any process may poll)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     path = os.path.join(sock_dir, f"dynoconfigclient{uuid.uuid4()}")
-    s.bind(path)
+    kineto_bind(s, path)
     s.settimeout(0.5)
     pid = os.getpid()
     busy = 0
@@ -255,7 +263,7 @@ def _poll_once(s: socket.socket, daemon: str, timeout: float) -> str | None:
 def squat(sock_dir: str, uid: int, seconds: float) -> None:
     daemon = os.path.join(sock_dir, "dynolog")
     me = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    me.bind(os.path.join(sock_dir, f"dynoconfigclient{uuid.uuid4()}"))
+    kineto_bind(me, os.path.join(sock_dir, f"dynoconfigclient{uuid.uuid4()}"))
     held = []
     try:
         sender = _poll_once(me, daemon, 5.0)
@@ -282,7 +290,7 @@ def polls(sock_dir: str, n: int) -> None:
     daemon = os.path.join(sock_dir, "dynolog")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     path = os.path.join(sock_dir, f"dynoconfigclient{uuid.uuid4()}")
-    s.bind(path)
+    kineto_bind(s, path)
     senders = []
     try:
         for _ in range(n):
@@ -321,7 +329,7 @@ def shrink(sock_dir: str, mib: int, seconds: float) -> None:
     t.start()
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     path = os.path.join(sock_dir, f"dynoconfigclient{uuid.uuid4()}")
-    s.bind(path)
+    kineto_bind(s, path)
     s.settimeout(0.2)
     end = time.monotonic() + seconds
     try:

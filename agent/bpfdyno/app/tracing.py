@@ -29,7 +29,7 @@ from bpfdyno.tracing.capture.manager import CaptureManager
 from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest, Track
 from bpfdyno.tracing.ipc.endpoint import QUEUE_LEN, EndpointUnavailable, KinetoEndpoint
 from bpfdyno.tracing.ipc.guard import KernelGuard
-from bpfdyno.tracing.ipc.user_dirs import UserSocketDirs
+from bpfdyno.tracing.ipc.user_dirs import UserSocketDirs, private_dir_access
 from bpfdyno.tracing.kernel_tracks import KernelTracks
 from bpfdyno.tracing.name_holder import agent_uids, name_holders, taken_reason
 from bpfdyno.tracing.policy import TraceLimits
@@ -328,7 +328,8 @@ class TracingComponent:
         return PartStatus(
             "kineto_dirs",
             PartState.OK,
-            f"{self.user_dirs.root}/<uid> (0700 each): {t.users} users; {t.received} "
+            f"{self.user_dirs.root}/<uid> ({private_dir_access()[1]:04o} each): {t.users} "
+            f"users; {t.received} "
             f"datagrams, {t.replied} replies, {t.dropped} dropped",
             last_success_ts=time.time(),
         )

@@ -417,7 +417,9 @@ def _socket_with_queue(want: int) -> tuple[socket.socket, int]:
 
 
 def _check_private(directory: str, owner: int) -> None:
-    """``directory`` is ``owner``'s own: a directory (not a link), theirs, mode 0700.
+    """``directory`` is ``owner``'s own: a directory (not a link), theirs, mode 0700 — or,
+    for an agent that is not root, 0770 with the agent's own group (see
+    `bpfdyno.tracing.ipc.user_dirs.private_dir_access`).
 
     Raises:
         RequestError: it is not.
@@ -425,10 +427,17 @@ def _check_private(directory: str, owner: int) -> None:
     st = os.lstat(directory)
     if not stat.S_ISDIR(st.st_mode):
         raise RequestError(f"{directory} is not a directory")
-    if st.st_uid != owner or stat.S_IMODE(st.st_mode) & 0o077:
+    mode = stat.S_IMODE(st.st_mode)
+    agents_group = os.geteuid() != 0 and st.st_gid == os.getegid()
+    if st.st_uid != owner or mode & 0o007 or (mode & 0o070 and not agents_group):
+        unit = (
+            f", or 0770 with the agent's own group {os.getegid()} (it has group {st.st_gid})"
+            if os.geteuid() != 0
+            else ""
+        )
         raise RequestError(
             f"{directory} must be uid {owner}'s with mode 0700 (it is uid {st.st_uid}'s, "
-            f"mode {stat.S_IMODE(st.st_mode):04o})"
+            f"mode {mode:04o}){unit}"
         )
 
 

@@ -136,13 +136,33 @@ class UserSocketDirs:
             pass
         except OSError as e:
             raise EndpointUnavailable(f"cannot create {path}: {e.strerror}") from e
-        st = os.lstat(path)
-        if not stat.S_ISDIR(st.st_mode):
-            raise EndpointUnavailable(f"{path} exists and is not a directory; move it away")
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as e:
+            raise EndpointUnavailable(
+                f"{path} exists and is not a directory ({e.strerror}); move it away"
+            ) from None
         # Only the agent can create entries in the root: this is the directory just made
         # (or one of a run before), never something a user put there.
-        os.chown(path, uid, -1)
-        os.chmod(path, 0o700)
+        gid, mode = private_dir_access()
+        try:
+            st = os.fstat(fd)
+            if (st.st_uid, st.st_gid if gid != -1 else -1, stat.S_IMODE(st.st_mode)) != (
+                uid,
+                gid,
+                mode,
+            ):
+                # Mode first, while the directory is still the agent's: an agent that is
+                # not root (the packaged unit) may not change a mode once it is hers.
+                os.fchown(fd, os.geteuid(), -1)
+                os.fchmod(fd, mode)
+                os.fchown(fd, uid, gid)
+        except OSError as e:
+            raise EndpointUnavailable(
+                f"cannot give {path} to uid {uid}: {e.strerror} (the agent needs root or CAP_CHOWN)"
+            ) from e
+        finally:
+            os.close(fd)
         self._serve(uid, path)
         log.info("Kineto socket directory %s made for uid %d", path, uid)
         return path
@@ -187,6 +207,16 @@ class UserSocketDirs:
             ep.close()
         self._endpoints.clear()
         self._loop = None
+
+
+def private_dir_access() -> tuple[int, int]:
+    """(group, mode) of a user's directory: (-1: unchanged, 0700) for an agent run as root;
+    for an agent run as its own user (the packaged unit, without CAP_DAC_OVERRIDE), 0770
+    with the agent's own group, which it must be able to write to bind its sockets there
+    and which holds no one else (socket access has a group of its own: docs/security.md)."""
+    if os.geteuid() == 0:
+        return -1, 0o700
+    return os.getegid(), 0o770
 
 
 def _prepare_root(root: str) -> None:
