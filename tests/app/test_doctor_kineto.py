@@ -35,3 +35,18 @@ def test_open_layouts_are_named_with_the_fix() -> None:
         "/run/bpfdyno/u for the others)"
     )
     assert c.fix == "start jobs with `bpfdyno run` (their user's own directory)"
+
+
+def test_the_per_pod_layout_of_a_daemonset_is_named_with_its_fix() -> None:
+    cfg = _cfg(socket_dir="/run/bpfdyno/kineto")
+    cfg.kineto.pod_socket_root = "/run/bpfdyno/pods"
+    c = check_kineto_protection(cfg)
+    assert c.detail.startswith(
+        "trainers on the shared directory /run/bpfdyno/kineto can be configured by any local "
+        "user, bypassing the agent (kernel guard of abstract names, per-pod directories under "
+        "/run/bpfdyno/pods for the others)"
+    )
+    assert c.fix == (
+        "mount each trainer pod's own directory under the per-pod root "
+        "(deploy/kubernetes/trainer-example.yaml)"
+    )

@@ -1,6 +1,6 @@
 """deploy/image: the container image is built without a registry and runs, in podman, with
 exactly what deploy/kubernetes grants the DaemonSet's pod; a trainer in a second container
-(trainer-example.yaml's pod, sharing only the Kineto socket directory) is traced on demand
+(trainer-example.yaml's pod, sharing only its own Kineto socket directory) is traced on demand
 and its file is written in its own file system; `status` inside shows every collector up.
 
 On these machines podman needs runc (cgroups in hybrid mode) and explicit ulimits (root
@@ -319,9 +319,14 @@ def test_the_daemonset_pod_traces_a_trainer_in_another_container(image: Image) -
         # nothing else of the agent's); the image is this one with PyTorch from the test's
         # environment, read-only, and the test's trainer as its command, in a job.
         site = next(p for p in sys.path if p.endswith("site-packages"))
+        # Its own Kineto directory under the agent's per-pod root, made as the kubelet makes
+        # a DirectoryOrCreate hostPath (root's, 0755); the agent serves it.
         (trainer_volume,) = trainer_pod["volumes"]
-        assert trainer_volume["hostPath"]["path"] == "/run/bpfdyno/kineto"
-        trainer_sources = {trainer_volume["name"]: str(kineto)}
+        host_dir = trainer_volume["hostPath"]["path"]
+        assert host_dir == "/run/bpfdyno/pods/trainer-example"
+        pod_dir = Path(sources["run"]) / host_dir.removeprefix("/run/bpfdyno/")
+        pod_dir.mkdir(mode=0o755)
+        trainer_sources = {trainer_volume["name"]: str(pod_dir)}
         r = podman(
             "run", "--detach", "--name", trainer, *RUN_LIMITS,
             *container_flags(trainer_pod, {**trainer_spec, "command": ["/bin/sh"]},

@@ -4,6 +4,7 @@ DaemonSet has what the agent needs on a node."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from bpfdyno.core import config
+from bpfdyno.tracing.ipc.pod_dirs import NAME_RE, max_name_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 KUBE = REPO / "deploy" / "kubernetes"
@@ -72,18 +74,31 @@ def test_the_daemonset_has_what_the_agent_needs() -> None:
     assert "k8s.pod.name=$(POD_NAME)" in env["OTEL_RESOURCE_ATTRIBUTES"]
 
 
-def test_trainer_pods_share_the_agents_kineto_directory() -> None:
-    agent_pod = _by_kind(_docs("bpfdyno.yaml"))["DaemonSet"]["spec"]["template"]["spec"]
-    agent_env = {e["name"]: e.get("value") for e in agent_pod["containers"][0]["env"]}
+def test_trainer_pods_get_their_own_kineto_directory(tmp_path: Path) -> None:
+    """The example pod mounts its own directory under the agent's per-pod root, at the
+    path it has on the host (libkineto accepts replies only from under its own directory),
+    inside the agent's /run/bpfdyno mount, with a name the agent serves."""
+    docs = _by_kind(_docs("bpfdyno.yaml"))
+    cfg_file = tmp_path / "bpfdyno.toml"
+    cfg_file.write_text(docs["ConfigMap"]["data"]["bpfdyno.toml"])
+    root = config.load(cfg_file).kineto.pod_socket_root
+    assert root == "/run/bpfdyno/pods"
+    agent_pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in agent_pod["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in agent_pod["volumes"]}
+    assert root.startswith(mounts["run"] + "/")
+    assert volumes["run"]["hostPath"]["path"] == mounts["run"]  # same path on the host
     trainer = _by_kind(_docs("trainer-example.yaml"))["Pod"]["spec"]
     (container,) = trainer["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["KINETO_USE_DAEMON"] == "1"
-    assert env["KINETO_IPC_SOCKET_DIR"] == agent_env["KINETO_IPC_SOCKET_DIR"]
     (volume,) = trainer["volumes"]
     (mount,) = container["volumeMounts"]
-    # Same host directory as the agent's, at the same path in both containers.
     assert volume["hostPath"]["path"] == mount["mountPath"] == env["KINETO_IPC_SOCKET_DIR"]
+    directory = env["KINETO_IPC_SOCKET_DIR"]
+    assert os.path.dirname(directory) == root
+    name = os.path.basename(directory)
+    assert NAME_RE.fullmatch(name) and len(name) <= max_name_bytes(root) == 36
 
 
 def test_the_configmap_is_a_valid_agent_config(tmp_path: Path) -> None:

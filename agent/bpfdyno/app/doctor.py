@@ -619,6 +619,8 @@ def check_kineto_protection(cfg: Config) -> Check:
             guard.close()
     if k.user_socket_root:
         found.append(f"per-user directories under {k.user_socket_root}")
+    if k.pod_socket_root:
+        found.append(f"per-pod directories under {k.pod_socket_root}")
     layout = f"shared directory {k.socket_dir}" if k.socket_dir else "abstract names"
     open_now = bool(k.socket_dir) or "kernel guard of abstract names" not in found
     if found and not open_now:
@@ -630,7 +632,10 @@ def check_kineto_protection(cfg: Config) -> Check:
         + " (`bpfdyno status` counts them)"
     )
     fix = (
-        "start jobs with `bpfdyno run` (their user's own directory)"
+        "mount each trainer pod's own directory under the per-pod root "
+        "(deploy/kubernetes/trainer-example.yaml)"
+        if k.pod_socket_root
+        else "start jobs with `bpfdyno run` (their user's own directory)"
         if k.user_socket_root
         else 'set [kineto] user_socket_root = "/run/bpfdyno/kineto" and start jobs with '
         "`bpfdyno run`"

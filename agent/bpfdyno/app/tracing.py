@@ -29,6 +29,7 @@ from bpfdyno.tracing.capture.manager import CaptureManager
 from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest, Track
 from bpfdyno.tracing.ipc.endpoint import QUEUE_LEN, EndpointUnavailable, KinetoEndpoint
 from bpfdyno.tracing.ipc.guard import KernelGuard
+from bpfdyno.tracing.ipc.pod_dirs import SCAN_INTERVAL_S, PodSocketDirs
 from bpfdyno.tracing.ipc.user_dirs import UserSocketDirs, private_dir_access
 from bpfdyno.tracing.kernel_tracks import KernelTracks
 from bpfdyno.tracing.name_holder import agent_uids, name_holders, taken_reason
@@ -146,6 +147,13 @@ class TracingComponent:
             else None
         )
         self._user_dirs_error = ""
+        #: The per-pod socket directories, when configured (`bpfdyno.tracing.ipc.pod_dirs`).
+        self.pod_dirs = (
+            PodSocketDirs(cfg.kineto.pod_socket_root, self.service)
+            if cfg.kineto.pod_socket_root
+            else None
+        )
+        self._pod_dirs_error = ""
         #: The kernel guard of trainers' abstract sockets (`bpfdyno.tracing.ipc.guard`).
         self.guard = KernelGuard() if cfg.kineto.kernel_guard else None
         self._guard_error = ""
@@ -185,6 +193,13 @@ class TracingComponent:
             except EndpointUnavailable as e:
                 self._user_dirs_error = str(e)
                 log.warning("per-user Kineto socket directories unavailable: %s", e)
+        if self.pod_dirs is not None:
+            try:
+                self.pod_dirs.open(loop)
+                self._pod_dirs_error = ""
+            except EndpointUnavailable as e:
+                self._pod_dirs_error = str(e)
+                log.warning("per-pod Kineto socket directories unavailable: %s", e)
         if self.legacy is not None:
             await self.legacy.start()
         if self._tune_switch_interval and sys.getswitchinterval() > IPC_SWITCH_INTERVAL_S:
@@ -194,6 +209,8 @@ class TracingComponent:
             asyncio.create_task(self._sweep(), name="tracing-sweep"),
             asyncio.create_task(self.service.tracker.run_file_checks(), name="tracing-files"),
         ]
+        if self.pod_dirs is not None and self.pod_dirs.is_open:
+            self._tasks.append(asyncio.create_task(self._scan_pods(), name="kineto-pod-dirs"))
         self._started = True
 
     async def stop(self) -> None:
@@ -212,6 +229,8 @@ class TracingComponent:
         self.endpoint.close()
         if self.user_dirs is not None:
             self.user_dirs.close()
+        if self.pod_dirs is not None:
+            self.pod_dirs.close()
         if self.guard is not None:
             self.service.guard = None
             self.guard.close()
@@ -242,6 +261,16 @@ class TracingComponent:
             f"the Kineto IPC endpoint is not running: {self._ipc_error}" if self._ipc_error else ""
         )
 
+    async def _scan_pods(self) -> None:
+        """Serve pods' directories as the kubelet makes them; close those that went."""
+        assert self.pod_dirs is not None
+        while True:
+            try:
+                self.pod_dirs.scan()
+            except Exception:
+                log.exception("scanning the pod socket directories failed; trying again later")
+            await asyncio.sleep(SCAN_INTERVAL_S)
+
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
@@ -254,8 +283,11 @@ class TracingComponent:
                     log.exception("retrying the Kineto endpoint failed; trying again later")
             try:
                 for address in self.service.sweep():
-                    if self.user_dirs is None or not self.user_dirs.forget_client(address):
-                        self.endpoint.forget_client(address)
+                    if self.user_dirs is not None and self.user_dirs.forget_client(address):
+                        continue
+                    if self.pod_dirs is not None and self.pod_dirs.forget_client(address):
+                        continue
+                    self.endpoint.forget_client(address)
             except Exception:
                 log.exception("tracing registry sweep failed; continuing")
 
@@ -303,11 +335,15 @@ class TracingComponent:
             protections.append(f"no kernel guard ({self._guard_error})")
         if dirs is not None:
             protections.append("per-user directories")
+        pods = self.pod_dirs
+        if pods is not None:
+            protections.append("per-pod directories")
         # Open: a shared directory's socket, or an abstract name without the guard.
         open_ = [
             t
             for t in trainers
             if not (dirs is not None and dirs.serves(t.address))
+            and not (pods is not None and pods.serves(t.address))
             and not (guard is not None and t.address.startswith(b"\0"))
         ]
         protection = "protection: " + (", ".join(protections) or "none")
@@ -331,6 +367,26 @@ class TracingComponent:
             f"{self.user_dirs.root}/<uid> ({private_dir_access()[1]:04o} each): {t.users} "
             f"users; {t.received} "
             f"datagrams, {t.replied} replies, {t.dropped} dropped",
+            last_success_ts=time.time(),
+        )
+
+    def _pod_layout_status(self) -> PartStatus:
+        assert self.pod_dirs is not None
+        if self._pod_dirs_error:
+            return PartStatus("kineto_pod_dirs", PartState.UNAVAILABLE, self._pod_dirs_error)
+        if not self.pod_dirs.is_open:
+            return PartStatus("kineto_pod_dirs", PartState.STOPPED, "not started")
+        t = self.pod_dirs.totals()
+        refused = self.pod_dirs.refused
+        note = ""
+        if refused:
+            name, why = sorted(refused.items())[0]
+            note = f"; {len(refused)} not served ({name}: {why})"
+        return PartStatus(
+            "kineto_pod_dirs",
+            PartState.OK,
+            f"{self.pod_dirs.root}/<pod> (one per trainer pod, the root 0700): {t.users} pods; "
+            f"{t.received} datagrams, {t.replied} replies, {t.dropped} dropped{note}",
             last_success_ts=time.time(),
         )
 
@@ -358,6 +414,8 @@ class TracingComponent:
         parts = [ipc]
         if self.user_dirs is not None:
             parts.append(self._layout_status())
+        if self.pod_dirs is not None:
+            parts.append(self._pod_layout_status())
         if self.legacy is None:
             legacy = PartStatus("legacy_rpc", PartState.DISABLED, "[legacy_rpc] enabled = false")
         elif not self._started:

@@ -188,6 +188,11 @@ class KinetoSection:
     #: prolog ask for them, trainers get theirs as KINETO_IPC_SOCKET_DIR); "" for none.
     #: Nobody but a trainer's owner and root can reach it there (docs/security.md).
     user_socket_root: str = ""
+    #: Kubernetes: the agent's parent (made mode 0700) of per-pod socket directories: each
+    #: trainer pod mounts hostPath ``<root>/<name>`` at the same path as its
+    #: KINETO_IPC_SOCKET_DIR, and the agent serves an endpoint in every such directory
+    #: (`bpfdyno.tracing.ipc.pod_dirs`, deploy/kubernetes/trainer-example.yaml); "" for none.
+    pod_socket_root: str = ""
     #: Where the kernel has cgroup hooks for Unix sockets (Linux 6.7+), refuse datagrams
     #: (and connects) to a registered trainer's abstract socket from anyone but its user,
     #: root and the agent: a BPF program on the root cgroup (docs/security.md).
@@ -763,6 +768,16 @@ def _validate_tracing(cfg: Config, bad: typing.Callable[[str, str], ConfigError]
         raise bad(
             "is too long for a Unix socket path (keep it under 44 bytes)",
             "kineto.user_socket_root",
+        )
+    if k.pod_socket_root and not k.pod_socket_root.startswith("/"):
+        raise bad("must be an absolute directory, or empty for none", "kineto.pod_socket_root")
+    # <root>/<a name of 16 or more bytes>/dynoconfigclient<uuid> must fit in sun_path too.
+    pod_path = os.path.join(k.pod_socket_root, "n" * 16, "dynoconfigclient")
+    if k.pod_socket_root and len(pod_path.encode()) + 36 > 107:
+        raise bad(
+            "is too long for a Unix socket path (keep it under 38 bytes: each pod's "
+            "directory name needs room too)",
+            "kineto.pod_socket_root",
         )
     if not 1 <= k.registry_max_entries <= 1_000_000:
         raise bad("must be in 1..1000000", "kineto.registry_max_entries")
