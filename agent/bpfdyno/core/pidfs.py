@@ -256,14 +256,19 @@ def _listening_lines(proc_root: Path, host: str, port: int) -> Iterator[list[str
         lines = (proc_root / "net" / table).read_text().splitlines()[1:]
     except OSError:
         return
+    suffix = f":{port:04X} "  # "<address>:<port> " in hex, before the remote address
     for line in lines:
+        if suffix not in line:  # most lines: not the port; skip them before parsing
+            continue
         fields = line.split()
         if len(fields) < 10 or fields[3] != "0A":  # 0A: TCP_LISTEN
             continue
         addr, _, hexport = fields[1].partition(":")
+        if int(hexport, 16) != port:
+            continue
         # The address is printed as 32-bit words in this host's byte order.
         words = [int(addr[i : i + 8], 16) for i in range(0, len(addr), 8)]
-        if int(hexport, 16) == port and struct.pack(f"={len(words)}I", *words) in wanted:
+        if struct.pack(f"={len(words)}I", *words) in wanted:
             yield fields
 
 
