@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -103,6 +104,18 @@ async def test_a_pods_trainer_is_served_in_its_own_directory(short_tmp: Path) ->
                 await asyncio.sleep(0.2)
         limit = max_name_bytes(str(root))
         assert f"{'x' * 40}: the name is not a Kubernetes name of at most {limit} " in status.stdout
+        # A pod's directory that goes (its pod deleted, the hostPath removed): its endpoint
+        # is closed, the others keep theirs.
+        other = root / "job-b"
+        other.mkdir()
+        async with asyncio.timeout(10):
+            while not (other / "dynolog").exists():
+                await asyncio.sleep(0.1)
+        shutil.rmtree(other)
+        async with asyncio.timeout(10):
+            while " 1 pods;" not in (status := await site.cli("alice", "status")).stdout:
+                await asyncio.sleep(0.2)
+        assert (pod_dir / "dynolog").exists()
         stops_in_time(site)
     assert not (pod_dir / "dynolog").exists()  # the agent's socket went with it
 
