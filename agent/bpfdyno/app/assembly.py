@@ -140,7 +140,6 @@ def build(cfg: Config) -> Assembly:
             cfg.capture,
             gpu=gpu,
             interrupts=irq,
-            release_compiler_pages=True,
             preload_delay_s=PRELOAD_DELAY_S,
         )
         if cfg.capture.enabled
