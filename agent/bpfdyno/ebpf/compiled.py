@@ -64,6 +64,8 @@ def compile_in_helper(
                 [sys.executable, "-m", "bpfdyno.ebpf.compilehelper", str(theirs.fileno())],
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
+                # The helper imports the same bpfdyno (and bcc) this process would.
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
             )
         except OSError as e:
             raise BpfLoadError(
