@@ -110,7 +110,8 @@ def compile_in_helper(
 def _take_over(answer: dict[str, object], fds: list[int]) -> Compiled:
     """The `Compiled` of an answer: our fds in place of the helper's."""
     maps_desc = answer["maps"]
-    assert isinstance(maps_desc, list)
+    if not isinstance(maps_desc, list):
+        raise ValueError("no list of maps")
     if len(maps_desc) != len(fds):
         raise ValueError(f"{len(maps_desc)} maps described, {len(fds)} fds received")
     ncpus = fdops.possible_cpus()
@@ -128,7 +129,8 @@ def _take_over(answer: dict[str, object], fds: list[int]) -> Compiled:
         renumber[int(desc["fd"])] = fd
         maps[spec.name] = MapTable(spec, fd, ncpus)
     functions_desc = answer["functions"]
-    assert isinstance(functions_desc, dict)
+    if not isinstance(functions_desc, dict):
+        raise ValueError("no table of functions")
     functions = {
         str(fn): fdops.relocate_maps(bytes.fromhex(code), renumber)
         for fn, code in functions_desc.items()

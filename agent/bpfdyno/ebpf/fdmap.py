@@ -43,7 +43,6 @@ class MapTable:
         self.map_type = spec.map_type
         self.max_entries = spec.max_entries
         self.Key: type[Any] = spec.key
-        self.sLeaf: type[Any] = spec.leaf
         self.Leaf: type[Any] = spec.leaf
         self._event = spec.event
         #: Values per key of a per-CPU map: one per possible CPU.

@@ -8,6 +8,7 @@ JSON; the answer's first message carries the fds.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 from typing import Any
@@ -57,7 +58,5 @@ def receive(sock: socket.socket) -> tuple[Any, list[int]]:
         return json.loads(b"".join(parts)), fds
     except BaseException:
         for fd in fds:
-            import os
-
             os.close(fd)
         raise
