@@ -102,3 +102,20 @@ def test_a_file_that_is_not_elf_gets_a_clear_error(tmp_path: Path) -> None:
     cut.write_bytes(Path(resolve_binary("c")).read_bytes()[:4096])  # headers, no sections
     with pytest.raises(UprobeError, match=r"libcut\.so is not a well-formed ELF file"):
         symbol_offset(str(cut), "labs")
+
+
+def test_a_helper_that_dies_without_answering_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The helper process exits at once (as if it crashed in LLVM): the load fails with what
+    happened, and nothing hangs."""
+    import sys
+
+    from bpfdyno.ebpf.compiled import compile_in_helper
+    from bpfdyno.ebpf.errors import BpfLoadError
+    from bpfdyno.ebpf.kheaders import HeaderTree
+
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    tree = HeaderTree(Path("/nonexistent"), "generated-minimal", "0", "")
+    with pytest.raises(BpfLoadError, match=r"the BPF compile helper for x\.bpf\.c gave no answer"):
+        compile_in_helper("x.bpf.c", "int x;", [], tree, timeout_s=30)
