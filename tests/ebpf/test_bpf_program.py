@@ -23,7 +23,6 @@ import pytest
 
 from bpfdyno.ebpf import program as bpfload
 from bpfdyno.ebpf import runstats
-from bpfdyno.ebpf.compiler import COMPILER_LIBRARIES
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.introspect import loaded_maps, loaded_programs, programs_still_loaded
 from bpfdyno.ebpf.maps import map_items, percpu_sums, percpu_values
@@ -315,53 +314,41 @@ def test_map_items_reads_every_entry(probe: BpfProgram, chunk: int) -> None:
     assert items == {i: i * 3 for i in range(2500)}
 
 
-def _compiler_memory() -> tuple[int, int]:
-    """(resident, private clean) bytes of the compiler's mappings (clang/LLVM in libbcc).
+_NO_COMPILER_IN_PROCESS = r"""
+import sys, time
+from pathlib import Path
+from bpfdyno.ebpf.compiler import COMPILER_LIBRARIES
+from bpfdyno.sources.irq.collector import IrqCollector
+from bpfdyno.sources.sched.collector import SchedCollector
 
-    Measured on those mappings alone (from smaps), not the whole process, so allocations of
-    other threads or earlier tests cannot hide or fake a drop.
-    """
-    rss = private_clean = 0
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()
-        if head and "-" in head[0] and not head[0].endswith(":"):
-            inside = len(head) >= 6 and COMPILER_LIBRARIES.search(head[5]) is not None
-        elif inside and head[0] == "Rss:":
-            rss += int(head[1]) * 1024
-        elif inside and head[0] == "Private_Clean:":
-            private_clean += int(head[1]) * 1024
-    return rss, private_clean
-
-
-def test_release_compiler_pages_drops_rss_and_programs_keep_working() -> None:
-    from bpfdyno.ebpf.compiler import release_compiler_pages
-    from bpfdyno.sources.sched.collector import SchedCollector
-
-    sched = SchedCollector()
-    sched.start()  # compiling touches the compiler's code pages: they are resident now
-    try:
-        rss_before, _ = _compiler_memory()
-        advised = release_compiler_pages()
-        rss_after, private_after = _compiler_memory()
-        assert advised > 50 << 20, "clang/LLVM mappings found and advised"
-        assert rss_before > 20 << 20, "compiling made the compiler's pages resident"
-        # Every page only this process maps is dropped. (A page another process maps too,
-        # e.g. a second bcc user on the host, is shared: the kernel keeps those, and they
-        # are not counted in private memory.)
-        assert private_after < 2 << 20, (rss_before, rss_after, private_after)
-        assert rss_after <= rss_before
-        time.sleep(0.05)
-        samples = sched.collect()
-        assert any(s.spec.name.startswith("sched_") for s in samples)
-    finally:
-        sched.close()
+collectors = [SchedCollector(), IrqCollector()]
+for c in collectors:
+    c.start()
+time.sleep(0.05)
+names = {s.spec.name.split("_")[0] for c in collectors for s in c.collect()}
+names = sorted(names & {"sched", "softirq"})  # what the two BPF programs count
+mapped = sorted({
+    line.split()[5] for line in Path("/proc/self/maps").read_text().splitlines()
+    if len(line.split()) >= 6 and COMPILER_LIBRARIES.search(line.split()[5])
+})
+print(names, mapped, "bcc" in sys.modules)
+for c in collectors:
+    c.close()
+"""
 
 
-def test_release_compiler_pages_without_maps(tmp_path: Path) -> None:
-    from bpfdyno.ebpf.compiler import release_compiler_pages
-
-    assert release_compiler_pages(str(tmp_path / "missing")) == 0
+def test_programs_load_and_run_without_the_compiler_in_the_process(tmp_path: Path) -> None:
+    """bcc, clang and LLVM stay in the compile helper: a process running the scheduler and
+    interrupt programs maps none of them (a fresh process: this one may have imported bcc)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_COMPILER_IN_PROCESS],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+        timeout=300,
+    ).stdout
+    assert out.strip().splitlines()[-1] == "['sched', 'softirq'] [] False"
 
 
 def test_the_process_meter_counts_every_program_loaded(probe: BpfProgram) -> None:

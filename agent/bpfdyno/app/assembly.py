@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 from bpfdyno.app.catalog import CATALOG
@@ -140,7 +141,6 @@ def build(cfg: Config) -> Assembly:
             cfg.capture,
             gpu=gpu,
             interrupts=irq,
-            release_compiler_pages=True,
             preload_delay_s=PRELOAD_DELAY_S,
         )
         if cfg.capture.enabled
@@ -159,7 +159,10 @@ def build(cfg: Config) -> Assembly:
             # round old: its scheduler times are as fresh as its /proc reading.
             sched=sched.fresh_per_process if sched else None,
             net=net.per_process if net else None,
-            gpu_memory=gpu.gpu_memory_by_pid if gpu else None,
+            # GPU processes no older than one of the GPU's rounds, whoever updates the table.
+            gpu_memory=(
+                partial(gpu.fresh_gpu_memory_by_pid, cfg.collector_interval("gpu")) if gpu else None
+            ),
             pods=gpu.pods_by_pid if gpu else None,
             pinned=lambda: {t.pid for t in tracing.service.registry.trainers()},
         )

@@ -7,7 +7,6 @@ import ctypes
 import grp
 import logging
 import os
-import sys
 import time
 
 from bpfdyno.app import assembly
@@ -98,10 +97,6 @@ async def run(cfg: Config) -> int:
     await server.start()
     try:
         await daemon.start()
-        if "bcc" in sys.modules:
-            from bpfdyno.ebpf.compiler import release_compiler_pages
-
-            release_compiler_pages()
         log.info(
             "bpfdyno %s ready in %.2f s (config %s)", __version__, time.monotonic() - t0, cfg.source
         )

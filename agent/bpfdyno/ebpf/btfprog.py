@@ -6,10 +6,10 @@ under what follows the prefix, and it has no ``tp_btf`` attach at all. BTF-typed
 are what make a scheduler probe cheap: their arguments are trusted kernel pointers read with
 plain loads instead of ``bpf_probe_read_kernel`` calls, and they may use task-local storage.
 
-So this module takes a function's instructions from the compiled bcc module (its maps are
-already created and referenced) and does the few ``bpf(2)`` commands itself: load it as
-``BPF_PROG_TYPE_TRACING`` with the attach type and the BTF id of its target (looked up in
-the kernel's BTF with libbpf, which bcc itself links), attach a tracepoint, or link an
+So this module takes a function's instructions from the compile helper (its maps are
+already created and referenced, `bpfdyno.ebpf.compiled`) and does the few ``bpf(2)``
+commands itself: load it as ``BPF_PROG_TYPE_TRACING`` with the attach type and the BTF id
+of its target (looked up in the kernel's BTF with libbpf), attach a tracepoint, or link an
 iterator and read it. Needs Linux >= 5.5 (tp_btf), 5.8 (iterators) and a kernel with BTF.
 """
 
@@ -20,17 +20,13 @@ import errno
 import os
 import platform
 import struct
-from typing import Any
 
 from bpfdyno.ebpf.errors import BpfLoadError
 
 #: enum bpf_cmd values used here.
-BPF_PROG_LOAD = 5
 BPF_RAW_TRACEPOINT_OPEN = 17
 BPF_LINK_CREATE = 28
 BPF_ITER_CREATE = 33
-#: enum bpf_prog_type BPF_PROG_TYPE_TRACING.
-BPF_PROG_TYPE_TRACING = 26
 #: enum bpf_attach_type values of the BTF-typed programs.
 BPF_TRACE_RAW_TP = 23
 BPF_TRACE_ITER = 28
@@ -38,8 +34,6 @@ BPF_TRACE_ITER = 28
 _NR_BPF = {"x86_64": 321, "aarch64": 280}
 #: sizeof(union bpf_attr) we pass: larger than any command's part, zero-filled.
 _ATTR_SIZE = 144
-#: Verifier log kept when a load fails (the end of it goes into the error).
-_LOG_SIZE = 1 << 20
 
 _libc: ctypes.CDLL | None = None
 _libbpf: ctypes.CDLL | None = None
@@ -95,11 +89,12 @@ def vmlinux_btf_id(name: str, attach_type: int) -> int:
     return btf_id
 
 
-def load_tracing(bpf_module: Any, fn: str, attach_type: int, target: str) -> int:
-    """Load function ``fn`` of a compiled ``bcc.BPF`` as a BTF-typed program named ``fn``.
+def load_tracing(insns: bytes, license_: bytes, fn: str, attach_type: int, target: str) -> int:
+    """Load the instructions of function ``fn`` as a BTF-typed program named ``fn``.
 
     Args:
-        bpf_module: the ``bcc.BPF`` object that compiled ``fn`` (its maps exist).
+        insns: the function's instructions, its map references already this process's fds.
+        license_: the program's license string.
         fn: the function, also the kernel's name for the program (15 characters kept).
         attach_type: `BPF_TRACE_RAW_TP` or `BPF_TRACE_ITER`.
         target: the tracepoint (``sched_switch``) or iterator (``task``) it is for.
@@ -108,63 +103,25 @@ def load_tracing(bpf_module: Any, fn: str, attach_type: int, target: str) -> int
         The program fd (the caller closes it).
 
     Raises:
-        BpfLoadError: unknown function, no BTF, or the verifier refused it (with its log).
+        BpfLoadError: no BTF, or the verifier refused it (with its log).
     """
-    from bcc.libbcc import lib
+    from bpfdyno.ebpf.fdops import PROG_TRACING, load_program
 
-    name = fn.encode()
-    start = lib.bpf_function_start(bpf_module.module, name)
-    if not start:
-        raise BpfLoadError(f"no function {fn} in the compiled program")
-    size = int(lib.bpf_function_size(bpf_module.module, name))
     btf_id = vmlinux_btf_id(target, attach_type)
-    insns = ctypes.create_string_buffer(ctypes.string_at(start, size), size)
-    license_ = ctypes.create_string_buffer(
-        ctypes.string_at(lib.bpf_module_license(bpf_module.module))
+    fd, why = load_program(
+        insns,
+        PROG_TRACING,
+        fn,
+        license_,
+        expected_attach_type=attach_type,
+        attach_btf_id=btf_id,
     )
-
-    def attempt(log: ctypes.Array[ctypes.c_char] | None) -> int:
-        attr = (ctypes.c_uint8 * _ATTR_SIZE)()
-        struct.pack_into(
-            "<IIQQIIQII16sIIIIQIIQII",
-            attr,
-            0,
-            BPF_PROG_TYPE_TRACING,
-            size // 8,
-            ctypes.addressof(insns),
-            ctypes.addressof(license_),
-            1 if log is not None else 0,  # log_level
-            len(log) if log is not None else 0,
-            ctypes.addressof(log) if log is not None else 0,
-            0,  # kern_version
-            0,  # prog_flags
-            name[:15],
-            0,  # prog_ifindex
-            attach_type,  # expected_attach_type
-            0,  # prog_btf_fd
-            0,  # func_info_rec_size
-            0,  # func_info
-            0,  # func_info_cnt
-            0,  # line_info_rec_size
-            0,  # line_info
-            0,  # line_info_cnt
-            btf_id,  # attach_btf_id
-        )
-        return bpf(BPF_PROG_LOAD, attr)
-
-    try:
-        return attempt(None)
-    except OSError as first:
-        log = ctypes.create_string_buffer(_LOG_SIZE)
-        try:
-            return attempt(log)  # loaded after all (a transient failure): keep it
-        except OSError:
-            pass
-        tail = " ".join(log.value.decode("utf-8", "replace").split()[-40:])
+    if fd < 0:
         raise BpfLoadError(
-            f"the kernel refused {fn} as a BTF-typed program for {target} ({first.strerror}); "
-            f"it needs Linux >= 5.11 with BTF; verifier: {tail}"
-        ) from first
+            f"the kernel refused {fn} as a BTF-typed program for {target} ({why}); "
+            "it needs Linux >= 5.11 with BTF"
+        )
+    return fd
 
 
 def attach_tracepoint(prog_fd: int) -> int:

@@ -1,8 +1,8 @@
 """Running bcc's compiler (clang/LLVM inside libbcc), and giving back the memory it used.
 
 `compile_bpf` turns C source into a ``bcc.BPF`` object against a given kernel header tree,
-explaining failures; `release_compiler_pages` drops the compiler's code pages from the
-agent's RSS once every program is loaded.
+explaining failures. It runs in the compile helper (`bpfdyno.ebpf.compilehelper`), never in
+the daemon: `COMPILER_LIBRARIES` names what must not be mapped there.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 # so concurrent loads never see each other's header tree.
 _compile_lock = threading.Lock()
 
-#: madvise(2) advice: reclaim these pages now (Linux >= 5.4).
-_MADV_PAGEOUT = 21
 #: Shared libraries of the BPF compiler (bcc bundles clang and LLVM in libbcc).
 COMPILER_LIBRARIES = re.compile(r"/lib(bcc|LLVM|clang)[^/]*\.so")
 
@@ -68,40 +66,6 @@ def compile_bpf(name: str, text: str, flags: Sequence[str], tree: HeaderTree) ->
         raise BpfLoadError(_explain_failure(name, result, diag.text, tree.kind)) from result
     trim_heap()
     return result
-
-
-def release_compiler_pages(maps_path: str = "/proc/self/maps") -> int:
-    """Tell the kernel the compiler's code pages are cold once every program is loaded.
-
-    ``import bcc`` maps clang/LLVM (about 160 MB of code); compiling touches much of it and
-    those pages stay resident, counted in the agent's RSS, though nothing runs them again
-    until the next compile. They are clean, file-backed pages: MADV_PAGEOUT drops them, and
-    the few that map reads need are faulted back in on use (measured: RSS 141 -> 68 MB with
-    the sched and net programs loaded). Call it after the last compile.
-
-    Returns:
-        Bytes of mappings advised (0 where madvise or the advice is not supported).
-    """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        madvise = libc.madvise
-    except (OSError, AttributeError):
-        return 0
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    advised = 0
-    try:
-        with open(maps_path, encoding="ascii", errors="replace") as f:
-            lines = f.readlines()
-    except OSError:
-        return 0
-    for line in lines:
-        parts = line.split()
-        if len(parts) < 6 or not COMPILER_LIBRARIES.search(parts[5]):
-            continue
-        start, end = (int(x, 16) for x in parts[0].split("-"))
-        if madvise(start, end - start, _MADV_PAGEOUT) == 0:
-            advised += end - start
-    return advised
 
 
 def trim_heap() -> None:

@@ -1,7 +1,8 @@
 """The one way bpfdyno reads BPF maps: whole maps in batches, per-CPU arrays by slot.
 
-Keys and values of scalar types come back as Python ints, structs as bcc's ctypes structs;
-a per-CPU map's value is bcc's array of one value per *possible* CPU. Maps that the kernel
+Keys and values of scalar types come back as Python ints, structs as the map's ctypes structs
+(`bpfdyno.ebpf.fdmap.MapTable`); a per-CPU map's value is an array of one value per
+*possible* CPU. Maps that the kernel
 fills and user space empties are drained with batch lookup-and-delete (`map_pop_all`), never
 read-then-cleared.
 """
@@ -14,20 +15,21 @@ import os
 from array import array
 from typing import Any
 
+from bpfdyno.ebpf.fdops import BPF_MAP_LOOKUP_AND_DELETE_BATCH, BPF_MAP_LOOKUP_BATCH, map_batch
+
 #: errnos of a kernel (< 5.6) or map type without BPF_MAP_LOOKUP_BATCH.
 _NO_BATCH = (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
 def map_items(table: Any, chunk: int = 1024) -> list[tuple[Any, Any]]:
-    """All (key, value) pairs of a bcc hash or array map (per-CPU ones too), in batches.
+    """All (key, value) pairs of a hash or array map (per-CPU ones too), in batches.
 
     One ``BPF_MAP_LOOKUP_BATCH`` syscall per ``chunk`` entries instead of two per entry.
-    bcc's own ``items_lookup_batch`` allocates ``max_entries``-sized arrays on every call and
-    shares one variable between the in and out cursors, hence this. Falls back to key-by-key
+    Falls back to key-by-key
     iteration on kernels without batch operations (< 5.6).
 
     Args:
-        table: a bcc table (``BpfProgram.table(name)``).
+        table: a map (``BpfProgram.table(name)``).
         chunk: entries per syscall (at most the map's size is allocated).
 
     Returns:
@@ -36,13 +38,11 @@ def map_items(table: Any, chunk: int = 1024) -> list[tuple[Any, Any]]:
     Raises:
         OSError: the batch lookup failed for another reason.
     """
-    from bcc.libbcc import lib
-
-    return _batched(table, lib.bpf_lookup_batch, chunk)
+    return _batched(table, BPF_MAP_LOOKUP_BATCH, chunk)
 
 
 def map_pop_all(table: Any, chunk: int = 1024) -> list[tuple[Any, Any]]:
-    """Remove and return every entry of a bcc hash map (BPF_MAP_LOOKUP_AND_DELETE_BATCH).
+    """Remove and return every entry of a hash map (BPF_MAP_LOOKUP_AND_DELETE_BATCH).
 
     An entry the kernel adds meanwhile is either returned now or left for the next call,
     never lost. Falls back to lookup-then-delete key by key on kernels without batch
@@ -51,12 +51,10 @@ def map_pop_all(table: Any, chunk: int = 1024) -> list[tuple[Any, Any]]:
     Raises:
         OSError: the batch operation failed for another reason.
     """
-    from bcc.libbcc import lib
-
-    return _batched(table, lib.bpf_lookup_and_delete_batch, chunk, delete=True)
+    return _batched(table, BPF_MAP_LOOKUP_AND_DELETE_BATCH, chunk, delete=True)
 
 
-def _batched(table: Any, op: Any, chunk: int, delete: bool = False) -> list[tuple[Any, Any]]:
+def _batched(table: Any, op: int, chunk: int, delete: bool = False) -> list[tuple[Any, Any]]:
     chunk = max(1, min(chunk, int(table.max_entries)))
     out: list[tuple[Any, Any]] = []
     cursor: ctypes.c_uint32 | None = None
@@ -74,7 +72,7 @@ def _batched(table: Any, op: Any, chunk: int, delete: bool = False) -> list[tupl
 
 
 def _one_batch(
-    table: Any, op: Any, chunk: int, cursor: ctypes.c_uint32 | None
+    table: Any, op: int, chunk: int, cursor: ctypes.c_uint32 | None
 ) -> tuple[Any, Any, int, int, ctypes.c_uint32]:
     """One batch syscall from ``cursor`` (None: the start) into fresh buffers.
 
@@ -85,18 +83,17 @@ def _one_batch(
     """
     keys = (table.Key * chunk)()
     vals = (table.Leaf * chunk)()
-    count = ctypes.c_uint32(chunk)
     cursor_out = ctypes.c_uint32(0)
-    res = op(
+    filled, err = map_batch(
+        op,
         table.map_fd,
-        None if cursor is None else ctypes.byref(cursor),
-        ctypes.byref(cursor_out),
-        ctypes.byref(keys),
-        ctypes.byref(vals),
-        ctypes.byref(count),
+        0 if cursor is None else ctypes.addressof(cursor),
+        ctypes.addressof(cursor_out),
+        ctypes.addressof(keys),
+        ctypes.addressof(vals),
+        chunk,
     )
-    err = 0 if res == 0 else ctypes.get_errno()
-    return keys, vals, count.value, err, cursor_out
+    return keys, vals, filled, err, cursor_out
 
 
 def _one_by_one(table: Any, delete: bool) -> list[tuple[Any, Any]]:
@@ -153,14 +150,12 @@ def percpu_sums(table: Any) -> list[int]:
     Raises:
         TypeError: the map's values are not 64-bit integers.
     """
-    from bcc.libbcc import lib
-
     size = int(table.max_entries)
     leaf = ctypes.sizeof(table.Leaf)
     if leaf % 8 or ctypes.sizeof(getattr(table.Leaf, "_type_", ctypes.c_char)) != 8:
         raise TypeError(f"percpu_sums reads per-CPU arrays of 64-bit integers, not {table.Leaf}")
     ncpu = leaf // 8
-    _, vals, n, err, _ = _one_batch(table, lib.bpf_lookup_batch, size, None)
+    _, vals, n, err, _ = _one_batch(table, BPF_MAP_LOOKUP_BATCH, size, None)
     if err not in (0, errno.ENOENT) or n != size:
         # No batch operations on this kernel, or a partial read: the general way.
         out = [0] * size

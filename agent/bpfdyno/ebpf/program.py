@@ -1,11 +1,14 @@
 """One BPF program file of bpfdyno, from compile to unload: `BpfProgram`.
 
-Programs are files in the ``bpfdyno.bpf`` package. `BpfProgram.load` reads one, points bcc at
-a header tree for the running kernel (`bpfdyno.ebpf.kheaders`) and compiles it; settings
+Programs are files in the ``bpfdyno.bpf`` package. `BpfProgram.load` reads one and has the
+compile helper (`bpfdyno.ebpf.compiled`) compile it with bcc against a header tree for the
+running kernel (`bpfdyno.ebpf.kheaders`), taking over its maps' fds and its functions'
+instructions: bcc, clang and LLVM never enter this process. Settings
 reach the C code only as ``-D`` defines, and the C side refuses to compile without the ones
 it needs, so every default lives in Python (the config sections). The object then attaches
 functions to raw tracepoints, tracepoints and uprobes, opens ring buffers with a decode
-callback, reports its functions' cost from the process-wide run statistics
+callback, loading each function as the program type its attachment needs (`bpfdyno.ebpf.fdops`),
+reports its functions' cost from the process-wide run statistics
 (`bpfdyno.ebpf.runstats`), and `close` undoes all of it.
 
 Each attachment remembers how it was made, so it can be taken off and put back without a
@@ -23,8 +26,6 @@ Every function and map in the C programs is named ``bpfdyno_...`` (see
 
 from __future__ import annotations
 
-import atexit
-import ctypes
 import importlib.resources
 import logging
 import os
@@ -38,13 +39,18 @@ from typing import Any, Generic, TypeVar
 
 from bpfdyno.core.budget import excluded_work
 from bpfdyno.core.metrics import Sample
-from bpfdyno.ebpf import btfprog
-from bpfdyno.ebpf.compiler import compile_bpf, trim_heap
+from bpfdyno.ebpf import btfprog, fdops, uprobe
+from bpfdyno.ebpf.compiled import Compiled, compile_in_helper
+from bpfdyno.ebpf.compiler import trim_heap
 from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.ebpf.fdmap import MapTable, RingReader
 from bpfdyno.ebpf.introspect import fdinfo
 from bpfdyno.ebpf.kheaders import HeaderFlavour, KernelHeadersError, ensure_headers
 from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S, METER, run_stats_samples
-from bpfdyno.ebpf.tracefs import TracefsError, ensure_tracefs
+from bpfdyno.ebpf.tracefs import MOUNT_COMMAND, TracefsError, ensure_tracefs
+
+#: perf_event_attr.type of a tracepoint.
+PERF_TYPE_TRACEPOINT = 2
 
 __all__ = ["BpfLoadError", "BpfProgram", "RingBuffer", "TaskIterator", "bpf_source_dir"]
 
@@ -65,22 +71,27 @@ class RingBuffer(Generic[T]):
     struct bcc derives from the program's C type.
     """
 
-    def __init__(self, program: BpfProgram, name: str, decode: Callable[[Any], T]) -> None:
-        self._program = program
-        self._table = program.table(name)
+    def __init__(self, table: MapTable, decode: Callable[[Any], T]) -> None:
+        self._table = table
         self._decode = decode
         self._pending: list[T] = []
-        self._table.open_ring_buffer(self._on_record)
+        self._reader = RingReader(table.map_fd, table.max_entries, self._on_record)
 
     def drain(self) -> list[T]:
         """Consume every record waiting now (without blocking) and return them decoded."""
-        self._program.consume_ring_buffers()
+        self._reader.consume()
         out, self._pending = self._pending, []
         return out
 
-    def _on_record(self, _ctx: Any, data: Any, _size: int) -> int:
+    def consume(self) -> None:
+        """Decode every record waiting now, keeping them for `drain`."""
+        self._reader.consume()
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def _on_record(self, data: bytes) -> None:
         self._pending.append(self._decode(self._table.event(data)))
-        return 0
 
 
 class TaskIterator:
@@ -136,17 +147,22 @@ class BpfProgram:
     Use `load` to make one, and `close` (or a ``with`` block) to detach and unload it.
     """
 
-    def __init__(self, bpf: Any, source: str) -> None:
-        """Wrap a compiled ``bcc.BPF`` object; `load` is the usual way in."""
-        self._bpf: Any = bpf
+    def __init__(self, compiled: Compiled, source: str) -> None:
+        """Take over what the compile helper made; `load` is the usual way in."""
+        self._compiled: Compiled | None = compiled
         self._stats_requested = False
-        #: BTF-typed functions this object loaded itself (name -> program fd), and links
-        #: that are not attachments (task iterators).
-        self._btf_fds: dict[str, int] = {}
+        #: Loaded functions: name -> program fd (each function is loaded once, as the
+        #: program type of its first attachment).
+        self._fds: dict[str, int] = {}
+        #: Links that are not attachments (task iterators), uprobes by how they were made,
+        #: and open ring buffers.
         self._links: list[int] = []
+        self._uprobes: dict[tuple[str, str, int, bool], int] = {}
+        self._rings: list[RingBuffer[Any]] = []
         #: Every attachment, by (function, attach point); see `_Hook`.
         self._hooks: dict[tuple[str, str], _Hook] = {}
         self._ids: dict[int, int] = {}  # program fd -> kernel program id
+        self._tracefs: Path | None = None
         # Attaching and detaching happen on the owner's thread, the budget's and the duty
         # cycler's: one at a time.
         self._lock = threading.RLock()
@@ -203,14 +219,17 @@ class BpfProgram:
             tree = ensure_headers(flavour, header_cache)
         except KernelHeadersError as e:
             raise BpfLoadError(str(e)) from e
+        tracefs: Path | None = None
         try:
-            ensure_tracefs()
+            tracefs = ensure_tracefs()
         except TracefsError as e:
             # Raw tracepoints and uprobes work without tracefs; tracepoints fail to attach.
             log.warning("%s", e)
         settings = [f"-D{name}={value}" for name, value in (defines or {}).items()]
         flags = [f"-I{src_dir}", *settings, *cflags]
-        return cls(compile_bpf(source, text, flags, tree), source)
+        program = cls(compile_in_helper(source, text, flags, tree), source)
+        program._tracefs = tracefs
+        return program
 
     # --- attaching -----------------------------------------------------------------------
 
@@ -224,23 +243,18 @@ class BpfProgram:
         Raises:
             BpfLoadError: the verifier refused ``fn``, or the tracepoint does not exist.
         """
-        tp = tracepoint.encode()
 
-        def on() -> None:
+        def on() -> int:
             if before_attach is not None:
                 before_attach()
-            self._bcc_call(
+            fd = self._function_fd(fn, fdops.PROG_RAW_TRACEPOINT)
+            return self._attach_call(
                 f"raw tracepoint {tracepoint}",
                 fn,
-                lambda bpf: bpf.attach_raw_tracepoint(tp=tp, fn_name=fn.encode()),
+                lambda: fdops.open_raw_tracepoint(tracepoint, fd),
             )
 
-        def off(_link: int | None) -> None:
-            bpf = self._require()
-            if tp in bpf.raw_tracepoint_fds:
-                bpf.detach_raw_tracepoint(tp=tp)
-
-        self._attach(fn, f"raw:{tracepoint}", on, off)
+        self._attach(fn, f"raw:{tracepoint}", on, _close_link)
 
     def attach_tracepoint(self, tracepoint: str, fn: str) -> None:
         """Load function ``fn`` and attach it to tracepoint ``category:event``.
@@ -249,19 +263,26 @@ class BpfProgram:
             BpfLoadError: the verifier refused ``fn``, the tracepoint does not exist, or
                 tracefs is not mounted.
         """
-        tp = tracepoint.encode()
 
-        def on() -> None:
-            self._bcc_call(
-                f"tracepoint {tracepoint}",
-                fn,
-                lambda bpf: bpf.attach_tracepoint(tp=tp, fn_name=fn.encode()),
-            )
+        def on() -> int:
+            fd = self._function_fd(fn, fdops.PROG_TRACEPOINT)
 
-        def off(_link: int | None) -> None:
-            self._require().detach_tracepoint(tp=tp)
+            def open_() -> int:
+                if self._tracefs is None:
+                    raise OSError(f"tracefs is not mounted ({MOUNT_COMMAND})")
+                perf = fdops.perf_event_open(
+                    PERF_TYPE_TRACEPOINT, fdops.tracepoint_id(self._tracefs, tracepoint)
+                )
+                try:
+                    fdops.set_bpf(perf, fd)
+                except BaseException:
+                    os.close(perf)
+                    raise
+                return perf
 
-        self._attach(fn, f"tp:{tracepoint}", on, off)
+            return self._attach_call(f"tracepoint {tracepoint}", fn, open_)
+
+        self._attach(fn, f"tp:{tracepoint}", on, _close_link)
 
     def attach_btf_tracepoint(
         self, tracepoint: str, fn: str, before_attach: Callable[[], None] | None = None
@@ -277,7 +298,7 @@ class BpfProgram:
             BpfLoadError: no BTF, no such tracepoint, or the verifier refused ``fn``.
         """
         with self._lock:
-            fd = self._btf_fds.get(fn)
+            fd = self._fds.get(fn)
             if fd is None:
                 fd = self._load_btf(fn, btfprog.BPF_TRACE_RAW_TP, tracepoint)
 
@@ -316,14 +337,54 @@ class BpfProgram:
         return TaskIterator(self, link)
 
     def _load_btf(self, fn: str, attach_type: int, target: str) -> int:
-        bpf = self._require()
-        if fn in self._btf_fds:
+        compiled = self._require()
+        if fn in self._fds:
             raise BpfLoadError(f"{fn} of {self.source} is already loaded")
+        insns = compiled.functions.get(fn)
+        if insns is None:
+            raise BpfLoadError(f"no function {fn} in {self.source}")
         with excluded_work():  # the verifier's work, once
-            fd = btfprog.load_tracing(bpf, fn, attach_type, target)
-        self._btf_fds[fn] = fd
+            fd = btfprog.load_tracing(insns, compiled.license, fn, attach_type, target)
+        self._fds[fn] = fd
         trim_heap()  # libbpf parsed the kernel's BTF for the target's id: ~14 MB, freed
         return fd
+
+    def _function_fd(self, fn: str, prog_type: int) -> int:
+        """The program fd of ``fn``, loading it as ``prog_type`` the first time.
+
+        Raises:
+            BpfLoadError: no such function, or the verifier refused it (with its log).
+        """
+        with self._lock:
+            compiled = self._require()
+            fd = self._fds.get(fn)
+            if fd is not None:
+                return fd
+            insns = compiled.functions.get(fn)
+            if insns is None:
+                raise BpfLoadError(f"no function {fn} in {self.source}")
+            with excluded_work():  # the verifier's work, once
+                fd, why = fdops.load_program(
+                    insns, prog_type, fn, compiled.license, kern_version=compiled.kern_version
+                )
+            if fd < 0:
+                raise BpfLoadError(
+                    f"the kernel refused {fn} of {self.source} ({why}); see `bpfdyno doctor` "
+                    "for what this kernel lacks"
+                )
+            self._fds[fn] = fd
+            return fd
+
+    def load_function(self, fn: str, prog_type: int) -> int:
+        """Load ``fn`` as ``prog_type`` (`bpfdyno.ebpf.fdops`) without attaching it.
+
+        Returns:
+            Its program fd (this object closes it).
+
+        Raises:
+            BpfLoadError: no such function, or the verifier refused it.
+        """
+        return self._function_fd(fn, prog_type)
 
     def attach_uprobe(
         self, binary: str, symbol: str, fn: str, *, pid: int = -1, retprobe: bool = False
@@ -341,12 +402,26 @@ class BpfProgram:
             BpfLoadError: the verifier refused ``fn``, or the binary or symbol is not found.
         """
         kind = "uretprobe" if retprobe else "uprobe"
+        key = (binary, symbol, pid, retprobe)
+        with self._lock:
+            fd = self._function_fd(fn, fdops.PROG_KPROBE)
 
-        def attach(bpf: Any) -> object:
-            method = bpf.attach_uretprobe if retprobe else bpf.attach_uprobe
-            return method(name=binary.encode(), sym=symbol.encode(), fn_name=fn.encode(), pid=pid)
+            def open_() -> int:
+                path = uprobe.resolve_binary(binary, pid)
+                offset = uprobe.symbol_offset(path, symbol)
+                perf = uprobe.open_uprobe(path, offset, pid=pid, retprobe=retprobe)
+                try:
+                    fdops.set_bpf(perf, fd)
+                except BaseException:
+                    os.close(perf)
+                    raise
+                return perf
 
-        self._bcc_call(f"{kind} {binary}:{symbol}", fn, attach)
+            perf = self._attach_call(f"{kind} {binary}:{symbol}", fn, open_)
+            old = self._uprobes.pop(key, None)
+            self._uprobes[key] = perf
+        if old is not None:
+            os.close(old)
 
     def detach_raw_tracepoint(self, tracepoint: str) -> None:
         """Detach whatever function is attached to raw tracepoint ``tracepoint``.
@@ -368,15 +443,16 @@ class BpfProgram:
         Raises:
             BpfLoadError: nothing of ours is attached there.
         """
-        bpf = self._require()
-        method = bpf.detach_uretprobe if retprobe else bpf.detach_uprobe
-        try:
-            method(name=binary.encode(), sym=symbol.encode(), pid=pid)
-        except Exception as e:
+        self._require()
+        with self._lock:
+            perf = self._uprobes.pop((binary, symbol, pid, retprobe), None)
+        if perf is None:
             kind = "uretprobe" if retprobe else "uprobe"
             raise BpfLoadError(
-                f"detaching the {kind} {binary}:{symbol} of {self.source} failed ({e})"
-            ) from e
+                f"detaching the {kind} {binary}:{symbol} of {self.source} failed (it is not "
+                "attached)"
+            )
+        os.close(perf)
 
     def _attach(
         self,
@@ -418,11 +494,12 @@ class BpfProgram:
             hook.total_ns += time.monotonic_ns() - hook.since_ns
             hook.link, hook.live = None, False
 
-    def _bcc_call(self, target: str, fn: str, attach: Callable[[Any], object]) -> None:
-        bpf = self._require()
+    def _attach_call(self, target: str, fn: str, attach: Callable[[], int]) -> int:
+        """Run ``attach`` (returns the fd that keeps the attachment), explaining failures."""
+        self._require()
         try:
-            attach(bpf)
-        except Exception as e:
+            return attach()
+        except (OSError, uprobe.UprobeError) as e:
             raise BpfLoadError(
                 f"attaching {fn} of {self.source} to {target} failed ({e}); run as root, and "
                 "see `bpfdyno doctor` for what this kernel lacks"
@@ -449,7 +526,7 @@ class BpfProgram:
     def _set(self, fns: Collection[str], flag: str, value: bool) -> list[str]:
         errors: list[str] = []
         with self._lock:
-            if self._bpf is None:
+            if self._compiled is None:
                 return errors
             for hook in self._hooks.values():
                 if hook.fn not in fns or getattr(hook, flag) == value:
@@ -481,9 +558,13 @@ class BpfProgram:
 
     # --- maps and ring buffers -----------------------------------------------------------
 
-    def table(self, name: str) -> Any:
-        """The bcc table of map ``name`` (read it with `bpfdyno.ebpf.maps`)."""
-        return self._require()[name.encode()]
+    def table(self, name: str) -> MapTable:
+        """Map ``name`` (read it with `bpfdyno.ebpf.maps`).
+
+        Raises:
+            KeyError: the program has no such map.
+        """
+        return self._require().maps[name]
 
     def open_ring_buffer(self, name: str, decode: Callable[[Any], T]) -> RingBuffer[T]:
         """Start consuming ring buffer map ``name``; ``decode`` turns each record into a T.
@@ -491,28 +572,36 @@ class BpfProgram:
         Raises:
             BpfLoadError: ``name`` is not a ring buffer of this program.
         """
+        table = self._require().maps.get(name)
+        if table is None or table.map_type != fdops.MAP_TYPE_RINGBUF:
+            raise BpfLoadError(
+                f"opening ring buffer {name} of {self.source} failed (no such ring buffer); "
+                "it must be a BPF_RINGBUF_OUTPUT map (Linux >= 5.8)"
+            )
         try:
-            return RingBuffer(self, name, decode)
-        except Exception as e:
+            ring = RingBuffer(table, decode)
+        except OSError as e:
             raise BpfLoadError(
                 f"opening ring buffer {name} of {self.source} failed ({e}); it must be a "
                 "BPF_RINGBUF_OUTPUT map (Linux >= 5.8)"
             ) from e
+        with self._lock:
+            self._rings.append(ring)
+        return ring
 
     def consume_ring_buffers(self) -> None:
-        """Consume every open ring buffer now, without blocking (their callbacks run here)."""
-        self._require().ring_buffer_consume()
+        """Consume every open ring buffer now, without blocking (records wait in each)."""
+        self._require()
+        for ring in list(self._rings):
+            ring.consume()
 
     # --- identity and cost ---------------------------------------------------------------
 
     def program_fds(self) -> dict[str, int]:
         """Loaded (attached) function name -> program fd."""
         with self._lock:
-            fds = {
-                (name.decode() if isinstance(name, bytes) else str(name)): int(fn.fd)
-                for name, fn in self._require().funcs.items()
-            }
-            return fds | self._btf_fds
+            self._require()
+            return dict(self._fds)
 
     def program_ids(self) -> dict[str, int]:
         """Loaded function name -> kernel program id."""
@@ -526,13 +615,10 @@ class BpfProgram:
 
     def map_ids(self) -> dict[str, int]:
         """Every map this program created (used from Python or not) -> kernel map id."""
-        module = self._require().module
-        lib = _libbcc_tables()
-        out: dict[str, int] = {}
-        for i in range(lib.bpf_num_tables(module)):
-            name = lib.bpf_table_name(module, i).decode()
-            out[name] = int(fdinfo(lib.bpf_table_fd_id(module, i)).get("map_id", -1))
-        return out
+        return {
+            name: int(fdinfo(t.map_fd).get("map_id", -1))
+            for name, t in self._require().maps.items()
+        }
 
     def start_run_stats(
         self, on_s: float = DEFAULT_ON_S, period_s: float = DEFAULT_PERIOD_S
@@ -553,7 +639,7 @@ class BpfProgram:
     @property
     def closed(self) -> bool:
         """True once `close` ran."""
-        return self._bpf is None
+        return self._compiled is None
 
     def close(self) -> None:
         """Stop the run statistics, detach every function and unload the program (idempotent).
@@ -569,19 +655,18 @@ class BpfProgram:
                 if hook.live:
                     try:
                         hook.off(hook.link)
-                    except Exception:  # bcc's cleanup below detaches what is left
+                    except Exception:  # closing the program's fds below detaches the rest
                         log.exception("detaching %s of %s failed", hook.fn, self.source)
                     hook.link, hook.live = None, False
             self._hooks = {}
-            for fd in [*self._links, *self._btf_fds.values()]:
+            for ring in self._rings:
+                ring.close()
+            for fd in [*self._uprobes.values(), *self._links, *self._fds.values()]:
                 os.close(fd)
-            self._links, self._btf_fds, self._ids = [], {}, {}
-            bpf, self._bpf = self._bpf, None
-        if bpf is not None:
-            bpf.cleanup()
-            # bcc registers cleanup with atexit too, which would keep the object (and its
-            # compiled module) alive until the process exits.
-            atexit.unregister(bpf.cleanup)
+            self._rings, self._uprobes, self._links, self._fds, self._ids = [], {}, [], {}, {}
+            compiled, self._compiled = self._compiled, None
+        if compiled is not None:
+            compiled.close()
 
     def __enter__(self) -> BpfProgram:
         return self
@@ -594,33 +679,13 @@ class BpfProgram:
     ) -> None:
         self.close()
 
-    @property
-    def bpf(self) -> Any:
-        """The underlying ``bcc.BPF`` object, for what this class does not cover."""
-        return self._require()
-
-    def _require(self) -> Any:
-        if self._bpf is None:
+    def _require(self) -> Compiled:
+        if self._compiled is None:
             raise RuntimeError(f"the BPF program {self.source} is closed")
-        return self._bpf
+        return self._compiled
 
 
-_tables_lib: ctypes.CDLL | None = None
-
-
-def _libbcc_tables() -> ctypes.CDLL:
-    """libbcc's table listing functions, which bcc's Python binding does not declare.
-
-    A handle of our own, so declaring them does not change bcc's.
-    """
-    global _tables_lib
-    if _tables_lib is None:
-        lib = ctypes.CDLL("libbcc.so.0")
-        lib.bpf_num_tables.restype = ctypes.c_size_t
-        lib.bpf_num_tables.argtypes = [ctypes.c_void_p]
-        lib.bpf_table_name.restype = ctypes.c_char_p
-        lib.bpf_table_name.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        lib.bpf_table_fd_id.restype = ctypes.c_int
-        lib.bpf_table_fd_id.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        _tables_lib = lib
-    return _tables_lib
+def _close_link(link: int | None) -> None:
+    """Detach what an fd keeps attached (a raw tracepoint's or a perf event's)."""
+    if link is not None:
+        os.close(link)

@@ -70,7 +70,7 @@ class AgentServicer(pb_grpc.AgentServicer):
         self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext
     ) -> pb.MetricsSnapshot:
         who = requester_from_context(context)
-        snap = self._svc.snapshot(list(request.names), reader(who.uid, who.peer))
+        snap = await self._svc.fresh_snapshot(list(request.names), reader(who.uid, who.peer))
         with REQUESTED.work((reader(who.uid, who.peer),)):
             return snapshot_to_pb(snap)
 

@@ -7,6 +7,7 @@ transport maps them to its own status codes.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
@@ -31,9 +32,14 @@ from bpfdyno.core.store import (
     name_filter,
 )
 from bpfdyno.rpc.agent import AgentStatus, CollectorState, CollectorStatus
+from bpfdyno.sources.percpu import PER_CPU_READS
 from bpfdyno.version import __version__
 
 #: Longest window a single query may ask for (the store keeps less anyway).
+#: The label of per-CPU series.
+PER_CPU_LABEL = "cpu"
+#: The longest a read waits for the round that makes its per-CPU series fresh.
+FRESH_WAIT_S = 5.0
 MAX_WINDOW_S = 7 * 24 * 3600.0
 DEFAULT_WINDOW_S = 300.0
 #: Most metric-name patterns one request may hold (the catalog has a few hundred names; a
@@ -129,7 +135,41 @@ class AgentService:
         # removed, a process exited); leave it out of "latest".
         horizon = now - max(3 * self._longest_interval(), 10.0)
         with REQUESTED.work((who,)):
-            return Snapshot(now, "", self._daemon.store.latest(names, newer_than=horizon))
+            series = self._daemon.store.latest(names, newer_than=horizon)
+        if any(PER_CPU_LABEL in v.spec.labels for v in series):
+            PER_CPU_READS.note()  # reported every round while read
+        return Snapshot(now, "", series)
+
+    async def fresh_snapshot(self, names: Sequence[str] = (), who: str = "in-process") -> Snapshot:
+        """`snapshot`, its per-CPU series no older than one round of their collector.
+
+        On a node with more CPUs than ``[daemon] per_cpu_series_max`` those are reported only
+        every few rounds while nobody reads them; a read that finds them older waits for the
+        next round of their collectors (at most two intervals or `FRESH_WAIT_S`), which reports them
+        again, and so does every round while they are read (`PER_CPU_READS`).
+        """
+        q = self._daemon.publisher.subscribe()
+        try:
+            snap = self.snapshot(names, who)
+            intervals = self._daemon.collector_intervals()
+            stale = _stale_per_cpu(snap, intervals)
+            if not stale:
+                return snap
+            loop = asyncio.get_running_loop()
+            # Normally the next round comes within an interval; a loaded machine's may be late.
+            deadline = loop.time() + max(2 * max(intervals[c] for c in stale), FRESH_WAIT_S)
+            while stale:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                try:
+                    rnd = await asyncio.wait_for(q.get(), left)
+                except TimeoutError:
+                    break
+                stale.discard(rnd.collector)
+        finally:
+            self._daemon.publisher.unsubscribe(q)
+        return self.snapshot(names, who)
 
     def window(
         self, names: Sequence[str], start: float, end: float, who: str = "in-process"
@@ -210,6 +250,19 @@ class AgentService:
 
     def _longest_interval(self) -> float:
         return max(self._daemon.collector_intervals().values(), default=1.0)
+
+
+def _stale_per_cpu(snap: Snapshot, intervals: dict[str, float]) -> set[str]:
+    """The collectors whose per-CPU series in ``snap`` are older than one round."""
+    stale = set()
+    for v in snap.series:
+        interval = intervals.get(v.spec.source)
+        if PER_CPU_LABEL not in v.spec.labels or interval is None or not v.points:
+            continue
+        # A series reported every round is at most one interval old (and a little late).
+        if v.points[-1].ts < snap.ts - 1.5 * interval:
+            stale.add(v.spec.source)
+    return stale
 
 
 def collector_status(p: PartStatus) -> CollectorStatus:

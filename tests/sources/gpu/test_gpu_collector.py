@@ -370,3 +370,30 @@ def test_processes_are_asked_for_when_processes_start_or_exit(fake: FakeNvml) ->
         assert c.gpu_memory_by_pid() == {4242: 2**30, 4343: 2684354560}
     finally:
         c.close()
+
+
+def test_a_fresh_read_of_gpu_processes_is_never_older_than_asked(fake: FakeNvml) -> None:
+    """No process started or exited, so the rounds ask for GPU processes only every 10 s; the
+    process table's reader asks for them no older than one round and gets what NVML says now."""
+    now = [1000.0]
+    c = GpuCollector(str(fake.library), clock=lambda: now[0], process_churn=lambda: 0)
+    c.start()
+    try:
+        c.collect()
+        # 4343 left GPU 0 (it keeps its 512 MiB on GPU 1); 5151 arrived.
+        fake.set({"gpu.0.procs": "4242:1073741824,5151:4096"})
+        now[0] += 2.0
+        c.collect()  # not due: the rounds still have the old list
+        assert c.gpu_memory_by_pid() == {4242: 2**30, 4343: 2684354560}
+        fake.reset_calls()
+        fresh = {4242: 2**30, 4343: 2**29, 5151: 4096}
+        assert c.fresh_gpu_memory_by_pid(1.0) == fresh
+        # A second reader within the round shares that query.
+        assert c.fresh_gpu_memory_by_pid(1.0) == fresh
+        assert fake.calls("nvmlDeviceGetComputeRunningProcesses_v3", 0) // 2 == 1
+        assert c.gpu_memory_by_pid() == fresh
+        now[0] += 1.0
+        samples = c.collect()  # the rounds report what the reader's query found
+        assert value(samples, "gpu_process_memory_used_bytes", gpu="0", pid="5151") == 4096
+    finally:
+        c.close()

@@ -359,7 +359,7 @@ def test_every_optional_part_can_be_compiled_out() -> None:
     with BpfProgram.load("net.bpf.c", defines=NetCollector()._defines, cflags=flags) as prog:
         names = {"bpfdyno_nsc_tx", "bpfdyno_nsc_rx", "bpfdyno_nexit"}
         for name in names:
-            prog.bpf.load_func(name.encode(), 5)  # BPF_PROG_TYPE_TRACEPOINT
+            prog.load_function(name, 5)  # BPF_PROG_TYPE_TRACEPOINT
         assert set(prog.program_ids()) == names
 
 

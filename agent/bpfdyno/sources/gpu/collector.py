@@ -18,8 +18,10 @@ or no driver at start makes the collector unavailable with the cause and a fix.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
@@ -50,6 +52,7 @@ from bpfdyno.sources.gpu.probe import (
     ProcGpu,
     collect_device,
     join_processes,
+    query_processes,
     read_trace_counters,
 )
 from bpfdyno.sources.kubelet.podresources import DeviceOwners, PodRef
@@ -150,6 +153,8 @@ class GpuCollector(Collector):
         self._retry_delay = retry_min_s
         self._started = False
         self._procs: dict[int, ProcGpu] = {}
+        # A round and a reader's fresh process query (`fresh_gpu_memory_by_pid`) take turns.
+        self._round_lock = threading.Lock()
         self._traced_failed_logged = False
         #: NVML re-initialisations attempted since start (for status and tests).
         self.reinit_attempts = 0
@@ -338,6 +343,10 @@ class GpuCollector(Collector):
 
     def collect(self) -> Sequence[Sample]:
         """One round: every GPU's metrics; lost GPUs report ``gpu_up 0``."""
+        with self._round_lock:
+            return self._collect()
+
+    def _collect(self) -> list[Sample]:
         if not self._started:
             return []
         if self._retry_at is not None and self._clock() >= self._retry_at:
@@ -398,6 +407,7 @@ class GpuCollector(Collector):
     def _processes_due(self, now: float) -> bool:
         """Whether to ask NVML for each GPU's processes this round (see ``process_churn``)."""
         if self._process_churn is None:
+            self._processes_at = now
             return True
         churn = self._process_churn()
         if churn == self._churn_seen and now - self._processes_at < PROCESS_REFRESH_S:
@@ -496,6 +506,31 @@ class GpuCollector(Collector):
         """The pod and container of each process on a GPU one container holds (Kubernetes),
         as of the last round; for the process table."""
         return self._pods
+
+    def fresh_gpu_memory_by_pid(self, max_age_s: float) -> dict[int, int] | None:
+        """`gpu_memory_by_pid` from a process query at most ``max_age_s`` old: each GPU's
+        processes are asked for first when the last query is older (blocking: a worker
+        thread's call).
+
+        Between process starts and exits the rounds ask only every `PROCESS_REFRESH_S`; the
+        process table's reader is never answered from that. A GPU that fails here keeps its
+        last query's processes (the next round deals with the failure).
+        """
+        with self._round_lock:
+            if not self._started:
+                return None
+            now = self._clock()
+            if now - self._processes_at > max_age_s:
+                rows: ProcessRows = {}
+                for dev in self._devices:
+                    if not dev.lost:
+                        with contextlib.suppress(DeviceLost, DriverGone):
+                            query_processes(self._nv, dev)
+                    for pid, entries in dev.proc_rows.items():
+                        rows.setdefault(pid, []).extend(entries)
+                self._procs = join_processes(rows)
+                self._processes_at = now
+        return self.gpu_memory_by_pid()
 
     def gpu_memory_by_pid(self) -> dict[int, int] | None:
         """pid -> GPU memory in bytes, the shape the process table's provider takes.

@@ -209,13 +209,25 @@ def collect_device(
     put(m.XID_ERRORS, xid_count)
 
     if processes_due:
-        dev.proc_samples, dev.proc_rows = [], {}
-        dev.proc_pids = _processes(nv, dev, dev.proc_samples, dev.proc_rows)
+        query_processes(nv, dev)
     out.extend(dev.proc_samples)
     for pid, entries in dev.proc_rows.items():
         procs.setdefault(pid, []).extend(entries)
     _gpm(dev, pause_reason(dev.proc_pids), out)
     return out
+
+
+def query_processes(nv: Nvml, dev: DeviceState) -> None:
+    """Ask NVML for one GPU's processes now; the device keeps them until the next query.
+
+    Raises:
+        DeviceLost: the GPU stopped answering.
+        DriverGone: the driver went away.
+    """
+    samples: list[Sample] = []
+    rows: ProcessRows = {}
+    pids = _processes(nv, dev, samples, rows)
+    dev.proc_samples, dev.proc_rows, dev.proc_pids = samples, rows, pids
 
 
 def _slow_fields(nv: Nvml, dev: DeviceState) -> list[Sample]:

@@ -189,8 +189,6 @@ class CaptureManager:
         proc_root: where /proc is.
         sysfs_root: the directory holding ``sys/`` for the fabric track (a fixture tree in
             tests).
-        release_compiler_pages: after loading the programs, advise the compiler's pages out
-            of memory (what ``bpfdyno serve`` does after its other programs).
         preload_delay_s: compile the programs this long after `start`, or at the first
             trace if it comes sooner.
     """
@@ -205,7 +203,6 @@ class CaptureManager:
         header_cache: Path | None = None,
         proc_root: Path = Path("/proc"),
         sysfs_root: Path = Path("/"),
-        release_compiler_pages: bool = False,
         preload_delay_s: float = 0.0,
     ) -> None:
         self.settings = settings
@@ -223,7 +220,6 @@ class CaptureManager:
         #: The traced processes' CPU-quota throttling (sched track), read at each drain.
         self.quota = CpuQuotaReader(proc_root)
         self._proc_root = proc_root
-        self._release_pages = release_compiler_pages
         self._queue: queue.Queue[object] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._active: dict[int, _Active] = {}  # by pid; touched on the capture thread only
@@ -404,10 +400,6 @@ class CaptureManager:
             except Exception as e:  # an unexpected environment: that part only
                 self._load_errors[name] = f"{type(e).__name__}: {e}"
                 log.exception("capture: loading the %s capture program failed", name)
-        if self._release_pages:
-            from bpfdyno.ebpf.compiler import release_compiler_pages
-
-            release_compiler_pages()
         self._loaded.set()
 
     def _handle(self, cmd: object) -> None:
