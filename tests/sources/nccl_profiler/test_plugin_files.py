@@ -1,0 +1,142 @@
+"""The receiver reads a real unprivileged trainer's plugin file, and refuses files that are not
+the live process's own: another user's file under a root process's pid, a symbolic link, a file
+left by an earlier process, a file of the wrong size or layout."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bpfdyno.core.status import PartState
+from bpfdyno.sources.nccl_profiler import layout
+from bpfdyno.sources.nccl_profiler.build import build_plugin
+from bpfdyno.sources.nccl_profiler.receiver import NcclProfilerReceiver
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "tracing"))
+from local_user import LocalUser, local_user  # noqa: E402
+
+pytestmark = pytest.mark.root
+
+TRAINER = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from nccl_harness import Plugin
+p = Plugin(Path(sys.argv[2]))
+rc, ctx, mask = p.init(0x77, name="world", nranks=2, rank=1)
+assert rc == 0, rc
+p.now = 100
+c = p.start_coll(ctx, seq=5, count=10, datatype="ncclInt64")
+p.now = 400
+p.stop(c)
+print("ready", flush=True)
+sys.stdin.readline()
+p.finalize(ctx)
+"""
+
+
+@pytest.fixture
+def shared(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """(library, shm dir) that any user can reach: the library 0755, the dir 1777."""
+    top = Path(tempfile.mkdtemp(prefix="bdtnccl-", dir="/tmp"))
+    try:
+        os.chmod(top, 0o755)
+        library = build_plugin(top / "lib")
+        os.chmod(top / "lib", 0o755)
+        shm = top / "shm"
+        shm.mkdir()
+        os.chmod(shm, 0o1777)
+        yield library, shm
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def start_trainer(user: LocalUser, library: Path, shm: Path) -> subprocess.Popen[str]:
+    argv = user.wrap([sys.executable, "-c", TRAINER, str(HERE), str(library)])
+    proc = subprocess.Popen(
+        argv, env=user.env(BPFDYNO_NCCL_SHM_DIR=str(shm)), stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=user.home,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if line != "ready\n":
+        proc.kill()
+        raise AssertionError(f"trainer did not start: {line!r} {proc.communicate()[1]}")
+    return proc
+
+
+def stop_trainer(proc: subprocess.Popen[str]) -> None:
+    proc.communicate("\n", timeout=30)
+    assert proc.returncode == 0
+
+
+def test_unprivileged_trainer_is_read_by_its_pid(shared: tuple[Path, Path]) -> None:
+    library, shm = shared
+    with local_user() as user:
+        proc = start_trainer(user, library, shm)
+        try:
+            path = shm / f"bpfdyno-nccl.{proc.pid}"
+            assert path.stat().st_uid == user.uid
+            receiver = NcclProfilerReceiver(shm_dir=shm)
+            receiver.poll()
+            rank = receiver.snapshot()[proc.pid]
+            assert (rank.rank, rank.nranks, rank.colls_completed, rank.last_seq) == (1, 2, 1, 5)
+            assert (rank.time_in_collectives_ns, rank.bytes) == (300, 80)
+            # Full mode is asked of it through the same checked file.
+            assert receiver.request_detail(5.0) == [proc.pid]
+        finally:
+            stop_trainer(proc)
+        assert not path.exists()
+
+
+def test_files_that_are_not_the_live_process_own_are_refused(shared: tuple[Path, Path]) -> None:
+    library, shm = shared
+    with local_user() as user:
+        proc = start_trainer(user, library, shm)
+        try:
+            real = (shm / f"bpfdyno-nccl.{proc.pid}").read_bytes()
+            # The user's file under the name of a root process (this test's own pid).
+            squat = shm / f"bpfdyno-nccl.{os.getpid()}"
+            squat.write_bytes(real)
+            os.chown(squat, user.uid, user.gid)
+            # A link to the user's real file, named after another root process.
+            link = shm / "bpfdyno-nccl.1"
+            link.symlink_to(shm / f"bpfdyno-nccl.{proc.pid}")
+            receiver = NcclProfilerReceiver(shm_dir=shm)
+            receiver.poll()
+            assert set(receiver.snapshot()) == {proc.pid}
+            assert receiver.rejected[str(squat)] == (
+                f"owned by uid {user.uid}, but process {os.getpid()} runs as 0"
+            )
+            assert "Too many levels of symbolic links" in receiver.rejected[str(link)]
+            status = receiver.status()
+            assert status.state == PartState.DEGRADED
+            assert status.reason.startswith("2 plugin file(s) refused")
+
+            # Root's own file, but the header of another process: left by an earlier one.
+            os.chown(squat, 0, 0)
+            link.unlink()
+            receiver.poll()
+            assert receiver.rejected == {
+                str(squat): f"left by an earlier process {os.getpid()} (start time differs)"
+            }
+            # Wrong size, then the right size without the plugin's magic.
+            squat.write_bytes(real[:100])
+            receiver.poll()
+            assert receiver.rejected[str(squat)] == (
+                f"not a regular file of {layout.FILE_BYTES} bytes"
+            )
+            squat.write_bytes(bytes(layout.FILE_BYTES))
+            receiver.poll()
+            assert "no plugin magic" in receiver.rejected[str(squat)]
+            assert set(receiver.snapshot()) == {proc.pid}
+        finally:
+            stop_trainer(proc)

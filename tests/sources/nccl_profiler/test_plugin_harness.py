@@ -1,0 +1,327 @@
+"""The NCCL profiler plugin, driven as NCCL drives it, read by the agent's receiver.
+
+Every CPU time comes from the harness's clock and every GPU time from the descriptors, so the
+aggregates and records are checked to the nanosecond.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from nccl_harness import (
+    KERNEL_CH_STOP,
+    RECV_FLUSH_WAIT,
+    RECV_GPU_WAIT,
+    RECV_WAIT,
+    SEND_GPU_WAIT,
+    SEND_PEER_WAIT_V4,
+    SEND_WAIT,
+    EventDescr,
+    Plugin,
+    ProfilerV5,
+    StateArgs,
+)
+
+from bpfdyno.core.status import PartState
+from bpfdyno.sources.nccl_profiler import layout
+from bpfdyno.sources.nccl_profiler.build import build_plugin
+from bpfdyno.sources.nccl_profiler.receiver import NcclCollective, NcclProfilerReceiver
+
+COMM = 0xABCDEF0123456789
+DEFAULT_MASK = 2 | 4 | 8 | 16 | 64  # coll, p2p, proxy op, proxy step, kernel channel
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_plugin(tmp_path_factory.mktemp("plugin"))
+
+
+@pytest.fixture
+def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("BPFDYNO_NCCL_SHM_DIR", str(tmp_path))
+    monkeypatch.delenv("BPFDYNO_NCCL_EVENTS", raising=False)
+    return tmp_path
+
+
+@pytest.fixture
+def plugin(library: Path, shm: Path) -> Iterator[Plugin]:
+    p = Plugin(library)
+    yield p
+    p.close()
+
+
+def one_allreduce(p: Plugin, ctx: int, seq: int, t0: int) -> None:
+    """One AllReduce of 1024 float32 on two channels, as NCCL reports it, from time t0.
+
+    Channel 0's proxy sends (peer wait 500 ns, network wait 1000 ns); channel 1's receives
+    (network wait 3000 ns). The GPU runs from 5_000_000 to 5_010_100. The last part stops at
+    t0 + 6000, which completes the collective: 6000 ns in all.
+    """
+    p.now = t0
+    coll = p.start_coll(ctx, seq=seq, count=1024, datatype="ncclFloat32", nchannels=2)
+    p.now = t0 + 500
+    ch0 = p.start_kernel_ch(ctx, coll, channel=0, gpu_start_ns=5_000_000)
+    p.now = t0 + 600
+    ch1 = p.start_kernel_ch(ctx, coll, channel=1, gpu_start_ns=5_000_100)
+    p.now = t0 + 1000
+    p.stop(coll)  # the CPU-side enqueue is done; the parts go on
+    send = p.start_proxy_op(ctx, coll, channel=0, is_send=True)
+    recv = p.start_proxy_op(ctx, coll, channel=1, is_send=False)
+    p.now = t0 + 2000
+    s0 = p.start_proxy_step(ctx, send, step=0)
+    p.state(s0, SEND_GPU_WAIT)
+    p.now = t0 + 2100
+    r0 = p.start_proxy_step(ctx, recv, step=0)
+    p.state(r0, RECV_WAIT)
+    p.now = t0 + 2500
+    p.state(s0, SEND_PEER_WAIT_V4)
+    p.now = t0 + 3000
+    p.state(s0, SEND_WAIT, trans_size=2048)
+    p.now = t0 + 4000
+    p.stop(s0)
+    p.now = t0 + 5100
+    p.state(r0, RECV_FLUSH_WAIT, trans_size=2048)
+    p.now = t0 + 5200
+    p.state(r0, RECV_GPU_WAIT)
+    p.now = t0 + 5300
+    p.stop(r0)
+    p.now = t0 + 5400
+    p.stop(send)
+    p.stop(recv)
+    p.state(ch0, KERNEL_CH_STOP, p_timer=5_009_000)
+    p.state(ch1, KERNEL_CH_STOP, p_timer=5_010_100)
+    p.now = t0 + 5900
+    p.stop(ch0)
+    p.now = t0 + 6000
+    p.stop(ch1)
+
+
+def test_abi_mirror_has_ncclss_v5_layout() -> None:
+    # The offsets NCCL's v5 header gives on LP64 (the C side asserts the same numbers).
+    assert ctypes.sizeof(EventDescr) == 112
+    assert EventDescr.u.offset == 24
+    assert EventDescr.coll.offset == 24
+    union = EventDescr.u.offset
+    coll = type(EventDescr().coll)
+    assert union + coll.count.offset == 56
+    assert union + coll.nChannels.offset == 80
+    assert union + coll.parentGroup.offset == 104
+    kernel_ch = type(EventDescr().kernelCh)
+    assert union + kernel_ch.pTimer.offset == 32
+    assert ctypes.sizeof(StateArgs) == 8
+    assert ctypes.sizeof(ProfilerV5) == 48
+
+
+def test_init_asks_nccl_for_collective_parts_and_publishes_the_communicator(
+    plugin: Plugin, shm: Path
+) -> None:
+    plugin.now = 1000
+    rc, ctx, mask = plugin.init(COMM, name="world", nnodes=2, nranks=4, rank=3)
+    assert (rc, mask) == (0, DEFAULT_MASK)
+    path = shm / f"bpfdyno-nccl.{os.getpid()}"
+    st = path.stat()
+    assert stat.S_IMODE(st.st_mode) == 0o600
+    assert st.st_size == layout.FILE_BYTES
+
+    receiver = NcclProfilerReceiver(shm_dir=shm)
+    receiver.poll()
+    rank = receiver.snapshot()[os.getpid()]
+    assert (rank.rank, rank.nranks, rank.colls_started, rank.colls_completed) == (3, 4, 0, 0)
+    (comm,) = rank.comms
+    assert (comm.comm_id, comm.name, comm.nnodes, comm.finalized) == (COMM, "world", 2, False)
+    assert receiver.in_use()
+    status = receiver.status()
+    assert status.state == PartState.OK
+    assert status.reason == f"in use by 1 trainer process(es): {os.getpid()}"
+
+    assert plugin.finalize(ctx) == 0
+    assert not path.exists()  # the last communicator takes the file with it
+    receiver.poll()
+    assert receiver.snapshot() == {}
+    assert "no trainer publishes NCCL profiler data" in receiver.status().reason
+
+
+def test_collective_completes_when_its_last_part_stops_with_exact_times(
+    plugin: Plugin, shm: Path
+) -> None:
+    _, ctx, _ = plugin.init(COMM, nranks=4, rank=1)
+    receiver = NcclProfilerReceiver(shm_dir=shm)
+    one_allreduce(plugin, ctx, seq=7, t0=10_000)
+
+    # Between the enqueue's stop and the last part the collective is still in flight.
+    plugin.now = 20_000
+    coll = plugin.start_coll(ctx, seq=8)
+    receiver.poll()
+    rank = receiver.snapshot()[os.getpid()]
+    assert (rank.colls_started, rank.colls_completed, rank.in_flight) == (2, 1, 1)
+    assert rank.last_seq == 7
+    assert rank.time_in_collectives_ns == 6000
+    assert rank.gpu_time_ns == 10_100  # first channel start -> last channel stop
+    assert rank.net_wait_ns == 500 + 1000 + 3000  # peer wait, send wait, recv wait
+    assert rank.bytes == 4096
+    offset = receiver.realtime_offset_ns(os.getpid())
+    assert rank.last_start_realtime_ns == 20_000 + offset
+    assert rank.recent == (
+        NcclCollective(
+            comm_id=COMM,
+            seq=7,
+            func="AllReduce",
+            bytes=4096,
+            start_realtime_ns=10_000 + offset,
+            duration_ns=6000,
+            gpu_ns=10_100,
+            net_wait_ns=4500,
+        ),
+    )
+    # Without full mode the ring holds the collective only, no parts.
+    assert receiver.drain_records(os.getpid()) == []
+
+    plugin.now = 20_700
+    plugin.stop(coll)  # no parts: done at its own stop
+    receiver.poll()
+    rank = receiver.snapshot()[os.getpid()]
+    assert (rank.colls_completed, rank.last_seq, rank.in_flight) == (2, 8, 0)
+    assert rank.time_in_collectives_ns == 6700
+    assert rank.recent[-1].duration_ns == 700
+    assert rank.recent[-1].gpu_ns == 0
+    plugin.finalize(ctx)
+
+
+def test_point_to_point_counts_apart_from_collectives(plugin: Plugin, shm: Path) -> None:
+    _, ctx, _ = plugin.init(COMM)
+    plugin.now = 100
+    send = plugin.start_p2p(ctx, "Send", peer=1, count=512, datatype="ncclBfloat16")
+    plugin.now = 350
+    plugin.stop(send)
+    receiver = NcclProfilerReceiver(shm_dir=shm)
+    receiver.poll()
+    rank = receiver.snapshot()[os.getpid()]
+    (comm,) = rank.comms
+    assert (comm.p2p_completed, comm.colls_completed, comm.bytes) == (1, 0, 1024)
+    assert rank.recent == ()  # arrival material is collectives only
+    plugin.finalize(ctx)
+
+
+def test_events_nccl_did_not_ask_for_are_ignored(plugin: Plugin, shm: Path) -> None:
+    _, ctx, _ = plugin.init(COMM)
+    group = plugin.start_group(ctx)
+    assert group == 0  # no handle: NCCL then skips the stop
+    plugin.stop(0)
+    # A proxy operation posted by another process has no parent here and counts nothing.
+    plugin.now = 10
+    coll = plugin.start_coll(ctx, seq=1)
+    op = plugin.start_proxy_op(ctx, coll, channel=0, is_send=True, pid=os.getpid() + 1)
+    step = plugin.start_proxy_step(ctx, op, 0)
+    plugin.state(step, RECV_WAIT)
+    plugin.now = 50
+    plugin.stop(coll)
+    receiver = NcclProfilerReceiver(shm_dir=shm)
+    receiver.poll()
+    rank = receiver.snapshot()[os.getpid()]
+    assert (rank.colls_completed, rank.time_in_collectives_ns, rank.net_wait_ns) == (1, 40, 0)
+    plugin.now = 90
+    plugin.stop(step)
+    plugin.stop(op)
+    plugin.finalize(ctx)
+
+
+def test_full_mode_records_every_kernel_channel_and_proxy_step(plugin: Plugin, shm: Path) -> None:
+    _, ctx, _ = plugin.init(COMM)
+    receiver = NcclProfilerReceiver(shm_dir=shm)
+    receiver.poll()
+    assert receiver.request_detail(30.0) == [os.getpid()]
+    one_allreduce(plugin, ctx, seq=3, t0=1_000)
+    receiver.poll()
+    parts = receiver.drain_records(os.getpid())
+    kinds = [(r.kind, r.channel, r.extra) for r in parts]
+    assert kinds == [
+        (layout.RecordKind.PROXY_STEP, 0, 0),
+        (layout.RecordKind.PROXY_STEP, 1, 0),
+        (layout.RecordKind.KERNEL_CH, 0, 0),
+        (layout.RecordKind.KERNEL_CH, 1, 0),
+    ]
+    send, recv, ch0, ch1 = parts
+    assert (send.seq, send.start_ns, send.duration_ns, send.net_wait_ns, send.bytes) == (
+        3,
+        3000,
+        2000,
+        1500,
+        2048,
+    )
+    assert (recv.start_ns, recv.duration_ns, recv.net_wait_ns, recv.func) == (
+        3100,
+        3200,
+        3000,
+        RECV_GPU_WAIT,
+    )
+    assert (ch0.start_ns, ch0.duration_ns, ch0.gpu_start_ns, ch0.gpu_stop_ns) == (
+        1500,
+        5400,
+        5_000_000,
+        5_009_000,
+    )
+    assert (ch1.gpu_start_ns, ch1.gpu_stop_ns) == (5_000_100, 5_010_100)
+    assert receiver.drain_records(os.getpid()) == []
+    plugin.finalize(ctx)
+
+
+def test_the_largest_communicator_names_the_rank(plugin: Plugin, shm: Path) -> None:
+    _, world, _ = plugin.init(COMM, name="world", nranks=8, rank=5)
+    _, pair, _ = plugin.init(COMM + 1, name="pp", nranks=2, rank=1)
+    plugin.now = 10
+    coll = plugin.start_coll(pair, seq=40)
+    plugin.now = 30
+    plugin.stop(coll)
+    receiver = NcclProfilerReceiver(shm_dir=shm)
+    receiver.poll()
+    rank = receiver.snapshot()[os.getpid()]
+    assert (rank.rank, rank.nranks, rank.colls_completed) == (5, 8, 0)
+    assert rank.time_in_collectives_ns == 20  # time in collectives spans all communicators
+    assert sorted((c.name, c.colls_completed, c.last_seq_completed) for c in rank.comms) == [
+        ("pp", 1, 40),
+        ("world", 0, 0),
+    ]
+    plugin.finalize(pair)
+    receiver.poll()
+    assert [c.finalized for c in receiver.snapshot()[os.getpid()].comms] == [False, True]
+    plugin.finalize(world)
+
+
+def test_a_lapped_ring_counts_what_the_agent_missed(plugin: Plugin, shm: Path) -> None:
+    _, ctx, _ = plugin.init(COMM)
+    receiver = NcclProfilerReceiver(shm_dir=shm)
+    receiver.poll()
+    total = layout.RING_RECORDS + 10
+    for seq in range(total):
+        plugin.now = 100 * seq
+        plugin.stop(plugin.start_coll(ctx, seq=seq))
+    receiver.poll()
+    rank = receiver.snapshot()[os.getpid()]
+    assert rank.records_lost == 10
+    assert rank.colls_completed == total  # the counters lose nothing
+    assert [c.seq for c in rank.recent] == list(range(total - 256, total))
+    plugin.finalize(ctx)
+
+
+def test_init_fails_with_the_reason_when_the_directory_is_unusable(
+    plugin: Plugin, shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BPFDYNO_NCCL_SHM_DIR", str(shm / "missing"))
+    rc, ctx, _ = plugin.init(COMM)
+    assert (rc, ctx) == (2, 0)  # ncclSystemError: NCCL runs on without the plugin
+    (message,) = plugin.logged
+    assert "cannot create %s: %s; set BPFDYNO_NCCL_SHM_DIR" in message
+
+
+def test_activation_mask_from_the_environment(
+    plugin: Plugin, shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BPFDYNO_NCCL_EVENTS", "0x2")
+    rc, ctx, mask = plugin.init(COMM)
+    assert (rc, mask) == (0, 2)
+    plugin.finalize(ctx)
