@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -167,6 +168,8 @@ class NcclProfilerReceiver:
         self.shm_dir = shm_dir
         self.proc_root = proc_root
         self._sources: dict[int, _Source] = {}
+        # poll() runs on the collector's thread; snapshot() and the others on any.
+        self._lock = threading.Lock()
         #: path -> why the last poll refused it (shown by status()).
         self.rejected: dict[str, str] = {}
         self.polls = 0
@@ -219,6 +222,10 @@ class NcclProfilerReceiver:
 
     def poll(self, pids: Iterable[int] = ()) -> None:
         """Reads every plugin file found; pids: trainer pids to look for inside containers."""
+        with self._lock:
+            self._poll(pids)
+
+    def _poll(self, pids: Iterable[int]) -> None:
         self.polls += 1
         candidates = self._candidates(pids)
         for gone in set(self._sources) - set(candidates):
@@ -343,6 +350,10 @@ class NcclProfilerReceiver:
 
     def snapshot(self) -> dict[int, NcclRankAggregate]:
         """pid -> that trainer's NCCL aggregates as of the last poll (see NcclRankAggregate)."""
+        with self._lock:
+            return self._snapshot()
+
+    def _snapshot(self) -> dict[int, NcclRankAggregate]:
         out: dict[int, NcclRankAggregate] = {}
         for pid, source in self._sources.items():
             header = source.header
@@ -381,7 +392,9 @@ class NcclProfilerReceiver:
         until = now + int(seconds * 1e9)
         self._detail_from_ns, self._detail_until_ns = now, until
         asked = []
-        for pid, source in list(self._sources.items()):
+        with self._lock:
+            sources = list(self._sources.items())
+        for pid, source in sources:
             if wanted is not None and pid not in wanted:
                 continue
             try:
@@ -397,6 +410,10 @@ class NcclProfilerReceiver:
 
     def drain_records(self, pid: int) -> list[Record]:
         """The full-mode records of pid read since the last drain, oldest first."""
+        with self._lock:
+            return self._drain(pid)
+
+    def _drain(self, pid: int) -> list[Record]:
         source = self._sources.get(pid)
         if source is None:
             return []
