@@ -31,6 +31,7 @@ from bpfdyno.core.status import PartState
 from bpfdyno.sources.nccl_profiler import layout
 from bpfdyno.sources.nccl_profiler.build import build_plugin
 from bpfdyno.sources.nccl_profiler.receiver import NcclCollective, NcclProfilerReceiver
+from bpfdyno.sources.nccl_profiler.track import trace_events
 
 COMM = 0xABCDEF0123456789
 DEFAULT_MASK = 2 | 4 | 8 | 16 | 64  # coll, p2p, proxy op, proxy step, kernel channel
@@ -324,4 +325,29 @@ def test_activation_mask_from_the_environment(
     monkeypatch.setenv("BPFDYNO_NCCL_EVENTS", "0x2")
     rc, ctx, mask = plugin.init(COMM)
     assert (rc, mask) == (0, 2)
+    plugin.finalize(ctx)
+
+
+def test_full_mode_records_become_a_trace_track(plugin: Plugin, shm: Path) -> None:
+    _, ctx, _ = plugin.init(COMM)
+    receiver = NcclProfilerReceiver(shm_dir=shm)
+    receiver.poll()
+    receiver.request_detail(30.0)
+    one_allreduce(plugin, ctx, seq=3, t0=1_000)
+    receiver.poll()
+    offset = receiver.realtime_offset_ns(os.getpid())
+    base = offset  # ts 0 of the file at monotonic 0: ts is then the monotonic time in µs
+    events = trace_events(receiver.drain_records(os.getpid()), 77, offset, base)
+    assert [(e["ph"], e["tid"], e["name"], e.get("ts"), e.get("dur")) for e in events] == [
+        ("X", "NCCL proxy steps", "step 0 channel 0", 3.0, 2.0),
+        ("X", "NCCL proxy steps", "step 0 channel 1", 3.1, 3.2),
+        ("X", "NCCL kernel channels", "AllReduce channel 0", 1.5, 5.4),
+        ("X", "NCCL kernel channels", "AllReduce channel 1", 1.6, 5.4),
+        ("M", "NCCL kernel channels", "thread_name", None, None),
+        ("M", "NCCL proxy steps", "thread_name", None, None),
+    ]
+    assert events[0]["args"] == {
+        "seq": 3, "bytes": 2048, "net_wait_ns": 1500, "last_state": "SendWait",
+    }  # fmt: skip
+    assert events[2]["args"] == {"seq": 3, "channel": 0, "gpu_ns": 9000}
     plugin.finalize(ctx)
