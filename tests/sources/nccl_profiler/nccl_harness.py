@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 from pathlib import Path
+from typing import Any
 
 NCCL_PROFILE_GROUP = 1 << 0
 NCCL_PROFILE_COLL = 1 << 1
@@ -98,6 +99,36 @@ class EventDescr(ctypes.Structure):
     ]
 
 
+class _CollV4(ctypes.Structure):
+    _fields_ = _Coll._fields_[:-1]  # no parentGroup
+
+
+class _P2pV4(ctypes.Structure):
+    _fields_ = _P2p._fields_[:-1]
+
+
+class _DescrUnionV4(ctypes.Union):
+    _fields_ = [
+        ("coll", _CollV4),
+        ("p2p", _P2pV4),
+        ("proxyOp", _ProxyOp),
+        ("proxyStep", _ProxyStep),
+        ("kernelCh", _KernelCh),
+    ]
+
+
+class EventDescrV4(ctypes.Structure):
+    """ncclProfilerEventDescr_v4_t: a one-byte type, the union without parentGroup."""
+
+    _anonymous_ = ("u",)
+    _fields_ = [
+        ("type", ctypes.c_uint8),
+        ("parentObj", ctypes.c_void_p),
+        ("rank", ctypes.c_int),
+        ("u", _DescrUnionV4),
+    ]
+
+
 class StateArgs(ctypes.Union):
     """ncclProfilerEventStateArgs_v5_t (the members this harness sets)."""
 
@@ -150,12 +181,44 @@ class ProfilerV5(ctypes.Structure):
     ]
 
 
-class Plugin:
-    """The loaded library, its clock set by the test (``plugin.now = ns``)."""
+def _table(descr: type[ctypes.Structure], init_v4: bool) -> type[ctypes.Structure]:
+    """The function table of one API version (v4: init takes the name before the id)."""
+    ptr = ctypes.POINTER
+    init_args = (
+        [ptr(ctypes.c_void_p), ptr(ctypes.c_int), ctypes.c_char_p, ctypes.c_uint64]
+        if init_v4
+        else [ptr(ctypes.c_void_p), ctypes.c_uint64, ptr(ctypes.c_int), ctypes.c_char_p]
+    )
 
-    def __init__(self, library: Path) -> None:
+    class Table(ctypes.Structure):
+        _fields_ = [
+            ("name", ctypes.c_char_p),
+            ("init", ctypes.CFUNCTYPE(ctypes.c_int, *init_args, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_int, Logger)),
+            ("startEvent", ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ptr(ctypes.c_void_p),
+                                            ptr(descr))),
+            ("stopEvent", ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)),
+            ("recordEventState", ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                                                  ptr(StateArgs))),
+            ("finalize", ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)),
+        ]  # fmt: skip
+
+    return Table
+
+
+ProfilerV4 = _table(EventDescrV4, init_v4=True)
+
+
+class Plugin:
+    """The loaded library, its clock set by the test (``plugin.now = ns``), driven through
+    its ncclProfiler_v5 table, or its ncclProfiler_v4 one (``version=4``)."""
+
+    def __init__(self, library: Path, version: int = 5) -> None:
         self.lib = ctypes.CDLL(str(library), mode=os.RTLD_NOW | os.RTLD_LOCAL)
-        self.api = ProfilerV5.in_dll(self.lib, "ncclProfiler_v5")
+        self.version = version
+        self.descr: Any = EventDescr if version == 5 else EventDescrV4
+        table = ProfilerV5 if version == 5 else ProfilerV4
+        self.api = table.in_dll(self.lib, f"ncclProfiler_v{version}")
         self.now = 0
         self._clock = Clock(lambda: self.now)  # kept referenced while installed
         self._hook = ctypes.c_void_p.in_dll(self.lib, "bpfdyno_nccl_clock")
@@ -177,16 +240,11 @@ class Plugin:
         """init as NCCL calls it per communicator: (result, context, activation mask)."""
         ctx = ctypes.c_void_p()
         mask = ctypes.c_int(0)
-        rc = self.api.init(
-            ctypes.byref(ctx),
-            comm_id,
-            ctypes.byref(mask),
-            name.encode(),
-            nnodes,
-            nranks,
-            rank,
-            self._logger,
-        )
+        if self.version == 5:
+            args = (ctypes.byref(ctx), comm_id, ctypes.byref(mask), name.encode())
+        else:
+            args = (ctypes.byref(ctx), ctypes.byref(mask), name.encode(), comm_id)
+        rc = self.api.init(*args, nnodes, nranks, rank, self._logger)
         if ctx.value:
             self.contexts.add(ctx.value)
         return rc, ctx.value or 0, mask.value
@@ -201,7 +259,12 @@ class Plugin:
             self.finalize(ctx)
         self.real_clock()
 
-    def _start(self, ctx: int, descr: EventDescr) -> int:
+    def _start(self, ctx: int, descr: Any) -> int:
+        # NCCL's descriptors live on its stack: their padding holds whatever was there.
+        at = ctypes.addressof(descr)
+        ctypes.memset(at + 20, 0xAA, 4)  # after rank
+        if self.version == 4:
+            ctypes.memset(at + 1, 0xAA, 7)  # after the one-byte type
         handle = ctypes.c_void_p()
         assert self.api.startEvent(ctx, ctypes.byref(handle), ctypes.byref(descr)) == 0
         return handle.value or 0
@@ -216,7 +279,7 @@ class Plugin:
         nchannels: int = 2,
         rank: int = 0,
     ) -> int:
-        d = EventDescr(type=NCCL_PROFILE_COLL, rank=rank)
+        d = self.descr(type=NCCL_PROFILE_COLL, rank=rank)
         d.coll.seqNumber = seq
         self._keep = [func.encode(), datatype.encode(), b"Ring", b"Simple"]
         d.coll.func, d.coll.datatype, d.coll.algo, d.coll.proto = self._keep
@@ -228,7 +291,7 @@ class Plugin:
     def start_p2p(
         self, ctx: int, func: str, peer: int, count: int, datatype: str = "ncclFloat16"
     ) -> int:
-        d = EventDescr(type=NCCL_PROFILE_P2P)
+        d = self.descr(type=NCCL_PROFILE_P2P)
         self._keep = [func.encode(), datatype.encode()]
         d.p2p.func, d.p2p.datatype = self._keep
         d.p2p.count = count
@@ -237,7 +300,7 @@ class Plugin:
         return self._start(ctx, d)
 
     def start_kernel_ch(self, ctx: int, parent: int, channel: int, gpu_start_ns: int) -> int:
-        d = EventDescr(type=NCCL_PROFILE_KERNEL_CH, parentObj=parent)
+        d = self.descr(type=NCCL_PROFILE_KERNEL_CH, parentObj=parent)
         d.kernelCh.channelId = channel
         d.kernelCh.pTimer = gpu_start_ns
         return self._start(ctx, d)
@@ -245,7 +308,7 @@ class Plugin:
     def start_proxy_op(
         self, ctx: int, parent: int, channel: int, is_send: bool, pid: int | None = None
     ) -> int:
-        d = EventDescr(type=NCCL_PROFILE_PROXY_OP, parentObj=parent)
+        d = self.descr(type=NCCL_PROFILE_PROXY_OP, parentObj=parent)
         d.proxyOp.pid = os.getpid() if pid is None else pid
         d.proxyOp.channelId = channel
         d.proxyOp.peer = 1
@@ -255,12 +318,12 @@ class Plugin:
         return self._start(ctx, d)
 
     def start_proxy_step(self, ctx: int, op: int, step: int) -> int:
-        d = EventDescr(type=NCCL_PROFILE_PROXY_STEP, parentObj=op)
+        d = self.descr(type=NCCL_PROFILE_PROXY_STEP, parentObj=op)
         d.proxyStep.step = step
         return self._start(ctx, d)
 
     def start_group(self, ctx: int) -> int:
-        return self._start(ctx, EventDescr(type=NCCL_PROFILE_GROUP))
+        return self._start(ctx, self.descr(type=NCCL_PROFILE_GROUP))
 
     def state(self, handle: int, state: int, trans_size: int = 0, p_timer: int = 0) -> None:
         args = StateArgs()

@@ -22,7 +22,9 @@ from nccl_harness import (
     SEND_PEER_WAIT_V4,
     SEND_WAIT,
     EventDescr,
+    EventDescrV4,
     Plugin,
+    ProfilerV4,
     ProfilerV5,
     StateArgs,
 )
@@ -49,9 +51,10 @@ def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-@pytest.fixture
-def plugin(library: Path, shm: Path) -> Iterator[Plugin]:
-    p = Plugin(library)
+@pytest.fixture(params=[5, 4], ids=["v5", "v4"])
+def plugin(library: Path, shm: Path, request: pytest.FixtureRequest) -> Iterator[Plugin]:
+    """The plugin as NCCL loads it by API v5, and by v4 (older NCCL releases)."""
+    p = Plugin(library, version=request.param)
     yield p
     p.close()
 
@@ -116,6 +119,11 @@ def test_abi_mirror_has_ncclss_v5_layout() -> None:
     assert union + kernel_ch.pTimer.offset == 32
     assert ctypes.sizeof(StateArgs) == 8
     assert ctypes.sizeof(ProfilerV5) == 48
+    # v4: a one-byte type, the same union members at the same offsets, no parentGroup.
+    assert ctypes.sizeof(EventDescrV4) == 104
+    assert EventDescrV4.u.offset == 24
+    assert union + type(EventDescrV4().coll).proto.offset == 96
+    assert ctypes.sizeof(ProfilerV4) == 48
 
 
 def test_init_asks_nccl_for_collective_parts_and_publishes_the_communicator(
@@ -133,6 +141,7 @@ def test_init_asks_nccl_for_collective_parts_and_publishes_the_communicator(
     receiver.poll()
     rank = receiver.snapshot()[os.getpid()]
     assert (rank.rank, rank.nranks, rank.colls_started, rank.colls_completed) == (3, 4, 0, 0)
+    assert rank.api_version == plugin.version
     (comm,) = rank.comms
     assert (comm.comm_id, comm.name, comm.nnodes, comm.finalized) == (COMM, "world", 2, False)
     assert receiver.in_use()

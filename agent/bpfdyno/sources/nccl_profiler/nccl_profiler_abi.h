@@ -1,4 +1,4 @@
-/* NCCL's profiler plugin ABI, API v5 (NCCL 2.26 and later), declared from its documented
+/* NCCL's profiler plugin ABI, API v5 (and v4), declared from its documented
  * layout. Only what this plugin uses is named; the union members keep every field so that
  * the descriptor's size and offsets match what NCCL passes. The offsets are pinned by the
  * _Static_asserts at the end (x86_64 and aarch64, LP64). */
@@ -146,6 +146,68 @@ typedef struct {
   ncclResult_t (*finalize)(void* context);
 } ncclProfiler_v5_t;
 
+/* API v4 (the NCCL releases before v5): the same union members at the same offsets, without
+ * the API events and parentGroup; a one-byte type; init takes the communicator's name first. */
+typedef struct {
+  uint8_t type;
+  void* parentObj;
+  int rank;
+  union {
+    struct {
+      uint64_t seqNumber;
+      const char* func;
+      void const* sendBuff;
+      void* recvBuff;
+      size_t count;
+      int root;
+      const char* datatype;
+      uint8_t nChannels;
+      uint8_t nWarps;
+      const char* algo;
+      const char* proto;
+    } coll;
+    struct {
+      const char* func;
+      void* buff;
+      const char* datatype;
+      size_t count;
+      int peer;
+      uint8_t nChannels;
+    } p2p;
+    struct {
+      pid_t pid;
+      uint8_t channelId;
+      int peer;
+      int nSteps;
+      int chunkSize;
+      int isSend;
+    } proxyOp;
+    struct {
+      int step;
+    } proxyStep;
+    struct {
+      uint8_t channelId;
+      uint64_t pTimer;
+    } kernelCh;
+    struct {
+      int64_t id;
+      void* data;
+    } netPlugin;
+  };
+} ncclProfilerEventDescr_v4_t;
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** context, int* eActivationMask, const char* commName,
+                       uint64_t commHash, int nNodes, int nranks, int rank,
+                       ncclDebugLogger_t logfn);
+  ncclResult_t (*startEvent)(void* context, void** eHandle, ncclProfilerEventDescr_v4_t* eDescr);
+  ncclResult_t (*stopEvent)(void* eHandle);
+  ncclResult_t (*recordEventState)(void* eHandle, ncclProfilerEventState_v5_t eState,
+                                   ncclProfilerEventStateArgs_v5_t* eStateArgs);
+  ncclResult_t (*finalize)(void* context);
+} ncclProfiler_v4_t;
+
 /* The layout NCCL's own header gives on LP64 targets. */
 _Static_assert(sizeof(ncclProfilerEventDescr_v5_t) == 112, "v5 descriptor size");
 _Static_assert(offsetof(ncclProfilerEventDescr_v5_t, rank) == 16, "rank");
@@ -162,5 +224,11 @@ _Static_assert(offsetof(ncclProfilerEventDescr_v5_t, proxyOp.isSend) == 44, "pro
 _Static_assert(offsetof(ncclProfilerEventDescr_v5_t, kernelCh.pTimer) == 32, "kernelCh.pTimer");
 _Static_assert(sizeof(ncclProfilerEventStateArgs_v5_t) == 8, "v5 state args size");
 _Static_assert(sizeof(ncclProfiler_v5_t) == 48, "v5 function table size");
+_Static_assert(sizeof(ncclProfilerEventDescr_v4_t) == 104, "v4 descriptor size");
+_Static_assert(offsetof(ncclProfilerEventDescr_v4_t, coll.seqNumber) == 24, "v4 coll.seqNumber");
+_Static_assert(offsetof(ncclProfilerEventDescr_v4_t, coll.proto) == 96, "v4 coll.proto");
+_Static_assert(offsetof(ncclProfilerEventDescr_v4_t, p2p.peer) == 56, "v4 p2p.peer");
+_Static_assert(offsetof(ncclProfilerEventDescr_v4_t, proxyOp.isSend) == 44, "v4 proxyOp.isSend");
+_Static_assert(offsetof(ncclProfilerEventDescr_v4_t, kernelCh.pTimer) == 32, "v4 kernelCh");
 
 #endif

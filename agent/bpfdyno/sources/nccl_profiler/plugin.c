@@ -195,7 +195,6 @@ static int map_file(ncclDebugLogger_t logfn) {
   g_hdr->start_ticks = process_start_ticks();
   g_hdr->realtime_offset_ns = ((int64_t)rt.tv_sec - (int64_t)mono.tv_sec) * 1000000000LL +
                               ((int64_t)rt.tv_nsec - (int64_t)mono.tv_nsec);
-  g_hdr->api_version = 5;
   g_hdr->activation_mask = (uint32_t)g_mask;
   /* The magic last: the agent ignores a file until it is set. */
   __atomic_store_n(&g_hdr->magic, BPFDYNO_NCCL_MAGIC, __ATOMIC_RELEASE);
@@ -281,15 +280,16 @@ static void coll_unref(struct coll_ev* e) {
 
 static void coll_ref(struct coll_ev* e) { __atomic_add_fetch(&e->refs, 1, __ATOMIC_RELAXED); }
 
-static ncclResult_t plugin_init(void** context, uint64_t commId, int* eActivationMask,
-                                const char* commName, int nNodes, int nranks, int rank,
-                                ncclDebugLogger_t logfn) {
+static ncclResult_t init_comm(void** context, uint64_t commId, int* eActivationMask,
+                              const char* commName, int nNodes, int nranks, int rank,
+                              ncclDebugLogger_t logfn, uint32_t api_version) {
   *context = NULL;
   pthread_mutex_lock(&g_lock);
   if (g_hdr == NULL && map_file(logfn) != 0) {
     pthread_mutex_unlock(&g_lock);
     return ncclSystemError;
   }
+  g_hdr->api_version = api_version;
   struct comm_ctx* c = calloc(1, sizeof(*c));
   if (c == NULL) {
     pthread_mutex_unlock(&g_lock);
@@ -329,6 +329,18 @@ static ncclResult_t plugin_init(void** context, uint64_t commId, int* eActivatio
   *eActivationMask = g_mask;
   *context = c;
   return ncclSuccess;
+}
+
+static ncclResult_t plugin_init(void** context, uint64_t commId, int* eActivationMask,
+                                const char* commName, int nNodes, int nranks, int rank,
+                                ncclDebugLogger_t logfn) {
+  return init_comm(context, commId, eActivationMask, commName, nNodes, nranks, rank, logfn, 5);
+}
+
+static ncclResult_t plugin_init_v4(void** context, int* eActivationMask, const char* commName,
+                                   uint64_t commHash, int nNodes, int nranks, int rank,
+                                   ncclDebugLogger_t logfn) {
+  return init_comm(context, commHash, eActivationMask, commName, nNodes, nranks, rank, logfn, 4);
 }
 
 static ncclResult_t plugin_start_event(void* context, void** eHandle,
@@ -415,6 +427,20 @@ static ncclResult_t plugin_start_event(void* context, void** eHandle,
     default:
       return ncclSuccess;
   }
+}
+
+/* v4's descriptor holds v5's union members at the same offsets: copy it into a v5 one. */
+static ncclResult_t plugin_start_event_v4(void* context, void** eHandle,
+                                          ncclProfilerEventDescr_v4_t* d4) {
+  *eHandle = NULL;
+  if (d4 == NULL) return ncclSuccess;
+  ncclProfilerEventDescr_v5_t d5;
+  memset(&d5, 0, sizeof(d5));
+  d5.type = d4->type;
+  d5.parentObj = d4->parentObj;
+  d5.rank = d4->rank;
+  memcpy(&d5.coll, &d4->coll, sizeof(*d4) - offsetof(ncclProfilerEventDescr_v4_t, coll));
+  return plugin_start_event(context, eHandle, &d5);
 }
 
 static int waits_on_network(int state) {
@@ -553,6 +579,15 @@ static ncclResult_t plugin_finalize(void* context) {
   free(c);
   return ncclSuccess;
 }
+
+EXPORT ncclProfiler_v4_t ncclProfiler_v4 = {
+    .name = "bpfdyno",
+    .init = plugin_init_v4,
+    .startEvent = plugin_start_event_v4,
+    .stopEvent = plugin_stop_event,
+    .recordEventState = plugin_record_event_state,
+    .finalize = plugin_finalize,
+};
 
 EXPORT ncclProfiler_v5_t ncclProfiler_v5 = {
     .name = "bpfdyno",

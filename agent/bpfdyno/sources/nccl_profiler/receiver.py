@@ -125,6 +125,7 @@ class NcclRankAggregate:
         recent: the latest completed collectives (at most RECENT_COLLECTIVES), oldest first.
         comms: every communicator's aggregates.
         records_lost: ring records overwritten before the agent read them.
+        api_version: the NCCL profiler API version NCCL loaded the plugin by (4 or 5).
         updated_monotonic_s: when the agent read this (time.monotonic()).
     """
 
@@ -143,6 +144,7 @@ class NcclRankAggregate:
     recent: tuple[NcclCollective, ...]
     comms: tuple[NcclCommAggregate, ...]
     records_lost: int
+    api_version: int
     updated_monotonic_s: float
 
 
@@ -378,6 +380,7 @@ class NcclProfilerReceiver:
                 recent=tuple(source.recent),
                 comms=comms,
                 records_lost=source.lost,
+                api_version=header.api_version,
                 updated_monotonic_s=source.updated_s,
             )
         return out
