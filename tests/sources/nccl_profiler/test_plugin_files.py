@@ -140,3 +140,48 @@ def test_files_that_are_not_the_live_process_own_are_refused(shared: tuple[Path,
             assert set(receiver.snapshot()) == {proc.pid}
         finally:
             stop_trainer(proc)
+
+
+def test_trainer_in_its_own_namespaces_is_read_through_its_root(
+    shared: tuple[Path, Path],
+) -> None:
+    # Like a container: its own pid namespace (it is pid 1 there: its file is bpfdyno-nccl.1)
+    # and mount namespace, with a tmpfs at box/ in which the shm dir, box/link, is an absolute
+    # link to box/target. On the host box/target holds a decoy: following the link from the
+    # agent's root instead of the trainer's would read the decoy.
+    library, shm = shared
+    box = shm.parent / "box"
+    (box / "target").mkdir(parents=True)
+    (box / "target" / "bpfdyno-nccl.1").write_bytes(bytes(layout.FILE_BYTES))
+    link = box / "link"
+    script = (
+        f"mount -t tmpfs none {box} && mkdir {box / 'target'} && "
+        f'ln -s {box / "target"} {link} && exec "$@"'
+    )
+    proc = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--mount-proc",
+         "sh", "-c", script, "sh", sys.executable, "-c", TRAINER, str(HERE), str(library)],
+        env={**os.environ, "BPFDYNO_NCCL_SHM_DIR": str(link)}, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line == "ready\n", proc.stderr.read() if proc.stderr else ""
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        trainer = int(children[0])
+        status = Path(f"/proc/{trainer}/status").read_text().splitlines()
+        assert next(x for x in status if x.startswith("NSpid:")).split()[1:] == [str(trainer), "1"]
+        receiver = NcclProfilerReceiver(shm_dir=link)
+        receiver.poll()
+        assert receiver.snapshot() == {}  # the agent's own view has no such directory
+        receiver.poll([trainer])
+        assert receiver.rejected == {}
+        rank = receiver.snapshot()[trainer]
+        assert (rank.rank, rank.colls_completed, rank.last_seq, rank.bytes) == (1, 1, 5, 80)
+        assert receiver.request_detail(5.0) == [trainer]
+    finally:
+        proc.communicate("\n", timeout=30)
+    assert proc.returncode == 0
+    # The request went into the trainer's file, not the decoy.
+    assert (box / "target" / "bpfdyno-nccl.1").read_bytes() == bytes(layout.FILE_BYTES)

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bpfdyno.core.rootfs import open_in_root
 from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.sources.nccl_profiler.layout import (
     COMM_BYTES,
@@ -177,12 +178,15 @@ class NcclProfilerReceiver:
         self.polls = 0
         self._detail_from_ns = 0
         self._detail_until_ns = -1
+        #: Candidates inside a process's root: display path -> (its root, the path inside).
+        self._in_root: dict[Path, tuple[str, str]] = {}
 
     # -- discovery --------------------------------------------------------------------------
 
     def _candidates(self, pids: Iterable[int]) -> dict[int, Path]:
         """host pid -> its plugin file's path, from shm_dir and the given pids' own mounts."""
         found: dict[int, Path] = {}
+        self._in_root = {}
         try:
             names = os.listdir(self.shm_dir)
         except OSError:
@@ -196,9 +200,13 @@ class NcclProfilerReceiver:
             nspid = self._nspid(pid)
             if nspid is None:
                 continue
-            # A trainer in a container: its /dev/shm through its own root.
-            rel = str(self.shm_dir).lstrip("/")
-            found[pid] = self.proc_root / str(pid) / "root" / rel / f"{FILE_PREFIX}{nspid}"
+            # A trainer in a container: its own /dev/shm, every link in the path resolved inside
+            # its root (an absolute link there must not lead to the agent's files).
+            root = self.proc_root / str(pid) / "root"
+            inner = f"{self.shm_dir}/{FILE_PREFIX}{nspid}"
+            path = root / inner.lstrip("/")
+            found[pid] = path
+            self._in_root[path] = (str(root), inner)
         return found
 
     def _nspid(self, pid: int) -> int | None:
@@ -243,7 +251,9 @@ class NcclProfilerReceiver:
 
     def _open_checked(self, pid: int, path: Path, flags: int) -> tuple[int, Header, bytes]:
         """Opens path and checks it is the live pid's own plugin file; fd, header, slots."""
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        in_root = self._in_root.get(path)
+        fd = open_in_root(*in_root, flags) if in_root else os.open(path, flags)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size != FILE_BYTES:
