@@ -360,3 +360,79 @@ def test_full_mode_records_become_a_trace_track(plugin: Plugin, shm: Path) -> No
     }  # fmt: skip
     assert events[2]["args"] == {"seq": 3, "channel": 0, "gpu_ns": 9000}
     plugin.finalize(ctx)
+
+
+def test_parts_that_start_after_the_enqueue_update_the_published_collective(
+    plugin: Plugin, shm: Path
+) -> None:
+    # NCCL's usual order: the collective's own event stops once enqueued, before its proxy
+    # thread starts the parts. The collective is published then, and updated when they end.
+    _, ctx, _ = plugin.init(COMM)
+    receiver = NcclProfilerReceiver(shm_dir=shm)
+    receiver.poll()
+    receiver.request_detail(30.0)
+    plugin.now = 1_000
+    coll = plugin.start_coll(ctx, seq=9, count=256, datatype="ncclFloat64")
+    plugin.now = 1_400
+    plugin.stop(coll)
+    receiver.poll()
+    rank = receiver.snapshot()[os.getpid()]
+    assert (rank.colls_completed, rank.in_flight, rank.time_in_collectives_ns) == (1, 0, 400)
+    assert rank.recent[-1].duration_ns == 400
+
+    plugin.now = 2_000
+    channel = plugin.start_kernel_ch(ctx, coll, channel=0, gpu_start_ns=7_000)
+    op = plugin.start_proxy_op(ctx, coll, channel=0, is_send=False)
+    step = plugin.start_proxy_step(ctx, op, step=0)
+    plugin.state(step, RECV_WAIT)
+    plugin.now = 2_700
+    plugin.stop(step)  # 700 ns waiting on the network
+    plugin.stop(op)
+    plugin.state(channel, KERNEL_CH_STOP, p_timer=8_500)
+    plugin.now = 3_000
+    plugin.stop(channel)
+    receiver.poll()
+    rank = receiver.snapshot()[os.getpid()]
+    # Counted once; its time, GPU span and network wait grown to the last part's end.
+    assert (rank.colls_completed, rank.last_seq, rank.bytes) == (1, 9, 2048)
+    assert (rank.time_in_collectives_ns, rank.gpu_time_ns, rank.net_wait_ns) == (2000, 1500, 700)
+    assert [(c.seq, c.duration_ns, c.gpu_ns, c.net_wait_ns) for c in rank.recent] == [
+        (9, 2000, 1500, 700)
+    ]
+    # Full mode: the parts (the collectives' records lie before the window on this clock).
+    kinds = [r.kind for r in receiver.drain_records(os.getpid())]
+    assert kinds == [layout.RecordKind.PROXY_STEP, layout.RecordKind.KERNEL_CH]
+    plugin.finalize(ctx)
+
+
+def test_the_track_shows_an_updated_collective_once_with_its_final_values() -> None:
+    def coll(kind: int, duration_ns: int) -> layout.Record:
+        return layout.Record(
+            commit=1, kind=kind, comm_slot=0, func=1, channel=0, extra=2, seq=9,
+            start_ns=1_000, duration_ns=duration_ns, gpu_start_ns=0, gpu_stop_ns=0,
+            net_wait_ns=0, bytes=2048, enqueue_ns=400,
+        )  # fmt: skip
+
+    first = coll(layout.RecordKind.COLL, 400)
+    update = coll(layout.RecordKind.COLL_UPDATE, 2000)
+    events = trace_events([first, update], 5, 0, 0)
+    assert [(e["name"], e.get("ts"), e.get("dur")) for e in events] == [
+        ("AllReduce", 1.0, 2.0),
+        ("thread_name", None, None),
+    ]
+    # An update whose first record was not drained stands for the collective in full.
+    assert [e.get("dur") for e in trace_events([update], 5, 0, 0)] == [2.0, None]
+
+
+def test_a_full_pool_drops_new_collectives_and_counts_them(plugin: Plugin, shm: Path) -> None:
+    _, ctx, _ = plugin.init(COMM)
+    handles = [plugin.start_coll(ctx, seq=s) for s in range(256)]
+    assert 0 not in handles
+    assert plugin.start_coll(ctx, seq=256) == 0  # all in flight: not profiled
+    plugin.stop(handles[0])
+    assert plugin.start_coll(ctx, seq=257) == handles[0]  # a settled entry is reused
+    receiver = NcclProfilerReceiver(shm_dir=shm)
+    receiver.poll()
+    rank = receiver.snapshot()[os.getpid()]
+    assert (rank.colls_dropped, rank.colls_started, rank.colls_completed) == (1, 257, 1)
+    plugin.finalize(ctx)

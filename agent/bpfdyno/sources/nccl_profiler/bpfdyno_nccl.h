@@ -6,7 +6,7 @@
  *   header (256 B) | comm slots (8 x 192 B) | record ring (4096 x 80 B)
  * Comm slots hold cumulative per-communicator aggregates behind a sequence lock (gen odd while
  * a writer is inside). The ring holds one record per completed collective / point-to-point
- * always, and per kernel channel and proxy step while the agent asks for detail (full mode:
+ * (and an update record when parts that started late end) always, and per kernel channel and proxy step while the agent asks for detail (full mode:
  * header.detail_until_ns in the future on CLOCK_MONOTONIC). A record is valid when its commit
  * field equals its ring index + 1. All times are CLOCK_MONOTONIC ns, except the GPU's
  * globaltimer values (gpu_start_ns, gpu_stop_ns). */
@@ -25,6 +25,10 @@ enum bpfdyno_nccl_kind {
   BPFDYNO_REC_P2P = 2,
   BPFDYNO_REC_KERNEL_CH = 3,
   BPFDYNO_REC_PROXY_STEP = 4,
+  /* A published collective / point-to-point operation's new values, after parts that
+   * started late ended (the aggregates got the growth). */
+  BPFDYNO_REC_COLL_UPDATE = 5,
+  BPFDYNO_REC_P2P_UPDATE = 6,
 };
 
 enum bpfdyno_nccl_func {
@@ -53,7 +57,7 @@ struct bpfdyno_nccl_header {
   uint32_t comms_dropped;   /* communicators beyond the slots: not counted */
   uint32_t api_version;     /* the NCCL profiler API version in use (5) */
   uint32_t activation_mask; /* the event types asked of NCCL */
-  uint32_t reserved0;
+  uint32_t colls_dropped;   /* collectives not profiled: their communicator's pool was full */
   uint8_t reserved[176];
 };
 

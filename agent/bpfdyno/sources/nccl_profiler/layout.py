@@ -38,6 +38,8 @@ class RecordKind(enum.IntEnum):
     P2P = 2
     KERNEL_CH = 3
     PROXY_STEP = 4
+    COLL_UPDATE = 5  # a published collective's values after late parts ended
+    P2P_UPDATE = 6
 
 
 #: enum bpfdyno_nccl_func, as NCCL names the operations.
@@ -69,6 +71,7 @@ class Header:
     comms_dropped: int
     api_version: int
     activation_mask: int
+    colls_dropped: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +138,7 @@ def decode_header(data: bytes) -> Header:
         dropped,
         api,
         mask,
-        _,
+        colls_dropped,
     ) = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise LayoutError("no plugin magic (not a bpfdyno NCCL file, or not yet initialised)")
@@ -146,7 +149,9 @@ def decode_header(data: bytes) -> Header:
             f"layout {found} (version, header, slots, records, record size) is not this agent's "
             f"{wanted}: run the plugin library built from this agent's version"
         )
-    return Header(pid, start_ticks, rt_offset, detail_until, head, dropped, api, mask)
+    return Header(
+        pid, start_ticks, rt_offset, detail_until, head, dropped, api, mask, colls_dropped
+    )
 
 
 def decode_comm(data: bytes, offset: int) -> CommSlot:

@@ -5,9 +5,14 @@
  * records in one shared-memory file per process (layout: bpfdyno_nccl.h), which the agent reads
  * with pread: nothing here makes a system call per event, and nothing waits for the agent.
  *
- * Lifetimes: NCCL may stop a collective's own event (the CPU-side enqueue) before its kernel
- * channels and proxy operations finish, so a collective is reference-counted: one reference
- * for itself, one per live part. It completes, and is published, when the last one goes.
+ * Lifetimes: NCCL stops a collective's own event once it is enqueued, and its kernel channels
+ * and proxy operations run on after that — and may even start after it, as NCCL's proxy thread
+ * picks them up. So a collective is reference-counted (one reference for itself, one per live
+ * part) and lives in a per-communicator pool, never freed while the communicator lives: a part
+ * that starts late still finds it. Each time its count drops to zero it is settled: the first
+ * time it is published (counted, a record), a later time (late parts done) the growth of its
+ * duration, GPU span and network wait is added to the aggregates and an update record carries
+ * its new values. A pool entry is reused, oldest first, only once settled.
  *
  * Errors never reach NCCL from the event calls (they return ncclSuccess whatever happens, as
  * NCCL asks of plugins); init fails, which makes NCCL run without the plugin, only when the
@@ -60,11 +65,19 @@ struct coll_ev {
   uint64_t bytes;
   uint64_t start_ns;
   uint64_t enqueue_ns;
-  uint32_t refs;          /* atomic */
+  uint32_t refs;          /* atomic; 0: settled (free for reuse) */
   uint64_t gpu_start_ns;  /* atomic min over kernel channels (0: none yet) */
   uint64_t gpu_stop_ns;   /* atomic max */
   uint64_t net_wait_ns;   /* atomic sum over proxy steps */
+  /* What was published so far (under the communicator's lock). */
+  uint8_t published;
+  uint64_t pub_end_ns;
+  uint64_t pub_gpu_ns;
+  uint64_t pub_wait_ns;
 };
+
+/* Collectives in flight per communicator, at most (more are not profiled, and counted). */
+#define COLL_POOL 256
 
 struct kernel_ch_ev {
   int kind; /* EV_KERNEL_CH */
@@ -97,6 +110,8 @@ struct proxy_step_ev {
 struct comm_ctx {
   int slot; /* index into the comm slots; -1 when they were all taken */
   pthread_mutex_t lock;
+  uint32_t next; /* where the pool's search for a settled entry starts */
+  struct coll_ev pool[COLL_POOL];
 };
 
 /* The process's one file, shared by all communicators. */
@@ -219,45 +234,60 @@ static void ring_commit(struct bpfdyno_nccl_record* r, uint64_t index) {
   __atomic_store_n(&r->commit, index + 1, __ATOMIC_RELEASE);
 }
 
-static void slot_write_begin(struct comm_ctx* c, struct bpfdyno_nccl_comm* s) {
-  pthread_mutex_lock(&c->lock);
+/* A comm slot's writers hold their communicator's lock; the agent reads without one, so the
+ * slot's generation is odd while a writer is inside. */
+static void slot_write_begin(struct bpfdyno_nccl_comm* s) {
   __atomic_store_n(&s->gen, s->gen + 1, __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_RELEASE);
 }
 
-static void slot_write_end(struct comm_ctx* c, struct bpfdyno_nccl_comm* s) {
+static void slot_write_end(struct bpfdyno_nccl_comm* s) {
   __atomic_store_n(&s->gen, s->gen + 1, __ATOMIC_RELEASE);
-  pthread_mutex_unlock(&c->lock);
 }
 
-static void coll_complete(struct coll_ev* e) {
+/* Publishes e, or its growth since it was published (see the top of the file). */
+static void coll_settle(struct coll_ev* e) {
   struct comm_ctx* c = e->comm;
   uint64_t done = now_ns();
+  pthread_mutex_lock(&c->lock);
   uint64_t gpu_start = __atomic_load_n(&e->gpu_start_ns, __ATOMIC_ACQUIRE);
   uint64_t gpu_stop = __atomic_load_n(&e->gpu_stop_ns, __ATOMIC_ACQUIRE);
   uint64_t gpu_ns = (gpu_start != 0 && gpu_stop > gpu_start) ? gpu_stop - gpu_start : 0;
   uint64_t wait_ns = __atomic_load_n(&e->net_wait_ns, __ATOMIC_ACQUIRE);
-  uint64_t dur = done > e->start_ns ? done - e->start_ns : 0;
+  uint64_t end = e->published && e->pub_end_ns > done ? e->pub_end_ns : done;
+  uint64_t dur = end > e->start_ns ? end - e->start_ns : 0;
+  uint64_t add_dur = e->published ? end - e->pub_end_ns : dur;
+  uint64_t add_gpu = e->published && gpu_ns > e->pub_gpu_ns ? gpu_ns - e->pub_gpu_ns : 0;
+  uint64_t add_wait = e->published && wait_ns > e->pub_wait_ns ? wait_ns - e->pub_wait_ns : 0;
+  if (!e->published) {
+    add_gpu = gpu_ns;
+    add_wait = wait_ns;
+  }
   if (c->slot >= 0) {
     struct bpfdyno_nccl_comm* s = &g_comms[c->slot];
-    slot_write_begin(c, s);
+    slot_write_begin(s);
     if (e->is_p2p) {
-      s->p2p_completed++;
-      s->p2p_ns_total += dur;
+      s->p2p_completed += !e->published;
+      s->p2p_ns_total += add_dur;
     } else {
-      s->colls_completed++;
-      s->last_seq_completed = e->seq;
-      s->coll_ns_total += dur;
-      s->gpu_ns_total += gpu_ns;
+      if (!e->published) {
+        s->colls_completed++;
+        s->last_seq_completed = e->seq;
+      }
+      s->coll_ns_total += add_dur;
+      s->gpu_ns_total += add_gpu;
     }
-    s->net_wait_ns_total += wait_ns;
-    s->bytes_total += e->bytes;
-    s->last_done_ns = done;
-    slot_write_end(c, s);
+    s->net_wait_ns_total += add_wait;
+    if (!e->published) s->bytes_total += e->bytes;
+    s->last_done_ns = end;
+    slot_write_end(s);
   }
   uint64_t index;
   struct bpfdyno_nccl_record* r = ring_claim(&index);
-  r->kind = e->is_p2p ? BPFDYNO_REC_P2P : BPFDYNO_REC_COLL;
+  if (e->is_p2p)
+    r->kind = e->published ? BPFDYNO_REC_P2P_UPDATE : BPFDYNO_REC_P2P;
+  else
+    r->kind = e->published ? BPFDYNO_REC_COLL_UPDATE : BPFDYNO_REC_COLL;
   r->comm_slot = (uint8_t)(c->slot < 0 ? 0xff : c->slot);
   r->func = e->func;
   r->channel = 0;
@@ -271,11 +301,31 @@ static void coll_complete(struct coll_ev* e) {
   r->bytes = e->bytes;
   r->enqueue_ns = e->enqueue_ns;
   ring_commit(r, index);
-  free(e);
+  e->published = 1;
+  e->pub_end_ns = end;
+  e->pub_gpu_ns = gpu_ns;
+  e->pub_wait_ns = wait_ns;
+  pthread_mutex_unlock(&c->lock);
 }
 
 static void coll_unref(struct coll_ev* e) {
-  if (__atomic_sub_fetch(&e->refs, 1, __ATOMIC_ACQ_REL) == 0) coll_complete(e);
+  if (__atomic_sub_fetch(&e->refs, 1, __ATOMIC_ACQ_REL) == 0) coll_settle(e);
+}
+
+/* A settled pool entry for a new collective (NULL when all are in flight); under c->lock. */
+static struct coll_ev* coll_alloc(struct comm_ctx* c) {
+  for (uint32_t k = 0; k < COLL_POOL; k++) {
+    struct coll_ev* e = &c->pool[(c->next + k) % COLL_POOL];
+    if (__atomic_load_n(&e->refs, __ATOMIC_ACQUIRE) == 0) {
+      c->next = (c->next + k + 1) % COLL_POOL;
+      memset(e, 0, sizeof(*e));
+      e->kind = EV_COLL;
+      e->comm = c;
+      __atomic_store_n(&e->refs, 1, __ATOMIC_RELEASE);
+      return e;
+    }
+  }
+  return NULL;
 }
 
 static void coll_ref(struct coll_ev* e) { __atomic_add_fetch(&e->refs, 1, __ATOMIC_RELAXED); }
@@ -312,7 +362,8 @@ static ncclResult_t init_comm(void** context, uint64_t commId, int* eActivationM
     g_hdr->comms_dropped++;
   } else {
     struct bpfdyno_nccl_comm* s = &g_comms[c->slot];
-    slot_write_begin(c, s);
+    pthread_mutex_lock(&c->lock);
+    slot_write_begin(s);
     uint64_t gen = s->gen;
     memset((char*)s + sizeof(s->gen), 0, sizeof(*s) - sizeof(s->gen));
     s->gen = gen;
@@ -322,7 +373,8 @@ static ncclResult_t init_comm(void** context, uint64_t commId, int* eActivationM
     s->nnodes = nNodes;
     s->state = 1;
     snprintf(s->name, sizeof(s->name), "%s", commName ? commName : "");
-    slot_write_end(c, s);
+    slot_write_end(s);
+    pthread_mutex_unlock(&c->lock);
   }
   g_live_comms++;
   pthread_mutex_unlock(&g_lock);
@@ -351,12 +403,15 @@ static ncclResult_t plugin_start_event(void* context, void** eHandle,
   switch (d->type) {
     case ncclProfileColl:
     case ncclProfileP2p: {
-      struct coll_ev* e = calloc(1, sizeof(*e));
-      if (e == NULL) return ncclSuccess;
-      e->kind = EV_COLL;
-      e->comm = c;
-      e->refs = 1;
-      e->start_ns = now_ns();
+      uint64_t start = now_ns();
+      pthread_mutex_lock(&c->lock);
+      struct coll_ev* e = coll_alloc(c);
+      if (e == NULL) {
+        __atomic_add_fetch(&g_hdr->colls_dropped, 1, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&c->lock);
+        return ncclSuccess;
+      }
+      e->start_ns = start;
       if (d->type == ncclProfileColl) {
         e->seq = d->coll.seqNumber;
         e->func = func_id(d->coll.func);
@@ -364,13 +419,15 @@ static ncclResult_t plugin_start_event(void* context, void** eHandle,
         e->bytes = (uint64_t)d->coll.count * datatype_bytes(d->coll.datatype);
         if (c->slot >= 0) {
           struct bpfdyno_nccl_comm* s = &g_comms[c->slot];
-          slot_write_begin(c, s);
+          slot_write_begin(s);
           s->colls_started++;
           s->last_seq_started = e->seq;
           s->last_start_ns = e->start_ns;
-          slot_write_end(c, s);
+          slot_write_end(s);
         }
+        pthread_mutex_unlock(&c->lock);
       } else {
+        pthread_mutex_unlock(&c->lock);
         e->is_p2p = 1;
         e->func = func_id(d->p2p.func);
         e->nchannels = d->p2p.nChannels;
@@ -562,9 +619,11 @@ static ncclResult_t plugin_finalize(void* context) {
   pthread_mutex_lock(&g_lock);
   if (c->slot >= 0) {
     struct bpfdyno_nccl_comm* s = &g_comms[c->slot];
-    slot_write_begin(c, s);
+    pthread_mutex_lock(&c->lock);
+    slot_write_begin(s);
     s->state = 2;
-    slot_write_end(c, s);
+    slot_write_end(s);
+    pthread_mutex_unlock(&c->lock);
   }
   /* The last communicator takes the file with it: the agent sees the rank leave. */
   if (--g_live_comms == 0 && g_hdr != NULL) {

@@ -126,6 +126,7 @@ class NcclRankAggregate:
         recent: the latest completed collectives (at most RECENT_COLLECTIVES), oldest first.
         comms: every communicator's aggregates.
         records_lost: ring records overwritten before the agent read them.
+        colls_dropped: collectives the plugin did not profile (256 in flight already).
         api_version: the NCCL profiler API version NCCL loaded the plugin by (4 or 5).
         updated_monotonic_s: when the agent read this (time.monotonic()).
     """
@@ -145,6 +146,7 @@ class NcclRankAggregate:
     recent: tuple[NcclCollective, ...]
     comms: tuple[NcclCommAggregate, ...]
     records_lost: int
+    colls_dropped: int
     api_version: int
     updated_monotonic_s: float
 
@@ -338,22 +340,24 @@ class NcclProfilerReceiver:
         source.cursor = index
 
     def _take(self, source: _Source, header: Header, record: Record) -> None:
-        if record.kind in (RecordKind.COLL, RecordKind.P2P):
+        if record.kind in (RecordKind.COLL, RecordKind.COLL_UPDATE):
             comm = source.comms.get(record.comm_slot)
+            collective = NcclCollective(
+                comm_id=comm.comm_id if comm else 0,
+                seq=record.seq,
+                func=_func_name(record.func),
+                bytes=record.bytes,
+                start_realtime_ns=record.start_ns + header.realtime_offset_ns,
+                duration_ns=record.duration_ns,
+                gpu_ns=_gpu_ns(record),
+                net_wait_ns=record.net_wait_ns,
+            )
             if record.kind == RecordKind.COLL:
-                source.recent.append(
-                    NcclCollective(
-                        comm_id=comm.comm_id if comm else 0,
-                        seq=record.seq,
-                        func=_func_name(record.func),
-                        bytes=record.bytes,
-                        start_realtime_ns=record.start_ns + header.realtime_offset_ns,
-                        duration_ns=record.duration_ns,
-                        gpu_ns=_gpu_ns(record),
-                        net_wait_ns=record.net_wait_ns,
-                    )
-                )
-        # Parts exist only in full mode; collectives are kept for the window asked for.
+                source.recent.append(collective)
+            else:  # late parts ended: the collective's new values
+                _replace(source.recent, collective)
+        # Parts exist only in full mode; collectives (and their updates) are kept for the
+        # window asked for.
         in_window = self._detail_from_ns <= record.start_ns <= self._detail_until_ns
         if record.kind in (RecordKind.KERNEL_CH, RecordKind.PROXY_STEP) or in_window:
             source.detail.append(record)
@@ -390,6 +394,7 @@ class NcclProfilerReceiver:
                 recent=tuple(source.recent),
                 comms=comms,
                 records_lost=source.lost,
+                colls_dropped=header.colls_dropped,
                 api_version=header.api_version,
                 updated_monotonic_s=source.updated_s,
             )
@@ -468,6 +473,14 @@ class NcclProfilerReceiver:
             f"in use by {len(self._sources)} trainer process(es): {pids}",
             collections=self.polls,
         )
+
+
+def _replace(recent: deque[NcclCollective], updated: NcclCollective) -> None:
+    """Puts updated in place of the entry of the same collective (if still kept)."""
+    for i in range(len(recent) - 1, -1, -1):
+        if recent[i].comm_id == updated.comm_id and recent[i].seq == updated.seq:
+            recent[i] = updated
+            return
 
 
 def _func_name(func: int) -> str:

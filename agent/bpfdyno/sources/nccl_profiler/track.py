@@ -10,6 +10,7 @@ NCCL's proxy saw it start and stop, and its GPU duration is in its args.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -33,13 +34,33 @@ STEP_STATES = {
 }
 
 
+def _latest(records: Iterable[Record]) -> list[Record]:
+    """The records with each collective's (point-to-point's) update in place of its first
+    record: one event per operation, with its final values."""
+    out: list[Record] = []
+    at: dict[tuple[int, int, int, int], int] = {}
+    for r in records:
+        if r.kind in (RecordKind.COLL, RecordKind.P2P):
+            at[(r.kind, r.comm_slot, r.seq, r.start_ns)] = len(out)
+        elif r.kind in (RecordKind.COLL_UPDATE, RecordKind.P2P_UPDATE):
+            first = RecordKind.COLL if r.kind == RecordKind.COLL_UPDATE else RecordKind.P2P
+            i = at.get((first, r.comm_slot, r.seq, r.start_ns))
+            if i is not None:
+                out[i] = dataclasses.replace(r, kind=first)
+            else:  # its first record is not among these: the update has the values in full
+                out.append(dataclasses.replace(r, kind=first))
+            continue
+        out.append(r)
+    return out
+
+
 def trace_events(
     records: Iterable[Record], pid: int, realtime_offset_ns: int, base_ns: int
 ) -> list[dict[str, Any]]:
     """The records as trace events of process pid (see the module's description)."""
     events: list[dict[str, Any]] = []
     rows: set[RecordKind] = set()
-    for r in records:
+    for r in _latest(records):
         kind = RecordKind(r.kind)
         rows.add(kind)
         func = FUNC_NAMES.get(r.func, "Other")
