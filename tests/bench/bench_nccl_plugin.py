@@ -12,6 +12,11 @@ it: the collective, two kernel channels with their stop state, two proxy operati
 step each: 20 calls). Each kind runs ``off`` (the same calls into empty functions) and ``on``
 (the plugin) in interleaved rounds, the order alternating each round; reported: the median ns
 per unit of each, and on - off, the plugin's own cost.
+
+Then the agent's side: 8 processes (the two-thread stress driver of the plugin's tests, each
+having run 1,000 collectives with their parts, waiting) publish their files; reported: the
+CPU time of the receiver's first poll (reading 8 rings of about 2,000 records) and the median
+CPU time of a poll with nothing new (what each round costs at rest), over 200 polls.
 """
 
 from __future__ import annotations
@@ -22,13 +27,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from doc_blocks import write_results
 
 from bpfdyno.sources.nccl_profiler.build import build_plugin, source_dir
+from bpfdyno.sources.nccl_profiler.receiver import NcclProfilerReceiver
 
 HERE = Path(__file__).resolve().parent
+STRESS = HERE.parent / "sources" / "nccl_profiler" / "stress_driver.c"
+TRAINERS = 8
 SECTION = "## What it costs"
 KINDS = ("coll", "step", "full")
 
@@ -39,6 +48,45 @@ def run(driver: Path, library: str, kind: str, n: int, shm: Path) -> float:
         [str(driver), library, kind, str(n)], env=env, capture_output=True, text=True, check=True
     )
     return float(out.stdout)
+
+
+def receiver_costs(work: Path, library: Path) -> tuple[float, float]:
+    """(first poll, median idle poll) CPU seconds of the receiver over TRAINERS files."""
+    stress = work / "stress"
+    subprocess.run(
+        ["cc", "-O2", "-pthread", f"-I{source_dir()}", "-o", str(stress), str(STRESS), "-ldl"],
+        check=True,
+    )
+    shm = work / "shm"
+    shm.mkdir()
+    env = {**os.environ, "BPFDYNO_NCCL_SHM_DIR": str(shm)}
+    procs = [
+        subprocess.Popen(
+            [str(stress), str(library), "1000"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for _ in range(TRAINERS)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline() == "done\n"
+        receiver = NcclProfilerReceiver(shm_dir=shm)
+        t0 = time.thread_time()
+        receiver.poll()
+        first = time.thread_time() - t0
+        assert len(receiver.snapshot()) == TRAINERS
+        idle = []
+        for _ in range(200):
+            t0 = time.thread_time()
+            receiver.poll()
+            idle.append(time.thread_time() - t0)
+        return first, statistics.median(idle)
+    finally:
+        for p in procs:
+            p.communicate("\n", timeout=30)
 
 
 def main() -> int:
@@ -65,6 +113,7 @@ def main() -> int:
                 for mode in modes:
                     lib = "off" if mode == "off" else str(library)
                     times[kind, mode].append(run(driver, lib, kind, args.n, work))
+        first, idle = receiver_costs(work, library)
     cpu = Path("/proc/cpuinfo").read_text().split("model name")[1].split("\n")[0].strip(": \t")
     lines = [
         f"{args.rounds} interleaved rounds of {args.n:,} units per run; median ns per unit of "
@@ -79,6 +128,12 @@ def main() -> int:
         off = statistics.median(times[kind, "off"])
         on = statistics.median(times[kind, "on"])
         lines.append(f"| {kind} | {calls[kind]} | {off:.1f} | {on:.1f} | {on - off:.1f} |")
+    lines += [
+        "",
+        f"The agent's receiver with {TRAINERS} trainer files: first poll (their whole rings) "
+        f"{first * 1e3:.1f} ms of CPU; a poll with nothing new {idle * 1e6:.0f} µs of CPU "
+        f"(median of 200): {idle * 100:.3f} % of a core at one poll a second.",
+    ]
     result = "\n".join(lines)
     print(result)
     if args.write_doc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 import threading
 import time
 from collections import deque
@@ -47,6 +48,9 @@ from bpfdyno.sources.nccl_profiler.layout import (
 )
 
 DEFAULT_SHM_DIR = Path("/dev/shm")
+#: A comm slot's generation (offset 0) and state (offset 28): see bpfdyno_nccl.h.
+_GEN = struct.Struct("<Q")
+_STATE = struct.Struct("<28xI")
 #: Recent collectives kept per rank (arrival material for the job-wide comparison).
 RECENT_COLLECTIVES = 256
 #: Detail records kept between drains, per process; older ones are counted as lost.
@@ -164,6 +168,9 @@ class _Source:
     recent: deque[NcclCollective] = field(default_factory=lambda: deque(maxlen=RECENT_COLLECTIVES))
     detail: deque[Record] = field(default_factory=lambda: deque(maxlen=DETAIL_BACKLOG))
     updated_s: float = 0.0
+    #: The header and slots as last read, when every slot was consistent: the same bytes
+    #: again mean nothing changed (no new record either: the ring's head is in the header).
+    raw: bytes = b""
 
 
 class NcclProfilerReceiver:
@@ -224,11 +231,15 @@ class NcclProfilerReceiver:
 
     def _start_ticks(self, pid: int) -> int | None:
         try:
-            text = (self.proc_root / str(pid) / "stat").read_text(encoding="utf-8")
+            fd = os.open(f"{self.proc_root}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return None
+        try:
+            text = os.read(fd, 4096)
+        finally:
+            os.close(fd)
         # Field 22; the command name (field 2) may hold spaces, so count after the last ')'.
-        return int(text.rsplit(")", 1)[1].split()[19])
+        return int(text.rsplit(b")", 1)[1].split()[19])
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -278,38 +289,40 @@ class NcclProfilerReceiver:
             source = self._sources.get(pid)
             if source is None or source.path != path:
                 source = self._sources[pid] = _Source(pid, path)
-            source.header = header
-            source.comms = self._read_comms(fd, data)
-            self._read_ring(fd, source, header)
             source.updated_s = time.monotonic()
+            if data == source.raw:
+                return
+            source.header = header
+            source.comms, consistent = self._read_comms(fd, data)
+            source.raw = data if consistent else b""
+            self._read_ring(fd, source, header)
         finally:
             os.close(fd)
 
-    def _read_comms(self, fd: int, first: bytes) -> dict[int, CommSlot]:
-        """The comm slots, each consistent: its generation even and unchanged across a re-read.
+    def _read_comms(self, fd: int, first: bytes) -> tuple[dict[int, CommSlot], bool]:
+        """The comm slots in use, each consistent: its generation even and unchanged across a
+        re-read; and whether all were so in first.
 
         The generation is the slot's first field, so one read copies it before the slot's
         counters, and the next read copies it after them: equal and even means no writer was
         inside in between.
         """
         comms: dict[int, CommSlot] = {}
+        pending = set(range(COMM_SLOTS))
         before = first
-        for _ in range(4):
+        for attempt in range(4):
             after = os.pread(fd, COMMS_OFFSET + COMM_SLOTS * COMM_BYTES, 0)
-            torn = False
-            for i in range(COMM_SLOTS):
-                if i in comms:
-                    continue
-                a = decode_comm(before, COMMS_OFFSET + i * COMM_BYTES)
-                b = decode_comm(after, COMMS_OFFSET + i * COMM_BYTES)
-                if a.gen == b.gen and a.gen % 2 == 0:
-                    comms[i] = a
-                else:
-                    torn = True
-            if not torn:
-                break
+            for i in sorted(pending):
+                at = COMMS_OFFSET + i * COMM_BYTES
+                gen, state = _GEN.unpack_from(before, at)[0], _STATE.unpack_from(before, at)[0]
+                if gen % 2 == 0 and gen == _GEN.unpack_from(after, at)[0]:
+                    pending.discard(i)
+                    if state != 0:
+                        comms[i] = decode_comm(before, at)
+            if not pending:
+                return comms, attempt == 0
             before = after
-        return {i: c for i, c in comms.items() if c.state != 0}
+        return comms, False
 
     def _read_ring(self, fd: int, source: _Source, header: Header) -> None:
         head = header.ring_head
