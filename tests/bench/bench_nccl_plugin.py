@@ -67,7 +67,7 @@ def receiver_costs(work: Path, library: Path) -> tuple[float, float]:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for _ in range(TRAINERS)
     ]
     try:
