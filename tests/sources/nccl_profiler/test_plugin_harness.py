@@ -436,3 +436,23 @@ def test_a_full_pool_drops_new_collectives_and_counts_them(plugin: Plugin, shm: 
     rank = receiver.snapshot()[os.getpid()]
     assert (rank.colls_dropped, rank.colls_started, rank.colls_completed) == (1, 257, 1)
     plugin.finalize(ctx)
+
+
+def test_the_realtime_offset_is_measured_again_every_second_of_collectives(
+    plugin: Plugin, shm: Path
+) -> None:
+    path = shm / f"bpfdyno-nccl.{os.getpid()}"
+
+    def measured_at() -> int:
+        return layout.decode_header(path.read_bytes()).offset_measured_ns
+
+    plugin.now = 5_000
+    _, ctx, _ = plugin.init(COMM)
+    assert measured_at() == 5_000
+    plugin.now = 900_005_000
+    plugin.stop(plugin.start_coll(ctx, seq=0))
+    assert measured_at() == 5_000  # under a second later: not again
+    plugin.now = 1_000_005_001
+    plugin.stop(plugin.start_coll(ctx, seq=1))
+    assert measured_at() == 1_000_005_001
+    plugin.finalize(ctx)

@@ -51,14 +51,15 @@ struct bpfdyno_nccl_header {
   uint32_t ring_records;
   uint32_t record_bytes;
   uint64_t start_ticks;     /* the process's start time (/proc/self/stat field 22) */
-  int64_t realtime_offset_ns; /* CLOCK_REALTIME - CLOCK_MONOTONIC when the file was made */
+  int64_t realtime_offset_ns; /* CLOCK_REALTIME - CLOCK_MONOTONIC, as last measured */
   uint64_t detail_until_ns; /* written by the agent: full mode until this monotonic time */
   uint64_t ring_head;       /* records claimed so far (next index) */
   uint32_t comms_dropped;   /* communicators beyond the slots: not counted */
   uint32_t api_version;     /* the NCCL profiler API version in use (5) */
   uint32_t activation_mask; /* the event types asked of NCCL */
   uint32_t colls_dropped;   /* collectives not profiled: their communicator's pool was full */
-  uint8_t reserved[176];
+  uint64_t offset_measured_ns; /* when realtime_offset_ns was measured */
+  uint8_t reserved[168];
 };
 
 struct bpfdyno_nccl_comm {

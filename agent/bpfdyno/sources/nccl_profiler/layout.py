@@ -16,7 +16,7 @@ COMM_SLOTS = 8
 RING_RECORDS = 4096
 FILE_PREFIX = "bpfdyno-nccl."
 
-HEADER = struct.Struct("<QIIIIIIQqQQIIII176x")
+HEADER = struct.Struct("<QIIIIIIQqQQIIIIQ168x")
 COMM = struct.Struct("<QQiiiI32s12Q32x")
 RECORD = struct.Struct("<QBBBBI8Q")
 HEADER_BYTES = HEADER.size
@@ -72,6 +72,7 @@ class Header:
     api_version: int
     activation_mask: int
     colls_dropped: int
+    offset_measured_ns: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +140,7 @@ def decode_header(data: bytes) -> Header:
         api,
         mask,
         colls_dropped,
+        offset_measured_ns,
     ) = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise LayoutError("no plugin magic (not a bpfdyno NCCL file, or not yet initialised)")
@@ -150,7 +152,16 @@ def decode_header(data: bytes) -> Header:
             f"{wanted}: run the plugin library built from this agent's version"
         )
     return Header(
-        pid, start_ticks, rt_offset, detail_until, head, dropped, api, mask, colls_dropped
+        pid,
+        start_ticks,
+        rt_offset,
+        detail_until,
+        head,
+        dropped,
+        api,
+        mask,
+        colls_dropped,
+        offset_measured_ns,
     )
 
 

@@ -166,6 +166,19 @@ static uint64_t process_start_ticks(void) {
   return strtoull(p, NULL, 10);
 }
 
+/* CLOCK_REALTIME - CLOCK_MONOTONIC, which the agent adds to the records' times to compare
+ * ranks across nodes. NTP slews the real-time clock (up to 500 ppm), so it is measured again
+ * every second of collectives (see plugin_start_event), not only when the file is made. */
+static void refresh_realtime_offset(void) {
+  struct timespec rt, mono;
+  clock_gettime(CLOCK_REALTIME, &rt);
+  clock_gettime(CLOCK_MONOTONIC, &mono);
+  int64_t offset = ((int64_t)rt.tv_sec - (int64_t)mono.tv_sec) * 1000000000LL +
+                   ((int64_t)rt.tv_nsec - (int64_t)mono.tv_nsec);
+  __atomic_store_n(&g_hdr->realtime_offset_ns, offset, __ATOMIC_RELAXED);
+  __atomic_store_n(&g_hdr->offset_measured_ns, now_ns(), __ATOMIC_RELAXED);
+}
+
 static int map_file(ncclDebugLogger_t logfn) {
   const char* dir = getenv("BPFDYNO_NCCL_SHM_DIR");
   if (dir == NULL || dir[0] == 0) dir = "/dev/shm";
@@ -198,9 +211,6 @@ static int map_file(ncclDebugLogger_t logfn) {
   g_hdr = mem;
   g_comms = (struct bpfdyno_nccl_comm*)((char*)mem + sizeof(*g_hdr));
   g_ring = (struct bpfdyno_nccl_record*)(g_comms + BPFDYNO_NCCL_COMM_SLOTS);
-  struct timespec rt, mono;
-  clock_gettime(CLOCK_REALTIME, &rt);
-  clock_gettime(CLOCK_MONOTONIC, &mono);
   g_hdr->layout = BPFDYNO_NCCL_LAYOUT;
   g_hdr->header_bytes = sizeof(*g_hdr);
   g_hdr->pid = (uint32_t)getpid();
@@ -208,8 +218,7 @@ static int map_file(ncclDebugLogger_t logfn) {
   g_hdr->ring_records = BPFDYNO_NCCL_RING_RECORDS;
   g_hdr->record_bytes = sizeof(struct bpfdyno_nccl_record);
   g_hdr->start_ticks = process_start_ticks();
-  g_hdr->realtime_offset_ns = ((int64_t)rt.tv_sec - (int64_t)mono.tv_sec) * 1000000000LL +
-                              ((int64_t)rt.tv_nsec - (int64_t)mono.tv_nsec);
+  refresh_realtime_offset();
   g_hdr->activation_mask = (uint32_t)g_mask;
   /* The magic last: the agent ignores a file until it is set. */
   __atomic_store_n(&g_hdr->magic, BPFDYNO_NCCL_MAGIC, __ATOMIC_RELEASE);
@@ -412,6 +421,8 @@ static ncclResult_t plugin_start_event(void* context, void** eHandle,
         return ncclSuccess;
       }
       e->start_ns = start;
+      if (start - __atomic_load_n(&g_hdr->offset_measured_ns, __ATOMIC_RELAXED) > 1000000000ULL)
+        refresh_realtime_offset();
       if (d->type == ncclProfileColl) {
         e->seq = d->coll.seqNumber;
         e->func = func_id(d->coll.func);
