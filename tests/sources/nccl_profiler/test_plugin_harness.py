@@ -32,7 +32,12 @@ from nccl_harness import (
 from bpfdyno.core.status import PartState
 from bpfdyno.sources.nccl_profiler import layout
 from bpfdyno.sources.nccl_profiler.build import build_plugin
-from bpfdyno.sources.nccl_profiler.receiver import NcclCollective, NcclProfilerReceiver
+from bpfdyno.sources.nccl_profiler.receiver import (
+    NcclCollective,
+    NcclProfilerReceiver,
+    NcclRankInterval,
+    intervals,
+)
 from bpfdyno.sources.nccl_profiler.track import trace_events
 
 COMM = 0xABCDEF0123456789
@@ -455,4 +460,28 @@ def test_the_realtime_offset_is_measured_again_every_second_of_collectives(
     plugin.now = 1_000_005_001
     plugin.stop(plugin.start_coll(ctx, seq=1))
     assert measured_at() == 1_000_005_001
+    plugin.finalize(ctx)
+
+
+def test_intervals_are_the_growth_between_two_snapshots(plugin: Plugin, shm: Path) -> None:
+    _, ctx, _ = plugin.init(COMM, nranks=4, rank=2)
+    receiver = NcclProfilerReceiver(shm_dir=shm)
+    one_allreduce(plugin, ctx, seq=0, t0=0)
+    receiver.poll()
+    before = receiver.snapshot()
+    one_allreduce(plugin, ctx, seq=1, t0=100_000)
+    one_allreduce(plugin, ctx, seq=2, t0=200_000)
+    plugin.now = 300_000
+    plugin.start_coll(ctx, seq=3)  # in flight at the end
+    receiver.poll()
+    after = receiver.snapshot()
+    pid = os.getpid()
+    seconds = after[pid].updated_monotonic_s - before[pid].updated_monotonic_s
+    assert intervals(before, after) == {
+        pid: NcclRankInterval(
+            pid=pid, rank=2, seconds=seconds, collectives=2, last_seq=2, in_flight=1,
+            time_in_collectives_ns=12_000, gpu_time_ns=20_200, net_wait_ns=9_000, bytes=8192,
+        )
+    }  # fmt: skip
+    assert intervals({}, after) == {}
     plugin.finalize(ctx)

@@ -155,6 +155,60 @@ class NcclRankAggregate:
     updated_monotonic_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class NcclRankInterval:
+    """What a rank did between two snapshots (see `interval`); times in ns.
+
+    Attributes:
+        pid, rank: who.
+        seconds: the time between the two reads.
+        collectives: collectives completed in it (largest communicator).
+        last_seq: the last completed sequence number at its end.
+        in_flight: collectives in flight at its end.
+        time_in_collectives_ns, gpu_time_ns, net_wait_ns, bytes: their growth, all
+            communicators (an update of a collective completed before counts here too).
+    """
+
+    pid: int
+    rank: int
+    seconds: float
+    collectives: int
+    last_seq: int
+    in_flight: int
+    time_in_collectives_ns: int
+    gpu_time_ns: int
+    net_wait_ns: int
+    bytes: int
+
+
+def interval(before: NcclRankAggregate, after: NcclRankAggregate) -> NcclRankInterval:
+    """The per-interval values of one rank from two of its snapshots (before first)."""
+    return NcclRankInterval(
+        pid=after.pid,
+        rank=after.rank,
+        seconds=after.updated_monotonic_s - before.updated_monotonic_s,
+        collectives=after.colls_completed - before.colls_completed,
+        last_seq=after.last_seq,
+        in_flight=after.in_flight,
+        time_in_collectives_ns=after.time_in_collectives_ns - before.time_in_collectives_ns,
+        gpu_time_ns=after.gpu_time_ns - before.gpu_time_ns,
+        net_wait_ns=after.net_wait_ns - before.net_wait_ns,
+        bytes=after.bytes - before.bytes,
+    )
+
+
+def intervals(
+    before: dict[int, NcclRankAggregate], after: dict[int, NcclRankAggregate]
+) -> dict[int, NcclRankInterval]:
+    """`interval` for every pid in both snapshots whose plugin file stayed the same (a rank
+    that restarted under the same pid starts from zero again: left out)."""
+    return {
+        pid: interval(before[pid], now)
+        for pid, now in after.items()
+        if pid in before and now.colls_started >= before[pid].colls_started
+    }
+
+
 @dataclass(slots=True)
 class _Source:
     """What the receiver keeps per plugin file."""
@@ -537,4 +591,7 @@ __all__ = [
     "NcclCommAggregate",
     "NcclProfilerReceiver",
     "NcclRankAggregate",
+    "NcclRankInterval",
+    "interval",
+    "intervals",
 ]
