@@ -185,3 +185,50 @@ def test_trainer_in_its_own_namespaces_is_read_through_its_root(
     assert proc.returncode == 0
     # The request went into the trainer's file, not the decoy.
     assert (box / "target" / "bpfdyno-nccl.1").read_bytes() == bytes(layout.FILE_BYTES)
+
+
+FORKER = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from nccl_harness import Plugin
+p = Plugin(Path(sys.argv[2]))
+_, parent_ctx, _ = p.init(0x10, name="parent", nranks=2, rank=0)
+child = os.fork()
+if child == 0:
+    _, ctx, _ = p.init(0x20, name="child", nranks=4, rank=3)
+    p.stop(p.start_coll(ctx, seq=1))
+    print(os.getpid(), flush=True)
+    sys.stdin.readline()
+    p.finalize(ctx)
+    os._exit(0)
+print(os.getpid(), flush=True)
+os.waitpid(child, 0)
+p.finalize(parent_ctx)
+"""
+
+
+def test_a_child_forked_after_nccl_started_gets_its_own_file(
+    shared: tuple[Path, Path],
+) -> None:
+    library, shm = shared
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FORKER, str(HERE), str(library)],
+        env={**os.environ, "BPFDYNO_NCCL_SHM_DIR": str(shm)}, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        pids = {int(proc.stdout.readline()), int(proc.stdout.readline())}
+        receiver = NcclProfilerReceiver(shm_dir=shm)
+        receiver.poll()
+        snapshot = receiver.snapshot()
+        assert set(snapshot) == pids
+        child = snapshot[max(pids, key=lambda p: p != proc.pid)]
+        parent = snapshot[proc.pid]
+        assert [c.name for c in parent.comms] == ["parent"]
+        assert (parent.colls_completed, child.rank, child.colls_completed) == (0, 3, 1)
+        assert [c.name for c in child.comms] == ["child"]
+    finally:
+        proc.communicate("\n", timeout=30)
+    assert proc.returncode == 0

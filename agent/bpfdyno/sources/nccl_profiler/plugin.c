@@ -121,6 +121,7 @@ static struct bpfdyno_nccl_comm* g_comms;
 static struct bpfdyno_nccl_record* g_ring;
 static size_t g_bytes;
 static int g_live_comms;
+static pid_t g_pid; /* the process that made the file */
 static char g_path[PATH_MAX];
 static int g_mask = DEFAULT_MASK;
 
@@ -213,7 +214,8 @@ static int map_file(ncclDebugLogger_t logfn) {
   g_ring = (struct bpfdyno_nccl_record*)(g_comms + BPFDYNO_NCCL_COMM_SLOTS);
   g_hdr->layout = BPFDYNO_NCCL_LAYOUT;
   g_hdr->header_bytes = sizeof(*g_hdr);
-  g_hdr->pid = (uint32_t)getpid();
+  g_pid = getpid();
+  g_hdr->pid = (uint32_t)g_pid;
   g_hdr->comm_slots = BPFDYNO_NCCL_COMM_SLOTS;
   g_hdr->ring_records = BPFDYNO_NCCL_RING_RECORDS;
   g_hdr->record_bytes = sizeof(struct bpfdyno_nccl_record);
@@ -344,6 +346,13 @@ static ncclResult_t init_comm(void** context, uint64_t commId, int* eActivationM
                               ncclDebugLogger_t logfn, uint32_t api_version) {
   *context = NULL;
   pthread_mutex_lock(&g_lock);
+  if (g_hdr != NULL && g_pid != getpid()) {
+    /* A child forked after its parent's NCCL started: the mapping is the parent's file. The
+     * child's communicators get a file of their own; the parent's are not the child's. */
+    munmap(g_hdr, g_bytes);
+    g_hdr = NULL;
+    g_live_comms = 0;
+  }
   if (g_hdr == NULL && map_file(logfn) != 0) {
     pthread_mutex_unlock(&g_lock);
     return ncclSystemError;
