@@ -227,9 +227,9 @@ static int map_file(ncclDebugLogger_t logfn) {
   return 0;
 }
 
-static int detail_wanted(void) {
+static int detail_wanted(uint64_t now) {
   uint64_t until = __atomic_load_n(&g_hdr->detail_until_ns, __ATOMIC_RELAXED);
-  return until != 0 && now_ns() < until;
+  return until != 0 && now < until;
 }
 
 /* Claims a ring slot, lets fill() write it, then commits it. */
@@ -580,11 +580,10 @@ static ncclResult_t plugin_stop_event(void* handle) {
       struct coll_ev* coll = e->coll;
       if (e->gpu_start_ns != 0) atomic_min_nonzero(&coll->gpu_start_ns, e->gpu_start_ns);
       if (e->gpu_stop_ns != 0) atomic_max(&coll->gpu_stop_ns, e->gpu_stop_ns);
-      if (detail_wanted()) {
-        uint64_t now = now_ns();
+      uint64_t now = now_ns();
+      if (detail_wanted(now))
         write_part_record(BPFDYNO_REC_KERNEL_CH, coll->comm, coll, coll->func, e->channel, 0,
                           e->start_ns, now - e->start_ns, e->gpu_start_ns, e->gpu_stop_ns, 0, 0);
-      }
       coll_unref(coll);
       free(e);
       break;
@@ -601,10 +600,10 @@ static ncclResult_t plugin_stop_event(void* handle) {
       step_close_state(e, now);
       if (e->coll != NULL) {
         __atomic_add_fetch(&e->coll->net_wait_ns, e->wait_ns, __ATOMIC_RELEASE);
-        if (detail_wanted())
+        if (detail_wanted(now))
           write_part_record(BPFDYNO_REC_PROXY_STEP, e->comm, e->coll, (uint8_t)e->state,
-                            e->channel, (uint32_t)e->step, e->start_ns, now - e->start_ns, 0, 0, e->wait_ns,
-                            e->bytes);
+                            e->channel, (uint32_t)e->step, e->start_ns, now - e->start_ns, 0, 0,
+                            e->wait_ns, e->bytes);
         coll_unref(e->coll);
       }
       free(e);
