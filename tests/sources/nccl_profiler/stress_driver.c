@@ -49,7 +49,8 @@ static void* proxy(void* arg) {
     p->recordEventState(hs, ncclProfilerProxyStepRecvFlushWait, &args);
     p->stopEvent(hs);
     p->stopEvent(ho);
-    ncclProfilerEventStateArgs_v5_t stop = {.kernelCh = {.pTimer = 1000000 + (uint64_t)i * 100 + 40}};
+    uint64_t gpu_stop = 1000000 + (uint64_t)i * 100 + 40;
+    ncclProfilerEventStateArgs_v5_t stop = {.kernelCh = {.pTimer = gpu_stop}};
     p->recordEventState(hc, ncclProfilerKernelChStop, &stop);
     p->stopEvent(hc);
     __atomic_store_n(&head, i + 1, __ATOMIC_RELEASE);

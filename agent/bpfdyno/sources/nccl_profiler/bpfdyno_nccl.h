@@ -6,8 +6,9 @@
  *   header (256 B) | comm slots (8 x 192 B) | record ring (4096 x 80 B)
  * Comm slots hold cumulative per-communicator aggregates behind a sequence lock (gen odd while
  * a writer is inside). The ring holds one record per completed collective / point-to-point
- * (and an update record when parts that started late end) always, and per kernel channel and proxy step while the agent asks for detail (full mode:
- * header.detail_until_ns in the future on CLOCK_MONOTONIC). A record is valid when its commit
+ * (and an update record when parts that started late end) always, and one per kernel channel
+ * and proxy step while the agent asks for detail (full mode: header.detail_until_ns in the
+ * future on CLOCK_MONOTONIC). A record is valid when its commit
  * field equals its ring index + 1. All times are CLOCK_MONOTONIC ns, except the GPU's
  * globaltimer values (gpu_start_ns, gpu_stop_ns). */
 #ifndef BPFDYNO_NCCL_H
