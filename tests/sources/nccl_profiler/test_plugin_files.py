@@ -4,12 +4,13 @@ left by an earlier process, a file of the wrong size or layout."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -116,7 +117,9 @@ def test_files_that_are_not_the_live_process_own_are_refused(shared: tuple[Path,
             assert receiver.rejected[str(squat)] == (
                 f"owned by uid {user.uid}, but process {os.getpid()} runs as 0"
             )
-            assert "Too many levels of symbolic links" in receiver.rejected[str(link)]
+            assert receiver.rejected[str(link)] == (
+                f"not a regular file of {layout.FILE_BYTES} bytes"
+            )
             status = receiver.status()
             assert status.state == PartState.DEGRADED
             assert status.reason.startswith("2 plugin file(s) refused")
@@ -187,7 +190,7 @@ def test_trainer_in_its_own_namespaces_is_read_through_its_root(
     assert (box / "target" / "bpfdyno-nccl.1").read_bytes() == bytes(layout.FILE_BYTES)
 
 
-FORKER = """
+FORKER = r"""
 import os, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
@@ -198,11 +201,11 @@ child = os.fork()
 if child == 0:
     _, ctx, _ = p.init(0x20, name="child", nranks=4, rank=3)
     p.stop(p.start_coll(ctx, seq=1))
-    print(os.getpid(), flush=True)
+    os.write(1, f"{os.getpid()}\n".encode())  # one write: the two processes share the pipe
     sys.stdin.readline()
     p.finalize(ctx)
     os._exit(0)
-print(os.getpid(), flush=True)
+os.write(1, f"{os.getpid()}\n".encode())
 os.waitpid(child, 0)
 p.finalize(parent_ctx)
 """
@@ -232,3 +235,33 @@ def test_a_child_forked_after_nccl_started_gets_its_own_file(
     finally:
         proc.communicate("\n", timeout=30)
     assert proc.returncode == 0
+
+
+def _opens_of(path: Path) -> Callable[[], int]:
+    """A counter of the opens of path (inotify IN_OPEN), read by calling it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert fd >= 0 and libc.inotify_add_watch(fd, str(path).encode(), 0x20) >= 0  # IN_OPEN
+
+    def count() -> int:
+        try:
+            events = os.read(fd, 4096)
+        except BlockingIOError:
+            return 0
+        return len(events) // 16  # struct inotify_event, no name for a watched file
+
+    return count
+
+
+def test_what_is_not_a_regular_file_is_never_opened(tmp_path: Path) -> None:
+    # A FIFO (it could be a device) under a live process's name: looked at, not opened.
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    fifo = shm / f"bpfdyno-nccl.{os.getpid()}"
+    os.mkfifo(fifo, 0o600)
+    opens = _opens_of(fifo)
+    receiver = NcclProfilerReceiver(shm_dir=shm)
+    receiver.poll()
+    receiver.poll()
+    assert receiver.rejected == {str(fifo): f"not a regular file of {layout.FILE_BYTES} bytes"}
+    assert opens() == 0

@@ -243,6 +243,7 @@ class NcclProfilerReceiver:
         self._detail_until_ns = -1
         #: Candidates inside a process's root: display path -> (its root, the path inside).
         self._in_root: dict[Path, tuple[str, str]] = {}
+        self._nspids: dict[int, int] = {}
 
     # -- discovery --------------------------------------------------------------------------
 
@@ -257,12 +258,17 @@ class NcclProfilerReceiver:
         for name in names:
             if name.startswith(FILE_PREFIX) and name[len(FILE_PREFIX) :].isdigit():
                 found[int(name[len(FILE_PREFIX) :])] = self.shm_dir / name
+        pids = list(pids)
+        # A pid's number in its own namespace does not change while it lives: kept while the
+        # pid is among those given.
+        self._nspids = {p: n for p, n in self._nspids.items() if p in pids}
         for pid in pids:
             if pid in found:
                 continue
-            nspid = self._nspid(pid)
+            nspid = self._nspids.get(pid) or self._nspid(pid)
             if nspid is None:
                 continue
+            self._nspids[pid] = nspid
             # A trainer in a container: its own /dev/shm, every link in the path resolved inside
             # its root (an absolute link there must not lead to the agent's files).
             root = self.proc_root / str(pid) / "root"
@@ -318,13 +324,19 @@ class NcclProfilerReceiver:
 
     def _open_checked(self, pid: int, path: Path, flags: int) -> tuple[int, Header, bytes]:
         """Opens path and checks it is the live pid's own plugin file; fd, header, slots."""
-        flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        # Looked at before it is opened: opening a device or a FIFO a trainer put there could
+        # act on it, so only a regular file is opened — the very inode looked at.
+        at = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
         in_root = self._in_root.get(path)
-        fd = open_in_root(*in_root, flags) if in_root else os.open(path, flags)
+        path_fd = open_in_root(*in_root, at) if in_root else os.open(path, at)
         try:
-            st = os.fstat(fd)
+            st = os.fstat(path_fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size != FILE_BYTES:
                 raise LayoutError(f"not a regular file of {FILE_BYTES} bytes")
+            fd = os.open(f"/proc/self/fd/{path_fd}", flags | os.O_NONBLOCK | os.O_CLOEXEC)
+        finally:
+            os.close(path_fd)
+        try:
             owner = os.stat(self.proc_root / str(pid)).st_uid
             if st.st_uid != owner:
                 raise LayoutError(f"owned by uid {st.st_uid}, but process {pid} runs as {owner}")
