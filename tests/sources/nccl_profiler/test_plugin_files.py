@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -265,3 +266,37 @@ def test_what_is_not_a_regular_file_is_never_opened(tmp_path: Path) -> None:
     receiver.poll()
     assert receiver.rejected == {str(fifo): f"not a regular file of {layout.FILE_BYTES} bytes"}
     assert opens() == 0
+
+
+AGENT = """
+import sys
+from pathlib import Path
+from bpfdyno.sources.nccl_profiler.receiver import NcclProfilerReceiver
+r = NcclProfilerReceiver(shm_dir=Path(sys.argv[1]))
+r.poll()
+print(sorted(r.snapshot()), r.rejected, r.request_detail(60.0))
+"""
+
+
+def test_the_packaged_units_agent_reads_and_asks_full_mode_of_another_users_trainer(
+    shared: tuple[Path, Path],
+) -> None:
+    # The agent as the systemd unit runs it: its own user, CAP_DAC_READ_SEARCH (reads any
+    # file, writes none), CAP_SETUID/CAP_SETGID: it writes the trainer's file as its owner.
+    library, shm = shared
+    with local_user() as trainer_user, local_user() as agent_user:
+        proc = start_trainer(trainer_user, library, shm)
+        try:
+            path = shm / f"bpfdyno-nccl.{proc.pid}"
+            argv = agent_user.wrap([sys.executable, "-c", AGENT, str(shm)], unit=True)
+            done = subprocess.run(
+                argv, env=agent_user.env(), capture_output=True, text=True, timeout=120,
+                cwd=agent_user.home,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            assert done.stdout == f"[{proc.pid}] {{}} [{proc.pid}]\n", done.stderr
+            header = layout.decode_header(path.read_bytes())
+            assert header.detail_until_ns > time.monotonic_ns()
+            assert path.stat().st_uid == trainer_user.uid  # still the trainer's
+        finally:
+            stop_trainer(proc)

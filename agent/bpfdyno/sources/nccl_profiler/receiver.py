@@ -14,6 +14,7 @@ until a deadline; `drain_records` hands over everything read since the last drai
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import struct
@@ -24,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bpfdyno.core.identity import FileIdentityError, files_as, primary_gid
 from bpfdyno.core.rootfs import open_in_root
 from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.sources.nccl_profiler.layout import (
@@ -46,6 +48,8 @@ from bpfdyno.sources.nccl_profiler.layout import (
     decode_header,
     decode_record,
 )
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SHM_DIR = Path("/dev/shm")
 #: A comm slot's generation (offset 0) and state (offset 28): see bpfdyno_nccl.h.
@@ -490,20 +494,30 @@ class NcclProfilerReceiver:
         self._detail_from_ns, self._detail_until_ns = now, until
         asked = []
         with self._lock:
-            sources = list(self._sources.items())
-        for pid, source in sources:
-            if wanted is not None and pid not in wanted:
-                continue
-            try:
-                fd, _, _ = self._open_checked(pid, source.path, os.O_RDWR)
-            except (OSError, LayoutError, ValueError):
-                continue
-            try:
-                os.pwrite(fd, until.to_bytes(8, "little"), DETAIL_UNTIL_OFFSET)
-                asked.append(pid)
-            finally:
-                os.close(fd)
+            for pid, source in list(self._sources.items()):
+                if wanted is not None and pid not in wanted:
+                    continue
+                try:
+                    self._write_detail_until(pid, source.path, until)
+                    asked.append(pid)
+                except (OSError, LayoutError, ValueError, FileIdentityError) as e:
+                    log.warning("full mode not asked of pid %d: %s", pid, e)
         return asked
+
+    def _write_detail_until(self, pid: int, path: Path, until: int) -> None:
+        fd, _, _ = self._open_checked(pid, path, os.O_RDONLY)
+        try:
+            # The file is its owner's (mode 0600): written as its owner, since an agent with
+            # only CAP_DAC_READ_SEARCH (the packaged unit) may read it but not write it.
+            owner = os.fstat(fd).st_uid
+            with files_as(owner, primary_gid(owner)):
+                out = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.pwrite(out, until.to_bytes(8, "little"), DETAIL_UNTIL_OFFSET)
+            finally:
+                os.close(out)
+        finally:
+            os.close(fd)
 
     def drain_records(self, pid: int) -> list[Record]:
         """The full-mode records of pid read since the last drain, oldest first."""
