@@ -300,3 +300,47 @@ def test_the_packaged_units_agent_reads_and_asks_full_mode_of_another_users_trai
             assert path.stat().st_uid == trainer_user.uid  # still the trainer's
         finally:
             stop_trainer(proc)
+
+
+SQUATTED = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from nccl_harness import Plugin
+p = Plugin(Path(sys.argv[2]))
+Path(sys.argv[3]).write_text(str(os.getpid()))
+while not Path(sys.argv[4]).exists():
+    pass
+rc, ctx, _ = p.init(0x77)
+print(rc, ctx, p.logged[0] if p.logged else "")
+"""
+
+
+def test_a_file_another_user_put_under_the_trainers_name_is_never_written(
+    shared: tuple[Path, Path],
+) -> None:
+    # Another user guesses the trainer's pid and makes the file first: the plugin neither
+    # writes into it nor follows it; its init fails (NCCL runs on without it) and says why.
+    library, shm = shared
+    with local_user() as trainer_user, local_user() as other:
+        pid_file, go = trainer_user.home / "pid", trainer_user.home / "go"
+        argv = [sys.executable, "-c", SQUATTED, str(HERE), str(library), str(pid_file), str(go)]
+        proc = subprocess.Popen(
+            trainer_user.wrap(argv), env=trainer_user.env(BPFDYNO_NCCL_SHM_DIR=str(shm)),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=trainer_user.home,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+            time.sleep(0.05)
+        squat = shm / f"bpfdyno-nccl.{pid_file.read_text()}"
+        squat.write_bytes(b"theirs")
+        os.chown(squat, other.uid, other.gid)
+        os.chmod(squat, 0o666)  # even one the trainer could write
+        go.touch()
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        rc, ctx, message = out.split(" ", 2)
+        assert (rc, ctx) == ("2", "0")
+        assert message.startswith("bpfdyno NCCL profiler: cannot create %s: %s;")
+        assert (squat.read_bytes(), squat.stat().st_uid) == (b"theirs", other.uid)
