@@ -5,6 +5,7 @@ left by an earlier process, a file of the wrong size or layout."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import subprocess
@@ -344,3 +345,31 @@ def test_a_file_another_user_put_under_the_trainers_name_is_never_written(
         assert (rc, ctx) == ("2", "0")
         assert message.startswith("bpfdyno NCCL profiler: cannot create %s: %s;")
         assert (squat.read_bytes(), squat.stat().st_uid) == (b"theirs", other.uid)
+
+
+EXITS = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from nccl_harness import Plugin
+p = Plugin(Path(sys.argv[2]))
+rc, ctx, _ = p.init(0x77)
+p.stop(p.start_coll(ctx, seq=0))
+print(json.dumps(sorted(f.name for f in Path(sys.argv[3]).iterdir())), flush=True)
+sys.exit(0)  # no finalize, as a job that never destroys its process group
+"""
+
+
+def test_a_trainer_that_exits_without_finalizing_takes_its_file(
+    shared: tuple[Path, Path],
+) -> None:
+    library, shm = shared
+    done = subprocess.run(
+        [sys.executable, "-c", EXITS, str(HERE), str(library), str(shm)],
+        env={**os.environ, "BPFDYNO_NCCL_SHM_DIR": str(shm)}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    pid_files = [n for n in json.loads(done.stdout) if n.startswith("bpfdyno-nccl.")]
+    assert len(pid_files) == 1  # it had its file while it ran
+    assert list(shm.iterdir()) == []

@@ -658,6 +658,13 @@ static ncclResult_t plugin_finalize(void* context) {
   return ncclSuccess;
 }
 
+/* A process that exits without finalizing NCCL (no destroy_process_group: common) takes its
+ * file with it too; only one killed outright leaves it (the agent ignores files of dead pids). A
+ * child forked from a trainer leaves its parent's file alone. */
+__attribute__((destructor)) static void remove_file_at_exit(void) {
+  if (g_hdr != NULL && g_pid == getpid()) unlink(g_path);
+}
+
 EXPORT ncclProfiler_v4_t ncclProfiler_v4 = {
     .name = "bpfdyno",
     .init = plugin_init_v4,
