@@ -119,6 +119,12 @@ def test_two_rank_allreduce_reaches_the_agent(
         abs(last0[k].start_realtime_ns - last1[k].start_realtime_ns) for k in last0 if k in last1
     )
     checks.between("arrival difference (ns)", lateness, 0, 10**9)
+    # The GPUs' own arrival (first kernel channel start, globaltimer) on both ranks.
+    gpu_lateness = max(
+        abs(last0[k].gpu_start_ns - last1[k].gpu_start_ns) for k in last0 if k in last1
+    )
+    checks.equal("GPU arrivals recorded", all(c.gpu_start_ns for c in last0.values()), True)
+    checks.between("GPU arrival difference (ns)", gpu_lateness, 0, 10**9)
 
     # Full mode: kernel channels with GPU spans.
     receiver.request_detail(30.0)
@@ -145,5 +151,5 @@ def test_two_rank_allreduce_reaches_the_agent(
         checks.equal(f"rank pid {r.proc.pid} exit", r.proc.wait(timeout=60), 0)
     receiver.poll()
     checks.equal("files left", [p for p in receiver.snapshot() if p in pids], [])
-    print(json.dumps({"lateness_ns": lateness}))
+    print(json.dumps({"lateness_ns": lateness, "gpu_lateness_ns": gpu_lateness}))
     checks.verify()

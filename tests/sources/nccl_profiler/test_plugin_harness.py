@@ -191,6 +191,8 @@ def test_collective_completes_when_its_last_part_stops_with_exact_times(
             duration_ns=6000,
             gpu_ns=10_100,
             net_wait_ns=4500,
+            gpu_start_ns=5_000_000,
+            gpu_stop_ns=5_010_100,
         ),
     )
     # Without full mode the ring holds the collective only, no parts.

@@ -74,6 +74,10 @@ class NcclCollective:
         duration_ns: CPU arrival -> its last kernel channel / proxy operation done.
         gpu_ns: first kernel channel start -> last channel stop on the GPU; 0 without them.
         net_wait_ns: time its proxy steps waited on the peer or the network.
+        gpu_start_ns, gpu_stop_ns: when its GPU work began and ended (first kernel channel
+            start, last stop) on the GPU's globaltimer: the GPU's arrival and completion,
+            comparable between the ranks as far as their GPUs' timers agree; 0 without
+            kernel channel events.
     """
 
     comm_id: int
@@ -84,6 +88,8 @@ class NcclCollective:
     duration_ns: int
     gpu_ns: int
     net_wait_ns: int
+    gpu_start_ns: int
+    gpu_stop_ns: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,6 +440,8 @@ class NcclProfilerReceiver:
                 duration_ns=record.duration_ns,
                 gpu_ns=_gpu_ns(record),
                 net_wait_ns=record.net_wait_ns,
+                gpu_start_ns=record.gpu_start_ns,
+                gpu_stop_ns=record.gpu_stop_ns,
             )
             if record.kind == RecordKind.COLL:
                 source.recent.append(collective)
