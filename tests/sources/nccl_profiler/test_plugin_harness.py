@@ -110,7 +110,7 @@ def one_allreduce(p: Plugin, ctx: int, seq: int, t0: int) -> None:
     p.stop(ch1)
 
 
-def test_abi_mirror_has_ncclss_v5_layout() -> None:
+def test_abi_mirror_has_the_v5_and_v4_layouts() -> None:
     # The offsets NCCL's v5 header gives on LP64 (the C side asserts the same numbers).
     assert ctypes.sizeof(EventDescr) == 112
     assert EventDescr.u.offset == 24
