@@ -184,3 +184,14 @@ def test_installed_layout_and_package_data(installed: Installed) -> None:
     assert found["tcss"] == {
         p.name: p.read_text() for p in (installed.src / "tui" / "bpfdyno" / "tui").glob("*.tcss")
     }
+
+
+def test_installed_package_builds_the_nccl_profiler_plugin(
+    installed: Installed, tmp_path: Path
+) -> None:
+    # The plugin's C sources travel as package data and build where the agent is installed.
+    r = installed.run("python", "-m", "bpfdyno.sources.nccl_profiler.build", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    library = tmp_path / "libbpfdyno-nccl-profiler.so"
+    assert r.stdout == f"{library}\n"
+    assert b"ncclProfiler_v5" in library.read_bytes()

@@ -417,6 +417,7 @@ def test_run_checks_on_this_machine(tmp_path: Path) -> None:
         "tracepoint irq:softirq_entry",
         "rdma",
         "kineto-protection",
+        "nccl-profiler",
     ]
     status = {}
     for line, name in zip(lines, names, strict=True):

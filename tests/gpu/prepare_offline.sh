@@ -17,7 +17,8 @@ set -euo pipefail
 DEBS=(libbpfcc python3-bpfcc libclang-cpp14 libllvm14 libz3-4 libicu72 libbpf1 bpftool libelf1
 	libxml2 libedit2)
 #: The suite's own files (tests/gpu without its CI-only tests).
-SUITE_FILES=(README.md conftest.py gpu_suite.py trace_checks.py test_gpu_node.py cuda_load.py
+SUITE_FILES=(README.md conftest.py gpu_suite.py trace_checks.py test_gpu_node.py test_nccl_plugin.py
+	nccl_ranks.py cuda_load.py
 	cuda_trainer.py preflight.py run_offline.sh prepare_offline.sh)
 TEST_WHEELS=(pytest pytest-timeout pytest-asyncio pip)
 

@@ -90,6 +90,7 @@ def build(cfg: Config) -> Assembly:
     from bpfdyno.sources.host.self_stats import SelfCollector
     from bpfdyno.sources.irq.collector import IrqCollector
     from bpfdyno.sources.kubelet.collector import PodResourcesCollector
+    from bpfdyno.sources.nccl_profiler.collector import NcclProfilerCollector
     from bpfdyno.sources.net.collector import NetCollector
     from bpfdyno.sources.percpu import rounds_between
     from bpfdyno.sources.perf.collector import PerfSwCollector, PmuCollector
@@ -192,6 +193,15 @@ def build(cfg: Config) -> Assembly:
         "kubelet": kubelet,
         "fabric": fabric,
         "irq": irq,
+        # Trainers' NCCL profiler plugin files; registered trainers are looked up in their
+        # own mount namespace too (containers).
+        "nccl_profiler": (
+            NcclProfilerCollector(
+                trainer_pids=lambda: [t.pid for t in tracing.service.registry.trainers()]
+            )
+            if on("nccl_profiler")
+            else None
+        ),
     }
     for name, collector in candidates.items():
         if collector is None:

@@ -43,6 +43,8 @@ from bpfdyno.core.identity import ROOT_UID
 from bpfdyno.core.pidfs import listening_socket_inodes, socket_holders, unix_socket_inodes
 from bpfdyno.ebpf.tracefs import MOUNT_COMMAND, find_tracefs
 from bpfdyno.server.sockdiag import SockDiagUnavailable, tcp_owner_uid
+from bpfdyno.sources.nccl_profiler.build import LIBRARY_NAME, PluginBuildError, compiler
+from bpfdyno.sources.nccl_profiler.receiver import DEFAULT_SHM_DIR, NcclProfilerReceiver
 from bpfdyno.sources.perf.perf_event import (
     PERF_FLAG_FD_CLOEXEC,
     PERF_TYPE_HARDWARE,
@@ -655,6 +657,29 @@ def _legacy_addresses(cfg: Config) -> list[tuple[str, int]]:
     return out
 
 
+def check_nccl_profiler(shm_dir: Path = DEFAULT_SHM_DIR) -> Check:
+    """Whether trainers here use the NCCL profiler plugin, and whether it can be built."""
+    receiver = NcclProfilerReceiver(shm_dir=shm_dir)
+    receiver.poll()
+    status = receiver.status()
+    if receiver.rejected:
+        return Check("nccl-profiler", None, status.reason, "remove the files named", False)
+    if receiver.in_use():
+        return Check("nccl-profiler", True, status.reason, required=False)
+    build = "python -m bpfdyno.sources.nccl_profiler.build DIR"
+    try:
+        cc = compiler()
+    except PluginBuildError as e:
+        return Check("nccl-profiler", None, f"not in use; {e}", "apt-get install gcc", False)
+    return Check(
+        "nccl-profiler",
+        True,
+        f"not in use; {cc} can build {LIBRARY_NAME} ({build}), then start trainers with "
+        f"NCCL_PROFILER_PLUGIN=DIR/{LIBRARY_NAME}",
+        required=False,
+    )
+
+
 def run_checks(cfg: Config, agent_ports: frozenset[int] = frozenset()) -> list[Check]:
     """Run every check against this machine and the agent's configured endpoints.
 
@@ -703,6 +728,7 @@ def run_checks(cfg: Config, agent_ports: frozenset[int] = frozenset()) -> list[C
         ),
         ("rdma", check_rdma),
         ("kineto-protection", lambda: check_kineto_protection(cfg)),
+        ("nccl-profiler", check_nccl_profiler),
     ]
     results = []
     for name, check in checks:

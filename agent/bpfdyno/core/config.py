@@ -25,7 +25,7 @@ DEFAULT_SOCKET = "/run/bpfdyno/bpfdyno.sock"
 #: Collectors the daemon knows; ``[collectors.<name>]`` may only name these.
 KNOWN_COLLECTORS = (
     "host", "self", "sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs", "kubelet",
-    "fabric", "irq",
+    "fabric", "irq", "nccl_profiler",
 )  # fmt: skip
 #: Collectors whose own interval is not the daemon's by default: the kubelet's allocations
 #: change only when pods start or end; the fabric's counters (RDMA ports, NIC driver
