@@ -157,6 +157,11 @@ class OffCpu:
         cpu: the CPU it came back on.
         held_pid, held_tid, held_comm: the task that held that CPU just before the thread
             got it back, i.e. that it waited for while runnable (0: the CPU was idle).
+        pid: the thread's own process: the traced process, or a child process of it (a
+            DataLoader worker) recorded with it; 0 when not recorded (older captures).
+        waker_pid, waker_tid: the task that woke it (blocked intervals; 0: not seen). The
+            waker for a wakeup from a process (a pipe write, a futex wake); for one from an
+            interrupt (a timer, a disk) whatever the interrupt found running.
     """
 
     tid: int
@@ -170,6 +175,9 @@ class OffCpu:
     held_pid: int = 0
     held_tid: int = 0
     held_comm: str = ""
+    pid: int = 0
+    waker_pid: int = 0
+    waker_tid: int = 0
 
     @property
     def runnable(self) -> bool:
