@@ -766,3 +766,66 @@ def test_child_processes_are_recorded_with_the_parent_and_who_woke_it(
     assert woken_by == [(early, early)] * 3 + [(late[0], late[0])] * 3
     assert manager.kernel.foreign_records == 0
     assert manager.kernel.traced() == {}
+
+
+#: Forks a child that sleeps 50 ms and exits; once it is gone, two more at once.
+CHILDREN_ONE_AT_A_TIME = r"""
+import os, sys, time
+
+def child():
+    time.sleep(0.05)
+    os._exit(0)
+
+sys.stdin.readline()
+pids = []
+for batch in (1, 2):
+    forked = []
+    for _ in range(batch):
+        pid = os.fork()
+        if pid == 0:
+            child()
+        forked.append(pid)
+    for pid in forked:
+        os.waitpid(pid, 0)
+    pids += forked
+print("done", *pids, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_child_leaves_the_map_at_its_exit_and_a_full_map_is_said() -> None:
+    """Room for two processes: the traced one and one child at a time. A child that exited
+    leaves its place to the next (so workers forked every epoch keep being recorded); of two
+    children at once, the second finds the map full, which the trace's sched note says."""
+    m = manager_with(("capture.max_processes", "2"))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", CHILDREN_ONE_AT_A_TIME],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdin is not None and parent.stdout is not None
+    pids: list[int] = []
+    try:
+
+        def work() -> None:
+            parent.stdin.write("\n")
+            parent.stdin.flush()
+            words = parent.stdout.readline().split()
+            assert words[0] == "done"
+            pids.extend(int(w) for w in words[1:])
+
+        sched = KernelTrackRequest(frozenset({Track.SCHED}), 0.0)
+        cap = record(m, parent.pid, sched, work)
+    finally:
+        parent.kill()
+        parent.wait()
+        m.stop()
+    first, second, third = pids
+    sleeps = {r.pid for r in cap.records if isinstance(r, OffCpu) and r.syscall == 230}
+    assert sleeps == {first, second}
+    assert cap.stats[Track.SCHED].note == (
+        "1 child process(es) of traced processes (DataLoader workers) could not be followed "
+        "(more than [capture] max_processes at once): what they waited for is missing"
+    )
+    assert third not in sleeps

@@ -7,6 +7,7 @@ for: sleeping, for about as long as the rank was late.
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import shutil
@@ -46,6 +47,20 @@ def children(pid: int) -> list[int]:
         for task in Path(f"/proc/{pid}/task").iterdir()
         for w in (task / "children").read_text().split()
     ]
+
+
+def test_healthy_ranks_with_dataloader_workers_are_within_noise(job: StragglerJob) -> None:
+    """The workers' own waits (for the next index, for their threads) make no straggler, and
+    every rank's file has its worker recorded with it."""
+    trace = job.trace("healthy-workers", ITERATIONS)
+    print(describe(trace))
+    assert trace.verdict.within_noise and trace.verdict.stragglers == (), describe(trace)
+    for rank in range(RANKS):
+        [worker] = children(job.rank_pids[rank])
+        path = trace.evidence[rank].path
+        with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
+            text = f.read()
+        assert f'"name":"kernel sched: child process {worker} thread {worker} ' in text, rank
 
 
 def test_a_slow_dataloader_worker_is_named_with_what_it_waited_for(job: StragglerJob) -> None:
