@@ -10,6 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bpfdyno.analysis.summary import summarize_file
 from bpfdyno.analysis.verdict import compare
 from bpfdyno.rpc.diagnosis import CauseTime, CollectiveEvidence, RankEvidence
@@ -37,7 +39,8 @@ def step_records(i: int) -> list[OffCpu]:
     def iv(tid: int, pid: int, off: int, on: int, state: int, sc: int, **kw: Any) -> OffCpu:
         comm = "python" if pid == PID else "pt_data_worker"
         wake = t + on * MS if state else 0
-        return OffCpu(tid, comm, t + off * MS, wake, t + on * MS, state, sc, 0, pid=pid, **kw)
+        child = 0 if pid == PID else pid  # the traced process's own threads: 0
+        return OffCpu(tid, comm, t + off * MS, wake, t + on * MS, state, sc, 0, pid=child, **kw)
 
     return [
         iv(PID, PID, 5, 100, S, POLL, waker_pid=WORKER, waker_tid=WORKER + 2),
@@ -51,11 +54,14 @@ def step_records(i: int) -> list[OffCpu]:
     ]
 
 
-def trace_file(tmp_path: Path) -> Path:
+def trace_file(tmp_path: Path, file_pid: int = PID) -> Path:
+    """The trace; ``file_pid``: the pid the file names the process by (1: a container's
+    trainer, whose sched track still has the host's ids)."""
     records = [r for i in range(STEPS) for r in step_records(i)]
     end_ns = STEPS * STEP_MS * MS
     capture = ProcessCapture(
-        pid=PID,
+        pid=file_pid,
+        host_pid=PID if file_pid != PID else 0,
         request=KernelTrackRequest(frozenset({Track.SCHED}), 0.0),
         begin_ns=0,
         end_ns=end_ns,
@@ -76,9 +82,9 @@ def trace_file(tmp_path: Path) -> Path:
     for i in range(STEPS):
         t = i * STEP_MS * 1000.0  # µs
         events += [
-            {"ph": "X", "cat": "user_annotation", "pid": PID, "tid": PID, "ts": t, "dur": 100e3,
-             "name": "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"},
-            {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": PID,
+            {"ph": "X", "cat": "user_annotation", "pid": file_pid, "tid": file_pid, "ts": t,
+             "dur": 100e3, "name": "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"},
+            {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": file_pid,
              "tid": 7, "ts": t + 150e3, "dur": 10e3, "args": {}},
         ]  # fmt: skip
     events += [json.loads(e) for e in built.events]
@@ -104,11 +110,14 @@ def test_the_worker_rows_name_the_child_and_who_woke_the_main_thread(tmp_path: P
     assert sleep["args"]["child_pid"] == WORKER and "woken_by_pid" not in sleep["args"]
 
 
+@pytest.mark.parametrize("file_pid", [PID, 1])
 def test_the_evidence_says_what_the_workers_waited_for_while_the_main_thread_waited(
-    tmp_path: Path,
+    tmp_path: Path, file_pid: int
 ) -> None:
-    ev = summarize_file(str(trace_file(tmp_path))).evidence
-    assert ev is not None and len(ev.collectives) == STEPS
+    """The same whether the file names the process by the host's pid or, for a trainer in a
+    container, by its own (1), the sched track's ids being the host's either way."""
+    ev = summarize_file(str(trace_file(tmp_path, file_pid))).evidence
+    assert ev is not None and len(ev.collectives) == STEPS and ev.pid == file_pid
     for c in ev.collectives:
         assert c.before[0] == CauseTime("data_loader", 0.095, "poll")
         assert c.workers == (
@@ -164,12 +173,12 @@ def test_the_verdict_says_which_workers_and_what_they_waited_for() -> None:
     assert (f.rank, f.kind) == (2, "late")
     assert f.causes[0].cause == "data_loader"
     assert f.causes[0].detail == (
-        f"pid {WORKER}, which were sleeping for 700.0 ms (clock_nanosleep), "
+        f"pid {WORKER}, which was sleeping for 700.0 ms (clock_nanosleep), "
         "waiting for a CPU for 50.0 ms (held by hog) of the 800.0 ms it waited for them"
     )
     assert (
         f"waiting for DataLoader workers {f.causes[0].seconds * 1e3:.1f} ms (pid {WORKER}, which "
-        "were sleeping for 700.0 ms" in f.summary
+        "was sleeping for 700.0 ms" in f.summary
     )
 
 
@@ -179,3 +188,11 @@ def test_without_workers_recorded_the_main_thread_s_system_call_is_said() -> Non
     ranks[2] = replace(ranks[2], collectives=bare)
     [f] = compare(ranks).stragglers
     assert (f.causes[0].cause, f.causes[0].detail) == ("data_loader", "poll")
+
+
+def test_two_workers_are_named_both() -> None:
+    ranks = [rank(r) for r in range(4)]
+    both = tuple(replace(c, worker_pids=(WORKER, IDLE_WORKER)) for c in ranks[2].collectives)
+    ranks[2] = replace(ranks[2], collectives=both)
+    [f] = compare(ranks).stragglers
+    assert f.causes[0].detail.startswith(f"pid {WORKER}, {IDLE_WORKER}, which were sleeping for ")

@@ -75,7 +75,7 @@ def test_a_slow_dataloader_worker_is_named_with_what_it_waited_for(job: Straggle
     first = f.causes[0]
     assert first.cause == "data_loader", describe(trace)
     m = re.fullmatch(
-        rf"pid {worker}, which were sleeping for (\d+\.\d+) (m?s) \(clock_nanosleep\)(, .*)? "
+        rf"pid {worker}, which was sleeping for (\d+\.\d+) (m?s) \(clock_nanosleep\)(, .*)? "
         r"of the (\d+\.\d+) s it waited for them",
         first.detail,
     )

@@ -116,8 +116,10 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
     if not facts.info:
         notes.append("no kernel tracks in the file: only its collectives' times are compared")
     steps = _steps(facts, lo, hi)
-    threads = _Threads(_slices(facts, pid, {c.tid for c in chosen if c.tid} - {pid}, lo, hi))
-    worker_slices, worker_of = _worker_slices(facts, pid, lo, hi)
+    # Thread ids of the sched track are the host's (a container's trainer: not the file's pid).
+    tid = facts.main_tid
+    threads = _Threads(_slices(facts, tid, {c.tid for c in chosen if c.tid} - {pid}, lo, hi))
+    worker_slices, worker_of = _worker_slices(facts, tid, lo, hi)
     children = _Threads(worker_slices)
     busy = _gpu_busy(facts, lo, hi)
     listed = sorted(
@@ -142,7 +144,7 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
                 sorted((*before, CauseTime("interrupts", stolen)), key=lambda t: -t.seconds)
             )
         during, _, worst_during = _causes(threads, busy, c.start_us, c.end_us)
-        workers, worker_pids = _workers(threads, children, worker_of, pid, run_up, c.start_us)
+        workers, worker_pids = _workers(threads, children, worker_of, tid, run_up, c.start_us)
         worst = {w.cause: w for w in worst_during}
         for w in worst_before:  # the run-up's, unless the collective itself had a longer one
             if w.cause not in worst or w.duration_ns > worst[w.cause].duration_ns:
@@ -203,7 +205,7 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
             for e in listed[:MAX_LOSS_EVENTS]
         ),
         gpu_sm_clock_mhz=_mean_clock(facts, lo, hi),
-        steps=_step_split(steps, chosen, threads, busy, pid),
+        steps=_step_split(steps, chosen, threads, busy, tid),
         notes=tuple(notes),
         fabric_devices=tuple(sorted({d for _, d, _, _ in facts.fabric if d != "cpu"})),
         connections=_connections(facts, lo, hi),
@@ -383,12 +385,12 @@ def _worker_slices(
 ) -> tuple[list[_Slice], dict[int, int]]:
     """The child processes' off-CPU slices that count (module doc), clipped to the window,
     and each of their threads' process."""
-    job = {pid} | {s.child_pid for s in facts.offcpu if s.child_pid}
+    # One pass over every slice (a big trace has a million): the children's, in the window.
+    theirs = [s for s in facts.offcpu if s.child_pid and s.end_us > lo and s.start_us < hi]
+    job = {pid} | {s.child_pid for s in theirs}
     out: list[_Slice] = []
     process: dict[int, int] = {}
-    for s in facts.offcpu:
-        if not s.child_pid or s.end_us <= lo or s.start_us >= hi:
-            continue
+    for s in theirs:
         cause = OFFCPU_CAUSE.get(s.cause, "blocked")
         if cause not in RESOURCE_CAUSES and (not s.woken_by_pid or s.woken_by_pid in job):
             continue

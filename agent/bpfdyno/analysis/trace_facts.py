@@ -192,6 +192,13 @@ class TraceFacts:
             return self.info_pid
         return max(self.op_count_by_pid, key=self.op_count_by_pid.__getitem__, default=0)
 
+    @property
+    def main_tid(self) -> int:
+        """The main thread's id as the sched track names it: the host's pid of the process
+        when the file names it by its container's (the info slice's ``host_pid``)."""
+        host = self.info.get("host_pid")
+        return host if isinstance(host, int) and host > 0 else self.main_pid
+
     def abs_ns(self, ts_us: float) -> int:
         """A time of the file as wall-clock ns of the host that wrote it."""
         return self.base_ns + round(ts_us * 1000)

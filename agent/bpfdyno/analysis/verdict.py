@@ -697,8 +697,12 @@ def _workers_said(c: LateCause) -> str:
             + (f" ({top[0][0]})" if top else "")
         )
     pids = ", ".join(str(p) for p in sorted(w.pids))
-    waited = f" of the {_fmt_s(w.waited)} it waited for them" if said else ""
-    return f"pid {pids}, which were " + ", ".join(said) + waited
+    were = "was" if len(w.pids) == 1 else "were"
+    return (
+        f"pid {pids}, which {were} "
+        + ", ".join(said)
+        + f" of the {_fmt_s(w.waited)} it waited for them"
+    )
 
 
 #: How a DataLoader worker's wait is said after "which were".

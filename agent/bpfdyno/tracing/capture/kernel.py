@@ -577,7 +577,8 @@ class KernelCapture:
             held_pid=int(e.held_tgid),
             held_tid=int(e.held_tid),
             held_comm=bytes(e.held_comm).split(b"\0", 1)[0].decode("utf-8", "replace"),
-            pid=int(e.pid),
+            # The traced process's own thread, or a child's (host pids, like the thread ids).
+            pid=int(e.pid) if int(e.pid) != int(e.tgid) else 0,
             waker_pid=int(e.waker_tgid),
             waker_tid=int(e.waker_tid),
         )

@@ -280,7 +280,7 @@ def write_tracks(
         counts[Track.NET] += _tcp(w, by_kind[TcpSample], shift, window)
         counts[Track.NET] += _pre_window(w, recorded, base_ns, window)
     if Track.SCHED in wanted:
-        counts[Track.SCHED] = _sched(w, by_kind[OffCpu], shift, window, capture.pid)
+        counts[Track.SCHED] = _sched(w, by_kind[OffCpu], shift, window)
         n, quotas = _quota(w, by_kind[CpuQuotaSample], shift, window)
         counts[Track.SCHED] += n
     if Track.NCCL in wanted:
@@ -417,17 +417,17 @@ def _pre_window(w: _Writer, recorded: Sequence[KernelEvent], base_ns: int, windo
     return n
 
 
-def _sched(w: _Writer, intervals: list[OffCpu], shift: int, window: Window, pid: int) -> int:
+def _sched(w: _Writer, intervals: list[OffCpu], shift: int, window: Window) -> int:
     rows: dict[str, list[OffCpu]] = defaultdict(list)
     for iv in intervals:
         if _overlaps(iv.off_ns + shift, iv.on_ns + shift, window):
-            child = f"child process {iv.pid} " if iv.pid and iv.pid != pid else ""
+            child = f"child process {iv.pid} " if iv.pid else ""
             rows[f"kernel sched: {child}thread {iv.tid} ({iv.comm})"].append(iv)
     n = 0
     for name in sorted(rows):
         slices: list[_Slice] = []
         for iv in rows.pop(name):
-            slices.extend(_offcpu_slices(iv, shift, window, pid))
+            slices.extend(_offcpu_slices(iv, shift, window))
         n += w.slices(name, slices)
     return n
 
@@ -478,11 +478,11 @@ def _quota_delta(base: CpuQuotaSample, s: CpuQuotaSample) -> dict[str, Any]:
     }
 
 
-def _offcpu_slices(iv: OffCpu, shift: int, window: Window, pid: int = 0) -> list[_Slice]:
+def _offcpu_slices(iv: OffCpu, shift: int, window: Window) -> list[_Slice]:
     """One slice for a preempted interval; "blocked" then "runnable: woken" otherwise."""
     off, on = iv.off_ns + shift, iv.on_ns + shift
     base: dict[str, Any] = {"tid": iv.tid, "cpu": iv.cpu, "state": causes.state_letter(iv.state)}
-    if iv.pid and iv.pid != pid:
+    if iv.pid:
         base["child_pid"] = iv.pid  # a child process of the traced one (a DataLoader worker)
     if off < window.start_ns or on > window.end_ns:
         base["clipped_to_window"] = True
@@ -644,6 +644,10 @@ def _info(
     }
     if capture.distributed:
         info["distributed_from_environment"] = capture.distributed
+    if capture.host_pid:
+        # The sched track's thread ids and child pids are the host's: the reader matches
+        # the main thread by this.
+        info["host_pid"] = capture.host_pid
     if Track.NET in counts:
         gap, most = (
             capture.settings.get("net_coalesce_gap_us", 0),
