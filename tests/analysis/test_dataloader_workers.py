@@ -18,7 +18,7 @@ from bpfdyno.rpc.diagnosis import CauseTime, CollectiveEvidence, RankEvidence
 from bpfdyno.tracing.capture.records import KernelTrackRequest, OffCpu, ProcessCapture, Track
 from bpfdyno.tracing.capture.tracks import Window, build_tracks
 
-PID, WORKER, IDLE_WORKER, HOG = 41, 50, 51, 99
+PID, WORKER, IDLE_WORKER, WATCHDOG, HOG = 41, 50, 51, 60, 99
 BASE = 1_700_000_000_000_000_000
 MS = 1_000_000
 STEP_MS, STEPS = 250, 4
@@ -32,8 +32,9 @@ def step_records(i: int) -> list[OffCpu]:
     5 ms for a CPU the hog holds, and a second thread of it waits 10 ms for the disk while the
     first sleeps (and 1 ms before the main thread waits); what
     must not count: its feeder thread's futex wait (woken by its own process), the idle
-    worker's wait for the main process's next index (woken by it), and the worker's sleep
-    after the main thread stopped waiting."""
+    worker's wait for the main process's next index (woken by it), the worker's sleep after
+    the main thread stopped waiting, and another child of the trainer that sleeps (a
+    watchdog: it never hands the main thread anything)."""
     t = i * STEP_MS * MS
 
     def iv(tid: int, pid: int, off: int, on: int, state: int, sc: int, **kw: Any) -> OffCpu:
@@ -51,6 +52,7 @@ def step_records(i: int) -> list[OffCpu]:
         iv(WORKER + 3, WORKER, 20, 30, D, READ),
         iv(IDLE_WORKER, IDLE_WORKER, 0, 100, S, READ, waker_pid=PID, waker_tid=PID + 1),
         iv(WORKER, WORKER, 120, 140, S, CLOCK_NANOSLEEP),
+        iv(WATCHDOG, WATCHDOG, 0, 240, S, CLOCK_NANOSLEEP),
     ]
 
 

@@ -49,12 +49,17 @@ def children(pid: int) -> list[int]:
     ]
 
 
-def test_healthy_ranks_with_dataloader_workers_are_within_noise(job: StragglerJob) -> None:
-    """The workers' own waits (for the next index, for their threads) make no straggler, and
-    every rank's file has its worker recorded with it."""
+def test_healthy_ranks_blame_no_dataloader_worker(job: StragglerJob) -> None:
+    """The workers' own waits (for the next index, for their threads) make no rank late for
+    its DataLoader, and every rank's file has its worker recorded with it. (Not "no
+    straggler": another suite's busy process pinned to a CPU of this job was seen to make a
+    rank late, rightly named first as who held the CPU, its worker starved too.)"""
     trace = job.trace("healthy-workers", ITERATIONS)
     print(describe(trace))
-    assert trace.verdict.within_noise and trace.verdict.stragglers == (), describe(trace)
+    blamed = [
+        f for f in trace.verdict.stragglers if f.causes and f.causes[0].cause == "data_loader"
+    ]
+    assert blamed == [], describe(trace)
     for rank in range(RANKS):
         [worker] = children(job.rank_pids[rank])
         path = trace.evidence[rank].path
@@ -69,9 +74,14 @@ def test_a_slow_dataloader_worker_is_named_with_what_it_waited_for(job: Straggle
     with job.slow_worker(SLOW_RANK, WORKER_MS):
         trace = job.trace("slow-worker", ITERATIONS)
     print(describe(trace))
-    assert len(trace.verdict.stragglers) == 1, describe(trace)
-    f = trace.verdict.stragglers[0]
-    assert (f.rank, f.kind, f.pid) == (SLOW_RANK, "late", rank_pid), describe(trace)
+    # That rank, and no other for its DataLoader. (Another suite's busy process pinned to
+    # CPU 1, seen on this machine, makes rank 2 late for a CPU besides: named as such.)
+    named = [f for f in trace.verdict.stragglers if f.rank == SLOW_RANK]
+    assert len(named) == 1, describe(trace)
+    f = named[0]
+    assert (f.kind, f.pid) == ("late", rank_pid), describe(trace)
+    others = [g for g in trace.verdict.stragglers if g is not f]
+    assert all(g.causes[0].cause == "cpu_wait" for g in others), describe(trace)
     first = f.causes[0]
     assert first.cause == "data_loader", describe(trace)
     m = re.fullmatch(

@@ -29,6 +29,8 @@ busy time (its other kernels); TCP retransmits, resets and drops on the rank's s
 
 Waiting for whom, one level: while the main thread waited for its DataLoader workers, what
 the workers (the traced process's child processes, recorded with it) waited for, by cause.
+The workers are the children that woke the main thread (handing it a batch) in the window;
+when none did (a pin-memory thread hands the batches over), every child.
 Their waits for a CPU, a disk, a file or a timer count whoever woke them; their waits on a
 lock, pipe or socket only when someone outside the job woke them (a storage server): a worker
 woken by the trainer or by itself was waiting for the trainer's next index or for its own
@@ -387,7 +389,18 @@ def _worker_slices(
     and each of their threads' process."""
     # One pass over every slice (a big trace has a million): the children's, in the window.
     theirs = [s for s in facts.offcpu if s.child_pid and s.end_us > lo and s.start_us < hi]
+    if not theirs:
+        return [], {}
     job = {pid} | {s.child_pid for s in theirs}
+    # The workers: the children that woke the main thread (another child, a watchdog that
+    # sleeps, is not what it waited for).
+    handing = {
+        s.woken_by_pid
+        for s in facts.offcpu
+        if s.tid == pid and s.woken_by_pid in job and s.woken_by_pid != pid
+    }
+    if handing:
+        theirs = [s for s in theirs if s.child_pid in handing]
     out: list[_Slice] = []
     process: dict[int, int] = {}
     for s in theirs:
