@@ -118,8 +118,12 @@ def test_the_evidence_says_what_the_workers_waited_for_while_the_main_thread_wai
 ) -> None:
     """The same whether the file names the process by the host's pid or, for a trainer in a
     container, by its own (1), the sched track's ids being the host's either way."""
-    ev = summarize_file(str(trace_file(tmp_path, file_pid))).evidence
+    summary = summarize_file(str(trace_file(tmp_path, file_pid)))
+    ev = summary.evidence
     assert ev is not None and len(ev.collectives) == STEPS and ev.pid == file_pid
+    # The process's own table: its main thread's time, not its children's.
+    assert summary.offcpu_threads == 1
+    assert summary.blocked_seconds_by_cause == {"io wait": pytest.approx(STEPS * 0.095)}
     for c in ev.collectives:
         assert c.before[0] == CauseTime("data_loader", 0.095, "poll")
         assert c.workers == (
