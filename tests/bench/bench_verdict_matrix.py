@@ -30,8 +30,9 @@ Classes and what each expects (`FAULTS`):
   it, and the job was not held back);
 - ``slow-read``: each batch delivered 60 or 120 ms late -> that rank, blocked on its read
   (``io_wait``);
-- ``slow-worker``: the rank's DataLoader worker waits 60 or 120 ms before each item (the job
-  then runs with one DataLoader worker per rank) -> that rank, waiting for its DataLoader
+- ``slow-worker``: the rank's DataLoader worker waits 60 or 120 ms before each item (when
+  this class is among those run — all, by default — the job gives every rank one DataLoader
+  worker, for every class of the run) -> that rank, waiting for its DataLoader
   workers (``data_loader``; the detail says they were sleeping: checked in
   tests/tracing/test_dataloader_verdict.py);
 - ``two``: 20 ms of latency on one rank and a CPU hog on rank 2 at once -> both named;
