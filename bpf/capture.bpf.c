@@ -21,9 +21,12 @@
  *   kernel's reason) of the sockets it used, attributed through `bpfdyno_csocks` since most
  *   fire in softirq context;
  * - the off-CPU intervals of its threads: switched out runnable (preempted: waiting for a
- *   CPU) or blocked (sleep, I/O, lock, futex), the wakeup of a blocked thread, and the switch
- *   back in, with the task that held the CPU just before (who it waited for). Intervals
- *   shorter than CAP_MIN_OFFCPU_NS are only counted and summed.
+ *   CPU) or blocked (sleep, I/O, lock, futex), the wakeup of a blocked thread and the task
+ *   that woke it, and the switch back in, with the task that held the CPU just before (who
+ *   it waited for). Intervals shorter than CAP_MIN_OFFCPU_NS are only counted and summed;
+ * - the same of its child processes (one level: DataLoader workers, forked when it forks
+ *   them, or added by user space when they were forked before), as part of its own record:
+ *   a main thread waiting for its workers is explained by what the workers waited for.
  *
  * Raw tracepoints reading struct sock / task_struct: needs the "btf" kernel-header flavour.
  *
@@ -532,6 +535,18 @@ static __always_inline s32 cap_current_syscall(void)
 #endif
 }
 
+/* The traced process a record of process tgid (entry p) belongs to: itself, or its parent for
+ * a child (CAP_F_CHILD); and that process's entry, where the counters go (NULL: gone). */
+static __always_inline struct cap_proc *cap_owner(struct cap_proc *p, u32 tgid, u32 *owner)
+{
+	if (!(p->flags & CAP_F_CHILD)) {
+		*owner = tgid;
+		return p;
+	}
+	*owner = p->parent;
+	return bpfdyno_ctgids.lookup(owner);
+}
+
 /* TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next,
  *          unsigned int prev_state) since 5.18 */
 int bpfdyno_cswitch(struct bpf_raw_tracepoint_args *ctx)
@@ -564,6 +579,8 @@ int bpfdyno_cswitch(struct bpf_raw_tracepoint_args *ctx)
 			th->state = state;
 			th->syscall = syscall;
 			th->gen = gen;
+			th->waker_tgid = 0;
+			th->waker_tid = 0;
 		} else {
 			struct cap_thread fresh = {};
 			fresh.off_ns = now;
@@ -578,8 +595,8 @@ int bpfdyno_cswitch(struct bpf_raw_tracepoint_args *ctx)
 
 	u32 ntgid = 0;
 	bpf_probe_read_kernel(&ntgid, sizeof(ntgid), &next->tgid);
-	struct cap_proc *p = bpfdyno_ctgids.lookup(&ntgid);
-	if (!p || !(p->flags & CAP_F_SCHED))
+	struct cap_proc *np = bpfdyno_ctgids.lookup(&ntgid);
+	if (!np || !(np->flags & CAP_F_SCHED))
 		return 0;
 	u32 ntid = 0;
 	bpf_probe_read_kernel(&ntid, sizeof(ntid), &next->pid);
@@ -587,6 +604,13 @@ int bpfdyno_cswitch(struct bpf_raw_tracepoint_args *ctx)
 	if (!th || !th->off_ns)
 		return 0; /* first seen now: when it went off-CPU is unknown */
 	if (th->gen != gen) { /* switched out before a gap: when it came back is unknown */
+		th->off_ns = 0;
+		th->wake_ns = 0;
+		return 0;
+	}
+	u32 owner = 0;
+	struct cap_proc *p = cap_owner(np, ntgid, &owner);
+	if (!p) { /* a child whose parent is no longer traced: user space removes it */
 		th->off_ns = 0;
 		th->wake_ns = 0;
 		return 0;
@@ -603,12 +627,12 @@ int bpfdyno_cswitch(struct bpf_raw_tracepoint_args *ctx)
 			e->off_ns = th->off_ns;
 			e->wake_ns = th->wake_ns;
 			e->on_ns = now;
-			e->tgid = ntgid;
+			e->tgid = owner;
 			e->tid = ntid;
 			e->state = th->state;
 			e->cpu = bpf_get_smp_processor_id();
 			e->syscall = th->syscall;
-			e->pad = 0;
+			e->pid = ntgid;
 			bpf_probe_read_kernel(&e->comm, sizeof(e->comm), &next->comm);
 			/* prev (current) held this CPU until now: unless it is the idle task, the
 			 * thread waited for it (helpers only: no task_struct read). */
@@ -618,6 +642,8 @@ int bpfdyno_cswitch(struct bpf_raw_tracepoint_args *ctx)
 				bpf_get_current_comm(&e->held_comm, sizeof(e->held_comm));
 			else
 				__builtin_memset(&e->held_comm, 0, sizeof(e->held_comm));
+			e->waker_tgid = th->wake_ns ? th->waker_tgid : 0;
+			e->waker_tid = th->wake_ns ? th->waker_tid : 0;
 			bpfdyno_csched.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
 			__sync_fetch_and_add(&p->offcpu, 1);
 		} else {
@@ -630,8 +656,10 @@ int bpfdyno_cswitch(struct bpf_raw_tracepoint_args *ctx)
 	return 0;
 }
 
-/* TP_PROTO(struct task_struct *p): a blocked thread became runnable. */
-int bpfdyno_cwakeup(struct bpf_raw_tracepoint_args *ctx)
+/* TP_PROTO(struct task_struct *p): a blocked thread is being woken, in the waker's context
+ * (sched_waking; sched_wakeup may run later on the woken thread's CPU, where current is
+ * someone else): when, and by whom. */
+int bpfdyno_cwaking(struct bpf_raw_tracepoint_args *ctx)
 {
 	struct task_struct *task = (struct task_struct *)ctx->args[0];
 	u32 tgid = 0;
@@ -642,7 +670,49 @@ int bpfdyno_cwakeup(struct bpf_raw_tracepoint_args *ctx)
 	u32 tid = 0;
 	bpf_probe_read_kernel(&tid, sizeof(tid), &task->pid);
 	struct cap_thread *th = bpfdyno_cthread.lookup(&tid);
-	if (th && th->off_ns && !th->wake_ns)
+	if (th && th->off_ns && !th->wake_ns) {
+		u64 id = bpf_get_current_pid_tgid();
 		th->wake_ns = bpf_ktime_get_ns();
+		th->waker_tgid = id >> 32;
+		th->waker_tid = (u32)id;
+	}
+	return 0;
+}
+
+/* TP_PROTO(struct task_struct *parent, struct task_struct *child), in the parent's context:
+ * a traced process (not itself a child) forked a process: record that child's threads too,
+ * as part of the parent's capture. Threads (child->tgid == parent's) are not new processes. */
+int bpfdyno_cfork(struct bpf_raw_tracepoint_args *ctx)
+{
+	u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	struct cap_proc *p = bpfdyno_ctgids.lookup(&tgid);
+	if (!p || !(p->flags & CAP_F_SCHED) || (p->flags & CAP_F_CHILD))
+		return 0;
+	struct task_struct *child = (struct task_struct *)ctx->args[1];
+	u32 cpid = 0, ctgid = 0;
+	bpf_probe_read_kernel(&cpid, sizeof(cpid), &child->pid);
+	bpf_probe_read_kernel(&ctgid, sizeof(ctgid), &child->tgid);
+	if (cpid != ctgid || ctgid == tgid)
+		return 0;
+	struct cap_proc fresh = {};
+	fresh.flags = CAP_F_SCHED | CAP_F_CHILD;
+	fresh.parent = tgid;
+	/* Not over an entry of its own (a child traced in its own right keeps it). */
+	if (bpfdyno_ctgids.insert(&ctgid, &fresh) && !bpfdyno_ctgids.lookup(&ctgid))
+		cap_count(CAP_C_CHILD_FULL);
+	return 0;
+}
+
+/* TP_PROTO(struct task_struct *p[, bool group_dead]), in the exiting task's context: a child
+ * process whose main thread exits leaves the map (workers come and go each epoch). */
+int bpfdyno_cexit(struct bpf_raw_tracepoint_args *ctx)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tgid = id >> 32;
+	if (tgid != (u32)id)
+		return 0;
+	struct cap_proc *p = bpfdyno_ctgids.lookup(&tgid);
+	if (p && (p->flags & CAP_F_CHILD))
+		bpfdyno_ctgids.delete(&tgid);
 	return 0;
 }

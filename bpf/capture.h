@@ -20,7 +20,8 @@ enum cap_counter {
 	CAP_C_THREAD_FULL = 2,  /* a traced thread could not be added to bpfdyno_cthread */
 	CAP_C_BURST_FULL = 3,   /* bpfdyno_cbursts full: the call was emitted on its own */
 	CAP_C_SOCK_FULL = 4,    /* bpfdyno_csocks full: softirq events of that socket are missed */
-	CAP_C_MAX = 5,
+	CAP_C_CHILD_FULL = 5,   /* a traced process's child could not be added to bpfdyno_ctgids */
+	CAP_C_MAX = 6,
 };
 
 /* Kinds of the records in the `bpfdyno_cnet` ring buffer. */
@@ -38,12 +39,16 @@ enum cap_net_kind {
 /* cap_proc.flags: what is recorded for the process. */
 #define CAP_F_NET 1
 #define CAP_F_SCHED 2
+/* A child process of a traced process (a DataLoader worker...), added by the programs when
+ * the traced process forks it, or by user space for those forked before the trace began:
+ * only its off-CPU intervals are recorded, as part of its parent's capture. */
+#define CAP_F_CHILD 4
 
 /* Per traced process: the value of `bpfdyno_ctgids` (its key is the tgid). User space sets
  * flags when it adds the process; the programs only add to the counters. */
 struct cap_proc {
 	u32 flags;        /* CAP_F_* */
-	u32 pad;
+	u32 parent;       /* CAP_F_CHILD: the traced process it belongs to; 0 otherwise */
 	u64 net_events;   /* net records written */
 	u64 net_lost;     /* net records lost (ring buffer full) */
 	u64 calls;        /* send/receive calls seen, coalesced or not */
@@ -131,27 +136,34 @@ struct cap_thread {
 	u32 state;    /* prev_state at the switch-out; 0 = still runnable (preempted) */
 	s32 syscall;  /* the system call it blocked in; -1: none, or not known on this arch */
 	u32 gen;      /* the bpfdyno_cgen value at the switch-out */
+	u32 waker_tgid; /* the task that woke it (current at sched_waking; 0: not seen) */
+	u32 waker_tid;
 };
-_Static_assert(sizeof(struct cap_thread) == 32, "cap_thread layout");
+_Static_assert(sizeof(struct cap_thread) == 40, "cap_thread layout");
 
 /* One record of the `bpfdyno_csched` ring buffer: a completed off-CPU interval. */
 struct cap_offcpu {
 	u64 off_ns;   /* switched out */
 	u64 wake_ns;  /* woken (blocked intervals only; 0 if the wakeup was not seen) */
 	u64 on_ns;    /* switched back in */
-	u32 tgid;
+	u32 tgid;     /* the traced process the record belongs to */
 	u32 tid;
 	u32 state;    /* prev_state at the switch-out: 0 = runnable (CPU contention) */
 	u32 cpu;      /* the CPU it came back on */
 	s32 syscall;  /* the system call it blocked in; -1: none, or not known on this arch */
-	u32 pad;
+	u32 pid;      /* the thread's own process: tgid, or a child of it (CAP_F_CHILD) */
 	char comm[CAP_COMM_LEN];
 	/* The task that held the CPU just before it got it back (0: the CPU was idle): who it
 	 * waited for while it was runnable. */
 	u32 held_tgid;
 	u32 held_tid;
 	char held_comm[CAP_COMM_LEN];
+	/* The task that woke it (blocked intervals; 0: not seen): current at sched_waking, which
+	 * is the waker for a wakeup from process context (a pipe write, a futex wake) and
+	 * whatever was interrupted for one from an interrupt (a timer, a disk). */
+	u32 waker_tgid;
+	u32 waker_tid;
 };
-_Static_assert(sizeof(struct cap_offcpu) == 88, "cap_offcpu layout");
+_Static_assert(sizeof(struct cap_offcpu) == 96, "cap_offcpu layout");
 
 #endif /* BPFDYNO_CAPTURE_H */

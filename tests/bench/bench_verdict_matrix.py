@@ -30,13 +30,17 @@ Classes and what each expects (`FAULTS`):
   it, and the job was not held back);
 - ``slow-read``: each batch delivered 60 or 120 ms late -> that rank, blocked on its read
   (``io_wait``);
+- ``slow-worker``: the rank's DataLoader worker waits 60 or 120 ms before each item (when
+  this class is among those run — all, by default — the job gives every rank one DataLoader
+  worker, for every class of the run) -> that rank, waiting for its DataLoader
+  workers (``data_loader``; the detail says they were sleeping: checked in
+  tests/tracing/test_dataloader_verdict.py);
 - ``two``: 20 ms of latency on one rank and a CPU hog on rank 2 at once -> both named;
 - ``healthy``: no fault -> no straggler; ``healthy-load``: with two busy processes at nice
   19, unpinned; ``healthy-apart``: traced without the hold, each rank from its own poll.
 
-Not here yet: a throttled disk, page-cache eviction or memory pressure, a slow DataLoader
-worker, an interrupt storm, more work per step on one rank (the trainer has no knob for
-them yet).
+Not here yet: a throttled disk, page-cache eviction or memory pressure, an interrupt storm,
+more work per step on one rank (the trainer has no knob for them yet).
 """
 
 from __future__ import annotations
@@ -137,6 +141,11 @@ FAULTS = [
         late("io_wait"),
     ),
     FaultClass(
+        "slow-worker", (3, 1, 0, 2), ("60 ms", "120 ms"),
+        lambda j, r, s: j.slow_worker(r, (60.0, 120.0)[s]),
+        late("data_loader"),
+    ),
+    FaultClass(
         "two", (3, 1, 0), ("+ hog nice -10", "+ hog nice -20"),
         two_faults,
         lambda r: [(r, "latency", "network_latency"), (2, "late", "cpu_wait")],
@@ -185,7 +194,9 @@ def main() -> None:
         flush=True,
     )
     base = short_base()
-    job = StragglerJob(base, RANKS, CPUS)
+    # A DataLoader worker per rank only when a class needs one (the other classes' job as is).
+    workers = int(any(c.name == "slow-worker" for c in classes))
+    job = StragglerJob(base, RANKS, CPUS, loader_workers=workers)
     tally: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     over: Counter[str] = Counter()
     loads: dict[str, list[float]] = defaultdict(list)
@@ -227,7 +238,7 @@ def main() -> None:
                             job.close()
                             shutil.rmtree(base, ignore_errors=True)
                             base = short_base()
-                            job = StragglerJob(base, RANKS, CPUS)
+                            job = StragglerJob(base, RANKS, CPUS, loader_workers=workers)
                             job.start()
                         tally[label][outcome] += 1
                         over[c.name] += sum(1 for x in shares if x > 1.0)

@@ -20,7 +20,8 @@ that holds a job back, and why.
   a link that delays (and may lose) what the rank sends (`slow_link`: its veth replaced by a
   wire through `delay_wire.py`, this kernel having no netem), a bandwidth cap on what it
   sends (`bandwidth_cap`, tbf), a CPU quota on the rank's process (`cpu_quota`, a cgroup of
-  the cpu controller).
+  the cpu controller), and with ``loader_workers`` (each step also takes an item from a
+  DataLoader with that many worker processes) a slow DataLoader worker (`slow_worker`).
 """
 
 from __future__ import annotations
@@ -386,6 +387,8 @@ class StragglerJob:
     launchers: list[Proc] = field(default_factory=list)
     rank_pids: dict[int, int] = field(default_factory=dict)
     traces: list[Trace] = field(default_factory=list)
+    #: DataLoader worker processes per rank (0: the ranks have no DataLoader).
+    loader_workers: int = 0
 
     def __post_init__(self) -> None:
         self.network = Network(self.ranks)
@@ -421,6 +424,8 @@ class StragglerJob:
                 f"--master-addr={self.network.addresses[0]}", f"--master-port={MASTER_PORT}",
                 str(TRAINERS / "ddp.py"), f"--batches={fifo}",
                 f"--sleep-ms={STEP_SLEEP_MS}", "--seconds=3600",
+                f"--loader-workers={self.loader_workers}",
+                f"--worker-delay-file={self.worker_delay_file(i)}",
             ]  # fmt: skip
             self.launchers.append(spawn(launcher, self.base / f"rank-{i}.out", env))
         wait_for(self._all_ready, 180, "every rank to train", step=0.5)
@@ -556,6 +561,25 @@ class StragglerJob:
             yield
         finally:
             self.feeders[rank].send("fast")
+
+    def worker_delay_file(self, rank: int) -> Path:
+        """The file rank ``rank``'s DataLoader workers read their delay per item from."""
+        return self.base / f"worker-delay-{rank}"
+
+    @contextlib.contextmanager
+    def slow_worker(self, rank: int, ms: float) -> Iterator[None]:
+        """Rank ``rank``'s DataLoader workers wait ``ms`` before each item (``loader_workers``
+        must be set): its main thread waits for them inside ``enumerate(DataLoader)``."""
+        if not self.loader_workers:
+            raise ValueError("slow_worker needs a job started with loader_workers >= 1")
+        path = self.worker_delay_file(rank)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(f"{ms}")
+        tmp.replace(path)  # whole: a worker never reads half a number
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
 
     # -- tracing -----------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ import pytest
 from kernel_tracks_helpers import echo_server, events, of_cat, row_names
 from tracing_harness import TRAINERS, Harness, TrainerProc
 
+from bpfdyno.analysis.trace_facts import read_facts
 from bpfdyno.cli.tracing import format_trainers
 from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.services.tracing import TraceRequest
@@ -140,3 +141,7 @@ async def test_two_trainers_that_are_both_pid_1_each_get_their_own_kernel_tracks
             and e["dur"] >= SLEEP_MS * 1000 - 1
         ]
         assert len(sleeps) == STEPS
+        # The reader matches the main thread by the host's pid the info slice gives.
+        with open(p.output_path, "rb") as f:
+            facts = read_facts(f, p.output_path)
+        assert (facts.main_pid, facts.info["host_pid"], facts.main_tid) == (1, *[host_pids[i]] * 2)

@@ -26,6 +26,15 @@ is idle time between collectives) — the time off-CPU by cause: waiting for a C
 tasks held it: the capture records the task that ran instead), blocked by cause and system
 call, blocked inside ``enumerate(DataLoader)`` (waiting for DataLoader workers); the GPU's
 busy time (its other kernels); TCP retransmits, resets and drops on the rank's sockets.
+
+Waiting for whom, one level: while the main thread waited for its DataLoader workers, what
+the workers (the traced process's child processes, recorded with it) waited for, by cause.
+The workers are the children that woke the main thread (handing it a batch) in the window;
+when none did (a pin-memory thread hands the batches over), every child.
+Their waits for a CPU, a disk, a file or a timer count whoever woke them; their waits on a
+lock, pipe or socket only when someone outside the job woke them (a storage server): a worker
+woken by the trainer or by itself was waiting for the trainer's next index or for its own
+threads, the trainer's side of the wait, not the reason the batch was late.
 """
 
 from __future__ import annotations
@@ -109,7 +118,11 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
     if not facts.info:
         notes.append("no kernel tracks in the file: only its collectives' times are compared")
     steps = _steps(facts, lo, hi)
-    threads = _Threads(_slices(facts, pid, {c.tid for c in chosen if c.tid} - {pid}, lo, hi))
+    # Thread ids of the sched track are the host's (a container's trainer: not the file's pid).
+    tid = facts.main_tid
+    threads = _Threads(_slices(facts, tid, {c.tid for c in chosen if c.tid} - {pid}, lo, hi))
+    worker_slices, worker_of = _worker_slices(facts, tid, lo, hi)
+    children = _Threads(worker_slices)
     busy = _gpu_busy(facts, lo, hi)
     listed = sorted(
         (e for e in facts.net_events if e.kind in LOSS_KINDS and lo <= e.ts_us <= hi),
@@ -133,6 +146,7 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
                 sorted((*before, CauseTime("interrupts", stolen)), key=lambda t: -t.seconds)
             )
         during, _, worst_during = _causes(threads, busy, c.start_us, c.end_us)
+        workers, worker_pids = _workers(threads, children, worker_of, tid, run_up, c.start_us)
         worst = {w.cause: w for w in worst_during}
         for w in worst_before:  # the run-up's, unless the collective itself had a longer one
             if w.cause not in worst or w.duration_ns > worst[w.cause].duration_ns:
@@ -156,6 +170,8 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
                 - bisect.bisect_left(loss_ts, run_up),
                 fabric_congestion=congestion.between(run_up, c.end_us),
                 fabric_errors=errors.between(run_up, c.end_us),
+                workers=workers,
+                worker_pids=worker_pids,
             )
         )
         index[c.group] += 1
@@ -191,7 +207,7 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
             for e in listed[:MAX_LOSS_EVENTS]
         ),
         gpu_sm_clock_mhz=_mean_clock(facts, lo, hi),
-        steps=_step_split(steps, chosen, threads, busy, pid),
+        steps=_step_split(steps, chosen, threads, busy, tid),
         notes=tuple(notes),
         fabric_devices=tuple(sorted({d for _, d, _, _ in facts.fabric if d != "cpu"})),
         connections=_connections(facts, lo, hi),
@@ -360,6 +376,76 @@ def _slices(facts: TraceFacts, pid: int, workers: set[int], lo: float, hi: float
         else:
             out.append(_Slice(s.tid, start, end, cause, detail))
     return out
+
+
+#: Worker causes that count whoever woke the worker: a wait for a resource, not for the job.
+RESOURCE_CAUSES = frozenset({"cpu_wait", "disk", "file_io", "sleep"})
+
+
+def _worker_slices(
+    facts: TraceFacts, pid: int, lo: float, hi: float
+) -> tuple[list[_Slice], dict[int, int]]:
+    """The child processes' off-CPU slices that count (module doc), clipped to the window,
+    and each of their threads' process."""
+    # One pass over every slice (a big trace has a million): the children's, in the window.
+    theirs = [s for s in facts.offcpu if s.child_pid and s.end_us > lo and s.start_us < hi]
+    if not theirs:
+        return [], {}
+    job = {pid} | {s.child_pid for s in theirs}
+    # The workers: the children that woke the main thread (another child, a watchdog that
+    # sleeps, is not what it waited for).
+    handing = {
+        s.woken_by_pid
+        for s in facts.offcpu
+        if s.tid == pid and s.woken_by_pid in job and s.woken_by_pid != pid
+    }
+    if handing:
+        theirs = [s for s in theirs if s.child_pid in handing]
+    out: list[_Slice] = []
+    process: dict[int, int] = {}
+    for s in theirs:
+        cause = OFFCPU_CAUSE.get(s.cause, "blocked")
+        if cause not in RESOURCE_CAUSES and (not s.woken_by_pid or s.woken_by_pid in job):
+            continue
+        process[s.tid] = s.child_pid
+        out.append(_Slice(s.tid, max(s.start_us, lo), min(s.end_us, hi), cause, _detail(s)))
+    return out, process
+
+
+def _workers(
+    threads: _Threads,
+    children: _Threads,
+    worker_of: dict[int, int],
+    pid: int,
+    lo: float,
+    hi: float,
+) -> tuple[tuple[CauseTime, ...], tuple[int, ...]]:
+    """What the workers waited for while the main thread waited for them in [lo, hi): time
+    by cause (each at most the main thread's wait), and the workers' pids."""
+    if not children.rows:
+        return (), ()
+    seconds: dict[str, float] = defaultdict(float)
+    details: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    pids: set[int] = set()
+    waited = 0.0
+    for m, overlap in threads.overlapping(lo, hi):
+        if m.tid != pid or m.cause != "data_loader":
+            continue
+        waited += overlap
+        for w, inner in children.overlapping(max(m.start, lo), min(m.end, hi)):
+            seconds[w.cause] += inner
+            pids.add(worker_of[w.tid])
+            if w.detail:
+                details[w.cause][w.detail] += inner
+    causes = tuple(
+        CauseTime(
+            cause,
+            min(us, waited) / 1e6,
+            max(details[cause], key=details[cause].__getitem__) if details.get(cause) else "",
+        )
+        for cause, us in sorted(seconds.items(), key=lambda kv: -kv[1])
+    )
+    return causes, tuple(sorted(pids))
 
 
 def _detail(s: OffCpuSlice) -> str:

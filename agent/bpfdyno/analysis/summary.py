@@ -112,7 +112,7 @@ def summarize_facts(facts: TraceFacts) -> ProcessSummary:
     threads: set[int] = set()
     for s in facts.offcpu:
         seconds = (min(s.end_us, hi) - max(s.start_us, lo)) / 1e6
-        if seconds <= 0:
+        if seconds <= 0 or s.child_pid:  # its child processes' threads are not its own
             continue
         threads.add(s.tid)
         main = s.tid == out.pid

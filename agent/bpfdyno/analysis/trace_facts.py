@@ -132,6 +132,8 @@ class OffCpuSlice:
     cause: str  # "runnable" or a blocked cause (`bpfdyno.tracing.capture.causes`)
     syscall: str
     held_by: str  # runnable slices: "comm (pid N)" of the task that held the CPU, else ""
+    child_pid: int = 0  # a thread of a child process of the traced one (a DataLoader worker)
+    woken_by_pid: int = 0  # blocked slices: the process that woke it (0: not seen)
 
 
 @dataclass(slots=True)
@@ -189,6 +191,13 @@ class TraceFacts:
         if self.info_pid:
             return self.info_pid
         return max(self.op_count_by_pid, key=self.op_count_by_pid.__getitem__, default=0)
+
+    @property
+    def main_tid(self) -> int:
+        """The main thread's id as the sched track names it: the host's pid of the process
+        when the file names it by its container's (the info slice's ``host_pid``)."""
+        host = self.info.get("host_pid")
+        return host if isinstance(host, int) and host > 0 else self.main_pid
 
     def abs_ns(self, ts_us: float) -> int:
         """A time of the file as wall-clock ns of the host that wrote it."""
@@ -409,8 +418,18 @@ class _Reader:
             # Uninterruptible sleep is a disk or a page whatever the system call (files
             # written before the capture decided by state first say "io wait" for a read).
             cause = "disk/uninterruptible"
+        child, waker = args.get("child_pid", 0), args.get("woken_by_pid", 0)
         self.f.offcpu.append(
-            OffCpuSlice(tid, ts, ts + self._dur(e), cause, str(args.get("syscall") or ""), held)
+            OffCpuSlice(
+                tid,
+                ts,
+                ts + self._dur(e),
+                cause,
+                str(args.get("syscall") or ""),
+                held,
+                child if isinstance(child, int) else 0,
+                waker if isinstance(waker, int) else 0,
+            )
         )
 
     def net(self, e: dict[str, Any], ts: float) -> None:

@@ -555,6 +555,7 @@ def _late_finding(
     holders: dict[str, float] = defaultdict(float)
     details: dict[str, Counter[str]] = defaultdict(Counter)
     worst: list[Instance] = []
+    workers = _WorkerWaits()
     for m in matches:
         mine = m.members.get(r.label)
         if mine is None:
@@ -573,6 +574,8 @@ def _late_finding(
                     details[cause][c.detail] += 1
         for h in mine.holders:
             holders[h.cause] += h.seconds
+        if "data_loader" in own:
+            workers.add(mine, own["data_loader"].seconds)
         worst += [replace(w, path=r.ev.path) for w in mine.worst if w.cause in own]
     quota = _throttled(r.ev.cpu_quotas)
     if quota is not None:
@@ -590,7 +593,7 @@ def _late_finding(
         details["cpu_quota"][_quota_detail(quota)] += 1
     causes: list[CauseTime] = []
     explained = 0.0
-    said = LateCause(r, rs, holders, details)
+    said = LateCause(r, rs, holders, details, workers)
     for cause, extra in sorted(excess.items(), key=lambda kv: -kv[1]):
         share = min(extra, seconds)
         if share < MIN_CAUSE_SHARE * seconds:
@@ -639,6 +642,26 @@ class LateCause:
     ranks: list[_Rank]
     holders: Mapping[str, float]
     details: Mapping[str, Counter[str]]
+    workers: _WorkerWaits = field(default_factory=lambda: _WorkerWaits())
+
+
+@dataclass(slots=True)
+class _WorkerWaits:
+    """What a late rank's DataLoader workers waited for while its main thread waited for them,
+    over its late run-ups (`CollectiveEvidence.workers`)."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    details: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    pids: set[int] = field(default_factory=set)
+    waited: float = 0.0  # the main thread's waits for them in those run-ups
+
+    def add(self, c: CollectiveEvidence, waited: float) -> None:
+        self.waited += waited
+        for w in c.workers:
+            self.seconds[w.cause] += w.seconds
+            if w.detail:
+                self.details[w.cause][w.detail] += 1
+        self.pids.update(c.worker_pids)
 
 
 def _cpu_holders(c: LateCause) -> str:
@@ -659,6 +682,41 @@ def _sm_clock(c: LateCause) -> str:
     return ""
 
 
+def _workers_said(c: LateCause) -> str:
+    """The DataLoader workers and what they waited for while the main thread waited for them
+    (each cause at most that): "pid 12, 13, which were blocked on disk for 1.20 s (read),
+    waiting for a CPU for 0.10 s (held by hog (pid 9)) of the 1.40 s it waited for them"."""
+    w = c.workers
+    if not w.pids:  # no workers recorded: the system calls the main thread waited in
+        return ", ".join(name for name, _ in c.details.get("data_loader", Counter()).most_common(3))
+    said = []
+    for cause, seconds in sorted(w.seconds.items(), key=lambda kv: -kv[1])[:3]:
+        top = w.details[cause].most_common(1)
+        said.append(
+            f"{WORKER_CAUSES.get(cause, CAUSES.get(cause, cause))} for {_fmt_s(seconds)}"
+            + (f" ({top[0][0]})" if top else "")
+        )
+    pids = ", ".join(str(p) for p in sorted(w.pids))
+    were = "was" if len(w.pids) == 1 else "were"
+    return (
+        f"pid {pids}, which {were} "
+        + ", ".join(said)
+        + f" of the {_fmt_s(w.waited)} it waited for them"
+    )
+
+
+#: How a DataLoader worker's wait is said after "which were".
+WORKER_CAUSES = {
+    "cpu_wait": "waiting for a CPU",
+    "disk": "blocked on disk (uninterruptible sleep)",
+    "file_io": "blocked in file I/O",
+    "sleep": "sleeping",
+    "io_wait": "blocked on a socket or pipe outside the job",
+    "lock": "blocked on a lock outside the job",
+    "blocked": "blocked (other)",
+}
+
+
 def _quota_said(c: LateCause) -> str:
     """The throttled cgroup, its periods and time (set in `_late_finding`)."""
     return next(iter(c.details.get("cpu_quota", ())), "")
@@ -671,6 +729,7 @@ CAUSE_DETAILS: dict[str, Callable[[LateCause], str]] = {
     "cpu_wait": _cpu_holders,
     "gpu_compute": _sm_clock,
     "cpu_quota": _quota_said,
+    "data_loader": _workers_said,
 }
 
 

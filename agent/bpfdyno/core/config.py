@@ -370,8 +370,9 @@ class CaptureSection:
     #: Most events kept per traced process; beyond it the oldest are dropped (counted and
     #: stated in the file). About 150 bytes of agent memory each.
     max_events_per_process: int = 100_000
-    #: Processes traced at once (entries of the traced-process BPF maps).
-    max_processes: int = 64
+    #: Processes traced at once, with their child processes (DataLoader workers: 8 ranks of
+    #: 16 workers need 136), entries of the traced-process BPF maps (64 bytes each).
+    max_processes: int = 1024
     #: Threads of traced processes tracked at once (off-CPU state, NCCL calls in progress).
     max_threads: int = 16384
     #: Sockets of traced processes tracked at once (bursts, owners of softirq events).

@@ -114,6 +114,9 @@ class CollectiveEvidence:
         fabric_congestion, fabric_errors: what the rank's RDMA ports and NICs counted over the
             same time (the fabric track): congestion signals (CNPs, ECN marks, transmit waits,
             pause frames), and errors (link errors, drops, discards).
+        workers: while the main thread waited for its DataLoader workers in the run-up
+            (``data_loader``), what the workers (its child processes, recorded with it) waited
+            for meanwhile, by cause, each at most that wait; ``worker_pids`` which they were.
     """
 
     op: str
@@ -131,6 +134,8 @@ class CollectiveEvidence:
     loss_events: int = 0
     fabric_congestion: int = 0
     fabric_errors: int = 0
+    workers: tuple[CauseTime, ...] = ()
+    worker_pids: tuple[int, ...] = ()
 
 
 @record(diagnosis_pb2.LossEvent)

@@ -228,7 +228,7 @@ def merge_capture(
     if capture.pid != part.pid:
         # The file's own events carry the pid the process knows itself by (its container's):
         # the kernel tracks go into the same process's rows.
-        capture = dataclasses.replace(capture, pid=part.pid)
+        capture = dataclasses.replace(capture, pid=part.pid, host_pid=capture.pid)
     counted: list[int] = []
 
     def build(layout: TraceLayout) -> Insertion:

@@ -7,6 +7,12 @@ takes it out, collects what is still in the maps for it (bursts not yet written,
 counters) and detaches the functions nobody needs any more. So when nothing is traced, no
 function of this program runs: the kernel's hot paths are as without it.
 
+A traced process's child processes (one level: its DataLoader workers) are recorded with it
+when the sched track is: those alive when it is added are put into the map here, those it
+forks later by the program itself; their off-CPU intervals come back as the parent's records
+(`OffCpu.pid` names the child), so a main thread waiting for its workers can be explained by
+what they waited for.
+
 Not thread-safe: one thread (the capture manager's) makes every call.
 """
 
@@ -80,7 +86,9 @@ NET_ATTACHMENTS = (
 )
 SCHED_ATTACHMENTS = (
     Attachment("sched_switch", "bpfdyno_cswitch", True, "context switches"),
-    Attachment("sched_wakeup", "bpfdyno_cwakeup", True, "wakeups"),
+    Attachment("sched_waking", "bpfdyno_cwaking", True, "wakeups"),
+    Attachment("sched_process_fork", "bpfdyno_cfork", False, "child processes forked while traced"),
+    Attachment("sched_process_exit", "bpfdyno_cexit", False, "exits of child processes"),
 )
 _ATTACHMENTS = {Track.NET: NET_ATTACHMENTS, Track.SCHED: SCHED_ATTACHMENTS}
 #: The per-event functions of each track the overhead budget may sample in time, when the
@@ -91,7 +99,7 @@ SAMPLED = {
         "socket calls made while the programs were off are not in the track",
     ),
     Track.SCHED: (
-        ("bpfdyno_cswitch", "bpfdyno_cwakeup"),
+        ("bpfdyno_cswitch", "bpfdyno_cwaking"),
         "off-CPU intervals that began or ended while the programs were off are not in the track",
     ),
 }
@@ -302,7 +310,27 @@ class KernelCapture:
             return problems
         self._procs[tgid] = wanted
         self._removed.discard(tgid)
+        if Track.SCHED in wanted:
+            self._add_children(table, tgid)
         return problems
+
+    def _add_children(self, table: Any, tgid: int) -> None:
+        """Put ``tgid``'s child processes alive now into the map (those it forks from now on
+        the program adds); not over an entry of their own."""
+        flags = self._flags["CAP_F_SCHED"] | self._flags["CAP_F_CHILD"]
+        for child in child_pids(tgid):
+            key = table.Key(child)
+            try:
+                table[key]
+            except KeyError:
+                leaf = table.Leaf()
+                leaf.flags = flags
+                leaf.parent = tgid
+                try:
+                    table[key] = leaf
+                except Exception:  # full: the same as the program's count says
+                    log.debug("capture: no room for child %d of %d", child, tgid)
+                    return
 
     def remove(self, tgid: int) -> RemovedProcess:
         """Stop recording process ``tgid``; return what the maps still held for it.
@@ -323,6 +351,10 @@ class KernelCapture:
             leaf = None
         else:
             del table[key]
+        # Its children (still alive) leave with it; the threads of processes no longer in
+        # the map are forgotten below.
+        self._forget(table, lambda v: int(v.parent) == tgid)
+        traced_now = {k if isinstance(k, int) else int(k.value) for k, _ in map_items(table)}
         if leaf is not None:
             if Track.NET in wanted:
                 out.stats[Track.NET] = TrackStats(
@@ -364,7 +396,7 @@ class KernelCapture:
             if Track.NET in out.stats:
                 out.stats[Track.NET].events += 1
             del bursts[k]
-        self._forget(program.table(_THREADS), lambda v: int(v.tgid) == tgid)
+        self._forget(program.table(_THREADS), lambda v: int(v.tgid) not in traced_now)
         self._forget(program.table(_SOCKS), lambda v: int(v) == tgid)
         self._forget(program.table(_LISTEN), lambda v: int(v) == tgid)
         self._detach_unused()
@@ -545,7 +577,28 @@ class KernelCapture:
             held_pid=int(e.held_tgid),
             held_tid=int(e.held_tid),
             held_comm=bytes(e.held_comm).split(b"\0", 1)[0].decode("utf-8", "replace"),
+            # The traced process's own thread, or a child's (host pids, like the thread ids).
+            pid=int(e.pid) if int(e.pid) != int(e.tgid) else 0,
+            waker_pid=int(e.waker_tgid),
+            waker_tid=int(e.waker_tid),
         )
+
+
+def child_pids(pid: int) -> list[int]:
+    """The child processes of process ``pid`` now (each thread's ``children`` list, which
+    Linux keeps since 3.5 with CONFIG_PROC_CHILDREN); empty when it is gone or the kernel
+    lacks the file (then only children forked while traced are recorded)."""
+    out: set[int] = set()
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            out.update(int(w) for w in (task / "children").read_text().split())
+        except (OSError, ValueError):
+            continue
+    return sorted(out)
 
 
 def kinds_by_name(kinds: Mapping[int, str]) -> dict[str, int]:

@@ -157,6 +157,12 @@ MAP_FULL = {
         "{n} thread(s) of traced processes could not be followed (more than [capture] "
         "max_threads at once): their off-CPU time is missing",
     ),
+    "CAP_C_CHILD_FULL": MapFull(
+        Track.SCHED,
+        "child processes of traced processes ([capture] max_processes)",
+        "{n} child process(es) of traced processes (DataLoader workers) could not be followed "
+        "(more than [capture] max_processes at once): what they waited for is missing",
+    ),
     "CAP_C_SOCK_FULL": MapFull(
         Track.NET,
         "sockets ([capture] max_sockets)",

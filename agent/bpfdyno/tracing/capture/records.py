@@ -157,6 +157,12 @@ class OffCpu:
         cpu: the CPU it came back on.
         held_pid, held_tid, held_comm: the task that held that CPU just before the thread
             got it back, i.e. that it waited for while runnable (0: the CPU was idle).
+        pid: for a thread of a child process of the traced one (a DataLoader worker)
+            recorded with it, that child (its pid as the host sees it, like ``tid``); 0 for
+            the traced process's own threads.
+        waker_pid, waker_tid: the task that woke it (blocked intervals; 0: not seen). The
+            waker for a wakeup from a process (a pipe write, a futex wake); for one from an
+            interrupt (a timer, a disk) whatever the interrupt found running.
     """
 
     tid: int
@@ -170,6 +176,9 @@ class OffCpu:
     held_pid: int = 0
     held_tid: int = 0
     held_comm: str = ""
+    pid: int = 0
+    waker_pid: int = 0
+    waker_tid: int = 0
 
     @property
     def runnable(self) -> bool:
@@ -348,6 +357,9 @@ class ProcessCapture:
         distributed: the process's rank and world size from its environment (``RANK``,
             ``WORLD_SIZE``, ``LOCAL_RANK`` as torchrun sets them), read when capturing began;
             None when it has none.
+        host_pid: when ``pid`` is the pid the process knows itself by in its container, its
+            pid as the host sees it (the sched track's thread ids and child pids are the
+            host's); 0 when they are the same.
     """
 
     pid: int
@@ -363,3 +375,4 @@ class ProcessCapture:
     cap: int
     settings: dict[str, int] = field(default_factory=dict)
     distributed: dict[str, int] | None = None
+    host_pid: int = 0

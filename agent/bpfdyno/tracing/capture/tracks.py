@@ -16,7 +16,10 @@ Every event goes under the traced process's pid, on rows (synthetic thread ids f
   (``bpfdyno.sched``): ``runnable: preempted`` (waiting for a CPU), ``blocked: <cause>``
   until the wakeup, then ``runnable: woken`` until it ran again (the run-queue wait); the
   runnable ones name the task that held the CPU just before (``held_by_pid``,
-  ``held_by_tid``, ``held_by_comm``; absent when the CPU was idle);
+  ``held_by_tid``, ``held_by_comm``; absent when the CPU was idle), the blocked ones the
+  task that woke them (``woken_by_pid``, ``woken_by_tid``; absent when not seen);
+* ``kernel sched: child process <pid> thread <tid> (<name>)``: the same for the threads of
+  the traced process's child processes (its DataLoader workers), with ``child_pid``;
 * counters ``kernel sched cpu quota: <cgroup>`` (``bpfdyno.sched``): for each cgroup of the
   process with a CPU quota, what the window added so far to its ``periods``,
   ``throttled_periods`` and ``throttled_ms``; the totals are in the info slice
@@ -418,7 +421,8 @@ def _sched(w: _Writer, intervals: list[OffCpu], shift: int, window: Window) -> i
     rows: dict[str, list[OffCpu]] = defaultdict(list)
     for iv in intervals:
         if _overlaps(iv.off_ns + shift, iv.on_ns + shift, window):
-            rows[f"kernel sched: thread {iv.tid} ({iv.comm})"].append(iv)
+            child = f"child process {iv.pid} " if iv.pid else ""
+            rows[f"kernel sched: {child}thread {iv.tid} ({iv.comm})"].append(iv)
     n = 0
     for name in sorted(rows):
         slices: list[_Slice] = []
@@ -478,6 +482,8 @@ def _offcpu_slices(iv: OffCpu, shift: int, window: Window) -> list[_Slice]:
     """One slice for a preempted interval; "blocked" then "runnable: woken" otherwise."""
     off, on = iv.off_ns + shift, iv.on_ns + shift
     base: dict[str, Any] = {"tid": iv.tid, "cpu": iv.cpu, "state": causes.state_letter(iv.state)}
+    if iv.pid:
+        base["child_pid"] = iv.pid  # a child process of the traced one (a DataLoader worker)
     if off < window.start_ns or on > window.end_ns:
         base["clipped_to_window"] = True
     lo, hi = max(off, window.start_ns), min(on, window.end_ns)
@@ -497,10 +503,11 @@ def _offcpu_slices(iv: OffCpu, shift: int, window: Window) -> list[_Slice]:
     out = []
     wake = iv.wake_ns + shift if iv.wake_ns else on
     b_lo, b_hi = lo, min(max(wake, lo), hi)
+    blocked = {**base, "cause": cause, "syscall": syscall}
+    if iv.waker_tid:
+        blocked.update(woken_by_pid=iv.waker_pid, woken_by_tid=iv.waker_tid)
     if b_hi > b_lo or wake == off:
-        out.append(
-            _Slice(b_lo, b_hi, label, CAT_SCHED, {**base, "cause": cause, "syscall": syscall})
-        )
+        out.append(_Slice(b_lo, b_hi, label, CAT_SCHED, blocked))
     if iv.wake_ns and hi > b_hi:
         after = {**base, "cause": causes.RUNNABLE, "after": cause, **held}
         out.append(_Slice(b_hi, hi, "runnable: woken", CAT_SCHED, after))
@@ -637,6 +644,10 @@ def _info(
     }
     if capture.distributed:
         info["distributed_from_environment"] = capture.distributed
+    if capture.host_pid:
+        # The sched track's thread ids and child pids are the host's: the reader matches
+        # the main thread by this.
+        info["host_pid"] = capture.host_pid
     if Track.NET in counts:
         gap, most = (
             capture.settings.get("net_coalesce_gap_us", 0),
