@@ -86,6 +86,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
 #: table and some of each command fit 80 columns; the command gets the rest of the line.
 _COLUMNS = (
     ("PID", 7, False),
+    # A container's processes: the pid they know themselves by in their own namespace.
+    ("NS PID", 7, True),
     ("USER", 8, False),
     ("CPU%", 6, False),
     ("RSS", 6, False),
@@ -103,8 +105,8 @@ MIN_COMMAND = 12
 def format_table(table: ProcessList, width: int | None = None) -> str:
     """A fixed-width table of the agent's process table ("-" marks unknown values), each line
     at most ``width`` characters (default: the terminal's, 80 when there is none): the
-    retransmit, job and container columns only when some row has a value there, then as much
-    of the command as fits."""
+    namespace pid, retransmit, job and container columns only when some row has a value
+    there, then as much of the command as fits."""
     width = width or shutil.get_terminal_size().columns
     rows = []
     for r in table.processes:
@@ -112,6 +114,7 @@ def format_table(table: ProcessList, width: int | None = None) -> str:
         rows.append(
             (
                 str(r.pid),
+                str(r.ns_pid) if r.ns_pid else "-",
                 r.user[:8],
                 _pct(r.cpu_ratio),
                 human_bytes(r.rss_bytes),
@@ -131,7 +134,9 @@ def format_table(table: ProcessList, width: int | None = None) -> str:
 
     def line(cells: tuple[str, ...]) -> str:
         return "".join(
-            f"{cells[i]:<{_COLUMNS[i][1]}} " if i == 1 else f"{cells[i]:>{_COLUMNS[i][1]}} "
+            f"{cells[i]:<{_COLUMNS[i][1]}} "
+            if _COLUMNS[i][0] == "USER"  # the one column of words, left-aligned
+            else f"{cells[i]:>{_COLUMNS[i][1]}} "
             for i in shown
         )
 

@@ -75,6 +75,9 @@ class ProcessRow:
     k8s_namespace: str = ""
     k8s_pod: str = ""
     k8s_container: str = ""
+    # In a pid namespace of its own (a container): the pid it knows itself by there, which
+    # its own logs and trace file names use; 0 in the agent's namespace.
+    ns_pid: int = 0
 
     @property
     def net_bytes_per_second(self) -> float:
@@ -166,10 +169,11 @@ class QueryError(ValueError):
     """A filter or sort key the process table cannot apply; the message says what to write."""
 
 
-#: ``key=value`` filter terms: how each key matches a row. ``container`` matches an id
-#: prefix, ``cgroup`` a substring, ``user`` the name or the uid, the others exactly.
+#: ``key=value`` filter terms: how each key matches a row. ``pid`` matches the agent's pid or
+#: the one in the process's own pid namespace (as ``gputrace --pids`` does), ``container`` an
+#: id prefix, ``cgroup`` a substring, ``user`` the name or the uid, the others exactly.
 _FILTER_TERMS: dict[str, Callable[[ProcessRow, str], bool]] = {
-    "pid": lambda r, v: r.pid == int(v),
+    "pid": lambda r, v: r.pid == int(v) or (r.ns_pid != 0 and r.ns_pid == int(v)),
     "user": lambda r, v: r.user == v or (r.uid is not None and str(r.uid) == v),
     "comm": lambda r, v: r.comm == v,
     "job": lambda r, v: r.slurm_job_id == v,

@@ -153,6 +153,7 @@ class _Details:
     k8s_pod_uid: str
     slurm_job_id: str
     user: str
+    ns_pid: int  # its pid in its own pid namespace when that is not ours, else 0
 
 
 class ProcessTable:
@@ -494,6 +495,7 @@ class ProcessTable:
             slurm_job_id=d.slurm_job_id,
             gpu_memory_bytes=None if cur.gpu is None else int(cur.gpu.get(pid, 0)),
             pinned=pinned,
+            ns_pid=d.ns_pid,
         )
 
     def _choose(self, measured: Mapping[int, _Measured], pinned: Collection[int]) -> list[int]:
@@ -530,7 +532,12 @@ class ProcessTable:
         job = procinfo.read_environ_var(self.proc_root, pid, "SLURM_JOB_ID")
         if not job:
             job = procinfo.slurm_job_from_cgroup(cgroup)
-        uid = procinfo.read_uid(self.proc_root, pid)
+        status = procinfo.read_status(self.proc_root, pid, ("Uid", "NSpid")) or {}
+        uids = procinfo.status_ints(status, "Uid")
+        uid = uids[0] if uids else None
+        # NSpid lists the pid in our namespace first, in each nested one after it: the last
+        # is the pid the process knows itself by (a container's); one entry means ours.
+        nspids = procinfo.status_ints(status, "NSpid") or []
         return _Details(
             start_ticks=st.start_ticks,
             comm=st.comm,
@@ -541,6 +548,7 @@ class ProcessTable:
             k8s_pod_uid=procinfo.k8s_pod_uid(cgroup),
             slurm_job_id=job,
             user=self._user_name(uid),
+            ns_pid=nspids[-1] if len(nspids) > 1 else 0,
         )
 
     def _user_name(self, uid: int | None) -> str:
