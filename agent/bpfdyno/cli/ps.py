@@ -14,7 +14,14 @@ import textwrap
 
 from bpfdyno.cli.output import print_json, with_agent
 from bpfdyno.client.agent import AgentClient
-from bpfdyno.client.connection import EXIT_OK, EXIT_USAGE, add_target_argument, default_target
+from bpfdyno.client.connection import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_target_argument,
+    default_target,
+)
+from bpfdyno.client.pods import PodNotFound, add_pod_argument, pod_processes
 from bpfdyno.rpc.processes import (
     DEFAULT_SORT,
     FILTER_KEYS,
@@ -51,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         + ", ".join(f"{k}=" for k in FILTER_KEYS)
         + ", or a word found in the command",
     )
+    add_pod_argument(p, "only the processes of this Kubernetes pod")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=cmd_ps)
 
@@ -71,8 +79,16 @@ def cmd_ps(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     # The word as given, not its canonical form: an older agent knows only the older words.
 
+    flt = " ".join(t for t in (args.filter, f"pod={args.pod}" if args.pod else "") if t)
+
     async def show(agent: AgentClient) -> int:
-        table = await agent.processes(args.sort, args.limit, args.filter)
+        table = await agent.processes(args.sort, args.limit, flt)
+        if args.pod and not table.processes:
+            try:  # why none: the pod is not here, or its name is not known here
+                await pod_processes(agent, args.pod)
+            except PodNotFound as e:
+                print(f"bpfdyno ps: {e}", file=sys.stderr)
+                return EXIT_FAIL
         if args.json:
             print_json(record_dict(table, with_defaults=True))
         else:

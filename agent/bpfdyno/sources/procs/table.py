@@ -167,7 +167,8 @@ class ProcessTable:
         gpu_memory: per-pid GPU memory used in bytes (from the GPU collector).
         pods: on Kubernetes, the pod and container of each process on a GPU one container
             holds (``GpuCollector.pods_by_pid``); the other processes of that container (same
-            container id) get them too.
+            container id) get them too, and those of the pod's other containers (same pod
+            uid in the cgroup path) the pod.
         pinned: pids always shown, e.g. registered trainers.
         clock: monotonic seconds (injectable for tests).
     """
@@ -386,11 +387,15 @@ class ProcessTable:
             for pid, state in cur.states.items()
         }
         chosen = self._choose(measured, cur.pinned)
-        by_container = _pods_by_container(cur)
+        by_container, by_uid = _known_pods(cur)
         rows = []
         for pid in chosen:
             state, d = cur.states[pid], cur.details[pid]
-            pod = (cur.pods or {}).get(pid) or by_container.get(d.container_id)
+            pod = (
+                (cur.pods or {}).get(pid)
+                or by_container.get(d.container_id)
+                or by_uid.get(d.k8s_pod_uid)
+            )
             rows.append(self._row(pid, state, d, measured[pid], cur, pid in cur.pinned, pod))
         return ProcessSnapshot(cur.ts, tuple(rows), len(cur.states), cur.unavailable)
 
@@ -596,11 +601,18 @@ class ProcessTable:
             return set()
 
 
-def _pods_by_container(update: _Update) -> dict[str, PodRef]:
-    """Container id -> its pod, from the processes whose GPU says which pod they are in."""
-    out: dict[str, PodRef] = {}
+def _known_pods(update: _Update) -> tuple[dict[str, PodRef], dict[str, PodRef]]:
+    """What the processes whose GPU says which pod they are in tell of the others: container
+    id -> its pod and container; pod uid (from the cgroup path) -> its pod, no container
+    (another container of the pod is not the one the kubelet named)."""
+    by_container: dict[str, PodRef] = {}
+    by_uid: dict[str, PodRef] = {}
     for pid, pod in (update.pods or {}).items():
         d = update.details.get(pid)
-        if d is not None and d.container_id:
-            out[d.container_id] = pod
-    return out
+        if d is None:
+            continue
+        if d.container_id:
+            by_container[d.container_id] = pod
+        if d.k8s_pod_uid:
+            by_uid[d.k8s_pod_uid] = PodRef(pod.namespace, pod.pod, "")
+    return by_container, by_uid
