@@ -41,6 +41,7 @@ from bpfdyno.client.errors import AgentError, ErrorKind
 from bpfdyno.client.pods import PodNotFound, add_pod_argument, pod_processes
 from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.identity import user_name
+from bpfdyno.core.k8s_jobs import check_job_name, job_id_of
 from bpfdyno.core.rules import pause_duration_s
 from bpfdyno.rpc.traces import (
     PROFILER_SWITCHES,
@@ -78,6 +79,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser("trainers", help="list the PyTorch processes registered for tracing")
     add_target_argument(p)
     p.add_argument("--job-id", type=int, default=None, help="only this job's trainers")
+    add_job_name_argument(p, "only the trainers of this Kubernetes training job")
     add_pod_argument(p, "only the trainers running in this Kubernetes pod")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=cmd_trainers)
@@ -108,6 +110,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--pids", default="0", help="pids to trace, comma separated; 0 = all in job")
     add_pod_argument(p, "trace the trainers running in this Kubernetes pod (on this node)")
+    add_job_name_argument(p, "trace this Kubernetes training job's trainers (as --job-id)")
     p.add_argument(
         "--log-file",
         default="",
@@ -160,6 +163,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(handler=cmd_dcgm_resume)
 
 
+def add_job_name_argument(p: argparse.ArgumentParser, help_text: str) -> None:
+    """``--job NAME``: a Kubernetes training job by name (PyTorchJob, TrainJob, JobSet)."""
+    p.add_argument(
+        "--job",
+        default=None,
+        type=_job_name,
+        metavar="NAME",
+        help=f"{help_text}: its name (PyTorchJob, TrainJob, JobSet; see docs/deployment.md)",
+    )
+
+
+def _job_name(word: str) -> str:
+    try:
+        return check_job_name(word)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _target(args: argparse.Namespace) -> str:
     return str(args.target or default_target())
 
@@ -174,8 +195,15 @@ def _ago(ts: float) -> str:
 def cmd_trainers(args: argparse.Namespace) -> int:
     """Run ``bpfdyno trainers``; returns the exit status."""
 
+    job_id = args.job_id
+    if args.job is not None:
+        if job_id is not None:
+            print("bpfdyno: give --job or --job-id, not both", file=sys.stderr)
+            return EXIT_USAGE
+        job_id = job_id_of(args.job)
+
     async def show(agent: AgentClient) -> int:
-        trainers = await agent.trainers(args.job_id)
+        trainers = await agent.trainers(job_id)
         if args.pod:
             try:
                 trainers = (await pod_processes(agent, args.pod)).trainers(trainers)
@@ -216,8 +244,10 @@ def format_trainers(trainers: Sequence[Trainer]) -> str:
         role = t.role or "unknown"
         owner = (user_name(t.uid) or str(t.uid)) if t.uid is not None else "?"
         ns_pid = str(t.pid) if t.host_pid and t.host_pid != t.pid else "-"
+        # A Kubernetes job by its name (its derived id is in --json).
+        job = t.job_name or str(t.job_id)
         lines.append(
-            f"{t.host_pid or t.pid:>8} {ns_pid:>7} {t.job_id:>10} {t.state:<15}{role:<12}"
+            f"{t.host_pid or t.pid:>8} {ns_pid:>7} {job:>10} {t.state:<15}{role:<12}"
             f"{owner:<12}{t.polls:>6}  "
             f"{_ago(t.last_poll_unix_seconds):<11}{t.trace_id or '-':<17}"
             f"{','.join(str(a) for a in t.ancestors)}"
@@ -255,6 +285,12 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
         print(f"bpfdyno: {e}", file=sys.stderr)
         return EXIT_USAGE
     job_id = args.job_id.strip()
+    if args.job is not None:
+        if job_id != str(_DEFAULT.job_id):
+            print("bpfdyno: give --job or --job-id, not both", file=sys.stderr)
+            return EXIT_USAGE
+        # The id the agents give the job's trainers (on every node: the same number).
+        job_id = args.job_id = str(job_id_of(args.job))
     if args.pod and (pids != [0] or args.hosts is not None or args.hosts_file is not None):
         print(
             "bpfdyno: --pod picks the trainers of one pod on one node: leave out --pids, "
