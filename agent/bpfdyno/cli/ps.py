@@ -158,10 +158,14 @@ def format_table(table: ProcessList, width: int | None = None) -> str:
 
     titles = tuple(title for title, _, _ in _COLUMNS)
     hidden: list[str] = []
-    # On a narrow terminal the optional columns go, last first, before the command shrinks
-    # below MIN_COMMAND characters; the footer says which (--json has every field).
-    while width - len(line(titles)) < MIN_COMMAND and _COLUMNS[shown[-1]][2]:
-        hidden.insert(0, titles[shown.pop()])
+    # On a narrow terminal the optional columns go, last first (NS PID, the first of them,
+    # last of all), before the command shrinks below MIN_COMMAND characters; the footer says
+    # which (--json has every field).
+    optional = [i for i in shown if _COLUMNS[i][2]]
+    while width - len(line(titles)) < MIN_COMMAND and optional:
+        gone = optional.pop()
+        shown.remove(gone)
+        hidden.insert(0, titles[gone])
     header = line(titles)
     room = max(MIN_COMMAND, width - len(header))
     lines = [header + "COMMAND"]

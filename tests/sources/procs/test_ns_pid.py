@@ -89,3 +89,26 @@ def test_ps_shows_an_ns_pid_column_only_when_a_row_has_one() -> None:
     assert second.split()[:3] == ["4242", "7", "ann"]
     header, _, _ = format_table(ProcessList((host,), 1.0, 1), 120).splitlines()
     assert header.split()[:2] == ["PID", "USER"]
+
+
+def test_a_narrow_terminal_drops_the_ns_pid_column_last_and_says_so() -> None:
+    boxed = ProcessRow(
+        4242,
+        user="ann",
+        cmdline="python train.py",
+        ns_pid=7,
+        slurm_job_id="1234",
+        container_id="ab" * 32,
+        tcp_retransmits_per_second=1.0,
+    )
+    table = ProcessList((boxed,), 1.0, 1)
+    wide = format_table(table, 100).splitlines()
+    assert wide[0].split()[:4] == ["PID", "NS", "PID", "USER"]
+    assert "JOB" in wide[0] and "CONTAINER" not in wide[0]
+    assert " ".join(wide[2:]).endswith("not shown on 100 columns: CONTAINER (--json has them)")
+    narrow = format_table(table, 80).splitlines()
+    assert all(len(line) <= 80 for line in narrow), narrow
+    assert narrow[0].split()[:2] == ["PID", "USER"]
+    assert " ".join(narrow[2:]).endswith(
+        "not shown on 80 columns: NS PID, RETX/s, JOB, CONTAINER (--json has them)"
+    )
