@@ -145,7 +145,7 @@ def node() -> Iterator[Node]:
         trainer = [
             sys.executable, str(TRAINERS / "net_sleep.py"), f"--port={PORT}",
             f"--send-bytes={SEND}", f"--recv-bytes={RECV}", f"--sleep-ms={SLEEP_MS}",
-            "--seconds=400",
+            "--seconds", "431",  # (a word the ps filter below finds: ours only)
         ]  # fmt: skip
         script = (
             f"mkdir -m 700 {TRACES} && {sys.executable} {base / 'echo.py'} & "
@@ -188,7 +188,7 @@ def test_the_host_agent_traces_a_trainer_in_a_container_with_its_own_kernel_even
     # ps shows it by its pid here, its own beside it; either pid finds it.
     [row] = node.json("ps", "--filter", f"pid={host_pid}", "--limit", "0")["processes"]
     assert (row["pid"], row["ns_pid"]) == (host_pid, 1)
-    shown = node.json("ps", "--filter", "pid=1 net_sleep", "--limit", "0")["processes"]
+    shown = node.json("ps", "--filter", "pid=1 net_sleep 431", "--limit", "0")["processes"]
     assert [r["pid"] for r in shown] == [host_pid]
 
     out = node.json(
