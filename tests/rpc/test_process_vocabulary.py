@@ -107,10 +107,15 @@ def test_filter_terms_and_words() -> None:
         (
             "jobid=5",
             "unknown filter key 'jobid' in 'jobid=5'; use pid, user, comm, job, container, "
-            "cgroup (key=value) or a bare word",
+            "cgroup, pod (key=value) or a bare word",
         ),
         ("job=", "filter term 'job=' has no value; write job=VALUE"),
         ("pid=abc", "pid must be a number in 'pid=abc'; write pid=1234"),
+        (
+            "pod=train-0",
+            "pod 'train-0': write NAMESPACE/NAME (e.g. default/train-0) or the pod's uid "
+            "(kubectl get pod -n NAMESPACE NAME -o jsonpath='{.metadata.uid}')",
+        ),
     ],
 )
 def test_filter_errors_say_how_to_fix(text: str, message: str) -> None:

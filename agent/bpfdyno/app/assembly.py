@@ -165,7 +165,8 @@ def build(cfg: Config) -> Assembly:
                 partial(gpu.fresh_gpu_memory_by_pid, cfg.collector_interval("gpu")) if gpu else None
             ),
             pods=gpu.pods_by_pid if gpu else None,
-            pinned=lambda: {t.pid for t in tracing.service.registry.trainers()},
+            # By the pid here: a container's trainer reports its namespace's.
+            pinned=lambda: {t.host_pid or t.pid for t in tracing.service.registry.trainers()},
         )
         if on("procs")
         else None

@@ -14,7 +14,14 @@ import textwrap
 
 from bpfdyno.cli.output import print_json, with_agent
 from bpfdyno.client.agent import AgentClient
-from bpfdyno.client.connection import EXIT_OK, EXIT_USAGE, add_target_argument, default_target
+from bpfdyno.client.connection import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_target_argument,
+    default_target,
+)
+from bpfdyno.client.pods import PodNotFound, add_pod_argument, pod_processes
 from bpfdyno.rpc.processes import (
     DEFAULT_SORT,
     FILTER_KEYS,
@@ -51,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         + ", ".join(f"{k}=" for k in FILTER_KEYS)
         + ", or a word found in the command",
     )
+    add_pod_argument(p, "only the processes of this Kubernetes pod")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=cmd_ps)
 
@@ -71,8 +79,16 @@ def cmd_ps(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     # The word as given, not its canonical form: an older agent knows only the older words.
 
+    flt = " ".join(t for t in (args.filter, f"pod={args.pod}" if args.pod else "") if t)
+
     async def show(agent: AgentClient) -> int:
-        table = await agent.processes(args.sort, args.limit, args.filter)
+        table = await agent.processes(args.sort, args.limit, flt)
+        if args.pod and not table.processes:
+            try:  # why none: the pod is not here, or its name is not known here
+                await pod_processes(agent, args.pod)
+            except PodNotFound as e:
+                print(f"bpfdyno ps: {e}", file=sys.stderr)
+                return EXIT_FAIL
         if args.json:
             print_json(record_dict(table, with_defaults=True))
         else:
@@ -86,6 +102,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
 #: table and some of each command fit 80 columns; the command gets the rest of the line.
 _COLUMNS = (
     ("PID", 7, False),
+    # A container's processes: the pid they know themselves by in their own namespace.
+    ("NS PID", 7, True),
     ("USER", 8, False),
     ("CPU%", 6, False),
     ("RSS", 6, False),
@@ -103,8 +121,8 @@ MIN_COMMAND = 12
 def format_table(table: ProcessList, width: int | None = None) -> str:
     """A fixed-width table of the agent's process table ("-" marks unknown values), each line
     at most ``width`` characters (default: the terminal's, 80 when there is none): the
-    retransmit, job and container columns only when some row has a value there, then as much
-    of the command as fits."""
+    namespace pid, retransmit, job and container columns only when some row has a value
+    there, then as much of the command as fits."""
     width = width or shutil.get_terminal_size().columns
     rows = []
     for r in table.processes:
@@ -112,6 +130,7 @@ def format_table(table: ProcessList, width: int | None = None) -> str:
         rows.append(
             (
                 str(r.pid),
+                str(r.ns_pid) if r.ns_pid else "-",
                 r.user[:8],
                 _pct(r.cpu_ratio),
                 human_bytes(r.rss_bytes),
@@ -131,16 +150,22 @@ def format_table(table: ProcessList, width: int | None = None) -> str:
 
     def line(cells: tuple[str, ...]) -> str:
         return "".join(
-            f"{cells[i]:<{_COLUMNS[i][1]}} " if i == 1 else f"{cells[i]:>{_COLUMNS[i][1]}} "
+            f"{cells[i]:<{_COLUMNS[i][1]}} "
+            if _COLUMNS[i][0] == "USER"  # the one column of words, left-aligned
+            else f"{cells[i]:>{_COLUMNS[i][1]}} "
             for i in shown
         )
 
     titles = tuple(title for title, _, _ in _COLUMNS)
     hidden: list[str] = []
-    # On a narrow terminal the optional columns go, last first, before the command shrinks
-    # below MIN_COMMAND characters; the footer says which (--json has every field).
-    while width - len(line(titles)) < MIN_COMMAND and _COLUMNS[shown[-1]][2]:
-        hidden.insert(0, titles[shown.pop()])
+    # On a narrow terminal the optional columns go, last first (NS PID, the first of them,
+    # last of all), before the command shrinks below MIN_COMMAND characters; the footer says
+    # which (--json has every field).
+    optional = [i for i in shown if _COLUMNS[i][2]]
+    while width - len(line(titles)) < MIN_COMMAND and optional:
+        gone = optional.pop()
+        shown.remove(gone)
+        hidden.insert(0, titles[gone])
     header = line(titles)
     room = max(MIN_COMMAND, width - len(header))
     lines = [header + "COMMAND"]

@@ -20,6 +20,7 @@ from bpfdyno.cli.cluster import (
 )
 from bpfdyno.client.connection import EXIT_USAGE, add_target_argument
 from bpfdyno.client.errors import ClientSetupError
+from bpfdyno.client.pods import add_pod_argument
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="every node of this SLURM job, one row each (with --host: only this job's "
         "processes and trainers on that agent)",
     )
+    add_pod_argument(p, "only the processes and trainers of this Kubernetes pod")
     p.add_argument("--replay", type=Path, default=None, help="replay a recording (demos)")
     p.add_argument(
         "--demo",
@@ -52,6 +54,13 @@ def cmd_top(args: argparse.Namespace) -> int:
         from bpfdyno.tui.recorded import demo_recording
 
         args.replay = demo_recording()
+    if args.pod and (args.replay is not None or cluster_requested(args)):
+        print(
+            "bpfdyno top: --pod shows one pod on one agent: leave out --replay, --demo and "
+            "--hosts, and give --host (the pod's node's agent) with --job-id",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     if args.replay is None and cluster_requested(args):
         try:
             cluster = job_cluster(args, "top")
@@ -63,7 +72,9 @@ def cmd_top(args: argparse.Namespace) -> int:
     # Imported here: Textual takes a while to load, and only this command needs it.
     from bpfdyno.tui.app import run_top
 
-    return run_top(args.target, args.job_id, replay=args.replay, speed=args.speed)
+    return run_top(
+        args.target, args.job_id, replay=args.replay, speed=args.speed, pod=args.pod or ""
+    )
 
 
 def _cluster_top(cluster: Cluster) -> int:

@@ -18,6 +18,7 @@ import argparse
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from bpfdyno.cli.cluster import (
@@ -37,8 +38,10 @@ from bpfdyno.client.connection import (
     default_target,
 )
 from bpfdyno.client.errors import AgentError, ErrorKind
+from bpfdyno.client.pods import PodNotFound, add_pod_argument, pod_processes
 from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.identity import user_name
+from bpfdyno.core.k8s_jobs import check_job_name, job_id_of
 from bpfdyno.core.rules import pause_duration_s
 from bpfdyno.rpc.traces import (
     PROFILER_SWITCHES,
@@ -76,6 +79,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser("trainers", help="list the PyTorch processes registered for tracing")
     add_target_argument(p)
     p.add_argument("--job-id", type=int, default=None, help="only this job's trainers")
+    add_job_name_argument(p, "only the trainers of this Kubernetes training job")
+    add_pod_argument(p, "only the trainers running in this Kubernetes pod")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=cmd_trainers)
 
@@ -104,6 +109,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(SLURM: 1234, an array task 1234_5, a het component 1234+1)",
     )
     p.add_argument("--pids", default="0", help="pids to trace, comma separated; 0 = all in job")
+    add_pod_argument(p, "trace the trainers running in this Kubernetes pod (on this node)")
+    add_job_name_argument(p, "trace this Kubernetes training job's trainers (as --job-id)")
     p.add_argument(
         "--log-file",
         default="",
@@ -156,6 +163,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(handler=cmd_dcgm_resume)
 
 
+def add_job_name_argument(p: argparse.ArgumentParser, help_text: str) -> None:
+    """``--job NAME``: a Kubernetes training job by name (PyTorchJob, TrainJob, JobSet)."""
+    p.add_argument(
+        "--job",
+        default=None,
+        type=_job_name,
+        metavar="NAME",
+        help=f"{help_text}: its name (PyTorchJob, TrainJob, JobSet; see docs/deployment.md)",
+    )
+
+
+def _job_name(word: str) -> str:
+    try:
+        return check_job_name(word)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _target(args: argparse.Namespace) -> str:
     return str(args.target or default_target())
 
@@ -170,8 +195,21 @@ def _ago(ts: float) -> str:
 def cmd_trainers(args: argparse.Namespace) -> int:
     """Run ``bpfdyno trainers``; returns the exit status."""
 
+    job_id = args.job_id
+    if args.job is not None:
+        if job_id is not None:
+            print("bpfdyno: give --job or --job-id, not both", file=sys.stderr)
+            return EXIT_USAGE
+        job_id = job_id_of(args.job)
+
     async def show(agent: AgentClient) -> int:
-        trainers = await agent.trainers(args.job_id)
+        trainers = await agent.trainers(job_id)
+        if args.pod:
+            try:
+                trainers = (await pod_processes(agent, args.pod)).trainers(trainers)
+            except PodNotFound as e:
+                print(f"bpfdyno: {e}", file=sys.stderr)
+                return EXIT_FAIL
         if args.json:
             # The same shape whether or not a trainer is registered.
             print_json({"trainers": [record_dict(t) for t in trainers]})
@@ -206,8 +244,10 @@ def format_trainers(trainers: Sequence[Trainer]) -> str:
         role = t.role or "unknown"
         owner = (user_name(t.uid) or str(t.uid)) if t.uid is not None else "?"
         ns_pid = str(t.pid) if t.host_pid and t.host_pid != t.pid else "-"
+        # A Kubernetes job by its name (its derived id is in --json).
+        job = t.job_name or str(t.job_id)
         lines.append(
-            f"{t.host_pid or t.pid:>8} {ns_pid:>7} {t.job_id:>10} {t.state:<15}{role:<12}"
+            f"{t.host_pid or t.pid:>8} {ns_pid:>7} {job:>10} {t.state:<15}{role:<12}"
             f"{owner:<12}{t.polls:>6}  "
             f"{_ago(t.last_poll_unix_seconds):<11}{t.trace_id or '-':<17}"
             f"{','.join(str(a) for a in t.ancestors)}"
@@ -245,7 +285,20 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
         print(f"bpfdyno: {e}", file=sys.stderr)
         return EXIT_USAGE
     job_id = args.job_id.strip()
-    if not cluster_requested(args) and not job_id.isdigit():
+    if args.job is not None:
+        if job_id != str(_DEFAULT.job_id):
+            print("bpfdyno: give --job or --job-id, not both", file=sys.stderr)
+            return EXIT_USAGE
+        # The id the agents give the job's trainers (on every node: the same number).
+        job_id = args.job_id = str(job_id_of(args.job))
+    if args.pod and (pids != [0] or args.hosts is not None or args.hosts_file is not None):
+        print(
+            "bpfdyno: --pod picks the trainers of one pod on one node: leave out --pids, "
+            "--hosts and --hosts-file (--host names the pod's node's agent)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if not (cluster_requested(args) and not args.pod) and not job_id.isdigit():
         print(
             f"bpfdyno: --job-id {job_id!r}: one agent (--host) matches the numeric "
             "$SLURM_JOB_ID of its processes; leave out --host to trace a SLURM job, array "
@@ -266,7 +319,7 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
         kernel_tracks=args.kernel_tracks,
         pre_window_seconds=args.pre_window_s,
     )
-    if cluster_requested(args):
+    if cluster_requested(args) and not args.pod:
         try:
             cluster = job_cluster(args, "gputrace")
         except ClusterUsageError as e:
@@ -276,8 +329,26 @@ def cmd_gputrace(args: argparse.Namespace) -> int:
             return run_job_trace(args, spec, wait_s, cluster)
 
     async def trace(agent: AgentClient) -> int:
+        request = spec
+        if args.pod:
+            try:
+                ours = (await pod_processes(agent, args.pod)).trainers(await agent.trainers())
+            except PodNotFound as e:
+                print(f"bpfdyno: {e}", file=sys.stderr)
+                return EXIT_FAIL
+            if not ours:
+                print(
+                    f"bpfdyno: pod {args.pod} runs here, but none of its processes is "
+                    "registered for tracing: start its trainers with KINETO_USE_DAEMON=1 and "
+                    "the agent's Kineto socket directory mounted (bpfdyno trainers lists "
+                    "who is registered)",
+                    file=sys.stderr,
+                )
+                return EXIT_FAIL
+            # By their pids here: the pids they report are their pod's, which others share.
+            request = replace(spec, pids=tuple(sorted(t.host_pid or t.pid for t in ours)))
         try:
-            started = await agent.start_trace(spec, timeout_s=10)
+            started = await agent.start_trace(request, timeout_s=10)
         except AgentError as e:
             if e.kind is not ErrorKind.REFUSED:
                 raise

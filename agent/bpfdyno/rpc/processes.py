@@ -14,6 +14,7 @@ counts, never 0. On the wire an unknown value is an unset ``optional`` field, ex
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import cast
@@ -75,6 +76,9 @@ class ProcessRow:
     k8s_namespace: str = ""
     k8s_pod: str = ""
     k8s_container: str = ""
+    # In a pid namespace of its own (a container): the pid it knows itself by there, which
+    # its own logs and trace file names use; 0 in the agent's namespace.
+    ns_pid: int = 0
 
     @property
     def net_bytes_per_second(self) -> float:
@@ -166,15 +170,46 @@ class QueryError(ValueError):
     """A filter or sort key the process table cannot apply; the message says what to write."""
 
 
-#: ``key=value`` filter terms: how each key matches a row. ``container`` matches an id
-#: prefix, ``cgroup`` a substring, ``user`` the name or the uid, the others exactly.
+#: A pod's uid as Kubernetes writes it (``metadata.uid``).
+_POD_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def check_pod(value: str) -> str:
+    """A pod as ``--pod`` and the ``pod=`` filter take it: ``NAMESPACE/NAME`` or its uid.
+
+    Raises:
+        QueryError: anything else, with the forms that work.
+    """
+    namespace, slash, name = value.partition("/")
+    if (slash and namespace and name and "/" not in name) or _POD_UID.fullmatch(value):
+        return value
+    raise QueryError(
+        f"pod {value!r}: write NAMESPACE/NAME (e.g. default/train-0) or the pod's uid "
+        "(kubectl get pod -n NAMESPACE NAME -o jsonpath='{.metadata.uid}')"
+    )
+
+
+def pod_matches(row: ProcessRow, pod: str) -> bool:
+    """Whether the process runs in ``pod`` (`check_pod`'s forms). By uid: its cgroup path
+    says, on any Kubernetes node. By name: the agent knows the names of the pods that hold
+    a device the kubelet's pod-resources API reports (a GPU), for every process of them."""
+    if "/" in pod:
+        return bool(row.k8s_pod) and f"{row.k8s_namespace}/{row.k8s_pod}" == pod
+    return row.k8s_pod_uid == pod
+
+
+#: ``key=value`` filter terms: how each key matches a row. ``pid`` matches the agent's pid or
+#: the one in the process's own pid namespace (as ``gputrace --pids`` does), ``pod`` a
+#: Kubernetes pod (`pod_matches`), ``container`` an id prefix, ``cgroup`` a substring,
+#: ``user`` the name or the uid, the others exactly.
 _FILTER_TERMS: dict[str, Callable[[ProcessRow, str], bool]] = {
-    "pid": lambda r, v: r.pid == int(v),
+    "pid": lambda r, v: r.pid == int(v) or (r.ns_pid != 0 and r.ns_pid == int(v)),
     "user": lambda r, v: r.user == v or (r.uid is not None and str(r.uid) == v),
     "comm": lambda r, v: r.comm == v,
     "job": lambda r, v: r.slurm_job_id == v,
     "container": lambda r, v: bool(r.container_id) and r.container_id.startswith(v),
     "cgroup": lambda r, v: v in r.cgroup,
+    "pod": pod_matches,
 }
 #: Keys accepted in a filter term ``key=value``.
 FILTER_KEYS = tuple(_FILTER_TERMS)
@@ -230,6 +265,8 @@ def parse_filter(text: str) -> ProcessFilter:
             raise QueryError(f"filter term {term!r} has no value; write {key}=VALUE")
         if key == "pid" and not value.isdigit():
             raise QueryError(f"pid must be a number in {term!r}; write pid=1234")
+        if key == "pod":
+            check_pod(value)
         terms.append((key, value))
     return ProcessFilter(tuple(words), tuple(terms))
 

@@ -152,6 +152,8 @@ class Trainer:
         trace_id: the trace it holds a config of ("" if none).
         uid: its owner (None: unknown; only root may trace it).
         host_pid: its pid in the agent's pid namespace; 0 if unknown.
+        job_name: its Kubernetes training job, whose name gave it ``job_id``
+            (`bpfdyno.core.k8s_jobs`); "" when it has none.
     """
 
     pid: int
@@ -166,6 +168,7 @@ class Trainer:
     trace_id: str = ""
     uid: int | None = None
     host_pid: int = 0
+    job_name: str = ""
 
 
 # -- starting a trace -------------------------------------------------------------------------

@@ -123,6 +123,7 @@ class TrainerView:
     trace_id: str
     uid: int | None = None
     host_pid: int = 0
+    job_name: str = ""
 
     @property
     def first_poll_unix_seconds(self) -> float:
@@ -250,6 +251,7 @@ class TracingService(KinetoPolls):
                     trace_id=part.trace_id if part and sees(who, part.requester_uid) else "",
                     uid=t.uid,
                     host_pid=t.host_pid,
+                    job_name=t.job_name,
                 )
             )
         return out

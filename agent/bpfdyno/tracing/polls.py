@@ -13,14 +13,17 @@ which is built on this class.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 from bpfdyno.core.errors import RequestError
-from bpfdyno.core.identity import in_process
-from bpfdyno.core.workers import UserLanes
+from bpfdyno.core.identity import in_process, owner_or_root
+from bpfdyno.core.k8s_jobs import ENV_NAMES, kubernetes_job
+from bpfdyno.core.pidfs import read_environ
+from bpfdyno.core.workers import StoppedError, UserLanes
 from bpfdyno.rpc.audit import AuditedProcess
 from bpfdyno.tracing.audit import AuditLog
 from bpfdyno.tracing.ipc.guard import KernelGuard
@@ -65,6 +68,7 @@ class KinetoPolls:
         self.audit = audit
         self._placement = placement
         self._claims = ClaimVerifier(proc_root)
+        self._proc_root = proc_root
         self._wall = wall
         self._mono = mono
         #: Polls ignored because the pid they claim is not their sender's, per sender uid.
@@ -117,6 +121,8 @@ class KinetoPolls:
         if self.guard is not None and t.uid is not None:
             self.guard.protect(address, t.uid)  # a dictionary lookup once it is guarded
         self.kineto_builds.learn(address, t.host_pid, t.uid)
+        if not t.job_looked_up and t.job_id == 0 and t.host_pid > 0:
+            self._learn_job(t)
         self.tracker.on_poll(address, busy=not req.activities_free)
         if not req.activities_free:
             return ""  # a busy client would drop a config: keep it for a free poll
@@ -128,6 +134,29 @@ class KinetoPolls:
         trace_id, text = taken
         log.info("trace %s: config delivered to pid %d", trace_id, t.pid)
         return text
+
+    def _learn_job(self, t: Trainer) -> None:
+        """Read the environment of a trainer that sends no job id for its Kubernetes job
+        (once, in its owner's lane: reading another process's environment can wait on its
+        memory map); from then on its polls carry the job id derived from the name."""
+        t.job_looked_up = True
+
+        def look() -> None:
+            env = read_environ(self._proc_root, t.host_pid, ENV_NAMES)
+            job = kubernetes_job(env)
+            if job is None:
+                return
+            # On the lane's thread: plain assignments; the loop only reads them.
+            t.job_name, t.derived_job_id = job.name, job.job_id
+            if t.job_id == 0:
+                t.job_id = job.job_id
+            log.info(
+                "trainer pid %d: job %s (from %s), job id %d",
+                t.host_pid, job.name, job.source, job.job_id,
+            )  # fmt: skip
+
+        with contextlib.suppress(StoppedError):
+            self.user_files.submit(owner_or_root(t.uid), look)
 
     def on_context(self, address: bytes, ctxt: KinetoContext) -> int:
         """Legacy ``ctxt`` registration; returns the count dynolog would return."""

@@ -48,6 +48,9 @@ class Trainer:
         uid: its owner, from the kernel's credentials of its polls (None: unknown).
         host_pid: its pid in the daemon's pid namespace (differs from ``pid`` in a
             container); 0 when unknown.
+        job_name, derived_job_id: its Kubernetes training job and the job id derived from
+            its name (`bpfdyno.core.k8s_jobs`), which ``job_id`` is while the trainer sends
+            none; "" and 0 when it has none (or it is not known yet).
     """
 
     address: bytes
@@ -62,6 +65,9 @@ class Trainer:
     host_pid: int = 0
     registered: int = 0  # the registry's sequence number: later registrations are larger
     quota_user: int | None = None  # whose quota it counts against (None: root's, unknown)
+    job_name: str = ""
+    derived_job_id: int = 0
+    job_looked_up: bool = False  # its environment was (or is being) read for a job name
 
     @property
     def pid(self) -> int:
@@ -168,7 +174,7 @@ class TrainerRegistry:
         else:
             self._by_address.move_to_end(address)
             t.pids = req.pids if pids is None else pids
-            t.job_id = req.job_id
+            t.job_id = req.job_id or t.derived_job_id
         t.last_poll = now_wall
         t.last_poll_mono = now_mono
         t.polls += 1

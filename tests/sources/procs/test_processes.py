@@ -123,7 +123,9 @@ def test_stat_parser_agrees_with_the_kernel_for_this_process() -> None:
 
 def test_a_gpu_process_names_its_pod_for_its_whole_container(tmp_path: Path) -> None:
     """The GPU collector knows the pod of the processes on a pod's GPU (from the kubelet);
-    the other processes of that container (same container id) are the same pod's."""
+    the other processes of that container (same container id) are the same pod's, and those
+    of the pod's other containers (same pod uid) the pod's, in no container the kubelet
+    named."""
     fp = FakeProc(tmp_path)
     kubepods = f"0::/kubepods/besteffort/pod{POD}"
     fp.add(10, comm="python", ticks=50, cgroup=f"{kubepods}/{CRI_ID}\n")  # on the GPU
@@ -137,7 +139,7 @@ def test_a_gpu_process_names_its_pod_for_its_whole_container(tmp_path: Path) -> 
     assert {pid: (r.k8s_namespace, r.k8s_pod, r.k8s_container) for pid, r in rows.items()} == {
         10: ("ml", "train-0", "trainer"),
         11: ("ml", "train-0", "trainer"),
-        12: ("", "", ""),
+        12: ("ml", "train-0", ""),
         13: ("", "", ""),
     }
     assert rows[11].k8s_pod_uid == POD

@@ -399,6 +399,7 @@ def run_top(
     *,
     replay: Path | None = None,
     speed: float = 1.0,
+    pod: str = "",
 ) -> int:
     """Run the UI until the user quits; the `bpfdyno top` command.
 
@@ -408,6 +409,7 @@ def run_top(
         job_id: show only this SLURM job's processes and trainers.
         replay: replay this recording instead of connecting (demos).
         speed: replay speed.
+        pod: show only this Kubernetes pod's processes and trainers (not in a replay).
 
     Returns:
         The process exit status: 0 after a normal quit, 2 for an unreadable recording.
@@ -422,6 +424,6 @@ def run_top(
             print(f"bpfdyno top: {e}", file=sys.stderr)
             return 2
     else:
-        source = AgentDataSource(target or default_target())
+        source = AgentDataSource(target or default_target(), pod=pod)
     result = TopApp(source, job_id=job_id or "").run()
     return result if isinstance(result, int) else 0

@@ -21,6 +21,7 @@ from typing import Protocol
 
 from bpfdyno.client.agent import AgentClient
 from bpfdyno.client.errors import AgentError, ErrorKind
+from bpfdyno.client.pods import PodNotFound, pod_processes
 from bpfdyno.rpc.agent import AgentStatus, MetricSpec, MetricsSnapshot, Series
 from bpfdyno.rpc.kernel import KernelEvent
 from bpfdyno.rpc.processes import DEFAULT_SORT, ProcessList
@@ -94,10 +95,13 @@ class AgentDataSource:
     Args:
         target: where the agent listens.
         call_timeout_s: deadline of each unary call.
+        pod: show only this Kubernetes pod's processes and trainers (``--pod``: the
+            ``NAMESPACE/NAME`` or uid `bpfdyno.client.pods` takes); "" for all.
     """
 
-    def __init__(self, target: str, call_timeout_s: float = 5.0) -> None:
+    def __init__(self, target: str, call_timeout_s: float = 5.0, pod: str = "") -> None:
         self._agent = AgentClient(target, timeout_s=call_timeout_s)
+        self._pod = pod
 
     @property
     def target(self) -> str:
@@ -125,12 +129,19 @@ class AgentDataSource:
         raise stream_ended(self.target, "metrics")
 
     async def processes(self, limit: int, job_id: str = "") -> ProcessList:
-        """The agent's process table (only ``job_id``'s processes if given)."""
-        return await self._agent.processes(DEFAULT_SORT, limit, f"job={job_id}" if job_id else "")
+        """The agent's process table (only ``job_id``'s, and the pod's, processes if given)."""
+        terms = (f"job={job_id}" if job_id else "", f"pod={self._pod}" if self._pod else "")
+        return await self._agent.processes(DEFAULT_SORT, limit, " ".join(t for t in terms if t))
 
     async def trainers(self) -> list[Trainer]:
-        """Registered PyTorch processes."""
-        return await self._agent.trainers()
+        """Registered PyTorch processes (the pod's only, when one is asked for)."""
+        trainers = await self._agent.trainers()
+        if not self._pod:
+            return trainers
+        try:
+            return (await pod_processes(self._agent, self._pod)).trainers(trainers)
+        except PodNotFound:
+            return []  # none of it here (yet): the processes tab says the same
 
     async def start_trace(self, request: TraceSpec) -> TraceStart:
         """Ask for a trace; the answer lists who was triggered, with their file names."""

@@ -17,7 +17,7 @@ class ListProcessesRequest(_message.Message):
     def __init__(self, sort_by: _Optional[str] = ..., limit: _Optional[int] = ..., filter: _Optional[str] = ...) -> None: ...
 
 class ProcessRow(_message.Message):
-    __slots__ = ("pid", "ppid", "comm", "cmdline", "uid", "user", "state", "num_threads", "start_unix_seconds", "cpu_ratio", "rss_bytes", "oncpu_ns", "offcpu_runnable_ns", "offcpu_blocked_ns", "runq_wait_ns", "oncpu_ratio", "runq_wait_ratio", "offcpu_blocked_ratio", "tcp_tx_bytes", "tcp_rx_bytes", "udp_tx_bytes", "udp_rx_bytes", "tcp_retransmits", "tcp_tx_bytes_per_second", "tcp_rx_bytes_per_second", "udp_tx_bytes_per_second", "udp_rx_bytes_per_second", "tcp_retransmits_per_second", "cgroup", "container_id", "k8s_pod_uid", "slurm_job_id", "gpu_memory_bytes", "pinned", "k8s_namespace", "k8s_pod", "k8s_container")
+    __slots__ = ("pid", "ppid", "comm", "cmdline", "uid", "user", "state", "num_threads", "start_unix_seconds", "cpu_ratio", "rss_bytes", "oncpu_ns", "offcpu_runnable_ns", "offcpu_blocked_ns", "runq_wait_ns", "oncpu_ratio", "runq_wait_ratio", "offcpu_blocked_ratio", "tcp_tx_bytes", "tcp_rx_bytes", "udp_tx_bytes", "udp_rx_bytes", "tcp_retransmits", "tcp_tx_bytes_per_second", "tcp_rx_bytes_per_second", "udp_tx_bytes_per_second", "udp_rx_bytes_per_second", "tcp_retransmits_per_second", "cgroup", "container_id", "k8s_pod_uid", "slurm_job_id", "gpu_memory_bytes", "pinned", "k8s_namespace", "k8s_pod", "k8s_container", "ns_pid")
     PID_FIELD_NUMBER: _ClassVar[int]
     PPID_FIELD_NUMBER: _ClassVar[int]
     COMM_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class ProcessRow(_message.Message):
     K8S_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     K8S_POD_FIELD_NUMBER: _ClassVar[int]
     K8S_CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    NS_PID_FIELD_NUMBER: _ClassVar[int]
     pid: int
     ppid: int
     comm: str
@@ -92,7 +93,8 @@ class ProcessRow(_message.Message):
     k8s_namespace: str
     k8s_pod: str
     k8s_container: str
-    def __init__(self, pid: _Optional[int] = ..., ppid: _Optional[int] = ..., comm: _Optional[str] = ..., cmdline: _Optional[str] = ..., uid: _Optional[int] = ..., user: _Optional[str] = ..., state: _Optional[str] = ..., num_threads: _Optional[int] = ..., start_unix_seconds: _Optional[float] = ..., cpu_ratio: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., oncpu_ns: _Optional[int] = ..., offcpu_runnable_ns: _Optional[int] = ..., offcpu_blocked_ns: _Optional[int] = ..., runq_wait_ns: _Optional[int] = ..., oncpu_ratio: _Optional[float] = ..., runq_wait_ratio: _Optional[float] = ..., offcpu_blocked_ratio: _Optional[float] = ..., tcp_tx_bytes: _Optional[int] = ..., tcp_rx_bytes: _Optional[int] = ..., udp_tx_bytes: _Optional[int] = ..., udp_rx_bytes: _Optional[int] = ..., tcp_retransmits: _Optional[int] = ..., tcp_tx_bytes_per_second: _Optional[float] = ..., tcp_rx_bytes_per_second: _Optional[float] = ..., udp_tx_bytes_per_second: _Optional[float] = ..., udp_rx_bytes_per_second: _Optional[float] = ..., tcp_retransmits_per_second: _Optional[float] = ..., cgroup: _Optional[str] = ..., container_id: _Optional[str] = ..., k8s_pod_uid: _Optional[str] = ..., slurm_job_id: _Optional[str] = ..., gpu_memory_bytes: _Optional[int] = ..., pinned: _Optional[bool] = ..., k8s_namespace: _Optional[str] = ..., k8s_pod: _Optional[str] = ..., k8s_container: _Optional[str] = ...) -> None: ...
+    ns_pid: int
+    def __init__(self, pid: _Optional[int] = ..., ppid: _Optional[int] = ..., comm: _Optional[str] = ..., cmdline: _Optional[str] = ..., uid: _Optional[int] = ..., user: _Optional[str] = ..., state: _Optional[str] = ..., num_threads: _Optional[int] = ..., start_unix_seconds: _Optional[float] = ..., cpu_ratio: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., oncpu_ns: _Optional[int] = ..., offcpu_runnable_ns: _Optional[int] = ..., offcpu_blocked_ns: _Optional[int] = ..., runq_wait_ns: _Optional[int] = ..., oncpu_ratio: _Optional[float] = ..., runq_wait_ratio: _Optional[float] = ..., offcpu_blocked_ratio: _Optional[float] = ..., tcp_tx_bytes: _Optional[int] = ..., tcp_rx_bytes: _Optional[int] = ..., udp_tx_bytes: _Optional[int] = ..., udp_rx_bytes: _Optional[int] = ..., tcp_retransmits: _Optional[int] = ..., tcp_tx_bytes_per_second: _Optional[float] = ..., tcp_rx_bytes_per_second: _Optional[float] = ..., udp_tx_bytes_per_second: _Optional[float] = ..., udp_rx_bytes_per_second: _Optional[float] = ..., tcp_retransmits_per_second: _Optional[float] = ..., cgroup: _Optional[str] = ..., container_id: _Optional[str] = ..., k8s_pod_uid: _Optional[str] = ..., slurm_job_id: _Optional[str] = ..., gpu_memory_bytes: _Optional[int] = ..., pinned: _Optional[bool] = ..., k8s_namespace: _Optional[str] = ..., k8s_pod: _Optional[str] = ..., k8s_container: _Optional[str] = ..., ns_pid: _Optional[int] = ...) -> None: ...
 
 class ListProcessesResponse(_message.Message):
     __slots__ = ("processes", "unix_seconds", "total_processes", "unavailable")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from bpfdyno.rpc.v1 import diagnosis_pb2 as bpfdyno_dot_rpc_dot_v1_dot_diagnosis__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x62pfdyno/rpc/v1/tracing.proto\x12\x0e\x62pfdyno.rpc.v1\x1a\x1e\x62pfdyno/rpc/v1/diagnosis.proto\"5\n\x13ListTrainersRequest\x12\x13\n\x06job_id\x18\x01 \x01(\x03H\x00\x88\x01\x01\x42\t\n\x07_job_id\"\xb1\x02\n\x07Trainer\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x11\n\tancestors\x18\x02 \x03(\x05\x12\x0e\n\x06job_id\x18\x03 \x01(\x03\x12\x1f\n\x17\x66irst_poll_unix_seconds\x18\x04 \x01(\x01\x12\x1e\n\x16last_poll_unix_seconds\x18\x05 \x01(\x01\x12\r\n\x05polls\x18\x06 \x01(\x04\x12+\n\x05state\x18\x07 \x01(\x0e\x32\x1c.bpfdyno.rpc.v1.TrainerState\x12)\n\x04role\x18\x08 \x01(\x0e\x32\x1b.bpfdyno.rpc.v1.TrainerRole\x12\x10\n\x08\x65ndpoint\x18\t \x01(\t\x12\x10\n\x08trace_id\x18\n \x01(\t\x12\x10\n\x03uid\x18\x64 \x01(\x03H\x00\x88\x01\x01\x12\x10\n\x08host_pid\x18\x65 \x01(\x05\x42\x06\n\x04_uid\"A\n\x14ListTrainersResponse\x12)\n\x08trainers\x18\x01 \x03(\x0b\x32\x17.bpfdyno.rpc.v1.Trainer\"\xb8\x03\n\x11StartTraceRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0c\n\x04pids\x18\x02 \x03(\x05\x12\x10\n\x08log_file\x18\x03 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x04 \x01(\r\x12\x12\n\niterations\x18\x05 \x01(\x05\x12\x1d\n\x15profile_start_time_ms\x18\x06 \x01(\x03\x12\'\n\x1fprofile_start_iteration_roundup\x18\x07 \x01(\x05\x12\x15\n\rrecord_shapes\x18\x08 \x01(\x08\x12\x16\n\x0eprofile_memory\x18\t \x01(\x08\x12\x13\n\x0bwith_stacks\x18\n \x01(\x08\x12\x12\n\nwith_flops\x18\x0b \x01(\x08\x12\x14\n\x0cwith_modules\x18\x0c \x01(\x08\x12\x1a\n\rprocess_limit\x18\r \x01(\x05H\x00\x88\x01\x01\x12\x17\n\x0ftimeout_seconds\x18\x0e \x01(\x01\x12\x15\n\rkernel_tracks\x18x \x01(\t\x12\x1f\n\x12pre_window_seconds\x18y \x01(\x01H\x01\x88\x01\x01\x42\x10\n\x0e_process_limitB\x15\n\x13_pre_window_seconds\"D\n\x10TriggeredProcess\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x13\n\x0boutput_path\x18\x03 \x01(\t\"=\n\x0eSkippedProcess\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xa2\x02\n\x12StartTraceResponse\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x19\n\x11processes_matched\x18\x02 \x03(\x05\x12\x33\n\ttriggered\x18\x03 \x03(\x0b\x32 .bpfdyno.rpc.v1.TriggeredProcess\x12,\n\x04\x62usy\x18\x04 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.SkippedProcess\x12\x32\n\nover_limit\x18\x05 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.SkippedProcess\x12\x33\n\x0bnot_matched\x18\x06 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.SkippedProcess\x12\x13\n\x0b\x63onfig_text\x18\x07 \x01(\t\"#\n\x0fGetTraceRequest\x12\x10\n\x08trace_id\x18\x01 \x01(\t\"n\n\x0cKernelTracks\x12\x11\n\trequested\x18\x01 \x03(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0e\n\x06merged\x18\x03 \x03(\t\x12\x0e\n\x06\x65vents\x18\x04 \x01(\x04\x12\x0c\n\x04lost\x18\x05 \x01(\x04\x12\x0e\n\x06reason\x18\x06 \x01(\t\"\xe9\x01\n\x0cProcessTrace\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x13\n\x0boutput_path\x18\x03 \x01(\t\x12\x30\n\x05state\x18\x04 \x01(\x0e\x32!.bpfdyno.rpc.v1.ProcessTraceState\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x12\n\nsize_bytes\x18\x06 \x01(\x03\x12\x1c\n\x14updated_unix_seconds\x18\x07 \x01(\x01\x12\x33\n\rkernel_tracks\x18x \x01(\x0b\x32\x1c.bpfdyno.rpc.v1.KernelTracks\"\xb3\x01\n\x0bTraceStatus\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x1c\n\x14\x63reated_unix_seconds\x18\x02 \x01(\x01\x12\x1d\n\x15\x64\x65\x61\x64line_unix_seconds\x18\x03 \x01(\x01\x12\x16\n\x0eiteration_mode\x18\x04 \x01(\x08\x12/\n\tprocesses\x18\x05 \x03(\x0b\x32\x1c.bpfdyno.rpc.v1.ProcessTrace\x12\x0c\n\x04\x64one\x18\x06 \x01(\x08\"&\n\x10\x44\x63gmPauseRequest\x12\x12\n\nduration_s\x18\x01 \x01(\x05\"\x13\n\x11\x44\x63gmResumeRequest\".\n\x0c\x44\x63gmResponse\x12\x0e\n\x06status\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xa2\x06\n\x0eProcessSummary\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x10\n\x08trace_id\x18\x04 \x01(\t\x12!\n\x19window_start_unix_seconds\x18\x05 \x01(\x01\x12\x16\n\x0ewindow_seconds\x18\x06 \x01(\x01\x12\x1a\n\x12pytorch_op_seconds\x18\x07 \x01(\x01\x12\x15\n\rkernel_tracks\x18\x08 \x03(\t\x12\x16\n\x0enet_sent_bytes\x18\t \x01(\x04\x12\x1a\n\x12net_received_bytes\x18\n \x01(\x04\x12\x11\n\tnet_calls\x18\x0b \x01(\x04\x12\x17\n\x0ftcp_retransmits\x18\x0c \x01(\x04\x12\x12\n\ntcp_resets\x18\r \x01(\x04\x12\x14\n\x0cpacket_drops\x18\x0e \x01(\x04\x12\x1f\n\x17offcpu_runnable_seconds\x18\x0f \x01(\x01\x12\x1e\n\x16offcpu_blocked_seconds\x18\x10 \x01(\x01\x12[\n\x18\x62locked_seconds_by_cause\x18\x11 \x03(\x0b\x32\x39.bpfdyno.rpc.v1.ProcessSummary.BlockedSecondsByCauseEntry\x12$\n\x1cmain_thread_runnable_seconds\x18\x12 \x01(\x01\x12#\n\x1bmain_thread_blocked_seconds\x18\x13 \x01(\x01\x12\x12\n\nnccl_calls\x18\x14 \x01(\x04\x12\x14\n\x0cnccl_seconds\x18\x15 \x01(\x01\x12\x1b\n\x13kernel_records_lost\x18\x16 \x01(\x04\x12\r\n\x05\x65rror\x18\x17 \x01(\t\x12.\n\x08\x65vidence\x18\x18 \x01(\x0b\x32\x1c.bpfdyno.rpc.v1.RankEvidence\x12\x16\n\x0eoffcpu_threads\x18\x19 \x01(\r\x12\x18\n\x10gpu_busy_seconds\x18\x1a \x01(\x01\x1a<\n\x1a\x42lockedSecondsByCauseEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"}\n\x0cTraceSummary\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x31\n\tprocesses\x18\x02 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.ProcessSummary\x12(\n\x07verdict\x18\x03 \x01(\x0b\x32\x17.bpfdyno.rpc.v1.Verdict*\x82\x01\n\x0cTrainerState\x12\x1d\n\x19TRAINER_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12TRAINER_STATE_IDLE\x10\x01\x12 \n\x1cTRAINER_STATE_CONFIG_PENDING\x10\x02\x12\x19\n\x15TRAINER_STATE_TRACING\x10\x03*}\n\x0bTrainerRole\x12\x1c\n\x18TRAINER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13TRAINER_ROLE_WORKER\x10\x01\x12\x19\n\x15TRAINER_ROLE_LAUNCHER\x10\x02\x12\x1c\n\x18TRAINER_ROLE_DATA_WORKER\x10\x03*\xa2\x02\n\x11ProcessTraceState\x12#\n\x1fPROCESS_TRACE_STATE_UNSPECIFIED\x10\x00\x12\x1f\n\x1bPROCESS_TRACE_STATE_PENDING\x10\x01\x12!\n\x1dPROCESS_TRACE_STATE_DELIVERED\x10\x02\x12\x1f\n\x1bPROCESS_TRACE_STATE_TRACING\x10\x03\x12\x1f\n\x1bPROCESS_TRACE_STATE_WRITTEN\x10\x04\x12\x1e\n\x1aPROCESS_TRACE_STATE_FAILED\x10\x05\x12!\n\x1dPROCESS_TRACE_STATE_TIMED_OUT\x10\x06\x12\x1f\n\x1bPROCESS_TRACE_STATE_MERGING\x10x2\xbf\x04\n\x07Tracing\x12Y\n\x0cListTrainers\x12#.bpfdyno.rpc.v1.ListTrainersRequest\x1a$.bpfdyno.rpc.v1.ListTrainersResponse\x12S\n\nStartTrace\x12!.bpfdyno.rpc.v1.StartTraceRequest\x1a\".bpfdyno.rpc.v1.StartTraceResponse\x12H\n\x08GetTrace\x12\x1f.bpfdyno.rpc.v1.GetTraceRequest\x1a\x1b.bpfdyno.rpc.v1.TraceStatus\x12L\n\nWatchTrace\x12\x1f.bpfdyno.rpc.v1.GetTraceRequest\x1a\x1b.bpfdyno.rpc.v1.TraceStatus0\x01\x12K\n\tDcgmPause\x12 .bpfdyno.rpc.v1.DcgmPauseRequest\x1a\x1c.bpfdyno.rpc.v1.DcgmResponse\x12M\n\nDcgmResume\x12!.bpfdyno.rpc.v1.DcgmResumeRequest\x1a\x1c.bpfdyno.rpc.v1.DcgmResponse\x12P\n\x0fGetTraceSummary\x12\x1f.bpfdyno.rpc.v1.GetTraceRequest\x1a\x1c.bpfdyno.rpc.v1.TraceSummaryb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x62pfdyno/rpc/v1/tracing.proto\x12\x0e\x62pfdyno.rpc.v1\x1a\x1e\x62pfdyno/rpc/v1/diagnosis.proto\"5\n\x13ListTrainersRequest\x12\x13\n\x06job_id\x18\x01 \x01(\x03H\x00\x88\x01\x01\x42\t\n\x07_job_id\"\xc3\x02\n\x07Trainer\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x11\n\tancestors\x18\x02 \x03(\x05\x12\x0e\n\x06job_id\x18\x03 \x01(\x03\x12\x1f\n\x17\x66irst_poll_unix_seconds\x18\x04 \x01(\x01\x12\x1e\n\x16last_poll_unix_seconds\x18\x05 \x01(\x01\x12\r\n\x05polls\x18\x06 \x01(\x04\x12+\n\x05state\x18\x07 \x01(\x0e\x32\x1c.bpfdyno.rpc.v1.TrainerState\x12)\n\x04role\x18\x08 \x01(\x0e\x32\x1b.bpfdyno.rpc.v1.TrainerRole\x12\x10\n\x08\x65ndpoint\x18\t \x01(\t\x12\x10\n\x08trace_id\x18\n \x01(\t\x12\x10\n\x03uid\x18\x64 \x01(\x03H\x00\x88\x01\x01\x12\x10\n\x08host_pid\x18\x65 \x01(\x05\x12\x10\n\x08job_name\x18\x66 \x01(\tB\x06\n\x04_uid\"A\n\x14ListTrainersResponse\x12)\n\x08trainers\x18\x01 \x03(\x0b\x32\x17.bpfdyno.rpc.v1.Trainer\"\xb8\x03\n\x11StartTraceRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0c\n\x04pids\x18\x02 \x03(\x05\x12\x10\n\x08log_file\x18\x03 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x04 \x01(\r\x12\x12\n\niterations\x18\x05 \x01(\x05\x12\x1d\n\x15profile_start_time_ms\x18\x06 \x01(\x03\x12\'\n\x1fprofile_start_iteration_roundup\x18\x07 \x01(\x05\x12\x15\n\rrecord_shapes\x18\x08 \x01(\x08\x12\x16\n\x0eprofile_memory\x18\t \x01(\x08\x12\x13\n\x0bwith_stacks\x18\n \x01(\x08\x12\x12\n\nwith_flops\x18\x0b \x01(\x08\x12\x14\n\x0cwith_modules\x18\x0c \x01(\x08\x12\x1a\n\rprocess_limit\x18\r \x01(\x05H\x00\x88\x01\x01\x12\x17\n\x0ftimeout_seconds\x18\x0e \x01(\x01\x12\x15\n\rkernel_tracks\x18x \x01(\t\x12\x1f\n\x12pre_window_seconds\x18y \x01(\x01H\x01\x88\x01\x01\x42\x10\n\x0e_process_limitB\x15\n\x13_pre_window_seconds\"D\n\x10TriggeredProcess\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x13\n\x0boutput_path\x18\x03 \x01(\t\"=\n\x0eSkippedProcess\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xa2\x02\n\x12StartTraceResponse\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x19\n\x11processes_matched\x18\x02 \x03(\x05\x12\x33\n\ttriggered\x18\x03 \x03(\x0b\x32 .bpfdyno.rpc.v1.TriggeredProcess\x12,\n\x04\x62usy\x18\x04 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.SkippedProcess\x12\x32\n\nover_limit\x18\x05 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.SkippedProcess\x12\x33\n\x0bnot_matched\x18\x06 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.SkippedProcess\x12\x13\n\x0b\x63onfig_text\x18\x07 \x01(\t\"#\n\x0fGetTraceRequest\x12\x10\n\x08trace_id\x18\x01 \x01(\t\"n\n\x0cKernelTracks\x12\x11\n\trequested\x18\x01 \x03(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0e\n\x06merged\x18\x03 \x03(\t\x12\x0e\n\x06\x65vents\x18\x04 \x01(\x04\x12\x0c\n\x04lost\x18\x05 \x01(\x04\x12\x0e\n\x06reason\x18\x06 \x01(\t\"\xe9\x01\n\x0cProcessTrace\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x13\n\x0boutput_path\x18\x03 \x01(\t\x12\x30\n\x05state\x18\x04 \x01(\x0e\x32!.bpfdyno.rpc.v1.ProcessTraceState\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x12\n\nsize_bytes\x18\x06 \x01(\x03\x12\x1c\n\x14updated_unix_seconds\x18\x07 \x01(\x01\x12\x33\n\rkernel_tracks\x18x \x01(\x0b\x32\x1c.bpfdyno.rpc.v1.KernelTracks\"\xb3\x01\n\x0bTraceStatus\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x1c\n\x14\x63reated_unix_seconds\x18\x02 \x01(\x01\x12\x1d\n\x15\x64\x65\x61\x64line_unix_seconds\x18\x03 \x01(\x01\x12\x16\n\x0eiteration_mode\x18\x04 \x01(\x08\x12/\n\tprocesses\x18\x05 \x03(\x0b\x32\x1c.bpfdyno.rpc.v1.ProcessTrace\x12\x0c\n\x04\x64one\x18\x06 \x01(\x08\"&\n\x10\x44\x63gmPauseRequest\x12\x12\n\nduration_s\x18\x01 \x01(\x05\"\x13\n\x11\x44\x63gmResumeRequest\".\n\x0c\x44\x63gmResponse\x12\x0e\n\x06status\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xa2\x06\n\x0eProcessSummary\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x10\n\x08trace_id\x18\x04 \x01(\t\x12!\n\x19window_start_unix_seconds\x18\x05 \x01(\x01\x12\x16\n\x0ewindow_seconds\x18\x06 \x01(\x01\x12\x1a\n\x12pytorch_op_seconds\x18\x07 \x01(\x01\x12\x15\n\rkernel_tracks\x18\x08 \x03(\t\x12\x16\n\x0enet_sent_bytes\x18\t \x01(\x04\x12\x1a\n\x12net_received_bytes\x18\n \x01(\x04\x12\x11\n\tnet_calls\x18\x0b \x01(\x04\x12\x17\n\x0ftcp_retransmits\x18\x0c \x01(\x04\x12\x12\n\ntcp_resets\x18\r \x01(\x04\x12\x14\n\x0cpacket_drops\x18\x0e \x01(\x04\x12\x1f\n\x17offcpu_runnable_seconds\x18\x0f \x01(\x01\x12\x1e\n\x16offcpu_blocked_seconds\x18\x10 \x01(\x01\x12[\n\x18\x62locked_seconds_by_cause\x18\x11 \x03(\x0b\x32\x39.bpfdyno.rpc.v1.ProcessSummary.BlockedSecondsByCauseEntry\x12$\n\x1cmain_thread_runnable_seconds\x18\x12 \x01(\x01\x12#\n\x1bmain_thread_blocked_seconds\x18\x13 \x01(\x01\x12\x12\n\nnccl_calls\x18\x14 \x01(\x04\x12\x14\n\x0cnccl_seconds\x18\x15 \x01(\x01\x12\x1b\n\x13kernel_records_lost\x18\x16 \x01(\x04\x12\r\n\x05\x65rror\x18\x17 \x01(\t\x12.\n\x08\x65vidence\x18\x18 \x01(\x0b\x32\x1c.bpfdyno.rpc.v1.RankEvidence\x12\x16\n\x0eoffcpu_threads\x18\x19 \x01(\r\x12\x18\n\x10gpu_busy_seconds\x18\x1a \x01(\x01\x1a<\n\x1a\x42lockedSecondsByCauseEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"}\n\x0cTraceSummary\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x31\n\tprocesses\x18\x02 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.ProcessSummary\x12(\n\x07verdict\x18\x03 \x01(\x0b\x32\x17.bpfdyno.rpc.v1.Verdict*\x82\x01\n\x0cTrainerState\x12\x1d\n\x19TRAINER_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12TRAINER_STATE_IDLE\x10\x01\x12 \n\x1cTRAINER_STATE_CONFIG_PENDING\x10\x02\x12\x19\n\x15TRAINER_STATE_TRACING\x10\x03*}\n\x0bTrainerRole\x12\x1c\n\x18TRAINER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13TRAINER_ROLE_WORKER\x10\x01\x12\x19\n\x15TRAINER_ROLE_LAUNCHER\x10\x02\x12\x1c\n\x18TRAINER_ROLE_DATA_WORKER\x10\x03*\xa2\x02\n\x11ProcessTraceState\x12#\n\x1fPROCESS_TRACE_STATE_UNSPECIFIED\x10\x00\x12\x1f\n\x1bPROCESS_TRACE_STATE_PENDING\x10\x01\x12!\n\x1dPROCESS_TRACE_STATE_DELIVERED\x10\x02\x12\x1f\n\x1bPROCESS_TRACE_STATE_TRACING\x10\x03\x12\x1f\n\x1bPROCESS_TRACE_STATE_WRITTEN\x10\x04\x12\x1e\n\x1aPROCESS_TRACE_STATE_FAILED\x10\x05\x12!\n\x1dPROCESS_TRACE_STATE_TIMED_OUT\x10\x06\x12\x1f\n\x1bPROCESS_TRACE_STATE_MERGING\x10x2\xbf\x04\n\x07Tracing\x12Y\n\x0cListTrainers\x12#.bpfdyno.rpc.v1.ListTrainersRequest\x1a$.bpfdyno.rpc.v1.ListTrainersResponse\x12S\n\nStartTrace\x12!.bpfdyno.rpc.v1.StartTraceRequest\x1a\".bpfdyno.rpc.v1.StartTraceResponse\x12H\n\x08GetTrace\x12\x1f.bpfdyno.rpc.v1.GetTraceRequest\x1a\x1b.bpfdyno.rpc.v1.TraceStatus\x12L\n\nWatchTrace\x12\x1f.bpfdyno.rpc.v1.GetTraceRequest\x1a\x1b.bpfdyno.rpc.v1.TraceStatus0\x01\x12K\n\tDcgmPause\x12 .bpfdyno.rpc.v1.DcgmPauseRequest\x1a\x1c.bpfdyno.rpc.v1.DcgmResponse\x12M\n\nDcgmResume\x12!.bpfdyno.rpc.v1.DcgmResumeRequest\x1a\x1c.bpfdyno.rpc.v1.DcgmResponse\x12P\n\x0fGetTraceSummary\x12\x1f.bpfdyno.rpc.v1.GetTraceRequest\x1a\x1c.bpfdyno.rpc.v1.TraceSummaryb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,46 +34,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PROCESSSUMMARY_BLOCKEDSECONDSBYCAUSEENTRY']._loaded_options = None
   _globals['_PROCESSSUMMARY_BLOCKEDSECONDSBYCAUSEENTRY']._serialized_options = b'8\001'
-  _globals['_TRAINERSTATE']._serialized_start=2988
-  _globals['_TRAINERSTATE']._serialized_end=3118
-  _globals['_TRAINERROLE']._serialized_start=3120
-  _globals['_TRAINERROLE']._serialized_end=3245
-  _globals['_PROCESSTRACESTATE']._serialized_start=3248
-  _globals['_PROCESSTRACESTATE']._serialized_end=3538
+  _globals['_TRAINERSTATE']._serialized_start=3006
+  _globals['_TRAINERSTATE']._serialized_end=3136
+  _globals['_TRAINERROLE']._serialized_start=3138
+  _globals['_TRAINERROLE']._serialized_end=3263
+  _globals['_PROCESSTRACESTATE']._serialized_start=3266
+  _globals['_PROCESSTRACESTATE']._serialized_end=3556
   _globals['_LISTTRAINERSREQUEST']._serialized_start=80
   _globals['_LISTTRAINERSREQUEST']._serialized_end=133
   _globals['_TRAINER']._serialized_start=136
-  _globals['_TRAINER']._serialized_end=441
-  _globals['_LISTTRAINERSRESPONSE']._serialized_start=443
-  _globals['_LISTTRAINERSRESPONSE']._serialized_end=508
-  _globals['_STARTTRACEREQUEST']._serialized_start=511
-  _globals['_STARTTRACEREQUEST']._serialized_end=951
-  _globals['_TRIGGEREDPROCESS']._serialized_start=953
-  _globals['_TRIGGEREDPROCESS']._serialized_end=1021
-  _globals['_SKIPPEDPROCESS']._serialized_start=1023
-  _globals['_SKIPPEDPROCESS']._serialized_end=1084
-  _globals['_STARTTRACERESPONSE']._serialized_start=1087
-  _globals['_STARTTRACERESPONSE']._serialized_end=1377
-  _globals['_GETTRACEREQUEST']._serialized_start=1379
-  _globals['_GETTRACEREQUEST']._serialized_end=1414
-  _globals['_KERNELTRACKS']._serialized_start=1416
-  _globals['_KERNELTRACKS']._serialized_end=1526
-  _globals['_PROCESSTRACE']._serialized_start=1529
-  _globals['_PROCESSTRACE']._serialized_end=1762
-  _globals['_TRACESTATUS']._serialized_start=1765
-  _globals['_TRACESTATUS']._serialized_end=1944
-  _globals['_DCGMPAUSEREQUEST']._serialized_start=1946
-  _globals['_DCGMPAUSEREQUEST']._serialized_end=1984
-  _globals['_DCGMRESUMEREQUEST']._serialized_start=1986
-  _globals['_DCGMRESUMEREQUEST']._serialized_end=2005
-  _globals['_DCGMRESPONSE']._serialized_start=2007
-  _globals['_DCGMRESPONSE']._serialized_end=2053
-  _globals['_PROCESSSUMMARY']._serialized_start=2056
-  _globals['_PROCESSSUMMARY']._serialized_end=2858
-  _globals['_PROCESSSUMMARY_BLOCKEDSECONDSBYCAUSEENTRY']._serialized_start=2798
-  _globals['_PROCESSSUMMARY_BLOCKEDSECONDSBYCAUSEENTRY']._serialized_end=2858
-  _globals['_TRACESUMMARY']._serialized_start=2860
-  _globals['_TRACESUMMARY']._serialized_end=2985
-  _globals['_TRACING']._serialized_start=3541
-  _globals['_TRACING']._serialized_end=4116
+  _globals['_TRAINER']._serialized_end=459
+  _globals['_LISTTRAINERSRESPONSE']._serialized_start=461
+  _globals['_LISTTRAINERSRESPONSE']._serialized_end=526
+  _globals['_STARTTRACEREQUEST']._serialized_start=529
+  _globals['_STARTTRACEREQUEST']._serialized_end=969
+  _globals['_TRIGGEREDPROCESS']._serialized_start=971
+  _globals['_TRIGGEREDPROCESS']._serialized_end=1039
+  _globals['_SKIPPEDPROCESS']._serialized_start=1041
+  _globals['_SKIPPEDPROCESS']._serialized_end=1102
+  _globals['_STARTTRACERESPONSE']._serialized_start=1105
+  _globals['_STARTTRACERESPONSE']._serialized_end=1395
+  _globals['_GETTRACEREQUEST']._serialized_start=1397
+  _globals['_GETTRACEREQUEST']._serialized_end=1432
+  _globals['_KERNELTRACKS']._serialized_start=1434
+  _globals['_KERNELTRACKS']._serialized_end=1544
+  _globals['_PROCESSTRACE']._serialized_start=1547
+  _globals['_PROCESSTRACE']._serialized_end=1780
+  _globals['_TRACESTATUS']._serialized_start=1783
+  _globals['_TRACESTATUS']._serialized_end=1962
+  _globals['_DCGMPAUSEREQUEST']._serialized_start=1964
+  _globals['_DCGMPAUSEREQUEST']._serialized_end=2002
+  _globals['_DCGMRESUMEREQUEST']._serialized_start=2004
+  _globals['_DCGMRESUMEREQUEST']._serialized_end=2023
+  _globals['_DCGMRESPONSE']._serialized_start=2025
+  _globals['_DCGMRESPONSE']._serialized_end=2071
+  _globals['_PROCESSSUMMARY']._serialized_start=2074
+  _globals['_PROCESSSUMMARY']._serialized_end=2876
+  _globals['_PROCESSSUMMARY_BLOCKEDSECONDSBYCAUSEENTRY']._serialized_start=2816
+  _globals['_PROCESSSUMMARY_BLOCKEDSECONDSBYCAUSEENTRY']._serialized_end=2876
+  _globals['_TRACESUMMARY']._serialized_start=2878
+  _globals['_TRACESUMMARY']._serialized_end=3003
+  _globals['_TRACING']._serialized_start=3559
+  _globals['_TRACING']._serialized_end=4134
 # @@protoc_insertion_point(module_scope)

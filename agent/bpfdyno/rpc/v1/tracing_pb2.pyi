@@ -56,7 +56,7 @@ class ListTrainersRequest(_message.Message):
     def __init__(self, job_id: _Optional[int] = ...) -> None: ...
 
 class Trainer(_message.Message):
-    __slots__ = ("pid", "ancestors", "job_id", "first_poll_unix_seconds", "last_poll_unix_seconds", "polls", "state", "role", "endpoint", "trace_id", "uid", "host_pid")
+    __slots__ = ("pid", "ancestors", "job_id", "first_poll_unix_seconds", "last_poll_unix_seconds", "polls", "state", "role", "endpoint", "trace_id", "uid", "host_pid", "job_name")
     PID_FIELD_NUMBER: _ClassVar[int]
     ANCESTORS_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,7 @@ class Trainer(_message.Message):
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     HOST_PID_FIELD_NUMBER: _ClassVar[int]
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     pid: int
     ancestors: _containers.RepeatedScalarFieldContainer[int]
     job_id: int
@@ -81,7 +82,8 @@ class Trainer(_message.Message):
     trace_id: str
     uid: int
     host_pid: int
-    def __init__(self, pid: _Optional[int] = ..., ancestors: _Optional[_Iterable[int]] = ..., job_id: _Optional[int] = ..., first_poll_unix_seconds: _Optional[float] = ..., last_poll_unix_seconds: _Optional[float] = ..., polls: _Optional[int] = ..., state: _Optional[_Union[TrainerState, str]] = ..., role: _Optional[_Union[TrainerRole, str]] = ..., endpoint: _Optional[str] = ..., trace_id: _Optional[str] = ..., uid: _Optional[int] = ..., host_pid: _Optional[int] = ...) -> None: ...
+    job_name: str
+    def __init__(self, pid: _Optional[int] = ..., ancestors: _Optional[_Iterable[int]] = ..., job_id: _Optional[int] = ..., first_poll_unix_seconds: _Optional[float] = ..., last_poll_unix_seconds: _Optional[float] = ..., polls: _Optional[int] = ..., state: _Optional[_Union[TrainerState, str]] = ..., role: _Optional[_Union[TrainerRole, str]] = ..., endpoint: _Optional[str] = ..., trace_id: _Optional[str] = ..., uid: _Optional[int] = ..., host_pid: _Optional[int] = ..., job_name: _Optional[str] = ...) -> None: ...
 
 class ListTrainersResponse(_message.Message):
     __slots__ = ("trainers",)

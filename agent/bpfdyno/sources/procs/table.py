@@ -153,6 +153,7 @@ class _Details:
     k8s_pod_uid: str
     slurm_job_id: str
     user: str
+    ns_pid: int  # its pid in its own pid namespace when that is not ours, else 0
 
 
 class ProcessTable:
@@ -166,7 +167,8 @@ class ProcessTable:
         gpu_memory: per-pid GPU memory used in bytes (from the GPU collector).
         pods: on Kubernetes, the pod and container of each process on a GPU one container
             holds (``GpuCollector.pods_by_pid``); the other processes of that container (same
-            container id) get them too.
+            container id) get them too, and those of the pod's other containers (same pod
+            uid in the cgroup path) the pod.
         pinned: pids always shown, e.g. registered trainers.
         clock: monotonic seconds (injectable for tests).
     """
@@ -385,11 +387,15 @@ class ProcessTable:
             for pid, state in cur.states.items()
         }
         chosen = self._choose(measured, cur.pinned)
-        by_container = _pods_by_container(cur)
+        by_container, by_uid = _known_pods(cur)
         rows = []
         for pid in chosen:
             state, d = cur.states[pid], cur.details[pid]
-            pod = (cur.pods or {}).get(pid) or by_container.get(d.container_id)
+            pod = (
+                (cur.pods or {}).get(pid)
+                or by_container.get(d.container_id)
+                or by_uid.get(d.k8s_pod_uid)
+            )
             rows.append(self._row(pid, state, d, measured[pid], cur, pid in cur.pinned, pod))
         return ProcessSnapshot(cur.ts, tuple(rows), len(cur.states), cur.unavailable)
 
@@ -494,6 +500,7 @@ class ProcessTable:
             slurm_job_id=d.slurm_job_id,
             gpu_memory_bytes=None if cur.gpu is None else int(cur.gpu.get(pid, 0)),
             pinned=pinned,
+            ns_pid=d.ns_pid,
         )
 
     def _choose(self, measured: Mapping[int, _Measured], pinned: Collection[int]) -> list[int]:
@@ -530,7 +537,12 @@ class ProcessTable:
         job = procinfo.read_environ_var(self.proc_root, pid, "SLURM_JOB_ID")
         if not job:
             job = procinfo.slurm_job_from_cgroup(cgroup)
-        uid = procinfo.read_uid(self.proc_root, pid)
+        status = procinfo.read_status(self.proc_root, pid, ("Uid", "NSpid")) or {}
+        uids = procinfo.status_ints(status, "Uid")
+        uid = uids[0] if uids else None
+        # NSpid lists the pid in our namespace first, in each nested one after it: the last
+        # is the pid the process knows itself by (a container's); one entry means ours.
+        nspids = procinfo.status_ints(status, "NSpid") or []
         return _Details(
             start_ticks=st.start_ticks,
             comm=st.comm,
@@ -541,6 +553,7 @@ class ProcessTable:
             k8s_pod_uid=procinfo.k8s_pod_uid(cgroup),
             slurm_job_id=job,
             user=self._user_name(uid),
+            ns_pid=nspids[-1] if len(nspids) > 1 else 0,
         )
 
     def _user_name(self, uid: int | None) -> str:
@@ -588,11 +601,18 @@ class ProcessTable:
             return set()
 
 
-def _pods_by_container(update: _Update) -> dict[str, PodRef]:
-    """Container id -> its pod, from the processes whose GPU says which pod they are in."""
-    out: dict[str, PodRef] = {}
+def _known_pods(update: _Update) -> tuple[dict[str, PodRef], dict[str, PodRef]]:
+    """What the processes whose GPU says which pod they are in tell of the others: container
+    id -> its pod and container; pod uid (from the cgroup path) -> its pod, no container
+    (another container of the pod is not the one the kubelet named)."""
+    by_container: dict[str, PodRef] = {}
+    by_uid: dict[str, PodRef] = {}
     for pid, pod in (update.pods or {}).items():
         d = update.details.get(pid)
-        if d is not None and d.container_id:
-            out[d.container_id] = pod
-    return out
+        if d is None:
+            continue
+        if d.container_id:
+            by_container[d.container_id] = pod
+        if d.k8s_pod_uid:
+            by_uid[d.k8s_pod_uid] = PodRef(pod.namespace, pod.pod, "")
+    return by_container, by_uid

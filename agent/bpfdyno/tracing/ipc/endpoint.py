@@ -71,6 +71,11 @@ class DatagramHandler(Protocol):
     def on_context(self, address: bytes, ctxt: wire.KinetoContext) -> int: ...
 
 
+#: The drop reason of a reply to a trainer whose socket is in another mount namespace's
+#: path (the Kineto directory mounted elsewhere in its container).
+ELSEWHERE = "kineto_dir_elsewhere"
+
+
 @dataclass(slots=True)
 class EndpointStats:
     """Counters shown by status; every dropped datagram is counted under a reason."""
@@ -89,6 +94,11 @@ class EndpointStats:
         text = (
             f"{self.received} datagrams, {self.replied} replies, {bad} malformed, {dropped} dropped"
         )
+        if self.dropped[ELSEWHERE]:
+            text += (
+                f"; {self.dropped[ELSEWHERE]} replies to trainers whose container mounts the "
+                "Kineto directory at another path than the agent's: mount it at the same path"
+            )
         if self.replies_dropped_by_user:
             worst = self.replies_dropped_by_user.most_common(5)
             text += " (replies dropped: " + ", ".join(f"uid {u}: {n}" for u, n in worst) + ")"
@@ -336,6 +346,18 @@ class KinetoEndpoint:
                 user, "reply_queue_full", "a client's receive queue is full; reply dropped"
             )
         except (ConnectionRefusedError, FileNotFoundError):
+            path = "" if address.startswith(b"\0") else os.fsdecode(address)
+            if self.socket_dir and path and os.path.dirname(path) != self.socket_dir:
+                # A container mounting the directory at another path: its socket's name is
+                # its own mount namespace's, which the agent cannot reach.
+                self._drop(
+                    ELSEWHERE,
+                    f"a trainer polls from {path!r}, outside the agent's Kineto directory "
+                    f"{self.socket_dir}: its container mounts the directory at another path, "
+                    "so no config reaches it; mount it at the agent's path there (and set "
+                    f"KINETO_IPC_SOCKET_DIR={self.socket_dir})",
+                )
+                return
             self._drop("client_gone", "a client closed its socket before the reply")
         except OSError as e:
             self._drop_reply(user, "reply_error", f"sendto failed: {e.strerror}")
