@@ -71,12 +71,29 @@ KINETO_CPU_OP = re.compile(
     )
 )
 
+#: A GPU kernel as Kineto writes it, like `KINETO_CPU_OP`: name, ts, dur and the device in
+#: its args (flat up to it, and no other ``device`` after it).
+KINETO_KERNEL = re.compile(
+    b"".join(
+        (
+            rb'"kernel"(?:(?<="ph": "X", "cat": "kernel"), "name": "([^"\\]*)", ',
+            rb'"pid": -?[0-9]+, "tid": -?[0-9]+,\s*"ts": ' + _NUMBER + rb', "dur": ' + _NUMBER,
+            rb',\s*"args": \{[^{}]*?"device": (-?[0-9]+)(?=[,}\s])(?![^{}]*"device": ))?',
+        )
+    )
+)
+#: NCCL's kernels among them: parsed whole too (their sizes and group are in their args).
+_NCCL_NAMES = (b"nccl", b"void nccl")
+KINETO_NCCL_KERNEL = re.compile(rb'"cat": "kernel", "name": "(?:void )?nccl')
+
 #: The event categories read: Kineto's CPU ops (their times only, see `KINETO_CPU_OP`) and
-#: annotations, GPU kernels, the profiler's span, and every bpfdyno track.
+#: annotations, GPU kernels (times and device, NCCL's whole), the profiler's span, and every
+#: bpfdyno track.
 CATEGORIES = Categories(
     {"cpu_op", "user_annotation", "gpu_user_annotation", "kernel", "Trace"},
     ("bpfdyno.",),
-    light={"cpu_op": KINETO_CPU_OP},
+    light={"cpu_op": KINETO_CPU_OP, "kernel": KINETO_KERNEL},
+    whole={"kernel": KINETO_NCCL_KERNEL},
 )
 
 _NCCL_KERNEL = re.compile(r"^(?:void )?nccl(?:Dev)?Kernel_([A-Za-z]+)")
@@ -217,7 +234,10 @@ def read_facts(f: IO[bytes], path: str, limits: ReadLimits = DEFAULT_LIMITS) -> 
     reader = _Reader(facts)
     for kind, item in scan_trace(json_stream(f), path, CATEGORIES, limits):
         if kind == "light":
-            reader.ops(item[1])
+            if item[0] == "cpu_op":
+                reader.ops(item[1])
+            else:
+                reader.kernels(item[1])
         elif kind == "event":
             reader.event(item)
         else:
@@ -345,6 +365,24 @@ class _Reader:
         times[at::2] = begin
         times[at + 1 :: 2] = end
         return len(begin)
+
+    def kernels(self, fields: list[tuple[bytes, bytes, bytes, bytes]]) -> None:
+        """GPU kernels read lightly (`KINETO_KERNEL`'s groups), a chunk's at a time: what
+        `kernel` does with those that are not NCCL's (they come parsed)."""
+        names = b"\0" + b"\0".join(map(_FIRST, fields))
+        if any(b"\0" + prefix in names for prefix in _NCCL_NAMES):
+            fields = [f for f in fields if not f[0].startswith(_NCCL_NAMES)]
+        if not fields:
+            return
+        devices = set(map(_FOURTH, fields))
+        for device in devices:
+            chosen = fields if len(devices) == 1 else [f for f in fields if f[3] == device]
+            begin = array("d", map(float, map(_SECOND, chosen)))
+            durs = array("d", map(float, map(_THIRD, chosen)))
+            if min(durs) <= 0:
+                durs = array("d", (d if d > 0 else 0.0 for d in durs))  # as `_dur` reads them
+            end = array("d", map(operator.add, begin, durs))
+            self._pairs(self.f.gpu_busy, int(device), begin, end)
 
     def op(self, name: str, pid: Any, tid: Any, ts: float, dur: float) -> None:
         """A CPU op."""

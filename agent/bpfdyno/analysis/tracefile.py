@@ -35,7 +35,9 @@ import codecs
 import decimal
 import errno
 import gzip
+import heapq
 import json
+import operator
 import os
 import re
 import stat
@@ -66,6 +68,7 @@ _SPAN_RE = re.compile(rb'"PyTorch Profiler \(\d+\)"')
 _SPAN_CONTEXT = 64 << 10
 #: Between two events: the ``}`` ending one, a comma, the ``{`` starting the next.
 _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
+_START = operator.methodcaller("start")
 
 
 class TraceFileError(Exception):
@@ -437,6 +440,10 @@ class Categories:
             the category are yielded all at once as ``("light", (category, [groups...]))``
             (not in file order), none of them parsed; otherwise that chunk's events of the
             category are parsed and yielded one by one as usual.
+        whole: per category read lightly, a pattern that finds (from the ``"cat"`` key) the
+            events of it that are also to be parsed and yielded whole, in a chunk read
+            lightly (an NCCL kernel among the GPU's: its sizes are in its args). The reader
+            must leave those out of the light fields.
     """
 
     def __init__(
@@ -444,6 +451,7 @@ class Categories:
         names: Iterable[str],
         prefixes: Iterable[str] = (),
         light: Mapping[str, re.Pattern[bytes]] | None = None,
+        whole: Mapping[str, re.Pattern[bytes]] | None = None,
     ) -> None:
         self.names = frozenset(names)
         self.prefixes = tuple(prefixes)
@@ -454,6 +462,7 @@ class Categories:
                 )
         #: Per category: its pattern, and what the pattern finds where it cannot read.
         self.light = {c.encode(): (p, (b"",) * p.groups) for c, p in (light or {}).items()}
+        self.whole = {c.encode(): p for c, p in (whole or {}).items()}
         #: Finds ``"cat": "<one of them>"`` in the file's bytes (group 1: the category)...
         self.pattern = self._keys(sorted(self.names), self.prefixes)
         #: ... and of those not read lightly.
@@ -721,11 +730,15 @@ def _events(
             out.append(("light", (cat.decode(), fields)))
             skip.add(cat)
     markers = categories.parsed if len(skip) == len(categories.light) else categories.pattern
+    hits: Iterable[re.Match[bytes]] = markers.finditer(buf, pos, limit)
+    wholes = [categories.whole[c].finditer(buf, pos, limit) for c in skip if c in categories.whole]
+    if wholes:  # the events of the categories read lightly that are parsed too, in file order
+        hits = heapq.merge(hits, *wholes, key=_START)
     done = pos  # the events before this are dealt with
     find_open, boundary, loads, wanted = buf.rfind, _BOUNDARY.search, orjson.loads, categories
-    for m in markers.finditer(buf, pos, limit):
+    for m in hits:
         at = m.start()
-        if at < done or (skip and m.group(1) in skip):
+        if at < done or (m.re is markers and skip and m.group(1) in skip):
             continue  # inside the event just parsed, or read lightly
         # The common case (Kineto, bpfdyno): the event's "{" is the nearest before its "cat",
         # and the next "}, {" ends it.
