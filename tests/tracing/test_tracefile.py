@@ -70,15 +70,26 @@ def test_every_event_of_the_real_cuda_traces(trace: Path, small_chunks: int) -> 
     assert len(want[1]) in (1804, 74427)
     assert split(scan(data)) == want
     assert split(scan(gzip.compress(data, compresslevel=1))) == want
-    # The summary's own categories read CPU ops "light": exactly their name and times.
+    # The summary's own categories read CPU ops "light": exactly their name and times...
     chunks = [item for kind, item in scan(data, READ) if kind == "light"]
     light = [
-        (cat, name.decode(), int(pid), int(tid), float(ts), float(dur))
+        (name.decode(), thread.decode(), float(ts), float(dur))
         for cat, fields in chunks
-        for name, pid, tid, ts, dur in fields
+        if cat == "cpu_op"
+        for name, thread, ts, dur in fields
     ]
     ops = [e for e in want[1] if e["cat"] == "cpu_op"]
-    assert light == [("cpu_op", e["name"], e["pid"], e["tid"], e["ts"], e["dur"]) for e in ops]
+    assert light == [(e["name"], f'{e["pid"]}, "tid": {e["tid"]}', e["ts"], e["dur"]) for e in ops]
+    # ... and GPU kernels: their name, times and device.
+    kernels = [
+        (name.decode(), float(ts), float(dur), int(device))
+        for cat, fields in chunks
+        if cat == "kernel"
+        for name, ts, dur, device in fields
+    ]
+    assert kernels == [
+        (e["name"], e["ts"], e["dur"], e["args"]["device"]) for e in want[1] if e["cat"] == "kernel"
+    ]
 
 
 def test_a_plain_file_of_1_5_mb_of_cpu_ops() -> None:

@@ -16,6 +16,7 @@ when, and what the kernel saw it do before each.
 
 from __future__ import annotations
 
+import operator
 from array import array
 from collections import defaultdict
 from collections.abc import Iterable
@@ -72,8 +73,14 @@ def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
 
 def _pairs(times: array[float], lo: float, hi: float) -> list[tuple[float, float]]:
     """The (start, end) pairs of ``times`` clipped to [lo, hi] (those overlapping it)."""
-    it = iter(times)
-    return [(max(s, lo), min(e, hi)) for s, e in zip(it, it, strict=True) if e >= lo and s <= hi]
+    starts, ends = times[0::2], times[1::2]
+    if starts and min(starts) >= lo and max(ends) <= hi and all(map(operator.le, starts, ends)):
+        # All inside (the usual case: a thread's ops in its trace's window): nothing to clip
+        # or leave out, and no Python step per pair.
+        return list(zip(starts, ends, strict=True))
+    return [
+        (max(s, lo), min(e, hi)) for s, e in zip(starts, ends, strict=True) if e >= lo and s <= hi
+    ]
 
 
 def summarize_facts(facts: TraceFacts) -> ProcessSummary:

@@ -29,7 +29,7 @@ import re
 from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import repeat
 from typing import IO, Any
 
 from bpfdyno.analysis.tracefile import (
@@ -51,21 +51,49 @@ from bpfdyno.rpc.kernel_tracks import (
 #: Most intervals of one kind kept from one file (a 500 MB trace has ~2 M events).
 MAX_INTERVALS = 2_000_000
 
-_NUMBER = rb"(-?[0-9.]+(?:[eE][-+]?[0-9]+)?)"
+#: Between a CPU op's pid and its tid, as Kineto writes them.
+_TID = b', "tid": '
+#: A JSON number, exactly as the grammar has it (so that ``float`` reads every match).
+_NUMBER = rb"(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
 #: A CPU op as Kineto writes it, from its category to its times: name (without escapes),
-#: pid, tid, ts, dur. Kineto's exact spacing: the literal start is what makes the search fast
-#: (another writer's layout reads the ops one by one, see `Categories`).
+#: thread (``652, "tid": 698``: pid and tid in one group, as a chunk's ops are mostly one
+#: thread's and each bytes object per op costs), ts, dur. It matches at every ``"cpu_op"`` of
+#: the file, its groups empty where that is not such an op (see `Categories`). Kineto's exact
+#: spacing: the literal start is what makes the search fast (another writer's layout reads
+#: the ops one by one).
 KINETO_CPU_OP = re.compile(
-    rb'"cat": "cpu_op", "name": "([^"\\]*)", "pid": (-?[0-9]+), "tid": (-?[0-9]+),'
-    rb'\s*"ts": ' + _NUMBER + rb', "dur": ' + _NUMBER
+    b"".join(
+        (
+            rb'"cpu_op"(?:(?<="ph": "X", "cat": "cpu_op"), "name": "([^"\\]*)", ',
+            rb'"pid": (-?[0-9]+' + _TID + rb'-?[0-9]+),\s*"ts": ' + _NUMBER,
+            rb', "dur": ' + _NUMBER + rb"(?=[,}\s]))?",
+        )
+    )
 )
 
+#: A GPU kernel as Kineto writes it, like `KINETO_CPU_OP`: name, ts, dur and the device in
+#: its args (flat up to it, and no other ``device`` after it).
+KINETO_KERNEL = re.compile(
+    b"".join(
+        (
+            rb'"kernel"(?:(?<="ph": "X", "cat": "kernel"), "name": "([^"\\]*)", ',
+            rb'"pid": -?[0-9]+, "tid": -?[0-9]+,\s*"ts": ' + _NUMBER + rb', "dur": ' + _NUMBER,
+            rb',\s*"args": \{[^{}]*?"device": (-?[0-9]+)(?=[,}\s])(?![^{}]*"device": ))?',
+        )
+    )
+)
+#: NCCL's kernels among them: parsed whole too (their sizes and group are in their args).
+_NCCL_NAMES = (b"nccl", b"void nccl")
+KINETO_NCCL_KERNEL = re.compile(rb'"cat": "kernel", "name": "(?:void )?nccl')
+
 #: The event categories read: Kineto's CPU ops (their times only, see `KINETO_CPU_OP`) and
-#: annotations, GPU kernels, the profiler's span, and every bpfdyno track.
+#: annotations, GPU kernels (times and device, NCCL's whole), the profiler's span, and every
+#: bpfdyno track.
 CATEGORIES = Categories(
     {"cpu_op", "user_annotation", "gpu_user_annotation", "kernel", "Trace"},
     ("bpfdyno.",),
-    light={"cpu_op": KINETO_CPU_OP},
+    light={"cpu_op": KINETO_CPU_OP, "kernel": KINETO_KERNEL},
+    whole={"kernel": KINETO_NCCL_KERNEL},
 )
 
 _NCCL_KERNEL = re.compile(r"^(?:void )?nccl(?:Dev)?Kernel_([A-Za-z]+)")
@@ -78,6 +106,7 @@ TCP_COUNTER = "kernel net tcp: "
 #: CPU ops that are more than their time: collectives' enqueues, steps.
 _NAMED_OPS = ("c10d::", "ProfilerStep#")
 _NAMED_OPS_B = tuple(n.encode() for n in _NAMED_OPS)
+_FIRST, _SECOND, _THIRD, _FOURTH = (operator.itemgetter(i) for i in range(4))
 
 
 #: Bytes per element of the dtypes PyTorch names on NCCL kernels (c10's scalar types).
@@ -214,7 +243,10 @@ def read_facts(f: IO[bytes], path: str, limits: ReadLimits = DEFAULT_LIMITS) -> 
     reader = _Reader(facts)
     for kind, item in scan_trace(json_stream(f), path, CATEGORIES, limits):
         if kind == "light":
-            reader.ops(item[1])
+            if item[0] == "cpu_op":
+                reader.ops(item[1])
+            else:
+                reader.kernels(item[1])
         elif kind == "event":
             reader.event(item)
         else:
@@ -295,38 +327,71 @@ class _Reader:
         if e.get("ph") == "X":
             self.op(str(e.get("name", "")), e.get("pid"), e.get("tid"), ts, self._dur(e))
 
-    def ops(self, fields: list[tuple[bytes, bytes, bytes, bytes, bytes]]) -> None:
+    def ops(self, fields: list[tuple[bytes, bytes, bytes, bytes]]) -> None:
         """CPU ops read lightly (`KINETO_CPU_OP`'s groups), a chunk's at a time: their times
         go into the threads' arrays without a Python step per op where the chunk holds one
         thread's ops (the common case)."""
         if not fields:
             return
-        names, pids, tids, starts, durs = zip(*fields, strict=True)
-        joined = b"\0" + b"\0".join(names)
-        if any(b"\0" + prefix in joined for prefix in _NAMED_OPS_B):
-            for n, _p, t, ts, dur in fields:
+        names = b"\0" + b"\0".join(map(_FIRST, fields))
+        if any(b"\0" + prefix in names for prefix in _NAMED_OPS_B):
+            for n, thread, ts, dur in fields:
                 if n.startswith(_NAMED_OPS_B):
-                    self._named(n.decode("utf-8", "replace"), float(ts), float(dur), int(t))
-        begin = array("d", map(float, starts))
-        end = array("d", map(operator.add, begin, map(max, map(float, durs), repeat(0.0))))
-        keys = list(zip(pids, tids, strict=True))
-        threads = set(keys)
-        for key in threads:
+                    tid, length = int(thread.partition(_TID)[2]), float(dur)
+                    length = length if length > 0 else 0.0  # as `_dur` reads it
+                    self._named(n.decode("utf-8", "replace"), float(ts), length, tid)
+        begin = array("d", map(float, map(_THIRD, fields)))
+        durs = array("d", map(float, map(_FOURTH, fields)))
+        if min(durs) < 0:
+            durs = array("d", map(max, durs, repeat(0.0)))
+        end = array("d", map(operator.add, begin, durs))
+        threads = set(map(_SECOND, fields))
+        for thread in threads:
             if len(threads) == 1:
                 b, e2 = begin, end
             else:
-                chosen = [i for i, k in enumerate(keys) if k == key]
+                chosen = [i for i, f in enumerate(fields) if f[1] == thread]
                 b, e2 = array("d", (begin[i] for i in chosen)), array("d", (end[i] for i in chosen))
-            pid, tid = int(key[0]), int(key[1])
-            times = self.f.ops.get((pid, tid))
-            if times is None:
-                times = self.f.ops[(pid, tid)] = array("d")
-            room = max(0, MAX_INTERVALS - len(times) // 2)
-            if len(b) > room:
-                self.f.dropped += len(b) - room
-                b, e2 = b[:room], e2[:room]
-            times.extend(chain.from_iterable(zip(b, e2, strict=True)))
-            self.f.op_count_by_pid[pid] += len(b)
+            pid_text, _, tid_text = thread.partition(_TID)
+            pid, tid = int(pid_text), int(tid_text)
+            self.f.op_count_by_pid[pid] += self._pairs(self.f.ops, (pid, tid), b, e2)
+
+    def _pairs(
+        self, table: dict[Any, array[float]], key: Any, begin: array[float], end: array[float]
+    ) -> int:
+        """`_pair` for many: adds what `MAX_INTERVALS` leaves room for; how many it added."""
+        times = table.get(key)
+        if times is None:
+            times = table[key] = array("d")
+        room = max(0, MAX_INTERVALS - len(times) // 2)
+        if len(begin) > room:
+            self.f.dropped += len(begin) - room
+            begin, end = begin[:room], end[:room]
+        # Interleaved: start, end, start, end... written in place, two strided copies.
+        at = len(times)
+        times.extend(begin)
+        times.extend(end)
+        times[at::2] = begin
+        times[at + 1 :: 2] = end
+        return len(begin)
+
+    def kernels(self, fields: list[tuple[bytes, bytes, bytes, bytes]]) -> None:
+        """GPU kernels read lightly (`KINETO_KERNEL`'s groups), a chunk's at a time: what
+        `kernel` does with those that are not NCCL's (they come parsed)."""
+        names = b"\0" + b"\0".join(map(_FIRST, fields))
+        if any(b"\0" + prefix in names for prefix in _NCCL_NAMES):
+            fields = [f for f in fields if not f[0].startswith(_NCCL_NAMES)]
+        if not fields:
+            return
+        devices = set(map(_FOURTH, fields))
+        for device in devices:
+            chosen = fields if len(devices) == 1 else [f for f in fields if f[3] == device]
+            begin = array("d", map(float, map(_SECOND, chosen)))
+            durs = array("d", map(float, map(_THIRD, chosen)))
+            if min(durs) <= 0:
+                durs = array("d", (d if d > 0 else 0.0 for d in durs))  # as `_dur` reads them
+            end = array("d", map(operator.add, begin, durs))
+            self._pairs(self.f.gpu_busy, int(device), begin, end)
 
     def op(self, name: str, pid: Any, tid: Any, ts: float, dur: float) -> None:
         """A CPU op."""

@@ -35,7 +35,9 @@ import codecs
 import decimal
 import errno
 import gzip
+import heapq
 import json
+import operator
 import os
 import re
 import stat
@@ -66,6 +68,7 @@ _SPAN_RE = re.compile(rb'"PyTorch Profiler \(\d+\)"')
 _SPAN_CONTEXT = 64 << 10
 #: Between two events: the ``}`` ending one, a comma, the ``{`` starting the next.
 _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
+_START = operator.methodcaller("start")
 
 
 class TraceFileError(Exception):
@@ -428,12 +431,19 @@ class Categories:
         names: exact category names (``cpu_op``, ``kernel``, ``Trace``...).
         prefixes: category prefixes (``bpfdyno.`` for every kernel track).
         light: per category, a pattern that reads the fields a reader needs from an event's
-            bytes as the writer lays them out (from its ``{``). Most of a trace's events are
-            CPU ops, and a reader that needs only their times should not pay for building
-            each one as a dict: where the pattern matches every event of its category in a
-            chunk, they are yielded all at once as ``("light", (category, [groups...]))``
+            bytes as the writer lays them out. Most of a trace's events are CPU ops, and a
+            reader that needs only their times should not pay for building each one as a
+            dict. The pattern must begin with the quoted category name (``"cpu_op"``) and
+            match at every occurrence of it, its groups all empty where it cannot read the
+            event there (see `KINETO_CPU_OP`): one pass then both reads the events and
+            proves that no occurrence was left unread. Where none was, a chunk's events of
+            the category are yielded all at once as ``("light", (category, [groups...]))``
             (not in file order), none of them parsed; otherwise that chunk's events of the
             category are parsed and yielded one by one as usual.
+        whole: per category read lightly, a pattern that finds (from the ``"cat"`` key) the
+            events of it that are also to be parsed and yielded whole, in a chunk read
+            lightly (an NCCL kernel among the GPU's: its sizes are in its args). The reader
+            must leave those out of the light fields.
     """
 
     def __init__(
@@ -441,10 +451,18 @@ class Categories:
         names: Iterable[str],
         prefixes: Iterable[str] = (),
         light: Mapping[str, re.Pattern[bytes]] | None = None,
+        whole: Mapping[str, re.Pattern[bytes]] | None = None,
     ) -> None:
         self.names = frozenset(names)
         self.prefixes = tuple(prefixes)
-        self.light = {c.encode(): p for c, p in (light or {}).items()}
+        for c, p in (light or {}).items():
+            if not p.pattern.startswith(b'"' + c.encode() + b'"') or p.groups < 2:
+                raise ValueError(
+                    f"the pattern for {c} must begin with its quoted name and have two groups"
+                )
+        #: Per category: its pattern, and what the pattern finds where it cannot read.
+        self.light = {c.encode(): (p, (b"",) * p.groups) for c, p in (light or {}).items()}
+        self.whole = {c.encode(): p for c, p in (whole or {}).items()}
         #: Finds ``"cat": "<one of them>"`` in the file's bytes (group 1: the category)...
         self.pattern = self._keys(sorted(self.names), self.prefixes)
         #: ... and of those not read lightly.
@@ -704,19 +722,23 @@ def _events(
     completes (a ``}, {`` inside it looked like its end)."""
     out: list[tuple[str, Any]] = []
     skip: set[bytes] = set()
-    for cat, pattern in categories.light.items():
+    for cat, (pattern, unread) in categories.light.items():
+        # One match per quoted category name in the chunk; an empty match where the name is
+        # anywhere else (a string, another layout): the chunk's events of it are then parsed.
         fields = pattern.findall(buf, pos, limit)
-        # Every one of them read (a category name anywhere else makes the count differ, and
-        # the chunk's events of it are parsed instead).
-        if len(fields) == buf.count(b'"' + cat + b'"', pos, limit):
+        if unread not in fields:
             out.append(("light", (cat.decode(), fields)))
             skip.add(cat)
     markers = categories.parsed if len(skip) == len(categories.light) else categories.pattern
+    hits: Iterable[re.Match[bytes]] = markers.finditer(buf, pos, limit)
+    wholes = [categories.whole[c].finditer(buf, pos, limit) for c in skip if c in categories.whole]
+    if wholes:  # the events of the categories read lightly that are parsed too, in file order
+        hits = heapq.merge(hits, *wholes, key=_START)
     done = pos  # the events before this are dealt with
     find_open, boundary, loads, wanted = buf.rfind, _BOUNDARY.search, orjson.loads, categories
-    for m in markers.finditer(buf, pos, limit):
+    for m in hits:
         at = m.start()
-        if at < done or (skip and m.group(1) in skip):
+        if at < done or (m.re is markers and skip and m.group(1) in skip):
             continue  # inside the event just parsed, or read lightly
         # The common case (Kineto, bpfdyno): the event's "{" is the nearest before its "cat",
         # and the next "}, {" ends it.
@@ -732,7 +754,9 @@ def _events(
             if found is None:
                 if final:
                     raise _Lost
-                return out, done  # it may end in the next chunk
+                # It may end in the next chunk: what lies before it is read again alone
+                # (the light reads covered the whole chunk, this event's too).
+                return _events(buf, pos, done, base, categories, final)
             obj, end = found
             if obj.__class__ is not dict or obj.get("cat") not in wanted:
                 done = end
