@@ -223,7 +223,13 @@ def test_pod_by_name_and_by_uid_for_ps_trainers_and_gputrace(
         pids["sidecar"]: ("ml", "train-0", "", 0),
     }
     # The GPU collector's round names the trainer's pod; every process of the pod gets it.
-    wait_for("the pod's processes", lambda: rows(site, "ml/train-0") == expected)
+    # Until that round (and the kubelet's) has run, the name matches nothing: exit 1.
+    def named_rows() -> bool:
+        if site.cli("ps", "--pod", "ml/train-0", "--limit", "0").returncode != 0:
+            return False
+        return rows(site, "ml/train-0") == expected
+
+    wait_for("the pod's processes", named_rows)
     assert rows(site, TRAIN_UID) == expected
     assert rows(site, NB_UID) == {pids["nb"]: ("", "", "", 0)}
     r = site.cli("ps", "--pod", "ml/nb-0")
