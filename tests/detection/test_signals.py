@@ -120,14 +120,14 @@ def test_two_ranks_sharing_one_cpu_wait_for_it_in_turn() -> None:
             c.done()
         signals = sampler.sample(refs(pair), time.monotonic())
     assert [s.rank for s in signals] == [0, 1]
-    # One CPU for two spinners: together at most the interval on it (each spins 1 s of wall
-    # time, so about half of it on the CPU), and each waited in its run queue while the other
-    # ran (other work on a loaded machine only adds to the wait).
-    assert sum(s.oncpu_s for s in signals) <= signals[0].interval_s + 0.01
+    # Each spun for a second of wall time, never sleeping: on the CPU or waiting for it. One
+    # CPU holds at most the interval of both together, so the rest of their two seconds was
+    # run-queue wait, however other work on a loaded machine shared the CPU out.
+    interval = signals[0].interval_s
     for s in signals:
-        assert 0.3 < s.oncpu_s < 0.75
-        assert s.runq_wait_s > 0.25
-        assert s.cpu_wait_share > 0.2
+        assert s.oncpu_s + s.runq_wait_s > 0.97
+    assert sum(s.oncpu_s for s in signals) <= interval + 0.01
+    assert sum(s.runq_wait_s for s in signals) > 1.95 - interval
 
 
 def test_cpu_quota_throttling_counts_as_waiting_for_a_cpu() -> None:
@@ -153,9 +153,11 @@ def test_cpu_quota_throttling_counts_as_waiting_for_a_cpu() -> None:
             (root / "cgroup.procs").write_text(str(child.pid))
     finally:
         d.rmdir()
-    # 10 % of a CPU for a second of spinning: held off the CPU most of the second.
+    # 10 % of a CPU for a second of spinning: held off the CPU most of the second, the cgroup
+    # throttled in most periods (the kernel's throttled time counts only part of the wait).
     assert s.oncpu_s < 0.2
-    assert s.throttled_s > 0.6
+    assert s.throttled_s > 0.1
+    assert s.runq_wait_s > 0.6  # a throttled thread stays runnable: it waits in the queue
     assert s.cpu_wait_share > 0.5
 
 

@@ -12,7 +12,8 @@ nothing is attached and nothing runs between readings:
   condition variable, not on the socket, so the socket itself is not visible without a probe);
 * ``/proc/<pid>/io`` ``rchar + wchar``: bytes moved through read/write calls, sockets
   included: the progress a hang stops;
-* the CPU-quota throttling of the rank's cgroups (`CpuQuotaReader`).
+* the CPU-quota throttling of the rank's cgroups (`CpuQuotaReader`): a throttled thread stays
+  runnable, so its time is part of the run-queue wait; this says why the rank waited.
 
 Collective times from NCCL come from another module through `CollectiveSource`; without one
 those fields are NaN.
@@ -81,9 +82,10 @@ class RankSignals:
 
     @property
     def cpu_wait_share(self) -> float:
-        """Thread-seconds per second the rank wanted a CPU and did not get one (run-queue
-        wait and quota throttling): the score of a rank that its machine holds back."""
-        return (self.runq_wait_s + self.throttled_s) / self.interval_s
+        """Thread-seconds per second the rank wanted a CPU and did not get one: the score of a
+        rank its machine holds back. A thread its CPU quota throttles stays runnable, so
+        that time is already run-queue wait (``throttled_s`` says how much of it was)."""
+        return self.runq_wait_s / self.interval_s
 
 
 @dataclass(frozen=True, slots=True)
