@@ -83,7 +83,7 @@ def test_a_stopped_rank_is_named_stopped() -> None:
     assert e.threads[0].state == "T"
     assert e.threads[0].offcpu_seconds >= 1.5
     assert "rank 2 is stopped" in e.summary and "ranks 0, 1, 3 wait" in e.summary
-    assert 1.5 <= took < 4.0
+    assert took >= 1.5  # not before hang_after_s
 
 
 def test_a_rank_blocked_reading_a_fifo_is_named_with_its_read(tmp_path: Path) -> None:

@@ -16,11 +16,13 @@ import pytest
 from bpfdyno.detection.signals import CollectiveTimes, RankProcess, RankSignals, SignalSampler
 
 #: A process that waits for commands on stdin: 'w' writes 1 MiB to /dev/null, 's' spins on the
-#: CPU for a second, 'q' exits; each command is answered with one byte once done.
+#: CPU for a second, 'q' exits; each command is answered with one byte once done (and one
+#: 'r' once it is ready).
 CHILD = """
 import os, time
 null = os.open("/dev/null", os.O_WRONLY)
 block = bytes(1 << 20)
+os.write(1, b"r")  # started: its interpreter's reads are done
 while True:
     c = os.read(0, 1)
     if c == b"w":
@@ -68,7 +70,8 @@ class Child:
 def children(*ranks: int | None, cpu: int | None = None) -> Iterator[list[Child]]:
     made = [Child(r, cpu) for r in ranks]
     try:
-        time.sleep(0.3)  # past the interpreter's start-up reads
+        for c in made:
+            assert c.proc.stdout and c.proc.stdout.read(1) == b"r"
         yield made
     finally:
         for c in made:

@@ -25,14 +25,14 @@ DEFAULT_SOCKET = "/run/bpfdyno/bpfdyno.sock"
 #: Collectors the daemon knows; ``[collectors.<name>]`` may only name these.
 KNOWN_COLLECTORS = (
     "host", "self", "sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs", "kubelet",
-    "fabric", "irq",
+    "fabric", "irq", "detection",
 )  # fmt: skip
 #: Collectors whose own interval is not the daemon's by default: the kubelet's allocations
 #: change only when pods start or end; the fabric's counters (RDMA ports, NIC driver
 #: statistics) are cumulative, so every 5 s they are exact over 5 s, at a fifth of the cost
 #: (a sysfs walk and an ioctl per interface: ~0.07 % of a core every second on a 2-CPU VM
 #: with three interfaces). A trace's fabric track samples them at its own rate.
-DEFAULT_INTERVALS_S = {"kubelet": 10.0, "fabric": 5.0}
+DEFAULT_INTERVALS_S = {"kubelet": 10.0, "fabric": 5.0, "detection": 5.0}
 
 
 class ConfigError(Exception):
@@ -420,6 +420,29 @@ class BudgetSection:
     requested_per_user_ratio: float = 0.05
 
 
+@dataclass
+class DetectionSection:
+    """Detection without anyone asking: straggling and hung training ranks, compared every
+    [collectors.detection] interval_s (5 s) from per-rank signals (docs/detection.md)."""
+
+    #: A rank is an outlier in an interval when its score exceeds the job's median by more
+    #: than this many robust standard deviations (1.4826 times the median absolute deviation).
+    k: float = 3.0
+    #: The hysteresis counts outlier intervals among the last this many ...
+    window: int = 6
+    #: ... this many make a rank suspected ...
+    suspect_at: int = 2
+    #: ... this many confirmed ...
+    confirm_at: int = 3
+    #: ... and a suspected or confirmed rank is cleared when at most this many remain.
+    clear_at: int = 1
+    #: A job whose ranks on this node moved no bytes this long hangs (longer than the longest
+    #: phase of a step that does no I/O, or that phase looks like a spinning rank).
+    hang_after_s: float = 30.0
+    #: Events held for `bpfdyno events` and new watchers (the newest are kept).
+    max_events: int = 256
+
+
 def _default_collectors() -> dict[str, CollectorSection]:
     return {
         name: CollectorSection(interval_s=DEFAULT_INTERVALS_S.get(name, 0.0))
@@ -445,6 +468,7 @@ class Config:
     irq: IrqSection = field(default_factory=IrqSection)
     capture: CaptureSection = field(default_factory=CaptureSection)
     budget: BudgetSection = field(default_factory=BudgetSection)
+    detection: DetectionSection = field(default_factory=DetectionSection)
     #: Where the values came from, for error messages and `status`.
     source: str = field(default="<defaults>", compare=False)
 
@@ -605,6 +629,21 @@ def _apply_override(cfg: Config, dotted: str, raw: str) -> None:
     _apply(cfg, nested, (), _Locator("command line", ""))
 
 
+def _validate_detection(d: DetectionSection, bad: typing.Callable[[str, str], ConfigError]) -> None:
+    if d.k <= 0:
+        raise bad("must be above 0", "detection.k")
+    if not 0 <= d.clear_at < d.suspect_at <= d.confirm_at <= d.window:
+        raise bad(
+            f"must satisfy 0 <= clear_at < suspect_at <= confirm_at <= window (now {d.clear_at}"
+            f" < {d.suspect_at} <= {d.confirm_at} <= {d.window})",
+            "detection.suspect_at",
+        )
+    if d.hang_after_s <= 0:
+        raise bad("must be above 0 seconds", "detection.hang_after_s")
+    if d.max_events < 1:
+        raise bad("must be at least 1", "detection.max_events")
+
+
 def _validate(cfg: Config, path: Path | None) -> None:
     def bad(msg: str, dotted: str) -> ConfigError:
         loc = _Locator("command line" if path is None else str(path), "")
@@ -615,6 +654,7 @@ def _validate(cfg: Config, path: Path | None) -> None:
 
     if cfg.daemon.interval_s < 0.05:
         raise bad("must be at least 0.05 seconds", "daemon.interval_s")
+    _validate_detection(cfg.detection, bad)
     if cfg.daemon.history_s < cfg.daemon.interval_s:
         raise bad("must be at least daemon.interval_s", "daemon.history_s")
     if cfg.daemon.max_series < 100:

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bpfdyno.detection.signals import RankSignals, read_schedstat
+from bpfdyno.detection.signals import RankSignals, read_schedstat, read_small
 from bpfdyno.rpc.detection import DetectionEvent, DetectionKind, HangState, ThreadReport
 from bpfdyno.tracing.capture.causes import syscall_name
 
@@ -62,11 +62,8 @@ class ThreadSample:
 
 
 def _read(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return None
+    data = read_small(path)
+    return None if data is None else data.decode("utf-8", "replace")
 
 
 def _fd_kind(proc: str, pid: int, fd: int) -> str:
@@ -167,6 +164,10 @@ class HangWatch:
         self.settings = settings or HangSettings()
         self._proc = proc_root
         self._still: dict[str, _Still] = {}
+
+    def hung_jobs(self) -> set[str]:
+        """The jobs reported hung and still not moving."""
+        return {job for job, st in self._still.items() if st.reported}
 
     def update(
         self, signals: Iterable[RankSignals], now_mono: float, now_unix: float
