@@ -35,6 +35,15 @@ def test_a_rank_merely_last_by_jitter_is_below_the_floor() -> None:
     assert outliers({0: 0.010, 1: 0.011, 2: 0.070, 3: 0.010}, k=3.0, floor=0.05) == {2}
 
 
+def test_where_every_rank_waits_much_the_excess_must_be_a_multiple_of_the_median() -> None:
+    # Seen on a loaded machine: healthy ranks around 1.1, one 0.1 above (many MADs out).
+    scores = {0: 1.10, 1: 1.12, 2: 1.24, 3: 1.14}
+    assert outliers(scores, k=3.0, floor=0.05) == {2}
+    assert outliers(scores, k=3.0, floor=0.05, relative=1.5) == set()
+    # A hogged rank: 1.03 against a median of 0.125.
+    assert outliers({0: 0.11, 1: 0.14, 2: 1.03, 3: 0.14}, 3.0, 0.05, relative=1.5) == {2}
+
+
 def test_a_rank_low_is_not_an_outlier_and_two_ranks_give_no_median() -> None:
     assert outliers({0: 0.5, 1: 0.5, 2: 0.0, 3: 0.5}, k=3.0, floor=0.05) == set()
     assert outliers({0: 0.0, 1: 0.9}, k=3.0, floor=0.05) == set()

@@ -72,10 +72,23 @@ def children(*ranks: int | None, cpu: int | None = None) -> Iterator[list[Child]
     try:
         for c in made:
             assert c.proc.stdout and c.proc.stdout.read(1) == b"r"
+            wait_asleep(c.pid)
         yield made
     finally:
         for c in made:
             c.close()
+
+
+def wait_asleep(pid: int) -> None:
+    """Until the process sleeps (in its read of the next command): on a loaded machine it may
+    wait for a CPU between its answer and the read."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat[stat.rfind(")") + 2] == "S":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never went to sleep")
 
 
 def refs(cs: list[Child]) -> list[RankProcess]:
@@ -96,6 +109,7 @@ def test_bytes_moved_are_the_reads_and_writes_of_the_interval() -> None:
         sampler.sample(refs([child]), time.monotonic())
         child.send(b"w")
         child.done()
+        wait_asleep(child.pid)
         (s,) = sampler.sample(refs([child]), time.monotonic())
     # The command byte read, 1 MiB written to /dev/null, the answer byte written.
     assert s.io_bytes == 1 + (1 << 20) + 1

@@ -66,6 +66,7 @@ RECORDS = [
         "stopped",
         (detection.ThreadReport(41, "python", "T", offcpu_seconds=30.0),),
     ),
+    detection.RankSignal("7", 3, 42, "node-b", 1.7e9, 5.0, 0.5, 1.25, 4.0, 0.0, 1 << 33, None, 0.5),
 ]
 
 

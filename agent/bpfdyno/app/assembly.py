@@ -76,6 +76,7 @@ def profiling_controls(
 def build(cfg: Config) -> Assembly:
     """Create every enabled part of the daemon from the configuration (nothing is started)."""
     # Imported here so `bpfdyno status` and other client commands never load bcc or NVML.
+    from bpfdyno.app.detection_peers import PeerSignals
     from bpfdyno.app.tracing import TracingComponent
     from bpfdyno.detection.collector import DetectionCollector, DetectionSettings
     from bpfdyno.detection.events import EventLog
@@ -175,6 +176,11 @@ def build(cfg: Config) -> Assembly:
     registry = tracing.service.registry
     detection_log = EventLog(cfg.detection.max_events)
     d = cfg.detection
+    peers = (
+        PeerSignals(d.peers, cfg.collector_interval("detection"))
+        if d.peers and on("detection")
+        else None
+    )
     detection = (
         DetectionCollector(
             # In the agent's pid namespace: what /proc shows (host_pid 0: the same).
@@ -184,6 +190,7 @@ def build(cfg: Config) -> Assembly:
             DetectionSettings.of(
                 d.k, d.window, d.suspect_at, d.confirm_at, d.clear_at, d.hang_after_s
             ),
+            peers=peers.signals if peers is not None else None,
         )
         if on("detection")
         else None
@@ -239,7 +246,15 @@ def build(cfg: Config) -> Assembly:
     asm.servicers.append(tracing_servicer_factory(tracing.service))
     asm.servicers.append(audit_servicer_factory(tracing.service.audit))
     asm.servicers.append(kineto_servicer_factory(tracing.user_dirs))
-    asm.servicers.append(detection_servicer_factory(DetectionService(detection_log)))
+    asm.servicers.append(
+        detection_servicer_factory(
+            DetectionService(
+                detection_log, detection.rank_signals if detection is not None else None
+            )
+        )
+    )
+    if peers is not None:
+        asm.components.append(peers)
     if cfg.export.jsonl.enabled:
         asm.sinks.append(JsonlExporter(cfg.export.jsonl))
     asm.sinks += _metric_exporters(cfg, table)

@@ -36,7 +36,12 @@ from bpfdyno.client.connection import (
 from bpfdyno.client.errors import AgentError, ErrorKind, agent_error
 from bpfdyno.rpc.agent import AgentStatus, Clock, MetricSpec, MetricsSnapshot, MetricsWindow, Series
 from bpfdyno.rpc.audit import AuditRecord
-from bpfdyno.rpc.detection import DetectionEvent, ListEventsResponse
+from bpfdyno.rpc.detection import (
+    DetectionEvent,
+    GetRankSignalsResponse,
+    ListEventsResponse,
+    RankSignal,
+)
 from bpfdyno.rpc.kernel import EventsPage, KernelEvent, TcpConnection
 from bpfdyno.rpc.processes import ProcessList
 from bpfdyno.rpc.traces import (
@@ -272,6 +277,13 @@ class AgentClient:
         req = detection_pb2.ListEventsRequest(job_id=job_id)
         resp = await self._call("Detection", "ListEvents", req)
         return list(from_pb(ListEventsResponse, resp).events)
+
+    async def rank_signals(self, job_id: str = "") -> list[RankSignal]:
+        """The latest interval's signals of the agent's ranks (of one job): what a job's
+        agents pull from each other to compare all its ranks."""
+        req = detection_pb2.GetRankSignalsRequest(job_id=job_id)
+        resp = await self._call("Detection", "GetRankSignals", req)
+        return list(from_pb(GetRankSignalsResponse, resp).signals)
 
     def watch_detection_events(self, job_id: str = "") -> AsyncIterator[DetectionEvent]:
         """The events the agent holds, then each new one as it happens (of one job)."""

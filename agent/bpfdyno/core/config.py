@@ -441,6 +441,11 @@ class DetectionSection:
     hang_after_s: float = 30.0
     #: Events held for `bpfdyno events` and new watchers (the newest are kept).
     max_events: int = 256
+    #: The agents of this node's jobs on other nodes (Unix socket paths or host:port, reached
+    #: as `bpfdyno` reaches agents: TLS and token from BPFDYNO_* in the agent's environment):
+    #: their ranks' signals are pulled every interval so the job's ranks are compared across
+    #: nodes. Empty: only this node's ranks are compared.
+    peers: list[str] = field(default_factory=list)
 
 
 def _default_collectors() -> dict[str, CollectorSection]:

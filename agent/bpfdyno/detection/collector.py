@@ -20,8 +20,14 @@ from bpfdyno.detection.detector import DetectorSettings, StragglerDetector
 from bpfdyno.detection.events import EventLog
 from bpfdyno.detection.hang import HangSettings, HangWatch
 from bpfdyno.detection.outliers import Hysteresis, State
-from bpfdyno.detection.signals import CollectiveSource, RankProcess, SignalSampler
-from bpfdyno.rpc.detection import DetectionKind
+from bpfdyno.detection.signals import (
+    CollectiveSource,
+    RankProcess,
+    RankSignals,
+    SignalSampler,
+    to_record,
+)
+from bpfdyno.rpc.detection import DetectionKind, RankSignal
 from bpfdyno.sources.base import Collector
 
 
@@ -51,6 +57,8 @@ class DetectionCollector(Collector):
     ranks: the processes to watch (the registered trainers), asked every interval.
     events: where events go.
     host: this node's name, in every event.
+    peers: the same jobs' ranks on other nodes, pulled from their agents (`rank_signals`
+        is what this node gives them).
     """
 
     name = "detection"
@@ -64,9 +72,14 @@ class DetectionCollector(Collector):
         settings: DetectionSettings | None = None,
         proc_root: Path = Path("/proc"),
         collectives: CollectiveSource | None = None,
+        peers: Callable[[], Iterable[RankSignals]] | None = None,
     ) -> None:
         settings = settings or DetectionSettings()
         self._ranks = ranks
+        self._peers = peers
+        self._host = host
+        #: The last round's signals, with when it ended (read by other threads: swapped whole).
+        self._latest: tuple[float, list[RankSignals]] = (0.0, [])
         self.events = events
         self.sampler = SignalSampler(proc_root, collectives)
         self.detector = StragglerDetector(host, settings.detector)
@@ -76,7 +89,9 @@ class DetectionCollector(Collector):
     def collect(self) -> Sequence[Sample]:
         now_mono, now_unix = time.monotonic(), time.time()
         signals = self.sampler.sample(self._ranks(), now_mono)
-        events = self.detector.update(signals, now_unix)
+        self._latest = (now_unix, signals)
+        peers = self._peers() if self._peers is not None else ()
+        events = self.detector.update(signals, now_unix, peers)
         events += self.hangs.update(signals, now_mono, now_unix)
         self.events.add(events)
         self._counts.update(e.kind.value for e in events)
@@ -100,3 +115,10 @@ class DetectionCollector(Collector):
             if k is not DetectionKind.UNSPECIFIED
         ]
         return out
+
+    def rank_signals(self, job_id: str = "") -> list[RankSignal]:
+        """The last round's signals of this node's ranks (of one job), for its peers."""
+        end_unix, signals = self._latest
+        return [
+            to_record(s, self._host, end_unix) for s in signals if not job_id or s.job_id == job_id
+        ]

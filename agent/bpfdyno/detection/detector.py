@@ -26,14 +26,20 @@ class Score:
     name: str
     value: Callable[[RankSignals], float]
     floor: float
+    relative: float  # ... and the least excess as a multiple of the median
     says: str  # how the summary words it
 
 
 SCORES: tuple[Score, ...] = (
-    # A rank its machine holds back: its threads wanted a CPU (run queue, CPU quota).
-    Score("cpu_wait_share", lambda s: s.cpu_wait_share, 0.05, "waited for a CPU"),
+    # A rank its machine holds back: its threads wanted a CPU (run queue, CPU quota). On the
+    # real 4-rank job healthy ranks' waits were 0.06-0.3 thread-seconds per second (twice the
+    # median seen in one interval, jitter), a rank sharing its CPU with a hog 1.0-1.2 against
+    # a median of 0.1: at least 2.5 times the median counts.
+    Score("cpu_wait_share", lambda s: s.cpu_wait_share, 0.05, 1.5, "waited for a CPU"),
     # A rank its peers waited for at collectives (NCCL's profiler, when plugged in).
-    Score("late_share", lambda s: s.late_s / s.interval_s, 0.05, "arrived late at collectives"),
+    Score(
+        "late_share", lambda s: s.late_s / s.interval_s, 0.05, 1.0, "arrived late at collectives"
+    ),
 )
 
 
@@ -54,15 +60,26 @@ class StragglerDetector:
     def state_of(self, job_id: str, rank: int) -> RankState:
         return self._states.get((job_id, rank), RankState())
 
-    def update(self, signals: Iterable[RankSignals], now_unix: float) -> list[DetectionEvent]:
-        """The events of one interval (every rank's signals of that interval)."""
+    def update(
+        self,
+        signals: Iterable[RankSignals],
+        now_unix: float,
+        peers: Iterable[RankSignals] = (),
+    ) -> list[DetectionEvent]:
+        """The events of one interval: this node's ranks' signals, compared with each other
+        and with ``peers``' (the same jobs' ranks on other nodes, pulled from their agents;
+        their events are their own agents' to emit)."""
         jobs: dict[str, dict[int, RankSignals]] = {}
         for s in signals:
             jobs.setdefault(s.job_id, {})[s.rank] = s
+        remote: dict[str, dict[int, RankSignals]] = {}
+        for s in peers:
+            if s.job_id in jobs and s.rank not in jobs[s.job_id]:
+                remote.setdefault(s.job_id, {})[s.rank] = s
         events: list[DetectionEvent] = []
         states: dict[tuple[str, int], RankState] = {}
         for job_id, ranks in sorted(jobs.items()):
-            evidence = self._evidence(ranks)
+            evidence = self._evidence({**remote.get(job_id, {}), **ranks})
             for rank, s in sorted(ranks.items()):
                 key = (job_id, rank)
                 new, transition = step(
@@ -80,7 +97,7 @@ class StragglerDetector:
         for score in SCORES:
             values = {r: score.value(s) for r, s in ranks.items()}
             values = {r: v for r, v in values.items() if not math.isnan(v)}
-            flagged = outliers(values, self.settings.k, score.floor)
+            flagged = outliers(values, self.settings.k, score.floor, score.relative)
             if not flagged:
                 continue
             median = statistics.median(values.values())

@@ -2,9 +2,11 @@
 
 A rank is an outlier in an interval when its score stands above the job's median by more
 than ``k`` robust standard deviations (1.4826 times the median absolute deviation) *and* by more
-than an absolute floor. The median makes the test blind to all ranks slowing alike; the floor
-keeps a rank that is merely last by jitter (a MAD near zero makes any difference "many
-deviations") from counting. Fewer than three ranks give no median to stand out from.
+than an absolute floor *and* than a multiple of the median. The median makes the test blind to
+all ranks slowing alike; the floors keep a rank that is merely last by jitter (a MAD near zero
+makes any difference "many deviations") from counting, the relative one where every rank's
+level is high (a loaded machine: healthy ranks of a real job were seen 0.1 apart at a median
+of 1.1). Fewer than three ranks give no median to stand out from.
 
 One outlier interval is noise: `step` moves a rank between ``ok``, ``suspected`` and
 ``confirmed`` by how many of its last ``window`` intervals were outliers, and back to ``ok``
@@ -29,13 +31,16 @@ def robust_spread(values: list[float]) -> tuple[float, float]:
     return med, mad * MAD_TO_SIGMA
 
 
-def outliers(scores: Mapping[int, float], k: float, floor: float) -> set[int]:
-    """The keys (ranks) whose score exceeds the median by more than ``k`` robust deviations
-    and by more than ``floor``; none when fewer than three ranks have a score."""
+def outliers(
+    scores: Mapping[int, float], k: float, floor: float, relative: float = 0.0
+) -> set[int]:
+    """The keys (ranks) whose score exceeds the median by more than ``k`` robust deviations,
+    by more than ``floor`` and by more than ``relative`` times the median; none when fewer
+    than three ranks have a score."""
     if len(scores) < 3:
         return set()
     med, sigma = robust_spread(list(scores.values()))
-    bound = max(k * sigma, floor)
+    bound = max(k * sigma, floor, relative * med)
     return {rank for rank, v in scores.items() if v - med > bound}
 
 

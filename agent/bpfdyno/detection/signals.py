@@ -23,6 +23,7 @@ those fields are NaN.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 from bpfdyno.core import pidfs
+from bpfdyno.rpc.detection import RankSignal
 from bpfdyno.tracing.capture.cpu_quota import CpuQuotaReader
 
 NAN = float("nan")
@@ -67,6 +69,7 @@ class RankSignals:
         throttled_s: time its cgroup (or an ancestor with a quota) was throttled.
         io_bytes: bytes its read/write calls moved (sockets included).
         in_collective_s, late_s: from a `CollectiveSource` (NaN without one).
+        host: "" for this node's ranks, the peer's host for a rank pulled from a peer.
     """
 
     job_id: str
@@ -81,6 +84,7 @@ class RankSignals:
     io_bytes: int
     in_collective_s: float = NAN
     late_s: float = NAN
+    host: str = ""  # "" on this node; a peer agent's host for signals pulled from it
 
     @property
     def cpu_wait_share(self) -> float:
@@ -257,4 +261,42 @@ def _signals(p: RankProcess, rank: int, a: _Reading, b: _Reading) -> RankSignals
         io_bytes=max(0, b.io_bytes - a.io_bytes),
         in_collective_s=in_coll,
         late_s=late,
+    )
+
+
+def to_record(s: RankSignals, host: str, end_unix: float) -> RankSignal:
+    """A rank's signals in the API's words, for the job's other agents."""
+    return RankSignal(
+        job_id=s.job_id,
+        rank=s.rank,
+        pid=s.pid,
+        host=s.host or host,
+        end_unix_seconds=end_unix,
+        interval_seconds=s.interval_s,
+        oncpu_seconds=s.oncpu_s,
+        runq_wait_seconds=s.runq_wait_s,
+        main_waiting_seconds=s.main_waiting_s,
+        throttled_seconds=s.throttled_s,
+        io_bytes=s.io_bytes,
+        in_collective_seconds=None if math.isnan(s.in_collective_s) else s.in_collective_s,
+        late_seconds=None if math.isnan(s.late_s) else s.late_s,
+    )
+
+
+def from_record(r: RankSignal) -> RankSignals:
+    """A peer's rank, as the detector compares it (``host`` says it is not this node's)."""
+    return RankSignals(
+        job_id=r.job_id,
+        rank=r.rank,
+        pid=r.pid,
+        end_mono=NAN,  # its clock, not ours: the detector does not use it
+        interval_s=r.interval_seconds,
+        oncpu_s=r.oncpu_seconds,
+        runq_wait_s=r.runq_wait_seconds,
+        main_waiting_s=r.main_waiting_seconds,
+        throttled_s=r.throttled_seconds,
+        io_bytes=r.io_bytes,
+        in_collective_s=NAN if r.in_collective_seconds is None else r.in_collective_seconds,
+        late_s=NAN if r.late_seconds is None else r.late_seconds,
+        host=r.host,
     )

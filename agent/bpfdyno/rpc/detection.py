@@ -82,3 +82,33 @@ class ListEventsRequest:
 @record(pb.ListEventsResponse)
 class ListEventsResponse:
     events: tuple[DetectionEvent, ...] = ()
+
+
+@record(pb.RankSignal)
+class RankSignal:
+    """What one rank did in one interval, as a job's agents exchange it (times in seconds;
+    collective times None when unknown)."""
+
+    job_id: str
+    rank: int
+    pid: int
+    host: str
+    end_unix_seconds: float
+    interval_seconds: float
+    oncpu_seconds: float = 0.0
+    runq_wait_seconds: float = 0.0
+    main_waiting_seconds: float = 0.0
+    throttled_seconds: float = 0.0
+    io_bytes: int = 0
+    in_collective_seconds: float | None = None
+    late_seconds: float | None = None
+
+
+@record(pb.GetRankSignalsRequest, zero_is_default=True)
+class GetRankSignalsRequest:
+    job_id: str = ""
+
+
+@record(pb.GetRankSignalsResponse)
+class GetRankSignalsResponse:
+    signals: tuple[RankSignal, ...] = ()

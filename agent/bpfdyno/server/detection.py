@@ -9,7 +9,13 @@ from typing import cast
 
 import grpc
 
-from bpfdyno.rpc.detection import ListEventsRequest, ListEventsResponse, WatchEventsRequest
+from bpfdyno.rpc.detection import (
+    GetRankSignalsRequest,
+    GetRankSignalsResponse,
+    ListEventsRequest,
+    ListEventsResponse,
+    WatchEventsRequest,
+)
 from bpfdyno.rpc.v1 import detection_pb2 as pb
 from bpfdyno.rpc.v1 import detection_pb2_grpc as pb_grpc
 from bpfdyno.rpc.wire import from_pb, to_pb
@@ -28,6 +34,14 @@ class DetectionServicer(pb_grpc.DetectionServicer):
         req = from_pb(ListEventsRequest, request)
         events = tuple(self._svc.list_events(req.job_id))
         return cast(pb.ListEventsResponse, to_pb(ListEventsResponse(events)))
+
+    @grpc_errors
+    async def GetRankSignals(
+        self, request: pb.GetRankSignalsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetRankSignalsResponse:
+        req = from_pb(GetRankSignalsRequest, request)
+        signals = tuple(self._svc.rank_signals(req.job_id))
+        return cast(pb.GetRankSignalsResponse, to_pb(GetRankSignalsResponse(signals)))
 
     @grpc_errors
     async def WatchEvents(

@@ -6,19 +6,38 @@ process table name every process: whoever may use the agent's socket may read th
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
-from bpfdyno.core.errors import InvalidArgument
+from bpfdyno.core.errors import InvalidArgument, Unavailable
 from bpfdyno.detection.events import EventLog
-from bpfdyno.rpc.detection import DetectionEvent
+from bpfdyno.rpc.detection import DetectionEvent, RankSignal
 
 #: Longest job id a caller may filter by (SLURM's are numbers; a rendezvous address is short).
 MAX_JOB_ID = 256
 
 
 class DetectionService:
-    def __init__(self, events: EventLog) -> None:
+    """Args:
+    events: the detection's events.
+    rank_signals: this node's ranks' latest signals of a job ("": all), when the detection
+        runs (None: it is turned off, and peers asking are told so).
+    """
+
+    def __init__(
+        self, events: EventLog, rank_signals: Callable[[str], list[RankSignal]] | None = None
+    ) -> None:
         self._events = events
+        self._rank_signals = rank_signals
+
+    def rank_signals(self, job_id: str = "") -> list[RankSignal]:
+        """The last interval's signals of this node's ranks (of one job)."""
+        _check_job(job_id)
+        if self._rank_signals is None:
+            raise Unavailable(
+                "the detection is turned off on this agent: set [collectors.detection] "
+                "enabled = true (and restart it) to compare its ranks with the job's others"
+            )
+        return self._rank_signals(job_id)
 
     def list_events(self, job_id: str = "") -> list[DetectionEvent]:
         """The events the agent holds, oldest first (only ``job_id``'s when given)."""

@@ -91,3 +91,45 @@ class ListEventsResponse(_message.Message):
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[DetectionEvent]
     def __init__(self, events: _Optional[_Iterable[_Union[DetectionEvent, _Mapping]]] = ...) -> None: ...
+
+class RankSignal(_message.Message):
+    __slots__ = ("job_id", "rank", "pid", "host", "end_unix_seconds", "interval_seconds", "oncpu_seconds", "runq_wait_seconds", "main_waiting_seconds", "throttled_seconds", "io_bytes", "in_collective_seconds", "late_seconds")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ONCPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RUNQ_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAIN_WAITING_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IO_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IN_COLLECTIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LATE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    pid: int
+    host: str
+    end_unix_seconds: float
+    interval_seconds: float
+    oncpu_seconds: float
+    runq_wait_seconds: float
+    main_waiting_seconds: float
+    throttled_seconds: float
+    io_bytes: int
+    in_collective_seconds: float
+    late_seconds: float
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., end_unix_seconds: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., oncpu_seconds: _Optional[float] = ..., runq_wait_seconds: _Optional[float] = ..., main_waiting_seconds: _Optional[float] = ..., throttled_seconds: _Optional[float] = ..., io_bytes: _Optional[int] = ..., in_collective_seconds: _Optional[float] = ..., late_seconds: _Optional[float] = ...) -> None: ...
+
+class GetRankSignalsRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class GetRankSignalsResponse(_message.Message):
+    __slots__ = ("signals",)
+    SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    signals: _containers.RepeatedCompositeFieldContainer[RankSignal]
+    def __init__(self, signals: _Optional[_Iterable[_Union[RankSignal, _Mapping]]] = ...) -> None: ...

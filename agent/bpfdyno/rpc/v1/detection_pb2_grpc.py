@@ -44,6 +44,11 @@ class DetectionStub:
                 request_serializer=bpfdyno_dot_rpc_dot_v1_dot_detection__pb2.ListEventsRequest.SerializeToString,
                 response_deserializer=bpfdyno_dot_rpc_dot_v1_dot_detection__pb2.ListEventsResponse.FromString,
                 _registered_method=True)
+        self.GetRankSignals = channel.unary_unary(
+                '/bpfdyno.rpc.v1.Detection/GetRankSignals',
+                request_serializer=bpfdyno_dot_rpc_dot_v1_dot_detection__pb2.GetRankSignalsRequest.SerializeToString,
+                response_deserializer=bpfdyno_dot_rpc_dot_v1_dot_detection__pb2.GetRankSignalsResponse.FromString,
+                _registered_method=True)
 
 
 class DetectionServicer:
@@ -63,6 +68,14 @@ class DetectionServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetRankSignals(self, request, context):
+        """The latest interval's signals of the ranks on this node: what a job's other agents
+        pull to compare their ranks with these.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DetectionServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +88,11 @@ def add_DetectionServicer_to_server(servicer, server):
                     servicer.ListEvents,
                     request_deserializer=bpfdyno_dot_rpc_dot_v1_dot_detection__pb2.ListEventsRequest.FromString,
                     response_serializer=bpfdyno_dot_rpc_dot_v1_dot_detection__pb2.ListEventsResponse.SerializeToString,
+            ),
+            'GetRankSignals': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRankSignals,
+                    request_deserializer=bpfdyno_dot_rpc_dot_v1_dot_detection__pb2.GetRankSignalsRequest.FromString,
+                    response_serializer=bpfdyno_dot_rpc_dot_v1_dot_detection__pb2.GetRankSignalsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -131,6 +149,33 @@ class Detection:
             '/bpfdyno.rpc.v1.Detection/ListEvents',
             bpfdyno_dot_rpc_dot_v1_dot_detection__pb2.ListEventsRequest.SerializeToString,
             bpfdyno_dot_rpc_dot_v1_dot_detection__pb2.ListEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRankSignals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bpfdyno.rpc.v1.Detection/GetRankSignals',
+            bpfdyno_dot_rpc_dot_v1_dot_detection__pb2.GetRankSignalsRequest.SerializeToString,
+            bpfdyno_dot_rpc_dot_v1_dot_detection__pb2.GetRankSignalsResponse.FromString,
             options,
             channel_credentials,
             insecure,
