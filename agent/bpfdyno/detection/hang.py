@@ -19,7 +19,8 @@ re-armed. Without NCCL's collective events the stillness is the signal, so a ste
 no I/O for longer than ``after_s`` (a long compute phase) would look like a spinning rank:
 set ``after_s`` above the longest such phase.
 
-Reading threads costs a few files per thread, done only for still jobs.
+Reading threads costs a few files per thread, done only for still jobs until their hang is
+named.
 """
 
 from __future__ import annotations
@@ -184,6 +185,8 @@ class HangWatch:
             began = now_mono - max(s.interval_s for s in ranks)
             st = self._still.get(job_id) or _Still(began, first_mono=now_mono)
             still[job_id] = st
+            if st.reported:
+                continue  # named once: only whether it moves again matters now
             threads = {s.pid: read_threads(self._proc, s.pid) for s in ranks}
             self._track(st, threads, now_mono)
             if not st.reported and now_mono - st.since_mono >= self.settings.after_s:
