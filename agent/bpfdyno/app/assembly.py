@@ -77,6 +77,7 @@ def build(cfg: Config) -> Assembly:
     """Create every enabled part of the daemon from the configuration (nothing is started)."""
     # Imported here so `bpfdyno status` and other client commands never load bcc or NVML.
     from bpfdyno.app.detection_peers import PeerSignals
+    from bpfdyno.app.detection_trace import AutoTrace
     from bpfdyno.app.tracing import TracingComponent
     from bpfdyno.detection.collector import DetectionCollector, DetectionSettings
     from bpfdyno.detection.events import EventLog
@@ -255,6 +256,10 @@ def build(cfg: Config) -> Assembly:
     )
     if peers is not None:
         asm.components.append(peers)
+    if detection is not None and d.auto_trace:
+        auto = AutoTrace(tracing.service, d.auto_trace_iterations, d.auto_trace_every_s)
+        detection_log.listeners.append(auto.on_events)
+        asm.components.append(auto)
     if cfg.export.jsonl.enabled:
         asm.sinks.append(JsonlExporter(cfg.export.jsonl))
     asm.sinks += _metric_exporters(cfg, table)

@@ -446,6 +446,14 @@ class DetectionSection:
     #: their ranks' signals are pulled every interval so the job's ranks are compared across
     #: nodes. Empty: only this node's ranks are compared.
     peers: list[str] = field(default_factory=list)
+    #: Trace a job's ranks on this node when one is a confirmed straggler, as the agent's own
+    #: (audited) request, into [tracing] trace_dir (or the agent's own directory under
+    #: user_dirs). Off by default.
+    auto_trace: bool = False
+    #: ... for this many iterations ...
+    auto_trace_iterations: int = 10
+    #: ... at most once per job in this many seconds.
+    auto_trace_every_s: float = 3600.0
 
 
 def _default_collectors() -> dict[str, CollectorSection]:
@@ -647,6 +655,10 @@ def _validate_detection(d: DetectionSection, bad: typing.Callable[[str, str], Co
         raise bad("must be above 0 seconds", "detection.hang_after_s")
     if d.max_events < 1:
         raise bad("must be at least 1", "detection.max_events")
+    if d.auto_trace_iterations < 1:
+        raise bad("must be at least 1", "detection.auto_trace_iterations")
+    if d.auto_trace_every_s < 0:
+        raise bad("must be 0 or more seconds", "detection.auto_trace_every_s")
 
 
 def _validate(cfg: Config, path: Path | None) -> None:

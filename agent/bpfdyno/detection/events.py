@@ -13,7 +13,7 @@ import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 
 from bpfdyno.rpc.detection import DetectionEvent
 
@@ -25,12 +25,18 @@ WATCHER_QUEUE = 256
 
 class EventLog:
     def __init__(self, max_events: int = 256) -> None:
+        #: Called with each batch of new events, on the adding thread (the automatic trace).
+        self.listeners: list[Callable[[list[DetectionEvent]], None]] = []
         self._events: deque[DetectionEvent] = deque(maxlen=max_events)
         self._lock = threading.Lock()
         self._watchers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue[DetectionEvent]]] = set()
 
     def add(self, events: Iterable[DetectionEvent]) -> None:
-        """Keep ``events``, log each in one line, and hand them to every watcher."""
+        """Keep ``events``, log each in one line, and hand them to every watcher and
+        listener."""
+        events = list(events)
+        for listener in self.listeners:
+            listener(events)
         for e in events:
             log.warning("detection: %s (host %s, pid %d)", e.summary, e.host, e.pid)
             with self._lock:
