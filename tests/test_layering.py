@@ -2,9 +2,10 @@
 
 The rules (docs/architecture.md): `core/` and the API contract (`rpc/`) are shared by all;
 the analysis of trace files (`analysis/`) builds on them alone and serves the agent and clients;
-sources build on `ebpf/`; tracing builds on sources; services on tracing and sources; the
-transports (`server/`) on services; clients (`client/`) on the contract and the analysis; `cli/` and
-`app/` may wire anything. The TUI's own rules are enforced by ruff (tui/ruff.toml).
+sources build on `ebpf/`; tracing builds on sources; detection on tracing and sources; services
+on detection, tracing and sources; the transports (`server/`) on services; clients (`client/`)
+on the contract and the analysis; `cli/` and `app/` may wire anything. The TUI's own rules are
+enforced by ruff (tui/ruff.toml).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ ALLOWED: dict[str, set[str]] = {
     "sources": {"core", "ebpf", "rpc"},
     "analysis": {"core", "rpc"},
     "tracing": {"analysis", "core", "ebpf", "rpc", "sources", "version"},
-    "services": {"analysis", "core", "rpc", "sources", "tracing", "version"},
-    "server": {"core", "rpc", "services", "sources", "tracing", "version"},
+    "detection": {"core", "rpc", "sources", "tracing"},
+    "services": {"analysis", "core", "detection", "rpc", "sources", "tracing", "version"},
+    "server": {"core", "detection", "rpc", "services", "sources", "tracing", "version"},
     "exporters": {"core", "rpc", "version"},
     "client": {"analysis", "core", "rpc", "version"},
 }

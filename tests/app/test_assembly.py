@@ -25,7 +25,7 @@ def test_default_assembly_has_every_collector_and_the_tracing_component() -> Non
     assert asm.budget is asm.collectors[-1]
     assert asm.disabled == []
     assert [c.name for c in asm.components] == ["tracing"]
-    assert len(asm.servicers) == 4  # Kernel, Tracing, Audit, Kineto (+ Agent by the server)
+    assert len(asm.servicers) == 5  # Kernel, Tracing, Audit, Kineto, Detection (+ Agent)
     assert asm.sinks == []
     # perf_sw counts context switches with the sched programs' counters, not its own.
     by_name: dict[str, Any] = {c.name: c for c in asm.collectors}

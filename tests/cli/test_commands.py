@@ -17,6 +17,7 @@ COMMANDS = [
     "metrics",
     "doctor",
     "ps",
+    "events",
     "trainers",
     "kineto-dir",
     "gputrace",

@@ -11,7 +11,7 @@ import pytest
 
 from bpfdyno.core.metrics import MetricKind as CoreKind
 from bpfdyno.core.metrics import MetricSpec as CoreSpec
-from bpfdyno.rpc import agent, audit, kernel, traces
+from bpfdyno.rpc import agent, audit, detection, kernel, traces
 from bpfdyno.rpc.processes import ProcessRow
 from bpfdyno.rpc.v1 import agent_pb2, kernel_pb2, tracing_pb2
 from bpfdyno.rpc.wire import from_pb, message, record_dict, record_from_dict, to_pb
@@ -54,6 +54,19 @@ RECORDS = [
     ),
     traces.ProcessSummary("/t.json", pid=3, blocked_seconds_by_cause={"lock": 0.25}),
     audit.AuditRecord(4, uid=None, processes=(audit.AuditedProcess(1, 0, None, "/t_1.json"),)),
+    detection.DetectionEvent(
+        detection.DetectionKind.HANG,
+        "7",
+        2,
+        41,
+        "node-a",
+        1.7e9,
+        "job 7 hangs",
+        (detection.SignalEvidence("cpu_wait_share", 0.5, 0.01),),
+        "stopped",
+        (detection.ThreadReport(41, "python", "T", offcpu_seconds=30.0),),
+    ),
+    detection.RankSignal("7", 3, 42, "node-b", 1.7e9, 5.0, 0.5, 1.25, 4.0, 0.0, 1 << 33, None, 0.5),
 ]
 
 

@@ -8,6 +8,7 @@ the daemon runs, so a missing capability only disables that collector.
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -76,11 +77,18 @@ def profiling_controls(
 def build(cfg: Config) -> Assembly:
     """Create every enabled part of the daemon from the configuration (nothing is started)."""
     # Imported here so `bpfdyno status` and other client commands never load bcc or NVML.
+    from bpfdyno.app.detection_peers import PeerSignals
+    from bpfdyno.app.detection_trace import AutoTrace
     from bpfdyno.app.tracing import TracingComponent
+    from bpfdyno.detection.collector import DetectionCollector, DetectionSettings
+    from bpfdyno.detection.events import EventLog
+    from bpfdyno.detection.signals import RankProcess
     from bpfdyno.server.audit import audit_servicer_factory
+    from bpfdyno.server.detection import detection_servicer_factory
     from bpfdyno.server.kernel import kernel_servicer_factory
     from bpfdyno.server.kineto import kineto_servicer_factory
     from bpfdyno.server.tracing import servicer_factory as tracing_servicer_factory
+    from bpfdyno.services.detection import DetectionService
     from bpfdyno.services.kernel import KernelService
     from bpfdyno.sources.budget.controller import BudgetCollector
     from bpfdyno.sources.fabric.collector import FabricCollector
@@ -171,6 +179,28 @@ def build(cfg: Config) -> Assembly:
         if on("procs")
         else None
     )
+    registry = tracing.service.registry
+    detection_log = EventLog(cfg.detection.max_events)
+    d = cfg.detection
+    peers = (
+        PeerSignals(d.peers, cfg.collector_interval("detection"))
+        if d.peers and on("detection")
+        else None
+    )
+    detection = (
+        DetectionCollector(
+            # In the agent's pid namespace: what /proc shows (host_pid 0: the same).
+            lambda: [RankProcess(t.host_pid or t.pid, str(t.job_id)) for t in registry.trainers()],
+            detection_log,
+            socket.gethostname(),
+            DetectionSettings.of(
+                d.k, d.window, d.suspect_at, d.confirm_at, d.clear_at, d.hang_after_s
+            ),
+            peers=peers.signals if peers is not None else None,
+        )
+        if on("detection")
+        else None
+    )
     candidates: dict[str, Collector | None] = {
         "host": HostCollector(per_cpu_every=per_cpu_every) if on("host") else None,
         "self": SelfCollector() if on("self") else None,
@@ -203,6 +233,7 @@ def build(cfg: Config) -> Assembly:
             if on("nccl_profiler")
             else None
         ),
+        "detection": detection,
     }
     for name, collector in candidates.items():
         if collector is None:
@@ -230,6 +261,19 @@ def build(cfg: Config) -> Assembly:
     asm.servicers.append(tracing_servicer_factory(tracing.service))
     asm.servicers.append(audit_servicer_factory(tracing.service.audit))
     asm.servicers.append(kineto_servicer_factory(tracing.user_dirs))
+    asm.servicers.append(
+        detection_servicer_factory(
+            DetectionService(
+                detection_log, detection.rank_signals if detection is not None else None
+            )
+        )
+    )
+    if peers is not None:
+        asm.components.append(peers)
+    if detection is not None and d.auto_trace:
+        auto = AutoTrace(tracing.service, d.auto_trace_iterations, d.auto_trace_every_s)
+        detection_log.listeners.append(auto.on_events)
+        asm.components.append(auto)
     if cfg.export.jsonl.enabled:
         asm.sinks.append(JsonlExporter(cfg.export.jsonl))
     asm.sinks += _metric_exporters(cfg, table)

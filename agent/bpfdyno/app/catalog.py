@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from bpfdyno.core.catalog import Catalog
 from bpfdyno.core.metrics import MetricTable
+from bpfdyno.detection import metrics as detection_metrics
 from bpfdyno.ebpf import metrics as bpf_metrics
 from bpfdyno.sources.budget import metrics as budget_metrics
 from bpfdyno.sources.fabric import metrics as fabric_metrics
@@ -39,6 +40,7 @@ TABLES: tuple[MetricTable, ...] = (
     irq_metrics.TABLE,
     bpf_metrics.TABLE,
     budget_metrics.TABLE,
+    detection_metrics.TABLE,
 )
 
 CATALOG = Catalog(TABLES)

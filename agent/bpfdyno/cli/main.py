@@ -14,6 +14,7 @@ from bpfdyno.cli import (
     agent,
     audit,
     doctor,
+    events,
     ps,
     run,
     serve,
@@ -26,7 +27,9 @@ from bpfdyno.client.connection import EXIT_OK
 from bpfdyno.version import __version__
 
 #: The command groups, in the order ``bpfdyno --help`` lists them.
-COMMAND_GROUPS = (serve, agent, doctor, ps, tracing, trace_summary, timeline, audit, top, run)
+COMMAND_GROUPS = (
+    serve, agent, doctor, ps, events, tracing, trace_summary, timeline, audit, top, run
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -36,6 +36,12 @@ from bpfdyno.client.connection import (
 from bpfdyno.client.errors import AgentError, ErrorKind, agent_error
 from bpfdyno.rpc.agent import AgentStatus, Clock, MetricSpec, MetricsSnapshot, MetricsWindow, Series
 from bpfdyno.rpc.audit import AuditRecord
+from bpfdyno.rpc.detection import (
+    DetectionEvent,
+    GetRankSignalsResponse,
+    ListEventsResponse,
+    RankSignal,
+)
 from bpfdyno.rpc.kernel import EventsPage, KernelEvent, TcpConnection
 from bpfdyno.rpc.processes import ProcessList
 from bpfdyno.rpc.traces import (
@@ -52,6 +58,8 @@ from bpfdyno.rpc.v1 import (
     agent_pb2_grpc,
     audit_pb2,
     audit_pb2_grpc,
+    detection_pb2,
+    detection_pb2_grpc,
     kernel_pb2,
     kernel_pb2_grpc,
     kineto_pb2,
@@ -77,6 +85,7 @@ _STUBS: dict[str, Any] = {
     "Tracing": tracing_pb2_grpc.TracingStub,
     "Audit": audit_pb2_grpc.AuditStub,
     "Kineto": kineto_pb2_grpc.KinetoStub,
+    "Detection": detection_pb2_grpc.DetectionStub,
 }
 
 
@@ -260,6 +269,26 @@ class AgentClient:
         subscription starts at this call."""
         req = kernel_pb2.StreamEventsRequest(kinds=list(kinds))
         return self._stream(KernelEvent, "Kernel", "StreamEvents", req)
+
+    # -- Detection -------------------------------------------------------------------------
+
+    async def detection_events(self, job_id: str = "") -> list[DetectionEvent]:
+        """The straggler and hang events the agent holds, oldest first (of one job)."""
+        req = detection_pb2.ListEventsRequest(job_id=job_id)
+        resp = await self._call("Detection", "ListEvents", req)
+        return list(from_pb(ListEventsResponse, resp).events)
+
+    async def rank_signals(self, job_id: str = "") -> list[RankSignal]:
+        """The latest interval's signals of the agent's ranks (of one job): what a job's
+        agents pull from each other to compare all its ranks."""
+        req = detection_pb2.GetRankSignalsRequest(job_id=job_id)
+        resp = await self._call("Detection", "GetRankSignals", req)
+        return list(from_pb(GetRankSignalsResponse, resp).signals)
+
+    def watch_detection_events(self, job_id: str = "") -> AsyncIterator[DetectionEvent]:
+        """The events the agent holds, then each new one as it happens (of one job)."""
+        req = detection_pb2.WatchEventsRequest(job_id=job_id)
+        return self._stream(DetectionEvent, "Detection", "WatchEvents", req)
 
     # -- Tracing ---------------------------------------------------------------------------
 

@@ -25,14 +25,14 @@ DEFAULT_SOCKET = "/run/bpfdyno/bpfdyno.sock"
 #: Collectors the daemon knows; ``[collectors.<name>]`` may only name these.
 KNOWN_COLLECTORS = (
     "host", "self", "sched", "net", "pmu", "perf_sw", "gpu", "dcgm", "procs", "kubelet",
-    "fabric", "irq", "nccl_profiler",
+    "fabric", "irq", "nccl_profiler", "detection",
 )  # fmt: skip
 #: Collectors whose own interval is not the daemon's by default: the kubelet's allocations
 #: change only when pods start or end; the fabric's counters (RDMA ports, NIC driver
 #: statistics) are cumulative, so every 5 s they are exact over 5 s, at a fifth of the cost
 #: (a sysfs walk and an ioctl per interface: ~0.07 % of a core every second on a 2-CPU VM
 #: with three interfaces). A trace's fabric track samples them at its own rate.
-DEFAULT_INTERVALS_S = {"kubelet": 10.0, "fabric": 5.0}
+DEFAULT_INTERVALS_S = {"kubelet": 10.0, "fabric": 5.0, "detection": 5.0}
 
 
 class ConfigError(Exception):
@@ -426,6 +426,42 @@ class BudgetSection:
     requested_per_user_ratio: float = 0.05
 
 
+@dataclass
+class DetectionSection:
+    """Detection without anyone asking: straggling and hung training ranks, compared every
+    [collectors.detection] interval_s (5 s) from per-rank signals (docs/detection.md)."""
+
+    #: A rank is an outlier in an interval when its score exceeds the job's median by more
+    #: than this many robust standard deviations (1.4826 times the median absolute deviation).
+    k: float = 3.0
+    #: The hysteresis counts outlier intervals among the last this many ...
+    window: int = 6
+    #: ... this many make a rank suspected ...
+    suspect_at: int = 2
+    #: ... this many confirmed ...
+    confirm_at: int = 3
+    #: ... and a suspected or confirmed rank is cleared when at most this many remain.
+    clear_at: int = 1
+    #: A job whose ranks on this node moved no bytes this long hangs (longer than the longest
+    #: phase of a step that does no I/O, or that phase looks like a spinning rank).
+    hang_after_s: float = 30.0
+    #: Events held for `bpfdyno events` and new watchers (the newest are kept).
+    max_events: int = 256
+    #: The agents of this node's jobs on other nodes (Unix socket paths or host:port, reached
+    #: as `bpfdyno` reaches agents: TLS and token from BPFDYNO_* in the agent's environment):
+    #: their ranks' signals are pulled every interval so the job's ranks are compared across
+    #: nodes. Empty: only this node's ranks are compared.
+    peers: list[str] = field(default_factory=list)
+    #: Trace a job's ranks on this node when one is a confirmed straggler, as the agent's own
+    #: (audited) request, into [tracing] trace_dir (or the agent's own directory under
+    #: user_dirs). Off by default.
+    auto_trace: bool = False
+    #: ... for this many iterations ...
+    auto_trace_iterations: int = 10
+    #: ... at most once per job in this many seconds.
+    auto_trace_every_s: float = 3600.0
+
+
 def _default_collectors() -> dict[str, CollectorSection]:
     return {
         name: CollectorSection(interval_s=DEFAULT_INTERVALS_S.get(name, 0.0))
@@ -451,6 +487,7 @@ class Config:
     irq: IrqSection = field(default_factory=IrqSection)
     capture: CaptureSection = field(default_factory=CaptureSection)
     budget: BudgetSection = field(default_factory=BudgetSection)
+    detection: DetectionSection = field(default_factory=DetectionSection)
     #: Where the values came from, for error messages and `status`.
     source: str = field(default="<defaults>", compare=False)
 
@@ -611,6 +648,25 @@ def _apply_override(cfg: Config, dotted: str, raw: str) -> None:
     _apply(cfg, nested, (), _Locator("command line", ""))
 
 
+def _validate_detection(d: DetectionSection, bad: typing.Callable[[str, str], ConfigError]) -> None:
+    if d.k <= 0:
+        raise bad("must be above 0", "detection.k")
+    if not 0 <= d.clear_at < d.suspect_at <= d.confirm_at <= d.window:
+        raise bad(
+            f"must satisfy 0 <= clear_at < suspect_at <= confirm_at <= window (now {d.clear_at}"
+            f" < {d.suspect_at} <= {d.confirm_at} <= {d.window})",
+            "detection.suspect_at",
+        )
+    if d.hang_after_s <= 0:
+        raise bad("must be above 0 seconds", "detection.hang_after_s")
+    if d.max_events < 1:
+        raise bad("must be at least 1", "detection.max_events")
+    if d.auto_trace_iterations < 1:
+        raise bad("must be at least 1", "detection.auto_trace_iterations")
+    if d.auto_trace_every_s < 0:
+        raise bad("must be 0 or more seconds", "detection.auto_trace_every_s")
+
+
 def _validate(cfg: Config, path: Path | None) -> None:
     def bad(msg: str, dotted: str) -> ConfigError:
         loc = _Locator("command line" if path is None else str(path), "")
@@ -621,6 +677,7 @@ def _validate(cfg: Config, path: Path | None) -> None:
 
     if cfg.daemon.interval_s < 0.05:
         raise bad("must be at least 0.05 seconds", "daemon.interval_s")
+    _validate_detection(cfg.detection, bad)
     if cfg.daemon.history_s < cfg.daemon.interval_s:
         raise bad("must be at least daemon.interval_s", "daemon.history_s")
     if cfg.daemon.max_series < 100:

@@ -1,0 +1,124 @@
+"""The detection as a collector: every interval (5 s by default) the ranks' signals are read,
+the detector and the hang watch decide, events go to the event log (and from there to the
+log, watchers and `bpfdyno events`), and the signals and states become metrics.
+
+A collector, so it runs on its own thread (reading a new rank's environment can wait on its
+memory map lock), its cost is measured like every other part's, and `bpfdyno status` shows it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bpfdyno.core.metrics import Sample, sample
+from bpfdyno.detection import metrics as m
+from bpfdyno.detection.detector import DetectorSettings, StragglerDetector
+from bpfdyno.detection.events import EventLog
+from bpfdyno.detection.hang import HangSettings, HangWatch
+from bpfdyno.detection.outliers import Hysteresis, State
+from bpfdyno.detection.signals import (
+    CollectiveSource,
+    RankProcess,
+    RankSignals,
+    SignalSampler,
+    to_record,
+)
+from bpfdyno.rpc.detection import DetectionKind, RankSignal
+from bpfdyno.sources.base import Collector
+
+
+@dataclass(frozen=True, slots=True)
+class DetectionSettings:
+    detector: DetectorSettings = field(default_factory=DetectorSettings)
+    hang: HangSettings = field(default_factory=HangSettings)
+
+    @classmethod
+    def of(
+        cls,
+        k: float,
+        window: int,
+        suspect_at: int,
+        confirm_at: int,
+        clear_at: int,
+        hang_after_s: float,
+    ) -> DetectionSettings:
+        return cls(
+            DetectorSettings(k, Hysteresis(window, suspect_at, confirm_at, clear_at)),
+            HangSettings(after_s=hang_after_s),
+        )
+
+
+class DetectionCollector(Collector):
+    """Args:
+    ranks: the processes to watch (the registered trainers), asked every interval.
+    events: where events go.
+    host: this node's name, in every event.
+    peers: the same jobs' ranks on other nodes, pulled from their agents (`rank_signals`
+        is what this node gives them).
+    """
+
+    name = "detection"
+    may_block = True
+
+    def __init__(
+        self,
+        ranks: Callable[[], Iterable[RankProcess]],
+        events: EventLog,
+        host: str,
+        settings: DetectionSettings | None = None,
+        proc_root: Path = Path("/proc"),
+        collectives: CollectiveSource | None = None,
+        peers: Callable[[], Iterable[RankSignals]] | None = None,
+    ) -> None:
+        settings = settings or DetectionSettings()
+        self._ranks = ranks
+        self._peers = peers
+        self._host = host
+        #: The last round's signals, with when it ended (read by other threads: swapped whole).
+        self._latest: tuple[float, list[RankSignals]] = (0.0, [])
+        self.events = events
+        self.sampler = SignalSampler(proc_root, collectives)
+        self.detector = StragglerDetector(host, settings.detector)
+        self.hangs = HangWatch(host, settings.hang, proc_root)
+        self._counts: Counter[str] = Counter()
+
+    def collect(self) -> Sequence[Sample]:
+        now_mono, now_unix = time.monotonic(), time.time()
+        signals = self.sampler.sample(self._ranks(), now_mono)
+        self._latest = (now_unix, signals)
+        peers = self._peers() if self._peers is not None else ()
+        events = self.detector.update(signals, now_unix, peers)
+        events += self.hangs.update(signals, now_mono, now_unix)
+        self.events.add(events)
+        self._counts.update(e.kind.value for e in events)
+        out = []
+        jobs = set()
+        for s in signals:
+            labels = {"job_id": s.job_id, "rank": str(s.rank)}
+            state = self.detector.state_of(s.job_id, s.rank).state
+            jobs.add(s.job_id)
+            out += [
+                sample(m.RANK_CPU_WAIT, s.cpu_wait_share, labels),
+                sample(m.RANK_IO, s.io_bytes / s.interval_s, labels),
+                sample(m.SUSPECTED, float(state is not State.OK), labels),
+                sample(m.CONFIRMED, float(state is State.CONFIRMED), labels),
+            ]
+        hung = self.hangs.hung_jobs()
+        out += [sample(m.HANG, float(job in hung), {"job_id": job}) for job in sorted(jobs)]
+        out += [
+            sample(m.EVENTS, float(self._counts[k.value]), {"kind": k.value})
+            for k in DetectionKind
+            if k is not DetectionKind.UNSPECIFIED
+        ]
+        return out
+
+    def rank_signals(self, job_id: str = "") -> list[RankSignal]:
+        """The last round's signals of this node's ranks (of one job), for its peers."""
+        end_unix, signals = self._latest
+        return [
+            to_record(s, self._host, end_unix) for s in signals if not job_id or s.job_id == job_id
+        ]

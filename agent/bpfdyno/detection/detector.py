@@ -1,0 +1,135 @@
+"""The straggler detector: each interval's rank signals in, events out.
+
+For every job, each score of `SCORES` is compared across the job's ranks (`outliers`); a rank
+that stands out in any score had an outlier interval, and `step` (the hysteresis) decides
+whether that makes an event. Ranks are keyed by (job, rank): a rank restarted under a new pid
+keeps its history. A rank that stops reporting (its process exited) is forgotten.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from bpfdyno.detection.outliers import Hysteresis, RankState, Transition, outliers, step
+from bpfdyno.detection.signals import RankSignals
+from bpfdyno.rpc.detection import DetectionEvent, DetectionKind, SignalEvidence
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    """One way a rank can stand out: its value per interval, and the least excess over the
+    job's median that counts (below it a difference is jitter, however many MADs)."""
+
+    name: str
+    value: Callable[[RankSignals], float]
+    floor: float
+    relative: float  # ... and the least excess as a multiple of the median
+    says: str  # how the summary words it
+
+
+SCORES: tuple[Score, ...] = (
+    # A rank its machine holds back: its threads wanted a CPU (run queue, CPU quota). On the
+    # real 4-rank job healthy ranks' waits were 0.06-0.3 thread-seconds per second (twice the
+    # median seen in one interval, jitter), a rank sharing its CPU with a hog 1.0-1.2 against
+    # a median of 0.1: at least 2.5 times the median counts.
+    Score("cpu_wait_share", lambda s: s.cpu_wait_share, 0.05, 1.5, "waited for a CPU"),
+    # A rank its peers waited for at collectives (NCCL's profiler, when plugged in).
+    Score(
+        "late_share", lambda s: s.late_s / s.interval_s, 0.05, 1.0, "arrived late at collectives"
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorSettings:
+    k: float = 3.0  # robust standard deviations above the median that make an outlier
+    hysteresis: Hysteresis = field(default_factory=Hysteresis)
+
+
+class StragglerDetector:
+    """Keeps each rank's hysteresis state; `update` turns one interval into events."""
+
+    def __init__(self, host: str, settings: DetectorSettings | None = None) -> None:
+        self.host = host
+        self.settings = settings or DetectorSettings()
+        self._states: dict[tuple[str, int], RankState] = {}
+
+    def state_of(self, job_id: str, rank: int) -> RankState:
+        return self._states.get((job_id, rank), RankState())
+
+    def update(
+        self,
+        signals: Iterable[RankSignals],
+        now_unix: float,
+        peers: Iterable[RankSignals] = (),
+    ) -> list[DetectionEvent]:
+        """The events of one interval: this node's ranks' signals, compared with each other
+        and with ``peers``' (the same jobs' ranks on other nodes, pulled from their agents;
+        their events are their own agents' to emit)."""
+        jobs: dict[str, dict[int, RankSignals]] = {}
+        for s in signals:
+            jobs.setdefault(s.job_id, {})[s.rank] = s
+        remote: dict[str, dict[int, RankSignals]] = {}
+        for s in peers:
+            if s.job_id in jobs and s.rank not in jobs[s.job_id]:
+                remote.setdefault(s.job_id, {})[s.rank] = s
+        events: list[DetectionEvent] = []
+        states: dict[tuple[str, int], RankState] = {}
+        for job_id, ranks in sorted(jobs.items()):
+            evidence = self._evidence({**remote.get(job_id, {}), **ranks})
+            for rank, s in sorted(ranks.items()):
+                key = (job_id, rank)
+                new, transition = step(
+                    self._states.get(key, RankState()), rank in evidence, self.settings.hysteresis
+                )
+                states[key] = new
+                if transition is not None:
+                    events.append(self._event(transition, s, evidence.get(rank, ()), now_unix))
+        self._states = states
+        return events
+
+    def _evidence(self, ranks: dict[int, RankSignals]) -> dict[int, tuple[SignalEvidence, ...]]:
+        """Per outlier rank, the scores it stood out in, each beside the job's median."""
+        found: dict[int, list[SignalEvidence]] = {}
+        for score in SCORES:
+            values = {r: score.value(s) for r, s in ranks.items()}
+            values = {r: v for r, v in values.items() if not math.isnan(v)}
+            flagged = outliers(values, self.settings.k, score.floor, score.relative)
+            if not flagged:
+                continue
+            median = statistics.median(values.values())
+            for rank in flagged:
+                found.setdefault(rank, []).append(SignalEvidence(score.name, values[rank], median))
+        return {r: tuple(e) for r, e in found.items()}
+
+    def _event(
+        self,
+        transition: Transition,
+        s: RankSignals,
+        evidence: tuple[SignalEvidence, ...],
+        now_unix: float,
+    ) -> DetectionEvent:
+        kind = DetectionKind[transition.name]
+        if transition is Transition.CLEARED:
+            summary = f"job {s.job_id} rank {s.rank} no longer stands out"
+        else:
+            says = {sc.name: sc.says for sc in SCORES}
+            what = "; ".join(
+                f"{says[e.name]}: {e.value:.2f} against the job's median {e.job_median:.2f}"
+                f" ({e.name})"
+                for e in evidence
+            )
+            summary = f"job {s.job_id} rank {s.rank} {kind.value} straggler: {what}"
+        return DetectionEvent(
+            kind=kind,
+            job_id=s.job_id,
+            rank=s.rank,
+            pid=s.pid,
+            host=self.host,
+            unix_seconds=now_unix,
+            summary=summary,
+            evidence=evidence,
+        )

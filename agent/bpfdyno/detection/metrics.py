@@ -1,0 +1,59 @@
+"""The detection's metrics: each rank's always-on signal and what the detector decided, for
+fleets that alert from Prometheus (deploy/prometheus/bpfdyno-rules.yml).
+
+The job's label is ``job_id``: Prometheus gives every scraped series a ``job`` of its own
+(the scrape job), which would rename ours."""
+
+from __future__ import annotations
+
+from bpfdyno.core.metrics import MetricKind, MetricTable
+
+TABLE = MetricTable("detection")
+
+RANK_CPU_WAIT = TABLE.declare(
+    "rank_cpu_wait_ratio",
+    MetricKind.RATIO,
+    "ratio",
+    "Thread-seconds per second a training rank's threads were runnable but not on a CPU "
+    "(run-queue wait, CPU-quota throttling included) over the last detection interval; "
+    "ranks are registered trainers whose environment names a RANK.",
+    ("job_id", "rank"),
+)
+RANK_IO = TABLE.declare(
+    "rank_io_bytes_per_second",
+    MetricKind.RATE,
+    "bytes/s",
+    "Bytes a training rank's read and write calls moved per second (sockets included) over "
+    "the last detection interval: 0 for all of a job's ranks while it hangs.",
+    ("job_id", "rank"),
+)
+SUSPECTED = TABLE.declare(
+    "straggler_suspected",
+    MetricKind.GAUGE,
+    "boolean",
+    "1 while the detector holds this rank suspected or confirmed as its job's straggler "
+    "(it stood out from the job's median in enough of the last intervals), 0 otherwise.",
+    ("job_id", "rank"),
+)
+CONFIRMED = TABLE.declare(
+    "straggler_confirmed",
+    MetricKind.GAUGE,
+    "boolean",
+    "1 while the detector holds this rank confirmed as its job's straggler, 0 otherwise.",
+    ("job_id", "rank"),
+)
+HANG = TABLE.declare(
+    "job_hang",
+    MetricKind.GAUGE,
+    "boolean",
+    "1 while this job's ranks on this node have moved no bytes for [detection] "
+    "hang_after_s or longer, 0 otherwise.",
+    ("job_id",),
+)
+EVENTS = TABLE.declare(
+    "detection_events_total",
+    MetricKind.COUNTER,
+    "events",
+    "Detection events since the agent started, by kind (suspected, confirmed, cleared, hang).",
+    ("kind",),
+)

@@ -1,0 +1,302 @@
+"""Always-on per-rank signals: what each rank of a training job did in the last interval.
+
+The ranks are the registered trainers (`bpfdyno.tracing.trainers`) whose environment names
+a ``RANK`` (torchrun, SLURM launchers and mpirun set it; read once per process lifetime);
+their job is the trainer's ``$SLURM_JOB_ID``, or without one torchrun's run id or the
+rendezvous address (``MASTER_ADDR:MASTER_PORT``), so two jobs on a node are never compared. Per
+rank and interval the signal is read from what the kernel already keeps for every task, so
+nothing is attached and nothing runs between readings:
+
+* ``/proc/<pid>/task/*/schedstat``: each thread's on-CPU time and run-queue wait (the
+  scheduler's own ``sched_info``), summed over the rank's threads;
+* the main thread's off-CPU time that was not run-queue wait: time it slept, which for a
+  rank of a synchronous job is mostly time waiting for its peers (gloo's callers wait on a
+  condition variable, not on the socket, so the socket itself is not visible without a probe);
+* ``/proc/<pid>/io`` ``rchar + wchar``: bytes moved through read/write calls, sockets
+  included: the progress a hang stops;
+* the CPU-quota throttling of the rank's cgroups (`CpuQuotaReader`): a throttled thread stays
+  runnable, so its time is part of the run-queue wait; this says why the rank waited.
+
+Collective times from NCCL come from another module through `CollectiveSource`; without one
+those fields are NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from bpfdyno.core import pidfs
+from bpfdyno.rpc.detection import RankSignal
+from bpfdyno.tracing.capture.cpu_quota import CpuQuotaReader
+
+NAN = float("nan")
+
+
+@dataclass(frozen=True, slots=True)
+class RankProcess:
+    """A process to watch as a rank: a registered trainer's pid and job."""
+
+    pid: int
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveTimes:
+    """Cumulative collective times of one rank (from NCCL's profiler, say)."""
+
+    in_collective_ns: int  # time between entering and leaving collectives
+    late_ns: int  # time its peers waited for it to arrive
+
+
+class CollectiveSource(Protocol):
+    """Where cumulative collective times of a pid come from (None: not known for it)."""
+
+    def collective_times(self, pid: int) -> CollectiveTimes | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RankSignals:
+    """What one rank did in one interval (times in seconds of the interval).
+
+    Attributes:
+        oncpu_s, runq_wait_s: summed over the rank's threads (thread-seconds).
+        main_waiting_s: the main thread's off-CPU time that was not run-queue wait.
+        throttled_s: time its cgroup (or an ancestor with a quota) was throttled.
+        io_bytes: bytes its read/write calls moved (sockets included).
+        in_collective_s, late_s: from a `CollectiveSource` (NaN without one).
+        host: "" for this node's ranks, the peer's host for a rank pulled from a peer.
+    """
+
+    job_id: str
+    rank: int
+    pid: int
+    end_mono: float
+    interval_s: float
+    oncpu_s: float
+    runq_wait_s: float
+    main_waiting_s: float
+    throttled_s: float
+    io_bytes: int
+    in_collective_s: float = NAN
+    late_s: float = NAN
+    host: str = ""  # "" on this node; a peer agent's host for signals pulled from it
+
+    @property
+    def cpu_wait_share(self) -> float:
+        """Thread-seconds per second the rank wanted a CPU and did not get one: the score of a
+        rank its machine holds back. A thread its CPU quota throttles stays runnable, so
+        that time is already run-queue wait (``throttled_s`` says how much of it was)."""
+        return self.runq_wait_s / self.interval_s
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """Cumulative counters of one process at one moment."""
+
+    mono: float
+    oncpu_ns: int
+    runq_ns: int
+    main_oncpu_ns: int
+    main_runq_ns: int
+    throttled_ns: int
+    io_bytes: int
+    collective: CollectiveTimes | None
+
+
+def read_small(path: str) -> bytes | None:
+    """A small /proc file's bytes (None when it is gone): os.open/os.read, a third of the
+    cost of open() for the hundreds of files a round reads."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_schedstat(path: str) -> tuple[int, int] | None:
+    """(on-CPU ns, run-queue wait ns) of one task, None when it is gone."""
+    data = read_small(path)
+    if data is None:
+        return None
+    fields = data.split()
+    try:
+        return int(fields[0]), int(fields[1])
+    except (ValueError, IndexError):
+        return None
+
+
+def read_io_bytes(proc_root: Path, pid: int) -> int | None:
+    """``rchar + wchar`` of a process, None when it is gone or unreadable."""
+    data = read_small(f"{os.fspath(proc_root)}/{pid}/io")
+    if data is None:
+        return None
+    total = 0
+    for line in data.splitlines():
+        name, _, value = line.partition(b":")
+        if name in (b"rchar", b"wchar"):
+            total += int(value)
+    return total
+
+
+class SignalSampler:
+    """Reads the ranks' counters each interval and returns what each did since the last.
+
+    A process is read the first time to have a base: it has a signal from its second
+    interval on. A pid whose start time changed is a new process (pids are reused).
+
+    Args:
+        proc_root: ``/proc`` (a fixture tree in tests).
+        collectives: collective times per pid, when a module provides them.
+    """
+
+    def __init__(
+        self, proc_root: Path = Path("/proc"), collectives: CollectiveSource | None = None
+    ) -> None:
+        self._proc = proc_root
+        self._collectives = collectives
+        self._quota = CpuQuotaReader(proc_root)
+        self._last: dict[int, tuple[int, _Reading]] = {}  # pid -> (start ticks, reading)
+        #: (pid, start) -> (RANK, the job's key from the environment), or None: not a rank.
+        self._ranks: dict[tuple[int, int], tuple[int, str] | None] = {}
+
+    def sample(self, processes: Iterable[RankProcess], now_mono: float) -> list[RankSignals]:
+        """The signals of every rank among ``processes`` over the interval that ends now."""
+        out: list[RankSignals] = []
+        seen: dict[int, tuple[int, _Reading]] = {}
+        for p in processes:
+            stat = pidfs.read_stat(self._proc, p.pid)
+            if stat is None:
+                continue
+            key = (p.pid, stat.start_ticks)
+            if key not in self._ranks:
+                self._ranks[key] = _rank_of(self._proc, p.pid)
+            identity = self._ranks[key]
+            if identity is None:
+                continue  # a launcher, a DataLoader worker, a single-process trainer
+            rank, env_job = identity
+            if p.job_id in ("", "0") and env_job:
+                p = RankProcess(p.pid, env_job)
+            reading = self._read(p.pid, now_mono)
+            if reading is None:
+                continue
+            seen[p.pid] = (stat.start_ticks, reading)
+            last = self._last.get(p.pid)
+            if last is not None and last[0] == stat.start_ticks and reading.mono > last[1].mono:
+                out.append(_signals(p, rank, last[1], reading))
+        self._last = seen
+        self._ranks = {k: v for k, v in self._ranks.items() if k[0] in seen}
+        return out
+
+    def _read(self, pid: int, now_mono: float) -> _Reading | None:
+        task_dir = f"{os.fspath(self._proc)}/{pid}/task"
+        try:
+            tids = os.listdir(task_dir)
+        except OSError:
+            return None
+        oncpu = runq = 0
+        main: tuple[int, int] | None = None
+        for tid in tids:
+            times = read_schedstat(f"{task_dir}/{tid}/schedstat")
+            if times is None:
+                continue  # the thread exited between the listing and the read
+            oncpu += times[0]
+            runq += times[1]
+            if tid == str(pid):
+                main = times
+        io = read_io_bytes(self._proc, pid)
+        if main is None or io is None:
+            return None
+        throttled = sum(s.throttled_ns for s in self._quota.sample(pid))
+        collective = self._collectives.collective_times(pid) if self._collectives else None
+        return _Reading(now_mono, oncpu, runq, main[0], main[1], throttled, io, collective)
+
+
+#: What names a job when the scheduler gave none (no ``$SLURM_JOB_ID``): torchrun's run id,
+#: else the rendezvous address all ranks share.
+_JOB_VARS = ("RANK", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _rank_of(proc_root: Path, pid: int) -> tuple[int, str] | None:
+    """(its RANK, a job key from its environment or "") of a process; None: no rank."""
+    env = pidfs.read_environ(proc_root, pid, _JOB_VARS)
+    rank = env.get("RANK", "")
+    if not rank.isdigit():
+        return None
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    if run_id and run_id != "none":
+        return int(rank), run_id
+    if env.get("MASTER_ADDR"):
+        return int(rank), f"{env['MASTER_ADDR']}:{env.get('MASTER_PORT', '')}"
+    return int(rank), ""
+
+
+def _signals(p: RankProcess, rank: int, a: _Reading, b: _Reading) -> RankSignals:
+    interval = b.mono - a.mono
+    main_busy_ns = (b.main_oncpu_ns - a.main_oncpu_ns) + (b.main_runq_ns - a.main_runq_ns)
+    in_coll = late = NAN
+    if a.collective is not None and b.collective is not None:
+        in_coll = (b.collective.in_collective_ns - a.collective.in_collective_ns) / 1e9
+        late = (b.collective.late_ns - a.collective.late_ns) / 1e9
+    return RankSignals(
+        job_id=p.job_id,
+        rank=rank,
+        pid=p.pid,
+        end_mono=b.mono,
+        interval_s=interval,
+        oncpu_s=(b.oncpu_ns - a.oncpu_ns) / 1e9,
+        runq_wait_s=(b.runq_ns - a.runq_ns) / 1e9,
+        # Clock and accounting differ by microseconds: never below zero.
+        main_waiting_s=max(0.0, interval - main_busy_ns / 1e9),
+        throttled_s=max(0, b.throttled_ns - a.throttled_ns) / 1e9,
+        io_bytes=max(0, b.io_bytes - a.io_bytes),
+        in_collective_s=in_coll,
+        late_s=late,
+    )
+
+
+def to_record(s: RankSignals, host: str, end_unix: float) -> RankSignal:
+    """A rank's signals in the API's words, for the job's other agents."""
+    return RankSignal(
+        job_id=s.job_id,
+        rank=s.rank,
+        pid=s.pid,
+        host=s.host or host,
+        end_unix_seconds=end_unix,
+        interval_seconds=s.interval_s,
+        oncpu_seconds=s.oncpu_s,
+        runq_wait_seconds=s.runq_wait_s,
+        main_waiting_seconds=s.main_waiting_s,
+        throttled_seconds=s.throttled_s,
+        io_bytes=s.io_bytes,
+        in_collective_seconds=None if math.isnan(s.in_collective_s) else s.in_collective_s,
+        late_seconds=None if math.isnan(s.late_s) else s.late_s,
+    )
+
+
+def from_record(r: RankSignal) -> RankSignals:
+    """A peer's rank, as the detector compares it (``host`` says it is not this node's)."""
+    return RankSignals(
+        job_id=r.job_id,
+        rank=r.rank,
+        pid=r.pid,
+        end_mono=NAN,  # its clock, not ours: the detector does not use it
+        interval_s=r.interval_seconds,
+        oncpu_s=r.oncpu_seconds,
+        runq_wait_s=r.runq_wait_seconds,
+        main_waiting_s=r.main_waiting_seconds,
+        throttled_s=r.throttled_seconds,
+        io_bytes=r.io_bytes,
+        in_collective_s=NAN if r.in_collective_seconds is None else r.in_collective_seconds,
+        late_s=NAN if r.late_seconds is None else r.late_seconds,
+        host=r.host,
+    )

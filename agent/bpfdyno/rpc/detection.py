@@ -1,0 +1,114 @@
+"""The Detection service's records (``detection.proto``): events about straggling and hung
+ranks that the agent found by itself (docs/detection.md)."""
+
+from __future__ import annotations
+
+import enum
+
+from bpfdyno.rpc.v1 import detection_pb2 as pb
+from bpfdyno.rpc.wire import record
+
+
+class DetectionKind(enum.Enum):
+    UNSPECIFIED = "unspecified"
+    SUSPECTED = "suspected"
+    CONFIRMED = "confirmed"
+    CLEARED = "cleared"
+    HANG = "hang"
+
+
+class HangState(enum.Enum):
+    """What the rank that holds a hung job is doing."""
+
+    STOPPED = "stopped"  # a stop signal (SIGSTOP, a debugger): state T or t
+    BLOCKED_READ = "blocked_read"  # asleep in a read on a pipe, FIFO, file or terminal
+    SPINNING = "spinning"  # running: on a CPU, making no progress others can see
+    WAITING = "waiting"  # waiting like its peers: no rank stands out
+
+
+@record(pb.SignalEvidence)
+class SignalEvidence:
+    name: str
+    value: float
+    job_median: float
+
+
+@record(pb.ThreadReport)
+class ThreadReport:
+    tid: int
+    comm: str = ""
+    state: str = ""
+    syscall: str = ""
+    wchan: str = ""
+    waiting_on: str = ""
+    offcpu_seconds: float = 0.0
+    oncpu_share: float = 0.0
+
+
+@record(pb.DetectionEvent)
+class DetectionEvent:
+    """One event: a rank suspected, confirmed or cleared as a straggler, or a hang.
+
+    Attributes:
+        host: the agent's host name (the node that saw it).
+        unix_seconds: when the agent decided, wall clock.
+        summary: one line that says what was seen, for logs and ``bpfdyno events``.
+        evidence: the signals of the interval that decided, each beside the job's median.
+        hang_state, threads: hangs only (`HangState` words; "" otherwise).
+    """
+
+    kind: DetectionKind
+    job_id: str
+    rank: int
+    pid: int
+    host: str
+    unix_seconds: float
+    summary: str = ""
+    evidence: tuple[SignalEvidence, ...] = ()
+    hang_state: str = ""
+    threads: tuple[ThreadReport, ...] = ()
+
+
+@record(pb.WatchEventsRequest, zero_is_default=True)
+class WatchEventsRequest:
+    job_id: str = ""
+
+
+@record(pb.ListEventsRequest, zero_is_default=True)
+class ListEventsRequest:
+    job_id: str = ""
+
+
+@record(pb.ListEventsResponse)
+class ListEventsResponse:
+    events: tuple[DetectionEvent, ...] = ()
+
+
+@record(pb.RankSignal)
+class RankSignal:
+    """What one rank did in one interval, as a job's agents exchange it (times in seconds;
+    collective times None when unknown)."""
+
+    job_id: str
+    rank: int
+    pid: int
+    host: str
+    end_unix_seconds: float
+    interval_seconds: float
+    oncpu_seconds: float = 0.0
+    runq_wait_seconds: float = 0.0
+    main_waiting_seconds: float = 0.0
+    throttled_seconds: float = 0.0
+    io_bytes: int = 0
+    in_collective_seconds: float | None = None
+    late_seconds: float | None = None
+
+
+@record(pb.GetRankSignalsRequest, zero_is_default=True)
+class GetRankSignalsRequest:
+    job_id: str = ""
+
+
+@record(pb.GetRankSignalsResponse)
+class GetRankSignalsResponse:
+    signals: tuple[RankSignal, ...] = ()

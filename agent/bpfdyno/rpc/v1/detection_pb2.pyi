@@ -1,0 +1,135 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DetectionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DETECTION_KIND_UNSPECIFIED: _ClassVar[DetectionKind]
+    DETECTION_KIND_SUSPECTED: _ClassVar[DetectionKind]
+    DETECTION_KIND_CONFIRMED: _ClassVar[DetectionKind]
+    DETECTION_KIND_CLEARED: _ClassVar[DetectionKind]
+    DETECTION_KIND_HANG: _ClassVar[DetectionKind]
+DETECTION_KIND_UNSPECIFIED: DetectionKind
+DETECTION_KIND_SUSPECTED: DetectionKind
+DETECTION_KIND_CONFIRMED: DetectionKind
+DETECTION_KIND_CLEARED: DetectionKind
+DETECTION_KIND_HANG: DetectionKind
+
+class SignalEvidence(_message.Message):
+    __slots__ = ("name", "value", "job_median")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    JOB_MEDIAN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: float
+    job_median: float
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[float] = ..., job_median: _Optional[float] = ...) -> None: ...
+
+class ThreadReport(_message.Message):
+    __slots__ = ("tid", "comm", "state", "syscall", "wchan", "waiting_on", "offcpu_seconds", "oncpu_share")
+    TID_FIELD_NUMBER: _ClassVar[int]
+    COMM_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SYSCALL_FIELD_NUMBER: _ClassVar[int]
+    WCHAN_FIELD_NUMBER: _ClassVar[int]
+    WAITING_ON_FIELD_NUMBER: _ClassVar[int]
+    OFFCPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ONCPU_SHARE_FIELD_NUMBER: _ClassVar[int]
+    tid: int
+    comm: str
+    state: str
+    syscall: str
+    wchan: str
+    waiting_on: str
+    offcpu_seconds: float
+    oncpu_share: float
+    def __init__(self, tid: _Optional[int] = ..., comm: _Optional[str] = ..., state: _Optional[str] = ..., syscall: _Optional[str] = ..., wchan: _Optional[str] = ..., waiting_on: _Optional[str] = ..., offcpu_seconds: _Optional[float] = ..., oncpu_share: _Optional[float] = ...) -> None: ...
+
+class DetectionEvent(_message.Message):
+    __slots__ = ("kind", "job_id", "rank", "pid", "host", "unix_seconds", "summary", "evidence", "hang_state", "threads")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    HANG_STATE_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    kind: DetectionKind
+    job_id: str
+    rank: int
+    pid: int
+    host: str
+    unix_seconds: float
+    summary: str
+    evidence: _containers.RepeatedCompositeFieldContainer[SignalEvidence]
+    hang_state: str
+    threads: _containers.RepeatedCompositeFieldContainer[ThreadReport]
+    def __init__(self, kind: _Optional[_Union[DetectionKind, str]] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., unix_seconds: _Optional[float] = ..., summary: _Optional[str] = ..., evidence: _Optional[_Iterable[_Union[SignalEvidence, _Mapping]]] = ..., hang_state: _Optional[str] = ..., threads: _Optional[_Iterable[_Union[ThreadReport, _Mapping]]] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ListEventsRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ListEventsResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[DetectionEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[DetectionEvent, _Mapping]]] = ...) -> None: ...
+
+class RankSignal(_message.Message):
+    __slots__ = ("job_id", "rank", "pid", "host", "end_unix_seconds", "interval_seconds", "oncpu_seconds", "runq_wait_seconds", "main_waiting_seconds", "throttled_seconds", "io_bytes", "in_collective_seconds", "late_seconds")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ONCPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RUNQ_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAIN_WAITING_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IO_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IN_COLLECTIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LATE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    pid: int
+    host: str
+    end_unix_seconds: float
+    interval_seconds: float
+    oncpu_seconds: float
+    runq_wait_seconds: float
+    main_waiting_seconds: float
+    throttled_seconds: float
+    io_bytes: int
+    in_collective_seconds: float
+    late_seconds: float
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., end_unix_seconds: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., oncpu_seconds: _Optional[float] = ..., runq_wait_seconds: _Optional[float] = ..., main_waiting_seconds: _Optional[float] = ..., throttled_seconds: _Optional[float] = ..., io_bytes: _Optional[int] = ..., in_collective_seconds: _Optional[float] = ..., late_seconds: _Optional[float] = ...) -> None: ...
+
+class GetRankSignalsRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class GetRankSignalsResponse(_message.Message):
+    __slots__ = ("signals",)
+    SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    signals: _containers.RepeatedCompositeFieldContainer[RankSignal]
+    def __init__(self, signals: _Optional[_Iterable[_Union[RankSignal, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,107 @@
+"""Time to detect a straggler on the real 4-rank job: a CPU hog started at random moments.
+
+Run as root, as one command: ``python tests/bench/bench_detection_time.py [--injections 5]
+[--healthy 120]``.
+
+It starts the job of `tests/tracing/straggler_job.py` (4 ranks on gloo, each in its own network
+namespace; rank 2 alone on CPU 1, the others on CPU 0) with an agent running only the tracing
+component and the detection collector at its defaults (5 s interval, suspected at 2 of 6
+outlier intervals, confirmed at 3, cleared at 1 or fewer), watches ``--healthy`` seconds (once
+the start-up's suspicions cleared) for events (each printed with other work's share of the
+rank's CPU in the 15 s before it: see the e2e test),
+then ``--injections`` times: waits a random 0-5 s, starts the CPU hog on rank 2's CPU, records
+when "suspected" and "confirmed" arrive (and for which rank), removes the hog, and records
+when "cleared" arrives. Reported: each injection's times, and the median and range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tracing"))
+
+from straggler_job import StragglerJob, short_base, wait_for
+from test_detection_e2e import CPUS, HOG_RANK, ForeignLoad, Watcher, all_clear
+
+from bpfdyno.rpc.detection import DetectionKind
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--injections", type=int, default=5)
+    p.add_argument("--healthy", type=float, default=120.0)
+    args = p.parse_args()
+    base = short_base()
+    job = StragglerJob(base, 4, CPUS)
+    text = job.agent.config.read_text()
+    job.agent.config.write_text(
+        text.replace(
+            "[collectors.detection]\nenabled = false", "[collectors.detection]\nenabled = true"
+        )
+    )
+    rows = []
+    try:
+        job.start()
+        watcher = Watcher(str(job.agent.sock))
+        wait_for(lambda: all_clear(watcher), 120, "the start-up's suspicions to clear", step=0.5)
+        foreign = ForeignLoad(job)
+        t_h = time.monotonic()
+        time.sleep(args.healthy)
+        foreign.close()
+        alarms = [(at, e) for at, e in watcher.since(t_h) if e.kind is not DetectionKind.CLEARED]
+        print(f"healthy {args.healthy:.0f} s: {len(alarms)} suspicions", flush=True)
+        for at, e in alarms:
+            other = foreign.share(CPUS[e.rank], at - 15.0, at)
+            print(f"  {e.summary} (other work: {other:.0%} of its CPU)", flush=True)
+
+        def wait_seen(kind: DetectionKind, since: float) -> None:
+            def seen() -> bool:
+                return any(e.kind is kind for _, e in watcher.since(since))
+
+            wait_for(seen, 120, kind.value, step=0.2)
+
+        for i in range(args.injections):
+            wait_for(lambda: all_clear(watcher), 120, "every rank to be cleared", step=0.5)
+            time.sleep(random.uniform(0.0, 5.0))
+            with job.cpu_hog(HOG_RANK):
+                t0 = time.monotonic()
+
+                wait_seen(DetectionKind.CONFIRMED, t0)
+                t1 = time.monotonic()
+            wait_seen(DetectionKind.CLEARED, t1)
+            got = {e.kind: (at, e.rank) for at, e in reversed(watcher.since(t0))}
+            row = (
+                got[DetectionKind.SUSPECTED][0] - t0,
+                got[DetectionKind.CONFIRMED][0] - t0,
+                got[DetectionKind.CLEARED][0] - t1,
+                {r for _, r in got.values()},
+            )
+            rows.append(row)
+            print(
+                f"injection {i + 1}: suspected {row[0]:.1f} s, confirmed {row[1]:.1f} s, "
+                f"cleared {row[2]:.1f} s after the hog ended; ranks named {sorted(row[3])}",
+                flush=True,
+            )
+        watcher.close()
+    finally:
+        job.close()
+        shutil.rmtree(base, ignore_errors=True)
+    for name, k in (("suspected", 0), ("confirmed", 1), ("cleared", 2)):
+        values = [r[k] for r in rows]
+        print(
+            f"{name}: median {statistics.median(values):.1f} s, range {min(values):.1f}-"
+            f"{max(values):.1f} s over {len(values)} injections"
+        )
+    right = sum(r[3] == {HOG_RANK} for r in rows)
+    print(f"right rank (and only it) in {right} of {len(rows)} injections")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

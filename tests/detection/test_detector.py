@@ -1,0 +1,107 @@
+"""The straggler detector: intervals of known signals in, exact events out."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from bpfdyno.detection.detector import StragglerDetector
+from bpfdyno.detection.outliers import State
+from bpfdyno.detection.signals import RankSignals
+from bpfdyno.rpc.detection import DetectionEvent, DetectionKind
+
+
+def sig(rank: int, runq: float, job: str = "7", late: float = float("nan")) -> RankSignals:
+    return RankSignals(
+        job_id=job,
+        rank=rank,
+        pid=1000 + rank,
+        end_mono=0.0,
+        interval_s=5.0,
+        oncpu_s=1.0,
+        runq_wait_s=runq,
+        main_waiting_s=4.0,
+        throttled_s=0.0,
+        io_bytes=1 << 20,
+        late_s=late,
+    )
+
+
+def interval(slow: dict[int, float], job: str = "7", n: int = 4) -> list[RankSignals]:
+    """One interval of ``n`` ranks with run-queue waits of 0.05 s except those in ``slow``."""
+    return [sig(r, slow.get(r, 0.05 + 0.01 * r), job) for r in range(n)]
+
+
+def test_a_held_back_rank_is_suspected_then_confirmed_then_cleared() -> None:
+    d = StragglerDetector("node-a")
+    kinds = []
+    for t, slow in enumerate([{}, {2: 2.0}, {2: 2.0}, {2: 2.0}, {}, {}, {}, {}, {}]):
+        for e in d.update(interval(slow), now_unix=100.0 + t):
+            kinds.append((t, e.kind, e.rank))
+    assert kinds == [
+        (2, DetectionKind.SUSPECTED, 2),
+        (3, DetectionKind.CONFIRMED, 2),
+        (8, DetectionKind.CLEARED, 2),
+    ]
+
+
+def test_the_event_carries_the_evidence_and_says_it() -> None:
+    d = StragglerDetector("node-a")
+    d.update(interval({1: 1.5}), now_unix=10.0)
+    (event,) = d.update(interval({1: 1.5}), now_unix=15.0)
+    # Scores: 0.01, 0.3, 0.014, 0.016 per second; the median of the four is 0.015.
+    (ev,) = event.evidence
+    assert (ev.name, ev.value, ev.job_median) == ("cpu_wait_share", 0.3, pytest.approx(0.015))
+    assert replace(event, evidence=()) == DetectionEvent(
+        kind=DetectionKind.SUSPECTED,
+        job_id="7",
+        rank=1,
+        pid=1001,
+        host="node-a",
+        unix_seconds=15.0,
+        summary="job 7 rank 1 suspected straggler: waited for a CPU: 0.30 against the job's "
+        "median 0.02 (cpu_wait_share)",
+    )
+
+
+def test_all_ranks_slowing_alike_and_single_noisy_intervals_emit_nothing() -> None:
+    d = StragglerDetector("node-a")
+    events = []
+    for t in range(12):
+        alike = {r: 2.0 + 0.01 * r for r in range(4)} if t >= 3 else {}
+        noisy = {t % 4: 3.0} if t % 5 == 0 else {}  # one rank, one interval, now and then
+        events += d.update(interval({**alike, **noisy}), now_unix=float(t))
+    assert events == []
+
+
+def test_jobs_are_compared_apart() -> None:
+    d = StragglerDetector("node-a")
+    # Job 8's ranks all wait 2 s: against job 7's they would stand out, against theirs not.
+    for t in range(4):
+        events = d.update(
+            interval({}, job="7") + interval({r: 2.0 for r in range(3)}, job="8", n=3),
+            now_unix=float(t),
+        )
+        assert events == []
+
+
+def test_a_rank_that_leaves_is_forgotten() -> None:
+    d = StragglerDetector("node-a")
+    d.update(interval({3: 2.0}), now_unix=0.0)
+    assert d.state_of("7", 3).history == (True,)
+    d.update(interval({}, n=3), now_unix=1.0)
+    assert d.state_of("7", 3).state is State.OK
+    assert d.state_of("7", 3).history == ()
+
+
+def test_late_arrival_from_collectives_counts_when_known() -> None:
+    d = StragglerDetector("node-a")
+    events = []
+    for t in range(2):
+        events += d.update(
+            [sig(r, 0.05, late=3.0 if r == 0 else 0.01 * r) for r in range(4)], float(t)
+        )
+    assert [(e.kind, e.rank, e.evidence[0].name) for e in events] == [
+        (DetectionKind.SUSPECTED, 0, "late_share")
+    ]

@@ -1,0 +1,211 @@
+"""Per-rank signals from real processes: their ranks, the bytes they moved, their run-queue
+wait on a shared CPU, their sleep, their CPU-quota throttling."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bpfdyno.detection.signals import CollectiveTimes, RankProcess, RankSignals, SignalSampler
+
+#: A process that waits for commands on stdin: 'w' writes 1 MiB to /dev/null, 's' spins on the
+#: CPU for a second, 'q' exits; each command is answered with one byte once done (and one
+#: 'r' once it is ready).
+CHILD = """
+import os, time
+null = os.open("/dev/null", os.O_WRONLY)
+block = bytes(1 << 20)
+os.write(1, b"r")  # started: its interpreter's reads are done
+while True:
+    c = os.read(0, 1)
+    if c == b"w":
+        os.write(null, block)
+    elif c == b"s":
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            pass
+    else:
+        break
+    os.write(1, b"d")
+"""
+
+
+class Child:
+    def __init__(self, rank: int | None, cpu: int | None = None) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "RANK"}
+        if rank is not None:
+            env["RANK"] = str(rank)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+        )
+        if cpu is not None:
+            os.sched_setaffinity(self.proc.pid, {cpu})
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, command: bytes) -> None:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(command)
+        self.proc.stdin.flush()
+
+    def done(self) -> None:
+        assert self.proc.stdout
+        assert self.proc.stdout.read(1) == b"d"
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@contextlib.contextmanager
+def children(*ranks: int | None, cpu: int | None = None) -> Iterator[list[Child]]:
+    made = [Child(r, cpu) for r in ranks]
+    try:
+        for c in made:
+            assert c.proc.stdout and c.proc.stdout.read(1) == b"r"
+            wait_asleep(c.pid)
+        yield made
+    finally:
+        for c in made:
+            c.close()
+
+
+def wait_asleep(pid: int) -> None:
+    """Until the process sleeps (in its read of the next command): on a loaded machine it may
+    wait for a CPU between its answer and the read."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat[stat.rfind(")") + 2] == "S":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never went to sleep")
+
+
+def refs(cs: list[Child]) -> list[RankProcess]:
+    return [RankProcess(c.pid, "7") for c in cs]
+
+
+def test_only_processes_with_a_rank_have_signals_from_their_second_reading() -> None:
+    sampler = SignalSampler()
+    with children(3, None) as (ranked, plain):
+        assert sampler.sample(refs([ranked, plain]), time.monotonic()) == []
+        (s,) = sampler.sample(refs([ranked, plain]), time.monotonic())
+        assert (s.job_id, s.rank, s.pid) == ("7", 3, ranked.pid)
+
+
+def test_bytes_moved_are_the_reads_and_writes_of_the_interval() -> None:
+    sampler = SignalSampler()
+    with children(0) as (child,):
+        sampler.sample(refs([child]), time.monotonic())
+        child.send(b"w")
+        child.done()
+        wait_asleep(child.pid)
+        (s,) = sampler.sample(refs([child]), time.monotonic())
+    # The command byte read, 1 MiB written to /dev/null, the answer byte written.
+    assert s.io_bytes == 1 + (1 << 20) + 1
+
+
+def test_a_sleeping_rank_waits_the_whole_interval() -> None:
+    sampler = SignalSampler()
+    with children(1) as (child,):
+        sampler.sample(refs([child]), time.monotonic())
+        time.sleep(0.5)
+        (s,) = sampler.sample(refs([child]), time.monotonic())
+    assert s.interval_s >= 0.5
+    assert s.main_waiting_s == pytest.approx(s.interval_s, abs=0.02)
+    assert s.oncpu_s < 0.02
+    assert s.cpu_wait_share < 0.02
+
+
+def test_two_ranks_sharing_one_cpu_wait_for_it_in_turn() -> None:
+    sampler = SignalSampler()
+    with children(0, 1, cpu=0) as pair:
+        sampler.sample(refs(pair), time.monotonic())
+        for c in pair:
+            c.send(b"s")
+        for c in pair:
+            c.done()
+        signals = sampler.sample(refs(pair), time.monotonic())
+    assert [s.rank for s in signals] == [0, 1]
+    # Each spun for a second of wall time, never sleeping: on the CPU or waiting for it. One
+    # CPU holds at most the interval of both together, so the rest of their two seconds was
+    # run-queue wait, however other work on a loaded machine shared the CPU out.
+    interval = signals[0].interval_s
+    for s in signals:
+        assert s.oncpu_s + s.runq_wait_s > 0.97
+    assert sum(s.oncpu_s for s in signals) <= interval + 0.01
+    assert sum(s.runq_wait_s for s in signals) > 1.95 - interval
+
+
+def test_cpu_quota_throttling_counts_as_waiting_for_a_cpu() -> None:
+    root = Path("/sys/fs/cgroup/cpu")
+    v2 = not (root / "cpu.cfs_quota_us").exists()
+    if v2:
+        root = Path("/sys/fs/cgroup")
+    d = root / f"bpfdyno-detect-{os.getpid()}"
+    d.mkdir()
+    sampler = SignalSampler()
+    try:
+        with children(2) as (child,):
+            if v2:
+                (d / "cpu.max").write_text("10000 100000")
+            else:
+                (d / "cpu.cfs_period_us").write_text("100000")
+                (d / "cpu.cfs_quota_us").write_text("10000")
+            (d / "cgroup.procs").write_text(str(child.pid))
+            sampler.sample(refs([child]), time.monotonic())
+            child.send(b"s")
+            child.done()
+            (s,) = sampler.sample(refs([child]), time.monotonic())
+            (root / "cgroup.procs").write_text(str(child.pid))
+    finally:
+        d.rmdir()
+    # 10 % of a CPU for a second of spinning: held off the CPU most of the second, the cgroup
+    # throttled in most periods (the kernel's throttled time counts only part of the wait).
+    assert s.oncpu_s < 0.2
+    assert s.throttled_s > 0.1
+    assert s.runq_wait_s > 0.6  # a throttled thread stays runnable: it waits in the queue
+    assert s.cpu_wait_share > 0.5
+
+
+class Collectives:
+    """Cumulative collective times per pid, as the NCCL profiler's module hands them."""
+
+    def __init__(self) -> None:
+        self.times: dict[int, CollectiveTimes] = {}
+
+    def collective_times(self, pid: int) -> CollectiveTimes | None:
+        return self.times.get(pid)
+
+
+def test_collective_times_are_differences_when_a_source_gives_them() -> None:
+    coll = Collectives()
+    sampler = SignalSampler(collectives=coll)
+    with children(0, 1) as (a, b):
+        coll.times[a.pid] = CollectiveTimes(in_collective_ns=1_000_000_000, late_ns=0)
+        sampler.sample(refs([a, b]), time.monotonic())
+        coll.times[a.pid] = CollectiveTimes(in_collective_ns=3_500_000_000, late_ns=250_000_000)
+        sa, sb = sampler.sample(refs([a, b]), time.monotonic())
+    assert (sa.in_collective_s, sa.late_s) == (2.5, 0.25)
+    assert sb.in_collective_s != sb.in_collective_s  # NaN: nothing known for it
+    assert isinstance(sb, RankSignals)
+
+
+def test_a_process_gone_has_no_signal() -> None:
+    sampler = SignalSampler()
+    with children(0, 1) as (a, b):
+        sampler.sample(refs([a, b]), time.monotonic())
+        b.close()
+        signals = sampler.sample(refs([a, b]), time.monotonic())
+        assert [s.rank for s in signals] == [0]
+        assert sampler.sample(refs([a]), time.monotonic())[0].rank == 0

@@ -1,0 +1,312 @@
+"""Detection without anyone asking, proven on the real 4-rank job (`straggler_job`): the
+agent (only its tracing component and the detection collector, every 5 s at its default
+thresholds) watches the job; a healthy stretch emits nothing; a CPU hog started at a random
+moment on rank 2's CPU makes it emit "suspected" then "confirmed" for rank 2 only, within a
+bound; once the hog is gone, "cleared". Then two hangs, each named once with the right rank
+and state within 60 s: a rank stopped by SIGSTOP, a rank blocked reading its batch FIFO.
+
+The events are read as a client reads them: `Detection.WatchEvents` over the agent's socket.
+Each test prints what it measured (time from the hog's start to each event: run with ``-s``).
+
+The machine is shared: another process busy on a rank's CPU holds that rank back exactly as
+the hog does (seen: a rank's CPU wait at 1.2 thread-seconds per second against the others'
+0.1 for 15 s, the whole job's throughput down 2.5 times, with no fault injected), and the
+agent rightly reports it. So the healthy test measures that other work (`ForeignLoad`: each
+CPU's busy time from /proc/stat less the job's own processes' there) and requires that every
+suspicion in a healthy stretch came while other work took at least a fifth of the rank's CPU;
+on a quiet machine that means none at all.
+
+CPUs as in `test_straggler_verdict`: rank 2 alone on CPU 1 (the hog is pinned there), ranks 0,
+1 and 3 share CPU 0.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from straggler_job import JOB_ID, StragglerJob, short_base, wait_for
+
+from bpfdyno.rpc.detection import DetectionEvent, DetectionKind
+from bpfdyno.rpc.v1 import detection_pb2, detection_pb2_grpc
+from bpfdyno.rpc.wire import from_pb
+
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.usefixtures("torch_ready")]
+
+RANKS = 4
+CPUS = (0, 0, 1, 0)
+HOG_RANK = 2
+#: How long a healthy job is watched for a false alarm.
+HEALTHY_S = 60.0
+#: The bound on the time from the hog's start to "confirmed": 3 outlier intervals of 5 s,
+#: the part of an interval before the hog, and a loaded machine's slack.
+CONFIRM_WITHIN_S = 45.0
+#: ... and from the hog's end to "cleared" (the outlier intervals leave the window of 6).
+CLEAR_WITHIN_S = 75.0
+
+
+class Watcher:
+    """Reads the agent's WatchEvents stream on a thread: (monotonic time, event) each."""
+
+    def __init__(self, sock: str) -> None:
+        self.events: list[tuple[float, DetectionEvent]] = []
+        self._channel = grpc.insecure_channel(f"unix:{sock}")
+        stub = detection_pb2_grpc.DetectionStub(self._channel)
+        self._stream = stub.WatchEvents(detection_pb2.WatchEventsRequest(job_id=str(JOB_ID)))
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for msg in self._stream:
+                self.events.append((time.monotonic(), from_pb(DetectionEvent, msg)))
+        except grpc.RpcError:
+            pass  # cancelled by close()
+
+    def since(self, t: float) -> list[tuple[float, DetectionEvent]]:
+        return [(at, e) for at, e in self.events if at >= t]
+
+    def close(self) -> None:
+        self._stream.cancel()
+        self._thread.join(10)
+        self._channel.close()
+
+
+#: Other work on a rank's CPU, as a share of it, that makes a suspicion in a healthy run a
+#: true one.
+FOREIGN_SHARE = 0.2
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class ForeignLoad:
+    """Each second, the share of each of the job's CPUs that other work used: the CPU's busy
+    time (/proc/stat user + nice + system) less its pinned job processes' (the launcher, its
+    torchrun and rank, every thread)."""
+
+    def __init__(self, job: StragglerJob) -> None:
+        self.pids: dict[int, list[int]] = {}
+        for i, launcher in enumerate(job.launchers):
+            tree, todo = [], [launcher.pid]
+            while todo:
+                pid = todo.pop()
+                tree.append(pid)
+                todo += _children(pid)
+            self.pids.setdefault(CPUS[i], []).extend(tree)
+        self.shares: list[tuple[float, dict[int, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _busy(self) -> dict[int, int]:
+        out = {}
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *fields = line.split()
+                if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in self.pids:
+                    out[int(name[3:])] = int(fields[0]) + int(fields[1]) + int(fields[2])
+        return out
+
+    def _reading(self) -> dict[int, int]:
+        busy = self._busy()
+        return {c: busy[c] - sum(_cpu_ticks(p) for p in pids) for c, pids in self.pids.items()}
+
+    def _run(self) -> None:
+        hz = os.sysconf("SC_CLK_TCK")
+        last, t_last = self._reading(), time.monotonic()
+        while not self._stop.wait(1.0):
+            now, t = self._reading(), time.monotonic()
+            span = (t - t_last) * hz
+            self.shares.append((t, {c: max(0, now[c] - last[c]) / span for c in now}))
+            last, t_last = now, t
+
+    def share(self, cpu: int, start: float, end: float) -> float:
+        """Other work's mean share of ``cpu`` over the seconds in [start, end]."""
+        got = [s[cpu] for t, s in self.shares if start <= t <= end]
+        return sum(got) / len(got) if got else 0.0
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def job() -> Iterator[StragglerJob]:
+    base = short_base()
+    j = StragglerJob(base, RANKS, CPUS)
+    # The harness's agent runs no collector; this one runs the detection at its defaults.
+    text = j.agent.config.read_text()
+    enabled = text.replace(
+        "[collectors.detection]\nenabled = false", "[collectors.detection]\nenabled = true"
+    )
+    assert enabled != text
+    j.agent.config.write_text(enabled)
+    try:
+        j.start()
+        yield j
+    finally:
+        j.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def watcher(job: StragglerJob) -> Iterator[Watcher]:
+    w = Watcher(str(job.agent.sock))
+    yield w
+    w.close()
+
+
+def all_clear(watcher: Watcher) -> bool:
+    """No rank is suspected or confirmed: each rank's last event (if any) cleared it."""
+    last = {e.rank: e.kind for _, e in watcher.since(0.0) if e.kind is not DetectionKind.HANG}
+    return all(kind is DetectionKind.CLEARED for kind in last.values())
+
+
+def describe(events: list[tuple[float, DetectionEvent]], t0: float) -> str:
+    return "\n".join(f"  +{at - t0:5.1f} s {e.summary}" for at, e in events) or "  (none)"
+
+
+def test_a_healthy_job_emits_nothing_unless_other_work_holds_a_rank_back(
+    job: StragglerJob, watcher: Watcher
+) -> None:
+    # The job's start (imports, rendezvous, first steps; a rank was seen held back then) is
+    # not a healthy stretch: it begins once no rank is suspected.
+    wait_for(lambda: all_clear(watcher), CLEAR_WITHIN_S, "no rank suspected", step=0.5)
+    before = watcher.since(0.0)
+    foreign = ForeignLoad(job)
+    start = time.monotonic()
+    try:
+        time.sleep(HEALTHY_S)
+    finally:
+        foreign.close()
+    events = watcher.since(start)
+    print(f"while the job started:\n{describe(before, start)}")
+    # Each suspicion's rank had other work on its CPU in the three intervals before it.
+    held = {
+        (at, e.rank): foreign.share(CPUS[e.rank], at - 15.0, at)
+        for at, e in events
+        if e.kind is not DetectionKind.CLEARED
+    }
+    worst = {c: max((s[c] for _, s in foreign.shares), default=0.0) for c in foreign.pids}
+    print(
+        f"healthy: {HEALTHY_S:.0f} s of 4 ranks, {len(events)} events; other work's largest "
+        f"share of a second per CPU: {worst}\n{describe(events, start)}"
+    )
+    unexplained = {k: v for k, v in held.items() if v < FOREIGN_SHARE}
+    assert unexplained == {}, describe(events, start)
+    # A clearing only ever follows a suspicion of the same rank.
+    suspected = set()
+    for _, e in events:
+        if e.kind is DetectionKind.CLEARED:
+            assert e.rank in suspected
+        else:
+            suspected.add(e.rank)
+
+
+def test_a_cpu_hog_makes_its_rank_suspected_then_confirmed_then_cleared(
+    job: StragglerJob, watcher: Watcher
+) -> None:
+    # A rank other work held back before is cleared first.
+    wait_for(lambda: all_clear(watcher), CLEAR_WITHIN_S, "no rank suspected", step=0.5)
+    time.sleep(random.uniform(0.0, 5.0))  # a random moment within the detection's interval
+    with job.cpu_hog(HOG_RANK):
+        t0 = time.monotonic()
+
+        def confirmed() -> bool:
+            return any(e.kind is DetectionKind.CONFIRMED for _, e in watcher.since(t0))
+
+        wait_for(confirmed, CONFIRM_WITHIN_S, "the hogged rank to be confirmed", step=0.2)
+        t_end = time.monotonic()
+    during = watcher.since(t0)
+    print(f"hog on rank {HOG_RANK}:\n{describe(during, t0)}")
+    kinds = [(e.kind, e.rank) for _, e in during]
+    assert kinds == [(DetectionKind.SUSPECTED, HOG_RANK), (DetectionKind.CONFIRMED, HOG_RANK)]
+    suspected, confirmed_ = (e for _, e in during)
+    assert suspected.job_id == confirmed_.job_id == str(JOB_ID)
+    assert confirmed_.pid == job.rank_pids[HOG_RANK]
+    (evidence,) = confirmed_.evidence
+    assert evidence.name == "cpu_wait_share"
+    assert evidence.value > evidence.job_median + 0.05
+
+    def cleared() -> bool:
+        return any(e.kind is DetectionKind.CLEARED for _, e in watcher.since(t_end))
+
+    wait_for(cleared, CLEAR_WITHIN_S, "the rank to be cleared once the hog is gone", step=0.2)
+    after = watcher.since(t_end)
+    print(f"after the hog:\n{describe(after, t_end)}")
+    assert [(e.kind, e.rank) for _, e in after] == [(DetectionKind.CLEARED, HOG_RANK)]
+    times = {e.kind.value: at - t0 for at, e in during}
+    print(
+        f"time to detect: suspected {times['suspected']:.1f} s, confirmed "
+        f"{times['confirmed']:.1f} s; cleared {after[0][0] - t_end:.1f} s after the hog ended"
+    )
+
+
+#: A hang is named within this: [detection] hang_after_s (30 s) plus two intervals and slack.
+HANG_WITHIN_S = 60.0
+
+
+def wait_hang(watcher: Watcher, since: float) -> tuple[float, DetectionEvent]:
+    def hung() -> bool:
+        return any(e.kind is DetectionKind.HANG for _, e in watcher.since(since))
+
+    wait_for(hung, HANG_WITHIN_S, "the hang to be named", step=0.2)
+    time.sleep(6.0)  # one interval more: a second hang event would show here
+    hangs = [(at, e) for at, e in watcher.since(since) if e.kind is DetectionKind.HANG]
+    assert len(hangs) == 1, describe(hangs, since)
+    return hangs[0]
+
+
+def test_a_rank_stopped_by_sigstop_is_named_stopped(job: StragglerJob, watcher: Watcher) -> None:
+    pid = job.rank_pids[1]
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        at, e = wait_hang(watcher, t0)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    print(f"stopped rank 1: named after {at - t0:.1f} s: {e.summary}")
+    assert (e.rank, e.pid, e.hang_state) == (1, pid, "stopped")
+    assert e.threads[0].tid == pid and e.threads[0].state == "T"
+    assert "ranks 0, 2, 3 wait" in e.summary
+
+
+def test_a_rank_blocked_reading_its_fifo_is_named_blocked_read(
+    job: StragglerJob, watcher: Watcher
+) -> None:
+    feeder = job.feeders[3]
+    t0 = time.monotonic()
+    feeder.send("hold")  # rank 3's batches stop: it blocks reading its FIFO
+    feeder.answer("held")
+    try:
+        at, e = wait_hang(watcher, t0)
+    finally:
+        feeder.send("go")
+    print(f"rank 3 blocked on its FIFO: named after {at - t0:.1f} s: {e.summary}")
+    assert (e.rank, e.hang_state) == (3, "blocked_read")
+    main = e.threads[0]
+    assert (main.state, main.waiting_on) == ("S", "pipe")
+    assert main.syscall in ("read", "readv")
+    assert main.wchan.endswith("pipe_read")
