@@ -82,6 +82,7 @@ def build(cfg: Config) -> Assembly:
     from bpfdyno.app.tracing import TracingComponent
     from bpfdyno.detection.collector import DetectionCollector, DetectionSettings
     from bpfdyno.detection.events import EventLog
+    from bpfdyno.detection.nccl_times import NcclCollectiveTimes
     from bpfdyno.detection.signals import RankProcess
     from bpfdyno.server.audit import audit_servicer_factory
     from bpfdyno.server.detection import detection_servicer_factory
@@ -187,6 +188,13 @@ def build(cfg: Config) -> Assembly:
         if d.peers and on("detection")
         else None
     )
+    # Trainers' NCCL profiler plugin files; registered trainers are looked up in their own
+    # mount namespace too (containers).
+    nccl_profiler = (
+        NcclProfilerCollector(trainer_pids=lambda: [t.pid for t in registry.trainers()])
+        if on("nccl_profiler")
+        else None
+    )
     detection = (
         DetectionCollector(
             # In the agent's pid namespace: what /proc shows (host_pid 0: the same).
@@ -195,6 +203,13 @@ def build(cfg: Config) -> Assembly:
             socket.gethostname(),
             DetectionSettings.of(
                 d.k, d.window, d.suspect_at, d.confirm_at, d.clear_at, d.hang_after_s
+            ),
+            # NCCL's own times where trainers load the plugin: time in collectives and how
+            # late each local rank arrived at them.
+            collectives=(
+                NcclCollectiveTimes(nccl_profiler.receiver.snapshot)
+                if nccl_profiler is not None
+                else None
             ),
             peers=peers.signals if peers is not None else None,
         )
@@ -226,13 +241,7 @@ def build(cfg: Config) -> Assembly:
         "irq": irq,
         # Trainers' NCCL profiler plugin files; registered trainers are looked up in their
         # own mount namespace too (containers).
-        "nccl_profiler": (
-            NcclProfilerCollector(
-                trainer_pids=lambda: [t.pid for t in tracing.service.registry.trainers()]
-            )
-            if on("nccl_profiler")
-            else None
-        ),
+        "nccl_profiler": nccl_profiler,
         "detection": detection,
     }
     for name, collector in candidates.items():
