@@ -222,6 +222,7 @@ def test_pod_by_name_and_by_uid_for_ps_trainers_and_gputrace(
         pids["trainer"]: ("ml", "train-0", "trainer", 1),
         pids["sidecar"]: ("ml", "train-0", "", 0),
     }
+
     # The GPU collector's round names the trainer's pod; every process of the pod gets it.
     # Until that round (and the kubelet's) has run, the name matches nothing: exit 1.
     def named_rows() -> bool:
