@@ -62,9 +62,15 @@ def test_a_read_is_named_by_the_state_it_slept_in(
     s = summarize_file(trace(tmp_path, state, written_as))
     assert s.blocked_seconds_by_cause == {summary_cause: pytest.approx(0.25)}
     assert s.evidence is not None
-    [before] = {c.before for c in s.evidence.collectives}
-    assert [(c.cause, c.seconds, c.detail) for c in before] == [
-        (evidence_cause, pytest.approx(0.05), "read")
+    for c in s.evidence.collectives:
+        assert [(t.cause, t.seconds, t.detail) for t in c.before if t.cause != "on_cpu"] == [
+            (evidence_cause, pytest.approx(0.05), "read")
+        ]
+    # The rest of each run-up the main thread ran (from the window's start, then from the
+    # previous arrival 200 ms before).
+    assert [t.seconds for c in s.evidence.collectives for t in c.before if t.cause == "on_cpu"] == [
+        pytest.approx(0.05),
+        *[pytest.approx(0.15)] * 4,
     ]
 
 

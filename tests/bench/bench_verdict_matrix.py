@@ -30,13 +30,22 @@ Classes and what each expects (`FAULTS`):
   it, and the job was not held back);
 - ``slow-read``: each batch delivered 60 or 120 ms late -> that rank, blocked on its read
   (``io_wait``);
+- ``more-work``: the rank computes 15 or 40 ms more CPU time each step -> that rank, its
+  own work on a CPU (``on_cpu``), no kernel cause;
+- ``evict``: the rank reads 32 or 96 samples of 256 KiB of its 64 MiB data file at random
+  places each step, the file dropped from the page cache first -> that rank,
+  uninterruptible disk reads (``disk``);
+- ``disk``: the rank reads 1 MB each step past the page cache from a disk throttled for it
+  (blkio) at 20 or 5 MB/s -> that rank, ``disk``;
+- ``irq``: 1500 or 4000 UDP datagrams of 64 KiB a second (45 IP fragments each) steered
+  (RPS) to the rank's CPU, sent from another CPU -> that rank, CPU time taken by
+  interrupts (``interrupts``); rank 2 only (the only rank with a CPU of its own: a storm on
+  CPU 0 slows three ranks alike);
 - ``two``: 20 ms of latency on one rank and a CPU hog on rank 2 at once -> both named;
 - ``healthy``: no fault -> no straggler; ``healthy-load``: with two busy processes at nice
   19, unpinned; ``healthy-apart``: traced without the hold, each rank from its own poll.
 
-Not here yet: a throttled disk, page-cache eviction or memory pressure, a slow DataLoader
-worker, an interrupt storm, more work per step on one rank (the trainer has no knob for
-them yet).
+Not here: memory pressure (page-cache eviction stands for it), a slow DataLoader worker.
 """
 
 from __future__ import annotations
@@ -56,7 +65,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tracing"))
 
-from straggler_job import StragglerJob, Trace, short_base, spawn
+from straggler_job import StragglerJob, Trace, describe, short_base, spawn
 
 RANKS = 4
 CPUS = (0, 0, 1, 0)
@@ -94,6 +103,7 @@ class FaultClass:
     inject: Fault | None
     expect: Callable[[int], list[Expected]]  # per faulted rank: the findings expected
     aligned: bool = True
+    tracks: str = "net,sched"
 
 
 def late(cause: str) -> Callable[[int], list[Expected]]:
@@ -137,6 +147,27 @@ FAULTS = [
         late("io_wait"),
     ),
     FaultClass(
+        "more-work", (1, 3, 0, 2), ("15 ms", "40 ms"),
+        lambda j, r, s: j.more_work(r, (15.0, 40.0)[s]),
+        late("on_cpu"),
+    ),
+    FaultClass(
+        "evict", (3, 1, 0, 2), ("32 x 256 KiB a step", "96 x 256 KiB a step"),
+        lambda j, r, s: j.evicted_reads(r, samples=(32, 96)[s]),
+        late("disk"),
+    ),
+    FaultClass(
+        "disk", (1, 3, 0, 2), ("20 MB/s", "5 MB/s"),
+        lambda j, r, s: j.throttled_disk(r, (20 << 20, 5 << 20)[s]),
+        late("disk"),
+    ),
+    FaultClass(
+        "irq", (2,), ("1500 x 64 KiB/s", "4000 x 64 KiB/s"),
+        lambda j, r, s: j.interrupt_storm(r, (1500, 4000)[s], 65000),
+        late("interrupts"),
+        tracks="net,sched,fabric",
+    ),
+    FaultClass(
         "two", (3, 1, 0), ("+ hog nice -10", "+ hog nice -20"),
         two_faults,
         lambda r: [(r, "latency", "network_latency"), (2, "late", "cpu_wait")],
@@ -176,6 +207,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="runs per class and strength")
     ap.add_argument("--classes", default="", help="comma list (default: all)")
     ap.add_argument("--out", default="verdict-matrix.jsonl", help="one JSON line per run")
+    ap.add_argument("--describe", action="store_true", help="print each run's evidence")
     args = ap.parse_args()
     wanted = set(filter(None, args.classes.split(",")))
     classes = [c for c in FAULTS if not wanted or c.name in wanted]
@@ -185,7 +217,7 @@ def main() -> None:
         flush=True,
     )
     base = short_base()
-    job = StragglerJob(base, RANKS, CPUS)
+    job = StragglerJob(base, RANKS, CPUS, interrupts=True)
     tally: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     over: Counter[str] = Counter()
     loads: dict[str, list[float]] = defaultdict(list)
@@ -210,9 +242,14 @@ def main() -> None:
                             )
                             with ctx:
                                 trace = job.trace(
-                                    f"{c.name}-{s}-{run}", ITERATIONS, aligned=c.aligned
+                                    f"{c.name}-{s}-{run}",
+                                    ITERATIONS,
+                                    aligned=c.aligned,
+                                    tracks=c.tracks,
                                 )
                             outcome = judge(trace, c.expect(rank))
+                            if args.describe:
+                                print(describe(trace), flush=True)
                             headline = trace.verdict.headline
                             shares = [f.share for f in trace.verdict.stragglers]
                             named = sorted(findings(trace))
@@ -227,7 +264,7 @@ def main() -> None:
                             job.close()
                             shutil.rmtree(base, ignore_errors=True)
                             base = short_base()
-                            job = StragglerJob(base, RANKS, CPUS)
+                            job = StragglerJob(base, RANKS, CPUS, interrupts=True)
                             job.start()
                         tally[label][outcome] += 1
                         over[c.name] += sum(1 for x in shares if x > 1.0)

@@ -144,6 +144,8 @@ MIN_SLOW_CONNECTIONS = 2
 QUOTA_MOSTLY = 0.5
 #: The rank named for slow links is on at least this share of the slow connections.
 SLOW_LINK_OWNER = 0.9
+#: The kernel's per-CPU softirq threads, as a CPU holder is named (``ksoftirqd/1 (pid 22)``).
+SOFTIRQ_THREAD = "ksoftirqd/"
 
 
 @dataclass(slots=True)
@@ -588,6 +590,8 @@ def _late_finding(
             excess["cpu_wait"] = waits - moved
         worst = [_quota_instance(w, quota) if w.cause == "cpu_wait" else w for w in worst]
         details["cpu_quota"][_quota_detail(quota)] += 1
+    _softirq_threads(holders, excess, details)
+    _shared_cpu(r, rs, holders, excess, details, seconds)
     causes: list[CauseTime] = []
     explained = 0.0
     said = LateCause(r, rs, holders, details)
@@ -629,6 +633,66 @@ def _late_finding(
     )
 
 
+def _holder_pid(holder: str) -> int:
+    """The pid in a CPU holder's name (``comm (pid N)``), or 0."""
+    _, _, tail = holder.rpartition("(pid ")
+    return int(tail[:-1]) if tail.endswith(")") and tail[:-1].isdigit() else 0
+
+
+def _softirq_threads(
+    holders: Mapping[str, float], excess: dict[str, float], details: dict[str, Counter[str]]
+) -> None:
+    """Waits for a CPU held by ksoftirqd are interrupts: the kernel hands softirq work that
+    comes faster than it can do on the spot (an interrupt storm) to that CPU's ksoftirqd
+    thread, which then takes the CPU from the rank like any task."""
+    total = sum(holders.values())
+    soft = sum(v for h, v in holders.items() if h.startswith(SOFTIRQ_THREAD))
+    if not soft or not excess.get("cpu_wait"):
+        return
+    moved = excess["cpu_wait"] * soft / total
+    excess["cpu_wait"] -= moved
+    excess["interrupts"] = excess.get("interrupts", 0.0) + moved
+    details["interrupts"][f"{_fmt_s(moved)} of it waiting for ksoftirqd (softirq work)"] += 1
+
+
+def _shared_cpu(
+    r: _Rank,
+    rs: list[_Rank],
+    holders: Mapping[str, float],
+    excess: dict[str, float],
+    details: dict[str, Counter[str]],
+    seconds: float,
+) -> None:
+    """A rank that ran longer than the others (its own work) and waited for a CPU held by
+    its own threads or other ranks of the job on its host: those waits are its own work's
+    too. Its threads and ranks sharing a CPU take turns on it; the one with more work is
+    runnable while the others run theirs (gloo's threads among them, serving the collective
+    it is late to), so it also waits longer for the CPU. Blaming the other ranks for that
+    would send an engineer after the wrong processes. Waits for anyone else (a hog) stay
+    ``cpu_wait``."""
+    ran = excess.get("on_cpu", 0.0)
+    if ran < MIN_CAUSE_SHARE * seconds:
+        return
+    said = f"ran {_fmt_s(ran)} longer than the other ranks"
+    ranks = {x.ev.pid: x.label for x in rs if x.ev.host == r.ev.host}
+    by_ranks: dict[int, float] = defaultdict(float)
+    for holder, held in holders.items():
+        if _holder_pid(holder) in ranks:
+            by_ranks[ranks[_holder_pid(holder)]] += held
+    if by_ranks and excess.get("cpu_wait"):
+        # Of the waits `_softirq_threads` left: those for anyone but ksoftirqd.
+        others_held = sum(v for h, v in holders.items() if not h.startswith(SOFTIRQ_THREAD))
+        moved = excess["cpu_wait"] * sum(by_ranks.values()) / others_held
+        excess["cpu_wait"] -= moved
+        excess["on_cpu"] = ran + moved
+        others = sorted(k for k in by_ranks if k != r.label)
+        whom = [*(["its own threads"] if r.label in by_ranks else [])]
+        if others:
+            whom.append(f"rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}")
+        said += f"; waited {_fmt_s(moved)} for the CPU held by {' and '.join(whom)}"
+    details["on_cpu"][said] += 1
+
+
 @dataclass(frozen=True, slots=True)
 class LateCause:
     """What a cause's detail is said from, for a rank found late (`CAUSE_DETAILS`): the rank,
@@ -667,8 +731,20 @@ def _quota_said(c: LateCause) -> str:
 #: A cause's detail for a late rank, when it says more than the system calls its run-ups
 #: gave (the default): a small function of what `LateCause` holds. A cause whose evidence
 #: names someone else (who held the CPU, a quota that throttled it) adds its function here.
+def _interrupts_said(c: LateCause) -> str:
+    """The waits for ksoftirqd among it (`_softirq_threads`)."""
+    return next(iter(c.details.get("interrupts", ())), "")
+
+
+def _own_work_said(c: LateCause) -> str:
+    """How much longer it ran, and the waits for ranks sharing its CPU (`_shared_cpu`)."""
+    return next(iter(c.details.get("on_cpu", ())), "")
+
+
 CAUSE_DETAILS: dict[str, Callable[[LateCause], str]] = {
     "cpu_wait": _cpu_holders,
+    "on_cpu": _own_work_said,
+    "interrupts": _interrupts_said,
     "gpu_compute": _sm_clock,
     "cpu_quota": _quota_said,
 }
