@@ -625,7 +625,7 @@ class StragglerJob:
 
     @contextlib.contextmanager
     def evicted_reads(self, rank: int, samples: int = 0, read_bytes: int = 0) -> Iterator[Path]:
-        """Rank ``rank`` reads ``samples`` samples (256 KiB) of its data file at random places and
+        """Rank ``rank`` reads ``samples`` samples (64 KiB) of its data file at random places and
         ``read_bytes`` in one piece each step, the file's pages dropped from the page cache
         first: the reads go to the disk."""
         path = self.data_file(rank)

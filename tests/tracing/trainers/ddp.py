@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 BATCH_BYTES = 4096
-SAMPLE = 256 << 10
+SAMPLE = 64 << 10
 
 
 def read_batch(fd: int, buf: bytearray) -> None:
