@@ -226,9 +226,21 @@ def main() -> None:
     ap.add_argument("--classes", default="", help="comma list (default: all)")
     ap.add_argument("--out", default="verdict-matrix.jsonl", help="one JSON line per run")
     ap.add_argument("--describe", action="store_true", help="print each run's evidence")
+    ap.add_argument(
+        "--report", default="", metavar="JSONL", help="only print the table of a results file"
+    )
     args = ap.parse_args()
-    wanted = set(filter(None, args.classes.split(",")))
-    classes = [c for c in FAULTS if not wanted or c.name in wanted]
+    if args.report:
+        with open(args.report) as f:
+            report([json.loads(line) for line in f if line.strip()])
+        return
+    # A class named twice runs twice per round (more healthy runs: healthy,healthy,...).
+    names = [n for n in args.classes.split(",") if n]
+    by_name = {c.name: c for c in FAULTS}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        ap.error(f"unknown classes {unknown}: choose from {', '.join(by_name)}")
+    classes = [by_name[n] for n in names] if names else list(FAULTS)
     print(
         f"{time.strftime('%Y-%m-%d %H:%M')} on {os.uname().release} ({os.cpu_count()} CPUs), "
         f"load average {os.getloadavg()[0]:.1f}",
@@ -236,9 +248,7 @@ def main() -> None:
     )
     base = short_base()
     job = StragglerJob(base, RANKS, CPUS, interrupts=True)
-    tally: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
-    over: Counter[str] = Counter()
-    loads: dict[str, list[float]] = defaultdict(list)
+    records: list[dict[str, object]] = []
     try:
         job.start()
         with open(args.out, "a") as out:
@@ -247,7 +257,6 @@ def main() -> None:
                     strengths = (0, 1) if c.strengths[0] else (0,)
                     for s in strengths:
                         rank = c.ranks[(run + s) % len(c.ranks)]
-                        label = (c.name, c.strengths[s])
                         started = time.monotonic()
                         outcome, headline, shares = "error", "", []
                         named: list[Expected] = []
@@ -284,9 +293,6 @@ def main() -> None:
                             base = short_base()
                             job = StragglerJob(base, RANKS, CPUS, interrupts=True)
                             job.start()
-                        tally[label][outcome] += 1
-                        over[c.name] += sum(1 for x in shares if x > 1.0)
-                        loads[c.name].append(os.getloadavg()[0])
                         record = {
                             "class": c.name, "strength": c.strengths[s], "rank": rank,
                             "run": run, "outcome": outcome, "shares": shares, "named": named,
@@ -294,6 +300,7 @@ def main() -> None:
                             "headline": headline, "seconds": round(time.monotonic() - started, 1),
                             "load": os.getloadavg()[0],
                         }  # fmt: skip
+                        records.append(record)
                         out.write(json.dumps(record) + "\n")
                         out.flush()
                         print(
@@ -303,21 +310,32 @@ def main() -> None:
     finally:
         job.close()
         shutil.rmtree(base, ignore_errors=True)
-    print("\n| class | strength | runs | right | partial | wrong | no straggler | errors |")
-    print("|---|---|---|---|---|---|---|---|")
-    for c in classes:
-        for strength in c.strengths if c.strengths[0] else ("",):
-            t = tally[(c.name, strength)]
-            if sum(t.values()):
-                print(
-                    f"| {c.name} | {strength or '-'} | {sum(t.values())} | {t['right']} | "
-                    f"{t['partial']} | "
-                    f"{t['wrong']} | {t['none']} | {t['error']} |"
-                )
-    print(f"\nfindings with a share over 100 %: {sum(over.values())} ({dict(over)})")
-    every = [x for v in loads.values() for x in v]
-    if every:
-        print(f"load average during the runs: {min(every):.1f}-{max(every):.1f}")
+    report(records)
+
+
+def report(records: list[dict[str, object]]) -> None:
+    """The table of outcomes per class and strength (docs/tracing.md's), from the runs'
+    records, in the order the classes were first run."""
+    rows: dict[tuple[str, str], list[dict[str, object]]] = defaultdict(list)
+    for r in records:
+        rows[(str(r["class"]), str(r["strength"]))].append(r)
+    print(
+        "\n| class | strength | faulted ranks | runs | right | partial | wrong | no straggler "
+        "| errors |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (name, strength), runs in rows.items():
+        t = Counter(str(r["outcome"]) for r in runs)
+        ranks = ", ".join(str(x) for x in sorted({int(str(r["rank"])) for r in runs}) if x >= 0)
+        print(
+            f"| {name} | {strength or '-'} | {ranks or '-'} | {len(runs)} | {t['right']} | "
+            f"{t['partial']} | {t['wrong']} | {t['none']} | {t['error']} |"
+        )
+    over = [r for r in records if any(float(x) > 1.0 for x in r["shares"])]  # type: ignore[attr-defined]
+    print(f"\nfindings with a share over 100 %: {len(over)}")
+    loads = [float(str(r["load"])) for r in records]
+    if loads:
+        print(f"load average during the runs: {min(loads):.1f}-{max(loads):.1f}")
 
 
 if __name__ == "__main__":
