@@ -632,11 +632,12 @@ def _late_finding(
             excess["cpu_wait"] = waits - moved
         worst = [_quota_instance(w, quota) if w.cause == "cpu_wait" else w for w in worst]
         details["cpu_quota"][_quota_detail(quota)] += 1
-    _softirq_threads(holders, excess, details)
-    _shared_cpu(r, rs, holders, excess, details, seconds)
+    taken = _softirq_threads(holders, excess, details)
+    taken |= _shared_cpu(r, rs, holders, excess, details, seconds)
     causes: list[CauseTime] = []
     explained = 0.0
-    said = LateCause(r, rs, holders, details)
+    # The waits for a CPU that remain are those held by everyone else: only they are named.
+    said = LateCause(r, rs, {h: v for h, v in holders.items() if h not in taken}, details)
     for cause, extra in sorted(excess.items(), key=lambda kv: -kv[1]):
         share = min(extra, seconds)
         if share < MIN_CAUSE_SHARE * seconds:
@@ -683,18 +684,21 @@ def _holder_pid(holder: str) -> int:
 
 def _softirq_threads(
     holders: Mapping[str, float], excess: dict[str, float], details: dict[str, Counter[str]]
-) -> None:
+) -> set[str]:
     """Waits for a CPU held by ksoftirqd are interrupts: the kernel hands softirq work that
     comes faster than it can do on the spot (an interrupt storm) to that CPU's ksoftirqd
-    thread, which then takes the CPU from the rank like any task."""
+    thread, which then takes the CPU from the rank like any task. Returns the holders whose
+    waits it took."""
     total = sum(holders.values())
-    soft = sum(v for h, v in holders.items() if h.startswith(SOFTIRQ_THREAD))
+    threads = {h for h in holders if h.startswith(SOFTIRQ_THREAD)}
+    soft = sum(holders[h] for h in threads)
     if not soft or not excess.get("cpu_wait"):
-        return
+        return set()
     moved = excess["cpu_wait"] * soft / total
     excess["cpu_wait"] -= moved
     excess["interrupts"] = excess.get("interrupts", 0.0) + moved
     details["interrupts"][f"{_fmt_s(moved)} of it waiting for ksoftirqd (softirq work)"] += 1
+    return threads
 
 
 def _shared_cpu(
@@ -704,28 +708,31 @@ def _shared_cpu(
     excess: dict[str, float],
     details: dict[str, Counter[str]],
     seconds: float,
-) -> None:
+) -> set[str]:
     """A rank that ran longer than the others (its own work) and waited for a CPU held by
     its own threads or other ranks of the job on its host: those waits are its own work's
     too. Its threads and ranks sharing a CPU take turns on it; the one with more work is
     runnable while the others run theirs (gloo's threads among them, serving the collective
     it is late to), so it also waits longer for the CPU. Blaming the other ranks for that
     would send an engineer after the wrong processes. Waits for anyone else (a hog) stay
-    ``cpu_wait``. Only when its work is its largest excess besides the waits."""
+    ``cpu_wait``. Only when its work is its largest excess besides the waits. Returns the
+    holders whose waits it took."""
     ran = excess.get("on_cpu", 0.0)
     if ran < MIN_CAUSE_SHARE * seconds:
-        return
+        return set()
     said = f"ran {_fmt_s(ran)} longer than the other ranks"
     if any(v > ran for k, v in excess.items() if k not in ("on_cpu", "cpu_wait")):
         # Its work is not the main excess (reads past the page cache run longer too, in the
         # kernel's copies): the waits are not its work's.
         details["on_cpu"][said] += 1
-        return
+        return set()
     ranks = {x.ev.pid: x.label for x in rs if x.ev.host == r.ev.host}
     by_ranks: dict[int, float] = defaultdict(float)
+    taken = set()
     for holder, held in holders.items():
         if _holder_pid(holder) in ranks:
             by_ranks[ranks[_holder_pid(holder)]] += held
+            taken.add(holder)
     if by_ranks and excess.get("cpu_wait"):
         # Of the waits `_softirq_threads` left: those for anyone but ksoftirqd.
         others_held = sum(v for h, v in holders.items() if not h.startswith(SOFTIRQ_THREAD))
@@ -737,7 +744,10 @@ def _shared_cpu(
         if others:
             whom.append(f"rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}")
         said += f"; waited {_fmt_s(moved)} for the CPU held by {' and '.join(whom)}"
+    else:
+        taken = set()
     details["on_cpu"][said] += 1
+    return taken
 
 
 @dataclass(frozen=True, slots=True)
