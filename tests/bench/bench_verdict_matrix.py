@@ -56,6 +56,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from collections import Counter, defaultdict
@@ -205,6 +206,20 @@ def findings(trace: Trace) -> set[Expected]:
     }
 
 
+def sched_lost(trace: Trace) -> bool:
+    """Whether the sched track lost every rank's main thread: no rank's step shows any time
+    off a CPU (a rank sleeps 30 ms of each step). Seen once, after the eviction class, for
+    the rest of that job's life; such runs are flagged, and the job started afresh."""
+    return all(
+        not any(
+            p.seconds > 0
+            for p in ev.steps.parts
+            if p.cause not in ("on_cpu", "collectives", "gpu_busy")
+        )
+        for ev in trace.evidence.values()
+    )
+
+
 def judge(trace: Trace, expected: list[Expected]) -> str:
     """``right``, ``wrong``, ``partial`` (two faults, one named right) or ``none`` (no
     straggler)."""
@@ -246,17 +261,28 @@ def main() -> None:
         f"load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
+    # A stop (SIGTERM) closes the job: its namespaces, agent and ranks go with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     base = short_base()
     job = StragglerJob(base, RANKS, CPUS, interrupts=True)
     records: list[dict[str, object]] = []
+    traced = 0
     try:
         job.start()
         with open(args.out, "a") as out:
             for run in range(args.runs):
+                if run:  # each round on a fresh job: what a round did to it stays there
+                    job.close()
+                    shutil.rmtree(base, ignore_errors=True)
+                    base = short_base()
+                    job = StragglerJob(base, RANKS, CPUS, interrupts=True)
+                    job.start()
                 for c in classes:
                     strengths = (0, 1) if c.strengths[0] else (0,)
                     for s in strengths:
                         rank = c.ranks[(run + s) % len(c.ranks)]
+                        traced += 1
+                        blind = False
                         started = time.monotonic()
                         outcome, headline, shares = "error", "", []
                         named: list[Expected] = []
@@ -269,12 +295,13 @@ def main() -> None:
                             )
                             with ctx:
                                 trace = job.trace(
-                                    f"{c.name}-{s}-{run}",
+                                    f"{c.name}-{s}-{run}-{traced}",
                                     ITERATIONS,
                                     aligned=c.aligned,
                                     tracks=c.tracks,
                                 )
                             outcome = judge(trace, c.expect(rank))
+                            blind = sched_lost(trace)
                             if args.describe:
                                 print(describe(trace), flush=True)
                             headline = trace.verdict.headline
@@ -287,7 +314,10 @@ def main() -> None:
                             }  # fmt: skip
                         except Exception as e:  # one run's failure is counted, not fatal
                             headline = f"{type(e).__name__}: {str(e)[:300]}"
-                            # The job may be left stuck (a rank mid-step): start it afresh.
+                            blind = True  # start the job afresh
+                        if blind:
+                            # A failed run may leave the job stuck (a rank mid-step); an
+                            # agent whose capture lost the ranks' threads stays so: a fresh job.
                             job.close()
                             shutil.rmtree(base, ignore_errors=True)
                             base = short_base()
@@ -296,7 +326,7 @@ def main() -> None:
                         record = {
                             "class": c.name, "strength": c.strengths[s], "rank": rank,
                             "run": run, "outcome": outcome, "shares": shares, "named": named,
-                            "throttled": throttled,
+                            "throttled": throttled, "sched_lost": blind and outcome != "error",
                             "headline": headline, "seconds": round(time.monotonic() - started, 1),
                             "load": os.getloadavg()[0],
                         }  # fmt: skip
@@ -321,15 +351,16 @@ def report(records: list[dict[str, object]]) -> None:
         rows[(str(r["class"]), str(r["strength"]))].append(r)
     print(
         "\n| class | strength | faulted ranks | runs | right | partial | wrong | no straggler "
-        "| errors |"
+        "| errors | sched track lost |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (name, strength), runs in rows.items():
         t = Counter(str(r["outcome"]) for r in runs)
         ranks = ", ".join(str(x) for x in sorted({int(str(r["rank"])) for r in runs}) if x >= 0)
         print(
             f"| {name} | {strength or '-'} | {ranks or '-'} | {len(runs)} | {t['right']} | "
-            f"{t['partial']} | {t['wrong']} | {t['none']} | {t['error']} |"
+            f"{t['partial']} | {t['wrong']} | {t['none']} | {t['error']} | "
+            f"{sum(1 for r in runs if r.get('sched_lost'))} |"
         )
     over = [r for r in records if any(float(x) > 1.0 for x in r["shares"])]  # type: ignore[attr-defined]
     print(f"\nfindings with a share over 100 %: {len(over)}")
