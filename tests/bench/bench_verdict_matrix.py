@@ -10,8 +10,9 @@ that start apart as ``gputrace --job-id`` starts them (no hold). Run as root:
 Per class it reports: right (the faulted rank named with the fault's cause), partial (two
 faults, one of them named), wrong (another rank, or the right rank with another cause),
 "no straggler", errors (the trace failed), and
-any finding whose share of the compared time is over 100 %. Not CI-timed: a run takes 5-20 s,
-the whole matrix at 5 runs about half an hour on a 2-CPU machine.
+any finding whose share of the compared time is over 100 %. Not CI-timed: a run takes 8-60 s,
+the whole matrix at 5 runs (150 runs, with the healthy classes named twice) about 50 minutes
+on a loaded 2-CPU machine. ``--report results.jsonl`` prints the table of a results file.
 
 Classes and what each expects (`FAULTS`):
 

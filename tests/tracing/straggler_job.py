@@ -736,7 +736,7 @@ class StragglerJob:
         aligned: bool = True,
         tracks: str = "net,sched",
     ) -> Trace:
-        """Trace ``iterations`` steps of every rank, with the net and sched kernel tracks;
+        """Trace ``iterations`` steps of every rank, with the kernel tracks ``tracks``;
         the agent's summary of the files and its verdict.
 
         Every rank must start at the same step, but each gets the request at its own next
