@@ -62,9 +62,15 @@ def test_a_read_is_named_by_the_state_it_slept_in(
     s = summarize_file(trace(tmp_path, state, written_as))
     assert s.blocked_seconds_by_cause == {summary_cause: pytest.approx(0.25)}
     assert s.evidence is not None
-    [before] = {c.before for c in s.evidence.collectives}
-    assert [(c.cause, c.seconds, c.detail) for c in before] == [
-        (evidence_cause, pytest.approx(0.05), "read")
+    for c in s.evidence.collectives:
+        assert [(t.cause, t.seconds, t.detail) for t in c.before if t.cause != "on_cpu"] == [
+            (evidence_cause, pytest.approx(0.05), "read")
+        ]
+    # The rest of each run-up the main thread ran (from the window's start, then from the
+    # previous arrival 200 ms before).
+    assert [t.seconds for c in s.evidence.collectives for t in c.before if t.cause == "on_cpu"] == [
+        pytest.approx(0.05),
+        *[pytest.approx(0.15)] * 4,
     ]
 
 
@@ -73,3 +79,23 @@ def test_the_capture_names_an_uninterruptible_read_a_disk_wait() -> None:
     assert causes.cause(0x102, READ) == causes.UNINTERRUPTIBLE  # killable (D) too
     assert causes.cause(0x1, READ) == causes.IO_WAIT  # S: a socket or pipe
     assert causes.cause(0x1, 202) == causes.LOCK
+
+
+def test_interrupt_time_is_taken_out_of_the_time_on_a_cpu(tmp_path: Path) -> None:
+    """The same file with 20 ms of interrupt time on the rank's CPUs in each run-up (the
+    fabric track's counter, written at the interval's start): a cause of its own, and not
+    the main thread's own work too."""
+    path = Path(trace(tmp_path, "S", causes.cause(0x1, READ)))
+    doc = json.loads(path.read_text())
+    for i in range(5):
+        doc["traceEvents"].append(
+            {"ph": "C", "cat": "bpfdyno.fabric", "name": "fabric cpu interrupt time (ns)",
+             "pid": PID, "ts": 100_000.0 + i * 200_000 - 80_000, "args": {"NET_RX": 20_000_000}}
+        )  # fmt: skip
+    path.write_text(json.dumps(doc))
+    s = summarize_file(str(path))
+    assert s.evidence is not None
+    by_cause = [{t.cause: t.seconds for t in c.before} for c in s.evidence.collectives]
+    assert [c["interrupts"] for c in by_cause] == [pytest.approx(0.02)] * 5
+    # 50 ms (from the window's start), then 150 ms run-ups, less 20 ms of interrupts each.
+    assert [c["on_cpu"] for c in by_cause] == [pytest.approx(0.03), *[pytest.approx(0.13)] * 4]

@@ -10,8 +10,9 @@ that start apart as ``gputrace --job-id`` starts them (no hold). Run as root:
 Per class it reports: right (the faulted rank named with the fault's cause), partial (two
 faults, one of them named), wrong (another rank, or the right rank with another cause),
 "no straggler", errors (the trace failed), and
-any finding whose share of the compared time is over 100 %. Not CI-timed: a run takes 5-20 s,
-the whole matrix at 5 runs about half an hour on a 2-CPU machine.
+any finding whose share of the compared time is over 100 %. Not CI-timed: a run takes 8-60 s,
+the whole matrix at 5 runs (150 runs, with the healthy classes named twice) about 50 minutes
+on a loaded 2-CPU machine. ``--report results.jsonl`` prints the table of a results file.
 
 Classes and what each expects (`FAULTS`):
 
@@ -35,12 +36,23 @@ Classes and what each expects (`FAULTS`):
   worker, for every class of the run) -> that rank, waiting for its DataLoader
   workers (``data_loader``; the detail says they were sleeping: checked in
   tests/tracing/test_dataloader_verdict.py);
+- ``more-work``: the rank computes 15 or 40 ms more CPU time each step -> that rank, its
+  own work on a CPU (``on_cpu``), no kernel cause;
+- ``evict``: the rank reads 100 or 300 samples of 64 KiB of its 64 MiB data file at random
+  places each step, the file dropped from the page cache first -> that rank,
+  uninterruptible disk reads (``disk``);
+- ``disk``: the rank reads 1 MB each step past the page cache from a disk throttled for it
+  (blkio) at 20 or 5 MB/s -> that rank, ``disk``;
+- ``irq``: 4000 or 8000 UDP datagrams of 64 KiB a second (45 IP fragments each) steered
+  (RPS) to the rank's CPU, sent from another CPU, while every rank computes 4 ms more per
+  step (the storm takes CPU time from work; the job's steps are mostly a sleep) -> that
+  rank, CPU time taken by interrupts (``interrupts``); rank 2 only (the only rank with a
+  CPU of its own: a storm on CPU 0 slows three ranks alike);
 - ``two``: 20 ms of latency on one rank and a CPU hog on rank 2 at once -> both named;
 - ``healthy``: no fault -> no straggler; ``healthy-load``: with two busy processes at nice
   19, unpinned; ``healthy-apart``: traced without the hold, each rank from its own poll.
 
-Not here yet: a throttled disk, page-cache eviction or memory pressure, an interrupt storm,
-more work per step on one rank (the trainer has no knob for them yet).
+Not here: memory pressure (page-cache eviction stands for it).
 """
 
 from __future__ import annotations
@@ -50,6 +62,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from collections import Counter, defaultdict
@@ -60,7 +73,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tracing"))
 
-from straggler_job import StragglerJob, Trace, short_base, spawn
+from straggler_job import StragglerJob, Trace, describe, short_base, spawn
 
 RANKS = 4
 CPUS = (0, 0, 1, 0)
@@ -84,6 +97,23 @@ def background_load(job: StragglerJob) -> Iterator[None]:
             p.kill()
 
 
+#: CPU time every rank computes per step in the ``irq`` class: a storm takes CPU time from
+#: a rank's work, and the job's own steps are mostly a sleep (a rank that uses 2 % of its
+#: CPU hardly notices a storm that takes 30 %).
+IRQ_WORK_MS = 4.0
+
+
+@contextlib.contextmanager
+def irq_storm(job: StragglerJob, rank: int, strength: int) -> Iterator[None]:
+    """Every rank computes `IRQ_WORK_MS` more per step, and datagrams of 64 KiB (45 IP
+    fragments each) are steered to rank ``rank``'s CPU."""
+    with contextlib.ExitStack() as stack:
+        for r in range(RANKS):
+            stack.enter_context(job.more_work(r, IRQ_WORK_MS))
+        stack.enter_context(job.interrupt_storm(rank, (4000, 8000)[strength], 65000))
+        yield
+
+
 @contextlib.contextmanager
 def two_faults(job: StragglerJob, rank: int, strength: int) -> Iterator[None]:
     with job.slow_link(rank, 20.0), job.cpu_hog(2, -20 if strength else -10):
@@ -98,6 +128,7 @@ class FaultClass:
     inject: Fault | None
     expect: Callable[[int], list[Expected]]  # per faulted rank: the findings expected
     aligned: bool = True
+    tracks: str = "net,sched"
 
 
 def late(cause: str) -> Callable[[int], list[Expected]]:
@@ -146,6 +177,27 @@ FAULTS = [
         late("data_loader"),
     ),
     FaultClass(
+        "more-work", (1, 3, 0, 2), ("15 ms", "40 ms"),
+        lambda j, r, s: j.more_work(r, (15.0, 40.0)[s]),
+        late("on_cpu"),
+    ),
+    FaultClass(
+        "evict", (3, 1, 0, 2), ("100 x 64 KiB a step", "300 x 64 KiB a step"),
+        lambda j, r, s: j.evicted_reads(r, samples=(100, 300)[s]),
+        late("disk"),
+    ),
+    FaultClass(
+        "disk", (1, 3, 0, 2), ("20 MB/s", "5 MB/s"),
+        lambda j, r, s: j.throttled_disk(r, (20 << 20, 5 << 20)[s]),
+        late("disk"),
+    ),
+    FaultClass(
+        "irq", (2,), ("4000 x 64 KiB/s", "8000 x 64 KiB/s"),
+        irq_storm,
+        late("interrupts"),
+        tracks="net,sched,fabric",
+    ),
+    FaultClass(
         "two", (3, 1, 0), ("+ hog nice -10", "+ hog nice -20"),
         two_faults,
         lambda r: [(r, "latency", "network_latency"), (2, "late", "cpu_wait")],
@@ -163,6 +215,20 @@ def findings(trace: Trace) -> set[Expected]:
     return {
         (f.rank, f.kind, f.causes[0].cause if f.causes else "") for f in trace.verdict.stragglers
     }
+
+
+def sched_lost(trace: Trace) -> bool:
+    """Whether the sched track lost every rank's main thread: no rank's step shows any time
+    off a CPU (a rank sleeps 30 ms of each step). Seen once, after the eviction class, for
+    the rest of that job's life; such runs are flagged, and the job started afresh."""
+    return all(
+        not any(
+            p.seconds > 0
+            for p in ev.steps.parts
+            if p.cause not in ("on_cpu", "collectives", "gpu_busy")
+        )
+        for ev in trace.evidence.values()
+    )
 
 
 def judge(trace: Trace, expected: list[Expected]) -> str:
@@ -185,30 +251,51 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="runs per class and strength")
     ap.add_argument("--classes", default="", help="comma list (default: all)")
     ap.add_argument("--out", default="verdict-matrix.jsonl", help="one JSON line per run")
+    ap.add_argument("--describe", action="store_true", help="print each run's evidence")
+    ap.add_argument(
+        "--report", default="", metavar="JSONL", help="only print the table of a results file"
+    )
     args = ap.parse_args()
-    wanted = set(filter(None, args.classes.split(",")))
-    classes = [c for c in FAULTS if not wanted or c.name in wanted]
+    if args.report:
+        with open(args.report) as f:
+            report([json.loads(line) for line in f if line.strip()])
+        return
+    # A class named twice runs twice per round (more healthy runs: healthy,healthy,...).
+    names = [n for n in args.classes.split(",") if n]
+    by_name = {c.name: c for c in FAULTS}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        ap.error(f"unknown classes {unknown}: choose from {', '.join(by_name)}")
+    classes = [by_name[n] for n in names] if names else list(FAULTS)
     print(
         f"{time.strftime('%Y-%m-%d %H:%M')} on {os.uname().release} ({os.cpu_count()} CPUs), "
         f"load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
+    # A stop (SIGTERM) closes the job: its namespaces, agent and ranks go with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     base = short_base()
     # A DataLoader worker per rank only when a class needs one (the other classes' job as is).
     workers = int(any(c.name == "slow-worker" for c in classes))
-    job = StragglerJob(base, RANKS, CPUS, loader_workers=workers)
-    tally: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
-    over: Counter[str] = Counter()
-    loads: dict[str, list[float]] = defaultdict(list)
+    job = StragglerJob(base, RANKS, CPUS, interrupts=True, loader_workers=workers)
+    records: list[dict[str, object]] = []
+    traced = 0
     try:
         job.start()
         with open(args.out, "a") as out:
             for run in range(args.runs):
+                if run:  # each round on a fresh job: what a round did to it stays there
+                    job.close()
+                    shutil.rmtree(base, ignore_errors=True)
+                    base = short_base()
+                    job = StragglerJob(base, RANKS, CPUS, interrupts=True)
+                    job.start()
                 for c in classes:
                     strengths = (0, 1) if c.strengths[0] else (0,)
                     for s in strengths:
                         rank = c.ranks[(run + s) % len(c.ranks)]
-                        label = (c.name, c.strengths[s])
+                        traced += 1
+                        blind = False
                         started = time.monotonic()
                         outcome, headline, shares = "error", "", []
                         named: list[Expected] = []
@@ -221,9 +308,15 @@ def main() -> None:
                             )
                             with ctx:
                                 trace = job.trace(
-                                    f"{c.name}-{s}-{run}", ITERATIONS, aligned=c.aligned
+                                    f"{c.name}-{s}-{run}-{traced}",
+                                    ITERATIONS,
+                                    aligned=c.aligned,
+                                    tracks=c.tracks,
                                 )
                             outcome = judge(trace, c.expect(rank))
+                            blind = sched_lost(trace)
+                            if args.describe:
+                                print(describe(trace), flush=True)
                             headline = trace.verdict.headline
                             shares = [f.share for f in trace.verdict.stragglers]
                             named = sorted(findings(trace))
@@ -234,22 +327,25 @@ def main() -> None:
                             }  # fmt: skip
                         except Exception as e:  # one run's failure is counted, not fatal
                             headline = f"{type(e).__name__}: {str(e)[:300]}"
-                            # The job may be left stuck (a rank mid-step): start it afresh.
+                            blind = True  # start the job afresh
+                        if blind:
+                            # A failed run may leave the job stuck (a rank mid-step); an
+                            # agent whose capture lost the ranks' threads stays so: a fresh job.
                             job.close()
                             shutil.rmtree(base, ignore_errors=True)
                             base = short_base()
-                            job = StragglerJob(base, RANKS, CPUS, loader_workers=workers)
+                            job = StragglerJob(
+                                base, RANKS, CPUS, interrupts=True, loader_workers=workers
+                            )
                             job.start()
-                        tally[label][outcome] += 1
-                        over[c.name] += sum(1 for x in shares if x > 1.0)
-                        loads[c.name].append(os.getloadavg()[0])
                         record = {
                             "class": c.name, "strength": c.strengths[s], "rank": rank,
                             "run": run, "outcome": outcome, "shares": shares, "named": named,
-                            "throttled": throttled,
+                            "throttled": throttled, "sched_lost": blind and outcome != "error",
                             "headline": headline, "seconds": round(time.monotonic() - started, 1),
                             "load": os.getloadavg()[0],
                         }  # fmt: skip
+                        records.append(record)
                         out.write(json.dumps(record) + "\n")
                         out.flush()
                         print(
@@ -259,21 +355,33 @@ def main() -> None:
     finally:
         job.close()
         shutil.rmtree(base, ignore_errors=True)
-    print("\n| class | strength | runs | right | partial | wrong | no straggler | errors |")
-    print("|---|---|---|---|---|---|---|---|")
-    for c in classes:
-        for strength in c.strengths if c.strengths[0] else ("",):
-            t = tally[(c.name, strength)]
-            if sum(t.values()):
-                print(
-                    f"| {c.name} | {strength or '-'} | {sum(t.values())} | {t['right']} | "
-                    f"{t['partial']} | "
-                    f"{t['wrong']} | {t['none']} | {t['error']} |"
-                )
-    print(f"\nfindings with a share over 100 %: {sum(over.values())} ({dict(over)})")
-    every = [x for v in loads.values() for x in v]
-    if every:
-        print(f"load average during the runs: {min(every):.1f}-{max(every):.1f}")
+    report(records)
+
+
+def report(records: list[dict[str, object]]) -> None:
+    """The table of outcomes per class and strength (docs/tracing.md's), from the runs'
+    records, in the order the classes were first run."""
+    rows: dict[tuple[str, str], list[dict[str, object]]] = defaultdict(list)
+    for r in records:
+        rows[(str(r["class"]), str(r["strength"]))].append(r)
+    print(
+        "\n| class | strength | faulted ranks | runs | right | partial | wrong | no straggler "
+        "| errors | sched track lost |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for (name, strength), runs in rows.items():
+        t = Counter(str(r["outcome"]) for r in runs)
+        ranks = ", ".join(str(x) for x in sorted({int(str(r["rank"])) for r in runs}) if x >= 0)
+        print(
+            f"| {name} | {strength or '-'} | {ranks or '-'} | {len(runs)} | {t['right']} | "
+            f"{t['partial']} | {t['wrong']} | {t['none']} | {t['error']} | "
+            f"{sum(1 for r in runs if r.get('sched_lost'))} |"
+        )
+    over = [r for r in records if any(float(x) > 1.0 for x in r["shares"])]  # type: ignore[attr-defined]
+    print(f"\nfindings with a share over 100 %: {len(over)}")
+    loads = [float(str(r["load"])) for r in records]
+    if loads:
+        print(f"load average during the runs: {min(loads):.1f}-{max(loads):.1f}")
 
 
 if __name__ == "__main__":

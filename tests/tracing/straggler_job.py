@@ -20,8 +20,14 @@ that holds a job back, and why.
   a link that delays (and may lose) what the rank sends (`slow_link`: its veth replaced by a
   wire through `delay_wire.py`, this kernel having no netem), a bandwidth cap on what it
   sends (`bandwidth_cap`, tbf), a CPU quota on the rank's process (`cpu_quota`, a cgroup of
-  the cpu controller), and with ``loader_workers`` (each step also takes an item from a
-  DataLoader with that many worker processes) a slow DataLoader worker (`slow_worker`).
+  the cpu controller); with ``loader_workers`` (each step also takes an item from a
+  DataLoader with that many worker processes) a slow DataLoader worker (`slow_worker`);
+  and, through each rank's knobs file (``ddp.py --knobs``): more work
+  per step (`more_work`), reads of a data file whose pages are dropped from the page cache
+  each step (`evicted_reads`), the same on a disk throttled for the rank (`throttled_disk`,
+  the blkio controller); an interrupt storm on the rank's CPU (`interrupt_storm`: UDP
+  packets from a namespace of their own, received by the rank's CPU through receive packet
+  steering).
 """
 
 from __future__ import annotations
@@ -49,6 +55,11 @@ from bpfdyno.rpc.wire import from_pb
 
 TRAINERS = Path(__file__).resolve().parent / "trainers"
 WIRE = Path(__file__).resolve().parent / "delay_wire.py"
+FLOOD = Path(__file__).resolve().parent / "udp_flood.py"
+#: The size of a rank's data file (`StragglerJob.data_file`).
+DATA_FILE_BYTES = 64 << 20
+#: The UDP port the interrupt storm's packets go to (nothing listens on it).
+FLOOD_PORT = 9
 SUBNET = "10.18.0"
 MASTER_PORT = 29500
 #: The ranks' job id (libkineto reports $SLURM_JOB_ID with its polls).
@@ -106,6 +117,7 @@ class Network:
         self.bridge_ns = f"{tag}-br"
         self.namespaces = [f"{tag}-r{i}" for i in range(ranks)]
         self.addresses = [f"{SUBNET}.{10 + i}" for i in range(ranks)]
+        self.flood_ns = f"{tag}-fl"
 
     def create(self) -> None:
         if shutil.which("ip") is None or shutil.which("nft") is None:
@@ -127,8 +139,27 @@ class Network:
             run("ip", "-n", ns, "link", "set", "eth0", "up")
             run("ip", "-n", ns, "link", "set", "lo", "up")
 
+    def add_flooder(self) -> str:
+        """A namespace of its own on the bridge, address ``.99``, to send an interrupt storm
+        from; returns its name."""
+        ns, br = self.flood_ns, self.bridge_ns
+        run("ip", "netns", "add", ns)
+        run("ip", "-n", br, "link", "add", "vfl", "type", "veth", "peer", "name", "eth0",
+            "netns", ns)  # fmt: skip
+        run("ip", "-n", br, "link", "set", "vfl", "master", "br0", "up")
+        run("ip", "-n", ns, "addr", "add", f"{SUBNET}.99/24", "dev", "eth0")
+        run("ip", "-n", ns, "link", "set", "eth0", "up")
+        return ns
+
+    def steer(self, ns: str, device: str, cpus: set[int]) -> None:
+        """Receive packet steering: what ``device`` in ``ns`` receives is processed (the
+        NET_RX softirq, raised by an IPI) on ``cpus``; empty: where it arrives."""
+        mask = f"{sum(1 << c for c in cpus):x}"
+        run("ip", "netns", "exec", ns, "sh", "-c",
+            f"echo {mask} > /sys/class/net/{device}/queues/rx-0/rps_cpus")  # fmt: skip
+
     def delete(self) -> None:
-        for ns in [*self.namespaces, self.bridge_ns]:
+        for ns in [*self.namespaces, self.bridge_ns, self.flood_ns]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
     def drop_input(self, rank: int, per_mille: int) -> None:
@@ -282,7 +313,7 @@ def _descendants(pid: int) -> list[int]:
 class Agent:
     """A ``bpfdyno serve`` with only the tracing component (and its kernel-track capture)."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, interrupts: bool = False) -> None:
         self.base = base
         self.sock = base / "agent.sock"
         self.socket_dir = base / "k"  # the trainers' KINETO_IPC_SOCKET_DIR
@@ -301,7 +332,9 @@ class Agent:
             "enabled = false",
         ]
         for c in KNOWN_COLLECTORS:
-            lines += [f"[collectors.{c}]", "enabled = false"]
+            # The interrupt collector, when asked for: the fabric track's interrupt time.
+            on = interrupts and c == "irq"
+            lines += [f"[collectors.{c}]", f"enabled = {'true' if on else 'false'}"]
         self.config = base / "bpfdyno.toml"
         self.config.write_text("\n".join(lines) + "\n")
         self.proc: Proc | None = None
@@ -376,11 +409,14 @@ class StragglerJob:
         base: a short directory of its own (Unix socket paths are limited).
         ranks: how many ranks.
         cpus: the CPU each rank (its torchrun and everything under it) is pinned to.
+        interrupts: run the agent's interrupt collector (for the ``fabric`` track's
+            interrupt time: `interrupt_storm`).
     """
 
     base: Path
     ranks: int
     cpus: Sequence[int]
+    interrupts: bool = False
     network: Network = field(init=False)
     agent: Agent = field(init=False)
     feeders: list[Proc] = field(default_factory=list)
@@ -392,7 +428,7 @@ class StragglerJob:
 
     def __post_init__(self) -> None:
         self.network = Network(self.ranks)
-        self.agent = Agent(self.base)
+        self.agent = Agent(self.base, self.interrupts)
 
     def start(self) -> None:
         self.network.create()
@@ -422,7 +458,7 @@ class StragglerJob:
                 sys.executable, "-m", "torch.distributed.run",
                 f"--nnodes={self.ranks}", f"--node-rank={i}", "--nproc-per-node=1",
                 f"--master-addr={self.network.addresses[0]}", f"--master-port={MASTER_PORT}",
-                str(TRAINERS / "ddp.py"), f"--batches={fifo}",
+                str(TRAINERS / "ddp.py"), f"--batches={fifo}", f"--knobs={self.knobs(i)}",
                 f"--sleep-ms={STEP_SLEEP_MS}", "--seconds=3600",
                 f"--loader-workers={self.loader_workers}",
                 f"--worker-delay-file={self.worker_delay_file(i)}",
@@ -581,6 +617,108 @@ class StragglerJob:
         finally:
             path.unlink(missing_ok=True)
 
+    def knobs(self, rank: int) -> Path:
+        return self.base / f"knobs-{rank}.json"
+
+    def set_knobs(self, rank: int, **knobs: object) -> None:
+        """Rank ``rank``'s fault knobs (``ddp.py --knobs``), whole: it reads them at its next
+        step. Written aside and renamed, so the rank never reads half a file."""
+        new = self.knobs(rank).with_suffix(".new")
+        new.write_text(json.dumps(knobs))
+        new.rename(self.knobs(rank))
+
+    def data_file(self, rank: int) -> Path:
+        """Rank ``rank``'s data file (`DATA_FILE_BYTES` of random bytes, on the disk under
+        the job's directory), written once."""
+        path = self.base / f"data-{rank}"
+        if not path.exists():
+            with open(path.with_suffix(".new"), "wb") as f:
+                for _ in range(DATA_FILE_BYTES >> 20):
+                    f.write(os.urandom(1 << 20))
+                os.fsync(f.fileno())
+            path.with_suffix(".new").rename(path)
+        return path
+
+    @contextlib.contextmanager
+    def more_work(self, rank: int, ms: float) -> Iterator[None]:
+        """Rank ``rank`` computes ``ms`` more CPU time each step."""
+        self.set_knobs(rank, work_ms=ms)
+        try:
+            yield
+        finally:
+            self.set_knobs(rank)
+
+    @contextlib.contextmanager
+    def evicted_reads(self, rank: int, samples: int = 0, read_bytes: int = 0) -> Iterator[Path]:
+        """Rank ``rank`` reads ``samples`` samples (64 KiB) of its data file at random places and
+        ``read_bytes`` in one piece each step, the file's pages dropped from the page cache
+        first: the reads go to the disk."""
+        path = self.data_file(rank)
+        self.set_knobs(
+            rank, read_path=str(path), read_bytes=read_bytes, samples=samples, evict=True
+        )
+        try:
+            yield path
+        finally:
+            self.set_knobs(rank)
+
+    @contextlib.contextmanager
+    def throttled_disk(
+        self, rank: int, bytes_per_second: int, read_bytes: int = 1 << 20
+    ) -> Iterator[None]:
+        """Rank ``rank``'s reads from the disk of its data file limited to
+        ``bytes_per_second`` (a cgroup of the blkio/io controller), while it reads
+        ``read_bytes`` each step past the page cache (`evicted_reads`)."""
+        disk = _whole_disk(os.stat(self.data_file(rank)).st_dev)
+        root = Path("/sys/fs/cgroup/blkio")
+        v2 = not (root / "blkio.throttle.read_bps_device").exists()
+        if v2:
+            root = Path("/sys/fs/cgroup")
+        d = root / f"bds{os.getpid()}-r{rank}-io"
+        d.mkdir()
+        pid = self.rank_pids[rank]
+        try:
+            if v2:
+                (d / "io.max").write_text(f"{disk} rbps={bytes_per_second}")
+            else:
+                (d / "blkio.throttle.read_bps_device").write_text(f"{disk} {bytes_per_second}")
+            (d / "cgroup.procs").write_text(str(pid))
+            with self.evicted_reads(rank, read_bytes=read_bytes):
+                yield
+        finally:
+            with contextlib.suppress(OSError):
+                (root / "cgroup.procs").write_text(str(pid))
+            d.rmdir()
+
+    @contextlib.contextmanager
+    def interrupt_storm(
+        self, rank: int, datagrams_per_second: int, size: int = 64
+    ) -> Iterator[Proc]:
+        """``datagrams_per_second`` UDP datagrams of ``size`` bytes (over the link's MTU: IP
+        fragments) to rank ``rank``, sent from a namespace of their own by a sender pinned to
+        another CPU, and steered (RPS) to the rank's CPU: there the kernel receives them in
+        softirqs, interrupting whatever runs."""
+        cpu = self.cpus[rank]
+        others = sorted(set(range(os.cpu_count() or 1)) - {cpu}) or [cpu]
+        network = self.network
+        if not Path(f"/run/netns/{network.flood_ns}").exists():
+            network.add_flooder()
+        network.steer(network.bridge_ns, "vfl", {cpu})
+        network.steer(network.namespaces[rank], "eth0", {cpu})
+        flood = spawn(
+            ["ip", "netns", "exec", network.flood_ns, "taskset", "-c", str(others[0]),
+             sys.executable, str(FLOOD), network.addresses[rank], str(FLOOD_PORT),
+             str(datagrams_per_second), str(size)],
+            self.base / "flood.out",
+        )  # fmt: skip
+        try:
+            wait_for(lambda: "flooding" in flood.lines(), 30, "the interrupt storm to start")
+            yield flood
+        finally:
+            flood.kill()
+            network.steer(network.bridge_ns, "vfl", set())
+            network.steer(network.namespaces[rank], "eth0", set())
+
     # -- tracing -----------------------------------------------------------------------------
 
     def hold(self) -> int:
@@ -621,8 +759,9 @@ class StragglerJob:
         settle: int = 10,
         timeout: float = 120,
         aligned: bool = True,
+        tracks: str = "net,sched",
     ) -> Trace:
-        """Trace ``iterations`` steps of every rank, with the net and sched kernel tracks;
+        """Trace ``iterations`` steps of every rank, with the kernel tracks ``tracks``;
         the agent's summary of the files and its verdict.
 
         Every rank must start at the same step, but each gets the request at its own next
@@ -663,7 +802,7 @@ class StragglerJob:
                         # and it starts at the first multiple of the round-up from there.
                         profile_start_iteration_roundup=steps + settle if aligned else 1,
                         process_limit=self.ranks,
-                        kernel_tracks="net,sched",
+                        kernel_tracks=tracks,
                         pre_window_seconds=0.0,
                         timeout_seconds=timeout,
                     ),
@@ -706,6 +845,15 @@ class StragglerJob:
         )
         self.traces.append(trace)
         return trace
+
+
+def _whole_disk(dev: int) -> str:
+    """``MAJOR:MINOR`` of the disk that holds device ``dev`` (a partition's disk: the
+    throttle applies to whole disks)."""
+    sysfs = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    if (sysfs / "partition").exists():
+        return (sysfs.resolve().parent / "dev").read_text().strip()
+    return f"{os.major(dev)}:{os.minor(dev)}"
 
 
 def short_base() -> Path:

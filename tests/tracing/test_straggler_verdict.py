@@ -10,6 +10,10 @@ one rank only (`straggler_job`):
   connections' round trips);
 - a CPU quota of 2 ms per 100 ms on the rank's process: that rank, throttled by its CPU
   quota, with no other task blamed;
+- 40 ms more CPU work per step on a rank that shares its CPU with two others: that rank, its
+  own work on a CPU, no other rank blamed for its waits;
+- a rank reading 1 MiB a step past the page cache from a disk throttled to 5 MiB/s: that
+  rank, uninterruptible disk reads (pread64);
 - no fault: no straggler.
 
 The wider matrix of faults, strengths and ranks is `tests/bench/bench_verdict_matrix.py`.
@@ -43,6 +47,11 @@ RANKS = 4
 CPUS = (0, 0, 1, 0)
 HOG_RANK, LOSS_RANK, READ_RANK = 2, 1, 3
 LATENCY_RANK, QUOTA_RANK = 3, 1
+WORK_RANK, DISK_RANK = 1, 3
+#: The extra CPU time the working rank computes per step.
+WORK_MS = 40.0
+#: The throttled disk's read rate for its rank.
+DISK_BYTES_PER_SECOND = 5 << 20
 #: What the slow link adds to every packet the rank sends.
 DELAY_MS = 20.0
 #: The quota: CPU time per 100 ms period. At 5 ms the rank was late 12-17 % of the time in
@@ -201,4 +210,35 @@ def test_a_cpu_quota_on_a_rank(job: StragglerJob) -> None:
     # The waits were the quota's: no task that ran meanwhile is named for them.
     assert all(c.cause != "cpu_wait" or "held by" not in c.detail for c in f.causes)
     assert all(not w.detail.startswith("held by") for w in f.worst), f.worst
+    assert_worst_inside_windows(trace, f)
+
+
+def test_more_work_per_step_on_a_rank(job: StragglerJob) -> None:
+    with job.more_work(WORK_RANK, WORK_MS):
+        trace = job.trace("more-work", ITERATIONS)
+    assert_every_rank_compared(trace)
+    f = the_straggler(trace)
+    assert (f.rank, f.kind, f.pid) == (WORK_RANK, "late", job.rank_pids[WORK_RANK])
+    assert f.causes[0].cause == "on_cpu", describe(trace)
+    m = re.match(r"ran ([0-9.]+) (ms|s) longer than the other ranks", f.causes[0].detail)
+    assert m is not None, f.causes[0].detail
+    ran = float(m[1]) * (1.0 if m[2] == "s" else 1e-3)
+    # At least the extra work of most traced steps (the first may predate the window).
+    assert ran >= 0.8 * ITERATIONS * WORK_MS / 1000, f.causes[0].detail
+    # No rank of the job (the others, taking the CPU in turn, or its own threads) is named
+    # as holding its CPU.
+    waits = " ".join(c.detail for c in f.causes if c.cause == "cpu_wait")
+    assert not any(f"(pid {pid})" in waits for pid in job.rank_pids.values()), waits
+    assert 0 < f.share <= 1
+
+
+def test_a_throttled_disk_under_a_rank_s_reads(job: StragglerJob) -> None:
+    with job.throttled_disk(DISK_RANK, DISK_BYTES_PER_SECOND):
+        trace = job.trace("throttled-disk", ITERATIONS)
+    assert_every_rank_compared(trace)
+    f = the_straggler(trace)
+    assert (f.rank, f.kind, f.pid) == (DISK_RANK, "late", job.rank_pids[DISK_RANK])
+    assert (f.causes[0].cause, f.causes[0].detail) == ("disk", "pread64"), describe(trace)
+    # 1 MiB a step at 5 MiB/s: 200 ms of each step in the disk's queue, most of the time lost.
+    assert f.causes[0].seconds >= 0.5 * f.seconds, describe(trace)
     assert_worst_inside_windows(trace, f)

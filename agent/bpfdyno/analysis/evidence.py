@@ -94,17 +94,21 @@ class _Threads:
 
     def overlapping(self, lo: float, hi: float) -> Iterable[tuple[_Slice, float]]:
         """Each slice overlapping [lo, hi) with the length of the overlap (µs)."""
-        for tid, row in self.rows.items():
-            starts = self.starts[tid]
-            # A thread's slices do not overlap each other: only the one starting last before
-            # lo can reach into the window.
-            i = max(0, bisect.bisect_right(starts, lo) - 1)
-            while i < len(row) and row[i].start < hi:
-                s = row[i]
-                overlap = min(s.end, hi) - max(s.start, lo)
-                if overlap > 0:
-                    yield s, overlap
-                i += 1
+        for tid in self.rows:
+            yield from self.of(tid, lo, hi)
+
+    def of(self, tid: int, lo: float, hi: float) -> Iterable[tuple[_Slice, float]]:
+        """Thread ``tid``'s slices overlapping [lo, hi), with the overlap (µs)."""
+        row, starts = self.rows.get(tid, []), self.starts.get(tid, [])
+        # A thread's slices do not overlap each other: only the one starting last before lo
+        # can reach into the window.
+        i = max(0, bisect.bisect_right(starts, lo) - 1)
+        while i < len(row) and row[i].start < hi:
+            s = row[i]
+            overlap = min(s.end, hi) - max(s.start, lo)
+            if overlap > 0:
+                yield s, overlap
+            i += 1
 
 
 def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
@@ -141,10 +145,15 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         previous[c.group] = c.start_us
         before, holders, worst_before = _causes(threads, busy, run_up, c.start_us)
         stolen = interrupts.between(run_up, c.start_us) / 1e9  # ns of CPU time
+        extra = []
         if stolen > 0:
-            before = tuple(
-                sorted((*before, CauseTime("interrupts", stolen)), key=lambda t: -t.seconds)
-            )
+            extra.append(CauseTime("interrupts", stolen))
+        if pid in threads.rows:
+            ran = _on_cpu(threads, pid, run_up, c.start_us) - stolen
+            if ran > 0:
+                extra.append(CauseTime("on_cpu", ran))
+        if extra:
+            before = tuple(sorted((*before, *extra), key=lambda t: -t.seconds))
         during, _, worst_during = _causes(threads, busy, c.start_us, c.end_us)
         workers, worker_pids = _workers(threads, children, worker_of, tid, run_up, c.start_us)
         worst = {w.cause: w for w in worst_during}
@@ -551,6 +560,13 @@ def _causes(
         for overlap, s in longest.values()
     ]
     return causes, tuple(CauseTime(h, us / 1e6) for h, us in top), worst
+
+
+def _on_cpu(threads: _Threads, pid: int, lo: float, hi: float) -> float:
+    """Seconds the main thread ran in [lo, hi): the time it was not off-CPU (the run-up's
+    own work; interrupts taken meanwhile are in it, and are taken out by the caller)."""
+    off = sum(overlap for _, overlap in threads.of(pid, lo, hi))
+    return max(0.0, hi - lo - off) / 1e6
 
 
 def _instance(w: Instance, facts: TraceFacts) -> Instance:

@@ -20,8 +20,11 @@ clients for a whole job; both decide the same way.
    packets were lost on the way is late for the network's sake, and that part is the
    network's (5).
 3. **Straggler**: a rank the others waited for at least `MIN_SHARE` of the compared time, in
-   at least `MIN_LATE_FRACTION` of the collectives (consistently, not by jitter). Otherwise
-   the ranks are within noise.
+   at least `MIN_LATE_FRACTION` of the collectives (consistently, not by jitter) — or at
+   least `EVIDENCED_MIN_SHARE` of it when most of its lost time is its CPU quota's throttling or
+   waits for a CPU held outside the job (`_evidenced`). With a network finding, the share is
+   of the compared time less the time inside the collectives the network slowed
+   (`_own_span`): two faults, two ranks. Otherwise the ranks are within noise.
 4. **Why**: in each collective a straggler reached late, what its threads spent, by cause,
    in the run-up (from its previous arrival), beyond the median of the other ranks' same
    run-up: that excess is the time the cause explains. Causes are ranked by it; who held
@@ -91,6 +94,14 @@ from bpfdyno.rpc.diagnosis import (
 MIN_SHARE = 0.10
 #: ... and it arrived after the median of the others in at least this share of collectives.
 MIN_LATE_FRACTION = 0.6
+#: A rank held back by a CPU hog at nice -10 or a quota of 10 ms per 100 ms on the same job
+#: kept the others waiting 2-8 % of the time: under `MIN_SHARE`, but with the kernel's word
+#: for why (`_evidenced`). Per cause, the share from which it is named when that cause
+#: explains at least `EVIDENCED_EXPLAINED` of its lost time: a throttled quota is evidence
+#: no healthy rank has (the cgroup's counters); waits for a CPU held outside the job are
+#: what a healthy rank on a loaded machine has too, in small amounts (up to 5.6 % seen).
+EVIDENCED_MIN_SHARE = {"cpu_quota": 0.02, "cpu_wait": 0.06}
+EVIDENCED_EXPLAINED = 0.6
 #: Lost time below this is noise, whatever the share.
 MIN_SECONDS = 0.002
 #: Two ranks' collectives that completed further apart than this (seconds, on the common
@@ -144,6 +155,8 @@ MIN_SLOW_CONNECTIONS = 2
 QUOTA_MOSTLY = 0.5
 #: The rank named for slow links is on at least this share of the slow connections.
 SLOW_LINK_OWNER = 0.9
+#: The kernel's per-CPU softirq threads, as a CPU holder is named (``ksoftirqd/1 (pid 22)``).
+SOFTIRQ_THREAD = "ksoftirqd/"
 
 
 @dataclass(slots=True)
@@ -259,7 +272,9 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
             m.slow_link = bool(set(m.members) & set(slow.ranks))
     late = _lateness(matches)
     by_label = {r.label: r for r in rs}
-    findings: list[Finding] = []
+    seen = Comparison(matches, rs, span, losses, spurious)
+    findings: list[Finding] = [f for rule in COLLECTIVE_RULES if (f := rule(seen)) is not None]
+    own = _own_span(matches, span) if findings else span
     for label, (seconds, late_count, count, lateness) in late.items():
         t = timings[label]
         timings[label] = RankTiming(
@@ -276,14 +291,13 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
             ),
             step_seconds=t.step_seconds,
         )
-        if (
-            seconds >= max(MIN_SECONDS, MIN_SHARE * span)
-            and count
-            and late_count / count >= MIN_LATE_FRACTION
-        ):
-            findings.append(_late_finding(by_label[label], matches, seconds, span, rs))
-    seen = Comparison(matches, rs, span, losses, spurious)
-    findings += [f for rule in COLLECTIVE_RULES if (f := rule(seen)) is not None]
+        if seconds < max(MIN_SECONDS, min(EVIDENCED_MIN_SHARE.values()) * own) or not count:
+            continue
+        if late_count / count < MIN_LATE_FRACTION:
+            continue  # not consistently: jitter
+        f = _late_finding(by_label[label], matches, seconds, span, rs)
+        if seconds >= MIN_SHARE * own or _evidenced(f, own):
+            findings.append(f)
     findings.sort(key=lambda f: -f.seconds)
     worst = max(late.values(), key=lambda v: v[0])[0] if late else 0.0
     job_time = ""
@@ -536,6 +550,36 @@ def _lateness(matches: list[_Match]) -> dict[int, tuple[float, int, int, list[fl
     }
 
 
+def _own_span(matches: list[_Match], span: float) -> float:
+    """The compared time less the network's: the time inside collectives that packet loss
+    or slow links slowed, after their last rank arrived. With a network finding made, a
+    late rank's share is of what remains: with every collective 160 ms longer for a slow
+    link, a rank starved of CPU on the side loses the job as much time per step as before,
+    a small share of the whole (two faults, two ranks named)."""
+    network = _union_length(
+        [
+            (max(m.arrivals.values()), max(m.ends.values()))
+            for m in matches
+            if m.lossy or m.slow_link
+        ]
+    )
+    return max(span - network, 1e-9)
+
+
+def _evidenced(f: Finding, own: float) -> bool:
+    """A late rank under `MIN_SHARE` is named when the kernel says why with evidence that
+    healthy ranks do not have: most of its lost time is its cgroup's CPU quota throttling
+    (the cgroup's own counters), or waits for a CPU held by tasks outside the job (ranks
+    of the job and its own threads are taken out by `_shared_cpu`)."""
+    if not f.causes or f.causes[0].cause not in EVIDENCED_MIN_SHARE:
+        return False
+    first = f.causes[0]
+    return (
+        f.seconds >= EVIDENCED_MIN_SHARE[first.cause] * own
+        and first.seconds >= EVIDENCED_EXPLAINED * f.seconds
+    )
+
+
 def _union_length(intervals: list[tuple[float, float]]) -> float:
     """Seconds covered by the intervals: time counted once however many collectives (of
     several groups, or mispaired) claim it, so it never exceeds the time compared."""
@@ -591,9 +635,12 @@ def _late_finding(
             excess["cpu_wait"] = waits - moved
         worst = [_quota_instance(w, quota) if w.cause == "cpu_wait" else w for w in worst]
         details["cpu_quota"][_quota_detail(quota)] += 1
+    taken = _softirq_threads(holders, excess, details)
+    taken |= _shared_cpu(r, rs, holders, excess, details, seconds)
     causes: list[CauseTime] = []
     explained = 0.0
-    said = LateCause(r, rs, holders, details, workers)
+    # The waits for a CPU that remain are those held by everyone else: only they are named.
+    said = LateCause(r, rs, {h: v for h, v in holders.items() if h not in taken}, details, workers)
     for cause, extra in sorted(excess.items(), key=lambda kv: -kv[1]):
         share = min(extra, seconds)
         if share < MIN_CAUSE_SHARE * seconds:
@@ -630,6 +677,80 @@ def _late_finding(
         worst=tuple(worst[:TOP_INSTANCES]),
         summary=summary,
     )
+
+
+def _holder_pid(holder: str) -> int:
+    """The pid in a CPU holder's name (``comm (pid N)``), or 0."""
+    _, _, tail = holder.rpartition("(pid ")
+    return int(tail[:-1]) if tail.endswith(")") and tail[:-1].isdigit() else 0
+
+
+def _softirq_threads(
+    holders: Mapping[str, float], excess: dict[str, float], details: dict[str, Counter[str]]
+) -> set[str]:
+    """Waits for a CPU held by ksoftirqd are interrupts: the kernel hands softirq work that
+    comes faster than it can do on the spot (an interrupt storm) to that CPU's ksoftirqd
+    thread, which then takes the CPU from the rank like any task. Returns the holders whose
+    waits it took."""
+    total = sum(holders.values())
+    threads = {h for h in holders if h.startswith(SOFTIRQ_THREAD)}
+    soft = sum(holders[h] for h in threads)
+    if not soft or not excess.get("cpu_wait"):
+        return set()
+    moved = excess["cpu_wait"] * soft / total
+    excess["cpu_wait"] -= moved
+    excess["interrupts"] = excess.get("interrupts", 0.0) + moved
+    details["interrupts"][f"{_fmt_s(moved)} of it waiting for ksoftirqd (softirq work)"] += 1
+    return threads
+
+
+def _shared_cpu(
+    r: _Rank,
+    rs: list[_Rank],
+    holders: Mapping[str, float],
+    excess: dict[str, float],
+    details: dict[str, Counter[str]],
+    seconds: float,
+) -> set[str]:
+    """A rank that ran longer than the others (its own work) and waited for a CPU held by
+    its own threads or other ranks of the job on its host: those waits are its own work's
+    too. Its threads and ranks sharing a CPU take turns on it; the one with more work is
+    runnable while the others run theirs (gloo's threads among them, serving the collective
+    it is late to), so it also waits longer for the CPU. Blaming the other ranks for that
+    would send an engineer after the wrong processes. Waits for anyone else (a hog) stay
+    ``cpu_wait``. Only when its work is its largest excess besides the waits. Returns the
+    holders whose waits it took."""
+    ran = excess.get("on_cpu", 0.0)
+    if ran < MIN_CAUSE_SHARE * seconds:
+        return set()
+    said = f"ran {_fmt_s(ran)} longer than the other ranks"
+    if any(v > ran for k, v in excess.items() if k not in ("on_cpu", "cpu_wait")):
+        # Its work is not the main excess (reads past the page cache run longer too, in the
+        # kernel's copies): the waits are not its work's.
+        details["on_cpu"][said] += 1
+        return set()
+    ranks = {x.ev.pid: x.label for x in rs if x.ev.host == r.ev.host}
+    by_ranks: dict[int, float] = defaultdict(float)
+    taken = set()
+    for holder, held in holders.items():
+        if _holder_pid(holder) in ranks:
+            by_ranks[ranks[_holder_pid(holder)]] += held
+            taken.add(holder)
+    if by_ranks and excess.get("cpu_wait"):
+        # Of the waits `_softirq_threads` left: those for anyone but ksoftirqd.
+        others_held = sum(v for h, v in holders.items() if not h.startswith(SOFTIRQ_THREAD))
+        moved = excess["cpu_wait"] * sum(by_ranks.values()) / others_held
+        excess["cpu_wait"] -= moved
+        excess["on_cpu"] = ran + moved
+        others = sorted(k for k in by_ranks if k != r.label)
+        whom = [*(["its own threads"] if r.label in by_ranks else [])]
+        if others:
+            whom.append(f"rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}")
+        said += f"; waited {_fmt_s(moved)} for the CPU held by {' and '.join(whom)}"
+    else:
+        taken = set()
+    details["on_cpu"][said] += 1
+    return taken
 
 
 @dataclass(frozen=True, slots=True)
@@ -725,8 +846,20 @@ def _quota_said(c: LateCause) -> str:
 #: A cause's detail for a late rank, when it says more than the system calls its run-ups
 #: gave (the default): a small function of what `LateCause` holds. A cause whose evidence
 #: names someone else (who held the CPU, a quota that throttled it) adds its function here.
+def _interrupts_said(c: LateCause) -> str:
+    """The waits for ksoftirqd among it (`_softirq_threads`)."""
+    return next(iter(c.details.get("interrupts", ())), "")
+
+
+def _own_work_said(c: LateCause) -> str:
+    """How much longer it ran, and the waits for ranks sharing its CPU (`_shared_cpu`)."""
+    return next(iter(c.details.get("on_cpu", ())), "")
+
+
 CAUSE_DETAILS: dict[str, Callable[[LateCause], str]] = {
     "cpu_wait": _cpu_holders,
+    "on_cpu": _own_work_said,
+    "interrupts": _interrupts_said,
     "gpu_compute": _sm_clock,
     "cpu_quota": _quota_said,
     "data_loader": _workers_said,

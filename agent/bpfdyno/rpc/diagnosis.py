@@ -35,6 +35,7 @@ CAUSES: dict[str, str] = {
     "gpu_compute": "more GPU compute",
     "fabric": "fabric congestion or errors (RDMA ports, NICs)",
     "interrupts": "CPU time taken by interrupts and softirqs",
+    "on_cpu": "on a CPU: its own work took longer",
     "unexplained": "not seen by the kernel (slower compute or Python work)",
 }
 

@@ -12,18 +12,34 @@ worker processes (children of the rank); a worker waits ``--worker-delay-file``'
 milliseconds (read before each item; no file: none) before producing it: a slow DataLoader
 worker the rank's main thread waits for inside ``enumerate(DataLoader)``.
 
+With ``--knobs FILE`` (JSON, re-read when it changes; absent or empty: none), a step also
+does what a fault asks of this rank, before its forward:
+
+- ``work_ms``: more work per step: this thread computes (matrix products) until it has
+  spent that much more CPU time (its own CPU time, so the work is the same on a loaded
+  machine);
+- ``read_path``, ``read_bytes``, ``samples``: read ``read_bytes`` of a data file, the next
+  piece each step (wrapping at its end), and ``samples`` samples of it (``SAMPLE`` bytes)
+  at random places, as a data loader reads its samples; with ``evict`` the file's pages
+  are dropped from the page cache first (posix_fadvise DONTNEED), so the reads go to the
+  disk.
+
 Prints "ready <pid> rank <rank>" after 5 steps.
 """
 
 import argparse
+import json
 import os
+import random
 import time
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 BATCH_BYTES = 4096
+SAMPLE = 64 << 10
 
 
 class SlowItems(torch.utils.data.Dataset[torch.Tensor]):
@@ -57,12 +73,73 @@ def read_batch(fd: int, buf: bytearray) -> None:
         got += n
 
 
+@dataclass
+class Knobs:
+    """The fault knobs of ``--knobs FILE`` (module doc), re-read when the file changes."""
+
+    path: str
+    mtime_ns: int = -1
+    work_ms: float = 0.0
+    read_path: str = ""
+    read_bytes: int = 0
+    samples: int = 0
+    evict: bool = False
+    offset: int = 0
+    fd: int = -1
+    sample: bytearray = field(default_factory=lambda: bytearray(SAMPLE))
+
+    def refresh(self) -> None:
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+        except FileNotFoundError:
+            mtime = 0
+        if mtime == self.mtime_ns:
+            return
+        self.mtime_ns = mtime
+        text = ""
+        if mtime:
+            with open(self.path) as f:
+                text = f.read()
+        knobs = json.loads(text or "{}")
+        self.work_ms = float(knobs.get("work_ms", 0.0))
+        self.read_bytes = int(knobs.get("read_bytes", 0))
+        self.samples = int(knobs.get("samples", 0))
+        self.evict = bool(knobs.get("evict", False))
+        path = str(knobs.get("read_path", ""))
+        if path != self.read_path:
+            if self.fd >= 0:
+                os.close(self.fd)
+            self.fd = os.open(path, os.O_RDONLY) if path else -1
+            self.read_path, self.offset = path, 0
+            if self.fd >= 0:  # samples at random places: no readahead around them
+                os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
+
+    def step(self) -> None:
+        if self.fd >= 0:
+            size = os.fstat(self.fd).st_size
+            if self.evict:
+                os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if self.read_bytes:
+                if self.offset + self.read_bytes > size:
+                    self.offset = 0
+                os.pread(self.fd, self.read_bytes, self.offset)
+                self.offset += self.read_bytes
+            for _ in range(self.samples):  # into one buffer, as a loader fills its batch
+                os.preadv(self.fd, [self.sample], random.randrange(size // SAMPLE) * SAMPLE)
+        if self.work_ms:
+            end = time.thread_time() + self.work_ms / 1000
+            a = torch.randn(128, 128)
+            while time.thread_time() < end:
+                a = torch.tanh(a @ a)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="", help="FIFO to read each step's batch from")
     parser.add_argument("--sleep-ms", type=float, default=10.0)
     parser.add_argument("--loader-workers", type=int, default=0)
     parser.add_argument("--worker-delay-file", default="")
+    parser.add_argument("--knobs", default="", help="JSON file of fault knobs (module doc)")
     parser.add_argument(
         "--seconds", type=float, default=float(os.environ.get("TRAIN_SECONDS", 120))
     )
@@ -81,6 +158,7 @@ def main() -> None:
         )
         items = iter(loader)
     end = time.monotonic() + args.seconds
+    knobs = Knobs(args.knobs) if args.knobs else None
     step = 0
     while time.monotonic() < end:
         if fd >= 0:
@@ -88,6 +166,9 @@ def main() -> None:
             x = torch.frombuffer(buf, dtype=torch.float32).view(64, 16)
         if items is not None:
             x = x + next(items)
+        if knobs is not None:
+            knobs.refresh()
+            knobs.step()
         opt.zero_grad()
         model(x).sum().backward()
         opt.step()

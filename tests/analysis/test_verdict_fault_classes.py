@@ -1,0 +1,271 @@
+"""The verdict on faults of the matrix (tests/bench/bench_verdict_matrix.py) beyond the
+network and the CPU quota, on evidence whose answer is known: one rank with more work per
+step on a CPU it shares with other ranks, an interrupt storm on a rank's CPU; two faults at
+once (two ranks named); faults too weak for `MIN_SHARE` that the kernel explains."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from bpfdyno.analysis.verdict import compare
+from bpfdyno.rpc.diagnosis import (
+    CauseTime,
+    CollectiveEvidence,
+    ConnectionRtt,
+    CpuQuota,
+    RankEvidence,
+)
+
+T0 = 1_800_000_000_000_000_000  # ns
+STEP = 200  # ms between collectives
+RANKS = 4
+N = 20
+LATE_MS = 40.0
+
+
+def collective(
+    i: int, arrival_ms: float, before: dict[str, float], holders: dict[str, float]
+) -> CollectiveEvidence:
+    return CollectiveEvidence(
+        op="allreduce",
+        source="gloo",
+        group="gloo",
+        index=i,
+        step=i,
+        size_bytes=4096,
+        arrival_unix_ns=T0 + round(arrival_ms * 1e6),
+        end_unix_ns=T0 + round((i * STEP + LATE_MS + 5) * 1e6),
+        before=tuple(CauseTime(c, s) for c, s in before.items()),
+        holders=tuple(CauseTime(h, s) for h, s in holders.items()),
+    )
+
+
+def job(late: int, late_before: dict[str, float], holders: dict[str, float]) -> list[RankEvidence]:
+    """4 ranks (pids 100-103) on one host, N all-reduces STEP ms apart; rank ``late`` arrives
+    LATE_MS after the others at each, its run-ups with ``late_before`` (seconds by cause) and
+    CPU ``holders``; the others' run-ups: 30 ms on a CPU, 150 ms asleep."""
+    out = []
+    for r in range(RANKS):
+        cs = [
+            collective(
+                i,
+                i * STEP + (LATE_MS if r == late else 0.0),
+                late_before if r == late else {"on_cpu": 0.030, "sleep": 0.150},
+                holders if r == late else {},
+            )
+            for i in range(N)
+        ]
+        out.append(
+            RankEvidence(
+                path=f"/t/r{r}.json",
+                host="node",
+                pid=100 + r,
+                rank=r,
+                world_size=RANKS,
+                window_start_unix_ns=cs[0].arrival_unix_ns - STEP * 1_000_000,
+                window_end_unix_ns=cs[-1].end_unix_ns + STEP * 1_000_000,
+                collectives=tuple(cs),
+            )
+        )
+    return out
+
+
+def test_more_work_on_a_shared_cpu_is_the_ranks_own_work() -> None:
+    """Rank 1 runs 40 ms more per run-up and waits 50 ms more for its CPU, held half of that
+    time by rank 0 (sharing its CPU), a quarter by its own gloo thread and a quarter by
+    another process: its own work is the cause (the waits for rank 0 and itself with it),
+    the outsider's share stays a wait for a CPU."""
+    before = {"cpu_wait": 0.050, "on_cpu": 0.070, "sleep": 0.150}
+    holders = {
+        "python (pid 100)": 0.025,
+        "gloo_tcp_loop (pid 101)": 0.0125,
+        "cc1 (pid 999)": 0.0125,
+    }
+    v = compare(job(1, before, holders))
+    [f] = v.stragglers
+    assert (f.rank, f.kind) == (1, "late")
+    lost = N * LATE_MS / 1000
+    assert f.seconds == pytest.approx(lost)
+    # on_cpu: 40 ms x 20 ran longer + 3/4 of 50 ms x 20 waited for rank 0 (capped at the time
+    # lost); cpu_wait: the outsider's quarter, 250 ms.
+    assert [(c.cause, round(c.seconds, 6)) for c in f.causes] == [
+        ("on_cpu", lost),
+        ("cpu_wait", 0.25),
+    ]
+    assert f.causes[0].detail == (
+        "ran 800.0 ms longer than the other ranks; waited 750.0 ms for the CPU held by its own "
+        "threads and rank 0"
+    )
+    # Only the outsider is named for the waits left.
+    assert f.causes[1].detail == "the CPU was held by cc1 (pid 999) 100%"
+    assert "its own work took longer" in f.summary
+
+
+def test_waits_for_a_hog_stay_waits_for_a_cpu() -> None:
+    """The same rank late with the same waits, held by a process outside the job, and no
+    more work than the others: waiting for a CPU, the hog named."""
+    before = {"cpu_wait": 0.050, "on_cpu": 0.030, "sleep": 0.150}
+    v = compare(job(2, before, {"stress-hog (pid 999)": 0.05}))
+    [f] = v.stragglers
+    assert [c.cause for c in f.causes] == ["cpu_wait"]
+    assert f.causes[0].detail == "the CPU was held by stress-hog (pid 999) 100%"
+
+
+def test_more_work_without_waits_names_the_work() -> None:
+    """A rank alone on its CPU that runs 40 ms longer per run-up."""
+    v = compare(job(3, {"on_cpu": 0.070, "sleep": 0.150}, {}))
+    [f] = v.stragglers
+    assert [(c.cause, c.detail) for c in f.causes] == [
+        ("on_cpu", "ran 800.0 ms longer than the other ranks")
+    ]
+
+
+def test_waits_for_ksoftirqd_are_interrupts() -> None:
+    """An interrupt storm on rank 2's CPU: 20 ms of each run-up's interrupt time beyond the
+    others', and 30 ms more waits for its CPU, two thirds held by that CPU's ksoftirqd (the
+    softirq work the kernel could not do on the spot): interrupts, 600 + 400 ms of them."""
+    before = {"interrupts": 0.020, "cpu_wait": 0.030, "on_cpu": 0.030, "sleep": 0.150}
+    holders = {"ksoftirqd/1 (pid 22)": 0.020, "cc1 (pid 999)": 0.010}
+    v = compare(job(2, before, holders))
+    [f] = v.stragglers
+    assert [(c.cause, round(c.seconds, 6)) for c in f.causes] == [
+        ("interrupts", 0.8),  # 1.0 s, capped at the time lost
+        ("cpu_wait", 0.2),
+    ]
+    assert f.causes[0].detail == "400.0 ms of it waiting for ksoftirqd (softirq work)"
+    assert f.causes[1].detail == "the CPU was held by cc1 (pid 999) 100%"
+
+
+def test_waits_stay_waits_when_the_work_is_not_the_main_excess() -> None:
+    """A rank whose disk reads (60 ms more per run-up) also ran 20 ms longer (the kernel's
+    copies) and waited 50 ms more for its CPU, held by rank 0: the disk comes first and the
+    waits stay waits — the rank's own work is not what made it late."""
+    before = {"disk": 0.060, "cpu_wait": 0.050, "on_cpu": 0.050, "sleep": 0.150}
+    v = compare(job(3, before, {"python (pid 100)": 0.05}))
+    [f] = v.stragglers
+    assert [(c.cause, round(c.seconds, 6)) for c in f.causes] == [
+        ("disk", 0.8),
+        ("cpu_wait", 0.8),
+        ("on_cpu", 0.4),
+    ]
+
+
+# -- two faults, two ranks; weak faults with the kernel's evidence ---------------------------
+
+
+def address(r: int, peer: int) -> str:
+    return f"10.18.0.{10 + r}:{40000 + peer}"
+
+
+def connections(r: int, slow_rank: int, slow_ms: float) -> tuple[ConnectionRtt, ...]:
+    """Rank r's connection with each other rank; those of ``slow_rank`` take ``slow_ms`` a
+    round trip, the rest 0.05 ms."""
+    return tuple(
+        ConnectionRtt(address(r, p), address(p, r), ms, ms * 1.2, 30)
+        for p in range(RANKS)
+        if p != r
+        for ms in [slow_ms if slow_rank in (r, p) else 0.05]
+    )
+
+
+def two_fault_job(
+    late: int, late_ms: float, late_before: dict[str, float], slow_rank: int = -1
+) -> list[RankEvidence]:
+    """N all-reduces STEP ms apart, each taking 150 ms after its last arrival when
+    ``slow_rank``'s links are slow (20 ms round trips), 5 ms otherwise; rank ``late``
+    arrives ``late_ms`` after the others, ``late_before`` in its run-ups, its CPU held by a
+    hog outside the job."""
+    inside = 150.0 if slow_rank >= 0 else 5.0
+    out = []
+    for r in range(RANKS):
+        cs = []
+        for i in range(N):
+            at = i * STEP + (late_ms if r == late else 0.0)
+            cs.append(
+                CollectiveEvidence(
+                    op="allreduce",
+                    source="gloo",
+                    group="gloo",
+                    index=i,
+                    step=i,
+                    size_bytes=4096,
+                    arrival_unix_ns=T0 + round(at * 1e6),
+                    end_unix_ns=T0 + round((i * STEP + late_ms + inside) * 1e6),
+                    before=tuple(
+                        CauseTime(c, s)
+                        for c, s in (
+                            late_before if r == late else {"on_cpu": 0.010, "sleep": 0.030}
+                        ).items()
+                    ),
+                    holders=(CauseTime("stress-hog (pid 999)", 0.01),) if r == late else (),
+                )
+            )
+        out.append(
+            RankEvidence(
+                path=f"/t/r{r}.json",
+                host="node",
+                pid=100 + r,
+                rank=r,
+                world_size=RANKS,
+                window_start_unix_ns=cs[0].arrival_unix_ns - STEP * 1_000_000,
+                window_end_unix_ns=cs[-1].end_unix_ns + STEP * 1_000_000,
+                collectives=tuple(cs),
+                local_addresses=tuple(address(r, p) for p in range(RANKS) if p != r),
+                connections=connections(r, slow_rank, 20.0) if slow_rank >= 0 else (),
+            )
+        )
+    return out
+
+
+HOGGED = {"cpu_wait": 0.012, "on_cpu": 0.010, "sleep": 0.030}
+
+
+def test_two_faults_name_two_ranks() -> None:
+    """Rank 0's links are slow (every collective 150 ms after its last arrival) and rank 2,
+    its CPU taken by a hog, arrives 12 ms late at each: 240 ms, 6 % of the 4 s compared but
+    24 % of what the slow links left (20 x 50 ms): the slow links name rank 0, the
+    remaining lateness rank 2."""
+    v = compare(two_fault_job(2, 12.0, HOGGED, slow_rank=0))
+    named = {(f.rank, f.kind, f.causes[0].cause) for f in v.stragglers}
+    assert named == {(0, "latency", "network_latency"), (2, "late", "cpu_wait")}
+    [late] = [f for f in v.stragglers if f.kind == "late"]
+    assert late.seconds == pytest.approx(0.240)
+    assert late.share == pytest.approx(0.240 / v.compared_seconds)  # of the whole
+
+
+def test_jitter_beside_a_slow_link_is_not_a_straggler() -> None:
+    """The same slow links, rank 2 late by 1 ms with nothing the kernel saw: 20 ms, 2 % of
+    what the slow links left: only the link is named."""
+    v = compare(two_fault_job(2, 1.0, {"on_cpu": 0.010, "sleep": 0.030}, slow_rank=0))
+    assert [(f.rank, f.kind) for f in v.stragglers] == [(0, "latency")]
+
+
+@pytest.mark.parametrize(
+    ("late_ms", "before", "named"),
+    [
+        # 14 ms of 200, 7 %: a hog's waits explain it all (what nice -10 did).
+        (14.0, {"cpu_wait": 0.014, "on_cpu": 0.010, "sleep": 0.030}, True),
+        # The same lateness, nothing the kernel saw: under MIN_SHARE, within noise.
+        (14.0, {"on_cpu": 0.010, "sleep": 0.030}, False),
+        # 8 ms, 4 %, the hog's: under the waits' own bar (6 %).
+        (8.0, {"cpu_wait": 0.008, "on_cpu": 0.010, "sleep": 0.030}, False),
+        # 6 ms, 3 %, throttled by its quota: the cgroup's counters say so.
+        (6.0, {"cpu_wait": 0.006, "on_cpu": 0.010, "sleep": 0.030}, True),
+    ],
+)
+def test_a_weak_fault_is_named_with_the_kernels_evidence(
+    late_ms: float, before: dict[str, float], named: bool
+) -> None:
+    job = two_fault_job(1, late_ms, before)
+    if late_ms == 6.0:  # the quota case: rank 1's cgroup was throttled
+        job[1] = replace(
+            job[1],
+            cpu_quotas=(CpuQuota("/bds-r1", 5000, 100_000, 40, 30, 0.9),),
+        )
+    v = compare(job)
+    assert v.compared_seconds == pytest.approx((N - 1) * STEP / 1000 + late_ms / 1000 + 0.005)
+    assert [(f.rank, f.causes[0].cause) for f in v.stragglers] == (
+        [(1, "cpu_quota" if late_ms == 6.0 else "cpu_wait")] if named else []
+    )
