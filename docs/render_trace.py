@@ -68,9 +68,7 @@ def main() -> None:
             rows[names[e["tid"]]].append((start, end, e["args"].get("cause", "blocked")))
         elif cat == "bpfdyno.nccl":
             rows[names[e["tid"]]].append((start, end, "nccl"))
-    order = sorted(
-        rows, key=lambda r: (not r.startswith("PyTorch"), r.startswith("kernel sched"), r)
-    )
+    order = sorted(rows, key=lambda r: (not r.startswith("PyTorch"), r.startswith("kernel sched"), r))
     fig, ax = plt.subplots(figsize=(14, 0.42 * len(order) + 1.6), dpi=110)
     for y, row in enumerate(order):
         for start, end, kind in rows[row]:

@@ -148,8 +148,8 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         extra = []
         if stolen > 0:
             extra.append(CauseTime("interrupts", stolen))
-        if pid in threads.rows:
-            ran = _on_cpu(threads, pid, run_up, c.start_us) - stolen
+        if tid in threads.rows:
+            ran = _on_cpu(threads, tid, run_up, c.start_us) - stolen
             if ran > 0:
                 extra.append(CauseTime("on_cpu", ran))
         if extra:
