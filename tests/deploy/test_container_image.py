@@ -367,7 +367,9 @@ def test_the_daemonset_pod_traces_a_trainer_in_another_container(image: Image) -
         status = agent_json(agent, "status")
         states = {c["name"]: c["state"] for c in status["collectors"]}
         up = {name for name, state in states.items() if state == "COLLECTOR_STATE_OK"}
-        assert set(states) - up == HARDWARE, states
+        assert set(states) - up == HARDWARE, [
+            c for c in status["collectors"] if c["name"] not in up
+        ]
         assert {"sched", "net", "perf_sw", "procs", "host", "kineto_ipc", "capture",
                 "export_prometheus", "kubelet"} <= up  # fmt: skip
         # The kubelet's answer, through the pod's hostPath: who holds which device.

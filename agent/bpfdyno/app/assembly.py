@@ -189,9 +189,12 @@ def build(cfg: Config) -> Assembly:
         else None
     )
     # Trainers' NCCL profiler plugin files; registered trainers are looked up in their own
-    # mount namespace too (containers).
+    # mount namespace too (containers), by their pid here: a container's trainer reports its
+    # namespace's (1), which here is another process.
     nccl_profiler = (
-        NcclProfilerCollector(trainer_pids=lambda: [t.pid for t in registry.trainers()])
+        NcclProfilerCollector(
+            trainer_pids=lambda: [t.host_pid or t.pid for t in registry.trainers()]
+        )
         if on("nccl_profiler")
         else None
     )
