@@ -169,14 +169,20 @@ def perf_event_open(
     return fd
 
 
-def set_bpf(perf_fd: int, prog_fd: int) -> None:
-    """Run ``prog_fd`` on every hit of the perf event ``perf_fd`` (close detaches).
+def set_bpf(perf_fd: int, prog_fd: int) -> int:
+    """Run ``prog_fd`` on every hit of the perf event ``perf_fd`` (close detaches); returns
+    ``perf_fd``, which is closed when the kernel refuses.
 
     Raises:
         OSError: the kernel refused.
     """
-    fcntl.ioctl(perf_fd, _PERF_EVENT_IOC_SET_BPF, prog_fd)
-    fcntl.ioctl(perf_fd, _PERF_EVENT_IOC_ENABLE, 0)
+    try:
+        fcntl.ioctl(perf_fd, _PERF_EVENT_IOC_SET_BPF, prog_fd)
+        fcntl.ioctl(perf_fd, _PERF_EVENT_IOC_ENABLE, 0)
+    except BaseException:
+        os.close(perf_fd)
+        raise
+    return perf_fd
 
 
 def tracepoint_id(tracefs: Path, tracepoint: str) -> int:

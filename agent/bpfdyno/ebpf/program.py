@@ -273,12 +273,7 @@ class BpfProgram:
                 perf = fdops.perf_event_open(
                     PERF_TYPE_TRACEPOINT, fdops.tracepoint_id(self._tracefs, tracepoint)
                 )
-                try:
-                    fdops.set_bpf(perf, fd)
-                except BaseException:
-                    os.close(perf)
-                    raise
-                return perf
+                return fdops.set_bpf(perf, fd)
 
             return self._attach_call(f"tracepoint {tracepoint}", fn, open_)
 
@@ -410,12 +405,7 @@ class BpfProgram:
                 path = uprobe.resolve_binary(binary, pid)
                 offset = uprobe.symbol_offset(path, symbol)
                 perf = uprobe.open_uprobe(path, offset, pid=pid, retprobe=retprobe)
-                try:
-                    fdops.set_bpf(perf, fd)
-                except BaseException:
-                    os.close(perf)
-                    raise
-                return perf
+                return fdops.set_bpf(perf, fd)
 
             perf = self._attach_call(f"{kind} {binary}:{symbol}", fn, open_)
             old = self._uprobes.pop(key, None)
