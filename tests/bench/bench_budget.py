@@ -36,6 +36,15 @@ Reported per storm and kind (medians over the rounds):
 ``--traced`` adds the same storms while a trace records every kernel track of the storm's
 process (for ``pipe``, of an idle process beside it: every context switch then pays the
 capture's filter): the trace is requested before the storm and completed after it.
+
+What each BPF program costs per event, independent of the machine's load (``--costs``, on
+by default): after the timed rounds, one more agent of kind **on** runs each storm once with
+the kernel's run statistics on for the whole storm (``BPF_ENABLE_STATS``); each of its
+programs' ``run_cnt`` / ``run_time_ns`` is read from the agent's own file descriptors
+(``/proc/PID/fdinfo``: other agents on the machine load programs of the same names) before
+and after. Reported per storm and program: runs per operation, ns per run (less what the
+statistics add to a run, an empty program's time, measured once) and ns per operation.
+These rounds are not timed: the statistics' clock reads would slow the workload.
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ from daemon_runner import Daemon
 from doc_blocks import write_results
 
 from bpfdyno.core.config import BudgetSection
+from bpfdyno.ebpf.runstats import calibrate_stats_overhead, enable_bpf_stats
 from bpfdyno.rpc.v1 import agent_pb2 as pb
 from bpfdyno.rpc.v1 import agent_pb2_grpc as pb_grpc
 from bpfdyno.sources.budget.controller import WARMUP_S
@@ -401,6 +411,109 @@ def run_storm(
     return run
 
 
+def agent_programs(pid: int) -> dict[int, tuple[int, int]]:
+    """Program id -> (run_cnt, run_time_ns) of every BPF program ``pid`` holds a fd of."""
+    out: dict[int, tuple[int, int]] = {}
+    for info in Path(f"/proc/{pid}/fdinfo").iterdir():
+        try:
+            fields = dict(
+                line.split(":", 1) for line in info.read_text().splitlines() if ":" in line
+            )
+        except OSError:
+            continue  # closed meanwhile
+        if "prog_type" in fields:  # a program's fd (a link's names its program's id too)
+            out[int(fields["prog_id"])] = (
+                int(fields.get("run_cnt", "0")),
+                int(fields.get("run_time_ns", "0")),
+            )
+    return out
+
+
+def program_names() -> dict[int, str]:
+    shown = json.loads(
+        subprocess.run(
+            ["bpftool", "prog", "show", "--json"], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    return {int(p["id"]): str(p.get("name", "?")) for p in shown}
+
+
+@dataclass
+class ProgramCost:
+    """One program's cost in one storm."""
+
+    name: str
+    runs_per_op: float
+    ns_per_run: float  # less the run statistics' own time per run
+
+    @property
+    def ns_per_op(self) -> float:
+        return self.runs_per_op * self.ns_per_run
+
+
+def storm_costs(
+    storm: str, daemon: Daemon, seconds: float, pipe_bin: Path, stats_ns: float
+) -> tuple[float, list[ProgramCost]]:
+    """(operations per second, each program that ran) of one storm with run statistics on."""
+    with peer(storm) as extra:
+        before = agent_programs(daemon.pid)
+        proc = start_storm(storm, seconds, extra, pipe_bin, {})
+        assert proc.stdout is not None
+        lines = proc.stdout.read().splitlines()
+        proc.wait()
+        after = agent_programs(daemon.pid)
+    points = [line.split() for line in lines if line.strip()]
+    ops = int(points[-1][1]) - int(points[0][1])
+    rate = ops / (float(points[-1][0]) - float(points[0][0]))
+    names = program_names()
+    costs = []
+    for prog, (cnt, ns) in after.items():
+        cnt0, ns0 = before.get(prog, (0, 0))
+        if cnt > cnt0 and ops > 0:
+            costs.append(
+                ProgramCost(
+                    names.get(prog, str(prog)),
+                    (cnt - cnt0) / ops,
+                    max(0.0, (ns - ns0) / (cnt - cnt0) - stats_ns),
+                )
+            )
+    costs.sort(key=lambda c: -c.ns_per_op)
+    return rate, costs
+
+
+def costs_report(storms: list[str], seconds: float, pipe_bin: Path) -> str:
+    """The per-program table: one agent of kind "on", each storm once, statistics on."""
+    stats_ns = calibrate_stats_overhead()
+    lines = [
+        f"Per-program cost, measured {time.strftime('%Y-%m-%d')} on {os.uname().release}: "
+        f"one agent of kind on, each storm {seconds:.0f} s with the kernel's run statistics on "
+        f"(their own {stats_ns:.0f} ns per run subtracted), load average "
+        f"{os.getloadavg()[0]:.2f}. Programs under 1 ns per operation left out.",
+        "",
+        "| storm | rate (stats on) | program | runs per op | ns per run | ns per op |",
+        "|---|---|---|---|---|---|",
+    ]
+    with Daemon(["budget.enabled=false"], settle_s=WARMUP_S + 6) as daemon:
+        fd = enable_bpf_stats()
+        try:
+            for storm in storms:
+                rate, costs = storm_costs(storm, daemon, seconds, pipe_bin, stats_ns)
+                total = sum(c.ns_per_op for c in costs)
+                lines.append(f"| {storm} | {rate:,.0f} {UNITS[storm]} | all | | | {total:,.0f} |")
+                for c in costs:
+                    if c.ns_per_op >= 1.0:
+                        lines.append(
+                            f"| {storm} | | {c.name} | {c.runs_per_op:.3f} | "
+                            f"{c.ns_per_run:.0f} | {c.ns_per_op:.0f} |"
+                        )
+                print(f"  costs {storm}: {rate:,.0f} {UNITS[storm]}, BPF {total:,.0f} ns/op "
+                      + ", ".join(f"{c.name} {c.ns_per_op:.0f}" for c in costs[:6]),
+                      flush=True)  # fmt: skip
+        finally:
+            os.close(fd)
+    return "\n".join(lines)
+
+
 def median(xs: list[float]) -> float:
     xs = [x for x in xs if x == x]
     return statistics.median(xs) if xs else float("nan")
@@ -411,10 +524,13 @@ def report(args: argparse.Namespace) -> str:
     variants = [(s, False) for s in storms] + ([(s, True) for s in storms] if args.traced else [])
     results: dict[tuple[str, bool, str], list[Run]] = {}
     load0 = os.getloadavg()[0]
+    costs = ""
     with tempfile.TemporaryDirectory(prefix="bd-budget-") as tmp:
         pipe_bin = Path(tmp) / "pipe"
         (Path(tmp) / "pipe.c").write_text(PIPE_C)
         subprocess.run(["gcc", "-O2", "-o", str(pipe_bin), str(Path(tmp) / "pipe.c")], check=True)
+        if args.costs:
+            costs = costs_report(storms, min(args.duration, 6.0), pipe_bin)
         for r in range(args.rounds):
             order = KINDS[r % 3 :] + KINDS[: r % 3]
             for kind in order:
@@ -432,7 +548,8 @@ def report(args: argparse.Namespace) -> str:
                               f"{run.agent_cpu * 100:.2f} % + BPF {run.agent_bpf * 100:.2f} %, "
                               f"steps {run.steps} in {run.degrade_s:.1f} s, undone "
                               f"{run.restore_s:.1f} s after", flush=True)  # fmt: skip
-    return render(args, variants, results, load0)
+    table = render(args, variants, results, load0) if args.rounds else ""
+    return "\n\n".join(part for part in (table, costs) if part)
 
 
 @contextmanager
@@ -501,6 +618,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=14.0, help="seconds of each storm")
     parser.add_argument("--storms", default=",".join(STORMS))
     parser.add_argument("--traced", action="store_true", help="also the storms during a trace")
+    parser.add_argument("--no-costs", dest="costs", action="store_false",
+                        help="leave out the per-program cost per event")  # fmt: skip
     parser.add_argument("--write-doc", type=Path, help="update this markdown file's section")
     args = parser.parse_args()
     if os.geteuid() != 0:
