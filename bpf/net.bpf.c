@@ -11,7 +11,9 @@
  * NET_PROBE_SAMPLE_EVERY ([net] probe_sample_every) sets the tcp_probe sampling.
  * Optional: NET_USE_SYSCALLS selects the syscall fallback for byte counts (kernels without
  * sock:sock_{send,recv}_length); NET_NO_<PART> leaves out a part whose tracepoint this
- * kernel lacks; NET_RETX_HAS_ERR and NET_RST_HAS_REASON follow optional tracepoint fields.
+ * kernel lacks; NET_RETX_HAS_ERR and NET_RST_HAS_REASON follow optional tracepoint fields;
+ * NET_BTF_BYTES makes the two per-call byte programs BTF-typed (tp_btf; built against the
+ * BTF header tree, kernels with /sys/kernel/btf/vmlinux).
  *
  * Every function and map is named "bpfdyno_..." so `bpftool` shows whose they are (the
  * kernel keeps 15 characters of a name: keep map names that short).
@@ -46,8 +48,10 @@
 /* bcc generates the tracepoint argument structs from tracefs; fields typed with these kernel
  * enums need a complete type. The minimal header tree has none, so give them one of the
  * kernel's size (4 bytes, unsigned). */
+#ifndef NET_BTF_BYTES /* the BTF header tree (vmlinux.h) has the kernel's own */
 enum skb_drop_reason { NET_SKB_DROP_REASON_ANY_ = 0xffffffffu };
 enum sk_rst_reason { NET_SK_RST_REASON_ANY_ = 0xffffffffu };
+#endif
 
 BPF_PERCPU_ARRAY(bpfdyno_ntotals, u64, NET_C_MAX);
 BPF_PERCPU_ARRAY(bpfdyno_ndrops, u64, NET_MAX_DROP_REASONS);
@@ -208,6 +212,30 @@ static __always_inline int net_sock_length(void *sk, u16 family, u16 protocol, i
 	return 0;
 }
 
+#ifdef NET_BTF_BYTES
+/* BTF-typed (tp_btf) on the raw tracepoint: TP_PROTO(struct sock *sk, int ret, int flags).
+ * The kernel calls the program directly with the arguments: no trace record is allocated
+ * and filled per call, as for a classic tracepoint (most of what a small send cost besides
+ * the program itself). Family and protocol are read from the socket, as the tracepoint's
+ * own record would. */
+static __always_inline int net_sock_length_btf(u64 *ctx, int rx)
+{
+	struct sock *sk = (struct sock *)ctx[0];
+	u16 family = BPFDYNO_LOAD(u16, sk, struct sock, __sk_common.skc_family);
+	u16 protocol = BPFDYNO_LOAD(u16, sk, struct sock, sk_protocol);
+	return net_sock_length(sk, family, protocol, (int)ctx[1], (int)ctx[2], rx);
+}
+
+int bpfdyno_nsend(u64 *ctx)
+{
+	return net_sock_length_btf(ctx, 0);
+}
+
+int bpfdyno_nrecv(u64 *ctx)
+{
+	return net_sock_length_btf(ctx, 1);
+}
+#else
 int bpfdyno_nsend(struct tracepoint__sock__sock_send_length *args)
 {
 	return net_sock_length(args->sk, args->family, args->protocol, args->ret, args->flags, 0);
@@ -217,6 +245,7 @@ int bpfdyno_nrecv(struct tracepoint__sock__sock_recv_length *args)
 {
 	return net_sock_length(args->sk, args->family, args->protocol, args->ret, args->flags, 1);
 }
+#endif
 
 #else /* NET_USE_SYSCALLS */
 

@@ -15,6 +15,14 @@ it used per operation; BPF programs run inside the syscalls, so their cost shows
 time, and CPU time per operation is far less disturbed by other load on a shared machine than
 wall-clock rates are.
 
+``--udp`` instead: a one-thread flood of 64-byte UDP datagrams (``--sends`` of them, sender
+on CPU 0, receiver on CPU 1), each sender's and receiver's CPU time per datagram, in
+interleaved rounds of three states: **off**, **classic** (the collector with classic
+tracepoint programs, as on a kernel without BTF) and **btf** (the collector as it runs here:
+the per-call byte programs BTF-typed). CPU time per datagram shows what a classic
+tracepoint's dispatch costs besides its program's own run time (which the kernel's run
+statistics measure; the dispatch they do not).
+
 Rounds alternate "off" (nothing loaded) and "on" (``NetCollector`` started; one
 ``collect()`` after the workload), starting with a different state each round so drift and
 noise from other work on the machine spread over both. Printed: the median of each, the
@@ -91,6 +99,94 @@ print(trips / (t1 - t0), bulk / (t3 - t2), c1 - c0, c3 - c2)
 """
 
 
+UDP_SINK = r"""
+import socket, sys, time
+rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+rx.bind(("127.0.0.1", 0))
+print(rx.getsockname()[1], flush=True)
+n, c0 = 0, time.process_time()
+while rx.recv(2048) != b"end":
+    n += 1
+print(n, time.process_time() - c0, flush=True)
+"""
+
+UDP_SENDER = r"""
+import socket, sys, time
+tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+tx.connect(("127.0.0.1", int(sys.argv[1])))
+msg, send, n = b"x" * 64, tx.send, int(sys.argv[2])
+t0, c0 = time.perf_counter(), time.process_time()
+for _ in range(n // 100):
+    for _ in range(100):
+        send(msg)
+t1, c1 = time.perf_counter(), time.process_time()
+for _ in range(50):  # until the receiver has one (it may be behind, and drop some)
+    try:
+        tx.send(b"end")
+    except ConnectionRefusedError:  # it got one and closed
+        break
+    time.sleep(0.01)
+print(n / (t1 - t0), (c1 - c0) / n * 1e6)
+"""
+
+
+class UdpResult(NamedTuple):
+    sends_per_s: float
+    send_cpu_us: float  # the sender's CPU time (user + system) per datagram
+    recv_cpu_us: float  # the receiver's per datagram it received
+
+
+def run_udp(sends: int) -> UdpResult:
+    """One pinned UDP flood: sender on CPU 0, receiver on CPU 1."""
+    sink = subprocess.Popen(
+        ["taskset", "-c", "1", sys.executable, "-c", UDP_SINK], stdout=subprocess.PIPE, text=True
+    )
+    assert sink.stdout is not None
+    port = sink.stdout.readline().strip()
+    out = subprocess.run(
+        ["taskset", "-c", "0", sys.executable, "-c", UDP_SENDER, port, str(sends)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    got, recv_cpu = sink.stdout.readline().split()
+    sink.wait(30)
+    return UdpResult(float(out[0]), float(out[1]), float(recv_cpu) / max(1, int(got)) * 1e6)
+
+
+def udp_main(rounds: int, sends: int) -> int:
+    """Off / classic / btf in interleaved rounds: medians of each, and against off."""
+    states = ("off", "classic", "btf")
+    results: dict[str, list[UdpResult]] = {state: [] for state in states}
+    for r in range(rounds):
+        for state in states[r % 3 :] + states[: r % 3]:
+            collector = None if state == "off" else NetCollector(btf_programs=state == "btf")
+            if collector is not None:
+                collector.start()
+            try:
+                results[state].append(run_udp(sends))
+            finally:
+                if collector is not None:
+                    collector.close()
+            print(f"round {r} {state:8s}: {results[state][-1]}", file=sys.stderr)
+    print(
+        f"UDP flood, {sends} 64-byte datagrams, {rounds} interleaved rounds, median; "
+        f"load average {os.getloadavg()[0]:.2f} at the end"
+    )
+    print("| state | sends/s | sender CPU us per datagram | receiver CPU us per datagram |")
+    print("|---|---|---|---|")
+    off = [statistics.median(x[i] for x in results["off"]) for i in range(3)]
+    for state in states:
+        med = [statistics.median(x[i] for x in results[state]) for i in range(3)]
+        cells = [f"{med[0]:,.0f}"] + [
+            f"{m:.3f}" + ("" if state == "off" else f" (+{(m / o - 1) * 100:.1f} %)")
+            for m, o in zip(med[1:], off[1:], strict=True)
+        ]
+        print(f"| {state} | " + " | ".join(cells) + " |")
+    return 0
+
+
 class Result(NamedTuple):
     trips_per_s: float
     bulk_mb_per_s: float
@@ -127,10 +223,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--trips", type=int, default=20000)
     parser.add_argument("--bulk-mb", type=int, default=200)
+    parser.add_argument("--udp", action="store_true", help="the UDP flood: off/classic/btf")
+    parser.add_argument("--sends", type=int, default=300_000)
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("run as root (loads BPF programs)", file=sys.stderr)
         return 2
+    if args.udp:
+        return udp_main(args.rounds, args.sends)
 
     results: dict[bool, list[Result]] = {False: [], True: []}
     for r in range(args.rounds):

@@ -4,6 +4,7 @@ fallback, and a clean detach. Needs root (BPF, tracefs, network namespaces)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ from bpfdyno.ebpf.program import BpfProgram
 from bpfdyno.services.kernel import KernelService
 from bpfdyno.sources.net.collector import NetCollector
 from bpfdyno.sources.net.decode import ProcNet
+from bpfdyno.sources.net.plan import KERNEL_BTF
 from bpfdyno.sources.procs.table import ProcessTable
 
 pytestmark = [
@@ -36,6 +38,7 @@ pytestmark = [
 ]
 
 SENT, REPLY = 1_000_000, 12_345
+BYTE_FNS = ("bpfdyno_nsend", "bpfdyno_nrecv")
 
 
 @pytest.fixture(scope="module")
@@ -378,3 +381,48 @@ def test_close_detaches_everything() -> None:
     assert programs_still_loaded(ids) == set()
     with pytest.raises(RuntimeError, match="not running: stopped"):
         c.per_process()
+
+
+def program_types(ids: dict[str, int]) -> dict[str, str]:
+    """Function name -> the kernel's program type of each id (as bpftool names it)."""
+    out = {}
+    for name, prog_id in ids.items():
+        shown = subprocess.run(
+            ["bpftool", "prog", "show", "id", str(prog_id), "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        out[name] = json.loads(shown.stdout)["type"]
+    return out
+
+
+@pytest.mark.skipif(shutil.which("bpftool") is None, reason="needs bpftool")
+def test_per_call_byte_programs_are_btf_typed_with_btf(net: NetCollector) -> None:
+    """With the kernel's BTF the per-call programs run on the raw tracepoints (tp_btf), so no
+    trace record is filled for every send; the exact-count tests above run through them."""
+    assert KERNEL_BTF.is_file()
+    assert net.plan is not None and net.plan.btf_bytes
+    assert net._program is not None
+    ids = {fn: i for fn, i in net._program.program_ids().items() if fn in BYTE_FNS}
+    assert program_types(ids) == {"bpfdyno_nsend": "tracing", "bpfdyno_nrecv": "tracing"}
+
+
+def test_classic_byte_programs_count_exactly_without_btf() -> None:
+    """A kernel without BTF gets the classic tracepoint programs (same names, same maps),
+    with the same exact counts."""
+    classic = NetCollector(btf_programs=False)
+    classic.start()
+    try:
+        assert classic.plan is not None and not classic.plan.btf_bytes
+        classic.collect()
+        test_udp_datagram_bytes_are_exact(classic)
+        if shutil.which("bpftool") is not None:
+            assert classic._program is not None
+            ids = {f: i for f, i in classic._program.program_ids().items() if f in BYTE_FNS}
+            assert program_types(ids) == {
+                "bpfdyno_nsend": "tracepoint",
+                "bpfdyno_nrecv": "tracepoint",
+            }
+    finally:
+        classic.close()

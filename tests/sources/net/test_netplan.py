@@ -202,3 +202,20 @@ def test_this_kernel_uses_the_sock_tracepoints() -> None:
     # Linux 6.18 has every tracepoint the program uses.
     assert plan.byte_source == BYTES_SOCK
     assert plan.unavailable == {}
+
+
+def test_btf_makes_the_sock_byte_programs_btf_typed(tmp_path: Path) -> None:
+    root = fake_tracefs(tmp_path)
+    plan = make_plan(root, btf=True)
+    assert plan.btf_bytes
+    assert plan.header_flavour == "btf"
+    assert "-DNET_BTF_BYTES" in plan.cflags
+    assert not make_plan(root).btf_bytes
+    assert make_plan(root).header_flavour == "minimal"
+
+
+def test_the_syscall_fallback_stays_classic_with_btf(tmp_path: Path) -> None:
+    root = fake_tracefs(tmp_path, leave_out=("sock/sock_send_length", "sock/sock_recv_length"))
+    plan = make_plan(root, btf=True)
+    assert not plan.btf_bytes
+    assert "-DNET_BTF_BYTES" not in plan.cflags

@@ -64,7 +64,14 @@ from bpfdyno.sources.net.metrics import (
     UDP_RECEIVED,
     UDP_SENT,
 )
-from bpfdyno.sources.net.plan import BYTES_SOCK, Plan, PlanError, enum_names, make_plan
+from bpfdyno.sources.net.plan import (
+    BYTES_SOCK,
+    KERNEL_BTF,
+    Plan,
+    PlanError,
+    enum_names,
+    make_plan,
+)
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +144,9 @@ class NetCollector(Collector):
         stats_period_s: ...every this many seconds (see `bpfdyno.ebpf.runstats.BpfRunStats`).
         tracefs: the tracefs mount (found or mounted if None).
         header_cache: where `bpfdyno.ebpf.kheaders` caches generated headers.
+        btf_programs: make the per-call byte programs BTF-typed where the kernel has BTF
+            (False: classic tracepoints everywhere, as on a kernel without BTF; the
+            benchmarks compare the two).
 
     Raises:
         ValueError: a size the kernel would refuse.
@@ -158,6 +168,7 @@ class NetCollector(Collector):
         stats_period_s: float = DEFAULT_PERIOD_S,
         tracefs: Path | None = None,
         header_cache: Path | None = None,
+        btf_programs: bool = True,
     ) -> None:
         if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
             raise ValueError(f"[net] ringbuf_pages must be a power of two, got {ringbuf_pages}")
@@ -179,6 +190,7 @@ class NetCollector(Collector):
         self._stats_args = (stats_on_s, stats_period_s)
         self._tracefs = tracefs
         self._header_cache = header_cache
+        self._btf_programs = btf_programs
         self._program: BpfProgram | None = None
         self._events: RingBuffer[KernelEvent] | None = None
         self._clock = MonotonicClock()
@@ -228,11 +240,14 @@ class NetCollector(Collector):
         """
         try:
             tracefs = self._tracefs or ensure_tracefs()
-            plan = make_plan(tracefs, self._byte_source)
+            plan = make_plan(
+                tracefs, self._byte_source, btf=self._btf_programs and KERNEL_BTF.is_file()
+            )
             program = BpfProgram.load(
                 "net.bpf.c",
                 defines=self._defines,
                 cflags=plan.cflags,
+                flavour=plan.header_flavour,
                 header_cache=self._header_cache,
             )
         except (BpfLoadError, PlanError) as e:
@@ -243,7 +258,10 @@ class NetCollector(Collector):
             for part in plan.parts:
                 try:
                     for a in part.attachments:
-                        program.attach_tracepoint(a.tracepoint, a.fn)
+                        if plan.btf_bytes and part.name == "bytes":
+                            program.attach_btf_tracepoint(a.tracepoint.split(":")[1], a.fn)
+                        else:
+                            program.attach_tracepoint(a.tracepoint, a.fn)
                 except BpfLoadError as e:
                     if part.name in ("bytes", "cleanup"):
                         raise CollectorUnavailable(

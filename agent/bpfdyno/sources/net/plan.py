@@ -4,7 +4,10 @@ Tracepoint layouts change between kernel versions (``sock:sock_send_length`` onl
 about 6.3; ``tcp:tcp_send_reset`` gained ``reason`` and sockaddr-sized addresses later), so the
 collector reads each event's ``format`` file in tracefs, and compiles only the parts whose
 fields are all there (``-DNET_NO_<PART>`` leaves a part out). The per-process byte counts come
-from ``sock:sock_{send,recv}_length`` when present, else from the socket syscalls.
+from ``sock:sock_{send,recv}_length`` when present, else from the socket syscalls. With the
+kernel's BTF, the two per-call programs are BTF-typed (tp_btf) on those tracepoints: the kernel
+calls them with its own arguments instead of filling a trace record for every send and
+receive first (``-DNET_BTF_BYTES``, built against the BTF header tree).
 
 Also here: decoding ``__print_symbolic`` tables from a format's ``print fmt`` (the names of
 ``enum skb_drop_reason`` and ``enum sk_rst_reason`` as this kernel numbers them).
@@ -16,8 +19,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from bpfdyno.ebpf.tracefs import read_format
+
+#: The kernel's BTF: the per-call byte programs are BTF-typed where it exists.
+KERNEL_BTF = Path("/sys/kernel/btf/vmlinux")
 
 #: Where the per-process byte counts come from.
 BYTES_SOCK = "sock"  # sock:sock_{send,recv}_length (exact, every socket call)
@@ -151,6 +158,14 @@ class Plan:
     parts: tuple[Part, ...]
     #: Part name -> why it is left out (and what would bring it back).
     unavailable: Mapping[str, str]
+    #: The "bytes" part's programs are BTF-typed (attached by event name, built against the
+    #: BTF header tree); False: classic tracepoints.
+    btf_bytes: bool = False
+
+    @property
+    def header_flavour(self) -> Literal["minimal", "btf"]:
+        """The kernel header tree the program is built against."""
+        return "btf" if self.btf_bytes else "minimal"
 
 
 class PlanError(Exception):
@@ -208,13 +223,14 @@ def select_byte_source(tracefs: Path) -> str | None:
     return None
 
 
-def make_plan(tracefs: Path, byte_source: str = "auto") -> Plan:
+def make_plan(tracefs: Path, byte_source: str = "auto", *, btf: bool = False) -> Plan:
     """Decide what to compile and attach, from the kernel's tracefs.
 
     Args:
         tracefs: the tracefs mount point.
         byte_source: ``auto``, `BYTES_SOCK` or `BYTES_SYSCALLS` (forcing one, e.g. to test
             the fallback).
+        btf: the kernel has BTF (`KERNEL_BTF`): the sock byte programs are BTF-typed.
 
     Raises:
         PlanError: no way to count bytes, the forced source is missing, or no cleanup hook.
@@ -244,7 +260,10 @@ def make_plan(tracefs: Path, byte_source: str = "auto") -> Plan:
         )
 
     bytes_part = SOCK_BYTES if chosen == BYTES_SOCK else SYSCALL_BYTES
+    btf_bytes = btf and chosen == BYTES_SOCK
     cflags: list[str] = [] if chosen == BYTES_SOCK else ["-DNET_USE_SYSCALLS"]
+    if btf_bytes:
+        cflags.append("-DNET_BTF_BYTES")
     cleanup_reason, _ = _check_part(tracefs, CLEANUP)
     if cleanup_reason:
         raise PlanError(f"{cleanup_reason}; this kernel is too old for the net collector")
@@ -258,7 +277,7 @@ def make_plan(tracefs: Path, byte_source: str = "auto") -> Plan:
         else:
             parts.append(part)
             cflags += [f"-D{f}" for f in flags]
-    return Plan(chosen, tuple(cflags), tuple(parts), unavailable)
+    return Plan(chosen, tuple(cflags), tuple(parts), unavailable, btf_bytes)
 
 
 # A table's entries are "{ n, "NAME" }" pairs, so its body holds no parentheses.
