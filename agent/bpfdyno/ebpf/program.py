@@ -530,13 +530,14 @@ class BpfProgram:
             log.warning("%s", why)
         return errors
 
-    def attached_ns(self, fn: str) -> int | None:
+    def attached_ns(self, fn: str, now_ns: int | None = None) -> int | None:
         """How long function ``fn`` has been attached so far, summed over its attach points.
 
         None for a function attached some other way (uprobes): it is taken as attached
-        whenever it is loaded.
+        whenever it is loaded. ``now_ns``: as of this `time.monotonic_ns` (default: now), so
+        a caller can compare it with an interval of its own to the nanosecond.
         """
-        now = time.monotonic_ns()
+        now = time.monotonic_ns() if now_ns is None else now_ns
         with self._lock:
             hooks = [h for h in self._hooks.values() if h.fn == fn]
             return sum(h.attached_ns(now) for h in hooks) if hooks else None

@@ -6,6 +6,7 @@ tolerance)."""
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import re
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from bpfdyno.core.metrics import Sample
+from bpfdyno.core.status import PartState
 from bpfdyno.ebpf.introspect import programs_still_loaded
 from bpfdyno.ebpf.program import bpf_source_dir
 from bpfdyno.sources.irq import collector as irq_mod
@@ -234,3 +237,79 @@ def test_close_detaches_the_programs(header_cache: Path) -> None:
     c.close()  # idempotent
     assert programs_still_loaded(ids.values()) == set()
     assert c.cpu_interrupt_times() is None
+
+
+BPF_SERIES = {
+    "softirq_seconds_per_second",
+    "softirq_runs_per_second",
+    "hardirq_seconds_per_second",
+    "hardirq_handler_runs_per_second",
+}
+
+
+def bpf_values(out: list[Sample]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.spec.name, tuple(s.labels)): s.value for s in out if s.spec.name in BPF_SERIES}
+
+
+def test_the_budget_step_detaches_the_programs_and_their_series_are_not_known(
+    header_cache: Path,
+) -> None:
+    c = IrqCollector(header_cache=header_cache)
+    c.start()
+    try:
+        assert c._program is not None
+        (step,) = c.reductions()
+        assert step.name == "irq.softirq_detached"
+        c.collect()
+        loopback_traffic(0.3)
+        known = bpf_values(list(c.collect()))
+        assert known and all(math.isfinite(v) for v in known.values())
+        assert c.health() is not None and c.health()[0] == PartState.OK  # type: ignore[index]
+
+        step.apply()
+        assert not any(c._program.attached(fn) for _, fn in irq_mod.PROGRAMS)
+        ids = c._program.program_ids()
+        before = c._program.table("bpfdyno_icpu").getvalue(0)
+        loopback_traffic(0.3)
+        held = list(c.collect())
+        # The same series, not known (never 0); /proc/interrupts goes on.
+        assert set(bpf_values(held)) == set(known)
+        assert all(math.isnan(v) for v in bpf_values(held).values())
+        assert any(s.spec.name == "irq_interrupts_per_second" for s in held)
+        assert c.cpu_interrupt_times() is None
+        health = c.health()
+        assert health is not None and health[0] == PartState.DEGRADED
+        assert "softirq_detached" not in health[1] and "not known (NaN)" in health[1]
+        after = c._program.table("bpfdyno_icpu").getvalue(0)
+        assert [v.softirq_count[3] for v in after] == [v.softirq_count[3] for v in before]
+
+        # An entry that ran after its exit program was detached leaves a start time behind
+        # (here: one from long ago on every CPU); the exit programs come back first, and must
+        # not take it for a run's start: it is cleared before they are attached.
+        table = c._program.table("bpfdyno_icpu")
+        stale = table.getvalue(table.Key(0))
+        for v in stale:
+            v.softirq_start_ns = v.hardirq_start_ns = 1
+        table[table.Key(0)] = stale
+        t_undo = time.monotonic_ns()
+
+        step.undo()
+        starts = [(v.softirq_start_ns, v.hardirq_start_ns) for v in table.getvalue(table.Key(0))]
+        # 0, or set by an entry program since (CLOCK_MONOTONIC, as bpf_ktime_get_ns).
+        assert all(t == 0 or t >= t_undo for pair in starts for t in pair), starts
+        assert all(c._program.attached(fn) for _, fn in irq_mod.PROGRAMS)
+        assert c._program.program_ids() == ids
+        loopback_traffic(0.3)
+        partly = bpf_values(list(c.collect()))  # the interval began while detached
+        assert all(math.isnan(v) for v in partly.values())
+        loopback_traffic(0.3)
+        time.sleep(0.05)
+        again = list(c.collect())
+        values = bpf_values(again)
+        assert values and all(math.isfinite(v) for v in values.values())
+        soft = [v for (name, _), v in values.items() if name == "softirq_seconds_per_second"]
+        assert all(0 <= v <= 1.01 for v in soft), soft  # no gap counted as softirq time
+        assert c.cpu_interrupt_times() is not None
+        assert c.health() is not None and c.health()[0] == PartState.OK  # type: ignore[index]
+    finally:
+        c.close()

@@ -16,11 +16,18 @@ so CPUs that never see NET_TX or an IRQ pinned elsewhere do not fill the store w
 
 If the BPF part cannot load (no BPF, not root), the collector keeps reading /proc/interrupts
 and says why the softirq time is missing (degraded); if neither part works it is unavailable.
+
+The overhead budget's step ``irq.softirq_detached`` detaches the four programs: a storm of
+small packets over loopback runs two softirqs per datagram, each paying the entry and exit
+programs inside the sender's time slice. While they are detached, and for any interval
+they were detached part of, the BPF series are not known (NaN, never 0);
+/proc/interrupts goes on.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,12 +36,14 @@ from itertools import compress
 from operator import ne, sub
 from pathlib import Path
 
+from bpfdyno.core.budget import Reduction, degraded_by
 from bpfdyno.core.config import IrqSection
 from bpfdyno.core.metrics import Labels, Sample, sample
 from bpfdyno.core.status import PartState
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.maps import percpu_words
 from bpfdyno.ebpf.program import BpfProgram
+from bpfdyno.ebpf.reductions import DetachedFunctions
 from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S
 from bpfdyno.sources.base import Collector, CollectorUnavailable
 from bpfdyno.sources.counters import counter_delta
@@ -86,6 +95,8 @@ PROGRAMS = (
     ("irq_handler_entry", "bpfdyno_hardin"),
 )
 _CPU_MAP = "bpfdyno_icpu"
+#: Fields of struct irq_cpu that hold a run in progress (bpf/irq.h).
+_IN_PROGRESS = ("softirq_start_ns", "hardirq_start_ns", "nested_ns")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +120,8 @@ class CpuInterrupts:
 class _Reading:
     t: float
     cpus: dict[int, CpuInterrupts]
+    attached_ns: int  # how long the programs had been attached when it was read
+    at_ns: int  # time.monotonic_ns() of that
 
 
 class IrqCollector(Collector):
@@ -171,6 +184,7 @@ class IrqCollector(Collector):
         self._pair_count = 0
         self._pairs_seeded = False  # every line's pairs looked at once
         self._omitted_pairs: set[tuple[str, int]] = set()
+        self._detached: DetachedFunctions | None = None  # the budget's step (made at start)
 
     @classmethod
     def from_config(cls, section: IrqSection, *, per_cpu_every: int = 1) -> IrqCollector:
@@ -206,16 +220,47 @@ class IrqCollector(Collector):
         if self._program is not None:
             self._program.start_run_stats(*self._stats_args)
             self._prev_bpf = self._read_bpf()
+            self._detached = DetachedFunctions(
+                self._program,
+                [fn for _, fn in PROGRAMS],
+                name="irq.softirq_detached",
+                part=self.name,
+                what="the softirq and interrupt-handler programs detached",
+                lost=(
+                    "softirq and device interrupt handler time and runs per CPU are not known "
+                    "(NaN); interrupts per IRQ (/proc/interrupts) stay exact"
+                ),
+            )
 
     def _load(self) -> BpfProgram:
         program = BpfProgram.load("irq.bpf.c", header_cache=self._header_cache)
         try:
             for tracepoint, fn in PROGRAMS:
-                program.attach_raw_tracepoint(tracepoint, fn)
+                first = fn == PROGRAMS[0][1]
+                program.attach_raw_tracepoint(
+                    tracepoint, fn, before_attach=self._forget_runs_in_progress if first else None
+                )
         except BpfLoadError:
             program.close()
             raise
         return program
+
+    def _forget_runs_in_progress(self) -> None:
+        """Clear every CPU's start times before the programs are attached (again).
+
+        Detached one after another, an entry program can run after its exit program is gone
+        and leave a start time behind; taken at the next exit after the programs came back,
+        it would count the whole gap as softirq time. The exit programs are attached first
+        (`PROGRAMS`), so when this runs nothing is attached to change the array meanwhile.
+        """
+        if self._program is None:
+            return  # the first attach: the array is all zeros
+        table = self._program.table(_CPU_MAP)
+        values = table.getvalue(table.Key(0))
+        for v in values:
+            for name in _IN_PROGRESS:
+                setattr(v, name, 0)
+        table[table.Key(0)] = values
 
     def close(self) -> None:
         """Detach and unload the BPF part (idempotent)."""
@@ -253,8 +298,16 @@ class IrqCollector(Collector):
                 raise
         return out
 
+    def reductions(self) -> Sequence[Reduction]:
+        """The budget's step: detach the softirq and handler programs."""
+        return [self._detached] if self._detached is not None else []
+
     def health(self) -> tuple[PartState, str] | None:
-        """Degraded while one part is missing, with why; else what is measured."""
+        """Degraded while one part is missing or the budget holds its step, with why; else
+        what is measured."""
+        reduced = degraded_by(self.reductions())
+        if reduced is not None:
+            return reduced
         missing = []
         if self._program is None:
             missing.append(f"softirq and interrupt-handler time unavailable: {self._bpf_missing}")
@@ -273,14 +326,16 @@ class IrqCollector(Collector):
         Thread-safe: the trace capture calls it at its own rate.
         """
         with self._lock:
-            if self._program is None:
-                return None
+            if self._program is None or not self._program.attached(PROGRAMS[0][1]):
+                return None  # detached by the budget: the counts stand still, not known
             return self._read_bpf().cpus
 
     # --- internals -----------------------------------------------------------------------
 
     def _read_bpf(self) -> _Reading:
         assert self._program is not None
+        at_ns = time.monotonic_ns()
+        attached_ns = self._program.attached_ns(PROGRAMS[0][1], at_ns) or 0
         words = percpu_words(self._program.table(_CPU_MAP))
         t = self._clock()
         cpus = {
@@ -293,10 +348,14 @@ class IrqCollector(Collector):
             for cpu, w in enumerate(words)
             if cpu in self._online  # bcc returns a slot for every *possible* CPU
         }
-        return _Reading(t, cpus)
+        return _Reading(t, cpus, attached_ns, at_ns)
 
     def _bpf_samples(self, prev: _Reading, cur: _Reading) -> list[Sample]:
         dt = cur.t - prev.t
+        # Attached the whole interval, or its counts hold only part of it: not known.
+        known = cur.attached_ns - prev.attached_ns == cur.at_ns - prev.at_ns
+        if not known:
+            dt = math.nan
         out: list[Sample] = []
         for cpu, now in sorted(cur.cpus.items()):
             before = prev.cpus.get(cpu)
