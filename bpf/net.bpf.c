@@ -12,8 +12,9 @@
  * Optional: NET_USE_SYSCALLS selects the syscall fallback for byte counts (kernels without
  * sock:sock_{send,recv}_length); NET_NO_<PART> leaves out a part whose tracepoint this
  * kernel lacks; NET_RETX_HAS_ERR and NET_RST_HAS_REASON follow optional tracepoint fields;
- * NET_BTF_BYTES makes the two per-call byte programs BTF-typed (tp_btf; built against the
- * BTF header tree, kernels with /sys/kernel/btf/vmlinux).
+ * NET_BTF makes the programs on hot paths BTF-typed (tp_btf: the per-call byte programs,
+ * tcp_probe and the process cleanup; built against the BTF header tree, kernels with
+ * /sys/kernel/btf/vmlinux).
  *
  * Every function and map is named "bpfdyno_..." so `bpftool` shows whose they are (the
  * kernel keeps 15 characters of a name: keep map names that short).
@@ -48,7 +49,7 @@
 /* bcc generates the tracepoint argument structs from tracefs; fields typed with these kernel
  * enums need a complete type. The minimal header tree has none, so give them one of the
  * kernel's size (4 bytes, unsigned). */
-#ifndef NET_BTF_BYTES /* the BTF header tree (vmlinux.h) has the kernel's own */
+#ifndef NET_BTF /* the BTF header tree (vmlinux.h) has the kernel's own */
 enum skb_drop_reason { NET_SKB_DROP_REASON_ANY_ = 0xffffffffu };
 enum sk_rst_reason { NET_SK_RST_REASON_ANY_ = 0xffffffffu };
 #endif
@@ -212,7 +213,7 @@ static __always_inline int net_sock_length(void *sk, u16 family, u16 protocol, i
 	return 0;
 }
 
-#ifdef NET_BTF_BYTES
+#ifdef NET_BTF
 /* BTF-typed (tp_btf) on the raw tracepoint: TP_PROTO(struct sock *sk, int ret, int flags).
  * The kernel calls the program directly with the arguments: no trace record is allocated
  * and filled per call, as for a classic tracepoint (most of what a small send cost besides
@@ -412,6 +413,54 @@ int bpfdyno_nretx(struct tracepoint__tcp__tcp_retransmit_skb *args)
 #endif
 
 #ifndef NET_NO_PROBE
+#ifdef NET_BTF
+/* tcp:tcp_probe, BTF-typed: TP_PROTO(struct sock *sk, const struct sk_buff *skb). Every
+ * received segment of an established connection; sampled 1 in NET_PROBE_SAMPLE_EVERY per
+ * CPU. A classic tracepoint would fill its whole record (addresses, ports, sequence
+ * numbers, RTT, windows) for every segment before the program skipped it; here the skipped
+ * ones cost the tick. The sampled ones read what the record holds from the socket: the
+ * smoothed RTT as the tracepoint gives it (srtt_us >> 3), the congestion window, and the
+ * addresses as the tracepoint stores them (an AF_INET6 socket's IPv6 addresses). */
+int bpfdyno_nprobe(u64 *ctx)
+{
+	u32 zero = 0;
+	u64 *tick = bpfdyno_ntick.lookup(&zero);
+	if (!tick)
+		return 0;
+	*tick += 1;
+	if (*tick % NET_PROBE_SAMPLE_EVERY)
+		return 0;
+	struct sock *sk = (struct sock *)ctx[0];
+	u64 key = (u64)sk;
+	struct net_sock *s = bpfdyno_nsocks.lookup(&key);
+	if (!s)
+		return 0;
+	/* tcp_sock fields lie past struct sock, the argument's type: read, not loaded. */
+	u32 srtt_us = 0, cwnd = 0;
+	bpf_probe_read_kernel(&srtt_us, sizeof(srtt_us), BPFDYNO_FIELD(sk, struct tcp_sock, srtt_us));
+	bpf_probe_read_kernel(&cwnd, sizeof(cwnd), BPFDYNO_FIELD(sk, struct tcp_sock, snd_cwnd));
+	s->srtt_us = srtt_us >> 3;
+	s->snd_cwnd = cwnd;
+	if (!(s->flags & NET_SOCK_TUPLE)) {
+		u16 family = BPFDYNO_LOAD(u16, sk, struct sock, __sk_common.skc_family);
+		s->family = family;
+		s->sport = BPFDYNO_LOAD(u16, sk, struct sock, __sk_common.skc_num);
+		s->dport = bpf_ntohs(BPFDYNO_LOAD(u16, sk, struct sock, __sk_common.skc_dport));
+		__builtin_memset(s->saddr, 0, NET_ADDR_LEN);
+		__builtin_memset(s->daddr, 0, NET_ADDR_LEN);
+		if (family == NET_AF_INET6) {
+			bpf_probe_read_kernel(s->saddr, 16, BPFDYNO_FIELD(sk, struct sock, __sk_common.skc_v6_rcv_saddr));
+			bpf_probe_read_kernel(s->daddr, 16, BPFDYNO_FIELD(sk, struct sock, __sk_common.skc_v6_daddr));
+		} else {
+			bpf_probe_read_kernel(s->saddr, 4, BPFDYNO_FIELD(sk, struct sock, __sk_common.skc_rcv_saddr));
+			bpf_probe_read_kernel(s->daddr, 4, BPFDYNO_FIELD(sk, struct sock, __sk_common.skc_daddr));
+		}
+		s->flags |= NET_SOCK_TUPLE;
+	}
+	net_count(NET_C_PROBE_SAMPLES, 1);
+	return 0;
+}
+#else
 /* tcp:tcp_probe: every received segment of an established connection; sampled 1 in
  * NET_PROBE_SAMPLE_EVERY per CPU to keep the hot receive path cheap. */
 int bpfdyno_nprobe(struct tracepoint__tcp__tcp_probe *args)
@@ -437,7 +486,8 @@ int bpfdyno_nprobe(struct tracepoint__tcp__tcp_probe *args)
 	net_count(NET_C_PROBE_SAMPLES, 1);
 	return 0;
 }
-#endif
+#endif /* NET_BTF */
+#endif /* NET_NO_PROBE */
 
 #ifndef NET_NO_RST_SENT
 int bpfdyno_nrstsnd(struct tracepoint__tcp__tcp_send_reset *args)
@@ -503,9 +553,26 @@ int bpfdyno_ndrop(struct tracepoint__skb__kfree_skb *args)
 
 /* sched:sched_process_free: a task is gone for good; drop its process entry. Only a thread
  * group leader's pid is ever a key, and the leader is freed after all its threads. */
+#ifdef NET_BTF
+/* BTF-typed: TP_PROTO(struct task_struct *p). Threads that are not a group leader (most
+ * exits under thread churn) are no key: skipped without touching the map (a delete takes
+ * the bucket's lock even for a key that is not there). */
+int bpfdyno_nexit(u64 *ctx)
+{
+	struct task_struct *p = (struct task_struct *)ctx[0];
+	u32 pid = BPFDYNO_LOAD(u32, p, struct task_struct, pid);
+	if (pid != BPFDYNO_LOAD(u32, p, struct task_struct, tgid))
+		return 0;
+	if (bpfdyno_nprocs.lookup(&pid))
+		bpfdyno_nprocs.delete(&pid);
+	return 0;
+}
+#else
 int bpfdyno_nexit(struct tracepoint__sched__sched_process_free *args)
 {
 	u32 pid = args->pid;
-	bpfdyno_nprocs.delete(&pid);
+	if (bpfdyno_nprocs.lookup(&pid)) /* a delete takes the bucket's lock even for no key */
+		bpfdyno_nprocs.delete(&pid);
 	return 0;
 }
+#endif

@@ -38,7 +38,7 @@ pytestmark = [
 ]
 
 SENT, REPLY = 1_000_000, 12_345
-BYTE_FNS = ("bpfdyno_nsend", "bpfdyno_nrecv")
+BTF_FNS = ("bpfdyno_nsend", "bpfdyno_nrecv", "bpfdyno_nprobe", "bpfdyno_nexit")
 
 
 @pytest.fixture(scope="module")
@@ -398,31 +398,82 @@ def program_types(ids: dict[str, int]) -> dict[str, str]:
 
 
 @pytest.mark.skipif(shutil.which("bpftool") is None, reason="needs bpftool")
-def test_per_call_byte_programs_are_btf_typed_with_btf(net: NetCollector) -> None:
-    """With the kernel's BTF the per-call programs run on the raw tracepoints (tp_btf), so no
-    trace record is filled for every send; the exact-count tests above run through them."""
+def test_hot_path_programs_are_btf_typed_with_btf(net: NetCollector) -> None:
+    """With the kernel's BTF the programs on hot paths run on the raw tracepoints (tp_btf), so
+    no trace record is filled for every send, segment or exit; the exact-count tests above
+    run through them."""
     assert KERNEL_BTF.is_file()
-    assert net.plan is not None and net.plan.btf_bytes
+    assert net.plan is not None and net.plan.btf
     assert net._program is not None
-    ids = {fn: i for fn, i in net._program.program_ids().items() if fn in BYTE_FNS}
-    assert program_types(ids) == {"bpfdyno_nsend": "tracing", "bpfdyno_nrecv": "tracing"}
+    ids = {fn: i for fn, i in net._program.program_ids().items() if fn in BTF_FNS}
+    assert program_types(ids) == dict.fromkeys(BTF_FNS, "tracing")
 
 
-def test_classic_byte_programs_count_exactly_without_btf() -> None:
+def test_classic_programs_count_exactly_without_btf() -> None:
     """A kernel without BTF gets the classic tracepoint programs (same names, same maps),
-    with the same exact counts."""
+    with the same exact counts and cleanup."""
     classic = NetCollector(btf_programs=False)
     classic.start()
     try:
-        assert classic.plan is not None and not classic.plan.btf_bytes
+        assert classic.plan is not None and not classic.plan.btf
         classic.collect()
         test_udp_datagram_bytes_are_exact(classic)
+        test_exited_processes_are_removed_from_the_map(classic)
         if shutil.which("bpftool") is not None:
             assert classic._program is not None
-            ids = {f: i for f, i in classic._program.program_ids().items() if f in BYTE_FNS}
-            assert program_types(ids) == {
-                "bpfdyno_nsend": "tracepoint",
-                "bpfdyno_nrecv": "tracepoint",
-            }
+            ids = {f: i for f, i in classic._program.program_ids().items() if f in BTF_FNS}
+            assert program_types(ids) == dict.fromkeys(BTF_FNS, "tracepoint")
     finally:
         classic.close()
+
+
+def test_btf_tcp_probe_records_what_the_classic_one_does() -> None:
+    """Both kinds of tcp_probe program on one connection at once, every segment sampled: the
+    same RTT, congestion window and (for a connection older than both, whose tuple only the
+    probe fills in) the same addresses and ports as the socket's own."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def echo() -> None:
+        conn, _ = server.accept()
+        with conn:
+            while data := conn.recv(64):
+                conn.sendall(data)
+
+    t = threading.Thread(target=echo)
+    t.start()
+    client = socket.create_connection(server.getsockname())
+    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    collectors = [
+        NetCollector(btf_programs=False, probe_sample_every=1),
+        NetCollector(probe_sample_every=1),
+    ]
+    try:
+        for c in collectors:
+            c.start()
+        assert [c.plan.btf for c in collectors if c.plan is not None] == [False, True]
+        for _ in range(200):
+            client.sendall(b"p" * 64)
+            got = 0
+            while got < 64:
+                got += len(client.recv(64 - got))
+        sport = client.getsockname()[1]
+        dport = server.getsockname()[1]
+        seen = []
+        for c in collectors:
+            c.collect()
+            (conn,) = [x for x in c.connections() if (x.sport, x.dport) == (sport, dport)]
+            seen.append(conn)
+        classic, btf = seen
+        assert (btf.family, btf.saddr, btf.daddr) == ("ipv4", "127.0.0.1", "127.0.0.1")
+        assert 0 < btf.srtt_s < 1 and btf.snd_cwnd is not None and btf.snd_cwnd >= 1
+        fields = ("family", "saddr", "sport", "daddr", "dport", "srtt_s", "snd_cwnd")
+        assert [getattr(btf, f) for f in fields] == [getattr(classic, f) for f in fields]
+    finally:
+        client.close()
+        t.join(timeout=10)
+        server.close()
+        for c in collectors:
+            c.close()

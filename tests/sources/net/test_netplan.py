@@ -9,6 +9,7 @@ import pytest
 from bpfdyno.sources.net.plan import (
     BYTES_SOCK,
     BYTES_SYSCALLS,
+    Plan,
     PlanError,
     format_fields,
     make_plan,
@@ -204,18 +205,26 @@ def test_this_kernel_uses_the_sock_tracepoints() -> None:
     assert plan.unavailable == {}
 
 
-def test_btf_makes_the_sock_byte_programs_btf_typed(tmp_path: Path) -> None:
+def btf_typed(plan: Plan) -> list[str]:
+    return [a.fn for p in plan.parts for a in p.attachments if a.btf]
+
+
+def test_btf_makes_the_hot_path_programs_btf_typed(tmp_path: Path) -> None:
     root = fake_tracefs(tmp_path)
     plan = make_plan(root, btf=True)
-    assert plan.btf_bytes
+    assert plan.btf
     assert plan.header_flavour == "btf"
-    assert "-DNET_BTF_BYTES" in plan.cflags
-    assert not make_plan(root).btf_bytes
-    assert make_plan(root).header_flavour == "minimal"
+    assert "-DNET_BTF" in plan.cflags
+    assert btf_typed(plan) == ["bpfdyno_nsend", "bpfdyno_nrecv", "bpfdyno_nexit", "bpfdyno_nprobe"]
+    assert [a.event for a in plan.parts[0].attachments] == ["sock_send_length", "sock_recv_length"]
+    classic = make_plan(root)
+    assert not classic.btf
+    assert classic.header_flavour == "minimal"
+    assert "-DNET_BTF" not in classic.cflags
 
 
 def test_the_syscall_fallback_stays_classic_with_btf(tmp_path: Path) -> None:
     root = fake_tracefs(tmp_path, leave_out=("sock/sock_send_length", "sock/sock_recv_length"))
     plan = make_plan(root, btf=True)
-    assert not plan.btf_bytes
-    assert "-DNET_BTF_BYTES" not in plan.cflags
+    assert plan.byte_source == BYTES_SYSCALLS
+    assert btf_typed(plan) == ["bpfdyno_nexit", "bpfdyno_nprobe"]

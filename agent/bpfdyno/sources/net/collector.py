@@ -144,9 +144,9 @@ class NetCollector(Collector):
         stats_period_s: ...every this many seconds (see `bpfdyno.ebpf.runstats.BpfRunStats`).
         tracefs: the tracefs mount (found or mounted if None).
         header_cache: where `bpfdyno.ebpf.kheaders` caches generated headers.
-        btf_programs: make the per-call byte programs BTF-typed where the kernel has BTF
-            (False: classic tracepoints everywhere, as on a kernel without BTF; the
-            benchmarks compare the two).
+        btf_programs: make the programs on hot paths BTF-typed where the kernel has BTF
+            (`bpfdyno.sources.net.plan`; False: classic tracepoints everywhere, as on a
+            kernel without BTF; the benchmarks compare the two).
 
     Raises:
         ValueError: a size the kernel would refuse.
@@ -258,8 +258,8 @@ class NetCollector(Collector):
             for part in plan.parts:
                 try:
                     for a in part.attachments:
-                        if plan.btf_bytes and part.name == "bytes":
-                            program.attach_btf_tracepoint(a.tracepoint.split(":")[1], a.fn)
+                        if plan.btf and a.btf:
+                            program.attach_btf_tracepoint(a.event, a.fn)
                         else:
                             program.attach_tracepoint(a.tracepoint, a.fn)
                 except BpfLoadError as e:

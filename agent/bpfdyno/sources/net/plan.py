@@ -5,9 +5,10 @@ about 6.3; ``tcp:tcp_send_reset`` gained ``reason`` and sockaddr-sized addresses
 collector reads each event's ``format`` file in tracefs, and compiles only the parts whose
 fields are all there (``-DNET_NO_<PART>`` leaves a part out). The per-process byte counts come
 from ``sock:sock_{send,recv}_length`` when present, else from the socket syscalls. With the
-kernel's BTF, the two per-call programs are BTF-typed (tp_btf) on those tracepoints: the kernel
-calls them with its own arguments instead of filling a trace record for every send and
-receive first (``-DNET_BTF_BYTES``, built against the BTF header tree).
+kernel's BTF, the programs on hot paths (the two per-call byte programs, ``tcp:tcp_probe``
+at every received segment, the cleanup at every task's end) are BTF-typed (tp_btf) on the
+same tracepoints: the kernel calls them with its own arguments instead of filling a trace
+record for every event first (``-DNET_BTF``, built against the BTF header tree).
 
 Also here: decoding ``__print_symbolic`` tables from a format's ``print fmt`` (the names of
 ``enum skb_drop_reason`` and ``enum sk_rst_reason`` as this kernel numbers them).
@@ -25,6 +26,8 @@ from bpfdyno.ebpf.tracefs import read_format
 
 #: The kernel's BTF: the per-call byte programs are BTF-typed where it exists.
 KERNEL_BTF = Path("/sys/kernel/btf/vmlinux")
+#: The -D flag that makes the attachments marked ``btf`` BTF-typed.
+BTF_FLAG = "-DNET_BTF"
 
 #: Where the per-process byte counts come from.
 BYTES_SOCK = "sock"  # sock:sock_{send,recv}_length (exact, every socket call)
@@ -49,6 +52,13 @@ class Attachment:
     tracepoint: str
     fn: str
     fields: tuple[Field, ...] = ()
+    #: With the kernel's BTF ``fn`` is BTF-typed: attached by the event's name (tp_btf).
+    btf: bool = False
+
+    @property
+    def event(self) -> str:
+        """The tracepoint's name without its category (what a tp_btf attaches to)."""
+        return self.tracepoint.split(":", 1)[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +87,8 @@ _TUPLE_FIELDS = (
 SOCK_BYTES = Part(
     "bytes",
     (
-        Attachment("sock:sock_send_length", "bpfdyno_nsend"),
-        Attachment("sock:sock_recv_length", "bpfdyno_nrecv"),
+        Attachment("sock:sock_send_length", "bpfdyno_nsend", btf=True),
+        Attachment("sock:sock_recv_length", "bpfdyno_nrecv", btf=True),
     ),
     (Field("sk"), Field("family"), Field("protocol"), Field("ret"), Field("flags")),
 )
@@ -110,7 +120,7 @@ OPTIONAL_PARTS = (
     ),
     Part(
         "rtt",
-        (Attachment("tcp:tcp_probe", "bpfdyno_nprobe"),),
+        (Attachment("tcp:tcp_probe", "bpfdyno_nprobe", btf=True),),
         (
             Field("skaddr"),
             Field("srtt"),
@@ -144,7 +154,7 @@ OPTIONAL_PARTS = (
 #: with BPF, so its absence is an error rather than a degraded mode.
 CLEANUP = Part(
     "cleanup",
-    (Attachment("sched:sched_process_free", "bpfdyno_nexit"),),
+    (Attachment("sched:sched_process_free", "bpfdyno_nexit", btf=True),),
     (Field("pid"),),
 )
 
@@ -158,14 +168,14 @@ class Plan:
     parts: tuple[Part, ...]
     #: Part name -> why it is left out (and what would bring it back).
     unavailable: Mapping[str, str]
-    #: The "bytes" part's programs are BTF-typed (attached by event name, built against the
-    #: BTF header tree); False: classic tracepoints.
-    btf_bytes: bool = False
+    #: The attachments marked ``btf`` are BTF-typed (built against the BTF header tree);
+    #: False: every program is on a classic tracepoint.
+    btf: bool = False
 
     @property
     def header_flavour(self) -> Literal["minimal", "btf"]:
         """The kernel header tree the program is built against."""
-        return "btf" if self.btf_bytes else "minimal"
+        return "btf" if self.btf else "minimal"
 
 
 class PlanError(Exception):
@@ -230,7 +240,9 @@ def make_plan(tracefs: Path, byte_source: str = "auto", *, btf: bool = False) ->
         tracefs: the tracefs mount point.
         byte_source: ``auto``, `BYTES_SOCK` or `BYTES_SYSCALLS` (forcing one, e.g. to test
             the fallback).
-        btf: the kernel has BTF (`KERNEL_BTF`): the sock byte programs are BTF-typed.
+        btf: the kernel has BTF (`KERNEL_BTF`): the attachments marked ``btf`` are
+            BTF-typed (not with the syscall byte source, whose programs stay classic; the
+            other parts' still are).
 
     Raises:
         PlanError: no way to count bytes, the forced source is missing, or no cleanup hook.
@@ -260,10 +272,9 @@ def make_plan(tracefs: Path, byte_source: str = "auto", *, btf: bool = False) ->
         )
 
     bytes_part = SOCK_BYTES if chosen == BYTES_SOCK else SYSCALL_BYTES
-    btf_bytes = btf and chosen == BYTES_SOCK
     cflags: list[str] = [] if chosen == BYTES_SOCK else ["-DNET_USE_SYSCALLS"]
-    if btf_bytes:
-        cflags.append("-DNET_BTF_BYTES")
+    if btf:
+        cflags.append(BTF_FLAG)
     cleanup_reason, _ = _check_part(tracefs, CLEANUP)
     if cleanup_reason:
         raise PlanError(f"{cleanup_reason}; this kernel is too old for the net collector")
@@ -277,7 +288,7 @@ def make_plan(tracefs: Path, byte_source: str = "auto", *, btf: bool = False) ->
         else:
             parts.append(part)
             cflags += [f"-D{f}" for f in flags]
-    return Plan(chosen, tuple(cflags), tuple(parts), unavailable, btf_bytes)
+    return Plan(chosen, tuple(cflags), tuple(parts), unavailable, btf)
 
 
 # A table's entries are "{ n, "NAME" }" pairs, so its body holds no parentheses.
