@@ -63,7 +63,9 @@ async def test_rounds_slow_while_nobody_reads_and_a_read_gets_a_round_after_it()
         # Nobody reads: a round every IDLE_S (the first two give the first ratios).
         await _until(lambda: len(_rounds(d, t_start)) >= 4)
         idle = _rounds(d, t_start)
-        assert all(g > IDLE_S * 0.9 for g in _gaps(idle)), _gaps(idle)
+        # (Rounds keep deadlines: after a late round the next may come a little sooner; the
+        # normal cadence would be 0.2 s.)
+        assert all(g > IDLE_S / 2 for g in _gaps(idle)), _gaps(idle)
 
         # A read when the last round is older than a normal round: answered from a round
         # made after it, at once (not at the next slow one).
@@ -85,7 +87,7 @@ async def test_rounds_slow_while_nobody_reads_and_a_read_gets_a_round_after_it()
         t_after = time.time() + INTERVAL_S * 2
         await _until(lambda: len(_rounds(d, t_after)) >= 3)
         after = _rounds(d, t_after)
-        assert all(g > IDLE_S * 0.9 for g in _gaps(after)), _gaps(after)
+        assert all(g > IDLE_S / 2 for g in _gaps(after)), _gaps(after)
         # The rounds run at the normal cadence only because someone read are the reader's.
         assert REQUESTED.by_reader().get("uid 1234", 0) > 0
     finally:
