@@ -48,8 +48,10 @@ BPF_PERCPU_ARRAY(bpfdyno_scpu, struct sched_cpu, 1);
  * whole gap as the time its previous task ran. */
 BPF_ARRAY(bpfdyno_sgen, u64, 1);
 BPF_PERCPU_ARRAY(bpfdyno_serrors, struct sched_errors, 1);
-/* Last books of exited threads (by tid), drained by user space every collection. */
-BPF_HASH(bpfdyno_sexit, u32, struct sched_task, SCHED_MAX_EXITS);
+/* Last books of exited threads (by tid), drained by user space every collection. Sized for
+ * the slow cadence of an agent nobody reads (seconds of thread churn between two rounds),
+ * and not preallocated: it takes memory only for the exits waiting to be read. */
+BPF_F_TABLE("hash", u32, struct sched_task, bpfdyno_sexit, SCHED_MAX_EXITS, BPF_F_NO_PREALLOC);
 BPF_TASK_STORAGE(bpfdyno_smark, struct sched_mark);
 BPF_RINGBUF_OUTPUT(bpfdyno_sevents, SCHED_RINGBUF_PAGES);
 

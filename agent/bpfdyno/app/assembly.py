@@ -18,6 +18,7 @@ from bpfdyno.app.catalog import CATALOG
 from bpfdyno.app.daemon import Component, RoundSink
 from bpfdyno.core.budget import REQUESTED
 from bpfdyno.core.config import Config
+from bpfdyno.core.demand import ReadDemand
 from bpfdyno.core.events import FewerEvents, FlightRecorder
 from bpfdyno.exporters.jsonl import JsonlExporter
 from bpfdyno.exporters.rounds import SampleProvider
@@ -43,6 +44,12 @@ class Assembly:
     #: The overhead budget (also among the collectors); `bind_daemon` gives it the daemon's
     #: own steps.
     budget: BudgetCollector | None = None
+    #: Who reads (the services and the Prometheus exporter note each read; the daemon's
+    #: cadence follows it).
+    demand: ReadDemand = field(default_factory=ReadDemand)
+    #: Collectors that keep their cadence while nobody reads: the budget measures the
+    #: agent, detection watches ranks whoever reads (and the NCCL times it reads).
+    steady: frozenset[str] = frozenset({"budget", "detection", "nccl_profiler"})
 
 
 class ProfilingSource(Protocol):
@@ -267,7 +274,7 @@ def build(cfg: Config) -> Assembly:
     asm.components.append(tracing)
     asm.servicers.append(
         kernel_servicer_factory(
-            KernelService(recorder, table, net, cfg.collector_interval("procs"))
+            KernelService(recorder, table, net, cfg.collector_interval("procs"), demand=asm.demand)
         )
     )
     asm.servicers.append(tracing_servicer_factory(tracing.service))
@@ -288,12 +295,15 @@ def build(cfg: Config) -> Assembly:
         asm.components.append(auto)
     if cfg.export.jsonl.enabled:
         asm.sinks.append(JsonlExporter(cfg.export.jsonl))
-    asm.sinks += _metric_exporters(cfg, table)
+    asm.sinks += _metric_exporters(cfg, table, asm.demand)
     return asm
 
 
-def _metric_exporters(cfg: Config, table: ProcessTable | None) -> list[RoundSink]:
-    """Prometheus and OTLP, when enabled, with the process table's rows as a provider."""
+def _metric_exporters(
+    cfg: Config, table: ProcessTable | None, demand: ReadDemand
+) -> list[RoundSink]:
+    """Prometheus and OTLP, when enabled, with the process table's rows as a provider; a
+    scrape is a read (`scrape_read`)."""
     providers: list[SampleProvider] = []
     if table is not None:
         from bpfdyno.sources.procs.samples import row_samples
@@ -304,14 +314,39 @@ def _metric_exporters(cfg: Config, table: ProcessTable | None) -> list[RoundSink
         from bpfdyno.exporters.prometheus import PrometheusExporter
         from bpfdyno.server.peers import http_requester
 
-        sinks.append(
-            PrometheusExporter(cfg.export.prometheus, providers, CATALOG, identify=http_requester)
+        prom = PrometheusExporter(
+            cfg.export.prometheus, providers, CATALOG, identify=http_requester
         )
+        prom.read_by = partial(scrape_read, demand, table, cfg.collector_interval("procs"))
+        sinks.append(prom)
     if cfg.export.otlp.enabled:
         from bpfdyno.exporters.otlp import OtlpExporter
 
         sinks.append(OtlpExporter(cfg.export.otlp, providers, CATALOG))
     return sinks
+
+
+#: Who a Prometheus scrape is, as a reader (its HTTP peer is not known at the scrape).
+SCRAPE_READER = "prometheus scrape"
+#: Longest a scrape waits for fresh rounds (Prometheus's own timeout is 10 s by default).
+SCRAPE_FRESH_S = 5.0
+
+
+def scrape_read(demand: ReadDemand, table: ProcessTable | None, procs_interval_s: float) -> None:
+    """A scrape reads (on the exporter's HTTP thread): rounds no older than one normal round,
+    per-CPU series every round while scraped, the process table's rows as fresh."""
+    from bpfdyno.sources.percpu import PER_CPU_READS
+
+    PER_CPU_READS.note()
+    demand.read_blocking(SCRAPE_READER, SCRAPE_FRESH_S)
+    if table is None:
+        return
+    age = table.age_s()
+    with REQUESTED.work((SCRAPE_READER,)):
+        if age is not None and age <= 1.5 * procs_interval_s:
+            table.read(SCRAPE_READER)  # the rounds keep it this fresh while it is read
+        else:
+            table.fresh_snapshot(procs_interval_s, SCRAPE_READER)
 
 
 def bind_daemon(asm: Assembly, daemon: Daemon) -> None:

@@ -21,7 +21,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -30,6 +30,7 @@ from bpfdyno.app.catalog import CATALOG
 from bpfdyno.core.budget import REQUESTED, Costs, Reduction, excluded_work
 from bpfdyno.core.catalog import Catalog
 from bpfdyno.core.config import Config
+from bpfdyno.core.demand import ReadDemand
 from bpfdyno.core.metrics import HistogramSample, Round, Sample
 from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.core.store import MetricStore, RoundPublisher
@@ -156,18 +157,43 @@ def _deliver(
 class CollectorRunner:
     """Drives one collector: start, collect on deadlines with back-off, close.
 
+    While nobody reads (``demand``), its rounds come every ``idle_interval_s`` instead (when
+    that is longer, and the collector keeps up at it: `Collector.keeps_up_at`); a read wakes
+    it at once when its last round is older than one normal round (`wake`).
+
     Args:
         collector: the collector.
         interval_s: seconds between rounds.
         worker: the shared thread its rounds run on; None: its own thread.
+        idle_interval_s: seconds between rounds while nobody reads; 0: always ``interval_s``.
+        demand: who reads; None: nobody is ever asked (always ``interval_s``).
     """
 
     def __init__(
-        self, collector: Collector, interval_s: float, worker: SharedWorker | None = None
+        self,
+        collector: Collector,
+        interval_s: float,
+        worker: SharedWorker | None = None,
+        idle_interval_s: float = 0.0,
+        demand: ReadDemand | None = None,
     ) -> None:
         self.collector = collector
         self.name = collector.name
         self.interval_s = interval_s
+        self.idle_interval_s = idle_interval_s if demand is not None else 0.0
+        self._demand = demand
+        #: Whether its next round comes at the slow cadence (nobody reads).
+        self.idling = False
+        #: When its last round (success or failure) ended (``time.monotonic()``); None: none yet.
+        self.last_round_at: float | None = None
+        # Futures of reads waiting for its next round (resolved whatever the round's outcome).
+        self._waiters: list[asyncio.Future[None]] = []
+        # Set while it sleeps: resolved by `wake`.
+        self._wake: asyncio.Future[None] | None = None
+        self._woken = False  # the sleep ended by `wake`, not at its deadline
+        # Who this round runs for (set before each round; rounds of one runner never overlap).
+        self._round_readers: list[str] = []
+        self._running = False
         self.state = PartState.STARTING
         self.reason = ""
         #: Unavailable because what it needs is not part of this host (`CollectorUnavailable`).
@@ -237,10 +263,32 @@ class CollectorRunner:
         """
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() if start_t is None else start_t
+        self._running = True
+        try:
+            await self._run(loop, on_round, deadline)
+        finally:
+            self._running = False
+            for fut in self._waiters:
+                if not fut.done():
+                    fut.cancel()
+            self._waiters.clear()
+
+    async def _run(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_round: Callable[[Round], None],
+        deadline: float,
+    ) -> None:
         while True:
-            if deadline > time.monotonic():
-                await _sleep_until(loop, deadline)
+            deadline = await self._sleep(loop, deadline)
             t0 = time.monotonic()
+            # A round run at the normal cadence only because someone reads (it would idle
+            # otherwise) is the readers' work.
+            self._round_readers = (
+                self._demand.readers()
+                if self._demand is not None and self._idles_without_readers()
+                else []
+            )
             try:
                 if self._worker is not None:
                     samples, histograms, health = await self._worker.run(self._collect_once)
@@ -252,6 +300,7 @@ class CollectorRunner:
                 raise
             except Exception as e:
                 self._failed(e)
+                self._round_done()
             else:
                 ts = time.time()
                 self.collections += 1
@@ -262,8 +311,17 @@ class CollectorRunner:
                     log.info("collector %s recovered", self.name)
                 self.state, self.reason = state, reason
                 on_round(Round(self.name, ts, samples, histograms))
+                self._round_done()
             self.last_duration_s = time.monotonic() - t0
-            step = self.interval_s * self.interval_factor
+            step = self.normal_step_s()
+            # Backing off after errors is not idling: a read does not cut a back-off short.
+            self.idling = (
+                not self.consecutive_errors
+                and self._idles_without_readers()
+                and not self._demand_active()
+            )
+            if self.idling:
+                step = self.idle_interval_s
             if self.consecutive_errors:
                 step = min(MAX_BACKOFF_S, self.interval_s * 2 ** min(self.consecutive_errors, 16))
             deadline += step
@@ -273,14 +331,70 @@ class CollectorRunner:
                 # firing a burst of back-to-back rounds.
                 deadline = now + step - math.fmod(now - deadline, step)
 
+    def normal_step_s(self) -> float:
+        """Seconds between rounds while someone reads (the budget may lengthen it)."""
+        return self.interval_s * self.interval_factor
+
+    def _idles_without_readers(self) -> bool:
+        """Whether its rounds would come at the slow cadence if nobody read."""
+        return self.idle_interval_s > self.normal_step_s() and self.collector.keeps_up_at(
+            self.idle_interval_s
+        )
+
+    def _demand_active(self) -> bool:
+        return self._demand is not None and self._demand.active()
+
+    async def _sleep(self, loop: asyncio.AbstractEventLoop, deadline: float) -> float:
+        """Sleep until ``deadline``, or until a read wants a round sooner (`wake`): then
+        until one normal round after the last. Returns the deadline it woke at."""
+        while deadline > time.monotonic():
+            self._wake = loop.create_future()
+            self._woken = False
+            try:
+                await _sleep_until(loop, deadline, self._wake)
+            finally:
+                self._wake = None
+            if self._woken and self.last_round_at is not None:
+                deadline = min(deadline, self.last_round_at + self.normal_step_s())
+        return deadline
+
+    def stale(self, now: float) -> bool:
+        """Whether it idles (nobody read) and its last round is older than one normal round
+        (a little late allowed). A round late at the normal cadence (a loaded machine) is
+        not waited for: it comes as soon as it can anyway."""
+        if not self._running or not self.idling or self.last_round_at is None:
+            return False
+        return now - self.last_round_at > 1.5 * self.normal_step_s()
+
+    def wake(self) -> None:
+        """A read came: a round now if the last is older than one normal round, else at one
+        normal round after it (never more than one a round, however many read). On the loop."""
+        if self.idling and self._wake is not None and not self._wake.done():
+            self._woken = True
+            self._wake.set_result(None)
+
+    def next_round(self) -> asyncio.Future[None]:
+        """Resolved when its next round ends, whatever its outcome (on the loop)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        return fut
+
+    def _round_done(self) -> None:
+        self.last_round_at = time.monotonic()
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
     def _collect_once(
         self,
     ) -> tuple[Sequence[Sample], Sequence[HistogramSample], tuple[PartState, str] | None]:
         t0 = time.thread_time_ns()
         r0 = REQUESTED.on_this_thread()
         try:
-            samples = self.collector.collect()
-            return samples, self.collector.histograms(), self.collector.health()
+            with REQUESTED.work(self._round_readers, bounded=False):
+                samples = self.collector.collect()
+                return samples, self.collector.histograms(), self.collector.health()
         finally:
             # What it did for readers is theirs (`bpfdyno.core.budget.RequestedWork`).
             requested = REQUESTED.on_this_thread() - r0
@@ -401,9 +515,13 @@ def _excluded(fn: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
-async def _sleep_until(loop: asyncio.AbstractEventLoop, deadline: float) -> None:
-    """Sleep until ``time.monotonic()`` reaches ``deadline`` (the loop's clock)."""
-    fut: asyncio.Future[None] = loop.create_future()
+async def _sleep_until(
+    loop: asyncio.AbstractEventLoop, deadline: float, fut: asyncio.Future[None] | None = None
+) -> None:
+    """Sleep until ``time.monotonic()`` reaches ``deadline`` (the loop's clock), or until
+    ``fut`` is resolved by someone else."""
+    if fut is None:
+        fut = loop.create_future()
 
     def wake() -> None:
         if not fut.done():
@@ -427,6 +545,8 @@ class Daemon:
         sinks: Sequence[RoundSink] = (),
         disabled: Sequence[str] = (),
         catalog: Catalog = CATALOG,
+        demand: ReadDemand | None = None,
+        steady: Collection[str] = (),
     ) -> None:
         """Args:
         cfg: the configuration.
@@ -435,13 +555,26 @@ class Daemon:
         sinks: the exporters.
         disabled: collectors turned off in the configuration, reported as such by status.
         catalog: every metric the collectors can emit.
+        demand: who reads (the services and exporters note each read): while nobody does,
+            rounds come every ``[daemon] idle_interval_s``; None: reads are not followed
+            (a record of the daemon's own), every round at its interval.
+        steady: collectors that keep their cadence while nobody reads (the budget measuring
+            the agent, detection watching ranks).
         """
         self.cfg = cfg
         self.catalog = catalog
         self.store = MetricStore(cfg.daemon.history_s, cfg.daemon.interval_s, cfg.daemon.max_series)
+        self.demand = demand if demand is not None else ReadDemand()
         self._workers: dict[float, SharedWorker] = {}
+        idle_s = idle_interval(cfg)
         self.runners = [
-            CollectorRunner(c, cfg.collector_interval(c.name), self._worker_for(c, cfg))
+            CollectorRunner(
+                c,
+                cfg.collector_interval(c.name),
+                self._worker_for(c, cfg),
+                idle_interval_s=0.0 if c.name in steady else idle_s,
+                demand=demand,
+            )
             for c in collectors
         ]
         self.components = list(components)
@@ -511,8 +644,37 @@ class Daemon:
                 log.exception("exporter %s failed", type(sink).__name__)
         self.publisher.publish(rnd)
 
+    def _wake_stale(self) -> None:
+        """A read came: wake the collectors that idle (on the loop)."""
+        for r in self.runners:
+            r.wake()
+
+    async def fresh(self, within_s: float) -> None:
+        """Return once every running collector's latest round is no older than one normal
+        round: those older (idle while nobody read) are woken and waited for, at most
+        ``within_s`` (a collector stuck in a driver call does not hold the read longer)."""
+        now = time.monotonic()
+        stale = [r for r in self.runners if r.stale(now)]
+        if not stale:
+            return
+        waits = [r.next_round() for r in stale]
+        for r in stale:
+            r.wake()
+        _done, pending = await asyncio.wait(waits, timeout=within_s)
+        for fut in pending:
+            fut.cancel()
+
     async def start(self) -> None:
         """Start components, then every collector concurrently; schedule the started ones."""
+        loop = asyncio.get_running_loop()
+
+        # Reads come on the loop (gRPC) and on exporters' threads (a Prometheus scrape).
+        def wake_stale() -> None:
+            with contextlib.suppress(RuntimeError):  # a read after the loop closed
+                loop.call_soon_threadsafe(self._wake_stale)
+
+        self.demand.listeners.append(wake_stale)
+        self.demand.bind(loop, self.fresh, idle_interval(self.cfg))
         for comp in self.components:
             await comp.start()
         results = await asyncio.gather(*(r.start() for r in self.runners))
@@ -558,6 +720,15 @@ class Daemon:
                 sink.close()
             except Exception:
                 log.exception("exporter %s failed to close", type(sink).__name__)
+
+
+def idle_interval(cfg: Config) -> float:
+    """Seconds between rounds while nobody reads (``[daemon] idle_interval_s``); 0 (the
+    normal cadence always) while an exporter writes every round (JSON lines, OTLP): it reads
+    all the time."""
+    if cfg.export.jsonl.enabled or cfg.export.otlp.enabled:
+        return 0.0
+    return cfg.daemon.idle_interval_s
 
 
 def install_signal_handlers(daemon: Daemon, exit_within_s: float | None = None) -> None:

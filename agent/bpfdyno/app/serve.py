@@ -87,7 +87,14 @@ async def run(cfg: Config) -> int:
     limit_malloc_arenas()
     asm = assembly.build(cfg)
     daemon = Daemon(
-        cfg, asm.collectors, asm.components, asm.sinks, disabled=asm.disabled, catalog=CATALOG
+        cfg,
+        asm.collectors,
+        asm.components,
+        asm.sinks,
+        disabled=asm.disabled,
+        catalog=CATALOG,
+        demand=asm.demand,
+        steady=asm.steady,
     )
     assembly.bind_daemon(asm, daemon)
     streams = ConnectionLimits(cfg.grpc.max_streams, cfg.grpc.max_streams_per_user)

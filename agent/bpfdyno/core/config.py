@@ -51,6 +51,11 @@ class ConfigError(Exception):
 class DaemonSection:
     #: Default collection interval for every collector, in seconds.
     interval_s: float = 1.0
+    #: Seconds between rounds while nobody reads (no query, stream, process listing or
+    #: scrape for 30 s): the kernel keeps counting, the rates cover the longer interval, and
+    #: a read wakes a fresh round first. 0: every interval_s always. An exporter that writes
+    #: every round (jsonl, otlp) keeps interval_s.
+    idle_interval_s: float = 5.0
     #: How much history the in-memory store keeps for window queries, in seconds.
     history_s: float = 900.0
     #: Most series the store holds before evicting the least recently updated.
@@ -290,11 +295,13 @@ class SchedSection:
 
     #: Thread exits remembered between two collections (the last books of each exited
     #: thread, until the next collection reads them). Beyond it, an exiting thread's times
-    #: are lost: sched_dropped_total{reason="exit_map_full"} counts them.
-    max_exits: int = 16384
+    #: are lost: sched_dropped_total{reason="exit_map_full"} counts them. Sized for
+    #: daemon.idle_interval_s (5 s of ~13,000 exits a second); memory is taken only for the
+    #: exits waiting, and a faster churn brings the normal cadence back.
+    max_exits: int = 65536
     #: Exec/exit event ring buffer size in pages (a power of two). Events that find it
     #: full are dropped: sched_dropped_total{reason="ringbuf_full"}.
-    ringbuf_pages: int = 16
+    ringbuf_pages: int = 64
 
 
 @dataclass
@@ -678,6 +685,8 @@ def _validate(cfg: Config, path: Path | None) -> None:
     if cfg.daemon.interval_s < 0.05:
         raise bad("must be at least 0.05 seconds", "daemon.interval_s")
     _validate_detection(cfg.detection, bad)
+    if cfg.daemon.idle_interval_s < 0:
+        raise bad("must be 0 (off) or a number of seconds", "daemon.idle_interval_s")
     if cfg.daemon.history_s < cfg.daemon.interval_s:
         raise bad("must be at least daemon.interval_s", "daemon.history_s")
     if cfg.daemon.max_series < 100:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -152,6 +152,9 @@ class PrometheusExporter:
         self._error = ""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_CatalogCollector(self))
+        #: Called on the HTTP thread before each scrape is answered: the daemon's read
+        #: (`bpfdyno.core.demand.ReadDemand.read_blocking`); the assembly sets it.
+        self.read_by: Callable[[], None] | None = None
         self._server: BoundedWSGIServer | None = None
         self._thread: threading.Thread | None = None
         self.address: tuple[str, int] | None = None
@@ -196,7 +199,13 @@ class PrometheusExporter:
         self._latest.submit(rnd)
 
     def scrape(self) -> list[Metric]:
-        """The families of one scrape (prometheus_client calls this on its HTTP thread)."""
+        """The families of one scrape (prometheus_client calls this on its HTTP thread).
+
+        A scrape is a read: with `read_by` set, the rounds are made fresh first (no older
+        than one normal round).
+        """
+        if self.read_by is not None:
+            self.read_by()
         try:
             out = families(self._latest.view(), self._catalog)
         except Exception:

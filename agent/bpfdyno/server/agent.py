@@ -79,6 +79,7 @@ class AgentServicer(pb_grpc.AgentServicer):
         self, request: pb.GetMetricsWindowRequest, context: grpc.aio.ServicerContext
     ) -> pb.MetricsWindow:
         who = reader(*_uid_peer(context))
+        await self._svc.freshen(who)  # the window reaches now: its last round is fresh
         views = self._svc.window(
             list(request.names), request.start_unix_seconds, request.end_unix_seconds, who
         )

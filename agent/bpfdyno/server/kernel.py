@@ -76,6 +76,8 @@ class KernelServicer(pb_grpc.KernelServicer):
     async def GetEvents(
         self, request: pb.GetEventsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetEventsResponse:
+        who = requester_from_context(context)
+        await self._svc.freshen(reader(who.uid, who.peer))  # events come with the rounds
         page = self._svc.get_events(request.since_unix_ns, list(request.kinds), request.limit)
         events = tuple(map(event_record, page.events))
         api_page = api.EventsPage(events, page.evicted_age, page.evicted_memory, page.oldest_ts_ns)
@@ -86,10 +88,12 @@ class KernelServicer(pb_grpc.KernelServicer):
         self, request: pb.StreamEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.KernelEvent]:
         sub = self._svc.stream_events(list(request.kinds))
+        who = requester_from_context(context)
         # The subscription is closed however the stream ends (client gone: CancelledError).
-        async with sub:
-            async for event in sub:
-                yield cast(pb.KernelEvent, to_pb(event_record(event)))
+        with self._svc.streaming(reader(who.uid, who.peer)):
+            async with sub:
+                async for event in sub:
+                    yield cast(pb.KernelEvent, to_pb(event_record(event)))
 
 
 def kernel_servicer_factory(service: KernelService) -> Callable[[grpc.aio.Server], None]:

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
-from bpfdyno.core.budget import REQUESTED
+from bpfdyno.core.budget import REQUESTED, reader
 from bpfdyno.core.catalog import Catalog
 from bpfdyno.core.connections import PEER_LIMIT, ConnectionLimits
+from bpfdyno.core.demand import ReadDemand
 from bpfdyno.core.errors import InvalidArgument, Unavailable
 from bpfdyno.core.identity import Requester
 from bpfdyno.core.metrics import MetricSpec, Round
@@ -69,6 +70,8 @@ class DaemonState(Protocol):
     publisher: RoundPublisher
     #: Every metric the daemon can emit (the assembly hands it over).
     catalog: Catalog
+    #: Who reads: each read that returns data is noted (it sets the collection cadence).
+    demand: ReadDemand
 
     @property
     def config_source(self) -> str: ...
@@ -140,14 +143,24 @@ class AgentService:
             PER_CPU_READS.note()  # reported every round while read
         return Snapshot(now, "", series)
 
+    async def freshen(self, who: str) -> None:
+        """``who`` reads: note it (the normal cadence), and return once every collector's
+        latest round is no older than one normal round (a round is run first for those idle
+        while nobody read: the rounds of a whole slow interval, summed, cost one read)."""
+        REQUESTED.check(who)
+        await self._daemon.demand.read(who, FRESH_WAIT_S)
+
     async def fresh_snapshot(self, names: Sequence[str] = (), who: str = "in-process") -> Snapshot:
-        """`snapshot`, its per-CPU series no older than one round of their collector.
+        """`snapshot` of rounds no older than one normal round (`freshen`), its per-CPU series
+        too.
 
         On a node with more CPUs than ``[daemon] per_cpu_series_max`` those are reported only
         every few rounds while nobody reads them; a read that finds them older waits for the
         next round of their collectors (at most two intervals or `FRESH_WAIT_S`), which reports them
         again, and so does every round while they are read (`PER_CPU_READS`).
         """
+        _check_names(names)
+        await self.freshen(who)
         q = self._daemon.publisher.subscribe()
         try:
             snap = self.snapshot(names, who)
@@ -210,6 +223,7 @@ class AgentService:
                 f"unknown collector(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
             )
         who = requester if requester is not None else Requester(None, "in-process", "unknown")
+        reader_name = reader(who.uid, who.peer)
         peer = self.streams.peer_of(who)
         refused = self.streams.admit(peer, privileged=who.uid == 0)
         if refused == PEER_LIMIT:
@@ -225,19 +239,29 @@ class AgentService:
                 "limit, grpc.max_streams); retry later",
                 STREAMS_RULE,
             )
+        # An open stream is a reader: the normal cadence while it is open.
+        self._daemon.demand.stream_opened(reader_name)
         try:
             async for snap in self._stream(names, collectors):
                 yield snap
         finally:
+            self._daemon.demand.stream_closed(reader_name)
             self.streams.release(peer)
 
     async def _stream(
         self, names: Sequence[str], collectors: Sequence[str]
     ) -> AsyncIterator[Snapshot]:
+        # A stream whose names take in per-CPU series reads them: every round while open.
+        wanted = name_filter(names)
+        per_cpu = any(PER_CPU_LABEL in s.labels and wanted.matches(s.name) for s in self._catalog)
+        if per_cpu:
+            PER_CPU_READS.note()
         q = self._daemon.publisher.subscribe()
         try:
             while True:
                 rnd = await q.get()
+                if per_cpu:
+                    PER_CPU_READS.note()
                 if collectors and rnd.collector not in collectors:
                     continue
                 snap = self._round_snapshots.get(

@@ -8,11 +8,13 @@ something malformed) and `Unavailable` (the data source is not running here).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Sequence
+import contextlib
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from bpfdyno.core.budget import REQUESTED
+from bpfdyno.core.demand import ReadDemand
 from bpfdyno.core.errors import InvalidArgument, Unavailable
 from bpfdyno.core.events import FlightRecorder, KernelEvent, Subscription
 from bpfdyno.core.identity import Requester
@@ -21,6 +23,16 @@ from bpfdyno.core.workers import DaemonExecutor
 from bpfdyno.rpc.processes import QueryError, filter_rows, parse_filter, sort_key, sort_rows
 from bpfdyno.sources.net.decode import TcpConnection
 from bpfdyno.sources.procs.table import ProcessSnapshot, ProcessTable
+
+
+@contextlib.contextmanager
+def _streaming(demand: ReadDemand, who: str) -> Iterator[None]:
+    demand.stream_opened(who)
+    try:
+        yield
+    finally:
+        demand.stream_closed(who)
+
 
 MAX_STREAM_KINDS = 64
 #: Longest a reader waits for the process table to be updated for it.
@@ -60,8 +72,10 @@ class KernelService:
         net: ConnectionSource | None = None,
         fresh_within_s: float = 1.0,
         view: Callable[[], ProcView] = proc_view,
+        demand: ReadDemand | None = None,
     ) -> None:
         self._recorder = recorder
+        self._demand = demand if demand is not None else ReadDemand()
         self._table = table
         self._net = net
         self._fresh_within_s = fresh_within_s
@@ -103,6 +117,7 @@ class KernelService:
                 "the process table is disabled; enable [collectors.procs] in the config"
             )
         REQUESTED.check(who)
+        self._demand.note(who)  # the table keeps its own freshness: no wait for rounds here
         snap = await self._fresh(self._table, who)
         if snap.ts == 0:
             raise Unavailable("the process table has not been built yet; retry in a second")
@@ -135,6 +150,16 @@ class KernelService:
                 "read of /proc is blocked); retry, and see `bpfdyno status` for the procs "
                 "collector"
             ) from None
+
+    async def freshen(self, who: str) -> None:
+        """``who`` reads what the rounds bring (kernel events): note it, and return once
+        the rounds are no older than one normal round (`bpfdyno.core.demand.ReadDemand`)."""
+        REQUESTED.check(who)
+        await self._demand.read(who, REFRESH_TIMEOUT_S / 2)
+
+    def streaming(self, who: str) -> contextlib.AbstractContextManager[None]:
+        """While an event stream of ``who`` is open: a reader, the normal cadence."""
+        return _streaming(self._demand, who)
 
     def list_connections(self, pid: int = 0, state: str = "") -> list[TcpConnection]:
         """Tracked TCP connections, optionally of one process and/or in one state.

@@ -82,6 +82,14 @@ class Collector(abc.ABC):
         """
         return ()
 
+    def keeps_up_at(self, interval_s: float) -> bool:
+        """Whether rounds ``interval_s`` apart lose nothing now: what the kernel fills between
+        two rounds (a map of exited threads, a ring buffer) would not overflow at the rate
+        the last rounds saw. The daemon reads at its slow cadence while nobody reads only
+        when this holds. Called on the event loop: read only what the last round left.
+        The default: nothing fills between rounds."""
+        return True
+
     def reductions(self) -> Sequence[Reduction]:
         """Optional: the steps this collector offers the overhead budget (after ``start()``).
 
@@ -102,3 +110,29 @@ class ReadAt(dict[int, _V]):
     def __init__(self, values: Mapping[int, _V], read_at: float) -> None:
         super().__init__(values)
         self.read_at = read_at
+
+
+class FillRate:
+    """How fast something the kernel fills between two rounds (a map of exited threads, a
+    ring buffer) filled over the last round, against what it holds: whether rounds further
+    apart would overflow it (`Collector.keeps_up_at`).
+
+    Args:
+        capacity: what it holds (entries, records).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._at: float | None = None
+        self._per_s = 0.0
+
+    def saw(self, n: int, now: float) -> None:
+        """A round drained ``n`` entries at ``now`` (monotonic seconds)."""
+        if self._at is not None and now > self._at:
+            self._per_s = n / (now - self._at)
+        self._at = now
+
+    def keeps_up_at(self, interval_s: float) -> bool:
+        """Whether ``interval_s`` at the last round's rate fills at most half of it (the
+        other half for a burst until the next round)."""
+        return self._per_s * interval_s <= self.capacity / 2

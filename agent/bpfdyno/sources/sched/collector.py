@@ -56,7 +56,7 @@ from bpfdyno.ebpf.maps import map_pop_all, percpu_flat, percpu_words
 from bpfdyno.ebpf.program import BpfProgram, RingBuffer, TaskIterator
 from bpfdyno.ebpf.reductions import DetachedFunctions, SampledFunctions
 from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S
-from bpfdyno.sources.base import Collector, CollectorUnavailable, ReadAt
+from bpfdyno.sources.base import Collector, CollectorUnavailable, FillRate, ReadAt
 from bpfdyno.sources.percpu import PerCpuCadence
 from bpfdyno.sources.perf.perf_event import online_cpus
 from bpfdyno.sources.sched.metrics import (
@@ -212,6 +212,10 @@ class SchedCollector(Collector):
             raise ValueError(f"[sched] max_exits must be at least 1, got {max_exits}")
         self._sink = sink
         self._defines = {"SCHED_MAX_EXITS": max_exits, "SCHED_RINGBUF_PAGES": ringbuf_pages}
+        #: What fills between two rounds, and how much it holds: the exited threads' map
+        #: (entries), the event ring buffer (events).
+        self._exits_fill = FillRate(max_exits)
+        self._events_fill = FillRate(ringbuf_pages * _PAGE // _RING_RECORD)
         self._stats_args = (stats_on_s, stats_period_s)
         self._header_cache = header_cache
         self._program: BpfProgram | None = None
@@ -392,6 +396,9 @@ class SchedCollector(Collector):
         events = self._events.drain()
         self.process_events += len(events)
         exited = map_pop_all(program.table(_EXITED))
+        now = time.monotonic()
+        self._exits_fill.saw(len(exited), now)
+        self._events_fill.saw(len(events), now)
         totals = self._read_totals()
         held_off = self._switch_sampled.held_off_ns() if self._switch_sampled else 0
         prev_procs, prev_walk_t = self._procs, self._walk_t
@@ -429,6 +436,14 @@ class SchedCollector(Collector):
             except Exception:  # the sink's failure must not cost this interval's metrics
                 log.exception("the kernel event sink failed; %d events lost", len(events))
         return out
+
+    def keeps_up_at(self, interval_s: float) -> bool:
+        """Whether the exited threads' map and the event ring buffer would stay at most half
+        full over ``interval_s`` at the rate of the last round (the map is sized for the slow
+        cadence: ``[sched] max_exits``)."""
+        return self._exits_fill.keeps_up_at(interval_s) and self._events_fill.keeps_up_at(
+            interval_s
+        )
 
     def per_process(self) -> ReadAt[ProcSched] | None:
         """tgid -> cumulative scheduler times, as of the last walk (thread-safe); its
@@ -747,6 +762,9 @@ def _vanished(
 
 #: Why a round walks the threads (`SchedCollector._walk_due`).
 _IDLE, _FOR_READERS = "idle", "readers"
+#: A ring buffer's page, and what one event takes in it (the record and its 8-byte header).
+_PAGE = 4096
+_RING_RECORD = 176 + 8
 
 
 def _timed_walk(tasks: TaskIterator) -> tuple[bytes, float]:
