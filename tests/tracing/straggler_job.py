@@ -33,6 +33,7 @@ that holds a job back, and why.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -58,6 +59,8 @@ WIRE = Path(__file__).resolve().parent / "delay_wire.py"
 FLOOD = Path(__file__).resolve().parent / "udp_flood.py"
 #: The size of a rank's data file (`StragglerJob.data_file`).
 DATA_FILE_BYTES = 64 << 20
+#: prctl(2)'s option for the signal a child gets when its parent dies.
+PR_SET_PDEATHSIG = 1
 #: The UDP port the interrupt storm's packets go to (nothing listens on it).
 FLOOD_PORT = 9
 SUBNET = "10.18.0"
@@ -262,6 +265,15 @@ class Proc:
             self.popen.wait(timeout=10)
 
 
+def _die_with_parent() -> None:
+    """In the child before it runs its program: SIGKILL it when the process that started
+    it dies, however that dies. A run killed outright (SIGKILL, an out-of-memory kill)
+    must not leave a CPU hog or a packet storm behind: another run on the machine would
+    take it for its own fault (the death signal survives exec, so ``ip netns exec`` and
+    ``taskset`` pass it on)."""
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 def spawn(
     argv: Sequence[str], out: Path, env: dict[str, str] | None = None, stdin: bool = False
 ) -> Proc:
@@ -273,8 +285,48 @@ def spawn(
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
     return Proc(popen, out)
+
+
+def _ancestors(pid: int) -> set[int]:
+    """The processes above ``pid``, up to init (an empty set when it is gone)."""
+    out: set[int] = set()
+    while pid > 1:
+        try:
+            # The parent is the field after the state, past the command name's ")".
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+        out.add(pid)
+    return out
+
+
+def foreign_faults() -> dict[int, str]:
+    """The CPU hogs (named `HOG_NAME`) and interrupt storms (`FLOOD`) on this machine that
+    this process did not start: another run's faults, which would make this run's ranks
+    late for a reason of theirs (pid -> what it is)."""
+    me = os.getpid()
+    found: dict[int, str] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if comm == HOG_NAME:
+            what = HOG_NAME
+        elif str(FLOOD).encode() in cmdline and comm != "ip":
+            what = FLOOD.name
+        else:
+            continue
+        if me not in _ancestors(pid):
+            found[pid] = what
+    return found
 
 
 def set_weight(pid: int, nice: int) -> None:
