@@ -320,8 +320,8 @@ def foreign_faults() -> dict[int, str]:
             continue
         if comm == HOG_NAME:
             what = HOG_NAME
-        elif str(FLOOD).encode() in cmdline and comm != "ip":
-            what = FLOOD.name
+        elif any(Path(arg.decode(errors="replace")).name == FLOOD.name for arg in cmdline):
+            what = FLOOD.name  # any checkout's: other sessions run this job from their own
         else:
             continue
         if me not in _ancestors(pid):
