@@ -744,7 +744,12 @@ class StragglerJob:
 
     @contextlib.contextmanager
     def interrupt_storm(
-        self, rank: int, datagrams_per_second: int, size: int = 64, softirq_nice: int = 0
+        self,
+        rank: int,
+        datagrams_per_second: int,
+        size: int = 64,
+        softirq_nice: int = 0,
+        sender_nice: int | None = None,
     ) -> Iterator[Proc]:
         """``datagrams_per_second`` UDP datagrams of ``size`` bytes (over the link's MTU: IP
         fragments) to rank ``rank``, sent from a namespace of their own by a sender pinned to
@@ -755,7 +760,9 @@ class StragglerJob:
         over the softirq work that comes faster than the kernel does it on the spot) has
         meanwhile, restored afterwards. At nice 0 it gets about a third of the CPU against a
         rank at `RANK_NICE`; interrupt threads run above normal tasks on kernels booted with
-        ``threadirqs`` or PREEMPT_RT, where a storm takes nearly the whole CPU."""
+        ``threadirqs`` or PREEMPT_RT, where a storm takes nearly the whole CPU.
+        ``sender_nice``: the sender's weight (`set_weight`); on a loaded machine a sender at
+        nice 0 gets too little of its CPU to send at the rate asked."""
         cpu = self.cpus[rank]
         others = sorted(set(range(os.cpu_count() or 1)) - {cpu}) or [cpu]
         network = self.network
@@ -774,6 +781,8 @@ class StragglerJob:
         try:
             os.setpriority(os.PRIO_PROCESS, softirqd, softirq_nice)
             wait_for(lambda: "flooding" in flood.lines(), 30, "the interrupt storm to start")
+            if sender_nice is not None:
+                set_weight(flood.pid, sender_nice)
             yield flood
         finally:
             flood.kill()
