@@ -139,6 +139,27 @@ def test_waits_for_ksoftirqd_are_interrupts() -> None:
     assert f.causes[1].detail == "the CPU was held by cc1 (pid 999) 100%"
 
 
+def test_a_storm_that_starves_the_rank_is_interrupts_though_its_own_threads_ran() -> None:
+    """A storm that takes most of rank 2's CPU: its main thread waits 50 ms more per run-up,
+    held 80 % of it by its own gloo thread (pid 102: they take turns on what the storm
+    leaves), 15 % by ksoftirqd and 5 % by another process. Of the waits not for its own
+    threads, ksoftirqd held three quarters: interrupts 750 ms, waiting for a CPU 250 ms
+    (the outsider named, not its own thread)."""
+    before = {"cpu_wait": 0.050, "on_cpu": 0.030, "sleep": 0.150}
+    holders = {
+        "gloo_tcp_loop (pid 102)": 0.040,
+        "ksoftirqd/1 (pid 22)": 0.0075,
+        "cc1 (pid 999)": 0.0025,
+    }
+    v = compare(job(2, before, holders))
+    [f] = v.stragglers
+    assert [(c.cause, round(c.seconds, 6)) for c in f.causes] == [
+        ("interrupts", 0.75),
+        ("cpu_wait", 0.25),
+    ]
+    assert f.causes[0].detail == "750.0 ms of it waiting for ksoftirqd (softirq work)"
+
+
 def test_waits_stay_waits_when_the_work_is_not_the_main_excess() -> None:
     """A rank whose disk reads (60 ms more per run-up) also ran 20 ms longer (the kernel's
     copies) and waited 50 ms more for its CPU, held by rank 0: the disk comes first and the

@@ -704,7 +704,7 @@ def _late_finding(
             excess["cpu_wait"] = waits - moved
         worst = [_quota_instance(w, quota) if w.cause == "cpu_wait" else w for w in worst]
         details["cpu_quota"][_quota_detail(quota)] += 1
-    taken = _softirq_threads(holders, excess, details)
+    taken = _softirq_threads(holders, excess, details, r.ev.pid)
     taken |= _shared_cpu(r, rs, holders, excess, details, seconds)
     causes: list[CauseTime] = []
     explained = 0.0
@@ -755,18 +755,27 @@ def _holder_pid(holder: str) -> int:
 
 
 def _softirq_threads(
-    holders: Mapping[str, float], excess: dict[str, float], details: dict[str, Counter[str]]
+    holders: Mapping[str, float],
+    excess: dict[str, float],
+    details: dict[str, Counter[str]],
+    own_pid: int = 0,
 ) -> set[str]:
     """Waits for a CPU held by ksoftirqd are interrupts: the kernel hands softirq work that
     comes faster than it can do on the spot (an interrupt storm) to that CPU's ksoftirqd
     thread, which then takes the CPU from the rank like any task. Returns the holders whose
-    waits it took."""
-    total = sum(holders.values())
+    waits it took.
+
+    Their share is of the waits held by others than the rank's own threads (process
+    ``own_pid``): those take turns with its main thread on what CPU the storm leaves them,
+    as every rank's do; a storm that starves the rank makes its main thread wait for its
+    own gloo threads too (80 % of its waits in a matrix run, ksoftirqd's a third of the
+    rest), and they did not cause that."""
+    total = sum(v for h, v in holders.items() if not own_pid or _holder_pid(h) != own_pid)
     threads = {h for h in holders if h.startswith(SOFTIRQ_THREAD)}
     soft = sum(holders[h] for h in threads)
     if not soft or not excess.get("cpu_wait"):
         return set()
-    moved = excess["cpu_wait"] * soft / total
+    moved = excess["cpu_wait"] * min(1.0, soft / total)
     excess["cpu_wait"] -= moved
     excess["interrupts"] = excess.get("interrupts", 0.0) + moved
     details["interrupts"][f"{_fmt_s(moved)} of it waiting for ksoftirqd (softirq work)"] += 1
