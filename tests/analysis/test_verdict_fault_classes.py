@@ -160,6 +160,21 @@ def test_a_storm_that_starves_the_rank_is_interrupts_though_its_own_threads_ran(
     assert f.causes[0].detail == "750.0 ms of it waiting for ksoftirqd (softirq work)"
 
 
+def test_the_waits_for_ksoftirqd_said_are_never_more_than_the_cause() -> None:
+    """The same storm with 100 ms more waits per run-up: ksoftirqd's three quarters of
+    them are 1.5 s, more than the 800 ms the rank lost; the cause is capped there, and so
+    is what its detail says of it."""
+    before = {"cpu_wait": 0.100, "on_cpu": 0.030, "sleep": 0.150}
+    holders = {
+        "gloo_tcp_loop (pid 102)": 0.080,
+        "ksoftirqd/1 (pid 22)": 0.015,
+        "cc1 (pid 999)": 0.005,
+    }
+    [f] = compare(job(2, before, holders)).stragglers
+    assert (f.causes[0].cause, round(f.causes[0].seconds, 6)) == ("interrupts", 0.8)
+    assert f.causes[0].detail == "800.0 ms of it waiting for ksoftirqd (softirq work)"
+
+
 def test_waits_stay_waits_when_the_work_is_not_the_main_excess() -> None:
     """A rank whose disk reads (60 ms more per run-up) also ran 20 ms longer (the kernel's
     copies) and waited 50 ms more for its CPU, held by rank 0: the disk comes first and the

@@ -704,7 +704,7 @@ def _late_finding(
             excess["cpu_wait"] = waits - moved
         worst = [_quota_instance(w, quota) if w.cause == "cpu_wait" else w for w in worst]
         details["cpu_quota"][_quota_detail(quota)] += 1
-    taken = _softirq_threads(holders, excess, details, r.ev.pid)
+    taken = _softirq_threads(holders, excess, details, r.ev.pid, seconds)
     taken |= _shared_cpu(r, rs, holders, excess, details, seconds)
     causes: list[CauseTime] = []
     explained = 0.0
@@ -759,6 +759,7 @@ def _softirq_threads(
     excess: dict[str, float],
     details: dict[str, Counter[str]],
     own_pid: int = 0,
+    lost: float = math.inf,
 ) -> set[str]:
     """Waits for a CPU held by ksoftirqd are interrupts: the kernel hands softirq work that
     comes faster than it can do on the spot (an interrupt storm) to that CPU's ksoftirqd
@@ -778,7 +779,9 @@ def _softirq_threads(
     moved = excess["cpu_wait"] * min(1.0, soft / total)
     excess["cpu_wait"] -= moved
     excess["interrupts"] = excess.get("interrupts", 0.0) + moved
-    details["interrupts"][f"{_fmt_s(moved)} of it waiting for ksoftirqd (softirq work)"] += 1
+    # Said of the cause, which is capped at the time the rank lost (``lost``): never more.
+    said = min(moved, lost)
+    details["interrupts"][f"{_fmt_s(said)} of it waiting for ksoftirqd (softirq work)"] += 1
     return threads
 
 
