@@ -270,8 +270,12 @@ def _die_with_parent() -> None:
     it dies, however that dies. A run killed outright (SIGKILL, an out-of-memory kill)
     must not leave a CPU hog or a packet storm behind: another run on the machine would
     take it for its own fault (the death signal survives exec, so ``ip netns exec`` and
-    ``taskset`` pass it on)."""
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    ``taskset`` pass it on). The function is looked up beforehand (`_PRCTL`): between fork
+    and exec the child of a threaded parent must not load libraries."""
+    _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
+_PRCTL = ctypes.CDLL(None).prctl
 
 
 def spawn(
