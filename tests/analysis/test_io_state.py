@@ -83,8 +83,9 @@ def test_the_capture_names_an_uninterruptible_read_a_disk_wait() -> None:
 
 def test_interrupt_time_is_taken_out_of_the_time_on_a_cpu(tmp_path: Path) -> None:
     """The same file with 20 ms of interrupt time on the rank's CPUs in each run-up (the
-    fabric track's counter, written at the interval's start): a cause of its own, and not
-    the main thread's own work too."""
+    fabric track's counter, written at the interval's start): a cause of its own, the part
+    of it that fell while the main thread ran (it did not delay the thread while it slept),
+    and not the main thread's own work too."""
     path = Path(trace(tmp_path, "S", causes.cause(0x1, READ)))
     doc = json.loads(path.read_text())
     for i in range(5):
@@ -96,6 +97,10 @@ def test_interrupt_time_is_taken_out_of_the_time_on_a_cpu(tmp_path: Path) -> Non
     s = summarize_file(str(path))
     assert s.evidence is not None
     by_cause = [{t.cause: t.seconds for t in c.before} for c in s.evidence.collectives]
-    assert [c["interrupts"] for c in by_cause] == [pytest.approx(0.02)] * 5
-    # 50 ms (from the window's start), then 150 ms run-ups, less 20 ms of interrupts each.
-    assert [c["on_cpu"] for c in by_cause] == [pytest.approx(0.03), *[pytest.approx(0.13)] * 4]
+    # Of the 20 ms, the share that fell while the main thread ran: it was on a CPU 50 of the
+    # first run-up's 100 ms (from the window's start), then 150 of each 200 ms run-up.
+    assert [c["interrupts"] for c in by_cause] == [
+        pytest.approx(0.01),
+        *[pytest.approx(0.015)] * 4,
+    ]
+    assert [c["on_cpu"] for c in by_cause] == [pytest.approx(0.04), *[pytest.approx(0.135)] * 4]

@@ -33,6 +33,7 @@ that holds a job back, and why.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -58,6 +59,8 @@ WIRE = Path(__file__).resolve().parent / "delay_wire.py"
 FLOOD = Path(__file__).resolve().parent / "udp_flood.py"
 #: The size of a rank's data file (`StragglerJob.data_file`).
 DATA_FILE_BYTES = 64 << 20
+#: prctl(2)'s option for the signal a child gets when its parent dies.
+PR_SET_PDEATHSIG = 1
 #: The UDP port the interrupt storm's packets go to (nothing listens on it).
 FLOOD_PORT = 9
 SUBNET = "10.18.0"
@@ -262,6 +265,19 @@ class Proc:
             self.popen.wait(timeout=10)
 
 
+def _die_with_parent() -> None:
+    """In the child before it runs its program: SIGKILL it when the process that started
+    it dies, however that dies. A run killed outright (SIGKILL, an out-of-memory kill)
+    must not leave a CPU hog or a packet storm behind: another run on the machine would
+    take it for its own fault (the death signal survives exec, so ``ip netns exec`` and
+    ``taskset`` pass it on). The function is looked up beforehand (`_PRCTL`): between fork
+    and exec the child of a threaded parent must not load libraries."""
+    _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
+_PRCTL = ctypes.CDLL(None).prctl
+
+
 def spawn(
     argv: Sequence[str], out: Path, env: dict[str, str] | None = None, stdin: bool = False
 ) -> Proc:
@@ -273,8 +289,48 @@ def spawn(
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
     return Proc(popen, out)
+
+
+def _ancestors(pid: int) -> set[int]:
+    """The processes above ``pid``, up to init (an empty set when it is gone)."""
+    out: set[int] = set()
+    while pid > 1:
+        try:
+            # The parent is the field after the state, past the command name's ")".
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+        out.add(pid)
+    return out
+
+
+def foreign_faults() -> dict[int, str]:
+    """The CPU hogs (named `HOG_NAME`) and interrupt storms (`FLOOD`) on this machine that
+    this process did not start: another run's faults, which would make this run's ranks
+    late for a reason of theirs (pid -> what it is)."""
+    me = os.getpid()
+    found: dict[int, str] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if comm == HOG_NAME:
+            what = HOG_NAME
+        elif any(Path(arg.decode(errors="replace")).name == FLOOD.name for arg in cmdline):
+            what = FLOOD.name  # any checkout's: other sessions run this job from their own
+        else:
+            continue
+        if me not in _ancestors(pid):
+            found[pid] = what
+    return found
 
 
 def set_weight(pid: int, nice: int) -> None:
@@ -692,12 +748,25 @@ class StragglerJob:
 
     @contextlib.contextmanager
     def interrupt_storm(
-        self, rank: int, datagrams_per_second: int, size: int = 64
+        self,
+        rank: int,
+        datagrams_per_second: int,
+        size: int = 64,
+        softirq_nice: int = 0,
+        sender_nice: int | None = None,
     ) -> Iterator[Proc]:
         """``datagrams_per_second`` UDP datagrams of ``size`` bytes (over the link's MTU: IP
         fragments) to rank ``rank``, sent from a namespace of their own by a sender pinned to
         another CPU, and steered (RPS) to the rank's CPU: there the kernel receives them in
-        softirqs, interrupting whatever runs."""
+        softirqs, interrupting whatever runs.
+
+        ``softirq_nice``: the weight the CPU's softirq thread (``ksoftirqd/N``, which takes
+        over the softirq work that comes faster than the kernel does it on the spot) has
+        meanwhile, restored afterwards. At nice 0 it gets about a third of the CPU against a
+        rank at `RANK_NICE`; interrupt threads run above normal tasks on kernels booted with
+        ``threadirqs`` or PREEMPT_RT, where a storm takes nearly the whole CPU.
+        ``sender_nice``: the sender's weight (`set_weight`); on a loaded machine a sender at
+        nice 0 gets too little of its CPU to send at the rate asked."""
         cpu = self.cpus[rank]
         others = sorted(set(range(os.cpu_count() or 1)) - {cpu}) or [cpu]
         network = self.network
@@ -711,11 +780,17 @@ class StragglerJob:
              str(datagrams_per_second), str(size)],
             self.base / "flood.out",
         )  # fmt: skip
+        softirqd = _softirq_thread(cpu)
+        nice = os.getpriority(os.PRIO_PROCESS, softirqd)
         try:
+            os.setpriority(os.PRIO_PROCESS, softirqd, softirq_nice)
             wait_for(lambda: "flooding" in flood.lines(), 30, "the interrupt storm to start")
+            if sender_nice is not None:
+                set_weight(flood.pid, sender_nice)
             yield flood
         finally:
             flood.kill()
+            os.setpriority(os.PRIO_PROCESS, softirqd, nice)
             network.steer(network.bridge_ns, "vfl", set())
             network.steer(network.namespaces[rank], "eth0", set())
 
@@ -845,6 +920,16 @@ class StragglerJob:
         )
         self.traces.append(trace)
         return trace
+
+
+def _softirq_thread(cpu: int) -> int:
+    """The pid of CPU ``cpu``'s softirq thread (``ksoftirqd/N``, a child of kthreadd)."""
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if Path(entry.path, "comm").read_text().strip() == f"ksoftirqd/{cpu}":
+                    return int(entry.name)
+    raise AssertionError(f"no ksoftirqd/{cpu} thread on this machine")
 
 
 def _whole_disk(dev: int) -> str:

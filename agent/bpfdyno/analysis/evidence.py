@@ -146,12 +146,14 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         before, holders, worst_before = _causes(threads, busy, run_up, c.start_us)
         stolen = interrupts.between(run_up, c.start_us) / 1e9  # ns of CPU time
         extra = []
-        if stolen > 0:
-            extra.append(CauseTime("interrupts", stolen))
         if tid in threads.rows:
-            ran = _on_cpu(threads, tid, run_up, c.start_us) - stolen
+            on_cpu = _on_cpu(threads, tid, run_up, c.start_us)
+            stolen = _while_on_cpu(stolen, on_cpu, (c.start_us - run_up) / 1e6)
+            ran = on_cpu - stolen
             if ran > 0:
                 extra.append(CauseTime("on_cpu", ran))
+        if stolen > 0:
+            extra.append(CauseTime("interrupts", stolen))
         if extra:
             before = tuple(sorted((*before, *extra), key=lambda t: -t.seconds))
         during, _, worst_during = _causes(threads, busy, c.start_us, c.end_us)
@@ -567,6 +569,18 @@ def _on_cpu(threads: _Threads, pid: int, lo: float, hi: float) -> float:
     own work; interrupts taken meanwhile are in it, and are taken out by the caller)."""
     off = sum(overlap for _, overlap in threads.of(pid, lo, hi))
     return max(0.0, hi - lo - off) / 1e6
+
+
+def _while_on_cpu(interrupts: float, on_cpu: float, run_up: float) -> float:
+    """Of the interrupt time on the rank's CPUs in a run-up (seconds), the part that fell
+    while its main thread was on a CPU: the part that delayed it. Interrupts taken while it
+    slept or waited on a lock cost it nothing (it was not running). The track counts
+    interrupt time per sampling interval, not per task: spread evenly over the run-up, the
+    main thread's share is its time on a CPU (``on_cpu``, which includes the interrupts
+    taken meanwhile) of the run-up's length."""
+    if run_up <= 0:
+        return 0.0
+    return interrupts * min(1.0, on_cpu / run_up)
 
 
 def _instance(w: Instance, facts: TraceFacts) -> Instance:

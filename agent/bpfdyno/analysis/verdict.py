@@ -22,7 +22,9 @@ clients for a whole job; both decide the same way.
 3. **Straggler**: a rank the others waited for at least `MIN_SHARE` of the compared time, in
    at least `MIN_LATE_FRACTION` of the collectives (consistently, not by jitter) — or at
    least `EVIDENCED_MIN_SHARE` of it when most of its lost time is its CPU quota's throttling or
-   waits for a CPU held outside the job (`_evidenced`). With a network finding, the share is
+   waits for a CPU held outside the job (`_evidenced`), or `OWN_HOLDER_MIN_SHARE` when one
+   task outside the job held its CPU, and not the others', run-up after run-up (a weak hog:
+   `_own_holder`). With a network finding, the share is
    of the compared time less the time inside the collectives the network slowed
    (`_own_span`): two faults, two ranks. Otherwise the ranks are within noise.
 4. **Why**: in each collective a straggler reached late, what its threads spent, by cause,
@@ -102,6 +104,20 @@ MIN_LATE_FRACTION = 0.6
 #: what a healthy rank on a loaded machine has too, in small amounts (up to 5.6 % seen).
 EVIDENCED_MIN_SHARE = {"cpu_quota": 0.02, "cpu_wait": 0.06}
 EVIDENCED_EXPLAINED = 0.6
+#: Waits for a CPU held by one task outside the job that holds this rank's CPU and not the
+#: others' (`_own_holder`) are evidence healthy jitter does not have: a weak hog (nice -10)
+#: pinned to a rank's CPU held the job back 3.5-8 % of the time, in nearly every late
+#: run-up; a healthy rank's waits on a loaded machine are spread over many tasks, which
+#: hold the other ranks' CPUs too. From this share it is named...
+OWN_HOLDER_MIN_SHARE = 0.02
+#: ... when that task held its CPU in at least this share of its late run-ups (at least
+#: `OWN_HOLDER_MIN_RUNUPS` of them) ...
+OWN_HOLDER_PRESENCE = 0.8
+OWN_HOLDER_MIN_RUNUPS = 5
+#: ... for at least this share of its waits for a CPU in them, and for at least this many
+#: times what it held the median other rank's CPU in the same run-ups.
+OWN_HOLDER_OF_WAITS = 0.5
+OWN_HOLDER_FACTOR = 4.0
 #: Lost time below this is noise, whatever the share.
 MIN_SECONDS = 0.002
 #: Two ranks' collectives that completed further apart than this (seconds, on the common
@@ -291,12 +307,18 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
             ),
             step_seconds=t.step_seconds,
         )
-        if seconds < max(MIN_SECONDS, min(EVIDENCED_MIN_SHARE.values()) * own) or not count:
+        if (
+            seconds
+            < max(MIN_SECONDS, min(*EVIDENCED_MIN_SHARE.values(), OWN_HOLDER_MIN_SHARE) * own)
+            or not count
+        ):
             continue
         if late_count / count < MIN_LATE_FRACTION:
             continue  # not consistently: jitter
         f = _late_finding(by_label[label], matches, seconds, span, rs)
-        if seconds >= MIN_SHARE * own or _evidenced(f, own):
+        if seconds >= MIN_SHARE * own or _evidenced(
+            f, own, _own_holder(by_label[label], matches, rs)
+        ):
             findings.append(f)
     findings.sort(key=lambda f: -f.seconds)
     worst = max(late.values(), key=lambda v: v[0])[0] if late else 0.0
@@ -566,18 +588,65 @@ def _own_span(matches: list[_Match], span: float) -> float:
     return max(span - network, 1e-9)
 
 
-def _evidenced(f: Finding, own: float) -> bool:
+def _evidenced(f: Finding, own: float, own_holder: str | None = None) -> bool:
     """A late rank under `MIN_SHARE` is named when the kernel says why with evidence that
     healthy ranks do not have: most of its lost time is its cgroup's CPU quota throttling
     (the cgroup's own counters), or waits for a CPU held by tasks outside the job (ranks
-    of the job and its own threads are taken out by `_shared_cpu`)."""
+    of the job and its own threads are taken out by `_shared_cpu`) — from a lower share
+    when one task outside the job held its CPU, and not the others', run-up after run-up
+    (``own_holder``, `_own_holder`)."""
     if not f.causes or f.causes[0].cause not in EVIDENCED_MIN_SHARE:
         return False
     first = f.causes[0]
-    return (
-        f.seconds >= EVIDENCED_MIN_SHARE[first.cause] * own
-        and first.seconds >= EVIDENCED_EXPLAINED * f.seconds
-    )
+    bar = EVIDENCED_MIN_SHARE[first.cause]
+    if first.cause == "cpu_wait" and own_holder is not None:
+        bar = OWN_HOLDER_MIN_SHARE
+    return f.seconds >= bar * own and first.seconds >= EVIDENCED_EXPLAINED * f.seconds
+
+
+def _own_holder(r: _Rank, matches: list[_Match], rs: list[_Rank]) -> str | None:
+    """The task outside the job that held ``r``'s CPU consistently and the other ranks'
+    hardly at all (a weak hog pinned to its CPU), or None.
+
+    In the run-ups to the collectives ``r`` reached late: it is among the tasks that held
+    its CPU in at least `OWN_HOLDER_PRESENCE` of them, holds at least `OWN_HOLDER_OF_WAITS`
+    of its waits there, and at least `OWN_HOLDER_FACTOR` times what it held the median
+    other rank's CPU in the same run-ups. The ranks of the job on its host, its own threads
+    and ksoftirqd (interrupts) are not candidates. Healthy jitter fails it: waits spread
+    over many tasks, or a busy process that takes every rank's CPU in turn.
+    """
+    late = [m for m in matches if m.late.get(r.label, 0.0) > 0 and r.label in m.members]
+    if len(late) < OWN_HOLDER_MIN_RUNUPS:
+        return None
+    job = {x.ev.pid for x in rs if x.ev.host == r.ev.host}
+    present: Counter[str] = Counter()
+    held: dict[str, float] = defaultdict(float)
+    total = 0.0
+    for m in late:
+        for h in m.members[r.label].holders:
+            total += h.seconds
+            if h.cause.startswith(SOFTIRQ_THREAD) or _holder_pid(h.cause) in job:
+                continue
+            present[h.cause] += 1
+            held[h.cause] += h.seconds
+    if not held:
+        return None
+    task = max(held, key=held.__getitem__)
+    if present[task] < OWN_HOLDER_PRESENCE * len(late) or held[task] < OWN_HOLDER_OF_WAITS * total:
+        return None
+    others = [
+        sum(
+            h.seconds
+            for m in late
+            if o in m.members
+            for h in m.members[o].holders
+            if h.cause == task
+        )
+        for o in {x.label for x in rs} - {r.label}
+    ]
+    if others and OWN_HOLDER_FACTOR * statistics.median(others) > held[task]:
+        return None
+    return task
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
@@ -635,7 +704,7 @@ def _late_finding(
             excess["cpu_wait"] = waits - moved
         worst = [_quota_instance(w, quota) if w.cause == "cpu_wait" else w for w in worst]
         details["cpu_quota"][_quota_detail(quota)] += 1
-    taken = _softirq_threads(holders, excess, details)
+    taken = _softirq_threads(holders, excess, details, r.ev.pid, seconds)
     taken |= _shared_cpu(r, rs, holders, excess, details, seconds)
     causes: list[CauseTime] = []
     explained = 0.0
@@ -686,21 +755,33 @@ def _holder_pid(holder: str) -> int:
 
 
 def _softirq_threads(
-    holders: Mapping[str, float], excess: dict[str, float], details: dict[str, Counter[str]]
+    holders: Mapping[str, float],
+    excess: dict[str, float],
+    details: dict[str, Counter[str]],
+    own_pid: int = 0,
+    lost: float = math.inf,
 ) -> set[str]:
     """Waits for a CPU held by ksoftirqd are interrupts: the kernel hands softirq work that
     comes faster than it can do on the spot (an interrupt storm) to that CPU's ksoftirqd
     thread, which then takes the CPU from the rank like any task. Returns the holders whose
-    waits it took."""
-    total = sum(holders.values())
+    waits it took.
+
+    Their share is of the waits held by others than the rank's own threads (process
+    ``own_pid``): those take turns with its main thread on what CPU the storm leaves them,
+    as every rank's do; a storm that starves the rank makes its main thread wait for its
+    own gloo threads too (80 % of its waits in a matrix run, ksoftirqd's a third of the
+    rest), and they did not cause that."""
+    total = sum(v for h, v in holders.items() if not own_pid or _holder_pid(h) != own_pid)
     threads = {h for h in holders if h.startswith(SOFTIRQ_THREAD)}
     soft = sum(holders[h] for h in threads)
     if not soft or not excess.get("cpu_wait"):
         return set()
-    moved = excess["cpu_wait"] * soft / total
+    moved = excess["cpu_wait"] * min(1.0, soft / total)
     excess["cpu_wait"] -= moved
     excess["interrupts"] = excess.get("interrupts", 0.0) + moved
-    details["interrupts"][f"{_fmt_s(moved)} of it waiting for ksoftirqd (softirq work)"] += 1
+    # Said of the cause, which is capped at the time the rank lost (``lost``): never more.
+    said = min(moved, lost)
+    details["interrupts"][f"{_fmt_s(said)} of it waiting for ksoftirqd (softirq work)"] += 1
     return threads
 
 
