@@ -374,8 +374,9 @@ def _slices(facts: TraceFacts, pid: int, workers: set[int], lo: float, hi: float
         if s.tid != pid and not (s.tid in workers and s.cause == "runnable"):
             continue
         start, end = max(s.start_us, lo), min(s.end_us, hi)
-        cause = OFFCPU_CAUSE.get(s.cause, "blocked")
-        detail = _detail(s)
+        # The threads that ran the collectives count only their waits for a CPU.
+        cause = _cause(s) if s.tid == pid else OFFCPU_CAUSE.get(s.cause, "blocked")
+        detail = _detail(s) if cause == OFFCPU_CAUSE.get(s.cause) else ""
         if cause != "cpu_wait" and s.tid == pid and loaders:
             # Blocked inside enumerate(DataLoader): waiting for the workers' next batch.
             for a, b in _cut(start, end, loaders):
@@ -413,11 +414,12 @@ def _worker_slices(
     out: list[_Slice] = []
     process: dict[int, int] = {}
     for s in theirs:
-        cause = OFFCPU_CAUSE.get(s.cause, "blocked")
+        cause = _cause(s)
         if cause not in RESOURCE_CAUSES and (not s.woken_by_pid or s.woken_by_pid in job):
             continue
         process[s.tid] = s.child_pid
-        out.append(_Slice(s.tid, max(s.start_us, lo), min(s.end_us, hi), cause, _detail(s)))
+        detail = _detail(s) if cause == OFFCPU_CAUSE.get(s.cause) else ""
+        out.append(_Slice(s.tid, max(s.start_us, lo), min(s.end_us, hi), cause, detail))
     return out, process
 
 
@@ -455,6 +457,23 @@ def _workers(
         for cause, us in sorted(seconds.items(), key=lambda kv: -kv[1])
     )
     return causes, tuple(sorted(pids))
+
+
+#: The sched track's cause of the sleep a ``runnable: woken`` wait followed, when that wait
+#: is counted with the sleep.
+WOKEN_AFTER = {"disk/uninterruptible": "disk"}
+
+
+def _cause(s: OffCpuSlice) -> str:
+    """A slice's diagnosis cause. The wait for a CPU right after a disk read (the disk's
+    completion woke the thread, then it waited its turn to run) is the disk's: the read
+    would not have left the thread runnable behind others had it not slept on the disk, and
+    on a loaded machine that wait is as long as the read itself (100-300 reads a step, each
+    woken onto a busy CPU). Naming whoever ran meanwhile as holding the CPU would send an
+    engineer after the wrong task; no wait is counted twice (the slices do not overlap)."""
+    if s.cause == "runnable" and s.after in WOKEN_AFTER:
+        return WOKEN_AFTER[s.after]
+    return OFFCPU_CAUSE.get(s.cause, "blocked")
 
 
 def _detail(s: OffCpuSlice) -> str:
