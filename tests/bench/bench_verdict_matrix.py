@@ -231,6 +231,14 @@ def sched_lost(trace: Trace) -> bool:
     )
 
 
+def keep(trace: Trace, job: StragglerJob, into: Path) -> None:
+    """The files of a run whose sched track was lost, and the agent's log, for a look."""
+    into.mkdir(parents=True, exist_ok=True)
+    for path in [*trace.paths, str(job.agent.log)]:
+        with contextlib.suppress(OSError):
+            shutil.copy(path, into)
+
+
 def judge(trace: Trace, expected: list[Expected]) -> str:
     """``right``, ``wrong``, ``partial`` (two faults, one named right) or ``none`` (no
     straggler)."""
@@ -252,6 +260,12 @@ def main() -> None:
     ap.add_argument("--classes", default="", help="comma list (default: all)")
     ap.add_argument("--out", default="verdict-matrix.jsonl", help="one JSON line per run")
     ap.add_argument("--describe", action="store_true", help="print each run's evidence")
+    ap.add_argument(
+        "--keep-lost",
+        default="",
+        metavar="DIR",
+        help="copy the trace files and the agent's log of runs whose sched track was lost here",
+    )
     ap.add_argument(
         "--report", default="", metavar="JSONL", help="only print the table of a results file"
     )
@@ -315,6 +329,8 @@ def main() -> None:
                                 )
                             outcome = judge(trace, c.expect(rank))
                             blind = sched_lost(trace)
+                            if blind and args.keep_lost:
+                                keep(trace, job, Path(args.keep_lost) / trace.name)
                             if args.describe:
                                 print(describe(trace), flush=True)
                             headline = trace.verdict.headline
