@@ -43,6 +43,11 @@ Classes and what each expects (`FAULTS`):
   uninterruptible disk reads (``disk``);
 - ``disk``: the rank reads 1 MB each step past the page cache from a disk throttled for it
   (blkio) at 20 or 5 MB/s -> that rank, ``disk``;
+- ``memory``: the rank's process in a memory cgroup of its own limited to 32 or 16 MiB
+  while it reads 300 samples of 64 KiB of its 64 MiB data file at random places each step
+  through the page cache (which the limit cannot hold: it reclaims its own pages and reads
+  them again from the disk; unlimited, the same reads hit the cache) -> that rank, memory
+  pressure (``memory``: the cgroup's limit hits and refaults);
 - ``irq``: 4000 or 8000 UDP datagrams of 64 KiB a second (45 IP fragments each) steered
   (RPS) to the rank's CPU, sent from another CPU, while every rank computes 4 ms more per
   step (the storm takes CPU time from work; the job's steps are mostly a sleep) -> that
@@ -51,8 +56,6 @@ Classes and what each expects (`FAULTS`):
 - ``two``: 20 ms of latency on one rank and a CPU hog on rank 2 at once -> both named;
 - ``healthy``: no fault -> no straggler; ``healthy-load``: with two busy processes at nice
   19, unpinned; ``healthy-apart``: traced without the hold, each rank from its own poll.
-
-Not here: memory pressure (page-cache eviction stands for it).
 """
 
 from __future__ import annotations
@@ -190,6 +193,11 @@ FAULTS = [
         "disk", (1, 3, 0, 2), ("20 MB/s", "5 MB/s"),
         lambda j, r, s: j.throttled_disk(r, (20 << 20, 5 << 20)[s]),
         late("disk"),
+    ),
+    FaultClass(
+        "memory", (2, 0, 3, 1), ("32 MiB, 300 x 64 KiB a step", "16 MiB, 300 x 64 KiB a step"),
+        lambda j, r, s: j.memory_limit(r, (32 << 20, 16 << 20)[s], samples=300),
+        late("memory"),
     ),
     FaultClass(
         "irq", (2,), ("4000 x 64 KiB/s", "8000 x 64 KiB/s"),

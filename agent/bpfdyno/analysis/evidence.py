@@ -56,6 +56,7 @@ from bpfdyno.rpc.diagnosis import (
     CpuQuota,
     Instance,
     LossEvent,
+    MemoryCgroup,
     RankEvidence,
     StepSplit,
 )
@@ -221,6 +222,7 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         fabric_devices=tuple(sorted({d for _, d, _, _ in facts.fabric if d != "cpu"})),
         connections=_connections(facts, lo, hi),
         cpu_quotas=_cpu_quotas(facts),
+        memory_cgroups=_memory_cgroups(facts),
         collective_net_bytes=_bytes_inside(
             facts.net_bursts, _union((c.start_us, c.end_us) for c in out_spans)
         ),
@@ -260,6 +262,28 @@ def _cpu_quotas(facts: TraceFacts) -> tuple[CpuQuota, ...]:
                     int(q["periods"]),
                     int(q["throttled_periods"]),
                     float(q["throttled_ms"]) / 1000,
+                )
+            )
+        except (KeyError, TypeError, ValueError):
+            continue  # another writer's shape: not evidence
+    return tuple(out)
+
+
+def _memory_cgroups(facts: TraceFacts) -> tuple[MemoryCgroup, ...]:
+    """The info slice's memory cgroups with a limit and what the window added to them."""
+    out = []
+    for m in facts.info.get("sched_memory_cgroups", ()) or ():
+        if not isinstance(m, dict):
+            continue
+        try:
+            out.append(
+                MemoryCgroup(
+                    str(m["cgroup"]),
+                    int(m["limit_bytes"]),
+                    int(m["limit_hits"]),
+                    int(m["refaults"]),
+                    int(m["major_faults"]),
+                    float(m["stall_ms"]) / 1000,
                 )
             )
         except (KeyError, TypeError, ValueError):

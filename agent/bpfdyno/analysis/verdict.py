@@ -81,6 +81,7 @@ from bpfdyno.rpc.diagnosis import (
     Finding,
     Instance,
     LossEvent,
+    MemoryCgroup,
     RankEvidence,
     RankTiming,
     Verdict,
@@ -110,7 +111,7 @@ EVIDENCED_EXPLAINED = 0.6
 #: step's back; a ~45 ms step that reads for 50 ms catches up in between (late in 40-55 %
 #: of the collectives on the real job, 15-24 % of the time lost). Jitter — waits for a CPU,
 #: a few long stalls — stays under the consistency rule.
-INTERMITTENT_CAUSES = frozenset({"disk"})
+INTERMITTENT_CAUSES = frozenset({"disk", "memory"})
 MIN_INTERMITTENT_FRACTION = 0.2
 #: Lost time below this is noise, whatever the share.
 MIN_SECONDS = 0.002
@@ -660,6 +661,13 @@ def _late_finding(
             excess["cpu_wait"] = waits - moved
         worst = [_quota_instance(w, quota) if w.cause == "cpu_wait" else w for w in worst]
         details["cpu_quota"][_quota_detail(quota)] += 1
+    memory = _memory_pressure(r, rs)
+    if memory is not None and excess.get("disk"):
+        # Reclaim at its own cgroup's limit: its uninterruptible waits (pages read again
+        # after reclaim evicted them, stalls in reclaim) are the limit's, not the disk's.
+        excess["memory"] = excess.pop("disk")
+        worst = [replace(w, cause="memory") if w.cause == "disk" else w for w in worst]
+        details["memory"][_memory_detail(memory)] += 1
     taken = _softirq_threads(holders, excess, details)
     taken |= _shared_cpu(r, rs, holders, excess, details, seconds)
     causes: list[CauseTime] = []
@@ -701,6 +709,28 @@ def _late_finding(
         causes=tuple(causes),
         worst=tuple(worst[:TOP_INSTANCES]),
         summary=summary,
+    )
+
+
+def _memory_pressure(r: _Rank, rs: list[_Rank]) -> MemoryCgroup | None:
+    """The nearest memory cgroup of ``r`` that hit its limit in the window and made it read
+    pages again (refaults, major faults), and that no other rank of its host is in: a limit
+    of its own below its working set. (A cgroup the whole node shares is no reason for one
+    rank to be late.)"""
+    shared = {
+        m.cgroup for x in rs if x is not r and x.ev.host == r.ev.host for m in x.ev.memory_cgroups
+    }
+    for m in r.ev.memory_cgroups:
+        if m.cgroup not in shared and m.limit_hits > 0 and m.refaults + m.major_faults > 0:
+            return m
+    return None
+
+
+def _memory_detail(m: MemoryCgroup) -> str:
+    stalled = f", its tasks stalled {_fmt_s(m.stall_seconds)}" if m.stall_seconds else ""
+    return (
+        f"cgroup {m.cgroup} at its {_fmt_bytes(m.limit_bytes)} limit {m.limit_hits} times: "
+        f"{m.refaults} pages read again after reclaim, {m.major_faults} major faults{stalled}"
     )
 
 
@@ -871,6 +901,11 @@ def _quota_said(c: LateCause) -> str:
 #: A cause's detail for a late rank, when it says more than the system calls its run-ups
 #: gave (the default): a small function of what `LateCause` holds. A cause whose evidence
 #: names someone else (who held the CPU, a quota that throttled it) adds its function here.
+def _memory_said(c: LateCause) -> str:
+    """The cgroup at its limit and its counters (set in `_late_finding`)."""
+    return next(iter(c.details.get("memory", ())), "")
+
+
 def _interrupts_said(c: LateCause) -> str:
     """The waits for ksoftirqd among it (`_softirq_threads`)."""
     return next(iter(c.details.get("interrupts", ())), "")
@@ -887,6 +922,7 @@ CAUSE_DETAILS: dict[str, Callable[[LateCause], str]] = {
     "interrupts": _interrupts_said,
     "gpu_compute": _sm_clock,
     "cpu_quota": _quota_said,
+    "memory": _memory_said,
     "data_loader": _workers_said,
 }
 
