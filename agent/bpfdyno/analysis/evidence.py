@@ -223,6 +223,7 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         connections=_connections(facts, lo, hi),
         cpu_quotas=_cpu_quotas(facts),
         memory_cgroups=_memory_cgroups(facts),
+        sched_incomplete=_sched_incomplete(facts.info),
         collective_net_bytes=_bytes_inside(
             facts.net_bursts, _union((c.start_us, c.end_us) for c in out_spans)
         ),
@@ -267,6 +268,26 @@ def _cpu_quotas(facts: TraceFacts) -> tuple[CpuQuota, ...]:
         except (KeyError, TypeError, ValueError):
             continue  # another writer's shape: not evidence
     return tuple(out)
+
+
+def _sched_incomplete(info: dict[str, object]) -> str:
+    """Why the sched track misses off-CPU intervals, from the info slice ("": it does not):
+    the overhead budget sampled its programs in time (its note says how much it recorded),
+    its ring buffer was full, or records went over the capture's cap."""
+    tracks = info.get("tracks")
+    if not isinstance(tracks, list) or "sched" not in tracks:
+        return ""
+    why = []
+    note = info.get("sched_note")
+    if isinstance(note, str) and "sampled" in note:
+        why.append(note.split("; ")[0])
+    full = info.get("sched_lost_ring_buffer_full")
+    if isinstance(full, int) and full:
+        why.append(f"{full} off-CPU intervals lost to a full ring buffer")
+    over = info.get("records_over_cap_dropped")
+    if isinstance(over, int) and over:
+        why.append(f"{over} records dropped over the capture's cap")
+    return "; ".join(why)
 
 
 def _memory_cgroups(facts: TraceFacts) -> tuple[MemoryCgroup, ...]:

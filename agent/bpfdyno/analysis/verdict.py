@@ -682,7 +682,17 @@ def _late_finding(
         causes.append(CauseTime(cause, share, _cause_detail(cause, said)))
     rest = seconds - min(seconds, explained)
     if rest >= MIN_CAUSE_SHARE * seconds:
-        causes.append(CauseTime("unexplained", rest))
+        # Not seen by the kernel, or not recorded: a sched track sampled in time by the
+        # agent's overhead budget shows a quarter of the waits, and the rest is no evidence
+        # of slower work.
+        incomplete = r.ev.sched_incomplete
+        causes.append(
+            CauseTime(
+                "unexplained",
+                rest,
+                f"the sched track was incomplete: {incomplete}" if incomplete else "",
+            )
+        )
     order = {c.cause: i for i, c in enumerate(causes)}
     # A collective's run-up starts at the previous arrival, so it holds the previous
     # collective: an interval there is the worst of both. List it once.

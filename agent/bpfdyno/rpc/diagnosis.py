@@ -226,6 +226,7 @@ class RankEvidence:
         connections: its TCP connections' round-trip times in the window (net track).
         cpu_quotas: its cgroups with a CPU quota, throttling in the window (sched track).
         memory_cgroups: its memory cgroups with a limit, reclaim in the window (sched track).
+        sched_incomplete: why its sched track misses off-CPU intervals ("": complete).
         collective_net_bytes: bytes its sockets sent and received while it was inside its
             collectives (the net track; 0 without it).
     """
@@ -249,6 +250,7 @@ class RankEvidence:
     connections: tuple[ConnectionRtt, ...] = ()
     cpu_quotas: tuple[CpuQuota, ...] = ()
     memory_cgroups: tuple[MemoryCgroup, ...] = ()
+    sched_incomplete: str = ""
     collective_net_bytes: int = 0
 
 

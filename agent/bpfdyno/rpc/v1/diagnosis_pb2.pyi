@@ -143,7 +143,7 @@ class StepSplit(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., step_seconds: _Optional[float] = ..., parts: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ...) -> None: ...
 
 class RankEvidence(_message.Message):
-    __slots__ = ("path", "host", "pid", "rank", "world_size", "base_ns", "window_start_unix_ns", "window_end_unix_ns", "kernel_tracks", "collectives", "local_addresses", "loss_events", "collective_net_bytes", "gpu_sm_clock_mhz", "steps", "notes", "fabric_devices", "connections", "cpu_quotas", "memory_cgroups")
+    __slots__ = ("path", "host", "pid", "rank", "world_size", "base_ns", "window_start_unix_ns", "window_end_unix_ns", "kernel_tracks", "collectives", "local_addresses", "loss_events", "collective_net_bytes", "gpu_sm_clock_mhz", "steps", "notes", "fabric_devices", "connections", "cpu_quotas", "memory_cgroups", "sched_incomplete")
     PATH_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +164,7 @@ class RankEvidence(_message.Message):
     CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
     CPU_QUOTAS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_CGROUPS_FIELD_NUMBER: _ClassVar[int]
+    SCHED_INCOMPLETE_FIELD_NUMBER: _ClassVar[int]
     path: str
     host: str
     pid: int
@@ -184,7 +185,8 @@ class RankEvidence(_message.Message):
     connections: _containers.RepeatedCompositeFieldContainer[ConnectionRtt]
     cpu_quotas: _containers.RepeatedCompositeFieldContainer[CpuQuota]
     memory_cgroups: _containers.RepeatedCompositeFieldContainer[MemoryCgroup]
-    def __init__(self, path: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., base_ns: _Optional[int] = ..., window_start_unix_ns: _Optional[int] = ..., window_end_unix_ns: _Optional[int] = ..., kernel_tracks: _Optional[_Iterable[str]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveEvidence, _Mapping]]] = ..., local_addresses: _Optional[_Iterable[str]] = ..., loss_events: _Optional[_Iterable[_Union[LossEvent, _Mapping]]] = ..., collective_net_bytes: _Optional[int] = ..., gpu_sm_clock_mhz: _Optional[float] = ..., steps: _Optional[_Union[StepSplit, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ..., fabric_devices: _Optional[_Iterable[str]] = ..., connections: _Optional[_Iterable[_Union[ConnectionRtt, _Mapping]]] = ..., cpu_quotas: _Optional[_Iterable[_Union[CpuQuota, _Mapping]]] = ..., memory_cgroups: _Optional[_Iterable[_Union[MemoryCgroup, _Mapping]]] = ...) -> None: ...
+    sched_incomplete: str
+    def __init__(self, path: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., base_ns: _Optional[int] = ..., window_start_unix_ns: _Optional[int] = ..., window_end_unix_ns: _Optional[int] = ..., kernel_tracks: _Optional[_Iterable[str]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveEvidence, _Mapping]]] = ..., local_addresses: _Optional[_Iterable[str]] = ..., loss_events: _Optional[_Iterable[_Union[LossEvent, _Mapping]]] = ..., collective_net_bytes: _Optional[int] = ..., gpu_sm_clock_mhz: _Optional[float] = ..., steps: _Optional[_Union[StepSplit, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ..., fabric_devices: _Optional[_Iterable[str]] = ..., connections: _Optional[_Iterable[_Union[ConnectionRtt, _Mapping]]] = ..., cpu_quotas: _Optional[_Iterable[_Union[CpuQuota, _Mapping]]] = ..., memory_cgroups: _Optional[_Iterable[_Union[MemoryCgroup, _Mapping]]] = ..., sched_incomplete: _Optional[str] = ...) -> None: ...
 
 class RankTiming(_message.Message):
     __slots__ = ("rank", "host", "pid", "path", "collectives", "last", "held_seconds", "lateness_seconds", "collective_seconds", "step_seconds")
