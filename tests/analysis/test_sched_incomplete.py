@@ -49,6 +49,15 @@ def blind_rank(tmp_path: Path, info: dict[str, object]) -> str:
             "812 off-CPU intervals lost to a full ring buffer; 40 records dropped over the "
             "capture's cap",
         ),
+        (
+            {
+                "sched_note": "2 thread(s) of traced processes could not be followed (more than "
+                "[capture] max_threads at once): their off-CPU time is missing"
+            },
+            "2 thread(s) of traced processes could not be followed (more than [capture] "
+            "max_threads at once): their off-CPU time is missing",
+        ),
+        ({"sched_note": "not loaded"}, ""),
         ({}, ""),
     ],
 )

@@ -273,14 +273,15 @@ def _cpu_quotas(facts: TraceFacts) -> tuple[CpuQuota, ...]:
 def _sched_incomplete(info: dict[str, object]) -> str:
     """Why the sched track misses off-CPU intervals, from the info slice ("": it does not):
     the overhead budget sampled its programs in time (its note says how much it recorded),
-    its ring buffer was full, or records went over the capture's cap."""
+    threads it had no room to follow, its ring buffer was full, or records went over the
+    capture's cap."""
     tracks = info.get("tracks")
     if not isinstance(tracks, list) or "sched" not in tracks:
         return ""
     why = []
     note = info.get("sched_note")
-    if isinstance(note, str) and "sampled" in note:
-        why.append(note.split("; ")[0])
+    if isinstance(note, str):  # the budget's sampling, threads the maps had no room for
+        why += [n for n in note.split("; ") if n.startswith("sampled") or n.endswith("missing")]
     full = info.get("sched_lost_ring_buffer_full")
     if isinstance(full, int) and full:
         why.append(f"{full} off-CPU intervals lost to a full ring buffer")
