@@ -77,3 +77,31 @@ def test_unexplained_time_says_the_sched_track_was_incomplete(
             f"the sched track was incomplete: {said}" if said else "",
         )
     ]
+
+
+@pytest.mark.parametrize("note", [SAMPLED, ""])
+def test_time_without_off_cpu_slices_is_not_time_on_a_cpu_when_the_track_is_sampled(
+    tmp_path: Path, note: str
+) -> None:
+    """Rank 3's sched track keeps only the first run-up's intervals (the others fell in the
+    budget's off phases): with the budget's note, no run-up and no step is said to be on a
+    CPU (that rank "ran 1.5 s longer" than the others on the real job); a complete track
+    with the same slices measures it."""
+    path = Path(trace(tmp_path, 3, LATE_US, world=4))
+    doc = json.loads(path.read_text())
+    doc["traceEvents"] = [
+        e for e in doc["traceEvents"] if e.get("cat") != "bpfdyno.sched" or e["ts"] < 180_000
+    ]
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "bpfdyno.info" and note:
+            e["args"]["sched_note"] = note
+    path.write_text(json.dumps(doc))
+    ev = evidence(str(path))
+    on_cpu = [t.seconds for c in ev.collectives for t in c.before if t.cause == "on_cpu"]
+    in_steps = [p.cause for p in ev.steps.parts]
+    if note:
+        assert on_cpu == []
+        assert "on_cpu" not in in_steps
+    else:
+        # Run-ups from the window's start (185 ms, 75 ms of it off-CPU), then 200 ms each.
+        assert on_cpu == [pytest.approx(0.11), *[pytest.approx(0.2)] * 4]

@@ -141,6 +141,11 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
     previous: dict[str, float] = {}
     index: dict[str, int] = defaultdict(int)
     step_starts = [s for s, _ in steps]
+    incomplete = _sched_incomplete(facts.info)
+    # With intervals missing from the sched track (the overhead budget sampling it in time
+    # keeps a quarter), the time it shows no off-CPU slice is no proof of running: its own
+    # work is then not measured (a rank late for its disk read "ran 1.5 s longer").
+    measured = tid in threads.rows and not incomplete
     for c in chosen[:MAX_COLLECTIVES]:
         run_up = previous.get(c.group, lo)
         previous[c.group] = c.start_us
@@ -149,7 +154,7 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         extra = []
         if stolen > 0:
             extra.append(CauseTime("interrupts", stolen))
-        if tid in threads.rows:
+        if measured:
             ran = _on_cpu(threads, tid, run_up, c.start_us) - stolen
             if ran > 0:
                 extra.append(CauseTime("on_cpu", ran))
@@ -217,13 +222,13 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
             for e in listed[:MAX_LOSS_EVENTS]
         ),
         gpu_sm_clock_mhz=_mean_clock(facts, lo, hi),
-        steps=_step_split(steps, chosen, threads, busy, tid),
+        steps=_step_split(steps, chosen, threads, busy, tid, on_cpu=not incomplete),
         notes=tuple(notes),
         fabric_devices=tuple(sorted({d for _, d, _, _ in facts.fabric if d != "cpu"})),
         connections=_connections(facts, lo, hi),
         cpu_quotas=_cpu_quotas(facts),
         memory_cgroups=_memory_cgroups(facts),
-        sched_incomplete=_sched_incomplete(facts.info),
+        sched_incomplete=incomplete,
         collective_net_bytes=_bytes_inside(
             facts.net_bursts, _union((c.start_us, c.end_us) for c in out_spans)
         ),
@@ -655,9 +660,11 @@ def _step_split(
     threads: _Threads,
     busy: Sequence[tuple[float, float]],
     pid: int,
+    on_cpu: bool = True,
 ) -> StepSplit:
     """Where a step's time went: medians over the steps of the time in collectives, the main
-    thread's time on a CPU and off it by cause, and the GPUs' busy time (`STEP_PARTS`)."""
+    thread's time on a CPU (unless not ``on_cpu``: a sched track that misses intervals does
+    not measure it) and off it by cause, and the GPUs' busy time (`STEP_PARTS`)."""
     if not steps:
         return StepSplit()
     spans = _union((c.start_us, c.end_us) for c in collectives)
@@ -670,7 +677,7 @@ def _step_split(
             if s.tid == pid:
                 per[s.cause] += overlap
                 off += overlap
-        if threads.rows:
+        if threads.rows and on_cpu:  # not when the sched track misses intervals
             per["on_cpu"] = max(0.0, hi - lo - off)
         if busy:
             per["gpu_busy"] = _covered(busy, lo, hi)
