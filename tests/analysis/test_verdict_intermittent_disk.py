@@ -2,9 +2,9 @@
 
 A disk throttled for a rank's cgroup (``io.max``) lets a step's reads through at once while
 its budget lasts and holds the next step's back: the rank is late to some collectives
-only (40-55 % on the real job at 20 MB/s), and the consistency rule (late in 60 % of them)
-called it jitter although it kept the others waiting 15-24 % of the time, all of it in
-uninterruptible disk waits. Waits no healthy rank has for long name it; the same lateness
+only, and the consistency rule (late in 60 % of them) called it jitter although it kept the
+others waiting 15-24 % of the time (the matrix's 20 MB/s runs), in uninterruptible disk
+waits. Waits no healthy rank has for long name it; the same lateness
 made of waits for a CPU, or late in too few collectives, stays jitter.
 """
 

@@ -142,10 +142,12 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
     index: dict[str, int] = defaultdict(int)
     step_starts = [s for s, _ in steps]
     incomplete = _sched_incomplete(facts.info)
-    # With intervals missing from the sched track (the overhead budget sampling it in time
-    # keeps a quarter), the time it shows no off-CPU slice is no proof of running: its own
-    # work is then not measured (a rank late for its disk read "ran 1.5 s longer").
-    measured = tid in threads.rows and not incomplete
+    # With the sched track sampled in time by the overhead budget (it keeps a quarter), the
+    # time it shows no off-CPU slice is no proof of running: its own work is then not
+    # measured (a rank late for its disk read "ran 1.5 s longer"). A few intervals lost to
+    # a full ring buffer, or records before the window over the cap, leave it measured.
+    sampled = "sampled by" in incomplete
+    measured = tid in threads.rows and not sampled
     for c in chosen[:MAX_COLLECTIVES]:
         run_up = previous.get(c.group, lo)
         previous[c.group] = c.start_us
@@ -222,7 +224,7 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
             for e in listed[:MAX_LOSS_EVENTS]
         ),
         gpu_sm_clock_mhz=_mean_clock(facts, lo, hi),
-        steps=_step_split(steps, chosen, threads, busy, tid, on_cpu=not incomplete),
+        steps=_step_split(steps, chosen, threads, busy, tid, on_cpu=not sampled),
         notes=tuple(notes),
         fabric_devices=tuple(sorted({d for _, d, _, _ in facts.fabric if d != "cpu"})),
         connections=_connections(facts, lo, hi),
@@ -663,8 +665,8 @@ def _step_split(
     on_cpu: bool = True,
 ) -> StepSplit:
     """Where a step's time went: medians over the steps of the time in collectives, the main
-    thread's time on a CPU (unless not ``on_cpu``: a sched track that misses intervals does
-    not measure it) and off it by cause, and the GPUs' busy time (`STEP_PARTS`)."""
+    thread's time on a CPU (unless not ``on_cpu``: a sched track sampled in time does not
+    measure it) and off it by cause, and the GPUs' busy time (`STEP_PARTS`)."""
     if not steps:
         return StepSplit()
     spans = _union((c.start_us, c.end_us) for c in collectives)
@@ -677,7 +679,7 @@ def _step_split(
             if s.tid == pid:
                 per[s.cause] += overlap
                 off += overlap
-        if threads.rows and on_cpu:  # not when the sched track misses intervals
+        if threads.rows and on_cpu:  # not when the sched track was sampled in time
             per["on_cpu"] = max(0.0, hi - lo - off)
         if busy:
             per["gpu_busy"] = _covered(busy, lo, hi)
