@@ -44,8 +44,17 @@ Classes and what each expects (`FAULTS`):
 - ``evict``: the rank reads 100 or 300 samples of 64 KiB of its 64 MiB data file at random
   places each step, the file dropped from the page cache first -> that rank,
   uninterruptible disk reads (``disk``);
-- ``disk``: the rank reads 1 MB each step past the page cache from a disk throttled for it
-  (blkio) at 20 or 5 MB/s -> that rank, ``disk``;
+- ``disk``: the rank reads 2 MiB (at 20 MB/s) or 1 MiB (at 5 MB/s) each step past the page
+  cache from a disk throttled for it (blkio) -> that rank, ``disk``. At 20 MB/s, 1 MiB a
+  step was tried first: the throttle lets a read that comes after an idle gap through at
+  once up to its slice's allowance (1 MiB reads took 3-114 ms, median 39 ms, against 50 ms
+  at the rate), so the rank slept on the disk 4 ms a step and was held back mostly by
+  waits for its shared CPU;
+- ``memory``: the rank's process in a memory cgroup of its own limited to 32 or 16 MiB
+  while it reads 300 samples of 64 KiB of its 64 MiB data file at random places each step
+  through the page cache (which the limit cannot hold: it reclaims its own pages and reads
+  them again from the disk; unlimited, the same reads hit the cache) -> that rank, memory
+  pressure (``memory``: the cgroup's limit hits and refaults);
 - ``irq``: 4000 or 8000 UDP datagrams of 64 KiB a second (45 IP fragments each) steered
   (RPS) to the rank's CPU, sent from another CPU, while every rank computes 4 ms more per
   step (the storm takes CPU time from work; the job's steps are mostly a sleep), that CPU's
@@ -58,8 +67,6 @@ Classes and what each expects (`FAULTS`):
 - ``two``: 20 ms of latency on one rank and a CPU hog on rank 2 at once -> both named;
 - ``healthy``: no fault -> no straggler; ``healthy-load``: with two busy processes at nice
   19, unpinned; ``healthy-apart``: traced without the hold, each rank from its own poll.
-
-Not here: memory pressure (page-cache eviction stands for it).
 
 Other runs on the same machine (this bench, the straggler tests) pin their CPU hogs and
 steer their interrupt storms to the same CPUs: a run waits until none is left
@@ -215,9 +222,14 @@ FAULTS = [
         late("disk"),
     ),
     FaultClass(
-        "disk", (1, 3, 0, 2), ("20 MB/s", "5 MB/s"),
-        lambda j, r, s: j.throttled_disk(r, (20 << 20, 5 << 20)[s]),
+        "disk", (1, 3, 0, 2), ("20 MB/s, 2 MiB a step", "5 MB/s, 1 MiB a step"),
+        lambda j, r, s: j.throttled_disk(r, (20 << 20, 5 << 20)[s], (2 << 20, 1 << 20)[s]),
         late("disk"),
+    ),
+    FaultClass(
+        "memory", (2, 0, 3, 1), ("32 MiB, 300 x 64 KiB a step", "16 MiB, 300 x 64 KiB a step"),
+        lambda j, r, s: j.memory_limit(r, (32 << 20, 16 << 20)[s], samples=300),
+        late("memory"),
     ),
     FaultClass(
         "irq", (2,), ("4000 x 64 KiB/s", "8000 x 64 KiB/s"),
@@ -304,6 +316,14 @@ def wait_for_no_foreign(timeout: float = FOREIGN_WAIT) -> None:
         time.sleep(1.0)
 
 
+def keep_lost(trace: Trace, job: StragglerJob, into: Path) -> None:
+    """The files of a run whose sched track was lost, and the agent's log, for a look."""
+    into.mkdir(parents=True, exist_ok=True)
+    for path in [*trace.paths, str(job.agent.log)]:
+        with contextlib.suppress(OSError):
+            shutil.copy(path, into)
+
+
 def judge(trace: Trace, expected: list[Expected]) -> str:
     """``right``, ``wrong``, ``partial`` (two faults, one named right) or ``none`` (no
     straggler)."""
@@ -327,6 +347,12 @@ def main() -> None:
     ap.add_argument("--classes", default="", help="comma list (default: all)")
     ap.add_argument("--out", default="verdict-matrix.jsonl", help="one JSON line per run")
     ap.add_argument("--describe", action="store_true", help="print each run's evidence")
+    ap.add_argument(
+        "--keep-lost",
+        default="",
+        metavar="DIR",
+        help="copy the trace files and the agent's log of runs whose sched track was lost here",
+    )
     ap.add_argument(
         "--report", default="", metavar="JSONL", help="only print the table of a results file"
     )
@@ -389,6 +415,7 @@ def main() -> None:
                         kept: list[str] = []
                         wait_for_no_foreign()
                         watch = ForeignWatch()
+                        incomplete: dict[int, str] = {}
                         try:
                             ctx = (
                                 c.inject(job, rank, s)
@@ -406,6 +433,14 @@ def main() -> None:
                                 kept = keep(trace, Path(args.keep))
                             outcome = judge(trace, c.expect(rank))
                             blind = sched_lost(trace)
+                            # Why a rank's sched track misses intervals, as its file says.
+                            incomplete = {
+                                k: ev.sched_incomplete
+                                for k, ev in trace.evidence.items()
+                                if ev.sched_incomplete
+                            }
+                            if blind and args.keep_lost:
+                                keep_lost(trace, job, Path(args.keep_lost) / trace.name)
                             if args.describe:
                                 print(describe(trace), flush=True)
                             headline = trace.verdict.headline
@@ -438,6 +473,7 @@ def main() -> None:
                             "class": c.name, "strength": c.strengths[s], "rank": rank,
                             "run": run, "outcome": outcome, "shares": shares, "named": named,
                             "throttled": throttled, "sched_lost": blind and outcome != "error",
+                            "sched_incomplete": incomplete,
                             "headline": headline, "seconds": round(time.monotonic() - started, 1),
                             "load": os.getloadavg()[0], "judged": judged,
                             "foreign": {str(k): v for k, v in watch.seen.items()},
@@ -510,6 +546,16 @@ def report(records: list[dict[str, object]]) -> None:
         )
     over = [r for r in records if any(float(x) > 1.0 for x in r["shares"])]  # type: ignore[attr-defined]
     print(f"\nfindings with a share over 100 %: {len(over)}")
+    reasons = Counter(
+        why.split(":")[0]
+        for r in records
+        for why in dict(r.get("sched_incomplete") or {}).values()  # type: ignore[call-overload]
+    )
+    incomplete = sum(1 for r in records if r.get("sched_incomplete"))
+    print(
+        f"runs with a rank's sched track incomplete by its file's account: {incomplete}"
+        + (f" ({', '.join(f'{n}x {w}' for w, n in reasons.most_common())})" if reasons else "")
+    )
     loads = [float(str(r["load"])) for r in records]
     if loads:
         print(f"load average during the runs: {min(loads):.1f}-{max(loads):.1f}")

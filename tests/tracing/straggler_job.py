@@ -747,6 +747,47 @@ class StragglerJob:
             d.rmdir()
 
     @contextlib.contextmanager
+    def memory_limit(self, rank: int, limit_bytes: int, samples: int) -> Iterator[Path]:
+        """Rank ``rank``'s process in a memory cgroup of its own limited to ``limit_bytes``
+        (``memory.high`` in cgroup v2, ``memory.limit_in_bytes`` in v1: a Kubernetes memory
+        limit), below its working set: each step it reads ``samples`` samples (64 KiB) of
+        its 64 MiB data file at random places through the page cache, which the limit cannot
+        hold. Its reads charge new pages at the limit, so it reclaims its own (the file's
+        pages it read before) and reads them again from the disk. Without the limit the
+        file stays cached and the same reads cost nothing. Its pages already cached (the
+        file as written, its memory so far) stay charged where they were."""
+        path = self.data_file(rank)
+        fd = os.open(path, os.O_RDONLY)
+        try:  # out of the page cache: the rank's reads charge its pages to its own cgroup
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        root = Path("/sys/fs/cgroup/memory")
+        v2 = not (root / "memory.limit_in_bytes").exists()
+        if v2:
+            root = Path("/sys/fs/cgroup")
+        d = root / f"bds{os.getpid()}-r{rank}-mem"
+        d.mkdir()
+        pid = self.rank_pids[rank]
+        try:
+            (d / ("memory.high" if v2 else "memory.limit_in_bytes")).write_text(str(limit_bytes))
+            (d / "cgroup.procs").write_text(str(pid))
+            self.set_knobs(rank, read_path=str(path), samples=samples)
+            try:
+                yield d
+            finally:
+                self.set_knobs(rank)
+        finally:
+            with contextlib.suppress(OSError):
+                (root / "cgroup.procs").write_text(str(pid))
+            for _ in range(50):  # its charges leave with it, not at once
+                try:
+                    d.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+    @contextlib.contextmanager
     def interrupt_storm(
         self,
         rank: int,

@@ -14,6 +14,9 @@ one rank only (`straggler_job`):
   own work on a CPU, no other rank blamed for its waits;
 - a rank reading 1 MiB a step past the page cache from a disk throttled to 5 MiB/s: that
   rank, uninterruptible disk reads (pread64);
+- a rank in a memory cgroup of its own limited to 16 MiB while it reads samples of its
+  64 MiB data file through the page cache: that rank, memory pressure, with its cgroup,
+  limit hits and pages read again after reclaim;
 - no fault: no straggler.
 
 The wider matrix of faults, strengths and ranks is `tests/bench/bench_verdict_matrix.py`.
@@ -48,6 +51,9 @@ CPUS = (0, 0, 1, 0)
 HOG_RANK, LOSS_RANK, READ_RANK = 2, 1, 3
 LATENCY_RANK, QUOTA_RANK = 3, 1
 WORK_RANK, DISK_RANK = 1, 3
+MEMORY_RANK = 2
+#: Its memory cgroup's limit, and the 64 KiB samples of its 64 MiB file it reads a step.
+MEMORY_LIMIT, MEMORY_SAMPLES = 16 << 20, 300
 #: The extra CPU time the working rank computes per step.
 WORK_MS = 40.0
 #: The throttled disk's read rate for its rank.
@@ -242,3 +248,24 @@ def test_a_throttled_disk_under_a_rank_s_reads(job: StragglerJob) -> None:
     # 1 MiB a step at 5 MiB/s: 200 ms of each step in the disk's queue, most of the time lost.
     assert f.causes[0].seconds >= 0.5 * f.seconds, describe(trace)
     assert_worst_inside_windows(trace, f)
+
+
+def test_a_memory_limit_below_a_rank_s_working_set(job: StragglerJob) -> None:
+    with job.memory_limit(MEMORY_RANK, MEMORY_LIMIT, MEMORY_SAMPLES) as cgroup:
+        trace = job.trace("memory-limit", ITERATIONS)
+    assert_every_rank_compared(trace)
+    f = the_straggler(trace)
+    assert (f.rank, f.kind, f.pid) == (MEMORY_RANK, "late", job.rank_pids[MEMORY_RANK])
+    first = f.causes[0]
+    assert first.cause == "memory", describe(trace)
+    # The rank's own cgroup, its limit, and the kernel's counts: the limit hit and pages
+    # read again after reclaim evicted them (the file's 64 MiB through 16 MiB).
+    m = re.match(
+        rf"cgroup /{cgroup.name} at its 16.0 MiB limit (\d+) times: (\d+) pages read again "
+        r"after reclaim",
+        first.detail,
+    )
+    assert m is not None, first.detail
+    assert int(m[1]) > 0 and int(m[2]) > 0, first.detail
+    assert first.seconds >= 0.5 * f.seconds, describe(trace)
+    assert 0 < f.share <= 1

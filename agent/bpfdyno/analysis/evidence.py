@@ -56,6 +56,7 @@ from bpfdyno.rpc.diagnosis import (
     CpuQuota,
     Instance,
     LossEvent,
+    MemoryCgroup,
     RankEvidence,
     StepSplit,
 )
@@ -140,13 +141,20 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
     previous: dict[str, float] = {}
     index: dict[str, int] = defaultdict(int)
     step_starts = [s for s, _ in steps]
+    incomplete = _sched_incomplete(facts.info)
+    # With the sched track sampled in time by the overhead budget (it keeps a quarter), the
+    # time it shows no off-CPU slice is no proof of running: its own work is then not
+    # measured (a rank late for its disk read "ran 1.5 s longer"). A few intervals lost to
+    # a full ring buffer, or records before the window over the cap, leave it measured.
+    sampled = "sampled by" in incomplete
+    measured = tid in threads.rows and not sampled
     for c in chosen[:MAX_COLLECTIVES]:
         run_up = previous.get(c.group, lo)
         previous[c.group] = c.start_us
         before, holders, worst_before = _causes(threads, busy, run_up, c.start_us)
         stolen = interrupts.between(run_up, c.start_us) / 1e9  # ns of CPU time
         extra = []
-        if tid in threads.rows:
+        if measured:
             on_cpu = _on_cpu(threads, tid, run_up, c.start_us)
             stolen = _while_on_cpu(stolen, on_cpu, (c.start_us - run_up) / 1e6)
             ran = on_cpu - stolen
@@ -218,11 +226,13 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
             for e in listed[:MAX_LOSS_EVENTS]
         ),
         gpu_sm_clock_mhz=_mean_clock(facts, lo, hi),
-        steps=_step_split(steps, chosen, threads, busy, tid),
+        steps=_step_split(steps, chosen, threads, busy, tid, on_cpu=not sampled),
         notes=tuple(notes),
         fabric_devices=tuple(sorted({d for _, d, _, _ in facts.fabric if d != "cpu"})),
         connections=_connections(facts, lo, hi),
         cpu_quotas=_cpu_quotas(facts),
+        memory_cgroups=_memory_cgroups(facts),
+        sched_incomplete=incomplete,
         collective_net_bytes=_bytes_inside(
             facts.net_bursts, _union((c.start_us, c.end_us) for c in out_spans)
         ),
@@ -262,6 +272,49 @@ def _cpu_quotas(facts: TraceFacts) -> tuple[CpuQuota, ...]:
                     int(q["periods"]),
                     int(q["throttled_periods"]),
                     float(q["throttled_ms"]) / 1000,
+                )
+            )
+        except (KeyError, TypeError, ValueError):
+            continue  # another writer's shape: not evidence
+    return tuple(out)
+
+
+def _sched_incomplete(info: dict[str, object]) -> str:
+    """Why the sched track misses off-CPU intervals, from the info slice ("": it does not):
+    the overhead budget sampled its programs in time (its note says how much it recorded),
+    threads it had no room to follow, its ring buffer was full, or records went over the
+    capture's cap."""
+    tracks = info.get("tracks")
+    if not isinstance(tracks, list) or "sched" not in tracks:
+        return ""
+    why = []
+    note = info.get("sched_note")
+    if isinstance(note, str):  # the budget's sampling, threads the maps had no room for
+        why += [n for n in note.split("; ") if n.startswith("sampled") or n.endswith("missing")]
+    full = info.get("sched_lost_ring_buffer_full")
+    if isinstance(full, int) and full:
+        why.append(f"{full} off-CPU intervals lost to a full ring buffer")
+    over = info.get("records_over_cap_dropped")
+    if isinstance(over, int) and over:
+        why.append(f"{over} records dropped over the capture's cap")
+    return "; ".join(why)
+
+
+def _memory_cgroups(facts: TraceFacts) -> tuple[MemoryCgroup, ...]:
+    """The info slice's memory cgroups with a limit and what the window added to them."""
+    out = []
+    for m in facts.info.get("sched_memory_cgroups", ()) or ():
+        if not isinstance(m, dict):
+            continue
+        try:
+            out.append(
+                MemoryCgroup(
+                    str(m["cgroup"]),
+                    int(m["limit_bytes"]),
+                    int(m["limit_hits"]),
+                    int(m["refaults"]),
+                    int(m["major_faults"]),
+                    float(m["stall_ms"]) / 1000,
                 )
             )
         except (KeyError, TypeError, ValueError):
@@ -376,8 +429,9 @@ def _slices(facts: TraceFacts, pid: int, workers: set[int], lo: float, hi: float
         if s.tid != pid and not (s.tid in workers and s.cause == "runnable"):
             continue
         start, end = max(s.start_us, lo), min(s.end_us, hi)
-        cause = OFFCPU_CAUSE.get(s.cause, "blocked")
-        detail = _detail(s)
+        # The threads that ran the collectives count only their waits for a CPU.
+        cause = _cause(s) if s.tid == pid else OFFCPU_CAUSE.get(s.cause, "blocked")
+        detail = _detail(s) if cause == OFFCPU_CAUSE.get(s.cause) else ""
         if cause != "cpu_wait" and s.tid == pid and loaders:
             # Blocked inside enumerate(DataLoader): waiting for the workers' next batch.
             for a, b in _cut(start, end, loaders):
@@ -415,11 +469,12 @@ def _worker_slices(
     out: list[_Slice] = []
     process: dict[int, int] = {}
     for s in theirs:
-        cause = OFFCPU_CAUSE.get(s.cause, "blocked")
+        cause = _cause(s)
         if cause not in RESOURCE_CAUSES and (not s.woken_by_pid or s.woken_by_pid in job):
             continue
         process[s.tid] = s.child_pid
-        out.append(_Slice(s.tid, max(s.start_us, lo), min(s.end_us, hi), cause, _detail(s)))
+        detail = _detail(s) if cause == OFFCPU_CAUSE.get(s.cause) else ""
+        out.append(_Slice(s.tid, max(s.start_us, lo), min(s.end_us, hi), cause, detail))
     return out, process
 
 
@@ -457,6 +512,23 @@ def _workers(
         for cause, us in sorted(seconds.items(), key=lambda kv: -kv[1])
     )
     return causes, tuple(sorted(pids))
+
+
+#: The sched track's cause of the sleep a ``runnable: woken`` wait followed, when that wait
+#: is counted with the sleep.
+WOKEN_AFTER = {"disk/uninterruptible": "disk"}
+
+
+def _cause(s: OffCpuSlice) -> str:
+    """A slice's diagnosis cause. The wait for a CPU right after a disk read (the disk's
+    completion woke the thread, then it waited its turn to run) is the disk's: the read
+    would not have left the thread runnable behind others had it not slept on the disk, and
+    on a loaded machine that wait is as long as the read itself (100-300 reads a step, each
+    woken onto a busy CPU). Naming whoever ran meanwhile as holding the CPU would send an
+    engineer after the wrong task; no wait is counted twice (the slices do not overlap)."""
+    if s.cause == "runnable" and s.after in WOKEN_AFTER:
+        return WOKEN_AFTER[s.after]
+    return OFFCPU_CAUSE.get(s.cause, "blocked")
 
 
 def _detail(s: OffCpuSlice) -> str:
@@ -604,9 +676,11 @@ def _step_split(
     threads: _Threads,
     busy: Sequence[tuple[float, float]],
     pid: int,
+    on_cpu: bool = True,
 ) -> StepSplit:
     """Where a step's time went: medians over the steps of the time in collectives, the main
-    thread's time on a CPU and off it by cause, and the GPUs' busy time (`STEP_PARTS`)."""
+    thread's time on a CPU (unless not ``on_cpu``: a sched track sampled in time does not
+    measure it) and off it by cause, and the GPUs' busy time (`STEP_PARTS`)."""
     if not steps:
         return StepSplit()
     spans = _union((c.start_us, c.end_us) for c in collectives)
@@ -619,7 +693,7 @@ def _step_split(
             if s.tid == pid:
                 per[s.cause] += overlap
                 off += overlap
-        if threads.rows:
+        if threads.rows and on_cpu:  # not when the sched track was sampled in time
             per["on_cpu"] = max(0.0, hi - lo - off)
         if busy:
             per["gpu_busy"] = _covered(busy, lo, hi)

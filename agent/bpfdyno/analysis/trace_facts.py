@@ -163,6 +163,9 @@ class OffCpuSlice:
     held_by: str  # runnable slices: "comm (pid N)" of the task that held the CPU, else ""
     child_pid: int = 0  # a thread of a child process of the traced one (a DataLoader worker)
     woken_by_pid: int = 0  # blocked slices: the process that woke it (0: not seen)
+    #: A ``runnable: woken`` slice: the blocked cause it followed (its wait for a CPU after
+    #: that wakeup); "" for a preempted thread or a file without it.
+    after: str = ""
 
 
 @dataclass(slots=True)
@@ -479,10 +482,16 @@ class _Reader:
             name = str(e.get("name", ""))
             cause = "runnable" if name.startswith("runnable") else name.split(": ")[-1]
             cause = cause.split(" (")[0] or "blocked"
-        if args.get("state") == "D" and cause != "runnable":
+        after = args.get("after")
+        after = after if isinstance(after, str) else ""
+        if args.get("state") == "D":
             # Uninterruptible sleep is a disk or a page whatever the system call (files
             # written before the capture decided by state first say "io wait" for a read).
-            cause = "disk/uninterruptible"
+            # A woken slice carries the state of the sleep it followed (a preempted one: R).
+            if cause != "runnable":
+                cause = "disk/uninterruptible"
+            else:
+                after = "disk/uninterruptible"
         child, waker = args.get("child_pid", 0), args.get("woken_by_pid", 0)
         self.f.offcpu.append(
             OffCpuSlice(
@@ -494,6 +503,7 @@ class _Reader:
                 held,
                 child if isinstance(child, int) else 0,
                 waker if isinstance(waker, int) else 0,
+                after,
             )
         )
 

@@ -23,6 +23,7 @@ from bpfdyno.rpc.wire import record
 CAUSES: dict[str, str] = {
     "cpu_wait": "waiting for a CPU",
     "cpu_quota": "throttled by its CPU quota",
+    "memory": "memory pressure: reclaim at its cgroup's memory limit",
     "data_loader": "waiting for DataLoader workers",
     "file_io": "blocked in file I/O",
     "io_wait": "blocked on a socket, pipe or event",
@@ -180,6 +181,20 @@ class CpuQuota:
     throttled_seconds: float
 
 
+@record(diagnosis_pb2.MemoryCgroup)
+class MemoryCgroup:
+    """A memory cgroup of the rank with a limit of ``limit_bytes``: what the window added to
+    its limit hits, refaults (pages read again after reclaim evicted them), major faults,
+    and the time its tasks stalled on memory (cgroup v2's pressure; 0 in v1)."""
+
+    cgroup: str
+    limit_bytes: int
+    limit_hits: int
+    refaults: int
+    major_faults: int
+    stall_seconds: float
+
+
 @record(diagnosis_pb2.StepSplit)
 class StepSplit:
     """Where a step's time went on this rank (medians over the trace's steps).
@@ -210,6 +225,8 @@ class RankEvidence:
         fabric_devices: the RDMA ports and NICs of its fabric track.
         connections: its TCP connections' round-trip times in the window (net track).
         cpu_quotas: its cgroups with a CPU quota, throttling in the window (sched track).
+        memory_cgroups: its memory cgroups with a limit, reclaim in the window (sched track).
+        sched_incomplete: why its sched track misses off-CPU intervals ("": complete).
         collective_net_bytes: bytes its sockets sent and received while it was inside its
             collectives (the net track; 0 without it).
     """
@@ -232,6 +249,8 @@ class RankEvidence:
     fabric_devices: tuple[str, ...] = ()
     connections: tuple[ConnectionRtt, ...] = ()
     cpu_quotas: tuple[CpuQuota, ...] = ()
+    memory_cgroups: tuple[MemoryCgroup, ...] = ()
+    sched_incomplete: str = ""
     collective_net_bytes: int = 0
 
 
@@ -324,6 +343,7 @@ __all__ = [
     "Finding",
     "Instance",
     "LossEvent",
+    "MemoryCgroup",
     "RankEvidence",
     "RankTiming",
     "StepSplit",

@@ -116,6 +116,22 @@ class CpuQuota(_message.Message):
     throttled_seconds: float
     def __init__(self, cgroup: _Optional[str] = ..., quota_us: _Optional[int] = ..., period_us: _Optional[int] = ..., periods: _Optional[int] = ..., throttled_periods: _Optional[int] = ..., throttled_seconds: _Optional[float] = ...) -> None: ...
 
+class MemoryCgroup(_message.Message):
+    __slots__ = ("cgroup", "limit_bytes", "limit_hits", "refaults", "major_faults", "stall_seconds")
+    CGROUP_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_HITS_FIELD_NUMBER: _ClassVar[int]
+    REFAULTS_FIELD_NUMBER: _ClassVar[int]
+    MAJOR_FAULTS_FIELD_NUMBER: _ClassVar[int]
+    STALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    cgroup: str
+    limit_bytes: int
+    limit_hits: int
+    refaults: int
+    major_faults: int
+    stall_seconds: float
+    def __init__(self, cgroup: _Optional[str] = ..., limit_bytes: _Optional[int] = ..., limit_hits: _Optional[int] = ..., refaults: _Optional[int] = ..., major_faults: _Optional[int] = ..., stall_seconds: _Optional[float] = ...) -> None: ...
+
 class StepSplit(_message.Message):
     __slots__ = ("steps", "step_seconds", "parts")
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -127,7 +143,7 @@ class StepSplit(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., step_seconds: _Optional[float] = ..., parts: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ...) -> None: ...
 
 class RankEvidence(_message.Message):
-    __slots__ = ("path", "host", "pid", "rank", "world_size", "base_ns", "window_start_unix_ns", "window_end_unix_ns", "kernel_tracks", "collectives", "local_addresses", "loss_events", "collective_net_bytes", "gpu_sm_clock_mhz", "steps", "notes", "fabric_devices", "connections", "cpu_quotas")
+    __slots__ = ("path", "host", "pid", "rank", "world_size", "base_ns", "window_start_unix_ns", "window_end_unix_ns", "kernel_tracks", "collectives", "local_addresses", "loss_events", "collective_net_bytes", "gpu_sm_clock_mhz", "steps", "notes", "fabric_devices", "connections", "cpu_quotas", "memory_cgroups", "sched_incomplete")
     PATH_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +163,8 @@ class RankEvidence(_message.Message):
     FABRIC_DEVICES_FIELD_NUMBER: _ClassVar[int]
     CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
     CPU_QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_CGROUPS_FIELD_NUMBER: _ClassVar[int]
+    SCHED_INCOMPLETE_FIELD_NUMBER: _ClassVar[int]
     path: str
     host: str
     pid: int
@@ -166,7 +184,9 @@ class RankEvidence(_message.Message):
     fabric_devices: _containers.RepeatedScalarFieldContainer[str]
     connections: _containers.RepeatedCompositeFieldContainer[ConnectionRtt]
     cpu_quotas: _containers.RepeatedCompositeFieldContainer[CpuQuota]
-    def __init__(self, path: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., base_ns: _Optional[int] = ..., window_start_unix_ns: _Optional[int] = ..., window_end_unix_ns: _Optional[int] = ..., kernel_tracks: _Optional[_Iterable[str]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveEvidence, _Mapping]]] = ..., local_addresses: _Optional[_Iterable[str]] = ..., loss_events: _Optional[_Iterable[_Union[LossEvent, _Mapping]]] = ..., collective_net_bytes: _Optional[int] = ..., gpu_sm_clock_mhz: _Optional[float] = ..., steps: _Optional[_Union[StepSplit, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ..., fabric_devices: _Optional[_Iterable[str]] = ..., connections: _Optional[_Iterable[_Union[ConnectionRtt, _Mapping]]] = ..., cpu_quotas: _Optional[_Iterable[_Union[CpuQuota, _Mapping]]] = ...) -> None: ...
+    memory_cgroups: _containers.RepeatedCompositeFieldContainer[MemoryCgroup]
+    sched_incomplete: str
+    def __init__(self, path: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., base_ns: _Optional[int] = ..., window_start_unix_ns: _Optional[int] = ..., window_end_unix_ns: _Optional[int] = ..., kernel_tracks: _Optional[_Iterable[str]] = ..., collectives: _Optional[_Iterable[_Union[CollectiveEvidence, _Mapping]]] = ..., local_addresses: _Optional[_Iterable[str]] = ..., loss_events: _Optional[_Iterable[_Union[LossEvent, _Mapping]]] = ..., collective_net_bytes: _Optional[int] = ..., gpu_sm_clock_mhz: _Optional[float] = ..., steps: _Optional[_Union[StepSplit, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ..., fabric_devices: _Optional[_Iterable[str]] = ..., connections: _Optional[_Iterable[_Union[ConnectionRtt, _Mapping]]] = ..., cpu_quotas: _Optional[_Iterable[_Union[CpuQuota, _Mapping]]] = ..., memory_cgroups: _Optional[_Iterable[_Union[MemoryCgroup, _Mapping]]] = ..., sched_incomplete: _Optional[str] = ...) -> None: ...
 
 class RankTiming(_message.Message):
     __slots__ = ("rank", "host", "pid", "path", "collectives", "last", "held_seconds", "lateness_seconds", "collective_seconds", "step_seconds")

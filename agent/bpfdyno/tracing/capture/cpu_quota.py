@@ -22,8 +22,8 @@ from bpfdyno.tracing.capture.records import CpuQuotaSample
 
 
 @dataclass(frozen=True, slots=True)
-class _Hierarchy:
-    """Where the cpu controller is mounted, and which cgroup version it is."""
+class Hierarchy:
+    """Where a controller is mounted, and which cgroup version it is."""
 
     mountpoint: Path
     root: str  # the mount's root within the hierarchy ("/" normally)
@@ -39,23 +39,13 @@ class CpuQuotaReader:
 
     def __init__(self, proc_root: Path = Path("/proc")) -> None:
         self._proc = proc_root
-        self._hierarchy: _Hierarchy | None = None
+        self._hierarchy: Hierarchy | None = None
         self._looked_up = False
 
     def cgroup_of(self, pid: int) -> str | None:
         """The process's cgroup in the cpu controller's hierarchy, or None."""
         h = self._cpu_hierarchy()
-        if h is None:
-            return None
-        try:
-            lines = (self._proc / str(pid) / "cgroup").read_text().splitlines()
-        except OSError:
-            return None
-        for line in lines:
-            _, controllers, path = line.split(":", 2)
-            if (h.v2 and controllers == "") or (not h.v2 and "cpu" in controllers.split(",")):
-                return path
-        return None
+        return cgroup_path(self._proc, pid, h, "cpu") if h is not None else None
 
     def sample(self, pid: int) -> list[CpuQuotaSample]:
         """The counters of each cgroup of ``pid`` (its own and its ancestors') that has a
@@ -75,38 +65,51 @@ class CpuQuotaReader:
                 out.append(s)
         return out
 
-    def _cpu_hierarchy(self) -> _Hierarchy | None:
+    def _cpu_hierarchy(self) -> Hierarchy | None:
         if not self._looked_up:  # the mounts do not change while the agent runs
-            self._hierarchy = _find_hierarchy(self._proc / "self" / "mountinfo")
+            self._hierarchy = find_hierarchy(self._proc / "self" / "mountinfo", "cpu")
             self._looked_up = True
         return self._hierarchy
 
 
-def _find_hierarchy(mountinfo: Path) -> _Hierarchy | None:
-    """The cgroup v1 mount with the cpu controller, else the v2 mount if it has cpu."""
+def cgroup_path(proc: Path, pid: int, h: Hierarchy, controller: str) -> str | None:
+    """The process's cgroup in ``h`` (the hierarchy of ``controller``), or None."""
+    try:
+        lines = (proc / str(pid) / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if (h.v2 and controllers == "") or (not h.v2 and controller in controllers.split(",")):
+            return path
+    return None
+
+
+def find_hierarchy(mountinfo: Path, controller: str) -> Hierarchy | None:
+    """The cgroup v1 mount with ``controller``, else the v2 mount if it has it."""
     try:
         lines = mountinfo.read_text().splitlines()
     except OSError:
         return None
-    v2: _Hierarchy | None = None
+    v2: Hierarchy | None = None
     for line in lines:
         fields = line.split()
         sep = fields.index("-")
         root, mountpoint = fields[3], Path(fields[4].replace("\\040", " "))
         fstype, options = fields[sep + 1], fields[sep + 3].split(",")
-        if fstype == "cgroup" and "cpu" in options:
-            return _Hierarchy(mountpoint, root, v2=False)
+        if fstype == "cgroup" and controller in options:
+            return Hierarchy(mountpoint, root, v2=False)
         if fstype == "cgroup2" and v2 is None:
             try:
                 controllers = (mountpoint / "cgroup.controllers").read_text().split()
             except OSError:
                 controllers = []
-            if "cpu" in controllers:
-                v2 = _Hierarchy(mountpoint, root, v2=True)
+            if controller in controllers:
+                v2 = Hierarchy(mountpoint, root, v2=True)
     return v2
 
 
-def _read(h: _Hierarchy, d: Path, cgroup: str, now: int) -> CpuQuotaSample | None:
+def _read(h: Hierarchy, d: Path, cgroup: str, now: int) -> CpuQuotaSample | None:
     """A cgroup's sample, or None when it has no quota (or is gone)."""
     try:
         if h.v2:

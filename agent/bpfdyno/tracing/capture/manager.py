@@ -48,6 +48,7 @@ from bpfdyno.tracing.capture.cpu_quota import CpuQuotaReader
 from bpfdyno.tracing.capture.fabric import FabricSampler, InterruptTimeSource
 from bpfdyno.tracing.capture.gpu import GpuCounterSource, GpuSampler
 from bpfdyno.tracing.capture.kernel import SAMPLED, KernelCapture
+from bpfdyno.tracing.capture.memory_cgroup import MemoryCgroupReader
 from bpfdyno.tracing.capture.nccl import NcclCapture
 from bpfdyno.tracing.capture.records import (
     KernelRecord,
@@ -225,6 +226,7 @@ class CaptureManager:
         )
         #: The traced processes' CPU-quota throttling (sched track), read at each drain.
         self.quota = CpuQuotaReader(proc_root)
+        self.memory = MemoryCgroupReader(proc_root)
         self._proc_root = proc_root
         self._queue: queue.Queue[object] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -455,7 +457,7 @@ class CaptureManager:
                 for track in kernel_tracks:
                     active.notes[track] = self._load_errors.get("kernel", "not loaded")
         if Track.SCHED in request.tracks:
-            self._keep(active, list(self.quota.sample(key.pid)))
+            self._keep(active, [*self.quota.sample(key.pid), *self.memory.sample(key.pid)])
         if Track.NCCL in request.tracks:
             if self.nccl.loaded:
                 reason = self.nccl.add(key.pid)
@@ -533,7 +535,8 @@ class CaptureManager:
                 self._keep(active, records)
         for active in self._active.values():
             if Track.SCHED in active.request.tracks:
-                self._keep(active, list(self.quota.sample(active.key.pid)))
+                pid = active.key.pid
+                self._keep(active, [*self.quota.sample(pid), *self.memory.sample(pid)])
 
     @staticmethod
     def _keep(active: _Active, records: list[KernelRecord]) -> None:

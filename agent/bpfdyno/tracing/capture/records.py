@@ -210,6 +210,30 @@ class CpuQuotaSample:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryCgroupSample:
+    """One memory cgroup's limit and its cumulative reclaim counters at one moment.
+
+    Attributes:
+        ts_ns: CLOCK_MONOTONIC when read.
+        cgroup: the cgroup's path in its hierarchy.
+        limit_bytes: its limit (v2: the lower of ``memory.high`` and ``memory.max``).
+        limit_hits: times it reached the limit (v1 ``memory.failcnt``, v2 ``memory.events``
+            high + max).
+        refaults: pages read again after reclaim evicted them (``workingset_refault_*``).
+        major_faults: page faults that read from the disk (``pgmajfault``).
+        stall_ns: time some of its tasks stalled on memory (v2 ``memory.pressure``; 0 in v1).
+    """
+
+    ts_ns: int
+    cgroup: str
+    limit_bytes: int
+    limit_hits: int
+    refaults: int
+    major_faults: int
+    stall_ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class NcclCall:
     """One NCCL API call of a traced process, with the arguments it was given.
 
@@ -295,6 +319,7 @@ KernelRecord = (
     | TcpSample
     | OffCpu
     | CpuQuotaSample
+    | MemoryCgroupSample
     | NcclCall
     | GpuSample
     | FabricDelta
@@ -307,6 +332,7 @@ TRACK_OF: dict[type, Track] = {
     TcpSample: Track.NET,
     OffCpu: Track.SCHED,
     CpuQuotaSample: Track.SCHED,
+    MemoryCgroupSample: Track.SCHED,
     NcclCall: Track.NCCL,
     GpuSample: Track.GPU,
     FabricDelta: Track.FABRIC,

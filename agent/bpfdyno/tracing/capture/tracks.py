@@ -23,7 +23,9 @@ Every event goes under the traced process's pid, on rows (synthetic thread ids f
 * counters ``kernel sched cpu quota: <cgroup>`` (``bpfdyno.sched``): for each cgroup of the
   process with a CPU quota, what the window added so far to its ``periods``,
   ``throttled_periods`` and ``throttled_ms``; the totals are in the info slice
-  (``sched_cpu_quota``);
+  (``sched_cpu_quota``); for each memory cgroup of the process with a limit, what the
+  window added to its limit hits, refaults, major faults and memory stall time, in the info
+  slice only (``sched_memory_cgroups``);
 * ``NCCL: thread <tid>``: one slice per NCCL call with its arguments (``bpfdyno.nccl``), and
   ``ncclGroup`` slices from ncclGroupStart to the matching ncclGroupEnd;
 * counters ``GPU <n> <counter> (<unit>)`` (``bpfdyno.gpu``) and ``kernel net bytes``;
@@ -68,6 +70,7 @@ from bpfdyno.tracing.capture.records import (
     FabricDelta,
     FabricEvent,
     GpuSample,
+    MemoryCgroupSample,
     NcclCall,
     NetBurst,
     NetEvent,
@@ -283,6 +286,7 @@ def write_tracks(
         counts[Track.SCHED] = _sched(w, by_kind[OffCpu], shift, window)
         n, quotas = _quota(w, by_kind[CpuQuotaSample], shift, window)
         counts[Track.SCHED] += n
+        memory = _memory(by_kind[MemoryCgroupSample], shift, window)
     if Track.NCCL in wanted:
         counts[Track.NCCL] = _nccl(w, by_kind[NcclCall], shift, window)
     if Track.GPU in wanted:
@@ -292,6 +296,8 @@ def write_tracks(
     info = _info(capture, window, counts, base_ns)
     if Track.SCHED in wanted and quotas:
         info["sched_cpu_quota"] = quotas
+    if Track.SCHED in wanted and memory:
+        info["sched_memory_cgroups"] = memory
     w.slices(
         "kernel tracks",
         [_Slice(window.start_ns, window.end_ns, INFO_NAME, CAT_INFO, info)],
@@ -468,6 +474,33 @@ def _quota(
             }
         )
     return n, totals
+
+
+def _memory(samples: list[MemoryCgroupSample], shift: int, window: Window) -> list[dict[str, Any]]:
+    """Per memory cgroup with a limit: what the window added to its reclaim counters, from
+    the last sample at or before the window's start (or the first one) to the first at or
+    after its end (or the last one), for the info slice."""
+    by_cgroup: dict[str, list[MemoryCgroupSample]] = defaultdict(list)
+    for s in samples:
+        by_cgroup[s.cgroup].append(s)
+    out: list[dict[str, Any]] = []
+    for cgroup in sorted(by_cgroup):
+        series = sorted(by_cgroup[cgroup], key=lambda s: s.ts_ns)
+        before = [s for s in series if s.ts_ns + shift <= window.start_ns]
+        after = [s for s in series if s.ts_ns + shift >= window.end_ns]
+        base = before[-1] if before else series[0]
+        last = after[0] if after else series[-1]
+        out.append(
+            {
+                "cgroup": cgroup,
+                "limit_bytes": last.limit_bytes,
+                "limit_hits": max(0, last.limit_hits - base.limit_hits),
+                "refaults": max(0, last.refaults - base.refaults),
+                "major_faults": max(0, last.major_faults - base.major_faults),
+                "stall_ms": round(max(0, last.stall_ns - base.stall_ns) / 1e6, 3),
+            }
+        )
+    return out
 
 
 def _quota_delta(base: CpuQuotaSample, s: CpuQuotaSample) -> dict[str, Any]:
