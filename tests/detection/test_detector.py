@@ -105,3 +105,43 @@ def test_late_arrival_from_collectives_counts_when_known() -> None:
     assert [(e.kind, e.rank, e.evidence[0].name) for e in events] == [
         (DetectionKind.SUSPECTED, 0, "late_share")
     ]
+
+
+def test_a_rank_that_computes_while_its_peers_wait_is_a_straggler() -> None:
+    # More work per step on rank 1: its main thread busy 2 s of 5, the others asleep in the
+    # all-reduce all but 0.25 s; nobody waits for a CPU more than the others.
+    d = StragglerDetector("node-a")
+    events = []
+    for t in range(3):
+        signals = [
+            replace(sig(r, 0.05), main_waiting_s=3.0 if r == 1 else 4.75 - 0.01 * r)
+            for r in range(4)
+        ]
+        events += d.update(signals, float(t))
+    assert [(e.kind, e.rank) for e in events] == [
+        (DetectionKind.SUSPECTED, 1),
+        (DetectionKind.CONFIRMED, 1),
+    ]
+    (ev,) = events[1].evidence
+    # Busy shares 0.05, 0.4, 0.054, 0.056: the median of the four is 0.055.
+    assert (ev.name, ev.value, ev.job_median) == (
+        "main_busy_share",
+        pytest.approx(0.4),
+        pytest.approx(0.055),
+    )
+    assert "its main thread was busy (on a CPU or waiting for one): 0.40" in events[1].summary
+
+
+def test_main_threads_busy_alike_or_a_little_apart_are_no_stragglers() -> None:
+    d = StragglerDetector("node-a")
+    events = []
+    for t in range(6):
+        # A loaded machine: every rank's main thread busy a fifth of the time; then one rank
+        # busy 0.14 against the others' 0.05 (below the 0.1 floor over the median).
+        alike = {r: 4.0 - 0.01 * r for r in range(4)}
+        apart = {r: 4.3 if r == 2 else 4.75 for r in range(4)}
+        waits = alike if t < 3 else apart
+        events += d.update(
+            [replace(sig(r, 0.05), main_waiting_s=waits[r]) for r in range(4)], float(t)
+        )
+    assert events == []

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -32,17 +31,25 @@ from bpfdyno.server.grpc_server import GrpcServer
 from bpfdyno.services.agent import AgentService
 from bpfdyno.services.detection import DetectionService
 
-WAITING = "import os, socket\na, b = socket.socketpair()\nos.read(a.fileno(), 1)\n"
+#: Says "r" once its start-up is over (seconds on a loaded machine), then waits in a read.
+WAITING = (
+    "import os, socket\na, b = socket.socketpair()\nos.write(1, b'r')\nos.read(a.fileno(), 1)\n"
+)
 
 
 @contextlib.contextmanager
 def ranks(n: int) -> Iterator[list[subprocess.Popen[bytes]]]:
     procs = [
-        subprocess.Popen([sys.executable, "-c", WAITING], env={**os.environ, "RANK": str(r)})
+        subprocess.Popen(
+            [sys.executable, "-c", WAITING],
+            env={**os.environ, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+        )
         for r in range(n)
     ]
     try:
-        time.sleep(0.5)  # past their start-up reads
+        for p in procs:  # past their start-up reads
+            assert p.stdout is not None and p.stdout.read(1) == b"r"
         yield procs
     finally:
         for p in procs:

@@ -19,15 +19,21 @@ from bpfdyno.detection.hang import HangSettings, HangWatch, classify, read_threa
 from bpfdyno.detection.signals import RankProcess, SignalSampler
 from bpfdyno.rpc.detection import DetectionEvent, DetectionKind, HangState
 
+#: Each program says "r" on its stdout once its start-up is over, just before what it does
+#: for the rest of its life (on a loaded machine an interpreter's start-up takes seconds).
 #: A rank waiting for its peers: asleep in a read on a socket nobody writes to.
-WAITING = "import os, socket\na, b = socket.socketpair()\nos.read(a.fileno(), 1)\n"
+WAITING = (
+    "import os, socket\na, b = socket.socketpair()\nos.write(1, b'r')\nos.read(a.fileno(), 1)\n"
+)
 #: A rank blocked forever reading a FIFO (argv[1]) that nobody writes to.
-FIFO_READER = "import os, sys\nfd = os.open(sys.argv[1], os.O_RDWR)\nos.read(fd, 1)\n"
-SPINNER = "while True:\n    pass\n"
+FIFO_READER = (
+    "import os, sys\nfd = os.open(sys.argv[1], os.O_RDWR)\nos.write(1, b'r')\nos.read(fd, 1)\n"
+)
+SPINNER = "import os\nos.write(1, b'r')\nwhile True:\n    pass\n"
 #: A rank that keeps moving bytes (a healthy one).
 MOVING = (
     "import os, time\nnull = os.open('/dev/null', os.O_WRONLY)\nblock = bytes(1 << 20)\n"
-    "while True:\n    os.write(null, block)\n    time.sleep(0.05)\n"
+    "os.write(1, b'r')\nwhile True:\n    os.write(null, block)\n    time.sleep(0.05)\n"
 )
 
 
@@ -38,8 +44,13 @@ def ranks(*programs: tuple[str, ...]) -> Iterator[list[subprocess.Popen[bytes]]]
     try:
         for rank, (source, *args) in enumerate(programs):
             env = {**os.environ, "RANK": str(rank)}
-            procs.append(subprocess.Popen([sys.executable, "-c", source, *args], env=env))
-        time.sleep(0.5)  # past the interpreters' start-up reads
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", source, *args], env=env, stdout=subprocess.PIPE
+                )
+            )
+        for p in procs:  # past the interpreters' start-up reads
+            assert p.stdout is not None and p.stdout.read(1) == b"r"
         yield procs
     finally:
         for p in procs:
@@ -105,9 +116,45 @@ def test_a_spinning_rank_is_named_spinning() -> None:
     (e,) = events
     assert (e.rank, e.hang_state) == (2, "spinning")
     assert e.threads[0].state == "R"
-    # It ran whenever it got a CPU (on a busy machine a quarter of one was seen).
-    assert e.threads[0].oncpu_share > 0.1
+    # It ran whenever it got a CPU: a quarter of one, or on a machine loaded 15 times over
+    # its CPUs less than a tenth (named all the same: runnable in every reading).
+    assert e.threads[0].oncpu_share > 0.0
     assert e.threads[0].offcpu_seconds == 0.0
+
+
+@contextlib.contextmanager
+def cpu_quota(pid: int, share: float) -> Iterator[None]:
+    """Process ``pid`` in a cgroup of its own limited to ``share`` of a CPU."""
+    root = Path("/sys/fs/cgroup/cpu")
+    v2 = not (root / "cpu.cfs_quota_us").exists()
+    if v2:
+        root = Path("/sys/fs/cgroup")
+    d = root / f"bpfdyno-hang-{os.getpid()}"
+    d.mkdir()
+    try:
+        quota = int(100_000 * share)
+        if v2:
+            (d / "cpu.max").write_text(f"{quota} 100000")
+        else:
+            (d / "cpu.cfs_period_us").write_text("100000")
+            (d / "cpu.cfs_quota_us").write_text(str(quota))
+        (d / "cgroup.procs").write_text(str(pid))
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            (root / "cgroup.procs").write_text(str(pid))
+        d.rmdir()
+
+
+def test_a_spinner_that_gets_little_of_a_cpu_is_still_named_spinning() -> None:
+    # A loaded machine (or a CPU limit) gives a spinner less than `spin_share` of a CPU: 4 %
+    # here, throttled the rest. It never sleeps: its main thread runnable in every reading.
+    with ranks((WAITING,), (SPINNER,), (WAITING,)) as procs, cpu_quota(procs[1].pid, 0.04):
+        events, _ = watch(procs)
+    (e,) = events
+    assert (e.rank, e.hang_state) == (1, "spinning")
+    assert e.threads[0].state == "R"
+    assert e.threads[0].oncpu_share < HangSettings().spin_share
 
 
 def test_ranks_all_waiting_hang_without_a_rank_to_name() -> None:

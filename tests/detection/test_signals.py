@@ -1,5 +1,6 @@
 """Per-rank signals from real processes: their ranks, the bytes they moved, their run-queue
-wait on a shared CPU, their sleep, their CPU-quota throttling."""
+wait on a shared CPU, their sleep, their main thread's busy share, their CPU-quota
+throttling."""
 
 from __future__ import annotations
 
@@ -125,6 +126,19 @@ def test_a_sleeping_rank_waits_the_whole_interval() -> None:
     assert s.main_waiting_s == pytest.approx(s.interval_s, abs=0.02)
     assert s.oncpu_s < 0.02
     assert s.cpu_wait_share < 0.02
+
+
+def test_a_rank_computing_has_its_main_thread_busy_its_sleeping_peer_not() -> None:
+    sampler = SignalSampler()
+    with children(0, 1) as (computing, sleeping):
+        sampler.sample(refs([computing, sleeping]), time.monotonic())
+        computing.send(b"s")
+        computing.done()
+        busy, idle = sampler.sample(refs([computing, sleeping]), time.monotonic())
+    # It spun a second of wall time, on a CPU or waiting for one (a loaded machine's share):
+    # busy all of it; the rest of the interval (the command's round trip) it slept.
+    assert 0.98 <= busy.main_busy_share * busy.interval_s <= busy.interval_s
+    assert idle.main_busy_share * idle.interval_s < 0.02
 
 
 def test_two_ranks_sharing_one_cpu_wait_for_it_in_turn() -> None:

@@ -36,6 +36,18 @@ SCORES: tuple[Score, ...] = (
     # median seen in one interval, jitter), a rank sharing its CPU with a hog 1.0-1.2 against
     # a median of 0.1: at least 2.5 times the median counts.
     Score("cpu_wait_share", lambda s: s.cpu_wait_share, 0.05, 1.5, "waited for a CPU"),
+    # A rank that computes while its peers wait (more work per step, interrupts taking its
+    # CPU time): its main thread busy, theirs asleep in the collective. Ranks of the real
+    # 4-rank job (docs/detection.md): healthy 0.02-0.08, all alike at 0.2-0.27 in busy
+    # stretches; a rank computing 40 ms more per step 0.80-0.87 against a median of 0.04-0.11
+    # (its CPU wait, 1.3 against 0.5, hid behind another rank's).
+    Score(
+        "main_busy_share",
+        lambda s: s.main_busy_share,
+        0.1,
+        1.5,
+        "its main thread was busy (on a CPU or waiting for one)",
+    ),
     # A rank its peers waited for at collectives (NCCL's profiler, when plugged in).
     Score(
         "late_share", lambda s: s.late_s / s.interval_s, 0.05, 1.0, "arrived late at collectives"

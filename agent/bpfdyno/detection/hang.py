@@ -10,7 +10,9 @@ that is not waiting like its peers is named, with what it is doing:
 * **blocked_read**: its main thread sleeps in a read on something other than a socket (a
   pipe or FIFO, a file, a terminal): it waits for input that is not the job's;
 * **spinning**: its threads ran at least `HangSettings.spin_share` of a CPU since the job
-  went still, moving nothing;
+  went still, or its main thread was runnable (R) in every reading since then (on a loaded
+  machine a spinner gets less than any fixed share of a CPU, but it never sleeps), moving
+  nothing;
 * **waiting**: none of the above: asleep like the peers (in a futex, a poll, a socket).
 
 When every rank is waiting, the event names no rank (rank -1): the job hangs on something
@@ -120,14 +122,20 @@ def read_threads(proc_root: Path, pid: int) -> list[ThreadSample]:
     return out
 
 
-def classify(threads: list[ThreadSample], oncpu_share: float, spin_share: float) -> HangState:
-    """What a rank is doing, from its threads (main thread first) and its CPU share."""
+def classify(
+    threads: list[ThreadSample],
+    oncpu_share: float,
+    spin_share: float,
+    always_runnable: bool = False,
+) -> HangState:
+    """What a rank is doing, from its threads (main thread first), its CPU share and whether
+    its main thread was runnable in every reading since the job went still."""
     if not threads:
         return HangState.WAITING
     main = threads[0]
     if main.state in ("T", "t"):
         return HangState.STOPPED
-    if oncpu_share >= spin_share:
+    if oncpu_share >= spin_share or always_runnable:
         return HangState.SPINNING
     if (
         main.state in ("S", "D")
@@ -152,6 +160,8 @@ class _Still:
     start: dict[int, dict[int, int]] = field(default_factory=dict)
     #: pid -> tid -> (on-CPU ns, unchanged since when).
     last: dict[int, dict[int, tuple[int, float]]] = field(default_factory=dict)
+    #: pid -> (readings, readings with its main thread runnable).
+    runnable: dict[int, tuple[int, int]] = field(default_factory=dict)
     reported: bool = False
 
 
@@ -198,6 +208,8 @@ class HangWatch:
     @staticmethod
     def _track(st: _Still, threads: dict[int, list[ThreadSample]], now_mono: float) -> None:
         for pid, ts in threads.items():
+            readings, running = st.runnable.get(pid, (0, 0))
+            st.runnable[pid] = (readings + 1, running + (bool(ts) and ts[0].state == "R"))
             start = st.start.setdefault(pid, {})
             last = st.last.setdefault(pid, {})
             for t in ts:
@@ -230,7 +242,13 @@ class HangWatch:
                 else 0.0
                 for t in ts
             }
-            state = classify(ts, sum(shares.values()), self.settings.spin_share)
+            readings, running = st.runnable.get(s.pid, (0, 0))
+            state = classify(
+                ts,
+                sum(shares.values()),
+                self.settings.spin_share,
+                always_runnable=readings >= 2 and running == readings,
+            )
             reports[s.rank] = (
                 state,
                 tuple(_report(t, last.get(t.tid), shares[t.tid], now_mono) for t in ts),

@@ -93,6 +93,15 @@ class RankSignals:
         that time is already run-queue wait (``throttled_s`` says how much of it was)."""
         return self.runq_wait_s / self.interval_s
 
+    @property
+    def main_busy_share(self) -> float:
+        """The share of the interval the main thread was on a CPU or waiting for one: the
+        score of a rank that computes while its peers wait for it (more work per step, CPU
+        time taken from it). In a synchronous job every rank's step is as long as the
+        slowest's, so the ranks it holds back sleep that difference in their collectives
+        and their share drops while its own does not."""
+        return 1.0 - self.main_waiting_s / self.interval_s
+
 
 @dataclass(frozen=True, slots=True)
 class _Reading:

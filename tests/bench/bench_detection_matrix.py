@@ -1,0 +1,260 @@
+"""Detection of every fault class of the verdict matrix on the real 4-rank job: each fault
+injected at a random moment, on the class's ranks in turn, while the agent's detection runs
+at its defaults (5 s interval, suspected at 2 of 6 outlier intervals, confirmed at 3,
+cleared at 1 or fewer). Run as root, as one command:
+
+    python tests/bench/bench_detection_matrix.py [--injections 2] [--classes hog,quota,...]
+        [--out detection-matrix.jsonl] [--gap 20]
+
+The job, the CPUs and the faults (with their two strengths and the ranks each class goes
+round) are those of `bench_verdict_matrix.py`; every rank has one DataLoader worker (for the
+``slow-worker`` class). Per injection: wait until no rank is suspected, watch ``--gap``
+seconds of the healthy job (events then are false alarms), wait a random 0-5 s, inject the
+fault, wait up to ``--within`` seconds for the injected rank to be confirmed, remove the
+fault, and wait up to ``--clear-within`` seconds for every rank to be cleared.
+
+Reported per class (``--report FILE`` prints the table of a results file again):
+
+- time to detect: from the injection to "suspected" and to "confirmed" of the injected rank
+  (median and range over the injections where it came);
+- recall: injections whose rank was confirmed within ``--within`` seconds;
+- precision: of the suspected/confirmed events during the injections, the share that named
+  the injected rank;
+- cleared: from the fault's removal to the injected rank's "cleared".
+
+And the healthy gaps: minutes watched, suspicions in them (each with the load average).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tracing"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_verdict_matrix import CPUS, FAULTS, RANKS, FaultClass
+from straggler_job import StragglerJob, short_base, wait_for
+from test_detection_e2e import ForeignLoad, Watcher, all_clear
+
+from bpfdyno.rpc.detection import DetectionEvent, DetectionKind
+
+#: The classes of the verdict matrix that inject one fault (not the healthy ones, not two).
+CLASSES = (
+    "hog", "quota", "latency", "bandwidth", "loss", "wire-loss", "slow-read", "slow-worker",
+    "more-work", "evict", "disk", "irq",
+)  # fmt: skip
+ALARMS = (DetectionKind.SUSPECTED, DetectionKind.CONFIRMED)
+
+
+def event_row(at: float, t0: float, e: DetectionEvent) -> dict[str, Any]:
+    return {
+        "t": round(at - t0, 2),
+        "kind": e.kind.value,
+        "rank": e.rank,
+        "evidence": [(v.name, round(v.value, 3), round(v.job_median, 3)) for v in e.evidence],
+        "hang_state": e.hang_state,
+    }
+
+
+def foreign_shares(foreign: ForeignLoad, start: float, end: float) -> dict[int, float]:
+    """Other work's mean share of each of the job's CPUs over [start, end]."""
+    return {cpu: round(foreign.share(cpu, start, end), 3) for cpu in sorted(foreign.pids)}
+
+
+def inject(
+    job: StragglerJob,
+    watcher: Watcher,
+    foreign: ForeignLoad,
+    fault: FaultClass,
+    rank: int,
+    strength: int,
+    within: float,
+    clear_within: float,
+) -> dict[str, Any]:
+    """One injection of ``fault`` on ``rank``; its times and the events it caused."""
+    t_wait = time.monotonic()
+    time.sleep(random.uniform(0.0, 5.0))  # a random moment within the detection's interval
+    load = os.getloadavg()[0]
+    assert fault.inject is not None
+    with fault.inject(job, rank, strength):
+        t0 = time.monotonic()
+
+        def confirmed() -> bool:
+            return any(
+                e.kind is DetectionKind.CONFIRMED and e.rank == rank for _, e in watcher.since(t0)
+            )
+
+        with contextlib.suppress(AssertionError):
+            wait_for(confirmed, within, "confirmed", step=0.2)
+        t1 = time.monotonic()
+    during = watcher.since(t0)
+    cleared_after = None
+    if any(e.rank == rank and e.kind in ALARMS for _, e in during):
+
+        def cleared() -> bool:
+            return any(
+                e.kind is DetectionKind.CLEARED and e.rank == rank for _, e in watcher.since(t1)
+            )
+
+        with contextlib.suppress(AssertionError):
+            wait_for(cleared, clear_within, "cleared", step=0.2)
+            cleared_after = (
+                next(
+                    at
+                    for at, e in watcher.since(t1)
+                    if e.kind is DetectionKind.CLEARED and e.rank == rank
+                )
+                - t1
+            )
+
+    def first(kind: DetectionKind) -> float | None:
+        return next((at - t0 for at, e in during if e.kind is kind and e.rank == rank), None)
+
+    return {
+        "class": fault.name,
+        "rank": rank,
+        "strength": fault.strengths[strength],
+        "load": round(load, 2),
+        "suspected_s": first(DetectionKind.SUSPECTED),
+        "confirmed_s": first(DetectionKind.CONFIRMED),
+        "injected_s": round(t1 - t0, 2),
+        "foreign": foreign_shares(foreign, t0, t1),
+        "cleared_s": None if cleared_after is None else round(cleared_after, 2),
+        "events": [event_row(at, t0, e) for at, e in during if at <= t1],
+        # Before the fault, while this waited for its random moment: not counted.
+        "before": [event_row(at, t0, e) for at, e in watcher.since(t_wait) if at < t0],
+    }
+
+
+def fmt_times(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.1f} s ({min(values):.1f}-{max(values):.1f})"
+
+
+def report(rows: list[dict[str, Any]]) -> None:
+    by_class: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    healthy = [r for r in rows if r.get("class") == "healthy-gap"]
+    for r in rows:
+        if r.get("class") != "healthy-gap":
+            by_class[str(r["class"])].append(r)
+    print("| class | injections (ranks) | suspected | confirmed | recall | precision | cleared |")
+    print("|---|---|---|---|---|---|---|")
+    for name, runs in by_class.items():
+        sus = [float(r["suspected_s"]) for r in runs if r["suspected_s"] is not None]
+        con = [float(r["confirmed_s"]) for r in runs if r["confirmed_s"] is not None]
+        clr = [float(r["cleared_s"]) for r in runs if r["cleared_s"] is not None]
+        alarms = [e for r in runs for e in r["events"] if e["kind"] in ("suspected", "confirmed")]
+        right = sum(
+            1 for r in runs for e in r["events"]
+            if e["kind"] in ("suspected", "confirmed") and e["rank"] == r["rank"]
+        )  # fmt: skip
+        ranks = sorted({int(r["rank"]) for r in runs})
+        precision = f"{right}/{len(alarms)}" if alarms else "no events"
+        print(
+            f"| {name} | {len(runs)} ({', '.join(map(str, ranks))}) | {fmt_times(sus)} | "
+            f"{fmt_times(con)} | {len(con)}/{len(runs)} | {precision} | {fmt_times(clr)} |"
+        )
+    minutes = sum(float(r["seconds"]) for r in healthy) / 60
+    false = [e for r in healthy for e in r["events"] if e["kind"] in ("suspected", "confirmed")]
+    print(f"healthy gaps: {minutes:.1f} min watched, {len(false)} suspected/confirmed events")
+    for r in healthy:
+        for e in r["events"]:
+            print(f"  gap at load {r['load']}, other work {r.get('foreign')}: {e}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--injections", type=int, default=2, help="per class")
+    ap.add_argument("--classes", default=",".join(CLASSES), help="comma list")
+    ap.add_argument("--out", default="detection-matrix.jsonl", help="one JSON line per row")
+    ap.add_argument("--gap", type=float, default=20.0, help="healthy seconds before each")
+    ap.add_argument("--within", type=float, default=45.0, help="seconds to wait for confirmed")
+    ap.add_argument("--clear-within", type=float, default=90.0)
+    ap.add_argument("--report", default="", metavar="JSONL", help="only print a file's table")
+    args = ap.parse_args()
+    if args.report:
+        with open(args.report) as f:
+            report([json.loads(line) for line in f if line.strip()])
+        return 0
+    by_name = {c.name: c for c in FAULTS}
+    names = [n for n in args.classes.split(",") if n]
+    unknown = [n for n in names if n not in by_name or n not in CLASSES]
+    if unknown:
+        ap.error(f"unknown classes {unknown}: choose from {', '.join(CLASSES)}")
+    print(
+        f"{time.strftime('%Y-%m-%d %H:%M')} on {os.uname().release} ({os.cpu_count()} CPUs), "
+        f"load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    base = short_base()
+    job = StragglerJob(base, RANKS, CPUS, interrupts=True, loader_workers=1)
+    text = job.agent.config.read_text()
+    job.agent.config.write_text(
+        text.replace(
+            "[collectors.detection]\nenabled = false", "[collectors.detection]\nenabled = true"
+        )
+    )
+    rows: list[dict[str, Any]] = []
+    out = open(args.out, "a")  # noqa: SIM115 (open for the whole run)
+
+    def record(row: dict[str, Any]) -> None:
+        rows.append(row)
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+        print(json.dumps(row), flush=True)
+
+    try:
+        job.start()
+        watcher = Watcher(str(job.agent.sock))
+        foreign = ForeignLoad(job)
+        plan = [
+            (by_name[n], by_name[n].ranks[i % len(by_name[n].ranks)], 1 - i % 2)
+            for i in range(args.injections)
+            for n in names
+        ]
+        for fault, rank, strength in plan:
+            try:
+                wait_for(lambda: all_clear(watcher), 180, "every rank to be cleared", step=0.5)
+            except AssertionError as e:
+                print(f"going on although: {e}", flush=True)
+            g0 = time.monotonic()
+            load = os.getloadavg()[0]
+            time.sleep(args.gap)
+            record(
+                {
+                    "class": "healthy-gap",
+                    "seconds": round(time.monotonic() - g0, 1),
+                    "load": round(load, 2),
+                    "foreign": foreign_shares(foreign, g0, time.monotonic()),
+                    "events": [event_row(at, g0, e) for at, e in watcher.since(g0)],
+                }
+            )
+            record(
+                inject(job, watcher, foreign, fault, rank, strength, args.within, args.clear_within)
+            )
+        watcher.close()
+        foreign.close()
+    finally:
+        job.close()
+        shutil.rmtree(base, ignore_errors=True)
+        out.close()
+    report(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
