@@ -450,8 +450,12 @@ class DetectionSection:
     #: The agents of this node's jobs on other nodes (Unix socket paths or host:port, reached
     #: as `bpfdyno` reaches agents: TLS and token from BPFDYNO_* in the agent's environment):
     #: their ranks' signals are pulled every interval so the job's ranks are compared across
-    #: nodes. Empty: only this node's ranks are compared.
+    #: nodes. When set, they are the peers (an override of those `discover_peers` finds).
     peers: list[str] = field(default_factory=list)
+    #: Without configured peers: the other nodes of this node's ranks' SLURM jobs (their
+    #: $SLURM_JOB_ID, looked up with squeue/scontrol as `bpfdyno gputrace --job-id` does),
+    #: each at this agent's own [grpc] tcp port, are the peers.
+    discover_peers: bool = True
     #: Trace a job's ranks on this node when one is a confirmed straggler, as the agent's own
     #: (audited) request, into [tracing] trace_dir (or the agent's own directory under
     #: user_dirs). Off by default.
