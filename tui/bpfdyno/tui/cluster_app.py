@@ -107,12 +107,12 @@ class ClusterApp(TopApp):
             await asyncio.sleep(max(0.0, self.refresh_s - (time.monotonic() - started)))
 
     def on_nodes_updated(self, msg: NodesUpdated) -> None:
-        """Take the newest rows (rendered on the next tick)."""
+        """Take the newest rows and show them: what the screen says is what the state holds
+        (a poll comes once per refresh, as the tick does)."""
         self.cluster_state.nodes = msg.nodes
         self.cluster_state.updated_ts = self.clock()
         self.cluster_state.polls += 1
-        if self.cluster_state.polls == 1:
-            self.render_views()
+        self.render_views()
 
     def on_cluster_detection_updated(self, msg: ClusterDetectionUpdated) -> None:
         """Take every node's newest detection events (rendered with the rows)."""

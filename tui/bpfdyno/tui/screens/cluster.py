@@ -122,8 +122,10 @@ class ClusterScreen(Screen[None]):
     def update_view(self, state: ClusterState) -> None:
         """Show the newest rows, the selected node's details and the last job trace."""
         self._state = state
-        if not self.is_mounted:
-            return  # pushed but not composed yet: on_mount shows it
+        if not self.is_mounted or not self.query("#cluster-summary"):
+            # Pushed but not composed yet (on_mount shows it), or its widgets are being
+            # removed while the app shuts down (a refresh tick may still come).
+            return
         summary = summary_line(state)
         if state.updated_ts:
             summary += f" · {fmt_clock(state.updated_ts)}"
