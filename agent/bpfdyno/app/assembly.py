@@ -93,6 +93,7 @@ def build(cfg: Config) -> Assembly:
     from bpfdyno.services.kernel import KernelService
     from bpfdyno.sources.budget.controller import BudgetCollector
     from bpfdyno.sources.fabric.collector import FabricCollector
+    from bpfdyno.sources.gloo.waits import GlooSettings, GlooWaits
     from bpfdyno.sources.gpu.collector import GpuCollector
     from bpfdyno.sources.gpu.dcgm import DcgmCollector
     from bpfdyno.sources.host.collector import HostCollector
@@ -226,6 +227,12 @@ def build(cfg: Config) -> Assembly:
                 else None
             ),
             peers=peers.signals if peers is not None else None,
+            # gloo ranks' waits for their peers' data, from a uprobe pair in gloo.
+            peer_waits=(
+                GlooWaits(GlooSettings(d.gloo_max_ranks, d.gloo_max_threads))
+                if d.gloo_peer_waits
+                else None
+            ),
         )
         if on("detection")
         else None
