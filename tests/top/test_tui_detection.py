@@ -12,15 +12,19 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from pty_screen import PtyScreen, bpfdyno
+from tui_helpers import screen_text, wait_until
 
 from bpfdyno.app.catalog import CATALOG
 from bpfdyno.app.daemon import Daemon
@@ -33,6 +37,9 @@ from bpfdyno.server.detection import detection_servicer_factory
 from bpfdyno.server.grpc_server import GrpcServer
 from bpfdyno.services.agent import AgentService
 from bpfdyno.services.detection import DetectionService
+from bpfdyno.tui.app import TopApp
+from bpfdyno.tui.datasource import AgentDataSource
+from bpfdyno.tui.detection_model import flagged, flags_by_pid
 
 pytestmark = pytest.mark.slow
 
@@ -186,3 +193,122 @@ async def test_top_job_id_marks_the_straggling_rank_and_lists_the_events(tmp_pat
         finally:
             hog.kill()
             hog.wait()
+
+
+LINEAR = Path(__file__).resolve().parents[1] / "tracing" / "trainers" / "linear.py"
+#: Off here: BPF and hardware collectors (this tests the UI), and gloo's probes (the trainers
+#: use no gloo, and compiling them would only slow the agent's start).
+SERVE_SETTINGS = (
+    *(f"collectors.{c}.enabled=false" for c in ("sched", "net", "pmu", "perf_sw", "gpu", "dcgm")),
+    "collectors.irq.enabled=false",
+    "collectors.detection.interval_s=0.5",
+    "detection.gloo_peer_waits=false",
+    "legacy_rpc.enabled=false",
+    "budget.enabled=false",
+)
+
+
+@contextlib.contextmanager
+def _serve(tmp: Path, socket_dir: str) -> Iterator[str]:
+    """A real ``bpfdyno serve`` on a private socket; its socket path once it answers."""
+    sock = str(tmp / "agent.sock")
+    settings = [*SERVE_SETTINGS, f'kineto.socket_dir="{socket_dir}"']
+    proc = subprocess.Popen(
+        bpfdyno("serve", "--socket", sock, *(f"--set={s}" for s in settings)),
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(sock):
+            assert proc.poll() is None, "the agent exited"
+            assert time.monotonic() < deadline, "the agent did not start in 60 s"
+            time.sleep(0.1)
+        yield sock
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _trainer(
+    tmp: Path, socket_dir: str, rank: int, cpu: int, busy_ms: float, sleep_s: float
+) -> subprocess.Popen[str]:
+    """A real PyTorch trainer registered with the agent, as rank ``rank`` of one job."""
+    conf = tmp / "kineto.conf"
+    conf.write_text("ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS=1\n")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "KINETO_"))},
+        "KINETO_USE_DAEMON": "1",
+        "KINETO_IPC_SOCKET_DIR": socket_dir,
+        "KINETO_CONFIG": str(conf),
+        "OMP_NUM_THREADS": "1",
+        "RANK": str(rank),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29411",
+    }
+    argv = [sys.executable, str(LINEAR), "--seconds", "300", "--cpu", str(cpu)]
+    argv += ["--busy-ms", str(busy_ms), "--step-sleep", str(sleep_s)]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+
+
+# Three PyTorch processes start and import torch on a machine that may be loaded: more than
+# the default five minutes were seen to be needed there.
+@pytest.mark.timeout(600)
+async def test_the_trainers_tab_marks_the_flagged_rank_s_row(tmp_path: Path) -> None:
+    """A real agent with three real trainers registered as ranks of one job; rank 2 spins part
+    of each step on CPU 1 beside a hog: its row says CONFIRMED, the summary says why."""
+    socket_dir = tempfile.mkdtemp(prefix="bdtd", dir="/tmp")  # Kineto's names stay short
+    trainers: list[subprocess.Popen[str]] = []
+    hog: subprocess.Popen[bytes] | None = None
+    try:
+        with _serve(tmp_path, socket_dir) as sock:
+            # The healthy ranks wake ten times a second (each wake-up on a loaded machine may
+            # wait for a CPU); rank 2 wants its CPU most of the time, and a hog at the highest
+            # priority holds that CPU.
+            for rank, cpu, busy, sleep in ((0, 0, 0.0, 0.1), (1, 0, 0.0, 0.1), (2, 1, 50.0, 0.01)):
+                trainers.append(_trainer(tmp_path, socket_dir, rank, cpu, busy, sleep))
+            pids = []
+            for t in trainers:
+                assert t.stdout is not None
+                line = await asyncio.to_thread(t.stdout.readline)
+                assert line.startswith("ready "), line
+                pids.append(int(line.split()[1]))
+            hog = subprocess.Popen([sys.executable, "-c", SPINNER])
+            os.sched_setaffinity(hog.pid, {1})
+            os.setpriority(os.PRIO_PROCESS, hog.pid, -20)
+            app = TopApp(AgentDataSource(sock), refresh_s=0.3, retry_s=(0.2, 0.5))
+            async with app.run_test(size=(160, 30)) as pilot:
+                await wait_until(pilot, lambda: app.state.connection.connected, 30, "connected")
+                await pilot.press("3")
+
+                def confirmed() -> bool:
+                    flags = flags_by_pid(flagged(app.state.detection))
+                    registered = {t.pid for t in app.state.trainers}
+                    return (
+                        pids[2] in flags
+                        and flags[pids[2]].marker == "CONFIRMED"
+                        and (set(pids) <= registered)
+                    )
+
+                await wait_until(pilot, confirmed, 120, "rank 2 confirmed, every rank listed")
+                await pilot.pause(0.7)  # a refresh of the tab
+                text = screen_text(app)
+        row = next(line for line in text.splitlines() if line.lstrip().startswith(f"{pids[2]} "))
+        assert re.search(r"\sCONFIRMED\s", row), row
+        assert re.search(
+            r"rank 2 CONFIRMED: cpu_wait_share \d+\.\d\d vs job median \d\.\d\d", text
+        ), text
+        for pid in pids[:2]:  # the others keep their trace state's word
+            other = next(line for line in text.splitlines() if line.lstrip().startswith(f"{pid} "))
+            assert re.search(r"\s(idle|CONFIRMED|SUSPECTED)\s", other), other
+    finally:
+        for t in trainers:
+            t.kill()
+            t.wait()
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+        shutil.rmtree(socket_dir, ignore_errors=True)
