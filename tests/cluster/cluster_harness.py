@@ -297,6 +297,9 @@ class NodeAgent:
     base: Path
     pki: Pki
     trace_dir: Path
+    #: Added to the agent's environment (the SLURM configuration and the client TLS settings
+    #: its detection reaches its job's other agents with).
+    env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[str] | None = None
     log: Path = field(init=False)
 
@@ -326,6 +329,8 @@ class NodeAgent:
             "enabled = false",
             "[budget]",  # a known budget: the agents measure, never reduce
             "enabled = false",
+            "[collectors.detection]",  # peers found and pulled within a test's patience
+            "interval_s = 1.0",
         ]
         for c in OFF_COLLECTORS:
             lines += [f"[collectors.{c}]", "enabled = false"]
@@ -339,6 +344,7 @@ class NodeAgent:
         log = open(self.log, "a")  # noqa: SIM115
         try:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("KINETO_", "SLURM_"))}
+            env.update(self.env)
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "bpfdyno", "serve", "--config", str(self.config)],
                 stdout=log,

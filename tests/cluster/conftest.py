@@ -69,9 +69,19 @@ def trace_dir(cluster_base: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def agents(cluster_base: Path, pki: Pki, trace_dir: Path) -> Iterator[dict[str, NodeAgent]]:
+def agents(
+    cluster_base: Path, pki: Pki, trace_dir: Path, slurm: SlurmCluster
+) -> Iterator[dict[str, NodeAgent]]:
     port = free_port(list(ADDRESSES.values()))
-    nodes = {n: NodeAgent(n, ADDRESSES[n], port, cluster_base, pki, trace_dir) for n in NODES}
+    # As a site runs them: SLURM's configuration, and the client side of the agents' TLS.
+    env = {
+        "SLURM_CONF": str(slurm.conf),
+        "BPFDYNO_TLS_CA": str(pki.ca),
+        "BPFDYNO_TOKEN_FILE": str(pki.token),
+    }
+    nodes = {
+        n: NodeAgent(n, ADDRESSES[n], port, cluster_base, pki, trace_dir, env=env) for n in NODES
+    }
     try:
         for a in nodes.values():
             a.start()

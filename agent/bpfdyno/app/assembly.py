@@ -84,7 +84,7 @@ def profiling_controls(
 def build(cfg: Config) -> Assembly:
     """Create every enabled part of the daemon from the configuration (nothing is started)."""
     # Imported here so `bpfdyno status` and other client commands never load bcc or NVML.
-    from bpfdyno.app.detection_peers import PeerSignals
+    from bpfdyno.app.detection_peers import PeerSignals, SlurmPeers, own_port
     from bpfdyno.app.detection_trace import AutoTrace
     from bpfdyno.app.tracing import TracingComponent
     from bpfdyno.detection.collector import DetectionCollector, DetectionSettings
@@ -100,6 +100,7 @@ def build(cfg: Config) -> Assembly:
     from bpfdyno.services.kernel import KernelService
     from bpfdyno.sources.budget.controller import BudgetCollector
     from bpfdyno.sources.fabric.collector import FabricCollector
+    from bpfdyno.sources.gloo.waits import GlooSettings, GlooWaits
     from bpfdyno.sources.gpu.collector import GpuCollector
     from bpfdyno.sources.gpu.dcgm import DcgmCollector
     from bpfdyno.sources.host.collector import HostCollector
@@ -191,8 +192,19 @@ def build(cfg: Config) -> Assembly:
     detection_log = EventLog(cfg.detection.max_events)
     d = cfg.detection
     peers = (
-        PeerSignals(d.peers, cfg.collector_interval("detection"))
-        if d.peers and on("detection")
+        PeerSignals(
+            d.peers,
+            cfg.collector_interval("detection"),
+            # The jobs of the ranks the detection saw in its last round (read when pulling:
+            # the collector is made below).
+            jobs=lambda: {r.job_id for r in detection.rank_signals()} if detection else (),
+            discovery=(
+                SlurmPeers(own_port(cfg.grpc.tcp), [cfg.grpc.tcp] if cfg.grpc.tcp else [])
+                if d.discover_peers
+                else None
+            ),
+        )
+        if (d.peers or d.discover_peers) and on("detection")
         else None
     )
     # Trainers' NCCL profiler plugin files; registered trainers are looked up in their own
@@ -222,6 +234,12 @@ def build(cfg: Config) -> Assembly:
                 else None
             ),
             peers=peers.signals if peers is not None else None,
+            # gloo ranks' waits for their peers' data, from a uprobe pair in gloo.
+            peer_waits=(
+                GlooWaits(GlooSettings(d.gloo_max_ranks, d.gloo_max_threads))
+                if d.gloo_peer_waits
+                else None
+            ),
         )
         if on("detection")
         else None

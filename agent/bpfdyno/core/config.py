@@ -457,8 +457,20 @@ class DetectionSection:
     #: The agents of this node's jobs on other nodes (Unix socket paths or host:port, reached
     #: as `bpfdyno` reaches agents: TLS and token from BPFDYNO_* in the agent's environment):
     #: their ranks' signals are pulled every interval so the job's ranks are compared across
-    #: nodes. Empty: only this node's ranks are compared.
+    #: nodes. When set, they are the peers (an override of those `discover_peers` finds).
     peers: list[str] = field(default_factory=list)
+    #: Without configured peers: the other nodes of this node's ranks' SLURM jobs (their
+    #: $SLURM_JOB_ID, looked up with squeue/scontrol as `bpfdyno gputrace --job-id` does),
+    #: each at this agent's own [grpc] tcp port, are the peers.
+    discover_peers: bool = True
+    #: Time gloo ranks' threads wait for their peers' data (a uprobe pair on gloo's
+    #: UnboundBuffer::waitRecv in the library that holds it, libtorch_cpu.so): the signal
+    #: peer_wait_s.
+    gloo_peer_waits: bool = True
+    #: Ranks whose gloo waits are followed at once (the BPF map's size) ...
+    gloo_max_ranks: int = 256
+    #: ... and their threads waiting at the same moment.
+    gloo_max_threads: int = 4096
     #: Trace a job's ranks on this node when one is a confirmed straggler, as the agent's own
     #: (audited) request, into [tracing] trace_dir (or the agent's own directory under
     #: user_dirs). Off by default.
@@ -672,6 +684,10 @@ def _validate_detection(d: DetectionSection, bad: typing.Callable[[str, str], Co
         raise bad("must be at least 1", "detection.auto_trace_iterations")
     if d.auto_trace_every_s < 0:
         raise bad("must be 0 or more seconds", "detection.auto_trace_every_s")
+    if not 1 <= d.gloo_max_ranks <= 65536:
+        raise bad(f"must be in 1..65536, got {d.gloo_max_ranks}", "detection.gloo_max_ranks")
+    if not 1 <= d.gloo_max_threads <= 1_048_576:
+        raise bad(f"must be in 1..1048576, got {d.gloo_max_threads}", "detection.gloo_max_threads")
 
 
 def _validate(cfg: Config, path: Path | None) -> None:

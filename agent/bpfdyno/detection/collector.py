@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bpfdyno.core.metrics import Sample, sample
+from bpfdyno.core.status import PartState
 from bpfdyno.detection import metrics as m
 from bpfdyno.detection.detector import DetectorSettings, StragglerDetector
 from bpfdyno.detection.events import EventLog
@@ -22,6 +23,7 @@ from bpfdyno.detection.hang import HangSettings, HangWatch
 from bpfdyno.detection.outliers import Hysteresis, State
 from bpfdyno.detection.signals import (
     CollectiveSource,
+    PeerWaitSource,
     RankProcess,
     RankSignals,
     SignalSampler,
@@ -59,6 +61,7 @@ class DetectionCollector(Collector):
     host: this node's name, in every event.
     peers: the same jobs' ranks on other nodes, pulled from their agents (`rank_signals`
         is what this node gives them).
+    peer_waits: gloo ranks' waits for their peers' data (`bpfdyno.sources.gloo`).
     """
 
     name = "detection"
@@ -73,6 +76,7 @@ class DetectionCollector(Collector):
         proc_root: Path = Path("/proc"),
         collectives: CollectiveSource | None = None,
         peers: Callable[[], Iterable[RankSignals]] | None = None,
+        peer_waits: PeerWaitSource | None = None,
     ) -> None:
         settings = settings or DetectionSettings()
         self._ranks = ranks
@@ -81,7 +85,8 @@ class DetectionCollector(Collector):
         #: The last round's signals, with when it ended (read by other threads: swapped whole).
         self._latest: tuple[float, list[RankSignals]] = (0.0, [])
         self.events = events
-        self.sampler = SignalSampler(proc_root, collectives)
+        self._peer_waits = peer_waits
+        self.sampler = SignalSampler(proc_root, collectives, peer_waits)
         self.detector = StragglerDetector(host, settings.detector)
         self.hangs = HangWatch(host, settings.hang, proc_root)
         self._counts: Counter[str] = Counter()
@@ -115,6 +120,17 @@ class DetectionCollector(Collector):
             if k is not DetectionKind.UNSPECIFIED
         ]
         return out
+
+    def health(self) -> tuple[PartState, str] | None:
+        """Degraded while gloo's peer waits cannot be timed (the rest goes on)."""
+        if self._peer_waits is not None and self._peer_waits.error:
+            return PartState.DEGRADED, f"gloo peer waits unavailable: {self._peer_waits.error}"
+        return None
+
+    def close(self) -> None:
+        """Detach gloo's probes."""
+        if self._peer_waits is not None:
+            self._peer_waits.close()
 
     def rank_signals(self, job_id: str = "") -> list[RankSignal]:
         """The last round's signals of this node's ranks (of one job), for its peers."""

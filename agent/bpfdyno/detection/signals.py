@@ -10,15 +10,18 @@ nothing is attached and nothing runs between readings:
 * ``/proc/<pid>/task/*/schedstat``: each thread's on-CPU time and run-queue wait (the
   scheduler's own ``sched_info``), summed over the rank's threads;
 * the main thread's off-CPU time that was not run-queue wait: time it slept, which for a
-  rank of a synchronous job is mostly time waiting for its peers (gloo's callers wait on a
-  condition variable, not on the socket, so the socket itself is not visible without a probe);
+  rank of a synchronous job is mostly time waiting for its peers;
+* for gloo ranks, the time the rank's threads waited for their peers' data on the job's peer
+  connections (`PeerWaitSource`: gloo's callers wait on a condition variable until its loop
+  thread has read the peer's bytes, so the wait is timed in gloo itself, by a uprobe pair on
+  ``UnboundBuffer::waitRecv``: `bpfdyno.sources.gloo`);
 * ``/proc/<pid>/io`` ``rchar + wchar``: bytes moved through read/write calls, sockets
   included: the progress a hang stops;
 * the CPU-quota throttling of the rank's cgroups (`CpuQuotaReader`): a throttled thread stays
   runnable, so its time is part of the run-queue wait; this says why the rank waited.
 
-Collective times from NCCL come from another module through `CollectiveSource`; without one
-those fields are NaN.
+Collective times from NCCL come from another module through `CollectiveSource`, gloo's peer
+waits through `PeerWaitSource`; without one those fields are NaN.
 """
 
 from __future__ import annotations
@@ -59,6 +62,25 @@ class CollectiveSource(Protocol):
     def collective_times(self, pid: int) -> CollectiveTimes | None: ...
 
 
+class PeerWaitSource(Protocol):
+    """Where a pid's cumulative time waiting for its peers' data comes from (gloo's, say)."""
+
+    #: Why it gives nothing ("" while it works).
+    error: str
+
+    def wait_ns(self, pid: int) -> int | None:
+        """The pid's total so far (None: not known for it)."""
+        ...
+
+    def forget(self, live: set[int]) -> None:
+        """Stop following the pids not in ``live``."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class RankSignals:
     """What one rank did in one interval (times in seconds of the interval).
@@ -69,6 +91,8 @@ class RankSignals:
         throttled_s: time its cgroup (or an ancestor with a quota) was throttled.
         io_bytes: bytes its read/write calls moved (sockets included).
         in_collective_s, late_s: from a `CollectiveSource` (NaN without one).
+        peer_wait_s: thread-seconds its threads waited for their peers' data on the job's
+            peer connections, from a `PeerWaitSource` (gloo; NaN without one).
         host: "" for this node's ranks, the peer's host for a rank pulled from a peer.
     """
 
@@ -85,6 +109,7 @@ class RankSignals:
     in_collective_s: float = NAN
     late_s: float = NAN
     host: str = ""  # "" on this node; a peer agent's host for signals pulled from it
+    peer_wait_s: float = NAN
 
     @property
     def cpu_wait_share(self) -> float:
@@ -115,6 +140,7 @@ class _Reading:
     throttled_ns: int
     io_bytes: int
     collective: CollectiveTimes | None
+    peer_wait_ns: int | None = None
 
 
 def read_small(path: str) -> bytes | None:
@@ -166,13 +192,18 @@ class SignalSampler:
     Args:
         proc_root: ``/proc`` (a fixture tree in tests).
         collectives: collective times per pid, when a module provides them.
+        peer_waits: gloo's peer waits per pid, when a module provides them.
     """
 
     def __init__(
-        self, proc_root: Path = Path("/proc"), collectives: CollectiveSource | None = None
+        self,
+        proc_root: Path = Path("/proc"),
+        collectives: CollectiveSource | None = None,
+        peer_waits: PeerWaitSource | None = None,
     ) -> None:
         self._proc = proc_root
         self._collectives = collectives
+        self._peer_waits = peer_waits
         self._quota = CpuQuotaReader(proc_root)
         self._last: dict[int, tuple[int, _Reading]] = {}  # pid -> (start ticks, reading)
         #: (pid, start) -> (RANK, the job's key from the environment), or None: not a rank.
@@ -204,6 +235,8 @@ class SignalSampler:
                 out.append(_signals(p, rank, last[1], reading))
         self._last = seen
         self._ranks = {k: v for k, v in self._ranks.items() if k[0] in seen}
+        if self._peer_waits is not None:
+            self._peer_waits.forget(set(seen))
         return out
 
     def _read(self, pid: int, now_mono: float) -> _Reading | None:
@@ -227,7 +260,10 @@ class SignalSampler:
             return None
         throttled = sum(s.throttled_ns for s in self._quota.sample(pid))
         collective = self._collectives.collective_times(pid) if self._collectives else None
-        return _Reading(now_mono, oncpu, runq, main[0], main[1], throttled, io, collective)
+        peer_wait = self._peer_waits.wait_ns(pid) if self._peer_waits else None
+        return _Reading(
+            now_mono, oncpu, runq, main[0], main[1], throttled, io, collective, peer_wait
+        )
 
 
 #: What names a job when the scheduler gave none (no ``$SLURM_JOB_ID``): torchrun's run id,
@@ -252,10 +288,12 @@ def _rank_of(proc_root: Path, pid: int) -> tuple[int, str] | None:
 def _signals(p: RankProcess, rank: int, a: _Reading, b: _Reading) -> RankSignals:
     interval = b.mono - a.mono
     main_busy_ns = (b.main_oncpu_ns - a.main_oncpu_ns) + (b.main_runq_ns - a.main_runq_ns)
-    in_coll = late = NAN
+    in_coll = late = peer_wait = NAN
     if a.collective is not None and b.collective is not None:
         in_coll = (b.collective.in_collective_ns - a.collective.in_collective_ns) / 1e9
         late = (b.collective.late_ns - a.collective.late_ns) / 1e9
+    if a.peer_wait_ns is not None and b.peer_wait_ns is not None:
+        peer_wait = max(0, b.peer_wait_ns - a.peer_wait_ns) / 1e9
     return RankSignals(
         job_id=p.job_id,
         rank=rank,
@@ -270,6 +308,7 @@ def _signals(p: RankProcess, rank: int, a: _Reading, b: _Reading) -> RankSignals
         io_bytes=max(0, b.io_bytes - a.io_bytes),
         in_collective_s=in_coll,
         late_s=late,
+        peer_wait_s=peer_wait,
     )
 
 

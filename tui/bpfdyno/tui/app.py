@@ -30,6 +30,7 @@ from bpfdyno.tui.fmt import fmt_clock
 from bpfdyno.tui.messages import (
     Connected,
     ConnectionLost,
+    DetectionUpdated,
     EventsReceived,
     MetricsHistory,
     MetricsReceived,
@@ -48,13 +49,14 @@ from bpfdyno.tui.screens.help import HelpScreen
 from bpfdyno.tui.screens.process import ProcessScreen
 from bpfdyno.tui.screens.trace import TraceScreen, TraceSubmitted
 from bpfdyno.tui.widgets.agent import AgentView
+from bpfdyno.tui.widgets.detection import DetectionView
 from bpfdyno.tui.widgets.events import EventsView
 from bpfdyno.tui.widgets.overview import OverviewView
 from bpfdyno.tui.widgets.processes import ProcessesView
 from bpfdyno.tui.widgets.status_bar import StatusBar
 from bpfdyno.tui.widgets.trainers import TrainersView
 
-TABS = ("overview", "processes", "trainers", "events", "agent")
+TABS = ("overview", "processes", "trainers", "events", "agent", "detection")
 #: Seconds of metric history fetched after connecting (the sparklines' memory).
 HISTORY_S = 120.0
 #: How long "reconnected" stays in the status bar.
@@ -82,6 +84,7 @@ class TopApp(App[int]):
         Binding("3", "tab('trainers')", "Trainers", show=False),
         Binding("4", "tab('events')", "Events", show=False),
         Binding("5", "tab('agent')", "Agent", show=False),
+        Binding("6", "tab('detection')", "Detection", show=False),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
     ]
@@ -107,7 +110,7 @@ class TopApp(App[int]):
         self._notice_until = 0.0
 
     def compose(self) -> ComposeResult:
-        """Status bar, the five tabs, the key footer."""
+        """Status bar, the six tabs, the key footer."""
         yield StatusBar(id="status-bar")
         with TabbedContent(initial="overview", id="tabs"):
             with TabPane("1 Overview", id="overview"):
@@ -120,6 +123,8 @@ class TopApp(App[int]):
                 yield EventsView(id="events-view")
             with TabPane("5 Agent", id="agent"):
                 yield AgentView(id="agent-view")
+            with TabPane("6 Detection", id="detection"):
+                yield DetectionView(id="detection-view")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -180,6 +185,8 @@ class TopApp(App[int]):
             self._poll("processes", self._fetch_processes)
         if tab == "trainers" or isinstance(self._top_screen(), TraceScreen):
             self._poll("trainers", self._fetch_trainers)
+        if tab in ("trainers", "detection"):  # the trainers' rows mark the ranks that stand out
+            self._poll("detection", self._fetch_detection)
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         """Render the new tab at once, fetch what it needs, and focus its list."""
@@ -268,6 +275,15 @@ class TopApp(App[int]):
             return
         self.post_message(TrainersUpdated(trainers))
 
+    async def _fetch_detection(self) -> None:
+        try:
+            events = await self.source.detection_events(self.state.job_id)
+        except AgentError as e:
+            if not e.kind.disconnected:
+                self.post_message(PartUnavailable("detection", str(e)))
+            return
+        self.post_message(DetectionUpdated(events))
+
     @work(exclusive=True, group="trace")
     async def _follow_trace(self, request: TraceSpec) -> None:
         """Send a trace request and follow it until every process is done."""
@@ -343,6 +359,13 @@ class TopApp(App[int]):
         if self.active_tab == "trainers":
             self.render_views()
 
+    def on_detection_updated(self, msg: DetectionUpdated) -> None:
+        """Take the newest detection events and show them if they are on screen."""
+        self.state.detection = msg.events
+        self.state.detection_state.set_ok()
+        if self.active_tab in ("trainers", "detection"):
+            self.render_views()
+
     def on_events_received(self, msg: EventsReceived) -> None:
         """Append events (rendered on the next tick)."""
         self.state.events.add(msg.events)
@@ -353,6 +376,7 @@ class TopApp(App[int]):
             "processes": self.state.processes_state,
             "trainers": self.state.trainers_state,
             "events": self.state.events_state,
+            "detection": self.state.detection_state,
         }[msg.part]
         part.set_unavailable(msg.reason)
         if msg.part == "processes":

@@ -22,14 +22,28 @@ from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.tui.app import TopApp
 from bpfdyno.tui.cluster_model import ClusterState
 from bpfdyno.tui.cluster_source import ClusterDataSource
-from bpfdyno.tui.messages import JobTraceUpdated, NodesUpdated, OpenNode, OpenTraceForm
+from bpfdyno.tui.messages import (
+    ClusterDetectionUpdated,
+    JobTraceUpdated,
+    NodesUpdated,
+    OpenNode,
+    OpenTraceForm,
+)
 from bpfdyno.tui.model import Connection, TopState
 from bpfdyno.tui.screens.cluster import ClusterScreen
 from bpfdyno.tui.screens.job_trace import JobTraceScreen
 from bpfdyno.tui.screens.trace import TraceSubmitted
 
 #: Worker groups of a node's full view, cancelled when leaving it.
-NODE_GROUPS = ("connection", "events", "trace", "poll-status", "poll-processes", "poll-trainers")
+NODE_GROUPS = (
+    "connection",
+    "events",
+    "trace",
+    "poll-status",
+    "poll-processes",
+    "poll-trainers",
+    "poll-detection",
+)
 
 
 class ClusterApp(TopApp):
@@ -85,16 +99,29 @@ class ClusterApp(TopApp):
         while True:
             started = time.monotonic()
             if not self.node_open:
-                self.post_message(NodesUpdated(await self.cluster.summaries()))
+                nodes, detection = await asyncio.gather(
+                    self.cluster.summaries(), self.cluster.detection()
+                )
+                self.post_message(ClusterDetectionUpdated(detection))
+                self.post_message(NodesUpdated(nodes))
             await asyncio.sleep(max(0.0, self.refresh_s - (time.monotonic() - started)))
 
     def on_nodes_updated(self, msg: NodesUpdated) -> None:
-        """Take the newest rows (rendered on the next tick)."""
+        """Take the newest rows and show them: what the screen says is what the state holds
+        (a poll comes once per refresh, as the tick does)."""
         self.cluster_state.nodes = msg.nodes
         self.cluster_state.updated_ts = self.clock()
         self.cluster_state.polls += 1
-        if self.cluster_state.polls == 1:
-            self.render_views()
+        self.render_views()
+
+    def on_cluster_detection_updated(self, msg: ClusterDetectionUpdated) -> None:
+        """Take every node's newest detection events (rendered with the rows)."""
+        self.cluster_state.detection = {
+            r.node.target: tuple(r.value) for r in msg.results if r.value is not None
+        }
+        self.cluster_state.detection_errors = {
+            r.node.target: str(r.error) for r in msg.results if r.error is not None
+        }
 
     def render_views(self) -> None:
         """The cluster screen while it shows; else the node's view."""

@@ -1,20 +1,30 @@
 """The cluster view's state and its derived text: one row per node of a job. Pure, no I/O.
 
 A value the node does not have (no GPU, no BPF scheduler data) shows as ``-``; a node whose
-agent does not answer shows ``down`` and why.
+agent does not answer shows ``down`` and why. A node with a rank the detection flags (a
+suspected or confirmed straggler, a hang) says so in its row's note, with the evidence.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rich.text import Text
 
 from bpfdyno.analysis.verdict import verdict_text
 from bpfdyno.client.cluster import HostOutcome, JobOutcome, JobTraceResult
 from bpfdyno.client.cluster.summary import NodeSummary
+from bpfdyno.rpc.detection import DetectionEvent
 from bpfdyno.rpc.traces import words
+from bpfdyno.tui.detection_model import (
+    KIND_STYLE,
+    RankFlag,
+    event_cells,
+    flag_line,
+    flagged,
+    rank_text,
+)
 from bpfdyno.tui.fmt import UNKNOWN, fmt_bytes, fmt_percent, fmt_seconds, fmt_si, fmt_value
 
 
@@ -41,6 +51,18 @@ class ClusterState:
     trace: JobTraceResult | None = None
     trace_finished: bool = False
     polls: int = 0
+    #: Per node (its target): the detection events of the job it holds, oldest first.
+    detection: dict[str, tuple[DetectionEvent, ...]] = field(default_factory=dict)
+    #: Per node (its target): why it gave no detection events.
+    detection_errors: dict[str, str] = field(default_factory=dict)
+
+    def flags(self) -> dict[tuple[str, str, int], RankFlag]:
+        """Every rank of the job that stands out now, on any node."""
+        return flagged(e for events in self.detection.values() for e in events)
+
+    def node_flags(self, n: NodeSummary) -> list[RankFlag]:
+        """The ranks of one node that stand out now."""
+        return list(flagged(self.detection.get(n.node.target, ())).values())
 
     @property
     def answering(self) -> int:
@@ -79,6 +101,16 @@ def node_cells(n: NodeSummary) -> list[str]:
     ]
 
 
+def flagged_cells(n: NodeSummary, flags: list[RankFlag]) -> list[str]:
+    """A node's cells with its flagged ranks in the note (marker, rank, the evidence)."""
+    cells = node_cells(n)
+    if flags:
+        cells[-1] = "; ".join(
+            f"{f.marker} rank {rank_text(f.event.rank)}: {f.reason}" for f in flags
+        )
+    return cells
+
+
 def node_style(n: NodeSummary) -> str:
     """A row's colour: red for a node that does not answer, yellow for a degraded agent."""
     if not n.up:
@@ -109,6 +141,35 @@ def node_detail(n: NodeSummary) -> str:
         parts.append("not collected here: " + ", ".join(n.unavailable))
     lines = [" · ".join(parts), *n.problems]
     return "\n".join(lines)
+
+
+#: Recent detection events the cluster screen lists.
+RECENT_DETECTION = 5
+
+
+def detection_lines(state: ClusterState) -> list[tuple[str, str]]:
+    """The job's detection as (text, style) lines: the ranks that stand out now, then the
+    newest events of every node (empty when there is nothing to say)."""
+    flags = state.flags()
+    events = sorted(
+        (e for evs in state.detection.values() for e in evs), key=lambda e: e.unix_seconds
+    )
+    lines: list[tuple[str, str]] = []
+    if events or flags:
+        head = (
+            f"detection: {len(flags)} rank(s) stand out"
+            if flags
+            else "detection: no rank stands out"
+        )
+        lines.append((head, "bold red" if flags else "bold"))
+        lines += [(flag_line(f), f.style) for f in flags.values()]
+        lines += [
+            (" ".join(event_cells(e)), KIND_STYLE.get(e.kind, ""))
+            for e in reversed(events[-RECENT_DETECTION:])
+        ]
+    for target, why in sorted(state.detection_errors.items()):
+        lines.append((f"detection of {target} unknown: {why}", "yellow"))
+    return lines
 
 
 def summary_line(state: ClusterState) -> str:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from bpfdyno.client.cluster import FanOut, JobTraceResult, Node, trace_job
+from bpfdyno.client.agent import AgentClient
+from bpfdyno.client.cluster import FanOut, HostResult, JobTraceResult, Node, trace_job
 from bpfdyno.client.cluster.fanout import DEFAULT_CONCURRENCY, DEFAULT_HOST_TIMEOUT_S
 from bpfdyno.client.cluster.jobtrace import KINETO_POLL_INTERVAL_S
 from bpfdyno.client.cluster.summary import NodeSummary, SummaryPoller
+from bpfdyno.rpc.detection import DetectionEvent
 from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.tui.datasource import AgentDataSource
 
@@ -56,6 +58,23 @@ class ClusterDataSource:
     async def summaries(self) -> list[NodeSummary]:
         """Every node's row; a node that does not answer carries why."""
         return await self._poller.poll()
+
+    async def detection(self) -> list[HostResult[list[DetectionEvent]]]:
+        """Every node's detection events of the job, oldest first; a node that does not
+        answer (or serves no detection) carries why."""
+
+        async def ask(node: Node, agent: AgentClient) -> list[DetectionEvent]:
+            jobs = self.node_job_ids(node)
+            events = await agent.detection_events(next(iter(jobs)) if len(jobs) == 1 else "")
+            return [e for e in events if not jobs or e.job_id in jobs]
+
+        return await self._fanout.map(ask)
+
+    def node_job_ids(self, node: Node) -> set[str]:
+        """The job ids the job's ranks carry on a node (empty: all of the node's)."""
+        if node.job_ids:
+            return {str(j) for j in node.job_ids}
+        return {str(self.job_id)} if self.job_id else set()
 
     def node_job_id(self, node: Node) -> str:
         """The job id a node's full view is narrowed to ("" when it runs several or none)."""

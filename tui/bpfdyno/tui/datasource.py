@@ -23,6 +23,7 @@ from bpfdyno.client.agent import AgentClient
 from bpfdyno.client.errors import AgentError, ErrorKind
 from bpfdyno.client.pods import PodNotFound, pod_processes
 from bpfdyno.rpc.agent import AgentStatus, MetricSpec, MetricsSnapshot, Series
+from bpfdyno.rpc.detection import DetectionEvent
 from bpfdyno.rpc.kernel import KernelEvent
 from bpfdyno.rpc.processes import DEFAULT_SORT, ProcessList
 from bpfdyno.rpc.traces import TraceSpec, TraceStart, TraceStatus, Trainer
@@ -75,6 +76,10 @@ class DataSource(Protocol):
 
     def stream_events(self) -> AsyncIterator[KernelEvent]:
         """Recent kernel and GPU events, then new ones as they happen."""
+        ...
+
+    async def detection_events(self, job_id: str = "") -> list[DetectionEvent]:
+        """The straggler and hang events the agent holds, oldest first (of one job)."""
         ...
 
     async def close(self) -> None:
@@ -166,6 +171,10 @@ class AgentDataSource:
             seen.clear()  # past the overlap: stop paying for the check
             yield ev
         raise stream_ended(self.target, "event")
+
+    async def detection_events(self, job_id: str = "") -> list[DetectionEvent]:
+        """The straggler and hang events the agent holds, oldest first (of one job)."""
+        return await self._agent.detection_events(job_id)
 
     async def close(self) -> None:
         """Close the connection (cancelling its calls); the source is not used afterwards."""

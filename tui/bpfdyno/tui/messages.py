@@ -12,9 +12,10 @@ from collections.abc import Sequence
 
 from textual.message import Message
 
-from bpfdyno.client.cluster import JobTraceResult
+from bpfdyno.client.cluster import HostResult, JobTraceResult
 from bpfdyno.client.cluster.summary import NodeSummary
 from bpfdyno.rpc.agent import AgentStatus, MetricSpec, MetricsSnapshot, Series
+from bpfdyno.rpc.detection import DetectionEvent
 from bpfdyno.rpc.kernel import KernelEvent
 from bpfdyno.rpc.processes import ProcessList
 from bpfdyno.rpc.traces import Trainer
@@ -92,6 +93,18 @@ class TrainersUpdated(Message):
         return isinstance(message, TrainersUpdated)
 
 
+class DetectionUpdated(Message):
+    """The detection events the agent holds, oldest first."""
+
+    def __init__(self, events: Sequence[DetectionEvent]) -> None:
+        super().__init__()
+        self.events = tuple(events)
+
+    def can_replace(self, message: Message) -> bool:
+        """A newer list supersedes a queued one."""
+        return isinstance(message, DetectionUpdated)
+
+
 class EventsReceived(Message):
     """Kernel events, in arrival order."""
 
@@ -101,7 +114,8 @@ class EventsReceived(Message):
 
 
 class PartUnavailable(Message):
-    """A part of the API (processes, trainers, events) is not served; ``reason`` says why."""
+    """A part of the API (processes, trainers, events, detection) is not served; ``reason``
+    says why."""
 
     def __init__(self, part: str, reason: str) -> None:
         super().__init__()
@@ -155,6 +169,18 @@ class NodesUpdated(Message):
     def can_replace(self, message: Message) -> bool:
         """Newer rows supersede queued ones."""
         return isinstance(message, NodesUpdated)
+
+
+class ClusterDetectionUpdated(Message):
+    """Every node's detection events of the job (or why a node has none to give)."""
+
+    def __init__(self, results: Sequence[HostResult[list[DetectionEvent]]]) -> None:
+        super().__init__()
+        self.results = tuple(results)
+
+    def can_replace(self, message: Message) -> bool:
+        """Newer lists supersede queued ones."""
+        return isinstance(message, ClusterDetectionUpdated)
 
 
 class JobTraceUpdated(Message):

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from bpfdyno.rpc.agent import AgentStatus, MetricSpec, MetricsSnapshot, Series
+from bpfdyno.rpc.detection import DetectionEvent
 from bpfdyno.rpc.kernel import KernelEvent
 from bpfdyno.rpc.processes import ProcessList
 from bpfdyno.rpc.traces import TraceStart, TraceStatus, Trainer, words
@@ -329,4 +330,7 @@ class TopState:
     trainers_state: Availability = field(default_factory=Availability)
     events: EventLog = field(default_factory=EventLog)
     events_state: Availability = field(default_factory=Availability)
+    #: The detection events the agent holds, oldest first.
+    detection: tuple[DetectionEvent, ...] = ()
+    detection_state: Availability = field(default_factory=Availability)
     last_trace: TraceProgress | None = None

@@ -36,6 +36,7 @@ from typing import Any
 
 from bpfdyno.client.errors import AgentError, ErrorKind
 from bpfdyno.rpc.agent import AgentStatus, MetricSpec, MetricsSnapshot, Point, Series
+from bpfdyno.rpc.detection import DetectionEvent
 from bpfdyno.rpc.kernel import KernelEvent
 from bpfdyno.rpc.processes import ProcessList
 from bpfdyno.rpc.traces import TraceSpec, TraceStart, TraceStatus, Trainer
@@ -315,6 +316,12 @@ class RecordedDataSource:
             await asyncio.sleep(period)
             self._check()
             yield replace(st, trace_id=trace_id)
+
+    async def detection_events(self, job_id: str = "") -> list[DetectionEvent]:
+        """A recording holds the agent's metrics, processes, trainers and kernel events, not
+        its detection events: said as a part the recording does not have."""
+        self._check()
+        raise AgentError(ErrorKind.UNAVAILABLE, "a recording holds no detection events")
 
     async def stream_events(self) -> AsyncIterator[KernelEvent]:
         """Events of the frames played so far (the agent's recent events), then new ones."""

@@ -20,6 +20,8 @@ from textual.widgets import Footer, Static
 from bpfdyno.client.cluster.summary import NodeSummary
 from bpfdyno.tui.cluster_model import (
     ClusterState,
+    detection_lines,
+    flagged_cells,
     lines_text,
     node_cells,
     node_detail,
@@ -86,13 +88,14 @@ class ClusterScreen(Screen[None]):
         yield Static("", id="cluster-summary")
         yield NodeTable(
             cluster_columns(self._names),
-            format_row=node_cells,
+            format_row=self._cells,
             row_key=lambda n: n.node.target,
-            row_style=node_style,
+            row_style=self._style,
             empty_text="asking every node's agent...",
             id="cluster-table",
         )
         yield Static("", id="cluster-detail")
+        yield Static("", id="cluster-detection")
         yield Static("", id="cluster-trace")
         yield Footer()
 
@@ -102,6 +105,15 @@ class ClusterScreen(Screen[None]):
         if self._state is not None:
             self.update_view(self._state)
 
+    def _cells(self, n: NodeSummary) -> Sequence[str]:
+        if self._state is None:
+            return node_cells(n)
+        return flagged_cells(n, self._state.node_flags(n))
+
+    def _style(self, n: NodeSummary) -> str:
+        flags = self._state.node_flags(n) if self._state is not None and n.up else []
+        return flags[0].style if flags else node_style(n)
+
     @property
     def table(self) -> FastTable:
         """The node table."""
@@ -110,14 +122,21 @@ class ClusterScreen(Screen[None]):
     def update_view(self, state: ClusterState) -> None:
         """Show the newest rows, the selected node's details and the last job trace."""
         self._state = state
-        if not self.is_mounted:
-            return  # pushed but not composed yet: on_mount shows it
+        if not self.is_mounted or not self.query("#cluster-summary"):
+            # Pushed but not composed yet (on_mount shows it), or its widgets are being
+            # removed while the app shuts down (a refresh tick may still come).
+            return
         summary = summary_line(state)
         if state.updated_ts:
             summary += f" · {fmt_clock(state.updated_ts)}"
         self.query_one("#cluster-summary", Static).update(Text(summary))
         self.table.set_items(state.nodes)
         self._show_detail()
+        detection = detection_lines(state)
+        panel = self.query_one("#cluster-detection", Static)
+        panel.display = bool(detection)
+        if detection:
+            panel.update(lines_text(detection))
         panel = self.query_one("#cluster-trace", Static)
         panel.display = state.trace is not None
         if state.trace is not None:

@@ -16,7 +16,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     (
         "Everywhere",
         (
-            ("1-5", "Overview, Processes, Trainers, Events, Agent"),
+            ("1-6", "Overview Processes Trainers Events Agent Detection"),
             ("?", "this help"),
             ("q / ctrl+c", "quit"),
         ),

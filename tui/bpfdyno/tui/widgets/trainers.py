@@ -1,5 +1,9 @@
 """The Trainers tab: PyTorch processes registered for on-demand tracing, and the last trace.
 
+A rank the agent's detection flags (suspected or confirmed straggler, the rank a hang names)
+is marked in its row (``SUSPECTED``, ``CONFIRMED``, ``HUNG`` in the state column, coloured) and
+said with its evidence in the summary line.
+
 ``t`` traces the selected trainer, ``T`` every trainer of its job; the form opens with those
 filled in. The panel under the table follows the last trace to the files it wrote.
 """
@@ -19,6 +23,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from bpfdyno.rpc.traces import Trainer, words
+from bpfdyno.tui.detection_model import RankFlag, flagged, flags_by_pid
 from bpfdyno.tui.fmt import fmt_bytes, fmt_duration
 from bpfdyno.tui.messages import OpenTraceForm
 from bpfdyno.tui.model import TopState, TraceProgress
@@ -74,6 +79,7 @@ class TrainersView(Vertical):
         super().__init__(id=id)
         self._now = time.time
         self._commands: dict[int, str] = {}
+        self._flags: dict[int, RankFlag] = {}
 
     def compose(self) -> ComposeResult:
         """Summary, table, trace panel."""
@@ -82,19 +88,27 @@ class TrainersView(Vertical):
             TRAINER_COLUMNS,
             format_row=self._cells,
             row_key=lambda t: t.pid,
-            row_style=lambda t: STATE_STYLE.get(words(t.state), ""),
+            row_style=self._style,
             empty_text="no PyTorch process registered: start training with KINETO_USE_DAEMON=1",
             id="trainer-table",
         )
         yield Static("", id="trace-panel")
 
+    def _style(self, t: Trainer) -> str:
+        flag = self._flags.get(t.pid)
+        return flag.style if flag is not None else STATE_STYLE.get(words(t.state), "")
+
     def _cells(self, t: Trainer) -> Sequence[str]:
         age = self._now() - t.last_poll_unix_seconds if t.last_poll_unix_seconds else math.nan
+        flag = self._flags.get(t.pid)
         return [
             str(t.pid),
             str(t.job_id or "-"),
             words(t.role) if t.role else "-",
-            words(t.state),
+            # Upper case, in the row's colour: the detection's word beats the trace state's
+            # (the TRACE column still names a running trace), and 80 columns have no room for
+            # both.
+            flag.marker if flag is not None else words(t.state),
             fmt_duration(age) if not math.isnan(age) else "-",
             t.trace_id or "-",
             self._commands.get(t.pid) or "-",
@@ -112,6 +126,10 @@ class TrainersView(Vertical):
             self._commands = {r.pid: r.command for r in state.processes.processes}
         job = state.job_id
         trainers = [t for t in state.trainers if not job or str(t.job_id) == job]
+        # This agent's events name its own ranks' pids (hosts differ only across agents).
+        self._flags = flags_by_pid(flagged(state.detection))
+        pids = {t.pid for t in trainers}
+        standing = [f for pid, f in self._flags.items() if pid in pids]
         if not state.trainers_state.ok:
             table.empty_text = f"tracing unavailable: {state.trainers_state.reason}"
             table.set_items([])
@@ -122,13 +140,16 @@ class TrainersView(Vertical):
             )
             table.set_items(sorted(trainers, key=lambda t: (t.job_id, t.pid)))
             jobs = {t.job_id for t in trainers if t.job_id}
-            summary.update(
-                Text(
-                    f"{len(trainers)} trainer(s) in {len(jobs)} job(s)"
-                    + (f" · job {job}" if job else "")
-                    + " · t: trace selected · T: trace its whole job"
-                )
+            text = Text(
+                f"{len(trainers)} trainer(s) in {len(jobs)} job(s)"
+                + (f" · job {job}" if job else "")
             )
+            for f in standing:
+                text.append(" · ")
+                text.append(f"rank {f.event.rank} {f.marker}: {f.reason}", style=f.style)
+            if not standing:
+                text.append(" · t: trace selected · T: trace its whole job")
+            summary.update(text)
         panel = self.query_one("#trace-panel", Static)
         if state.last_trace is None:
             panel.display = False

@@ -1,0 +1,196 @@
+"""`GlooWaits`: the cumulative time each watched process's threads waited for their gloo peers.
+
+gloo reads its peer connections on its own loop thread without blocking (after epoll says a
+socket is readable); a thread running a collective waits in
+``gloo::transport::tcp::UnboundBuffer::waitRecv`` until the peer's bytes have arrived on the
+connection. ``bpf/gloo.bpf.c`` times that function with a uprobe and a uretprobe on the library
+that holds gloo (PyTorch's ``libtorch_cpu.so``), summed per process. The program is loaded on
+the first process asked about; each library file is probed once, whichever process led to it.
+
+The file is held open and probed as ``/proc/self/fd/N``: the process that led to it (through
+``/proc/PID/root``, its mount namespace) may be gone when the probes are detached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.ebpf.program import BpfProgram
+from bpfdyno.ebpf.uprobe import UprobeError, symbol_offset
+
+log = logging.getLogger(__name__)
+
+SOURCE = "gloo.bpf.c"
+#: gloo::transport::tcp::UnboundBuffer::waitRecv(int*, std::chrono::milliseconds).
+WAIT_RECV = (
+    "_ZN4gloo9transport3tcp13UnboundBuffer8waitRecvEPiNSt6chrono8durationIlSt5ratioILl1ELl1000EEEE"
+)
+#: Library file names that hold gloo in PyTorch's builds (checked for the symbol).
+LIBRARIES = ("libtorch_cpu", "libgloo")
+
+
+def gloo_library(pid: int, proc_root: Path = Path("/proc")) -> str | None:
+    """The path (in the process's mount namespace) of the library that may hold gloo.
+
+    Raises:
+        OSError: the process is gone or its maps cannot be read.
+    """
+    with open(proc_root / str(pid) / "maps", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) < 6:
+                continue
+            path = parts[5].strip()
+            name = os.path.basename(path)
+            if name.startswith(LIBRARIES) and ".so" in name and not path.endswith("(deleted)"):
+                return path
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class GlooSettings:
+    """Map sizes (``[detection] gloo_max_ranks``, ``gloo_max_threads``)."""
+
+    max_ranks: int = 256
+    max_threads: int = 4096
+
+
+@dataclass(slots=True)
+class _Library:
+    fd: int
+    pids: set[int] = field(default_factory=set)
+
+    @property
+    def path(self) -> str:
+        return f"/proc/self/fd/{self.fd}"
+
+
+class GlooWaits:
+    """gloo.bpf.c, loaded on first use; ``wait_ns(pid)`` is a process's total so far.
+
+    Args:
+        settings: the map sizes.
+        proc_root: ``/proc``.
+        header_cache: where generated kernel headers are cached (default in /var/cache).
+    """
+
+    def __init__(
+        self,
+        settings: GlooSettings | None = None,
+        proc_root: Path = Path("/proc"),
+        header_cache: Path | None = None,
+    ) -> None:
+        self._settings = settings or GlooSettings()
+        self._proc = proc_root
+        self._header_cache = header_cache
+        self._lock = threading.Lock()
+        self._program: BpfProgram | None = None
+        #: Why the program could not be loaded ("" while it could, or was not tried).
+        self.error = ""
+        self._libraries: dict[tuple[int, int], _Library] = {}  # (st_dev, st_ino) -> probed file
+        #: Watched pids -> the library they map; None: no gloo in it.
+        self._watched: dict[int, tuple[int, int] | None] = {}
+
+    def wait_ns(self, pid: int) -> int | None:
+        """The time ``pid``'s threads have waited in gloo for their peers since it was first
+        asked about (None: it has no gloo, or the probes cannot be attached)."""
+        with self._lock:
+            if pid not in self._watched:
+                self._watched[pid] = self._watch(pid)
+            if self._watched[pid] is None or self._program is None:
+                return None
+            try:
+                value = self._program.table("bpfdyno_glpids")[pid]
+            except KeyError:
+                return None
+            return int(value.wait_ns)
+
+    def forget(self, live: set[int]) -> None:
+        """Stop watching the pids not in ``live`` (exited ranks); a library no watched process
+        maps any more loses its probes."""
+        with self._lock:
+            for pid in [p for p in self._watched if p not in live]:
+                lib_key = self._watched.pop(pid)
+                if lib_key is None:
+                    continue
+                if self._program is not None:
+                    with contextlib.suppress(KeyError):  # gone with its library's probes
+                        del self._program.table("bpfdyno_glpids")[pid]
+                lib = self._libraries.get(lib_key)
+                if lib is not None:
+                    lib.pids.discard(pid)
+                    if not lib.pids:
+                        self._drop(lib_key, lib)
+
+    def close(self) -> None:
+        """Detach everything and unload the program."""
+        with self._lock:
+            for key, lib in list(self._libraries.items()):
+                self._drop(key, lib)
+            if self._program is not None:
+                self._program.close()
+                self._program = None
+            self._watched.clear()
+
+    def _watch(self, pid: int) -> tuple[int, int] | None:
+        try:
+            path = gloo_library(pid, self._proc)
+        except OSError:
+            return None
+        if path is None:
+            return None
+        try:
+            fd = os.open(f"{os.fspath(self._proc)}/{pid}/root{path}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        lib = self._libraries.get(key)
+        if lib is not None:
+            os.close(fd)
+        else:
+            lib = _Library(fd)
+            try:
+                symbol_offset(lib.path, WAIT_RECV)  # no gloo in this build: nothing to probe
+                program = self._load()
+                program.attach_uprobe(lib.path, WAIT_RECV, "bpfdyno_gl_enter")
+                program.attach_uprobe(lib.path, WAIT_RECV, "bpfdyno_gl_leave", retprobe=True)
+            except (UprobeError, BpfLoadError) as e:
+                os.close(fd)
+                if not isinstance(e, UprobeError):
+                    self.error = str(e)
+                    log.warning("gloo peer waits unavailable: %s", e)
+                return None
+            self._libraries[key] = lib
+        assert self._program is not None
+        table = self._program.table("bpfdyno_glpids")
+        try:
+            table[pid] = table.Leaf(0, 0)
+        except OSError as e:  # the map is full
+            log.warning("gloo peer waits: process %d not watched: %s", pid, e)
+            return None
+        lib.pids.add(pid)
+        return key
+
+    def _load(self) -> BpfProgram:
+        if self._program is None:
+            s = self._settings
+            self._program = BpfProgram.load(
+                SOURCE,
+                defines={"GLOO_MAX_PROCS": s.max_ranks, "GLOO_MAX_THREADS": s.max_threads},
+                header_cache=self._header_cache,
+            )
+        return self._program
+
+    def _drop(self, key: tuple[int, int], lib: _Library) -> None:
+        if self._program is not None:
+            for retprobe in (False, True):
+                self._program.detach_uprobe(lib.path, WAIT_RECV, retprobe=retprobe)
+        os.close(lib.fd)
+        self._libraries.pop(key, None)

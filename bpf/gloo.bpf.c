@@ -1,0 +1,63 @@
+/* bpfdyno gloo peer wait: how long each process's threads wait for their peers' data in gloo.
+ *
+ * gloo (PyTorch's CPU backend) reads its peer connections on its own loop thread, without
+ * blocking, after epoll says a socket is readable; the threads that run a collective wait in
+ * gloo::transport::tcp::UnboundBuffer::waitRecv until the loop thread has the peer's bytes.
+ * The time between that function's entry and its return is the time the thread waited on
+ * the job's peer connections. Attached with a uprobe and a uretprobe to the library that
+ * holds gloo (libtorch_cpu.so), only while the detection watches ranks that map it
+ * (bpfdyno.sources.gloo). A uprobe fires in every process that maps that file, so each call
+ * first checks `bpfdyno_glpids`, the watched processes, whose value is what is added up.
+ *
+ * Settings (-D), required; bpfdyno passes them from the [detection] config section:
+ * GLOO_MAX_PROCS (gloo_max_ranks) sizes the process map, GLOO_MAX_THREADS
+ * (gloo_max_threads) the map of waits in progress.
+ *
+ * Every function and map is named "bpfdyno_gl..." (15 characters at most).
+ */
+#include <uapi/linux/ptrace.h>
+#include "common.h"
+
+#if !defined(GLOO_MAX_PROCS) || !defined(GLOO_MAX_THREADS)
+#error "GLOO_MAX_PROCS and GLOO_MAX_THREADS must be set with -D: load this program through bpfdyno's gloo source, which passes them from [detection]"
+#endif
+
+/* Per watched process: the total of its threads' finished waits, and how many. */
+struct gloo_waits {
+	u64 wait_ns;
+	u64 calls;
+};
+
+BPF_HASH(bpfdyno_glpids, u32, struct gloo_waits, GLOO_MAX_PROCS);
+/* Per thread waiting now: when its wait began. */
+BPF_HASH(bpfdyno_glstart, u32, u64, GLOO_MAX_THREADS);
+
+int bpfdyno_gl_enter(struct pt_regs *ctx)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tgid = id >> 32;
+	if (!bpfdyno_glpids.lookup(&tgid))
+		return 0;
+	u32 tid = (u32)id;
+	u64 now = bpf_ktime_get_ns();
+	bpfdyno_glstart.update(&tid, &now);
+	return 0;
+}
+
+int bpfdyno_gl_leave(struct pt_regs *ctx)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tid = (u32)id;
+	u64 *start = bpfdyno_glstart.lookup(&tid);
+	if (!start)
+		return 0;
+	u64 waited = bpf_ktime_get_ns() - *start;
+	bpfdyno_glstart.delete(&tid);
+	u32 tgid = id >> 32;
+	struct gloo_waits *w = bpfdyno_glpids.lookup(&tgid);
+	if (!w)
+		return 0;
+	__sync_fetch_and_add(&w->wait_ns, waited);
+	__sync_fetch_and_add(&w->calls, 1);
+	return 0;
+}

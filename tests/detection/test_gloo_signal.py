@@ -1,0 +1,111 @@
+"""gloo's peer-wait signal on a real job: two PyTorch ranks joined by gloo over real loopback
+TCP connections run N all-reduces, rank 1 sleeping D before each; rank 0's threads wait for
+rank 1's data on their connection N x D (plus the all-reduces' own few milliseconds), rank 1's
+barely. Read as the detection reads it: `SignalSampler` with the uprobe pair on gloo's
+``UnboundBuffer::waitRecv`` (`GlooWaits`). A rank without gloo has no such signal (NaN)."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from bpfdyno.detection.signals import RankProcess, SignalSampler
+from bpfdyno.sources.gloo.waits import GlooWaits
+
+pytestmark = pytest.mark.slow
+
+STEPS = 10
+DELAY_S = 0.2
+#: The all-reduces' own time and the start of rank 1 after rank 0 (a loaded machine).
+SLACK_S = 0.5
+
+RANK = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", rank=rank, world_size=int(os.environ["WORLD_SIZE"]))
+t = torch.ones(16)
+dist.all_reduce(t)  # connections up, first-call work done
+print("ready", flush=True)
+sys.stdin.readline()
+for _ in range({steps}):
+    if rank == 1:
+        time.sleep({delay})
+    dist.all_reduce(t)
+print("done", t[0].item(), flush=True)
+sys.stdin.readline()
+"""
+SLEEPER = "import sys\nprint('ready', flush=True)\nsys.stdin.readline()\nsys.stdin.readline()\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def job() -> Iterator[list[subprocess.Popen[str]]]:
+    """Ranks 0 and 1 of a gloo job, and a rank 2 of no gloo job, each at "ready"."""
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "WORLD_SIZE": "2",
+        "OMP_NUM_THREADS": "1",
+    }
+    source = RANK.format(steps=STEPS, delay=DELAY_S)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env={**env, "RANK": str(rank)},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank, code in ((0, source), (1, source), (2, SLEEPER))
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_a_gloo_rank_s_wait_for_its_late_peer_is_its_peer_wait(
+    job: list[subprocess.Popen[str]],
+) -> None:
+    waits = GlooWaits()
+    sampler = SignalSampler(peer_waits=waits)
+    ranks = [RankProcess(p.pid, "41") for p in job]
+    try:
+        assert sampler.sample(ranks, time.monotonic()) == []  # the base; the probes go on
+        assert waits.error == ""
+        for p in job:
+            assert p.stdin is not None
+            p.stdin.write("\n")
+            p.stdin.flush()
+        for p in job[:2]:
+            assert p.stdout is not None and p.stdout.readline().split() == [
+                "done",
+                str(2.0 ** (STEPS + 1)),
+            ]
+        by_rank = {s.rank: s for s in sampler.sample(ranks, time.monotonic())}
+    finally:
+        waits.close()
+    injected = STEPS * DELAY_S
+    assert injected <= by_rank[0].peer_wait_s <= injected + SLACK_S, by_rank[0]
+    assert 0.0 <= by_rank[1].peer_wait_s < injected / 4, by_rank[1]
+    assert math.isnan(by_rank[2].peer_wait_s)  # no gloo in it
