@@ -31,8 +31,19 @@ from bpfdyno.server.detection import detection_servicer_factory
 from bpfdyno.server.grpc_server import GrpcServer
 from bpfdyno.services.agent import AgentService
 from bpfdyno.services.detection import DetectionService
+from bpfdyno.tracing.capture.causes import syscall_name
 
 WAITING = "import os, socket\na, b = socket.socketpair()\nos.read(a.fileno(), 1)\n"
+
+
+def _in_read(pid: int) -> bool:
+    """Whether the process's main thread sleeps in read(2) on its socket."""
+    try:
+        number = int(Path(f"/proc/{pid}/syscall").read_text().split()[0])
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, ValueError, IndexError):
+        return False
+    return state == "S" and syscall_name(number) == "read"
 
 
 @contextlib.contextmanager
@@ -42,7 +53,12 @@ def ranks(n: int) -> Iterator[list[subprocess.Popen[bytes]]]:
         for r in range(n)
     ]
     try:
-        time.sleep(0.5)  # past their start-up reads
+        # Past their start-up reads, each asleep in its socket read (a loaded machine may
+        # take seconds to start Python: a fixed pause stopped one before its read).
+        deadline = time.monotonic() + 60
+        while not all(_in_read(p.pid) for p in procs):
+            assert time.monotonic() < deadline, "the rank processes never reached their read"
+            time.sleep(0.05)
         yield procs
     finally:
         for p in procs:

@@ -283,7 +283,15 @@ def build(cfg: Config) -> Assembly:
     if peers is not None:
         asm.components.append(peers)
     if detection is not None and d.auto_trace:
-        auto = AutoTrace(tracing.service, d.auto_trace_iterations, d.auto_trace_every_s)
+        rank_signals = detection.rank_signals
+        auto = AutoTrace(
+            tracing.service,
+            d.auto_trace_iterations,
+            d.auto_trace_every_s,
+            detection_log,
+            socket.gethostname(),
+            job_ranks=lambda job: [r.pid for r in rank_signals(job)],
+        )
         detection_log.listeners.append(auto.on_events)
         asm.components.append(auto)
     if cfg.export.jsonl.enabled:
