@@ -108,6 +108,7 @@ def build(cfg: Config) -> Assembly:
     from bpfdyno.sources.procs.table import ProcessTable
     from bpfdyno.sources.sched.collector import SchedCollector
     from bpfdyno.tracing.capture.manager import PRELOAD_DELAY_S, CaptureManager
+    from bpfdyno.tracing.nccl_track import NcclTrack
 
     asm = Assembly()
     on = cfg.collector_enabled
@@ -198,6 +199,12 @@ def build(cfg: Config) -> Assembly:
         if on("nccl_profiler")
         else None
     )
+    if nccl_profiler is not None and tracing.kernel_tracks is not None:
+        # During a trace asking for the nccl track, the plugin's full-mode records become
+        # rows of the file.
+        tracing.kernel_tracks.nccl = NcclTrack(
+            nccl_profiler.receiver, lambda: [t.host_pid or t.pid for t in registry.trainers()]
+        )
     detection = (
         DetectionCollector(
             # In the agent's pid namespace: what /proc shows (host_pid 0: the same).
