@@ -4,6 +4,8 @@ its audit log; two trainers of two jobs poll; confirmations come from another th
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from pathlib import Path
 
 from bpfdyno.app.detection_trace import AutoTrace
@@ -133,6 +135,39 @@ async def test_a_trace_that_wrote_no_file_posts_a_traced_event_without_a_verdict
     assert log.counts() == {"confirmed": 1, "traced": 1}
     await auto.stop()
     checks.cancel()
+
+
+async def test_a_timed_trace_starts_every_rank_at_one_moment(tmp_path: Path) -> None:
+    """With auto_trace_seconds, a duration trace with one start time for all the job's ranks,
+    far enough ahead for their next poll and Kineto's warm-up."""
+    (tmp_path / "proc").mkdir()
+    svc = TracingService(
+        allowed_dirs=[str(tmp_path)],
+        default_timeout_s=60.0,
+        registry=TrainerRegistry(),
+        trace_dir=str(tmp_path),
+        proc_root=tmp_path / "proc",
+    )
+    for pid in (10, 12):
+        name = f"\0dynoconfigclient-{pid}\0".encode()
+        svc.on_request(name, KinetoRequest(IDLE, 1818, (pid,)))
+    log = EventLog()
+    auto = AutoTrace(svc, 5, 3600.0, log, "node-a", job_ranks=lambda job: [10, 12], seconds=4.0)
+    await auto.start()
+    before_ms = time.time() * 1000
+    auto.on_events([event(DetectionKind.CONFIRMED, "1818", 2, 10)])
+    await asyncio.sleep(0.05)
+    (record,) = [r for r in svc.audit.records(0) if r.action == "start_trace"]
+    assert sorted(p.pid for p in record.processes) == [10, 12]
+    config = json.loads(record.request_json)["config"]
+    assert "ACTIVITIES_DURATION_MSECS=4000" in config
+    assert "ACTIVITIES_ITERATIONS" not in config
+    (start,) = [int(line.split("=")[1]) for line in config.split("\n") if "START_TIME=" in line]
+    # The trainers' poll interval (5 s), Kineto's warm-up (5 s) and a margin (2 s) ahead.
+    assert before_ms + 12_000 <= start <= before_ms + 13_000, (start, before_ms)
+    (status,) = auto.statuses()
+    assert "for 4 s from a common start" in status.reason
+    await auto.stop()
 
 
 def test_the_automatic_trace_is_off_unless_configured() -> None:

@@ -7,15 +7,17 @@ named as the holder). The event is read as clients read it: the `WatchEvents` st
 
 CPUs as in `test_detection_e2e`: rank 2 alone on CPU 1 (the hog is pinned there), ranks 0,
 1 and 3 share CPU 0. The ranks are not held at one step (as `StragglerJob.trace` does for
-its aligned traces): each starts at its own next poll, up to a second apart, so the trace
-spans `ITERATIONS` steps (about 3 s at the job's 30 ms per step), and the ranks' windows
-overlap for most of it.
+its aligned traces): with ``auto_trace_iterations`` each starts at its own next poll, up to a
+second apart, so the trace spans `ITERATIONS` steps (about 3 s at the job's 30 ms per step),
+and the ranks' windows overlap for most of it; with ``auto_trace_seconds`` every rank's
+window is the same `SECONDS`, from one start time.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,14 +39,18 @@ RANKS = 4
 CPUS = (0, 0, 1, 0)
 HOG_RANK = 2
 ITERATIONS = 100
-#: From "confirmed" to the "traced" event: each rank's next poll (1 s), its steps (slower
-#: under the hog), the files, the merge of the kernel tracks, the summaries; with slack for a
-#: loaded machine.
+#: ... or a duration trace of this long, every rank from one start time.
+SECONDS = 3.0
+#: From "confirmed" to the "traced" event: each rank's next poll (1 s) or the common start
+#: (12 s ahead), its steps (slower under the hog), the files, the merge of the kernel tracks,
+#: the summaries; with slack for a loaded machine.
 TRACED_WITHIN_S = 120.0
 
 
-@pytest.fixture(scope="module")
-def job() -> Iterator[StragglerJob]:
+@pytest.fixture(scope="module", params=["iterations", "seconds"])
+def job(request: pytest.FixtureRequest) -> Iterator[StragglerJob]:
+    """The job and its agent, whose automatic trace is `ITERATIONS` steps from each rank's
+    next poll, or `SECONDS` from a start time common to the ranks."""
     base = short_base()
     j = StragglerJob(base, RANKS, CPUS)
     text = j.agent.config.read_text()
@@ -53,6 +59,8 @@ def job() -> Iterator[StragglerJob]:
     ).replace("[tracing]\n", f"[tracing]\ntrace_dir = {json.dumps(str(j.agent.trace_dir))}\n")
     assert enabled.count("enabled = true") == 1 and "trace_dir" in enabled
     enabled += f"[detection]\nauto_trace = true\nauto_trace_iterations = {ITERATIONS}\n"
+    if request.param == "seconds":
+        enabled += f"auto_trace_seconds = {SECONDS}\n"
     j.agent.config.write_text(enabled)
     try:
         j.start()
@@ -97,7 +105,12 @@ def test_a_cpu_hog_s_confirmation_brings_the_traced_verdict_naming_the_rank(
     (f,) = v.stragglers
     assert (f.rank, f.kind, f.pid) == (HOG_RANK, "late", pid), traced.verdict_text
     assert f.causes[0].cause == "cpu_wait", traced.verdict_text
-    assert f.causes[0].detail.startswith(f"the CPU was held by {HOG_NAME} (pid {hog.pid}) ")
+    # Who held the CPU: the hog, after at most the rank's own threads (its gloo threads
+    # share its CPU: on a loaded machine they were seen holding it as long as the hog, 33 %
+    # against 31 %).
+    holders = [(n, int(p)) for n, p in re.findall(r"(\S+) \(pid (\d+)\)", f.causes[0].detail)]
+    assert (HOG_NAME, hog.pid) in holders, f.causes[0].detail
+    assert {p for _, p in holders[: holders.index((HOG_NAME, hog.pid))]} <= {pid}, holders
     assert f.share > 0.0
     assert traced.verdict_text.startswith(f"verdict: {v.headline}\n")
     assert traced.summary == (

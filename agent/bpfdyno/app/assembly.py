@@ -298,6 +298,7 @@ def build(cfg: Config) -> Assembly:
             detection_log,
             socket.gethostname(),
             job_ranks=lambda job: [r.pid for r in rank_signals(job)],
+            seconds=d.auto_trace_seconds,
         )
         detection_log.listeners.append(auto.on_events)
         asm.components.append(auto)

@@ -1,12 +1,14 @@
 """The automatic trace on a confirmed straggler (opt-in: ``[detection] auto_trace``).
 
 When the detection confirms a straggler, the job's ranks on this node are traced for
-``auto_trace_iterations`` steps, as the agent's own request (``in-process``: audited like any
-other, under the daemon's identity), into the agent's trace directory (``[tracing]``: where
-the operator's configuration puts traces for requests that name no file). At most one trace
-per job per ``auto_trace_every_s``; a refusal (the job's ranks busy with a trace, say) is
-logged and counted, never retried before the window passes. The events come from the
-collector's thread; the trace starts on the event loop, where the tracing service lives.
+``auto_trace_iterations`` steps (or ``auto_trace_seconds`` from a start time common to the
+ranks, so that their windows are one stretch of time), as the agent's own request
+(``in-process``: audited like any other, under the daemon's identity), into the agent's
+trace directory (``[tracing]``: where the operator's configuration puts traces for requests
+that name no file). At most one trace per job per ``auto_trace_every_s``; a refusal (the
+job's ranks busy with a trace, say) is logged and counted, never retried before the window
+passes. The events come from the collector's thread; the trace starts on the event loop,
+where the tracing service lives.
 
 The ranks traced are the job's ranks the detection watches here (all of them: a request's
 default process limit is 3). When the trace ends (every process written, failed or timed
@@ -24,13 +26,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from bpfdyno.analysis.verdict import verdict_text
+from bpfdyno.client.cluster.jobtrace import plan_start_time_ms
 from bpfdyno.core.errors import RequestError
 from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.detection.events import EventLog
 from bpfdyno.rpc.detection import DetectionEvent, DetectionKind
-from bpfdyno.rpc.traces import TraceSpec, TraceSummary
+from bpfdyno.rpc.traces import NO_ITERATIONS, TraceSpec, TraceSummary
 from bpfdyno.services.tracing import TracingService
 from bpfdyno.tracing.requests import TraceRequest
 
@@ -50,12 +54,17 @@ class AutoTrace:
         events: EventLog,
         host: str,
         job_ranks: Callable[[str], Iterable[int]],
+        seconds: float = 0.0,
     ) -> None:
         """
         Args:
+            iterations: an iteration trace of this many steps ...
+            every_s: at most one trace per job in this many seconds.
             events: where the ``traced`` events go (the detection's event log).
             host: this node's name, for the events.
             job_ranks: the pids of a job's ranks on this node (the detection's latest round).
+            seconds: ... or, above 0, a duration trace of this many seconds from a start
+                time common to the ranks.
         """
         self._tracing = tracing
         self._iterations = iterations
@@ -63,6 +72,7 @@ class AutoTrace:
         self._events = events
         self._host = host
         self._job_ranks = job_ranks
+        self._seconds = seconds
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last: dict[str, float] = {}  # job -> monotonic time of its last trace
         self._following: set[asyncio.Task[None]] = set()
@@ -83,12 +93,17 @@ class AutoTrace:
             PartStatus(
                 self.name,
                 PartState.OK,
-                f"traces a job's ranks here for {self._iterations} iterations when one is a "
+                f"traces a job's ranks here for {self._length()} when one is a "
                 f"confirmed straggler, at most once per {self._every_s:g} s per job; "
                 f"{len(self.started)} started, {self.refused} refused",
                 errors=self.refused,
             )
         ]
+
+    def _length(self) -> str:
+        if self._seconds > 0:
+            return f"{self._seconds:g} s from a common start"
+        return f"{self._iterations} iterations"
 
     def on_events(self, events: Iterable[DetectionEvent]) -> None:
         """Hand the confirmations to the event loop (call from any thread)."""
@@ -122,6 +137,15 @@ class AutoTrace:
             pids=pids,
             process_limit=len(pids),
         )
+        if self._seconds > 0:
+            # Each rank takes its config at its own next poll; a common start time (one the
+            # slowest poll and Kineto's warm-up still make) gives them all one window.
+            spec = replace(
+                spec,
+                iterations=NO_ITERATIONS,
+                duration_ms=round(self._seconds * 1000),
+                profile_start_time_ms=plan_start_time_ms(time.time(), ()),
+            )
         req = TraceRequest(
             job_id=spec.job_id, pids=spec.pids, process_limit=len(pids), options=spec
         )
@@ -133,10 +157,10 @@ class AutoTrace:
             return
         self.started.append(res.trace_id)
         log.warning(
-            "detection: traced job %s for %d iterations after rank %d was confirmed a "
+            "detection: traced job %s for %s after rank %d was confirmed a "
             "straggler: trace %s, %d processes",
             e.job_id,
-            self._iterations,
+            self._length(),
             e.rank,
             res.trace_id,
             len(res.triggered),
