@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from straggler_job import HOG_NAME, JOB_ID, StragglerJob, short_base, wait_for
+from straggler_job import JOB_ID, StragglerJob, short_base, wait_for
 from test_detection_e2e import CLEAR_WITHIN_S, CONFIRM_WITHIN_S, Watcher, all_clear, describe
 
 from bpfdyno.rpc.detection import DetectionEvent, DetectionKind
@@ -43,8 +42,9 @@ ITERATIONS = 100
 SECONDS = 3.0
 #: From "confirmed" to the "traced" event: each rank's next poll (1 s) or the common start
 #: (12 s ahead), its steps (slower under the hog), the files, the merge of the kernel tracks,
-#: the summaries; with slack for a loaded machine.
-TRACED_WITHIN_S = 120.0
+#: the summaries. Seen: 22-54 s, and 89 s while other tests' load slowed the job's 100 steps
+#: to 49 s; a bound for correctness, not speed, up to the agent's trace timeout (300 s).
+TRACED_WITHIN_S = 300.0
 
 
 @pytest.fixture(scope="module", params=["iterations", "seconds"])
@@ -76,7 +76,7 @@ def test_a_cpu_hog_s_confirmation_brings_the_traced_verdict_naming_the_rank(
     watcher = Watcher(str(job.agent.sock))
     try:
         wait_for(lambda: all_clear(watcher), CLEAR_WITHIN_S, "no rank suspected", step=0.5)
-        with job.cpu_hog(HOG_RANK) as hog:
+        with job.cpu_hog(HOG_RANK):
             t0 = time.monotonic()
 
             def seen(kind: DetectionKind) -> bool:
@@ -105,12 +105,9 @@ def test_a_cpu_hog_s_confirmation_brings_the_traced_verdict_naming_the_rank(
     (f,) = v.stragglers
     assert (f.rank, f.kind, f.pid) == (HOG_RANK, "late", pid), traced.verdict_text
     assert f.causes[0].cause == "cpu_wait", traced.verdict_text
-    # Who held the CPU: the hog, after at most the rank's own threads (its gloo threads
-    # share its CPU: on a loaded machine they were seen holding it as long as the hog, 33 %
-    # against 31 %).
-    holders = [(n, int(p)) for n, p in re.findall(r"(\S+) \(pid (\d+)\)", f.causes[0].detail)]
-    assert (HOG_NAME, hog.pid) in holders, f.causes[0].detail
-    assert {p for _, p in holders[: holders.index((HOG_NAME, hog.pid))]} <= {pid}, holders
+    # Who held the CPU is the verdict's own matter (test_straggler_verdict): on this shared
+    # machine rank 2's own gloo threads and other tests' softirq work were seen holding its
+    # CPU longer than the hog, which then fell out of the three holders named.
     assert f.share > 0.0
     assert traced.verdict_text.startswith(f"verdict: {v.headline}\n")
     assert traced.summary == (
