@@ -4,6 +4,8 @@ its audit log; two trainers of two jobs poll; confirmations come from another th
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from pathlib import Path
 
 from bpfdyno.app.detection_trace import AutoTrace
@@ -31,10 +33,14 @@ async def test_a_confirmed_straggler_traces_its_job_once_per_window(tmp_path: Pa
         trace_dir=str(traces),
         proc_root=tmp_path / "proc",
     )
-    svc.on_request(b"\0dynoconfigclient-10\0", KinetoRequest(IDLE, 1818, (10,)))
-    svc.on_request(b"\0dynoconfigclient-11\0", KinetoRequest(IDLE, 999, (11,)))
+    # Job 1818's four ranks (more than a request's default limit of 3), job 999's one.
+    ranks = {"1818": [10, 12, 13, 14], "999": [11]}
+    for job, pids in ranks.items():
+        for pid in pids:
+            name = f"\0dynoconfigclient-{pid}\0".encode()
+            svc.on_request(name, KinetoRequest(IDLE, int(job), (pid,)))
     log = EventLog()
-    auto = AutoTrace(svc, iterations=5, every_s=3600.0)
+    auto = AutoTrace(svc, 5, 3600.0, log, "node-a", job_ranks=lambda job: ranks.get(job, []))
     log.listeners.append(auto.on_events)
     await auto.start()
 
@@ -52,9 +58,8 @@ async def test_a_confirmed_straggler_traces_its_job_once_per_window(tmp_path: Pa
         "accepted",
         auto.started[0],
     )
-    (process,) = record.processes
-    assert process.pid == 10
-    assert process.output_path.startswith(f"{traces}/")
+    assert sorted(p.pid for p in record.processes) == [10, 12, 13, 14]
+    assert all(p.output_path.startswith(f"{traces}/") for p in record.processes)
     assert "ACTIVITIES_ITERATIONS=5" in record.request_json
 
     # Within the window the same job is not traced again; another job is.
@@ -65,6 +70,7 @@ async def test_a_confirmed_straggler_traces_its_job_once_per_window(tmp_path: Pa
     assert [r.trace_id for r in svc.audit.records(0) if r.action == "start_trace"] == auto.started
     (status,) = auto.statuses()
     assert status.reason.endswith("2 started, 0 refused")
+    await auto.stop()
 
 
 async def test_a_job_with_no_trainer_here_is_audited_as_nothing_and_not_retried(
@@ -78,7 +84,7 @@ async def test_a_job_with_no_trainer_here_is_audited_as_nothing_and_not_retried(
         trace_dir=str(tmp_path),
         proc_root=tmp_path / "proc",
     )
-    auto = AutoTrace(svc, iterations=5, every_s=3600.0)
+    auto = AutoTrace(svc, 5, 3600.0, EventLog(), "node-a", job_ranks=lambda job: [])
     await auto.start()
     auto.on_events([event(DetectionKind.CONFIRMED, "5", 1, 77)])
     await asyncio.sleep(0.05)
@@ -87,6 +93,81 @@ async def test_a_job_with_no_trainer_here_is_audited_as_nothing_and_not_retried(
     (record,) = [r for r in svc.audit.records(0) if r.action == "start_trace"]
     assert (record.transport, record.message) == ("in-process", "triggered 0 of 0 matched")
     assert (len(auto.started), auto.refused) == (1, 0)
+    await auto.stop()
+
+
+async def test_a_trace_that_wrote_no_file_posts_a_traced_event_without_a_verdict(
+    tmp_path: Path,
+) -> None:
+    """The trainer takes its config (it polls) but never writes its file: the trace times
+    out, and the event says so, naming the trace and the process's state."""
+    (tmp_path / "proc").mkdir()
+    svc = TracingService(
+        allowed_dirs=[str(tmp_path)],
+        default_timeout_s=1.0,
+        registry=TrainerRegistry(),
+        trace_dir=str(tmp_path),
+        proc_root=tmp_path / "proc",
+    )
+    svc.on_request(b"\0dynoconfigclient-10\0", KinetoRequest(IDLE, 1818, (10,)))
+    log = EventLog()
+    auto = AutoTrace(svc, 5, 3600.0, log, "node-a", job_ranks=lambda job: [10])
+    log.listeners.append(auto.on_events)
+    await auto.start()
+    checks = asyncio.create_task(svc.tracker.run_file_checks())  # as the tracing part runs it
+    await asyncio.to_thread(log.add, [event(DetectionKind.CONFIRMED, "1818", 2, 10)])
+
+    async def traced() -> DetectionEvent:
+        while True:
+            got = [e for e in log.held() if e.kind is DetectionKind.TRACED]
+            if got:
+                return got[0]
+            await asyncio.sleep(0.05)
+
+    e = await asyncio.wait_for(traced(), 30)
+    (trace_id,) = auto.started
+    assert (e.job_id, e.rank, e.pid, e.host, e.trace_id) == ("1818", 2, 10, "node-a", trace_id)
+    assert (e.trace_files, e.verdict_text, e.verdict) == ((), "", None)
+    assert e.summary.startswith(
+        f"job 1818 rank 2: automatic trace {trace_id}: no file written, no verdict: "
+        "no trace file yet: "
+    ), e.summary
+    assert log.counts() == {"confirmed": 1, "traced": 1}
+    await auto.stop()
+    checks.cancel()
+
+
+async def test_a_timed_trace_starts_every_rank_at_one_moment(tmp_path: Path) -> None:
+    """With auto_trace_seconds, a duration trace with one start time for all the job's ranks,
+    far enough ahead for their next poll and Kineto's warm-up."""
+    (tmp_path / "proc").mkdir()
+    svc = TracingService(
+        allowed_dirs=[str(tmp_path)],
+        default_timeout_s=60.0,
+        registry=TrainerRegistry(),
+        trace_dir=str(tmp_path),
+        proc_root=tmp_path / "proc",
+    )
+    for pid in (10, 12):
+        name = f"\0dynoconfigclient-{pid}\0".encode()
+        svc.on_request(name, KinetoRequest(IDLE, 1818, (pid,)))
+    log = EventLog()
+    auto = AutoTrace(svc, 5, 3600.0, log, "node-a", job_ranks=lambda job: [10, 12], seconds=4.0)
+    await auto.start()
+    before_ms = time.time() * 1000
+    auto.on_events([event(DetectionKind.CONFIRMED, "1818", 2, 10)])
+    await asyncio.sleep(0.05)
+    (record,) = [r for r in svc.audit.records(0) if r.action == "start_trace"]
+    assert sorted(p.pid for p in record.processes) == [10, 12]
+    config = json.loads(record.request_json)["config"]
+    assert "ACTIVITIES_DURATION_MSECS=4000" in config
+    assert "ACTIVITIES_ITERATIONS" not in config
+    (start,) = [int(line.split("=")[1]) for line in config.split("\n") if "START_TIME=" in line]
+    # The trainers' poll interval (5 s), Kineto's warm-up (5 s) and a margin (2 s) ahead.
+    assert before_ms + 12_000 <= start <= before_ms + 13_000, (start, before_ms)
+    (status,) = auto.statuses()
+    assert "for 4 s from a common start" in status.reason
+    await auto.stop()
 
 
 def test_the_automatic_trace_is_off_unless_configured() -> None:

@@ -137,6 +137,7 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
     congestion = _Totals(facts, FABRIC_CONGESTION, lo, hi)
     errors = _Totals(facts, FABRIC_ERRORS, lo, hi)
     interrupts = _Totals(facts, ("interrupt time",), lo, hi)
+    numbered = _NcclNumbers(facts.nccl_profiled)
     out: list[CollectiveEvidence] = []
     previous: dict[str, float] = {}
     index: dict[str, int] = defaultdict(int)
@@ -191,6 +192,7 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
                 fabric_errors=errors.between(run_up, c.end_us),
                 workers=workers,
                 worker_pids=worker_pids,
+                nccl_seq=numbered.seq(c),
             )
         )
         index[c.group] += 1
@@ -369,6 +371,31 @@ def _window(facts: TraceFacts, notes: list[str]) -> tuple[float, float]:
     times = [t for v in facts.ops.values() for t in (v[0], v[-1]) if v]
     notes.append("the file has no profiler span: its whole time is compared")
     return (min(times), max(times)) if times else (0.0, 0.0)
+
+
+class _NcclNumbers:
+    """NCCL's sequence numbers of the file's collectives, from NCCL's profiler plugin's rows:
+    the plugin's collective of the same operation whose span (CPU arrival to completion)
+    overlaps the collective's most. The plugin's span begins when NCCL is called and ends
+    with the last GPU channel or proxy operation: it holds the call's CPU span and its
+    kernel on the GPU alike."""
+
+    #: Plugin collectives looked at before a collective's end, latest first (a rank has few
+    #: in flight at once).
+    LOOK_BACK = 16
+
+    def __init__(self, profiled: Iterable[tuple[str, int, float, float]]) -> None:
+        self._rows = sorted(profiled, key=lambda r: r[2])
+        self._starts = [r[2] for r in self._rows]
+
+    def seq(self, c: Collective) -> int | None:
+        best: tuple[float, int] | None = None
+        i = bisect.bisect_right(self._starts, c.end_us)
+        for op, seq, start, end in self._rows[max(0, i - self.LOOK_BACK) : i]:
+            overlap = min(end, c.end_us) - max(start, c.start_us)
+            if op == c.op and overlap >= 0 and (best is None or overlap > best[0]):
+                best = (overlap, seq)
+        return best[1] if best is not None else None
 
 
 def _collectives(facts: TraceFacts, lo: float, hi: float) -> tuple[list[Collective], str]:

@@ -44,6 +44,7 @@ from bpfdyno.rpc.kernel_tracks import (
     CAT_GPU,
     CAT_INFO,
     CAT_NCCL,
+    CAT_NCCL_PROFILER,
     CAT_NET,
     CAT_SCHED,
 )
@@ -210,6 +211,9 @@ class TraceFacts:
     #: smoothed round-trip time in ms).
     tcp_rtt: list[tuple[float, str, str, float]] = field(default_factory=list)
     nccl_calls: list[Collective] = field(default_factory=list)
+    #: NCCL's profiler plugin's collectives (the nccl track's ``NCCL collectives`` row): (the
+    #: operation in c10d's words, NCCL's seqNumber, CPU arrival, completion), in file order.
+    nccl_profiled: list[tuple[str, int, float, float]] = field(default_factory=list)
     #: GPU counters: name -> [(ts_us, value)].
     gpu_counters: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     #: The fabric track's points: (ts_us, device, group, the sum of what its counters
@@ -271,6 +275,7 @@ class _Reader:
             CAT_SCHED: self.sched,
             CAT_NET: self.net,
             CAT_NCCL: self.nccl,
+            CAT_NCCL_PROFILER: self.nccl_profiler,
             CAT_GPU: self.gpu,
             CAT_FABRIC: self.fabric,
             CAT_INFO: self.info,
@@ -556,6 +561,17 @@ class _Reader:
                 int(nbytes) if nbytes.__class__ in _NUM else 0,
             )
         )
+
+    def nccl_profiler(self, e: dict[str, Any], ts: float) -> None:
+        """A collective of NCCL's profiler plugin (its kernel channels and proxy steps, on
+        rows of their own, have no ``enqueue_ns``)."""
+        args = e.get("args") or {}
+        seq = args.get("seq")
+        if e.get("ph") != "X" or "enqueue_ns" not in args or not isinstance(seq, int):
+            return
+        if self._room(self.f.nccl_profiled):
+            op = str(e.get("name", "")).lower()  # AllReduce -> allreduce, as c10d says it
+            self.f.nccl_profiled.append((op, seq, ts, ts + self._dur(e)))
 
     def gpu(self, e: dict[str, Any], ts: float) -> None:
         if e.get("ph") != "C":

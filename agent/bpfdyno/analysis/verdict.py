@@ -6,12 +6,13 @@ Pure computation: the agent uses it for the ranks of one node (``GetTraceSummary
 clients for a whole job; both decide the same way.
 
 1. **Match** the collectives across ranks by what identifies them (`_match`,
-   `_alignment`): a collective completes on every rank at nearly the same moment, so each
-   collective votes for the other rank's collective of the same operation and size that
-   completed nearest to it on the common clock; the offset in order most votes agree on
-   pairs two ranks' groups, however far apart their windows began. What completed with none
-   of the reference's collectives is not compared (a note says so); windows that share too
-   little are not compared at all ("too little overlap: X of Y").
+   `_alignment`): NCCL's sequence number where both ranks' files have it (NCCL's
+   profiler plugin's rows); else, as a collective completes on every rank at nearly the
+   same moment, each collective votes for the other rank's collective of the same operation
+   and size that completed nearest to it on the common clock; the offset in order most
+   votes agree on pairs two ranks' groups, however far apart their windows began. What
+   completed with none of the reference's collectives is not compared (a note says so);
+   windows that share too little are not compared at all ("too little overlap: X of Y").
 2. **Arrival**: per matched collective, each rank's arrival against the median of the
    others'. A rank that arrives after them made them wait that long. Over the collectives
    (the union of those waits, so no moment counts twice and no share exceeds 100 %), it is
@@ -494,9 +495,12 @@ SAME_SIZE_OPS = frozenset(
 
 
 def _same(a: CollectiveEvidence, b: CollectiveEvidence) -> bool:
-    """Whether two ranks' collectives may be one: the same operation, and the same size where
-    both files know it and every rank's is the same."""
+    """Whether two ranks' collectives may be one: the same operation, the same NCCL sequence
+    number where both files know it, and the same size where both files know it and every
+    rank's is the same."""
     if a.op != b.op:
+        return False
+    if a.nccl_seq is not None and b.nccl_seq is not None and a.nccl_seq != b.nccl_seq:
         return False
     if a.op not in SAME_SIZE_OPS or not a.size_bytes or not b.size_bytes:
         return True
@@ -509,6 +513,10 @@ def _alignment(
     """(shift, support): the offset j - i at which b[j] is the same collective as a[i], and
     how many collectives vouch for it (0: none do).
 
+    Where both ranks' files have NCCL's sequence numbers (its profiler plugin's rows), they
+    say which collective is which whatever the clocks: each number both have votes, and the
+    offset most of them agree on wins.
+
     A collective completes on every rank at nearly the same moment (its last rank's arrival
     releases them all), so each of ``a``'s collectives votes for the one of ``b`` that
     completed nearest to it on the common clock — when that is the same operation and size,
@@ -519,6 +527,14 @@ def _alignment(
     """
     if not a or not b:
         return 0, 0
+    numbered = {c.nccl_seq: j for j, c in enumerate(b) if c.nccl_seq is not None}
+    by_number = Counter(
+        numbered[c.nccl_seq] - i
+        for i, c in enumerate(a)
+        if c.nccl_seq in numbered and _same(c, b[numbered[c.nccl_seq]])
+    )
+    if by_number:
+        return max(by_number.items(), key=lambda kv: (kv[1], -abs(kv[0])))
     a_end = [_sec(ref, c.end_unix_ns) for c in a]
     order = sorted(range(len(b)), key=lambda j: b[j].end_unix_ns)
     b_end = [_sec(r, b[j].end_unix_ns) for j in order]

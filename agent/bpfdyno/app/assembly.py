@@ -116,6 +116,7 @@ def build(cfg: Config) -> Assembly:
     from bpfdyno.sources.procs.table import ProcessTable
     from bpfdyno.sources.sched.collector import SchedCollector
     from bpfdyno.tracing.capture.manager import PRELOAD_DELAY_S, CaptureManager
+    from bpfdyno.tracing.nccl_track import NcclTrack
 
     asm = Assembly()
     on = cfg.collector_enabled
@@ -217,6 +218,12 @@ def build(cfg: Config) -> Assembly:
         if on("nccl_profiler")
         else None
     )
+    if nccl_profiler is not None and tracing.kernel_tracks is not None:
+        # During a trace asking for the nccl track, the plugin's full-mode records become
+        # rows of the file.
+        tracing.kernel_tracks.nccl = NcclTrack(
+            nccl_profiler.receiver, lambda: [t.host_pid or t.pid for t in registry.trainers()]
+        )
     detection = (
         DetectionCollector(
             # In the agent's pid namespace: what /proc shows (host_pid 0: the same).
@@ -308,7 +315,16 @@ def build(cfg: Config) -> Assembly:
     if peers is not None:
         asm.components.append(peers)
     if detection is not None and d.auto_trace:
-        auto = AutoTrace(tracing.service, d.auto_trace_iterations, d.auto_trace_every_s)
+        rank_signals = detection.rank_signals
+        auto = AutoTrace(
+            tracing.service,
+            d.auto_trace_iterations,
+            d.auto_trace_every_s,
+            detection_log,
+            socket.gethostname(),
+            job_ranks=lambda job: [r.pid for r in rank_signals(job)],
+            seconds=d.auto_trace_seconds,
+        )
         detection_log.listeners.append(auto.on_events)
         asm.components.append(auto)
     if cfg.export.jsonl.enabled:

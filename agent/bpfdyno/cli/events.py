@@ -70,4 +70,7 @@ def format_event(e: DetectionEvent) -> str:
                 f"    tid {t.tid} {t.comm} {t.state} {doing or '-'} wchan {t.wchan or '-'}"
                 f" off-CPU {t.offcpu_seconds:.0f} s, CPU share {t.oncpu_share:.2f}"
             )
+    # The automatic trace's verdict, as gputrace prints it, and its files.
+    lines += [f"    {line}" for line in e.verdict_text.splitlines()]
+    lines += [f"    file: {path}" for path in e.trace_files]
     return "\n".join(lines)

@@ -477,6 +477,10 @@ class DetectionSection:
     auto_trace: bool = False
     #: ... for this many iterations ...
     auto_trace_iterations: int = 10
+    #: ... or, when above 0, for this many seconds from one start time common to the job's
+    #: ranks (about 12 s after the confirmation: the trainers' next config poll and Kineto's
+    #: warm-up), so that every rank's window is the same stretch of time.
+    auto_trace_seconds: float = 0.0
     #: ... at most once per job in this many seconds.
     auto_trace_every_s: float = 3600.0
 
@@ -682,6 +686,8 @@ def _validate_detection(d: DetectionSection, bad: typing.Callable[[str, str], Co
         raise bad("must be at least 1", "detection.max_events")
     if d.auto_trace_iterations < 1:
         raise bad("must be at least 1", "detection.auto_trace_iterations")
+    if not 0 <= d.auto_trace_seconds <= 3600:
+        raise bad("must be 0 (iterations) to 3600 seconds", "detection.auto_trace_seconds")
     if d.auto_trace_every_s < 0:
         raise bad("must be 0 or more seconds", "detection.auto_trace_every_s")
     if not 1 <= d.gloo_max_ranks <= 65536:

@@ -9,7 +9,6 @@ memory map lock), its cost is measured like every other part's, and `bpfdyno sta
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,7 +88,6 @@ class DetectionCollector(Collector):
         self.sampler = SignalSampler(proc_root, collectives, peer_waits)
         self.detector = StragglerDetector(host, settings.detector)
         self.hangs = HangWatch(host, settings.hang, proc_root)
-        self._counts: Counter[str] = Counter()
 
     def collect(self) -> Sequence[Sample]:
         now_mono, now_unix = time.monotonic(), time.time()
@@ -99,7 +97,6 @@ class DetectionCollector(Collector):
         events = self.detector.update(signals, now_unix, peers)
         events += self.hangs.update(signals, now_mono, now_unix)
         self.events.add(events)
-        self._counts.update(e.kind.value for e in events)
         out = []
         jobs = set()
         for s in signals:
@@ -112,10 +109,11 @@ class DetectionCollector(Collector):
                 sample(m.SUSPECTED, float(state is not State.OK), labels),
                 sample(m.CONFIRMED, float(state is State.CONFIRMED), labels),
             ]
+        counts = self.events.counts()  # the automatic trace adds "traced" events too
         hung = self.hangs.hung_jobs()
         out += [sample(m.HANG, float(job in hung), {"job_id": job}) for job in sorted(jobs)]
         out += [
-            sample(m.EVENTS, float(self._counts[k.value]), {"kind": k.value})
+            sample(m.EVENTS, float(counts.get(k.value, 0)), {"kind": k.value})
             for k in DetectionKind
             if k is not DetectionKind.UNSPECIFIED
         ]

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncGenerator, Callable, Iterable
 
 from bpfdyno.rpc.detection import DetectionEvent
@@ -29,6 +29,7 @@ class EventLog:
         self.listeners: list[Callable[[list[DetectionEvent]], None]] = []
         self._events: deque[DetectionEvent] = deque(maxlen=max_events)
         self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()  # events ever added, by kind
         self._watchers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue[DetectionEvent]]] = set()
 
     def add(self, events: Iterable[DetectionEvent]) -> None:
@@ -41,10 +42,17 @@ class EventLog:
             log.warning("detection: %s (host %s, pid %d)", e.summary, e.host, e.pid)
             with self._lock:
                 self._events.append(e)
+                self._counts[e.kind.value] += 1
                 watchers = list(self._watchers)
             for loop, queue in watchers:
                 with contextlib.suppress(RuntimeError):  # its loop closed: the watcher is gone
                     loop.call_soon_threadsafe(_put, queue, e)
+
+    def counts(self) -> dict[str, int]:
+        """How many events of each kind were ever added (the collector's and the automatic
+        trace's alike), by kind word."""
+        with self._lock:
+            return dict(self._counts)
 
     def held(self, job_id: str = "") -> list[DetectionEvent]:
         """The events still held, oldest first (only ``job_id``'s when given)."""

@@ -54,6 +54,7 @@ EVENTS = TABLE.declare(
     "detection_events_total",
     MetricKind.COUNTER,
     "events",
-    "Detection events since the agent started, by kind (suspected, confirmed, cleared, hang).",
+    "Detection events since the agent started, by kind (suspected, confirmed, cleared, hang, "
+    "traced).",
     ("kind",),
 )

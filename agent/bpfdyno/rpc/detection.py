@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 
+from bpfdyno.rpc.diagnosis import Verdict
 from bpfdyno.rpc.v1 import detection_pb2 as pb
 from bpfdyno.rpc.wire import record
 
@@ -15,6 +16,7 @@ class DetectionKind(enum.Enum):
     CONFIRMED = "confirmed"
     CLEARED = "cleared"
     HANG = "hang"
+    TRACED = "traced"  # the automatic trace a confirmation started ended: its verdict
 
 
 class HangState(enum.Enum):
@@ -55,6 +57,9 @@ class DetectionEvent:
         summary: one line that says what was seen, for logs and ``bpfdyno events``.
         evidence: the signals of the interval that decided, each beside the job's median.
         hang_state, threads: hangs only (`HangState` words; "" otherwise).
+        trace_id, trace_files, verdict_text, verdict: ``traced`` only: the automatic trace,
+            the files it wrote, and its verdict as ``gputrace`` prints it and in full (None
+            when no file was written: the summary says why).
     """
 
     kind: DetectionKind
@@ -67,6 +72,10 @@ class DetectionEvent:
     evidence: tuple[SignalEvidence, ...] = ()
     hang_state: str = ""
     threads: tuple[ThreadReport, ...] = ()
+    trace_id: str = ""
+    trace_files: tuple[str, ...] = ()
+    verdict_text: str = ""
+    verdict: Verdict | None = None
 
 
 @record(pb.WatchEventsRequest, zero_is_default=True)

@@ -119,6 +119,8 @@ class CollectiveEvidence:
         workers: while the main thread waited for its DataLoader workers in the run-up
             (``data_loader``), what the workers (its child processes, recorded with it) waited
             for meanwhile, by cause, each at most that wait; ``worker_pids`` which they were.
+        nccl_seq: NCCL's sequence number of it in its communicator (NCCL's profiler plugin's
+            rows in the file); None without them.
     """
 
     op: str
@@ -138,6 +140,7 @@ class CollectiveEvidence:
     fabric_errors: int = 0
     workers: tuple[CauseTime, ...] = ()
     worker_pids: tuple[int, ...] = ()
+    nccl_seq: int | None = None
 
 
 @record(diagnosis_pb2.LossEvent)

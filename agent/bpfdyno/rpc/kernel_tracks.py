@@ -22,6 +22,8 @@ CAT_NCCL = "bpfdyno.nccl"
 CAT_GPU = "bpfdyno.gpu"
 CAT_FABRIC = "bpfdyno.fabric"
 CAT_INFO = "bpfdyno.info"
+#: NCCL's profiler plugin's rows of the nccl track (`bpfdyno.sources.nccl_profiler.track`).
+CAT_NCCL_PROFILER = "bpfdyno.nccl_profiler"
 
 
 def parse_kernel_tracks(text: str) -> tuple[str, ...] | None:

@@ -19,6 +19,10 @@ one user's merges one after another, users taking turns for the threads, so a us
 file blocks or takes long (a slow file system, a huge trace) delays only its own traces.
 
 If its trace fails or times out instead (``ended``), the recording is dropped.
+
+With the ``nccl`` track asked for and NCCL's profiler plugin loaded in the process
+(`bpfdyno.tracing.nccl_track`), the plugin is asked for full mode at (1), and its records
+inside the window are merged at (2) as rows of their own.
 """
 
 from __future__ import annotations
@@ -29,7 +33,10 @@ import dataclasses
 import logging
 import os
 import re
+import time
 from concurrent.futures import Future
+
+import orjson
 
 from bpfdyno.analysis.tracefile import DEFAULT_LIMITS, ReadLimits
 from bpfdyno.core.budget import excluded_work
@@ -43,6 +50,7 @@ from bpfdyno.tracing.capture.manager import CaptureKey, CaptureManager
 from bpfdyno.tracing.capture.records import ALL_TRACKS, TRACK_OF, ProcessCapture, Track
 from bpfdyno.tracing.capture.tracks import INFO_NAME, Sink, Window, write_tracks
 from bpfdyno.tracing.merge import Insertion, MergeError, TraceLayout, merge_into_trace
+from bpfdyno.tracing.nccl_track import NcclRecords, NcclTrack
 from bpfdyno.tracing.traces import KernelTrackState, PartRef, TraceTracker
 
 log = logging.getLogger(__name__)
@@ -85,6 +93,9 @@ class KernelTracks:
         #: Merges done and failed (for status).
         self.merged = 0
         self.failed = 0
+        #: NCCL's profiler plugin in full mode for traced processes (set by the assembly when
+        #: the nccl_profiler collector runs).
+        self.nccl: NcclTrack | None = None
 
     # -- TraceListener -------------------------------------------------------------------
 
@@ -92,6 +103,11 @@ class KernelTracks:
         """Start recording the process."""
         key = _capture_key(part)
         self._arming[key] = self._manager.begin(key, part.tracks)
+        if self.nccl is not None and Track.NCCL in part.tracks.tracks:
+            try:
+                self.nccl.begin(part.kernel_pid, part.deadline_mono - time.monotonic())
+            except OSError as e:  # its file cannot be read now: the trace goes on without
+                log.warning("NCCL profiler full mode not asked of pid %d: %s", part.kernel_pid, e)
 
     def armed(self, part: PartRef) -> bool:
         """Whether the process's recording is in place (or known not to be possible)."""
@@ -126,9 +142,10 @@ class KernelTracks:
 
     async def _finish(self, part: PartRef) -> None:
         outcome = await self._recorded(part)
+        nccl = await self._nccl_records(part)
         try:
             status, size = await self._lanes.run(
-                owner_or_root(part.owner_uid), self._write, part, outcome
+                owner_or_root(part.owner_uid), self._write, part, outcome, nccl
             )
         except StoppedError:
             return  # the agent is stopping
@@ -137,6 +154,16 @@ class KernelTracks:
         else:
             self.failed += 1
         self._tracker.merge_done(part.trace_id, part.address, status, size)
+
+    async def _nccl_records(self, part: PartRef) -> NcclRecords | None:
+        """What the process's NCCL profiler plugin recorded in full mode, if it was asked."""
+        if self.nccl is None or Track.NCCL not in part.tracks.tracks:
+            return None
+        try:
+            return await asyncio.to_thread(self.nccl.end, part.kernel_pid)
+        except OSError as e:
+            log.warning("NCCL profiler records of pid %d not read: %s", part.kernel_pid, e)
+            return None
 
     async def _recorded(self, part: PartRef) -> ProcessCapture | TrackStatus:
         """What the capture recorded of ``part``'s process, or why there is nothing."""
@@ -160,13 +187,13 @@ class KernelTracks:
         return capture
 
     def _write(
-        self, part: PartRef, outcome: ProcessCapture | TrackStatus
+        self, part: PartRef, outcome: ProcessCapture | TrackStatus, nccl: NcclRecords | None
     ) -> tuple[TrackStatus, int]:
         """In the owner's lane: merge what was recorded; the outcome and the file's size."""
         if isinstance(outcome, TrackStatus):
             return outcome, _size(part.local_path)
         try:
-            status = self.merge(part, outcome)
+            status = self.merge(part, outcome, nccl)
         except Exception as e:  # a bug: the file is intact (the merge writes a copy)
             log.exception("merging the kernel tracks into %s failed", part.output_path)
             status = TrackStatus(
@@ -174,13 +201,15 @@ class KernelTracks:
             )
         return status, _size(part.local_path)
 
-    def merge(self, part: PartRef, capture: ProcessCapture) -> TrackStatus:
+    def merge(
+        self, part: PartRef, capture: ProcessCapture, nccl: NcclRecords | None = None
+    ) -> TrackStatus:
         """Write ``capture`` into ``part``'s file (blocking); the outcome as a status.
 
         Work a trace request asked for: not counted against the overhead budget.
         """
         with excluded_work():
-            return merge_capture(part, capture, self._recorder, self._limits)
+            return merge_capture(part, capture, self._recorder, self._limits, nccl)
 
 
 def merge_capture(
@@ -188,6 +217,7 @@ def merge_capture(
     capture: ProcessCapture,
     recorder: FlightRecorder | None = None,
     limits: ReadLimits = DEFAULT_LIMITS,
+    nccl: NcclRecords | None = None,
 ) -> TrackStatus:
     """Write ``capture`` into ``part``'s file (blocking); the outcome as a status.
 
@@ -196,6 +226,7 @@ def merge_capture(
     capture: what was recorded for it.
     recorder: the flight recorder, for the rare network events of the pre-window.
     limits: how much JSON the file may inflate to (a gzip file).
+    nccl: the NCCL profiler plugin's full-mode records of the process, if any.
     """
     requested = part.tracks.names()
     kept = {t: 0 for t in ALL_TRACKS}
@@ -217,7 +248,10 @@ def merge_capture(
     lost = capture.dropped_over_cap + sum(st.lost_kernel for st in capture.stats.values())
     if lost:
         notes.append(f"{lost} records lost (see the file's '{INFO_NAME}' slice)")
-    if not merged:
+    # NCCL's profiler plugin stands for the nccl track where the uprobes saw nothing (a
+    # libnccl they could not attach to): its rows are merged on their own.
+    profiler = nccl is not None and Track.NCCL in part.tracks.tracks and bool(nccl.records)
+    if not merged and not profiler:
         return TrackStatus(
             requested,
             KernelTrackState.NOT_MERGED,
@@ -230,6 +264,7 @@ def merge_capture(
         # the kernel tracks go into the same process's rows.
         capture = dataclasses.replace(capture, pid=part.pid, host_pid=capture.pid)
     counted: list[int] = []
+    profiler_events: list[int] = []
 
     def build(layout: TraceLayout) -> Insertion:
         if layout.window_ns is not None:
@@ -240,7 +275,15 @@ def merge_capture(
 
         def write(sink: Sink) -> None:  # streamed into the file, row by row
             counts, _ = write_tracks(capture, layout.base_ns, window, merged, sink, pre)
-            counted.append(sum(counts.values()))
+            extra = (
+                nccl.events(part.pid, layout.base_ns, (window.start_ns, window.end_ns))
+                if nccl is not None and profiler
+                else []
+            )
+            for event in extra:
+                sink(orjson.dumps(event))
+            profiler_events.append(sum(e["ph"] == "X" for e in extra))
+            counted.append(sum(counts.values()) + profiler_events[0])
 
         # Without a rank, HTA and co. cannot tell the files of a job apart (see
         # capture.manager.distributed_info); Kineto's own distributedInfo always wins.
@@ -272,10 +315,12 @@ def merge_capture(
         part.output_path,
         result.seconds,
     )
+    if profiler_events and profiler_events[0]:
+        merged.append(Track.NCCL)
     return TrackStatus(
         requested,
         KernelTrackState.MERGED,
-        tuple(t.value for t in merged),
+        tuple(t.value for t in ALL_TRACKS if t in merged),
         events=counted[0] if counted else 0,
         lost=lost,
         reason="; ".join(notes),

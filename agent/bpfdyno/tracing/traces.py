@@ -181,6 +181,7 @@ class PartRef:
     owner_uid: int | None = None  # the traced process's owner (None: unknown, treat as root)
     fs_root: str = ""  # see `NewProcess.fs_root`
     host_pid: int = 0  # see `NewProcess.host_pid`
+    deadline_mono: float = 0.0  # when the trace times out (time.monotonic)
 
     @property
     def kernel_pid(self) -> int:
@@ -340,6 +341,7 @@ class TraceTracker:
             p.owner_uid,
             p.fs_root,
             p.host_pid,
+            tr.deadline_mono,
         )
 
     def _forget_old(self) -> None:

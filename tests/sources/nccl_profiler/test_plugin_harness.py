@@ -354,7 +354,9 @@ def test_full_mode_records_become_a_trace_track(plugin: Plugin, shm: Path) -> No
     offset = receiver.realtime_offset_ns(os.getpid())
     base = offset  # ts 0 of the file at monotonic 0: ts is then the monotonic time in µs
     events = trace_events(receiver.drain_records(os.getpid()), 77, offset, base)
-    assert [(e["ph"], e["tid"], e["name"], e.get("ts"), e.get("dur")) for e in events] == [
+    rows = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert rows == {1_100_000_003: "NCCL kernel channels", 1_100_000_004: "NCCL proxy steps"}
+    assert [(e["ph"], rows[e["tid"]], e["name"], e.get("ts"), e.get("dur")) for e in events] == [
         ("X", "NCCL proxy steps", "step 0 channel 0", 3.0, 2.0),
         ("X", "NCCL proxy steps", "step 0 channel 1", 3.1, 3.2),
         ("X", "NCCL kernel channels", "AllReduce channel 0", 1.5, 5.4),

@@ -22,35 +22,36 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from bpfdyno.rpc.v1 import diagnosis_pb2 as bpfdyno_dot_rpc_dot_v1_dot_diagnosis__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x62pfdyno/rpc/v1/detection.proto\x12\x0e\x62pfdyno.rpc.v1\"A\n\x0eSignalEvidence\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\x12\x12\n\njob_median\x18\x03 \x01(\x01\"\x99\x01\n\x0cThreadReport\x12\x0b\n\x03tid\x18\x01 \x01(\x05\x12\x0c\n\x04\x63omm\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0f\n\x07syscall\x18\x04 \x01(\t\x12\r\n\x05wchan\x18\x05 \x01(\t\x12\x12\n\nwaiting_on\x18\x06 \x01(\t\x12\x16\n\x0eoffcpu_seconds\x18\x07 \x01(\x01\x12\x13\n\x0boncpu_share\x18\x08 \x01(\x01\"\x92\x02\n\x0e\x44\x65tectionEvent\x12+\n\x04kind\x18\x01 \x01(\x0e\x32\x1d.bpfdyno.rpc.v1.DetectionKind\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x0c\n\x04host\x18\x05 \x01(\t\x12\x14\n\x0cunix_seconds\x18\x06 \x01(\x01\x12\x0f\n\x07summary\x18\x07 \x01(\t\x12\x30\n\x08\x65vidence\x18\x08 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.SignalEvidence\x12\x12\n\nhang_state\x18\t \x01(\t\x12-\n\x07threads\x18\n \x03(\x0b\x32\x1c.bpfdyno.rpc.v1.ThreadReport\"$\n\x12WatchEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"#\n\x11ListEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"D\n\x12ListEventsResponse\x12.\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.DetectionEvent\"\xe0\x02\n\nRankSignal\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x0c\n\x04host\x18\x04 \x01(\t\x12\x18\n\x10\x65nd_unix_seconds\x18\x05 \x01(\x01\x12\x18\n\x10interval_seconds\x18\x06 \x01(\x01\x12\x15\n\roncpu_seconds\x18\x07 \x01(\x01\x12\x19\n\x11runq_wait_seconds\x18\x08 \x01(\x01\x12\x1c\n\x14main_waiting_seconds\x18\t \x01(\x01\x12\x19\n\x11throttled_seconds\x18\n \x01(\x01\x12\x10\n\x08io_bytes\x18\x0b \x01(\x04\x12\"\n\x15in_collective_seconds\x18\x0c \x01(\x01H\x00\x88\x01\x01\x12\x19\n\x0clate_seconds\x18\r \x01(\x01H\x01\x88\x01\x01\x42\x18\n\x16_in_collective_secondsB\x0f\n\r_late_seconds\"\'\n\x15GetRankSignalsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"E\n\x16GetRankSignalsResponse\x12+\n\x07signals\x18\x01 \x03(\x0b\x32\x1a.bpfdyno.rpc.v1.RankSignal*\xa0\x01\n\rDetectionKind\x12\x1e\n\x1a\x44\x45TECTION_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x44\x45TECTION_KIND_SUSPECTED\x10\x01\x12\x1c\n\x18\x44\x45TECTION_KIND_CONFIRMED\x10\x02\x12\x1a\n\x16\x44\x45TECTION_KIND_CLEARED\x10\x03\x12\x17\n\x13\x44\x45TECTION_KIND_HANG\x10\x04\x32\x96\x02\n\tDetection\x12S\n\x0bWatchEvents\x12\".bpfdyno.rpc.v1.WatchEventsRequest\x1a\x1e.bpfdyno.rpc.v1.DetectionEvent0\x01\x12S\n\nListEvents\x12!.bpfdyno.rpc.v1.ListEventsRequest\x1a\".bpfdyno.rpc.v1.ListEventsResponse\x12_\n\x0eGetRankSignals\x12%.bpfdyno.rpc.v1.GetRankSignalsRequest\x1a&.bpfdyno.rpc.v1.GetRankSignalsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x62pfdyno/rpc/v1/detection.proto\x12\x0e\x62pfdyno.rpc.v1\x1a\x1e\x62pfdyno/rpc/v1/diagnosis.proto\"A\n\x0eSignalEvidence\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\x12\x12\n\njob_median\x18\x03 \x01(\x01\"\x99\x01\n\x0cThreadReport\x12\x0b\n\x03tid\x18\x01 \x01(\x05\x12\x0c\n\x04\x63omm\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0f\n\x07syscall\x18\x04 \x01(\t\x12\r\n\x05wchan\x18\x05 \x01(\t\x12\x12\n\nwaiting_on\x18\x06 \x01(\t\x12\x16\n\x0eoffcpu_seconds\x18\x07 \x01(\x01\x12\x13\n\x0boncpu_share\x18\x08 \x01(\x01\"\xf9\x02\n\x0e\x44\x65tectionEvent\x12+\n\x04kind\x18\x01 \x01(\x0e\x32\x1d.bpfdyno.rpc.v1.DetectionKind\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x0c\n\x04host\x18\x05 \x01(\t\x12\x14\n\x0cunix_seconds\x18\x06 \x01(\x01\x12\x0f\n\x07summary\x18\x07 \x01(\t\x12\x30\n\x08\x65vidence\x18\x08 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.SignalEvidence\x12\x12\n\nhang_state\x18\t \x01(\t\x12-\n\x07threads\x18\n \x03(\x0b\x32\x1c.bpfdyno.rpc.v1.ThreadReport\x12\x10\n\x08trace_id\x18\x0b \x01(\t\x12\x13\n\x0btrace_files\x18\x0c \x03(\t\x12\x14\n\x0cverdict_text\x18\r \x01(\t\x12(\n\x07verdict\x18\x0e \x01(\x0b\x32\x17.bpfdyno.rpc.v1.Verdict\"$\n\x12WatchEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"#\n\x11ListEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"D\n\x12ListEventsResponse\x12.\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1e.bpfdyno.rpc.v1.DetectionEvent\"\xe0\x02\n\nRankSignal\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x0c\n\x04host\x18\x04 \x01(\t\x12\x18\n\x10\x65nd_unix_seconds\x18\x05 \x01(\x01\x12\x18\n\x10interval_seconds\x18\x06 \x01(\x01\x12\x15\n\roncpu_seconds\x18\x07 \x01(\x01\x12\x19\n\x11runq_wait_seconds\x18\x08 \x01(\x01\x12\x1c\n\x14main_waiting_seconds\x18\t \x01(\x01\x12\x19\n\x11throttled_seconds\x18\n \x01(\x01\x12\x10\n\x08io_bytes\x18\x0b \x01(\x04\x12\"\n\x15in_collective_seconds\x18\x0c \x01(\x01H\x00\x88\x01\x01\x12\x19\n\x0clate_seconds\x18\r \x01(\x01H\x01\x88\x01\x01\x42\x18\n\x16_in_collective_secondsB\x0f\n\r_late_seconds\"\'\n\x15GetRankSignalsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"E\n\x16GetRankSignalsResponse\x12+\n\x07signals\x18\x01 \x03(\x0b\x32\x1a.bpfdyno.rpc.v1.RankSignal*\xbb\x01\n\rDetectionKind\x12\x1e\n\x1a\x44\x45TECTION_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x44\x45TECTION_KIND_SUSPECTED\x10\x01\x12\x1c\n\x18\x44\x45TECTION_KIND_CONFIRMED\x10\x02\x12\x1a\n\x16\x44\x45TECTION_KIND_CLEARED\x10\x03\x12\x17\n\x13\x44\x45TECTION_KIND_HANG\x10\x04\x12\x19\n\x15\x44\x45TECTION_KIND_TRACED\x10\x05\x32\x96\x02\n\tDetection\x12S\n\x0bWatchEvents\x12\".bpfdyno.rpc.v1.WatchEventsRequest\x1a\x1e.bpfdyno.rpc.v1.DetectionEvent0\x01\x12S\n\nListEvents\x12!.bpfdyno.rpc.v1.ListEventsRequest\x1a\".bpfdyno.rpc.v1.ListEventsResponse\x12_\n\x0eGetRankSignals\x12%.bpfdyno.rpc.v1.GetRankSignalsRequest\x1a&.bpfdyno.rpc.v1.GetRankSignalsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'bpfdyno.rpc.v1.detection_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DETECTIONKIND']._serialized_start=1163
-  _globals['_DETECTIONKIND']._serialized_end=1323
-  _globals['_SIGNALEVIDENCE']._serialized_start=50
-  _globals['_SIGNALEVIDENCE']._serialized_end=115
-  _globals['_THREADREPORT']._serialized_start=118
-  _globals['_THREADREPORT']._serialized_end=271
-  _globals['_DETECTIONEVENT']._serialized_start=274
-  _globals['_DETECTIONEVENT']._serialized_end=548
-  _globals['_WATCHEVENTSREQUEST']._serialized_start=550
-  _globals['_WATCHEVENTSREQUEST']._serialized_end=586
-  _globals['_LISTEVENTSREQUEST']._serialized_start=588
-  _globals['_LISTEVENTSREQUEST']._serialized_end=623
-  _globals['_LISTEVENTSRESPONSE']._serialized_start=625
-  _globals['_LISTEVENTSRESPONSE']._serialized_end=693
-  _globals['_RANKSIGNAL']._serialized_start=696
-  _globals['_RANKSIGNAL']._serialized_end=1048
-  _globals['_GETRANKSIGNALSREQUEST']._serialized_start=1050
-  _globals['_GETRANKSIGNALSREQUEST']._serialized_end=1089
-  _globals['_GETRANKSIGNALSRESPONSE']._serialized_start=1091
-  _globals['_GETRANKSIGNALSRESPONSE']._serialized_end=1160
-  _globals['_DETECTION']._serialized_start=1326
-  _globals['_DETECTION']._serialized_end=1604
+  _globals['_DETECTIONKIND']._serialized_start=1298
+  _globals['_DETECTIONKIND']._serialized_end=1485
+  _globals['_SIGNALEVIDENCE']._serialized_start=82
+  _globals['_SIGNALEVIDENCE']._serialized_end=147
+  _globals['_THREADREPORT']._serialized_start=150
+  _globals['_THREADREPORT']._serialized_end=303
+  _globals['_DETECTIONEVENT']._serialized_start=306
+  _globals['_DETECTIONEVENT']._serialized_end=683
+  _globals['_WATCHEVENTSREQUEST']._serialized_start=685
+  _globals['_WATCHEVENTSREQUEST']._serialized_end=721
+  _globals['_LISTEVENTSREQUEST']._serialized_start=723
+  _globals['_LISTEVENTSREQUEST']._serialized_end=758
+  _globals['_LISTEVENTSRESPONSE']._serialized_start=760
+  _globals['_LISTEVENTSRESPONSE']._serialized_end=828
+  _globals['_RANKSIGNAL']._serialized_start=831
+  _globals['_RANKSIGNAL']._serialized_end=1183
+  _globals['_GETRANKSIGNALSREQUEST']._serialized_start=1185
+  _globals['_GETRANKSIGNALSREQUEST']._serialized_end=1224
+  _globals['_GETRANKSIGNALSRESPONSE']._serialized_start=1226
+  _globals['_GETRANKSIGNALSRESPONSE']._serialized_end=1295
+  _globals['_DETECTION']._serialized_start=1488
+  _globals['_DETECTION']._serialized_end=1766
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from bpfdyno.rpc.v1 import diagnosis_pb2 as _diagnosis_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -14,11 +15,13 @@ class DetectionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DETECTION_KIND_CONFIRMED: _ClassVar[DetectionKind]
     DETECTION_KIND_CLEARED: _ClassVar[DetectionKind]
     DETECTION_KIND_HANG: _ClassVar[DetectionKind]
+    DETECTION_KIND_TRACED: _ClassVar[DetectionKind]
 DETECTION_KIND_UNSPECIFIED: DetectionKind
 DETECTION_KIND_SUSPECTED: DetectionKind
 DETECTION_KIND_CONFIRMED: DetectionKind
 DETECTION_KIND_CLEARED: DetectionKind
 DETECTION_KIND_HANG: DetectionKind
+DETECTION_KIND_TRACED: DetectionKind
 
 class SignalEvidence(_message.Message):
     __slots__ = ("name", "value", "job_median")
@@ -51,7 +54,7 @@ class ThreadReport(_message.Message):
     def __init__(self, tid: _Optional[int] = ..., comm: _Optional[str] = ..., state: _Optional[str] = ..., syscall: _Optional[str] = ..., wchan: _Optional[str] = ..., waiting_on: _Optional[str] = ..., offcpu_seconds: _Optional[float] = ..., oncpu_share: _Optional[float] = ...) -> None: ...
 
 class DetectionEvent(_message.Message):
-    __slots__ = ("kind", "job_id", "rank", "pid", "host", "unix_seconds", "summary", "evidence", "hang_state", "threads")
+    __slots__ = ("kind", "job_id", "rank", "pid", "host", "unix_seconds", "summary", "evidence", "hang_state", "threads", "trace_id", "trace_files", "verdict_text", "verdict")
     KIND_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +65,10 @@ class DetectionEvent(_message.Message):
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     HANG_STATE_FIELD_NUMBER: _ClassVar[int]
     THREADS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FILES_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
     kind: DetectionKind
     job_id: str
     rank: int
@@ -72,7 +79,11 @@ class DetectionEvent(_message.Message):
     evidence: _containers.RepeatedCompositeFieldContainer[SignalEvidence]
     hang_state: str
     threads: _containers.RepeatedCompositeFieldContainer[ThreadReport]
-    def __init__(self, kind: _Optional[_Union[DetectionKind, str]] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., unix_seconds: _Optional[float] = ..., summary: _Optional[str] = ..., evidence: _Optional[_Iterable[_Union[SignalEvidence, _Mapping]]] = ..., hang_state: _Optional[str] = ..., threads: _Optional[_Iterable[_Union[ThreadReport, _Mapping]]] = ...) -> None: ...
+    trace_id: str
+    trace_files: _containers.RepeatedScalarFieldContainer[str]
+    verdict_text: str
+    verdict: _diagnosis_pb2.Verdict
+    def __init__(self, kind: _Optional[_Union[DetectionKind, str]] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., unix_seconds: _Optional[float] = ..., summary: _Optional[str] = ..., evidence: _Optional[_Iterable[_Union[SignalEvidence, _Mapping]]] = ..., hang_state: _Optional[str] = ..., threads: _Optional[_Iterable[_Union[ThreadReport, _Mapping]]] = ..., trace_id: _Optional[str] = ..., trace_files: _Optional[_Iterable[str]] = ..., verdict_text: _Optional[str] = ..., verdict: _Optional[_Union[_diagnosis_pb2.Verdict, _Mapping]] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
     __slots__ = ("job_id",)

@@ -35,7 +35,7 @@ class Instance(_message.Message):
     def __init__(self, cause: _Optional[str] = ..., ts_us: _Optional[float] = ..., start_unix_ns: _Optional[int] = ..., duration_ns: _Optional[int] = ..., detail: _Optional[str] = ..., tid: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class CollectiveEvidence(_message.Message):
-    __slots__ = ("op", "source", "group", "index", "step", "size_bytes", "arrival_unix_ns", "end_unix_ns", "before", "during", "holders", "worst", "loss_events", "fabric_congestion", "fabric_errors", "workers", "worker_pids")
+    __slots__ = ("op", "source", "group", "index", "step", "size_bytes", "arrival_unix_ns", "end_unix_ns", "before", "during", "holders", "worst", "loss_events", "fabric_congestion", "fabric_errors", "workers", "worker_pids", "nccl_seq")
     OP_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,7 @@ class CollectiveEvidence(_message.Message):
     FABRIC_ERRORS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     WORKER_PIDS_FIELD_NUMBER: _ClassVar[int]
+    NCCL_SEQ_FIELD_NUMBER: _ClassVar[int]
     op: str
     source: str
     group: str
@@ -70,7 +71,8 @@ class CollectiveEvidence(_message.Message):
     fabric_errors: int
     workers: _containers.RepeatedCompositeFieldContainer[CauseTime]
     worker_pids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, op: _Optional[str] = ..., source: _Optional[str] = ..., group: _Optional[str] = ..., index: _Optional[int] = ..., step: _Optional[int] = ..., size_bytes: _Optional[int] = ..., arrival_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., before: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ..., during: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ..., holders: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ..., worst: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ..., loss_events: _Optional[int] = ..., fabric_congestion: _Optional[int] = ..., fabric_errors: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ..., worker_pids: _Optional[_Iterable[int]] = ...) -> None: ...
+    nccl_seq: int
+    def __init__(self, op: _Optional[str] = ..., source: _Optional[str] = ..., group: _Optional[str] = ..., index: _Optional[int] = ..., step: _Optional[int] = ..., size_bytes: _Optional[int] = ..., arrival_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., before: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ..., during: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ..., holders: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ..., worst: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ..., loss_events: _Optional[int] = ..., fabric_congestion: _Optional[int] = ..., fabric_errors: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[CauseTime, _Mapping]]] = ..., worker_pids: _Optional[_Iterable[int]] = ..., nccl_seq: _Optional[int] = ...) -> None: ...
 
 class LossEvent(_message.Message):
     __slots__ = ("kind", "ts_us", "unix_ns", "local", "peer")

@@ -14,8 +14,12 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from bpfdyno.rpc.kernel_tracks import CAT_NCCL_PROFILER
 from bpfdyno.sources.nccl_profiler.layout import FUNC_NAMES, Record, RecordKind
 
+#: The rows' thread ids: numbers (as every other row of a trace file), apart from the
+#: kernel tracks' synthetic rows (from 1_000_000_000 up) and from real threads.
+TID_BASE = 1_100_000_000
 #: Thread row names, per record kind.
 ROWS = {
     RecordKind.COLL: "NCCL collectives",
@@ -95,10 +99,10 @@ def trace_events(
         events.append(
             {
                 "ph": "X",
-                "cat": "nccl_profiler",
+                "cat": CAT_NCCL_PROFILER,
                 "name": name,
                 "pid": pid,
-                "tid": ROWS[kind],
+                "tid": TID_BASE + kind,
                 "ts": (r.start_ns + realtime_offset_ns - base_ns) / 1000,
                 "dur": r.duration_ns / 1000,
                 "args": args,
@@ -110,7 +114,7 @@ def trace_events(
                 "ph": "M",
                 "name": "thread_name",
                 "pid": pid,
-                "tid": ROWS[kind],
+                "tid": TID_BASE + kind,
                 "args": {"name": ROWS[kind]},
             }
         )
