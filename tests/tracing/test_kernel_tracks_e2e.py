@@ -4,6 +4,7 @@ programs in the kernel, the merge into the file Kineto wrote."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -431,10 +432,33 @@ async def test_nccl_calls_with_their_exact_arguments(capture_harness: Harness) -
         assert sorted(e["name"] for e in inner) == ["ncclRecv", "ncclSend"]
 
 
+@contextlib.contextmanager
+def heavy_cpu_group() -> Iterator[Path]:
+    """A cpu cgroup of its own at the top level with the largest weight there is: its tasks
+    get nearly all of a CPU they share with the machine's other work (about 250 times a
+    nice-0 task's share), so what they do to one another does not depend on that work."""
+    root = Path("/sys/fs/cgroup/cpu")
+    v2 = not (root / "cpu.shares").exists()
+    if v2:
+        root = Path("/sys/fs/cgroup")
+    d = root / f"bds{os.getpid()}-contention"
+    d.mkdir()
+    try:
+        (d / ("cpu.weight" if v2 else "cpu.shares")).write_text("10000" if v2 else "262144")
+        yield d
+    finally:
+        # Whatever is still in it goes back to the top (a process that has exited is gone).
+        for pid in (d / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (root / "cgroup.procs").write_text(pid)
+        d.rmdir()
+
+
 async def test_cpu_contention_shows_as_waiting_for_a_cpu(capture_harness: Harness) -> None:
     """Two spinners pinned to the trainer's CPU: its main thread spends much of the window
     runnable but not running ("runnable: preempted"), and the slices name the spinners as the
-    tasks that held the CPU."""
+    tasks that held the CPU. The three share a heavy cgroup, so the spinners are the holders
+    even when a loaded machine runs many other tasks on that CPU."""
     h = capture_harness
     cpu = 0
     spin = (
@@ -442,25 +466,29 @@ async def test_cpu_contention_shows_as_waiting_for_a_cpu(capture_harness: Harnes
         "ctypes.CDLL(None).prctl(15, b'cpu-hog', 0, 0, 0)  # PR_SET_NAME\n"
         "while True: pass"
     )
-    spinners = [
-        subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in range(2)
-    ]
-    try:
-        # 10 ms of CPU per step, 50 steps: the window is about 1.5 s of sharing the CPU.
-        trainer = h.spawn_script("linear.py", "--step-sleep=0", "--busy-ms=10", f"--cpu={cpu}")
-        [pid] = await trainer.wait_ready(timeout=120)
-        await h.wait_trainers(lambda ts: [t.pid for t in ts] == [pid])
-        res = h.service.start_trace(
-            TraceRequest(
-                options=TraceSpec(log_file=str(h.trace_dir / "s.json"), iterations=50),
-                kernel_tracks=("sched",),
+    with heavy_cpu_group() as group:
+        spinners = [
+            subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in range(2)
+        ]
+        try:
+            for s in spinners:
+                (group / "cgroup.procs").write_text(str(s.pid))
+            # 10 ms of CPU per step, 50 steps: the window is about 1.5 s of sharing the CPU.
+            trainer = h.spawn_script("linear.py", "--step-sleep=0", "--busy-ms=10", f"--cpu={cpu}")
+            (group / "cgroup.procs").write_text(str(trainer.pid))  # all its threads
+            [pid] = await trainer.wait_ready(timeout=120)
+            await h.wait_trainers(lambda ts: [t.pid for t in ts] == [pid])
+            res = h.service.start_trace(
+                TraceRequest(
+                    options=TraceSpec(log_file=str(h.trace_dir / "s.json"), iterations=50),
+                    kernel_tracks=("sched",),
+                )
             )
-        )
-        view = await h.wait_done(res.trace_id, timeout=120)
-    finally:
-        for s in spinners:
-            s.kill()
-            s.wait()
+            view = await h.wait_done(res.trace_id, timeout=120)
+        finally:
+            for s in spinners:
+                s.kill()
+                s.wait()
     [p] = view.processes
     assert p.kernel_tracks.state is KernelTrackState.MERGED, p.kernel_tracks
     evs = events(p.output_path)
@@ -480,10 +508,12 @@ async def test_cpu_contention_shows_as_waiting_for_a_cpu(capture_harness: Harnes
     # Three runnable tasks share the CPU fairly: the trainer waits about 2/3 of the time.
     waited = sum(e["dur"] for e in preempted)
     assert waited >= 0.3 * (hi - lo), (waited, hi - lo)
-    # ... for the spinners, among others: each slice names the task that held the CPU. The
-    # spinners hold it most of the time on a quiet machine; whatever
-    # else the machine runs on that CPU (kernel threads, other tests' processes on a loaded
-    # machine) takes its share, so the bound is loose.
+    # ... for the spinners: each slice names the task that held the CPU just before the
+    # trainer ran again. The group leaves the machine's other tasks on that CPU a few percent
+    # of its time, but a task woken there (another test's gloo thread, ksoftirqd) that runs
+    # for a moment between a spinner and the trainer is the one named: under a load of 33 on
+    # two CPUs the spinners were named for 35-36 % of the wait (on a quiet machine nearly
+    # all of it), and without the group for 7.8 %.
     hogs = {s.pid for s in spinners}
     held: dict[str, float] = defaultdict(float)
     for e in preempted:
@@ -492,7 +522,7 @@ async def test_cpu_contention_shows_as_waiting_for_a_cpu(capture_harness: Harnes
         if args["held_by_pid"] in hogs:
             assert (args["held_by_comm"], args["held_by_tid"]) == ("cpu-hog", args["held_by_pid"])
         held["hogs" if args["held_by_pid"] in hogs else args["held_by_comm"]] += e["dur"]
-    assert held["hogs"] >= waited / 10, held
+    assert held["hogs"] >= 0.2 * waited, dict(held)
     assert {e["args"]["held_by_pid"] for e in preempted} >= hogs  # both of them
 
 
