@@ -24,7 +24,8 @@ def test_default_assembly_has_every_collector_and_the_tracing_component() -> Non
     assert [c.name for c in asm.collectors] == [*KNOWN_COLLECTORS, "budget"]
     assert asm.budget is asm.collectors[-1]
     assert asm.disabled == []
-    assert [c.name for c in asm.components] == ["tracing"]
+    # The detection's peers are found from the job (SLURM) unless configured by hand.
+    assert [c.name for c in asm.components] == ["tracing", "detection_peers"]
     assert len(asm.servicers) == 5  # Kernel, Tracing, Audit, Kineto, Detection (+ Agent)
     assert asm.sinks == []
     # perf_sw counts context switches with the sched programs' counters, not its own.

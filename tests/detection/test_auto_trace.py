@@ -177,4 +177,4 @@ def test_the_automatic_trace_is_off_unless_configured() -> None:
     names = [c.name for c in assembly.build(load(None)).components]
     assert "detection_auto_trace" not in names
     on = assembly.build(load(None, [("detection.auto_trace", "true")])).components
-    assert [c.name for c in on] == ["tracing", "detection_auto_trace"]
+    assert [c.name for c in on] == ["tracing", "detection_peers", "detection_auto_trace"]

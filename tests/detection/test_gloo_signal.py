@@ -91,8 +91,14 @@ def test_a_gloo_rank_s_wait_for_its_late_peer_is_its_peer_wait(
     sampler = SignalSampler(peer_waits=waits)
     ranks = [RankProcess(p.pid, "41") for p in job]
     try:
-        assert sampler.sample(ranks, time.monotonic()) == []  # the base; the probes go on
-        assert waits.error == ""
+        # The program compiles on a thread of its own: a rank has a value once it is loaded
+        # and the rank's library probed.
+        deadline = time.monotonic() + 120
+        while waits.wait_ns(job[0].pid) is None:
+            assert waits.error == ""
+            assert time.monotonic() < deadline, "gloo's probes not on in 120 s"
+            time.sleep(0.1)
+        assert sampler.sample(ranks, time.monotonic()) == []  # the base
         for p in job:
             assert p.stdin is not None
             p.stdin.write("\n")

@@ -4,8 +4,10 @@ gloo reads its peer connections on its own loop thread without blocking (after e
 socket is readable); a thread running a collective waits in
 ``gloo::transport::tcp::UnboundBuffer::waitRecv`` until the peer's bytes have arrived on the
 connection. ``bpf/gloo.bpf.c`` times that function with a uprobe and a uretprobe on the library
-that holds gloo (PyTorch's ``libtorch_cpu.so``), summed per process. The program is loaded on
-the first process asked about; each library file is probed once, whichever process led to it.
+that holds gloo (PyTorch's ``libtorch_cpu.so``), summed per process. The program is compiled
+and loaded on a thread of its own when the first process is asked about (a compile takes
+seconds: the detection's round does not wait for it; a process has no value until then);
+each library file is probed once, whichever process led to it.
 
 The file is held open and probed as ``/proc/self/fd/N``: the process that led to it (through
 ``/proc/PID/root``, its mount namespace) may be gone when the probes are detached.
@@ -91,6 +93,8 @@ class GlooWaits:
         self._header_cache = header_cache
         self._lock = threading.Lock()
         self._program: BpfProgram | None = None
+        self._loader: threading.Thread | None = None
+        self._closed = False
         #: Why the program could not be loaded ("" while it could, or was not tried).
         self.error = ""
         self._libraries: dict[tuple[int, int], _Library] = {}  # (st_dev, st_ino) -> probed file
@@ -99,11 +103,15 @@ class GlooWaits:
 
     def wait_ns(self, pid: int) -> int | None:
         """The time ``pid``'s threads have waited in gloo for their peers since it was first
-        asked about (None: it has no gloo, or the probes cannot be attached)."""
+        asked about with the program loaded (None: not loaded yet, no gloo in it, or the
+        probes cannot be attached)."""
         with self._lock:
+            if self._program is None:
+                self._start_loading()
+                return None
             if pid not in self._watched:
                 self._watched[pid] = self._watch(pid)
-            if self._watched[pid] is None or self._program is None:
+            if self._watched[pid] is None:
                 return None
             try:
                 value = self._program.table("bpfdyno_glpids")[pid]
@@ -130,6 +138,11 @@ class GlooWaits:
 
     def close(self) -> None:
         """Detach everything and unload the program."""
+        with self._lock:
+            self._closed = True
+            loader = self._loader
+        if loader is not None:
+            loader.join()  # a program loaded meanwhile is closed below
         with self._lock:
             for key, lib in list(self._libraries.items()):
                 self._drop(key, lib)
@@ -158,14 +171,14 @@ class GlooWaits:
             lib = _Library(fd)
             try:
                 symbol_offset(lib.path, WAIT_RECV)  # no gloo in this build: nothing to probe
-                program = self._load()
+                program = self._program
+                assert program is not None
                 program.attach_uprobe(lib.path, WAIT_RECV, "bpfdyno_gl_enter")
                 program.attach_uprobe(lib.path, WAIT_RECV, "bpfdyno_gl_leave", retprobe=True)
             except (UprobeError, BpfLoadError) as e:
                 os.close(fd)
-                if not isinstance(e, UprobeError):
-                    self.error = str(e)
-                    log.warning("gloo peer waits unavailable: %s", e)
+                if not isinstance(e, UprobeError):  # the probes refused: said once per file
+                    log.warning("gloo peer waits: %s not probed: %s", path, e)
                 return None
             self._libraries[key] = lib
         assert self._program is not None
@@ -178,15 +191,29 @@ class GlooWaits:
         lib.pids.add(pid)
         return key
 
-    def _load(self) -> BpfProgram:
-        if self._program is None:
-            s = self._settings
-            self._program = BpfProgram.load(
+    def _start_loading(self) -> None:
+        """Compile and load the program on a thread (once; not after a failure)."""
+        if self._loader is None and not self.error and not self._closed:
+            self._loader = threading.Thread(target=self._load, name="gloo-load", daemon=True)
+            self._loader.start()
+
+    def _load(self) -> None:
+        s = self._settings
+        try:
+            program = BpfProgram.load(
                 SOURCE,
                 defines={"GLOO_MAX_PROCS": s.max_ranks, "GLOO_MAX_THREADS": s.max_threads},
                 header_cache=self._header_cache,
             )
-        return self._program
+        except BpfLoadError as e:
+            self.error = str(e)
+            log.warning("gloo peer waits unavailable: %s", e)
+            return
+        with self._lock:
+            if self._closed:
+                program.close()
+            else:
+                self._program = program
 
     def _drop(self, key: tuple[int, int], lib: _Library) -> None:
         if self._program is not None:
