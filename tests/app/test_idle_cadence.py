@@ -10,6 +10,8 @@ import itertools
 import time
 from collections.abc import Callable
 
+import pytest
+
 from bpfdyno.app.daemon import Daemon
 from bpfdyno.core.budget import REQUESTED
 from bpfdyno.core.config import load
@@ -177,3 +179,32 @@ def test_an_exporter_writing_every_round_keeps_the_normal_cadence() -> None:
     assert idle_interval(load(None, [])) == 5.0
     assert idle_interval(load(None, [("export.jsonl.enabled", "true")])) == 0.0
     assert idle_interval(load(None, [("daemon.idle_interval_s", "0")])) == 0.0
+
+
+async def test_a_stream_and_a_scrape_are_reads_of_per_cpu_series(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bpfdyno.app import assembly
+    from bpfdyno.services import agent as agent_service
+    from bpfdyno.sources import percpu
+
+    reads = percpu.PerCpuReads()
+    monkeypatch.setattr(percpu, "PER_CPU_READS", reads)
+    monkeypatch.setattr(agent_service, "PER_CPU_READS", reads)
+    d = _daemon(ReadDemand(hold_s=HOLD_S))
+    svc = AgentService(d)
+    await d.start()
+    try:
+        # A stream of names without per-CPU series is not a read of them...
+        async for _ in svc.stream(["memory_*"]):
+            break
+        assert not reads.wanted()
+        # ... one that takes them in is, from the first round on.
+        async for _ in svc.stream(["cpu_*"]):
+            break
+        assert reads.wanted()
+        monkeypatch.setattr(percpu, "PER_CPU_READS", fresh := percpu.PerCpuReads())
+        await asyncio.to_thread(assembly.scrape_read, d.demand, None, INTERVAL_S)
+        assert fresh.wanted()
+    finally:
+        await d.stop()
