@@ -129,8 +129,12 @@ def test_a_busy_process_on_a_rank_s_cpu(job: StragglerJob) -> None:
     f = the_straggler(trace)
     assert (f.rank, f.kind, f.pid) == (HOG_RANK, "late", job.rank_pids[HOG_RANK])
     assert f.causes[0].cause == "cpu_wait"
-    # The task that held the CPU most while the rank waited for it is the hog.
-    assert f.causes[0].detail.startswith(f"the CPU was held by {HOG_NAME} (pid {hog.pid}) ")
+    # Of the tasks outside the rank that held its CPU while it waited, the hog held it most.
+    # (The rank's own threads — gloo's loops, starved beside the hog — may come first on a
+    # loaded machine: they are the rank's own work, not who held it back.)
+    held = re.findall(r"([^,]+?) \(pid (\d+)\) \d+%", f.causes[0].detail.split(" held by ", 1)[1])
+    outside = [(name.strip(), int(pid)) for name, pid in held if int(pid) != f.pid]
+    assert outside and outside[0] == (HOG_NAME, hog.pid), f.causes[0].detail
     # (A worst interval names the task that ran just before the thread got its CPU back:
     # mostly the hog, sometimes the softirq thread that woke it.)
     assert f.worst[0].cause == "cpu_wait" and f.worst[0].detail.startswith("held by ")
