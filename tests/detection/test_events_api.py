@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -48,8 +49,12 @@ def ranks(n: int) -> Iterator[list[subprocess.Popen[bytes]]]:
         for r in range(n)
     ]
     try:
-        for p in procs:  # past their start-up reads
+        for p in procs:  # past their start-up reads, and into their last read
             assert p.stdout is not None and p.stdout.read(1) == b"r"
+            deadline = time.monotonic() + 10
+            while Path(f"/proc/{p.pid}/stat").read_text().rpartition(")")[2][1] != "S":
+                assert time.monotonic() < deadline, f"process {p.pid} never went to sleep"
+                time.sleep(0.01)
         yield procs
     finally:
         for p in procs:
