@@ -9,7 +9,8 @@ cleared at 1 or fewer). Run as root, as one command:
 The job, the CPUs and the faults (with their two strengths and the ranks each class goes
 round) are those of `bench_verdict_matrix.py`; every rank has one DataLoader worker (for the
 ``slow-worker`` class). Per injection: wait until no rank is suspected, watch ``--gap``
-seconds of the healthy job (events then are false alarms), wait a random 0-5 s, inject the
+seconds of the healthy job (events then are false alarms, or other work's), wait until no
+rank is suspected again, wait a random 0-5 s, inject the
 fault, wait up to ``--within`` seconds for the injected rank to be confirmed, remove the
 fault, and wait up to ``--clear-within`` seconds for every rank to be cleared.
 
@@ -243,6 +244,12 @@ def main() -> int:
                     "events": [event_row(at, g0, e) for at, e in watcher.since(g0)],
                 }
             )
+            # Never inject while a rank is suspected (something else held it back in the
+            # gap): its confirmation would count against the fault.
+            try:
+                wait_for(lambda: all_clear(watcher), 180, "every rank to be cleared", step=0.5)
+            except AssertionError as e:
+                print(f"going on although: {e}", flush=True)
             record(
                 inject(job, watcher, foreign, fault, rank, strength, args.within, args.clear_within)
             )

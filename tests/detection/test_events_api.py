@@ -64,8 +64,8 @@ def ranks(n: int) -> Iterator[list[subprocess.Popen[bytes]]]:
     try:
         for p in procs:  # past their start-up reads
             assert p.stdout is not None and p.stdout.read(1) == b"r"
-        # Past their start-up reads, each asleep in its socket read (a loaded machine may
-        # take seconds to start Python: a fixed pause stopped one before its read).
+        # ... and each asleep in its socket read (a loaded machine may take seconds to start
+        # Python: a fixed pause stopped one before its read).
         deadline = time.monotonic() + 60
         while not all(_in_read(p.pid) for p in procs):
             assert time.monotonic() < deadline, "the rank processes never reached their read"

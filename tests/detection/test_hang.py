@@ -49,8 +49,11 @@ def ranks(*programs: tuple[str, ...]) -> Iterator[list[subprocess.Popen[bytes]]]
                     [sys.executable, "-c", source, *args], env=env, stdout=subprocess.PIPE
                 )
             )
-        for p in procs:  # past the interpreters' start-up reads
+        for p, (source, *_) in zip(procs, programs, strict=True):
+            # Past the interpreters' start-up reads; a reader into its last read.
             assert p.stdout is not None and p.stdout.read(1) == b"r"
+            if source in (WAITING, FIFO_READER):
+                wait_asleep(p.pid)
         yield procs
     finally:
         for p in procs:
@@ -58,6 +61,18 @@ def ranks(*programs: tuple[str, ...]) -> Iterator[list[subprocess.Popen[bytes]]]
                 p.send_signal(signal.SIGCONT)
             p.kill()
             p.wait()
+
+
+def wait_asleep(pid: int) -> None:
+    """Until the process sleeps (in its read): on a loaded machine it may wait for a CPU
+    between saying it is ready and the read."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat[stat.rfind(")") + 2] == "S":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never went to sleep")
 
 
 def watch(
