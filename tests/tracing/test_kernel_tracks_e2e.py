@@ -441,8 +441,9 @@ async def test_nccl_calls_with_their_exact_arguments(capture_harness: Harness) -
 @contextlib.contextmanager
 def heavy_cpu_group() -> Iterator[Path]:
     """A cpu cgroup of its own at the top level with the largest weight there is: its tasks
-    get nearly all of a CPU they share with the machine's other work (about 250 times a
-    nice-0 task's share), so what they do to one another does not depend on that work."""
+    get nearly all of a CPU they share with the machine's other work (the weight of 256
+    nice-0 tasks; of 100 under cgroup v2), so what they do to one another does not depend
+    on that work."""
     root = Path("/sys/fs/cgroup/cpu")
     v2 = not (root / "cpu.shares").exists()
     if v2:
