@@ -39,6 +39,28 @@ class UprobeError(Exception):
     """The binary or symbol was not found, or the kernel refused the probe."""
 
 
+def mapped_library(
+    pid: int, prefixes: tuple[str, ...], proc_root: Path = Path("/proc")
+) -> str | None:
+    """The path (in the process's mount namespace) of the first shared library process
+    ``pid`` maps whose file name starts with one of ``prefixes``, or None. A deleted file
+    (replaced by an upgrade while mapped) is skipped: its path no longer names it.
+
+    Raises:
+        OSError: the process is gone or its maps cannot be read.
+    """
+    with open(proc_root / str(pid) / "maps", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) < 6:
+                continue
+            path = parts[5].strip()
+            name = path.rsplit("/", 1)[-1]
+            if name.startswith(prefixes) and ".so" in name and not path.endswith("(deleted)"):
+                return path
+    return None
+
+
 def resolve_binary(binary: str, pid: int = -1) -> str:
     """The file of ``binary``: a path as it is, a library name (``"c"``) as the file a
     process ``pid`` maps, else the first ELF file ``lib<name>.so*`` in the usual directories.

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.program import BpfProgram
-from bpfdyno.ebpf.uprobe import UprobeError, symbol_offset
+from bpfdyno.ebpf.uprobe import UprobeError, mapped_library, symbol_offset
 
 log = logging.getLogger(__name__)
 
@@ -43,16 +43,7 @@ def gloo_library(pid: int, proc_root: Path = Path("/proc")) -> str | None:
     Raises:
         OSError: the process is gone or its maps cannot be read.
     """
-    with open(proc_root / str(pid) / "maps", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            parts = line.split(maxsplit=5)
-            if len(parts) < 6:
-                continue
-            path = parts[5].strip()
-            name = os.path.basename(path)
-            if name.startswith(LIBRARIES) and ".so" in name and not path.endswith("(deleted)"):
-                return path
-    return None
+    return mapped_library(pid, LIBRARIES, proc_root)
 
 
 @dataclass(frozen=True, slots=True)

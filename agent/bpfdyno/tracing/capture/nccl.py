@@ -39,6 +39,7 @@ from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.headers import header_enum, header_text
 from bpfdyno.ebpf.maps import percpu_sums
 from bpfdyno.ebpf.program import BpfProgram, RingBuffer
+from bpfdyno.ebpf.uprobe import mapped_library
 from bpfdyno.tracing.capture.records import NcclCall, TrackStats
 
 log = logging.getLogger(__name__)
@@ -120,16 +121,7 @@ def find_libnccl(pid: int, proc_root: Path = Path("/proc")) -> str | None:
     Raises:
         OSError: the process is gone or its maps cannot be read.
     """
-    with open(proc_root / str(pid) / "maps", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            parts = line.split(maxsplit=5)
-            if len(parts) < 6:
-                continue
-            path = parts[5].strip()
-            name = os.path.basename(path)
-            if name.startswith("libnccl") and ".so" in name and not path.endswith("(deleted)"):
-                return path
-    return None
+    return mapped_library(pid, ("libnccl",), proc_root)
 
 
 @dataclass(slots=True)
