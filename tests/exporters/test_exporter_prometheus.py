@@ -125,14 +125,32 @@ def test_every_family_with_its_type_help_and_unit(setup: Setup) -> None:
             or None
         ),
     )
-    # Every metric the agent keeps reporting (at least twice in the last 30 s): one reported
-    # once (per-process GPU utilization, when NVML took one sample) may fall between scrapes.
-    recent = time.time() - 30
-    agent_names = {
-        name
-        for (name, _), pts in agent.window(seconds=30).items()
-        if sum(ts > recent for ts, _ in pts) >= 2
-    }
+    # Each source's families are there: host, sched and net BPF, perf, GPU (NVML), BPF runs.
+    sources = (
+        "cpu_user_ratio",
+        "sched_context_switches_per_second",
+        "gpu_power_watts",
+        "net_tcp_sent_bytes_per_second",
+        "bpf_program_runs_per_second",
+        "perf_page_faults_per_second",
+        "gpu_ecc_errors_total",
+    )
+
+    def reporting() -> set[str] | None:
+        """Every metric the agent keeps reporting (at least twice in the last 30 s: one
+        reported once, per-process GPU utilization when NVML took one sample, may fall
+        between scrapes), once every source is. An agent nobody read collected every few
+        seconds; the scrapes brought it back to its normal cadence, so its sources report
+        again within a few rounds of the first scrape."""
+        recent = time.time() - 30
+        names = {
+            name
+            for (name, _), pts in agent.window(seconds=30).items()
+            if sum(ts > recent for ts, _ in pts) >= 2
+        }
+        return names if all(n in names for n in sources) else None
+
+    agent_names = wait_for("every source reporting at the scraped cadence", reporting)
     expected = agent_names | {
         "sched_runqueue_latency_histogram_seconds",
         "process_rss_bytes",
@@ -141,17 +159,6 @@ def test_every_family_with_its_type_help_and_unit(setup: Setup) -> None:
         "process_oncpu_seconds_total",
         "process_tcp_sent_bytes_total",
     }
-    # Each source's families are there: host, sched and net BPF, perf, GPU (NVML), BPF runs.
-    for name in (
-        "cpu_user_ratio",
-        "sched_context_switches_per_second",
-        "gpu_power_watts",
-        "net_tcp_sent_bytes_per_second",
-        "bpf_program_runs_per_second",
-        "perf_page_faults_per_second",
-        "gpu_ecc_errors_total",
-    ):
-        assert name in agent_names, name
 
     def missing() -> list[str]:
         scraped = set(prom.api("label/__name__/values"))
