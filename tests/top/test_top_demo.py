@@ -77,7 +77,15 @@ def test_top_demo_in_a_terminal_shows_gpus_first_and_answers_keys() -> None:
         assert rows[4].split()[:2] == ["NVIDIA", "H200"] and "tensor" in rows[4]
         assert rows[5].startswith(" CPU "), screen
         term.type("2")  # the process table: the trainer at the top
-        rows = term.wait_for("PID CPU%", timeout=30).splitlines()
+
+        def trainer_on_top(screen: str) -> bool:
+            # The header may be drawn a frame before the rows (seen once: a placeholder
+            # under it), so wait for the first row itself.
+            rows = screen.splitlines()
+            at = next((i for i, row in enumerate(rows) if "PID CPU%" in row), None)
+            return at is not None and at + 1 < len(rows) and rows[at + 1].split()[:1] == ["652"]
+
+        rows = term.wait_for(trainer_on_top, timeout=30, why="the trainer atop").splitlines()
         header = next(i for i, row in enumerate(rows) if "PID CPU%" in row)
         top_row = rows[header + 1]
         assert top_row.split()[0] == "652" and "python3 /work/s" in top_row, rows
