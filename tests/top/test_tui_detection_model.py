@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from bpfdyno.rpc.detection import DetectionEvent, DetectionKind, SignalEvidence, ThreadReport
-from bpfdyno.tui.detection_model import event_cells, event_reason, flag_line, flagged, flags_by_pid
+from bpfdyno.rpc.diagnosis import Verdict
+from bpfdyno.tui.detection_model import (
+    event_cells,
+    event_detail,
+    event_reason,
+    flag_line,
+    flagged,
+    flags_by_pid,
+)
 
 K = DetectionKind
 
@@ -80,3 +88,55 @@ def test_an_event_s_cells_and_line_carry_its_evidence() -> None:
     assert event_reason(ev(K.CLEARED, 3, 0)) == "job 7 rank 3 cleared"
     (flag,) = flagged([e]).values()
     assert flag_line(flag) == "job 7 rank 3 on n1 CONFIRMED: cpu_wait_share 1.23 vs job median 0.05"
+
+
+TRACES = "/var/lib/bpfdyno/traces"
+
+
+def traced(rank: int, t: float, headline: str | None) -> DetectionEvent:
+    """The ``traced`` event of rank ``rank``'s confirmation (no verdict: nothing written)."""
+    if headline is None:
+        return DetectionEvent(
+            K.TRACED, "7", rank, 100 + rank, "n1", t,
+            summary=f"job 7 rank {rank}: automatic trace auto-1: no file written, no verdict: gone",
+            trace_id="auto-1",
+        )  # fmt: skip
+    return DetectionEvent(
+        K.TRACED, "7", rank, 100 + rank, "n1", t,
+        summary=f"job 7 rank {rank}: automatic trace auto-1 of 2 rank(s) on this node",
+        trace_id="auto-1",
+        trace_files=(f"{TRACES}/auto-1_101.json", f"{TRACES}/auto-1_103.json"),
+        verdict_text=f"verdict: {headline}\n  why: waiting for a CPU 2.10 s",
+        verdict=Verdict(headline=headline, within_noise=False),
+    )  # fmt: skip
+
+
+def test_a_traced_verdict_stays_with_its_confirmed_rank() -> None:
+    confirmed = [ev(K.SUSPECTED, 3, 1), ev(K.CONFIRMED, 3, 2)]
+    head = "rank 3 on n1 held the job back: the other ranks waited 2.10 s for it (21%)"
+    flags = flagged([*confirmed, traced(3, 3, head)])
+    # The trace's end does not clear the rank: it is still confirmed, now with the verdict.
+    assert {k: f.marker for k, f in flags.items()} == {("n1", "7", 3): "CONFIRMED"}
+    (flag,) = flags.values()
+    assert flag.reason == f"cpu_wait_share 1.23 vs job median 0.05 · traced auto-1: {head}"
+    assert flag_line(flag) == f"job 7 rank 3 on n1 CONFIRMED: {flag.reason}"
+    # A trace that wrote nothing says why.
+    (empty,) = flagged([*confirmed, traced(3, 3, None)]).values()
+    assert empty.reason.endswith("no file written, no verdict: gone")
+    # Cleared after the trace: nothing stands out; suspected again: the old verdict is gone.
+    assert flagged([*confirmed, traced(3, 3, head), ev(K.CLEARED, 3, 4)]) == {}
+    (again,) = flagged([*confirmed, traced(3, 3, head), ev(K.SUSPECTED, 3, 5)]).values()
+    assert (again.marker, again.traced) == ("SUSPECTED", None)
+    # A trace that ended after its rank cleared marks nothing.
+    assert flagged([*confirmed, ev(K.CLEARED, 3, 4), traced(3, 5, head)]) == {}
+
+
+def test_a_traced_event_s_detail_lists_its_files_and_verdict() -> None:
+    head = "rank 3 on n1 held the job back"
+    detail = event_detail(traced(3, 0, head)).splitlines()
+    assert detail[1:] == [
+        "  file /var/lib/bpfdyno/traces/auto-1_101.json",
+        "  file /var/lib/bpfdyno/traces/auto-1_103.json",
+        f"  verdict: {head}",
+        "    why: waiting for a CPU 2.10 s",
+    ]

@@ -4,7 +4,9 @@ each event. Pure, no I/O (docs/detection.md).
 An agent holds its events oldest first; the state of a rank is its latest event: suspected or
 confirmed until a "cleared" follows, hung until the job's ranks stand out or clear again (a
 hang has no event of its own when the job moves on). A hang whose hung rank is on another
-node names rank -1: the job, not a rank, is marked.
+node names rank -1: the job, not a rank, is marked. A "traced" event (the automatic trace a
+confirmation started has ended) does not change a rank's state: it adds the trace's verdict to
+the rank's standing flag.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ KIND_STYLE = {
     DetectionKind.CONFIRMED: "bold red",
     DetectionKind.HANG: "bold red",
     DetectionKind.CLEARED: "green",
+    DetectionKind.TRACED: "bold cyan",
 }
 #: Ranks a hang event names when the hung rank is not on the event's node.
 NO_RANK = -1
@@ -33,6 +36,9 @@ class RankFlag:
     """A rank that stands out now, by the latest event about it."""
 
     event: DetectionEvent
+    #: The ``traced`` event of the automatic trace this flag's confirmation started, once
+    #: it ended (its verdict), else None.
+    traced: DetectionEvent | None = None
 
     @property
     def marker(self) -> str:
@@ -49,8 +55,12 @@ class RankFlag:
 
     @property
     def reason(self) -> str:
-        """Why, in one line: the event's evidence beside the job's median, or the hang."""
-        return event_reason(self.event)
+        """Why, in one line: the event's evidence beside the job's median, or the hang; and
+        the automatic trace's verdict once there is one."""
+        why = event_reason(self.event)
+        if self.traced is None:
+            return why
+        return f"{why} · {traced_line(self.traced)}"
 
 
 def flagged(events: Iterable[DetectionEvent]) -> dict[tuple[str, str, int], RankFlag]:
@@ -60,8 +70,16 @@ def flagged(events: Iterable[DetectionEvent]) -> dict[tuple[str, str, int], Rank
     be given one after the other (their hosts differ).
     """
     latest: dict[tuple[str, str, int], DetectionEvent] = {}
+    traced: dict[tuple[str, str, int], DetectionEvent] = {}
     for e in events:
         key = (e.host, e.job_id, e.rank)
+        if e.kind is DetectionKind.TRACED:
+            # The verdict of a confirmation's trace: the rank's state is unchanged. A trace
+            # that ended after its rank cleared marks nothing.
+            if key in latest and latest[key].kind is DetectionKind.CONFIRMED:
+                traced[key] = e
+            continue
+        traced.pop(key, None)
         if e.kind is not DetectionKind.HANG:
             # A straggler event says the job moves: a hang noted before is over.
             over = [
@@ -70,7 +88,7 @@ def flagged(events: Iterable[DetectionEvent]) -> dict[tuple[str, str, int], Rank
             for k in over:
                 del latest[k]
         latest[key] = e
-    return {k: RankFlag(e) for k, e in latest.items() if e.kind in STANDING}
+    return {k: RankFlag(e, traced.get(k)) for k, e in latest.items() if e.kind in STANDING}
 
 
 def flags_by_pid(flags: dict[tuple[str, str, int], RankFlag]) -> dict[int, RankFlag]:
@@ -92,6 +110,13 @@ def event_reason(e: DetectionEvent) -> str:
     return "; ".join(
         f"{ev.name} {ev.value:.2f} vs job median {ev.job_median:.2f}" for ev in e.evidence
     )
+
+
+def traced_line(e: DetectionEvent) -> str:
+    """A ``traced`` event in a few words: its trace's verdict, or why there is none."""
+    if e.verdict is not None:
+        return f"traced {e.trace_id}: {e.verdict.headline}"
+    return e.summary
 
 
 def event_time(unix_seconds: float) -> str:
@@ -128,6 +153,9 @@ def event_detail(e: DetectionEvent) -> str:
             f"  tid {t.tid} {t.comm} {t.state} {doing or '-'} wchan {t.wchan or '-'}"
             f" off-CPU {t.offcpu_seconds:.0f} s, CPU share {t.oncpu_share:.2f}"
         )
+    lines += [f"  file {path}" for path in e.trace_files]
+    if e.verdict_text:
+        lines += ["  " + line for line in e.verdict_text.splitlines()]
     return "\n".join(lines)
 
 
