@@ -300,6 +300,8 @@ class NodeAgent:
     #: Added to the agent's environment (the SLURM configuration and the client TLS settings
     #: its detection reaches its job's other agents with).
     env: dict[str, str] = field(default_factory=dict)
+    #: Lines appended to its configuration (sections of a test's own).
+    extra_config: tuple[str, ...] = ()
     proc: subprocess.Popen[str] | None = None
     log: Path = field(init=False)
 
@@ -334,6 +336,7 @@ class NodeAgent:
         ]
         for c in OFF_COLLECTORS:
             lines += [f"[collectors.{c}]", "enabled = false"]
+        lines += self.extra_config
         self.config.write_text("\n".join(lines) + "\n")
 
     @property

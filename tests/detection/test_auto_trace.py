@@ -178,3 +178,45 @@ def test_the_automatic_trace_is_off_unless_configured() -> None:
     assert "detection_auto_trace" not in names
     on = assembly.build(load(None, [("detection.auto_trace", "true")])).components
     assert [c.name for c in on] == ["tracing", "detection_peers", "detection_auto_trace"]
+
+
+async def test_a_job_wide_trace_names_the_peer_it_could_not_trace(tmp_path: Path) -> None:
+    """The job has a rank on another node whose agent does not answer: this node's rank is
+    traced (it never writes: the trace times out), and the event names the peer and why."""
+    from bpfdyno.app.detection_peers import Peer
+
+    (tmp_path / "proc").mkdir()
+    svc = TracingService(
+        allowed_dirs=[str(tmp_path)],
+        default_timeout_s=1.0,
+        registry=TrainerRegistry(),
+        trace_dir=str(tmp_path),
+        proc_root=tmp_path / "proc",
+    )
+    svc.on_request(b"\0dynoconfigclient-10\0", KinetoRequest(IDLE, 1818, (10,)))
+    log = EventLog()
+    nobody = Peer("127.0.0.1:9", "node-b", "1818")  # the discard port: nothing listens
+    auto = AutoTrace(
+        svc, 5, 3600.0, log, "node-a", job_ranks=lambda job: [10],
+        job_peers=lambda job: [(nobody, 2)] if job == "1818" else [],
+    )  # fmt: skip
+    log.listeners.append(auto.on_events)
+    await auto.start()
+    checks = asyncio.create_task(svc.tracker.run_file_checks())
+    await asyncio.to_thread(log.add, [event(DetectionKind.CONFIRMED, "1818", 2, 10)])
+
+    async def traced() -> DetectionEvent:
+        while True:
+            got = [e for e in log.held() if e.kind is DetectionKind.TRACED]
+            if got:
+                return got[0]
+            await asyncio.sleep(0.05)
+
+    e = await asyncio.wait_for(traced(), 60)
+    (trace_id,) = auto.started
+    assert (e.rank, e.trace_id, e.trace_files, e.verdict) == (2, trace_id, (), None)
+    head = f"job 1818 rank 2: automatic trace {trace_id} of 0 rank(s) on 0 node(s) (not traced: "
+    assert e.summary.startswith(head + "node-b: "), e.summary
+    assert e.summary.endswith("): no file written, no verdict"), e.summary
+    await auto.stop()
+    checks.cancel()

@@ -324,6 +324,8 @@ def build(cfg: Config) -> Assembly:
             socket.gethostname(),
             job_ranks=lambda job: [r.pid for r in rank_signals(job)],
             seconds=d.auto_trace_seconds,
+            # The job's ranks on other nodes are traced too, through their agents.
+            job_peers=peers.job_peers if peers is not None and d.auto_trace_job_wide else None,
         )
         detection_log.listeners.append(auto.on_events)
         asm.components.append(auto)

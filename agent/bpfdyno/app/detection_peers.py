@@ -157,6 +157,19 @@ class PeerSignals:
         """The peers pulled from in the last round."""
         return list(self._peers)
 
+    def job_peers(self, job_id: str) -> list[tuple[Peer, int]]:
+        """The peers whose latest answer (at most two intervals old) holds ranks of
+        ``job_id``, each with how many: the job's other nodes, as the detection compares
+        them (any thread may ask)."""
+        fresh_after = time.monotonic() - 2 * self._interval_s
+        known = {p.target: p for p in self._peers}
+        out = []
+        for target, (at, signals) in dict(self._got).items():
+            ranks = sum(1 for s in signals if s.job_id == job_id)
+            if at >= fresh_after and ranks:
+                out.append((known.get(target, Peer(target, target, job_id)), ranks))
+        return out
+
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="detection-peers")
 

@@ -16,8 +16,16 @@ out), its files are summarised and compared (the tracing service's `trace_summar
 verdict `gputrace` prints) and a ``traced`` event is posted to the event log: the trace id,
 the files, the verdict's text and the verdict itself (each straggler's rank, kind, share and
 causes). A trace that wrote no file posts the event too, without a verdict, its summary
-saying why. Only the ranks on this node are traced: the verdict compares them alone
-(docs/detection.md, "Automatic trace").
+saying why.
+
+A job with ranks on other nodes (the peers whose rank signals this agent pulls hold ranks of
+the job) is traced on every one of them: the agent is then the client of its peers, as
+``gputrace --job-id`` is a person's (`bpfdyno.client.cluster.jobtrace`): the same request
+on each peer's agent (over TLS with the token of the agent's environment, audited there as
+any TCP request), one start time for every rank, and the verdict across every node's ranks,
+each peer's evidence summarised by its own agent and put on this agent's clock by its
+measured offset. A peer that refuses or does not answer is named in the event; the others'
+ranks are still compared (docs/detection.md, "Automatic trace").
 """
 
 from __future__ import annotations
@@ -25,20 +33,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
-from bpfdyno.analysis.verdict import verdict_text
-from bpfdyno.client.cluster.jobtrace import plan_start_time_ms
+from bpfdyno.analysis.verdict import compare, verdict_text
+from bpfdyno.app.detection_peers import Peer
+from bpfdyno.client.cluster.fanout import FanOut
+from bpfdyno.client.cluster.jobtrace import (
+    HostOutcome,
+    JobTraceResult,
+    job_evidence,
+    plan_start_time_ms,
+    trace_job,
+)
+from bpfdyno.client.cluster.nodes import Node
+from bpfdyno.client.errors import ClientSetupError
 from bpfdyno.core.errors import RequestError
 from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.detection.events import EventLog
 from bpfdyno.rpc.detection import DetectionEvent, DetectionKind
-from bpfdyno.rpc.traces import NO_ITERATIONS, TraceSpec, TraceSummary
+from bpfdyno.rpc.diagnosis import Verdict
+from bpfdyno.rpc.traces import NO_ITERATIONS, ProcessTraceState, TraceSpec, TraceSummary
 from bpfdyno.services.tracing import TracingService
 from bpfdyno.tracing.requests import TraceRequest
 
 log = logging.getLogger("bpfdyno.detection")
+
+#: How long the peers' part of a job-wide trace is followed beyond the trace's own length
+#: (their trainers' next poll, Kineto's warm-up, the files' merges).
+PEER_FOLLOW_S = 120.0
 
 
 class AutoTrace:
@@ -55,6 +78,7 @@ class AutoTrace:
         host: str,
         job_ranks: Callable[[str], Iterable[int]],
         seconds: float = 0.0,
+        job_peers: Callable[[str], Sequence[tuple[Peer, int]]] | None = None,
     ) -> None:
         """
         Args:
@@ -65,6 +89,8 @@ class AutoTrace:
             job_ranks: the pids of a job's ranks on this node (the detection's latest round).
             seconds: ... or, above 0, a duration trace of this many seconds from a start
                 time common to the ranks.
+            job_peers: the peers holding ranks of a job, each with how many (the detection's
+                peers); None or none: only this node's ranks are traced.
         """
         self._tracing = tracing
         self._iterations = iterations
@@ -73,6 +99,7 @@ class AutoTrace:
         self._host = host
         self._job_ranks = job_ranks
         self._seconds = seconds
+        self._job_peers = job_peers or (lambda job: ())
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last: dict[str, float] = {}  # job -> monotonic time of its last trace
         self._following: set[asyncio.Task[None]] = set()
@@ -156,16 +183,23 @@ class AutoTrace:
             log.warning("detection: automatic trace of job %s refused: %s", e.job_id, err)
             return
         self.started.append(res.trace_id)
+        peers = list(self._job_peers(e.job_id))
         log.warning(
             "detection: traced job %s for %s after rank %d was confirmed a "
-            "straggler: trace %s, %d processes",
+            "straggler: trace %s, %d processes here%s",
             e.job_id,
             self._length(),
             e.rank,
             res.trace_id,
             len(res.triggered),
+            f", and its ranks on {', '.join(p.name for p, _ in peers)}" if peers else "",
         )
-        task = asyncio.get_running_loop().create_task(self._follow(e, res.trace_id))
+        follow = (
+            self._follow_job(e, res.trace_id, spec, peers)
+            if peers
+            else self._follow(e, res.trace_id)
+        )
+        task = asyncio.get_running_loop().create_task(follow)
         self._following.add(task)
         task.add_done_callback(self._following.discard)
 
@@ -179,6 +213,97 @@ class AutoTrace:
             log.warning("detection: automatic trace %s: no verdict: %s", trace_id, err)
             return
         self._events.add([self.traced_event(e, summary)])
+
+    async def _follow_job(
+        self, e: DetectionEvent, trace_id: str, spec: TraceSpec, peers: list[tuple[Peer, int]]
+    ) -> None:
+        """The peers' part of a job-wide trace (the same request, the same start), then one
+        verdict across every node's ranks, posted as the ``traced`` event."""
+        job = int(e.job_id) if e.job_id.isdigit() else 0
+        nodes = [Node(p.name, p.target, (job,) if job else ()) for p, _ in peers]
+        # Pids are this node's; on a peer the job's ranks are found by its job id, all of
+        # them (the most any node holds, not a request's default of three).
+        remote = replace(
+            spec, pids=(), process_limit=max([spec.process_limit, *(n for _, n in peers)])
+        )
+        wait_s = PEER_FOLLOW_S + self._seconds
+        try:
+            fanout = FanOut(nodes)
+        except ClientSetupError as err:  # the agent's client TLS/token environment
+            log.warning(
+                "detection: automatic trace %s: the job's other nodes not traced: %s",
+                trace_id,
+                err,
+            )
+            await self._follow(e, trace_id)
+            return
+        try:
+            async with fanout:
+                remote_trace = asyncio.create_task(
+                    trace_job(fanout, remote, wait=True, wait_s=wait_s)
+                )
+                try:
+                    async for _view in self._tracing.watch_trace(trace_id):
+                        pass
+                    summary = await self._tracing.trace_summary(trace_id)
+                    result = await remote_trace
+                finally:
+                    remote_trace.cancel()
+                got = await job_evidence(fanout, result)
+        except RequestError as err:  # forgotten, or the agent is stopping
+            log.warning("detection: automatic trace %s: no verdict: %s", trace_id, err)
+            return
+        here = [replace(p.evidence, host=self._host) for p in summary.processes if p.evidence]
+        verdict = compare([*here, *got.evidence], got.offsets)
+        notes = got.notes + tuple(_host_notes(result))
+        if notes:
+            verdict = replace(verdict, notes=verdict.notes + notes)
+        self._events.add([self.job_traced_event(e, summary, result, verdict)])
+
+    def job_traced_event(
+        self, e: DetectionEvent, here: TraceSummary, peers: JobTraceResult, verdict: Verdict
+    ) -> DetectionEvent:
+        """The ``traced`` event of a job-wide trace: this node's files, each peer's (named
+        ``node:path``), and the verdict across them all."""
+        here_files = [p.path for p in here.processes if not p.error]
+        peer_files = {
+            h.node.name: [f.path for f in h.files() if f.state == ProcessTraceState.WRITTEN]
+            for h in peers.hosts
+        }
+        files = here_files + [f"{n}:{path}" for n, paths in peer_files.items() for path in paths]
+        nodes = int(bool(here_files)) + sum(1 for paths in peer_files.values() if paths)
+        head = (
+            f"job {e.job_id} rank {e.rank}: automatic trace {here.trace_id} of "
+            f"{len(files)} rank(s) on {nodes} node(s)"
+        )
+        missing = _host_notes(peers)
+        if missing:
+            head += f" (not traced: {'; '.join(missing)})"
+        if not files or not verdict.ranks:
+            return DetectionEvent(
+                DetectionKind.TRACED,
+                e.job_id,
+                e.rank,
+                e.pid,
+                self._host,
+                time.time(),
+                summary=f"{head}: no file written, no verdict",
+                trace_id=here.trace_id,
+                trace_files=tuple(files),
+            )
+        return DetectionEvent(
+            DetectionKind.TRACED,
+            e.job_id,
+            e.rank,
+            e.pid,
+            self._host,
+            time.time(),
+            summary=f"{head}: verdict: {verdict.headline}",
+            trace_id=here.trace_id,
+            trace_files=tuple(files),
+            verdict_text=verdict_text(verdict),
+            verdict=verdict,
+        )
 
     def traced_event(self, e: DetectionEvent, summary: TraceSummary) -> DetectionEvent:
         """The ``traced`` event of confirmation ``e``'s trace, from its summary."""
@@ -211,3 +336,8 @@ class AutoTrace:
             verdict_text=verdict_text(v),
             verdict=v,
         )
+
+
+def _host_notes(result: JobTraceResult) -> list[str]:
+    """The peers whose ranks were not traced, and why."""
+    return [f"{h.node.name}: {h.reason}" for h in result.hosts if h.outcome is not HostOutcome.OK]

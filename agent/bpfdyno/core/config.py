@@ -483,6 +483,11 @@ class DetectionSection:
     auto_trace_seconds: float = 0.0
     #: ... at most once per job in this many seconds.
     auto_trace_every_s: float = 3600.0
+    #: Trace the job's ranks on its other nodes too (the peers whose rank signals hold ranks
+    #: of the job), through their agents with the TLS and token of this agent's environment
+    #: (BPFDYNO_TLS_CA, BPFDYNO_TOKEN_FILE...), as `gputrace --job-id` does; the verdict then
+    #: compares every node's ranks. Off: only this node's ranks.
+    auto_trace_job_wide: bool = True
 
 
 def _default_collectors() -> dict[str, CollectorSection]:

@@ -356,12 +356,34 @@ async def trace_job(
     return replace(snapshot(), verdict=await job_verdict(fanout, snapshot()))
 
 
+@dataclass(frozen=True, slots=True)
+class JobEvidence:
+    """Every written rank's evidence of a job trace, as its own agent summarised it.
+
+    Attributes:
+        evidence: each rank's, its ``host`` the node's name.
+        offsets: per node name, nanoseconds to add to its times to be on our clock.
+        notes: the hosts (or files) that could not be summarised, and why.
+    """
+
+    evidence: tuple[RankEvidence, ...]
+    offsets: dict[str, int]
+    notes: tuple[str, ...]
+
+
 async def job_verdict(fanout: FanOut, result: JobTraceResult) -> Verdict:
     """The ranks of every host compared (step 4 of the module doc).
 
     Hosts whose agent could not summarise are named in the verdict's notes; the others are
     still compared.
     """
+    got = await job_evidence(fanout, result)
+    verdict = compare(list(got.evidence), got.offsets)
+    return replace(verdict, notes=verdict.notes + got.notes) if got.notes else verdict
+
+
+async def job_evidence(fanout: FanOut, result: JobTraceResult) -> JobEvidence:
+    """Each host's ranks' evidence, summarised by its own agent (no trace file travels)."""
 
     async def summaries(node: Node, agent: AgentClient) -> list[ProcessSummary]:
         out: list[ProcessSummary] = []
@@ -392,8 +414,7 @@ async def job_verdict(fanout: FanOut, result: JobTraceResult) -> Verdict:
                 evidence.append(replace(s.evidence, host=node.name))
             elif s.error:
                 notes.append(f"{node.name}: {s.path}: {s.error}")
-    verdict = compare(evidence, offsets)
-    return replace(verdict, notes=verdict.notes + tuple(notes)) if notes else verdict
+    return JobEvidence(tuple(evidence), offsets, tuple(notes))
 
 
 def hosts_failed_alike(result: JobTraceResult) -> AgentError | None:
