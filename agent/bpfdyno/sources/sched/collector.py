@@ -455,9 +455,9 @@ class SchedCollector(Collector):
         return out
 
     def keeps_up_at(self, interval_s: float) -> bool:
-        """Whether the exited threads' map and the event ring buffer would stay at most half
-        full over ``interval_s`` at the rate of the last round (the map is sized for the slow
-        cadence: ``[sched] max_exits``)."""
+        """Whether the exited threads' and the events' ring buffers would stay at most half
+        full over ``interval_s`` at the rate of the last round (the exits' one is sized for
+        the slow cadence: ``[sched] max_exits``)."""
         return self._exits_fill.keeps_up_at(interval_s) and self._events_fill.keeps_up_at(
             interval_s
         )
