@@ -7,6 +7,13 @@
  * thread when user space asks (once per collection), and the exit program keeps the last
  * books of each thread that exits until user space has read them.
  *
+ * The exit program runs once per thread exit, so under thread churn it is paid thousands
+ * of times a second: it allocates nothing. It does not mark the exiting thread (creating
+ * task storage for a thread the iterator never saw cost ~950 ns an exit); a thread between
+ * its exit record and its removal from the task list (exit_notify(), when exit_state is
+ * set) is still walked, and user space drops the walk's books of any thread whose last
+ * books it already has, by (tid, start_ns): see bpfdyno.sources.sched.collector.
+ *
  * The one hot path, bpfdyno_switch, does no map lookup by key, no clock read and no helper
  * call: when sched_switch fires, the kernel has just updated the run queue's clock and has
  * not yet consumed next's sched_info.last_queued (sched_info_arrive() runs later, in
@@ -17,13 +24,14 @@
  *
  * All programs are BTF-typed (tp_btf, iter/task), loaded by bpfdyno.ebpf.btfprog: their
  * arguments are trusted kernel pointers read with plain loads (BPFDYNO_LOAD), and the
- * iterator and the exit program keep a little state per thread in task-local storage.
+ * iterator keeps a little state per thread it has seen in task-local storage.
  * Needs Linux >= 5.11, BTF, and CONFIG_FAIR_GROUP_SCHED (the run queue is found through the
  * task's cfs_rq).
  *
  * Settings (-D, all required; bpfdyno passes them from the [sched] config section):
- * SCHED_MAX_EXITS ([sched] max_exits) sizes the map of exited threads' last books,
- * SCHED_RINGBUF_PAGES ([sched] ringbuf_pages, a power of two) the event ring buffer.
+ * SCHED_EXIT_PAGES (from [sched] max_exits, a power of two) sizes the ring buffer of exited
+ * threads' last books, SCHED_RINGBUF_PAGES ([sched] ringbuf_pages, a power of two) the
+ * event ring buffer.
  *
  * Every function and map is named "bpfdyno_..." so `bpftool` shows whose they are (the
  * kernel keeps 15 characters of a name: keep map names that short).
@@ -32,8 +40,8 @@
 #include "common.h"
 #include "sched.h"
 
-#if !defined(SCHED_MAX_EXITS) || !defined(SCHED_RINGBUF_PAGES)
-#error "SCHED_MAX_EXITS and SCHED_RINGBUF_PAGES must be set with -D: load this program through bpfdyno's sched collector, which passes them from [sched]"
+#if !defined(SCHED_EXIT_PAGES) || !defined(SCHED_RINGBUF_PAGES)
+#error "SCHED_EXIT_PAGES and SCHED_RINGBUF_PAGES must be set with -D: load this program through bpfdyno's sched collector, which passes them from [sched]"
 #endif
 #ifndef CONFIG_FAIR_GROUP_SCHED
 #error "the scheduler programs need a kernel built with CONFIG_FAIR_GROUP_SCHED (they find a task's run queue through its cfs_rq)"
@@ -48,10 +56,14 @@ BPF_PERCPU_ARRAY(bpfdyno_scpu, struct sched_cpu, 1);
  * whole gap as the time its previous task ran. */
 BPF_ARRAY(bpfdyno_sgen, u64, 1);
 BPF_PERCPU_ARRAY(bpfdyno_serrors, struct sched_errors, 1);
-/* Last books of exited threads (by tid), drained by user space every collection. Sized for
- * the slow cadence of an agent nobody reads (seconds of thread churn between two rounds),
- * and not preallocated: it takes memory only for the exits waiting to be read. */
-BPF_F_TABLE("hash", u32, struct sched_task, bpfdyno_sexit, SCHED_MAX_EXITS, BPF_F_NO_PREALLOC);
+/* Last books of exited threads, in exit order, drained by user space every collection.
+ * Sized for the slow cadence of an agent nobody reads (seconds of thread churn between two
+ * rounds); a full one is counted (SCHED_ERR_EXIT_FULL). A ring buffer: an exit reserves
+ * and commits a record, where a hash map's update cost ~900 ns (not preallocated: an
+ * allocation per exit) or ~400 ns (preallocated: its bucket lock and free list), and a
+ * hash keyed by tid lost a thread whose tid was reused before the drain (pid_max 32768
+ * comes round in seconds of churn). User space maps only the records waiting, per drain. */
+BPF_RINGBUF_OUTPUT(bpfdyno_sexit, SCHED_EXIT_PAGES);
 BPF_TASK_STORAGE(bpfdyno_smark, struct sched_mark);
 BPF_RINGBUF_OUTPUT(bpfdyno_sevents, SCHED_RINGBUF_PAGES);
 
@@ -123,8 +135,9 @@ int bpfdyno_migrate(u64 *ctx)
  * moved since the last update by as much as CLOCK_MONOTONIC has.
  *
  * The offset is sampled with a few microseconds of jitter, so the blocked time reported is
- * kept from going back by the thread's state in task storage (mark; NULL when the kernel had
- * no memory for it). */
+ * kept from going back by the thread's state in task storage (mark; NULL for a thread the
+ * iterator never saw, or when the kernel had no memory for it: nothing was reported for
+ * it, or nothing can be kept). */
 static __always_inline void thread_books(struct task_struct *p, u64 now, struct sched_mark *mark,
 					 struct sched_task *out)
 {
@@ -172,6 +185,7 @@ static __always_inline void thread_books(struct task_struct *p, u64 now, struct 
 	out->switches = BPFDYNO_LOAD(unsigned long, p, struct task_struct, nvcsw) +
 			BPFDYNO_LOAD(unsigned long, p, struct task_struct, nivcsw);
 	out->migrations = BPFDYNO_LOAD(u64, p, struct task_struct, se.nr_migrations);
+	out->start_ns = start;
 	struct task_struct *leader =
 		BPFDYNO_LOAD(struct task_struct *, p, struct task_struct, group_leader);
 	bpf_probe_read_kernel(&out->comm, sizeof(out->comm),
@@ -184,13 +198,14 @@ int bpfdyno_tasks(struct bpf_iter__task *ctx)
 	struct task_struct *task = ctx->task;
 	if (!task)
 		return 0;
-	/* Exited: its last books are (or were) in bpfdyno_sexit. A thread past exit_notify()
-	 * whose exit was not recorded (it died before the programs were loaded, while the exit
-	 * program was detached, or has no storage) is a zombie: exit_state is set. */
+	/* Past exit_notify(): its last books are (or were) in bpfdyno_sexit, or its exit was
+	 * not recorded (it died before the programs were loaded, or while the exit program was
+	 * detached). A thread between its exit record and exit_notify() is still walked:
+	 * user space knows it by its record. */
+	if (BPFDYNO_LOAD(int, task, struct task_struct, exit_state))
+		return 0;
 	struct sched_mark *m =
 		bpfdyno_smark.task_storage_get(task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if ((m && m->exited) || BPFDYNO_LOAD(int, task, struct task_struct, exit_state))
-		return 0;
 	if (!m)
 		count_error(SCHED_ERR_MARK);
 	struct sched_task rec = {};
@@ -238,19 +253,17 @@ int bpfdyno_exec(u64 *ctx)
 int bpfdyno_exit(u64 *ctx)
 {
 	/* TP_PROTO(struct task_struct *p[, bool group_dead]), for every exiting thread: keep
-	 * its last books for user space, then mark it so the iterator no longer counts it as
-	 * live (record first: a marked thread's books are always somewhere). */
+	 * its last books for user space. Its mark only if the iterator made one (never
+	 * created here: see the top of this file). */
 	struct task_struct *p = (struct task_struct *)ctx[0];
-	struct sched_mark *m =
-		bpfdyno_smark.task_storage_get(p, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	struct sched_task rec = {};
-	thread_books(p, bpf_ktime_get_ns(), m, &rec);
-	if (bpfdyno_sexit.update(&rec.tid, &rec))
+	struct sched_task *rec = bpfdyno_sexit.ringbuf_reserve(sizeof(struct sched_task));
+	if (rec) {
+		struct sched_mark *m = bpfdyno_smark.task_storage_get(p, 0, 0);
+		thread_books(p, bpf_ktime_get_ns(), m, rec);
+		bpfdyno_sexit.ringbuf_submit(rec, BPFDYNO_RB_NO_WAKEUP);
+	} else {
 		count_error(SCHED_ERR_EXIT_FULL);
-	if (m)
-		m->exited = 1;
-	else
-		count_error(SCHED_ERR_MARK);
+	}
 	/* The process is gone when its last thread exits (signal->live reached 0, the
 	 * kernel's "group_dead"). */
 	struct signal_struct *sig =

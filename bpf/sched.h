@@ -57,12 +57,12 @@ struct sched_task {
 	u64 blocked_ns;
 	u64 switches;      /* nvcsw + nivcsw: times it left a CPU */
 	u64 migrations;    /* se.nr_migrations */
+	u64 start_ns;      /* start_time: with tid, which thread this is (tids are reused) */
 	char comm[16];     /* the process's (group leader's) comm */
 };
 
-/* Task-local state of a thread (task storage, freed with the task). */
+/* Task-local state of a thread the iterator has seen (task storage, freed with the task). */
 struct sched_mark {
-	u64 exited;      /* its exit was recorded: the iterator skips it */
 	u64 blocked_ns;  /* the most blocked time reported for it: never report less */
 };
 
@@ -84,7 +84,7 @@ struct sched_event {
 
 _Static_assert(SCHED_HIST_SLOTS == BPFDYNO_LOG2_SLOTS, "one slot per log2 value");
 _Static_assert(sizeof(struct sched_cpu) == 64 + 8 * SCHED_HIST_SLOTS, "sched_cpu layout");
-_Static_assert(sizeof(struct sched_task) == 64, "sched_task layout");
+_Static_assert(sizeof(struct sched_task) == 72, "sched_task layout");
 _Static_assert(sizeof(struct sched_errors) == 8 * SCHED_ERR_SLOTS, "sched_errors layout");
 _Static_assert(sizeof(struct sched_event) == 176, "sched_event layout");
 

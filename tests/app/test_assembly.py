@@ -49,7 +49,8 @@ def test_disabled_collectors_are_listed_and_config_reaches_them() -> None:
     names = [c.name for c in asm.collectors]
     assert "gpu" not in names and "procs" not in names
     sched = next(c for c in asm.collectors if c.name == "sched")
-    assert sched._defines["SCHED_MAX_EXITS"] == 123  # type: ignore[attr-defined]
+    # 123 records of 80 bytes: three pages, a power of two of them
+    assert sched._defines["SCHED_EXIT_PAGES"] == 4  # type: ignore[attr-defined]
 
 
 def test_the_kubelet_and_dcgm_settings_reach_their_collectors() -> None:
@@ -119,12 +120,14 @@ def test_every_map_of_the_sched_and_net_programs_carries_the_prefix(
 def test_sched_sizes_from_the_config_reach_the_kernel() -> None:
     with started(load(None), "sched") as collector:
         defaults = _kernel_maps(collector._require())
-    assert defaults["bpfdyno_sexit"].max_entries == SchedSection.max_exits
+    # The exited threads' ring buffer: max_exits records of 80 bytes, in a power of two of
+    # pages (65,536 records: 2,048 pages).
+    assert defaults["bpfdyno_sexit"].max_entries == 2048 * PAGE
     assert defaults["bpfdyno_sevents"].max_entries == SchedSection.ringbuf_pages * PAGE
     cfg = load(None, [("sched.max_exits", "300"), ("sched.ringbuf_pages", "4")])
     with started(cfg, "sched") as collector:
         maps = _kernel_maps(collector._require())
-    assert maps["bpfdyno_sexit"].max_entries == 300
+    assert maps["bpfdyno_sexit"].max_entries == 8 * PAGE  # 300 records: 5.9 pages
     assert maps["bpfdyno_sevents"].max_entries == 4 * PAGE
 
 

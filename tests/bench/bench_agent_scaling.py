@@ -305,10 +305,13 @@ def walk_us_per_thread(threads: int, rounds: int) -> float:
     c = sched_mod.SchedCollector()
     rec = sched_mod.TASK_RECORD
     walk = b"".join(
-        rec.pack(tid, 1000 + tid // 50, tid * 10, tid, tid * 3, 5, 1, b"proc")
+        rec.pack(tid, 1000 + tid // 50, tid * 10, tid, tid * 3, 5, 1, tid * 7, b"proc")
         for tid in range(threads)
     )
-    return per_round_us(lambda: c._refresh_processes(walk, [], []), rounds, lambda: None) / threads
+    return (
+        per_round_us(lambda: c._refresh_processes(walk, b"", [], 1.0), rounds, lambda: None)
+        / threads
+    )
 
 
 def fit(xs: list[int], ys: list[float]) -> tuple[float, float]:

@@ -1,8 +1,8 @@
 """Storms against the overhead budget: what the workload loses, what the agent costs.
 
 Run as root, as one command: ``python tests/bench/bench_budget.py [--rounds 3]
-[--duration 14] [--storms udp,pingpong,churn,pipe] [--traced] [--write-doc
-docs/performance.md]``.
+[--duration 14] [--storms udp,pingpong,churn,pipe] [--traced] [--baseline main]
+[--write-doc docs/performance.md]``.
 
 Four storms over loopback, each a child process that prints its progress four times a
 second (so rates can be taken over any part of it):
@@ -45,6 +45,8 @@ programs' ``run_cnt`` / ``run_time_ns`` is read from the agent's own file descri
 and after. Reported per storm and program: runs per operation, ns per run (less what the
 statistics add to a run, an empty program's time, measured once) and ns per operation.
 These rounds are not timed: the statistics' clock reads would slow the workload.
+``--baseline REF`` runs the costs phase first with the agent of a git ref (e.g. ``main``),
+then with this checkout's: the per-program costs before and after a change, from one run.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ from datetime import datetime
 from pathlib import Path
 
 import grpc
-from daemon_runner import Daemon
+from daemon_runner import Daemon, baseline_tree
 from doc_blocks import write_results
 
 from bpfdyno.core.config import BudgetSection
@@ -481,37 +483,49 @@ def storm_costs(
     return rate, costs
 
 
-def costs_report(storms: list[str], seconds: float, pipe_bin: Path) -> str:
-    """The per-program table: one agent of kind "on", each storm once, statistics on."""
+def costs_report(
+    storms: list[str], seconds: float, pipe_bin: Path, agents: list[tuple[str, Path | None]]
+) -> str:
+    """The per-program table: for each of ``agents`` (label, tree of another version or
+    None for this checkout) in turn, one agent of kind "on", each storm once, statistics
+    on."""
     stats_ns = calibrate_stats_overhead()
+    load0 = os.getloadavg()[0]
     lines = [
-        f"Per-program cost, measured {time.strftime('%Y-%m-%d')} on {os.uname().release}: "
-        f"one agent of kind on, each storm {seconds:.0f} s with the kernel's run statistics on "
-        f"(their own {stats_ns:.0f} ns per run subtracted), load average "
-        f"{os.getloadavg()[0]:.2f}. Programs under 1 ns per operation left out.",
-        "",
-        "| storm | rate (stats on) | program | runs per op | ns per run | ns per op |",
-        "|---|---|---|---|---|---|",
+        "| agent | storm | rate (stats on) | program | runs per op | ns per run | ns per op |",
+        "|---|---|---|---|---|---|---|",
     ]
-    with Daemon(["budget.enabled=false"], settle_s=WARMUP_S + 6) as daemon:
-        fd = enable_bpf_stats()
-        try:
-            for storm in storms:
-                rate, costs = storm_costs(storm, daemon, seconds, pipe_bin, stats_ns)
-                total = sum(c.ns_per_op for c in costs)
-                lines.append(f"| {storm} | {rate:,.0f} {UNITS[storm]} | all | | | {total:,.0f} |")
-                for c in costs:
-                    if c.ns_per_op >= 1.0:
-                        lines.append(
-                            f"| {storm} | | {c.name} | {c.runs_per_op:.3f} | "
-                            f"{c.ns_per_run:.0f} | {c.ns_per_op:.0f} |"
-                        )
-                print(f"  costs {storm}: {rate:,.0f} {UNITS[storm]}, BPF {total:,.0f} ns/op "
-                      + ", ".join(f"{c.name} {c.ns_per_op:.0f}" for c in costs[:6]),
-                      flush=True)  # fmt: skip
-        finally:
-            os.close(fd)
-    return "\n".join(lines)
+    for label, tree in agents:
+        with Daemon(["budget.enabled=false"], settle_s=WARMUP_S + 6, tree=tree) as daemon:
+            fd = enable_bpf_stats()
+            try:
+                for storm in storms:
+                    rate, costs = storm_costs(storm, daemon, seconds, pipe_bin, stats_ns)
+                    total = sum(c.ns_per_op for c in costs)
+                    lines.append(
+                        f"| {label} | {storm} | {rate:,.0f} {UNITS[storm]} | all | | | "
+                        f"{total:,.0f} |"
+                    )
+                    for c in costs:
+                        if c.ns_per_op >= 1.0:
+                            lines.append(
+                                f"| {label} | {storm} | | {c.name} | {c.runs_per_op:.3f} | "
+                                f"{c.ns_per_run:.0f} | {c.ns_per_op:.0f} |"
+                            )
+                    print(f"  costs {label} {storm}: {rate:,.0f} {UNITS[storm]}, BPF "
+                          f"{total:,.0f} ns/op "
+                          + ", ".join(f"{c.name} {c.ns_per_op:.0f}" for c in costs[:6]),
+                          flush=True)  # fmt: skip
+            finally:
+                os.close(fd)
+    head = (
+        f"Per-program cost, measured {time.strftime('%Y-%m-%d')} on {os.uname().release}: "
+        f"per agent, one agent of kind on, each storm {seconds:.0f} s with the kernel's run "
+        f"statistics on (their own {stats_ns:.0f} ns per run subtracted), load average "
+        f"{load0:.2f} at the start and {os.getloadavg()[0]:.2f} at the end. Programs under "
+        "1 ns per operation left out."
+    )
+    return "\n".join([head, "", *lines])
 
 
 def median(xs: list[float]) -> float:
@@ -530,7 +544,10 @@ def report(args: argparse.Namespace) -> str:
         (Path(tmp) / "pipe.c").write_text(PIPE_C)
         subprocess.run(["gcc", "-O2", "-o", str(pipe_bin), str(Path(tmp) / "pipe.c")], check=True)
         if args.costs:
-            costs = costs_report(storms, min(args.duration, 6.0), pipe_bin)
+            agents: list[tuple[str, Path | None]] = [("this", None)]
+            if args.baseline:
+                agents.insert(0, (args.baseline, baseline_tree(args.baseline, Path(tmp) / "base")))
+            costs = costs_report(storms, min(args.duration, 6.0), pipe_bin, agents)
         for r in range(args.rounds):
             order = KINDS[r % 3 :] + KINDS[: r % 3]
             for kind in order:
@@ -620,6 +637,9 @@ def main() -> None:
     parser.add_argument("--traced", action="store_true", help="also the storms during a trace")
     parser.add_argument("--no-costs", dest="costs", action="store_false",
                         help="leave out the per-program cost per event")  # fmt: skip
+    parser.add_argument(
+        "--baseline", metavar="GIT_REF", help="costs phase: also the agent of this git ref, first"
+    )
     parser.add_argument("--write-doc", type=Path, help="update this markdown file's section")
     args = parser.parse_args()
     if os.geteuid() != 0:

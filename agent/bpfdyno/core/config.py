@@ -296,8 +296,9 @@ class SchedSection:
     #: Thread exits remembered between two collections (the last books of each exited
     #: thread, until the next collection reads them). Beyond it, an exiting thread's times
     #: are lost: sched_dropped_total{reason="exit_map_full"} counts them. Sized for
-    #: daemon.idle_interval_s (5 s of ~13,000 exits a second); memory is taken only for the
-    #: exits waiting, and a faster churn brings the normal cadence back.
+    #: daemon.idle_interval_s (5 s of ~13,000 exits a second), and a faster churn brings the
+    #: normal cadence back. A ring buffer of 80 bytes an exit, rounded up to a power of two
+    #: of pages, held in kernel memory from the start (8 MiB at 65,536).
     max_exits: int = 65536
     #: Exec/exit event ring buffer size in pages (a power of two). Events that find it
     #: full are dropped: sched_dropped_total{reason="ringbuf_full"}.

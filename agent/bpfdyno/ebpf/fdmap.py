@@ -1,4 +1,5 @@
-"""A BPF map the daemon holds only by its fd: `MapTable`, and `RingReader` for ring buffers.
+"""A BPF map the daemon holds only by its fd: `MapTable`, and `RingReader` and `RingDrainer` for
+ring buffers.
 
 `MapTable` offers what the collectors use of a map — ``Key`` and ``Leaf`` ctypes types,
 ``table[key]``, assignment, ``del``, ``items()``, ``getvalue`` — with the key and value types
@@ -179,6 +180,72 @@ class RingReader:
             cons += (size + _HDR + 7) & ~7
             struct.pack_into("<Q", self._cons, 0, cons)
         return n
+
+    def close(self) -> None:
+        self._cons.close()
+        self._prod.close()
+
+
+class RingDrainer:
+    """The consumer side of a ``BPF_MAP_TYPE_RINGBUF`` map that keeps none of its data
+    mapped between drains.
+
+    `RingReader` maps the whole data area twice (the kernel maps its pages in all at once),
+    so a big ring buffer adds twice its size to the process's resident memory for good.
+    Each `drain` here maps only the pages holding the records waiting (the kernel maps the
+    data twice in a row, so one window from the consumer position never wraps), copies them
+    out and unmaps them: a buffer sized for seconds of a storm costs resident memory only
+    while a drain reads it.
+    """
+
+    def __init__(self, fd: int, size: int) -> None:
+        page = mmap.PAGESIZE
+        self._fd = fd
+        self._mask = size - 1
+        self._page = page
+        self._cons = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            self._prod = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
+        except BaseException:
+            self._cons.close()
+            raise
+
+    def drain(self) -> list[bytes]:
+        """Every committed record waiting now, oldest first (a record still being written
+        and those after it wait for the next drain).
+
+        Raises:
+            OSError: the kernel refused to map the records' pages.
+        """
+        (cons,) = struct.unpack_from("<Q", self._cons, 0)
+        (prod,) = struct.unpack_from("<Q", self._prod, 0)
+        if cons >= prod:
+            return []
+        page = self._page
+        at = cons & self._mask
+        first = at // page
+        skip = at - first * page
+        length = -(-(skip + prod - cons) // page) * page
+        # The data starts after the consumer and producer pages.
+        window = mmap.mmap(
+            self._fd, length, mmap.MAP_SHARED, mmap.PROT_READ, offset=(2 + first) * page
+        )
+        out: list[bytes] = []
+        start = cons
+        try:
+            while cons < prod:
+                off = skip + cons - start
+                (header,) = struct.unpack_from("<I", window, off)
+                if header & _BUSY:
+                    break  # reserved, not committed yet: the next drain takes it
+                size = header & ~(_BUSY | _DISCARD)
+                if not header & _DISCARD:
+                    out.append(window[off + _HDR : off + _HDR + size])
+                cons += (size + _HDR + 7) & ~7
+        finally:
+            window.close()
+        struct.pack_into("<Q", self._cons, 0, cons)
+        return out
 
     def close(self) -> None:
         self._cons.close()

@@ -6,7 +6,8 @@ kernel's ``sched_info.last_queued``; no per-thread state, no clock read). Per-pr
 come from the kernel's books of every thread (on-CPU, run-queue wait, context switches,
 migrations; blocked is the rest of each thread's life), read once per collection with a BPF
 task iterator, plus the last books of threads that exited since the previous collection,
-which the exit program keeps in a map that each collection drains. See ``bpf/sched.h``.
+which the exit program writes to a ring buffer that each collection drains. See
+``bpf/sched.h``.
 
 Every ``collect`` turns the per-CPU counters into per-second rates and interval quantiles,
 sums threads into processes for the process table (`per_process`), and hands the exec/exit
@@ -21,7 +22,11 @@ each walk says when it read the books (`ReadAt`), so rates are over the time bet
 Why the process totals are exact and never go down: a thread's books only grow; a thread is
 counted live by the iterator until its exit is recorded; its last books then replace its
 live ones, in the same collection when it exited after the iterator saw it (drained after
-the walk), otherwise in the next one. Nothing is read-then-cleared.
+the walk), otherwise in the next one. Nothing is read-then-cleared. The exit program marks
+nothing on the exiting thread (that cost an allocation per exit), so a thread between its
+exit record and its removal from the task list is still walked: a walk drops the books of
+every thread whose last books were drained, by tid and start time (tids are reused), and
+those records are remembered while a walk still finds their thread (`_Recorded`).
 
 Under the overhead budget (`reductions`): the switch program may be attached only part of
 the time (per-CPU switches and busy time and run-queue waits are then scaled by the share of
@@ -51,8 +56,9 @@ from bpfdyno.core.metrics import HistogramSample, Sample, sample
 from bpfdyno.core.status import PartState
 from bpfdyno.core.text import shown_c_string
 from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.ebpf.fdmap import RingDrainer
 from bpfdyno.ebpf.headers import header_defines, header_enum, header_text
-from bpfdyno.ebpf.maps import map_pop_all, percpu_flat, percpu_words
+from bpfdyno.ebpf.maps import percpu_flat, percpu_words
 from bpfdyno.ebpf.program import BpfProgram, RingBuffer, TaskIterator
 from bpfdyno.ebpf.reductions import DetachedFunctions, SampledFunctions
 from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S
@@ -87,8 +93,11 @@ _ERRS = header_enum(_HEADER, "sched_error")
 SCHED_ERR_EXIT_FULL = _ERRS["SCHED_ERR_EXIT_FULL"]
 SCHED_ERR_RINGBUF = _ERRS["SCHED_ERR_RINGBUF"]
 SCHED_ERR_MARK = _ERRS["SCHED_ERR_MARK"]
-#: struct sched_task: tid, tgid, oncpu, runq wait, blocked, switches, migrations, comm.
-TASK_RECORD = struct.Struct("<IIQQQQQ16s")
+#: struct sched_task: tid, tgid, oncpu, runq wait, blocked, switches, migrations, start,
+#: comm.
+TASK_RECORD = struct.Struct("<IIQQQQQQ16s")
+#: Where a `TASK_RECORD`'s start time is (with the tid, which thread it is).
+_START = 7
 #: struct sched_cpu: 8 words of counters, then the histogram.
 _SWITCHES, _MIGRATIONS, _RUNQ_COUNT, _RUNQ_SUM, _BUSY, _HIST = 0, 1, 2, 3, 4, 8
 CPU_WORDS = _HIST + SCHED_HIST_SLOTS
@@ -211,16 +220,19 @@ class SchedCollector(Collector):
         if max_exits < 1:
             raise ValueError(f"[sched] max_exits must be at least 1, got {max_exits}")
         self._sink = sink
-        self._defines = {"SCHED_MAX_EXITS": max_exits, "SCHED_RINGBUF_PAGES": ringbuf_pages}
-        #: What fills between two rounds, and how much it holds: the exited threads' map
-        #: (entries), the event ring buffer (events).
-        self._exits_fill = FillRate(max_exits)
+        exit_pages = exit_ring_pages(max_exits)
+        self._defines = {"SCHED_EXIT_PAGES": exit_pages, "SCHED_RINGBUF_PAGES": ringbuf_pages}
+        #: What fills between two rounds, and how much it holds: the exited threads' ring
+        #: buffer (records), the event ring buffer (events).
+        self._exits_fill = FillRate(exit_pages * _PAGE // _EXIT_RECORD)
         self._events_fill = FillRate(ringbuf_pages * _PAGE // _RING_RECORD)
         self._stats_args = (stats_on_s, stats_period_s)
         self._header_cache = header_cache
         self._program: BpfProgram | None = None
         self._tasks: TaskIterator | None = None
         self._events: RingBuffer[KernelEvent] | None = None
+        self._exit_ring: RingDrainer | None = None
+        self._recorded = _Recorded()
         self._clock = MonotonicClock()
         self._prev: _Totals | None = None
         #: tgid -> last books of its exited threads, until the process is gone.
@@ -302,7 +314,9 @@ class SchedCollector(Collector):
                 program.attach_btf_tracepoint(tp, fn, before_attach=bump)
             self._tasks = program.open_task_iterator(ITERATOR)
             self._events = program.open_ring_buffer(_EVENTS, self._decode_event)
-        except BpfLoadError as e:
+            exits = program.table(_EXITED)
+            self._exit_ring = RingDrainer(exits.map_fd, exits.max_entries)
+        except (BpfLoadError, OSError) as e:
             program.close()
             raise CollectorUnavailable(str(e)) from e
         self._program = program
@@ -314,7 +328,7 @@ class SchedCollector(Collector):
         self._cpu_prev = (self._prev, self._switch_held_off_ns)
         self._per_cpu.due()  # the first round's per-CPU series are over the time since now
         self._prev_walk, self._walk_t = _timed_walk(self._tasks)
-        self._threads = self._refresh_processes(self._prev_walk, [], [], self._walk_t)
+        self._threads = self._refresh_processes(self._prev_walk, b"", [], self._walk_t)
 
     def _make_reductions(self, program: BpfProgram) -> None:
         self._switch_sampled = SampledFunctions(
@@ -368,6 +382,9 @@ class SchedCollector(Collector):
     def close(self) -> None:
         """Stop the run statistics and detach and unload every program (idempotent)."""
         if self._program is not None:
+            if self._exit_ring is not None:
+                self._exit_ring.close()
+                self._exit_ring = None
             self._program.close()
             self._program = None
             self._tasks = None
@@ -395,9 +412,9 @@ class SchedCollector(Collector):
             walk, walk_t = _timed_walk(self._tasks) if why else (None, 0.0)
         events = self._events.drain()
         self.process_events += len(events)
-        exited = map_pop_all(program.table(_EXITED))
+        exited = self._drain_exits()
         now = time.monotonic()
-        self._exits_fill.saw(len(exited), now)
+        self._exits_fill.saw(len(exited) // TASK_RECORD.size, now)
         self._events_fill.saw(len(events), now)
         totals = self._read_totals()
         held_off = self._switch_sampled.held_off_ns() if self._switch_sampled else 0
@@ -438,9 +455,9 @@ class SchedCollector(Collector):
         return out
 
     def keeps_up_at(self, interval_s: float) -> bool:
-        """Whether the exited threads' map and the event ring buffer would stay at most half
-        full over ``interval_s`` at the rate of the last round (the map is sized for the slow
-        cadence: ``[sched] max_exits``)."""
+        """Whether the exited threads' and the events' ring buffers would stay at most half
+        full over ``interval_s`` at the rate of the last round (the exits' one is sized for
+        the slow cadence: ``[sched] max_exits``)."""
         return self._exits_fill.keeps_up_at(interval_s) and self._events_fill.keeps_up_at(
             interval_s
         )
@@ -476,11 +493,11 @@ class SchedCollector(Collector):
     def _walk_between_rounds(self) -> None:
         """A walk and the exited threads' books that go with it, outside a round (under
         the walk lock). The events stay in their ring buffer for the next round."""
-        program = self._require()
+        self._require()
         assert self._tasks is not None
         exits_off = self._exit_gap or bool(self._exits_detached and self._exits_detached.active)
         walk, walk_t = _timed_walk(self._tasks)
-        exited = map_pop_all(program.table(_EXITED))
+        exited = self._drain_exits()
         if exits_off:
             exited = exited + _vanished(self._prev_walk, walk, exited)
         self._threads = self._refresh_processes(walk, exited, (), walk_t)
@@ -538,6 +555,13 @@ class SchedCollector(Collector):
             raise RuntimeError("the sched collector is not started (or was closed)")
         return self._program
 
+    def _drain_exits(self) -> bytes:
+        """The last books of every thread whose exit was recorded since the last drain
+        (`TASK_RECORD`s back to back, oldest first)."""
+        self._require()
+        assert self._exit_ring is not None
+        return b"".join(self._exit_ring.drain())
+
     def _decode_event(self, raw: Any) -> KernelEvent:
         comm = shown_c_string(bytes(raw.comm))
         attrs: dict[str, int | float | str] = {"ppid": int(raw.ppid)}
@@ -582,20 +606,26 @@ class SchedCollector(Collector):
     def _refresh_processes(
         self,
         walk: bytes,
-        exited: list[tuple[Any, Any]],
+        exited: bytes,
         events: Iterable[KernelEvent],
         walk_t: float,
     ) -> int:
-        """Sum the walk's live threads and the exited threads' books into processes."""
-        gone = [TASK_RECORD.unpack(bytes(rec)) for _, rec in exited]
-        replaced = {r[0] for r in gone}
+        """Sum the walk's live threads and the exited threads' books into processes.
+
+        ``exited`` was drained after the walk: a thread in both exited after the walk saw
+        it, and its last books replace what the walk read. So do the books of a thread
+        whose exit an earlier drain recorded but that the walk still found (between its
+        exit record and its removal from the task list).
+        """
+        drained = _thread_keys(exited)
+        known = self._recorded.before_walk(drained)
         live: dict[int, list[int]] = {}
         comms: dict[int, bytes] = {}
         threads = 0
-        for tid, tgid, oncpu, wait, blocked, switches, migrations, comm in TASK_RECORD.iter_unpack(
-            walk
-        ):
-            if replaced and tid in replaced:  # exited after the walk saw it: its last books
+        for rec in TASK_RECORD.iter_unpack(walk):
+            tid, tgid, oncpu, wait, blocked, switches, migrations, start, comm = rec
+            if known and (start << _TID_BITS | tid) in known:  # its last books are drained
+                self._recorded.still_walked(start << _TID_BITS | tid)
                 continue
             threads += 1
             acc = live.get(tgid)
@@ -609,9 +639,10 @@ class SchedCollector(Collector):
                 acc[3] += switches
                 acc[4] += migrations
                 acc[5] += 1
-        self._add_exited(gone)
-        for _, tgid, *_times, comm in gone:
-            comms.setdefault(tgid, comm)
+        self._recorded.after_walk(drained)
+        self._add_exited(exited)
+        for rec in TASK_RECORD.iter_unpack(exited):
+            comms.setdefault(rec[1], rec[-1])
         procs: dict[int, ProcSched] = {}
         for tgid, acc in live.items():
             dead = self._exited.get(tgid)
@@ -637,15 +668,16 @@ class SchedCollector(Collector):
             self._procs, self._procs_at = procs, walk_t
         return threads
 
-    def _record_exits(self, exited: list[tuple[Any, Any]], events: Iterable[KernelEvent]) -> None:
+    def _record_exits(self, exited: bytes, events: Iterable[KernelEvent]) -> None:
         """A round without a walk: keep the exited threads' books for the next walk, and give
         exit events their process's totals (all its threads' last books are in by then)."""
-        self._add_exited([TASK_RECORD.unpack(bytes(rec)) for _, rec in exited])
+        self._recorded.between_walks(_thread_keys(exited))
+        self._add_exited(exited)
         _exit_totals(events, self._exited, self._departed)
 
-    def _add_exited(self, gone: Iterable[tuple[Any, ...]]) -> None:
-        """Add exited threads' last books (unpacked `TASK_RECORD`s) to their processes."""
-        for _, tgid, *times, _comm in gone:
+    def _add_exited(self, exited: bytes) -> None:
+        """Add exited threads' last books (`TASK_RECORD`s back to back) to their processes."""
+        for _, tgid, *times, _start, _comm in TASK_RECORD.iter_unpack(exited):
             acc = self._exited.setdefault(tgid, [0] * _N_TIMES)
             for i in range(_N_TIMES):
                 acc[i] += times[i]
@@ -746,18 +778,78 @@ def _exit_totals(events: Iterable[KernelEvent], *books: dict[int, list[int]]) ->
             ev.attrs["offcpu_ns"] = dead[1] + dead[2]
 
 
-def _vanished(
-    prev_walk: bytes, walk: bytes, exited: list[tuple[Any, Any]]
-) -> list[tuple[Any, Any]]:
+def _vanished(prev_walk: bytes, walk: bytes, exited: bytes) -> bytes:
     """Threads of the previous walk missing from this one without an exit record, with the
     books that walk read (while the exit program was detached, that is all there is)."""
     now = {rec[0] for rec in TASK_RECORD.iter_unpack(walk)}
-    recorded = {TASK_RECORD.unpack(bytes(rec))[0] for _, rec in exited}
-    return [
-        (tid, TASK_RECORD.pack(tid, *rest))
-        for tid, *rest in TASK_RECORD.iter_unpack(prev_walk)
-        if tid not in now and tid not in recorded
-    ]
+    recorded = {rec[0] for rec in TASK_RECORD.iter_unpack(exited)}
+    return b"".join(
+        TASK_RECORD.pack(*rec)
+        for rec in TASK_RECORD.iter_unpack(prev_walk)
+        if rec[0] not in now and rec[0] not in recorded
+    )
+
+
+#: Bits of a tid (the kernel's PID_MAX_LIMIT is 2**22): a thread's key is its start time
+#: above them (`_thread_keys`).
+_TID_BITS = 22
+
+
+def _thread_keys(records: bytes) -> set[int]:
+    """Which threads ``records`` (`TASK_RECORD`s back to back) are: start time and tid in
+    one int each (a set of ints takes a third of the memory of a set of pairs)."""
+    return {rec[_START] << _TID_BITS | rec[0] for rec in TASK_RECORD.iter_unpack(records)}
+
+
+class _Recorded:
+    """Threads whose last books were drained and that a walk may still find (`_thread_keys`).
+
+    A thread's exit record is written a little before the kernel takes it off the task list
+    (exit_notify()), and the exit program leaves no mark on it, so a walk in between finds
+    it with books that are already counted. A record is kept from its drain until the first
+    walk after it that does not find its thread: once off the task list, a thread never
+    comes back (its tid may, with another start time).
+    """
+
+    __slots__ = ("_between", "_found", "_kept")
+
+    def __init__(self) -> None:
+        self._kept: set[int] = set()  # drained before the last walk
+        self._between: set[int] = set()  # drained in rounds without a walk
+        self._found: set[int] = set()  # of those, what the current walk found
+
+    def before_walk(self, drained: set[int]) -> set[int]:
+        """What a walk followed by the drain ``drained`` must not count live."""
+        if self._between:
+            self._kept |= self._between
+            self._between = set()
+        self._found = set()
+        if not self._kept:
+            return drained
+        return self._kept | drained if drained else self._kept
+
+    def still_walked(self, key: int) -> None:
+        """The walk found a recorded thread."""
+        self._found.add(key)
+
+    def after_walk(self, drained: set[int]) -> None:
+        """Keep what the walk still found, and the records drained after it."""
+        self._kept = (self._kept & self._found) | drained
+        self._found = set()
+
+    def between_walks(self, drained: set[int]) -> None:
+        """Records drained in a round without a walk: the next walk may find them."""
+        self._between |= drained
+
+    def __len__(self) -> int:
+        return len(self._kept) + len(self._between)
+
+
+def exit_ring_pages(max_exits: int) -> int:
+    """Pages of the exited threads' ring buffer that hold ``max_exits`` records (a power of
+    two, as the kernel requires)."""
+    pages = -(-max_exits * _EXIT_RECORD // _PAGE)
+    return 1 << max(pages - 1, 0).bit_length()
 
 
 #: Why a round walks the threads (`SchedCollector._walk_due`).
@@ -765,6 +857,8 @@ _IDLE, _FOR_READERS = "idle", "readers"
 #: A ring buffer's page, and what one event takes in it (the record and its 8-byte header).
 _PAGE = 4096
 _RING_RECORD = 176 + 8
+#: What one exited thread's books take in their ring buffer (`TASK_RECORD` and its header).
+_EXIT_RECORD = TASK_RECORD.size + 8
 
 
 def _timed_walk(tasks: TaskIterator) -> tuple[bytes, float]:
