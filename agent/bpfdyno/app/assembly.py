@@ -284,7 +284,8 @@ def build(cfg: Config) -> Assembly:
             asm.disabled.append(name)
         else:
             asm.collectors.append(collector)
-    # The overhead budget: every collector's steps (and the capture's), asked as it decides.
+    # The overhead budget: every collector's steps, asked as it decides; the capture's
+    # programs are the trace requesters' work, charged to them and never stepped down.
     parts = list(asm.collectors)
     REQUESTED.ratio = cfg.budget.requested_per_user_ratio
     asm.budget = BudgetCollector(
@@ -293,7 +294,7 @@ def build(cfg: Config) -> Assembly:
         [FewerEvents(recorder)],
     )
     if capture is not None:
-        asm.budget.add_source(capture.reductions)
+        asm.budget.add_requested_programs(capture.requested_programs)
     asm.collectors.append(asm.budget)
 
     asm.components.append(tracing)
