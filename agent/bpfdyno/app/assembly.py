@@ -48,8 +48,10 @@ class Assembly:
     #: cadence follows it).
     demand: ReadDemand = field(default_factory=ReadDemand)
     #: Collectors that keep their cadence while nobody reads: the budget measures the
-    #: agent, detection watches ranks whoever reads (and the NCCL times it reads).
-    steady: frozenset[str] = frozenset({"budget", "detection", "nccl_profiler"})
+    #: agent, detection watches ranks whoever reads. (The NCCL profiler reader, whose times
+    #: detection reads, keeps it while a trainer's plugin file is read: its
+    #: `longest_interval_s`.)
+    steady: frozenset[str] = frozenset({"budget", "detection"})
 
 
 class ProfilingSource(Protocol):
