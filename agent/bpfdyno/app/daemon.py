@@ -193,6 +193,7 @@ class CollectorRunner:
         # Set while it sleeps: resolved by `wake`.
         self._wake: asyncio.Future[None] | None = None
         self._woken = False  # the sleep ended by `wake`, not at its deadline
+        self._due = False  # the collector asked for a round now (`Collector.set_due`)
         # Who this round runs for (set before each round; rounds of one runner never overlap).
         self._round_readers: list[str] = []
         self._running = False
@@ -253,6 +254,12 @@ class CollectorRunner:
                 self._executor.shutdown(wait=False)
         self._started = True
         self.state = PartState.OK
+
+        def due() -> None:
+            with contextlib.suppress(RuntimeError):  # asked after the loop closed
+                loop.call_soon_threadsafe(self._due_now)
+
+        self.collector.set_due(due)
         return True
 
     async def run(self, on_round: Callable[[Round], None], start_t: float | None = None) -> None:
@@ -362,6 +369,9 @@ class CollectorRunner:
                 await _sleep_until(loop, deadline, self._wake)
             finally:
                 self._wake = None
+            if self._due:
+                self._due = False
+                return time.monotonic()
             if self._woken and self.last_round_at is not None:
                 deadline = min(deadline, self.last_round_at + self.normal_step_s())
         return deadline
@@ -379,6 +389,13 @@ class CollectorRunner:
         normal round after it (never more than one a round, however many read). On the loop."""
         if self.idling and self._wake is not None and not self._wake.done():
             self._woken = True
+            self._wake.set_result(None)
+
+    def _due_now(self) -> None:
+        """The collector asked for a round now (on the loop): while it sleeps, its round
+        comes at once and the next one an interval later; asked during a round, nothing."""
+        if self._wake is not None and not self._wake.done():
+            self._due = True
             self._wake.set_result(None)
 
     def next_round(self) -> asyncio.Future[None]:

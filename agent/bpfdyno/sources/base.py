@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from bpfdyno.core.budget import Reduction
@@ -65,6 +65,12 @@ class Collector(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release everything ``start()`` acquired (detach BPF, shut NVML down)."""
+
+    def set_due(self, due: Callable[[], None]) -> None:  # noqa: B027 - optional hook
+        """Optional: ``due()`` (any thread) asks the daemon for a round now, before the
+        interval is up: for a collector whose work comes when something else is ready (the
+        budget, at the end of each run-statistics window). Given once it started. The
+        default ignores it."""
 
     def health(self) -> tuple[PartState, str] | None:
         """Optional: a state to report even though ``collect()`` succeeded.

@@ -187,6 +187,7 @@ class BudgetCollector(Collector):
         self._requested = requested
         self._requested_at_window: dict[str, int] = {}
         self._requested_programs: list[Callable[[], RequestedPrograms]] = []
+        self._due: Callable[[], None] | None = None
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -214,11 +215,19 @@ class BudgetCollector(Collector):
         self._started_at = self._clock()
         self._meter.request(self, self._cfg.stats_window_s, self._cfg.stats_period_s)
 
+    def set_due(self, due: Callable[[], None]) -> None:
+        """A round as each window completes: the budget decides at once, and its rounds
+        come no more often than its windows (between two it has nothing to do)."""
+        self._due = due
+        self._meter.add_listener(due)
+
     def close(self) -> None:
         """Undo every step held (the parts close right after) and release the meter."""
         for held in reversed(self._held + self._memory_held):
             self._undo(held.step)
         self._held, self._memory_held = [], []
+        if self._due is not None:
+            self._meter.remove_listener(self._due)
         self._meter.release(self)
 
     # -- a round --------------------------------------------------------------------------
