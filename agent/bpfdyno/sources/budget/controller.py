@@ -1,8 +1,9 @@
 """`BudgetCollector`: measures what the agent costs and keeps it under ``[budget]``.
 
-Every round (1 s) it reads the agent's CPU time and RSS; every run-statistics window
-(``[budget] stats_window_s`` every ``stats_period_s``, the process-wide meter of
-`bpfdyno.ebpf.runstats`) it has what every BPF function of the agent cost, and decides:
+Its round comes as each run-statistics window completes (``[budget] stats_window_s`` every
+``stats_period_s``, the process-wide meter of `bpfdyno.ebpf.runstats`, which wakes it):
+it reads the agent's CPU time and RSS, has what every BPF function of the agent cost in
+the window, and decides:
 
 * **Over budget** — the total (BPF run time in the latest window + the agent's threads over
   the last `AGENT_SPAN_S`) above ``cpu_ratio`` of one
