@@ -430,8 +430,9 @@ class BudgetSection:
     #: each time the same step had to be taken again soon after).
     restore_after_s: float = 30.0
     #: The most CPU one user's requests may have the agent spend, as a share of one CPU over
-    #: 10 s (refreshing what they read, answering their queries); past it their requests are
-    #: refused until it refills. This work is theirs: it never counts against cpu_ratio.
+    #: 10 s (refreshing what they read, answering their queries, recording the kernel tracks
+    #: of their traces); past it their requests are refused until it refills. This work is
+    #: theirs: it never counts against cpu_ratio, and a trace's recording is never reduced.
     requested_per_user_ratio: float = 0.05
 
 
