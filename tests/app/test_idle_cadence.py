@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -16,7 +16,9 @@ from bpfdyno.app.daemon import Daemon
 from bpfdyno.core.budget import REQUESTED
 from bpfdyno.core.config import load
 from bpfdyno.core.demand import ReadDemand
+from bpfdyno.core.metrics import Sample
 from bpfdyno.services.agent import AgentService
+from bpfdyno.sources.base import FillRate
 from bpfdyno.sources.host.collector import HostCollector
 
 INTERVAL_S = 0.2
@@ -206,5 +208,74 @@ async def test_a_stream_and_a_scrape_are_reads_of_per_cpu_series(
         monkeypatch.setattr(percpu, "PER_CPU_READS", fresh := percpu.PerCpuReads())
         await asyncio.to_thread(assembly.scrape_read, d.demand, None, INTERVAL_S)
         assert fresh.wanted()
+    finally:
+        await d.stop()
+
+
+class Filling(HostCollector):
+    """The host collector, with something the kernel fills between rounds at a rate the test
+    sets: ``per_s`` entries a second into ``capacity`` (a sched collector's exited threads'
+    map and event ring buffer, on a machine whose processes come and go)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.fill = FillRate(capacity)
+        self.per_s = 0.0
+        self._last: float | None = None
+
+    def collect(self) -> Sequence[Sample]:
+        now = time.monotonic()
+        if self._last is not None:
+            self.fill.saw(round(self.per_s * (now - self._last)), now)
+        self._last = now
+        return super().collect()
+
+    def longest_interval_s(self) -> float:
+        return self.fill.longest_interval_s()
+
+
+def test_the_fill_rate_gives_the_longest_interval_that_fills_half() -> None:
+    fill = FillRate(1424)  # the sched ring buffer's events at 64 pages
+    assert fill.longest_interval_s() == float("inf")  # nothing seen yet
+    fill.saw(0, 10.0)
+    fill.saw(1424, 15.0)  # 284.8 events a second over a 5 s round
+    assert fill.longest_interval_s() == pytest.approx(2.5)
+    fill.saw(0, 17.5)
+    assert fill.longest_interval_s() == float("inf")
+
+
+async def test_churn_shortens_the_slow_cadence_only_as_far_as_it_must() -> None:
+    """While nobody reads, a collector whose kernel-side buffer fills at a rate that would
+    overflow half of it in one slow round (IDLE_S) gets rounds as far apart as half of it
+    holds at that rate — not the normal cadence; more churn than a normal round holds brings
+    the normal cadence back, and none the slow one."""
+    demand = ReadDemand(hold_s=HOLD_S)
+    cfg = load(
+        None,
+        [
+            ("daemon.interval_s", str(INTERVAL_S)),
+            ("daemon.idle_interval_s", str(IDLE_S)),
+            ("daemon.history_s", "120"),
+        ],
+    )
+    host = Filling(capacity=1000)
+    d = Daemon(cfg, [host], demand=demand)
+    await d.start()
+    try:
+        host.per_s = 625.0  # half of 1000 in 0.8 s: rounds 0.8 s apart
+        t0 = time.time() + IDLE_S + 0.5  # past the first (slow) round at the new rate
+        await _until(lambda: len(_rounds(d, t0)) >= 5)
+        gaps = _gaps(_rounds(d, t0))
+        assert all(0.6 < g < 1.0 for g in gaps), gaps
+        host.per_s = 5000.0  # half in 0.1 s, under one normal round: the normal cadence
+        t1 = time.time() + 1.0
+        await _until(lambda: len(_rounds(d, t1)) >= 5)
+        gaps = _gaps(_rounds(d, t1))
+        assert all(g < 0.4 for g in gaps), gaps
+        host.per_s = 0.0  # nothing fills: the slow cadence
+        t2 = time.time() + 0.5
+        await _until(lambda: len(_rounds(d, t2)) >= 3)
+        gaps = _gaps(_rounds(d, t2))
+        assert all(g > IDLE_S / 2 for g in gaps), gaps
     finally:
         await d.stop()

@@ -17,7 +17,12 @@ default ones), so the difference to the default is what that collector costs;
 adds rounds of a Dynolog binary (the anchor the targets are set against: build it from source
 with the project's build script), measured the same way in the same interleaved rounds
 (``--dynolog-args``: its flags, e.g. ``--enable_ipc_monitor``). The load average at the start
-of each run is recorded with its figure: the machine may be shared.
+of each run is recorded with its figure: the machine may be shared. ``--threads`` adds one
+run of the agent at its defaults with its Python threads named in /proc
+(``named_threads.py``) and reports each thread's CPU share and how often it ran (the third
+field of its schedstat: times it was switched in, i.e. its wakeups), with each collector's
+rounds over the same window (from ``GetStatus``, which is not a read: it moves no cadence)
+and the machine's process starts a second.
 """
 
 from __future__ import annotations
@@ -58,6 +63,73 @@ def measure(
             private_bytes(daemon.pid),
             (daemon.serving_after_s, daemon.ready_after_s),
         )
+
+
+def per_thread(settle_s: float, window_s: float, tree: Path | None = None) -> str:
+    """The ``--threads`` run: each thread's CPU share and runs a second, each collector's
+    rounds, over one window of the agent at its defaults (of ``tree``: another version)."""
+    import grpc
+
+    from bpfdyno.rpc.v1 import agent_pb2 as pb
+    from bpfdyno.rpc.v1 import agent_pb2_grpc as pb_grpc
+
+    def rounds(sock: str) -> dict[str, int]:
+        with grpc.insecure_channel(f"unix:{sock}") as ch:
+            status = pb_grpc.AgentStub(ch).GetStatus(pb.GetStatusRequest(), timeout=10)
+        return {c.name: c.collections for c in status.collectors}
+
+    def tasks(pid: int) -> dict[int, tuple[str, int, int]]:
+        out: dict[int, tuple[str, int, int]] = {}
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):  # ended meanwhile
+                comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+                run_ns, _, runs = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+                out[int(tid)] = (comm, int(run_ns), int(runs))
+        return out
+
+    load0 = os.getloadavg()[0]
+    with Daemon([], settle_s=settle_s, tree=tree, named_threads=True) as daemon:
+        r0, a, f0, t0 = rounds(daemon.sock), tasks(daemon.pid), process_starts(), time.monotonic()
+        time.sleep(window_s)
+        b, f1, t1 = tasks(daemon.pid), process_starts(), time.monotonic()
+        r1 = rounds(daemon.sock)
+    dt = t1 - t0
+    rows = sorted(
+        (
+            (ns - a.get(tid, ("", 0, 0))[1], runs - a.get(tid, ("", 0, 0))[2], comm, tid)
+            for tid, (comm, ns, runs) in b.items()
+        ),
+        reverse=True,
+    )
+    total = sum(r[0] for r in rows)
+    lines = [
+        f"Per thread over {dt:.0f} s after {settle_s:.0f} s settling, load average {load0:.1f} "
+        f"at the start, {(f1 - f0) / dt:.0f} process starts a second on the machine; the whole "
+        f"agent {total / dt / 1e7:.3f} % of a core.",
+        "",
+        "| thread | CPU, % of a core | runs a second |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {comm} ({tid}) | {ns / dt / 1e7:.3f} | {runs / dt:.2f} |"
+        for ns, runs, comm, tid in rows
+        if ns or runs
+    ]
+    lines += [
+        "",
+        "Rounds in the window: "
+        + ", ".join(f"{name} {r1[name] - r0.get(name, 0)}" for name in sorted(r1)),
+    ]
+    return "\n".join(lines)
+
+
+def process_starts() -> int:
+    """Processes and threads started on the machine since boot (``processes`` of /proc/stat)."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("processes "):
+                return int(line.split()[1])
+    return 0
 
 
 def measure_dynolog(
@@ -256,6 +328,9 @@ def main() -> None:
     parser.add_argument(
         "--gpu-node", action="store_true", help="one short run with each part's cost (see above)"
     )
+    parser.add_argument(
+        "--threads", action="store_true", help="one run with each thread's cost (see above)"
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the agent loads BPF programs")
@@ -269,6 +344,13 @@ def main() -> None:
             else:
                 print(f"{key}: {value}")
         print(json.dumps(result))
+        return
+    if args.threads:
+        with tempfile.TemporaryDirectory(prefix="bd-baseline-") as tmp:
+            tree = baseline_tree(args.baseline, Path(tmp)) if args.baseline else None
+            print(f"This tree:\n{per_thread(args.settle, args.window)}", flush=True)
+            if tree is not None:
+                print(f"\n{args.baseline}:\n{per_thread(args.settle, args.window, tree)}")
         return
     with tempfile.TemporaryDirectory(prefix="bd-baseline-") as tmp:
         tree = baseline_tree(args.baseline, Path(tmp)) if args.baseline else None

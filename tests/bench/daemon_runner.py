@@ -56,9 +56,12 @@ class Daemon:
         settle_s: float = 2.0,
         ready_timeout_s: float = 120.0,
         tree: Path | None = None,
+        named_threads: bool = False,
     ) -> None:
         self.overrides = list(overrides)
         self.tree = tree
+        #: Run it through ``named_threads.py``: its Python threads named in /proc.
+        self.named_threads = named_threads
         self.settle_s = settle_s
         self.ready_timeout_s = ready_timeout_s
         self.proc: subprocess.Popen[str] | None = None
@@ -85,10 +88,14 @@ class Daemon:
         # sun_path is short: a short private directory for both sockets.
         self._tmp = tempfile.mkdtemp(prefix="bd-bench-", dir="/tmp")
         sock = os.path.join(self._tmp, "agent.sock")
+        launcher = (
+            [str(Path(__file__).with_name("named_threads.py"))]
+            if self.named_threads
+            else ["-m", "bpfdyno"]
+        )
         args = [
             sys.executable,
-            "-m",
-            "bpfdyno",
+            *launcher,
             "serve",
             "--socket",
             sock,

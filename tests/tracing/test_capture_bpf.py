@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from bpfdyno.core.config import load
+from bpfdyno.core.budget import Costs, RequestedWork
+from bpfdyno.core.config import BudgetSection, load
 from bpfdyno.core.status import PartState
 from bpfdyno.ebpf.runstats import BpfRunStats
+from bpfdyno.sources.budget.controller import WARMUP_S, BudgetCollector
 from bpfdyno.tracing.capture.manager import CaptureKey, CaptureManager
 from bpfdyno.tracing.capture.records import (
     KernelTrackRequest,
@@ -630,43 +632,66 @@ def test_the_first_trace_loads_the_programs_before_the_preload_delay(server: int
     assert sum(r.bytes for r in cap.records if isinstance(r, NetBurst) and not r.rx) == 3000
 
 
-def test_tracks_the_budget_sampled_say_so_and_hold_no_interval_across_a_gap(
+def test_a_trace_keeps_its_full_tracks_under_a_busy_budget_and_its_cost_is_the_requesters(
     manager: CaptureManager, server: int
 ) -> None:
-    # The capture itself over the agent's budget: its net and sched functions do their work
-    # a quarter of every second. What they record is true (every off-CPU interval lies
-    # within one on phase: one that began before a gap is dropped, not stretched over it)
-    # and the trace says what was sampled.
-    steps = {r.name: r for r in manager.reductions()}
-    assert set(steps) == {"capture.net_sampled", "capture.sched_sampled"}
+    """The capture runs only because someone asked for a trace. Under a budget that its
+    recording alone exceeds many times over (0.01 % of a core), wired as the daemon wires it,
+    the budget takes nothing from it: every send of the traced process is in its net track,
+    its sleeps in its sched track, and their notes say nothing is missing; its programs' cost
+    is left out of the agent's and charged to the requester."""
+    requested = RequestedWork()
+    shift = [0.0]
+    budget = BudgetCollector(
+        BudgetSection(cpu_ratio=0.0001),
+        requested=requested,
+        clock=lambda: time.monotonic() + shift[0],
+    )
+    budget.add_requested_programs(manager.requested_programs)
+    budget.start()
+    shift[0] = WARMUP_S  # past its warm-up: it acts on what it measures
+    costs: list[Costs] = []
     traced = Sender(server)
+    key = CaptureKey("t", traced.pid, requester="uid 1234")
     try:
-        for step in steps.values():
-            step.apply()
+        manager.begin(key, NET_SCHED).result(30)
+        done = threading.Event()
 
-        def work() -> None:
-            traced.send(100, 60, gap_ms=40)  # 2.4 s of sends, sleeping between them
+        def measure() -> None:
+            while not done.wait(0.2):
+                budget.collect()
+                costs.append(budget.state().costs)
 
-        cap = record(manager, traced.pid, NET_SCHED, work)
+        meter = threading.Thread(target=measure)
+        meter.start()
+        try:
+            traced.send(100, 100, gap_ms=50)  # 5 s: at least two of the budget's windows
+        finally:
+            done.set()
+            meter.join()
+        cap = manager.end(key).result(60)
     finally:
-        for step in steps.values():
-            step.undo()
+        budget.close()
         traced.close()
     sends = [r for r in cap.records if isinstance(r, NetBurst) and not r.rx]
-    assert 0 < sum(b.calls for b in sends) < 60
-    offcpu = [r for r in cap.records if isinstance(r, OffCpu)]
-    assert offcpu and max(r.on_ns - r.off_ns for r in offcpu) < 0.25e9 + 20e6
-    for track in (Track.NET, Track.SCHED):
-        note = cap.stats[track].note
-        assert note.startswith("sampled by the agent's overhead budget (the capture itself cost"), (
-            note
-        )
-        share = float(re.search(r"recorded (\d+)% of the", note).group(1))  # type: ignore[union-attr]
-        # A part of the window, not all of it nor none: how much depends on where the window
-        # starts in the duty cycle and, on a loaded machine, on how late the thread that
-        # switches the phases runs (62 % was seen in a full suite run) — what the phases
-        # held is checked above, exactly.
-        assert 0 < share < 100
+    assert sum(b.calls for b in sends) == 100
+    offcpu = [r for r in cap.records if isinstance(r, OffCpu) and r.tid == traced.pid]
+    sleeps = [r for r in offcpu if 45e6 <= r.on_ns - r.off_ns < 1e9]  # the 50 ms sleeps
+    # Every sleep but a few: sampled a quarter of each second, as the budget did before, the
+    # track held about 25 of them. (On a loaded machine the capture misses 1-3 of 100 sleeps
+    # with no budget at all, seen on this VM: a loss of its own, not the budget's.)
+    assert len(sleeps) >= 90, [(r.syscall, r.on_ns - r.off_ns) for r in offcpu]
+    assert (cap.stats[Track.NET].lost_kernel, cap.stats[Track.SCHED].lost_kernel) == (0, 0)
+    assert (cap.stats[Track.NET].note, cap.stats[Track.SCHED].note) == ("", "")
+    measured = [c for c in costs if c.window_s > 0 and "uid 1234" in c.requested_ns_s]
+    assert measured, costs
+    capture_functions = {"bpfdyno_cswitch", "bpfdyno_cwaking", "bpfdyno_csend", "bpfdyno_crecv"}
+    for c in measured:
+        assert not capture_functions & set(c.bpf_ns_s), c.bpf_ns_s
+        assert c.requested_ns_s["uid 1234"] > 0
+    assert requested.by_reader()["uid 1234"] > 0
+    assert requested.total_ns() == 0  # kernel time: none of the agent's threads spent it
+    assert budget.state().held == ()
 
 
 #: A parent with a child forked before the trace (waiting for "go") and one forked while

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from bpfdyno.core.errors import InvalidArgument, NotFound, Unavailable
+from bpfdyno.core.budget import REQUESTED, REQUESTED_RULE
+from bpfdyno.core.errors import InvalidArgument, NotFound, PermissionDenied, Unavailable
+from bpfdyno.core.identity import Requester
 from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.services.tracing import (
     TraceRequest,
@@ -420,3 +422,25 @@ def test_a_file_of_someone_else_at_the_final_name_is_not_the_trace(
     [proc] = svc.get_trace(res.trace_id).processes
     assert proc.state is ProcState.FAILED
     assert "owned by uid 51001, not by the traced process's owner (uid 0)" in proc.reason
+
+
+def test_a_user_whose_requested_work_is_spent_is_refused_kernel_tracks(
+    svc: TracingService, tmp_path: Path
+) -> None:
+    """Recording a trace's kernel tracks is its requester's work, bounded per user like reads:
+    a user who has had the agent spend their allowance is refused a trace with kernel tracks
+    (rule ``requested_work_limit``, with when to retry), before anything is matched."""
+    poll(svc, [10], job=7)
+    user = Requester(uid=64999, transport="grpc-unix", peer="pid 1", pid=1)
+    REQUESTED.charge(["uid 64999"], 2_000_000_000)  # 2 s of a core: 4 x what 10 s allow
+    with pytest.raises(Unavailable) as refused:
+        svc.start_trace(
+            TraceRequest(job_id=7, options=iters(tmp_path), kernel_tracks=("sched",)), user
+        )
+    assert refused.value.rule == REQUESTED_RULE
+    assert "uid 64999 has had the agent spend more than 5 % of a core" in str(refused.value)
+    # Without kernel tracks nothing is recorded for them: that rule does not apply (the
+    # process is root's, which is what refuses them then).
+    with pytest.raises(PermissionDenied) as other:
+        svc.start_trace(TraceRequest(job_id=7, options=iters(tmp_path), kernel_tracks=()), user)
+    assert other.value.rule != REQUESTED_RULE

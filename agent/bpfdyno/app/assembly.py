@@ -48,8 +48,10 @@ class Assembly:
     #: cadence follows it).
     demand: ReadDemand = field(default_factory=ReadDemand)
     #: Collectors that keep their cadence while nobody reads: the budget measures the
-    #: agent, detection watches ranks whoever reads (and the NCCL times it reads).
-    steady: frozenset[str] = frozenset({"budget", "detection", "nccl_profiler"})
+    #: agent, detection watches ranks whoever reads. (The NCCL profiler reader, whose times
+    #: detection reads, keeps it while a trainer's plugin file is read: its
+    #: `longest_interval_s`.)
+    steady: frozenset[str] = frozenset({"budget", "detection"})
 
 
 class ProfilingSource(Protocol):
@@ -284,7 +286,8 @@ def build(cfg: Config) -> Assembly:
             asm.disabled.append(name)
         else:
             asm.collectors.append(collector)
-    # The overhead budget: every collector's steps (and the capture's), asked as it decides.
+    # The overhead budget: every collector's steps, asked as it decides; the capture's
+    # programs are the trace requesters' work, charged to them and never stepped down.
     parts = list(asm.collectors)
     REQUESTED.ratio = cfg.budget.requested_per_user_ratio
     asm.budget = BudgetCollector(
@@ -293,7 +296,7 @@ def build(cfg: Config) -> Assembly:
         [FewerEvents(recorder)],
     )
     if capture is not None:
-        asm.budget.add_source(capture.reductions)
+        asm.budget.add_requested_programs(capture.requested_programs)
     asm.collectors.append(asm.budget)
 
     asm.components.append(tracing)

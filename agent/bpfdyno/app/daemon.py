@@ -157,9 +157,11 @@ def _deliver(
 class CollectorRunner:
     """Drives one collector: start, collect on deadlines with back-off, close.
 
-    While nobody reads (``demand``), its rounds come every ``idle_interval_s`` instead (when
-    that is longer, and the collector keeps up at it: `Collector.keeps_up_at`); a read wakes
-    it at once when its last round is older than one normal round (`wake`).
+    While nobody reads (``demand``), its rounds come every ``idle_interval_s`` instead, or as
+    far apart as the collector keeps up at when that is shorter
+    (`Collector.longest_interval_s`), whenever that is longer than the normal step
+    (`idle_step_s`); a read wakes it at once when its last round is older than one normal
+    round (`wake`).
 
     Args:
         collector: the collector.
@@ -191,6 +193,7 @@ class CollectorRunner:
         # Set while it sleeps: resolved by `wake`.
         self._wake: asyncio.Future[None] | None = None
         self._woken = False  # the sleep ended by `wake`, not at its deadline
+        self._due = False  # the collector asked for a round now (`Collector.set_due`)
         # Who this round runs for (set before each round; rounds of one runner never overlap).
         self._round_readers: list[str] = []
         self._running = False
@@ -251,6 +254,12 @@ class CollectorRunner:
                 self._executor.shutdown(wait=False)
         self._started = True
         self.state = PartState.OK
+
+        def due() -> None:
+            with contextlib.suppress(RuntimeError):  # asked after the loop closed
+                loop.call_soon_threadsafe(self._due_now)
+
+        self.collector.set_due(due)
         return True
 
     async def run(self, on_round: Callable[[Round], None], start_t: float | None = None) -> None:
@@ -321,7 +330,7 @@ class CollectorRunner:
                 and not self._demand_active()
             )
             if self.idling:
-                step = self.idle_interval_s
+                step = self.idle_step_s()
             if self.consecutive_errors:
                 step = min(MAX_BACKOFF_S, self.interval_s * 2 ** min(self.consecutive_errors, 16))
             deadline += step
@@ -335,11 +344,17 @@ class CollectorRunner:
         """Seconds between rounds while someone reads (the budget may lengthen it)."""
         return self.interval_s * self.interval_factor
 
+    def idle_step_s(self) -> float:
+        """Seconds between rounds while nobody reads: the slow interval, or the longest the
+        collector keeps up at if shorter (a machine's process churn fills the exited threads'
+        map and the event ring buffer between two rounds); 0 when that is no longer than the
+        normal step (it runs at the normal cadence)."""
+        step = min(self.idle_interval_s, self.collector.longest_interval_s())
+        return step if step > self.normal_step_s() else 0.0
+
     def _idles_without_readers(self) -> bool:
-        """Whether its rounds would come at the slow cadence if nobody read."""
-        return self.idle_interval_s > self.normal_step_s() and self.collector.keeps_up_at(
-            self.idle_interval_s
-        )
+        """Whether its rounds would come at a slower cadence if nobody read."""
+        return self.idle_step_s() > 0.0
 
     def _demand_active(self) -> bool:
         return self._demand is not None and self._demand.active()
@@ -354,6 +369,9 @@ class CollectorRunner:
                 await _sleep_until(loop, deadline, self._wake)
             finally:
                 self._wake = None
+            if self._due:
+                self._due = False
+                return time.monotonic()
             if self._woken and self.last_round_at is not None:
                 deadline = min(deadline, self.last_round_at + self.normal_step_s())
         return deadline
@@ -371,6 +389,13 @@ class CollectorRunner:
         normal round after it (never more than one a round, however many read). On the loop."""
         if self.idling and self._wake is not None and not self._wake.done():
             self._woken = True
+            self._wake.set_result(None)
+
+    def _due_now(self) -> None:
+        """The collector asked for a round now (on the loop): while it sleeps, its round
+        comes at once and the next one an interval later; asked during a round, nothing."""
+        if self._wake is not None and not self._wake.done():
+            self._due = True
             self._wake.set_result(None)
 
     def next_round(self) -> asyncio.Future[None]:

@@ -76,20 +76,17 @@ class Reduction(abc.ABC):
 
     Attributes:
         name: stable identifier, ``<part>.<what>`` (``net.bytes_sampled``); a metric label.
-        part: the part it belongs to (``net``, ``sched``, ``capture``, ``daemon``).
+        part: the part it belongs to (``net``, ``sched``, ``irq``, ``daemon``).
         what: what it does, for ``status`` ("socket byte accounting attached 1/8 of the
             time").
         lost: what the data loses while it is in force ("per-process and host-wide byte
             counts are estimates, labelled estimate=sampled").
-        capture: True for the recording of a trace in progress: the budget takes such a
-            step only when the capture itself costs more than the whole budget.
     """
 
     name: str = ""
     part: str = ""
     what: str = ""
     lost: str = ""
-    capture: bool = False
 
     @abc.abstractmethod
     def apply(self) -> None:
@@ -124,6 +121,22 @@ class Reduction(abc.ABC):
     @active.setter
     def active(self, value: bool) -> None:
         self._active = value
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedPrograms:
+    """BPF programs that run only because someone asked (a trace's kernel tracks), and who.
+
+    What they cost is the requesters' work (`RequestedWork.charge`), never the agent's: the
+    budget leaves it out of what it weighs and takes no step on them.
+
+    Attributes:
+        prog_ids: the kernel's ids of the programs' functions.
+        readers: who asked for what they record now (``uid N``), the cost shared equally.
+    """
+
+    prog_ids: frozenset[int] = frozenset()
+    readers: tuple[str, ...] = ()
 
 
 def degraded_by(reductions: Iterable[Reduction]) -> tuple[PartState, str] | None:
@@ -261,11 +274,23 @@ class RequestedWork:
             self._local.ns = getattr(self._local, "ns", 0) + spent
             self._charge(readers, spent, bounded)
 
-    def _charge(self, readers: Collection[str], spent: int, bounded: bool) -> None:
+    def charge(self, readers: Collection[str], spent_ns: int) -> None:
+        """Count ``spent_ns`` of CPU time spent outside the agent's threads as ``readers``'
+        (shared equally), bounded like any of their requests: the run time of BPF programs
+        attached because they asked (a trace's kernel tracks), which the kernel charges to
+        whichever task ran them. Not part of `total_ns` (the agent's threads never spent
+        it); no readers: nobody is charged."""
+        if readers and spent_ns > 0:
+            self._charge(readers, spent_ns, True, threads=False)
+
+    def _charge(
+        self, readers: Collection[str], spent: int, bounded: bool, threads: bool = True
+    ) -> None:
         share = spent / len(readers)
         now = self._clock()
         with self._lock:
-            self._total_ns += spent
+            if threads:
+                self._total_ns += spent
             for who in readers:
                 b = self._refilled(who, now)
                 if bounded:
@@ -305,7 +330,8 @@ class RequestedWork:
             )
 
     def total_ns(self) -> int:
-        """Every reader's requested CPU time so far (ns)."""
+        """Every reader's requested CPU time on the agent's threads so far (ns): what the
+        agent's own CPU time holds of it (`charge`d kernel time is not in it)."""
         with self._lock:
             return self._total_ns
 

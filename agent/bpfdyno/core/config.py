@@ -31,8 +31,10 @@ KNOWN_COLLECTORS = (
 #: change only when pods start or end; the fabric's counters (RDMA ports, NIC driver
 #: statistics) are cumulative, so every 5 s they are exact over 5 s, at a fifth of the cost
 #: (a sysfs walk and an ioctl per interface: ~0.07 % of a core every second on a 2-CPU VM
-#: with three interfaces). A trace's fabric track samples them at its own rate.
-DEFAULT_INTERVALS_S = {"kubelet": 10.0, "fabric": 5.0, "detection": 5.0}
+#: with three interfaces). A trace's fabric track samples them at its own rate. The budget
+#: has a round as each of its run-statistics windows completes ([budget] stats_period_s);
+#: its interval only bounds the wait when there are none (statistics refused).
+DEFAULT_INTERVALS_S = {"kubelet": 10.0, "fabric": 5.0, "detection": 5.0, "budget": 10.0}
 
 
 class ConfigError(Exception):
@@ -429,8 +431,9 @@ class BudgetSection:
     #: each time the same step had to be taken again soon after).
     restore_after_s: float = 30.0
     #: The most CPU one user's requests may have the agent spend, as a share of one CPU over
-    #: 10 s (refreshing what they read, answering their queries); past it their requests are
-    #: refused until it refills. This work is theirs: it never counts against cpu_ratio.
+    #: 10 s (refreshing what they read, answering their queries, recording the kernel tracks
+    #: of their traces); past it their requests are refused until it refills. This work is
+    #: theirs: it never counts against cpu_ratio, and a trace's recording is never reduced.
     requested_per_user_ratio: float = 0.05
 
 
@@ -524,6 +527,8 @@ class Config:
         section = self.collectors.get(name)
         if section is not None and section.interval_s > 0:
             return section.interval_s
+        if section is None and name in DEFAULT_INTERVALS_S:  # a part without a section
+            return DEFAULT_INTERVALS_S[name]
         return self.daemon.interval_s
 
     def collector_enabled(self, name: str) -> bool:

@@ -32,11 +32,10 @@ class _FunctionsStep(Reduction):
         part: str,
         what: str,
         lost: str,
-        capture: bool = False,
     ) -> None:
         self.program = program
         self.fns = frozenset(fns)
-        self.name, self.part, self.what, self.lost, self.capture = name, part, what, lost, capture
+        self.name, self.part, self.what, self.lost = name, part, what, lost
         self.active = False
 
     def cost_ns_s(self, costs: Costs) -> float:
@@ -53,7 +52,6 @@ class SampledFunctions(_FunctionsStep):
         flag: (array map, slot) the functions read to know they are off; None: they are
             detached while off.
         name, part, what, lost: as in `Reduction`.
-        capture: as in `Reduction`.
     """
 
     def __init__(
@@ -67,9 +65,8 @@ class SampledFunctions(_FunctionsStep):
         part: str,
         what: str,
         lost: str,
-        capture: bool = False,
     ) -> None:
-        super().__init__(program, fns, name=name, part=part, what=what, lost=lost, capture=capture)
+        super().__init__(program, fns, name=name, part=part, what=what, lost=lost)
         self.share_when_applied = share
         self.flag = flag
         self.target: AttachedFunctions | FlagSwitch = (
@@ -138,7 +135,6 @@ class DetachedFunctions(_FunctionsStep):
         program: the program whose functions these are.
         fns: the functions.
         name, part, what, lost: as in `Reduction`.
-        capture: as in `Reduction`.
     """
 
     def apply(self) -> None:

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -367,6 +367,7 @@ class ProcessRunStats:
         self._thread: threading.Thread | None = None
         self._last: MeterWindow | None = None
         self._seq = 0
+        self._listeners: list[Callable[[], None]] = []
         #: Why there are no windows ("" while they work).
         self.unavailable_reason = ""
         #: What the statistics add to each run, in ns (measured when the thread starts;
@@ -415,6 +416,16 @@ class ProcessRunStats:
             thread.join()
 
     # -- results --------------------------------------------------------------------------
+
+    def add_listener(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` (on the meter's thread; it must not block) as each window completes."""
+        with self._lock:
+            self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
 
     def last_window(self) -> MeterWindow | None:
         """The latest completed window (None before the first)."""
@@ -507,6 +518,12 @@ class ProcessRunStats:
                 self._seq += 1
                 self._last = MeterWindow(self._seq, b1, window_s, functions)
                 self._changed.notify_all()
+                listeners = list(self._listeners)
+            for fn in listeners:
+                try:
+                    fn()
+                except Exception:  # a listener's failure is its own; the windows go on
+                    log.exception("BPF run statistics: a window listener failed")
             self._stop.wait(max(0.0, period_s - (time.monotonic() - t0)))
 
     def _counters(self) -> dict[int, tuple[str, int, int, int | None]]:

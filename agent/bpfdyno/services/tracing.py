@@ -33,6 +33,7 @@ from pathlib import Path
 from bpfdyno.analysis.summary import summarize_file
 from bpfdyno.analysis.tracefile import DEFAULT_LIMITS, ReadLimits
 from bpfdyno.analysis.verdict import compare
+from bpfdyno.core.budget import REQUESTED, reader
 from bpfdyno.core.errors import InvalidArgument, NotFound, PermissionDenied, Unavailable
 from bpfdyno.core.identity import (
     FileIdentityError,
@@ -476,6 +477,8 @@ class TracingService(KinetoPolls):
         check_request_shape(req)
         require_attributed(requester)
         tracks = kernel_track_request(req, self.default_tracks)
+        if tracks.enabled:  # recording them is the requester's work: bounded per user
+            REQUESTED.check(reader(requester.uid))
         trace_id = secrets.token_hex(8)
         named_file = req.options is None or bool(req.options.log_file)
         if req.options is not None and not named_file:

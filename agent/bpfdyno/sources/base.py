@@ -8,7 +8,8 @@ on its own worker thread at every deadline, then ``close()`` on shutdown.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from bpfdyno.core.budget import Reduction
@@ -65,6 +66,12 @@ class Collector(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release everything ``start()`` acquired (detach BPF, shut NVML down)."""
 
+    def set_due(self, due: Callable[[], None]) -> None:  # noqa: B027 - optional hook
+        """Optional: ``due()`` (any thread) asks the daemon for a round now, before the
+        interval is up: for a collector whose work comes when something else is ready (the
+        budget, at the end of each run-statistics window). Given once it started. The
+        default ignores it."""
+
     def health(self) -> tuple[PartState, str] | None:
         """Optional: a state to report even though ``collect()`` succeeded.
 
@@ -82,13 +89,15 @@ class Collector(abc.ABC):
         """
         return ()
 
-    def keeps_up_at(self, interval_s: float) -> bool:
-        """Whether rounds ``interval_s`` apart lose nothing now: what the kernel fills between
-        two rounds (a map of exited threads, a ring buffer) would not overflow at the rate
-        the last rounds saw. The daemon reads at its slow cadence while nobody reads only
-        when this holds. Called on the event loop: read only what the last round left.
-        The default: nothing fills between rounds."""
-        return True
+    def longest_interval_s(self) -> float:
+        """The longest interval between rounds that loses nothing now: what the kernel fills
+        between two rounds (a map of exited threads, a ring buffer) would fill at most half
+        of it at the rate the last round saw. While nobody reads, the daemon's rounds come
+        this far apart when it is shorter than its slow cadence (and longer than the normal
+        one), so the machine's ordinary churn shortens the slow cadence only as far as it
+        must. Called on the event loop: read only what the last round left. The default:
+        nothing fills between rounds (infinite)."""
+        return math.inf
 
     def reductions(self) -> Sequence[Reduction]:
         """Optional: the steps this collector offers the overhead budget (after ``start()``).
@@ -115,7 +124,7 @@ class ReadAt(dict[int, _V]):
 class FillRate:
     """How fast something the kernel fills between two rounds (a map of exited threads, a
     ring buffer) filled over the last round, against what it holds: whether rounds further
-    apart would overflow it (`Collector.keeps_up_at`).
+    apart would overflow it (`Collector.longest_interval_s`).
 
     Args:
         capacity: what it holds (entries, records).
@@ -132,7 +141,7 @@ class FillRate:
             self._per_s = n / (now - self._at)
         self._at = now
 
-    def keeps_up_at(self, interval_s: float) -> bool:
-        """Whether ``interval_s`` at the last round's rate fills at most half of it (the
-        other half for a burst until the next round)."""
-        return self._per_s * interval_s <= self.capacity / 2
+    def longest_interval_s(self) -> float:
+        """The longest interval that fills at most half of it at the last round's rate (the
+        other half for a burst until the next round); infinite when nothing came."""
+        return self.capacity / 2 / self._per_s if self._per_s > 0 else math.inf

@@ -39,7 +39,7 @@ from concurrent.futures import Future
 import orjson
 
 from bpfdyno.analysis.tracefile import DEFAULT_LIMITS, ReadLimits
-from bpfdyno.core.budget import excluded_work
+from bpfdyno.core.budget import excluded_work, reader
 from bpfdyno.core.events import FlightRecorder, KernelEvent
 from bpfdyno.core.identity import FileIdentityError, file_owner, files_as, owner_or_root
 from bpfdyno.core.rootfs import within_root
@@ -329,8 +329,8 @@ def merge_capture(
 
 def _capture_key(part: PartRef) -> CaptureKey:
     """What the capture records ``part``'s process under: its pid here (the kernel's),
-    with the pid it knows itself by beside it."""
-    return CaptureKey(part.trace_id, part.kernel_pid, part.pid)
+    with the pid it knows itself by beside it, and who asked (the recording is their work)."""
+    return CaptureKey(part.trace_id, part.kernel_pid, part.pid, reader(part.requester_uid))
 
 
 _IN_ROOT = re.compile(r"/proc/self/fd/\d+/")

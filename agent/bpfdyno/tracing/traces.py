@@ -182,6 +182,7 @@ class PartRef:
     fs_root: str = ""  # see `NewProcess.fs_root`
     host_pid: int = 0  # see `NewProcess.host_pid`
     deadline_mono: float = 0.0  # when the trace times out (time.monotonic)
+    requester_uid: int | None = None  # who asked for the trace (its recording is their work)
 
     @property
     def kernel_pid(self) -> int:
@@ -342,6 +343,7 @@ class TraceTracker:
             p.fs_root,
             p.host_pid,
             tr.deadline_mono,
+            tr.requester_uid,
         )
 
     def _forget_old(self) -> None:

@@ -16,8 +16,16 @@ from collections.abc import Sequence
 
 import pytest
 
-from bpfdyno.core.budget import Costs, Reduction, RequestedWork, excluded_work
+from bpfdyno.core.budget import (
+    REQUESTED_RULE,
+    Costs,
+    Reduction,
+    RequestedPrograms,
+    RequestedWork,
+    excluded_work,
+)
 from bpfdyno.core.config import BudgetSection
+from bpfdyno.core.errors import Unavailable
 from bpfdyno.core.metrics import Sample
 from bpfdyno.core.status import PartState
 from bpfdyno.ebpf.runstats import FunctionCost, MeterWindow
@@ -62,14 +70,12 @@ class Step(Reduction):
         fns: Sequence[str],
         share_saved: float = 1.0,
         restore: float | None = None,
-        capture: bool = False,
     ) -> None:
         self.name, self.part = name, name.split(".")[0]
         self.what, self.lost = f"{name} on", f"{name} data"
         self.fns = fns
         self.share_saved = share_saved
         self.restore = restore
-        self.capture = capture
         self.active = False
         self.log: list[str] = []
 
@@ -226,19 +232,44 @@ def test_twice_the_budget_in_one_window_acts_at_once_and_takes_what_it_needs() -
     assert "reduced: net.sampled since" in reason and "; sched.sampled since" in reason
 
 
-def test_a_traces_steps_are_taken_only_when_the_capture_alone_is_over_budget() -> None:
-    capture = Step("capture.sched_sampled", ["bpfdyno_cswitch"], 0.75, capture=True)
+def test_a_traces_recording_is_its_requesters_work_and_never_stepped_down() -> None:
+    """The capture's programs run only because someone asked for a trace: what they cost is
+    charged to the requester, left out of the agent's cost, never reduced (there is no step
+    on them, however much they cost), and spends the requester's allowance; the budget's
+    steps keep acting on the always-on collection."""
+    clock: list[Agent] = []
+    requested = RequestedWork(ratio=0.05, clock=lambda: clock[0].now)
     net = Step("net.sampled", ["bpfdyno_nsend"], 0.875)
-    agent = Agent([capture, net])
+    agent = Agent([net], requested=requested)
+    clock.append(agent)
+    # The meter's windows number their functions 0, 1, ...: the capture's switch is id 0.
+    agent.budget.add_requested_programs(lambda: RequestedPrograms(frozenset({0}), ("uid 1000",)))
     agent.warm()
-    # The capture costs 0.9 % (under the budget) and net 2 %: only net's step is taken, even
-    # though the total stays over 80 % of the budget without the capture's.
-    agent.period({"bpfdyno_cswitch": 9 * MS, "bpfdyno_nsend": 20 * MS}, agent_ns_s=0)
-    assert (net.log, capture.log) == (["apply"], [])
-    # The capture alone above the budget: now its step too.
-    agent.period({"bpfdyno_cswitch": 12 * MS, "bpfdyno_nsend": 2.5 * MS}, agent_ns_s=0)
-    agent.period({"bpfdyno_cswitch": 12 * MS, "bpfdyno_nsend": 2.5 * MS}, agent_ns_s=0)
-    assert capture.log == ["apply"]
+    # The capture at 15 % of a core (fifteen times the budget), the collection at 0.3 %
+    # (the agent's threads are counted over the last 10 s: five periods).
+    for _ in range(5):
+        agent.period({"bpfdyno_cswitch": 150 * MS, "bpfdyno_nsend": 2 * MS}, agent_ns_s=1 * MS)
+    costs = agent.budget.state().costs
+    assert costs.bpf_ns_s == {"bpfdyno_nsend": 2 * MS}
+    assert costs.requested_ns_s == {"uid 1000": 150 * MS}
+    assert agent.value("agent_cost_ratio", part="total") == pytest.approx(0.003)
+    assert agent.value("agent_budget_exceeded") == 0.0
+    assert net.log == []
+    state, reason = agent.budget.health()
+    assert state is PartState.OK
+    assert reason.endswith(
+        "; requested by readers, theirs, not counted: uid 1000 15.00 %; nothing reduced"
+    ), reason
+    # 1.5 s of a core in 10 s: past the 0.5 s one user may have the agent spend in 10 s.
+    with pytest.raises(Unavailable) as refused:
+        requested.check("uid 1000")
+    assert refused.value.rule == REQUESTED_RULE
+    requested.check("uid 1001")  # another user's allowance is theirs
+    # The collection itself over the budget: its own step is taken, still nothing else.
+    for _ in range(2):
+        agent.period({"bpfdyno_cswitch": 150 * MS, "bpfdyno_nsend": 20 * MS}, agent_ns_s=1 * MS)
+    assert net.log == ["apply"]
+    assert agent.budget.state().costs.bpf_ns_s == {"bpfdyno_nsend": 20 * MS}
 
 
 def test_nothing_happens_during_the_warm_up() -> None:

@@ -20,6 +20,7 @@ import pytest
 from bpfdyno.core.status import PartState
 from bpfdyno.sources.nccl_profiler import layout
 from bpfdyno.sources.nccl_profiler.build import build_plugin
+from bpfdyno.sources.nccl_profiler.collector import NcclProfilerCollector
 from bpfdyno.sources.nccl_profiler.receiver import NcclProfilerReceiver
 
 HERE = Path(__file__).resolve().parent
@@ -373,3 +374,24 @@ def test_a_trainer_that_exits_without_finalizing_takes_its_file(
     pid_files = [n for n in json.loads(done.stdout) if n.startswith("bpfdyno-nccl.")]
     assert len(pid_files) == 1  # it had its file while it ran
     assert list(shm.iterdir()) == []
+
+
+def test_the_reader_keeps_the_normal_cadence_only_while_a_trainers_file_is_read(
+    shared: tuple[Path, Path],
+) -> None:
+    """While no trainer uses the plugin nothing fills between rounds: the collector lets the
+    daemon look for files at its slow cadence while nobody reads (any interval keeps up).
+    While a real trainer's file is read, no longer interval than the normal one does."""
+    library, shm = shared
+    collector = NcclProfilerCollector(shm_dir=shm)
+    collector.collect()
+    assert collector.longest_interval_s() == float("inf")
+    with local_user() as user:
+        proc = start_trainer(user, library, shm)
+        try:
+            collector.collect()
+            assert collector.longest_interval_s() == 0.0
+        finally:
+            stop_trainer(proc)
+    collector.collect()
+    assert collector.longest_interval_s() == float("inf")

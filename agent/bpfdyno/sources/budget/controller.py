@@ -1,15 +1,15 @@
 """`BudgetCollector`: measures what the agent costs and keeps it under ``[budget]``.
 
-Every round (1 s) it reads the agent's CPU time and RSS; every run-statistics window
-(``[budget] stats_window_s`` every ``stats_period_s``, the process-wide meter of
-`bpfdyno.ebpf.runstats`) it has what every BPF function of the agent cost, and decides:
+Its round comes as each run-statistics window completes (``[budget] stats_window_s`` every
+``stats_period_s``, the process-wide meter of `bpfdyno.ebpf.runstats`, which wakes it):
+it reads the agent's CPU time and RSS, has what every BPF function of the agent cost in
+the window, and decides:
 
 * **Over budget** — the total (BPF run time in the latest window + the agent's threads over
   the last `AGENT_SPAN_S`) above ``cpu_ratio`` of one
   CPU in two windows in a row, or above twice the budget in one: it takes, at once, as many
   of the parts' steps (`bpfdyno.core.budget.Reduction`) as it predicts will bring the total
-  to 80 % of the budget, the one saving the most first. The steps of a trace in progress
-  (its kernel tracks) are taken only when those alone cost more than the whole budget.
+  to 80 % of the budget, the one saving the most first.
 * **Storm over** — the total at or below 80 % of the budget for ``restore_after_s`` (since
   the last change): it undoes the newest step whose part says undoing it keeps the total
   under 80 % of the budget (a sampled program still sees every event), or whose part cannot
@@ -25,7 +25,10 @@ metrics count the steps, and the parts label what became estimates. One-off work
 someone's request (compiling, merging a trace) is left out (`bpfdyno.core.budget`), and so is
 work done because someone reads (`bpfdyno.core.budget.RequestedWork`: refreshing the process
 table for `ps` or `top`, answering queries): it is the reader's, bounded per reader, and
-named per reader in ``status``; ordinary reading never makes the agent degrade itself. The
+named per reader in ``status``; ordinary reading never makes the agent degrade itself. So is
+what a trace's recording costs (`bpfdyno.core.budget.RequestedPrograms`: the capture's BPF
+programs run only while someone's trace does): charged to whoever asked for the trace,
+bounded per user like their other requests, and never stepped down. The
 first `WARMUP_S` after start (first rounds, compiles) are measured but never acted on.
 
 Steps and undos are logged at INFO; a storm (from the first step taken while none is held
@@ -47,6 +50,7 @@ from bpfdyno.core.budget import (
     REQUESTED,
     Costs,
     Reduction,
+    RequestedPrograms,
     RequestedWork,
     excluded_cpu_ns,
     ratio_text,
@@ -183,12 +187,19 @@ class BudgetCollector(Collector):
         self._agent_periods: deque[tuple[float, int, dict[str, int]]] = deque()
         self._requested = requested
         self._requested_at_window: dict[str, int] = {}
+        self._requested_programs: list[Callable[[], RequestedPrograms]] = []
+        self._due: Callable[[], None] | None = None
 
     # -- wiring ---------------------------------------------------------------------------
 
     def add_source(self, source: ReductionSource) -> None:
         """Offer more steps (the daemon's own, once it exists)."""
         self._sources.append(source)
+
+    def add_requested_programs(self, source: Callable[[], RequestedPrograms]) -> None:
+        """BPF programs run only for someone's request (the trace capture's), asked at every
+        window: their cost is charged to the requesters, not weighed by the budget."""
+        self._requested_programs.append(source)
 
     def add_memory_steps(self, steps: Iterable[Reduction]) -> None:
         """Offer more memory steps (the daemon's store and recorder, once they exist)."""
@@ -205,11 +216,19 @@ class BudgetCollector(Collector):
         self._started_at = self._clock()
         self._meter.request(self, self._cfg.stats_window_s, self._cfg.stats_period_s)
 
+    def set_due(self, due: Callable[[], None]) -> None:
+        """A round as each window completes: the budget decides at once, and its rounds
+        come no more often than its windows (between two it has nothing to do)."""
+        self._due = due
+        self._meter.add_listener(due)
+
     def close(self) -> None:
         """Undo every step held (the parts close right after) and release the meter."""
         for held in reversed(self._held + self._memory_held):
             self._undo(held.step)
         self._held, self._memory_held = [], []
+        if self._due is not None:
+            self._meter.remove_listener(self._due)
         self._meter.release(self)
 
     # -- a round --------------------------------------------------------------------------
@@ -283,7 +302,17 @@ class BudgetCollector(Collector):
         bpf: dict[str, float] = {}
         full: dict[str, float] = {}
         runs: dict[str, float] = {}
+        requested_ids: set[int] = set()
+        for source in self._requested_programs:
+            asked = source()
+            ids = asked.prog_ids
+            requested_ids |= ids
+            # The window holds part of the period: its rate over the whole period.
+            spent = sum(f.ns_per_s for f in window.functions if f.prog_id in ids) * period
+            self._requested.charge(asked.readers, int(spent))
         for f in window.functions:
+            if f.prog_id in requested_ids:
+                continue  # the requesters' (charged above), never the agent's
             bpf[f.name] = bpf.get(f.name, 0.0) + f.ns_per_s
             runs[f.name] = runs.get(f.name, 0.0) + f.runs_per_s
             whole = f.full_ns_per_s
@@ -359,16 +388,13 @@ class BudgetCollector(Collector):
 
     def _reduce(self, costs: Costs, total: float, budget: float, now: float) -> None:
         steps = [s for s in self._steps() if not s.active]
-        capture_cost = sum(s.cost_ns_s(costs) for s in steps if s.capture)
         candidates = [
             (saving, s)
             for s in steps
-            if (not s.capture or capture_cost > budget)
             for saving in (s.saving_ns_s(costs),)
             if saving >= MIN_SAVING * budget
         ]
-        # The most saving first; a trace's own steps only after every other.
-        candidates.sort(key=lambda c: (c[1].capture, -c[0]))
+        candidates.sort(key=lambda c: -c[0])  # the most saving first
         why_total = cost_reason(costs, budget)
         storm = not self._held
         taken: list[str] = []

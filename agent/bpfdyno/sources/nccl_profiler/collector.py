@@ -2,11 +2,15 @@
 
 It reports no series of its own (yet): what it gathers is read through `receiver.snapshot()`
 by whoever compares ranks (the job-wide straggler test), and its state, shown by `status`,
-says whether any trainer on the node uses the plugin and which files it refused.
+says whether any trainer on the node uses the plugin and which files it refused. While a
+trainer's file is read, it keeps the normal cadence whoever reads (the plugin's ring is
+sized for it, and detection compares ranks from it); while no trainer uses the plugin,
+nothing fills between two rounds and it looks for files at the daemon's slow cadence.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -35,6 +39,11 @@ class NcclProfilerCollector(Collector):
     def collect(self) -> Sequence[Sample]:
         self.receiver.poll(self._trainer_pids())
         return ()
+
+    def longest_interval_s(self) -> float:
+        """The normal cadence while some trainer's file is read (0: no longer interval keeps
+        up with its ring); any while none is (nothing fills)."""
+        return 0.0 if self.receiver.in_use() else math.inf
 
     def health(self) -> tuple[PartState, str] | None:
         status = self.receiver.status()

@@ -454,13 +454,11 @@ class SchedCollector(Collector):
                 log.exception("the kernel event sink failed; %d events lost", len(events))
         return out
 
-    def keeps_up_at(self, interval_s: float) -> bool:
-        """Whether the exited threads' and the events' ring buffers would stay at most half
-        full over ``interval_s`` at the rate of the last round (the exits' one is sized for
+    def longest_interval_s(self) -> float:
+        """The longest interval over which the exited threads' and the events' ring buffers
+        stay at most half full at the rate of the last round (the exits' one is sized for
         the slow cadence: ``[sched] max_exits``)."""
-        return self._exits_fill.keeps_up_at(interval_s) and self._events_fill.keeps_up_at(
-            interval_s
-        )
+        return min(self._exits_fill.longest_interval_s(), self._events_fill.longest_interval_s())
 
     def per_process(self) -> ReadAt[ProcSched] | None:
         """tgid -> cumulative scheduler times, as of the last walk (thread-safe); its

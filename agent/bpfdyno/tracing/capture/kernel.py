@@ -27,14 +27,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from bpfdyno.core.budget import Reduction
 from bpfdyno.core.config import CaptureSection
 from bpfdyno.core.text import shown_c_string
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.headers import header_defines, header_enum, header_text
 from bpfdyno.ebpf.maps import map_items, percpu_sums
 from bpfdyno.ebpf.program import BpfProgram, RingBuffer
-from bpfdyno.ebpf.reductions import SampledFunctions
 from bpfdyno.ebpf.tracefs import TracefsError, ensure_tracefs, read_format
 from bpfdyno.sources.net.decode import AF_INET6, format_addr, state_name
 from bpfdyno.sources.net.plan import enum_names, format_fields
@@ -91,20 +89,6 @@ SCHED_ATTACHMENTS = (
     Attachment("sched_process_exit", "bpfdyno_cexit", False, "exits of child processes"),
 )
 _ATTACHMENTS = {Track.NET: NET_ATTACHMENTS, Track.SCHED: SCHED_ATTACHMENTS}
-#: The per-event functions of each track the overhead budget may sample in time, when the
-#: capture itself costs more than the whole budget, with what the track then misses.
-SAMPLED = {
-    Track.NET: (
-        ("bpfdyno_csend", "bpfdyno_crecv"),
-        "socket calls made while the programs were off are not in the track",
-    ),
-    Track.SCHED: (
-        ("bpfdyno_cswitch", "bpfdyno_cwaking"),
-        "off-CPU intervals that began or ended while the programs were off are not in the track",
-    ),
-}
-#: The share of the time they stay attached then.
-SAMPLE_SHARE = 1 / 4
 _GEN = "bpfdyno_cgen"
 
 
@@ -187,7 +171,6 @@ class KernelCapture:
         self.unavailable: dict[Track, str] = {}
         #: Records that arrived for a process not traced (must stay 0: the kernel filters).
         self.foreign_records = 0
-        self._reductions: list[SampledFunctions] = []
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -233,40 +216,23 @@ class KernelCapture:
             self._drop_names = enum_names(tracefs, "skb:kfree_skb", "reason")
             self._reset_names = enum_names(tracefs, "tcp:tcp_send_reset", "reason")
         self._program = program
-        self._reductions = [
-            SampledFunctions(
-                program,
-                fns,
-                SAMPLE_SHARE,
-                name=f"capture.{track.value}_sampled",
-                part="capture",
-                what=f"the {track.value} track's programs attached {SAMPLE_SHARE:.0%} of the time",
-                lost=f"{missed} (each trace's info slice says so)",
-                capture=True,
-            )
-            for track, (fns, missed) in SAMPLED.items()
-        ]
-
-    def reductions(self) -> list[Reduction]:
-        """The budget's steps: sample each track's per-event functions (traces only)."""
-        return list(self._reductions)
-
-    def held_off_ns(self, track: Track) -> int:
-        """How long so far the budget held the track's per-event functions off."""
-        for r in self._reductions:
-            if r.name == f"capture.{track.value}_sampled":
-                return r.held_off_ns()
-        return 0
 
     @property
     def loaded(self) -> bool:
         return self._program is not None
 
+    def loaded_ids(self) -> frozenset[int]:
+        """The kernel's ids of its functions loaded now (any thread; none once closed)."""
+        program = self._program
+        if program is None:
+            return frozenset()
+        try:
+            return frozenset(program.program_ids().values())
+        except RuntimeError:  # closed meanwhile
+            return frozenset()
+
     def close(self) -> None:
         """Detach and unload (idempotent)."""
-        for r in self._reductions:
-            r.undo()
-        self._reductions = []
         if self._program is not None:
             self._program.close()
             self._program = None

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from bpfdyno.core.budget import Reduction, excluded_work
+from bpfdyno.core.budget import RequestedPrograms, excluded_work
 from bpfdyno.core.config import CaptureSection
 from bpfdyno.core.events import MonotonicClock
 from bpfdyno.core.pidfs import read_environ
@@ -47,7 +47,7 @@ from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.tracing.capture.cpu_quota import CpuQuotaReader
 from bpfdyno.tracing.capture.fabric import FabricSampler, InterruptTimeSource
 from bpfdyno.tracing.capture.gpu import GpuCounterSource, GpuSampler
-from bpfdyno.tracing.capture.kernel import SAMPLED, KernelCapture
+from bpfdyno.tracing.capture.kernel import KernelCapture
 from bpfdyno.tracing.capture.memory_cgroup import MemoryCgroupReader
 from bpfdyno.tracing.capture.nccl import NcclCapture
 from bpfdyno.tracing.capture.records import (
@@ -97,12 +97,15 @@ class CaptureKey:
     ``pid`` is the process in the agent's pid namespace (from the kernel's credentials of
     its polls, never its word): what the programs, /proc and the GPU's process list know.
     ``ns_pid`` is the pid it knows itself by (in a container, its namespace's), shown beside
-    it; 0 when the two are the same.
+    it; 0 when the two are the same. ``requester`` is who asked for the trace, as the
+    requested-work account names them (`bpfdyno.core.budget.reader`): what recording it
+    costs is theirs; not part of the key's identity.
     """
 
     trace_id: str
     pid: int
     ns_pid: int = 0
+    requester: str = field(default="", compare=False)
 
     def label(self) -> str:
         """ "pid 4242" or, for a process in a pid namespace of its own, "pid 4242 (1 in its
@@ -123,8 +126,6 @@ class _Active:
     dropped: int = 0
     distributed: dict[str, int] | None = None
     counters_at_begin: dict[str, int] = field(default_factory=dict)
-    #: How long the budget had held each sampled track's functions off when it began.
-    held_off_at_begin: dict[Track, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +232,8 @@ class CaptureManager:
         self._queue: queue.Queue[object] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._active: dict[int, _Active] = {}  # by pid; touched on the capture thread only
+        #: Who asked for the processes recorded now (`requested_programs`).
+        self._requesters: tuple[str, ...] = ()
         self._load_errors: dict[str, str] = {}  # "kernel" / "nccl" -> why it did not load
         self._loaded = threading.Event()
         self._last_drain = 0.0
@@ -323,9 +326,19 @@ class CaptureManager:
             return PartStatus(self.name, state, f"{summary}; unavailable: {why}")
         return PartStatus(self.name, PartState.OK, summary)
 
-    def reductions(self) -> list[Reduction]:
-        """The budget's steps for traces in progress (none before the programs loaded)."""
-        return self.kernel.reductions() if self.kernel.loaded else []
+    def requested_programs(self) -> RequestedPrograms:
+        """The capture's BPF programs and who asked for what they record now (any thread).
+
+        They run only because someone asked for a trace: what they cost is the requesters'
+        (the overhead budget charges it to them and leaves it out of the agent's own cost),
+        and the budget never samples or detaches them, so a trace keeps all it asked for."""
+        ids = self.kernel.loaded_ids() | self.nccl.loaded_ids()
+        return RequestedPrograms(ids, self._requesters)
+
+    def _note_requesters(self) -> None:
+        """Who asked for the processes recorded now (on the capture thread; one assignment,
+        read by the budget's thread)."""
+        self._requesters = tuple(sorted({a.key.requester for a in self._active.values()}))
 
     def unavailable_tracks(self) -> dict[Track, str]:
         """Tracks that cannot be recorded on this machine, with why."""
@@ -445,9 +458,9 @@ class CaptureManager:
             records=deque(maxlen=self.settings.max_events_per_process),
             distributed=distributed_info(key.pid, self._proc_root),
             counters_at_begin=self._map_full_counters(),  # before anything is attached
-            held_off_at_begin=self._held_off(),
         )
         self._active[key.pid] = active
+        self._note_requesters()
         kernel_tracks = frozenset(t for t in request.tracks if t in (Track.NET, Track.SCHED))
         if kernel_tracks:
             if self.kernel.loaded:
@@ -490,27 +503,6 @@ class CaptureManager:
             n = total - active.counters_at_begin.get(name, 0)
             if n > 0:
                 notes.setdefault(entry.track, []).append(entry.note.format(n=n))
-        return notes
-
-    def _held_off(self) -> dict[Track, int]:
-        """How long the budget has held each sampled track's functions off so far."""
-        if not self.kernel.loaded:
-            return {}
-        return {track: self.kernel.held_off_ns(track) for track in SAMPLED}
-
-    def _sampled_notes(self, active: _Active, end_ns: int) -> dict[Track, str]:
-        """What the budget sampled of ``active``'s tracks while it was recorded."""
-        notes: dict[Track, str] = {}
-        span_ns = max(end_ns - active.begin_ns, 1)
-        for track, held in self._held_off().items():
-            off = held - active.held_off_at_begin.get(track, held)
-            if off > 0 and track in active.request.tracks:
-                share = max(0.0, 1 - off / span_ns)
-                notes[track] = (
-                    f"sampled by the agent's overhead budget (the capture itself cost more than "
-                    f"the whole budget): recorded {share:.0%} of the {span_ns / 1e9:.1f} s "
-                    f"captured; {SAMPLED[track][1]}"
-                )
         return notes
 
     def _map_full_counters(self) -> dict[str, int]:
@@ -563,10 +555,9 @@ class CaptureManager:
                 # The bursts still open in the map are each socket's newest: they go last.
                 self._keep(active, removed.records)
             full_notes = self._map_full_notes(active)
-            for track, note in self._sampled_notes(active, time.monotonic_ns()).items():
-                full_notes.setdefault(track, []).append(note)
         finally:
             del self._active[pid]
+            self._note_requesters()
         if Track.GPU in tracks:
             samples, gpu_stats = self.gpu.remove(active.key)
             stats[Track.GPU] = gpu_stats

@@ -202,6 +202,16 @@ class NcclCapture:
     def loaded(self) -> bool:
         return self._program is not None
 
+    def loaded_ids(self) -> frozenset[int]:
+        """The kernel's ids of its functions loaded now (any thread; none once closed)."""
+        program = self._program
+        if program is None:
+            return frozenset()
+        try:
+            return frozenset(program.program_ids().values())
+        except RuntimeError:  # closed meanwhile
+            return frozenset()
+
     def close(self) -> None:
         """Detach and unload (idempotent)."""
         self.wait_detached()
