@@ -65,8 +65,10 @@ Classes and what each expects (`FAULTS`):
   rank, CPU time taken by interrupts (``interrupts``); rank 2 only (the only rank with a
   CPU of its own: a storm on CPU 0 slows three ranks alike);
 - ``two``: 20 ms of latency on one rank and a CPU hog on rank 2 at once -> both named;
-- ``healthy``: no fault -> no straggler; ``healthy-load``: with two busy processes at nice
-  19, unpinned; ``healthy-apart``: traced without the hold, each rank from its own poll.
+- ``healthy``: no fault -> no straggler; ``healthy-load``: with background work beside the
+  job at the lowest CPU weight (two busy processes and a disk reader, unpinned, in an idle
+  cpu cgroup: `background_load`); ``healthy-apart``: traced without the hold, each rank
+  from its own poll; ``healthy-apart-load``: both.
 
 Other runs on the same machine (this bench, the straggler tests) pin their CPU hogs and
 steer their interrupt storms to the same CPUs: a run waits until none is left
@@ -107,18 +109,56 @@ ITERATIONS = 60
 Expected = tuple[int, str, str]
 Fault = Callable[[StragglerJob, int, int], AbstractContextManager[object]]
 
+#: Background work beside the job (`background_load`): a busy loop, and reads of a file of
+#: its own from the disk (dropped from the page cache before each pass) with a pause between.
 BUSY = "import os\nos.nice(19)\nwhile True:\n    pass\n"
+READER = """
+import os, sys, time
+os.nice(19)
+path = sys.argv[1]
+while True:
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    while os.read(fd, 1 << 20):
+        pass
+    os.close(fd)
+    time.sleep(0.2)
+"""
+#: The background file's size.
+READER_BYTES = 32 << 20
 
 
 @contextlib.contextmanager
 def background_load(job: StragglerJob) -> Iterator[None]:
-    """Two busy processes at nice 19, free to run on either CPU."""
+    """Background work beside the job, as batch work runs beside training: two busy
+    processes free to run on either CPU and a process reading a file of its own from the
+    disk, at the lowest CPU weight — in a cpu cgroup marked idle (``cpu.idle``: the weight
+    of SCHED_IDLE tasks; they take what CPU time nobody else wants). Not nice 19 alone: each
+    process this bench starts is in a session of its own, and with autogroups (the Linux
+    default) a nice value weighs only inside its session, so a "nice 19" busy loop took a
+    CPU from every other session on the machine like any busy process: a CPU hog."""
+    root = Path("/sys/fs/cgroup/cpu")
+    if not (root / "cpu.idle").exists():
+        root = Path("/sys/fs/cgroup")  # v2: the cpu controller's files in the root's children
+    group = root / f"bdm{os.getpid()}-background"
+    group.mkdir()
+    (group / "cpu.idle").write_text("1")
+    data = job.base / "background-data"
+    if not data.exists():
+        with open(data, "wb") as f:
+            for _ in range(READER_BYTES >> 20):
+                f.write(os.urandom(1 << 20))
     procs = [spawn([sys.executable, "-c", BUSY], job.base / f"busy-{i}.out") for i in range(2)]
+    procs.append(spawn([sys.executable, "-c", READER, str(data)], job.base / "reader.out"))
     try:
+        for p in procs:
+            (group / "cgroup.procs").write_text(str(p.pid))
         yield
     finally:
         for p in procs:
             p.kill()
+        with contextlib.suppress(OSError):
+            group.rmdir()
 
 
 #: CPU time every rank computes per step in the ``irq`` class: a storm takes CPU time from
@@ -247,6 +287,10 @@ FAULTS = [
         "healthy-load", (-1,), ("", ""), lambda j, r, s: background_load(j), lambda r: []
     ),
     FaultClass("healthy-apart", (-1,), ("", ""), None, lambda r: [], aligned=False),
+    FaultClass(
+        "healthy-apart-load", (-1,), ("", ""), lambda j, r, s: background_load(j),
+        lambda r: [], aligned=False,
+    ),
 ]  # fmt: skip
 
 
