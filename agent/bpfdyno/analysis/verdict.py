@@ -103,8 +103,11 @@ MIN_LATE_FRACTION = 0.6
 #: for why (`_evidenced`). Per cause, the share from which it is named when that cause
 #: explains at least `EVIDENCED_EXPLAINED` of its lost time: a throttled quota is evidence
 #: no healthy rank has (the cgroup's counters); waits for a CPU held outside the job are
-#: what a healthy rank on a loaded machine has too, in small amounts (up to 5.6 % seen).
-EVIDENCED_MIN_SHARE = {"cpu_quota": 0.02, "cpu_wait": 0.06}
+#: what a healthy rank on a loaded machine has too, in small amounts (up to 5.6 % seen);
+#: so are uninterruptible disk waits beyond the other ranks' (none in 36 healthy runs of
+#: the matrix): a 1 MiB read a step from a disk throttled to 20 MB/s held the job back 9 %
+#: of the time, late to 50-53 of 60 collectives.
+EVIDENCED_MIN_SHARE = {"cpu_quota": 0.02, "cpu_wait": 0.06, "disk": 0.06, "memory": 0.06}
 EVIDENCED_EXPLAINED = 0.6
 #: Waits for a CPU held by one task outside the job that holds this rank's CPU and not the
 #: others' (`_own_holder`) are evidence healthy jitter does not have: a weak hog (nice -10)
@@ -624,8 +627,9 @@ def _own_span(matches: list[_Match], span: float) -> float:
 def _evidenced(f: Finding, own: float, own_holder: str | None = None) -> bool:
     """A late rank under `MIN_SHARE` is named when the kernel says why with evidence that
     healthy ranks do not have: most of its lost time is its cgroup's CPU quota throttling
-    (the cgroup's own counters), or waits for a CPU held by tasks outside the job (ranks
-    of the job and its own threads are taken out by `_shared_cpu`) — from a lower share
+    (the cgroup's own counters), uninterruptible disk waits (or memory pressure), or waits
+    for a CPU held by tasks outside the job (ranks of the job and its own threads are taken
+    out by `_shared_cpu` when its work or its reads lead) — from a lower share
     when one task outside the job held its CPU, and not the others', run-up after run-up
     (``own_holder``, `_own_holder`)."""
     if not f.causes or f.causes[0].cause not in EVIDENCED_MIN_SHARE:
@@ -875,22 +879,27 @@ def _shared_cpu(
     details: dict[str, Counter[str]],
     seconds: float,
 ) -> set[str]:
-    """A rank that ran longer than the others (its own work) and waited for a CPU held by
-    its own threads or other ranks of the job on its host: those waits are its own work's
-    too. Its threads and ranks sharing a CPU take turns on it; the one with more work is
+    """A rank late for its own work or its reads, and waiting for a CPU held by its own
+    threads or other ranks of the job on its host: those waits are that cause's too.
+
+    Its threads and ranks sharing a CPU take turns on it; the one with more work is
     runnable while the others run theirs (gloo's threads among them, serving the collective
-    it is late to), so it also waits longer for the CPU. Blaming the other ranks for that
+    it is late to), so it also waits longer for the CPU. A rank late for its disk reads
+    (`SHARED_CPU_LEADS`) reaches each collective when its own gloo threads are busy taking
+    in the other ranks' data, and waits for them: a 1 MiB read a step from a disk throttled
+    to 20 MB/s slept 2.5 ms a step on the disk and made the rank wait twice that for its own
+    threads, and "waiting for a CPU" came first. Blaming the job's threads for either
     would send an engineer after the wrong processes. Waits for anyone else (a hog) stay
-    ``cpu_wait``. Only when its work is its largest excess besides the waits. Returns the
+    ``cpu_wait``. Only when that cause is the largest excess besides the waits. Returns the
     holders whose waits it took."""
+    lead = max((k for k in excess if k != "cpu_wait"), key=excess.__getitem__, default="")
     ran = excess.get("on_cpu", 0.0)
-    if ran < MIN_CAUSE_SHARE * seconds:
-        return set()
     said = f"ran {_fmt_s(ran)} longer than the other ranks"
-    if any(v > ran for k, v in excess.items() if k not in ("on_cpu", "cpu_wait")):
-        # Its work is not the main excess (reads past the page cache run longer too, in the
-        # kernel's copies): the waits are not its work's.
-        details["on_cpu"][said] += 1
+    if lead not in SHARED_CPU_LEADS or excess[lead] < MIN_CAUSE_SHARE * seconds:
+        # Its work or reads are not the main excess (reads past the page cache run longer
+        # too, in the kernel's copies, but a hog's waits are not theirs).
+        if ran >= MIN_CAUSE_SHARE * seconds:
+            details["on_cpu"][said] += 1
         return set()
     ranks = {x.ev.pid: x.label for x in rs if x.ev.host == r.ev.host}
     by_ranks: dict[int, float] = defaultdict(float)
@@ -904,16 +913,28 @@ def _shared_cpu(
         others_held = sum(v for h, v in holders.items() if not h.startswith(SOFTIRQ_THREAD))
         moved = excess["cpu_wait"] * sum(by_ranks.values()) / others_held
         excess["cpu_wait"] -= moved
-        excess["on_cpu"] = ran + moved
+        excess[lead] += moved
         others = sorted(k for k in by_ranks if k != r.label)
         whom = [*(["its own threads"] if r.label in by_ranks else [])]
         if others:
             whom.append(f"rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}")
-        said += f"; waited {_fmt_s(moved)} for the CPU held by {' and '.join(whom)}"
+        waited = f"waited {_fmt_s(moved)} for the CPU held by {' and '.join(whom)}"
+        said = f"{said}; {waited}" if lead == "on_cpu" else waited
     else:
         taken = set()
-    details["on_cpu"][said] += 1
+    if lead == "on_cpu":
+        details["on_cpu"][said] += 1
+        return taken
+    if taken:
+        details[lead][said] += 1
+    if ran >= MIN_CAUSE_SHARE * seconds:
+        details["on_cpu"][f"ran {_fmt_s(ran)} longer than the other ranks"] += 1
     return taken
+
+
+#: The causes whose waits for a CPU held by the rank's own threads and the job's other ranks
+#: are theirs (`_shared_cpu`): its own work, and reads from the disk (or under a memory limit).
+SHARED_CPU_LEADS = frozenset({"on_cpu", "disk", "memory"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,92 @@
+"""A rank that reads a little from a throttled disk each step, on a CPU it shares with other
+ranks of the job, is named for its disk — not for its waits for that CPU.
+
+The shape of the matrix's 1 MiB a step at 20 MB/s (tests/bench/bench_verdict_matrix.py,
+class ``disk-20``), from its kept files: the rank slept 2.5 ms a step on the disk (the
+throttle let most of each read through at once), ran 0.6 ms longer, and waited 18 ms a step
+for its CPU against the others' 9 ms, a third of that for its own gloo threads (busy taking
+in the other ranks' data when it reached each collective late) and the job's other ranks;
+it arrived 4.5 ms after the others at every collective: 9 % of the compared time. The
+verdict said "waiting for a CPU" first, held by its own gloo thread. The waits for the
+job's own threads are the reads' (`_shared_cpu`), and uninterruptible disk waits no healthy
+rank has name it under `MIN_SHARE` (`EVIDENCED_MIN_SHARE`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from test_verdict_kernel_causes import RANKS, collective, rank
+
+from bpfdyno.analysis.verdict import compare
+from bpfdyno.rpc.diagnosis import CauseTime, RankEvidence
+
+N = 20
+STEP_MS = 50.0
+LATE_MS = 4.5
+SLOW = 1  # the rank that reads, pid 101
+OTHERS = {"sleep": 0.030, "on_cpu": 0.0014, "cpu_wait": 0.009}
+#: Who held the others' CPUs in each run-up: another job's process, mostly.
+OTHERS_HELD = {"python (pid 9000)": 0.0055, "gloo_tcp_loop (pid 100)": 0.002}
+
+
+def job(disk_s: float, slow_held: dict[str, float], late_ms: float = LATE_MS) -> list[RankEvidence]:
+    """4 ranks (pids 100-103), `N` all-reduces `STEP_MS` apart, each ending 10 ms after the
+    others' arrival; rank `SLOW` arrives ``late_ms`` late to each, its run-up: ``disk_s`` on
+    the disk, 0.6 ms more on a CPU and 18 ms waiting for it, held by ``slow_held``."""
+    out = []
+    for r in range(RANKS):
+        late = r == SLOW
+        before = (
+            {"sleep": 0.030, "on_cpu": 0.002, "cpu_wait": 0.018, "disk": disk_s} if late else OTHERS
+        )
+        held = slow_held if late else OTHERS_HELD
+        cs = [
+            replace(
+                collective(i, i * STEP_MS + (late_ms if late else 0.0), i * STEP_MS + 10, before),
+                holders=tuple(CauseTime(h, s) for h, s in held.items()),
+            )
+            for i in range(N)
+        ]
+        out.append(rank(r, cs))
+    return out
+
+
+#: The slow rank's waits for a CPU per run-up, as in the kept run: its own gloo thread 5.6
+#: ms, another job's process 9 ms, rank 0 1 ms.
+SLOW_HELD = {
+    "gloo_tcp_loop (pid 101)": 0.0056,
+    "python (pid 9000)": 0.009,
+    "python (pid 100)": 0.001,
+}
+
+
+def test_a_rank_late_for_a_little_disk_on_a_shared_cpu_is_named_for_its_disk() -> None:
+    v = compare(job(0.0025, SLOW_HELD))
+    [f] = v.stragglers
+    lost = N * LATE_MS / 1000
+    assert (f.rank, f.kind) == (SLOW, "late")
+    assert f.seconds == pytest.approx(lost)
+    assert f.share == pytest.approx(lost / (((N - 1) * STEP_MS + 10) / 1000))
+    assert f.share < 0.1  # under MIN_SHARE: named on the kernel's evidence
+    # The waits for its own thread and rank 0 (6.6 of 15.6 ms held) moved to the disk: of
+    # the 9 ms excess a run-up, 3.81 ms; the rest, held by the other job, stays a wait.
+    moved = 0.009 * 6.6 / 15.6 * N
+    assert [(c.cause, round(c.seconds, 6)) for c in f.causes] == [
+        ("disk", pytest.approx(lost)),
+        ("cpu_wait", pytest.approx(min(lost, 0.009 * N - moved))),
+        ("on_cpu", pytest.approx(0.0006 * N)),
+    ]
+    assert f.causes[0].detail == (
+        f"waited {moved * 1e3:.1f} ms for the CPU held by its own threads and rank 0"
+    )
+    assert f.causes[1].detail.startswith("the CPU was held by python (pid 9000) 100%")
+
+
+def test_a_rank_late_for_its_disk_by_less_is_not_named() -> None:
+    """The same run-ups, 1.5 ms late to each collective: 3 % of the compared time, under
+    the disk's bar (6 %): no straggler."""
+    v = compare(job(0.0025, SLOW_HELD, late_ms=1.5))
+    assert v.stragglers == ()
+    assert v.within_noise
