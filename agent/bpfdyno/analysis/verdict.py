@@ -238,6 +238,8 @@ class Comparison:
     span: float
     losses: list[_Loss]
     spurious: list[_Loss]
+    #: Retransmits to a rank that was not tracing then: needed or not, nobody can tell.
+    unseen: list[_Loss] = field(default_factory=list)
 
 
 def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None = None) -> Verdict:
@@ -296,15 +298,15 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
         min(m.arrivals.values()) for m in matches
     )
     span = max(span, 1e-9)
-    losses, spurious = _real_losses(rs)
-    _mark_lossy(matches, losses, spurious)
+    losses, spurious, unseen = _real_losses(rs)
+    _mark_lossy(matches, losses, sorted(spurious + unseen, key=lambda x: x.t))
     slow = _slow_links(rs)
     if slow is not None:
         for m in matches:
             m.slow_link = bool(set(m.members) & set(slow.ranks))
     late = _lateness(matches)
     by_label = {r.label: r for r in rs}
-    seen = Comparison(matches, rs, span, losses, spurious)
+    seen = Comparison(matches, rs, span, losses, spurious, unseen)
     findings: list[Finding] = [f for rule in COLLECTIVE_RULES if (f := rule(seen)) is not None]
     own = _own_span(matches, span) if findings else span
     for label, (seconds, late_count, count, lateness) in late.items():
@@ -1065,11 +1067,16 @@ def _cause_detail(cause: str, c: LateCause) -> str:
     return ""
 
 
-def _real_losses(rs: list[_Rank]) -> tuple[list[_Loss], list[_Loss]]:
+def _real_losses(rs: list[_Rank]) -> tuple[list[_Loss], list[_Loss], list[_Loss]]:
     """Every rank's loss events on the common clock, in time order, split into those that
-    lost packets and the retransmits that were not needed: those whose copy the peer
-    dropped as data it already had (a ``duplicate`` on the same connection, seen from the
-    other end). Duplicates themselves are neither."""
+    lost packets, the retransmits that were not needed — those whose copy the peer dropped
+    as data it already had (a ``duplicate`` on the same connection, seen from the other
+    end) — and the retransmits to a rank of the job that was not tracing then, which no one
+    can tell apart: its file would have said whether it had the data. Windows that begin
+    apart (``gputrace --job-id``: each rank at its own poll) leave up to a second of each
+    rank's retransmits so; on a loaded machine most retransmits are not needed, and a
+    healthy job traced that way was found "slowed by network loss" on them (10 of them,
+    every one to a rank not yet tracing). Duplicates themselves are none of these."""
     events = sorted(
         (_Loss(_sec(r, e.unix_ns), r.label, e) for r in rs for e in r.ev.loss_events),
         key=lambda x: x.t,
@@ -1090,8 +1097,29 @@ def _real_losses(rs: list[_Rank]) -> tuple[list[_Loss], list[_Loss]]:
                     spurious.add(j)
                     candidates.remove(j)
                 break
-    real = [x for i, x in enumerate(events) if x.event.kind != "duplicate" and i not in spurious]
-    return real, [events[i] for i in sorted(spurious)]
+    windows = {
+        r.label: (_sec(r, r.ev.window_start_unix_ns), _sec(r, r.ev.window_end_unix_ns)) for r in rs
+    }
+    owner = {
+        a: r.label
+        for r in rs
+        for a in (*r.ev.local_addresses, *(c.local for c in r.ev.connections))
+    }
+
+    def unseen(x: _Loss) -> bool:
+        peer = owner.get(x.event.peer)
+        if x.event.kind != "tcp_retransmit" or peer is None or peer == x.rank:
+            return False
+        lo, hi = windows[peer]
+        return not lo - CLOCK_SLACK <= x.t <= hi + CLOCK_SLACK
+
+    real: list[_Loss] = []
+    unknown: list[_Loss] = []
+    for i, x in enumerate(events):
+        if x.event.kind == "duplicate" or i in spurious:
+            continue
+        (unknown if unseen(x) else real).append(x)
+    return real, [events[i] for i in sorted(spurious)], unknown
 
 
 def _mark_lossy(matches: list[_Match], real: list[_Loss], spurious: list[_Loss]) -> None:
@@ -1179,6 +1207,11 @@ def _network_finding(seen: Comparison) -> Finding | None:
         detail += (
             f"; {len(spurious)} more retransmit(s) were not needed (the peer had the data): "
             "not counted"
+        )
+    if seen.unseen:
+        detail += (
+            f"; {len(seen.unseen)} more to ranks not tracing then (whether they had the data "
+            "is unknown): not counted"
         )
     summary = (
         f"network loss on {_name(who)}'s connections slowed the collectives by {_fmt_s(lost)} "
