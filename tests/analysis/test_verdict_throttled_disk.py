@@ -20,7 +20,7 @@ import pytest
 from test_verdict_kernel_causes import RANKS, collective, rank
 
 from bpfdyno.analysis.verdict import compare
-from bpfdyno.rpc.diagnosis import CauseTime, RankEvidence
+from bpfdyno.rpc.diagnosis import CauseTime, MemoryCgroup, RankEvidence
 
 N = 20
 STEP_MS = 50.0
@@ -90,3 +90,15 @@ def test_a_rank_late_for_its_disk_by_less_is_not_named() -> None:
     v = compare(job(0.0025, SLOW_HELD, late_ms=1.5))
     assert v.stragglers == ()
     assert v.within_noise
+
+
+def test_a_rank_late_for_reads_under_its_own_memory_limit_is_named_for_memory() -> None:
+    """The same run-ups, the rank's own memory cgroup at its limit rereading pages (memory
+    pressure: its disk waits are the limit's): named for memory at 9 % as well."""
+    cgroup = MemoryCgroup("/job/rank1", 32 << 20, 1450, 8600, 4, 0.0)
+    job_ = job(0.0025, SLOW_HELD)
+    job_[SLOW] = replace(job_[SLOW], memory_cgroups=(cgroup,))
+    [f] = compare(job_).stragglers
+    assert (f.rank, f.kind) == (SLOW, "late")
+    assert [c.cause for c in f.causes] == ["memory", "cpu_wait", "on_cpu"]
+    assert f.causes[0].seconds == pytest.approx(N * LATE_MS / 1000)
