@@ -714,6 +714,7 @@ def _late_finding(
 ) -> Finding:
     """Why ``r`` arrived late: its run-ups' causes beyond the other ranks' (module doc)."""
     excess: dict[str, float] = defaultdict(float)
+    usual: dict[str, float] = defaultdict(float)  # what the other ranks had of each cause
     holders: dict[str, float] = defaultdict(float)
     details: dict[str, Counter[str]] = defaultdict(Counter)
     worst: list[Instance] = []
@@ -729,7 +730,9 @@ def _late_finding(
             {c.cause: c.seconds for c in v.before} for o, v in m.members.items() if o != r.label
         ]
         for cause, c in own.items():
-            extra = c.seconds - statistics.median(t.get(cause, 0.0) for t in theirs)
+            typical = statistics.median(t.get(cause, 0.0) for t in theirs)
+            usual[cause] += typical
+            extra = c.seconds - typical
             if extra > 0:
                 excess[cause] += extra
                 if c.detail:
@@ -766,7 +769,7 @@ def _late_finding(
     explained = 0.0
     # The waits for a CPU that remain are those held by everyone else: only they are named.
     said = LateCause(r, rs, {h: v for h, v in holders.items() if h not in taken}, details, workers)
-    for cause, extra in sorted(excess.items(), key=lambda kv: -kv[1]):
+    for cause, extra in sorted(excess.items(), key=_rank_causes(seconds, usual)):
         share = min(extra, seconds)
         if share < MIN_CAUSE_SHARE * seconds:
             continue
@@ -812,6 +815,28 @@ def _late_finding(
         worst=tuple(worst[:TOP_INSTANCES]),
         summary=summary,
     )
+
+
+def _rank_causes(
+    seconds: float, usual: Mapping[str, float]
+) -> Callable[[tuple[str, float]], tuple[float, bool, float]]:
+    """The order of a late rank's causes: by the time each explains (at most the time it
+    lost), the largest first; of causes that each explain all of it, one the other ranks had
+    none of first (disk waits beside waits for a CPU every rank on a loaded machine has),
+    then the larger excess. A 1 MiB read a step from a throttled disk, on a CPU shared with
+    other jobs, left its rank 405 ms of disk waits (its waits for its own threads with them;
+    the other ranks had none) and 426 ms more waits for a CPU than the others' 322 ms, each
+    over the 338 ms it lost: "waiting for a CPU" came first, held by other jobs' threads."""
+
+    def key(kv: tuple[str, float]) -> tuple[float, bool, float]:
+        cause, extra = kv
+        return (
+            -min(extra, seconds),
+            not (extra >= seconds and usual.get(cause, 0.0) == 0.0),
+            -extra,
+        )
+
+    return key
 
 
 def _memory_pressure(r: _Rank, rs: list[_Rank]) -> MemoryCgroup | None:
