@@ -40,7 +40,8 @@ clients for a whole job; both decide the same way.
    connections carry the loss (its address on both ends of the lost packets' sockets) is
    named. A retransmit whose copy the peer dropped as data it already had lost nothing (the
    original arrived, its acknowledgement was late: a busy receiver does that), and neither
-   did that drop: both are left out. When the two ends of the lossy connections tie (one
+   did that drop: both are left out, as are retransmits to a rank not tracing then (its
+   file would tell). When the two ends of the lossy connections tie (one
    connection, or one link), the end that retransmitted is named: its packets were the ones
    lost on the way (one-way loss on the wire shows only as the sender's retransmits). The
    rules over the collectives themselves are `COLLECTIVE_RULES`; a late rank's cause
@@ -1149,8 +1150,9 @@ def _real_losses(rs: list[_Rank]) -> tuple[list[_Loss], list[_Loss], list[_Loss]
 
 def _mark_lossy(matches: list[_Match], real: list[_Loss], spurious: list[_Loss]) -> None:
     """A collective is lossy when some member counted loss events from its run-up to its
-    end, unless every event listed in that time was a retransmit that was not needed.
-    (A rank lists at most its first 1000 events: beyond them its count is trusted.)"""
+    end, unless every event listed in that time was a retransmit that was not needed, or
+    one to a rank not tracing then (``spurious`` holds both: `_real_losses`). (A rank lists
+    at most its first 1000 events: beyond them its count is trusted.)"""
     real_times = [x.t for x in real]
     spurious_times = [x.t for x in spurious]
 
