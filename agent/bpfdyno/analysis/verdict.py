@@ -105,9 +105,9 @@ MIN_LATE_FRACTION = 0.6
 #: explains at least `EVIDENCED_EXPLAINED` of its lost time: a throttled quota is evidence
 #: no healthy rank has (the cgroup's counters); waits for a CPU held outside the job are
 #: what a healthy rank on a loaded machine has too, in small amounts (up to 5.6 % seen);
-#: so are uninterruptible disk waits beyond the other ranks' (none in 36 healthy runs of
-#: the matrix): a 1 MiB read a step from a disk throttled to 20 MB/s held the job back 9 %
-#: of the time, late to 50-53 of 60 collectives.
+#: uninterruptible disk waits beyond the other ranks' are not (none in 65 healthy runs of
+#: the matrix) and are named from the same share: a 1 MiB read a step from a disk throttled
+#: to 20 MB/s held the job back 7-14 % of the time, late to 50-54 of 60 collectives.
 EVIDENCED_MIN_SHARE = {"cpu_quota": 0.02, "cpu_wait": 0.06, "disk": 0.06, "memory": 0.06}
 EVIDENCED_EXPLAINED = 0.6
 #: Waits for a CPU held by one task outside the job that holds this rank's CPU and not the
