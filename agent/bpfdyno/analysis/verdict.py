@@ -107,7 +107,8 @@ MIN_LATE_FRACTION = 0.6
 #: what a healthy rank on a loaded machine has too, in small amounts (up to 5.6 % seen);
 #: uninterruptible disk waits beyond the other ranks' are not (none in 65 healthy runs of
 #: the matrix) and are named from the same share: a 1 MiB read a step from a disk throttled
-#: to 20 MB/s held the job back 7-14 % of the time, late to 50-54 of 60 collectives.
+#: to 20 MB/s held the job back 7-14 % of the time (last to 46-57 of 60 collectives on a
+#: CPU shared with other ranks, 28-33 alone on one).
 EVIDENCED_MIN_SHARE = {"cpu_quota": 0.02, "cpu_wait": 0.06, "disk": 0.06, "memory": 0.06}
 EVIDENCED_EXPLAINED = 0.6
 #: Waits for a CPU held by one task outside the job that holds this rank's CPU and not the
