@@ -342,7 +342,10 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
         if not consistent and not _intermittent(f):
             continue
         if seconds >= MIN_SHARE * own or _evidenced(
-            f, own, _own_holder(by_label[label], matches, rs)
+            f,
+            own,
+            _own_holder(by_label[label], matches, rs),
+            _held_outside(by_label[label], matches, rs),
         ):
             findings.append(f)
     findings.sort(key=lambda f: -f.seconds)
@@ -628,21 +631,45 @@ def _own_span(matches: list[_Match], span: float) -> float:
     return max(span - network, 1e-9)
 
 
-def _evidenced(f: Finding, own: float, own_holder: str | None = None) -> bool:
+def _evidenced(f: Finding, own: float, own_holder: str | None = None, outside: float = 1.0) -> bool:
     """A late rank under `MIN_SHARE` is named when the kernel says why with evidence that
     healthy ranks do not have: most of its lost time is its cgroup's CPU quota throttling
     (the cgroup's own counters), uninterruptible disk waits (or memory pressure), or waits
     for a CPU held by tasks outside the job (ranks of the job and its own threads are taken
     out by `_shared_cpu` when its work or its reads lead) — from a lower share
     when one task outside the job held its CPU, and not the others', run-up after run-up
-    (``own_holder``, `_own_holder`)."""
+    (``own_holder``, `_own_holder`). Of its waits for a CPU, only the share held outside
+    the job (``outside``, `_held_outside`) counts: a healthy rank on a CPU shared with
+    other ranks and another job's busy process, traced with windows apart, waited for a
+    CPU 6 % of the time beyond the others, 53 % of it for its own threads and the job's
+    ranks, and was named."""
     if not f.causes or f.causes[0].cause not in EVIDENCED_MIN_SHARE:
         return False
     first = f.causes[0]
     bar = EVIDENCED_MIN_SHARE[first.cause]
-    if first.cause == "cpu_wait" and own_holder is not None:
-        bar = OWN_HOLDER_MIN_SHARE
-    return f.seconds >= bar * own and first.seconds >= EVIDENCED_EXPLAINED * f.seconds
+    explained = first.seconds
+    if first.cause == "cpu_wait":
+        lead = next((c.cause for c in f.causes if c.cause not in ("cpu_wait", "unexplained")), "")
+        if own_holder is not None:
+            bar = OWN_HOLDER_MIN_SHARE
+        elif lead not in SHARED_CPU_LEADS:  # else `_shared_cpu` took the job's waits out
+            explained *= outside
+    return f.seconds >= bar * own and explained >= EVIDENCED_EXPLAINED * f.seconds
+
+
+def _held_outside(r: _Rank, matches: list[_Match], rs: list[_Rank]) -> float:
+    """Of ``r``'s waits for a CPU in the run-ups it reached late, the share held by tasks
+    outside the job: not its own threads, not the job's ranks on its host (1 when it
+    waited for none)."""
+    job = {x.ev.pid for x in rs if x.ev.host == r.ev.host}
+    total = outside = 0.0
+    for m in matches:
+        if m.late.get(r.label, 0.0) > 0 and r.label in m.members:
+            for h in m.members[r.label].holders:
+                total += h.seconds
+                if _holder_pid(h.cause) not in job:
+                    outside += h.seconds
+    return outside / total if total else 1.0
 
 
 def _own_holder(r: _Rank, matches: list[_Match], rs: list[_Rank]) -> str | None:
