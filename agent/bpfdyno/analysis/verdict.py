@@ -105,7 +105,7 @@ MIN_LATE_FRACTION = 0.6
 #: explains at least `EVIDENCED_EXPLAINED` of its lost time: a throttled quota is evidence
 #: no healthy rank has (the cgroup's counters); waits for a CPU held outside the job are
 #: what a healthy rank on a loaded machine has too, in small amounts (up to 5.6 % seen);
-#: uninterruptible disk waits beyond the other ranks' are not (none in 65 healthy runs of
+#: uninterruptible disk waits beyond the other ranks' are not (none in 71 healthy runs of
 #: the matrix) and are named from the same share: a 1 MiB read a step from a disk throttled
 #: to 20 MB/s held the job back 7-14 % of the time (last to 46-57 of 60 collectives on a
 #: CPU shared with other ranks, 28-33 alone on one).
