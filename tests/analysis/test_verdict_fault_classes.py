@@ -175,18 +175,26 @@ def test_the_waits_for_ksoftirqd_said_are_never_more_than_the_cause() -> None:
     assert f.causes[0].detail == "800.0 ms of it waiting for ksoftirqd (softirq work)"
 
 
-def test_waits_stay_waits_when_the_work_is_not_the_main_excess() -> None:
+def test_waits_are_not_its_work_when_the_work_is_not_the_main_excess() -> None:
     """A rank whose disk reads (60 ms more per run-up) also ran 20 ms longer (the kernel's
-    copies) and waited 50 ms more for its CPU, held by rank 0: the disk comes first and the
-    waits stay waits — the rank's own work is not what made it late."""
+    copies) and waited 50 ms more for its CPU: the disk comes first — the rank's own work is
+    not what made it late. Held by rank 0 (sharing its CPU), the waits are the reads' (it
+    reached the collectives while the job's threads served them: `_shared_cpu`); held by a
+    process outside the job, they stay waits for a CPU."""
     before = {"disk": 0.060, "cpu_wait": 0.050, "on_cpu": 0.050, "sleep": 0.150}
     v = compare(job(3, before, {"python (pid 100)": 0.05}))
+    [f] = v.stragglers
+    assert [(c.cause, round(c.seconds, 6)) for c in f.causes] == [("disk", 0.8), ("on_cpu", 0.4)]
+    assert f.causes[0].detail == "waited 1.00 s for the CPU held by rank 0"
+    assert f.causes[1].detail == "ran 400.0 ms longer than the other ranks"
+    v = compare(job(3, before, {"backup (pid 999)": 0.05}))
     [f] = v.stragglers
     assert [(c.cause, round(c.seconds, 6)) for c in f.causes] == [
         ("disk", 0.8),
         ("cpu_wait", 0.8),
         ("on_cpu", 0.4),
     ]
+    assert f.causes[1].detail == "the CPU was held by backup (pid 999) 100%"
 
 
 # -- two faults, two ranks; weak faults with the kernel's evidence ---------------------------

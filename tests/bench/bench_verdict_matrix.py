@@ -49,7 +49,7 @@ Classes and what each expects (`FAULTS`):
   step was tried first: the throttle lets a read that comes after an idle gap through at
   once up to its slice's allowance (1 MiB reads took 3-114 ms, median 39 ms, against 50 ms
   at the rate), so the rank slept on the disk 4 ms a step and was held back mostly by
-  waits for its shared CPU;
+  waits for its shared CPU; ``disk-20``: both step sizes at 20 MB/s;
 - ``memory``: the rank's process in a memory cgroup of its own limited to 32 or 16 MiB
   while it reads 300 samples of 64 KiB of its 64 MiB data file at random places each step
   through the page cache (which the limit cannot hold: it reclaims its own pages and reads
@@ -65,8 +65,10 @@ Classes and what each expects (`FAULTS`):
   rank, CPU time taken by interrupts (``interrupts``); rank 2 only (the only rank with a
   CPU of its own: a storm on CPU 0 slows three ranks alike);
 - ``two``: 20 ms of latency on one rank and a CPU hog on rank 2 at once -> both named;
-- ``healthy``: no fault -> no straggler; ``healthy-load``: with two busy processes at nice
-  19, unpinned; ``healthy-apart``: traced without the hold, each rank from its own poll.
+- ``healthy``: no fault -> no straggler; ``healthy-load``: with background work beside the
+  job at the lowest CPU weight (two busy processes and a disk reader, unpinned, in an idle
+  cpu cgroup: `background_load`); ``healthy-apart``: traced without the hold, each rank
+  from its own poll; ``healthy-apart-load``: both.
 
 Other runs on the same machine (this bench, the straggler tests) pin their CPU hogs and
 steer their interrupt storms to the same CPUs: a run waits until none is left
@@ -93,7 +95,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tracing"))
 
-from straggler_job import StragglerJob, Trace, describe, foreign_faults, short_base, spawn
+from straggler_job import (
+    StragglerJob,
+    Trace,
+    describe,
+    foreign_faults,
+    short_base,
+    spawn,
+    wait_for,
+)
 
 from bpfdyno.analysis.summary import summarize_file
 from bpfdyno.analysis.verdict import compare
@@ -107,18 +117,65 @@ ITERATIONS = 60
 Expected = tuple[int, str, str]
 Fault = Callable[[StragglerJob, int, int], AbstractContextManager[object]]
 
+#: Background work beside the job (`background_load`): a busy loop, and reads of a file of
+#: its own from the disk (dropped from the page cache before each pass) with a pause between.
 BUSY = "import os\nos.nice(19)\nwhile True:\n    pass\n"
+READER = """
+import os, sys, time
+os.nice(19)
+path = sys.argv[1]
+while True:
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    while os.read(fd, 1 << 20):
+        pass
+    os.close(fd)
+    time.sleep(0.2)
+"""
+#: The background file's size.
+READER_BYTES = 32 << 20
 
 
 @contextlib.contextmanager
 def background_load(job: StragglerJob) -> Iterator[None]:
-    """Two busy processes at nice 19, free to run on either CPU."""
+    """Background work beside the job, as batch work runs beside training: two busy
+    processes free to run on either CPU and a process reading a file of its own from the
+    disk, at the lowest CPU weight — in a cpu cgroup marked idle (``cpu.idle``: the weight
+    of SCHED_IDLE tasks; they take what CPU time nobody else wants). Not nice 19 alone: each
+    process this bench starts is in a session of its own, and with autogroups (the Linux
+    default) a nice value weighs only inside its session, so a "nice 19" busy loop took a
+    CPU from every other session on the machine like any busy process: a CPU hog."""
+    root = Path("/sys/fs/cgroup/cpu")
+    if not (root / "cpu.idle").exists():
+        root = Path("/sys/fs/cgroup")  # v2: the cpu controller's files in the root's children
+    group = root / f"bdm{os.getpid()}-background"
+    group.mkdir(exist_ok=True)  # one per invocation, its runs one after the other
+    (group / "cpu.idle").write_text("1")
+    data = job.base / "background-data"
+    if not data.exists():
+        with open(data, "wb") as f:
+            for _ in range(READER_BYTES >> 20):
+                f.write(os.urandom(1 << 20))
     procs = [spawn([sys.executable, "-c", BUSY], job.base / f"busy-{i}.out") for i in range(2)]
+    procs.append(spawn([sys.executable, "-c", READER, str(data)], job.base / "reader.out"))
     try:
+        for p in procs:
+            (group / "cgroup.procs").write_text(str(p.pid))
         yield
     finally:
         for p in procs:
             p.kill()
+        # A killed task leaves its cgroup a moment after its parent reaped it (once seen:
+        # the next run found the directory there).
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: _removed(group), 10, f"{group} to be empty", step=0.1)
+
+
+def _removed(group: Path) -> bool:
+    """Remove the cgroup ``group``: whether it is gone (it may still hold exiting tasks)."""
+    with contextlib.suppress(OSError):
+        group.rmdir()
+    return not group.exists()
 
 
 #: CPU time every rank computes per step in the ``irq`` class: a storm takes CPU time from
@@ -227,6 +284,11 @@ FAULTS = [
         late("disk"),
     ),
     FaultClass(
+        "disk-20", (1, 3, 0, 2), ("20 MB/s, 1 MiB a step", "20 MB/s, 2 MiB a step"),
+        lambda j, r, s: j.throttled_disk(r, 20 << 20, (1 << 20, 2 << 20)[s]),
+        late("disk"),
+    ),
+    FaultClass(
         "memory", (2, 0, 3, 1), ("32 MiB, 300 x 64 KiB a step", "16 MiB, 300 x 64 KiB a step"),
         lambda j, r, s: j.memory_limit(r, (32 << 20, 16 << 20)[s], samples=300),
         late("memory"),
@@ -247,6 +309,10 @@ FAULTS = [
         "healthy-load", (-1,), ("", ""), lambda j, r, s: background_load(j), lambda r: []
     ),
     FaultClass("healthy-apart", (-1,), ("", ""), None, lambda r: [], aligned=False),
+    FaultClass(
+        "healthy-apart-load", (-1,), ("", ""), lambda j, r, s: background_load(j),
+        lambda r: [], aligned=False,
+    ),
 ]  # fmt: skip
 
 

@@ -40,7 +40,8 @@ clients for a whole job; both decide the same way.
    connections carry the loss (its address on both ends of the lost packets' sockets) is
    named. A retransmit whose copy the peer dropped as data it already had lost nothing (the
    original arrived, its acknowledgement was late: a busy receiver does that), and neither
-   did that drop: both are left out. When the two ends of the lossy connections tie (one
+   did that drop: both are left out, as are retransmits to a rank not tracing then (its
+   file would tell). When the two ends of the lossy connections tie (one
    connection, or one link), the end that retransmitted is named: its packets were the ones
    lost on the way (one-way loss on the wire shows only as the sender's retransmits). The
    rules over the collectives themselves are `COLLECTIVE_RULES`; a late rank's cause
@@ -103,8 +104,12 @@ MIN_LATE_FRACTION = 0.6
 #: for why (`_evidenced`). Per cause, the share from which it is named when that cause
 #: explains at least `EVIDENCED_EXPLAINED` of its lost time: a throttled quota is evidence
 #: no healthy rank has (the cgroup's counters); waits for a CPU held outside the job are
-#: what a healthy rank on a loaded machine has too, in small amounts (up to 5.6 % seen).
-EVIDENCED_MIN_SHARE = {"cpu_quota": 0.02, "cpu_wait": 0.06}
+#: what a healthy rank on a loaded machine has too, in small amounts (up to 5.6 % seen);
+#: uninterruptible disk waits beyond the other ranks' are not (none in 71 healthy runs of
+#: the matrix) and are named from the same share: a 1 MiB read a step from a disk throttled
+#: to 20 MB/s held the job back 7-14 % of the time (last to 46-57 of 60 collectives on a
+#: CPU shared with other ranks, 28-33 alone on one).
+EVIDENCED_MIN_SHARE = {"cpu_quota": 0.02, "cpu_wait": 0.06, "disk": 0.06, "memory": 0.06}
 EVIDENCED_EXPLAINED = 0.6
 #: Waits for a CPU held by one task outside the job that holds this rank's CPU and not the
 #: others' (`_own_holder`) are evidence healthy jitter does not have: a weak hog (nice -10)
@@ -235,6 +240,8 @@ class Comparison:
     span: float
     losses: list[_Loss]
     spurious: list[_Loss]
+    #: Retransmits to a rank that was not tracing then: needed or not, nobody can tell.
+    unseen: list[_Loss] = field(default_factory=list)
 
 
 def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None = None) -> Verdict:
@@ -293,15 +300,15 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
         min(m.arrivals.values()) for m in matches
     )
     span = max(span, 1e-9)
-    losses, spurious = _real_losses(rs)
-    _mark_lossy(matches, losses, spurious)
+    losses, spurious, unseen = _real_losses(rs)
+    _mark_lossy(matches, losses, sorted(spurious + unseen, key=lambda x: x.t))
     slow = _slow_links(rs)
     if slow is not None:
         for m in matches:
             m.slow_link = bool(set(m.members) & set(slow.ranks))
     late = _lateness(matches)
     by_label = {r.label: r for r in rs}
-    seen = Comparison(matches, rs, span, losses, spurious)
+    seen = Comparison(matches, rs, span, losses, spurious, unseen)
     findings: list[Finding] = [f for rule in COLLECTIVE_RULES if (f := rule(seen)) is not None]
     own = _own_span(matches, span) if findings else span
     for label, (seconds, late_count, count, lateness) in late.items():
@@ -335,7 +342,10 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
         if not consistent and not _intermittent(f):
             continue
         if seconds >= MIN_SHARE * own or _evidenced(
-            f, own, _own_holder(by_label[label], matches, rs)
+            f,
+            own,
+            _own_holder(by_label[label], matches, rs),
+            _held_outside(by_label[label], matches, rs),
         ):
             findings.append(f)
     findings.sort(key=lambda f: -f.seconds)
@@ -621,20 +631,45 @@ def _own_span(matches: list[_Match], span: float) -> float:
     return max(span - network, 1e-9)
 
 
-def _evidenced(f: Finding, own: float, own_holder: str | None = None) -> bool:
+def _evidenced(f: Finding, own: float, own_holder: str | None = None, outside: float = 1.0) -> bool:
     """A late rank under `MIN_SHARE` is named when the kernel says why with evidence that
     healthy ranks do not have: most of its lost time is its cgroup's CPU quota throttling
-    (the cgroup's own counters), or waits for a CPU held by tasks outside the job (ranks
-    of the job and its own threads are taken out by `_shared_cpu`) — from a lower share
+    (the cgroup's own counters), uninterruptible disk waits (or memory pressure), or waits
+    for a CPU held by tasks outside the job (ranks of the job and its own threads are taken
+    out by `_shared_cpu` when its work or its reads lead) — from a lower share
     when one task outside the job held its CPU, and not the others', run-up after run-up
-    (``own_holder``, `_own_holder`)."""
+    (``own_holder``, `_own_holder`). Of its waits for a CPU, only the share held outside
+    the job (``outside``, `_held_outside`) counts: a healthy rank on a CPU shared with
+    other ranks and another job's busy process, traced with windows apart, waited for a
+    CPU 6 % of the time beyond the others, 53 % of it for its own threads and the job's
+    ranks, and was named."""
     if not f.causes or f.causes[0].cause not in EVIDENCED_MIN_SHARE:
         return False
     first = f.causes[0]
     bar = EVIDENCED_MIN_SHARE[first.cause]
-    if first.cause == "cpu_wait" and own_holder is not None:
-        bar = OWN_HOLDER_MIN_SHARE
-    return f.seconds >= bar * own and first.seconds >= EVIDENCED_EXPLAINED * f.seconds
+    explained = first.seconds
+    if first.cause == "cpu_wait":
+        lead = next((c.cause for c in f.causes if c.cause not in ("cpu_wait", "unexplained")), "")
+        if own_holder is not None:
+            bar = OWN_HOLDER_MIN_SHARE
+        elif lead not in SHARED_CPU_LEADS:  # else `_shared_cpu` took the job's waits out
+            explained *= outside
+    return f.seconds >= bar * own and explained >= EVIDENCED_EXPLAINED * f.seconds
+
+
+def _held_outside(r: _Rank, matches: list[_Match], rs: list[_Rank]) -> float:
+    """Of ``r``'s waits for a CPU in the run-ups it reached late, the share held by tasks
+    outside the job: not its own threads, not the job's ranks on its host (1 when it
+    waited for none)."""
+    job = {x.ev.pid for x in rs if x.ev.host == r.ev.host}
+    total = outside = 0.0
+    for m in matches:
+        if m.late.get(r.label, 0.0) > 0 and r.label in m.members:
+            for h in m.members[r.label].holders:
+                total += h.seconds
+                if _holder_pid(h.cause) not in job:
+                    outside += h.seconds
+    return outside / total if total else 1.0
 
 
 def _own_holder(r: _Rank, matches: list[_Match], rs: list[_Rank]) -> str | None:
@@ -708,6 +743,7 @@ def _late_finding(
 ) -> Finding:
     """Why ``r`` arrived late: its run-ups' causes beyond the other ranks' (module doc)."""
     excess: dict[str, float] = defaultdict(float)
+    usual: dict[str, float] = defaultdict(float)  # what the other ranks had of each cause
     holders: dict[str, float] = defaultdict(float)
     details: dict[str, Counter[str]] = defaultdict(Counter)
     worst: list[Instance] = []
@@ -723,7 +759,9 @@ def _late_finding(
             {c.cause: c.seconds for c in v.before} for o, v in m.members.items() if o != r.label
         ]
         for cause, c in own.items():
-            extra = c.seconds - statistics.median(t.get(cause, 0.0) for t in theirs)
+            typical = statistics.median(t.get(cause, 0.0) for t in theirs)
+            usual[cause] += typical
+            extra = c.seconds - typical
             if extra > 0:
                 excess[cause] += extra
                 if c.detail:
@@ -760,7 +798,7 @@ def _late_finding(
     explained = 0.0
     # The waits for a CPU that remain are those held by everyone else: only they are named.
     said = LateCause(r, rs, {h: v for h, v in holders.items() if h not in taken}, details, workers)
-    for cause, extra in sorted(excess.items(), key=lambda kv: -kv[1]):
+    for cause, extra in sorted(excess.items(), key=_rank_causes(seconds, usual)):
         share = min(extra, seconds)
         if share < MIN_CAUSE_SHARE * seconds:
             continue
@@ -806,6 +844,28 @@ def _late_finding(
         worst=tuple(worst[:TOP_INSTANCES]),
         summary=summary,
     )
+
+
+def _rank_causes(
+    seconds: float, usual: Mapping[str, float]
+) -> Callable[[tuple[str, float]], tuple[float, bool, float]]:
+    """The order of a late rank's causes: by the time each explains (at most the time it
+    lost), the largest first; of causes that each explain all of it, one the other ranks had
+    none of first (disk waits beside waits for a CPU every rank on a loaded machine has),
+    then the larger excess. A 1 MiB read a step from a throttled disk, on a CPU shared with
+    other jobs, left its rank 405 ms of disk waits (its waits for its own threads with them;
+    the other ranks had none) and 426 ms more waits for a CPU than the others' 322 ms, each
+    over the 338 ms it lost: "waiting for a CPU" came first, held by other jobs' threads."""
+
+    def key(kv: tuple[str, float]) -> tuple[float, bool, float]:
+        cause, extra = kv
+        return (
+            -min(extra, seconds),
+            not (extra >= seconds and usual.get(cause, 0.0) == 0.0),
+            -extra,
+        )
+
+    return key
 
 
 def _memory_pressure(r: _Rank, rs: list[_Rank]) -> MemoryCgroup | None:
@@ -875,22 +935,27 @@ def _shared_cpu(
     details: dict[str, Counter[str]],
     seconds: float,
 ) -> set[str]:
-    """A rank that ran longer than the others (its own work) and waited for a CPU held by
-    its own threads or other ranks of the job on its host: those waits are its own work's
-    too. Its threads and ranks sharing a CPU take turns on it; the one with more work is
+    """A rank late for its own work or its reads, and waiting for a CPU held by its own
+    threads or other ranks of the job on its host: those waits are that cause's too.
+
+    Its threads and ranks sharing a CPU take turns on it; the one with more work is
     runnable while the others run theirs (gloo's threads among them, serving the collective
-    it is late to), so it also waits longer for the CPU. Blaming the other ranks for that
+    it is late to), so it also waits longer for the CPU. A rank late for its disk reads
+    (`SHARED_CPU_LEADS`) reaches each collective when its own gloo threads are busy taking
+    in the other ranks' data, and waits for them: a 1 MiB read a step from a disk throttled
+    to 20 MB/s slept 2.5 ms a step on the disk and made the rank wait twice that for its own
+    threads, and "waiting for a CPU" came first. Blaming the job's threads for either
     would send an engineer after the wrong processes. Waits for anyone else (a hog) stay
-    ``cpu_wait``. Only when its work is its largest excess besides the waits. Returns the
+    ``cpu_wait``. Only when that cause is the largest excess besides the waits. Returns the
     holders whose waits it took."""
+    lead = max((k for k in excess if k != "cpu_wait"), key=excess.__getitem__, default="")
     ran = excess.get("on_cpu", 0.0)
-    if ran < MIN_CAUSE_SHARE * seconds:
-        return set()
     said = f"ran {_fmt_s(ran)} longer than the other ranks"
-    if any(v > ran for k, v in excess.items() if k not in ("on_cpu", "cpu_wait")):
-        # Its work is not the main excess (reads past the page cache run longer too, in the
-        # kernel's copies): the waits are not its work's.
-        details["on_cpu"][said] += 1
+    if lead not in SHARED_CPU_LEADS or excess[lead] < MIN_CAUSE_SHARE * seconds:
+        # Its work or reads are not the main excess (reads past the page cache run longer
+        # too, in the kernel's copies, but a hog's waits are not theirs).
+        if ran >= MIN_CAUSE_SHARE * seconds:
+            details["on_cpu"][said] += 1
         return set()
     ranks = {x.ev.pid: x.label for x in rs if x.ev.host == r.ev.host}
     by_ranks: dict[int, float] = defaultdict(float)
@@ -904,16 +969,28 @@ def _shared_cpu(
         others_held = sum(v for h, v in holders.items() if not h.startswith(SOFTIRQ_THREAD))
         moved = excess["cpu_wait"] * sum(by_ranks.values()) / others_held
         excess["cpu_wait"] -= moved
-        excess["on_cpu"] = ran + moved
+        excess[lead] += moved
         others = sorted(k for k in by_ranks if k != r.label)
         whom = [*(["its own threads"] if r.label in by_ranks else [])]
         if others:
             whom.append(f"rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}")
-        said += f"; waited {_fmt_s(moved)} for the CPU held by {' and '.join(whom)}"
+        waited = f"waited {_fmt_s(moved)} for the CPU held by {' and '.join(whom)}"
+        said = f"{said}; {waited}" if lead == "on_cpu" else waited
     else:
         taken = set()
-    details["on_cpu"][said] += 1
+    if lead == "on_cpu":
+        details["on_cpu"][said] += 1
+        return taken
+    if taken:
+        details[lead][said] += 1
+    if ran >= MIN_CAUSE_SHARE * seconds:
+        details["on_cpu"][f"ran {_fmt_s(ran)} longer than the other ranks"] += 1
     return taken
+
+
+#: The causes whose waits for a CPU held by the rank's own threads and the job's other ranks
+#: are theirs (`_shared_cpu`): its own work, and reads from the disk (or under a memory limit).
+SHARED_CPU_LEADS = frozenset({"on_cpu", "disk", "memory"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -1044,11 +1121,16 @@ def _cause_detail(cause: str, c: LateCause) -> str:
     return ""
 
 
-def _real_losses(rs: list[_Rank]) -> tuple[list[_Loss], list[_Loss]]:
+def _real_losses(rs: list[_Rank]) -> tuple[list[_Loss], list[_Loss], list[_Loss]]:
     """Every rank's loss events on the common clock, in time order, split into those that
-    lost packets and the retransmits that were not needed: those whose copy the peer
-    dropped as data it already had (a ``duplicate`` on the same connection, seen from the
-    other end). Duplicates themselves are neither."""
+    lost packets, the retransmits that were not needed — those whose copy the peer dropped
+    as data it already had (a ``duplicate`` on the same connection, seen from the other
+    end) — and the retransmits to a rank of the job that was not tracing then, which no one
+    can tell apart: its file would have said whether it had the data. Windows that begin
+    apart (``gputrace --job-id``: each rank at its own poll) leave up to a second of each
+    rank's retransmits so; on a loaded machine most retransmits are not needed, and a
+    healthy job traced that way was found "slowed by network loss" on them (10 of them,
+    every one to a rank not yet tracing). Duplicates themselves are none of these."""
     events = sorted(
         (_Loss(_sec(r, e.unix_ns), r.label, e) for r in rs for e in r.ev.loss_events),
         key=lambda x: x.t,
@@ -1069,14 +1151,36 @@ def _real_losses(rs: list[_Rank]) -> tuple[list[_Loss], list[_Loss]]:
                     spurious.add(j)
                     candidates.remove(j)
                 break
-    real = [x for i, x in enumerate(events) if x.event.kind != "duplicate" and i not in spurious]
-    return real, [events[i] for i in sorted(spurious)]
+    windows = {
+        r.label: (_sec(r, r.ev.window_start_unix_ns), _sec(r, r.ev.window_end_unix_ns)) for r in rs
+    }
+    owner = {
+        a: r.label
+        for r in rs
+        for a in (*r.ev.local_addresses, *(c.local for c in r.ev.connections))
+    }
+
+    def unseen(x: _Loss) -> bool:
+        peer = owner.get(x.event.peer)
+        if x.event.kind != "tcp_retransmit" or peer is None or peer == x.rank:
+            return False
+        lo, hi = windows[peer]
+        return not lo - CLOCK_SLACK <= x.t <= hi + CLOCK_SLACK
+
+    real: list[_Loss] = []
+    unknown: list[_Loss] = []
+    for i, x in enumerate(events):
+        if x.event.kind == "duplicate" or i in spurious:
+            continue
+        (unknown if unseen(x) else real).append(x)
+    return real, [events[i] for i in sorted(spurious)], unknown
 
 
 def _mark_lossy(matches: list[_Match], real: list[_Loss], spurious: list[_Loss]) -> None:
     """A collective is lossy when some member counted loss events from its run-up to its
-    end, unless every event listed in that time was a retransmit that was not needed.
-    (A rank lists at most its first 1000 events: beyond them its count is trusted.)"""
+    end, unless every event listed in that time was a retransmit that was not needed, or
+    one to a rank not tracing then (``spurious`` holds both: `_real_losses`). (A rank lists
+    at most its first 1000 events: beyond them its count is trusted.)"""
     real_times = [x.t for x in real]
     spurious_times = [x.t for x in spurious]
 
@@ -1158,6 +1262,11 @@ def _network_finding(seen: Comparison) -> Finding | None:
         detail += (
             f"; {len(spurious)} more retransmit(s) were not needed (the peer had the data): "
             "not counted"
+        )
+    if seen.unseen:
+        detail += (
+            f"; {len(seen.unseen)} more to ranks not tracing then (whether they had the data "
+            "is unknown): not counted"
         )
     summary = (
         f"network loss on {_name(who)}'s connections slowed the collectives by {_fmt_s(lost)} "
