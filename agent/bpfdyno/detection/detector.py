@@ -57,9 +57,9 @@ SCORES: tuple[Score, ...] = (
     # in a synchronous job the ranks on time wait in the collective for the late one, which
     # hardly waits at all, so the straggler is the rank that waits *least*. On the real 4-rank
     # job under load (docs/detection.md) healthy ranks waited 0.13-0.42 thread-seconds per
-    # second, the least of them down to 0.73 of the median; a rank whose batches came 60 or
-    # 120 ms late 0.04-0.11 against a median of 0.36-0.70. So: at least 0.1 under the median
-    # and under half of it.
+    # second, the least of them down to 0.68 of the median and at most 0.07 under it; a rank
+    # whose batches, DataLoader item or disk reads came late 0.01-0.27 against medians of
+    # 0.33-0.81. So: at least 0.1 under the median and under half of it.
     Score(
         "peer_wait_share",
         lambda s: s.peer_wait_share,
