@@ -59,7 +59,8 @@ SCORES: tuple[Score, ...] = (
     # job under load (docs/detection.md) healthy ranks waited 0.13-0.42 thread-seconds per
     # second, the least of them down to 0.68 of the median and at most 0.07 under it; a rank
     # whose batches, DataLoader item or disk reads came late 0.01-0.27 against medians of
-    # 0.33-0.81. So: at least 0.1 under the median and under half of it.
+    # 0.33-0.81. So: at least 0.1 under the median and under half of it. (Under a heavier
+    # load a healthy rank went under both in 8 of 132 intervals; k kept it out.)
     Score(
         "peer_wait_share",
         lambda s: s.peer_wait_share,
