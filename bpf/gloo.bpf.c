@@ -1,13 +1,18 @@
-/* bpfdyno gloo peer wait: how long each process's threads wait for their peers' data in gloo.
+/* bpfdyno gloo peer wait: how long each process's threads wait for their peers in gloo.
  *
- * gloo (PyTorch's CPU backend) reads its peer connections on its own loop thread, without
- * blocking, after epoll says a socket is readable; the threads that run a collective wait in
- * gloo::transport::tcp::UnboundBuffer::waitRecv until the loop thread has the peer's bytes.
- * The time between that function's entry and its return is the time the thread waited on
- * the job's peer connections. Attached with a uprobe and a uretprobe to the library that
- * holds gloo (libtorch_cpu.so), only while the detection watches ranks that map it
- * (bpfdyno.sources.gloo). A uprobe fires in every process that maps that file, so each call
- * first checks `bpfdyno_glpids`, the watched processes, whose value is what is added up.
+ * gloo (PyTorch's CPU backend) reads and writes its peer connections on its own loop thread,
+ * without blocking, after epoll says a socket is ready; the threads that run a collective
+ * wait in gloo::transport::tcp::UnboundBuffer::waitRecv until the loop thread has the peer's
+ * bytes, and in UnboundBuffer::waitSend until their own bytes are sent, which gloo's TCP
+ * transport does only once the peer has posted the matching receive (it has reached that
+ * step of the collective). The time between either function's entry and its return is the
+ * time the thread waited on a peer: which of the two a rank waits in depends on its place in
+ * the collective's algorithm (with one rank late in a ring all-reduce, one of the others was
+ * seen waiting almost wholly in waitSend), so both are timed, into one sum. Attached with a
+ * uprobe and a uretprobe on each to the library that holds gloo (libtorch_cpu.so), only while
+ * the detection watches ranks that map it (bpfdyno.sources.gloo); a thread is in one of them
+ * at a time. A uprobe fires in every process that maps that file, so each call first checks
+ * `bpfdyno_glpids`, the watched processes, whose value is what is added up.
  *
  * Settings (-D), required; bpfdyno passes them from the [detection] config section:
  * GLOO_MAX_PROCS (gloo_max_ranks) sizes the process map, GLOO_MAX_THREADS

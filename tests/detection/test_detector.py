@@ -145,3 +145,87 @@ def test_main_threads_busy_alike_or_a_little_apart_are_no_stragglers() -> None:
             [replace(sig(r, 0.05), main_waiting_s=waits[r]) for r in range(4)], float(t)
         )
     assert events == []
+
+
+def waits(shares: dict[int, float]) -> list[RankSignals]:
+    """One interval of 5 s of four ranks whose threads waited for their gloo peers
+    ``shares`` thread-seconds per second; every other signal alike."""
+    return [replace(sig(r, 0.05), peer_wait_s=shares[r] * 5.0) for r in sorted(shares)]
+
+
+#: Three intervals of the real 4-rank job under a load average of 12 (thread-seconds per
+#: second in gloo's waitRecv + waitSend), rank 3's batches 120 ms late: its peers wait for it.
+LATE_RANK_3 = [
+    {0: 0.657, 1: 0.656, 2: 0.691, 3: 0.074},
+    {0: 0.689, 1: 0.691, 2: 0.721, 3: 0.076},
+    {0: 0.669, 1: 0.662, 2: 0.698, 3: 0.072},
+]
+#: Healthy intervals of the same run: rank 2 (alone on its CPU) waits most, the ranks sharing
+#: CPU 0 less, the least of them down to 0.68 of the median (the last one).
+HEALTHY = [
+    {0: 0.303, 1: 0.264, 2: 0.370, 3: 0.292},
+    {0: 0.220, 1: 0.185, 2: 0.336, 3: 0.190},
+    {0: 0.217, 1: 0.182, 2: 0.326, 3: 0.207},
+    {0: 0.182, 1: 0.126, 2: 0.289, 3: 0.161},
+    {0: 0.385, 1: 0.356, 2: 0.419, 3: 0.382},
+    {0: 0.307, 1: 0.258, 2: 0.388, 3: 0.287},
+    {0: 0.201, 1: 0.135, 2: 0.298, 3: 0.197},
+]
+
+
+def test_a_rank_its_peers_wait_for_in_gloo_is_a_straggler() -> None:
+    d = StragglerDetector("node-a")
+    events = [e for t, w in enumerate(LATE_RANK_3) for e in d.update(waits(w), float(t))]
+    assert [(e.kind, e.rank) for e in events] == [
+        (DetectionKind.SUSPECTED, 3),
+        (DetectionKind.CONFIRMED, 3),
+    ]
+    (ev,) = events[1].evidence
+    # The median of the four: between 0.662 and 0.669.
+    assert (ev.name, ev.value, ev.job_median) == (
+        "peer_wait_share",
+        pytest.approx(0.072),
+        pytest.approx(0.6655),
+    )
+    assert events[1].summary == (
+        "job 7 rank 3 confirmed straggler: its peers waited for it in gloo's collectives; "
+        "it waited for them: 0.07 against the job's median 0.67 (peer_wait_share)"
+    )
+
+
+def test_healthy_peer_waits_of_the_real_job_flag_nobody() -> None:
+    d = StragglerDetector("node-a")
+    events = [e for t, w in enumerate(HEALTHY * 2) for e in d.update(waits(w), float(t))]
+    assert events == []
+
+
+def test_a_rank_a_little_short_of_peers_alike_is_kept_out_by_the_floors() -> None:
+    # The least-waiting healthy rank seen was at 0.68 of the median. Beside peers so alike
+    # that the MAD is near zero, only the floors keep such a rank from being a straggler:
+    # where the job waits much, the relative one (under half the median: 0.40 against 0.6
+    # is 0.2 short, above the absolute floor); where it waits little, the absolute one (0.1
+    # short: 0.07 against 0.15 is under half of it). Lower either (to 0.3 of the median, to
+    # 0.05) and these fail.
+    for jitter in ({0: 0.60, 1: 0.40, 2: 0.60, 3: 0.59}, {0: 0.15, 1: 0.07, 2: 0.15, 3: 0.148}):
+        d = StragglerDetector("node-a")
+        assert [e for t in range(4) for e in d.update(waits(jitter), float(t))] == []
+    # Under both floors: a straggler.
+    d = StragglerDetector("node-a")
+    late = {0: 0.30, 1: 0.13, 2: 0.30, 3: 0.295}
+    events = [e for t in range(3) for e in d.update(waits(late), float(t))]
+    assert [(e.kind, e.rank) for e in events] == [
+        (DetectionKind.SUSPECTED, 1),
+        (DetectionKind.CONFIRMED, 1),
+    ]
+
+
+def test_ranks_without_gloo_s_probes_are_left_out_of_the_peer_wait() -> None:
+    d = StragglerDetector("node-a")
+    # Rank 3 has no value (NaN): ranks 0-2 are compared, and rank 0 waited least of them.
+    # Two ranks with a value give no median: nothing, whatever they are.
+    three = {0: 0.05, 1: 0.66, 2: 0.69, 3: float("nan")}
+    two = {0: 0.05, 1: 0.66, 2: float("nan"), 3: float("nan")}
+    events = [e for t in range(2) for e in d.update(waits(three), float(t))]
+    assert [(e.kind, e.rank) for e in events] == [(DetectionKind.SUSPECTED, 0)]
+    d = StragglerDetector("node-a")
+    assert [e for t in range(4) for e in d.update(waits(two), float(t))] == []

@@ -1,8 +1,10 @@
 """gloo's peer-wait signal on a real job: two PyTorch ranks joined by gloo over real loopback
 TCP connections run N all-reduces, rank 1 sleeping D before each; rank 0's threads wait for
 rank 1's data on their connection N x D (plus the all-reduces' own few milliseconds), rank 1's
-barely. Read as the detection reads it: `SignalSampler` with the uprobe pair on gloo's
-``UnboundBuffer::waitRecv`` (`GlooWaits`). A rank without gloo has no such signal (NaN)."""
+barely. Read as the detection reads it: `SignalSampler` with the uprobe pairs on gloo's
+``UnboundBuffer::waitRecv`` and ``waitSend`` (`GlooWaits`). A rank without gloo has no such
+signal (NaN). With three ranks, the two on time wait for the late one in different functions
+of gloo (one of them almost wholly in ``waitSend``): both are its peer wait."""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ dist.all_reduce(t)  # connections up, first-call work done
 print("ready", flush=True)
 sys.stdin.readline()
 for _ in range({steps}):
-    if rank == 1:
+    if rank == {late}:
         time.sleep({delay})
     dist.all_reduce(t)
 print("done", t[0].item(), flush=True)
@@ -63,7 +65,7 @@ def job() -> Iterator[list[subprocess.Popen[str]]]:
         "WORLD_SIZE": "2",
         "OMP_NUM_THREADS": "1",
     }
-    source = RANK.format(steps=STEPS, delay=DELAY_S)
+    source = RANK.format(steps=STEPS, delay=DELAY_S, late=1)
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code],
@@ -115,3 +117,66 @@ def test_a_gloo_rank_s_wait_for_its_late_peer_is_its_peer_wait(
     assert injected <= by_rank[0].peer_wait_s <= injected + SLACK_S, by_rank[0]
     assert 0.0 <= by_rank[1].peer_wait_s < injected / 4, by_rank[1]
     assert math.isnan(by_rank[2].peer_wait_s)  # no gloo in it
+
+
+@pytest.fixture
+def job3() -> Iterator[list[subprocess.Popen[str]]]:
+    """Ranks 0, 1 and 2 of a gloo job, rank 2 late, each at "ready"."""
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "WORLD_SIZE": "3",
+        "OMP_NUM_THREADS": "1",
+    }
+    source = RANK.format(steps=STEPS, delay=DELAY_S, late=2)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", source],
+            env={**env, "RANK": str(rank)},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(3)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_every_rank_on_time_waits_for_the_late_one_whichever_way_it_waits(
+    job3: list[subprocess.Popen[str]],
+) -> None:
+    waits = GlooWaits()
+    sampler = SignalSampler(peer_waits=waits)
+    ranks = [RankProcess(p.pid, "42") for p in job3]
+    try:
+        deadline = time.monotonic() + 120
+        while any(waits.wait_ns(p.pid) is None for p in job3):
+            assert waits.error == ""
+            assert time.monotonic() < deadline, "gloo's probes not on in 120 s"
+            time.sleep(0.1)
+        assert sampler.sample(ranks, time.monotonic()) == []  # the base
+        for p in job3:
+            assert p.stdin is not None
+            p.stdin.write("\n")
+            p.stdin.flush()
+        for p in job3:
+            assert p.stdout is not None and p.stdout.readline().split() == [
+                "done",
+                str(3.0 ** (STEPS + 1)),
+            ]
+        by_rank = {s.rank: s for s in sampler.sample(ranks, time.monotonic())}
+    finally:
+        waits.close()
+    injected = STEPS * DELAY_S
+    # Timing waitRecv alone, one of ranks 0 and 1 was seen at 0.05 s (it waited in waitSend).
+    for rank in (0, 1):
+        assert injected <= by_rank[rank].peer_wait_s <= injected + SLACK_S, by_rank[rank]
+    assert 0.0 <= by_rank[2].peer_wait_s < injected / 4, by_rank[2]

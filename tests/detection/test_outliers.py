@@ -49,6 +49,23 @@ def test_a_rank_low_is_not_an_outlier_and_two_ranks_give_no_median() -> None:
     assert outliers({0: 0.0, 1: 0.9}, k=3.0, floor=0.05) == set()
 
 
+def test_below_finds_the_rank_far_under_the_others() -> None:
+    # Peers' waits for a late rank: it waits least. Median 0.6 (between 0.58 and 0.62).
+    scores = {0: 0.58, 1: 0.02, 2: 0.70, 3: 0.62}
+    assert outliers(scores, k=3.0, floor=0.1, below=True) == {1}
+    assert outliers(scores, k=3.0, floor=0.1) == set()  # above the median: nobody stands out
+
+
+def test_below_keeps_the_floors_and_the_relative_one_is_a_share_of_the_median() -> None:
+    # 0.45 against a median of 0.6: 0.15 under it, many MADs out (MAD 0.02).
+    scores = {0: 0.58, 1: 0.45, 2: 0.62, 3: 0.62}
+    assert outliers(scores, k=3.0, floor=0.1, below=True) == {1}
+    assert outliers(scores, k=3.0, floor=0.2, below=True) == set()
+    # ... and under a relative floor of half the median (0.3 short of it) it is not.
+    assert outliers(scores, k=3.0, floor=0.1, relative=0.5, below=True) == set()
+    assert outliers({0: 0.58, 1: 0.25, 2: 0.62, 3: 0.62}, 3.0, 0.1, 0.5, below=True) == {1}
+
+
 def test_spread_among_ranks_raises_the_bar() -> None:
     # Scores spread 0.1..0.4: MAD 0.1 (sigma 0.148), so 0.6 is 3 sigma out only barely not.
     scores = {0: 0.1, 1: 0.2, 2: 0.3, 3: 0.4, 4: 0.6}

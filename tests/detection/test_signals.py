@@ -5,16 +5,27 @@ throttling."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from bpfdyno.detection.signals import CollectiveTimes, RankProcess, RankSignals, SignalSampler
+from bpfdyno.detection.signals import (
+    CollectiveTimes,
+    RankProcess,
+    RankSignals,
+    SignalSampler,
+    from_record,
+    to_record,
+)
+from bpfdyno.rpc.detection import RankSignal
+from bpfdyno.rpc.wire import from_pb, to_pb
 
 #: A process that waits for commands on stdin: 'w' writes 1 MiB to /dev/null, 's' spins on the
 #: CPU for a second, 'q' exits; each command is answered with one byte once done (and one
@@ -223,3 +234,15 @@ def test_a_process_gone_has_no_signal() -> None:
         signals = sampler.sample(refs([a, b]), time.monotonic())
         assert [s.rank for s in signals] == [0]
         assert sampler.sample(refs([a]), time.monotonic())[0].rank == 0
+
+
+def test_the_peer_wait_travels_to_the_job_s_other_agents_and_back() -> None:
+    s = RankSignals("7", 2, 4242, 0.0, 5.0, 1.0, 0.1, 4.0, 0.0, 1 << 20, peer_wait_s=2.75)
+    record = to_record(s, "node-a", 1000.0)
+    assert record.peer_wait_seconds == 2.75
+    back = from_record(from_pb(RankSignal, to_pb(record)))
+    assert (back.peer_wait_s, back.peer_wait_share, back.host) == (2.75, 0.55, "node-a")
+    # A rank without gloo's probes sends none, and is read back as unknown (NaN).
+    none = to_record(replace(s, peer_wait_s=float("nan")), "node-a", 1000.0)
+    assert none.peer_wait_seconds is None
+    assert math.isnan(from_record(from_pb(RankSignal, to_pb(none))).peer_wait_share)

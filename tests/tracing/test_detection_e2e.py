@@ -248,10 +248,12 @@ def test_a_cpu_hog_makes_its_rank_suspected_then_confirmed_then_cleared(
     assert suspected.job_id == confirmed_.job_id == str(JOB_ID)
     assert confirmed_.pid == job.rank_pids[HOG_RANK]
     # Its threads waited for a CPU; its main thread, busy or waiting for a CPU while its
-    # peers slept in the all-reduce, may stand out as well.
-    evidence = {e.name: e for e in confirmed_.evidence}
-    assert set(evidence) in ({"cpu_wait_share"}, {"cpu_wait_share", "main_busy_share"})
-    wait = evidence["cpu_wait_share"]
+    # peers slept in the all-reduce, and its waits for its peers in gloo, the least of the
+    # job's since they waited for it, may stand out as well (the latter may decide an
+    # interval on its own: the CPU wait is seen in the suspected or the confirmed event).
+    named = [e for ev in (suspected, confirmed_) for e in ev.evidence]
+    assert {e.name for e in named} <= {"cpu_wait_share", "main_busy_share", "peer_wait_share"}
+    wait = next(e for e in named if e.name == "cpu_wait_share")
     assert wait.value > wait.job_median + 0.05
 
     def cleared() -> bool:

@@ -467,9 +467,9 @@ class DetectionSection:
     #: $SLURM_JOB_ID, looked up with squeue/scontrol as `bpfdyno gputrace --job-id` does),
     #: each at this agent's own [grpc] tcp port, are the peers.
     discover_peers: bool = True
-    #: Time gloo ranks' threads wait for their peers' data (a uprobe pair on gloo's
-    #: UnboundBuffer::waitRecv in the library that holds it, libtorch_cpu.so): the signal
-    #: peer_wait_s.
+    #: Time gloo ranks' threads wait for their peers (uprobe pairs on gloo's
+    #: UnboundBuffer::waitRecv and waitSend in the library that holds it, libtorch_cpu.so):
+    #: the signal peer_wait_s and the score peer_wait_share.
     gloo_peer_waits: bool = True
     #: Ranks whose gloo waits are followed at once (the BPF map's size) ...
     gloo_max_ranks: int = 256

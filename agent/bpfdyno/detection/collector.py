@@ -8,6 +8,7 @@ memory map lock), its cost is measured like every other part's, and `bpfdyno sta
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -109,6 +110,8 @@ class DetectionCollector(Collector):
                 sample(m.SUSPECTED, float(state is not State.OK), labels),
                 sample(m.CONFIRMED, float(state is State.CONFIRMED), labels),
             ]
+            if not math.isnan(s.peer_wait_s):
+                out.append(sample(m.RANK_PEER_WAIT, s.peer_wait_share, labels))
         counts = self.events.counts()  # the automatic trace adds "traced" events too
         hung = self.hangs.hung_jobs()
         out += [sample(m.HANG, float(job in hung), {"job_id": job}) for job in sorted(jobs)]

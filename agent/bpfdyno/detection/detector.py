@@ -28,6 +28,7 @@ class Score:
     floor: float
     relative: float  # ... and the least excess as a multiple of the median
     says: str  # how the summary words it
+    below: bool = False  # the straggler is the rank with the *least* (see `outliers`)
 
 
 SCORES: tuple[Score, ...] = (
@@ -51,6 +52,22 @@ SCORES: tuple[Score, ...] = (
     # A rank its peers waited for at collectives (NCCL's profiler, when plugged in).
     Score(
         "late_share", lambda s: s.late_s / s.interval_s, 0.05, 1.0, "arrived late at collectives"
+    ),
+    # A gloo rank its peers wait for, whatever held it back (its input, its disk, its CPU):
+    # in a synchronous job the ranks on time wait in the collective for the late one, which
+    # hardly waits at all, so the straggler is the rank that waits *least*. On the real 4-rank
+    # job under load (docs/detection.md) healthy ranks waited 0.13-0.42 thread-seconds per
+    # second, the least of them down to 0.68 of the median and at most 0.07 under it; a rank
+    # whose batches, DataLoader item or disk reads came late 0.01-0.27 against medians of
+    # 0.33-0.81. So: at least 0.1 under the median and under half of it. (Under a heavier
+    # load a healthy rank went under both in 8 of 132 intervals; k kept it out.)
+    Score(
+        "peer_wait_share",
+        lambda s: s.peer_wait_share,
+        0.1,
+        0.5,
+        "its peers waited for it in gloo's collectives; it waited for them",
+        below=True,
     ),
 )
 
@@ -109,7 +126,9 @@ class StragglerDetector:
         for score in SCORES:
             values = {r: score.value(s) for r, s in ranks.items()}
             values = {r: v for r, v in values.items() if not math.isnan(v)}
-            flagged = outliers(values, self.settings.k, score.floor, score.relative)
+            flagged = outliers(
+                values, self.settings.k, score.floor, score.relative, below=score.below
+            )
             if not flagged:
                 continue
             median = statistics.median(values.values())

@@ -19,6 +19,15 @@ RANK_CPU_WAIT = TABLE.declare(
     "ranks are registered trainers whose environment names a RANK.",
     ("job_id", "rank"),
 )
+RANK_PEER_WAIT = TABLE.declare(
+    "rank_peer_wait_ratio",
+    MetricKind.RATIO,
+    "ratio",
+    "Thread-seconds per second a gloo training rank's threads waited for their peers' data "
+    "in gloo's collectives over the last detection interval (absent without gloo's probes): "
+    "its job's straggler waits least, the peers waiting for it most.",
+    ("job_id", "rank"),
+)
 RANK_IO = TABLE.declare(
     "rank_io_bytes_per_second",
     MetricKind.RATE,

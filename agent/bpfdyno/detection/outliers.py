@@ -6,7 +6,9 @@ than an absolute floor *and* than a multiple of the median. The median makes the
 all ranks slowing alike; the floors keep a rank that is merely last by jitter (a MAD near zero
 makes any difference "many deviations") from counting, the relative one where every rank's
 level is high (a loaded machine: healthy ranks of a real job were seen 0.1 apart at a median
-of 1.1). Fewer than three ranks give no median to stand out from.
+of 1.1). Fewer than three ranks give no median to stand out from. A score where the
+straggler is the rank with the *least* (the time a rank waited for its peers) is tested from
+below: ``below``.
 
 One outlier interval is noise: `step` moves a rank between ``ok``, ``suspected`` and
 ``confirmed`` by how many of its last ``window`` intervals were outliers, and back to ``ok``
@@ -32,15 +34,25 @@ def robust_spread(values: list[float]) -> tuple[float, float]:
 
 
 def outliers(
-    scores: Mapping[int, float], k: float, floor: float, relative: float = 0.0
+    scores: Mapping[int, float],
+    k: float,
+    floor: float,
+    relative: float = 0.0,
+    below: bool = False,
 ) -> set[int]:
     """The keys (ranks) whose score exceeds the median by more than ``k`` robust deviations,
     by more than ``floor`` and by more than ``relative`` times the median; none when fewer
-    than three ranks have a score."""
+    than three ranks have a score.
+
+    With ``below``, the ranks whose score falls *short* of the median by those margins (a
+    score where the straggler is the rank with the least: ``relative`` 0.5 then asks for less
+    than half the median)."""
     if len(scores) < 3:
         return set()
     med, sigma = robust_spread(list(scores.values()))
     bound = max(k * sigma, floor, relative * med)
+    if below:
+        return {rank for rank, v in scores.items() if med - v > bound}
     return {rank for rank, v in scores.items() if v - med > bound}
 
 

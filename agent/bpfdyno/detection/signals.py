@@ -127,6 +127,15 @@ class RankSignals:
         and their share drops while its own does not."""
         return 1.0 - self.main_waiting_s / self.interval_s
 
+    @property
+    def peer_wait_share(self) -> float:
+        """Thread-seconds per second its threads waited for their peers' data in gloo's
+        collectives (NaN without gloo's probes): the score of a rank whose peers wait for
+        it, whatever held it back. In a synchronous job the ranks that arrive first at a
+        collective wait there for the last one, which hardly waits at all: the straggler is
+        the rank that waits *least* (`Score.below`)."""
+        return self.peer_wait_s / self.interval_s
+
 
 @dataclass(frozen=True, slots=True)
 class _Reading:
@@ -328,6 +337,7 @@ def to_record(s: RankSignals, host: str, end_unix: float) -> RankSignal:
         io_bytes=s.io_bytes,
         in_collective_seconds=None if math.isnan(s.in_collective_s) else s.in_collective_s,
         late_seconds=None if math.isnan(s.late_s) else s.late_s,
+        peer_wait_seconds=None if math.isnan(s.peer_wait_s) else s.peer_wait_s,
     )
 
 
@@ -347,4 +357,5 @@ def from_record(r: RankSignal) -> RankSignals:
         in_collective_s=NAN if r.in_collective_seconds is None else r.in_collective_seconds,
         late_s=NAN if r.late_seconds is None else r.late_seconds,
         host=r.host,
+        peer_wait_s=NAN if r.peer_wait_seconds is None else r.peer_wait_seconds,
     )

@@ -111,6 +111,7 @@ class RankSignal:
     io_bytes: int = 0
     in_collective_seconds: float | None = None
     late_seconds: float | None = None
+    peer_wait_seconds: float | None = None
 
 
 @record(pb.GetRankSignalsRequest, zero_is_default=True)

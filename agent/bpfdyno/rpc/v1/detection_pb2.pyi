@@ -104,7 +104,7 @@ class ListEventsResponse(_message.Message):
     def __init__(self, events: _Optional[_Iterable[_Union[DetectionEvent, _Mapping]]] = ...) -> None: ...
 
 class RankSignal(_message.Message):
-    __slots__ = ("job_id", "rank", "pid", "host", "end_unix_seconds", "interval_seconds", "oncpu_seconds", "runq_wait_seconds", "main_waiting_seconds", "throttled_seconds", "io_bytes", "in_collective_seconds", "late_seconds")
+    __slots__ = ("job_id", "rank", "pid", "host", "end_unix_seconds", "interval_seconds", "oncpu_seconds", "runq_wait_seconds", "main_waiting_seconds", "throttled_seconds", "io_bytes", "in_collective_seconds", "late_seconds", "peer_wait_seconds")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +118,7 @@ class RankSignal(_message.Message):
     IO_BYTES_FIELD_NUMBER: _ClassVar[int]
     IN_COLLECTIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LATE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PEER_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     pid: int
@@ -131,7 +132,8 @@ class RankSignal(_message.Message):
     io_bytes: int
     in_collective_seconds: float
     late_seconds: float
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., end_unix_seconds: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., oncpu_seconds: _Optional[float] = ..., runq_wait_seconds: _Optional[float] = ..., main_waiting_seconds: _Optional[float] = ..., throttled_seconds: _Optional[float] = ..., io_bytes: _Optional[int] = ..., in_collective_seconds: _Optional[float] = ..., late_seconds: _Optional[float] = ...) -> None: ...
+    peer_wait_seconds: float
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., end_unix_seconds: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., oncpu_seconds: _Optional[float] = ..., runq_wait_seconds: _Optional[float] = ..., main_waiting_seconds: _Optional[float] = ..., throttled_seconds: _Optional[float] = ..., io_bytes: _Optional[int] = ..., in_collective_seconds: _Optional[float] = ..., late_seconds: _Optional[float] = ..., peer_wait_seconds: _Optional[float] = ...) -> None: ...
 
 class GetRankSignalsRequest(_message.Message):
     __slots__ = ("job_id",)

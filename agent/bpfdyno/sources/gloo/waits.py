@@ -1,10 +1,13 @@
 """`GlooWaits`: the cumulative time each watched process's threads waited for their gloo peers.
 
-gloo reads its peer connections on its own loop thread without blocking (after epoll says a
-socket is readable); a thread running a collective waits in
+gloo reads and writes its peer connections on its own loop thread without blocking (after
+epoll says a socket is ready); a thread running a collective waits in
 ``gloo::transport::tcp::UnboundBuffer::waitRecv`` until the peer's bytes have arrived on the
-connection. ``bpf/gloo.bpf.c`` times that function with a uprobe and a uretprobe on the library
-that holds gloo (PyTorch's ``libtorch_cpu.so``), summed per process. The program is compiled
+connection, and in ``waitSend`` until its own have gone, which gloo's TCP transport does only
+once the peer has posted the matching receive. ``bpf/gloo.bpf.c`` times both functions with a
+uprobe and a uretprobe each on the library that holds gloo (PyTorch's ``libtorch_cpu.so``),
+summed per process: which of the two a rank waits in depends on its place in the
+collective's algorithm (docs/detection.md). The program is compiled
 and loaded on a thread of its own when the first process is asked about (a compile takes
 seconds: the detection's round does not wait for it; a process has no value until then);
 each library file is probed once, whichever process led to it.
@@ -33,6 +36,12 @@ SOURCE = "gloo.bpf.c"
 WAIT_RECV = (
     "_ZN4gloo9transport3tcp13UnboundBuffer8waitRecvEPiNSt6chrono8durationIlSt5ratioILl1ELl1000EEEE"
 )
+#: gloo::transport::tcp::UnboundBuffer::waitSend(int*, std::chrono::milliseconds).
+WAIT_SEND = (
+    "_ZN4gloo9transport3tcp13UnboundBuffer8waitSendEPiNSt6chrono8durationIlSt5ratioILl1ELl1000EEEE"
+)
+#: The functions timed: a thread running a collective waits for its peers in one of them.
+WAITS = (WAIT_RECV, WAIT_SEND)
 #: Library file names that hold gloo in PyTorch's builds (checked for the symbol).
 LIBRARIES = ("libtorch_cpu", "libgloo")
 
@@ -161,11 +170,21 @@ class GlooWaits:
         else:
             lib = _Library(fd)
             try:
-                symbol_offset(lib.path, WAIT_RECV)  # no gloo in this build: nothing to probe
+                for symbol in WAITS:  # no gloo in this build: nothing to probe
+                    symbol_offset(lib.path, symbol)
                 program = self._program
                 assert program is not None
-                program.attach_uprobe(lib.path, WAIT_RECV, "bpfdyno_gl_enter")
-                program.attach_uprobe(lib.path, WAIT_RECV, "bpfdyno_gl_leave", retprobe=True)
+                attached: list[tuple[str, bool]] = []
+                try:
+                    for symbol in WAITS:
+                        program.attach_uprobe(lib.path, symbol, "bpfdyno_gl_enter")
+                        attached.append((symbol, False))
+                        program.attach_uprobe(lib.path, symbol, "bpfdyno_gl_leave", retprobe=True)
+                        attached.append((symbol, True))
+                except BpfLoadError:
+                    for symbol, retprobe in attached:  # all or none
+                        program.detach_uprobe(lib.path, symbol, retprobe=retprobe)
+                    raise
             except (UprobeError, BpfLoadError) as e:
                 os.close(fd)
                 if not isinstance(e, UprobeError):  # the probes refused: said once per file
@@ -208,7 +227,8 @@ class GlooWaits:
 
     def _drop(self, key: tuple[int, int], lib: _Library) -> None:
         if self._program is not None:
-            for retprobe in (False, True):
-                self._program.detach_uprobe(lib.path, WAIT_RECV, retprobe=retprobe)
+            for symbol in WAITS:
+                for retprobe in (False, True):
+                    self._program.detach_uprobe(lib.path, symbol, retprobe=retprobe)
         os.close(lib.fd)
         self._libraries.pop(key, None)
