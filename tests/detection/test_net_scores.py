@@ -6,15 +6,21 @@ the links 0-1, 1-2, 2-3 and 3-0, in both directions."""
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
+from pathlib import Path
 
 import pytest
 
+from bpfdyno.core.status import PartState
+from bpfdyno.detection.collector import DetectionCollector
 from bpfdyno.detection.detector import RETX_FLOOR_PER_S, RTT_FLOOR_MS, SCORES, StragglerDetector
+from bpfdyno.detection.events import EventLog
 from bpfdyno.detection.outliers import outliers
 from bpfdyno.detection.signals import RankSignals, from_record, to_record
 from bpfdyno.rpc.detection import DetectionKind, NetLink
 from bpfdyno.rpc.v1 import detection_pb2
 from bpfdyno.rpc.wire import from_pb, to_pb
+from bpfdyno.sources.net.decode import TcpConnection
 
 ADDR = {r: f"10.18.0.{10 + r}" for r in range(4)}
 PAIRS = ((0, 1), (1, 2), (2, 3), (3, 0))
@@ -140,3 +146,24 @@ def test_the_links_go_to_the_job_s_other_agents_and_come_back_the_same() -> None
     unknown = to_record(signals({r: None for r in range(4)})[0], "node-a", 100.0)
     assert (unknown.net_links, unknown.net_links_known) == ((), False)
     assert from_record(unknown).net_links is None
+
+
+class Stopped:
+    """A net collector that is not running."""
+
+    def connections_of(self, pids: Collection[int]) -> tuple[float, list[TcpConnection]] | None:
+        return None
+
+
+def test_without_a_running_net_collector_the_detection_says_so_and_goes_on(
+    tmp_path: Path,
+) -> None:
+    c = DetectionCollector(
+        lambda: [], EventLog(16), "node-a", proc_root=tmp_path, connections=Stopped()
+    )
+    assert c.health() is None
+    c.collect()
+    assert c.health() == (
+        PartState.DEGRADED,
+        "network scores unavailable: the net collector is not running",
+    )
