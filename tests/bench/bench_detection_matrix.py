@@ -203,12 +203,13 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     base = short_base()
     job = StragglerJob(base, RANKS, CPUS, interrupts=True, loader_workers=1)
+    # The detection and the net collector its network scores read, at their defaults.
     text = job.agent.config.read_text()
-    job.agent.config.write_text(
-        text.replace(
-            "[collectors.detection]\nenabled = false", "[collectors.detection]\nenabled = true"
+    for name in ("detection", "net"):
+        text = text.replace(
+            f"[collectors.{name}]\nenabled = false", f"[collectors.{name}]\nenabled = true"
         )
-    )
+    job.agent.config.write_text(text)
     rows: list[dict[str, Any]] = []
     out = open(args.out, "a")  # noqa: SIM115 (open for the whole run)
 

@@ -249,6 +249,9 @@ def build(cfg: Config) -> Assembly:
                 if d.gloo_peer_waits
                 else None
             ),
+            # The ranks' TCP connections as the net collector last read them: the network
+            # scores.
+            connections=net,
         )
         if on("detection")
         else None

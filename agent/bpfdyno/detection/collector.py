@@ -20,6 +20,7 @@ from bpfdyno.detection import metrics as m
 from bpfdyno.detection.detector import DetectorSettings, StragglerDetector
 from bpfdyno.detection.events import EventLog
 from bpfdyno.detection.hang import HangSettings, HangWatch
+from bpfdyno.detection.net_signal import ConnectionSource
 from bpfdyno.detection.outliers import Hysteresis, State
 from bpfdyno.detection.signals import (
     CollectiveSource,
@@ -62,6 +63,8 @@ class DetectionCollector(Collector):
     peers: the same jobs' ranks on other nodes, pulled from their agents (`rank_signals`
         is what this node gives them).
     peer_waits: gloo ranks' waits for their peers' data (`bpfdyno.sources.gloo`).
+    connections: the net collector's last reading of the ranks' TCP connections, for the
+        network scores (`bpfdyno.detection.net_signal`).
     """
 
     name = "detection"
@@ -77,6 +80,7 @@ class DetectionCollector(Collector):
         collectives: CollectiveSource | None = None,
         peers: Callable[[], Iterable[RankSignals]] | None = None,
         peer_waits: PeerWaitSource | None = None,
+        connections: ConnectionSource | None = None,
     ) -> None:
         settings = settings or DetectionSettings()
         self._ranks = ranks
@@ -86,7 +90,7 @@ class DetectionCollector(Collector):
         self._latest: tuple[float, list[RankSignals]] = (0.0, [])
         self.events = events
         self._peer_waits = peer_waits
-        self.sampler = SignalSampler(proc_root, collectives, peer_waits)
+        self.sampler = SignalSampler(proc_root, collectives, peer_waits, connections)
         self.detector = StragglerDetector(host, settings.detector)
         self.hangs = HangWatch(host, settings.hang, proc_root)
 
@@ -104,8 +108,11 @@ class DetectionCollector(Collector):
             labels = {"job_id": s.job_id, "rank": str(s.rank)}
             state = self.detector.state_of(s.job_id, s.rank).state
             jobs.add(s.job_id)
+            net = self.detector.net_scores_of(s.job_id, s.rank)
             out += [
                 sample(m.RANK_CPU_WAIT, s.cpu_wait_share, labels),
+                sample(m.RANK_NET_RTT, net.rtt_s, labels),
+                sample(m.RANK_NET_RETRANSMITS, net.retransmits_per_s, labels),
                 sample(m.RANK_IO, s.io_bytes / s.interval_s, labels),
                 sample(m.SUSPECTED, float(state is not State.OK), labels),
                 sample(m.CONFIRMED, float(state is State.CONFIRMED), labels),
@@ -123,10 +130,15 @@ class DetectionCollector(Collector):
         return out
 
     def health(self) -> tuple[PartState, str] | None:
-        """Degraded while gloo's peer waits cannot be timed (the rest goes on)."""
+        """Degraded while gloo's peer waits cannot be timed or the ranks' connections are
+        not known (the rest goes on)."""
+        reasons = []
         if self._peer_waits is not None and self._peer_waits.error:
-            return PartState.DEGRADED, f"gloo peer waits unavailable: {self._peer_waits.error}"
-        return None
+            reasons.append(f"gloo peer waits unavailable: {self._peer_waits.error}")
+        links = self.sampler.links
+        if links is not None and links.error:
+            reasons.append(f"network scores unavailable: {links.error}")
+        return (PartState.DEGRADED, "; ".join(reasons)) if reasons else None
 
     def close(self) -> None:
         """Detach gloo's probes."""

@@ -36,6 +36,25 @@ RANK_IO = TABLE.declare(
     "the last detection interval: 0 for all of a job's ranks while it hangs.",
     ("job_id", "rank"),
 )
+RANK_NET_RTT = TABLE.declare(
+    "rank_net_rtt_seconds",
+    MetricKind.GAUGE,
+    "seconds",
+    "A training rank's network RTT score over the last detection interval: the least "
+    "smoothed TCP RTT among its links to its job's other ranks that moved bytes (high only "
+    "when every such link is slow); NaN without TCP connection data (the net collector off, "
+    "a job on RDMA).",
+    ("job_id", "rank"),
+)
+RANK_NET_RETRANSMITS = TABLE.declare(
+    "rank_net_retransmits_per_second",
+    MetricKind.RATE,
+    "retransmits/s",
+    "A training rank's network loss score over the last detection interval: the fewest TCP "
+    "retransmits per second (both ends' sockets) among its links to its job's other ranks "
+    "that moved bytes; NaN without TCP connection data.",
+    ("job_id", "rank"),
+)
 SUSPECTED = TABLE.declare(
     "straggler_suspected",
     MetricKind.GAUGE,

@@ -21,7 +21,9 @@ nothing is attached and nothing runs between readings:
   runnable, so its time is part of the run-queue wait; this says why the rank waited.
 
 Collective times from NCCL come from another module through `CollectiveSource`, gloo's peer
-waits through `PeerWaitSource`; without one those fields are NaN.
+waits through `PeerWaitSource`; without one those fields are NaN. The rank's TCP connections
+over the interval come from the net collector's last reading (`bpfdyno.detection.net_signal`:
+its links and the network scores the detector makes of the job's links); without it, None.
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 from bpfdyno.core import pidfs
-from bpfdyno.rpc.detection import RankSignal
+from bpfdyno.detection.net_signal import ConnectionSource, LinkSampler, LinkScores
+from bpfdyno.rpc.detection import NetLink, RankSignal
 from bpfdyno.tracing.capture.cpu_quota import CpuQuotaReader
 
 NAN = float("nan")
@@ -94,6 +97,10 @@ class RankSignals:
         peer_wait_s: thread-seconds its threads waited for their peers' data on the job's
             peer connections, from a `PeerWaitSource` (gloo; NaN without one).
         host: "" for this node's ranks, the peer's host for a rank pulled from a peer.
+        net_links: its TCP connections over the net collector's last interval (None: not
+            known, the collector is off or not running).
+        net: its network scores among its job's ranks (`net_signal.link_scores`), filled in
+            by the detector; NaN until then.
     """
 
     job_id: str
@@ -110,6 +117,8 @@ class RankSignals:
     late_s: float = NAN
     host: str = ""  # "" on this node; a peer agent's host for signals pulled from it
     peer_wait_s: float = NAN
+    net_links: tuple[NetLink, ...] | None = None
+    net: LinkScores = field(default_factory=LinkScores)
 
     @property
     def cpu_wait_share(self) -> float:
@@ -202,6 +211,7 @@ class SignalSampler:
         proc_root: ``/proc`` (a fixture tree in tests).
         collectives: collective times per pid, when a module provides them.
         peer_waits: gloo's peer waits per pid, when a module provides them.
+        connections: the net collector's last reading of the ranks' TCP connections.
     """
 
     def __init__(
@@ -209,10 +219,12 @@ class SignalSampler:
         proc_root: Path = Path("/proc"),
         collectives: CollectiveSource | None = None,
         peer_waits: PeerWaitSource | None = None,
+        connections: ConnectionSource | None = None,
     ) -> None:
         self._proc = proc_root
         self._collectives = collectives
         self._peer_waits = peer_waits
+        self.links = LinkSampler(connections) if connections is not None else None
         self._quota = CpuQuotaReader(proc_root)
         self._last: dict[int, tuple[int, _Reading]] = {}  # pid -> (start ticks, reading)
         #: (pid, start) -> (RANK, the job's key from the environment), or None: not a rank.
@@ -246,6 +258,10 @@ class SignalSampler:
         self._ranks = {k: v for k, v in self._ranks.items() if k[0] in seen}
         if self._peer_waits is not None:
             self._peer_waits.forget(set(seen))
+        if self.links is not None:
+            links = self.links.sample(set(seen))
+            if links is not None:
+                out = [replace(s, net_links=links.get(s.pid, ())) for s in out]
         return out
 
     def _read(self, pid: int, now_mono: float) -> _Reading | None:
@@ -338,6 +354,8 @@ def to_record(s: RankSignals, host: str, end_unix: float) -> RankSignal:
         in_collective_seconds=None if math.isnan(s.in_collective_s) else s.in_collective_s,
         late_seconds=None if math.isnan(s.late_s) else s.late_s,
         peer_wait_seconds=None if math.isnan(s.peer_wait_s) else s.peer_wait_s,
+        net_links=s.net_links or (),
+        net_links_known=s.net_links is not None,
     )
 
 
@@ -358,4 +376,5 @@ def from_record(r: RankSignal) -> RankSignals:
         late_s=NAN if r.late_seconds is None else r.late_seconds,
         host=r.host,
         peer_wait_s=NAN if r.peer_wait_seconds is None else r.peer_wait_seconds,
+        net_links=r.net_links if r.net_links_known else None,
     )

@@ -93,6 +93,18 @@ class ListEventsResponse:
     events: tuple[DetectionEvent, ...] = ()
 
 
+@record(pb.NetLink)
+class NetLink:
+    """One TCP connection of a rank over one interval (``srtt_seconds`` None: never sampled)."""
+
+    local_address: str
+    remote_address: str
+    srtt_seconds: float | None = None
+    retransmits: int = 0
+    moved_bytes: int = 0
+    seconds: float = 0.0
+
+
 @record(pb.RankSignal)
 class RankSignal:
     """What one rank did in one interval, as a job's agents exchange it (times in seconds;
@@ -112,6 +124,8 @@ class RankSignal:
     in_collective_seconds: float | None = None
     late_seconds: float | None = None
     peer_wait_seconds: float | None = None
+    net_links: tuple[NetLink, ...] = ()
+    net_links_known: bool = False  # False: no net data, network scores NaN
 
 
 @record(pb.GetRankSignalsRequest, zero_is_default=True)

@@ -104,6 +104,16 @@ def test_tcp_bytes_connections_and_lifecycle_are_exact(
         (accepted,) = KernelService(recorder, net=net).list_connections(pid=server.pid)
         assert (accepted.sport, accepted.dport, accepted.passive) == (port, local, True)
         assert (accepted.tx_bytes, accepted.rx_bytes) == (REPLY, SENT)
+        # The detection's reading: only the asked processes' connections, with when the
+        # collection read them.
+        before = time.monotonic()
+        net.collect()
+        reading = net.connections_of({client.pid})
+        assert reading is not None
+        at, only_client = reading
+        assert before <= at <= time.monotonic()
+        assert only_client == conns
+        assert net.connections_of(set()) == (at, [])
 
         table = ProcessTable(top_n=1, net=net.per_process, pinned=lambda: {client.pid})
         row = next(r for r in table.refresh().rows if r.pid == client.pid)

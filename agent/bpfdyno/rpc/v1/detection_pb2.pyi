@@ -104,7 +104,7 @@ class ListEventsResponse(_message.Message):
     def __init__(self, events: _Optional[_Iterable[_Union[DetectionEvent, _Mapping]]] = ...) -> None: ...
 
 class RankSignal(_message.Message):
-    __slots__ = ("job_id", "rank", "pid", "host", "end_unix_seconds", "interval_seconds", "oncpu_seconds", "runq_wait_seconds", "main_waiting_seconds", "throttled_seconds", "io_bytes", "in_collective_seconds", "late_seconds", "peer_wait_seconds")
+    __slots__ = ("job_id", "rank", "pid", "host", "end_unix_seconds", "interval_seconds", "oncpu_seconds", "runq_wait_seconds", "main_waiting_seconds", "throttled_seconds", "io_bytes", "in_collective_seconds", "late_seconds", "peer_wait_seconds", "net_links", "net_links_known")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,8 @@ class RankSignal(_message.Message):
     IN_COLLECTIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LATE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PEER_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NET_LINKS_FIELD_NUMBER: _ClassVar[int]
+    NET_LINKS_KNOWN_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     pid: int
@@ -133,7 +135,9 @@ class RankSignal(_message.Message):
     in_collective_seconds: float
     late_seconds: float
     peer_wait_seconds: float
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., end_unix_seconds: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., oncpu_seconds: _Optional[float] = ..., runq_wait_seconds: _Optional[float] = ..., main_waiting_seconds: _Optional[float] = ..., throttled_seconds: _Optional[float] = ..., io_bytes: _Optional[int] = ..., in_collective_seconds: _Optional[float] = ..., late_seconds: _Optional[float] = ..., peer_wait_seconds: _Optional[float] = ...) -> None: ...
+    net_links: _containers.RepeatedCompositeFieldContainer[NetLink]
+    net_links_known: bool
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., end_unix_seconds: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., oncpu_seconds: _Optional[float] = ..., runq_wait_seconds: _Optional[float] = ..., main_waiting_seconds: _Optional[float] = ..., throttled_seconds: _Optional[float] = ..., io_bytes: _Optional[int] = ..., in_collective_seconds: _Optional[float] = ..., late_seconds: _Optional[float] = ..., peer_wait_seconds: _Optional[float] = ..., net_links: _Optional[_Iterable[_Union[NetLink, _Mapping]]] = ..., net_links_known: _Optional[bool] = ...) -> None: ...
 
 class GetRankSignalsRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -146,3 +150,19 @@ class GetRankSignalsResponse(_message.Message):
     SIGNALS_FIELD_NUMBER: _ClassVar[int]
     signals: _containers.RepeatedCompositeFieldContainer[RankSignal]
     def __init__(self, signals: _Optional[_Iterable[_Union[RankSignal, _Mapping]]] = ...) -> None: ...
+
+class NetLink(_message.Message):
+    __slots__ = ("local_address", "remote_address", "srtt_seconds", "retransmits", "moved_bytes", "seconds")
+    LOCAL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SRTT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RETRANSMITS_FIELD_NUMBER: _ClassVar[int]
+    MOVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    local_address: str
+    remote_address: str
+    srtt_seconds: float
+    retransmits: int
+    moved_bytes: int
+    seconds: float
+    def __init__(self, local_address: _Optional[str] = ..., remote_address: _Optional[str] = ..., srtt_seconds: _Optional[float] = ..., retransmits: _Optional[int] = ..., moved_bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...

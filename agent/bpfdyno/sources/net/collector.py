@@ -20,7 +20,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +202,9 @@ class NetCollector(Collector):
         self._prev_t = 0.0
         self._procs: dict[int, ProcNet] = {}
         self._socks: list[Any] = []  # struct net_sock values of the last collection
+        #: (when the last collection read the socket map, monotonic; its sockets): swapped
+        #: whole, so a reader on another thread gets one collection's pair.
+        self._socks_read: tuple[float, list[Any]] = (0.0, [])
         self.plan: Plan | None = None
         #: Why the collector is not running ("" while it runs).
         self.unavailable_reason = "not started"
@@ -333,7 +336,7 @@ class NetCollector(Collector):
             self._program.close()
             self._program = None
             self._events = None
-        self._procs, self._socks = {}, []
+        self._procs, self._socks, self._socks_read = {}, [], (0.0, [])
         self.unavailable_reason = "stopped"
 
     # -- reading -----------------------------------------------------------------------------
@@ -354,6 +357,7 @@ class NetCollector(Collector):
         # just the state and RTT of each socket.
         socks = [v for _, v in map_items(program.table(_SOCKS)) if v.flags & NET_SOCK_TUPLE]
         self._socks = socks
+        self._socks_read = (now, socks)
         self.drain_events()
 
         out = self._rate_samples(totals, drops, dt_s)
@@ -437,6 +441,22 @@ class NetCollector(Collector):
             if c is not None:
                 conns.append(c)
         return conns
+
+    def connections_of(self, pids: Collection[int]) -> tuple[float, list[TcpConnection]] | None:
+        """The tracked TCP connections of ``pids`` as of the last collection, with when that
+        read the socket map (monotonic seconds); None while the collector is not running.
+        Only these processes' sockets are decoded (the detection asks for its ranks' every
+        interval, on a node that may hold thousands of others)."""
+        if self._program is None:
+            return None
+        at, socks = self._socks_read
+        conns = []
+        for v in socks:
+            if v.tgid in pids:
+                c = connection_from_leaf(v, self._clock)
+                if c is not None:
+                    conns.append(c)
+        return at, conns
 
     def counter(self, name: str) -> int:
         """Current host-wide value of one ``enum net_counter`` slot (e.g. for tests)."""

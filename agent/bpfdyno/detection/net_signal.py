@@ -1,0 +1,157 @@
+"""Per-rank network scores: the rank common to the job's slow or lossy links.
+
+A rank held back by its link (added latency, a bandwidth cap, loss at its receiver or on its
+wire) sleeps in its collectives like its peers, so neither CPU score sees it. What does see it
+is the kernel's view of the job's TCP connections, which the net collector already keeps per
+socket (`bpfdyno.sources.net`): the smoothed RTT from the sampled ``tcp_probe``, the
+retransmits, the bytes moved. A fault on one rank's link shows on *every* connection of that
+rank, but on only one connection of each healthy rank: the one to it.
+
+So the connections are joined into **links between addresses** (a rank's address is the local
+address of its connections; a connection belongs to the job when its remote address is another
+of the job's ranks'; both ends' sockets of a link, and every connection between the same two
+addresses, make one link), each link is judged over the interval, and a rank's score is its
+*best* link that moved bytes (the least RTT, the fewest retransmits per second): only a rank
+whose every active link is slow or lossy scores high. The best, not the median: in a ring
+all-reduce a rank moves data on two links only, one of them to its faulted neighbour, and the
+median of two is half the fault (measurements in docs/detection.md).
+
+- **RTT** of a link: the largest smoothed RTT among its sockets that moved bytes in the
+  interval. The socket that sends the data has fresh RTT samples; one that only acknowledges
+  keeps the RTT of its handshake, so the largest is the data sender's.
+- **Retransmits** of a link: the sum over its sockets, per second. Loss on the way *to* a rank
+  makes its senders retransmit; the ACKs it loses make its own sends' tail probes fire: both
+  count on the rank's links.
+
+Ranks that share an address (several ranks of one node talking to other nodes through its
+NIC) share its links and its score: the fault is then the node's link, and every rank behind
+it is held back alike. Connections within one address (loopback, ranks of one node) are not
+links. A rank without net data (the collector off, a job on RDMA without TCP connections to
+its peers) scores NaN, never 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from bpfdyno.rpc.detection import NetLink
+from bpfdyno.sources.net.decode import TcpConnection
+
+NAN = float("nan")
+ESTABLISHED = "ESTABLISHED"
+
+
+class ConnectionSource(Protocol):
+    """The net collector's latest reading of some processes' TCP connections."""
+
+    def connections_of(self, pids: Collection[int]) -> tuple[float, list[TcpConnection]] | None:
+        """(when the socket map was read, monotonic seconds; the connections), None while
+        the collector is not running."""
+        ...
+
+
+_Key = tuple[int, str, int, str, int]  # pid, local address and port, remote address and port
+
+
+class LinkSampler:
+    """Each interval, every rank's connections with what they did since the last reading.
+
+    It reads what the net collector read last (no second copy of the collection); when that
+    reading has not changed since the last call (the collector runs less often than the
+    detection), the last interval's links are given again.
+    """
+
+    def __init__(self, source: ConnectionSource) -> None:
+        self._source = source
+        self._read_at = -1.0
+        self._counters: dict[_Key, tuple[int, int]] = {}  # retransmits, bytes
+        self._links: dict[int, tuple[NetLink, ...]] = {}
+        #: Why there are no links ("" while the collector gives them).
+        self.error = ""
+
+    def sample(self, pids: Collection[int]) -> dict[int, tuple[NetLink, ...]] | None:
+        """Per pid, its established connections' links (a pid with none: empty); None when
+        the collector gives nothing."""
+        reading = self._source.connections_of(pids)
+        if reading is None:
+            self.error = "the net collector is not running"
+            return None
+        self.error = ""
+        at, conns = reading
+        if at == self._read_at:
+            return {pid: self._links.get(pid, ()) for pid in pids}
+        seconds = at - self._read_at if self._read_at >= 0 else 0.0
+        counters: dict[_Key, tuple[int, int]] = {}
+        links: dict[int, list[NetLink]] = {pid: [] for pid in pids}
+        for c in conns:
+            if c.state != ESTABLISHED or c.pid not in links:
+                continue
+            key = (c.pid, c.saddr, c.sport, c.daddr, c.dport)
+            now = (c.retransmits, c.tx_bytes + c.rx_bytes)
+            counters[key] = now
+            before = self._counters.get(key)
+            if before is None or seconds <= 0:
+                continue  # first seen: its counters are the base of the next interval
+            links[c.pid].append(
+                NetLink(
+                    local_address=c.saddr,
+                    remote_address=c.daddr,
+                    srtt_seconds=None if math.isnan(c.srtt_s) else c.srtt_s,
+                    retransmits=max(0, now[0] - before[0]),
+                    moved_bytes=max(0, now[1] - before[1]),
+                    seconds=seconds,
+                )
+            )
+        self._read_at, self._counters = at, counters
+        self._links = {pid: tuple(v) for pid, v in links.items()}
+        return dict(self._links)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkScores:
+    """A rank's network scores over one interval (NaN: no active link of the job)."""
+
+    rtt_s: float = NAN  # the least RTT of its active links
+    retransmits_per_s: float = NAN  # the fewest retransmits per second of its active links
+
+
+def link_scores(ranks: Mapping[int, Iterable[NetLink] | None]) -> dict[int, LinkScores]:
+    """Each rank's scores from the job's ranks' links (None: that rank's are not known)."""
+    addresses: dict[int, set[str]] = {}
+    for rank, links in ranks.items():
+        if links is not None:
+            addresses[rank] = {link.local_address for link in links}
+    known = set().union(*addresses.values()) if addresses else set()
+    # Per link between two of the job's addresses (unordered), its sockets that moved bytes.
+    active: dict[frozenset[str], list[NetLink]] = {}
+    for links in ranks.values():
+        for link in links or ():
+            if link.remote_address not in known or link.remote_address == link.local_address:
+                continue
+            if link.moved_bytes <= 0 and link.retransmits <= 0:
+                continue  # idle: its RTT is an old one
+            active.setdefault(frozenset((link.local_address, link.remote_address)), []).append(link)
+    judged = {pair: _judge(sockets) for pair, sockets in active.items()}
+    out: dict[int, LinkScores] = {}
+    for rank in ranks:
+        mine = [v for pair, v in judged.items() if pair & addresses.get(rank, set())]
+        if not mine:
+            out[rank] = LinkScores()
+            continue
+        rtts = [rtt for rtt, _ in mine if not math.isnan(rtt)]
+        out[rank] = LinkScores(
+            rtt_s=min(rtts) if rtts else NAN, retransmits_per_s=min(r for _, r in mine)
+        )
+    return out
+
+
+def _judge(sockets: list[NetLink]) -> tuple[float, float]:
+    """(RTT, retransmits per second) of one link from its sockets that moved bytes."""
+    rtts = [s.srtt_seconds for s in sockets if s.srtt_seconds is not None]
+    # Both ends' sockets and every connection between the two addresses: one link. Their
+    # intervals are the same readings (one collector), so the rates add.
+    per_s = sum(s.retransmits / s.seconds for s in sockets if s.seconds > 0)
+    return (max(rtts) if rtts else NAN), per_s

@@ -1,0 +1,170 @@
+"""The network scores: a rank's connections over an interval (`LinkSampler`) and the job's
+links joined into per-rank scores (`link_scores`), with exact values."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+
+from bpfdyno.detection.net_signal import LinkSampler, LinkScores, link_scores
+from bpfdyno.rpc.detection import NetLink
+from bpfdyno.sources.net.decode import TcpConnection
+
+NAN = float("nan")
+
+
+def conn(
+    pid: int,
+    local: str,
+    remote: str,
+    sport: int = 40000,
+    dport: int = 50000,
+    tx: int = 0,
+    rx: int = 0,
+    retx: int = 0,
+    srtt: float = NAN,
+    state: str = "ESTABLISHED",
+) -> TcpConnection:
+    return TcpConnection(
+        pid=pid, comm="python", family="ipv4", saddr=local, sport=sport, daddr=remote,
+        dport=dport, state=state, tx_bytes=tx, rx_bytes=rx, retransmits=retx, srtt_s=srtt,
+        snd_cwnd=10, established_ts_ns=0, passive=False,
+    )  # fmt: skip
+
+
+class Readings:
+    """A net collector's successive readings, as `connections_of` gives them."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+        self.conns: list[TcpConnection] = []
+        self.running = True
+        self.asked: list[set[int]] = []
+
+    def connections_of(self, pids: Collection[int]) -> tuple[float, list[TcpConnection]] | None:
+        self.asked.append(set(pids))
+        if not self.running:
+            return None
+        return self.at, [c for c in self.conns if c.pid in pids]
+
+
+def test_the_sampler_gives_each_connection_s_interval_from_the_collector_s_readings() -> None:
+    src = Readings()
+    sampler = LinkSampler(src)
+    src.at, src.conns = (
+        10.0,
+        [
+            conn(1, "10.0.0.1", "10.0.0.2", tx=1000, rx=200, retx=1, srtt=0.001),
+            conn(2, "10.0.0.2", "10.0.0.1", sport=50000, dport=40000, tx=200, rx=1000),
+        ],
+    )
+    # The first reading is the base: known connections, no interval yet.
+    assert sampler.sample({1, 2}) == {1: (), 2: ()}
+    src.at, src.conns = (
+        15.0,
+        [
+            conn(1, "10.0.0.1", "10.0.0.2", tx=6000, rx=700, retx=4, srtt=0.021),
+            conn(2, "10.0.0.2", "10.0.0.1", sport=50000, dport=40000, tx=200, rx=6000),
+            conn(2, "10.0.0.2", "10.0.0.3", sport=50001, tx=300),  # new: a base only
+            conn(2, "10.0.0.2", "10.0.0.4", sport=50002, tx=300, state="SYN_SENT"),
+        ],
+    )
+    assert sampler.sample({1, 2}) == {
+        1: (NetLink("10.0.0.1", "10.0.0.2", 0.021, retransmits=3, moved_bytes=5500, seconds=5.0),),
+        2: (NetLink("10.0.0.2", "10.0.0.1", None, retransmits=0, moved_bytes=5000, seconds=5.0),),
+    }
+    # The collector has not read its maps again: the same interval once more.
+    again = sampler.sample({1, 2})
+    assert again[1][0].moved_bytes == 5500 and again[2][0].moved_bytes == 5000
+    src.at, src.conns[0] = 17.5, conn(1, "10.0.0.1", "10.0.0.2", tx=6000, rx=700, retx=4)
+    assert sampler.sample({1}) == {
+        1: (NetLink("10.0.0.1", "10.0.0.2", None, retransmits=0, moved_bytes=0, seconds=2.5),)
+    }
+
+
+def test_without_the_net_collector_the_links_are_not_known_and_it_says_why() -> None:
+    src = Readings()
+    src.running = False
+    sampler = LinkSampler(src)
+    assert sampler.sample({1}) is None
+    assert sampler.error == "the net collector is not running"
+    src.running = True
+    assert sampler.sample({1}) == {1: ()}
+    assert sampler.error == ""
+
+
+ADDR = {r: f"10.18.0.{10 + r}" for r in range(4)}
+
+
+def link(a: int, b: int, srtt: float | None, retx: int = 0, moved: int = 4000) -> NetLink:
+    """Rank ``a``'s socket to rank ``b`` over a 5 s interval."""
+    return NetLink(ADDR[a], ADDR[b], srtt, retransmits=retx, moved_bytes=moved, seconds=5.0)
+
+
+def ring(
+    rtt: dict[tuple[int, int], float], retx: dict[tuple[int, int], int]
+) -> dict[int, list[NetLink]]:
+    """A 4-rank ring (0 -> 1 -> 2 -> 3 -> 0): each rank sends data to the next (its socket
+    has RTT samples) and acknowledges the previous (its socket keeps its handshake's RTT,
+    1 ms); idle connections to the rank across (no bytes moved)."""
+    out: dict[int, list[NetLink]] = {r: [] for r in range(4)}
+    for a in range(4):
+        b, prev, across = (a + 1) % 4, (a - 1) % 4, (a + 2) % 4
+        out[a].append(link(a, b, rtt.get((a, b), 0.002), retx.get((a, b), 0)))
+        out[a].append(link(a, prev, 0.001, retx.get((a, prev), 0)))
+        out[a].append(link(a, across, 0.5, moved=0))  # idle: its RTT is not counted
+    return out
+
+
+def test_the_rank_whose_every_active_link_is_slow_scores_its_rtt_its_neighbours_do_not() -> None:
+    # 20 ms more on what rank 1 sends: its data to rank 2, its ACKs to rank 0 (rank 0's RTT).
+    scores = link_scores(ring({(1, 2): 0.022, (0, 1): 0.0215}, {}))
+    assert {r: s.rtt_s for r, s in scores.items()} == {0: 0.002, 1: 0.0215, 2: 0.002, 3: 0.002}
+
+
+def test_loss_counts_on_both_ends_links_the_fewest_per_second_is_the_rank_s_score() -> None:
+    # 15 % of what rank 1 receives dropped: rank 0 re-sends its data to it (60 in 5 s), rank 1
+    # re-sends (tail probes) what rank 2's lost ACKs left unacknowledged (10), and the link
+    # 2-3 had 5 (noise).
+    scores = link_scores(ring({}, {(0, 1): 60, (1, 2): 10, (2, 3): 5}))
+    assert {r: s.retransmits_per_s for r, s in scores.items()} == {0: 0.0, 1: 2.0, 2: 1.0, 3: 0.0}
+
+
+def test_connections_outside_the_job_within_one_address_or_idle_are_not_links() -> None:
+    links = {
+        0: [
+            link(0, 1, 0.002),
+            NetLink(ADDR[0], "192.0.2.7", 0.3, moved_bytes=100, seconds=5.0),  # not a rank's
+            NetLink(ADDR[0], ADDR[0], 0.9, moved_bytes=100, seconds=5.0),  # within its address
+        ],
+        1: [link(1, 0, None), link(1, 2, 0.7, moved=0)],
+        2: [link(2, 1, 0.7, moved=0)],
+    }
+    scores = link_scores(links)
+    assert scores[0] == LinkScores(rtt_s=0.002, retransmits_per_s=0.0)
+    assert scores[1] == LinkScores(rtt_s=0.002, retransmits_per_s=0.0)
+    assert math.isnan(scores[2].rtt_s) and math.isnan(scores[2].retransmits_per_s)
+
+
+def test_a_rank_without_net_data_scores_nan_never_zero() -> None:
+    scores = link_scores({0: [link(0, 1, 0.002)], 1: [link(1, 0, 0.002)], 2: None})
+    assert scores[0] == LinkScores(0.002, 0.0)
+    assert math.isnan(scores[2].rtt_s) and math.isnan(scores[2].retransmits_per_s)
+    # A link whose sockets were never sampled for RTT: retransmits known, RTT not.
+    only = link_scores({0: [link(0, 1, None)], 1: [link(1, 0, None)]})
+    assert math.isnan(only[0].rtt_s) and only[0].retransmits_per_s == 0.0
+
+
+def test_ranks_sharing_an_address_share_its_links() -> None:
+    # Two nodes, two ranks each: every rank's connection to the other node is the nodes' link.
+    a, b = "10.1.0.1", "10.1.0.2"
+    links = {
+        0: [NetLink(a, b, 0.030, moved_bytes=10, seconds=5.0)],
+        1: [NetLink(a, b, 0.031, moved_bytes=10, seconds=5.0)],
+        2: [NetLink(b, a, 0.001, moved_bytes=10, seconds=5.0)],
+        3: [NetLink(b, a, 0.001, retransmits=5, moved_bytes=10, seconds=5.0)],
+    }
+    scores = link_scores(links)
+    assert {r: (s.rtt_s, s.retransmits_per_s) for r, s in scores.items()} == {
+        r: (0.031, 1.0) for r in range(4)
+    }
