@@ -253,9 +253,9 @@ def test_a_throttled_disk_under_a_rank_s_reads(job: StragglerJob) -> None:
     assert (cause.cause, syscall) == ("disk", "pread64"), describe(trace)
     # Under load the reads' wake-ups also wait for the CPU the job's own threads hold: said
     # beside the system call, and counted with the disk (the reads' own sake).
-    assert not waited or re.fullmatch(
-        r"waited [0-9.]+ (µs|ms|s) for the CPU held by .+", waited
-    ), cause.detail
+    assert not waited or re.fullmatch(r"waited [0-9.]+ (µs|ms|s) for the CPU held by .+", waited), (
+        cause.detail
+    )
     # 1 MiB a step at 5 MiB/s: 200 ms of each step in the disk's queue, most of the time lost.
     assert f.causes[0].seconds >= 0.5 * f.seconds, describe(trace)
     assert_worst_inside_windows(trace, f)
