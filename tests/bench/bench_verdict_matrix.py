@@ -82,8 +82,10 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -510,6 +512,7 @@ def main() -> None:
                             if args.describe:
                                 print(describe(trace), flush=True)
                             headline = trace.verdict.headline
+                            step_ms = job_step_ms(trace.verdict)
                             shares = [f.share for f in trace.verdict.stragglers]
                             named = sorted(findings(trace))
                             throttled = {
@@ -519,6 +522,7 @@ def main() -> None:
                             }  # fmt: skip
                         except Exception as e:  # one run's failure is counted, not fatal
                             headline = f"{type(e).__name__}: {str(e)[:300]}"
+                            step_ms = None
                             blind = True  # start the job afresh
                         judged = outcome
                         if watch.seen and outcome != "error":
@@ -540,7 +544,8 @@ def main() -> None:
                             "run": run, "outcome": outcome, "shares": shares, "named": named,
                             "throttled": throttled, "sched_lost": blind and outcome != "error",
                             "sched_incomplete": incomplete,
-                            "headline": headline, "seconds": round(time.monotonic() - started, 1),
+                            "headline": headline, "step_ms": step_ms,
+                            "seconds": round(time.monotonic() - started, 1),
                             "load": os.getloadavg()[0], "judged": judged,
                             "foreign": {str(k): v for k, v in watch.seen.items()},
                             "expected": c.expect(rank), "kept": kept,
@@ -588,7 +593,60 @@ def rejudge(record: dict[str, object]) -> dict[str, object]:
         "shares": [f.share for f in verdict.stragglers],
         "named": sorted(found),
         "headline": verdict.headline,
+        "step_ms": job_step_ms(verdict),
     }
+
+
+def job_step_ms(verdict: Verdict) -> float | None:
+    """The job's step (ms): the median of its ranks' median steps (None: no rank had one)."""
+    steps = [t.step_seconds for t in verdict.ranks if t.step_seconds > 0]
+    return round(statistics.median(steps) * 1000, 1) if steps else None
+
+
+def step_of(record: dict[str, object]) -> float | None:
+    """A run's job step (ms): recorded, or (records from before it was) the one a verdict of
+    no straggler states in its headline ("... of a 58.8 ms step")."""
+    if isinstance(record.get("step_ms"), (int, float)):
+        return float(record["step_ms"])  # type: ignore[arg-type]
+    m = re.search(r"of a ([0-9.]+) (µs|ms|s) step", str(record.get("headline", "")))
+    if m is None:
+        return None
+    return float(m[1]) * {"µs": 1e-3, "ms": 1.0, "s": 1e3}[m[2]]
+
+
+def bite(records: list[dict[str, object]]) -> None:
+    """Did each fault slow the job at all? A fault that leaves the job's step within what
+    the healthy runs took cannot be named, and "no straggler" is then the true answer: per
+    class and strength, the job's median step against the slowest healthy run's, and the
+    runs called "no straggler" whose job was not slower than that."""
+    healthy = [x for r in records if str(r["class"]).startswith("healthy") if (x := step_of(r))]
+    if not healthy:
+        print("\nno healthy run with a step: the faults' effect is not judged")
+        return
+    ceiling = max(healthy)
+    print(
+        f"\nhealthy runs' job step: median {statistics.median(healthy):.1f} ms, "
+        f"{min(healthy):.1f}-{ceiling:.1f} ms ({len(healthy)} runs)"
+    )
+    print("\n| class | strength | runs with a step | job step, ms (median, range) "
+          "| slower than every healthy run | no straggler, not slower |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    rows: dict[tuple[str, str], list[dict[str, object]]] = defaultdict(list)
+    for r in records:
+        if not str(r["class"]).startswith("healthy") and r["outcome"] != "disturbed":
+            rows[(str(r["class"]), str(r["strength"]))].append(r)
+    for (name, strength), runs in rows.items():
+        steps = [(x, r) for r in runs if (x := step_of(r)) is not None]
+        if not steps:
+            continue
+        values = [x for x, _ in steps]
+        slower = sum(1 for x in values if x > ceiling)
+        quiet_none = sum(1 for x, r in steps if x <= ceiling and r["outcome"] == "none")
+        print(
+            f"| {name} | {strength or '-'} | {len(steps)} of {len(runs)} | "
+            f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f}) | "
+            f"{slower} | {quiet_none} |"
+        )
 
 
 def report(records: list[dict[str, object]]) -> None:
@@ -625,6 +683,7 @@ def report(records: list[dict[str, object]]) -> None:
     loads = [float(str(r["load"])) for r in records]
     if loads:
         print(f"load average during the runs: {min(loads):.1f}-{max(loads):.1f}")
+    bite(records)
 
 
 if __name__ == "__main__":
