@@ -91,12 +91,13 @@ def main() -> int:
     args = p.parse_args()
     base = short_base()
     job = StragglerJob(base, 4, CPUS)
+    # The detection and the net collector its network scores read, at their defaults.
     text = job.agent.config.read_text()
-    job.agent.config.write_text(
-        text.replace(
-            "[collectors.detection]\nenabled = false", "[collectors.detection]\nenabled = true"
+    for name in ("detection", "net"):
+        text = text.replace(
+            f"[collectors.{name}]\nenabled = false", f"[collectors.{name}]\nenabled = true"
         )
-    )
+    job.agent.config.write_text(text)
     rows = []
     try:
         job.start()
