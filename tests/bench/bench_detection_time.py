@@ -5,7 +5,8 @@ Run as root, as one command: ``python tests/bench/bench_detection_time.py [--inj
 
 It starts the job of `tests/tracing/straggler_job.py` (4 ranks on gloo, each in its own network
 namespace; rank 2 alone on CPU 1, the others on CPU 0) with an agent running only the tracing
-component and the detection collector at its defaults (5 s interval, suspected at 2 of 6
+component, the detection collector and the net collector its network scores read, at their
+defaults (5 s interval, suspected at 2 of 6
 outlier intervals, confirmed at 3, cleared at 1 or fewer), watches ``--healthy`` seconds (once
 the start-up's suspicions cleared) for events (each printed with other work's share of the
 rank's CPU in the 15 s before it: see the e2e test; with ``--load N``, N busy processes at
