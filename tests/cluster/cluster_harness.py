@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -398,6 +398,41 @@ class NodeAgent:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+@contextlib.contextmanager
+def node_agents(
+    base: Path,
+    pki: Pki,
+    trace_dir: Path,
+    slurm: SlurmCluster,
+    extra_config: tuple[str, ...] = (),
+) -> Iterator[dict[str, NodeAgent]]:
+    """An agent per node, all on one free port, started and ready; stopped on leaving.
+
+    Each has, as a site runs them, SLURM's configuration and the client side of the agents'
+    TLS in its environment (its detection reaches its job's other agents with them)."""
+    port = free_port(list(ADDRESSES.values()))
+    env = {
+        "SLURM_CONF": str(slurm.conf),
+        "BPFDYNO_TLS_CA": str(pki.ca),
+        "BPFDYNO_TOKEN_FILE": str(pki.token),
+    }
+    nodes = {
+        n: NodeAgent(
+            n, ADDRESSES[n], port, base, pki, trace_dir, env=env, extra_config=extra_config
+        )
+        for n in NODES
+    }
+    try:
+        for a in nodes.values():
+            a.start()
+        for a in nodes.values():
+            a.wait_ready()
+        yield nodes
+    finally:
+        for a in nodes.values():
+            a.stop()
 
 
 # -- trainer jobs ------------------------------------------------------------------------------

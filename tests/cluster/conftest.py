@@ -12,15 +12,13 @@ from pathlib import Path
 
 import pytest
 from cluster_harness import (
-    ADDRESSES,
-    NODES,
     NodeAgent,
     Pki,
     SlurmCluster,
     TrainerJob,
     cleanup,
-    free_port,
     make_pki,
+    node_agents,
     submit_trainers,
     wait_registered,
     write_wrapper,
@@ -72,25 +70,8 @@ def trace_dir(cluster_base: Path) -> Path:
 def agents(
     cluster_base: Path, pki: Pki, trace_dir: Path, slurm: SlurmCluster
 ) -> Iterator[dict[str, NodeAgent]]:
-    port = free_port(list(ADDRESSES.values()))
-    # As a site runs them: SLURM's configuration, and the client side of the agents' TLS.
-    env = {
-        "SLURM_CONF": str(slurm.conf),
-        "BPFDYNO_TLS_CA": str(pki.ca),
-        "BPFDYNO_TOKEN_FILE": str(pki.token),
-    }
-    nodes = {
-        n: NodeAgent(n, ADDRESSES[n], port, cluster_base, pki, trace_dir, env=env) for n in NODES
-    }
-    try:
-        for a in nodes.values():
-            a.start()
-        for a in nodes.values():
-            a.wait_ready()
+    with node_agents(cluster_base, pki, trace_dir, slurm) as nodes:
         yield nodes
-    finally:
-        for a in nodes.values():
-            a.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -20,13 +20,12 @@ from pathlib import Path
 import grpc
 import pytest
 from cluster_harness import (
-    ADDRESSES,
     NODES,
     NodeAgent,
     Pki,
     SlurmCluster,
     cleanup,
-    free_port,
+    node_agents,
     submit_trainers,
     wait_registered,
 )
@@ -53,26 +52,8 @@ AUTO_TRACE = ("[detection]", "auto_trace = true", "auto_trace_seconds = 2")
 def auto_agents(
     cluster_base: Path, pki: Pki, trace_dir: Path, slurm: SlurmCluster
 ) -> Iterator[dict[str, NodeAgent]]:
-    base = cluster_base / "auto"
-    port = free_port(list(ADDRESSES.values()))
-    env = {
-        "SLURM_CONF": str(slurm.conf),
-        "BPFDYNO_TLS_CA": str(pki.ca),
-        "BPFDYNO_TOKEN_FILE": str(pki.token),
-    }
-    nodes = {
-        n: NodeAgent(n, ADDRESSES[n], port, base, pki, trace_dir, env=env, extra_config=AUTO_TRACE)
-        for n in NODES
-    }
-    try:
-        for a in nodes.values():
-            a.start()
-        for a in nodes.values():
-            a.wait_ready()
+    with node_agents(cluster_base / "auto", pki, trace_dir, slurm, AUTO_TRACE) as nodes:
         yield nodes
-    finally:
-        for a in nodes.values():
-            a.stop()
 
 
 def events(agent: NodeAgent, job: str) -> list[DetectionEvent]:

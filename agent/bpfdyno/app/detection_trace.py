@@ -280,29 +280,11 @@ class AutoTrace:
         if missing:
             head += f" (not traced: {'; '.join(missing)})"
         if not files or not verdict.ranks:
-            return DetectionEvent(
-                DetectionKind.TRACED,
-                e.job_id,
-                e.rank,
-                e.pid,
-                self._host,
-                time.time(),
-                summary=f"{head}: no file written, no verdict",
-                trace_id=here.trace_id,
-                trace_files=tuple(files),
+            return self._traced(
+                e, here.trace_id, files, None, f"{head}: no file written, no verdict"
             )
-        return DetectionEvent(
-            DetectionKind.TRACED,
-            e.job_id,
-            e.rank,
-            e.pid,
-            self._host,
-            time.time(),
-            summary=f"{head}: verdict: {verdict.headline}",
-            trace_id=here.trace_id,
-            trace_files=tuple(files),
-            verdict_text=verdict_text(verdict),
-            verdict=verdict,
+        return self._traced(
+            e, here.trace_id, files, verdict, f"{head}: verdict: {verdict.headline}"
         )
 
     def traced_event(self, e: DetectionEvent, summary: TraceSummary) -> DetectionEvent:
@@ -312,17 +294,27 @@ class AutoTrace:
         head = f"job {e.job_id} rank {e.rank}: automatic trace {summary.trace_id}"
         if not written or summary.verdict is None:
             why = "; ".join(p.error for p in summary.processes) or "no process was traced"
-            return DetectionEvent(
-                DetectionKind.TRACED,
-                e.job_id,
-                e.rank,
-                e.pid,
-                self._host,
-                time.time(),
-                summary=f"{head}: no file written, no verdict: {why}",
-                trace_id=summary.trace_id,
+            return self._traced(
+                e, summary.trace_id, (), None, f"{head}: no file written, no verdict: {why}"
             )
         v = summary.verdict
+        return self._traced(
+            e,
+            summary.trace_id,
+            files,
+            v,
+            f"{head} of {len(files)} rank(s) on this node: verdict: {v.headline}",
+        )
+
+    def _traced(
+        self,
+        e: DetectionEvent,
+        trace_id: str,
+        files: Sequence[str],
+        verdict: Verdict | None,
+        summary: str,
+    ) -> DetectionEvent:
+        """A ``traced`` event of confirmation ``e`` (``verdict`` None: none to attach)."""
         return DetectionEvent(
             DetectionKind.TRACED,
             e.job_id,
@@ -330,11 +322,11 @@ class AutoTrace:
             e.pid,
             self._host,
             time.time(),
-            summary=f"{head} of {len(files)} rank(s) on this node: verdict: {v.headline}",
-            trace_id=summary.trace_id,
-            trace_files=files,
-            verdict_text=verdict_text(v),
-            verdict=v,
+            summary=summary,
+            trace_id=trace_id,
+            trace_files=tuple(files),
+            verdict_text=verdict_text(verdict) if verdict is not None else "",
+            verdict=verdict,
         )
 
 
