@@ -91,8 +91,9 @@ DROPPED = _declare(
     "1",
     "Kernel-side losses since start: exit_map_full (an exited thread's times were lost; raise "
     "[sched] max_exits), ringbuf_full (an exec/exit event was dropped; raise [sched] "
-    "ringbuf_pages), task_storage (no task-local storage for a thread's state, so an exiting "
-    "thread may be counted twice for one interval; rare: the kernel refuses it when short of "
-    "memory or when another task-storage call is in progress on that CPU).",
+    "ringbuf_pages), task_storage (no task-local storage for a thread's state, so the "
+    "blocked time reported for it may go back by a few microseconds between two reads; rare: "
+    "the kernel refuses it when short of memory or when another task-storage call is in "
+    "progress on that CPU).",
     "reason",
 )
