@@ -676,6 +676,17 @@ class BpfProgram:
         return self._compiled
 
 
+def loaded_program_ids(program: BpfProgram | None) -> frozenset[int]:
+    """The kernel's ids of ``program``'s functions loaded now (none when it is None or was
+    closed meanwhile: any thread may ask while another closes it)."""
+    if program is None:
+        return frozenset()
+    try:
+        return frozenset(program.program_ids().values())
+    except RuntimeError:  # closed meanwhile
+        return frozenset()
+
+
 def _close_link(link: int | None) -> None:
     """Detach what an fd keeps attached (a raw tracepoint's or a perf event's)."""
     if link is not None:

@@ -32,7 +32,7 @@ from bpfdyno.core.text import shown_c_string
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.headers import header_defines, header_enum, header_text
 from bpfdyno.ebpf.maps import map_items, percpu_sums
-from bpfdyno.ebpf.program import BpfProgram, RingBuffer
+from bpfdyno.ebpf.program import BpfProgram, RingBuffer, loaded_program_ids
 from bpfdyno.ebpf.tracefs import TracefsError, ensure_tracefs, read_format
 from bpfdyno.sources.net.decode import AF_INET6, format_addr, state_name
 from bpfdyno.sources.net.plan import enum_names, format_fields
@@ -223,13 +223,7 @@ class KernelCapture:
 
     def loaded_ids(self) -> frozenset[int]:
         """The kernel's ids of its functions loaded now (any thread; none once closed)."""
-        program = self._program
-        if program is None:
-            return frozenset()
-        try:
-            return frozenset(program.program_ids().values())
-        except RuntimeError:  # closed meanwhile
-            return frozenset()
+        return loaded_program_ids(self._program)
 
     def close(self) -> None:
         """Detach and unload (idempotent)."""

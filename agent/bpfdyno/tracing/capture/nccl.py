@@ -38,7 +38,7 @@ from bpfdyno.core.workers import DaemonExecutor
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.headers import header_enum, header_text
 from bpfdyno.ebpf.maps import percpu_sums
-from bpfdyno.ebpf.program import BpfProgram, RingBuffer
+from bpfdyno.ebpf.program import BpfProgram, RingBuffer, loaded_program_ids
 from bpfdyno.ebpf.uprobe import mapped_library
 from bpfdyno.tracing.capture.records import NcclCall, TrackStats
 
@@ -204,13 +204,7 @@ class NcclCapture:
 
     def loaded_ids(self) -> frozenset[int]:
         """The kernel's ids of its functions loaded now (any thread; none once closed)."""
-        program = self._program
-        if program is None:
-            return frozenset()
-        try:
-            return frozenset(program.program_ids().values())
-        except RuntimeError:  # closed meanwhile
-            return frozenset()
+        return loaded_program_ids(self._program)
 
     def close(self) -> None:
         """Detach and unload (idempotent)."""
