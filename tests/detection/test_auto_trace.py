@@ -22,17 +22,32 @@ def event(kind: DetectionKind, job: str, rank: int, pid: int) -> DetectionEvent:
     return DetectionEvent(kind, job, rank, pid, "node-a", 1.7e9, f"job {job} rank {rank}")
 
 
-async def test_a_confirmed_straggler_traces_its_job_once_per_window(tmp_path: Path) -> None:
+def tracing_service(tmp_path: Path, timeout_s: float, trace_dir: Path) -> TracingService:
+    """The real tracing service over an empty /proc under ``tmp_path``, writing into
+    ``trace_dir``."""
     (tmp_path / "proc").mkdir()
-    traces = tmp_path / "traces"
-    traces.mkdir()
-    svc = TracingService(
+    return TracingService(
         allowed_dirs=[str(tmp_path)],
-        default_timeout_s=60.0,
+        default_timeout_s=timeout_s,
         registry=TrainerRegistry(),
-        trace_dir=str(traces),
+        trace_dir=str(trace_dir),
         proc_root=tmp_path / "proc",
     )
+
+
+async def first_traced(log: EventLog) -> DetectionEvent:
+    """The first ``traced`` event the log holds, once there is one."""
+    while True:
+        got = [e for e in log.held() if e.kind is DetectionKind.TRACED]
+        if got:
+            return got[0]
+        await asyncio.sleep(0.05)
+
+
+async def test_a_confirmed_straggler_traces_its_job_once_per_window(tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    svc = tracing_service(tmp_path, 60.0, traces)
     # Job 1818's four ranks (more than a request's default limit of 3), job 999's one.
     ranks = {"1818": [10, 12, 13, 14], "999": [11]}
     for job, pids in ranks.items():
@@ -76,14 +91,7 @@ async def test_a_confirmed_straggler_traces_its_job_once_per_window(tmp_path: Pa
 async def test_a_job_with_no_trainer_here_is_audited_as_nothing_and_not_retried(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "proc").mkdir()
-    svc = TracingService(
-        allowed_dirs=[str(tmp_path)],
-        default_timeout_s=60.0,
-        registry=TrainerRegistry(),
-        trace_dir=str(tmp_path),
-        proc_root=tmp_path / "proc",
-    )
+    svc = tracing_service(tmp_path, 60.0, tmp_path)
     auto = AutoTrace(svc, 5, 3600.0, EventLog(), "node-a", job_ranks=lambda job: [])
     await auto.start()
     auto.on_events([event(DetectionKind.CONFIRMED, "5", 1, 77)])
@@ -101,14 +109,7 @@ async def test_a_trace_that_wrote_no_file_posts_a_traced_event_without_a_verdict
 ) -> None:
     """The trainer takes its config (it polls) but never writes its file: the trace times
     out, and the event says so, naming the trace and the process's state."""
-    (tmp_path / "proc").mkdir()
-    svc = TracingService(
-        allowed_dirs=[str(tmp_path)],
-        default_timeout_s=1.0,
-        registry=TrainerRegistry(),
-        trace_dir=str(tmp_path),
-        proc_root=tmp_path / "proc",
-    )
+    svc = tracing_service(tmp_path, 1.0, tmp_path)
     svc.on_request(b"\0dynoconfigclient-10\0", KinetoRequest(IDLE, 1818, (10,)))
     log = EventLog()
     auto = AutoTrace(svc, 5, 3600.0, log, "node-a", job_ranks=lambda job: [10])
@@ -117,14 +118,7 @@ async def test_a_trace_that_wrote_no_file_posts_a_traced_event_without_a_verdict
     checks = asyncio.create_task(svc.tracker.run_file_checks())  # as the tracing part runs it
     await asyncio.to_thread(log.add, [event(DetectionKind.CONFIRMED, "1818", 2, 10)])
 
-    async def traced() -> DetectionEvent:
-        while True:
-            got = [e for e in log.held() if e.kind is DetectionKind.TRACED]
-            if got:
-                return got[0]
-            await asyncio.sleep(0.05)
-
-    e = await asyncio.wait_for(traced(), 30)
+    e = await asyncio.wait_for(first_traced(log), 30)
     (trace_id,) = auto.started
     assert (e.job_id, e.rank, e.pid, e.host, e.trace_id) == ("1818", 2, 10, "node-a", trace_id)
     assert (e.trace_files, e.verdict_text, e.verdict) == ((), "", None)
@@ -140,14 +134,7 @@ async def test_a_trace_that_wrote_no_file_posts_a_traced_event_without_a_verdict
 async def test_a_timed_trace_starts_every_rank_at_one_moment(tmp_path: Path) -> None:
     """With auto_trace_seconds, a duration trace with one start time for all the job's ranks,
     far enough ahead for their next poll and Kineto's warm-up."""
-    (tmp_path / "proc").mkdir()
-    svc = TracingService(
-        allowed_dirs=[str(tmp_path)],
-        default_timeout_s=60.0,
-        registry=TrainerRegistry(),
-        trace_dir=str(tmp_path),
-        proc_root=tmp_path / "proc",
-    )
+    svc = tracing_service(tmp_path, 60.0, tmp_path)
     for pid in (10, 12):
         name = f"\0dynoconfigclient-{pid}\0".encode()
         svc.on_request(name, KinetoRequest(IDLE, 1818, (pid,)))
@@ -185,14 +172,7 @@ async def test_a_job_wide_trace_names_the_peer_it_could_not_trace(tmp_path: Path
     traced (it never writes: the trace times out), and the event names the peer and why."""
     from bpfdyno.app.detection_peers import Peer
 
-    (tmp_path / "proc").mkdir()
-    svc = TracingService(
-        allowed_dirs=[str(tmp_path)],
-        default_timeout_s=1.0,
-        registry=TrainerRegistry(),
-        trace_dir=str(tmp_path),
-        proc_root=tmp_path / "proc",
-    )
+    svc = tracing_service(tmp_path, 1.0, tmp_path)
     svc.on_request(b"\0dynoconfigclient-10\0", KinetoRequest(IDLE, 1818, (10,)))
     log = EventLog()
     nobody = Peer("127.0.0.1:9", "node-b", "1818")  # the discard port: nothing listens
@@ -205,14 +185,7 @@ async def test_a_job_wide_trace_names_the_peer_it_could_not_trace(tmp_path: Path
     checks = asyncio.create_task(svc.tracker.run_file_checks())
     await asyncio.to_thread(log.add, [event(DetectionKind.CONFIRMED, "1818", 2, 10)])
 
-    async def traced() -> DetectionEvent:
-        while True:
-            got = [e for e in log.held() if e.kind is DetectionKind.TRACED]
-            if got:
-                return got[0]
-            await asyncio.sleep(0.05)
-
-    e = await asyncio.wait_for(traced(), 60)
+    e = await asyncio.wait_for(first_traced(log), 60)
     (trace_id,) = auto.started
     assert (e.rank, e.trace_id, e.trace_files, e.verdict) == (2, trace_id, (), None)
     head = f"job 1818 rank 2: automatic trace {trace_id} of 0 rank(s) on 0 node(s) (not traced: "
