@@ -86,14 +86,15 @@ def _openssl(d: Path, *args: str) -> None:
     subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
 
 
-def make_pki(d: Path) -> Pki:
-    """A CA and one server certificate valid for every node's address; a token, a wrong one."""
+def make_pki(d: Path, addresses: Sequence[str] = tuple(ADDRESSES.values())) -> Pki:
+    """A CA and one server certificate valid for every node's address (``addresses``); a
+    token, a wrong one."""
     d.mkdir(parents=True, exist_ok=True)
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
     for ca in ("ca", "other-ca"):
         _openssl(d, "req", "-x509", *ec, "-keyout", f"{ca}.key", "-out", f"{ca}.pem",
                  "-days", "2", "-subj", f"/CN=bpfdyno-test-{ca}")  # fmt: skip
-    sans = ",".join(["DNS:localhost", *(f"IP:{a}" for a in ADDRESSES.values())])
+    sans = ",".join(["DNS:localhost", *(f"IP:{a}" for a in addresses)])
     (d / "server.ext").write_text(f"subjectAltName={sans}\n")
     _openssl(d, "req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=node")
     _openssl(d, "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
@@ -302,6 +303,8 @@ class NodeAgent:
     env: dict[str, str] = field(default_factory=dict)
     #: Lines appended to its configuration (sections of a test's own).
     extra_config: tuple[str, ...] = ()
+    #: The network namespace it runs in ("": this one).
+    netns: str = ""
     proc: subprocess.Popen[str] | None = None
     log: Path = field(init=False)
 
@@ -348,8 +351,9 @@ class NodeAgent:
         try:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("KINETO_", "SLURM_"))}
             env.update(self.env)
+            netns = ["ip", "netns", "exec", self.netns] if self.netns else []
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bpfdyno", "serve", "--config", str(self.config)],
+                [*netns, sys.executable, "-m", "bpfdyno", "serve", "--config", str(self.config)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 text=True,

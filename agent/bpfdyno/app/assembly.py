@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
@@ -27,6 +27,7 @@ from bpfdyno.sources.base import Collector
 
 if TYPE_CHECKING:
     from bpfdyno.app.daemon import Daemon
+    from bpfdyno.rpc.detection import RankSignal
     from bpfdyno.sources.budget.controller import BudgetCollector
     from bpfdyno.sources.procs.table import ProcessTable
 
@@ -86,8 +87,9 @@ def profiling_controls(
 def build(cfg: Config) -> Assembly:
     """Create every enabled part of the daemon from the configuration (nothing is started)."""
     # Imported here so `bpfdyno status` and other client commands never load bcc or NVML.
-    from bpfdyno.app.detection_peers import PeerSignals, SlurmPeers, own_port
+    from bpfdyno.app.detection_peers import PeerSignals, SlurmPeers, ask_ranks, own_port
     from bpfdyno.app.detection_trace import AutoTrace
+    from bpfdyno.app.rank_peers import ConnectionPeers, PeerTrust, parse_networks
     from bpfdyno.app.tracing import TracingComponent
     from bpfdyno.detection.collector import DetectionCollector, DetectionSettings
     from bpfdyno.detection.events import EventLog
@@ -203,6 +205,19 @@ def build(cfg: Config) -> Assembly:
             jobs=lambda: {r.job_id for r in detection.rank_signals()} if detection else (),
             discovery=(
                 SlurmPeers(own_port(cfg.grpc.tcp), [cfg.grpc.tcp] if cfg.grpc.tcp else [])
+                if d.discover_peers
+                else None
+            ),
+            # A job no scheduler names: its other agents from its ranks' connections, asked
+            # only under the trust rule (docs/security.md).
+            rank_pids=lambda: _pids_by_job(detection.rank_signals() if detection else ()),
+            connections=(
+                ConnectionPeers(
+                    own_port(cfg.grpc.tcp),
+                    PeerTrust.from_env(parse_networks(d.peer_networks)),
+                    partial(ask_ranks, timeout_s=max(1.0, cfg.collector_interval("detection") / 2)),
+                    [cfg.grpc.tcp] if cfg.grpc.tcp else [],
+                )
                 if d.discover_peers
                 else None
             ),
@@ -339,6 +354,14 @@ def build(cfg: Config) -> Assembly:
         asm.sinks.append(JsonlExporter(cfg.export.jsonl))
     asm.sinks += _metric_exporters(cfg, table, asm.demand)
     return asm
+
+
+def _pids_by_job(signals: Iterable[RankSignal]) -> dict[str, list[int]]:
+    """The pids of this node's ranks, by job id."""
+    out: dict[str, list[int]] = {}
+    for s in signals:
+        out.setdefault(s.job_id, []).append(s.pid)
+    return out
 
 
 def _metric_exporters(

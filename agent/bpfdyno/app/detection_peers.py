@@ -4,8 +4,10 @@ ranks, not only those on its node (docs/detection.md, "Across nodes").
 Which agents: the configured ``[detection] peers`` when the list is not empty (an override),
 else the other nodes of the SLURM jobs this node's ranks belong to (`SlurmPeers`: the rank's
 ``$SLURM_JOB_ID`` → the job's nodes, as ``bpfdyno gputrace --job-id`` finds them, each
-reached at this agent's own gRPC TCP port). A job known only by torchrun's run id or its
-rendezvous address names no other node, so it has no discovered peers.
+reached at this agent's own gRPC TCP port), and for a job known only by torchrun's run id or
+its rendezvous address, the agents at the addresses its ranks' own TCP connections lead to
+that hold ranks of the same job (`bpfdyno.app.rank_peers.ConnectionPeers`, under the trust
+rule of `PeerTrust`).
 
 Every interval, each peer is asked `Detection.GetRankSignals` with the client every tool uses
 (`bpfdyno.client.agent.AgentClient`: a Unix socket, or TCP with the TLS and token its
@@ -22,9 +24,10 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from bpfdyno.app.rank_peers import Candidate, ConnectionPeers
 from bpfdyno.client.agent import AgentClient
 from bpfdyno.client.cluster.nodes import (
     DEFAULT_AGENT_PORT,
@@ -110,6 +113,16 @@ class _Lookup:
     at: float  # monotonic time of the lookup
     peers: tuple[Peer, ...]
     error: str = ""
+    #: Addresses a job's ranks talk to that are not its peers, and why (connections only).
+    ignored: tuple[Candidate, ...] = ()
+    note: str = ""  # what a bounded lookup left out
+
+
+async def ask_ranks(target: str, job_id: str, timeout_s: float) -> int:
+    """How many ranks of ``job_id`` the agent at ``target`` holds (the normal client, the
+    agent's TLS and token environment)."""
+    async with AgentClient(target, timeout_s=timeout_s) as client:
+        return len(await asyncio.wait_for(client.rank_signals(job_id), timeout_s))
 
 
 class PeerSignals:
@@ -119,7 +132,10 @@ class PeerSignals:
         targets: configured peers; when not empty they are the peers and nothing is looked up.
         interval_s: the detection's interval.
         jobs: the job ids of this node's ranks (for discovery).
-        discovery: where a job's other nodes come from (None: only configured peers).
+        discovery: where a SLURM job's other nodes come from (None: not looked up).
+        rank_pids: the pids of this node's ranks by job id (for ``connections``).
+        connections: where the other agents of a job no scheduler names come from (its
+            ranks' connections; None: not looked up).
     """
 
     name = "detection_peers"
@@ -132,12 +148,16 @@ class PeerSignals:
         jobs: Callable[[], Iterable[str]] = tuple,
         discovery: SlurmPeers | None = None,
         rediscover_s: float = REDISCOVER_S,
+        rank_pids: Callable[[], Mapping[str, Collection[int]]] = dict,
+        connections: ConnectionPeers | None = None,
     ) -> None:
         self._configured = [Peer(t, t) for t in targets]
         self._interval_s = interval_s
         self._timeout_s = max(1.0, interval_s / 2)
         self._jobs = jobs
         self._discovery = discovery if not targets else None
+        self._rank_pids = rank_pids
+        self._connections = connections if not targets else None
         self._rediscover_s = rediscover_s
         self._lookups: dict[str, _Lookup] = {}  # job id -> its last lookup
         self._peers: list[Peer] = list(self._configured)
@@ -181,8 +201,9 @@ class PeerSignals:
 
     def statuses(self) -> list[PartStatus]:
         peers = self._peers
+        lookups = sorted(self._lookups.items())
         problems = [f"{t}: {e}" for t, e in sorted(self._failing.items())]
-        problems += [f"job {j}: {lk.error}" for j, lk in sorted(self._lookups.items()) if lk.error]
+        problems += [f"job {j}: {lk.error}" for j, lk in lookups if lk.error]
         if problems:
             failing = len(self._failing)
             head = f"{failing} of {len(peers)} peers not answering" if failing else "peers unknown"
@@ -195,23 +216,53 @@ class PeerSignals:
                     self._pulls,
                 )
             ]
+        # An address that failed the trust rule's check degrades the part: either an agent
+        # is misconfigured or something else answers where the job's ranks talk.
+        refused = any(c.refused for _, lk in lookups for c in lk.ignored)
         return [
             PartStatus(
-                self.name, PartState.OK, self._describe(peers), self._interval_s, self._pulls
+                self.name,
+                PartState.DEGRADED if refused else PartState.OK,
+                self._describe(peers),
+                self._interval_s,
+                self._pulls,
             )
         ]
 
     def _describe(self, peers: list[Peer]) -> str:
         if self._configured:
             return f"pulling rank signals from {len(peers)} peers"
-        if self._discovery is None:
+        if self._discovery is None and self._connections is None:
             return "no peers configured: only this node's ranks are compared"
+        lookups = sorted(self._lookups.items())
+        ignored = [f"{c.target} ({c.reason})" for _, lk in lookups for c in lk.ignored]
+        notes = [f"job {j}: {lk.note}" for j, lk in lookups if lk.note]
+        tail = "".join(
+            f"; {what}"
+            for what in (
+                f"not peers: {', '.join(ignored)}" if ignored else "",
+                "; ".join(notes),
+            )
+            if what
+        )
         if not peers:
-            return "no peers: this node's ranks are in no SLURM job that has other nodes"
+            if not any(not SlurmPeers.is_slurm_job(j) for j, _ in lookups):
+                return "no peers: this node's ranks are in no SLURM job that has other nodes" + tail
+            return (
+                "no peers: no agent at the addresses this node's ranks talk to holds "
+                "ranks of their jobs" + tail
+            )
         got = dict(self._got)
         each = ", ".join(f"{p.name}: {len(got.get(p.target, (0.0, []))[1])} ranks" for p in peers)
-        jobs = ", ".join(sorted({p.job_id for p in peers}))
-        return f"pulling rank signals from {len(peers)} peers of SLURM job {jobs} ({each})"
+        jobs = sorted({p.job_id for p in peers})
+        slurm = [j for j in jobs if SlurmPeers.is_slurm_job(j)]
+        other = [j for j in jobs if not SlurmPeers.is_slurm_job(j)]
+        named = ([f"SLURM job {', '.join(slurm)}"] if slurm else []) + (
+            [f"job {', '.join(other)} (found from its ranks' connections)"] if other else []
+        )
+        return (
+            f"pulling rank signals from {len(peers)} peers of {' and '.join(named)} ({each}){tail}"
+        )
 
     async def _run(self) -> None:
         while True:
@@ -227,37 +278,102 @@ class PeerSignals:
             await asyncio.sleep(self._interval_s)
 
     async def _find_peers(self) -> list[Peer]:
-        """The configured peers, else the other nodes of this node's ranks' SLURM jobs."""
-        if self._discovery is None:
+        """The configured peers, else the other nodes of this node's ranks' jobs: from SLURM
+        for SLURM jobs, from the ranks' connections for the others."""
+        if self._discovery is None and self._connections is None:
             return list(self._configured)
-        discovery = self._discovery
-        jobs = {j for j in self._jobs() if discovery.is_slurm_job(j)}
-        self._lookups = {j: lk for j, lk in self._lookups.items() if j in jobs}
+        slurm_jobs = (
+            {j for j in self._jobs() if SlurmPeers.is_slurm_job(j)}
+            if self._discovery is not None
+            else set()
+        )
+        # A job no scheduler names: its ranks' pids here (a rank without a job key is in no
+        # job its peers could name).
+        other_jobs = (
+            {
+                j: tuple(pids)
+                for j, pids in self._rank_pids().items()
+                if j and not SlurmPeers.is_slurm_job(j)
+            }
+            if self._connections is not None
+            else {}
+        )
+        self._lookups = {
+            j: lk for j, lk in self._lookups.items() if j in slurm_jobs or j in other_jobs
+        }
         now = time.monotonic()
-        for job in sorted(jobs):
+        for job in sorted(slurm_jobs):
             last = self._lookups.get(job)
             if last is not None and now - last.at < self._rediscover_s:
                 continue
-            try:
-                # SLURM's commands block: not on the event loop.
-                found = await asyncio.to_thread(discovery.peers, job)
-            except NodeResolutionError as e:
-                if last is None or not last.error:
-                    log.warning("detection: the nodes of job %s are unknown: %s", job, e)
-                self._lookups[job] = _Lookup(now, (), str(e))
+            assert self._discovery is not None
+            self._lookups[job] = await self._slurm_lookup(self._discovery, job, last, now)
+        for job, pids in sorted(other_jobs.items()):
+            last = self._lookups.get(job)
+            if last is not None and now - last.at < self._retry_after(last):
                 continue
-            if last is None or last.peers != tuple(found):
-                log.info(
-                    "detection: job %s's other nodes: %s",
-                    job,
-                    ", ".join(f"{p.name} ({p.target})" for p in found) or "none",
-                )
-            self._lookups[job] = _Lookup(now, tuple(found))
+            assert self._connections is not None
+            self._lookups[job] = await self._connection_lookup(
+                self._connections, job, pids, last, now
+            )
         unique: dict[str, Peer] = {}
         for lk in self._lookups.values():
             for p in lk.peers:
                 unique.setdefault(p.target, p)
         return list(unique.values())
+
+    def _retry_after(self, last: _Lookup) -> float:
+        """A job's connections are looked at again after ``rediscover_s``; sooner while they
+        lead to no peer yet (the other agents may not have seen their ranks' first interval
+        when this one looked)."""
+        if last.peers:
+            return self._rediscover_s
+        return min(self._rediscover_s, max(5.0, 3 * self._interval_s))
+
+    async def _slurm_lookup(
+        self, discovery: SlurmPeers, job: str, last: _Lookup | None, now: float
+    ) -> _Lookup:
+        try:
+            # SLURM's commands block: not on the event loop.
+            found = await asyncio.to_thread(discovery.peers, job)
+        except NodeResolutionError as e:
+            if last is None or not last.error:
+                log.warning("detection: the nodes of job %s are unknown: %s", job, e)
+            return _Lookup(now, (), str(e))
+        if last is None or last.peers != tuple(found):
+            log.info(
+                "detection: job %s's other nodes: %s",
+                job,
+                ", ".join(f"{p.name} ({p.target})" for p in found) or "none",
+            )
+        return _Lookup(now, tuple(found))
+
+    async def _connection_lookup(
+        self,
+        connections: ConnectionPeers,
+        job: str,
+        pids: Sequence[int],
+        last: _Lookup | None,
+        now: float,
+    ) -> _Lookup:
+        candidates, note = await connections.candidates(job, pids)
+        found = tuple(
+            Peer(c.target, c.target.rpartition(":")[0].strip("[]"), job)
+            for c in candidates
+            if not c.reason
+        )
+        ignored = tuple(c for c in candidates if c.reason)
+        if last is None or last.peers != found or last.ignored != ignored:
+            log.info(
+                "detection: job %s's other agents, from its ranks' connections: %s%s",
+                job,
+                ", ".join(p.target for p in found) or "none",
+                "".join(f"; {c.target} {c.reason}" for c in ignored),
+            )
+        for c in ignored:
+            if c.refused and (last is None or c not in last.ignored):
+                log.warning("detection: job %s: %s %s", job, c.target, c.reason)
+        return _Lookup(now, found, ignored=ignored, note=note)
 
     async def _pull(self, target: str) -> None:
         try:

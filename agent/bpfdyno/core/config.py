@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import ipaddress
 import os
 import re
 import tomllib
@@ -467,6 +468,12 @@ class DetectionSection:
     #: $SLURM_JOB_ID, looked up with squeue/scontrol as `bpfdyno gputrace --job-id` does),
     #: each at this agent's own [grpc] tcp port, are the peers.
     discover_peers: bool = True
+    #: Networks (CIDR) whose addresses may be asked as peers when found from a job's ranks'
+    #: own TCP connections (a job no scheduler names: torchrun's), with the TLS and token of
+    #: the agent's environment, without a certificate proving the address. Outside them, a
+    #: found address is asked only after a TLS handshake verified its certificate against
+    #: $BPFDYNO_TLS_CA, for that address (docs/security.md). Empty: only verified ones.
+    peer_networks: list[str] = field(default_factory=list)
     #: Time gloo ranks' threads wait for their peers (uprobe pairs on gloo's
     #: UnboundBuffer::waitRecv and waitSend in the library that holds it, libtorch_cpu.so):
     #: the signal peer_wait_s and the score peer_wait_share.
@@ -701,6 +708,14 @@ def _validate_detection(d: DetectionSection, bad: typing.Callable[[str, str], Co
         raise bad("must be 0 (iterations) to 3600 seconds", "detection.auto_trace_seconds")
     if d.auto_trace_every_s < 0:
         raise bad("must be 0 or more seconds", "detection.auto_trace_every_s")
+    for net in d.peer_networks:
+        try:
+            ipaddress.ip_network(net.strip(), strict=False)
+        except ValueError:
+            raise bad(
+                f"must list networks like 10.0.0.0/8 or fd00::/64, got {net!r}",
+                "detection.peer_networks",
+            ) from None
     if not 1 <= d.gloo_max_ranks <= 65536:
         raise bad(f"must be in 1..65536, got {d.gloo_max_ranks}", "detection.gloo_max_ranks")
     if not 1 <= d.gloo_max_threads <= 1_048_576:

@@ -1,0 +1,385 @@
+"""A job's other agents found from its ranks' own TCP connections, for jobs no scheduler
+names (torchrun's run id, a rendezvous address): docs/detection.md, "Across nodes".
+
+The ranks of a job talk to each other (gloo's and NCCL's bootstrap connections, the
+rendezvous store), so the remote addresses of a rank's established TCP connections are the
+machines its peers run on. For each of this node's ranks of the job, the socket inodes of
+``/proc/<pid>/fd`` are matched in ``/proc/<pid>/net/tcp`` and ``tcp6`` (the tables of the
+rank's own network namespace); every remote address that is not loopback and not one of the
+namespace's own is a candidate, reached at this agent's own gRPC TCP port (a cluster runs one
+configuration).
+
+A candidate is only an address a trainer talked to, so it is not trusted with the agent's
+token (`PeerTrust`): it is asked only when its address is in ``[detection] peer_networks``,
+or when the agent's client verifies servers against a configured CA (``$BPFDYNO_TLS_CA``)
+and a TLS handshake (no token sent) proves its certificate is signed by that CA for that
+address. It is kept as a peer only when it answers `Detection.GetRankSignals` for the job
+with at least one rank: an agent that holds ranks of the same job.
+
+Bounded: at most `MAX_FDS` descriptors read per rank and `MAX_CANDIDATES` addresses per job
+(the rest named in status), each probe and question within a time-out, `PROBE_CONCURRENCY`
+at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import ssl
+import struct
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bpfdyno.client.cluster.nodes import format_target
+from bpfdyno.client.connection import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV
+from bpfdyno.client.errors import AgentError
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+#: Descriptors read per rank at most (a rank with more sockets is named in status).
+MAX_FDS = 65536
+#: Candidate addresses asked per job at most, lowest first (the rest are named in status).
+MAX_CANDIDATES = 64
+#: Candidates probed and asked at once.
+PROBE_CONCURRENCY = 16
+#: How long a TLS probe (connect and handshake) may take.
+PROBE_TIMEOUT_S = 3.0
+#: The TCP state of an established connection in /proc/net/tcp.
+TCP_ESTABLISHED = 0x01
+
+
+@dataclass(frozen=True, slots=True)
+class TcpEntry:
+    """One line of ``/proc/<pid>/net/tcp`` or ``tcp6`` (a v4-mapped IPv6 address is given
+    as its IPv4 address)."""
+
+    local: IPAddress
+    local_port: int
+    remote: IPAddress
+    remote_port: int
+    state: int
+    inode: int
+
+
+def _address(hex_text: str) -> IPAddress:
+    """An address as the kernel prints it: 32-bit words in the host's byte order."""
+    words = [int(hex_text[i : i + 8], 16) for i in range(0, len(hex_text), 8)]
+    raw = b"".join(struct.pack("=I", w) for w in words)
+    if len(raw) == 4:
+        return ipaddress.IPv4Address(raw)
+    addr = ipaddress.IPv6Address(raw)
+    return addr.ipv4_mapped or addr
+
+
+def parse_tcp_table(text: str) -> list[TcpEntry]:
+    """The entries of a ``/proc/net/tcp`` or ``tcp6`` table (the header and lines that are
+    not entries are skipped)."""
+    out: list[TcpEntry] = []
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) < 10 or not f[0].endswith(":") or not f[0][:-1].isdigit():
+            continue
+        try:
+            local, lport = f[1].split(":")
+            remote, rport = f[2].split(":")
+            if len(local) not in (8, 32) or len(remote) != len(local):
+                continue
+            out.append(
+                TcpEntry(
+                    _address(local),
+                    int(lport, 16),
+                    _address(remote),
+                    int(rport, 16),
+                    int(f[3], 16),
+                    int(f[9]),
+                )
+            )
+        except ValueError:
+            continue
+    return out
+
+
+def socket_inodes(proc_root: Path, pid: int, max_fds: int = MAX_FDS) -> tuple[set[int], bool]:
+    """The inodes of the sockets among a process's descriptors, and whether there were more
+    descriptors than ``max_fds`` (those were not read). Empty when it has gone."""
+    inodes: set[int] = set()
+    read = 0
+    try:
+        with os.scandir(f"{os.fspath(proc_root)}/{pid}/fd") as it:
+            for entry in it:
+                if read >= max_fds:
+                    return inodes, True
+                read += 1
+                try:
+                    link = os.readlink(entry.path)
+                except OSError:
+                    continue  # closed since the listing
+                if link.startswith("socket:[") and link.endswith("]"):
+                    inodes.add(int(link[8:-1]))
+    except OSError:
+        pass
+    return inodes, False
+
+
+@dataclass(frozen=True, slots=True)
+class RankRemotes:
+    """Where one rank's established TCP connections lead (its namespace's own addresses and
+    loopback left out), and whether its descriptors were more than were read."""
+
+    remotes: frozenset[IPAddress]
+    truncated: bool = False
+
+
+def rank_remotes(proc_root: Path, pid: int, max_fds: int = MAX_FDS) -> RankRemotes:
+    """The remote addresses of a rank's established TCP connections (blocking: /proc)."""
+    inodes, truncated = socket_inodes(proc_root, pid, max_fds)
+    if not inodes:
+        return RankRemotes(frozenset(), truncated)
+    entries: list[TcpEntry] = []
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            entries += parse_tcp_table(
+                Path(f"{os.fspath(proc_root)}/{pid}/net/{table}").read_text()
+            )
+    # Every address a socket of the namespace is bound to is this machine's (a connection
+    # from one of the node's ranks to another over the node's own address).
+    own = {e.local for e in entries}
+    remotes = {
+        e.remote
+        for e in entries
+        if e.inode in inodes
+        and e.state == TCP_ESTABLISHED
+        and e.remote not in own
+        and not e.remote.is_loopback
+        and not e.remote.is_unspecified
+    }
+    return RankRemotes(frozenset(remotes), truncated)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRemotes:
+    """The candidate addresses of a job: its ranks' remote addresses, at most ``cap`` (the
+    lowest), how many there were, and the ranks whose descriptors were not all read."""
+
+    addresses: tuple[IPAddress, ...]
+    total: int
+    truncated_pids: tuple[int, ...] = ()
+
+
+def job_remotes(
+    proc_root: Path,
+    pids: Iterable[int],
+    cap: int = MAX_CANDIDATES,
+    max_fds: int = MAX_FDS,
+) -> JobRemotes:
+    """The remote addresses of the established TCP connections of a job's ranks here."""
+    found: set[IPAddress] = set()
+    truncated: list[int] = []
+    for pid in sorted(set(pids)):
+        r = rank_remotes(proc_root, pid, max_fds)
+        found |= r.remotes
+        if r.truncated:
+            truncated.append(pid)
+    ordered = sorted(found, key=lambda a: (a.version, int(a)))
+    return JobRemotes(tuple(ordered[:cap]), len(ordered), tuple(truncated))
+
+
+# -- trust ------------------------------------------------------------------------------------
+
+
+def parse_networks(items: Iterable[str]) -> tuple[IPNetwork, ...]:
+    """``[detection] peer_networks`` as networks.
+
+    Raises:
+        ValueError: an item is not a network (``10.0.0.0/8``, ``fd00::/64``, an address).
+    """
+    return tuple(ipaddress.ip_network(item.strip(), strict=False) for item in items)
+
+
+@dataclass(frozen=True)
+class PeerTrust:
+    """The rule for handing the agent's token to a discovered address (docs/security.md):
+    an address in a configured network is asked as any configured peer; any other only when
+    the agent's client verifies servers against a configured CA, after a handshake has
+    proved the address's certificate (signed by that CA, naming that address).
+
+    Attributes:
+        networks: ``[detection] peer_networks``.
+        ca: the PEM bundle of ``$BPFDYNO_TLS_CA`` (None: none configured; the system's roots
+            would verify any public certificate, so they prove nothing here).
+        client_cert, client_key: ``$BPFDYNO_TLS_CERT``/``KEY`` files, offered in the probe.
+        error: why the CA could not be read ("" when it was, or none is set).
+    """
+
+    networks: tuple[IPNetwork, ...] = ()
+    ca: bytes | None = None
+    client_cert: str = ""
+    client_key: str = ""
+    error: str = ""
+
+    @classmethod
+    def from_env(cls, networks: Sequence[IPNetwork]) -> PeerTrust:
+        """The rule from the configured networks and the agent's client environment."""
+        path = os.environ.get(TLS_CA_ENV, "")
+        ca: bytes | None = None
+        error = ""
+        if path:
+            try:
+                ca = Path(path).read_bytes()
+            except OSError as e:
+                error = f"cannot read {path} named by ${TLS_CA_ENV} ({e.strerror})"
+        return cls(
+            tuple(networks),
+            ca,
+            os.environ.get(TLS_CERT_ENV, ""),
+            os.environ.get(TLS_KEY_ENV, ""),
+            error,
+        )
+
+    def in_networks(self, addr: IPAddress) -> bool:
+        return any(addr in n for n in self.networks)
+
+    def context(self) -> ssl.SSLContext | None:
+        """The probe's TLS context: the configured CA only, the address checked."""
+        if self.ca is None:
+            return None
+        ctx = ssl.create_default_context(cadata=self.ca.decode("ascii", "replace"))
+        ctx.check_hostname = True
+        ctx.set_alpn_protocols(["h2"])  # as gRPC offers it
+        if self.client_cert and self.client_key:
+            with contextlib.suppress(OSError, ssl.SSLError):
+                ctx.load_cert_chain(self.client_cert, self.client_key)
+        return ctx
+
+
+async def probe_tls(
+    host: str, port: int, ctx: ssl.SSLContext, timeout_s: float
+) -> tuple[str, bool]:
+    """A TLS handshake with ``host:port`` that sends nothing else: ``("", False)`` when its
+    certificate verifies (``ctx``'s CA, naming ``host``); else why not, and whether the
+    address failed the check (True) rather than not answering (False)."""
+    writer: asyncio.StreamWriter | None = None
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=ctx, server_hostname=host), timeout_s
+        )
+    except ssl.SSLCertVerificationError as e:
+        return f"certificate not verified: {e.verify_message or e.reason}", True
+    except ssl.SSLError as e:
+        return f"no TLS handshake: {e.reason or e}", True
+    except TimeoutError:
+        return f"no answer within {timeout_s:g} s", False
+    except OSError as e:
+        # asyncio words a refused connection "Connect call failed (addr)": the errno's text.
+        return f"no agent answers: {os.strerror(e.errno) if e.errno else e}", False
+    finally:
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+    return "", False
+
+
+# -- discovery --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """What became of one candidate address: a peer (``reason`` ""), or why not."""
+
+    target: str
+    ranks: int = 0
+    reason: str = ""
+    #: True when the address failed the trust rule's check (not merely absent or busy).
+    refused: bool = False
+
+
+#: Asks the agent at a target for a job's ranks: how many it holds (raises on no answer).
+AskRanks = Callable[[str, str], Awaitable[int]]
+
+
+class ConnectionPeers:
+    """A job's other agents, found from its ranks' connections here (see the module).
+
+    Args:
+        port: the agents' gRPC TCP port (this agent's own).
+        trust: the rule for asking a discovered address.
+        ask: how a candidate is asked for the job's ranks (the normal client's
+            `Detection.GetRankSignals` with the job filter).
+        own_targets: this agent's ``host:port`` addresses (never its own peer).
+        proc_root: where /proc is.
+        cap: addresses asked per job at most.
+    """
+
+    def __init__(
+        self,
+        port: int,
+        trust: PeerTrust,
+        ask: AskRanks,
+        own_targets: Collection[str] = (),
+        proc_root: Path = Path("/proc"),
+        cap: int = MAX_CANDIDATES,
+        probe_timeout_s: float = PROBE_TIMEOUT_S,
+    ) -> None:
+        self.port = port
+        self.trust = trust
+        self._ask = ask
+        self._own = frozenset(own_targets)
+        self._proc = proc_root
+        self._cap = cap
+        self._probe_timeout_s = probe_timeout_s
+
+    async def candidates(self, job_id: str, pids: Collection[int]) -> tuple[list[Candidate], str]:
+        """Every candidate address of the job and what became of it, and a note on what was
+        left out ("" when nothing was)."""
+        remotes = await asyncio.to_thread(job_remotes, self._proc, pids, self._cap)
+        notes = []
+        if remotes.total > len(remotes.addresses):
+            notes.append(
+                f"{remotes.total} remote addresses, only the lowest {len(remotes.addresses)} asked"
+            )
+        if remotes.truncated_pids:
+            pids_text = ", ".join(map(str, remotes.truncated_pids))
+            notes.append(f"rank pid {pids_text}: more than {MAX_FDS} descriptors, not all read")
+        targets = [format_target(str(a), self.port) for a in remotes.addresses]
+        todo = [
+            (a, t) for a, t in zip(remotes.addresses, targets, strict=True) if t not in self._own
+        ]
+        gate = asyncio.Semaphore(PROBE_CONCURRENCY)
+
+        async def one(addr: IPAddress, target: str) -> Candidate:
+            async with gate:
+                return await self.ask_candidate(job_id, addr, target)
+
+        found = await asyncio.gather(*(one(a, t) for a, t in todo))
+        return list(found), "; ".join(notes)
+
+    async def ask_candidate(self, job_id: str, addr: IPAddress, target: str) -> Candidate:
+        """What becomes of one candidate: not asked (the trust rule, and why), not an agent
+        of the job, or a peer with the job's ranks."""
+        if not self.trust.in_networks(addr):
+            ctx = self.trust.context()
+            if ctx is None:
+                why = self.trust.error or f"no CA configured (${TLS_CA_ENV})"
+                return Candidate(
+                    target, reason=f"not asked: {why} and not in [detection] peer_networks"
+                )
+            why, refused = await probe_tls(str(addr), self.port, ctx, self._probe_timeout_s)
+            if why:
+                return Candidate(target, reason=f"not asked: {why}", refused=refused)
+        try:
+            ranks = await self._ask(target, job_id)
+        except (AgentError, TimeoutError, OSError) as e:
+            return Candidate(target, reason=f"no agent answers: {_first_line(e)}")
+        if ranks == 0:
+            return Candidate(target, reason=f"an agent with no rank of job {job_id}")
+        return Candidate(target, ranks=ranks)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0]

@@ -1,0 +1,217 @@
+"""Detection peers without SLURM and without configuration: a torchrun-style job (gloo,
+env:// rendezvous, TORCHELASTIC_RUN_ID) across two network namespaces, one real agent in each
+(TCP with TLS and a token, no ``[detection] peers``). Each agent finds the other from its
+rank's own TCP connections, asks it for the job's ranks and pulls them; the addresses the ranks
+also talk to that are not agents of the job are named in status and never trusted: one where
+nothing listens on the agents' port, one where a server whose certificate the agents' CA did
+not sign does."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster_harness import NodeAgent, Pki, cleanup, make_pki, trainer_env, wait_for
+
+from bpfdyno.rpc.v1 import agent_pb2
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).resolve().parent
+RANK = HERE / "gloo_rank.py"
+#: Node A (rank 0, the rendezvous host) and node B (rank 1); .3 on B and .4 on A run no agent.
+A, B, NO_AGENT, IMPOSTOR = "10.231.7.1", "10.231.7.2", "10.231.7.3", "10.231.7.4"
+PORT = 50651  # the agents' port (fresh namespaces: free)
+SIDE_PORT = 7000  # where the ranks' extra connections go
+RUN_ID = "tp-run-42"
+
+#: A server in a namespace: holds every connection; with a certificate and key, TLS.
+LISTENER = """\
+import socket, ssl, sys
+host, port = sys.argv[1], int(sys.argv[2])
+ctx = None
+if len(sys.argv) > 3:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(sys.argv[3], sys.argv[4])
+s = socket.create_server((host, port))
+print("listening", flush=True)
+held = []
+while True:
+    c, _ = s.accept()
+    if ctx is not None:
+        try:
+            c = ctx.wrap_socket(c, server_side=True)
+        except (ssl.SSLError, OSError):
+            c.close()
+            continue
+    held.append(c)
+"""
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+@contextlib.contextmanager
+def two_nodes() -> Iterator[tuple[str, str, str, str]]:
+    """Two network namespaces joined by a veth pair: (namespace, interface) of A and B."""
+    tag = str(os.getpid() % 100000)
+    na, nb, va, vb = f"bdtp{tag}a", f"bdtp{tag}b", f"tpa{tag}", f"tpb{tag}"
+    try:
+        _ip("netns", "add", na)
+        _ip("netns", "add", nb)
+        _ip("link", "add", va, "type", "veth", "peer", "name", vb)
+        _ip("link", "set", va, "netns", na)
+        _ip("link", "set", vb, "netns", nb)
+        for ns, dev, addrs in ((na, va, (A, IMPOSTOR)), (nb, vb, (B, NO_AGENT))):
+            for addr in addrs:
+                _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+        yield na, va, nb, vb
+    finally:
+        for ns in (na, nb):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+
+
+@contextlib.contextmanager
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def listen(procs: list[subprocess.Popen[bytes]], ns: str, host: str, port: int, *tls: str) -> None:
+    p = subprocess.Popen(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", LISTENER, host, str(port), *tls],
+        stdout=subprocess.PIPE,
+    )
+    procs.append(p)
+    assert p.stdout is not None
+    assert p.stdout.readline() == b"listening\n"
+
+
+def start_rank(
+    procs: list[subprocess.Popen[bytes]],
+    ns: str,
+    dev: str,
+    rank: int,
+    agent: NodeAgent,
+    log: Path,
+    *args: str,
+    world: int = 2,
+) -> None:
+    """One rank as torchrun starts it: the env:// rendezvous variables and its run id."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BPFDYNO_", "KINETO_"))}
+    env.update(trainer_env())
+    env.update(
+        KINETO_IPC_SOCKET_DIR=str(agent.socket_dir),
+        RANK=str(rank),
+        LOCAL_RANK="0",
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR=A,
+        MASTER_PORT="29500",
+        TORCHELASTIC_RUN_ID=RUN_ID,
+        GLOO_SOCKET_IFNAME=dev,
+    )
+    with open(log, "wb") as out:
+        procs.append(
+            subprocess.Popen(
+                ["ip", "netns", "exec", ns, sys.executable, str(RANK), *args],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        )
+
+
+def _peers_part(agent: NodeAgent) -> agent_pb2.CollectorStatus:
+    (part,) = [c for c in agent.status().collectors if c.name == "detection_peers"]
+    return part
+
+
+def test_each_agent_finds_the_other_from_its_rank_s_connections_and_trusts_only_verified(
+    torch_python: str,
+) -> None:
+    base = Path(tempfile.mkdtemp(prefix="bdtp-", dir="/tmp"))
+    base.chmod(0o755)
+    try:
+        pki: Pki = make_pki(base / "pki", [A, B])
+        trace_dir = base / "traces"
+        trace_dir.mkdir()
+        # The client side of the agents' TLS, as a site gives it to every agent.
+        env = {"BPFDYNO_TLS_CA": str(pki.ca), "BPFDYNO_TOKEN_FILE": str(pki.token)}
+        with two_nodes() as (na, va, nb, vb), processes() as procs:
+            agents = {
+                name: NodeAgent(name, addr, PORT, base, pki, trace_dir, env=env, netns=ns)
+                for name, addr, ns in (("a", A, na), ("b", B, nb))
+            }
+            try:
+                for agent in agents.values():
+                    agent.start()
+                for agent in agents.values():
+                    agent.wait_ready()
+                # Rank 0 also talks to a machine with no agent; rank 1 to one where another
+                # TLS server (its own self-signed certificate) holds the agents' port.
+                listen(procs, nb, NO_AGENT, SIDE_PORT)
+                listen(procs, na, IMPOSTOR, SIDE_PORT)
+                other_key = str(pki.other_ca.with_suffix(".key"))
+                listen(procs, na, IMPOSTOR, PORT, str(pki.other_ca), other_key)
+                logs = [base / "rank-0.log", base / "rank-1.log"]
+                start_rank(
+                    procs, na, va, 0, agents["a"], logs[0], "--hold", f"{NO_AGENT}:{SIDE_PORT}"
+                )
+                start_rank(
+                    procs, nb, vb, 1, agents["b"], logs[1], "--hold", f"{IMPOSTOR}:{SIDE_PORT}"
+                )
+                found = "found from its ranks' connections"
+                expected = {
+                    "a": (
+                        agent_pb2.COLLECTOR_STATE_OK,
+                        f"pulling rank signals from 1 peers of job {RUN_ID} ({found}) "
+                        f"({B}: 1 ranks); not peers: {NO_AGENT}:{PORT} (not asked: no agent "
+                        "answers: Connection refused)",
+                    ),
+                    "b": (
+                        # Something that is no agent of the CA answers where a rank talks.
+                        agent_pb2.COLLECTOR_STATE_DEGRADED,
+                        f"pulling rank signals from 1 peers of job {RUN_ID} ({found}) "
+                        f"({A}: 1 ranks); not peers: {IMPOSTOR}:{PORT} (not asked: "
+                        "certificate not verified: self-signed certificate)",
+                    ),
+                }
+
+                def parts() -> dict[str, tuple[int, str]]:
+                    return {n: (p.state, p.reason) for n, a in agents.items()
+                            for p in [_peers_part(a)]}  # fmt: skip
+
+                try:
+                    wait_for(
+                        lambda: parts() == expected, 150, "each agent to pull the other's rank"
+                    )
+                except AssertionError:
+                    ranks = "\n".join(p.read_text(errors="replace")[-1500:] for p in logs)
+                    agent_logs = "\n".join(
+                        a.log.read_text(errors="replace")[-3000:] for a in agents.values()
+                    )
+                    raise AssertionError(
+                        f"expected {expected}\ngot {parts()}\nranks:\n{ranks}\n"
+                        f"agents:\n{agent_logs}"
+                    ) from None
+            finally:
+                for agent in agents.values():
+                    agent.stop()
+    finally:
+        cleanup(base)
