@@ -10,21 +10,27 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from cluster_harness import NodeAgent, Pki, cleanup, make_pki, trainer_env, wait_for
 
-from bpfdyno.rpc.v1 import agent_pb2
+from bpfdyno.rpc.detection import DetectionEvent, DetectionKind
+from bpfdyno.rpc.v1 import agent_pb2, detection_pb2, detection_pb2_grpc
+from bpfdyno.rpc.wire import from_pb
 
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
 RANK = HERE / "gloo_rank.py"
+LINEAR = HERE.parent / "tracing" / "trainers" / "linear.py"
 #: Node A (rank 0, the rendezvous host) and node B (rank 1); .3 on B and .4 on A run no agent.
 A, B, NO_AGENT, IMPOSTOR = "10.231.7.1", "10.231.7.2", "10.231.7.3", "10.231.7.4"
 PORT = 50651  # the agents' port (fresh namespaces: free)
@@ -214,4 +220,121 @@ def test_each_agent_finds_the_other_from_its_rank_s_connections_and_trusts_only_
                 for agent in agents.values():
                     agent.stop()
     finally:
+        cleanup(base)
+
+
+#: The trace: 2 s from one start time (the trainers' next poll and Kineto's warm-up ahead).
+AUTO_TRACE = ("[detection]", "auto_trace = true", "auto_trace_seconds = 2")
+
+
+def events(agent: NodeAgent, job: str) -> list[DetectionEvent]:
+    with grpc.insecure_channel(f"unix:{agent.sock}") as ch:
+        listed = detection_pb2_grpc.DetectionStub(ch).ListEvents(
+            detection_pb2.ListEventsRequest(job_id=job), timeout=10
+        )
+    return [from_pb(DetectionEvent, m) for m in listed.events]
+
+
+def test_a_confirmed_straggler_of_a_torchrun_job_is_traced_on_the_peer_found_from_its_ranks(
+    torch_python: str,
+) -> None:
+    """Three ranks, two on A (rank 0 spins 60 ms more per step) and one on B: A's agent
+    confirms rank 0 against its other rank and B's pulled one, and traces the job on both
+    nodes; B's rank is named to B's agent by the pid B reported (the job has no SLURM id), so
+    another trainer registered on B, of no job, is not traced."""
+    base = Path(tempfile.mkdtemp(prefix="bdtp-", dir="/tmp"))
+    base.chmod(0o755)
+    written: list[Path] = []
+    try:
+        pki = make_pki(base / "pki", [A, B])
+        trace_dir = base / "traces"
+        trace_dir.mkdir()
+        env = {"BPFDYNO_TLS_CA": str(pki.ca), "BPFDYNO_TOKEN_FILE": str(pki.token)}
+        with two_nodes() as (na, va, nb, vb), processes() as procs:
+            agents = {
+                name: NodeAgent(
+                    name, addr, PORT, base, pki, trace_dir, env=env, extra_config=AUTO_TRACE,
+                    netns=ns,
+                )
+                for name, addr, ns in (("a", A, na), ("b", B, nb))
+            }  # fmt: skip
+            try:
+                for agent in agents.values():
+                    agent.start()
+                for agent in agents.values():
+                    agent.wait_ready()
+                # A trainer of no job on B, registered with B's agent first.
+                other = os.environ | trainer_env()
+                other["KINETO_IPC_SOCKET_DIR"] = str(agents["b"].socket_dir)
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            "ip",
+                            "netns",
+                            "exec",
+                            nb,
+                            sys.executable,
+                            str(LINEAR),
+                            "--seconds",
+                            "300",
+                        ],
+                        env={
+                            k: v
+                            for k, v in other.items()
+                            if k not in ("RANK", "BPFDYNO_TOKEN_FILE")
+                        },
+                        stdout=subprocess.DEVNULL,
+                    )
+                )
+                wait_for(lambda: len(agents["b"].trainers()) == 1, 60, "B's other trainer")
+                logs = [base / f"rank-{r}.log" for r in range(3)]
+                start_rank(procs, na, va, 0, agents["a"], logs[0], "--busy-ms", "60", world=3)
+                start_rank(procs, nb, vb, 1, agents["b"], logs[1], world=3)
+                start_rank(procs, na, va, 2, agents["a"], logs[2], world=3)
+                deadline = time.monotonic() + 240
+                traced: list[DetectionEvent] = []
+                while time.monotonic() < deadline and not traced:
+                    traced = [
+                        e for e in events(agents["a"], RUN_ID) if e.kind is DetectionKind.TRACED
+                    ]
+                    time.sleep(1.0)
+                held = events(agents["a"], RUN_ID)
+                if not traced:
+                    agent_logs = "\n".join(
+                        a.log.read_text(errors="replace")[-3000:] for a in agents.values()
+                    )
+                    raise AssertionError(f"no traced event on A in 240 s: {held}\n{agent_logs}")
+                (e,) = traced
+                # The agents write into their own trace directory: remove them after.
+                written.extend(Path(f.split(":", 1)[-1]) for f in e.trace_files)
+                confirmed = [x for x in held if x.kind is DetectionKind.CONFIRMED]
+                assert confirmed and confirmed[0].rank == 0, held
+                assert e.rank == 0
+                # Two files here by path, B's one as B:path; all written.
+                local = sorted(f for f in e.trace_files if f.startswith("/"))
+                remote = [f for f in e.trace_files if not f.startswith("/")]
+                assert len(local) == 2 and len(remote) == 1, e.trace_files
+                assert remote[0].startswith(f"{B}:"), remote
+                for f in e.trace_files:
+                    assert Path(f.split(":", 1)[-1]).is_file(), f
+                assert e.summary.startswith(
+                    f"job {RUN_ID} rank 0: automatic trace {e.trace_id} of 3 rank(s) on "
+                    "2 node(s): verdict: "
+                ), e.summary
+                v = e.verdict
+                assert v is not None, e.summary
+                assert {t.host for t in v.ranks} == {socket.gethostname(), B}, e.verdict_text
+                assert {t.path for t in v.ranks} == {f.split(":", 1)[-1] for f in e.trace_files}
+                # On B only the rank was traced, not the other trainer there.
+                assert len(agents["b"].trainers()) == 2
+                # B's agent traced for it, and posted no trace of its own.
+                assert not [
+                    x for x in events(agents["b"], RUN_ID) if x.kind is DetectionKind.TRACED
+                ]
+            finally:
+                for agent in agents.values():
+                    agent.stop()
+    finally:
+        for f in written:
+            f.unlink(missing_ok=True)
         cleanup(base)

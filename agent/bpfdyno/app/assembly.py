@@ -347,6 +347,7 @@ def build(cfg: Config) -> Assembly:
             seconds=d.auto_trace_seconds,
             # The job's ranks on other nodes are traced too, through their agents.
             job_peers=peers.job_peers if peers is not None and d.auto_trace_job_wide else None,
+            peer_pids=peers.job_peer_pids if peers is not None else None,
         )
         detection_log.listeners.append(auto.on_events)
         asm.components.append(auto)

@@ -190,6 +190,17 @@ class PeerSignals:
                 out.append((known.get(target, Peer(target, target, job_id)), ranks))
         return out
 
+    def job_peer_pids(self, job_id: str) -> dict[str, list[int]]:
+        """Per peer target, the pids of its ranks of ``job_id`` in its latest answer (at most
+        two intervals old), as that peer's agent knows them (any thread may ask)."""
+        fresh_after = time.monotonic() - 2 * self._interval_s
+        out: dict[str, list[int]] = {}
+        for target, (at, signals) in dict(self._got).items():
+            pids = sorted(s.pid for s in signals if s.job_id == job_id)
+            if at >= fresh_after and pids:
+                out[target] = pids
+        return out
+
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="detection-peers")
 

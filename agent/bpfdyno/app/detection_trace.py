@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from bpfdyno.analysis.verdict import compare, verdict_text
@@ -79,6 +79,7 @@ class AutoTrace:
         job_ranks: Callable[[str], Iterable[int]],
         seconds: float = 0.0,
         job_peers: Callable[[str], Sequence[tuple[Peer, int]]] | None = None,
+        peer_pids: Callable[[str], Mapping[str, Sequence[int]]] | None = None,
     ) -> None:
         """
         Args:
@@ -91,6 +92,8 @@ class AutoTrace:
                 time common to the ranks.
             job_peers: the peers holding ranks of a job, each with how many (the detection's
                 peers); None or none: only this node's ranks are traced.
+            peer_pids: the pids of a job's ranks on each peer (by target), as its agent
+                reported them: a job with no SLURM id is traced there by these.
         """
         self._tracing = tracing
         self._iterations = iterations
@@ -100,6 +103,7 @@ class AutoTrace:
         self._job_ranks = job_ranks
         self._seconds = seconds
         self._job_peers = job_peers or (lambda job: ())
+        self._peer_pids = peer_pids or (lambda job: {})
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last: dict[str, float] = {}  # job -> monotonic time of its last trace
         self._following: set[asyncio.Task[None]] = set()
@@ -220,7 +224,13 @@ class AutoTrace:
         """The peers' part of a job-wide trace (the same request, the same start), then one
         verdict across every node's ranks, posted as the ``traced`` event."""
         job = int(e.job_id) if e.job_id.isdigit() else 0
-        nodes = [Node(p.name, p.target, (job,) if job else ()) for p, _ in peers]
+        # A job no scheduler names (torchrun's run id) has no id a peer could match: its
+        # ranks there are named by the pids that peer's agent reported for them.
+        pids = {} if job else self._peer_pids(e.job_id)
+        nodes = [
+            Node(p.name, p.target, (job,) if job else (), tuple(pids.get(p.target, ())))
+            for p, _ in peers
+        ]
         # Pids are this node's; on a peer the job's ranks are found by its job id, all of
         # them (the most any node holds, not a request's default of three).
         remote = replace(

@@ -322,6 +322,9 @@ async def trace_job(
         on_progress(snapshot())
 
     async def start(node: Node, agent: AgentClient) -> tuple[HostRequest, ...]:
+        if node.pids:  # a job no scheduler names: its processes there, all of them
+            pids = replace(spec, job_id=0, pids=node.pids, process_limit=len(node.pids))
+            return (HostRequest(0, await agent.start_trace(pids)),)
         requests = []
         for job_id in node.job_ids or (spec.job_id,):
             started = await agent.start_trace(replace(spec, job_id=job_id))

@@ -62,11 +62,15 @@ class Node:
         target: ``host:port`` of the agent's gRPC TCP listener.
         job_ids: the ``$SLURM_JOB_ID`` values the job's processes carry on this machine;
             empty when not known (hosts given by hand): the request's own job id is used.
+        pids: the job's processes there, as that machine's agent knows them, for a job no
+            scheduler names (its agent's rank signals list them); when given, they are
+            traced, not a job id.
     """
 
     name: str
     target: str
     job_ids: tuple[int, ...] = ()
+    pids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
