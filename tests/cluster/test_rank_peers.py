@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from cluster_harness import Pki, free_port, make_pki
 
+from bpfdyno.app.detection_peers import PeerSignals
 from bpfdyno.app.rank_peers import (
     Candidate,
     ConnectionPeers,
@@ -26,6 +27,7 @@ from bpfdyno.app.rank_peers import (
     socket_inodes,
 )
 from bpfdyno.core.config import ConfigError, load
+from bpfdyno.core.status import PartState
 
 # Lines as a little-endian kernel prints them (addresses are 32-bit words in host order):
 # 10.77.0.1 is 01004D0A; fd00:77::5 is 770000FD 00000000 00000000 05000000.
@@ -271,3 +273,26 @@ def test_a_bad_peer_network_in_the_configuration_is_refused_with_what_to_write()
     with pytest.raises(ConfigError, match=r"'detection.peer_networks' must list networks like "
                        r"10.0.0.0/8 or fd00::/64, got '10.77.0.0/33'"):  # fmt: skip
         load(None, [("detection.peer_networks", '["10.77.0.0/33"]')])
+
+
+def test_status_names_every_found_address_not_asked_without_trust_and_what_was_left_out(
+    tmp_path: Path,
+) -> None:
+    proc = _fake_proc(tmp_path, RANK_FDS)
+    asked = Asked(2)
+    peers = PeerSignals(
+        [],
+        1.0,
+        rank_pids=lambda: {"run-7": [PID], "": [PID + 1]},
+        connections=ConnectionPeers(50051, PeerTrust(), asked, proc_root=proc, cap=2),
+    )
+    assert asyncio.run(peers._find_peers()) == []
+    assert asked.targets == []
+    (part,) = peers.statuses()
+    assert part.state is PartState.OK
+    why = "not asked: no CA configured ($BPFDYNO_TLS_CA) and not in [detection] peer_networks"
+    assert part.reason == (
+        "no peers: no agent at the addresses this node's ranks talk to holds ranks of their "
+        f"jobs; not peers: 10.77.0.2:50051 ({why}), 10.77.0.3:50051 ({why}); job run-7: 3 "
+        "remote addresses, only the lowest 2 asked"
+    )

@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 #: How long a job's node list is used before SLURM is asked again (a running job keeps its
 #: nodes; this catches a lookup that failed, and a job id reused after a restart).
 REDISCOVER_S = 60.0
+#: Addresses that are not peers named in status at most (the rest counted).
+MAX_LISTED = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +249,8 @@ class PeerSignals:
             return "no peers configured: only this node's ranks are compared"
         lookups = sorted(self._lookups.items())
         ignored = [f"{c.target} ({c.reason})" for _, lk in lookups for c in lk.ignored]
+        if len(ignored) > MAX_LISTED:
+            ignored[MAX_LISTED:] = [f"{len(ignored) - MAX_LISTED} more"]
         notes = [f"job {j}: {lk.note}" for j, lk in lookups if lk.note]
         tail = "".join(
             f"; {what}"
