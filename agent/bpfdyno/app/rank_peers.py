@@ -48,8 +48,8 @@ MAX_CANDIDATES = 64
 PROBE_CONCURRENCY = 16
 #: How long a TLS probe (connect and handshake) may take.
 PROBE_TIMEOUT_S = 3.0
-#: The TCP state of an established connection in /proc/net/tcp.
-TCP_ESTABLISHED = 0x01
+#: The TCP state of an established connection, as /proc/net/tcp prints it.
+TCP_ESTABLISHED = "01"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,29 +135,41 @@ class RankRemotes:
 
 
 def rank_remotes(proc_root: Path, pid: int, max_fds: int = MAX_FDS) -> RankRemotes:
-    """The remote addresses of a rank's established TCP connections (blocking: /proc)."""
+    """The remote addresses of a rank's established TCP connections (blocking: /proc).
+
+    The namespace's table may hold every socket of the machine (tens of thousands of
+    lines): each line is only split, and an address converted once per distinct text.
+    """
     inodes, truncated = socket_inodes(proc_root, pid, max_fds)
     if not inodes:
         return RankRemotes(frozenset(), truncated)
-    entries: list[TcpEntry] = []
+    own_hex: set[str] = set()  # every address a socket of the namespace is bound to
+    remote_hex: set[str] = set()
     for table in ("tcp", "tcp6"):
-        with contextlib.suppress(OSError):
-            entries += parse_tcp_table(
-                Path(f"{os.fspath(proc_root)}/{pid}/net/{table}").read_text()
-            )
-    # Every address a socket of the namespace is bound to is this machine's (a connection
-    # from one of the node's ranks to another over the node's own address).
-    own = {e.local for e in entries}
-    remotes = {
-        e.remote
-        for e in entries
-        if e.inode in inodes
-        and e.state == TCP_ESTABLISHED
-        and e.remote not in own
-        and not e.remote.is_loopback
-        and not e.remote.is_unspecified
-    }
-    return RankRemotes(frozenset(remotes), truncated)
+        try:
+            text = Path(f"{os.fspath(proc_root)}/{pid}/net/{table}").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines()[1:]:
+            f = line.split(maxsplit=10)
+            if len(f) < 10:
+                continue
+            own_hex.add(f[1].partition(":")[0])
+            if f[3] == TCP_ESTABLISHED and f[9].isdigit() and int(f[9]) in inodes:
+                remote_hex.add(f[2].partition(":")[0])
+    try:
+        # A connection from one of the node's ranks to another over the node's own
+        # address leads to this machine.
+        own = {_address(h) for h in own_hex}
+        remotes = {_address(h) for h in remote_hex}
+    except ValueError:  # not a table as the kernel writes it
+        return RankRemotes(frozenset(), truncated)
+    return RankRemotes(
+        frozenset(
+            r for r in remotes if r not in own and not r.is_loopback and not r.is_unspecified
+        ),
+        truncated,
+    )
 
 
 @dataclass(frozen=True, slots=True)
