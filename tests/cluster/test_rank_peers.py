@@ -252,7 +252,9 @@ def test_a_verified_agent_is_asked_and_kept_only_with_ranks_of_the_job(tls_pki: 
     assert asyncio.run(run(with_ranks)) == Candidate("t", ranks=3)
     assert with_ranks.targets == [("t", "run-7")]
     without = Asked(0)
-    assert asyncio.run(run(without)) == Candidate("t", reason="an agent with no rank of job run-7")
+    assert asyncio.run(run(without)) == Candidate(
+        "t", reason="an agent with no rank of job run-7", answered=True
+    )
 
 
 def test_an_address_where_nothing_listens_is_no_agent(tls_pki: Pki) -> None:

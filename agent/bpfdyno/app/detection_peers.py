@@ -338,10 +338,10 @@ class PeerSignals:
         return list(unique.values())
 
     def _retry_after(self, last: _Lookup) -> float:
-        """A job's connections are looked at again after ``rediscover_s``; sooner while they
-        lead to no peer yet (the other agents may not have seen their ranks' first interval
-        when this one looked)."""
-        if last.peers:
+        """A job's connections are looked at again after ``rediscover_s``; sooner while an
+        agent they lead to has no rank of the job yet (it may not have seen their first
+        interval when this one looked) and none has."""
+        if last.peers or not any(c.answered for c in last.ignored):
             return self._rediscover_s
         return min(self._rediscover_s, max(5.0, 3 * self._interval_s))
 
