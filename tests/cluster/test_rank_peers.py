@@ -8,6 +8,7 @@ import asyncio
 import ipaddress
 import os
 import ssl
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from cluster_harness import Pki, free_port, make_pki
 
-from bpfdyno.app.detection_peers import PeerSignals
+from bpfdyno.app.detection_peers import Peer, PeerSignals
 from bpfdyno.app.rank_peers import (
     Candidate,
     ConnectionPeers,
@@ -298,3 +299,36 @@ def test_status_names_every_found_address_not_asked_without_trust_and_what_was_l
         f"jobs; not peers: 10.77.0.2:50051 ({why}), 10.77.0.3:50051 ({why}); job run-7: 3 "
         "remote addresses, only the lowest 2 asked"
     )
+
+
+class Hangs:
+    """An agent that takes the connection and never answers."""
+
+    async def __call__(self, target: str, job_id: str) -> int:
+        await asyncio.sleep(3600)
+        return 1
+
+
+def test_a_lookup_that_hangs_does_not_hold_up_the_pulls(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, RANK_FDS)
+    trust = PeerTrust(parse_networks(["10.77.0.0/16", "fd00:77::/64"]))
+    peers = PeerSignals(
+        [],
+        1.0,
+        rank_pids=lambda: {"run-7": [PID]},
+        connections=ConnectionPeers(50051, trust, Hangs(), proc_root=proc),
+    )
+
+    async def run() -> tuple[list[Peer], float, int]:
+        t0 = time.monotonic()
+        found = await asyncio.wait_for(peers._find_peers(), 60)
+        took = time.monotonic() - t0
+        looking = len(peers._looking)
+        await peers.stop()
+        return found, took, looking
+
+    found, took, looking = asyncio.run(run())
+    # The round waited half an interval for the lookup, not for the agents that hang.
+    assert found == []
+    assert looking == 1
+    assert took < 10, took

@@ -168,6 +168,8 @@ class PeerSignals:
         self._failing: dict[str, str] = {}
         self._pulls = 0
         self._task: asyncio.Task[None] | None = None
+        #: Connection lookups under way, by job (their probes can take seconds).
+        self._looking: dict[str, asyncio.Task[_Lookup]] = {}
 
     def signals(self) -> list[RankSignals]:
         """The peers' ranks from answers at most two intervals old (any thread may ask)."""
@@ -211,6 +213,10 @@ class PeerSignals:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for task in self._looking.values():
+            task.cancel()
+        await asyncio.gather(*self._looking.values(), return_exceptions=True)
+        self._looking.clear()
 
     def statuses(self) -> list[PartStatus]:
         peers = self._peers
@@ -323,19 +329,45 @@ class PeerSignals:
                 continue
             assert self._discovery is not None
             self._lookups[job] = await self._slurm_lookup(self._discovery, job, last, now)
+        for job in set(self._looking) - set(other_jobs):
+            self._looking.pop(job).cancel()
+        self._harvest()
         for job, pids in sorted(other_jobs.items()):
             last = self._lookups.get(job)
-            if last is not None and now - last.at < self._retry_after(last):
+            if job in self._looking or (
+                last is not None and now - last.at < self._retry_after(last)
+            ):
                 continue
             assert self._connections is not None
-            self._lookups[job] = await self._connection_lookup(
-                self._connections, job, pids, last, now
+            # Addresses that do not answer take seconds to give up on: the lookup runs beside
+            # the pulls, which wait for it at most a second (the usual lookup takes
+            # milliseconds) and take its result in a later round otherwise.
+            self._looking[job] = asyncio.create_task(
+                self._connection_lookup(self._connections, job, pids, last, now),
+                name=f"detection-peers-lookup-{job}",
             )
+        if self._looking:
+            await asyncio.wait(self._looking.values(), timeout=min(1.0, self._interval_s / 2))
+            self._harvest()
         unique: dict[str, Peer] = {}
         for lk in self._lookups.values():
             for p in lk.peers:
                 unique.setdefault(p.target, p)
         return list(unique.values())
+
+    def _harvest(self) -> None:
+        """Take the results of the connection lookups that have ended."""
+        for job, task in list(self._looking.items()):
+            if not task.done():
+                continue
+            del self._looking[job]
+            error = task.exception()
+            if error is None:
+                self._lookups[job] = task.result()
+                continue
+            # A fault of the lookup itself must not end the pulls: named, retried later.
+            log.error("detection: looking up job %s's other agents failed: %r", job, error)
+            self._lookups[job] = _Lookup(time.monotonic(), (), f"lookup failed: {error!r}")
 
     def _retry_after(self, last: _Lookup) -> float:
         """A job's connections are looked at again after ``rediscover_s``; sooner while an
