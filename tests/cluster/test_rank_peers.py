@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from cluster_harness import Pki, free_port, make_pki
 
-from bpfdyno.app.detection_peers import Peer, PeerSignals
+from bpfdyno.app.detection_peers import Peer, PeerSignals, _Lookup
 from bpfdyno.app.rank_peers import (
     Candidate,
     ConnectionPeers,
@@ -253,9 +253,7 @@ def test_a_verified_agent_is_asked_and_kept_only_with_ranks_of_the_job(tls_pki: 
     assert asyncio.run(run(with_ranks)) == Candidate("t", ranks=3)
     assert with_ranks.targets == [("t", "run-7")]
     without = Asked(0)
-    assert asyncio.run(run(without)) == Candidate(
-        "t", reason="an agent with no rank of job run-7", answered=True
-    )
+    assert asyncio.run(run(without)) == Candidate("t", reason="an agent with no rank of job run-7")
 
 
 def test_an_address_where_nothing_listens_is_no_agent(tls_pki: Pki) -> None:
@@ -332,3 +330,12 @@ def test_a_lookup_that_hangs_does_not_hold_up_the_pulls(tmp_path: Path) -> None:
     assert found == []
     assert looking == 1
     assert took < 10, took
+
+
+def test_a_job_whose_addresses_hold_no_peer_is_looked_at_again_backing_off() -> None:
+    peers = PeerSignals([], 1.0, rediscover_s=60.0)
+    retry = peers._retry_after
+    assert [retry(_Lookup(0.0, (), misses=m)) for m in range(1, 7)] == [5, 10, 20, 40, 60, 60]
+    assert retry(_Lookup(0.0, (Peer("10.77.0.2:50051", "10.77.0.2", "run-7"),))) == 60
+    slow = PeerSignals([], 5.0, rediscover_s=60.0)  # three intervals above 5 s
+    assert [slow._retry_after(_Lookup(0.0, (), misses=m)) for m in (1, 2, 3)] == [15, 30, 60]

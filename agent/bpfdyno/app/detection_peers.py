@@ -118,6 +118,8 @@ class _Lookup:
     #: Addresses a job's ranks talk to that are not its peers, and why (connections only).
     ignored: tuple[Candidate, ...] = ()
     note: str = ""  # what a bounded lookup left out
+    #: Lookups in a row that found no peer (connections only: they back off).
+    misses: int = 0
 
 
 async def ask_ranks(target: str, job_id: str, timeout_s: float) -> int:
@@ -370,12 +372,15 @@ class PeerSignals:
             self._lookups[job] = _Lookup(time.monotonic(), (), f"lookup failed: {error!r}")
 
     def _retry_after(self, last: _Lookup) -> float:
-        """A job's connections are looked at again after ``rediscover_s``; sooner while an
-        agent they lead to has no rank of the job yet (it may not have seen their first
-        interval when this one looked) and none has."""
-        if last.peers or not any(c.answered for c in last.ignored):
+        """A job's connections are looked at again after ``rediscover_s``; while they lead
+        to no peer, sooner, backing off: 5 s (three intervals, when longer), then twice as
+        long each time up to ``rediscover_s`` (the other agents may not have seen their
+        ranks' first interval, or answered in time, when this one looked; a job whose
+        addresses hold no agent is not probed every few seconds for ever)."""
+        if last.peers:
             return self._rediscover_s
-        return min(self._rediscover_s, max(5.0, 3 * self._interval_s))
+        first = max(5.0, 3 * self._interval_s)
+        return min(self._rediscover_s, first * float(2 ** max(0, last.misses - 1)))
 
     async def _slurm_lookup(
         self, discovery: SlurmPeers, job: str, last: _Lookup | None, now: float
@@ -420,7 +425,8 @@ class PeerSignals:
         for c in ignored:
             if c.refused and (last is None or c not in last.ignored):
                 log.warning("detection: job %s: %s %s", job, c.target, c.reason)
-        return _Lookup(now, found, ignored=ignored, note=note)
+        misses = 0 if found else (last.misses + 1 if last is not None else 1)
+        return _Lookup(now, found, ignored=ignored, note=note, misses=misses)
 
     async def _pull(self, target: str) -> None:
         try:

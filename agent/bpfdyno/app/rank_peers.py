@@ -308,9 +308,6 @@ class Candidate:
     reason: str = ""
     #: True when the address failed the trust rule's check (not merely absent or busy).
     refused: bool = False
-    #: True when an agent answered there, without ranks of the job (yet: it may not have
-    #: seen their first interval).
-    answered: bool = False
 
 
 #: Asks the agent at a target for a job's ranks: how many it holds (raises on no answer).
@@ -391,7 +388,7 @@ class ConnectionPeers:
         except (AgentError, TimeoutError, OSError) as e:
             return Candidate(target, reason=f"no agent answers: {_first_line(e)}")
         if ranks == 0:
-            return Candidate(target, reason=f"an agent with no rank of job {job_id}", answered=True)
+            return Candidate(target, reason=f"an agent with no rank of job {job_id}")
         return Candidate(target, ranks=ranks)
 
 
