@@ -17,14 +17,16 @@ from pathlib import Path
 import pytest
 
 from bpfdyno.detection.signals import (
+    MAX_ARRIVALS,
     CollectiveTimes,
     RankProcess,
     RankSignals,
     SignalSampler,
     from_record,
+    new_arrivals,
     to_record,
 )
-from bpfdyno.rpc.detection import RankSignal
+from bpfdyno.rpc.detection import CollectiveArrival, RankSignal
 from bpfdyno.rpc.wire import from_pb, to_pb
 
 #: A process that waits for commands on stdin: 'w' writes 1 MiB to /dev/null, 's' spins on the
@@ -213,17 +215,30 @@ class Collectives:
         return self.times.get(pid)
 
 
-def test_collective_times_are_differences_when_a_source_gives_them() -> None:
+def test_collective_times_are_differences_and_arrivals_the_new_ones() -> None:
     coll = Collectives()
     sampler = SignalSampler(collectives=coll)
+    old = CollectiveArrival(0xAB, 7, 1_000, 4)
+    new = [CollectiveArrival(0xAB, 8, 2_000, 4), CollectiveArrival(0xAB, 9, 3_000, 4)]
     with children(0, 1) as (a, b):
-        coll.times[a.pid] = CollectiveTimes(in_collective_ns=1_000_000_000, late_ns=0)
+        coll.times[a.pid] = CollectiveTimes(in_collective_ns=1_000_000_000, arrivals=(old,))
         sampler.sample(refs([a, b]), time.monotonic())
-        coll.times[a.pid] = CollectiveTimes(in_collective_ns=3_500_000_000, late_ns=250_000_000)
+        coll.times[a.pid] = CollectiveTimes(3_500_000_000, (old, *new))
         sa, sb = sampler.sample(refs([a, b]), time.monotonic())
-    assert (sa.in_collective_s, sa.late_s) == (2.5, 0.25)
-    assert sb.in_collective_s != sb.in_collective_s  # NaN: nothing known for it
+    assert sa.in_collective_s == 2.5
+    # Only the collectives completed in the interval; how late it was is counted job-wide.
+    assert sa.arrivals == tuple(new)
+    assert math.isnan(sa.late_s)
+    assert math.isnan(sb.in_collective_s)  # nothing known for it
+    assert sb.arrivals is None
     assert isinstance(sb, RankSignals)
+
+
+def test_a_signal_carries_the_latest_256_arrivals_of_its_interval() -> None:
+    before = tuple(CollectiveArrival(1, seq, seq * 10, 8) for seq in range(100))
+    after = before[50:] + tuple(CollectiveArrival(1, seq, seq * 10, 8) for seq in range(100, 400))
+    got = new_arrivals(before, after)
+    assert [c.seq for c in got] == list(range(400 - MAX_ARRIVALS, 400))
 
 
 def test_a_process_gone_has_no_signal() -> None:

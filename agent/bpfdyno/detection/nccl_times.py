@@ -1,25 +1,39 @@
-"""Collective times of this node's ranks from NCCL's profiler plugin (`CollectiveSource`).
+"""NCCL late arrival: how late each rank of a job reached its collectives, across its nodes.
 
 The plugin's receiver (`bpfdyno.sources.nccl_profiler`) keeps each trainer's cumulative time
 in collectives and its latest completed collectives with the moment its CPU reached each
-(its arrival). A collective completes on every rank of its communicator at nearly the same
-moment, so what a rank adds to its peers' time is how much later than the first rank it
-arrived. That is counted here for the ranks on this node: a collective (communicator id,
-sequence number) is counted once every local rank of that communicator has completed it,
-each rank's lateness being its arrival minus the earliest local arrival. A rank alone on its
-node in a communicator is never late here (its peers are on other nodes: the job-wide
-comparison of the detection covers them through its other signals).
+(its arrival). `NcclCollectiveTimes` hands both to the signal sampler, which puts the
+arrivals new in an interval into the rank's signal (at most `MAX_ARRIVALS`); they travel to
+the job's other agents in its `RankSignal`, moved onto the puller's clock by the peer's clock
+offset (`signals.from_record`).
+
+A collective completes on every rank of its communicator at nearly the same moment, so what a
+rank adds to its peers' time is how much later than the first rank it arrived. `LateArrivals`
+puts every rank's arrivals at one collective (communicator id, sequence number) side by side,
+this node's and the peers' alike, and counts it once: each rank's lateness is its arrival
+minus the earliest. A collective is counted when as many ranks as its communicator has
+reported it, or, when some never do (their node has no agent, a peer stopped answering, the
+rank's window of recent collectives no longer holds it), after `WAIT_ROUNDS` rounds over the
+ranks seen. A collective already counted is not counted again: a peer's answer is pulled
+again until a newer one replaces it.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 
-from bpfdyno.detection.signals import CollectiveTimes
+from bpfdyno.detection.signals import CollectiveTimes, RankSignals
+from bpfdyno.rpc.detection import CollectiveArrival
 from bpfdyno.sources.nccl_profiler.receiver import NcclRankAggregate
 
-#: Collectives already counted, per communicator: kept while their seq can still be seen.
+#: Rounds a collective that not every rank of its communicator reported waits after the one
+#: it was first seen in before it is counted over the ranks seen: a peer's answer may be two
+#: intervals old when it is read.
+WAIT_ROUNDS = 3
+#: Counted sequence numbers kept per communicator: a collective whose seq is below all of
+#: them is as old as a counted one and is ignored.
 _COUNTED_PER_COMM = 4096
 
 
@@ -28,61 +42,101 @@ class NcclCollectiveTimes:
 
     def __init__(self, snapshot: Callable[[], dict[int, NcclRankAggregate]]) -> None:
         self._snapshot = snapshot
-        self._late_ns: dict[int, int] = defaultdict(int)
-        self._counted: dict[int, set[int]] = defaultdict(set)
-        self._last_read: tuple[float, ...] = ()
-        self._aggregates: dict[int, NcclRankAggregate] = {}
 
     def collective_times(self, pid: int) -> CollectiveTimes | None:
-        self._refresh()
-        agg = self._aggregates.get(pid)
+        agg = self._snapshot().get(pid)
         if agg is None:
             return None
+        sizes = {c.comm_id: c.nranks for c in agg.comms}
         return CollectiveTimes(
-            in_collective_ns=agg.time_in_collectives_ns, late_ns=self._late_ns[pid]
+            in_collective_ns=agg.time_in_collectives_ns,
+            arrivals=tuple(
+                CollectiveArrival(c.comm_id, c.seq, c.start_realtime_ns, sizes.get(c.comm_id, 0))
+                for c in agg.recent
+            ),
         )
 
-    def _refresh(self) -> None:
-        aggregates = self._snapshot()
-        stamp = tuple(sorted(a.updated_monotonic_s for a in aggregates.values()))
-        if stamp == self._last_read and aggregates.keys() == self._aggregates.keys():
-            return
-        self._last_read, self._aggregates = stamp, aggregates
-        for pid, late in lateness(aggregates, self._counted).items():
-            self._late_ns[pid] += late
-        for comm, seqs in self._counted.items():
-            if len(seqs) > _COUNTED_PER_COMM:
-                self._counted[comm] = set(sorted(seqs)[-_COUNTED_PER_COMM // 2 :])
-        for pid in [p for p in self._late_ns if p not in aggregates]:
-            del self._late_ns[pid]
+
+@dataclass(slots=True)
+class _Pending:
+    """One collective's arrivals so far, per rank."""
+
+    first_round: int
+    comm_ranks: int
+    by_rank: dict[int, int] = field(default_factory=dict)  # rank -> arrival (unix ns)
 
 
-def lateness(
-    aggregates: dict[int, NcclRankAggregate], counted: dict[int, set[int]]
-) -> dict[int, int]:
-    """Each pid's lateness (ns) over the collectives not yet in ``counted``, which it updates.
+class LateArrivals:
+    """Counts each collective of a job once over every rank seen at it, this node's and the
+    peers'; `apply` gives each rank with known arrivals its late time in the round."""
 
-    A collective is counted once every local rank of its communicator completed it (its
-    sequence number at most each one's last completed): until then a rank that has not
-    arrived yet would be missing from the comparison.
-    """
-    done_upto: dict[int, dict[int, int]] = defaultdict(dict)  # comm -> pid -> last seq done
-    for pid, agg in aggregates.items():
-        for c_agg in agg.comms:
-            done_upto[c_agg.comm_id][pid] = c_agg.last_seq_completed
-    arrivals: dict[tuple[int, int], dict[int, int]] = defaultdict(dict)
-    for pid, agg in aggregates.items():
-        for c in agg.recent:
-            arrivals[(c.comm_id, c.seq)][pid] = c.start_realtime_ns
-    out: dict[int, int] = defaultdict(int)
-    for (comm_id, seq), by_pid in arrivals.items():
-        ranks = done_upto.get(comm_id, {})
-        if len(ranks) < 2 or seq in counted[comm_id]:
-            continue
-        if any(last < seq for last in ranks.values()) or by_pid.keys() != ranks.keys():
-            continue  # not every local rank has completed it (or one's record was lost)
-        counted[comm_id].add(seq)
-        first = min(by_pid.values())
-        for pid, start in by_pid.items():
-            out[pid] += start - first
-    return dict(out)
+    def __init__(self, wait_rounds: int = WAIT_ROUNDS) -> None:
+        self._wait_rounds = wait_rounds
+        self._round = 0
+        self._pending: dict[tuple[str, int, int], _Pending] = {}  # (job, comm, seq)
+        self._counted: dict[tuple[str, int], set[int]] = defaultdict(set)  # (job, comm)
+        #: Per (job, comm): sequence numbers at or below this were forgotten once counted.
+        self._floor: dict[tuple[str, int], int] = {}
+
+    def apply(
+        self, local: list[RankSignals], peers: list[RankSignals]
+    ) -> tuple[list[RankSignals], list[RankSignals]]:
+        """The round's signals with ``late_s`` of every rank whose arrivals are known: what
+        the collectives counted in this round add up to for it (0 when none was)."""
+        late = self.update([*local, *peers])
+
+        def filled(s: RankSignals) -> RankSignals:
+            if s.arrivals is None:
+                return s
+            return replace(s, late_s=late.get((s.job_id, s.rank), 0) / 1e9)
+
+        return [filled(s) for s in local], [filled(s) for s in peers]
+
+    def update(self, ranks: Iterable[RankSignals]) -> dict[tuple[str, int], int]:
+        """Adds the ranks' arrivals; the late ns per (job, rank) of the collectives that are
+        counted now."""
+        self._round += 1
+        jobs = set()
+        for s in ranks:
+            jobs.add(s.job_id)
+            for a in s.arrivals or ():
+                self._add(s.job_id, s.rank, a)
+        self._forget_jobs_but(jobs)
+        out: dict[tuple[str, int], int] = defaultdict(int)
+        for key, p in list(self._pending.items()):
+            complete = p.comm_ranks > 0 and len(p.by_rank) >= p.comm_ranks
+            if not complete and self._round - p.first_round < self._wait_rounds:
+                continue
+            del self._pending[key]
+            job, comm, seq = key
+            self._remember(job, comm, seq)
+            first = min(p.by_rank.values())
+            for rank, arrival in p.by_rank.items():
+                out[(job, rank)] += arrival - first
+        return dict(out)
+
+    def _add(self, job: str, rank: int, a: CollectiveArrival) -> None:
+        comm = (job, a.comm_hash)
+        if a.seq <= self._floor.get(comm, -1) or a.seq in self._counted.get(comm, ()):
+            return  # counted already (a peer's answer read again, a late duplicate)
+        key = (job, a.comm_hash, a.seq)
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = self._pending[key] = _Pending(self._round, a.comm_ranks)
+        pending.by_rank.setdefault(rank, a.arrival_unix_ns)
+
+    def _remember(self, job: str, comm_hash: int, seq: int) -> None:
+        comm = (job, comm_hash)
+        seqs = self._counted[comm]
+        seqs.add(seq)
+        if len(seqs) > 2 * _COUNTED_PER_COMM:
+            kept = sorted(seqs)[-_COUNTED_PER_COMM:]
+            self._floor[comm] = kept[0] - 1
+            self._counted[comm] = set(kept)
+
+    def _forget_jobs_but(self, jobs: set[str]) -> None:
+        """Drops what is kept of jobs no rank reported in this round (they ended)."""
+        self._pending = {k: p for k, p in self._pending.items() if k[0] in jobs}
+        for kept in (self._counted, self._floor):
+            for comm in [c for c in kept if c[0] not in jobs]:
+                del kept[comm]

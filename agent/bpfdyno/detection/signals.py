@@ -21,7 +21,10 @@ nothing is attached and nothing runs between readings:
   runnable, so its time is part of the run-queue wait; this says why the rank waited.
 
 Collective times from NCCL come from another module through `CollectiveSource`, gloo's peer
-waits through `PeerWaitSource`; without one those fields are NaN. The rank's TCP connections
+waits through `PeerWaitSource`; without one those fields are NaN. A NCCL rank's signal carries
+the collectives it completed in the interval with when it arrived at each (``arrivals``);
+how late it was (``late_s``) is counted over the job's ranks on every node by
+`bpfdyno.detection.nccl_times.LateArrivals`, which fills it in. The rank's TCP connections
 over the interval come from the net collector's last reading (`bpfdyno.detection.net_signal`:
 its links and the network scores the detector makes of the job's links); without it, None.
 """
@@ -37,10 +40,12 @@ from typing import Protocol
 
 from bpfdyno.core import pidfs
 from bpfdyno.detection.net_signal import ConnectionSource, LinkSampler, LinkScores
-from bpfdyno.rpc.detection import NetLink, RankSignal
+from bpfdyno.rpc.detection import CollectiveArrival, NetLink, RankSignal
 from bpfdyno.tracing.capture.cpu_quota import CpuQuotaReader
 
 NAN = float("nan")
+#: Arrivals a rank's signal carries at most (the latest ones): about 27 bytes each on the wire.
+MAX_ARRIVALS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +58,10 @@ class RankProcess:
 
 @dataclass(frozen=True, slots=True)
 class CollectiveTimes:
-    """Cumulative collective times of one rank (from NCCL's profiler, say)."""
+    """Collective times of one rank (from NCCL's profiler, say)."""
 
-    in_collective_ns: int  # time between entering and leaving collectives
-    late_ns: int  # time its peers waited for it to arrive
+    in_collective_ns: int  # cumulative time between entering and leaving collectives
+    arrivals: tuple[CollectiveArrival, ...] = ()  # its latest completed ones, oldest first
 
 
 class CollectiveSource(Protocol):
@@ -93,7 +98,13 @@ class RankSignals:
         main_waiting_s: the main thread's off-CPU time that was not run-queue wait.
         throttled_s: time its cgroup (or an ancestor with a quota) was throttled.
         io_bytes: bytes its read/write calls moved (sockets included).
-        in_collective_s, late_s: from a `CollectiveSource` (NaN without one).
+        in_collective_s: from a `CollectiveSource` (NaN without one).
+        late_s: how late it arrived at the collectives counted in the interval, over the
+            job's ranks on every node (`nccl_times.LateArrivals`; NaN until then, and
+            without arrivals).
+        arrivals: the collectives it completed in the interval (the latest `MAX_ARRIVALS`),
+            each arrival on this agent's clock (None: not known, no `CollectiveSource` for
+            it).
         peer_wait_s: thread-seconds its threads waited for their peers' data on the job's
             peer connections, from a `PeerWaitSource` (gloo; NaN without one).
         host: "" for this node's ranks, the peer's host for a rank pulled from a peer.
@@ -119,6 +130,7 @@ class RankSignals:
     peer_wait_s: float = NAN
     net_links: tuple[NetLink, ...] | None = None
     net: LinkScores = field(default_factory=LinkScores)
+    arrivals: tuple[CollectiveArrival, ...] | None = None
 
     @property
     def cpu_wait_share(self) -> float:
@@ -313,10 +325,11 @@ def _rank_of(proc_root: Path, pid: int) -> tuple[int, str] | None:
 def _signals(p: RankProcess, rank: int, a: _Reading, b: _Reading) -> RankSignals:
     interval = b.mono - a.mono
     main_busy_ns = (b.main_oncpu_ns - a.main_oncpu_ns) + (b.main_runq_ns - a.main_runq_ns)
-    in_coll = late = peer_wait = NAN
+    in_coll = peer_wait = NAN
+    arrivals = None
     if a.collective is not None and b.collective is not None:
         in_coll = (b.collective.in_collective_ns - a.collective.in_collective_ns) / 1e9
-        late = (b.collective.late_ns - a.collective.late_ns) / 1e9
+        arrivals = new_arrivals(a.collective.arrivals, b.collective.arrivals)
     if a.peer_wait_ns is not None and b.peer_wait_ns is not None:
         peer_wait = max(0, b.peer_wait_ns - a.peer_wait_ns) / 1e9
     return RankSignals(
@@ -332,9 +345,18 @@ def _signals(p: RankProcess, rank: int, a: _Reading, b: _Reading) -> RankSignals
         throttled_s=max(0, b.throttled_ns - a.throttled_ns) / 1e9,
         io_bytes=max(0, b.io_bytes - a.io_bytes),
         in_collective_s=in_coll,
-        late_s=late,
         peer_wait_s=peer_wait,
+        arrivals=arrivals,
     )
+
+
+def new_arrivals(
+    before: tuple[CollectiveArrival, ...], after: tuple[CollectiveArrival, ...]
+) -> tuple[CollectiveArrival, ...]:
+    """The arrivals in ``after`` not in ``before`` (the collectives completed in between),
+    the latest `MAX_ARRIVALS` of them."""
+    seen = {(c.comm_hash, c.seq) for c in before}
+    return tuple([c for c in after if (c.comm_hash, c.seq) not in seen][-MAX_ARRIVALS:])
 
 
 def to_record(s: RankSignals, host: str, end_unix: float) -> RankSignal:
@@ -356,11 +378,17 @@ def to_record(s: RankSignals, host: str, end_unix: float) -> RankSignal:
         peer_wait_seconds=None if math.isnan(s.peer_wait_s) else s.peer_wait_s,
         net_links=s.net_links or (),
         net_links_known=s.net_links is not None,
+        arrivals=s.arrivals or (),
+        arrivals_known=s.arrivals is not None,
     )
 
 
-def from_record(r: RankSignal) -> RankSignals:
-    """A peer's rank, as the detector compares it (``host`` says it is not this node's)."""
+def from_record(r: RankSignal, clock_offset_ns: int = 0) -> RankSignals:
+    """A peer's rank, as the detector compares it (``host`` says it is not this node's).
+
+    ``clock_offset_ns`` is the peer's wall clock minus ours: its arrivals are moved onto our
+    clock by taking it off.
+    """
     return RankSignals(
         job_id=r.job_id,
         rank=r.rank,
@@ -377,4 +405,11 @@ def from_record(r: RankSignal) -> RankSignals:
         host=r.host,
         peer_wait_s=NAN if r.peer_wait_seconds is None else r.peer_wait_seconds,
         net_links=r.net_links if r.net_links_known else None,
+        arrivals=(
+            tuple(
+                replace(a, arrival_unix_ns=a.arrival_unix_ns - clock_offset_ns) for a in r.arrivals
+            )
+            if r.arrivals_known
+            else None
+        ),
     )

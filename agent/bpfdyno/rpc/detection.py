@@ -105,6 +105,16 @@ class NetLink:
     seconds: float = 0.0
 
 
+@record(pb.CollectiveArrival)
+class CollectiveArrival:
+    """When one rank's CPU reached one collective (unix ns, the sending agent's clock)."""
+
+    comm_hash: int
+    seq: int
+    arrival_unix_ns: int
+    comm_ranks: int = 0
+
+
 @record(pb.RankSignal)
 class RankSignal:
     """What one rank did in one interval, as a job's agents exchange it (times in seconds;
@@ -126,6 +136,8 @@ class RankSignal:
     peer_wait_seconds: float | None = None
     net_links: tuple[NetLink, ...] = ()
     net_links_known: bool = False  # False: no net data, network scores NaN
+    arrivals: tuple[CollectiveArrival, ...] = ()  # NCCL ranks: collectives of the interval
+    arrivals_known: bool = False  # False: no NCCL profiler plugin in the rank
 
 
 @record(pb.GetRankSignalsRequest, zero_is_default=True)
