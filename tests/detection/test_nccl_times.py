@@ -191,6 +191,10 @@ def test_a_rank_without_arrivals_has_no_late_time_and_jobs_are_apart() -> None:
     assert a[0].late_s == 0.0
     assert math.isnan(a[1].late_s)  # no plugin: NaN, the score leaves it out
     assert a[2].late_s == 0.0  # another job's rank at the same comm id and seq: not compared
+    # A peer's rank of a job with no rank here is left as its agent sent it.
+    elsewhere = replace(other, job_id="43", late_s=0.125)
+    _, (peer,) = LateArrivals().apply([rank(0, [(10, T0)], comm_ranks=2)], [elsewhere])
+    assert peer is elsewhere
 
 
 def test_arrivals_on_the_wire_cost_about_27_bytes_each() -> None:

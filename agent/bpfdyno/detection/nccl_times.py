@@ -82,11 +82,13 @@ class LateArrivals:
         self, local: list[RankSignals], peers: list[RankSignals]
     ) -> tuple[list[RankSignals], list[RankSignals]]:
         """The round's signals with ``late_s`` of every rank whose arrivals are known: what
-        the collectives counted in this round add up to for it (0 when none was)."""
-        late = self.update([*local, *peers])
+        the collectives counted in this round add up to for it (0 when none was). Only the
+        peers' ranks of this node's jobs are compared (the detector uses no other)."""
+        jobs = {s.job_id for s in local}
+        late = self.update([*local, *(s for s in peers if s.job_id in jobs)])
 
         def filled(s: RankSignals) -> RankSignals:
-            if s.arrivals is None:
+            if s.arrivals is None or s.job_id not in jobs:
                 return s
             return replace(s, late_s=late.get((s.job_id, s.rank), 0) / 1e9)
 
