@@ -225,13 +225,19 @@ def test_collective_times_are_differences_and_arrivals_the_new_ones() -> None:
         sampler.sample(refs([a, b]), time.monotonic())
         coll.times[a.pid] = CollectiveTimes(3_500_000_000, (old, *new))
         sa, sb = sampler.sample(refs([a, b]), time.monotonic())
+        last = CollectiveArrival(0xAB, 10, 4_000, 4)
+        coll.times[a.pid] = CollectiveTimes(3_600_000_000, (old, *new, last))
+        (sa2,) = [s for s in sampler.sample(refs([a, b]), time.monotonic()) if s.pid == a.pid]
     assert sa.in_collective_s == 2.5
-    # Only the collectives completed in the interval; how late it was is counted job-wide.
+    # The collectives completed in the interval; how late it was is counted job-wide.
     assert sa.arrivals == tuple(new)
     assert math.isnan(sa.late_s)
     assert math.isnan(sb.in_collective_s)  # nothing known for it
     assert sb.arrivals is None
     assert isinstance(sb, RankSignals)
+    # The next interval's signal sends the previous interval's arrivals again, before its own
+    # (a peer's pull may have missed that round).
+    assert sa2.arrivals == (*new, last)
 
 
 def test_a_signal_carries_the_latest_256_arrivals_of_its_interval() -> None:

@@ -239,6 +239,8 @@ class SignalSampler:
         self.links = LinkSampler(connections) if connections is not None else None
         self._quota = CpuQuotaReader(proc_root)
         self._last: dict[int, tuple[int, _Reading]] = {}  # pid -> (start ticks, reading)
+        #: pid -> the arrivals new in its last interval (sent again with the next one's).
+        self._sent_arrivals: dict[int, tuple[CollectiveArrival, ...]] = {}
         #: (pid, start) -> (RANK, the job's key from the environment), or None: not a rank.
         self._ranks: dict[tuple[int, int], tuple[int, str] | None] = {}
 
@@ -265,8 +267,9 @@ class SignalSampler:
             seen[p.pid] = (stat.start_ticks, reading)
             last = self._last.get(p.pid)
             if last is not None and last[0] == stat.start_ticks and reading.mono > last[1].mono:
-                out.append(_signals(p, rank, last[1], reading))
+                out.append(self._with_last_arrivals(_signals(p, rank, last[1], reading)))
         self._last = seen
+        self._sent_arrivals = {p: a for p, a in self._sent_arrivals.items() if p in seen}
         self._ranks = {k: v for k, v in self._ranks.items() if k[0] in seen}
         if self._peer_waits is not None:
             self._peer_waits.forget(set(seen))
@@ -275,6 +278,18 @@ class SignalSampler:
             if links is not None:
                 out = [replace(s, net_links=links.get(s.pid, ())) for s in out]
         return out
+
+    def _with_last_arrivals(self, s: RankSignals) -> RankSignals:
+        """``s`` with the previous interval's arrivals before its own (the latest
+        `MAX_ARRIVALS` of both): a peer pulls once per interval plus the pull's own time, so
+        now and then one of this node's rounds falls between two of its pulls; sent twice,
+        its arrivals still reach the peer (which counts each collective once)."""
+        if s.arrivals is None:
+            self._sent_arrivals.pop(s.pid, None)
+            return s
+        before = self._sent_arrivals.get(s.pid, ())
+        self._sent_arrivals[s.pid] = s.arrivals
+        return replace(s, arrivals=(before + s.arrivals)[-MAX_ARRIVALS:])
 
     def _read(self, pid: int, now_mono: float) -> _Reading | None:
         task_dir = f"{os.fspath(self._proc)}/{pid}/task"
