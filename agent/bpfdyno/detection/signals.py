@@ -422,7 +422,10 @@ def from_record(r: RankSignal, clock_offset_ns: int = 0) -> RankSignals:
         net_links=r.net_links if r.net_links_known else None,
         arrivals=(
             tuple(
-                replace(a, arrival_unix_ns=a.arrival_unix_ns - clock_offset_ns) for a in r.arrivals
+                CollectiveArrival(
+                    a.comm_hash, a.seq, a.arrival_unix_ns - clock_offset_ns, a.comm_ranks
+                )
+                for a in r.arrivals
             )
             if r.arrivals_known
             else None
