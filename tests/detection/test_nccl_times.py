@@ -209,3 +209,23 @@ def test_arrivals_on_the_wire_cost_about_27_bytes_each() -> None:
     assert back.arrivals == full.arrivals
     unknown = from_record(from_pb(RankSignal, to_pb(to_record(rank(0, None), "node-a", 1.0))))
     assert unknown.arrivals is None
+
+
+def test_a_collective_whose_arrivals_span_more_than_a_minute_is_left_out() -> None:
+    # A peer whose arrival is two minutes early (its clock, or its data, is wrong) would make
+    # every other rank two minutes late at that collective: the collective is left out, the
+    # others are counted as usual.
+    late = LateArrivals()
+    local = [rank(0, [(1, T0), (2, T0 + 200 * MS)], comm_ranks=2)]
+    peers = [rank(1, [(1, T0 - 120_000 * MS), (2, T0 + 203 * MS)], comm_ranks=2)]
+    a, b = late.apply(local, peers)
+    assert (ms(a[0]), ms(b[0])) == (0.0, 3.0)
+    assert late.left_out == 1
+
+
+def test_a_peer_that_sends_more_arrivals_than_a_sender_may_is_cut_to_the_latest() -> None:
+    many = rank(2, [(seq, T0 + seq) for seq in range(3 * MAX_ARRIVALS)])
+    record = to_record(many, "node-b", 1000.0)
+    got = from_record(from_pb(RankSignal, to_pb(record)))
+    assert got.arrivals is not None
+    assert [a.seq for a in got.arrivals] == list(range(2 * MAX_ARRIVALS, 3 * MAX_ARRIVALS))

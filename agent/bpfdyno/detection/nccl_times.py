@@ -20,6 +20,7 @@ again until a newer one replaces it.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -32,9 +33,17 @@ from bpfdyno.sources.nccl_profiler.receiver import NcclRankAggregate
 #: it was first seen in before it is counted over the ranks seen: a peer's answer may be two
 #: intervals old when it is read.
 WAIT_ROUNDS = 3
+#: A collective whose ranks' arrivals span more than this is left out: no rank waits a
+#: minute at a collective and then completes it (NCCL's own timeouts and the hang watch are
+#: for that), so a clock or a peer is wrong, and one bad arrival would make every other rank
+#: look late by its error.
+MAX_SPREAD_NS = 60 * 1_000_000_000
 #: Counted sequence numbers kept per communicator: a collective whose seq is below all of
 #: them is as old as a counted one and is ignored.
 _COUNTED_PER_COMM = 4096
+
+
+log = logging.getLogger(__name__)
 
 
 class NcclCollectiveTimes:
@@ -77,6 +86,8 @@ class LateArrivals:
         self._counted: dict[tuple[str, int], set[int]] = defaultdict(set)  # (job, comm)
         #: Per (job, comm): sequence numbers at or below this were forgotten once counted.
         self._floor: dict[tuple[str, int], int] = {}
+        #: Collectives left out for a spread over `MAX_SPREAD_NS` (the first one is logged).
+        self.left_out = 0
 
     def apply(
         self, local: list[RankSignals], peers: list[RankSignals]
@@ -113,6 +124,16 @@ class LateArrivals:
             job, comm, seq = key
             self._remember(job, comm, seq)
             first = min(p.by_rank.values())
+            if max(p.by_rank.values()) - first > MAX_SPREAD_NS:
+                if not self.left_out:
+                    log.warning(
+                        "detection: job %s's ranks %s reached collective %d of communicator "
+                        "%x more than %d s apart: left out (a node's clock or its arrivals "
+                        "are wrong; check its time synchronisation)",
+                        job, sorted(p.by_rank), seq, comm, MAX_SPREAD_NS // 1_000_000_000,
+                    )  # fmt: skip
+                self.left_out += 1
+                continue
             for rank, arrival in p.by_rank.items():
                 out[(job, rank)] += arrival - first
         return dict(out)

@@ -425,7 +425,8 @@ def from_record(r: RankSignal, clock_offset_ns: int = 0) -> RankSignals:
                 CollectiveArrival(
                     a.comm_hash, a.seq, a.arrival_unix_ns - clock_offset_ns, a.comm_ranks
                 )
-                for a in r.arrivals
+                # The latest MAX_ARRIVALS, as a sender sends: a peer that sends more is cut.
+                for a in r.arrivals[-MAX_ARRIVALS:]
             )
             if r.arrivals_known
             else None
