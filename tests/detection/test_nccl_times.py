@@ -149,11 +149,14 @@ def test_a_communicator_split_across_nodes_waits_for_the_other_node_s_ranks() ->
 
 
 def test_a_collective_not_every_rank_reported_counts_over_those_seen_after_a_wait() -> None:
-    # A four-rank communicator whose ranks 2 and 3 have no agent reporting them.
+    # A four-rank communicator whose ranks 2 and 3 have no agent reporting them; the job's
+    # rank 5 on a peer reports its arrivals (at another communicator): a peer's answer may
+    # come late, so the collective waits for it.
     late = LateArrivals()
+    peer = [pulled(rank(5, [], comm_id=PAIR), 0)]
     first = [rank(0, [(8, T0 + 2 * MS)]), rank(1, [(8, T0 + 7 * MS)])]
-    rounds = [late.apply(first, [])[0]]
-    rounds += [late.apply([rank(0, []), rank(1, [])], [])[0] for _ in range(WAIT_ROUNDS)]
+    rounds = [late.apply(first, peer)[0]]
+    rounds += [late.apply([rank(0, []), rank(1, [])], peer)[0] for _ in range(WAIT_ROUNDS)]
     # Seen in the first round, waited for the rest in WAIT_ROUNDS more.
     assert [[ms(s) for s in r] for r in rounds] == [[0.0, 0.0] for _ in range(WAIT_ROUNDS)] + [
         [0.0, 5.0]
@@ -161,6 +164,16 @@ def test_a_collective_not_every_rank_reported_counts_over_those_seen_after_a_wai
     # Counted: the missing ranks' arrivals coming later add nothing.
     again = late.apply([rank(0, [])], [pulled(rank(2, [(8, T0)]), 0)])
     assert [s.late_s for s in again[0] + again[1]] == [0.0, 0.0]
+
+
+def test_without_peers_a_collective_waits_one_round_for_this_node_s_ranks() -> None:
+    # No peer reports the job's ranks: nothing to wait for but this node's ranks that
+    # completed the collective after the sample that saw the first (rank 1 here, late).
+    late = LateArrivals()
+    first, _ = late.apply([rank(0, [(8, T0)]), rank(1, [])], [])
+    second, _ = late.apply([rank(0, []), rank(1, [(8, T0 + 30 * MS)])], [])
+    assert [ms(s) for s in first] == [0.0, 0.0]
+    assert [ms(s) for s in second] == [0.0, 30.0]
 
 
 def test_a_peer_s_answer_read_again_is_not_counted_twice() -> None:

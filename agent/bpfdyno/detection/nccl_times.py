@@ -33,6 +33,9 @@ from bpfdyno.sources.nccl_profiler.receiver import NcclRankAggregate
 #: it was first seen in before it is counted over the ranks seen: a peer's answer may be two
 #: intervals old when it is read.
 WAIT_ROUNDS = 3
+#: ... when no peer reports ranks of the job (none configured or found, none answering):
+#: one round, for this node's ranks that completed it after the sample that saw another's.
+WAIT_ROUNDS_ALONE = 1
 #: A collective whose ranks' arrivals span more than this is left out: no rank waits a
 #: minute at a collective and then completes it (NCCL's own timeouts and the hang watch are
 #: for that), so a clock or a peer is wrong, and one bad arrival would make every other rank
@@ -96,7 +99,9 @@ class LateArrivals:
         the collectives counted in this round add up to for it (0 when none was). Only the
         peers' ranks of this node's jobs are compared (the detector uses no other)."""
         jobs = {s.job_id for s in local}
-        late = self.update([*local, *(s for s in peers if s.job_id in jobs)])
+        peers_of_jobs = [s for s in peers if s.job_id in jobs]
+        pulled = {s.job_id for s in peers_of_jobs if s.arrivals is not None}
+        late = self.update([*local, *peers_of_jobs], pulled)
 
         def filled(s: RankSignals) -> RankSignals:
             if s.arrivals is None or s.job_id not in jobs:
@@ -105,9 +110,12 @@ class LateArrivals:
 
         return [filled(s) for s in local], [filled(s) for s in peers]
 
-    def update(self, ranks: Iterable[RankSignals]) -> dict[tuple[str, int], int]:
+    def update(
+        self, ranks: Iterable[RankSignals], pulled: set[str] | None = None
+    ) -> dict[tuple[str, int], int]:
         """Adds the ranks' arrivals; the late ns per (job, rank) of the collectives that are
-        counted now."""
+        counted now. ``pulled``: the jobs whose peers' arrivals are read (their incomplete
+        collectives wait `WAIT_ROUNDS`; others `WAIT_ROUNDS_ALONE`); None: all."""
         self._round += 1
         jobs = set()
         for s in ranks:
@@ -117,11 +125,12 @@ class LateArrivals:
         self._forget_jobs_but(jobs)
         out: dict[tuple[str, int], int] = defaultdict(int)
         for key, p in list(self._pending.items()):
+            job, comm, seq = key
             complete = p.comm_ranks > 0 and len(p.by_rank) >= p.comm_ranks
-            if not complete and self._round - p.first_round < self._wait_rounds:
+            wait = self._wait_rounds if pulled is None or job in pulled else WAIT_ROUNDS_ALONE
+            if not complete and self._round - p.first_round < wait:
                 continue
             del self._pending[key]
-            job, comm, seq = key
             self._remember(job, comm, seq)
             first = min(p.by_rank.values())
             if max(p.by_rank.values()) - first > MAX_SPREAD_NS:
