@@ -242,3 +242,19 @@ def test_a_peer_that_sends_more_arrivals_than_a_sender_may_is_cut_to_the_latest(
     got = from_record(from_pb(RankSignal, to_pb(record)))
     assert got.arrivals is not None
     assert [a.seq for a in got.arrivals] == list(range(2 * MAX_ARRIVALS, 3 * MAX_ARRIVALS))
+
+
+def test_old_counted_collectives_are_forgotten_but_never_counted_again() -> None:
+    # More collectives than a communicator's counted set keeps: the oldest are forgotten,
+    # and one of them read again (a peer's very old answer) is below what is kept: ignored.
+    late = LateArrivals()
+    n = 9000
+    a, b = late.apply(
+        [rank(0, [(seq, T0 + seq * MS) for seq in range(n)], comm_ranks=2)],
+        [rank(1, [(seq, T0 + seq * MS + MS) for seq in range(n)], comm_ranks=2)],
+    )
+    assert (ms(a[0]), ms(b[0])) == (0.0, n * 1.0)
+    a, b = late.apply(
+        [rank(0, [(0, T0)], comm_ranks=2)], [rank(1, [(0, T0 + 5 * MS)], comm_ranks=2)]
+    )
+    assert (ms(a[0]), ms(b[0])) == (0.0, 0.0)

@@ -3,7 +3,8 @@
 The plugin's receiver (`bpfdyno.sources.nccl_profiler`) keeps each trainer's cumulative time
 in collectives and its latest completed collectives with the moment its CPU reached each
 (its arrival). `NcclCollectiveTimes` hands both to the signal sampler, which puts the
-arrivals new in an interval into the rank's signal (at most `MAX_ARRIVALS`); they travel to
+arrivals of the interval and the one before into the rank's signal (the latest
+`MAX_ARRIVALS`); they travel to
 the job's other agents in its `RankSignal`, moved onto the puller's clock by the peer's clock
 offset (`signals.from_record`).
 
@@ -14,8 +15,9 @@ this node's and the peers' alike, and counts it once: each rank's lateness is it
 minus the earliest. A collective is counted when as many ranks as its communicator has
 reported it, or, when some never do (their node has no agent, a peer stopped answering, the
 rank's window of recent collectives no longer holds it), after `WAIT_ROUNDS` rounds over the
-ranks seen. A collective already counted is not counted again: a peer's answer is pulled
-again until a newer one replaces it.
+ranks seen (`WAIT_ROUNDS_ALONE` for a job whose peers report none of its ranks). A
+collective already counted is not counted again: a peer's answer is pulled again until a
+newer one replaces it.
 """
 
 from __future__ import annotations
