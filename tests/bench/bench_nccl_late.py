@@ -19,8 +19,14 @@ import statistics
 import time
 
 from bpfdyno.detection.nccl_times import LateArrivals
-from bpfdyno.detection.signals import MAX_ARRIVALS, RankSignals, from_record, to_record
-from bpfdyno.rpc.detection import CollectiveArrival, GetRankSignalsResponse
+from bpfdyno.detection.signals import (
+    MAX_ARRIVALS,
+    Arrivals,
+    RankSignals,
+    from_record,
+    to_record,
+)
+from bpfdyno.rpc.detection import GetRankSignalsResponse
 from bpfdyno.rpc.v1 import detection_pb2
 from bpfdyno.rpc.wire import from_pb, to_pb
 
@@ -34,9 +40,9 @@ def node_answer(node: int, nranks: int, first_seq: int) -> bytes:
     """One node's ``GetRankSignals`` answer: its eight ranks, 256 arrivals each."""
     signals = []
     for r in range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE):
-        arrivals = tuple(
-            CollectiveArrival(COMM, seq, T0 + seq * 10_000_000 + r * 1000, nranks)
-            for seq in range(first_seq, first_seq + MAX_ARRIVALS)
+        seqs = tuple(range(first_seq, first_seq + MAX_ARRIVALS))
+        arrivals = (
+            Arrivals(COMM, nranks, seqs, tuple(T0 + q * 10_000_000 + r * 1000 for q in seqs)),
         )
         s = RankSignals(
             "41", r, 1000 + r, 0.0, INTERVAL_S, 1.0, 0.0, 4.0, 0.0, 0, arrivals=arrivals

@@ -20,8 +20,8 @@ from bpfdyno.app.daemon import Daemon
 from bpfdyno.app.detection_peers import PeerSignals
 from bpfdyno.core.config import load
 from bpfdyno.detection.events import EventLog
-from bpfdyno.detection.signals import RankSignals, to_record
-from bpfdyno.rpc.detection import CollectiveArrival, RankSignal
+from bpfdyno.detection.signals import Arrivals, RankSignals, to_record
+from bpfdyno.rpc.detection import RankSignal
 from bpfdyno.server import agent as agent_server
 from bpfdyno.server.detection import detection_servicer_factory
 from bpfdyno.server.grpc_server import GrpcServer
@@ -63,7 +63,7 @@ async def test_a_peer_s_arrivals_are_moved_onto_this_agent_s_clock(
     on_its_clock = TRUE_ARRIVAL_NS + round(offset_s * 1e9)
     rank = RankSignals(
         "7", 3, 4242, 0.0, 1.0, 0.5, 0.0, 0.5, 0.0, 0,
-        arrivals=(CollectiveArrival(0xC0FFEE, 12, on_its_clock, 2),),
+        arrivals=(Arrivals(0xC0FFEE, 2, (12,), (on_its_clock,)),),
     )  # fmt: skip
     async with peer_agent(tmp_path, [to_record(rank, "node-b", time.time())]) as sock:
         peers = PeerSignals([sock], 0.2)
@@ -76,8 +76,7 @@ async def test_a_peer_s_arrivals_are_moved_onto_this_agent_s_clock(
         finally:
             await peers.stop()
     assert got.arrivals is not None
-    (arrival,) = got.arrivals
-    assert (arrival.comm_hash, arrival.seq, arrival.comm_ranks) == (0xC0FFEE, 12, 2)
-    assert abs(arrival.arrival_unix_ns - TRUE_ARRIVAL_NS) < TOLERANCE_NS, (
-        arrival.arrival_unix_ns - TRUE_ARRIVAL_NS
-    )
+    (g,) = got.arrivals
+    assert (g.comm_hash, g.seqs, g.comm_ranks) == (0xC0FFEE, (12,), 2)
+    (arrival_ns,) = g.at_ns
+    assert abs(arrival_ns - TRUE_ARRIVAL_NS) < TOLERANCE_NS, arrival_ns - TRUE_ARRIVAL_NS

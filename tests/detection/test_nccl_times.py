@@ -8,8 +8,16 @@ import math
 from dataclasses import replace
 
 from bpfdyno.detection.nccl_times import WAIT_ROUNDS, LateArrivals, NcclCollectiveTimes
-from bpfdyno.detection.signals import MAX_ARRIVALS, RankSignals, from_record, to_record
-from bpfdyno.rpc.detection import CollectiveArrival, RankSignal
+from bpfdyno.detection.signals import (
+    MAX_ARRIVALS,
+    Arrival,
+    Arrivals,
+    RankSignals,
+    from_record,
+    grouped,
+    to_record,
+)
+from bpfdyno.rpc.detection import RankSignal
 from bpfdyno.rpc.wire import from_pb, to_pb
 from bpfdyno.sources.nccl_profiler.receiver import (
     NcclCollective,
@@ -61,8 +69,8 @@ def rank(
     """Rank ``r`` of the job with arrivals (seq, unix ns) at ``comm_id`` (None: unknown)."""
     return RankSignals(
         JOB, r, 1000 + r, 0.0, 5.0, 1.0, 0.0, 4.0, 0.0, 0, host=host,
-        arrivals=None if arrivals is None else tuple(
-            CollectiveArrival(comm_id, seq, at, comm_ranks) for seq, at in arrivals
+        arrivals=None if arrivals is None else grouped(
+            Arrival(comm_id, seq, at, comm_ranks) for seq, at in arrivals
         ),
     )  # fmt: skip
 
@@ -73,7 +81,7 @@ def pulled(s: RankSignals, offset_ns: int) -> RankSignals:
     on_its_clock = None
     if s.arrivals is not None:
         on_its_clock = tuple(
-            replace(a, arrival_unix_ns=a.arrival_unix_ns + offset_ns) for a in s.arrivals
+            replace(g, at_ns=tuple(t + offset_ns for t in g.at_ns)) for g in s.arrivals
         )
     record = to_record(replace(s, arrivals=on_its_clock), "node-b", 1000.0)
     return from_record(from_pb(RankSignal, to_pb(record)), offset_ns)
@@ -97,8 +105,8 @@ def test_the_receiver_s_recent_collectives_are_the_rank_s_arrivals_with_their_co
     assert got is not None
     assert got.in_collective_ns == 40
     assert got.arrivals == (
-        CollectiveArrival(WORLD, 7, T0, 16),
-        CollectiveArrival(PAIR, 3, T0 + 9, 2),
+        Arrival(WORLD, 7, T0, 16),
+        Arrival(PAIR, 3, T0 + 9, 2),
     )
     assert times.collective_times(555) is None
 
@@ -198,7 +206,7 @@ def test_a_peer_s_answer_read_again_is_not_counted_twice() -> None:
 def test_a_rank_without_arrivals_has_no_late_time_and_jobs_are_apart() -> None:
     other = RankSignals(
         "42", 1, 2000, 0.0, 5.0, 1.0, 0.0, 4.0, 0.0, 0,
-        arrivals=(CollectiveArrival(WORLD, 10, T0 + 50 * MS, 2),),
+        arrivals=(Arrivals(WORLD, 2, (10,), (T0 + 50 * MS,)),),
     )  # fmt: skip
     a, _ = LateArrivals().apply([rank(0, [(10, T0)], comm_ranks=2), rank(1, None), other], [])
     assert a[0].late_s == 0.0
@@ -210,14 +218,21 @@ def test_a_rank_without_arrivals_has_no_late_time_and_jobs_are_apart() -> None:
     assert peer is elsewhere
 
 
-def test_arrivals_on_the_wire_cost_about_27_bytes_each() -> None:
+def test_arrivals_on_the_wire_cost_4_to_5_bytes_each() -> None:
+    def per_arrival(step_ns: int) -> float:
+        arrivals = [(1_000_000 + i, T0 + i * step_ns) for i in range(MAX_ARRIVALS)]
+        full = rank(0, arrivals, comm_ranks=64)
+        with_arrivals = to_pb(to_record(full, "node-a", 1000.0)).ByteSize()
+        without = to_pb(to_record(rank(0, None), "node-a", 1000.0)).ByteSize()
+        return (with_arrivals - without) / MAX_ARRIVALS
+
+    # Packed deltas: a seq step of 1 (1 byte) and an arrival step of 1 ms (3 bytes zigzagged)
+    # or 10 ms (4 bytes); the communicator's id, size, first values, tags and lengths once
+    # (about 36 bytes): 4.1 and 5.1 bytes an arrival, 1-1.3 KB for 256 (27 bytes each, one
+    # message per arrival, before).
+    assert 4.1 <= per_arrival(MS) <= 4.2, per_arrival(MS)
+    assert 5.1 <= per_arrival(10 * MS) <= 5.2, per_arrival(10 * MS)
     full = rank(0, [(1_000_000 + i, T0 + i * MS) for i in range(MAX_ARRIVALS)], comm_ranks=64)
-    with_arrivals = to_pb(to_record(full, "node-a", 1000.0)).ByteSize()
-    without = to_pb(to_record(rank(0, None), "node-a", 1000.0)).ByteSize()
-    # A communicator id (8 bytes), a seq of a million (3), an arrival (8), the size (1), each
-    # with its tag, and the message's tag and length: 27 bytes; 256 of them about 7 KB.
-    per_arrival = (with_arrivals - without) / MAX_ARRIVALS
-    assert 26.5 <= per_arrival <= 27.5, per_arrival
     back = from_record(from_pb(RankSignal, to_pb(to_record(full, "node-a", 1000.0))))
     assert back.arrivals == full.arrivals
     unknown = from_record(from_pb(RankSignal, to_pb(to_record(rank(0, None), "node-a", 1.0))))
@@ -241,7 +256,9 @@ def test_a_peer_that_sends_more_arrivals_than_a_sender_may_is_cut_to_the_latest(
     record = to_record(many, "node-b", 1000.0)
     got = from_record(from_pb(RankSignal, to_pb(record)))
     assert got.arrivals is not None
-    assert [a.seq for a in got.arrivals] == list(range(2 * MAX_ARRIVALS, 3 * MAX_ARRIVALS))
+    (g,) = got.arrivals
+    assert g.seqs == tuple(range(2 * MAX_ARRIVALS, 3 * MAX_ARRIVALS))
+    assert g.at_ns == tuple(T0 + seq for seq in range(2 * MAX_ARRIVALS, 3 * MAX_ARRIVALS))
 
 
 def test_old_counted_collectives_are_forgotten_but_never_counted_again() -> None:

@@ -23,12 +23,12 @@ newer one replaces it.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from operator import sub
 
-from bpfdyno.detection.signals import CollectiveTimes, RankSignals
-from bpfdyno.rpc.detection import CollectiveArrival
+from bpfdyno.detection.signals import Arrival, Arrivals, CollectiveTimes, RankSignals
 from bpfdyno.sources.nccl_profiler.receiver import NcclRankAggregate
 
 #: Rounds a collective that not every rank of its communicator reported waits after the one
@@ -65,19 +65,102 @@ class NcclCollectiveTimes:
         return CollectiveTimes(
             in_collective_ns=agg.time_in_collectives_ns,
             arrivals=tuple(
-                CollectiveArrival(c.comm_id, c.seq, c.start_realtime_ns, sizes.get(c.comm_id, 0))
+                Arrival(c.comm_id, c.seq, c.start_realtime_ns, sizes.get(c.comm_id, 0))
                 for c in agg.recent
             ),
         )
 
 
 @dataclass(slots=True)
-class _Pending:
-    """One collective's arrivals so far, per rank."""
+class _Comm:
+    """One communicator of a job: its arrivals not counted yet, per rank, and what was.
 
-    first_round: int
-    comm_ranks: int
-    by_rank: dict[int, int] = field(default_factory=dict)  # rank -> arrival (unix ns)
+    Arrivals are kept in dicts per rank and handled a column at a time (``map`` over a
+    collective list, set operations), not one object per arrival: at eight nodes of eight
+    ranks a round brings 16384 arrivals, and per-arrival Python is most of the cost.
+    """
+
+    size: int  # ranks in it (0: not known)
+    by_rank: dict[int, dict[int, int]] = field(default_factory=dict)  # rank -> seq -> arrival
+    reports: Counter[int] = field(default_factory=Counter)  # seq -> ranks that reported it
+    first_round: dict[int, int] = field(default_factory=dict)  # seq -> round first seen
+    counted: set[int] = field(default_factory=set)
+    floor: int = -1  # sequence numbers at or below this were forgotten once counted
+
+    def add(self, rank: int, g: Arrivals, round_: int) -> None:
+        mine = self.by_rank.get(rank)
+        if mine is None:
+            mine = self.by_rank[rank] = {}
+        # Counted already (a peer's answer read again, a late duplicate) or kept already.
+        fresh = set(g.seqs).difference(mine, self.counted)
+        if self.floor >= 0:
+            fresh = {s for s in fresh if s > self.floor}
+        if not fresh:
+            return
+        if len(fresh) == len(g.seqs):  # all new (the usual case): the columns as they are
+            mine.update(zip(g.seqs, g.at_ns, strict=False))
+        else:
+            at = dict(zip(g.seqs, g.at_ns, strict=False))
+            mine.update(zip(fresh, map(at.__getitem__, fresh), strict=True))
+        self.reports.update(fresh)
+        self.first_round.update(dict.fromkeys(fresh.difference(self.first_round), round_))
+
+    def ready(self, round_: int, wait: int) -> list[int]:
+        """The collectives to count now: every rank reported them, or they waited enough."""
+        n = self.size
+        first = self.first_round
+        return [s for s, k in self.reports.items() if 0 < n <= k or round_ - first[s] >= wait]
+
+    def count(self, seqs: list[int]) -> tuple[dict[int, int], list[int]]:
+        """Counts ``seqs``: each rank's late ns summed over them, and those left out for a
+        spread over `MAX_SPREAD_NS`. They are forgotten but for their numbers."""
+        ranks = list(self.by_rank.items())
+        late: dict[int, int] = defaultdict(int)
+        left_out: list[int] = []
+        # Reported by every rank kept: a column per rank, the earliest a column-wise min.
+        everyone = [s for s in seqs if self.reports[s] == len(ranks)]
+        if everyone:
+            cols = [list(map(d.__getitem__, everyone)) for _, d in ranks]
+            firsts = list(map(min, *cols)) if len(cols) > 1 else cols[0]
+            lates = [list(map(sub, col, firsts)) for col in cols]
+            if max(map(max, lates)) > MAX_SPREAD_NS:  # a rank this late: a clock is wrong
+                lasts = list(map(max, *cols)) if len(cols) > 1 else cols[0]
+                spreads = list(map(sub, lasts, firsts))
+                left_out = [
+                    s for s, sp in zip(everyone, spreads, strict=True) if sp > MAX_SPREAD_NS
+                ]
+                lates = [
+                    [t for t, sp in zip(lt, spreads, strict=True) if sp <= MAX_SPREAD_NS]
+                    for lt in lates
+                ]
+            for (rank, _), lt in zip(ranks, lates, strict=True):
+                late[rank] += sum(lt)
+        # The others (some rank never reported them): one at a time.
+        for s in seqs:
+            if self.reports[s] == len(ranks):
+                continue
+            by_rank = {r: d[s] for r, d in ranks if s in d}
+            first = min(by_rank.values())
+            if max(by_rank.values()) - first > MAX_SPREAD_NS:
+                left_out.append(s)
+                continue
+            for rank, arrival in by_rank.items():
+                late[rank] += arrival - first
+        done = set(seqs)
+        for rank, d in ranks:
+            if d.keys() <= done:
+                del self.by_rank[rank]
+            else:
+                self.by_rank[rank] = {s: d[s] for s in d.keys() - done}
+        for s in seqs:
+            del self.reports[s]
+            del self.first_round[s]
+        self.counted.update(seqs)
+        if len(self.counted) > 2 * _COUNTED_PER_COMM:
+            kept = sorted(self.counted)[-_COUNTED_PER_COMM:]
+            self.floor = kept[0] - 1
+            self.counted = set(kept)
+        return late, left_out
 
 
 class LateArrivals:
@@ -87,10 +170,7 @@ class LateArrivals:
     def __init__(self, wait_rounds: int = WAIT_ROUNDS) -> None:
         self._wait_rounds = wait_rounds
         self._round = 0
-        self._pending: dict[tuple[str, int, int], _Pending] = {}  # (job, comm, seq)
-        self._counted: dict[tuple[str, int], set[int]] = defaultdict(set)  # (job, comm)
-        #: Per (job, comm): sequence numbers at or below this were forgotten once counted.
-        self._floor: dict[tuple[str, int], int] = {}
+        self._comms: dict[tuple[str, int], _Comm] = {}  # (job, communicator)
         #: Collectives left out for a spread over `MAX_SPREAD_NS` (the first one is logged).
         self.left_out = 0
 
@@ -122,55 +202,28 @@ class LateArrivals:
         jobs = set()
         for s in ranks:
             jobs.add(s.job_id)
-            for a in s.arrivals or ():
-                self._add(s.job_id, s.rank, a)
-        self._forget_jobs_but(jobs)
+            for g in s.arrivals or ():
+                comm = self._comms.get((s.job_id, g.comm_hash))
+                if comm is None:
+                    comm = self._comms[(s.job_id, g.comm_hash)] = _Comm(g.comm_ranks)
+                comm.add(s.rank, g, self._round)
+        # What is kept of jobs no rank reported in this round goes (they ended).
+        self._comms = {k: c for k, c in self._comms.items() if k[0] in jobs}
         out: dict[tuple[str, int], int] = defaultdict(int)
-        for key, p in list(self._pending.items()):
-            job, comm, seq = key
-            complete = p.comm_ranks > 0 and len(p.by_rank) >= p.comm_ranks
+        for (job, comm_hash), comm in self._comms.items():
             wait = self._wait_rounds if pulled is None or job in pulled else WAIT_ROUNDS_ALONE
-            if not complete and self._round - p.first_round < wait:
+            seqs = comm.ready(self._round, wait)
+            if not seqs:
                 continue
-            del self._pending[key]
-            self._remember(job, comm, seq)
-            first = min(p.by_rank.values())
-            if max(p.by_rank.values()) - first > MAX_SPREAD_NS:
-                if not self.left_out:
-                    log.warning(
-                        "detection: job %s's ranks %s reached collective %d of communicator "
-                        "%x more than %d s apart: left out (a node's clock or its arrivals "
-                        "are wrong; check its time synchronisation)",
-                        job, sorted(p.by_rank), seq, comm, MAX_SPREAD_NS // 1_000_000_000,
-                    )  # fmt: skip
-                self.left_out += 1
-                continue
-            for rank, arrival in p.by_rank.items():
-                out[(job, rank)] += arrival - first
+            late, left_out = comm.count(seqs)
+            for rank, ns in late.items():
+                out[(job, rank)] += ns
+            if left_out and not self.left_out:
+                log.warning(
+                    "detection: job %s's ranks reached collective %d of communicator %x more "
+                    "than %d s apart: left out (a node's clock or its arrivals are wrong; "
+                    "check its time synchronisation)",
+                    job, left_out[0], comm_hash, MAX_SPREAD_NS // 1_000_000_000,
+                )  # fmt: skip
+            self.left_out += len(left_out)
         return dict(out)
-
-    def _add(self, job: str, rank: int, a: CollectiveArrival) -> None:
-        comm = (job, a.comm_hash)
-        if a.seq <= self._floor.get(comm, -1) or a.seq in self._counted.get(comm, ()):
-            return  # counted already (a peer's answer read again, a late duplicate)
-        key = (job, a.comm_hash, a.seq)
-        pending = self._pending.get(key)
-        if pending is None:
-            pending = self._pending[key] = _Pending(self._round, a.comm_ranks)
-        pending.by_rank.setdefault(rank, a.arrival_unix_ns)
-
-    def _remember(self, job: str, comm_hash: int, seq: int) -> None:
-        comm = (job, comm_hash)
-        seqs = self._counted[comm]
-        seqs.add(seq)
-        if len(seqs) > 2 * _COUNTED_PER_COMM:
-            kept = sorted(seqs)[-_COUNTED_PER_COMM:]
-            self._floor[comm] = kept[0] - 1
-            self._counted[comm] = set(kept)
-
-    def _forget_jobs_but(self, jobs: set[str]) -> None:
-        """Drops what is kept of jobs no rank reported in this round (they ended)."""
-        self._pending = {k: p for k, p in self._pending.items() if k[0] in jobs}
-        for kept in (self._counted, self._floor):
-            for comm in [c for c in kept if c[0] not in jobs]:
-                del kept[comm]

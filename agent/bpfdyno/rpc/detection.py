@@ -105,14 +105,16 @@ class NetLink:
     seconds: float = 0.0
 
 
-@record(pb.CollectiveArrival)
-class CollectiveArrival:
-    """When one rank's CPU reached one collective (unix ns, the sending agent's clock)."""
+@record(pb.CommArrivals)
+class CommArrivals:
+    """One rank's arrivals at one communicator's collectives, as packed deltas (unix ns on
+    the sending agent's clock): the i-th sequence number and arrival are the sums of the
+    first i + 1 deltas."""
 
     comm_hash: int
-    seq: int
-    arrival_unix_ns: int
     comm_ranks: int = 0
+    seq_deltas: tuple[int, ...] = ()
+    arrival_deltas: tuple[int, ...] = ()
 
 
 @record(pb.RankSignal)
@@ -136,7 +138,7 @@ class RankSignal:
     peer_wait_seconds: float | None = None
     net_links: tuple[NetLink, ...] = ()
     net_links_known: bool = False  # False: no net data, network scores NaN
-    arrivals: tuple[CollectiveArrival, ...] = ()  # NCCL ranks: collectives of the interval
+    arrivals: tuple[CommArrivals, ...] = ()  # NCCL ranks: collectives of the interval
     arrivals_known: bool = False  # False: no NCCL profiler plugin in the rank
 
 

@@ -139,21 +139,21 @@ class RankSignal(_message.Message):
     peer_wait_seconds: float
     net_links: _containers.RepeatedCompositeFieldContainer[NetLink]
     net_links_known: bool
-    arrivals: _containers.RepeatedCompositeFieldContainer[CollectiveArrival]
+    arrivals: _containers.RepeatedCompositeFieldContainer[CommArrivals]
     arrivals_known: bool
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., end_unix_seconds: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., oncpu_seconds: _Optional[float] = ..., runq_wait_seconds: _Optional[float] = ..., main_waiting_seconds: _Optional[float] = ..., throttled_seconds: _Optional[float] = ..., io_bytes: _Optional[int] = ..., in_collective_seconds: _Optional[float] = ..., late_seconds: _Optional[float] = ..., peer_wait_seconds: _Optional[float] = ..., net_links: _Optional[_Iterable[_Union[NetLink, _Mapping]]] = ..., net_links_known: _Optional[bool] = ..., arrivals: _Optional[_Iterable[_Union[CollectiveArrival, _Mapping]]] = ..., arrivals_known: _Optional[bool] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., end_unix_seconds: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., oncpu_seconds: _Optional[float] = ..., runq_wait_seconds: _Optional[float] = ..., main_waiting_seconds: _Optional[float] = ..., throttled_seconds: _Optional[float] = ..., io_bytes: _Optional[int] = ..., in_collective_seconds: _Optional[float] = ..., late_seconds: _Optional[float] = ..., peer_wait_seconds: _Optional[float] = ..., net_links: _Optional[_Iterable[_Union[NetLink, _Mapping]]] = ..., net_links_known: _Optional[bool] = ..., arrivals: _Optional[_Iterable[_Union[CommArrivals, _Mapping]]] = ..., arrivals_known: _Optional[bool] = ...) -> None: ...
 
-class CollectiveArrival(_message.Message):
-    __slots__ = ("comm_hash", "seq", "arrival_unix_ns", "comm_ranks")
+class CommArrivals(_message.Message):
+    __slots__ = ("comm_hash", "comm_ranks", "seq_deltas", "arrival_deltas")
     COMM_HASH_FIELD_NUMBER: _ClassVar[int]
-    SEQ_FIELD_NUMBER: _ClassVar[int]
-    ARRIVAL_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     COMM_RANKS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_DELTAS_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_DELTAS_FIELD_NUMBER: _ClassVar[int]
     comm_hash: int
-    seq: int
-    arrival_unix_ns: int
     comm_ranks: int
-    def __init__(self, comm_hash: _Optional[int] = ..., seq: _Optional[int] = ..., arrival_unix_ns: _Optional[int] = ..., comm_ranks: _Optional[int] = ...) -> None: ...
+    seq_deltas: _containers.RepeatedScalarFieldContainer[int]
+    arrival_deltas: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, comm_hash: _Optional[int] = ..., comm_ranks: _Optional[int] = ..., seq_deltas: _Optional[_Iterable[int]] = ..., arrival_deltas: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GetRankSignalsRequest(_message.Message):
     __slots__ = ("job_id",)
