@@ -275,3 +275,22 @@ def test_old_counted_collectives_are_forgotten_but_never_counted_again() -> None
         [rank(0, [(0, T0)], comm_ranks=2)], [rank(1, [(0, T0 + 5 * MS)], comm_ranks=2)]
     )
     assert (ms(a[0]), ms(b[0])) == (0.0, 0.0)
+
+
+def test_collectives_every_rank_reported_and_those_some_did_not_count_in_one_round() -> None:
+    # A four-rank communicator of which three ranks report (no peers: one round's wait).
+    # Seq 1 reached by all three (counted a column at a time), seq 2 by two of them (counted
+    # on its own), seq 3 by two a minute and a half apart (left out).
+    late = LateArrivals()
+    first, _ = late.apply(
+        [
+            rank(0, [(1, T0), (2, T0 + 100 * MS), (3, T0 + 200 * MS)]),
+            rank(1, [(1, T0 + 2 * MS), (2, T0 + 105 * MS)]),
+            rank(2, [(1, T0 + 7 * MS), (3, T0 + 90_200 * MS)]),
+        ],
+        [],
+    )
+    assert [ms(s) for s in first] == [0.0, 0.0, 0.0]
+    second, _ = late.apply([rank(0, []), rank(1, []), rank(2, [])], [])
+    assert [ms(s) for s in second] == [0.0, 2.0 + 5.0, 7.0]
+    assert late.left_out == 1

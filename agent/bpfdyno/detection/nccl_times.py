@@ -26,7 +26,8 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from operator import sub
+from itertools import repeat
+from operator import add, sub
 
 from bpfdyno.detection.signals import Arrival, Arrivals, CollectiveTimes, RankSignals
 from bpfdyno.sources.nccl_profiler.receiver import NcclRankAggregate
@@ -82,8 +83,11 @@ class _Comm:
 
     size: int  # ranks in it (0: not known)
     by_rank: dict[int, dict[int, int]] = field(default_factory=dict)  # rank -> seq -> arrival
-    reports: Counter[int] = field(default_factory=Counter)  # seq -> ranks that reported it
+    reports: dict[int, int] = field(default_factory=dict)  # seq -> ranks that reported it
     first_round: dict[int, int] = field(default_factory=dict)  # seq -> round first seen
+    #: The round's new sequence numbers, one set per rank: tallied in `ready`, where the
+    #: ranks that reported the same ones (the usual case) are tallied once.
+    fresh: list[frozenset[int]] = field(default_factory=list)
     counted: set[int] = field(default_factory=set)
     floor: int = -1  # sequence numbers at or below this were forgotten once counted
 
@@ -92,9 +96,9 @@ class _Comm:
         if mine is None:
             mine = self.by_rank[rank] = {}
         # Counted already (a peer's answer read again, a late duplicate) or kept already.
-        fresh = set(g.seqs).difference(mine, self.counted)
+        fresh = frozenset(g.seqs).difference(mine, self.counted)
         if self.floor >= 0:
-            fresh = {s for s in fresh if s > self.floor}
+            fresh = frozenset(s for s in fresh if s > self.floor)
         if not fresh:
             return
         if len(fresh) == len(g.seqs):  # all new (the usual case): the columns as they are
@@ -102,11 +106,15 @@ class _Comm:
         else:
             at = dict(zip(g.seqs, g.at_ns, strict=False))
             mine.update(zip(fresh, map(at.__getitem__, fresh), strict=True))
-        self.reports.update(fresh)
-        self.first_round.update(dict.fromkeys(fresh.difference(self.first_round), round_))
+        self.fresh.append(fresh)
 
     def ready(self, round_: int, wait: int) -> list[int]:
         """The collectives to count now: every rank reported them, or they waited enough."""
+        for seqs, ranks in Counter(self.fresh).items():
+            self.first_round.update(dict.fromkeys(seqs.difference(self.first_round), round_))
+            got = map(self.reports.get, seqs, repeat(0))
+            self.reports.update(zip(seqs, map(add, got, repeat(ranks)), strict=True))
+        self.fresh.clear()
         n = self.size
         first = self.first_round
         return [s for s, k in self.reports.items() if 0 < n <= k or round_ - first[s] >= wait]
@@ -122,19 +130,17 @@ class _Comm:
         if everyone:
             cols = [list(map(d.__getitem__, everyone)) for _, d in ranks]
             firsts = list(map(min, *cols)) if len(cols) > 1 else cols[0]
-            lates = [list(map(sub, col, firsts)) for col in cols]
-            if max(map(max, lates)) > MAX_SPREAD_NS:  # a rank this late: a clock is wrong
-                lasts = list(map(max, *cols)) if len(cols) > 1 else cols[0]
-                spreads = list(map(sub, lasts, firsts))
-                left_out = [
-                    s for s, sp in zip(everyone, spreads, strict=True) if sp > MAX_SPREAD_NS
-                ]
-                lates = [
-                    [t for t, sp in zip(lt, spreads, strict=True) if sp <= MAX_SPREAD_NS]
-                    for lt in lates
-                ]
-            for (rank, _), lt in zip(ranks, lates, strict=True):
-                late[rank] += sum(lt)
+            lasts = list(map(max, *cols)) if len(cols) > 1 else cols[0]
+            spreads = list(map(sub, lasts, firsts))
+            if max(spreads) > MAX_SPREAD_NS:  # a rank this late: a clock is wrong
+                keep = [i for i, sp in enumerate(spreads) if sp <= MAX_SPREAD_NS]
+                left_out = [everyone[i] for i, sp in enumerate(spreads) if sp > MAX_SPREAD_NS]
+                cols = [[c[i] for i in keep] for c in cols]
+                firsts = [firsts[i] for i in keep]
+            # Each rank's late time: its arrivals minus the earliest ones, summed.
+            earliest = sum(firsts)
+            for (rank, _), col in zip(ranks, cols, strict=True):
+                late[rank] += sum(col) - earliest
         # The others (some rank never reported them): one at a time.
         for s in seqs:
             if self.reports[s] == len(ranks):
@@ -148,7 +154,8 @@ class _Comm:
                 late[rank] += arrival - first
         done = set(seqs)
         for rank, d in ranks:
-            if d.keys() <= done:
+            # Every rank holds all of `everyone`: one holding no more has nothing left.
+            if len(d) == len(everyone) or d.keys() <= done:
                 del self.by_rank[rank]
             else:
                 self.by_rank[rank] = {s: d[s] for s in d.keys() - done}
