@@ -35,6 +35,8 @@ JOB = f"{MASTER[0]}:{MASTER[1]}"
 #: The pair communicators' ids (NCCL's commHash): rank r's is PAIR_COMM + r % 3.
 PAIR_COMM = 0x5EED_0000_C0FF_EE00
 LATE_RANKS = {2: "n1", 4: "n2"}
+#: Rounds of each rank whose late time is summed.
+ROUNDS = 5
 
 
 def _agent(name: str, port: int, peer: str, base: Path, pki: Pki, trace_dir: Path) -> NodeAgent:
@@ -75,15 +77,13 @@ def _rank(agent: NodeAgent, library: Path, python: str, rank: int) -> subprocess
 def two_agents(
     cluster_base: Path, pki: Pki, trace_dir: Path
 ) -> Iterator[tuple[NodeAgent, NodeAgent]]:
+    """The two nodes' agents, configured but not started (the test starts them while its
+    ranks start: six PyTorch imports are most of its time); stopped after it."""
     base = cluster_base / "nccl-late"
     port = free_port([ADDRESSES["n1"], ADDRESSES["n2"]])
     n1 = _agent("n1", port, f"{ADDRESSES['n2']}:{port}", base, pki, trace_dir)
     n2 = _agent("n2", port, f"{ADDRESSES['n1']}:{port}", base, pki, trace_dir)
     try:
-        for a in (n1, n2):
-            a.start()
-        for a in (n1, n2):
-            a.wait_ready()
         yield n1, n2
     finally:
         for a in (n1, n2):
@@ -110,6 +110,11 @@ def test_each_agent_confirms_its_rank_late_against_its_communicator_peer_on_the_
     library = build_plugin(tmp_path / "plugin")
     ranks = [_rank(n1 if r < 3 else n2, library, torch_python, r) for r in range(6)]
     try:
+        # The ranks register on Kineto's first poll that finds their agent up.
+        for a in (n1, n2):
+            a.start()
+        for a in (n1, n2):
+            a.wait_ready()
         for p in ranks:
             assert p.stdout is not None
             line = p.stdout.readline()
@@ -129,7 +134,16 @@ def test_each_agent_confirms_its_rank_late_against_its_communicator_peer_on_the_
 
         wait_for(confirmed, 120, "each agent to confirm its late rank", step=0.5)
         events = {name: asyncio.run(_events(a)) for name, a in nodes.items()}
-        served = {s.rank: s for a in (n1, n2) for s in asyncio.run(_signals(a))}
+        # The rounds served after the confirmation, ROUNDS of each agent's (one round's
+        # count depends on which collectives became countable in it; several average out).
+        rounds: dict[tuple[int, float], RankSignal] = {}
+
+        def served_rounds() -> bool:
+            for a in (n1, n2):
+                rounds.update({(s.rank, s.end_unix_seconds): s for s in asyncio.run(_signals(a))})
+            return all(sum(1 for r, _ in rounds if r == rank) >= ROUNDS for rank in range(6))
+
+        wait_for(served_rounds, 60, f"{ROUNDS} rounds of every rank", step=0.3)
     finally:
         for p in ranks:
             p.terminate()
@@ -143,25 +157,35 @@ def test_each_agent_confirms_its_rank_late_against_its_communicator_peer_on_the_
         confirmation = next(e for e in events[name] if e.kind is DetectionKind.CONFIRMED)
         assert (confirmation.rank, confirmation.pid) == (rank, ranks[rank].pid)
         late = next(e for e in confirmation.evidence if e.name == "late_share")
-        # 40 ms late at each of five collectives a second: 0.2 of the interval, its
-        # collectives counted when the other node's arrivals at them came in (a round may
-        # hold a little more or less).
-        assert LATE_SHARE / 2 < late.value < LATE_SHARE * 2, late
-        assert late.job_median < 0.05, late  # under the score's floor
+        assert late.value > 0.05 > late.job_median, late  # over the score's floor, the job under
         # No other rank is named late (the machine's other load may make a rank wait for a
         # CPU: that is another score's business).
         named_late = {
             e.rank for e in events[name] if any(x.name == "late_share" for x in e.evidence)
         }
         assert named_late == {rank}, events[name]
-    assert sorted(served) == [0, 1, 2, 3, 4, 5]
-    for r, s in served.items():
+    by_rank: dict[int, list[RankSignal]] = {r: [] for r in range(6)}
+    for (r, _), s in sorted(rounds.items(), key=lambda kv: kv[0][1]):
         assert s.arrivals_known and s.late_seconds is not None, s
-        if r not in LATE_RANKS:
-            assert s.late_seconds / s.interval_seconds < 0.05, s
-    # Each rank sends the collectives of its last two intervals: about five a second.
+        by_rank[r].append(s)
+    for r, signals in by_rank.items():
+        # 40 ms late at each of five collectives a second: 0.2 of each second. Each round
+        # counts the collectives whose arrivals from both nodes came in by then (those of
+        # an interval a pull missed come in the next), so over ROUNDS rounds the count is
+        # off by at most what one round's edges hold.
+        share = sum(s.late_seconds or 0.0 for s in signals) / sum(
+            s.interval_seconds for s in signals
+        )
+        if r in LATE_RANKS:
+            assert LATE_SHARE / 2 < share < LATE_SHARE * 1.5, (r, share, signals)
+        else:
+            assert share < 0.05, (r, share, signals)  # a loaded CPU wakes it a little late
+    served = {r: signals[-1] for r, signals in by_rank.items()}
+    # Each rank sends the collectives of its last two intervals: five a second, ten in two
+    # intervals, give or take the five of one interval as the plugin's poll and the
+    # detection's round (both each second) drift against each other.
     rates = [
         sum(len(c.seq_deltas) for c in s.arrivals) / (2 * s.interval_seconds)
         for s in served.values()
     ]
-    assert all(3 <= x <= 8 for x in rates), rates
+    assert all(2 <= x <= 8 for x in rates), rates
