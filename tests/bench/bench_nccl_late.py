@@ -9,7 +9,8 @@ Per job size (nodes of eight ranks, one world communicator), one agent's round: 
 peers' answers (protobuf bytes -> `from_record`, the pull's work) and the count (`apply`), in
 CPU time of this thread (a loaded machine's waits are not counted), each the median of the
 rounds; then the share of a core at the default 5 s interval, and the bytes one peer's
-answer takes. docs/detection.md ("NCCL late arrival across nodes") holds a run's numbers.
+answer takes (arrivals packed per communicator). docs/performance.md ("NCCL late arrival
+across nodes") holds runs' numbers, before and after the packing.
 """
 
 from __future__ import annotations
