@@ -15,9 +15,10 @@ from bpfdyno.detection.signals import (
     RankSignals,
     from_record,
     grouped,
+    latest,
     to_record,
 )
-from bpfdyno.rpc.detection import RankSignal
+from bpfdyno.rpc.detection import CommArrivals, RankSignal
 from bpfdyno.rpc.wire import from_pb, to_pb
 from bpfdyno.sources.nccl_profiler.receiver import (
     NcclCollective,
@@ -294,3 +295,26 @@ def test_collectives_every_rank_reported_and_those_some_did_not_count_in_one_rou
     second, _ = late.apply([rank(0, []), rank(1, []), rank(2, [])], [])
     assert [ms(s) for s in second] == [0.0, 2.0 + 5.0, 7.0]
     assert late.left_out == 1
+
+
+def test_the_latest_arrivals_are_kept_across_communicators_by_time() -> None:
+    # Two communicators interleaved in time, 300 arrivals each: the latest 256 of the 600 by
+    # arrival time are the last 128 of each, each communicator's in its order.
+    arrivals = [
+        Arrival(comm, seq, T0 + (2 * seq + (comm == PAIR)) * MS, 2)
+        for seq in range(300)
+        for comm in (WORLD, PAIR)
+    ]
+    got = latest(grouped(arrivals))
+    assert [(g.comm_hash, g.seqs) for g in got] == [
+        (WORLD, tuple(range(172, 300))),
+        (PAIR, tuple(range(172, 300))),
+    ]
+    assert got[1].at_ns == tuple(T0 + (2 * seq + 1) * MS for seq in range(172, 300))
+
+
+def test_a_peer_s_columns_of_different_lengths_are_read_as_far_as_both_go() -> None:
+    bad = CommArrivals(WORLD, 2, seq_deltas=(5, 1, 1), arrival_deltas=(T0, MS))
+    record = replace(to_record(rank(1, None), "node-b", 1.0), arrivals=(bad,), arrivals_known=True)
+    got = from_record(from_pb(RankSignal, to_pb(record)), 1000)
+    assert got.arrivals == (Arrivals(WORLD, 2, (5, 6), (T0 - 1000, T0 + MS - 1000)),)
