@@ -17,11 +17,15 @@ from pathlib import Path
 import pytest
 
 from bpfdyno.detection.signals import (
+    MAX_ARRIVALS,
+    Arrival,
+    Arrivals,
     CollectiveTimes,
     RankProcess,
     RankSignals,
     SignalSampler,
     from_record,
+    new_arrivals,
     to_record,
 )
 from bpfdyno.rpc.detection import RankSignal
@@ -213,17 +217,36 @@ class Collectives:
         return self.times.get(pid)
 
 
-def test_collective_times_are_differences_when_a_source_gives_them() -> None:
+def test_collective_times_are_differences_and_arrivals_the_new_ones() -> None:
     coll = Collectives()
     sampler = SignalSampler(collectives=coll)
+    old = Arrival(0xAB, 7, 1_000, 4)
+    new = [Arrival(0xAB, 8, 2_000, 4), Arrival(0xAB, 9, 3_000, 4)]
     with children(0, 1) as (a, b):
-        coll.times[a.pid] = CollectiveTimes(in_collective_ns=1_000_000_000, late_ns=0)
+        coll.times[a.pid] = CollectiveTimes(in_collective_ns=1_000_000_000, arrivals=(old,))
         sampler.sample(refs([a, b]), time.monotonic())
-        coll.times[a.pid] = CollectiveTimes(in_collective_ns=3_500_000_000, late_ns=250_000_000)
+        coll.times[a.pid] = CollectiveTimes(3_500_000_000, (old, *new))
         sa, sb = sampler.sample(refs([a, b]), time.monotonic())
-    assert (sa.in_collective_s, sa.late_s) == (2.5, 0.25)
-    assert sb.in_collective_s != sb.in_collective_s  # NaN: nothing known for it
+        last = Arrival(0xAB, 10, 4_000, 4)
+        coll.times[a.pid] = CollectiveTimes(3_600_000_000, (old, *new, last))
+        (sa2,) = [s for s in sampler.sample(refs([a, b]), time.monotonic()) if s.pid == a.pid]
+    assert sa.in_collective_s == 2.5
+    # The collectives completed in the interval; how late it was is counted job-wide.
+    assert sa.arrivals == (Arrivals(0xAB, 4, (8, 9), (2_000, 3_000)),)
+    assert math.isnan(sa.late_s)
+    assert math.isnan(sb.in_collective_s)  # nothing known for it
+    assert sb.arrivals is None
     assert isinstance(sb, RankSignals)
+    # The next interval's signal sends the previous interval's arrivals again, before its own
+    # (a peer's pull may have missed that round).
+    assert sa2.arrivals == (Arrivals(0xAB, 4, (8, 9, 10), (2_000, 3_000, 4_000)),)
+
+
+def test_a_signal_carries_the_latest_256_arrivals_of_its_interval() -> None:
+    before = tuple(Arrival(1, seq, seq * 10, 8) for seq in range(100))
+    after = before[50:] + tuple(Arrival(1, seq, seq * 10, 8) for seq in range(100, 400))
+    got = new_arrivals(before, after)
+    assert [c.seq for c in got] == list(range(400 - MAX_ARRIVALS, 400))
 
 
 def test_a_process_gone_has_no_signal() -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from bpfdyno.app.rank_peers import Candidate, ConnectionPeers
 from bpfdyno.client.agent import AgentClient
+from bpfdyno.client.cluster.clock import measure_clock
 from bpfdyno.client.cluster.nodes import (
     DEFAULT_AGENT_PORT,
     JobRef,
@@ -432,6 +433,12 @@ class PeerSignals:
         try:
             async with AgentClient(target) as client:
                 records = await asyncio.wait_for(client.rank_signals(), self._timeout_s)
+                # NCCL arrivals are compared on our clock: the peer's offset, measured as a
+                # job trace measures it (best of two round trips), when it sent any.
+                offset_ns = 0
+                if any(r.arrivals_known for r in records):
+                    clock = await measure_clock(client, timeout_s=self._timeout_s)
+                    offset_ns = round(clock.offset_s * 1e9)
         except (AgentError, TimeoutError, OSError) as e:
             if target not in self._failing:
                 log.warning("detection: peer %s does not answer: %s", target, e)
@@ -439,4 +446,4 @@ class PeerSignals:
             return
         if self._failing.pop(target, None) is not None:
             log.info("detection: peer %s answers again", target)
-        self._got[target] = (time.monotonic(), [from_record(r) for r in records])
+        self._got[target] = (time.monotonic(), [from_record(r, offset_ns) for r in records])

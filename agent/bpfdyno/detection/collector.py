@@ -20,6 +20,7 @@ from bpfdyno.detection import metrics as m
 from bpfdyno.detection.detector import DetectorSettings, StragglerDetector
 from bpfdyno.detection.events import EventLog
 from bpfdyno.detection.hang import HangSettings, HangWatch
+from bpfdyno.detection.nccl_times import LateArrivals
 from bpfdyno.detection.net_signal import ConnectionSource
 from bpfdyno.detection.outliers import Hysteresis, State
 from bpfdyno.detection.signals import (
@@ -91,14 +92,17 @@ class DetectionCollector(Collector):
         self.events = events
         self._peer_waits = peer_waits
         self.sampler = SignalSampler(proc_root, collectives, peer_waits, connections)
+        self.late_arrivals = LateArrivals()
         self.detector = StragglerDetector(host, settings.detector)
         self.hangs = HangWatch(host, settings.hang, proc_root)
 
     def collect(self) -> Sequence[Sample]:
         now_mono, now_unix = time.monotonic(), time.time()
         signals = self.sampler.sample(self._ranks(), now_mono)
+        peers = list(self._peers()) if self._peers is not None else []
+        # NCCL ranks' late arrival, counted over the job's ranks on every node.
+        signals, peers = self.late_arrivals.apply(signals, peers)
         self._latest = (now_unix, signals)
-        peers = self._peers() if self._peers is not None else ()
         events = self.detector.update(signals, now_unix, peers)
         events += self.hangs.update(signals, now_mono, now_unix)
         self.events.add(events)

@@ -21,7 +21,10 @@ nothing is attached and nothing runs between readings:
   runnable, so its time is part of the run-queue wait; this says why the rank waited.
 
 Collective times from NCCL come from another module through `CollectiveSource`, gloo's peer
-waits through `PeerWaitSource`; without one those fields are NaN. The rank's TCP connections
+waits through `PeerWaitSource`; without one those fields are NaN. A NCCL rank's signal carries
+the collectives it completed in the interval with when it arrived at each (``arrivals``);
+how late it was (``late_s``) is counted over the job's ranks on every node by
+`bpfdyno.detection.nccl_times.LateArrivals`, which fills it in. The rank's TCP connections
 over the interval come from the net collector's last reading (`bpfdyno.detection.net_signal`:
 its links and the network scores the detector makes of the job's links); without it, None.
 """
@@ -32,15 +35,73 @@ import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from itertools import accumulate, islice
+from operator import sub
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from bpfdyno.core import pidfs
 from bpfdyno.detection.net_signal import ConnectionSource, LinkSampler, LinkScores
-from bpfdyno.rpc.detection import NetLink, RankSignal
+from bpfdyno.rpc.detection import CommArrivals, NetLink, RankSignal
 from bpfdyno.tracing.capture.cpu_quota import CpuQuotaReader
 
 NAN = float("nan")
+#: Arrivals a rank's signal carries at most (the latest ones): about 5 bytes each on the wire.
+MAX_ARRIVALS = 256
+
+
+class Arrival(NamedTuple):
+    """When one rank's CPU reached one collective (unix ns, this agent's clock)."""
+
+    comm_hash: int
+    seq: int
+    at_ns: int
+    comm_ranks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Arrivals:
+    """One rank's arrivals at one communicator's collectives: it reached collective
+    ``seqs[i]`` at ``at_ns[i]`` (unix ns, this agent's clock). Kept as columns, not one
+    object per arrival: the job-wide count and the wire handle them a column at a time."""
+
+    comm_hash: int
+    comm_ranks: int
+    seqs: tuple[int, ...]
+    at_ns: tuple[int, ...]
+
+
+def grouped(arrivals: Iterable[Arrival]) -> tuple[Arrivals, ...]:
+    """Arrivals by communicator, each in the order given."""
+    by_comm: dict[int, tuple[int, list[int], list[int]]] = {}
+    for a in arrivals:
+        g = by_comm.get(a.comm_hash)
+        if g is None:
+            g = by_comm[a.comm_hash] = (a.comm_ranks, [], [])
+        g[1].append(a.seq)
+        g[2].append(a.at_ns)
+    return tuple(Arrivals(c, n, tuple(seqs), tuple(at)) for c, (n, seqs, at) in by_comm.items())
+
+
+def latest(groups: tuple[Arrivals, ...], limit: int = MAX_ARRIVALS) -> tuple[Arrivals, ...]:
+    """The latest ``limit`` arrivals of ``groups`` (by arrival time; ``groups`` itself when
+    it holds no more)."""
+    if sum(len(g.seqs) for g in groups) <= limit:
+        return groups
+    keep = sorted((t, gi, i) for gi, g in enumerate(groups) for i, t in enumerate(g.at_ns))
+    kept: list[list[int]] = [[] for _ in groups]
+    for _, gi, i in keep[-limit:] if limit > 0 else ():
+        kept[gi].append(i)
+    return tuple(
+        Arrivals(
+            g.comm_hash,
+            g.comm_ranks,
+            tuple(g.seqs[i] for i in sorted(idx)),
+            tuple(g.at_ns[i] for i in sorted(idx)),
+        )
+        for g, idx in zip(groups, kept, strict=True)
+        if idx
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +114,10 @@ class RankProcess:
 
 @dataclass(frozen=True, slots=True)
 class CollectiveTimes:
-    """Cumulative collective times of one rank (from NCCL's profiler, say)."""
+    """Collective times of one rank (from NCCL's profiler, say)."""
 
-    in_collective_ns: int  # time between entering and leaving collectives
-    late_ns: int  # time its peers waited for it to arrive
+    in_collective_ns: int  # cumulative time between entering and leaving collectives
+    arrivals: tuple[Arrival, ...] = ()  # its latest completed ones, oldest first
 
 
 class CollectiveSource(Protocol):
@@ -93,7 +154,13 @@ class RankSignals:
         main_waiting_s: the main thread's off-CPU time that was not run-queue wait.
         throttled_s: time its cgroup (or an ancestor with a quota) was throttled.
         io_bytes: bytes its read/write calls moved (sockets included).
-        in_collective_s, late_s: from a `CollectiveSource` (NaN without one).
+        in_collective_s: from a `CollectiveSource` (NaN without one).
+        late_s: how late it arrived at the collectives counted in the interval, over the
+            job's ranks on every node (`nccl_times.LateArrivals`; NaN until then, and
+            without arrivals).
+        arrivals: the collectives it completed in the interval and the one before (the
+            latest `MAX_ARRIVALS`), by communicator, on this agent's clock (None: not known,
+            no `CollectiveSource` for it).
         peer_wait_s: thread-seconds its threads waited for their peers' data on the job's
             peer connections, from a `PeerWaitSource` (gloo; NaN without one).
         host: "" for this node's ranks, the peer's host for a rank pulled from a peer.
@@ -119,6 +186,7 @@ class RankSignals:
     peer_wait_s: float = NAN
     net_links: tuple[NetLink, ...] | None = None
     net: LinkScores = field(default_factory=LinkScores)
+    arrivals: tuple[Arrivals, ...] | None = None
 
     @property
     def cpu_wait_share(self) -> float:
@@ -227,6 +295,8 @@ class SignalSampler:
         self.links = LinkSampler(connections) if connections is not None else None
         self._quota = CpuQuotaReader(proc_root)
         self._last: dict[int, tuple[int, _Reading]] = {}  # pid -> (start ticks, reading)
+        #: pid -> the arrivals new in its last interval (sent again with the next one's).
+        self._sent_arrivals: dict[int, tuple[Arrival, ...]] = {}
         #: (pid, start) -> (RANK, the job's key from the environment), or None: not a rank.
         self._ranks: dict[tuple[int, int], tuple[int, str] | None] = {}
 
@@ -253,8 +323,10 @@ class SignalSampler:
             seen[p.pid] = (stat.start_ticks, reading)
             last = self._last.get(p.pid)
             if last is not None and last[0] == stat.start_ticks and reading.mono > last[1].mono:
-                out.append(_signals(p, rank, last[1], reading))
+                signals = _signals(p, rank, last[1], reading)
+                out.append(self._with_arrivals(signals, last[1], reading))
         self._last = seen
+        self._sent_arrivals = {p: a for p, a in self._sent_arrivals.items() if p in seen}
         self._ranks = {k: v for k, v in self._ranks.items() if k[0] in seen}
         if self._peer_waits is not None:
             self._peer_waits.forget(set(seen))
@@ -263,6 +335,19 @@ class SignalSampler:
             if links is not None:
                 out = [replace(s, net_links=links.get(s.pid, ())) for s in out]
         return out
+
+    def _with_arrivals(self, s: RankSignals, a: _Reading, b: _Reading) -> RankSignals:
+        """``s`` with the arrivals new in its interval, after the previous interval's (the
+        latest `MAX_ARRIVALS` of both): a peer pulls once per interval plus the pull's own
+        time, so now and then one of this node's rounds falls between two of its pulls; sent
+        twice, its arrivals still reach the peer (which counts each collective once)."""
+        if a.collective is None or b.collective is None:
+            self._sent_arrivals.pop(s.pid, None)
+            return s
+        new = new_arrivals(a.collective.arrivals, b.collective.arrivals)
+        before = self._sent_arrivals.get(s.pid, ())
+        self._sent_arrivals[s.pid] = new
+        return replace(s, arrivals=grouped((before + new)[-MAX_ARRIVALS:]))
 
     def _read(self, pid: int, now_mono: float) -> _Reading | None:
         task_dir = f"{os.fspath(self._proc)}/{pid}/task"
@@ -313,10 +398,9 @@ def _rank_of(proc_root: Path, pid: int) -> tuple[int, str] | None:
 def _signals(p: RankProcess, rank: int, a: _Reading, b: _Reading) -> RankSignals:
     interval = b.mono - a.mono
     main_busy_ns = (b.main_oncpu_ns - a.main_oncpu_ns) + (b.main_runq_ns - a.main_runq_ns)
-    in_coll = late = peer_wait = NAN
+    in_coll = peer_wait = NAN
     if a.collective is not None and b.collective is not None:
         in_coll = (b.collective.in_collective_ns - a.collective.in_collective_ns) / 1e9
-        late = (b.collective.late_ns - a.collective.late_ns) / 1e9
     if a.peer_wait_ns is not None and b.peer_wait_ns is not None:
         peer_wait = max(0, b.peer_wait_ns - a.peer_wait_ns) / 1e9
     return RankSignals(
@@ -332,9 +416,15 @@ def _signals(p: RankProcess, rank: int, a: _Reading, b: _Reading) -> RankSignals
         throttled_s=max(0, b.throttled_ns - a.throttled_ns) / 1e9,
         io_bytes=max(0, b.io_bytes - a.io_bytes),
         in_collective_s=in_coll,
-        late_s=late,
         peer_wait_s=peer_wait,
     )
+
+
+def new_arrivals(before: tuple[Arrival, ...], after: tuple[Arrival, ...]) -> tuple[Arrival, ...]:
+    """The arrivals in ``after`` not in ``before`` (the collectives completed in between),
+    the latest `MAX_ARRIVALS` of them."""
+    seen = {(c.comm_hash, c.seq) for c in before}
+    return tuple([c for c in after if (c.comm_hash, c.seq) not in seen][-MAX_ARRIVALS:])
 
 
 def to_record(s: RankSignals, host: str, end_unix: float) -> RankSignal:
@@ -356,11 +446,17 @@ def to_record(s: RankSignals, host: str, end_unix: float) -> RankSignal:
         peer_wait_seconds=None if math.isnan(s.peer_wait_s) else s.peer_wait_s,
         net_links=s.net_links or (),
         net_links_known=s.net_links is not None,
+        arrivals=tuple(map(_packed, s.arrivals or ())),
+        arrivals_known=s.arrivals is not None,
     )
 
 
-def from_record(r: RankSignal) -> RankSignals:
-    """A peer's rank, as the detector compares it (``host`` says it is not this node's)."""
+def from_record(r: RankSignal, clock_offset_ns: int = 0) -> RankSignals:
+    """A peer's rank, as the detector compares it (``host`` says it is not this node's).
+
+    ``clock_offset_ns`` is the peer's wall clock minus ours: its arrivals are moved onto our
+    clock by taking it off.
+    """
     return RankSignals(
         job_id=r.job_id,
         rank=r.rank,
@@ -377,4 +473,32 @@ def from_record(r: RankSignal) -> RankSignals:
         host=r.host,
         peer_wait_s=NAN if r.peer_wait_seconds is None else r.peer_wait_seconds,
         net_links=r.net_links if r.net_links_known else None,
+        arrivals=(
+            # The latest MAX_ARRIVALS, as a sender sends: a peer that sends more is cut.
+            latest(tuple(_unpacked(c, clock_offset_ns) for c in r.arrivals))
+            if r.arrivals_known
+            else None
+        ),
     )
+
+
+def _packed(g: Arrivals) -> CommArrivals:
+    """``g`` as the wire carries it: each value as its step from the one before (the first
+    from 0); a step of one sequence number or milliseconds takes a few bytes."""
+    return CommArrivals(
+        comm_hash=g.comm_hash,
+        comm_ranks=g.comm_ranks,
+        seq_deltas=tuple(map(sub, g.seqs, (0, *g.seqs[:-1]))),
+        arrival_deltas=tuple(map(sub, g.at_ns, (0, *g.at_ns[:-1]))),
+    )
+
+
+def _unpacked(c: CommArrivals, clock_offset_ns: int) -> Arrivals:
+    """A peer's packed arrivals, summed back and moved onto this agent's clock (a peer
+    whose columns differ in length is read as far as both go)."""
+    n = min(len(c.seq_deltas), len(c.arrival_deltas))
+    seqs = c.seq_deltas if len(c.seq_deltas) == n else c.seq_deltas[:n]
+    steps = c.arrival_deltas if len(c.arrival_deltas) == n else c.arrival_deltas[:n]
+    # Starting the sums at minus the offset moves every arrival onto this agent's clock.
+    at = islice(accumulate(steps, initial=-clock_offset_ns), 1, None)
+    return Arrivals(c.comm_hash, c.comm_ranks, tuple(accumulate(seqs)), tuple(at))

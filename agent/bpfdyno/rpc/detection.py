@@ -105,6 +105,18 @@ class NetLink:
     seconds: float = 0.0
 
 
+@record(pb.CommArrivals)
+class CommArrivals:
+    """One rank's arrivals at one communicator's collectives, as packed deltas (unix ns on
+    the sending agent's clock): the i-th sequence number and arrival are the sums of the
+    first i + 1 deltas."""
+
+    comm_hash: int
+    comm_ranks: int = 0
+    seq_deltas: tuple[int, ...] = ()
+    arrival_deltas: tuple[int, ...] = ()
+
+
 @record(pb.RankSignal)
 class RankSignal:
     """What one rank did in one interval, as a job's agents exchange it (times in seconds;
@@ -126,6 +138,8 @@ class RankSignal:
     peer_wait_seconds: float | None = None
     net_links: tuple[NetLink, ...] = ()
     net_links_known: bool = False  # False: no net data, network scores NaN
+    arrivals: tuple[CommArrivals, ...] = ()  # NCCL ranks: collectives of the interval
+    arrivals_known: bool = False  # False: no NCCL profiler plugin in the rank
 
 
 @record(pb.GetRankSignalsRequest, zero_is_default=True)
