@@ -42,11 +42,17 @@ class Meter:
         self._last: MeterWindow | None = None
         self._seq = 0
 
-    def request(self, owner: object, on_s: float, period_s: float) -> None:
+    def request(self, owner: object, on_s: float, period_s: float, rest: object = None) -> None:
         self.requested = (on_s, period_s)
 
     def release(self, owner: object) -> None:
         self.requested = None
+
+    def add_listener(self, fn: object) -> None:
+        pass
+
+    def remove_listener(self, fn: object) -> None:
+        pass
 
     def last_window(self) -> MeterWindow | None:
         return self._last
