@@ -190,7 +190,7 @@ def test_under_budget_nothing_is_taken_and_costs_are_reported_exactly() -> None:
     assert state is PartState.OK
     assert reason == (
         "cost 0.80 % of a core (BPF 0.40 %, agent 0.40 %) against a budget of 1.00 %; "
-        "RSS 52 MB of 268 MB; nothing reduced"
+        "RSS 52 MB of 268 MB; run statistics every 2 s (not measured yet); nothing reduced"
     )
 
 

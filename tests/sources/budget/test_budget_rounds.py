@@ -115,3 +115,21 @@ async def test_windows_rest_while_nothing_happens_and_come_at_once_when_a_rate_r
         assert again is not None and again.seq - steady.seq <= 3, (steady, again)
     finally:
         await d.stop()
+
+
+def test_the_budgets_status_says_how_often_it_measures_and_why() -> None:
+    cfg = load(None, [])
+    budget = BudgetCollector(cfg.budget, meter=ProcessRunStats())
+    assert budget.health()[1].endswith(
+        "; run statistics every 2 s (not measured yet); nothing reduced"
+    )
+    budget.watch.why = ""
+    assert budget.health()[1].endswith(
+        "; run statistics at rest (every 10 s, checked every 2 s); nothing reduced"
+    )
+    budget.watch.why = "softirq 15000/s against 150/s"
+    assert budget.health()[1].endswith(
+        "; run statistics every 2 s (softirq 15000/s against 150/s); nothing reduced"
+    )
+    off = BudgetCollector(load(None, [("budget.stats_rest_period_s", "0")]).budget)
+    assert off.health()[1].endswith("; run statistics every 2 s; nothing reduced")

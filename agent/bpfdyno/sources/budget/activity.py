@@ -95,7 +95,7 @@ class CalmWatch:
         self._reference: tuple[float, ...] | None = None  # the rates that window ended
         self._last: _Reading | None = None  # at the latest check or window
         #: Why the latest check was not calm ("" when it was).
-        self.why = ""
+        self.why = "not measured yet"
 
     def _read(self) -> _Reading:
         return _Reading(self._clock(), self._counts(), self._cpu())

@@ -298,8 +298,8 @@ class BudgetCollector(Collector):
         head = (
             f"cost {ratio_text(costs.total_ns_s)} of a core (BPF {ratio_text(costs.bpf_total_ns_s)}"
             f", agent {ratio_text(costs.agent_ns_s)}) against a budget of {ratio_text(budget)}; "
-            f"RSS {st.rss_bytes / 1e6:.0f} MB of {self._cfg.rss_bytes / 1e6:.0f} MB"
-            f"{_requested_text(costs)}"
+            f"RSS {st.rss_bytes / 1e6:.0f} MB of {self._cfg.rss_bytes / 1e6:.0f} MB; "
+            f"{self._windows_text()}{_requested_text(costs)}"
         )
         if not self._cfg.enabled:
             return PartState.OK, f"{head}; measuring only ([budget] enabled = false)"
@@ -314,6 +314,16 @@ class BudgetCollector(Collector):
             for h in st.held
         )
         return PartState.DEGRADED, f"{head}; reduced: {steps}"
+
+    def _windows_text(self) -> str:
+        """How often the run statistics are measured now, and why not less often."""
+        period, rest = self._cfg.stats_period_s, self._cfg.stats_rest_period_s
+        if rest <= period:
+            return f"run statistics every {period:g} s"
+        why = self.watch.why
+        if not why:
+            return f"run statistics at rest (every {rest:g} s, checked every {period:g} s)"
+        return f"run statistics every {period:g} s ({why})"
 
     # -- measuring ------------------------------------------------------------------------
 
