@@ -15,6 +15,7 @@ acts within a window or two of a storm's start, as without the rest.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,8 +27,13 @@ RISE_SHARE = 0.05
 #: ...at this much BPF run time an event (the agent's programs cost 0.1-2 µs a run).
 EVENT_NS = 1000.0
 #: Windows rest only while the agent, at its latest window's BPF cost and its threads' CPU
-#: since the last check, costs at most this share of its budget.
+#: over the last `AGENT_SPAN_S`, costs at most this share of its budget.
 REST_BELOW = 0.5
+#: The agent's threads are counted over this long (BPF over the last window), by the budget
+#: and by the check alike: a status call, a garbage collection or a burst of stream clients
+#: lasts a moment and must not trip the budget, while a storm shows in the BPF programs at
+#: once.
+AGENT_SPAN_S = 10.0
 
 
 def read_counts(path: str = "/proc/stat") -> tuple[int, ...]:
@@ -62,7 +68,7 @@ class CalmWatch:
     `at_window` (each window, on the meter's thread) takes the reference: the events' rates
     over the period that window ends. `calm` (each tick between windows, same thread) is
     True while no rate rose past twice its reference plus ``floor_per_s`` and the agent's
-    cost stays at most `REST_BELOW` of its budget.
+    cost (its threads over the last `AGENT_SPAN_S`) stays at most `REST_BELOW` of its budget.
 
     Args:
         budget_ns_s: the budget, ns of CPU a second.
@@ -94,11 +100,19 @@ class CalmWatch:
         self._window: _Reading | None = None  # at the latest window
         self._reference: tuple[float, ...] | None = None  # the rates that window ended
         self._last: _Reading | None = None  # at the latest check or window
+        # (monotonic, the agent's CPU ns) of the checks and windows over the last span.
+        self._cpu_seen: deque[tuple[float, int]] = deque()
         #: Why the latest check was not calm ("" when it was).
         self.why = "not measured yet"
 
     def _read(self) -> _Reading:
-        return _Reading(self._clock(), self._counts(), self._cpu())
+        now = _Reading(self._clock(), self._counts(), self._cpu())
+        seen = self._cpu_seen
+        seen.append((now.monotonic, now.agent_cpu_ns))
+        # Keep the latest reading at least a span old: the rate is over a span or a little more.
+        while len(seen) > 2 and now.monotonic - seen[1][0] >= AGENT_SPAN_S:
+            seen.popleft()
+        return now
 
     def at_window(self) -> None:
         """A window completed: the rates since the one before are the reference."""
@@ -127,7 +141,8 @@ class CalmWatch:
         for name, rate, ref in zip(COUNTERS, _rates(prev, now), self._reference, strict=True):
             if rate > 2 * ref + self.floor_per_s:
                 return f"{name.decode()} {rate:.0f}/s against {ref:.0f}/s"
-        agent = max(now.agent_cpu_ns - prev.agent_cpu_ns, 0) / dt
+        since, cpu_then = self._cpu_seen[0]
+        agent = max(now.agent_cpu_ns - cpu_then, 0) / max(now.monotonic - since, dt)
         if agent + bpf > REST_BELOW * self._budget:
             return f"the agent at {(agent + bpf) / 1e7:.2f} % of a core"
         return ""

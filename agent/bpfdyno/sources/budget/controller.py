@@ -63,7 +63,7 @@ from bpfdyno.ebpf.compiler import trim_heap
 from bpfdyno.ebpf.reductions import SampledFunctions
 from bpfdyno.ebpf.runstats import METER, MeterWindow, ProcessRunStats, Rest
 from bpfdyno.sources.base import Collector
-from bpfdyno.sources.budget.activity import CalmWatch, read_counts
+from bpfdyno.sources.budget.activity import AGENT_SPAN_S, CalmWatch, read_counts
 from bpfdyno.sources.budget.metrics import (
     BUDGET,
     COST,
@@ -88,10 +88,6 @@ MIN_SAVING = 0.05
 MAX_RESTORE_AFTER_S = 600.0
 #: Memory steps are undone once RSS stayed under this share of the limit.
 RSS_RESTORE_BELOW = 0.7
-#: The agent's threads are counted over this long (BPF over the last window): a status call,
-#: a garbage collection or a burst of stream clients lasts a moment and must not trip the
-#: budget, while a storm shows in the BPF programs at once.
-AGENT_SPAN_S = 10.0
 
 ReductionSource = Callable[[], Iterable[Reduction]]
 
