@@ -392,6 +392,7 @@ class ProcessRunStats:
         self._last: MeterWindow | None = None
         self._seq = 0
         self._listeners: list[Callable[[], None]] = []
+        self._check_failed = False  # a requester's calm check raised (logged once)
         #: Why there are no windows ("" while they work).
         self.unavailable_reason = ""
         #: What the statistics add to each run, in ns (measured when the thread starts;
@@ -492,8 +493,7 @@ class ProcessRunStats:
         period = min(r.period_s for r in requests)
         return min(on, period), period, requests
 
-    @staticmethod
-    def _due(requests: list[_Request], since_s: float, tick_s: float) -> bool:
+    def _due(self, requests: list[_Request], since_s: float, tick_s: float) -> bool:
         """Whether a window is due ``since_s`` after the last one started: some request's
         period has passed (half a tick early counts: ticks are not exact), its rest period
         for one resting and calm."""
@@ -505,7 +505,9 @@ class ProcessRunStats:
             try:
                 calm = r.rest.calm()
             except Exception:  # a check that fails says nothing: measure
-                log.exception("BPF run statistics: a calm check failed")
+                if not self._check_failed:  # once: it would fail at every tick
+                    log.exception("BPF run statistics: a calm check failed; measuring")
+                self._check_failed = True
                 calm = False
             if not calm:
                 return True

@@ -194,3 +194,26 @@ def test_a_rest_period_shorter_than_the_period_is_refused_with_what_to_set() -> 
     )
     assert load(None, [("budget.stats_rest_period_s", "0")]).budget.stats_rest_period_s == 0
     assert load(None, []).budget.stats_rest_period_s == 10.0
+
+
+@pytest.mark.root
+def test_a_check_that_fails_brings_a_window_every_period_and_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    meter = ProcessRunStats()
+
+    def broken() -> bool:
+        raise OSError("no /proc/stat")
+
+    owner = Owner()
+    meter.request(owner, 0.05, 0.2, Rest(2.0, broken))
+    try:
+        first = meter.wait_window(0, timeout=10)
+        assert first is not None
+        time.sleep(1.0)
+        later = meter.last_window()
+        assert later is not None and later.seq - first.seq >= 3, (first, later)
+    finally:
+        meter.release(owner)
+    failed = [r for r in caplog.records if "calm check failed" in r.getMessage()]
+    assert len(failed) == 1
