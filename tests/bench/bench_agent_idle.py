@@ -17,12 +17,13 @@ default ones), so the difference to the default is what that collector costs;
 adds rounds of a Dynolog binary (the anchor the targets are set against: build it from source
 with the project's build script), measured the same way in the same interleaved rounds
 (``--dynolog-args``: its flags, e.g. ``--enable_ipc_monitor``). The load average at the start
-of each run is recorded with its figure: the machine may be shared. ``--threads`` adds one
-run of the agent at its defaults with its Python threads named in /proc
-(``named_threads.py``) and reports each thread's CPU share and how often it ran (the third
-field of its schedstat: times it was switched in, i.e. its wakeups), with each collector's
-rounds over the same window (from ``GetStatus``, which is not a read: it moves no cadence)
-and the machine's process starts a second.
+of each run is recorded with its figure: the machine may be shared. ``--threads`` runs the
+agent at its defaults (``--rounds`` times, interleaved with ``--baseline``'s agent when
+given) with its Python threads named in /proc (``named_threads.py``) and reports each
+thread's CPU share and how often it ran (the third field of its schedstat: times it was
+switched in, i.e. its wakeups), with each collector's rounds over the same window (from
+``GetStatus``, which is not a read: it moves no cadence) and the machine's process starts a
+second.
 """
 
 from __future__ import annotations
@@ -73,9 +74,13 @@ def per_thread(settle_s: float, window_s: float, tree: Path | None = None) -> st
     from bpfdyno.rpc.v1 import agent_pb2 as pb
     from bpfdyno.rpc.v1 import agent_pb2_grpc as pb_grpc
 
+    budget_said: list[str] = []
+
     def rounds(sock: str) -> dict[str, int]:
         with grpc.insecure_channel(f"unix:{sock}") as ch:
             status = pb_grpc.AgentStub(ch).GetStatus(pb.GetStatusRequest(), timeout=10)
+        # What the budget said (how often it measures, and why): the last call's is kept.
+        budget_said[:] = [c.reason for c in status.collectors if c.name == "budget"]
         return {c.name: c.collections for c in status.collectors}
 
     def tasks(pid: int) -> dict[int, tuple[str, int, int]]:
@@ -107,7 +112,7 @@ def per_thread(settle_s: float, window_s: float, tree: Path | None = None) -> st
         f"at the start, {(f1 - f0) / dt:.0f} process starts a second on the machine; the whole "
         f"agent {total / dt / 1e7:.3f} % of a core.",
         "",
-        "| thread | CPU, % of a core | runs a second |",
+        "| thread | CPU, % of a core | runs a second (schedstat's 3rd field: its wakeups) |",
         "|---|---|---|",
     ]
     lines += [
@@ -119,6 +124,8 @@ def per_thread(settle_s: float, window_s: float, tree: Path | None = None) -> st
         "",
         "Rounds in the window: "
         + ", ".join(f"{name} {r1[name] - r0.get(name, 0)}" for name in sorted(r1)),
+        "",
+        f"The budget at the end: {budget_said[0] if budget_said else '(none)'}",
     ]
     return "\n".join(lines)
 
@@ -329,7 +336,7 @@ def main() -> None:
         "--gpu-node", action="store_true", help="one short run with each part's cost (see above)"
     )
     parser.add_argument(
-        "--threads", action="store_true", help="one run with each thread's cost (see above)"
+        "--threads", action="store_true", help="runs with each thread's cost (see above)"
     )
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -346,11 +353,14 @@ def main() -> None:
         print(json.dumps(result))
         return
     if args.threads:
+        # --rounds runs of each, interleaved: the machine's load moves between them.
         with tempfile.TemporaryDirectory(prefix="bd-baseline-") as tmp:
             tree = baseline_tree(args.baseline, Path(tmp)) if args.baseline else None
-            print(f"This tree:\n{per_thread(args.settle, args.window)}", flush=True)
-            if tree is not None:
-                print(f"\n{args.baseline}:\n{per_thread(args.settle, args.window, tree)}")
+            for n in range(1, args.rounds + 1):
+                print(f"This tree, run {n}:\n{per_thread(args.settle, args.window)}\n", flush=True)
+                if tree is not None:
+                    table = per_thread(args.settle, args.window, tree)
+                    print(f"{args.baseline}, run {n}:\n{table}\n", flush=True)
         return
     with tempfile.TemporaryDirectory(prefix="bd-baseline-") as tmp:
         tree = baseline_tree(args.baseline, Path(tmp)) if args.baseline else None

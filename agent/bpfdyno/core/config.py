@@ -33,9 +33,10 @@ KNOWN_COLLECTORS = (
 #: statistics) are cumulative, so every 5 s they are exact over 5 s, at a fifth of the cost
 #: (a sysfs walk and an ioctl per interface: ~0.07 % of a core every second on a 2-CPU VM
 #: with three interfaces). A trace's fabric track samples them at its own rate. The budget
-#: has a round as each of its run-statistics windows completes ([budget] stats_period_s);
-#: its interval only bounds the wait when there are none (statistics refused).
-DEFAULT_INTERVALS_S = {"kubelet": 10.0, "fabric": 5.0, "detection": 5.0, "budget": 10.0}
+#: has a round as each of its run-statistics windows completes ([budget] stats_period_s,
+#: stats_rest_period_s at rest); its interval only bounds the wait when there are none
+#: (statistics refused), longer than the rest period so that it never adds a round.
+DEFAULT_INTERVALS_S = {"kubelet": 10.0, "fabric": 5.0, "detection": 5.0, "budget": 30.0}
 
 
 class ConfigError(Exception):
@@ -428,6 +429,10 @@ class BudgetSection:
     stats_window_s: float = 0.5
     #: ... once per this period (the statistics cost ~20 ns per BPF run while on).
     stats_period_s: float = 2.0
+    #: While nothing happens (the kernel's event counts and the agent's CPU as at the
+    #: latest window, the agent far under its budget), a window only this often; a check
+    #: every stats_period_s brings one at once when they rise. 0: a window every period.
+    stats_rest_period_s: float = 10.0
     #: A step is undone after the cost stayed at or below half the budget this long (longer
     #: each time the same step had to be taken again soon after).
     restore_after_s: float = 30.0
@@ -1115,5 +1120,10 @@ def _validate_budget(b: BudgetSection, bad: typing.Callable[[str, str], ConfigEr
         )
     if b.stats_period_s > 60:
         raise bad("must be at most 60 s", "budget.stats_period_s")
+    if b.stats_rest_period_s and not b.stats_period_s <= b.stats_rest_period_s <= 60:
+        raise bad(
+            "must be 0 (a window every period) or from budget.stats_period_s to 60 s",
+            "budget.stats_rest_period_s",
+        )
     if b.restore_after_s < 1:
         raise bad("must be at least 1 second", "budget.restore_after_s")

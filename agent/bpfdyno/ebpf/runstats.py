@@ -349,18 +349,42 @@ class MeterWindow:
     functions: tuple[FunctionCost, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Rest:
+    """A requester's slower cadence while nothing happens: its windows come every
+    ``period_s`` instead of its own period for as long as ``calm()`` says so.
+
+    ``calm`` is asked on the meter's thread at each tick of the shortest requested period
+    that would otherwise bring a window (it must be cheap and must not block); False brings
+    a window at once.
+    """
+
+    period_s: float
+    calm: Callable[[], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    on_s: float
+    period_s: float
+    rest: Rest | None
+
+
 class ProcessRunStats:
     """One duty cycle of BPF run statistics for every program of this process.
 
     Programs register when they are loaded and unregister when closed (a weak reference is
     kept, so a program dropped without `close` goes too). The thread runs while someone
     asked for windows (`request`): a collector reporting its functions' cost, or the
-    overhead budget. With several requests the shortest period and window win.
+    overhead budget. With several requests the shortest period and window win; a requester
+    that offers a `Rest` lets windows come at its rest period while it says all is calm
+    (turning the statistics on and off and reading every function is most of the meter's
+    cost at rest), its check being all that runs at the shorter period.
     """
 
     def __init__(self) -> None:
         self._programs: weakref.WeakSet[MeasuredProgram] = weakref.WeakSet()
-        self._requests: dict[int, tuple[float, float]] = {}
+        self._requests: dict[int, _Request] = {}
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()
@@ -368,6 +392,7 @@ class ProcessRunStats:
         self._last: MeterWindow | None = None
         self._seq = 0
         self._listeners: list[Callable[[], None]] = []
+        self._check_failed = False  # a requester's calm check raised (logged once)
         #: Why there are no windows ("" while they work).
         self.unavailable_reason = ""
         #: What the statistics add to each run, in ns (measured when the thread starts;
@@ -386,8 +411,11 @@ class ProcessRunStats:
         with self._lock:
             self._programs.discard(program)
 
-    def request(self, owner: object, on_s: float, period_s: float) -> None:
-        """Ask for windows of ``on_s`` seconds every ``period_s`` (until `release`).
+    def request(
+        self, owner: object, on_s: float, period_s: float, rest: Rest | None = None
+    ) -> None:
+        """Ask for windows of ``on_s`` seconds every ``period_s`` (until `release`), or every
+        ``rest.period_s`` while ``rest.calm()`` says nothing is happening.
 
         Raises:
             ValueError: not 0 < on_s <= period_s.
@@ -395,7 +423,7 @@ class ProcessRunStats:
         if not 0 < on_s <= period_s:
             raise ValueError(f"need 0 < on_s <= period_s, got on_s={on_s} period_s={period_s}")
         with self._lock:
-            self._requests[id(owner)] = (on_s, period_s)
+            self._requests[id(owner)] = _Request(on_s, period_s, rest)
             start = self._thread is None
             if start:
                 self._stop.clear()
@@ -455,13 +483,35 @@ class ProcessRunStats:
 
     # -- the thread -----------------------------------------------------------------------
 
-    def _schedule(self) -> tuple[float, float] | None:
+    def _schedule(self) -> tuple[float, float, list[_Request]] | None:
+        """(window, tick: the shortest period, every request) now; None: nobody asks."""
         with self._lock:
             if not self._requests:
                 return None
-            on = min(r[0] for r in self._requests.values())
-            period = min(r[1] for r in self._requests.values())
-            return min(on, period), period
+            requests = list(self._requests.values())
+        on = min(r.on_s for r in requests)
+        period = min(r.period_s for r in requests)
+        return min(on, period), period, requests
+
+    def _due(self, requests: list[_Request], since_s: float, tick_s: float) -> bool:
+        """Whether a window is due ``since_s`` after the last one started: some request's
+        period has passed (half a tick early counts: ticks are not exact), its rest period
+        for one resting and calm."""
+        for r in sorted(requests, key=lambda r: r.rest is not None):  # the cheap ones first
+            if since_s + tick_s / 2 < r.period_s:
+                continue
+            if r.rest is None or since_s + tick_s / 2 >= r.rest.period_s:
+                return True
+            try:
+                calm = r.rest.calm()
+            except Exception:  # a check that fails says nothing: measure
+                if not self._check_failed:  # once: it would fail at every tick
+                    log.exception("BPF run statistics: a calm check failed; measuring")
+                self._check_failed = True
+                calm = False
+            if not calm:
+                return True
+        return False
 
     def _calibrate(self) -> None:
         if self.overhead_ns is not None:
@@ -477,12 +527,21 @@ class ProcessRunStats:
 
     def _run(self) -> None:
         self._calibrate()
+        last: float | None = None  # when the latest window started
         while not self._stop.is_set():
             schedule = self._schedule()
             if schedule is None:
                 return
-            on_s, period_s = schedule
-            t0 = time.monotonic()
+            on_s, period_s, requests = schedule
+            if last is not None:
+                since = time.monotonic() - last
+                if not self._due(requests, since, period_s):
+                    # Resting: the next tick, a whole number of periods after the last
+                    # window started (this tick may have come a little early or late).
+                    ticks = round(since / period_s) + 1
+                    self._stop.wait(max(0.0, last + ticks * period_s - time.monotonic()))
+                    continue
+            t0 = last = time.monotonic()
             try:
                 fd = enable_bpf_stats()
             except OSError as e:

@@ -42,11 +42,17 @@ class Meter:
         self._last: MeterWindow | None = None
         self._seq = 0
 
-    def request(self, owner: object, on_s: float, period_s: float) -> None:
+    def request(self, owner: object, on_s: float, period_s: float, rest: object = None) -> None:
         self.requested = (on_s, period_s)
 
     def release(self, owner: object) -> None:
         self.requested = None
+
+    def add_listener(self, fn: object) -> None:
+        pass
+
+    def remove_listener(self, fn: object) -> None:
+        pass
 
     def last_window(self) -> MeterWindow | None:
         return self._last
@@ -184,7 +190,7 @@ def test_under_budget_nothing_is_taken_and_costs_are_reported_exactly() -> None:
     assert state is PartState.OK
     assert reason == (
         "cost 0.80 % of a core (BPF 0.40 %, agent 0.40 %) against a budget of 1.00 %; "
-        "RSS 52 MB of 268 MB; nothing reduced"
+        "RSS 52 MB of 268 MB; run statistics every 2 s (not measured yet); nothing reduced"
     )
 
 

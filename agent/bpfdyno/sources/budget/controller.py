@@ -1,7 +1,8 @@
 """`BudgetCollector`: measures what the agent costs and keeps it under ``[budget]``.
 
 Its round comes as each run-statistics window completes (``[budget] stats_window_s`` every
-``stats_period_s``, the process-wide meter of `bpfdyno.ebpf.runstats`, which wakes it):
+``stats_period_s``, the process-wide meter of `bpfdyno.ebpf.runstats`, which wakes it; every
+``stats_rest_period_s`` while nothing happens, `bpfdyno.sources.budget.activity`):
 it reads the agent's CPU time and RSS, has what every BPF function of the agent cost in
 the window, and decides:
 
@@ -60,8 +61,9 @@ from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.core.status import PartState
 from bpfdyno.ebpf.compiler import trim_heap
 from bpfdyno.ebpf.reductions import SampledFunctions
-from bpfdyno.ebpf.runstats import METER, MeterWindow, ProcessRunStats
+from bpfdyno.ebpf.runstats import METER, MeterWindow, ProcessRunStats, Rest
 from bpfdyno.sources.base import Collector
+from bpfdyno.sources.budget.activity import AGENT_SPAN_S, CalmWatch, read_counts
 from bpfdyno.sources.budget.metrics import (
     BUDGET,
     COST,
@@ -86,10 +88,6 @@ MIN_SAVING = 0.05
 MAX_RESTORE_AFTER_S = 600.0
 #: Memory steps are undone once RSS stayed under this share of the limit.
 RSS_RESTORE_BELOW = 0.7
-#: The agent's threads are counted over this long (BPF over the last window): a status call,
-#: a garbage collection or a burst of stream clients lasts a moment and must not trip the
-#: budget, while a storm shows in the BPF programs at once.
-AGENT_SPAN_S = 10.0
 
 ReductionSource = Callable[[], Iterable[Reduction]]
 
@@ -159,6 +157,7 @@ class BudgetCollector(Collector):
         rss: Callable[[], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
         requested: RequestedWork = REQUESTED,
+        counts: Callable[[], tuple[int, ...]] = read_counts,
     ) -> None:
         self._cfg = section
         self._sources = list(sources)
@@ -189,6 +188,15 @@ class BudgetCollector(Collector):
         self._requested_at_window: dict[str, int] = {}
         self._requested_programs: list[Callable[[], RequestedPrograms]] = []
         self._due: Callable[[], None] | None = None
+        #: Whether its windows may rest (`bpfdyno.sources.budget.activity`).
+        self.watch = CalmWatch(
+            section.cpu_ratio * 1e9,
+            self._bpf_ns_s,
+            lambda: not self._held and self._state.over_since is None,
+            self._own_cpu_ns,
+            counts,
+            clock,
+        )
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -212,9 +220,13 @@ class BudgetCollector(Collector):
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Ask the meter for the budget's run-statistics windows."""
+        """Ask the meter for the budget's run-statistics windows: every
+        ``stats_period_s``, or every ``stats_rest_period_s`` while all is calm."""
         self._started_at = self._clock()
-        self._meter.request(self, self._cfg.stats_window_s, self._cfg.stats_period_s)
+        rest_s = self._cfg.stats_rest_period_s
+        rest = Rest(rest_s, self.watch.calm) if rest_s > self._cfg.stats_period_s else None
+        self._meter.add_listener(self.watch.at_window)
+        self._meter.request(self, self._cfg.stats_window_s, self._cfg.stats_period_s, rest)
 
     def set_due(self, due: Callable[[], None]) -> None:
         """A round as each window completes: the budget decides at once, and its rounds
@@ -229,7 +241,17 @@ class BudgetCollector(Collector):
         self._held, self._memory_held = [], []
         if self._due is not None:
             self._meter.remove_listener(self._due)
+        self._meter.remove_listener(self.watch.at_window)
         self._meter.release(self)
+
+    def _own_cpu_ns(self) -> int:
+        """The agent's CPU time so far, the work that is not its own cost left out."""
+        return self._cpu_ns() - excluded_cpu_ns() - self._requested.total_ns()
+
+    def _bpf_ns_s(self) -> float | None:
+        """What its BPF programs cost at the latest window; None before one was measured."""
+        costs = self._state.costs
+        return costs.bpf_total_ns_s if costs.window_s > 0 else None
 
     # -- a round --------------------------------------------------------------------------
 
@@ -244,7 +266,7 @@ class BudgetCollector(Collector):
             return [] if self._window_seq else self._samples()
         self._window_seq = window.seq
         now = self._clock()
-        reading = _Reading(now, self._cpu_ns() - excluded_cpu_ns() - self._requested.total_ns())
+        reading = _Reading(now, self._own_cpu_ns())
         rss = self._rss()
         costs = self._costs(window, reading)
         acting = self._cfg.enabled and now - self._started_at >= WARMUP_S
@@ -272,8 +294,8 @@ class BudgetCollector(Collector):
         head = (
             f"cost {ratio_text(costs.total_ns_s)} of a core (BPF {ratio_text(costs.bpf_total_ns_s)}"
             f", agent {ratio_text(costs.agent_ns_s)}) against a budget of {ratio_text(budget)}; "
-            f"RSS {st.rss_bytes / 1e6:.0f} MB of {self._cfg.rss_bytes / 1e6:.0f} MB"
-            f"{_requested_text(costs)}"
+            f"RSS {st.rss_bytes / 1e6:.0f} MB of {self._cfg.rss_bytes / 1e6:.0f} MB; "
+            f"{self._windows_text()}{_requested_text(costs)}"
         )
         if not self._cfg.enabled:
             return PartState.OK, f"{head}; measuring only ([budget] enabled = false)"
@@ -288,6 +310,16 @@ class BudgetCollector(Collector):
             for h in st.held
         )
         return PartState.DEGRADED, f"{head}; reduced: {steps}"
+
+    def _windows_text(self) -> str:
+        """How often the run statistics are measured now, and why not less often."""
+        period, rest = self._cfg.stats_period_s, self._cfg.stats_rest_period_s
+        if rest <= period:
+            return f"run statistics every {period:g} s"
+        why = self.watch.why
+        if not why:
+            return f"run statistics at rest (every {rest:g} s, checked every {period:g} s)"
+        return f"run statistics every {period:g} s ({why})"
 
     # -- measuring ------------------------------------------------------------------------
 
