@@ -7,6 +7,11 @@ the deltas into host-wide rates, snapshots the per-process counters and the conn
 into the flight recorder through ``sink``. Event latency is therefore at most one collection
 interval. Snapshots are swapped in whole, so other threads read them without locks.
 
+A process's byte counters are in the slot of its tgid in a slot table (``bpfdyno_nslots``:
+no hash lookup on the per-call path) while it holds that slot, else in the hash
+``bpfdyno_nprocs``; a process's counts are the sum of the two (bytes never move between
+them, so the two reads need no ordering).
+
 Under the overhead budget (`reductions`): the per-call byte programs may do their
 per-process and per-socket accounting only part of the time (each process's byte counts are
 then scaled up by the share of the interval it was done: estimates; the host-wide byte rates
