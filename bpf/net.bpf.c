@@ -106,17 +106,17 @@ static __always_inline struct net_slot *net_slot_at(u32 tgid)
 }
 
 /* `tgid`'s slot if it holds it or takes it now (it was free), else NULL: the process
- * counts in the hash. Taking is a compare-and-swap, so two CPUs never both take a slot. */
+ * counts in the hash. Taking is a compare-and-swap, so two CPUs never both take a slot
+ * (when two threads of one process race for it, the loser finds its own tgid there). */
 static __always_inline struct net_slot *net_slot_of(u32 tgid)
 {
 	struct net_slot *s = net_slot_at(tgid);
 	if (!s)
 		return 0;
 	u64 holder = s->holder;
-	if (holder == tgid)
-		return s;
-	if (holder == NET_SLOT_FREE &&
-	    __sync_val_compare_and_swap(&s->holder, NET_SLOT_FREE, (u64)tgid) == NET_SLOT_FREE)
+	if (holder == NET_SLOT_FREE)
+		holder = __sync_val_compare_and_swap(&s->holder, NET_SLOT_FREE, (u64)tgid);
+	if (holder == NET_SLOT_FREE || holder == tgid)
 		return s;
 	return 0;
 }
