@@ -508,10 +508,10 @@ class NetCollector(Collector):
         words: array[int] = array("Q")
         words.frombytes(memoryview(program.table(_SLOTS).getvalue(0)).cast("B"))
         holders = words[0::_SLOT_WORDS]  # each slot's first word: its holder
-        for i, tgid in enumerate(holders):
-            if tgid in (_SLOT_FREE, _SLOT_BUSY):
-                continue
-            at = i * _SLOT_WORDS + 1
+        # A set of the holders, in C, rather than a Python loop over every slot (most are
+        # free); a holder's slot is its tgid modulo the table's size.
+        for tgid in set(holders).difference((_SLOT_FREE, _SLOT_BUSY)):
+            at = (tgid % len(holders)) * _SLOT_WORDS + 1
             counts = words[at : at + 6]
             had = procs.get(tgid)
             if had is not None:
