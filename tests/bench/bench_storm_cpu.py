@@ -18,7 +18,9 @@ Variants, interleaved (the order rotates every round), medians over the rounds:
 * **off**: no agent;
 * **on**: ``bpfdyno serve`` at its defaults with ``[budget] enabled = false`` (it reduces
   nothing during the storm);
-* **-PART**: as **on** with ``[collectors.PART] enabled = false``, for each part.
+* **-PART**: as **on** with ``[collectors.PART] enabled = false``, for each part
+  (``--parts``; ``a+b`` turns off both: e.g. every collector with a per-event kernel hook
+  at once, leaving the agent's process and its idle rounds).
 
 Reported per variant: ns of the storm's CPU per round trip (user, system, total) and the
 difference from **off**. An agent is started for each variant's storm and stopped after it.
@@ -122,7 +124,8 @@ def overrides_for(variant: str) -> list[str] | None:
     base = ["budget.enabled=false"]
     if variant == "on":
         return base
-    return [*base, f"collectors.{variant.removeprefix('-')}.enabled=false"]
+    parts = variant.removeprefix("-").split("+")
+    return [*base, *(f"collectors.{part}.enabled=false" for part in parts)]
 
 
 def measure(variant: str, pipe_bin: Path, seconds: float) -> Storm:
