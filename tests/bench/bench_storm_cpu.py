@@ -22,6 +22,11 @@ Variants, interleaved (the order rotates every round), medians over the rounds:
   (``--parts``; ``a+b`` turns off both: e.g. every collector with a per-event kernel hook
   at once, leaving the agent's process and its idle rounds).
 
+``--empty-switch`` adds two variants without an agent: an empty BPF program (return 0)
+attached as a raw tracepoint to ``sched_switch`` (**empty-switch**), and the same with the
+kernel's run statistics on (**empty-switch+stats**): what entering any program on every
+context switch costs, apart from what a program does.
+
 Reported per variant: ns of the storm's CPU per round trip (user, system, total) and the
 difference from **off**. An agent is started for each variant's storm and stopped after it.
 """
@@ -40,6 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from daemon_runner import Daemon
+
+from bpfdyno.ebpf.fdops import load_program, open_raw_tracepoint
+from bpfdyno.ebpf.runstats import enable_bpf_stats
 
 PIPE_C = r"""
 #define _GNU_SOURCE
@@ -128,7 +136,29 @@ def overrides_for(variant: str) -> list[str] | None:
     return [*base, *(f"collectors.{part}.enabled=false" for part in parts)]
 
 
+#: ``r0 = 0; exit``: a program that does nothing.
+EMPTY_PROGRAM = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])
+BPF_PROG_TYPE_RAW_TRACEPOINT = 17
+
+
+def empty_switch_storm(pipe_bin: Path, seconds: float, stats: bool) -> Storm:
+    prog, error = load_program(EMPTY_PROGRAM, BPF_PROG_TYPE_RAW_TRACEPOINT, "empty_switch", b"GPL")
+    if prog < 0:
+        sys.exit(f"loading the empty program failed: {error}")
+    link = open_raw_tracepoint("sched_switch", prog)
+    stats_fd = enable_bpf_stats() if stats else None
+    try:
+        return run_storm(pipe_bin, seconds)
+    finally:
+        if stats_fd is not None:
+            os.close(stats_fd)
+        os.close(link)
+        os.close(prog)
+
+
 def measure(variant: str, pipe_bin: Path, seconds: float) -> Storm:
+    if variant.startswith("empty-switch"):
+        return empty_switch_storm(pipe_bin, seconds, stats=variant.endswith("+stats"))
     overrides = overrides_for(variant)
     if overrides is None:
         return run_storm(pipe_bin, seconds)
@@ -136,8 +166,10 @@ def measure(variant: str, pipe_bin: Path, seconds: float) -> Storm:
         return run_storm(pipe_bin, seconds)
 
 
-def report(rounds: int, seconds: float, parts: list[str]) -> str:
+def report(rounds: int, seconds: float, parts: list[str], empty_switch: bool) -> str:
     variants = ["off", "on", *(f"-{p}" for p in parts)]
+    if empty_switch:
+        variants += ["empty-switch", "empty-switch+stats"]
     results: dict[str, list[Storm]] = {v: [] for v in variants}
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
@@ -182,7 +214,12 @@ def report(rounds: int, seconds: float, parts: list[str]) -> str:
         if variant.startswith("-") and on > off:
             share = f"{(on - total) / (on - off) * 100:.0f} %"
         vs = "" if variant == "off" else f"{total - off:+.0f} ns ({(total / off - 1) * 100:+.1f} %)"
-        names = {"off": "off", "on": "on (defaults, budget off)"}
+        names = {
+            "off": "off",
+            "on": "on (defaults, budget off)",
+            "empty-switch": "no agent, an empty program on sched_switch",
+            "empty-switch+stats": "no agent, an empty program on sched_switch, run statistics on",
+        }
         name = names.get(variant, f"on, {variant[1:]} off")
         lines.append(
             f"| {name} | {total:.0f} ns | {med(variant, 'user'):.0f} ns | "
@@ -196,10 +233,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=float, default=6.0, help="seconds of each storm")
     parser.add_argument("--parts", default=",".join(PARTS), help="collectors to turn off in turn")
+    parser.add_argument(
+        "--empty-switch", action="store_true", help="also an empty program on sched_switch"
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the agent loads BPF programs")
-    print(report(args.rounds, args.duration, [p for p in args.parts.split(",") if p]))
+    parts = [p for p in args.parts.split(",") if p]
+    print(report(args.rounds, args.duration, parts, args.empty_switch))
 
 
 if __name__ == "__main__":
