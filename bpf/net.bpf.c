@@ -9,6 +9,7 @@
  * NET_MAX_PROCS ([net] max_procs) and NET_MAX_SOCKS ([net] max_socks) size the maps,
  * NET_RINGBUF_PAGES ([net] ringbuf_pages, a power of two) the ring buffer, and
  * NET_PROBE_SAMPLE_EVERY ([net] probe_sample_every) sets the tcp_probe sampling.
+ * NET_PROC_SLOTS (net.h: 1024 unless set; 0 for none) sizes the per-process slot table.
  * Optional: NET_USE_SYSCALLS selects the syscall fallback for byte counts (kernels without
  * sock:sock_{send,recv}_length); NET_NO_<PART> leaves out a part whose tracepoint this
  * kernel lacks; NET_RETX_HAS_ERR and NET_RST_HAS_REASON follow optional tracepoint fields;
@@ -62,6 +63,9 @@ BPF_PERCPU_ARRAY(bpfdyno_ntick, u64, 1);
  * and per-socket ones wait for the on phase (user space scales them up). */
 BPF_ARRAY(bpfdyno_nctl, u32, NET_CTL_SLOTS);
 BPF_HASH(bpfdyno_nprocs, u32, struct net_proc, NET_MAX_PROCS);
+#if NET_PROC_SLOTS
+BPF_ARRAY(bpfdyno_nslots, struct net_slots, 1);
+#endif
 BPF_TABLE("lru_hash", u64, struct net_sock, bpfdyno_nsocks, NET_MAX_SOCKS);
 BPF_HASH(bpfdyno_nlisten, u32, struct net_listener, NET_MAX_LISTENERS);
 BPF_RINGBUF_OUTPUT(bpfdyno_nevents, NET_RINGBUF_PAGES);
@@ -87,6 +91,72 @@ static __always_inline struct net_proc *net_proc_of(u32 tgid)
 	if (!p)
 		net_count(NET_C_PROC_MAP_FULL, 1);
 	return p;
+}
+
+#if NET_PROC_SLOTS
+/* The slot of `tgid`'s tgid in the slot table, whoever holds it (NULL only if the map
+ * failed). The array lookup is inlined by the verifier: no helper call, unlike a hash. */
+static __always_inline struct net_slot *net_slot_at(u32 tgid)
+{
+	u32 zero = 0;
+	struct net_slots *t = bpfdyno_nslots.lookup(&zero);
+	if (!t)
+		return 0;
+	return &t->slot[tgid & (NET_PROC_SLOTS - 1)];
+}
+
+/* `tgid`'s slot if it holds it or takes it now (it was free), else NULL: the process
+ * counts in the hash. Taking is a compare-and-swap, so two CPUs never both take a slot
+ * (when two threads of one process race for it, the loser finds its own tgid there). */
+static __always_inline struct net_slot *net_slot_of(u32 tgid)
+{
+	struct net_slot *s = net_slot_at(tgid);
+	if (!s)
+		return 0;
+	u64 holder = s->holder;
+	if (holder == NET_SLOT_FREE)
+		holder = __sync_val_compare_and_swap(&s->holder, NET_SLOT_FREE, (u64)tgid);
+	if (holder == NET_SLOT_FREE || holder == tgid)
+		return s;
+	return 0;
+}
+
+/* Empty `tgid`'s slot for the next process (its leader is freed). Marked busy first, so
+ * nobody takes it half-emptied; a call of the same tgid meanwhile (a new process with the
+ * reused pid) counts in the hash, whose entry this exit also deletes (as it always did). */
+static __always_inline void net_slot_release(u32 tgid)
+{
+	struct net_slot *s = net_slot_at(tgid);
+	if (!s || s->holder != tgid)
+		return;
+	if (__sync_val_compare_and_swap(&s->holder, (u64)tgid, NET_SLOT_BUSY) != tgid)
+		return;
+	s->tcp_tx_bytes = 0;
+	s->tcp_rx_bytes = 0;
+	s->udp_tx_bytes = 0;
+	s->udp_rx_bytes = 0;
+	s->other_tx_bytes = 0;
+	s->other_rx_bytes = 0;
+	/* Free only once the counters are zero (an atomic exchange orders the stores). */
+	__sync_lock_test_and_set(&s->holder, NET_SLOT_FREE);
+}
+#endif
+
+/* Add `bytes` to one of `tgid`'s byte counters: in its slot if it has one, else in the
+ * hash. `offset` is the counter's offset in struct net_proc, which struct net_slot's
+ * counters follow (from its second word). */
+static __always_inline void net_proc_bytes(u32 tgid, u32 offset, u64 bytes)
+{
+#if NET_PROC_SLOTS
+	struct net_slot *s = net_slot_of(tgid);
+	if (s) {
+		__sync_fetch_and_add((u64 *)((u8 *)&s->tcp_tx_bytes + offset), bytes);
+		return;
+	}
+#endif
+	struct net_proc *p = net_proc_of(tgid);
+	if (p)
+		__sync_fetch_and_add((u64 *)((u8 *)p + offset), bytes);
 }
 
 static __always_inline u32 net_listener_key(u16 family, u16 port)
@@ -202,12 +272,11 @@ static __always_inline int net_sock_length(void *sk, u16 family, u16 protocol, i
 	if (net_per_call_off())
 		return 0;
 	u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	struct net_proc *p = net_proc_of(tgid);
-	if (p) {
-		u64 *field = tcp ? (rx ? &p->tcp_rx_bytes : &p->tcp_tx_bytes)
-				 : (rx ? &p->udp_rx_bytes : &p->udp_tx_bytes);
-		__sync_fetch_and_add(field, bytes);
-	}
+	u32 offset = tcp ? (rx ? __builtin_offsetof(struct net_proc, tcp_rx_bytes)
+			       : __builtin_offsetof(struct net_proc, tcp_tx_bytes))
+			 : (rx ? __builtin_offsetof(struct net_proc, udp_rx_bytes)
+			       : __builtin_offsetof(struct net_proc, udp_tx_bytes));
+	net_proc_bytes(tgid, offset, bytes);
 	if (protocol == NET_PROTO_TCP)
 		net_sock_io((u64)sk, tgid, bytes, rx);
 	return 0;
@@ -263,9 +332,10 @@ static __always_inline void net_other_bytes(long ret, int rx)
 	if (net_per_call_off())
 		return;
 	u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	struct net_proc *p = net_proc_of(tgid);
-	if (p)
-		__sync_fetch_and_add(rx ? &p->other_rx_bytes : &p->other_tx_bytes, (u64)ret);
+	net_proc_bytes(tgid,
+		       rx ? __builtin_offsetof(struct net_proc, other_rx_bytes)
+			  : __builtin_offsetof(struct net_proc, other_tx_bytes),
+		       (u64)ret);
 }
 
 /* Attached to sys_exit_sendto and sys_exit_sendmsg (same layout). */
@@ -563,6 +633,9 @@ int bpfdyno_nexit(u64 *ctx)
 	u32 pid = BPFDYNO_LOAD(u32, p, struct task_struct, pid);
 	if (pid != BPFDYNO_LOAD(u32, p, struct task_struct, tgid))
 		return 0;
+#if NET_PROC_SLOTS
+	net_slot_release(pid);
+#endif
 	if (bpfdyno_nprocs.lookup(&pid))
 		bpfdyno_nprocs.delete(&pid);
 	return 0;
@@ -571,6 +644,9 @@ int bpfdyno_nexit(u64 *ctx)
 int bpfdyno_nexit(struct tracepoint__sched__sched_process_free *args)
 {
 	u32 pid = args->pid;
+#if NET_PROC_SLOTS
+	net_slot_release(pid); /* a no-op for a thread that is not a leader: only tgids hold slots */
+#endif
 	if (bpfdyno_nprocs.lookup(&pid)) /* a delete takes the bucket's lock even for no key */
 		bpfdyno_nprocs.delete(&pid);
 	return 0;

@@ -63,6 +63,40 @@ struct net_proc {
 };
 _Static_assert(sizeof(struct net_proc) == 56, "net_proc layout");
 
+/* The slot table `bpfdyno_nslots`: per-process byte counters at a fixed place, found by the
+ * process's tgid alone (slot = tgid % NET_PROC_SLOTS), so a socket call adds its bytes
+ * without a hash lookup. A process takes the slot of its tgid at its first socket call if
+ * the slot is free, and keeps it until its leader is freed; a process whose slot another
+ * one holds counts in `bpfdyno_nprocs` as before. Bytes never move between the two: a
+ * process's counts are its slot's plus its `bpfdyno_nprocs` entry's, whenever they are
+ * read. NET_PROC_SLOTS is a power of two (0: no slot table, every process in the hash). */
+#ifndef NET_PROC_SLOTS
+#define NET_PROC_SLOTS 1024
+#endif
+#define NET_SLOT_FREE 0
+#define NET_SLOT_BUSY 0xffffffffffffffffULL /* being emptied: nobody's, none may take it */
+
+struct net_slot {
+	u64 holder; /* NET_SLOT_FREE, NET_SLOT_BUSY or the holder's tgid (64 bits: the atomics
+		     * this compiler targets are 64-bit only) */
+	u64 tcp_tx_bytes; /* the same byte counters as struct net_proc, in its order */
+	u64 tcp_rx_bytes;
+	u64 udp_tx_bytes;
+	u64 udp_rx_bytes;
+	u64 other_tx_bytes;
+	u64 other_rx_bytes;
+	u64 pad2; /* one cache line a slot: processes on other CPUs never share one */
+};
+_Static_assert(sizeof(struct net_slot) == 64, "net_slot layout");
+
+#if NET_PROC_SLOTS
+/* The whole table is the one value of a one-entry array: user space reads it in one
+ * syscall. */
+struct net_slots {
+	struct net_slot slot[NET_PROC_SLOTS];
+};
+#endif
+
 /* One TCP socket, keyed by its kernel address in the LRU map `bpfdyno_nsocks`. The owner is the
  * process that last used it from process context; softirq-context events (retransmits,
  * resets, state changes on packet arrival) are attributed through it. */

@@ -21,7 +21,11 @@ false``: it measures its cost and reduces nothing, as before the budget) and **b
 (every default: a budget of 2 % of one CPU). An agent is started for its kind's storms and
 waits out the budget's warm-up first; between two storms the budget's agent waits until
 every step it took is undone (``[budget] restore_after_s``, 30 s by default), so each storm
-starts from an agent at rest.
+starts from an agent at rest. Reading the agent's BPF share at a storm's end is a read like
+any other: the agent keeps its normal cadence for ``HOLD_S`` (30 s) after it. So before its
+next storm every agent waits until that hold is over, and each storm finds the agent at the
+cadence it has while nobody reads (before 2026-11-29 only each agent's first storm did: the
+later ones ran beside an agent collecting at the readers' cadence).
 
 Reported per storm and kind (medians over the rounds):
 
@@ -72,6 +76,7 @@ from daemon_runner import Daemon, baseline_tree
 from doc_blocks import write_results
 
 from bpfdyno.core.config import BudgetSection
+from bpfdyno.core.demand import HOLD_S
 from bpfdyno.ebpf.runstats import calibrate_stats_overhead, enable_bpf_stats
 from bpfdyno.rpc.v1 import agent_pb2 as pb
 from bpfdyno.rpc.v1 import agent_pb2_grpc as pb_grpc
@@ -291,7 +296,22 @@ def rates(lines: list[str]) -> tuple[float, float, float]:
     return t0, (n1 - n0) / (t1 - t0), (m1 - m0) / (s1 - s0) if s1 > s0 else float("nan")
 
 
-def agent_bpf_share(sock: str) -> float:
+#: When the benchmark last read each agent (by pid), monotonic: its hold of the normal
+#: cadence must be over before that agent's next storm.
+_LAST_READ: dict[int, float] = {}
+
+
+def wait_for_no_reader(daemon: Daemon) -> None:
+    """Until the agent has gone back to the cadence it keeps while nobody reads."""
+    read = _LAST_READ.get(daemon.pid)
+    if read is not None:
+        time.sleep(max(0.0, read + HOLD_S + 1.0 - time.monotonic()))
+
+
+def agent_bpf_share(daemon: Daemon) -> float:
+    """The agent's BPF run time as it measures it (a read: it keeps the normal cadence)."""
+    _LAST_READ[daemon.pid] = time.monotonic()
+    sock = daemon.sock
     with grpc.insecure_channel(f"unix:{sock}") as ch:
         snap = pb_grpc.AgentStub(ch).GetMetrics(
             pb.GetMetricsRequest(names=["agent_cost_ratio"]), timeout=10
@@ -358,6 +378,8 @@ def run_storm(
     env: dict[str, str] = {}
     trace_file = ""
     bystander = None
+    if daemon is not None:
+        wait_for_no_reader(daemon)
     if with_trace and daemon is not None:
         env = {"BENCH_KINETO_DIR": daemon.kineto_dir}
         if storm == "pipe":
@@ -384,7 +406,7 @@ def run_storm(
                 cpu.append((time.monotonic(), daemon.cpu_seconds()))
         if daemon is not None and cpu:
             cpu.append((time.monotonic(), daemon.cpu_seconds()))
-        bpf = agent_bpf_share(daemon.sock) if daemon is not None else float("nan")
+        bpf = agent_bpf_share(daemon) if daemon is not None else float("nan")
         proc.wait()
         ended = time.time()
     if bystander is not None:

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import time
+from array import array
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -25,6 +26,7 @@ from net_children import (
 from bpfdyno.core.events import FlightRecorder, KernelEvent
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.introspect import programs_still_loaded
+from bpfdyno.ebpf.maps import map_items
 from bpfdyno.ebpf.program import BpfProgram
 from bpfdyno.services.kernel import KernelService
 from bpfdyno.sources.net.collector import NetCollector
@@ -149,6 +151,14 @@ def test_tcp_bytes_connections_and_lifecycle_are_exact(
         server.finish()
 
 
+def slot_holder(c: NetCollector, tgid: int) -> int:
+    """Who holds the slot of ``tgid`` in the collector's slot table (0: nobody)."""
+    words: array[int] = array("Q")
+    words.frombytes(memoryview(c._require().table("bpfdyno_nslots").getvalue(0)).cast("B"))
+    slots = len(words) // 8  # a slot is 8 words, the holder's tgid first
+    return int(words[(tgid % slots) * 8])
+
+
 def test_exited_processes_are_removed_from_the_map(net: NetCollector) -> None:
     server = Child(UDP_SERVER, [1, 10])
     port = server.expect("port")
@@ -156,9 +166,38 @@ def test_exited_processes_are_removed_from_the_map(net: NetCollector) -> None:
     assert client.expect("got") == 10
     net.collect()
     assert client.pid in net.per_process()
+    holder = slot_holder(net, client.pid)
+    # The client took its slot, unless a live process held it already (then it is in the hash).
+    assert holder == client.pid or os.path.exists(f"/proc/{holder}")
     client.finish()
     server.finish()
     wait_for(lambda: client.pid not in net.per_process(), net.collect)
+    assert slot_holder(net, client.pid) != client.pid  # emptied for the next process
+
+
+def test_processes_beyond_the_slot_table_count_exactly_in_the_hash() -> None:
+    # One slot for the whole machine: of the two processes at most one holds it, so the
+    # other counts through the hash; each process's bytes are exact wherever they are.
+    one = NetCollector(proc_slots=1)
+    one.start()
+    server = client = None
+    try:
+        server = Child(UDP_SERVER, [3, 777])
+        port = server.expect("port")
+        client = Child(UDP_CLIENT, [port, "100,200,300"])
+        assert client.expect("got") == 777
+        assert server.expect("received") == 600
+        one.collect()
+        procs = one.per_process()
+        assert procs[client.pid] == ProcNet(0, 0, 600, 777, 0, 0, 0)
+        assert procs[server.pid] == ProcNet(0, 0, 777, 600, 0, 0, 0)
+        hashed = {int(k) for k, _ in map_items(one._require().table("bpfdyno_nprocs"))}
+        assert {client.pid, server.pid} - {slot_holder(one, 0)} <= hashed
+    finally:
+        for child in (client, server):
+            if child is not None:
+                child.finish()
+        one.close()
 
 
 def test_udp_datagram_bytes_are_exact(net: NetCollector) -> None:
@@ -311,7 +350,7 @@ def test_ring_buffer_overflow_is_counted(net: NetCollector) -> None:
 
 
 def test_full_process_map_is_counted_not_fatal() -> None:
-    small = NetCollector(max_procs=1)
+    small = NetCollector(max_procs=1, proc_slots=0)  # the hash alone
     small.start()
     children = []
     try:

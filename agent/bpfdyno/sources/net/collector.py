@@ -7,6 +7,11 @@ the deltas into host-wide rates, snapshots the per-process counters and the conn
 into the flight recorder through ``sink``. Event latency is therefore at most one collection
 interval. Snapshots are swapped in whole, so other threads read them without locks.
 
+A process's byte counters are in the slot of its tgid in a slot table (``bpfdyno_nslots``:
+no hash lookup on the per-call path) while it holds that slot, else in the hash
+``bpfdyno_nprocs``; a process's counts are the sum of the two (bytes never move between
+them, so the two reads need no ordering).
+
 Under the overhead budget (`reductions`): the per-call byte programs may do their
 per-process and per-socket accounting only part of the time (each process's byte counts are
 then scaled up by the share of the interval it was done: estimates; the host-wide byte rates
@@ -20,6 +25,7 @@ import logging
 import math
 import statistics
 import time
+from array import array
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -82,6 +88,7 @@ _CTL = "bpfdyno_nctl"
 _DROPS = "bpfdyno_ndrops"
 _PROCS = "bpfdyno_nprocs"
 _SOCKS = "bpfdyno_nsocks"
+_SLOTS = "bpfdyno_nslots"
 _EVENTS = "bpfdyno_nevents"
 
 _BYTE_METRICS = (
@@ -93,6 +100,12 @@ _BYTE_METRICS = (
     ("NET_C_OTHER_RX_BYTES", OTHER_RECEIVED, False),
 )
 
+
+#: Slots of the per-process slot table (``struct net_slots``); a power of two.
+PROC_SLOTS = 1024
+#: A slot's 64-bit words (``struct net_slot``): the holder's tgid, then the six byte counters.
+_SLOT_WORDS = 8
+_SLOT_FREE, _SLOT_BUSY = 0, 0xFFFF_FFFF_FFFF_FFFF
 
 #: The share of the time the byte programs stay attached while the budget samples them.
 BYTES_SAMPLE_SHARE = 1 / 8
@@ -140,6 +153,9 @@ class NetCollector(Collector):
         max_socks: TCP sockets tracked at once, least recently used evicted beyond
             (``[net] max_socks``).
         max_procs: processes with per-process counters at once (``[net] max_procs``).
+        proc_slots: slots of the per-process slot table, a power of two (0: none): a
+            process holding one counts its bytes without a hash lookup; the others (and
+            every process's retransmits) are in the hash of ``max_procs``.
         stats_on_s: BPF run statistics are measured for this long...
         stats_period_s: ...every this many seconds (see `bpfdyno.ebpf.runstats.BpfRunStats`).
         tracefs: the tracefs mount (found or mounted if None).
@@ -164,6 +180,7 @@ class NetCollector(Collector):
         probe_sample_every: int = NetSection.probe_sample_every,
         max_socks: int = NetSection.max_socks,
         max_procs: int = NetSection.max_procs,
+        proc_slots: int = PROC_SLOTS,
         stats_on_s: float = DEFAULT_ON_S,
         stats_period_s: float = DEFAULT_PERIOD_S,
         tracefs: Path | None = None,
@@ -179,6 +196,8 @@ class NetCollector(Collector):
         ):
             if value < 1:
                 raise ValueError(f"[net] {label} must be at least 1, got {value}")
+        if proc_slots < 0 or proc_slots & (proc_slots - 1):
+            raise ValueError(f"proc_slots must be 0 or a power of two, got {proc_slots}")
         self._sink = sink
         self._byte_source = byte_source
         self._defines = {
@@ -186,6 +205,7 @@ class NetCollector(Collector):
             "NET_PROBE_SAMPLE_EVERY": probe_sample_every,
             "NET_MAX_SOCKS": max_socks,
             "NET_MAX_PROCS": max_procs,
+            "NET_PROC_SLOTS": proc_slots,
         }
         self._stats_args = (stats_on_s, stats_period_s)
         self._tracefs = tracefs
@@ -351,7 +371,7 @@ class NetCollector(Collector):
         share = sampled_share(held_off - self._bytes_held_off_ns, dt_s)
         self._bytes_held_off_ns = held_off
         drops = self._read_drops(program, totals)
-        raw = {int(k): proc_from_leaf(v) for k, v in map_items(program.table(_PROCS))}
+        raw = self._read_procs(program)
         self._procs = self._scaled_procs(raw, share)
         # Decoded into TcpConnections only when asked for (connections()): most rounds need
         # just the state and RTT of each socket.
@@ -475,6 +495,30 @@ class NetCollector(Collector):
 
     def _decode_event(self, record: Any) -> KernelEvent:
         return event_from_record(record, self._clock, self._kinds, self._reset_names)
+
+    def _read_procs(self, program: BpfProgram) -> dict[int, ProcNet]:
+        """Each process's counters: its slot's bytes plus its hash entry's, if it has them.
+
+        Bytes never move between the two (a slot is emptied only when its process is gone),
+        so reading one after the other misses or doubles nothing.
+        """
+        procs = {int(k): proc_from_leaf(v) for k, v in map_items(program.table(_PROCS))}
+        if not self._defines["NET_PROC_SLOTS"]:
+            return procs
+        words: array[int] = array("Q")
+        words.frombytes(memoryview(program.table(_SLOTS).getvalue(0)).cast("B"))
+        holders = words[0::_SLOT_WORDS]  # each slot's first word: its holder
+        # A set of the holders, in C, rather than a Python loop over every slot (most are
+        # free); a holder's slot is its tgid modulo the table's size.
+        for tgid in set(holders).difference((_SLOT_FREE, _SLOT_BUSY)):
+            at = (tgid % len(holders)) * _SLOT_WORDS + 1
+            counts = words[at : at + 6]
+            had = procs.get(tgid)
+            if had is not None:
+                counts = array("Q", (a + b for a, b in zip(counts, had.byte_counts(), strict=True)))
+            tx, rx, utx, urx, otx, orx = counts
+            procs[tgid] = ProcNet(tx, rx, utx, urx, otx, orx, had.tcp_retransmits if had else 0)
+        return procs
 
     def _read_drops(self, program: BpfProgram, totals: list[int]) -> dict[int, int]:
         """Drops by reason: the per-CPU array of every reason (256 slots times every CPU) is
