@@ -7,6 +7,9 @@ that start apart as ``gputrace --job-id`` starts them (no hold). Run as root:
     python tests/bench/bench_verdict_matrix.py [--runs 5] [--classes latency,quota,...]
         [--out results.jsonl]
 
+Long classes run in short invocations, each appending to the same results file:
+``--round N`` goes on rotating the faulted ranks from round N.
+
 Per class it reports: right (the faulted rank named with the fault's cause), partial (two
 faults, one of them named), wrong (another rank, or the right rank with another cause),
 "no straggler", errors (the trace failed), and
@@ -24,9 +27,9 @@ Classes and what each expects (`FAULTS`):
   receiver) -> that rank, network loss;
 - ``wire-loss``: 5 or 15 % of what the rank sends lost on the wire (seen only as the
   sender's retransmits) -> that rank, network loss;
-- ``hog``: a busy process on the rank's CPU at nice -20 or -10 -> that rank, waiting for a
-  CPU (rank 2 only: it has CPU 1 to itself; the others share CPU 0);
-- ``quota``: the rank's process under a CPU quota of 10 or 5 ms per 100 ms -> that rank,
+- ``hog``: a busy process on the rank's CPU at nice -10, -15 or -20 -> that rank, waiting
+  for a CPU (rank 2 only: it has CPU 1 to itself; the others share CPU 0);
+- ``quota``: the rank's process under a CPU quota of 10, 5 or 3 ms per 100 ms -> that rank,
   throttled by its CPU quota (2 ms was measured before: 5 of 5). The record says how many
   of the cgroup's periods were throttled: the light steps may fit in 10 ms, and then there
   is no fault to find. (Every rank computing 4 ms more per step did not make 10 ms bite on
@@ -55,15 +58,21 @@ Classes and what each expects (`FAULTS`):
   through the page cache (which the limit cannot hold: it reclaims its own pages and reads
   them again from the disk; unlimited, the same reads hit the cache) -> that rank, memory
   pressure (``memory``: the cgroup's limit hits and refaults);
-- ``irq``: 4000 or 8000 UDP datagrams of 64 KiB a second (45 IP fragments each) steered
-  (RPS) to the rank's CPU, sent from another CPU, while every rank computes 4 ms more per
-  step (the storm takes CPU time from work; the job's steps are mostly a sleep), that CPU's
-  ``ksoftirqd`` and the sender at the weight of nice -20 meanwhile (interrupt threads run
-  above normal tasks with ``threadirqs`` or PREEMPT_RT; at nice 0: 0 of 10, the three ranks
-  sharing CPU 0 lost more to each other than rank 2 to the storm, and a starved sender
-  sent little) -> that
+- ``irq``: 3000 or 4500 UDP datagrams of 64 bytes a second steered (RPS) to the rank's
+  CPU, sent from the other CPU, each checked against 14000 firewall rules in the rank's
+  namespace before it is dropped (`costly_receive`: the work is the receiver's, in its
+  CPU's softirqs; the sender's is one small send a datagram), while every rank computes
+  4 ms more per step (the storm takes CPU time from work; the job's steps are mostly a
+  sleep); that CPU's ``ksoftirqd`` at the weight of nice -20 meanwhile (interrupt threads
+  run above normal tasks with ``threadirqs`` or PREEMPT_RT), the sender at nice 0 -> that
   rank, CPU time taken by interrupts (``interrupts``); rank 2 only (the only rank with a
-  CPU of its own: a storm on CPU 0 slows three ranks alike);
+  CPU of its own: a storm on CPU 0 slows three ranks alike). Each record says what the
+  storm cost (``storm``): the rank's CPU's softirq seconds (its ``ksoftirqd``'s among
+  them) against the sender's CPU seconds — 40 and 56 % of the rank's CPU for 3 % of the
+  sender's, measured. Until 2026-11-29 the datagrams were 64 KiB (45 IP fragments) with no
+  firewall: sending cost about what receiving did, the sender shared CPU 0 with ranks 0, 1
+  and 3, and every rank slowed alike. Even now rank 2 is seldom late (0 of 12 named, see
+  docs/tracing.md): it has a CPU to itself and slack, while three ranks share CPU 0;
 - ``two``: 20 ms of latency on one rank and a CPU hog on rank 2 at once -> both named;
 - ``healthy``: no fault -> no straggler; ``healthy-load``: with background work beside the
   job at the lowest CPU weight (two busy processes and a disk reader, unpinned, in an idle
@@ -102,10 +111,12 @@ from straggler_job import (
     Trace,
     describe,
     foreign_faults,
+    run,
     short_base,
     spawn,
     wait_for,
 )
+from straggler_job import _softirq_thread as softirq_thread
 
 from bpfdyno.analysis.summary import summarize_file
 from bpfdyno.analysis.verdict import compare
@@ -184,28 +195,145 @@ def _removed(group: Path) -> bool:
 #: a rank's work, and the job's own steps are mostly a sleep (a rank that uses 2 % of its
 #: CPU hardly notices a storm that takes 30 %).
 IRQ_WORK_MS = 4.0
-#: The weight of the rank's CPU's softirq thread during the storm (`interrupt_storm`): at
-#: nice 0 the storm took at most about a third of rank 2's CPU, less than the three ranks
-#: sharing CPU 0 lose to each other, and no rank was late (0 of 10).
+#: The weight of the rank's CPU's softirq thread during the storm (`irq_storm`): at nice 0
+#: the storm took at most about a third of rank 2's CPU, less than the three ranks sharing
+#: CPU 0 lose to each other, and no rank was late (0 of 10).
 IRQ_SOFTIRQ_NICE = -20
-#: The sender's weight: at nice 0, on CPU 0 with three ranks (nice -3) and other sessions'
-#: work, it sent too little to matter (rank 2's interrupt time 1.1 ms a run-up, load 34).
-IRQ_SENDER_NICE = -20
+#: The sender's weight. At nice -20 it woke every millisecond above the three ranks sharing
+#: its CPU and took it from them: with 64 KiB datagrams (45 fragments each to build) every
+#: rank slowed alike; with small ones it cost 4 % of the CPU and still held the ranks' CPU
+#: for 37 % of their waits (10 ms a step). Small datagrams cost little enough to send at
+#: nice 0. (With the 64 KiB datagrams at nice 0, on the loaded CPU 0, it sent too little to
+#: matter: rank 2's interrupt time 1.1 ms a run-up, load 34.)
+IRQ_SENDER_NICE = 0
+#: The storm's datagrams, in bytes: small, one packet each (no IP fragments), so that the
+#: sender's cost per datagram is one system call. Until 2026-11-29 they were 64 KiB (45
+#: fragments each), which cost the sender about what they cost the receiver: the sender, on
+#: CPU 0 with ranks 0, 1 and 3, slowed those ranks as much as the storm slowed rank 2 (every
+#: step 89 ms against 49 ms healthy, no rank late).
+IRQ_DATAGRAM = 64
+#: Rules of the firewall every storm datagram is checked against on arrival, in the rank's
+#: namespace (`costly_receive`): the receiving side's work per packet, in the rank CPU's
+#: softirq, as a host firewall, conntrack or a NIC driver's per-packet work is on a real
+#: host. The sender's cost stays one small send.
+IRQ_RULES = 14000
+#: The storm's strengths: datagrams a second. With 5000 rules (45 µs a datagram on the test
+#: VM) 3000 and 6000 a second took 19-27 % of the rank's CPU and no rank was late (0 of 6):
+#: a rank that sleeps 30 ms of each step loses only a share of its few ms of work, and rank
+#: 2 has a CPU to itself while three ranks share the other. With 14000 rules, 3000 a second
+#: took 35-41 %; 6000 took all of it (the softirq thread at nice -20 never let go: the job
+#: stopped).
+IRQ_RATES = (3000, 4500)
+#: The storm's port on the rank (nothing listens; the firewall drops them after its rules).
+IRQ_PORT = 9
+
+
+@dataclass
+class StormCost:
+    """What a storm cost whom over a run: CPU seconds the rank's CPU spent in softirqs (all
+    of them, its ``ksoftirqd`` thread's among them, and that thread's apart), and the
+    sender's CPU seconds — the victim's
+    loss against the cost of making it (`/proc/stat`, the threads' own times)."""
+
+    cpu: int
+    sender_pid: int
+    softirqd_pid: int
+    start: tuple[float, float, float] = (0.0, 0.0, 0.0)  # softirq, ksoftirqd, sender
+    seconds: float = 0.0
+    softirq_s: float = 0.0
+    ksoftirqd_s: float = 0.0
+    sender_s: float = 0.0
+    _t0: float = 0.0
+
+    def read(self) -> tuple[float, float, float]:
+        return (
+            _cpu_softirq_s(self.cpu),
+            _task_cpu_s(self.softirqd_pid),
+            _task_cpu_s(self.sender_pid),
+        )
+
+    def begin(self) -> None:
+        self.start, self._t0 = self.read(), time.monotonic()
+
+    def end(self) -> None:
+        now = self.read()
+        self.seconds = time.monotonic() - self._t0
+        self.softirq_s, self.ksoftirqd_s, self.sender_s = (
+            round(b - a, 3) for a, b in zip(self.start, now, strict=True)
+        )
+
+    def record(self) -> dict[str, float]:
+        return {
+            "seconds": round(self.seconds, 1),
+            "victim_softirq_s": self.softirq_s,
+            "victim_ksoftirqd_s": self.ksoftirqd_s,
+            "sender_s": self.sender_s,
+        }
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_softirq_s(cpu: int) -> float:
+    """CPU ``cpu``'s time in softirqs taken on the spot (seconds since boot: /proc/stat)."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith(f"cpu{cpu} "):
+            return int(line.split()[7]) / TICK
+    raise AssertionError(f"no cpu{cpu} in /proc/stat")
+
+
+def _task_cpu_s(pid: int) -> float:
+    """Process or thread ``pid``'s CPU time, user and system (seconds; 0 when gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 @contextlib.contextmanager
-def irq_storm(job: StragglerJob, rank: int, strength: int) -> Iterator[None]:
-    """Every rank computes `IRQ_WORK_MS` more per step, and datagrams of 64 KiB (45 IP
-    fragments each) are steered to rank ``rank``'s CPU."""
+def costly_receive(job: StragglerJob, rank: int, rules: int) -> Iterator[None]:
+    """Every UDP datagram to `IRQ_PORT` that rank ``rank``'s namespace receives goes through
+    ``rules`` firewall rules that never match (each loads a header field and compares it)
+    before it is dropped: work per packet in the receiving CPU's softirq. The job's own
+    traffic (TCP) leaves the chain at its first rule."""
+    checks = "".join("    udp length 1 counter\n" for _ in range(rules))
+    ruleset = (
+        "table ip bdm_storm {\n  chain pre {\n"
+        "    type filter hook prerouting priority -300; policy accept;\n"
+        "    meta l4proto != udp accept\n"
+        f"    udp dport != {IRQ_PORT} accept\n"
+        f"{checks}    drop\n  }}\n}}\n"
+    )
+    ns = job.network.namespaces[rank]
+    run("ip", "netns", "exec", ns, "nft", "-f", "-", stdin=ruleset)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(AssertionError):
+            run("ip", "netns", "exec", ns, "nft", "delete", "table", "ip", "bdm_storm")
+
+
+@contextlib.contextmanager
+def irq_storm(job: StragglerJob, rank: int, strength: int) -> Iterator[StormCost]:
+    """Every rank computes `IRQ_WORK_MS` more per step, and `IRQ_RATES` small datagrams a
+    second, each costly to receive (`costly_receive`), are steered to rank ``rank``'s CPU;
+    yields what the storm cost the rank's CPU and the sender (measured over the run)."""
     with contextlib.ExitStack() as stack:
         for r in range(RANKS):
             stack.enter_context(job.more_work(r, IRQ_WORK_MS))
-        stack.enter_context(
+        stack.enter_context(costly_receive(job, rank, IRQ_RULES))
+        flood = stack.enter_context(
             job.interrupt_storm(
-                rank, (4000, 8000)[strength], 65000, IRQ_SOFTIRQ_NICE, IRQ_SENDER_NICE
+                rank, IRQ_RATES[strength], IRQ_DATAGRAM, IRQ_SOFTIRQ_NICE, IRQ_SENDER_NICE
             )
         )
-        yield
+        cost = StormCost(job.cpus[rank], flood.pid, softirq_thread(job.cpus[rank]))
+        cost.begin()
+        try:
+            yield cost
+        finally:
+            cost.end()
 
 
 @contextlib.contextmanager
@@ -218,7 +346,7 @@ def two_faults(job: StragglerJob, rank: int, strength: int) -> Iterator[None]:
 class FaultClass:
     name: str
     ranks: tuple[int, ...]  # the runs go round these
-    strengths: tuple[str, str]
+    strengths: tuple[str, ...]  # the runs go through each
     inject: Fault | None
     expect: Callable[[int], list[Expected]]  # per faulted rank: the findings expected
     aligned: bool = True
@@ -251,13 +379,13 @@ FAULTS = [
         lambda r: [(r, "network", "network_loss")],
     ),
     FaultClass(
-        "hog", (2,), ("nice -10", "nice -20"),
-        lambda j, r, s: j.cpu_hog(r, (-10, -20)[s]),
+        "hog", (2,), ("nice -10", "nice -15", "nice -20"),
+        lambda j, r, s: j.cpu_hog(r, (-10, -15, -20)[s]),
         late("cpu_wait"),
     ),
     FaultClass(
-        "quota", (1, 3, 0, 2), ("10 ms / 100 ms", "5 ms / 100 ms"),
-        lambda j, r, s: j.cpu_quota(r, (10_000, 5000)[s]),
+        "quota", (1, 3, 0, 2), ("10 ms / 100 ms", "5 ms / 100 ms", "3 ms / 100 ms"),
+        lambda j, r, s: j.cpu_quota(r, (10_000, 5000, 3000)[s]),
         late("cpu_quota"),
     ),
     FaultClass(
@@ -296,7 +424,7 @@ FAULTS = [
         late("memory"),
     ),
     FaultClass(
-        "irq", (2,), ("4000 x 64 KiB/s", "8000 x 64 KiB/s"),
+        "irq", (2,), tuple(f"{n} x {IRQ_DATAGRAM} B/s, {IRQ_RULES} rules" for n in IRQ_RATES),
         irq_storm,
         late("interrupts"),
         tracks="net,sched,fabric",
@@ -333,7 +461,7 @@ def sched_lost(trace: Trace) -> bool:
         not any(
             p.seconds > 0
             for p in ev.steps.parts
-            if p.cause not in ("on_cpu", "collectives", "gpu_busy")
+            if p.cause not in ("on_cpu", "collectives", "gpu_busy", "interrupts")
         )
         for ev in trace.evidence.values()
     )
@@ -433,6 +561,13 @@ def main() -> None:
         help="with --report: judge each run's kept trace files again with this checkout's "
         "analysis (a rule changed since the runs)",
     )
+    ap.add_argument(
+        "--round",
+        type=int,
+        default=0,
+        help="number this invocation's rounds from ROUND: the faulted ranks go on rotating "
+        "from an earlier invocation's (one class at a time, in short invocations)",
+    )
     args = ap.parse_args()
     if args.report:
         with open(args.report) as f:
@@ -471,9 +606,9 @@ def main() -> None:
                     job = StragglerJob(base, RANKS, CPUS, interrupts=True)
                     job.start()
                 for c in classes:
-                    strengths = (0, 1) if c.strengths[0] else (0,)
+                    strengths = range(len(c.strengths)) if c.strengths[0] else range(1)
                     for s in strengths:
-                        rank = c.ranks[(run + s) % len(c.ranks)]
+                        rank = c.ranks[(args.round + run + s) % len(c.ranks)]
                         traced += 1
                         blind = False
                         started = time.monotonic()
@@ -484,13 +619,14 @@ def main() -> None:
                         wait_for_no_foreign()
                         watch = ForeignWatch()
                         incomplete: dict[int, str] = {}
+                        injected: object = None
                         try:
                             ctx = (
                                 c.inject(job, rank, s)
                                 if c.inject is not None
                                 else contextlib.nullcontext()
                             )
-                            with watch, ctx:
+                            with watch, ctx as injected:
                                 trace = job.trace(
                                     f"{c.name}-{s}-{run}-{traced}",
                                     ITERATIONS,
@@ -541,7 +677,8 @@ def main() -> None:
                             job.start()
                         record = {
                             "class": c.name, "strength": c.strengths[s], "rank": rank,
-                            "run": run, "outcome": outcome, "shares": shares, "named": named,
+                            "run": args.round + run, "outcome": outcome, "shares": shares,
+                            "named": named,
                             "throttled": throttled, "sched_lost": blind and outcome != "error",
                             "sched_incomplete": incomplete,
                             "headline": headline, "step_ms": step_ms,
@@ -550,6 +687,8 @@ def main() -> None:
                             "foreign": {str(k): v for k, v in watch.seen.items()},
                             "expected": c.expect(rank), "kept": kept,
                         }  # fmt: skip
+                        if isinstance(injected, StormCost):
+                            record["storm"] = injected.record()
                         records.append(record)
                         out.write(json.dumps(record) + "\n")
                         out.flush()
@@ -684,6 +823,34 @@ def report(records: list[dict[str, object]]) -> None:
     if loads:
         print(f"load average during the runs: {min(loads):.1f}-{max(loads):.1f}")
     bite(records)
+    storm_costs(records)
+
+
+def storm_costs(records: list[dict[str, object]]) -> None:
+    """What each storm strength cost whom (`StormCost`, per second of the fault): the
+    rank's CPU in softirqs, on the spot and in its ``ksoftirqd``, against the sender's CPU
+    time — the storm must cost its victim far more than its maker."""
+    rows: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for r in records:
+        if isinstance(r.get("storm"), dict) and r["storm"]["seconds"]:  # type: ignore[index]
+            rows[str(r["strength"])].append(r["storm"])  # type: ignore[arg-type]
+    if not rows:
+        return
+    print(
+        "\n| storm | runs | rank's CPU in softirqs, % (median) | of it in ksoftirqd, % "
+        "| sender's CPU, % | victim / sender |"
+    )
+    print("|---|---|---|---|---|---|")
+    for strength, costs in rows.items():
+        # The CPU's softirq time counts its ksoftirqd's too: the kernel's tick accounting
+        # charges a tick in a softirq to softirq whichever task runs it (and to the task).
+        victim = statistics.median(c["victim_softirq_s"] / c["seconds"] for c in costs)
+        thread = statistics.median(c["victim_ksoftirqd_s"] / c["seconds"] for c in costs)
+        sender = statistics.median(c["sender_s"] / c["seconds"] for c in costs)
+        print(
+            f"| {strength} | {len(costs)} | {victim:.0%} | {thread:.0%} | {sender:.1%} | "
+            f"{victim / sender if sender else float('inf'):.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -228,7 +228,7 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
             for e in listed[:MAX_LOSS_EVENTS]
         ),
         gpu_sm_clock_mhz=_mean_clock(facts, lo, hi),
-        steps=_step_split(steps, chosen, threads, busy, tid, on_cpu=not sampled),
+        steps=_step_split(steps, chosen, threads, busy, tid, interrupts, on_cpu=not sampled),
         notes=tuple(notes),
         fabric_devices=tuple(sorted({d for _, d, _, _ in facts.fabric if d != "cpu"})),
         connections=_connections(facts, lo, hi),
@@ -703,13 +703,22 @@ def _step_split(
     threads: _Threads,
     busy: Sequence[tuple[float, float]],
     pid: int,
+    interrupts: _Totals | None = None,
     on_cpu: bool = True,
 ) -> StepSplit:
     """Where a step's time went: medians over the steps of the time in collectives, the main
     thread's time on a CPU (unless not ``on_cpu``: a sched track sampled in time does not
-    measure it) and off it by cause, and the GPUs' busy time (`STEP_PARTS`)."""
+    measure it) and off it by cause, and the GPUs' busy time (`STEP_PARTS`); and the CPU
+    time interrupts and softirqs took on the CPUs its threads ran on (``interrupts``, the
+    fabric track's), per step on average over the steps: the track samples it per interval
+    (10 Hz), longer than a step, so per step it would come in lumps. Whom it took the time
+    from is not said: a rank that sleeps while its CPU takes a storm loses little, its
+    threads and other tasks there lose the rest."""
     if not steps:
         return StepSplit()
+    # Over the steps' span, each interval's points once.
+    storm = interrupts.between(steps[0][0], steps[-1][1]) / 1e9 / len(steps) if interrupts else 0
+
     spans = _union((c.start_us, c.end_us) for c in collectives)
     parts: dict[str, list[float]] = defaultdict(list)
     for lo, hi in steps:
@@ -730,6 +739,8 @@ def _step_split(
     for values in parts.values():  # a part absent from the first steps: 0 there
         values[:0] = [0.0] * (n - len(values))
     medians = {k: statistics.median(v) / 1e6 for k, v in parts.items()}
+    if storm > 0:
+        medians["interrupts"] = storm
     return StepSplit(
         steps=n,
         step_seconds=statistics.median(hi - lo for lo, hi in steps) / 1e6,
