@@ -250,15 +250,42 @@ def fmt_rate(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f}, n={len(values)})"
 
 
+#: A fault slowed the job when its steps per second during the injection (median of the
+#: detection's intervals) were under this share of the healthy gaps' median. One that did
+#: not held nobody back: no straggler to find, counted apart from the recall.
+SLOWED = 0.9
+
+
+def steps_of(row: dict[str, Any]) -> list[float]:
+    return [float(i["steps_per_s"]) for i in row.get("intervals", []) if i["steps_per_s"]]
+
+
+def slowdown(row: dict[str, Any], healthy_steps: float) -> float | None:
+    """The job's steps per second during the injection over the healthy gaps' (None: not
+    measured)."""
+    steps = steps_of(row)
+    if not steps or not healthy_steps:
+        return None
+    return statistics.median(steps) / healthy_steps
+
+
 def report(rows: list[dict[str, Any]]) -> None:
-    by_class: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_class: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     healthy = [r for r in rows if r.get("class") == "healthy-gap"]
     for r in rows:
         if r.get("class") != "healthy-gap":
-            by_class[str(r["class"])].append(r)
-    print("| class | injections (ranks) | suspected | confirmed | recall | precision | cleared |")
-    print("|---|---|---|---|---|---|---|")
-    for name, runs in by_class.items():
+            by_class[(str(r["class"]), str(r["strength"]))].append(r)
+    gap_steps = [x for r in healthy for x in steps_of(r)]
+    healthy_steps = statistics.median(gap_steps) if gap_steps else 0.0
+    print(f"job steps/s in the healthy gaps: {fmt_rate(gap_steps)}; a fault slowed the job")
+    print(f"when its median was under {SLOWED:.0%} of theirs\n")
+    print(
+        "| class | strength | injections (ranks) | job steps/s against healthy | slowed the job "
+        "| suspected | confirmed | recall (of those that slowed it) | precision | cleared |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    total = found = 0
+    for (name, strength), runs in by_class.items():
         sus = [float(r["suspected_s"]) for r in runs if r["suspected_s"] is not None]
         con = [float(r["confirmed_s"]) for r in runs if r["confirmed_s"] is not None]
         clr = [float(r["cleared_s"]) for r in runs if r["cleared_s"] is not None]
@@ -267,26 +294,20 @@ def report(rows: list[dict[str, Any]]) -> None:
             1 for r in runs for e in r["events"]
             if e["kind"] in ("suspected", "confirmed") and e["rank"] == r["rank"]
         )  # fmt: skip
-        ranks = sorted({int(r["rank"]) for r in runs})
+        ratios = [slowdown(r, healthy_steps) for r in runs]
+        slowed = [r for r, x in zip(runs, ratios, strict=True) if x is not None and x < SLOWED]
+        slowed_found = sum(1 for r in slowed if r["confirmed_s"] is not None)
+        total += len(slowed)
+        found += slowed_found
+        shown = ", ".join("-" if x is None else f"{x:.2f}" for x in ratios)
+        ranks = ", ".join(str(r["rank"]) for r in runs)
         precision = f"{right}/{len(alarms)}" if alarms else "no events"
         print(
-            f"| {name} | {len(runs)} ({', '.join(map(str, ranks))}) | {fmt_times(sus)} | "
-            f"{fmt_times(con)} | {len(con)}/{len(runs)} | {precision} | {fmt_times(clr)} |"
+            f"| {name} | {strength} | {len(runs)} ({ranks}) | {shown} | {len(slowed)}/{len(runs)} "
+            f"| {fmt_times(sus)} | {fmt_times(con)} | {len(con)}/{len(runs)} "
+            f"({slowed_found}/{len(slowed)}) | {precision} | {fmt_times(clr)} |"
         )
-    # Whether a fault slowed the job: its steps per second against the healthy gaps'.
-    gap_steps = [
-        float(i["steps_per_s"]) for r in healthy for i in r.get("intervals", [])
-        if i["steps_per_s"] is not None
-    ]  # fmt: skip
-    if gap_steps:
-        print(f"\njob steps/s in the healthy gaps: {fmt_rate(gap_steps)}")
-        for name, runs in by_class.items():
-            for strength in sorted({str(r["strength"]) for r in runs}):
-                steps = [
-                    float(i["steps_per_s"]) for r in runs if r["strength"] == strength
-                    for i in r.get("intervals", []) if i["steps_per_s"] is not None
-                ]  # fmt: skip
-                print(f"  {name} {strength}: {fmt_rate(steps)}")
+    print(f"\nrecall over the injections that slowed the job: {found}/{total}")
     minutes = sum(float(r["seconds"]) for r in healthy) / 60
     false = [e for r in healthy for e in r["events"] if e["kind"] in ("suspected", "confirmed")]
     print(f"healthy gaps: {minutes:.1f} min watched, {len(false)} suspected/confirmed events")
@@ -300,14 +321,23 @@ def main() -> int:
     ap.add_argument("--injections", type=int, default=2, help="per class")
     ap.add_argument("--classes", default=",".join(CLASSES), help="comma list")
     ap.add_argument("--out", default="detection-matrix.jsonl", help="one JSON line per row")
+    ap.add_argument(
+        "--strength", choices=("both", "strong", "weak"), default="both",
+        help="the classes' strengths: both, alternating (strong first), or one",
+    )  # fmt: skip
     ap.add_argument("--gap", type=float, default=20.0, help="healthy seconds before each")
     ap.add_argument("--within", type=float, default=45.0, help="seconds to wait for confirmed")
     ap.add_argument("--clear-within", type=float, default=90.0)
-    ap.add_argument("--report", default="", metavar="JSONL", help="only print a file's table")
+    ap.add_argument(
+        "--report", default="", metavar="JSONL[,JSONL]", help="only print the files' table"
+    )
     args = ap.parse_args()
     if args.report:
-        with open(args.report) as f:
-            report([json.loads(line) for line in f if line.strip()])
+        rows = []
+        for path in args.report.split(","):
+            with open(path) as f:
+                rows += [json.loads(line) for line in f if line.strip()]
+        report(rows)
         return 0
     by_name = {c.name: c for c in FAULTS}
     names = [n for n in args.classes.split(",") if n]
@@ -343,8 +373,13 @@ def main() -> int:
         watcher = Watcher(str(job.agent.sock))
         foreign = ForeignLoad(job)
         intervals = IntervalLog(job)
+
+        def strength_of(i: int) -> int:
+            """Strong first, then alternating; or the one asked for."""
+            return {"both": 1 - i % 2, "strong": 1, "weak": 0}[args.strength]
+
         plan = [
-            (by_name[n], by_name[n].ranks[i % len(by_name[n].ranks)], 1 - i % 2)
+            (by_name[n], by_name[n].ranks[i % len(by_name[n].ranks)], strength_of(i))
             for i in range(args.injections)
             for n in names
         ]
