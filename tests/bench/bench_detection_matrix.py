@@ -269,6 +269,19 @@ def slowdown(row: dict[str, Any], healthy_steps: float) -> float | None:
     return statistics.median(steps) / healthy_steps
 
 
+def held_back(row: dict[str, Any]) -> float | None:
+    """How much the faulted rank waited for its peers against the job's median rank (median
+    over the injection's intervals): well under 1 when the fault held that rank back alone;
+    about 1 or more when it slowed the others as much (None: no gloo waits measured)."""
+    ratios = []
+    for i in row.get("intervals", []):
+        waits = [v[2] for v in i["ranks"].values() if v[2] == v[2]]
+        mine = i["ranks"].get(str(row["rank"]))
+        if len(waits) >= 3 and mine is not None and statistics.median(waits) > 0:
+            ratios.append(mine[2] / statistics.median(waits))
+    return statistics.median(ratios) if ratios else None
+
+
 def report(rows: list[dict[str, Any]]) -> None:
     by_class: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     healthy = [r for r in rows if r.get("class") == "healthy-gap"]
@@ -281,9 +294,10 @@ def report(rows: list[dict[str, Any]]) -> None:
     print(f"when its median was under {SLOWED:.0%} of theirs\n")
     print(
         "| class | strength | injections (ranks) | job steps/s against healthy | slowed the job "
-        "| suspected | confirmed | recall (of those that slowed it) | precision | cleared |"
+        "| the rank's peer wait against the median | suspected | confirmed "
+        "| recall (of those that slowed it) | precision | cleared |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     total = found = 0
     for (name, strength), runs in by_class.items():
         sus = [float(r["suspected_s"]) for r in runs if r["suspected_s"] is not None]
@@ -300,11 +314,12 @@ def report(rows: list[dict[str, Any]]) -> None:
         total += len(slowed)
         found += slowed_found
         shown = ", ".join("-" if x is None else f"{x:.2f}" for x in ratios)
+        held = ", ".join("-" if x is None else f"{x:.2f}" for x in map(held_back, runs))
         ranks = ", ".join(str(r["rank"]) for r in runs)
         precision = f"{right}/{len(alarms)}" if alarms else "no events"
         print(
             f"| {name} | {strength} | {len(runs)} ({ranks}) | {shown} | {len(slowed)}/{len(runs)} "
-            f"| {fmt_times(sus)} | {fmt_times(con)} | {len(con)}/{len(runs)} "
+            f"| {held} | {fmt_times(sus)} | {fmt_times(con)} | {len(con)}/{len(runs)} "
             f"({slowed_found}/{len(slowed)}) | {precision} | {fmt_times(clr)} |"
         )
     print(f"\nrecall over the injections that slowed the job: {found}/{total}")
