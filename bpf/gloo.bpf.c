@@ -14,6 +14,12 @@
  * at a time. A uprobe fires in every process that maps that file, so each call first checks
  * `bpfdyno_glpids`, the watched processes, whose value is what is added up.
  *
+ * A wait still in progress is in `bpfdyno_glstart` with its process: the reader adds the time
+ * since it began (bpf_ktime_get_ns is CLOCK_MONOTONIC), so a thread blocked for longer than
+ * the detection's interval shows in every interval, not in a lump when it returns. The
+ * return deletes the wait in progress *before* adding it to the total: a reader that reads
+ * the totals first and the waits in progress after never counts one wait twice.
+ *
  * Settings (-D), required; bpfdyno passes them from the [detection] config section:
  * GLOO_MAX_PROCS (gloo_max_ranks) sizes the process map, GLOO_MAX_THREADS
  * (gloo_max_threads) the map of waits in progress.
@@ -33,9 +39,16 @@ struct gloo_waits {
 	u64 calls;
 };
 
+/* A wait in progress: when it began, and whose thread waits. */
+struct gloo_wait_start {
+	u64 start_ns;
+	u32 tgid;
+	u32 pad;
+};
+
 BPF_HASH(bpfdyno_glpids, u32, struct gloo_waits, GLOO_MAX_PROCS);
-/* Per thread waiting now: when its wait began. */
-BPF_HASH(bpfdyno_glstart, u32, u64, GLOO_MAX_THREADS);
+/* Per thread waiting now (by thread id). */
+BPF_HASH(bpfdyno_glstart, u32, struct gloo_wait_start, GLOO_MAX_THREADS);
 
 int bpfdyno_gl_enter(struct pt_regs *ctx)
 {
@@ -44,8 +57,8 @@ int bpfdyno_gl_enter(struct pt_regs *ctx)
 	if (!bpfdyno_glpids.lookup(&tgid))
 		return 0;
 	u32 tid = (u32)id;
-	u64 now = bpf_ktime_get_ns();
-	bpfdyno_glstart.update(&tid, &now);
+	struct gloo_wait_start start = {.start_ns = bpf_ktime_get_ns(), .tgid = tgid};
+	bpfdyno_glstart.update(&tid, &start);
 	return 0;
 }
 
@@ -53,11 +66,11 @@ int bpfdyno_gl_leave(struct pt_regs *ctx)
 {
 	u64 id = bpf_get_current_pid_tgid();
 	u32 tid = (u32)id;
-	u64 *start = bpfdyno_glstart.lookup(&tid);
+	struct gloo_wait_start *start = bpfdyno_glstart.lookup(&tid);
 	if (!start)
 		return 0;
-	u64 waited = bpf_ktime_get_ns() - *start;
-	bpfdyno_glstart.delete(&tid);
+	u64 waited = bpf_ktime_get_ns() - start->start_ns;
+	bpfdyno_glstart.delete(&tid); /* before the add: see the top of the file */
 	u32 tgid = id >> 32;
 	struct gloo_waits *w = bpfdyno_glpids.lookup(&tgid);
 	if (!w)

@@ -37,10 +37,13 @@ import shutil
 import signal
 import statistics
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tracing"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,7 +52,11 @@ from bench_verdict_matrix import CPUS, FAULTS, RANKS, FaultClass
 from straggler_job import StragglerJob, short_base, wait_for
 from test_detection_e2e import ForeignLoad, Watcher, all_clear
 
-from bpfdyno.rpc.detection import DetectionEvent, DetectionKind
+from bpfdyno.detection.detector import with_net_scores
+from bpfdyno.detection.signals import from_record
+from bpfdyno.rpc.detection import DetectionEvent, DetectionKind, GetRankSignalsResponse
+from bpfdyno.rpc.v1 import detection_pb2, detection_pb2_grpc
+from bpfdyno.rpc.wire import from_pb
 
 #: The classes of the verdict matrix that inject one fault (not the healthy ones, not two).
 CLASSES = (
@@ -57,6 +64,95 @@ CLASSES = (
     "more-work", "evict", "disk", "irq",
 )  # fmt: skip
 ALARMS = (DetectionKind.SUSPECTED, DetectionKind.CONFIRMED)
+
+
+#: Bytes of one batch (trainers/ddp.py's BATCH_BYTES): a feeder's writes over it are the
+#: steps its rank took.
+BATCH_BYTES = 4096
+
+
+def _wchar(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+class IntervalLog:
+    """Each of the detection's intervals as the agent compared it (`GetRankSignals`, polled
+    every ``poll`` seconds: each interval once), per rank the detector's scores, and the
+    job's steps per second over the same stretch (each rank's feeder writes one batch a
+    step: its ``wchar`` over `BATCH_BYTES`; the ranks step together, so the median)."""
+
+    def __init__(self, job: StragglerJob, poll: float = 2.0) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self._job = job
+        self._channel = job.agent.channel()
+        self._stub = detection_pb2_grpc.DetectionStub(self._channel)
+        self._stop = threading.Event()
+        self._poll = poll
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        last_end = 0.0
+        last_steps: tuple[float, list[int | None]] | None = None
+        while not self._stop.wait(self._poll):
+            try:
+                resp = self._stub.GetRankSignals(detection_pb2.GetRankSignalsRequest(), timeout=5)
+            except grpc.RpcError as e:  # a slow agent: the next poll
+                print(f"GetRankSignals: {e}", flush=True)
+                continue
+            signals = list(from_pb(GetRankSignalsResponse, resp).signals)
+            if not signals or signals[0].end_unix_seconds == last_end:
+                continue
+            last_end = signals[0].end_unix_seconds
+            now = time.monotonic()
+            written = [_wchar(p.pid) for p in self._job.feeders]
+            steps = None
+            if last_steps is not None:
+                dt = now - last_steps[0]
+                rates = [
+                    (b - a) / BATCH_BYTES / dt
+                    for a, b in zip(last_steps[1], written, strict=True)
+                    if a is not None and b is not None
+                ]
+                steps = round(statistics.median(rates), 2) if rates else None
+            last_steps = (now, written)
+            ranks = with_net_scores({r.rank: from_record(r) for r in signals})
+            self.rows.append(
+                {
+                    "t": now,
+                    "steps_per_s": steps,
+                    "ranks": {
+                        r: [
+                            round(s.cpu_wait_share, 3),
+                            round(s.main_busy_share, 3),
+                            round(s.peer_wait_share, 3),
+                            round(s.net.rtt_s * 1000, 2),
+                            round(s.net.retransmits_per_s, 2),
+                        ]
+                        for r, s in sorted(ranks.items())
+                    },
+                }
+            )
+
+    def between(self, start: float, end: float) -> list[dict[str, Any]]:
+        """The intervals that ended in [start, end], their times from ``start``."""
+        return [{**r, "t": round(r["t"] - start, 1)} for r in self.rows if start <= r["t"] <= end]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._channel.close()
+
+
+#: The order of each rank's scores in an `IntervalLog` row.
+SCORE_NAMES = ("cpu_wait_share", "main_busy_share", "peer_wait_share", "net_rtt_ms", "net_retx")
 
 
 def event_row(at: float, t0: float, e: DetectionEvent) -> dict[str, Any]:
@@ -78,6 +174,7 @@ def inject(
     job: StragglerJob,
     watcher: Watcher,
     foreign: ForeignLoad,
+    intervals: IntervalLog,
     fault: FaultClass,
     rank: int,
     strength: int,
@@ -136,6 +233,8 @@ def inject(
         "events": [event_row(at, t0, e) for at, e in during if at <= t1],
         # Before the fault, while this waited for its random moment: not counted.
         "before": [event_row(at, t0, e) for at, e in watcher.since(t_wait) if at < t0],
+        # The detection's intervals that ended during the fault (`SCORE_NAMES` per rank).
+        "intervals": intervals.between(t0, t1),
     }
 
 
@@ -145,15 +244,62 @@ def fmt_times(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} s ({min(values):.1f}-{max(values):.1f})"
 
 
+def fmt_rate(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f}, n={len(values)})"
+
+
+#: A fault slowed the job when its steps per second during the injection (median of the
+#: detection's intervals) were under this share of the healthy gaps' median. One that did
+#: not held nobody back: no straggler to find, counted apart from the recall.
+SLOWED = 0.9
+
+
+def steps_of(row: dict[str, Any]) -> list[float]:
+    return [float(i["steps_per_s"]) for i in row.get("intervals", []) if i["steps_per_s"]]
+
+
+def slowdown(row: dict[str, Any], healthy_steps: float) -> float | None:
+    """The job's steps per second during the injection over the healthy gaps' (None: not
+    measured)."""
+    steps = steps_of(row)
+    if not steps or not healthy_steps:
+        return None
+    return statistics.median(steps) / healthy_steps
+
+
+def held_back(row: dict[str, Any]) -> float | None:
+    """How much the faulted rank waited for its peers against the job's median rank (median
+    over the injection's intervals): well under 1 when the fault held that rank back alone;
+    about 1 or more when it slowed the others as much (None: no gloo waits measured)."""
+    ratios = []
+    for i in row.get("intervals", []):
+        waits = [v[2] for v in i["ranks"].values() if v[2] == v[2]]
+        mine = i["ranks"].get(str(row["rank"]))
+        if len(waits) >= 3 and mine is not None and statistics.median(waits) > 0:
+            ratios.append(mine[2] / statistics.median(waits))
+    return statistics.median(ratios) if ratios else None
+
+
 def report(rows: list[dict[str, Any]]) -> None:
-    by_class: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_class: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     healthy = [r for r in rows if r.get("class") == "healthy-gap"]
     for r in rows:
         if r.get("class") != "healthy-gap":
-            by_class[str(r["class"])].append(r)
-    print("| class | injections (ranks) | suspected | confirmed | recall | precision | cleared |")
-    print("|---|---|---|---|---|---|---|")
-    for name, runs in by_class.items():
+            by_class[(str(r["class"]), str(r["strength"]))].append(r)
+    gap_steps = [x for r in healthy for x in steps_of(r)]
+    healthy_steps = statistics.median(gap_steps) if gap_steps else 0.0
+    print(f"job steps/s in the healthy gaps: {fmt_rate(gap_steps)}; a fault slowed the job")
+    print(f"when its median was under {SLOWED:.0%} of theirs\n")
+    print(
+        "| class | strength | injections (ranks) | job steps/s against healthy | slowed the job "
+        "| the rank's peer wait against the median | suspected | confirmed "
+        "| recall (of those that slowed it) | precision | cleared |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    total = found = 0
+    for (name, strength), runs in by_class.items():
         sus = [float(r["suspected_s"]) for r in runs if r["suspected_s"] is not None]
         con = [float(r["confirmed_s"]) for r in runs if r["confirmed_s"] is not None]
         clr = [float(r["cleared_s"]) for r in runs if r["cleared_s"] is not None]
@@ -162,12 +308,21 @@ def report(rows: list[dict[str, Any]]) -> None:
             1 for r in runs for e in r["events"]
             if e["kind"] in ("suspected", "confirmed") and e["rank"] == r["rank"]
         )  # fmt: skip
-        ranks = sorted({int(r["rank"]) for r in runs})
+        ratios = [slowdown(r, healthy_steps) for r in runs]
+        slowed = [r for r, x in zip(runs, ratios, strict=True) if x is not None and x < SLOWED]
+        slowed_found = sum(1 for r in slowed if r["confirmed_s"] is not None)
+        total += len(slowed)
+        found += slowed_found
+        shown = ", ".join("-" if x is None else f"{x:.2f}" for x in ratios)
+        held = ", ".join("-" if x is None else f"{x:.2f}" for x in map(held_back, runs))
+        ranks = ", ".join(str(r["rank"]) for r in runs)
         precision = f"{right}/{len(alarms)}" if alarms else "no events"
         print(
-            f"| {name} | {len(runs)} ({', '.join(map(str, ranks))}) | {fmt_times(sus)} | "
-            f"{fmt_times(con)} | {len(con)}/{len(runs)} | {precision} | {fmt_times(clr)} |"
+            f"| {name} | {strength} | {len(runs)} ({ranks}) | {shown} | {len(slowed)}/{len(runs)} "
+            f"| {held} | {fmt_times(sus)} | {fmt_times(con)} | {len(con)}/{len(runs)} "
+            f"({slowed_found}/{len(slowed)}) | {precision} | {fmt_times(clr)} |"
         )
+    print(f"\nrecall over the injections that slowed the job: {found}/{total}")
     minutes = sum(float(r["seconds"]) for r in healthy) / 60
     false = [e for r in healthy for e in r["events"] if e["kind"] in ("suspected", "confirmed")]
     print(f"healthy gaps: {minutes:.1f} min watched, {len(false)} suspected/confirmed events")
@@ -181,14 +336,23 @@ def main() -> int:
     ap.add_argument("--injections", type=int, default=2, help="per class")
     ap.add_argument("--classes", default=",".join(CLASSES), help="comma list")
     ap.add_argument("--out", default="detection-matrix.jsonl", help="one JSON line per row")
+    ap.add_argument(
+        "--strength", choices=("both", "strong", "weak"), default="both",
+        help="the classes' strengths: both, alternating (strong first), or one",
+    )  # fmt: skip
     ap.add_argument("--gap", type=float, default=20.0, help="healthy seconds before each")
     ap.add_argument("--within", type=float, default=45.0, help="seconds to wait for confirmed")
     ap.add_argument("--clear-within", type=float, default=90.0)
-    ap.add_argument("--report", default="", metavar="JSONL", help="only print a file's table")
+    ap.add_argument(
+        "--report", default="", metavar="JSONL[,JSONL]", help="only print the files' table"
+    )
     args = ap.parse_args()
     if args.report:
-        with open(args.report) as f:
-            report([json.loads(line) for line in f if line.strip()])
+        rows = []
+        for path in args.report.split(","):
+            with open(path) as f:
+                rows += [json.loads(line) for line in f if line.strip()]
+        report(rows)
         return 0
     by_name = {c.name: c for c in FAULTS}
     names = [n for n in args.classes.split(",") if n]
@@ -223,8 +387,14 @@ def main() -> int:
         job.start()
         watcher = Watcher(str(job.agent.sock))
         foreign = ForeignLoad(job)
+        intervals = IntervalLog(job)
+
+        def strength_of(i: int) -> int:
+            """Strong first, then alternating; or the one asked for."""
+            return {"both": 1 - i % 2, "strong": 1, "weak": 0}[args.strength]
+
         plan = [
-            (by_name[n], by_name[n].ranks[i % len(by_name[n].ranks)], 1 - i % 2)
+            (by_name[n], by_name[n].ranks[i % len(by_name[n].ranks)], strength_of(i))
             for i in range(args.injections)
             for n in names
         ]
@@ -243,6 +413,7 @@ def main() -> int:
                     "load": round(load, 2),
                     "foreign": foreign_shares(foreign, g0, time.monotonic()),
                     "events": [event_row(at, g0, e) for at, e in watcher.since(g0)],
+                    "intervals": intervals.between(g0, time.monotonic()),
                 }
             )
             # Never inject while a rank is suspected (something else held it back in the
@@ -252,8 +423,19 @@ def main() -> int:
             except AssertionError as e:
                 print(f"going on although: {e}", flush=True)
             record(
-                inject(job, watcher, foreign, fault, rank, strength, args.within, args.clear_within)
+                inject(
+                    job,
+                    watcher,
+                    foreign,
+                    intervals,
+                    fault,
+                    rank,
+                    strength,
+                    args.within,
+                    args.clear_within,
+                )
             )
+        intervals.close()
         watcher.close()
         foreign.close()
     finally:

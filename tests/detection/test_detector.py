@@ -229,3 +229,55 @@ def test_ranks_without_gloo_s_probes_are_left_out_of_the_peer_wait() -> None:
     assert [(e.kind, e.rank) for e in events] == [(DetectionKind.SUSPECTED, 0)]
     d = StragglerDetector("node-a")
     assert [e for t in range(4) for e in d.update(waits(two), float(t))] == []
+
+
+def cpu_and_peer(scores: dict[int, tuple[float, float]]) -> list[RankSignals]:
+    """One 5 s interval of four ranks: per rank (CPU wait, gloo peer wait), each in
+    thread-seconds per second; every other signal alike."""
+    return [
+        replace(sig(r, cpu * 5.0), peer_wait_s=peer * 5.0)
+        for r, (cpu, peer) in sorted(scores.items())
+    ]
+
+
+#: Intervals of the real 4-rank job (load average 10) with a CPU hog at nice -10 on rank 2's
+#: CPU, which slowed the job to 0.74 of its healthy steps per second: rank 2's CPU wait 2.0-2.2
+#: times the median (each score alone asks 2.5) and its peer wait 0.52-0.56 of it (alone:
+#: under 0.5).
+HOG_NICE_10 = [
+    {0: (0.237, 0.345), 1: (0.271, 0.311), 2: (0.622, 0.181), 3: (0.288, 0.312)},
+    {0: (0.24, 0.376), 1: (0.27, 0.337), 2: (0.623, 0.188), 3: (0.289, 0.333)},
+    {0: (0.226, 0.418), 1: (0.275, 0.392), 2: (0.689, 0.193), 3: (0.315, 0.378)},
+]
+
+
+def test_a_rank_held_back_a_little_in_its_cpu_wait_and_its_peers_wait_at_once_is_found() -> None:
+    d = StragglerDetector("node-a")
+    events = [e for t, w in enumerate(HOG_NICE_10) for e in d.update(cpu_and_peer(w), float(t))]
+    assert [(e.kind, e.rank) for e in events] == [
+        (DetectionKind.SUSPECTED, 2),
+        (DetectionKind.CONFIRMED, 2),
+    ]
+    cause, effect = events[1].evidence
+    assert (cause.name, cause.value, cause.job_median) == (
+        "cpu_wait_share",
+        pytest.approx(0.689),
+        pytest.approx(0.295),
+    )
+    assert (effect.name, effect.value, effect.job_median) == (
+        "peer_wait_share",
+        pytest.approx(0.193),
+        pytest.approx(0.385),
+    )
+
+
+def test_either_half_of_the_pair_alone_is_no_outlier() -> None:
+    # The hog's intervals with the peer wait alike (the cause alone), and with the CPU wait
+    # alike (the effect alone); and a healthy interval of the same runs: rank 1, on the
+    # shared CPU, at 1.58 times the median's CPU wait and 0.35 of its peer wait.
+    cause_alone = [{r: (cpu, 0.33) for r, (cpu, _) in w.items()} for w in HOG_NICE_10]
+    effect_alone = [{r: (0.27, peer) for r, (_, peer) in w.items()} for w in HOG_NICE_10]
+    healthy = {0: (0.315, 0.209), 1: (0.497, 0.073), 2: (0.097, 0.278), 3: (0.316, 0.211)}
+    for intervals in (cause_alone, effect_alone, [healthy] * 4):
+        d = StragglerDetector("node-a")
+        assert [e for t, w in enumerate(intervals) for e in d.update(cpu_and_peer(w), t)] == []

@@ -180,3 +180,106 @@ def test_every_rank_on_time_waits_for_the_late_one_whichever_way_it_waits(
     for rank in (0, 1):
         assert injected <= by_rank[rank].peer_wait_s <= injected + SLACK_S, by_rank[rank]
     assert 0.0 <= by_rank[2].peer_wait_s < injected / 4, by_rank[2]
+
+
+#: How long rank 1 is held before the all-reduce: longer than the intervals read below.
+HELD_S = 10.0
+#: The interval read while rank 0 waits for it.
+READ_S = 2.0
+
+HELD = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", rank=rank, world_size=2)
+t = torch.ones(16)
+dist.all_reduce(t)  # connections up, first-call work done
+print("ready", flush=True)
+sys.stdin.readline()
+if rank == 1:
+    time.sleep({held})
+dist.all_reduce(t)
+print("done", t[0].item(), flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.fixture
+def held_job() -> Iterator[list[subprocess.Popen[str]]]:
+    """Ranks 0 and 1 of a gloo job at "ready"; on a line each, rank 1 sleeps `HELD_S` before
+    their all-reduce."""
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "WORLD_SIZE": "2",
+        "OMP_NUM_THREADS": "1",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", HELD.format(held=HELD_S)],
+            env={**env, "RANK": str(rank)},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_a_wait_longer_than_an_interval_counts_in_each_interval_while_it_lasts(
+    held_job: list[subprocess.Popen[str]],
+) -> None:
+    waits = GlooWaits()
+    sampler = SignalSampler(peer_waits=waits)
+    ranks = [RankProcess(p.pid, "43") for p in held_job]
+    rank0 = held_job[0].pid
+    try:
+        deadline = time.monotonic() + 120
+        while any(waits.wait_ns(p.pid) is None for p in held_job):
+            assert waits.error == ""
+            assert time.monotonic() < deadline, "gloo's probes not on in 120 s"
+            time.sleep(0.1)
+        assert waits.wait_ns(rank0) == 0
+        for p in held_job:
+            assert p.stdin is not None
+            p.stdin.write("\n")
+            p.stdin.flush()
+        # Rank 0 enters the all-reduce and waits there for rank 1, asleep for HELD_S: its
+        # wait shows before it ends (counted only at its end, it would be 0 for HELD_S).
+        seen = time.monotonic()
+        while (waits.wait_ns(rank0) or 0) == 0:
+            assert time.monotonic() < seen + HELD_S / 2, "rank 0's wait in progress not seen"
+            time.sleep(0.05)
+        # Each reading's clock is read between the times taken around it, so the wait it
+        # sees lies between these bounds whatever the machine's load.
+        t_a0 = time.monotonic()
+        assert sampler.sample(ranks, t_a0) == []  # the base
+        t_a1 = time.monotonic()
+        time.sleep(READ_S)
+        t_b0 = time.monotonic()
+        held = {s.rank: s for s in sampler.sample(ranks, t_b0)}
+        t_b1 = time.monotonic()
+        assert held_job[0].stdout is not None
+        assert held_job[0].stdout.readline().split() == ["done", "4.0"]
+        t_c0 = time.monotonic()
+        after = {s.rank: s for s in sampler.sample(ranks, t_c0)}
+        t_c1 = time.monotonic()
+    finally:
+        waits.close()
+    # Rank 0 waited the whole interval (one thread: gloo's worker running the all-reduce).
+    assert t_b0 - t_a1 <= held[0].peer_wait_s <= t_b1 - t_a0, (held[0], t_b0 - t_a1, t_b1 - t_a0)
+    assert held[1].peer_wait_s == 0.0, held[1]  # asleep, not in gloo: the one held back
+    # When the wait ends, only its rest is added: never counted twice.
+    assert 0.0 < after[0].peer_wait_s <= t_c1 - t_b0, after[0]
+    assert held[0].peer_wait_s + after[0].peer_wait_s <= t_c1 - t_a0

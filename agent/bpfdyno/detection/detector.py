@@ -37,12 +37,30 @@ RTT_FLOOR_MS = 4.0
 #: The least excess of retransmits per second on a rank's best link that counts.
 RETX_FLOOR_PER_S = 4.0
 
+#: A rank its machine holds back: its threads wanted a CPU (run queue, CPU quota). On the
+#: real 4-rank job healthy ranks' waits were 0.06-0.3 thread-seconds per second (twice the
+#: median seen in one interval, jitter), a rank sharing its CPU with a hog 1.0-1.2 against
+#: a median of 0.1: at least 2.5 times the median counts.
+CPU_WAIT = Score("cpu_wait_share", lambda s: s.cpu_wait_share, 0.05, 1.5, "waited for a CPU")
+#: A gloo rank its peers wait for, whatever held it back (its input, its disk, its CPU): in a
+#: synchronous job the ranks on time wait in the collective for the late one, which hardly
+#: waits at all, so the straggler is the rank that waits *least*. On the real 4-rank job
+#: under load (docs/detection.md) healthy ranks waited 0.13-0.42 thread-seconds per second,
+#: the least of them down to 0.68 of the median and at most 0.07 under it; a rank whose
+#: batches, DataLoader item or disk reads came late 0.01-0.27 against medians of 0.33-0.81.
+#: So: at least 0.1 under the median and under half of it. (Under a heavier load a healthy
+#: rank went under both in 8 of 132 intervals; k kept it out.)
+PEER_WAIT = Score(
+    "peer_wait_share",
+    lambda s: s.peer_wait_share,
+    0.1,
+    0.5,
+    "its peers waited for it in gloo's collectives; it waited for them",
+    below=True,
+)
+
 SCORES: tuple[Score, ...] = (
-    # A rank its machine holds back: its threads wanted a CPU (run queue, CPU quota). On the
-    # real 4-rank job healthy ranks' waits were 0.06-0.3 thread-seconds per second (twice the
-    # median seen in one interval, jitter), a rank sharing its CPU with a hog 1.0-1.2 against
-    # a median of 0.1: at least 2.5 times the median counts.
-    Score("cpu_wait_share", lambda s: s.cpu_wait_share, 0.05, 1.5, "waited for a CPU"),
+    CPU_WAIT,
     # A rank that computes while its peers wait (more work per step, interrupts taking its
     # CPU time): its main thread busy, theirs asleep in the collective. Ranks of the real
     # 4-rank job (docs/detection.md): healthy 0.02-0.08, all alike at 0.2-0.27 in busy
@@ -59,22 +77,7 @@ SCORES: tuple[Score, ...] = (
     Score(
         "late_share", lambda s: s.late_s / s.interval_s, 0.05, 1.0, "arrived late at collectives"
     ),
-    # A gloo rank its peers wait for, whatever held it back (its input, its disk, its CPU):
-    # in a synchronous job the ranks on time wait in the collective for the late one, which
-    # hardly waits at all, so the straggler is the rank that waits *least*. On the real 4-rank
-    # job under load (docs/detection.md) healthy ranks waited 0.13-0.42 thread-seconds per
-    # second, the least of them down to 0.68 of the median and at most 0.07 under it; a rank
-    # whose batches, DataLoader item or disk reads came late 0.01-0.27 against medians of
-    # 0.33-0.81. So: at least 0.1 under the median and under half of it. (Under a heavier
-    # load a healthy rank went under both in 8 of 132 intervals; k kept it out.)
-    Score(
-        "peer_wait_share",
-        lambda s: s.peer_wait_share,
-        0.1,
-        0.5,
-        "its peers waited for it in gloo's collectives; it waited for them",
-        below=True,
-    ),
+    PEER_WAIT,
     # A rank whose every link to its peers is slow (latency added on its link, a bandwidth cap
     # queueing what it sends): its best active link's RTT (`net_signal`). On the real 4-rank
     # job a 5 ms delay put the faulted rank 5.6-8.7 ms over the median; ranks not faulted
@@ -97,6 +100,20 @@ SCORES: tuple[Score, ...] = (
         1.0,
         "every link to its peers lost packets (TCP retransmits per second)",
     ),
+)
+
+
+#: Pairs of a cause and its effect, each at a lower bar than its score's own, that make a rank
+#: an outlier when it stands out in both in one interval: a rank held back a little less than
+#: either score asks alone, seen from both sides. A CPU hog at nice -10 on the real job's rank
+#: 2 slowed the job to 0.74 of its healthy steps per second; the rank waited for a CPU 2.0-2.4
+#: times the median (2.5 asked) and its peers waited for it, it for them 0.5-0.58 of the
+#: median (under 0.5 asked): found in neither score in 8 of 9 intervals. At least twice the
+#: median's CPU wait and under 0.6 of its peer wait, both: 5 of 9. Healthy ranks of the same
+#: runs came to at most 1.58 times the median's CPU wait (rank 1, on the shared CPU, whose
+#: peer wait was then 0.35 of the median: the cause's bar is what keeps it out).
+CORROBORATED: tuple[tuple[Score, Score], ...] = (
+    (replace(CPU_WAIT, relative=1.0), replace(PEER_WAIT, relative=0.4)),
 )
 
 
@@ -168,17 +185,27 @@ class StragglerDetector:
         """Per outlier rank, the scores it stood out in, each beside the job's median."""
         found: dict[int, list[SignalEvidence]] = {}
         for score in SCORES:
-            values = {r: score.value(s) for r, s in ranks.items()}
-            values = {r: v for r, v in values.items() if not math.isnan(v)}
-            flagged = outliers(
-                values, self.settings.k, score.floor, score.relative, below=score.below
-            )
-            if not flagged:
-                continue
-            median = statistics.median(values.values())
+            values, flagged = self._flagged(score, ranks)
             for rank in flagged:
-                found.setdefault(rank, []).append(SignalEvidence(score.name, values[rank], median))
+                found.setdefault(rank, []).append(_beside_median(score, values, rank))
+        for cause, effect in CORROBORATED:
+            cause_values, by_cause = self._flagged(cause, ranks)
+            effect_values, by_effect = self._flagged(effect, ranks)
+            for rank in (by_cause & by_effect) - found.keys():
+                found[rank] = [
+                    _beside_median(cause, cause_values, rank),
+                    _beside_median(effect, effect_values, rank),
+                ]
         return {r: tuple(e) for r, e in found.items()}
+
+    def _flagged(
+        self, score: Score, ranks: dict[int, RankSignals]
+    ) -> tuple[dict[int, float], set[int]]:
+        """The ranks' values of ``score`` (NaN left out) and the ranks that stand out in it."""
+        values = {r: score.value(s) for r, s in ranks.items()}
+        values = {r: v for r, v in values.items() if not math.isnan(v)}
+        flagged = outliers(values, self.settings.k, score.floor, score.relative, below=score.below)
+        return values, flagged
 
     def _event(
         self,
@@ -208,3 +235,7 @@ class StragglerDetector:
             summary=summary,
             evidence=evidence,
         )
+
+
+def _beside_median(score: Score, values: dict[int, float], rank: int) -> SignalEvidence:
+    return SignalEvidence(score.name, values[rank], statistics.median(values.values()))

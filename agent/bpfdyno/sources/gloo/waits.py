@@ -12,6 +12,12 @@ and loaded on a thread of its own when the first process is asked about (a compi
 seconds: the detection's round does not wait for it; a process has no value until then);
 each library file is probed once, whichever process led to it.
 
+A wait is counted while it lasts, not only when it ends: a process's total is its finished
+waits plus, for each of its threads waiting now, the time since that wait began
+(`wait_so_far`). So a rank whose peers are blocked for longer than the detection's interval
+(a hung or long-held rank) shows them waiting in every interval, not in one lump when the
+wait returns.
+
 The file is held open and probed as ``/proc/self/fd/N``: the process that led to it (through
 ``/proc/PID/root``, its mount namespace) may be gone when the probes are detached.
 """
@@ -22,10 +28,13 @@ import contextlib
 import logging
 import os
 import threading
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bpfdyno.ebpf.errors import BpfLoadError
+from bpfdyno.ebpf.maps import map_items
 from bpfdyno.ebpf.program import BpfProgram
 from bpfdyno.ebpf.uprobe import UprobeError, mapped_library, symbol_offset
 
@@ -53,6 +62,14 @@ def gloo_library(pid: int, proc_root: Path = Path("/proc")) -> str | None:
         OSError: the process is gone or its maps cannot be read.
     """
     return mapped_library(pid, LIBRARIES, proc_root)
+
+
+def wait_so_far(finished_ns: int, started_ns: Iterable[int], now_ns: int) -> int:
+    """A process's time waiting for its peers so far: its finished waits' total, plus for
+    each of its threads waiting now (``started_ns``: when each wait began, on the
+    ``CLOCK_MONOTONIC`` clock of ``now_ns``) the time since. A wait that began after ``now_ns``
+    was read counts nothing yet."""
+    return finished_ns + sum(max(0, now_ns - start) for start in started_ns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,17 +130,33 @@ class GlooWaits:
                 self._watched[pid] = self._watch(pid)
             if self._watched[pid] is None:
                 return None
+            # The totals first, then the waits in progress: the program removes a wait from
+            # those in progress before adding it to the total, so no wait is counted twice
+            # (one that ends between the two reads is counted at the next reading).
             try:
-                value = self._program.table("bpfdyno_glpids")[pid]
+                finished = int(self._program.table("bpfdyno_glpids")[pid].wait_ns)
             except KeyError:
                 return None
-            return int(value.wait_ns)
+            started = [
+                int(w.start_ns)
+                for _, w in map_items(self._program.table("bpfdyno_glstart"))
+                if w.tgid == pid
+            ]
+            return wait_so_far(finished, started, time.monotonic_ns())
 
     def forget(self, live: set[int]) -> None:
         """Stop watching the pids not in ``live`` (exited ranks); a library no watched process
         maps any more loses its probes."""
         with self._lock:
-            for pid in [p for p in self._watched if p not in live]:
+            gone = [p for p in self._watched if p not in live]
+            if gone and self._program is not None:
+                # A process that died waiting leaves its threads' waits in progress behind.
+                starts = self._program.table("bpfdyno_glstart")
+                for tid, w in map_items(starts):
+                    if w.tgid in gone:
+                        with contextlib.suppress(KeyError):
+                            del starts[tid]
+            for pid in gone:
                 lib_key = self._watched.pop(pid)
                 if lib_key is None:
                     continue
