@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bpfdyno.detection.signals import RankProcess, SignalSampler
+from bpfdyno.detection.signals import RankProcess, RankSignals, SignalSampler
 from bpfdyno.sources.gloo.waits import GlooWaits
 
 pytestmark = pytest.mark.slow
@@ -55,17 +55,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def job() -> Iterator[list[subprocess.Popen[str]]]:
-    """Ranks 0 and 1 of a gloo job, and a rank 2 of no gloo job, each at "ready"."""
+def _start(codes: list[str], world: int) -> Iterator[list[subprocess.Popen[str]]]:
+    """One process a code, rank by its place, of a gloo job of ``world`` ranks, each at
+    "ready"; killed after."""
     env = {
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(_free_port()),
-        "WORLD_SIZE": "2",
+        "WORLD_SIZE": str(world),
         "OMP_NUM_THREADS": "1",
     }
-    source = RANK.format(steps=STEPS, delay=DELAY_S, late=1)
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code],
@@ -74,7 +73,7 @@ def job() -> Iterator[list[subprocess.Popen[str]]]:
             stdout=subprocess.PIPE,
             text=True,
         )
-        for rank, code in ((0, source), (1, source), (2, SLEEPER))
+        for rank, code in enumerate(codes)
     ]
     try:
         for p in procs:
@@ -86,17 +85,26 @@ def job() -> Iterator[list[subprocess.Popen[str]]]:
             p.wait()
 
 
-def test_a_gloo_rank_s_wait_for_its_late_peer_is_its_peer_wait(
-    job: list[subprocess.Popen[str]],
-) -> None:
+@pytest.fixture
+def job() -> Iterator[list[subprocess.Popen[str]]]:
+    """Ranks 0 and 1 of a gloo job, and a rank 2 of no gloo job, each at "ready"."""
+    source = RANK.format(steps=STEPS, delay=DELAY_S, late=1)
+    yield from _start([source, source, SLEEPER], 2)
+
+
+def _run(
+    job: list[subprocess.Popen[str]], world: int, probed: int, job_id: str
+) -> dict[int, RankSignals]:
+    """Each rank's signal over the all-reduces of the gloo job's first ``world`` ranks (their
+    sums checked), begun once the first ``probed`` have gloo's probes on."""
     waits = GlooWaits()
     sampler = SignalSampler(peer_waits=waits)
-    ranks = [RankProcess(p.pid, "41") for p in job]
+    ranks = [RankProcess(p.pid, job_id) for p in job]
     try:
         # The program compiles on a thread of its own: a rank has a value once it is loaded
         # and the rank's library probed.
         deadline = time.monotonic() + 120
-        while waits.wait_ns(job[0].pid) is None:
+        while any(waits.wait_ns(p.pid) is None for p in job[:probed]):
             assert waits.error == ""
             assert time.monotonic() < deadline, "gloo's probes not on in 120 s"
             time.sleep(0.1)
@@ -105,14 +113,20 @@ def test_a_gloo_rank_s_wait_for_its_late_peer_is_its_peer_wait(
             assert p.stdin is not None
             p.stdin.write("\n")
             p.stdin.flush()
-        for p in job[:2]:
+        for p in job[:world]:
             assert p.stdout is not None and p.stdout.readline().split() == [
                 "done",
-                str(2.0 ** (STEPS + 1)),
+                str(float(world) ** (STEPS + 1)),
             ]
-        by_rank = {s.rank: s for s in sampler.sample(ranks, time.monotonic())}
+        return {s.rank: s for s in sampler.sample(ranks, time.monotonic())}
     finally:
         waits.close()
+
+
+def test_a_gloo_rank_s_wait_for_its_late_peer_is_its_peer_wait(
+    job: list[subprocess.Popen[str]],
+) -> None:
+    by_rank = _run(job, 2, 1, "41")
     injected = STEPS * DELAY_S
     assert injected <= by_rank[0].peer_wait_s <= injected + SLACK_S, by_rank[0]
     assert 0.0 <= by_rank[1].peer_wait_s < injected / 4, by_rank[1]
@@ -122,59 +136,13 @@ def test_a_gloo_rank_s_wait_for_its_late_peer_is_its_peer_wait(
 @pytest.fixture
 def job3() -> Iterator[list[subprocess.Popen[str]]]:
     """Ranks 0, 1 and 2 of a gloo job, rank 2 late, each at "ready"."""
-    env = {
-        **os.environ,
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-        "WORLD_SIZE": "3",
-        "OMP_NUM_THREADS": "1",
-    }
-    source = RANK.format(steps=STEPS, delay=DELAY_S, late=2)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", source],
-            env={**env, "RANK": str(rank)},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(3)
-    ]
-    try:
-        for p in procs:
-            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-        yield procs
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    yield from _start([RANK.format(steps=STEPS, delay=DELAY_S, late=2)] * 3, 3)
 
 
 def test_every_rank_on_time_waits_for_the_late_one_whichever_way_it_waits(
     job3: list[subprocess.Popen[str]],
 ) -> None:
-    waits = GlooWaits()
-    sampler = SignalSampler(peer_waits=waits)
-    ranks = [RankProcess(p.pid, "42") for p in job3]
-    try:
-        deadline = time.monotonic() + 120
-        while any(waits.wait_ns(p.pid) is None for p in job3):
-            assert waits.error == ""
-            assert time.monotonic() < deadline, "gloo's probes not on in 120 s"
-            time.sleep(0.1)
-        assert sampler.sample(ranks, time.monotonic()) == []  # the base
-        for p in job3:
-            assert p.stdin is not None
-            p.stdin.write("\n")
-            p.stdin.flush()
-        for p in job3:
-            assert p.stdout is not None and p.stdout.readline().split() == [
-                "done",
-                str(3.0 ** (STEPS + 1)),
-            ]
-        by_rank = {s.rank: s for s in sampler.sample(ranks, time.monotonic())}
-    finally:
-        waits.close()
+    by_rank = _run(job3, 3, 3, "42")
     injected = STEPS * DELAY_S
     # Timing waitRecv alone, one of ranks 0 and 1 was seen at 0.05 s (it waited in waitSend).
     for rank in (0, 1):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -25,8 +24,16 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from straggler_job import JOB_ID, StragglerJob, short_base, wait_for
-from test_detection_e2e import CLEAR_WITHIN_S, CONFIRM_WITHIN_S, Watcher, all_clear, describe
+from detection_job import (
+    CLEAR_WITHIN_S,
+    CONFIRM_WITHIN_S,
+    RANKS,
+    describe,
+    detection_job,
+    wait_all_clear,
+    watching,
+)
+from straggler_job import JOB_ID, StragglerJob
 
 from bpfdyno.rpc.detection import DetectionEvent, DetectionKind
 from bpfdyno.rpc.v1 import audit_pb2, audit_pb2_grpc, detection_pb2, detection_pb2_grpc
@@ -34,8 +41,6 @@ from bpfdyno.rpc.wire import from_pb
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.usefixtures("torch_ready")]
 
-RANKS = 4
-CPUS = (0, 0, 1, 0)
 HOG_RANK = 2
 ITERATIONS = 100
 #: ... or a duration trace of this long, every rank from one start time.
@@ -51,43 +56,34 @@ TRACED_WITHIN_S = 300.0
 def job(request: pytest.FixtureRequest) -> Iterator[StragglerJob]:
     """The job and its agent, whose automatic trace is `ITERATIONS` steps from each rank's
     next poll, or `SECONDS` from a start time common to the ranks."""
-    base = short_base()
-    j = StragglerJob(base, RANKS, CPUS)
-    text = j.agent.config.read_text()
-    enabled = text.replace(
-        "[collectors.detection]\nenabled = false", "[collectors.detection]\nenabled = true"
-    ).replace("[tracing]\n", f"[tracing]\ntrace_dir = {json.dumps(str(j.agent.trace_dir))}\n")
-    assert enabled.count("enabled = true") == 1 and "trace_dir" in enabled
-    enabled += f"[detection]\nauto_trace = true\nauto_trace_iterations = {ITERATIONS}\n"
-    if request.param == "seconds":
-        enabled += f"auto_trace_seconds = {SECONDS}\n"
-    j.agent.config.write_text(enabled)
-    try:
-        j.start()
+
+    def auto_trace(j: StragglerJob, text: str) -> str:
+        enabled = text.replace(
+            "[tracing]\n", f"[tracing]\ntrace_dir = {json.dumps(str(j.agent.trace_dir))}\n"
+        )
+        assert enabled.count("enabled = true") == 1 and "trace_dir" in enabled
+        enabled += f"[detection]\nauto_trace = true\nauto_trace_iterations = {ITERATIONS}\n"
+        if request.param == "seconds":
+            enabled += f"auto_trace_seconds = {SECONDS}\n"
+        return enabled
+
+    with detection_job(edit=auto_trace) as j:
         yield j
-    finally:
-        j.close()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_cpu_hog_s_confirmation_brings_the_traced_verdict_naming_the_rank(
     job: StragglerJob,
 ) -> None:
-    watcher = Watcher(str(job.agent.sock))
-    try:
-        wait_for(lambda: all_clear(watcher), CLEAR_WITHIN_S, "no rank suspected", step=0.5)
+    with watching(job) as watcher:
+        wait_all_clear(watcher, CLEAR_WITHIN_S)
         with job.cpu_hog(HOG_RANK):
             t0 = time.monotonic()
-
-            def seen(kind: DetectionKind) -> bool:
-                return any(e.kind is kind for _, e in watcher.since(t0))
-
-            wait_for(lambda: seen(DetectionKind.CONFIRMED), CONFIRM_WITHIN_S, "the confirmation")
+            watcher.wait(
+                DetectionKind.CONFIRMED, t0, CONFIRM_WITHIN_S, "the confirmation", step=0.1
+            )
             # The hog stays while the ranks are traced: the verdict is the trace window's.
-            wait_for(lambda: seen(DetectionKind.TRACED), TRACED_WITHIN_S, "the traced event")
+            watcher.wait(DetectionKind.TRACED, t0, TRACED_WITHIN_S, "the traced event", step=0.1)
         during = watcher.since(t0)
-    finally:
-        watcher.close()
     print(f"hog on rank {HOG_RANK}:\n{describe(during, t0)}")
     (confirmed,) = [e for _, e in during if e.kind is DetectionKind.CONFIRMED]
     ((at, traced),) = [(at, e) for at, e in during if e.kind is DetectionKind.TRACED]

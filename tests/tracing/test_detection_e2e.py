@@ -24,169 +24,46 @@ CPUs as in `test_straggler_verdict`: rank 2 alone on CPU 1 (the hog is pinned th
 from __future__ import annotations
 
 import os
-import random
-import shutil
 import signal
-import threading
 import time
 from collections.abc import Iterator
 
-import grpc
 import pytest
-from straggler_job import JOB_ID, StragglerJob, short_base, wait_for
+from detection_job import (
+    CLEAR_WITHIN_S,
+    CONFIRM_WITHIN_S,
+    CPUS,
+    FOREIGN_SHARE,
+    ForeignLoad,
+    Watcher,
+    describe,
+    detection_job,
+    random_moment,
+    wait_all_clear,
+    watching,
+)
+from detection_job import all_clear as all_clear  # the detection benchmarks import it from here
+from straggler_job import JOB_ID, StragglerJob, wait_for
 
 from bpfdyno.rpc.detection import DetectionEvent, DetectionKind
-from bpfdyno.rpc.v1 import detection_pb2, detection_pb2_grpc
-from bpfdyno.rpc.wire import from_pb
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.usefixtures("torch_ready")]
 
-RANKS = 4
-CPUS = (0, 0, 1, 0)
 HOG_RANK = 2
 #: How long a healthy job is watched for a false alarm.
 HEALTHY_S = 60.0
-#: The bound on the time from the hog's start to "confirmed": 3 outlier intervals of 5 s,
-#: the part of an interval before the hog, and a loaded machine's slack.
-CONFIRM_WITHIN_S = 45.0
-#: ... and from the hog's end to "cleared" (the outlier intervals leave the window of 6).
-CLEAR_WITHIN_S = 75.0
-
-
-class Watcher:
-    """Reads the agent's WatchEvents stream on a thread: (monotonic time, event) each."""
-
-    def __init__(self, sock: str) -> None:
-        self.events: list[tuple[float, DetectionEvent]] = []
-        self._channel = grpc.insecure_channel(f"unix:{sock}")
-        stub = detection_pb2_grpc.DetectionStub(self._channel)
-        self._stream = stub.WatchEvents(detection_pb2.WatchEventsRequest(job_id=str(JOB_ID)))
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        try:
-            for msg in self._stream:
-                self.events.append((time.monotonic(), from_pb(DetectionEvent, msg)))
-        except grpc.RpcError:
-            pass  # cancelled by close()
-
-    def since(self, t: float) -> list[tuple[float, DetectionEvent]]:
-        return [(at, e) for at, e in self.events if at >= t]
-
-    def close(self) -> None:
-        self._stream.cancel()
-        self._thread.join(10)
-        self._channel.close()
-
-
-#: Other work on a rank's CPU, as a share of it, that makes a suspicion in a healthy run a
-#: true one.
-FOREIGN_SHARE = 0.2
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(c) for c in f.read().split()]
-    except OSError:
-        return []
-
-
-def _cpu_ticks(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return int(fields[11]) + int(fields[12])  # utime + stime
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-class ForeignLoad:
-    """Each second, the share of each of the job's CPUs that other work used: the CPU's busy
-    time (/proc/stat user + nice + system) less its pinned job processes' (the launcher, its
-    torchrun and rank, every thread)."""
-
-    def __init__(self, job: StragglerJob) -> None:
-        self.pids: dict[int, list[int]] = {}
-        for i, launcher in enumerate(job.launchers):
-            tree, todo = [], [launcher.pid]
-            while todo:
-                pid = todo.pop()
-                tree.append(pid)
-                todo += _children(pid)
-            self.pids.setdefault(CPUS[i], []).extend(tree)
-        self.shares: list[tuple[float, dict[int, float]]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _busy(self) -> dict[int, int]:
-        out = {}
-        with open("/proc/stat") as f:
-            for line in f:
-                name, *fields = line.split()
-                if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in self.pids:
-                    out[int(name[3:])] = int(fields[0]) + int(fields[1]) + int(fields[2])
-        return out
-
-    def _reading(self) -> dict[int, int]:
-        busy = self._busy()
-        return {c: busy[c] - sum(_cpu_ticks(p) for p in pids) for c, pids in self.pids.items()}
-
-    def _run(self) -> None:
-        hz = os.sysconf("SC_CLK_TCK")
-        last, t_last = self._reading(), time.monotonic()
-        while not self._stop.wait(1.0):
-            now, t = self._reading(), time.monotonic()
-            span = (t - t_last) * hz
-            self.shares.append((t, {c: max(0, now[c] - last[c]) / span for c in now}))
-            last, t_last = now, t
-
-    def share(self, cpu: int, start: float, end: float) -> float:
-        """Other work's mean share of ``cpu`` over the seconds in [start, end]."""
-        got = [s[cpu] for t, s in self.shares if start <= t <= end]
-        return sum(got) / len(got) if got else 0.0
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
 
 @pytest.fixture(scope="module")
 def job() -> Iterator[StragglerJob]:
-    base = short_base()
-    j = StragglerJob(base, RANKS, CPUS)
-    # The harness's agent runs no collector; this one runs the detection at its defaults.
-    text = j.agent.config.read_text()
-    enabled = text.replace(
-        "[collectors.detection]\nenabled = false", "[collectors.detection]\nenabled = true"
-    )
-    assert enabled != text
-    j.agent.config.write_text(enabled)
-    try:
-        j.start()
+    with detection_job() as j:
         yield j
-    finally:
-        j.close()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def watcher(job: StragglerJob) -> Iterator[Watcher]:
-    w = Watcher(str(job.agent.sock))
-    yield w
-    w.close()
-
-
-def all_clear(watcher: Watcher) -> bool:
-    """No rank is suspected or confirmed: each rank's last event (if any) cleared it."""
-    last = {e.rank: e.kind for _, e in watcher.since(0.0) if e.kind is not DetectionKind.HANG}
-    return all(kind is DetectionKind.CLEARED for kind in last.values())
-
-
-def describe(events: list[tuple[float, DetectionEvent]], t0: float) -> str:
-    return "\n".join(f"  +{at - t0:5.1f} s {e.summary}" for at, e in events) or "  (none)"
+    with watching(job) as w:
+        yield w
 
 
 def test_a_healthy_job_emits_nothing_unless_other_work_holds_a_rank_back(
@@ -194,7 +71,7 @@ def test_a_healthy_job_emits_nothing_unless_other_work_holds_a_rank_back(
 ) -> None:
     # The job's start (imports, rendezvous, first steps; a rank was seen held back then) is
     # not a healthy stretch: it begins once no rank is suspected.
-    wait_for(lambda: all_clear(watcher), CLEAR_WITHIN_S, "no rank suspected", step=0.5)
+    wait_all_clear(watcher, CLEAR_WITHIN_S)
     before = watcher.since(0.0)
     foreign = ForeignLoad(job)
     start = time.monotonic()
@@ -230,15 +107,13 @@ def test_a_cpu_hog_makes_its_rank_suspected_then_confirmed_then_cleared(
     job: StragglerJob, watcher: Watcher
 ) -> None:
     # A rank other work held back before is cleared first.
-    wait_for(lambda: all_clear(watcher), CLEAR_WITHIN_S, "no rank suspected", step=0.5)
-    time.sleep(random.uniform(0.0, 5.0))  # a random moment within the detection's interval
+    wait_all_clear(watcher, CLEAR_WITHIN_S)
+    random_moment()
     with job.cpu_hog(HOG_RANK):
         t0 = time.monotonic()
-
-        def confirmed() -> bool:
-            return any(e.kind is DetectionKind.CONFIRMED for _, e in watcher.since(t0))
-
-        wait_for(confirmed, CONFIRM_WITHIN_S, "the hogged rank to be confirmed", step=0.2)
+        watcher.wait(
+            DetectionKind.CONFIRMED, t0, CONFIRM_WITHIN_S, "the hogged rank to be confirmed"
+        )
         t_end = time.monotonic()
     during = watcher.since(t0)
     print(f"hog on rank {HOG_RANK}:\n{describe(during, t0)}")
@@ -256,10 +131,9 @@ def test_a_cpu_hog_makes_its_rank_suspected_then_confirmed_then_cleared(
     wait = next(e for e in named if e.name == "cpu_wait_share")
     assert wait.value > wait.job_median + 0.05
 
-    def cleared() -> bool:
-        return any(e.kind is DetectionKind.CLEARED for _, e in watcher.since(t_end))
-
-    wait_for(cleared, CLEAR_WITHIN_S, "the rank to be cleared once the hog is gone", step=0.2)
+    watcher.wait(
+        DetectionKind.CLEARED, t_end, CLEAR_WITHIN_S, "the rank to be cleared once the hog is gone"
+    )
     after = watcher.since(t_end)
     print(f"after the hog:\n{describe(after, t_end)}")
     assert [(e.kind, e.rank) for _, e in after] == [(DetectionKind.CLEARED, HOG_RANK)]
@@ -275,10 +149,7 @@ HANG_WITHIN_S = 60.0
 
 
 def wait_hang(watcher: Watcher, since: float) -> tuple[float, DetectionEvent]:
-    def hung() -> bool:
-        return any(e.kind is DetectionKind.HANG for _, e in watcher.since(since))
-
-    wait_for(hung, HANG_WITHIN_S, "the hang to be named", step=0.2)
+    watcher.wait(DetectionKind.HANG, since, HANG_WITHIN_S, "the hang to be named")
     time.sleep(6.0)  # one interval more: a second hang event would show here
     hangs = [(at, e) for at, e in watcher.since(since) if e.kind is DetectionKind.HANG]
     assert len(hangs) == 1, describe(hangs, since)

@@ -15,23 +15,23 @@ other work took at least a fifth of that rank's CPU.
 
 from __future__ import annotations
 
-import random
-import shutil
 import time
 from collections.abc import Iterator
 
 import pytest
-from straggler_job import StragglerJob, short_base, wait_for
-from test_detection_e2e import (
+from detection_job import (
     CLEAR_WITHIN_S,
     CPUS,
     FOREIGN_SHARE,
-    RANKS,
     ForeignLoad,
     Watcher,
-    all_clear,
     describe,
+    detection_job,
+    random_moment,
+    wait_all_clear,
+    watching,
 )
+from straggler_job import StragglerJob
 
 from bpfdyno.rpc.detection import DetectionKind
 
@@ -49,47 +49,32 @@ ALARMS = (DetectionKind.SUSPECTED, DetectionKind.CONFIRMED)
 
 @pytest.fixture(scope="module")
 def job() -> Iterator[StragglerJob]:
-    base = short_base()
-    j = StragglerJob(base, RANKS, CPUS)
-    text = j.agent.config.read_text()
-    enabled = text.replace(
-        "[collectors.detection]\nenabled = false", "[collectors.detection]\nenabled = true"
-    )
-    assert enabled != text
-    j.agent.config.write_text(enabled)
-    try:
-        j.start()
+    with detection_job() as j:
         yield j
-    finally:
-        j.close()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def watcher(job: StragglerJob) -> Iterator[Watcher]:
-    w = Watcher(str(job.agent.sock))
-    yield w
-    w.close()
+    with watching(job) as w:
+        yield w
 
 
 def test_a_rank_whose_batches_come_late_is_confirmed_and_no_other(
     job: StragglerJob, watcher: Watcher
 ) -> None:
     # The job's start-up (imports, rendezvous, first steps) is over once no rank is suspected.
-    wait_for(lambda: all_clear(watcher), 120, "no rank suspected", step=0.5)
-    foreign = ForeignLoad(job)
-    try:
-        time.sleep(random.uniform(0.0, 5.0))  # a random moment within the detection's interval
+    wait_all_clear(watcher, 120)
+    with ForeignLoad(job) as foreign:
+        random_moment()
         with job.slow_batches(LATE_RANK, LATE_MS):
             t0 = time.monotonic()
-
-            def confirmed() -> bool:
-                return any(
-                    e.kind is DetectionKind.CONFIRMED and e.rank == LATE_RANK
-                    for _, e in watcher.since(t0)
-                )
-
-            wait_for(confirmed, CONFIRM_WITHIN_S, "the late rank to be confirmed", step=0.2)
+            watcher.wait(
+                DetectionKind.CONFIRMED,
+                t0,
+                CONFIRM_WITHIN_S,
+                "the late rank to be confirmed",
+                rank=LATE_RANK,
+            )
             t_end = time.monotonic()
         during = watcher.since(t0)
         print(f"batches {LATE_MS:.0f} ms late on rank {LATE_RANK}:\n{describe(during, t0)}")
@@ -115,15 +100,13 @@ def test_a_rank_whose_batches_come_late_is_confirmed_and_no_other(
         assert wait.job_median - wait.value > 0.1, confirmed_.summary
         assert "its peers waited for it" in confirmed_.summary
 
-        def cleared() -> bool:
-            return any(
-                e.kind is DetectionKind.CLEARED and e.rank == LATE_RANK
-                for _, e in watcher.since(t_end)
-            )
-
-        wait_for(cleared, CLEAR_WITHIN_S, "the rank to be cleared once its feeder is fast", 0.2)
-    finally:
-        foreign.close()
+        watcher.wait(
+            DetectionKind.CLEARED,
+            t_end,
+            CLEAR_WITHIN_S,
+            "the rank to be cleared once its feeder is fast",
+            rank=LATE_RANK,
+        )
     times = {e.kind.value: at - t0 for at, e in during if e.rank == LATE_RANK}
     print(
         f"time to detect: suspected {times['suspected']:.1f} s, confirmed "

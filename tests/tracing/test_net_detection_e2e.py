@@ -14,24 +14,23 @@ allowed only with CPU evidence alone and while other work took at least a fifth 
 
 from __future__ import annotations
 
-import random
-import shutil
 import time
 from collections.abc import Iterator
 
 import pytest
-from straggler_job import JOB_ID, StragglerJob, short_base, wait_for
-from test_detection_e2e import (
+from detection_job import (
     CLEAR_WITHIN_S,
     CONFIRM_WITHIN_S,
     CPUS,
     FOREIGN_SHARE,
-    RANKS,
     ForeignLoad,
-    Watcher,
-    all_clear,
     describe,
+    detection_job,
+    random_moment,
+    wait_all_clear,
+    watching,
 )
+from straggler_job import JOB_ID, StragglerJob
 
 from bpfdyno.rpc.detection import DetectionKind
 
@@ -45,45 +44,27 @@ NETWORK_SCORES = {"net_rtt_ms", "net_retransmits"}
 
 @pytest.fixture(scope="module")
 def job() -> Iterator[StragglerJob]:
-    base = short_base()
-    j = StragglerJob(base, RANKS, CPUS)
-    # The harness's agent runs no collector; this one runs the net collector and the
-    # detection, both at their defaults.
-    text = j.agent.config.read_text()
-    enabled = text
-    for name in ("net", "detection"):
-        enabled = enabled.replace(
-            f"[collectors.{name}]\nenabled = false", f"[collectors.{name}]\nenabled = true"
-        )
-    assert enabled.count("enabled = true") == text.count("enabled = true") + 2
-    j.agent.config.write_text(enabled)
-    try:
-        j.start()
+    # The net collector and the detection, both at their defaults.
+    with detection_job(("net", "detection")) as j:
         yield j
-    finally:
-        j.close()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_latency_on_one_rank_s_link_makes_it_confirmed_and_no_other_rank(
     job: StragglerJob,
 ) -> None:
-    watcher = Watcher(str(job.agent.sock))
-    foreign = ForeignLoad(job)
-    try:
+    with watching(job) as watcher, ForeignLoad(job) as foreign:
         # The job's start-up (a rank was seen held back then) is over once none is suspected.
-        wait_for(lambda: all_clear(watcher), 120, "no rank suspected", step=0.5)
-        time.sleep(random.uniform(0.0, 5.0))  # a random moment within the detection's interval
+        wait_all_clear(watcher, 120)
+        random_moment()
         with job.slow_link(SLOW_RANK, DELAY_MS):
             t0 = time.monotonic()
-
-            def confirmed() -> bool:
-                return any(
-                    e.kind is DetectionKind.CONFIRMED and e.rank == SLOW_RANK
-                    for _, e in watcher.since(t0)
-                )
-
-            wait_for(confirmed, CONFIRM_WITHIN_S, "the slowed rank to be confirmed", step=0.2)
+            watcher.wait(
+                DetectionKind.CONFIRMED,
+                t0,
+                CONFIRM_WITHIN_S,
+                "the slowed rank to be confirmed",
+                rank=SLOW_RANK,
+            )
             t_end = time.monotonic()
         during = watcher.since(t0)
         print(f"{DELAY_MS:g} ms on rank {SLOW_RANK}'s link:\n{describe(during, t0)}")
@@ -109,13 +90,13 @@ def test_latency_on_one_rank_s_link_makes_it_confirmed_and_no_other_rank(
             share = foreign.share(CPUS[e.rank], at - 15.0, at)
             assert share >= FOREIGN_SHARE, f"other work {share:.2f}:\n{describe(during, t0)}"
 
-        def cleared() -> bool:
-            return any(
-                e.kind is DetectionKind.CLEARED and e.rank == SLOW_RANK
-                for _, e in watcher.since(t_end)
-            )
-
-        wait_for(cleared, CLEAR_WITHIN_S, "the rank to be cleared once the wire is gone", step=0.2)
+        watcher.wait(
+            DetectionKind.CLEARED,
+            t_end,
+            CLEAR_WITHIN_S,
+            "the rank to be cleared once the wire is gone",
+            rank=SLOW_RANK,
+        )
         times = {e.kind.value: at - t0 for at, e in during if e.rank == SLOW_RANK}
         cleared_at = (
             next(
@@ -131,6 +112,3 @@ def test_latency_on_one_rank_s_link_makes_it_confirmed_and_no_other_rank(
             f"job's median {rtt.job_median:.1f} ms; cleared {cleared_at:.1f} s after "
             "the wire was removed"
         )
-    finally:
-        watcher.close()
-        foreign.close()
