@@ -18,6 +18,7 @@ from cluster_harness import Pki, free_port, make_pki
 
 from bpfdyno.app.detection_peers import Peer, PeerSignals, _Lookup
 from bpfdyno.app.rank_peers import (
+    MAX_FDS,
     Candidate,
     ConnectionPeers,
     PeerTrust,
@@ -25,9 +26,9 @@ from bpfdyno.app.rank_peers import (
     parse_networks,
     parse_tcp_table,
     rank_remotes,
-    socket_inodes,
 )
 from bpfdyno.core.config import ConfigError, load
+from bpfdyno.core.pidfs import socket_inodes_upto
 from bpfdyno.core.status import PartState
 
 # Lines as a little-endian kernel prints them (addresses are 32-bit words in host order):
@@ -103,7 +104,7 @@ def test_a_rank_s_remotes_are_its_own_established_connections_not_local_or_loopb
     tmp_path: Path,
 ) -> None:
     proc = _fake_proc(tmp_path, RANK_FDS)
-    inodes, truncated = socket_inodes(proc, PID)
+    inodes, truncated = socket_inodes_upto(proc, PID, MAX_FDS)
     assert inodes == {4061107, 4061108, 4061111, 4061112, 4061106, 4061109}
     assert not truncated
     # 10.77.0.9's connection (inode 5550001) is another process's: not this rank's peer.
@@ -115,7 +116,7 @@ def test_a_rank_s_remotes_are_its_own_established_connections_not_local_or_loopb
 
 def test_a_job_s_remotes_are_bounded_and_say_what_was_left_out(tmp_path: Path) -> None:
     proc = _fake_proc(tmp_path, RANK_FDS)
-    _, truncated = socket_inodes(proc, PID, max_fds=3)
+    _, truncated = socket_inodes_upto(proc, PID, 3)
     assert truncated
     capped = job_remotes(proc, [PID, PID + 1], cap=2)
     assert capped.addresses == (ip("10.77.0.2"), ip("10.77.0.3"))

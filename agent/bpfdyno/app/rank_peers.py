@@ -36,6 +36,7 @@ from pathlib import Path
 from bpfdyno.client.cluster.nodes import format_target
 from bpfdyno.client.connection import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV
 from bpfdyno.client.errors import AgentError
+from bpfdyno.core.pidfs import socket_inodes_upto
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -103,28 +104,6 @@ def parse_tcp_table(text: str) -> list[TcpEntry]:
     return out
 
 
-def socket_inodes(proc_root: Path, pid: int, max_fds: int = MAX_FDS) -> tuple[set[int], bool]:
-    """The inodes of the sockets among a process's descriptors, and whether there were more
-    descriptors than ``max_fds`` (those were not read). Empty when it has gone."""
-    inodes: set[int] = set()
-    read = 0
-    try:
-        with os.scandir(f"{os.fspath(proc_root)}/{pid}/fd") as it:
-            for entry in it:
-                if read >= max_fds:
-                    return inodes, True
-                read += 1
-                try:
-                    link = os.readlink(entry.path)
-                except OSError:
-                    continue  # closed since the listing
-                if link.startswith("socket:[") and link.endswith("]"):
-                    inodes.add(int(link[8:-1]))
-    except OSError:
-        pass
-    return inodes, False
-
-
 @dataclass(frozen=True, slots=True)
 class RankRemotes:
     """Where one rank's established TCP connections lead (its namespace's own addresses and
@@ -140,7 +119,7 @@ def rank_remotes(proc_root: Path, pid: int, max_fds: int = MAX_FDS) -> RankRemot
     The namespace's table may hold every socket of the machine (tens of thousands of
     lines): each line is only split, and an address converted once per distinct text.
     """
-    inodes, truncated = socket_inodes(proc_root, pid, max_fds)
+    inodes, truncated = socket_inodes_upto(proc_root, pid, max_fds)
     if not inodes:
         return RankRemotes(frozenset(), truncated)
     own_hex: set[str] = set()  # every address a socket of the namespace is bound to

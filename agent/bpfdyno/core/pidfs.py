@@ -233,17 +233,27 @@ def read_uptime_s(proc_root: Path) -> float | None:
 def socket_inodes(proc_root: Path, pid: int) -> set[int]:
     """The inodes of the sockets process ``pid`` holds open (``socket:[N]`` fds); empty when
     it is gone or its fds cannot be read (another user's, without root)."""
-    out = set()
+    return socket_inodes_upto(proc_root, pid, None)[0]
+
+
+def socket_inodes_upto(proc_root: Path, pid: int, max_fds: int | None) -> tuple[set[int], bool]:
+    """`socket_inodes` reading at most ``max_fds`` descriptors (None: all), and whether there
+    were more than that (those were not read)."""
+    out: set[int] = set()
+    read = 0
     try:
         with os.scandir(proc_root / str(pid) / "fd") as fds:
             for fd in fds:
-                with contextlib.suppress(OSError):
+                if max_fds is not None and read >= max_fds:
+                    return out, True
+                read += 1
+                with contextlib.suppress(OSError):  # closed since the listing
                     target = os.readlink(fd.path)
                     if target.startswith("socket:["):
                         out.add(int(target[8:-1]))
     except OSError:
-        return set()
-    return out
+        return set(), False
+    return out, False
 
 
 def _listening_lines(proc_root: Path, host: str, port: int) -> Iterator[list[str]]:
