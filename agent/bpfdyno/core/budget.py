@@ -35,8 +35,12 @@ class Costs:
     """One measurement of what the agent costs, in ns of CPU per second of wall time.
 
     Attributes:
-        bpf_ns_s: BPF function name -> its run time per second, as measured (a function
-            attached only part of the time costs only that part).
+        bpf_ns_s: BPF function name -> what it costs per second, as measured (a function
+            attached only part of the time costs only that part): its run time plus the
+            kernel's entry into it at every run (`bpf_entry_ns_s`).
+        bpf_entry_ns_s: BPF function name -> the part of ``bpf_ns_s`` that is the kernel's
+            entry into it (its runs times `bpfdyno.ebpf.runstats.calibrate_entry_cost`):
+            paid at every run, whatever the function then does.
         bpf_full_ns_s: BPF function name -> what it would cost attached all the time (its
             measured cost divided by the share of the window it was attached); absent for
             functions that were not attached at all in the window.
@@ -52,6 +56,7 @@ class Costs:
     bpf_ns_s: Mapping[str, float] = field(default_factory=dict)
     bpf_full_ns_s: Mapping[str, float] = field(default_factory=dict)
     bpf_runs_s: Mapping[str, float] = field(default_factory=dict)
+    bpf_entry_ns_s: Mapping[str, float] = field(default_factory=dict)
     collector_ns_s: Mapping[str, float] = field(default_factory=dict)
     agent_ns_s: float = 0.0
     window_s: float = 0.0

@@ -98,8 +98,11 @@ class SampledFunctions(_FunctionsStep):
             runs = costs.bpf_runs_s.get(fn, 0.0)
             if runs > 0:
                 self._ns_per_run[fn] = costs.bpf_ns_s.get(fn, 0.0) / runs
-        kept = FLAG_OFF_COST if self.flag is not None else 0.0
-        return self.cost_ns_s(costs) * (1 - self.share_when_applied) * (1 - kept)
+        if self.flag is None:
+            return self.cost_ns_s(costs) * (1 - self.share_when_applied)
+        # Told off by a flag, the functions still run (and are entered) at every event.
+        body = self.cost_ns_s(costs) - sum(costs.bpf_entry_ns_s.get(fn, 0.0) for fn in self.fns)
+        return body * (1 - self.share_when_applied) * (1 - FLAG_OFF_COST)
 
     def restore_ns_s(self, costs: Costs) -> float | None:
         if self.flag is not None:  # they still run at every event: the rate is known

@@ -57,14 +57,22 @@ class Meter:
     def last_window(self) -> MeterWindow | None:
         return self._last
 
-    def window(self, ns_per_s: dict[str, float], runs_per_s: float = 1000.0) -> None:
-        """A 0.5 s window in which each function cost ``ns_per_s`` (attached throughout)."""
+    def window(
+        self,
+        ns_per_s: dict[str, float],
+        runs_per_s: float | dict[str, float] = 1000.0,
+        entry_ns: float = 0.0,
+    ) -> None:
+        """A 0.5 s window in which each function cost ``ns_per_s`` (attached throughout),
+        run ``runs_per_s`` times a second (one rate for all, or per function), each run
+        entered at ``entry_ns``."""
         self._seq += 1
+        rate = runs_per_s if isinstance(runs_per_s, dict) else dict.fromkeys(ns_per_s, runs_per_s)
         functions = tuple(
-            FunctionCost(name, i, int(runs_per_s * 0.5), int(ns * 0.5), 0.5, 0.5)
+            FunctionCost(name, i, int(rate[name] * 0.5), int(ns * 0.5), 0.5, 0.5)
             for i, (name, ns) in enumerate(ns_per_s.items())
         )
-        self._last = MeterWindow(self._seq, 0.0, 0.5, functions)
+        self._last = MeterWindow(self._seq, 0.0, 0.5, functions, entry_ns)
 
 
 class Step(Reduction):
@@ -236,6 +244,51 @@ def test_twice_the_budget_in_one_window_acts_at_once_and_takes_what_it_needs() -
     state, reason = agent.budget.health()
     assert state is PartState.DEGRADED
     assert "reduced: net.sampled since" in reason and "; sched.sampled since" in reason
+
+
+def test_entry_into_each_run_is_counted_and_brings_a_step_its_body_alone_would_not() -> None:
+    switch = Step("sched.switch_sampled", ["bpfdyno_switch"], share_saved=0.875)
+    agent = Agent([switch])
+    agent.warm()
+    # A pipe storm's shape: 400,000 switches a second at 10 ns of body each (4 ms/s, 0.4 %
+    # of a core, under the 1 % budget) entered at 100 ns each (40 ms/s, 4 %).
+    for _ in range(2):
+        agent.now += 2.0
+        agent.meter.window(
+            {"bpfdyno_switch": 4 * MS, "bpfdyno_nsend": 1 * MS},
+            runs_per_s={"bpfdyno_switch": 400_000, "bpfdyno_nsend": 10_000},
+            entry_ns=100.0,
+        )
+        agent.samples = agent.budget.collect()
+    costs = agent.budget.state().costs
+    assert costs.bpf_entry_ns_s == {"bpfdyno_switch": 40 * MS, "bpfdyno_nsend": 1 * MS}
+    assert costs.bpf_ns_s == {"bpfdyno_switch": 44 * MS, "bpfdyno_nsend": 2 * MS}
+    assert costs.bpf_full_ns_s == {"bpfdyno_switch": 44 * MS, "bpfdyno_nsend": 2 * MS}
+    assert agent.value("agent_cost_ratio", part="bpf") == pytest.approx(0.046)
+    assert switch.log == ["apply"]
+    _, reason = agent.budget.health()
+    assert (
+        "because the agent cost 4.60 % of a core against 1.00 %: BPF 4.60 % "
+        "(bpfdyno_switch 4.40 %, bpfdyno_nsend 0.20 %; the kernel's entry into them 4.10 %, 100 ns a run)"
+    ) in reason, reason
+
+
+def test_without_the_entry_the_same_storm_is_under_budget() -> None:
+    # The same windows with no entry cost: 0.5 % against 1 %, no step (what the budget
+    # saw before it counted the entry: a pipe storm slowed by 7-12 % and no step taken).
+    switch = Step("sched.switch_sampled", ["bpfdyno_switch"], share_saved=0.875)
+    agent = Agent([switch])
+    agent.warm()
+    for _ in range(3):
+        agent.now += 2.0
+        agent.meter.window(
+            {"bpfdyno_switch": 4 * MS, "bpfdyno_nsend": 1 * MS},
+            runs_per_s={"bpfdyno_switch": 400_000, "bpfdyno_nsend": 10_000},
+        )
+        agent.samples = agent.budget.collect()
+    assert agent.budget.state().costs.bpf_entry_ns_s == {"bpfdyno_switch": 0, "bpfdyno_nsend": 0}
+    assert agent.value("agent_cost_ratio", part="bpf") == pytest.approx(0.005)
+    assert switch.log == []
 
 
 def test_a_traces_recording_is_its_requesters_work_and_never_stepped_down() -> None:

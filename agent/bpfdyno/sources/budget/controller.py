@@ -334,22 +334,30 @@ class BudgetCollector(Collector):
         bpf: dict[str, float] = {}
         full: dict[str, float] = {}
         runs: dict[str, float] = {}
+        entry: dict[str, float] = {}
         requested_ids: set[int] = set()
+        # Every run costs its caller the kernel's entry into the function besides the body
+        # the statistics time: on a context-switch storm most of what a program costs.
+        entry_ns = window.entry_ns
         for source in self._requested_programs:
             asked = source()
             ids = asked.prog_ids
             requested_ids |= ids
             # The window holds part of the period: its rate over the whole period.
-            spent = sum(f.ns_per_s for f in window.functions if f.prog_id in ids) * period
-            self._requested.charge(asked.readers, int(spent))
+            spent = sum(
+                f.ns_per_s + f.runs_per_s * entry_ns for f in window.functions if f.prog_id in ids
+            )
+            self._requested.charge(asked.readers, int(spent * period))
         for f in window.functions:
             if f.prog_id in requested_ids:
                 continue  # the requesters' (charged above), never the agent's
-            bpf[f.name] = bpf.get(f.name, 0.0) + f.ns_per_s
+            entered = f.runs_per_s * entry_ns
+            bpf[f.name] = bpf.get(f.name, 0.0) + f.ns_per_s + entered
+            entry[f.name] = entry.get(f.name, 0.0) + entered
             runs[f.name] = runs.get(f.name, 0.0) + f.runs_per_s
             whole = f.full_ns_per_s
             if whole is not None:
-                full[f.name] = full.get(f.name, 0.0) + whole
+                full[f.name] = full.get(f.name, 0.0) + whole + f.runs / f.attached_s * entry_ns
         self._last_full.update(full)
         # A function detached part of each period costs its full cost times its share on
         # average; one window holds only part of a period, so it measured more or less.
@@ -382,6 +390,7 @@ class BudgetCollector(Collector):
             bpf_ns_s=bpf,
             bpf_full_ns_s=full,
             bpf_runs_s=runs,
+            bpf_entry_ns_s=entry,
             collector_ns_s=collector_ns_s,
             agent_ns_s=agent_ns_s,
             window_s=window.window_s,
@@ -569,10 +578,17 @@ def cost_reason(costs: Costs, budget: float) -> str:
     bpf = sorted(costs.bpf_ns_s.items(), key=lambda kv: -kv[1])
     threads = sorted(costs.collector_ns_s.items(), key=lambda kv: -kv[1])
     rest = costs.agent_ns_s - sum(ns for _, ns in threads)
+    entered = sum(costs.bpf_entry_ns_s.values())
+    runs = sum(costs.bpf_runs_s.get(name, 0.0) for name in costs.bpf_entry_ns_s)
+    entry_text = (
+        f"; the kernel's entry into them {ratio_text(entered)}, {entered / runs:.0f} ns a run"
+        if entered > 0 and runs > 0
+        else ""
+    )
     return (
         f"the agent cost {ratio_text(costs.total_ns_s)} of a core against "
         f"{ratio_text(budget)}: BPF {ratio_text(costs.bpf_total_ns_s)} "
-        f"({_parts_text(bpf)}) + its threads {ratio_text(costs.agent_ns_s)} "
+        f"({_parts_text(bpf)}{entry_text}) + its threads {ratio_text(costs.agent_ns_s)} "
         f"({_parts_text([*threads, ('loop and others', rest)])})"
         f"{_requested_text(costs)}"
     )
