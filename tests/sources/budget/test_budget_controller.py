@@ -269,7 +269,8 @@ def test_entry_into_each_run_is_counted_and_brings_a_step_its_body_alone_would_n
     _, reason = agent.budget.health()
     assert (
         "because the agent cost 4.60 % of a core against 1.00 %: BPF 4.60 % "
-        "(bpfdyno_switch 4.40 %, bpfdyno_nsend 0.20 %; the kernel's entry into them 4.10 %, 100 ns a run)"
+        "(bpfdyno_switch 4.40 %, bpfdyno_nsend 0.20 %; "
+        "the kernel's entry into them 4.10 %, 100 ns a run)"
     ) in reason, reason
 
 
