@@ -32,8 +32,9 @@ Reported per storm and kind (medians over the rounds):
 * the workload's rate over the whole storm and over its steady part (from 6 s on: after
   the budget acted), and the slowdown against **off**;
 * the agent's cost in the steady part: its threads' CPU time (``/proc/PID/task/*/schedstat``)
-  and its BPF programs' run time as it measures them itself (``agent_cost_ratio{part="bpf"}``,
-  read once at the end; the statistics' own cost left out), against the budget;
+  and its BPF programs' cost as it measures it itself (``agent_cost_ratio{part="bpf"}``:
+  their run time, the statistics' own cost left out, and the kernel's entry into them at
+  every run; the median of its windows in the steady part), against the budget;
 * how long the budget took to take its first step after the storm began, and to undo its
   last after the storm ended (from its log lines), and which steps it took (what was lost).
 
@@ -308,8 +309,10 @@ def wait_for_no_reader(daemon: Daemon) -> None:
         time.sleep(max(0.0, read + HOLD_S + 1.0 - time.monotonic()))
 
 
-def agent_bpf_share(daemon: Daemon) -> float:
-    """The agent's BPF run time as it measures it (a read: it keeps the normal cadence)."""
+def agent_bpf_share(daemon: Daemon, since_unix_s: float) -> float:
+    """The agent's BPF cost as it measures it (its run time and the kernel's entry into its
+    programs), the median of its windows since ``since_unix_s``: NaN when none came (a read:
+    it keeps the normal cadence)."""
     _LAST_READ[daemon.pid] = time.monotonic()
     sock = daemon.sock
     with grpc.insecure_channel(f"unix:{sock}") as ch:
@@ -317,12 +320,16 @@ def agent_bpf_share(daemon: Daemon) -> float:
             pb.GetMetricsRequest(names=["agent_cost_ratio"]), timeout=10
         )
     for s in snap.series:
-        if {lab.name: lab.value for lab in s.labels}.get("part") == "bpf" and s.points:
-            return float(s.points[-1].value)
+        if {lab.name: lab.value for lab in s.labels}.get("part") == "bpf":
+            return median([p.value for p in s.points if p.unix_seconds >= since_unix_s])
     return float("nan")
 
 
-_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) WARNING bpfdyno\.sources\.budget")
+#: A budget log line: every step taken and undone is at INFO (one WARNING per storm, its first
+#: step's reason again, which `_TAKEN` does not match).
+_LOG_TIME = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (?:INFO|WARNING) bpfdyno\.sources\.budget"
+)
 _TAKEN = re.compile(r"budget: ([a-z_.]+): ")
 _UNDONE = re.compile(r"budget: ([a-z_.]+) undone")
 
@@ -396,6 +403,7 @@ def run_storm(
             time.sleep(1.0)  # its first polls reach the agent
             trace_file = request_trace(daemon, target, workdir)
         cpu: list[tuple[float, float]] = []
+        steady_unix = 0.0
         while True:
             line = proc.stdout.readline()
             if not line:
@@ -404,9 +412,10 @@ def run_storm(
             t0 = float(lines[0].split()[0])
             if daemon is not None and not cpu and float(line.split()[0]) - t0 >= STEADY_FROM_S:
                 cpu.append((time.monotonic(), daemon.cpu_seconds()))
+                steady_unix = time.time()
         if daemon is not None and cpu:
             cpu.append((time.monotonic(), daemon.cpu_seconds()))
-        bpf = agent_bpf_share(daemon) if daemon is not None else float("nan")
+        bpf = agent_bpf_share(daemon, steady_unix) if daemon is not None and cpu else float("nan")
         proc.wait()
         ended = time.time()
     if bystander is not None:
@@ -596,7 +605,8 @@ def daemon_for(overrides: list[str] | None) -> Iterator[Daemon | None]:
     if overrides is None:
         yield None
         return
-    with Daemon(overrides, settle_s=WARMUP_S + 6) as daemon:
+    # At INFO, as `serve` logs by default: the budget logs its steps and undos there.
+    with Daemon(overrides, settle_s=WARMUP_S + 6, log_level="info") as daemon:
         yield daemon
 
 

@@ -18,6 +18,8 @@ Variants, interleaved (the order rotates every round), medians over the rounds:
 * **off**: no agent;
 * **on**: ``bpfdyno serve`` at its defaults with ``[budget] enabled = false`` (it reduces
   nothing during the storm);
+* **budget**: ``bpfdyno serve`` at every default, the budget included, measured once the
+  budget acted on a first pipe storm (see `budget_storm`);
 * **-PART**: as **on** with ``[collectors.PART] enabled = false``, for each part
   (``--parts``; ``a+b`` turns off both: e.g. every collector with a per-event kernel hook
   at once, leaving the agent's process and its idle rounds).
@@ -47,7 +49,8 @@ from pathlib import Path
 from daemon_runner import Daemon
 
 from bpfdyno.ebpf.fdops import load_program, open_raw_tracepoint
-from bpfdyno.ebpf.runstats import enable_bpf_stats
+from bpfdyno.ebpf.runstats import EMPTY_PROGRAM, enable_bpf_stats
+from bpfdyno.sources.budget.controller import WARMUP_S
 
 PIPE_C = r"""
 #define _GNU_SOURCE
@@ -136,9 +139,10 @@ def overrides_for(variant: str) -> list[str] | None:
     return [*base, *(f"collectors.{part}.enabled=false" for part in parts)]
 
 
-#: ``r0 = 0; exit``: a program that does nothing.
-EMPTY_PROGRAM = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])
 BPF_PROG_TYPE_RAW_TRACEPOINT = 17
+_STEP_LINE = "INFO bpfdyno.sources.budget.controller: budget: "
+#: How long the **budget** variant's first storm may take to bring the budget's first step.
+PRIME_LIMIT_S = 40.0
 
 
 def empty_switch_storm(pipe_bin: Path, seconds: float, stats: bool) -> Storm:
@@ -159,6 +163,8 @@ def empty_switch_storm(pipe_bin: Path, seconds: float, stats: bool) -> Storm:
 def measure(variant: str, pipe_bin: Path, seconds: float) -> Storm:
     if variant.startswith("empty-switch"):
         return empty_switch_storm(pipe_bin, seconds, stats=variant.endswith("+stats"))
+    if variant == "budget":
+        return budget_storm(pipe_bin, seconds)
     overrides = overrides_for(variant)
     if overrides is None:
         return run_storm(pipe_bin, seconds)
@@ -166,8 +172,41 @@ def measure(variant: str, pipe_bin: Path, seconds: float) -> Storm:
         return run_storm(pipe_bin, seconds)
 
 
+def budget_storm(pipe_bin: Path, seconds: float) -> Storm:
+    """The storm beside the agent at every default, the budget included, once it acted.
+
+    A first storm runs until the budget logs its first step (past its warm-up), and the
+    measured one starts as that one ends: a step is undone only after 30 s of calm, so the
+    measured storm runs with what the budget does during a storm.
+    """
+    with Daemon([], settle_s=WARMUP_S + 3.0, log_level="info") as daemon:
+        prime = subprocess.Popen([str(pipe_bin), str(PRIME_LIMIT_S)], stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + PRIME_LIMIT_S
+
+        def taken() -> list[str]:
+            """The steps the budget took so far (at INFO; its one WARNING repeats one)."""
+            return [
+                line.split(_STEP_LINE)[1].split(":")[0]
+                for _, line in list(daemon.log)
+                if _STEP_LINE in line and " undone " not in line
+            ]
+
+        try:
+            while time.monotonic() < deadline and not taken():
+                time.sleep(0.2)
+        finally:
+            prime.kill()
+            prime.wait()
+        if not taken():
+            sys.exit(f"the budget took no step in {PRIME_LIMIT_S:.0f} s of the pipe storm")
+        storm = run_storm(pipe_bin, seconds)
+        steps = sorted(set(taken()))
+        print(f"    budget: steps {', '.join(steps)}", flush=True)
+        return storm
+
+
 def report(rounds: int, seconds: float, parts: list[str], empty_switch: bool) -> str:
-    variants = ["off", "on", *(f"-{p}" for p in parts)]
+    variants = ["off", "on", "budget", *(f"-{p}" for p in parts)]
     if empty_switch:
         variants += ["empty-switch", "empty-switch+stats"]
     results: dict[str, list[Storm]] = {v: [] for v in variants}
@@ -217,6 +256,7 @@ def report(rounds: int, seconds: float, parts: list[str], empty_switch: bool) ->
         names = {
             "off": "off",
             "on": "on (defaults, budget off)",
+            "budget": "on (every default, the budget acting)",
             "empty-switch": "no agent, an empty program on sched_switch",
             "empty-switch+stats": "no agent, an empty program on sched_switch, run statistics on",
         }

@@ -57,8 +57,11 @@ class Daemon:
         ready_timeout_s: float = 120.0,
         tree: Path | None = None,
         named_threads: bool = False,
+        log_level: str = "warning",
     ) -> None:
         self.overrides = list(overrides)
+        #: ``serve --log-level``: "info" to read what the agent logs at INFO (budget steps).
+        self.log_level = log_level
         self.tree = tree
         #: Run it through ``named_threads.py``: its Python threads named in /proc.
         self.named_threads = named_threads
@@ -100,7 +103,7 @@ class Daemon:
             "--socket",
             sock,
             "--log-level",
-            "warning",
+            self.log_level,
             '--set=legacy_rpc.listen=["127.0.0.1:0"]',
             f'--set=kineto.socket_dir="{self._tmp}"',
             *(f"--set={o}" for o in self.overrides),

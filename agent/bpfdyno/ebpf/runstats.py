@@ -22,6 +22,7 @@ entry into a program at its tracepoint, paid by whoever hits it (~50-120 ns a ru
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import statistics
@@ -34,6 +35,7 @@ from typing import Protocol
 
 from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.ebpf.btfprog import bpf
+from bpfdyno.ebpf.fdops import load_program, open_raw_tracepoint
 from bpfdyno.ebpf.introspect import fdinfo
 from bpfdyno.ebpf.metrics import BPF_RUN_NS_PER_EVENT, BPF_RUNS_PER_SECOND
 
@@ -47,9 +49,7 @@ DEFAULT_PERIOD_S = 10.0
 
 _BPF_ENABLE_STATS = 32  # enum bpf_cmd
 _BPF_STATS_RUN_TIME = 0  # enum bpf_stats_type
-_BPF_PROG_LOAD = 5
 _BPF_OBJ_GET_INFO_BY_FD = 15
-_BPF_RAW_TRACEPOINT_OPEN = 17
 _BPF_PROG_TYPE_RAW_TRACEPOINT = 17
 
 
@@ -96,29 +96,26 @@ def refused(e: OSError) -> str:
     return f"BPF run statistics refused ({e.strerror}); they need Linux >= 5.8 and CAP_SYS_ADMIN"
 
 
-_PR_SET_NAME = 15
+_PR_SET_NAME, _PR_GET_NAME = 15, 16
+
+
+#: ``r0 = 0; exit``: a program that does nothing (its run time: the statistics' own; its
+#: runs: the kernel's entry into a program).
+EMPTY_PROGRAM = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])
 
 
 def _empty_raw_tracepoint_program() -> int:
-    """Load a two-instruction raw tracepoint program (``r0 = 0; exit``); returns its fd."""
-    insns = (ctypes.c_uint64 * 2)(0xB7, 0x95)  # mov64 r0, 0 ; exit (little-endian opcodes)
-    license_ = ctypes.create_string_buffer(b"GPL")
-    attr = (ctypes.c_uint8 * 128)()
-    ctypes.c_uint32.from_buffer(attr, 0).value = _BPF_PROG_TYPE_RAW_TRACEPOINT
-    ctypes.c_uint32.from_buffer(attr, 4).value = 2
-    ctypes.c_uint64.from_buffer(attr, 8).value = ctypes.addressof(insns)
-    ctypes.c_uint64.from_buffer(attr, 16).value = ctypes.addressof(license_)
-    ctypes.memmove(ctypes.addressof(attr) + 48, b"bpfdyno_calib", 13)  # prog_name
-    return bpf(_BPF_PROG_LOAD, attr)
+    """Load `EMPTY_PROGRAM` as a raw tracepoint program; returns its fd.
 
-
-def _attach_raw_tracepoint(prog: int, tracepoint: bytes) -> int:
-    """Attach ``prog`` to the raw tracepoint ``tracepoint``; returns the link fd."""
-    name = ctypes.create_string_buffer(tracepoint)
-    attr = (ctypes.c_uint8 * 128)()
-    ctypes.c_uint64.from_buffer(attr, 0).value = ctypes.addressof(name)
-    ctypes.c_uint32.from_buffer(attr, 8).value = prog
-    return bpf(_BPF_RAW_TRACEPOINT_OPEN, attr)
+    Raises:
+        OSError: the kernel refused it.
+    """
+    prog, error = load_program(
+        EMPTY_PROGRAM, _BPF_PROG_TYPE_RAW_TRACEPOINT, "bpfdyno_calib", b"GPL"
+    )
+    if prog < 0:
+        raise OSError(errno.EPERM, f"an empty BPF program was refused: {error}")
+    return prog
 
 
 def calibrate_stats_overhead(syscalls: int = 20_000) -> float:
@@ -134,7 +131,7 @@ def calibrate_stats_overhead(syscalls: int = 20_000) -> float:
     prog = _empty_raw_tracepoint_program()
     link = stats = -1
     try:
-        link = _attach_raw_tracepoint(prog, b"sys_enter")
+        link = open_raw_tracepoint("sys_enter", prog)
         stats = enable_bpf_stats()
         before = fdinfo(prog)
         for _ in range(syscalls):
@@ -165,7 +162,8 @@ def calibrate_entry_cost(pairs: int = 7, calls: int = 3000) -> float:
         OSError: the kernel refused the program or the attach.
     """
     libc = ctypes.CDLL(None, use_errno=True)
-    name = ctypes.create_string_buffer(threading.current_thread().name.encode()[:15])
+    name = ctypes.create_string_buffer(16)
+    libc.prctl(_PR_GET_NAME, name, 0, 0, 0)  # set to what it is: the thread keeps its name
 
     def per_call() -> float:
         t0 = time.clock_gettime_ns(time.CLOCK_THREAD_CPUTIME_ID)
@@ -178,7 +176,7 @@ def calibrate_entry_cost(pairs: int = 7, calls: int = 3000) -> float:
         differences = []
         for _ in range(pairs):
             without = per_call()
-            link = _attach_raw_tracepoint(prog, b"task_rename")
+            link = open_raw_tracepoint("task_rename", prog)
             try:
                 with_program = per_call()
             finally:
@@ -594,6 +592,13 @@ class ProcessRunStats:
                 "BPF run statistics: the kernel's entry into a program could not be measured "
                 "(%s); costs leave it out",
                 e.strerror,
+            )
+        else:
+            log.info(
+                "BPF run statistics: %.0f ns a run of their own; the kernel's entry into a "
+                "program %.0f ns a run",
+                self.overhead_ns,
+                self.entry_ns,
             )
 
     def _run(self) -> None:
