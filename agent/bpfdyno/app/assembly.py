@@ -315,6 +315,8 @@ def build(cfg: Config) -> Assembly:
     )
     if capture is not None:
         asm.budget.add_requested_programs(capture.requested_programs)
+    if irq is not None:  # its programs, while its step holds, run only for traces
+        asm.budget.add_requested_programs(irq.requested_programs)
     asm.collectors.append(asm.budget)
 
     asm.components.append(tracing)

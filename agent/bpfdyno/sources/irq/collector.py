@@ -19,9 +19,13 @@ and says why the softirq time is missing (degraded); if neither part works it is
 
 The overhead budget's step ``irq.softirq_detached`` detaches the four programs: a storm of
 small packets over loopback runs two softirqs per datagram, each paying the entry and exit
-programs inside the sender's time slice. While they are detached, and for any interval
-they were detached part of, the BPF series are not known (NaN, never 0);
-/proc/interrupts goes on.
+programs inside the sender's time slice. While the step is in force, and for any interval
+it was in force part of, the BPF series are not known (NaN, never 0); /proc/interrupts goes
+on. A trace that records interrupt times (the ``fabric`` track) keeps them whatever the
+load: while one holds the programs (`hold_for_trace`), the step leaves them attached, and
+what they cost meanwhile is the trace's requester's (`requested_programs`, charged by the
+budget like the capture's own programs), not the agent's; when the last such trace ends the
+step detaches them again.
 """
 
 from __future__ import annotations
@@ -30,13 +34,14 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from itertools import compress
 from operator import ne, sub
 from pathlib import Path
 
-from bpfdyno.core.budget import Reduction, degraded_by
+from bpfdyno.core.budget import Reduction, RequestedPrograms, degraded_by
 from bpfdyno.core.config import IrqSection
 from bpfdyno.core.metrics import Labels, Sample, sample
 from bpfdyno.core.status import PartState
@@ -122,6 +127,45 @@ class _Reading:
     cpus: dict[int, CpuInterrupts]
     attached_ns: int  # how long the programs had been attached when it was read
     at_ns: int  # time.monotonic_ns() of that
+    steps_taken: int  # how often the budget's step had been taken when it was read
+    reduced: bool  # whether the step was in force then
+
+
+class _DetachedUnlessTraced(DetachedFunctions):
+    """``irq.softirq_detached``: the programs detached, except while a trace holds them.
+
+    The budget calls `apply` and `undo` on its thread, traces come and go on the capture's:
+    one lock (the collector's) orders them, so the programs end attached exactly while the
+    step is not in force or some trace holds them.
+    """
+
+    def __init__(
+        self,
+        program: BpfProgram,
+        fns: Sequence[str],
+        lock: threading.Lock,
+        held: Callable[[], bool],
+        **names: str,
+    ) -> None:
+        super().__init__(program, fns, **names)
+        self._hold_lock = lock
+        self._held = held
+        self.taken = 0  # how often it was taken (an interval across one is not known)
+        self.since = 0.0  # wall-clock time it was last taken
+
+    def apply(self) -> None:
+        with self._hold_lock:
+            if not self.active:
+                self.taken += 1
+                self.since = time.time()
+            self.active = True
+            if not self._held():
+                self.program.suspend(self.fns, True)
+
+    def undo(self) -> None:
+        with self._hold_lock:
+            self.program.suspend(self.fns, False)
+            self.active = False
 
 
 class IrqCollector(Collector):
@@ -184,7 +228,12 @@ class IrqCollector(Collector):
         self._pair_count = 0
         self._pairs_seeded = False  # every line's pairs looked at once
         self._omitted_pairs: set[tuple[str, int]] = set()
-        self._detached: DetachedFunctions | None = None  # the budget's step (made at start)
+        self._detached: _DetachedUnlessTraced | None = None  # the budget's step (at start)
+        #: Traces that record interrupt times: key -> who asked for it (`hold_for_trace`).
+        self._hold_lock = threading.Lock()
+        self._holders: dict[Hashable, str] = {}
+        #: Requesters that held the programs since the budget last asked (`requested_programs`).
+        self._held_since_asked: set[str] = set()
 
     @classmethod
     def from_config(cls, section: IrqSection, *, per_cpu_every: int = 1) -> IrqCollector:
@@ -219,18 +268,21 @@ class IrqCollector(Collector):
         self._online = frozenset(online_cpus(self._root / "sys/devices/system/cpu/online"))
         if self._program is not None:
             self._program.start_run_stats(*self._stats_args)
-            self._prev_bpf = self._read_bpf()
-            self._detached = DetachedFunctions(
+            self._detached = _DetachedUnlessTraced(
                 self._program,
                 [fn for _, fn in PROGRAMS],
+                self._hold_lock,
+                lambda: bool(self._holders),
                 name="irq.softirq_detached",
                 part=self.name,
                 what="the softirq and interrupt-handler programs detached",
                 lost=(
                     "softirq and device interrupt handler time and runs per CPU are not known "
-                    "(NaN); interrupts per IRQ (/proc/interrupts) stay exact"
+                    "(NaN); interrupts per IRQ (/proc/interrupts) stay exact; traces "
+                    "still record interrupt times, at their requesters' cost"
                 ),
             )
+            self._prev_bpf = self._read_bpf()
 
     def _load(self) -> BpfProgram:
         program = BpfProgram.load("irq.bpf.c", header_cache=self._header_cache)
@@ -307,6 +359,14 @@ class IrqCollector(Collector):
         what is measured."""
         reduced = degraded_by(self.reductions())
         if reduced is not None:
+            with self._hold_lock:
+                traces = len(self._holders)
+            if traces:
+                state, why = reduced
+                return state, (
+                    f"{why}; attached meanwhile for {traces} trace(s) recording interrupt "
+                    "times (their requesters' cost)"
+                )
             return reduced
         missing = []
         if self._program is None:
@@ -327,8 +387,69 @@ class IrqCollector(Collector):
         """
         with self._lock:
             if self._program is None or not self._program.attached(PROGRAMS[0][1]):
-                return None  # detached by the budget: the counts stand still, not known
+                return None  # detached: the counts stand still, not known
             return self._read_bpf().cpus
+
+    def hold_for_trace(self, key: Hashable, requester: str) -> None:
+        """Keep the programs attached for the trace ``key`` until `release_for_trace`, even
+        while the budget's step is in force (then what they cost is ``requester``'s).
+
+        Call it before the trace's first reading: the programs are attached when it returns
+        (unless attaching failed: `why_no_interrupt_times` then says why).
+        """
+        with self._hold_lock:
+            self._holders[key] = requester
+            self._held_since_asked.add(requester)
+            if self._program is not None and self._detached is not None and self._detached.active:
+                self._program.suspend(self._detached.fns, False)
+
+    def release_for_trace(self, key: Hashable) -> None:
+        """The trace ``key`` no longer needs the programs (after its last reading); the last
+        one gone while the step is in force detaches them again. Unknown keys are ignored."""
+        with self._hold_lock:
+            if self._holders.pop(key, None) is None or self._holders:
+                return
+            if self._program is not None and self._detached is not None and self._detached.active:
+                self._program.suspend(self._detached.fns, True)
+
+    def requested_programs(self) -> RequestedPrograms:
+        """The programs as the traces' work, while the budget's step is in force (any thread).
+
+        Then they run only because traces hold them: the budget charges what they cost to
+        the requesters of the traces that held them since it last asked (it asks once a
+        window) and leaves it out of the agent's cost. Otherwise they are the agent's own
+        (the collector's metrics need them anyway): none are returned.
+        """
+        with self._hold_lock:
+            holding = set(self._holders.values())
+            readers = self._held_since_asked | holding
+            self._held_since_asked = holding  # they hold into the next window too
+            step = self._detached
+            if self._program is None or step is None or not step.active:
+                return RequestedPrograms()
+            ids = self._program.program_ids()
+            named = tuple(sorted(r for r in readers if r))  # "": nobody to charge
+            return RequestedPrograms(frozenset(ids[fn] for fn in step.fns if fn in ids), named)
+
+    def why_no_interrupt_times(self) -> str:
+        """Why `cpu_interrupt_times` answers None now, for a trace's notes ("" if it does not)."""
+        if self._program is None:
+            why = self._bpf_missing or "the collector is closed"
+            return f"the irq collector's BPF program is not loaded ({why})"
+        step = self._detached
+        if self._program.attached(PROGRAMS[0][1]):
+            return ""
+        if step is not None and step.active:
+            since = datetime.fromtimestamp(step.since).strftime("%H:%M:%S")
+            return (
+                f"the irq collector's programs are detached by the overhead budget since {since} "
+                f"({step.name}) and could not be attached again for the trace (see the agent's "
+                "log and `bpfdyno status`)"
+            )
+        return (
+            "the irq collector's programs are not attached (see the agent's log and "
+            "`bpfdyno status`)"
+        )
 
     # --- internals -----------------------------------------------------------------------
 
@@ -336,6 +457,8 @@ class IrqCollector(Collector):
         assert self._program is not None
         at_ns = time.monotonic_ns()
         attached_ns = self._program.attached_ns(PROGRAMS[0][1], at_ns) or 0
+        step = self._detached
+        taken, reduced = (step.taken, step.active) if step is not None else (0, False)
         words = percpu_words(self._program.table(_CPU_MAP))
         t = self._clock()
         cpus = {
@@ -348,12 +471,18 @@ class IrqCollector(Collector):
             for cpu, w in enumerate(words)
             if cpu in self._online  # bcc returns a slot for every *possible* CPU
         }
-        return _Reading(t, cpus, attached_ns, at_ns)
+        return _Reading(t, cpus, attached_ns, at_ns, taken, reduced)
 
     def _bpf_samples(self, prev: _Reading, cur: _Reading) -> list[Sample]:
         dt = cur.t - prev.t
-        # Attached the whole interval, or its counts hold only part of it: not known.
-        known = cur.attached_ns - prev.attached_ns == cur.at_ns - prev.at_ns
+        # Attached the whole interval, or its counts hold only part of it: not known. Nor
+        # while the budget's step held any of it: attached then only for a trace, and only
+        # while it ran (the series would come and go with other people's traces).
+        known = (
+            cur.attached_ns - prev.attached_ns == cur.at_ns - prev.at_ns
+            and not (prev.reduced or cur.reduced)
+            and prev.steps_taken == cur.steps_taken
+        )
         if not known:
             dt = math.nan
         out: list[Sample] = []

@@ -73,6 +73,16 @@ class InterruptTimeSource(Protocol):
     def cpu_interrupt_times(self) -> Mapping[int, CpuInterrupts] | None:
         """Online CPU -> its cumulative interrupt time now; None while it cannot tell."""
 
+    def hold_for_trace(self, key: Hashable, requester: str) -> None:
+        """Keep the interrupt times coming for trace ``key`` (whatever the overhead budget
+        holds), at ``requester``'s cost, until `release_for_trace`."""
+
+    def release_for_trace(self, key: Hashable) -> None:
+        """Trace ``key`` needs no more interrupt times."""
+
+    def why_no_interrupt_times(self) -> str:
+        """Why `cpu_interrupt_times` answers None now, with what to do ("" when it does not)."""
+
 
 @dataclass(frozen=True, slots=True)
 class _DeviceReading:
@@ -163,10 +173,14 @@ class FabricSampler:
             self._ethtool = None
             self._stats = None
 
-    def add(self, key: Hashable, pid: int) -> str:
-        """Record the fabric of ``pid`` from now on under ``key``; "" or why there is none."""
+    def add(self, key: Hashable, pid: int, requester: str = "") -> str:
+        """Record the fabric of ``pid`` from now on under ``key`` for ``requester`` (who pays
+        for the interrupt programs if the overhead budget had detached them); "" or why there
+        is none."""
         selection = select(pid, self._root, self._proc_root)
         traced = _Traced(pid, selection, deque(maxlen=max(2, self._max)))
+        if self._interrupts is not None:
+            self._interrupts.hold_for_trace(key, requester)  # before the first reading
         with self._reading_lock:
             traced.readings.append(self._reading([traced], traced))
         with self._lock:
@@ -185,6 +199,11 @@ class FabricSampler:
         with self._reading_lock:  # after the thread's tick that may still hold it
             t.readings.append(self._reading([t], t))  # the end of the last interval
             records = _records(t)
+        missing = ""
+        if self._interrupts is not None:
+            if any(r.interrupts is None for r in t.readings):
+                missing = self._why_no_interrupts()
+            self._interrupts.release_for_trace(key)
         notes = []
         if not t.selection.ports and not t.selection.interfaces:
             notes.append("no RDMA port or network interface to read")
@@ -192,8 +211,10 @@ class FabricSampler:
             notes.append(
                 "no interrupt time: the irq collector is not running (see `bpfdyno status`)"
             )
-        elif t.readings and t.readings[-1].interrupts is None:
-            notes.append("no interrupt time: the irq collector's BPF program is not loaded")
+        elif missing:
+            some = any(r.interrupts is not None for r in t.readings)
+            what = "interrupt time missing from some readings" if some else "no interrupt time"
+            notes.append(f"{what}: {missing}")
         if t.dropped:
             notes.append(f"{t.dropped} oldest reading(s) dropped over the cap")
         info = {
@@ -233,6 +254,15 @@ class FabricSampler:
         shared = self._read_devices(traced)
         interrupts = self._interrupt_times()
         return self._for_process(one, shared, interrupts, self._clock())
+
+    def _why_no_interrupts(self) -> str:
+        assert self._interrupts is not None
+        try:
+            return self._interrupts.why_no_interrupt_times() or (
+                "the irq collector could not be read at some readings (see the agent's log)"
+            )
+        except Exception:  # the collector closing under us
+            return "the irq collector was closing"
 
     def _interrupt_times(self) -> Mapping[int, CpuInterrupts] | None:
         if self._interrupts is None:

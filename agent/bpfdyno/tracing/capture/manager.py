@@ -483,7 +483,7 @@ class CaptureManager:
             if reason:
                 active.notes[Track.GPU] = reason
         if Track.FABRIC in request.tracks:
-            reason = self.fabric.add(key, key.pid)
+            reason = self.fabric.add(key, key.pid, key.requester)
             if reason:
                 active.notes[Track.FABRIC] = reason
         log.info(
