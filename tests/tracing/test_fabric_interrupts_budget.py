@@ -64,13 +64,8 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 @pytest.fixture
-def irq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IrqCollector]:
-    c = IrqCollector(header_cache=tmp_path_factory.mktemp("kheaders"))
-    c.start()
-    try:
-        yield c
-    finally:
-        c.close()
+def irq(fresh_irq: IrqCollector) -> IrqCollector:
+    return fresh_irq
 
 
 @pytest.fixture

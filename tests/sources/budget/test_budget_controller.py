@@ -246,20 +246,28 @@ def test_twice_the_budget_in_one_window_acts_at_once_and_takes_what_it_needs() -
     assert "reduced: net.sampled since" in reason and "; sched.sampled since" in reason
 
 
-def test_entry_into_each_run_is_counted_and_brings_a_step_its_body_alone_would_not() -> None:
+def _switch_storm(windows: int, entry_ns: float) -> tuple[Agent, Step]:
+    """``windows`` windows of a context-switch storm past the warm-up: the switch program at
+    400,000 runs and 4 ms a second, a socket program at 10,000 and 1 ms, each run entered at
+    ``entry_ns``."""
     switch = Step("sched.switch_sampled", ["bpfdyno_switch"], share_saved=0.875)
     agent = Agent([switch])
     agent.warm()
-    # A pipe storm's shape: 400,000 switches a second at 10 ns of body each (4 ms/s, 0.4 %
-    # of a core, under the 1 % budget) entered at 100 ns each (40 ms/s, 4 %).
-    for _ in range(2):
+    for _ in range(windows):
         agent.now += 2.0
         agent.meter.window(
             {"bpfdyno_switch": 4 * MS, "bpfdyno_nsend": 1 * MS},
             runs_per_s={"bpfdyno_switch": 400_000, "bpfdyno_nsend": 10_000},
-            entry_ns=100.0,
+            entry_ns=entry_ns,
         )
         agent.samples = agent.budget.collect()
+    return agent, switch
+
+
+def test_entry_into_each_run_is_counted_and_brings_a_step_its_body_alone_would_not() -> None:
+    # A pipe storm's shape: 400,000 switches a second at 10 ns of body each (4 ms/s, 0.4 %
+    # of a core, under the 1 % budget) entered at 100 ns each (40 ms/s, 4 %).
+    agent, switch = _switch_storm(windows=2, entry_ns=100.0)
     costs = agent.budget.state().costs
     assert costs.bpf_entry_ns_s == {"bpfdyno_switch": 40 * MS, "bpfdyno_nsend": 1 * MS}
     assert costs.bpf_ns_s == {"bpfdyno_switch": 44 * MS, "bpfdyno_nsend": 2 * MS}
@@ -277,16 +285,7 @@ def test_entry_into_each_run_is_counted_and_brings_a_step_its_body_alone_would_n
 def test_without_the_entry_the_same_storm_is_under_budget() -> None:
     # The same windows with no entry cost: 0.5 % against 1 %, no step (what the budget
     # saw before it counted the entry: a pipe storm slowed by 7-12 % and no step taken).
-    switch = Step("sched.switch_sampled", ["bpfdyno_switch"], share_saved=0.875)
-    agent = Agent([switch])
-    agent.warm()
-    for _ in range(3):
-        agent.now += 2.0
-        agent.meter.window(
-            {"bpfdyno_switch": 4 * MS, "bpfdyno_nsend": 1 * MS},
-            runs_per_s={"bpfdyno_switch": 400_000, "bpfdyno_nsend": 10_000},
-        )
-        agent.samples = agent.budget.collect()
+    agent, switch = _switch_storm(windows=3, entry_ns=0.0)
     assert agent.budget.state().costs.bpf_entry_ns_s == {"bpfdyno_switch": 0, "bpfdyno_nsend": 0}
     assert agent.value("agent_cost_ratio", part="bpf") == pytest.approx(0.005)
     assert switch.log == []

@@ -11,7 +11,6 @@ and what they cost is those traces' requesters', never the agent's, counted once
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 from test_budget_controller import MS, Agent, Step
@@ -35,13 +34,8 @@ OTHER = "bpfdyno_nsend"
 
 
 @pytest.fixture
-def irq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IrqCollector]:
-    c = IrqCollector(header_cache=tmp_path_factory.mktemp("kheaders"))
-    c.start()
-    try:
-        yield c
-    finally:
-        c.close()
+def irq(fresh_irq: IrqCollector) -> IrqCollector:
+    return fresh_irq
 
 
 def attached(c: IrqCollector) -> bool:

@@ -9,7 +9,6 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,13 +27,8 @@ NET_RX = SOFTIRQS.index("NET_RX")
 
 
 @pytest.fixture
-def irq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IrqCollector]:
-    c = IrqCollector(header_cache=tmp_path_factory.mktemp("kheaders"))
-    c.start()
-    try:
-        yield c
-    finally:
-        c.close()
+def irq(fresh_irq: IrqCollector) -> IrqCollector:
+    return fresh_irq
 
 
 def net_rx_runs(c: IrqCollector) -> int:
