@@ -167,3 +167,19 @@ def test_the_share_travels_between_agents_and_unknown_stays_unknown() -> None:
     assert (unknown.interrupt_seconds, unknown.interrupt_cpu) == (None, None)
     back = from_record(from_pb(RankSignal, to_pb(unknown)))
     assert math.isnan(back.interrupt_share) and back.interrupt_cpu == -1
+
+
+def test_a_thread_pinned_to_one_cpu_is_placed_there_without_its_stat(tmp_path: Path) -> None:
+    # Thread 100 pinned to CPU 5 (its stat says 1: never read), 101 may run on two (its stat
+    # says where it last ran), 102 is gone between the reads (its stat says 0).
+    tasks = task_dir(tmp_path, {100: 1, 101: 3, 102: 0})
+    pinned = {100: {5}, 101: {2, 3}}
+
+    def affinity(tid: int) -> set[int]:
+        if tid not in pinned:
+            raise ProcessLookupError(tid)
+        return pinned[tid]
+
+    before = {"100": 0, "101": 0, "102": 0}
+    after = {"100": 300, "101": 200, "102": 100}
+    assert placement(tasks, "100", before, after, affinity) == {5: 300.0, 3: 200.0, 0: 100.0}

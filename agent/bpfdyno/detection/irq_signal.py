@@ -13,13 +13,14 @@ read once per interval, and *where the rank's threads ran*:
   (`CpuInterruptShares`).
 - **Per rank**, those shares weighted by where its threads ran in the interval
   (`rank_share`): each thread that ran weighs its on-CPU time in the interval (from the
-  ``schedstat`` the signal reads anyway), at the CPU it last ran on (``/proc/<pid>/task/<tid>/
-  stat``'s ``processor``, read only for the threads that ran). A rank that did not run at
-  all weighs its main thread's CPU. Why this and not a per-CPU account of each thread's time:
-  the kernel keeps no such account without a program on every context switch, and ranks are
-  pinned to their CPUs (or to a NUMA node's) by every launcher that cares about speed, so
-  the last CPU is where the time was spent; a thread that moved in the interval is counted
-  at its last CPU only.
+  ``schedstat`` the signal reads anyway), at the CPU it last ran on: the one CPU it may run
+  on when it is pinned to one (``sched_getaffinity``, a sixteenth of the cost of a read),
+  else ``/proc/<pid>/task/<tid>/stat``'s ``processor``, read only for the threads that ran.
+  A rank that did not run at all weighs its main thread's CPU. Why this and not a per-CPU
+  account of each thread's time: the kernel keeps no such account without a program on
+  every context switch, and ranks are pinned to their CPUs (or to a NUMA node's) by every
+  launcher that cares about speed, so the last CPU is where the time was spent; a thread
+  that moved in the interval is counted at its last CPU only.
 
 Without the interrupt collector's BPF part (the collector off, BPF not loadable, its programs
 detached by the overhead budget) the share is not known: NaN, never 0.
@@ -30,7 +31,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
 from bpfdyno.sources.irq.collector import CpuInterrupts
@@ -108,18 +109,35 @@ def last_cpu(task_dir: str, tid: str) -> int | None:
     return None
 
 
+def only_cpu(affinity: Callable[[int], Collection[int]], tid: str) -> int | None:
+    """The CPU a thread is pinned to, None when it may run on several (or is gone)."""
+    try:
+        cpus = affinity(int(tid))
+    except OSError:
+        return None
+    return next(iter(cpus)) if len(cpus) == 1 else None
+
+
 def placement(
-    task_dir: str, main_tid: str, before: Mapping[str, int], after: Mapping[str, int]
+    task_dir: str,
+    main_tid: str,
+    before: Mapping[str, int],
+    after: Mapping[str, int],
+    affinity: Callable[[int], Collection[int]] | None = None,
 ) -> dict[int, float]:
     """CPU -> the on-CPU ns the process's threads ran there in the interval, each thread's at
     the CPU it last ran on; ``before`` and ``after`` are each thread's cumulative on-CPU ns.
-    A process none of whose threads ran weighs its main thread's CPU (1)."""
+    A process none of whose threads ran weighs its main thread's CPU (1). With ``affinity``
+    (``os.sched_getaffinity``, for the live /proc), a thread pinned to one CPU is placed
+    there without reading its stat."""
     weights: dict[int, float] = {}
     for tid, ns in after.items():
         ran = ns - before.get(tid, ns)  # a thread new in the interval: from its next one
         if ran <= 0:
             continue
-        cpu = last_cpu(task_dir, tid)
+        cpu = only_cpu(affinity, tid) if affinity is not None else None
+        if cpu is None:
+            cpu = last_cpu(task_dir, tid)
         if cpu is not None:
             weights[cpu] = weights.get(cpu, 0.0) + ran
     if not weights:

@@ -385,7 +385,10 @@ class SignalSampler:
         if a.threads is None or b.threads is None:
             return s
         task_dir = f"{os.fspath(self._proc)}/{s.pid}/task"
-        share, cpu = rank_share(placement(task_dir, str(s.pid), a.threads, b.threads), cpu_shares)
+        # Threads' affinity is the live system's: only with the live /proc.
+        affinity = os.sched_getaffinity if self._proc == Path("/proc") else None
+        weights = placement(task_dir, str(s.pid), a.threads, b.threads, affinity)
+        share, cpu = rank_share(weights, cpu_shares)
         return replace(s, interrupt_s=share * s.interval_s, interrupt_cpu=cpu)
 
     def _read(self, pid: int, now_mono: float) -> _Reading | None:
