@@ -183,3 +183,14 @@ def test_a_thread_pinned_to_one_cpu_is_placed_there_without_its_stat(tmp_path: P
     before = {"100": 0, "101": 0, "102": 0}
     after = {"100": 300, "101": 200, "102": 100}
     assert placement(tasks, "100", before, after, affinity) == {5: 300.0, 3: 200.0, 0: 100.0}
+
+
+def test_the_threads_that_ran_least_are_left_out_past_95_percent(tmp_path: Path) -> None:
+    # 1000 ns in all: the main thread's 900 and thread 101's 60 cover 96 %; thread 102's 40
+    # (a pool thread's wakeup, on CPU 3) is not placed, nor its stat read.
+    tasks = task_dir(tmp_path, {100: 0, 101: 1, 102: 3})
+    before = {"100": 0, "101": 0, "102": 0}
+    after = {"100": 900, "101": 60, "102": 40}
+    assert placement(tasks, "100", before, after) == {0: 900.0, 1: 60.0}
+    # Asked to cover all of it, it is placed too.
+    assert placement(tasks, "100", before, after, cover=1.0) == {0: 900.0, 1: 60.0, 3: 40.0}

@@ -15,7 +15,8 @@ read once per interval, and *where the rank's threads ran*:
   (`rank_share`): each thread that ran weighs its on-CPU time in the interval (from the
   ``schedstat`` the signal reads anyway), at the CPU it last ran on: the one CPU it may run
   on when it is pinned to one (``sched_getaffinity``, a sixteenth of the cost of a read),
-  else ``/proc/<pid>/task/<tid>/stat``'s ``processor``, read only for the threads that ran.
+  else ``/proc/<pid>/task/<tid>/stat``'s ``processor``, read only for the threads that ran
+  most (those that make up 95 % of the rank's CPU time in the interval, `PLACED_SHARE`).
   A rank that did not run at all weighs its main thread's CPU. Why this and not a per-CPU
   account of each thread's time: the kernel keeps no such account without a program on
   every context switch, and ranks are pinned to their CPUs (or to a NUMA node's) by every
@@ -118,28 +119,45 @@ def only_cpu(affinity: Callable[[int], Collection[int]], tid: str) -> int | None
     return next(iter(cpus)) if len(cpus) == 1 else None
 
 
+#: The share of a process's on-CPU time in an interval that its threads placed must cover,
+#: most-running first: the threads that ran least (a pool thread's wakeup) are left out, and
+#: with them their stat reads; the weighted share is then off by at most this remainder's
+#: weight times the difference between two CPUs' shares.
+PLACED_SHARE = 0.95
+
+
 def placement(
     task_dir: str,
     main_tid: str,
     before: Mapping[str, int],
     after: Mapping[str, int],
     affinity: Callable[[int], Collection[int]] | None = None,
+    cover: float = PLACED_SHARE,
 ) -> dict[int, float]:
     """CPU -> the on-CPU ns the process's threads ran there in the interval, each thread's at
     the CPU it last ran on; ``before`` and ``after`` are each thread's cumulative on-CPU ns.
-    A process none of whose threads ran weighs its main thread's CPU (1). With ``affinity``
-    (``os.sched_getaffinity``, for the live /proc), a thread pinned to one CPU is placed
-    there without reading its stat."""
+    Threads are placed most-running first until they cover ``cover`` of the process's
+    on-CPU time in the interval. A process none of whose threads ran weighs its main thread's
+    CPU (1). With ``affinity`` (``os.sched_getaffinity``, for the live /proc), a thread
+    pinned to one CPU is placed there without reading its stat."""
+    ran = sorted(
+        # A thread new in the interval has no base: from its next one.
+        ((ns - before.get(tid, ns), tid) for tid, ns in after.items()),
+        reverse=True,
+    )
+    ran = [(t, tid) for t, tid in ran if t > 0]
+    enough = cover * sum(t for t, _ in ran)
     weights: dict[int, float] = {}
-    for tid, ns in after.items():
-        ran = ns - before.get(tid, ns)  # a thread new in the interval: from its next one
-        if ran <= 0:
-            continue
+    placed = 0
+    for t, tid in ran:
+        if placed >= enough:
+            break
         cpu = only_cpu(affinity, tid) if affinity is not None else None
         if cpu is None:
             cpu = last_cpu(task_dir, tid)
         if cpu is not None:
-            weights[cpu] = weights.get(cpu, 0.0) + ran
+            weights[cpu] = weights.get(cpu, 0.0) + t
+        placed += t
     if not weights:
         cpu = last_cpu(task_dir, main_tid)
         if cpu is not None:
