@@ -267,6 +267,8 @@ def build(cfg: Config) -> Assembly:
             # The ranks' TCP connections as the net collector last read them: the network
             # scores.
             connections=net,
+            # The interrupt collector's per-CPU books: the ranks' interrupt share.
+            interrupts=irq,
         )
         if on("detection")
         else None

@@ -20,6 +20,7 @@ from bpfdyno.detection import metrics as m
 from bpfdyno.detection.detector import DetectorSettings, StragglerDetector
 from bpfdyno.detection.events import EventLog
 from bpfdyno.detection.hang import HangSettings, HangWatch
+from bpfdyno.detection.irq_signal import InterruptTimes
 from bpfdyno.detection.nccl_times import LateArrivals
 from bpfdyno.detection.net_signal import ConnectionSource
 from bpfdyno.detection.outliers import Hysteresis, State
@@ -66,6 +67,8 @@ class DetectionCollector(Collector):
     peer_waits: gloo ranks' waits for their peers' data (`bpfdyno.sources.gloo`).
     connections: the net collector's last reading of the ranks' TCP connections, for the
         network scores (`bpfdyno.detection.net_signal`).
+    interrupts: the interrupt collector's per-CPU books, for the ranks' interrupt share
+        (`bpfdyno.detection.irq_signal`).
     """
 
     name = "detection"
@@ -82,6 +85,7 @@ class DetectionCollector(Collector):
         peers: Callable[[], Iterable[RankSignals]] | None = None,
         peer_waits: PeerWaitSource | None = None,
         connections: ConnectionSource | None = None,
+        interrupts: InterruptTimes | None = None,
     ) -> None:
         settings = settings or DetectionSettings()
         self._ranks = ranks
@@ -91,7 +95,7 @@ class DetectionCollector(Collector):
         self._latest: tuple[float, list[RankSignals]] = (0.0, [])
         self.events = events
         self._peer_waits = peer_waits
-        self.sampler = SignalSampler(proc_root, collectives, peer_waits, connections)
+        self.sampler = SignalSampler(proc_root, collectives, peer_waits, connections, interrupts)
         self.late_arrivals = LateArrivals()
         self.detector = StragglerDetector(host, settings.detector)
         self.hangs = HangWatch(host, settings.hang, proc_root)
@@ -123,6 +127,8 @@ class DetectionCollector(Collector):
             ]
             if not math.isnan(s.peer_wait_s):
                 out.append(sample(m.RANK_PEER_WAIT, s.peer_wait_share, labels))
+            if not math.isnan(s.interrupt_s):
+                out.append(sample(m.RANK_INTERRUPT, s.interrupt_share, labels))
         counts = self.events.counts()  # the automatic trace adds "traced" events too
         hung = self.hangs.hung_jobs()
         out += [sample(m.HANG, float(job in hung), {"job_id": job}) for job in sorted(jobs)]
@@ -134,14 +140,17 @@ class DetectionCollector(Collector):
         return out
 
     def health(self) -> tuple[PartState, str] | None:
-        """Degraded while gloo's peer waits cannot be timed or the ranks' connections are
-        not known (the rest goes on)."""
+        """Degraded while gloo's peer waits cannot be timed, the ranks' connections or
+        their CPUs' interrupt time are not known (the rest goes on)."""
         reasons = []
         if self._peer_waits is not None and self._peer_waits.error:
             reasons.append(f"gloo peer waits unavailable: {self._peer_waits.error}")
         links = self.sampler.links
         if links is not None and links.error:
             reasons.append(f"network scores unavailable: {links.error}")
+        interrupts = self.sampler.interrupts
+        if interrupts is not None and interrupts.error:
+            reasons.append(f"interrupt share unavailable: {interrupts.error}")
         return (PartState.DEGRADED, "; ".join(reasons)) if reasons else None
 
     def close(self) -> None:

@@ -59,6 +59,11 @@ PEER_WAIT = Score(
     below=True,
 )
 
+#: A rank its peers waited for at collectives (NCCL's profiler, when plugged in).
+LATE_SHARE = Score(
+    "late_share", lambda s: s.late_s / s.interval_s, 0.05, 1.0, "arrived late at collectives"
+)
+
 SCORES: tuple[Score, ...] = (
     CPU_WAIT,
     # A rank that computes while its peers wait (more work per step, interrupts taking its
@@ -73,10 +78,7 @@ SCORES: tuple[Score, ...] = (
         1.5,
         "its main thread was busy (on a CPU or waiting for one)",
     ),
-    # A rank its peers waited for at collectives (NCCL's profiler, when plugged in).
-    Score(
-        "late_share", lambda s: s.late_s / s.interval_s, 0.05, 1.0, "arrived late at collectives"
-    ),
+    LATE_SHARE,
     PEER_WAIT,
     # A rank whose every link to its peers is slow (latency added on its link, a bandwidth cap
     # queueing what it sends): its best active link's RTT (`net_signal`). On the real 4-rank
@@ -112,9 +114,28 @@ SCORES: tuple[Score, ...] = (
 #: median's CPU wait and under 0.6 of its peer wait, both: 5 of 9. Healthy ranks of the same
 #: runs came to at most 1.58 times the median's CPU wait (rank 1, on the shared CPU, whose
 #: peer wait was then 0.35 of the median: the cause's bar is what keeps it out).
+#: A rank whose CPUs an interrupt storm holds (`irq_signal`): the share of the time of the CPUs
+#: it ran on that went to interrupts, at least 0.1 over the job's median and twice it. It never
+#: makes a straggler alone (not in `SCORES`): a storm the rank absorbs, or one that slows every
+#: rank alike, holds nobody back. It makes one with an effect seen from the job's side, at the
+#: same lowered bars as the CPU wait's: its peers waited for it (gloo), or it arrived late
+#: (NCCL; that bar is not measured on a real NCCL job here).
+IRQ_SHARE = Score(
+    "interrupt_share",
+    lambda s: s.interrupt_share,
+    0.1,
+    1.0,
+    "the CPUs it ran on were taken by interrupts (share of their time)",
+)
+
 CORROBORATED: tuple[tuple[Score, Score], ...] = (
     (replace(CPU_WAIT, relative=1.0), replace(PEER_WAIT, relative=0.4)),
+    (IRQ_SHARE, replace(PEER_WAIT, relative=0.4)),
+    (IRQ_SHARE, replace(LATE_SHARE, floor=0.03, relative=0.5)),
 )
+#: Causes that never make an outlier alone but are named in the evidence of a rank that
+#: stands out otherwise, when it stands out in them too.
+EVIDENCE_ONLY: tuple[Score, ...] = (IRQ_SHARE,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +217,11 @@ class StragglerDetector:
                     _beside_median(cause, cause_values, rank),
                     _beside_median(effect, effect_values, rank),
                 ]
+        for cause in EVIDENCE_ONLY:
+            cause_values, by_cause = self._flagged(cause, ranks)
+            for rank in by_cause & found.keys():
+                if all(e.name != cause.name for e in found[rank]):
+                    found[rank].append(_beside_median(cause, cause_values, rank))
         return {r: tuple(e) for r, e in found.items()}
 
     def _flagged(
@@ -218,7 +244,7 @@ class StragglerDetector:
         if transition is Transition.CLEARED:
             summary = f"job {s.job_id} rank {s.rank} no longer stands out"
         else:
-            says = {sc.name: sc.says for sc in SCORES}
+            says = {sc.name: sc.says for sc in (*SCORES, *EVIDENCE_ONLY)}
             what = "; ".join(
                 f"{says[e.name]}: {e.value:.2f} against the job's median {e.job_median:.2f}"
                 f" ({e.name})"

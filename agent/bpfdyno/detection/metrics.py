@@ -28,6 +28,15 @@ RANK_PEER_WAIT = TABLE.declare(
     "its job's straggler waits least, the peers waiting for it most.",
     ("job_id", "rank"),
 )
+RANK_INTERRUPT = TABLE.declare(
+    "rank_interrupt_ratio",
+    MetricKind.RATIO,
+    "ratio",
+    "The share of the time of the CPUs a training rank's threads ran on that went to device "
+    "interrupt handlers and softirqs over the last detection interval, weighted by how long "
+    "its threads ran on each (absent without the irq collector's BPF part).",
+    ("job_id", "rank"),
+)
 RANK_IO = TABLE.declare(
     "rank_io_bytes_per_second",
     MetricKind.RATE,

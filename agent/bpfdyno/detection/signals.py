@@ -27,6 +27,8 @@ how late it was (``late_s``) is counted over the job's ranks on every node by
 `bpfdyno.detection.nccl_times.LateArrivals`, which fills it in. The rank's TCP connections
 over the interval come from the net collector's last reading (`bpfdyno.detection.net_signal`:
 its links and the network scores the detector makes of the job's links); without it, None.
+The interrupt time on the CPUs the rank ran on comes from the interrupt collector's per-CPU
+books (`bpfdyno.detection.irq_signal`); without them, NaN.
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ from pathlib import Path
 from typing import NamedTuple, Protocol
 
 from bpfdyno.core import pidfs
+from bpfdyno.detection.irq_signal import (
+    CpuInterruptShares,
+    InterruptTimes,
+    placement,
+    rank_share,
+)
 from bpfdyno.detection.net_signal import ConnectionSource, LinkSampler, LinkScores
 from bpfdyno.rpc.detection import CommArrivals, NetLink, RankSignal
 from bpfdyno.tracing.capture.cpu_quota import CpuQuotaReader
@@ -168,6 +176,9 @@ class RankSignals:
             known, the collector is off or not running).
         net: its network scores among its job's ranks (`net_signal.link_scores`), filled in
             by the detector; NaN until then.
+        interrupt_s: seconds of the interval the CPUs it ran on spent in hard and soft
+            interrupts, weighted by where its threads ran (`irq_signal`; NaN: not known).
+        interrupt_cpu: the CPU its threads ran on most in the interval (-1: not known).
     """
 
     job_id: str
@@ -187,6 +198,8 @@ class RankSignals:
     net_links: tuple[NetLink, ...] | None = None
     net: LinkScores = field(default_factory=LinkScores)
     arrivals: tuple[Arrivals, ...] | None = None
+    interrupt_s: float = NAN
+    interrupt_cpu: int = -1
 
     @property
     def cpu_wait_share(self) -> float:
@@ -213,6 +226,12 @@ class RankSignals:
         the rank that waits *least* (`Score.below`)."""
         return self.peer_wait_s / self.interval_s
 
+    @property
+    def interrupt_share(self) -> float:
+        """The share of its CPUs' time taken by interrupts, where it ran (NaN: not known):
+        the score of a rank whose CPU an interrupt storm holds."""
+        return self.interrupt_s / self.interval_s
+
 
 @dataclass(frozen=True, slots=True)
 class _Reading:
@@ -227,6 +246,8 @@ class _Reading:
     io_bytes: int
     collective: CollectiveTimes | None
     peer_wait_ns: int | None = None
+    #: tid -> its cumulative on-CPU ns (only with an interrupt source: where the rank ran).
+    threads: dict[str, int] | None = None
 
 
 def read_small(path: str) -> bytes | None:
@@ -280,6 +301,7 @@ class SignalSampler:
         collectives: collective times per pid, when a module provides them.
         peer_waits: gloo's peer waits per pid, when a module provides them.
         connections: the net collector's last reading of the ranks' TCP connections.
+        interrupts: the interrupt collector's per-CPU books, for the interrupt share.
     """
 
     def __init__(
@@ -288,11 +310,13 @@ class SignalSampler:
         collectives: CollectiveSource | None = None,
         peer_waits: PeerWaitSource | None = None,
         connections: ConnectionSource | None = None,
+        interrupts: InterruptTimes | None = None,
     ) -> None:
         self._proc = proc_root
         self._collectives = collectives
         self._peer_waits = peer_waits
         self.links = LinkSampler(connections) if connections is not None else None
+        self.interrupts = CpuInterruptShares(interrupts) if interrupts is not None else None
         self._quota = CpuQuotaReader(proc_root)
         self._last: dict[int, tuple[int, _Reading]] = {}  # pid -> (start ticks, reading)
         #: pid -> the arrivals new in its last interval (sent again with the next one's).
@@ -304,6 +328,9 @@ class SignalSampler:
         """The signals of every rank among ``processes`` over the interval that ends now."""
         out: list[RankSignals] = []
         seen: dict[int, tuple[int, _Reading]] = {}
+        processes = list(processes)
+        # Read once per round, and only while there are ranks to weigh it (nothing at rest).
+        cpu_shares = self.interrupts.sample() if self.interrupts and processes else None
         for p in processes:
             stat = pidfs.read_stat(self._proc, p.pid)
             if stat is None:
@@ -324,6 +351,8 @@ class SignalSampler:
             last = self._last.get(p.pid)
             if last is not None and last[0] == stat.start_ticks and reading.mono > last[1].mono:
                 signals = _signals(p, rank, last[1], reading)
+                if cpu_shares is not None:
+                    signals = self._with_interrupts(signals, last[1], reading, cpu_shares)
                 out.append(self._with_arrivals(signals, last[1], reading))
         self._last = seen
         self._sent_arrivals = {p: a for p, a in self._sent_arrivals.items() if p in seen}
@@ -349,6 +378,19 @@ class SignalSampler:
         self._sent_arrivals[s.pid] = new
         return replace(s, arrivals=grouped((before + new)[-MAX_ARRIVALS:]))
 
+    def _with_interrupts(
+        self, s: RankSignals, a: _Reading, b: _Reading, cpu_shares: dict[int, float]
+    ) -> RankSignals:
+        """``s`` with the interrupt time of the CPUs its threads ran on in its interval."""
+        if a.threads is None or b.threads is None:
+            return s
+        task_dir = f"{os.fspath(self._proc)}/{s.pid}/task"
+        # Threads' affinity is the live system's: only with the live /proc.
+        affinity = os.sched_getaffinity if self._proc == Path("/proc") else None
+        weights = placement(task_dir, str(s.pid), a.threads, b.threads, affinity)
+        share, cpu = rank_share(weights, cpu_shares)
+        return replace(s, interrupt_s=share * s.interval_s, interrupt_cpu=cpu)
+
     def _read(self, pid: int, now_mono: float) -> _Reading | None:
         task_dir = f"{os.fspath(self._proc)}/{pid}/task"
         try:
@@ -357,12 +399,15 @@ class SignalSampler:
             return None
         oncpu = runq = 0
         main: tuple[int, int] | None = None
+        threads: dict[str, int] | None = {} if self.interrupts is not None else None
         for tid in tids:
             times = read_schedstat(f"{task_dir}/{tid}/schedstat")
             if times is None:
                 continue  # the thread exited between the listing and the read
             oncpu += times[0]
             runq += times[1]
+            if threads is not None:
+                threads[tid] = times[0]
             if tid == str(pid):
                 main = times
         io = read_io_bytes(self._proc, pid)
@@ -372,7 +417,7 @@ class SignalSampler:
         collective = self._collectives.collective_times(pid) if self._collectives else None
         peer_wait = self._peer_waits.wait_ns(pid) if self._peer_waits else None
         return _Reading(
-            now_mono, oncpu, runq, main[0], main[1], throttled, io, collective, peer_wait
+            now_mono, oncpu, runq, main[0], main[1], throttled, io, collective, peer_wait, threads
         )
 
 
@@ -448,6 +493,8 @@ def to_record(s: RankSignals, host: str, end_unix: float) -> RankSignal:
         net_links_known=s.net_links is not None,
         arrivals=tuple(map(_packed, s.arrivals or ())),
         arrivals_known=s.arrivals is not None,
+        interrupt_seconds=None if math.isnan(s.interrupt_s) else s.interrupt_s,
+        interrupt_cpu=None if s.interrupt_cpu < 0 else s.interrupt_cpu,
     )
 
 
@@ -479,6 +526,8 @@ def from_record(r: RankSignal, clock_offset_ns: int = 0) -> RankSignals:
             if r.arrivals_known
             else None
         ),
+        interrupt_s=NAN if r.interrupt_seconds is None else r.interrupt_seconds,
+        interrupt_cpu=-1 if r.interrupt_cpu is None else r.interrupt_cpu,
     )
 
 

@@ -140,6 +140,9 @@ class RankSignal:
     net_links_known: bool = False  # False: no net data, network scores NaN
     arrivals: tuple[CommArrivals, ...] = ()  # NCCL ranks: collectives of the interval
     arrivals_known: bool = False  # False: no NCCL profiler plugin in the rank
+    # Interrupt time of the CPUs it ran on, weighted by where (None: not known).
+    interrupt_seconds: float | None = None
+    interrupt_cpu: int | None = None  # the CPU it ran on most (None: not known)
 
 
 @record(pb.GetRankSignalsRequest, zero_is_default=True)

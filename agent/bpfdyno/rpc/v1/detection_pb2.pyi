@@ -104,7 +104,7 @@ class ListEventsResponse(_message.Message):
     def __init__(self, events: _Optional[_Iterable[_Union[DetectionEvent, _Mapping]]] = ...) -> None: ...
 
 class RankSignal(_message.Message):
-    __slots__ = ("job_id", "rank", "pid", "host", "end_unix_seconds", "interval_seconds", "oncpu_seconds", "runq_wait_seconds", "main_waiting_seconds", "throttled_seconds", "io_bytes", "in_collective_seconds", "late_seconds", "peer_wait_seconds", "net_links", "net_links_known", "arrivals", "arrivals_known")
+    __slots__ = ("job_id", "rank", "pid", "host", "end_unix_seconds", "interval_seconds", "oncpu_seconds", "runq_wait_seconds", "main_waiting_seconds", "throttled_seconds", "io_bytes", "in_collective_seconds", "late_seconds", "peer_wait_seconds", "net_links", "net_links_known", "arrivals", "arrivals_known", "interrupt_seconds", "interrupt_cpu")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +123,8 @@ class RankSignal(_message.Message):
     NET_LINKS_KNOWN_FIELD_NUMBER: _ClassVar[int]
     ARRIVALS_FIELD_NUMBER: _ClassVar[int]
     ARRIVALS_KNOWN_FIELD_NUMBER: _ClassVar[int]
+    INTERRUPT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    INTERRUPT_CPU_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     pid: int
@@ -141,7 +143,9 @@ class RankSignal(_message.Message):
     net_links_known: bool
     arrivals: _containers.RepeatedCompositeFieldContainer[CommArrivals]
     arrivals_known: bool
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., end_unix_seconds: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., oncpu_seconds: _Optional[float] = ..., runq_wait_seconds: _Optional[float] = ..., main_waiting_seconds: _Optional[float] = ..., throttled_seconds: _Optional[float] = ..., io_bytes: _Optional[int] = ..., in_collective_seconds: _Optional[float] = ..., late_seconds: _Optional[float] = ..., peer_wait_seconds: _Optional[float] = ..., net_links: _Optional[_Iterable[_Union[NetLink, _Mapping]]] = ..., net_links_known: _Optional[bool] = ..., arrivals: _Optional[_Iterable[_Union[CommArrivals, _Mapping]]] = ..., arrivals_known: _Optional[bool] = ...) -> None: ...
+    interrupt_seconds: float
+    interrupt_cpu: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., end_unix_seconds: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., oncpu_seconds: _Optional[float] = ..., runq_wait_seconds: _Optional[float] = ..., main_waiting_seconds: _Optional[float] = ..., throttled_seconds: _Optional[float] = ..., io_bytes: _Optional[int] = ..., in_collective_seconds: _Optional[float] = ..., late_seconds: _Optional[float] = ..., peer_wait_seconds: _Optional[float] = ..., net_links: _Optional[_Iterable[_Union[NetLink, _Mapping]]] = ..., net_links_known: _Optional[bool] = ..., arrivals: _Optional[_Iterable[_Union[CommArrivals, _Mapping]]] = ..., arrivals_known: _Optional[bool] = ..., interrupt_seconds: _Optional[float] = ..., interrupt_cpu: _Optional[int] = ...) -> None: ...
 
 class CommArrivals(_message.Message):
     __slots__ = ("comm_hash", "comm_ranks", "seq_deltas", "arrival_deltas")
