@@ -273,3 +273,44 @@ def test_the_evidence_reads_round_trips_and_quota_from_the_file(tmp_path: Path) 
     assert ev is not None
     assert ev.connections == (ConnectionRtt("10.18.0.11:40000", "10.18.0.12:29500", 21.5, 30.0, 3),)
     assert ev.cpu_quotas == (CpuQuota("/job/r1", 10000, 100000, 11, 10, 0.8805),)
+
+
+def ring(rtt_ms: dict[tuple[int, int], float]) -> dict[int, tuple[ConnectionRtt, ...]]:
+    """Each rank's connections with its two ring neighbours; ``rtt_ms[(r, p)]``: the round
+    trip r's end measured."""
+    out: dict[int, list[ConnectionRtt]] = {r: [] for r in range(RANKS)}
+    for (r, p), ms in rtt_ms.items():
+        out[r].append(ConnectionRtt(address(r, p), address(p, r), ms, ms * 1.2, 400))
+    return {r: tuple(c) for r, c in out.items()}
+
+
+def test_a_slow_link_beside_a_cpu_hog_on_another_rank_names_the_link_s_rank() -> None:
+    """The round trips of a matrix run (20 ms on rank 0's link, a CPU hog at nice -20 on
+    rank 2's CPU): rank 0's two connections 20.7-22.6 ms; the hog delayed rank 2's
+    acknowledgements, so its connection with rank 1 read 2.8-3.1 ms, slow too against the
+    0.47 ms typical, and no rank was on nearly every slow connection: the link went unnamed.
+    Far slower than the rest of the slow ones, rank 0's connections are its link."""
+    conns = ring({
+        (0, 1): 20.95, (1, 0): 22.55, (0, 3): 21.4, (3, 0): 20.67,
+        (1, 2): 2.79, (2, 1): 3.09, (2, 3): 0.47, (3, 2): 3.12,
+    })  # fmt: skip
+    v = compare(slow_collectives_job(conns))
+    [f] = [f for f in v.stragglers if f.kind == "latency"]
+    assert (f.rank, f.causes[0].cause) == (0, "network_latency")
+    assert f.causes[0].detail.startswith(
+        "round trips of 20.8 ms on rank 0 on node's connections against 0.47 ms typical "
+        "(2 slow connections; peers: ranks 1, 3)"
+    )
+    assert f.seconds == pytest.approx((0.160 * 19 + 0.160) * (1 - 0.47 / 20.81))
+
+
+def test_slow_connections_without_a_wide_gap_name_no_link() -> None:
+    """The same round trips with rank 0's connections at 8 ms: under `SLOW_RTT_FACTOR` times
+    the hog's 2.8-3.1 ms, not far slower than the rest of the slow ones, and no rank is on
+    nearly every slow connection: no link is named."""
+    conns = ring({
+        (0, 1): 8.0, (1, 0): 8.5, (0, 3): 8.2, (3, 0): 8.1,
+        (1, 2): 2.79, (2, 1): 3.09, (2, 3): 0.47, (3, 2): 3.12,
+    })  # fmt: skip
+    v = compare(slow_collectives_job(conns))
+    assert all(f.kind != "latency" for f in v.stragglers), v.headline

@@ -628,7 +628,7 @@ def main() -> None:
                             )
                             with watch, ctx as injected:
                                 trace = job.trace(
-                                    f"{c.name}-{s}-{run}-{traced}",
+                                    f"{c.name}-{s}-{args.round + run}-{traced}",
                                     ITERATIONS,
                                     aligned=c.aligned,
                                     tracks=c.tracks,

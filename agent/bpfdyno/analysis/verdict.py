@@ -54,10 +54,13 @@ clients for a whole job; both decide the same way.
    slow when that is `SLOW_RTT_FACTOR` times the job's lower quartile and at least
    `SLOW_RTT_MS`; with a slow connection measured from both ends, or `MIN_SLOW_CONNECTIONS`,
    the rank on (nearly) every slow connection is named, or the link between two ranks when
-   only theirs is slow. The time lost is the collectives' own time (last arrival to last
-   completion, each moment once) times the share of their round trips the slowness added
-   (1 - typical / slow). A rank that left a collective late because of it is late for the
-   link's sake (as with loss, 2).
+   only theirs is slow; when no rank is on nearly all of them, the slow connections
+   `SLOW_RTT_FACTOR` times slower than the rest of the slow ones are taken alone (a second
+   fault, a CPU hog, slows its rank's connections a little beside a delayed link). The
+   time lost is the collectives' own time (last arrival to last completion, each moment
+   once) times the share of their round trips the slowness added (1 - typical / slow). A
+   rank that left a collective late because of it is late for the link's sake (as with
+   loss, 2).
 7. **CPU quota**: a late rank whose cgroup was throttled by its CPU quota in the window
    (the sched track reads the cgroup's counters) is named "throttled by its CPU quota"
    with the cgroup's periods and throttled time: its excess waits for a CPU are the quota's
@@ -70,6 +73,7 @@ clients for a whole job; both decide the same way.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import statistics
 from collections import Counter, defaultdict
@@ -1387,13 +1391,25 @@ def _slow_links(rs: list[_Rank]) -> _SlowLinks | None:
     typical = ordered[(len(ordered) - 1) // 4]
     threshold = max(SLOW_RTT_MS, SLOW_RTT_FACTOR * typical)
     slow = [key for key, ms in rtt.items() if ms >= threshold]
-    if len(slow) < MIN_SLOW_CONNECTIONS and not any(len(conns[k]) == 2 for k in slow):
-        return None  # one connection seen from one end: that socket's moment, not a link
-    if not slow:
-        return None
-    on: Counter[int] = Counter(k for key in slow for k in pair[key])
-    common = tuple(sorted(k for k, n in on.items() if n >= SLOW_LINK_OWNER * len(slow)))
-    if not common or len(common) > 2:
+
+    def owners(keys: list[tuple[str, str]]) -> tuple[int, ...]:
+        """The rank (or the two ranks) on nearly every one of ``keys``; () when none is, or
+        too few were seen to call it a link."""
+        if len(keys) < MIN_SLOW_CONNECTIONS and not any(len(conns[k]) == 2 for k in keys):
+            return ()  # one connection seen from one end: that socket's moment, not a link
+        on: Counter[int] = Counter(k for key in keys for k in pair[key])
+        common = tuple(sorted(k for k, n in on.items() if n >= SLOW_LINK_OWNER * len(keys)))
+        return common if len(common) <= 2 else ()  # more: slow everywhere
+
+    common = owners(slow)
+    if not common:
+        # A second fault can slow other connections a little: a CPU hog on a rank's CPU
+        # delays that rank's acknowledgements (its ring neighbours' round trips 2.8-3.1 ms
+        # beside a delayed link's 21 ms, on the real job). The connections far slower than
+        # the rest of the slow ones, with a rank in common, are still that rank's link.
+        slow = _far_slower(slow, rtt)
+        common = owners(slow)
+    if not common:
         return None  # slow everywhere, or no rank in common: not one rank's link
     peers = sorted({k for key in slow for k in pair[key] if k not in common})
     return _SlowLinks(
@@ -1403,6 +1419,19 @@ def _slow_links(rs: list[_Rank]) -> _SlowLinks | None:
         len(slow),
         tuple(peers),
     )
+
+
+def _far_slower(
+    slow: list[tuple[str, str]], rtt: Mapping[tuple[str, str], float]
+) -> list[tuple[str, str]]:
+    """Of the slow connections, those above the widest gap between two of their round trips
+    when it is a factor of `SLOW_RTT_FACTOR` or more (else none)."""
+    ordered = sorted(slow, key=lambda k: rtt[k])
+    gaps = [(rtt[b] / rtt[a], i + 1) for i, (a, b) in enumerate(itertools.pairwise(ordered))]
+    if not gaps:
+        return []
+    factor, cut = max(gaps)
+    return ordered[cut:] if factor >= SLOW_RTT_FACTOR else []
 
 
 def _latency_finding(seen: Comparison) -> Finding | None:
