@@ -6,13 +6,13 @@ cleared at 1 or fewer). Run as root, as one command:
     python tests/bench/bench_detection_matrix.py [--injections 2] [--classes hog,quota,...]
         [--out detection-matrix.jsonl] [--gap 20]
 
-The job, the CPUs and the faults (with their two strengths and the ranks each class goes
-round) are those of `bench_verdict_matrix.py`; every rank has one DataLoader worker (for the
-``slow-worker`` class). Per injection: wait until no rank is suspected, watch ``--gap``
-seconds of the healthy job (events then are false alarms, or other work's), wait until no
-rank is suspected again, wait a random 0-5 s, inject the
-fault, wait up to ``--within`` seconds for the injected rank to be confirmed, remove the
-fault, and wait up to ``--clear-within`` seconds for every rank to be cleared.
+The job, the CPUs and the faults (with their weakest and strongest strengths and the ranks
+each class goes round) are those of `bench_verdict_matrix.py`; every rank has one DataLoader
+worker (for the ``slow-worker`` class). Per injection: wait until no rank is suspected,
+watch ``--gap`` seconds of the healthy job (events then are false alarms, or other work's),
+wait until no rank is suspected again, wait a random 0-5 s, inject the fault, wait up to
+``--within`` seconds for the injected rank to be confirmed, remove the fault, and wait up to
+``--clear-within`` seconds for every rank to be cleared.
 
 Reported per class (``--report FILE`` prints the table of a results file again):
 
@@ -389,12 +389,14 @@ def main() -> int:
         foreign = ForeignLoad(job)
         intervals = IntervalLog(job)
 
-        def strength_of(i: int) -> int:
-            """Strong first, then alternating; or the one asked for."""
-            return {"both": 1 - i % 2, "strong": 1, "weak": 0}[args.strength]
+        def strength_of(fault: FaultClass, i: int) -> int:
+            """Strong first, then alternating; or the one asked for. Strong is the class's
+            last (strongest) strength, weak its first: the CPU classes have three."""
+            strong = len(fault.strengths) - 1
+            return {"both": (strong, 0)[i % 2], "strong": strong, "weak": 0}[args.strength]
 
         plan = [
-            (by_name[n], by_name[n].ranks[i % len(by_name[n].ranks)], strength_of(i))
+            (by_name[n], by_name[n].ranks[i % len(by_name[n].ranks)], strength_of(by_name[n], i))
             for i in range(args.injections)
             for n in names
         ]
