@@ -49,20 +49,29 @@ def list_pids(proc_root: Path) -> list[int]:
         return []
 
 
-def read_stat(proc_root: Path, pid: int) -> PidStat | None:
-    """Parse ``/proc/<pid>/stat``; None if the process is gone or the line is malformed."""
-    # Called for every process at every refresh: a bare os.open/os.read on a string path
-    # costs a third of open() on a Path.
+def read_small(path: str) -> bytes | None:
+    """The first 4 KiB of a /proc file (a stat line); None when it is gone.
+
+    Called for every process or thread at every refresh: a bare os.open/os.read on a string
+    path costs a third of open() on a Path.
+    """
     try:
-        fd = os.open(f"{os.fspath(proc_root)}/{pid}/stat", os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
     try:
-        raw = os.read(fd, 4096)
+        return os.read(fd, 4096)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def read_stat(proc_root: Path, pid: int) -> PidStat | None:
+    """Parse ``/proc/<pid>/stat``; None if the process is gone or the line is malformed."""
+    raw = read_small(f"{os.fspath(proc_root)}/{pid}/stat")
+    if raw is None:
+        return None
     # comm may itself contain ") " — the last ')' ends it.
     open_i = raw.find(b"(")
     close_i = raw.rfind(b")")

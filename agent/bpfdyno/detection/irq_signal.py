@@ -30,11 +30,11 @@ detached by the overhead budget) the share is not known: NaN, never 0.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
+from bpfdyno.core.pidfs import read_small
 from bpfdyno.sources.irq.collector import CpuInterrupts
 
 NAN = float("nan")
@@ -93,16 +93,9 @@ class CpuInterruptShares:
 
 def last_cpu(task_dir: str, tid: str) -> int | None:
     """The CPU a thread last ran on (``processor``, field 39 of its stat), None when gone."""
-    try:
-        fd = os.open(f"{task_dir}/{tid}/stat", os.O_RDONLY)
-    except OSError:
+    raw = read_small(f"{task_dir}/{tid}/stat")
+    if raw is None:
         return None
-    try:
-        raw = os.read(fd, 4096)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     # comm may hold spaces and ')': the fields start after the last ')'.
     fields = raw[raw.rfind(b")") + 2 :].split()
     if len(fields) > 36 and fields[36].isdigit():
