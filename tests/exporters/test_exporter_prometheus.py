@@ -190,20 +190,27 @@ def test_every_family_with_its_type_help_and_unit(setup: Setup) -> None:
 def test_values_are_the_agents_own_exactly(setup: Setup) -> None:
     agent, prom = setup.agent, setup.prom
     time.sleep(6)  # several rounds and scrapes to compare
-    ours = agent.window(seconds=60)
+    # Prometheus first, then the agent: every round a stored scrape rendered is in the
+    # agent's window then, however slow the machine.
     theirs = prom.raw(
         '{__name__=~".+", __name__!~"process_.*|sched_runqueue_latency_hist.*|up|scrape_.*"}', 8
     )
+    # Prometheus stamps a sample with the scrape's start; the agent renders it up to the
+    # scrape's duration later (at most its 1 s timeout).
+    durations = dict(prom.raw("scrape_duration_seconds", 10)[("scrape_duration_seconds", ())])
+    ours = agent.window(seconds=60)
     compared = 0
     for key, samples in theirs.items():
         points = ours.get(key)
         assert points is not None, f"{key} is in Prometheus but not in the agent's store"
         for t, v in samples:
-            # The value scraped at t is that of one of the agent's latest rounds before t:
-            # the latest point of the series by then, or one up to a slow round (5 s) before
-            # it (a scrape may race a round). A series' rounds are its part's own: the
-            # budget's come with its run-statistics windows, 10 s apart while nothing happens.
-            before = sorted((ts, val) for ts, val in points if ts <= t + 0.5)
+            # The value scraped at t is that of one of the agent's latest rounds by the time
+            # the scrape was rendered: the latest point of the series by then, or one up to a
+            # slow round (5 s) before it (a scrape may race a round). A series' rounds are its
+            # part's own: the budget's come with its run-statistics windows, 10 s apart while
+            # nothing happens.
+            rendered_by = t + durations.get(t, 1.0) + 0.05
+            before = sorted((ts, val) for ts, val in points if ts <= rendered_by)
             latest = before[-1][0] if before else t
             candidates = [val for ts, val in before if latest - 5.0 <= ts]
             assert any(v == c or (math.isnan(v) and math.isnan(c)) for c in candidates), (

@@ -695,8 +695,10 @@ def test_a_trace_keeps_its_full_tracks_under_a_busy_budget_and_its_cost_is_the_r
 
 
 #: A parent with a child forked before the trace (waiting for "go") and one forked while
-#: traced; each child sleeps 50 ms three times and writes a byte to its pipe after each sleep;
-#: the parent reads the bytes one by one (blocked in read(2) until the child wakes it).
+#: traced; each child sleeps 200 ms three times and writes a byte to its pipe after each sleep;
+#: the parent reads the bytes one by one (blocked in read(2) until the child wakes it). The
+#: sleeps are long enough that a parent slow to call read again still blocks in it for most
+#: of the next sleep on a loaded machine.
 PARENT_OF_WORKERS = r"""
 import os, sys, time
 
@@ -704,7 +706,7 @@ def worker(wait_fd, out_fd):
     if wait_fd is not None:
         os.read(wait_fd, 1)
     for _ in range(3):
-        time.sleep(0.05)
+        time.sleep(0.2)
         os.write(out_fd, b"x")
     os._exit(0)
 
@@ -737,7 +739,7 @@ def test_child_processes_are_recorded_with_the_parent_and_who_woke_it(
     manager: CaptureManager,
 ) -> None:
     """Child processes (DataLoader workers) are recorded as part of their parent's capture:
-    one alive when the trace began and one forked while traced, each with its three 50 ms
+    one alive when the trace began and one forked while traced, each with its three 200 ms
     sleeps; and each of the parent's waits in read(2) names the child that woke it."""
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT_OF_WORKERS],
@@ -781,11 +783,11 @@ def test_child_processes_are_recorded_with_the_parent_and_who_woke_it(
     for child in (early, late[0]):
         sleeps = [r for r in offcpu if r.pid == child and r.syscall == 230]  # clock_nanosleep
         assert len(sleeps) == 3, (child, sleeps)
-        assert all(45e6 <= r.wake_ns - r.off_ns < 1e9 for r in sleeps)
+        assert all(195e6 <= r.wake_ns - r.off_ns < 2e9 for r in sleeps)
     reads = [
         r
         for r in offcpu
-        if r.tid == parent.pid and r.syscall == 0 and r.on_ns - r.off_ns >= 30_000_000
+        if r.tid == parent.pid and r.syscall == 0 and r.on_ns - r.off_ns >= 100_000_000
     ]
     woken_by = [(r.waker_pid, r.waker_tid) for r in sorted(reads, key=lambda r: r.off_ns)]
     assert woken_by == [(early, early)] * 3 + [(late[0], late[0])] * 3

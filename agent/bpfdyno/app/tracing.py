@@ -66,13 +66,22 @@ def allowed_dirs(cfg: Config) -> list[str]:
     return dirs
 
 
-async def _bounded(fn: Callable[[], None], what: str) -> None:
-    """Run ``fn`` on a daemon thread; wait at most `STOP_TIMEOUT_S` for it."""
+async def _bounded(
+    fn: Callable[[], None], what: str, harmless: Callable[[], str | None] = lambda: None
+) -> None:
+    """Run ``fn`` on a daemon thread; wait at most `STOP_TIMEOUT_S` for it.
+
+    ``harmless`` says why not waiting loses nothing, when that is so (then the overrun is
+    an information, not an error)."""
     done = asyncio.wrap_future(DaemonExecutor(f"stop-{what}").submit(fn))
     try:
         await asyncio.wait_for(done, STOP_TIMEOUT_S)
     except TimeoutError:
-        log.error("%s did not stop within %g s; stopping without it", what, STOP_TIMEOUT_S)
+        reason = harmless()
+        if reason is not None:
+            log.info("%s %s; stopping without waiting for it", what, reason)
+        else:
+            log.error("%s did not stop within %g s; stopping without it", what, STOP_TIMEOUT_S)
 
 
 class TracingComponent:
@@ -225,7 +234,15 @@ class TracingComponent:
             await self.kernel_tracks.stop()
         self.service.user_files.stop()  # summaries still reading are not waited for
         if self.capture is not None:
-            await _bounded(self.capture.stop, "the kernel-track capture")
+            capture = self.capture
+            await _bounded(
+                capture.stop,
+                "the kernel-track capture",
+                # Its thread compiles the programs (seconds on a loaded machine) before it
+                # takes any trace: nothing is being recorded, and the kernel unloads whatever
+                # was loaded when the agent exits.
+                lambda: None if capture.wait_loaded(0) else "was still compiling its programs",
+            )
         self.endpoint.close()
         if self.user_dirs is not None:
             self.user_dirs.close()
