@@ -1,10 +1,11 @@
-"""Detection without anyone asking, proven on the real 4-rank job (`straggler_job`): the
-agent (only its tracing component and the detection collector, every 5 s at its default
-thresholds) watches the job; a healthy stretch emits nothing; a CPU hog started at a random
-moment on rank 2's CPU makes it emit "suspected" then "confirmed" for rank 2 only, within a
-bound; once the hog is gone, "cleared". Then three hangs, each named once with the right rank
-and state within 60 s: a rank stopped by SIGSTOP, a rank blocked reading its batch FIFO, a
-rank spinning inside its step (last: it never comes back).
+"""Detection without anyone asking, proven on the real 4-rank job (`straggler_job`): the agent
+(only its tracing component and the detection collector, every 5 s at its default
+thresholds, but for a hang named after 15 s of no bytes instead of 30) watches the job; a
+healthy stretch emits nothing; a CPU hog started at a random moment on rank 2's CPU makes it
+emit "suspected" then "confirmed" for rank 2 only, within a bound; once the hog is gone,
+"cleared". Then three hangs, each named once with the right rank and state within 45 s: a
+rank stopped by SIGSTOP, a rank blocked reading its batch FIFO, a rank spinning inside its
+step (last: it never comes back).
 
 The events are read as a client reads them: `Detection.WatchEvents` over the agent's socket.
 Each test prints what it measured (time from the hog's start to each event: run with ``-s``).
@@ -50,13 +51,23 @@ from bpfdyno.rpc.detection import DetectionEvent, DetectionKind
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.usefixtures("torch_ready")]
 
 HOG_RANK = 2
-#: How long a healthy job is watched for a false alarm.
-HEALTHY_S = 60.0
+#: How long a healthy job is watched for a false alarm: eight intervals, four times the
+#: two outlier intervals a suspicion needs.
+HEALTHY_S = 40.0
+#: [detection] hang_after_s of the test's agent: half the default, so each hang test waits
+#: half as long; a healthy job moves bytes every step (~40 ms), so it is still far longer
+#: than any phase without I/O.
+HANG_AFTER_S = 15.0
+
+
+def _shorter_hang_watch(job: StragglerJob, text: str) -> str:
+    assert "[detection]" not in text
+    return text + f"\n[detection]\nhang_after_s = {HANG_AFTER_S}\n"
 
 
 @pytest.fixture(scope="module")
 def job() -> Iterator[StragglerJob]:
-    with detection_job() as j:
+    with detection_job(edit=_shorter_hang_watch) as j:
         yield j
 
 
@@ -144,8 +155,8 @@ def test_a_cpu_hog_makes_its_rank_suspected_then_confirmed_then_cleared(
     )
 
 
-#: A hang is named within this: [detection] hang_after_s (30 s) plus two intervals and slack.
-HANG_WITHIN_S = 60.0
+#: A hang is named within this: `HANG_AFTER_S` plus two intervals and a loaded machine's slack.
+HANG_WITHIN_S = HANG_AFTER_S + 30.0
 
 
 def wait_hang(watcher: Watcher, since: float) -> tuple[float, DetectionEvent]:
