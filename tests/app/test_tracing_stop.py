@@ -15,32 +15,30 @@ def short_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tracing, "STOP_TIMEOUT_S", 0.2)
 
 
-async def test_an_overrun_that_loses_nothing_is_an_information_line(
-    short_wait: None, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    ("reason", "logged"),
+    [
+        (
+            "was still compiling",
+            ("INFO", "the capture was still compiling; stopping without waiting for it"),
+        ),
+        (None, ("ERROR", "the capture did not stop within 0.2 s; stopping without it")),
+    ],
+    ids=["loses-nothing-information", "any-other-error"],
+)
+async def test_a_part_that_overruns_is_left_behind_and_said(
+    short_wait: None,
+    caplog: pytest.LogCaptureFixture,
+    reason: str | None,
+    logged: tuple[str, str],
 ) -> None:
     gate = threading.Event()
     caplog.set_level("INFO", logger=tracing.__name__)
     try:
-        await tracing._bounded(gate.wait, "the capture", lambda: "was still compiling")
+        await tracing._bounded(gate.wait, "the capture", lambda: reason)
     finally:
         gate.set()
-    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("INFO", "the capture was still compiling; stopping without waiting for it")
-    ]
-
-
-async def test_any_other_overrun_is_an_error(
-    short_wait: None, caplog: pytest.LogCaptureFixture
-) -> None:
-    gate = threading.Event()
-    caplog.set_level("INFO", logger=tracing.__name__)
-    try:
-        await tracing._bounded(gate.wait, "the capture", lambda: None)
-    finally:
-        gate.set()
-    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("ERROR", "the capture did not stop within 0.2 s; stopping without it")
-    ]
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [logged]
 
 
 async def test_a_part_that_stops_in_time_logs_nothing(
