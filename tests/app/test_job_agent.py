@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from bpfdyno.app.job_agent import agent_listening
+from bpfdyno.app.job_agent import _run_command, agent_listening
 
 pytestmark = [pytest.mark.slow]
 
@@ -199,3 +199,25 @@ def test_without_a_command_it_says_how_to_call_it() -> None:
     r = subprocess.run([*BPFDYNO, "run"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
     assert "usage: bpfdyno run [OPTIONS] -- CMD" in r.stderr
+
+
+@pytest.fixture
+def signal_handlers() -> Iterator[None]:
+    """The test process's handlers back after `_run_command` set its forwarding ones."""
+    sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+    saved = {s: signal.getsignal(s) for s in sigs}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+def test_a_command_that_is_not_there_is_said_as_bpfdyno_run_s_own_error(
+    capsys: pytest.CaptureFixture[str], signal_handlers: None
+) -> None:
+    env = {"PATH": "/usr/bin:/bin"}
+    assert _run_command(["no-such-command-here", "--flag"], env) == 127
+    assert capsys.readouterr().err == (
+        "bpfdyno run: cannot run 'no-such-command-here': not found on PATH or not executable\n"
+    )
+    assert _run_command(["true"], env) == 0
+    assert _run_command(["sh", "-c", "exit 3"], env) == 3

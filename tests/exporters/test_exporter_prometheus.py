@@ -218,6 +218,7 @@ def test_values_are_the_agents_own_exactly(setup: Setup) -> None:
                 t,
                 v,
                 candidates,
+                [(ts - t, val) for ts, val in points if abs(ts - t) < 20],
             )
             compared += 1
     assert compared > 200, compared

@@ -33,7 +33,6 @@ that holds a job back, and why.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
@@ -59,8 +58,6 @@ WIRE = Path(__file__).resolve().parent / "delay_wire.py"
 FLOOD = Path(__file__).resolve().parent / "udp_flood.py"
 #: The size of a rank's data file (`StragglerJob.data_file`).
 DATA_FILE_BYTES = 64 << 20
-#: prctl(2)'s option for the signal a child gets when its parent dies.
-PR_SET_PDEATHSIG = 1
 #: The UDP port the interrupt storm's packets go to (nothing listens on it).
 FLOOD_PORT = 9
 SUBNET = "10.18.0"
@@ -265,17 +262,14 @@ class Proc:
             self.popen.wait(timeout=10)
 
 
-def _die_with_parent() -> None:
-    """In the child before it runs its program: SIGKILL it when the process that started
-    it dies, however that dies. A run killed outright (SIGKILL, an out-of-memory kill)
-    must not leave a CPU hog or a packet storm behind: another run on the machine would
-    take it for its own fault (the death signal survives exec, so ``ip netns exec`` and
-    ``taskset`` pass it on). The function is looked up beforehand (`_PRCTL`): between fork
-    and exec the child of a threaded parent must not load libraries."""
-    _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-
-
-_PRCTL = ctypes.CDLL(None).prctl
+#: What every child is started under: SIGKILL it when the process that started it dies,
+#: however that dies. A run killed outright (SIGKILL, an out-of-memory kill) must not leave a
+#: CPU hog or a packet storm behind: another run on the machine would take it for its own
+#: fault (the death signal survives exec, so ``ip netns exec`` and ``taskset`` pass it on).
+#: Not a preexec_fn: that makes subprocess fork() the whole threaded test process, and
+#: gRPC's fork handler then waits for the test's open RPCs (a WatchEvents stream) forever,
+#: where no test timeout can interrupt it (seen: a test hung for good in fork()).
+DIE_WITH_PARENT = ("setpriv", "--pdeathsig", "KILL", "--")
 
 
 def spawn(
@@ -283,13 +277,12 @@ def spawn(
 ) -> Proc:
     with open(out, "wb") as f:
         popen = subprocess.Popen(
-            list(argv),
+            [*DIE_WITH_PARENT, *argv],
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=f,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
     return Proc(popen, out)
 

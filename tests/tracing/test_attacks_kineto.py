@@ -32,8 +32,10 @@ async def test_squatted_reply_socket_names_cost_another_user_no_reply(
     async with served_site(short_tmp, mode=run_mode) as site:
         alice = site.users["alice"].uid
         mallory = site.users["mallory"].uid
+        # She holds the names 10 s: alice's 8 polls (~2 s, started once the names are held)
+        # come while she does, even on a slow machine.
         squat = asyncio.create_task(
-            site.client("mallory", "squat", str(site.socket_dir), str(alice), "20")
+            site.client("mallory", "squat", str(site.socket_dir), str(alice), "10")
         )
         async with asyncio.timeout(30):  # she holds the name she learned for alice
             while not any(

@@ -29,11 +29,11 @@ is opened without following links.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fcntl
 import logging
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -60,7 +60,11 @@ STOP_TIMEOUT_S = 30.0
 #: How long `bpfdyno run` waits for the node's agent to hand out the user's socket directory
 #: (an interpreter's start included).
 SOCKET_DIR_TIMEOUT_S = 10.0
-_PR_SET_PDEATHSIG = 1
+#: What the task's command and the agent run under: SIGTERM when `bpfdyno run` (or the
+#: supervisor) dies, so nothing is orphaned. util-linux's setpriv, not a preexec_fn: that
+#: makes subprocess fork() the whole threaded process, where gRPC's fork handler can wait
+#: for open calls for good.
+DIE_WITH_PARENT = ("setpriv", "--pdeathsig", "TERM", "--")
 
 
 def default_state_dir() -> Path:
@@ -285,8 +289,14 @@ def _start_supervisor(state_dir: Path, serve_args: Sequence[str]) -> str:
 
 def _run_command(cmd: Sequence[str], env: dict[str, str]) -> int:
     """Run ``cmd`` as a child that dies with us; forward termination signals to it."""
+    if shutil.which(cmd[0], path=env.get("PATH")) is None:
+        print(
+            f"bpfdyno run: cannot run {cmd[0]!r}: not found on PATH or not executable",
+            file=sys.stderr,
+        )
+        return 127
     try:
-        child = subprocess.Popen(list(cmd), env=env, preexec_fn=_die_with_parent)
+        child = subprocess.Popen([*DIE_WITH_PARENT, *cmd], env=env)
     except OSError as e:
         print(f"bpfdyno run: cannot run {cmd[0]!r}: {e.strerror}", file=sys.stderr)
         return 127 if e.errno == errno.ENOENT else 126
@@ -301,12 +311,6 @@ def _run_command(cmd: Sequence[str], env: dict[str, str]) -> int:
     return 128 - rc if rc < 0 else rc
 
 
-def _die_with_parent() -> None:
-    """In a child before exec: get SIGTERM when the parent dies (no orphans)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
 # --- the supervisor ----------------------------------------------------------------------
 
 
@@ -319,9 +323,9 @@ def supervise(state_dir: Path, serve_args: Sequence[str]) -> int:
     notify.bind(str(notify_path))
     env = {**os.environ, "NOTIFY_SOCKET": str(notify_path)}
     agent = subprocess.Popen(
-        [sys.executable, "-m", "bpfdyno", "serve", "--socket", str(state_dir / SOCKET),
-         *serve_args],
-        env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+        [*DIE_WITH_PARENT, sys.executable, "-m", "bpfdyno", "serve", "--socket",
+         str(state_dir / SOCKET), *serve_args],
+        env=env, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     stopping = False
 

@@ -264,10 +264,6 @@ def test_a_storm_is_stepped_on_as_fast_with_windows_at_rest_as_with_a_window_eve
     agent = agent_factory([f"budget.stats_rest_period_s={rest_s}", "budget.restore_after_s=5"])
     agent.wait_until_deciding()
     wait_for(lambda: agent.budget()[1].endswith("nothing reduced"), 120, agent)
-    r0, t0 = agent.budget_rounds(), time.monotonic()
-    time.sleep(10)
-    per_s = (agent.budget_rounds() - r0) / (time.monotonic() - t0)
-    wait_for(lambda: agent.budget()[1].endswith("nothing reduced"), 120, agent)
     before = agent.budget()[1]
     # Right after a window: at rest the next comes in 10 s unless the check sees the storm.
     rounds = agent.budget_rounds()
@@ -290,7 +286,7 @@ def test_a_storm_is_stepped_on_as_fast_with_windows_at_rest_as_with_a_window_eve
             f.kill()
             f.wait()
     print(
-        f"stats_rest_period_s={rest_s}: {per_s:.2f} windows a second before the storm; "
-        f"the step {took:.1f} s after the storm began; before it: {before}"
+        f"stats_rest_period_s={rest_s}: the step {took:.1f} s after the storm began; "
+        f"before it: {before}"
     )
     assert took < 5.0, took
