@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
+# gRPC's fork handlers off in the test process (read when gRPC starts, so before anything
+# imports it): a test that forks while a stream of its own is open (a detection watcher)
+# must not wait in gRPC's handler, where no test timeout can interrupt it. No test's child
+# uses gRPC before it execs.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "0"
+
 from collections.abc import Iterator
 
 import pytest
