@@ -118,6 +118,36 @@ def test_a_rank_starved_of_cpu_is_named_with_who_held_it() -> None:
     assert timing[0].last == 0 and timing[0].held_seconds == 0
 
 
+def test_a_rank_late_but_never_last_is_not_named_beside_the_one_always_last() -> None:
+    """From a CI run: rank 2 hogged and last to all 19 collectives; rank 1, on a CPU with
+    two other ranks, after their median in most collectives and up to 245 ms in a few, but
+    before rank 2 in every one. Only rank 2 held the job back."""
+    slow = rank(
+        2,
+        [
+            collective(i, i * 100 + 60, i * 100 + 65, {"cpu_wait": 0.061, "lock": 0.020})
+            for i in range(20)
+        ],
+    )
+    behind = rank(
+        1,
+        [
+            collective(
+                i,
+                i * 100 + (50 if i % 4 == 0 else 3),
+                i * 100 + 65,
+                {"cpu_wait": 0.001, "lock": 0.050 + (0.047 if i % 4 == 0 else 0.0)},
+            )
+            for i in range(20)
+        ],
+    )
+    v = compare([healthy(0), behind, slow, healthy(3)])
+    timing = {t.rank: t for t in v.ranks}
+    assert (timing[1].last, timing[2].last) == (0, 20)
+    assert timing[1].held_seconds >= MIN_SHARE * 20 * 0.1  # enough to be named, were it last
+    assert [(f.rank, f.kind) for f in v.stragglers] == [(2, "late")]
+
+
 def test_what_no_cause_explains_is_said() -> None:
     """Late by 30 ms with nothing more off-CPU than the others: unexplained (compute)."""
     slow = rank(

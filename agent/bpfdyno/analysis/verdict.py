@@ -341,6 +341,11 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
             seconds
             < max(MIN_SECONDS, min(*EVIDENCED_MIN_SHARE.values(), OWN_HOLDER_MIN_SHARE) * own)
             or not count
+            # Never the last to arrive: in every collective the others still waited for a
+            # later rank, so none ended sooner for its lateness (seen: a rank sharing a CPU
+            # with a CPU-hogged one, after the median in most collectives, before the hogged
+            # rank in all 19).
+            or not timings[label].last
         ):
             continue
         consistent = late_count / count >= MIN_LATE_FRACTION
