@@ -28,6 +28,8 @@ from bpfdyno.core.status import PartState
 
 #: The label a series carries while its value is an estimate (what the budget changed).
 ESTIMATE_LABEL = "estimate"
+#: That label's value on what is scaled up from a program's sampled time (`bpfdyno.ebpf.duty`).
+SAMPLED = "sampled"
 
 
 @dataclass(frozen=True, slots=True)

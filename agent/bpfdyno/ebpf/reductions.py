@@ -9,6 +9,7 @@ the same way.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 
 from bpfdyno.core.budget import Costs, Reduction
@@ -51,6 +52,9 @@ class SampledFunctions(_FunctionsStep):
         share: the share of every period they do their work.
         flag: (array map, slot) the functions read to know they are off; None: they are
             detached while off.
+        after: a step told off by a flag on the same functions and share: this one is then
+            the stronger step after it, detaching them in the same off phase (every sampled
+            function shares one phase), and is offered only while that one is in force.
         name, part, what, lost: as in `Reduction`.
     """
 
@@ -61,6 +65,7 @@ class SampledFunctions(_FunctionsStep):
         share: float,
         *,
         flag: tuple[str, int] | None = None,
+        after: SampledFunctions | None = None,
         name: str,
         part: str,
         what: str,
@@ -68,7 +73,22 @@ class SampledFunctions(_FunctionsStep):
     ) -> None:
         super().__init__(program, fns, name=name, part=part, what=what, lost=lost)
         self.share_when_applied = share
-        self.flag = flag
+        self.flag: tuple[str, int] | None = flag
+        self.after: SampledFunctions | None = after
+        #: The stronger step built on this one (whose `after` this is), if any: this one is
+        #: not undone while that one is in force.
+        self.stronger: SampledFunctions | None = None
+        if after is not None:
+            if (
+                flag is not None
+                or after.flag is None
+                or after.fns != self.fns
+                or after.share_when_applied != share
+            ):
+                raise ValueError(
+                    "a step after a flagged one must detach the same functions at its share"
+                )
+            after.stronger = self
         self.target: AttachedFunctions | FlagSwitch = (
             FlagSwitch(program, *flag) if flag is not None else AttachedFunctions(program, fns)
         )
@@ -94,6 +114,13 @@ class SampledFunctions(_FunctionsStep):
     def saving_ns_s(self, costs: Costs) -> float:
         if self.active:
             return 0.0
+        if self.after is not None:
+            if not self.after.active:
+                return 0.0  # the gentler step first: it keeps the host-wide counts exact
+            # Flagged off, every call still enters them: detached in the same off phase,
+            # the kernel's entry then is saved (and the few ns of the flag's check).
+            entry = sum(costs.bpf_entry_ns_s.get(fn, 0.0) for fn in self.fns)
+            return entry * (1 - self.share_when_applied)
         for fn in self.fns:  # remembered for `restore_ns_s`
             runs = costs.bpf_runs_s.get(fn, 0.0)
             if runs > 0:
@@ -105,6 +132,8 @@ class SampledFunctions(_FunctionsStep):
         return body * (1 - self.share_when_applied) * (1 - FLAG_OFF_COST)
 
     def restore_ns_s(self, costs: Costs) -> float | None:
+        if self.stronger is not None and self.stronger.active:
+            return math.inf  # undone after the stronger step only: it builds on this one
         if self.flag is not None:  # they still run at every event: the rate is known
             full = sum(
                 costs.bpf_runs_s.get(fn, 0.0) * self._ns_per_run.get(fn, 0.0) for fn in self.fns
@@ -113,7 +142,29 @@ class SampledFunctions(_FunctionsStep):
         whole = [costs.bpf_full_ns_s.get(fn) for fn in self.fns]
         if any(w is None for w in whole):
             return None
+        if self.after is not None and self.after.active:
+            # Undone, the off phase goes back to the flagged step, not to the full work.
+            flagged = self._flagged_off_ns_s(costs)
+            if flagged is not None:
+                return flagged
         return sum(w for w in whole if w is not None) - self.cost_ns_s(costs)
+
+    def _flagged_off_ns_s(self, costs: Costs) -> float | None:
+        """What the functions would cost in their off phase told off by the flag (the
+        kernel's entry and the flag's check at every call), from the calls they see on."""
+        assert self.after is not None
+        out = 0.0
+        for fn in self.fns:
+            whole = costs.bpf_full_ns_s.get(fn)
+            per_run = self.after._ns_per_run.get(fn)  # its full work per call, before steps
+            runs = costs.bpf_runs_s.get(fn, 0.0)
+            if whole is None or not per_run or runs <= 0:
+                return None
+            entry = costs.bpf_entry_ns_s.get(fn, 0.0) / runs
+            calls = whole / per_run  # a second's calls, attached all the time
+            body = max(per_run - entry, 0.0)
+            out += calls * (1 - self.share_when_applied) * (entry + FLAG_OFF_COST * body)
+        return out
 
     def smoothed(
         self, measured: Mapping[str, float], full: Mapping[str, float]

@@ -2,7 +2,9 @@
 
 * net: per-call accounting in its off phase keeps the host-wide byte counts exact and skips
   the per-process ones; a sampled interval's per-process counts are scaled by its share;
-  a detached rare-event program's metrics are not known (NaN), never 0.
+  the stronger step after it detaches the byte programs in that phase (nothing counted,
+  host-wide rates scaled up and labelled estimates); a detached rare-event program's
+  metrics are not known (NaN), never 0.
 
 The scheduler's steps are tested beside its other tests (tests/sources/sched).
 
@@ -100,6 +102,65 @@ def test_a_sampled_intervals_per_process_bytes_are_scaled_by_its_share(net: NetC
     raw2 = {7: ProcNet(1600, 80, 260, 0, 0, 0, 4)}
     assert net._scaled_procs(raw2, 1.0)[7] == ProcNet(3100, 320, 440, 0, 0, 0, 4)
     net._raw_procs, net._extra = {}, {}
+
+
+def test_the_stronger_step_detaches_the_byte_programs_in_the_off_phase(net: NetCollector) -> None:
+    sampled, detached = step(net, "net.bytes_sampled"), step(net, "net.bytes_detached")
+    assert isinstance(detached, SampledFunctions) and detached.after is sampled
+    assert detached.flag is None and detached.fns == sampled.fns
+    program = net._require()
+    detached.target.set_off(True)  # the off phase the duty cycler would set
+    try:
+        assert not any(program.attached(fn) for fn in detached.fns)
+        host0 = net.counter("NET_C_UDP_TX_BYTES"), net.counter("NET_C_UDP_RX_BYTES")
+        before = udp_of(net)
+        udp_roundtrip(30, 1000)
+        # Nothing is counted, host-wide or per process: the calls do not enter them.
+        assert udp_of(net) == before
+        assert (net.counter("NET_C_UDP_TX_BYTES"), net.counter("NET_C_UDP_RX_BYTES")) == host0
+    finally:
+        detached.target.set_off(False)
+    assert all(program.attached(fn) for fn in detached.fns)
+    udp_roundtrip(20, 1000)
+    after = udp_of(net)
+    assert (after[0] - before[0], after[1] - before[1]) == (20_000, 20_000)
+
+
+def test_a_sampled_intervals_host_byte_rates_are_scaled_and_labelled(net: NetCollector) -> None:
+    # What the collector does with an interval whose byte programs were attached a quarter of
+    # it: the host-wide bytes seen, divided by that share, labelled; exact otherwise.
+    counters = net._counters
+    prev, cur = [0] * len(net._prev_totals or []), [0] * len(net._prev_totals or [])
+    cur[counters["NET_C_UDP_TX_BYTES"]] = 6_000
+    cur[counters["NET_C_TCP_RX_BYTES"]] = 1_000
+    kept = net._prev_totals
+    net._prev_totals = prev
+    try:
+        rates = {
+            (s.spec.name, s.labels): s.value
+            for s in net._rate_samples(cur, {}, 2.0, 0.25)
+            if "bytes" in s.spec.name and not math.isnan(s.value)
+        }
+        exact = {
+            (s.spec.name, s.labels): s.value
+            for s in net._rate_samples(cur, {}, 2.0)
+            if "bytes" in s.spec.name and not math.isnan(s.value)
+        }
+    finally:
+        net._prev_totals = kept
+    est = (("estimate", "sampled"),)
+    assert rates == {
+        ("net_tcp_sent_bytes_per_second", est): 0.0,
+        ("net_tcp_received_bytes_per_second", est): 2_000.0,
+        ("net_udp_sent_bytes_per_second", est): 12_000.0,
+        ("net_udp_received_bytes_per_second", est): 0.0,
+    }
+    assert exact == {
+        ("net_tcp_sent_bytes_per_second", ()): 0.0,
+        ("net_tcp_received_bytes_per_second", ()): 500.0,
+        ("net_udp_sent_bytes_per_second", ()): 3_000.0,
+        ("net_udp_received_bytes_per_second", ()): 0.0,
+    }
 
 
 def test_detached_rare_event_programs_report_nan_not_zero(net: NetCollector) -> None:

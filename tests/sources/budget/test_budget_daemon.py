@@ -106,6 +106,15 @@ class Agent:
             if s.points
         }
 
+    def series(self, name: str, estimate: str) -> list[tuple[float, float]]:
+        """The (epoch seconds, value) points of the series of ``name`` whose ``estimate``
+        label is ``estimate`` ("": none), oldest first; [] when it has none."""
+        snap = self.stub.GetMetrics(pb.GetMetricsRequest(names=[name]), timeout=10)
+        for s in snap.series:
+            if {lab.name: lab.value for lab in s.labels}.get("estimate", "") == estimate:
+                return [(p.unix_seconds, p.value) for p in s.points]
+        return []
+
     def budget_rounds(self) -> int:
         """The budget's rounds so far: one a run-statistics window."""
         status = self.stub.GetStatus(pb.GetStatusRequest(), timeout=10)
@@ -192,6 +201,13 @@ def test_a_storm_is_brought_under_the_budget_and_undone_after_it(
         assert "because the agent cost" in reason
         assert agent.metric("agent_budget_step_active")["net.bytes_sampled"] == 1.0
         assert agent.metric("agent_budget_steps_total")["net.bytes_sampled"] >= 1.0
+        # Still over: every call still enters the programs told off. The stronger step
+        # detaches them in the off phase; the host-wide byte rates become labelled estimates.
+        wait_for(lambda: "net.bytes_detached since" in agent.budget()[1], 60, agent)
+        reason = agent.budget()[1]
+        assert "the per-call byte programs detached in their off phase too" in reason
+        wait_for(lambda: agent.series("net_udp_sent_bytes_per_second", "sampled"), 30, agent)
+        assert agent.series("net_udp_sent_bytes_per_second", "sampled")[-1][1] > 0
     finally:
         for f in floods:
             f.kill()
@@ -199,8 +215,12 @@ def test_a_storm_is_brought_under_the_budget_and_undone_after_it(
     # The storm is over: every step is undone once the cost stays low.
     wait_for(lambda: agent.budget()[1].endswith("nothing reduced"), 120, agent)
     assert agent.budget()[0] == "OK"
-    assert agent.metric("agent_budget_step_active")["net.bytes_sampled"] == 0.0
-    assert agent.metric("agent_budget_steps_total")["net.bytes_sampled"] >= 1.0
+    active = agent.metric("agent_budget_step_active")
+    assert (active["net.bytes_sampled"], active["net.bytes_detached"]) == (0.0, 0.0)
+    assert agent.metric("agent_budget_steps_total")["net.bytes_detached"] >= 1.0
+    # Exact again: the newest host-wide rate carries no estimate label.
+    exact = agent.series("net_udp_sent_bytes_per_second", "")
+    assert exact[-1][0] > agent.series("net_udp_sent_bytes_per_second", "sampled")[-1][0]
 
 
 #: What `top` with its Processes tab open asks, once a second: every process, and metrics.

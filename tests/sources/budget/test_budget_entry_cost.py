@@ -68,3 +68,91 @@ def test_the_entry_cost_is_measured_at_start_and_carried_by_every_window() -> No
     assert window is not None
     assert runstats.METER.entry_ns is not None and 0 <= runstats.METER.entry_ns < 2000
     assert window.entry_ns == runstats.METER.entry_ns
+
+
+def _byte_steps() -> tuple[SampledFunctions, SampledFunctions]:
+    """The net collector's two steps on its per-call byte programs: told off by a flag, then
+    also detached in the same off phase."""
+    fns = ["bpfdyno_nsend"]
+    flagged = SampledFunctions(
+        object(), fns, 1 / 8, flag=("bpfdyno_nctl", 0), name="f", part="net", what="w", lost="l"
+    )
+    detached = SampledFunctions(
+        object(), fns, 1 / 8, after=flagged, name="d", part="net", what="w", lost="l"
+    )
+    return flagged, detached
+
+
+def _flood(fn: str = "bpfdyno_nsend") -> Costs:
+    # 400,000 calls a second at 110 ns each (100 ns of it the kernel's entry).
+    return Costs(
+        bpf_ns_s={fn: 44 * MS},
+        bpf_full_ns_s={fn: 44 * MS},
+        bpf_runs_s={fn: 400_000},
+        bpf_entry_ns_s={fn: 40 * MS},
+        window_s=0.5,
+    )
+
+
+def test_the_detaching_step_comes_only_after_the_flagged_one_and_saves_the_off_phase_entry() -> (
+    None
+):
+    flagged, detached = _byte_steps()
+    assert detached.saving_ns_s(_flood()) == 0.0  # the gentler step first
+    assert flagged.saving_ns_s(_flood()) == pytest.approx(4 * MS * 7 / 8 * (1 - FLAG_OFF_COST))
+    flagged.active = True
+    # Told off, every call still enters: 400k calls, 7/8 of them in the off phase.
+    in_force = Costs(
+        bpf_ns_s={"bpfdyno_nsend": 40 * MS + 4 * MS / 8},
+        bpf_full_ns_s={"bpfdyno_nsend": 40 * MS + 4 * MS / 8},
+        bpf_runs_s={"bpfdyno_nsend": 400_000},
+        bpf_entry_ns_s={"bpfdyno_nsend": 40 * MS},
+        window_s=0.5,
+    )
+    assert detached.saving_ns_s(in_force) == pytest.approx(40 * MS * 7 / 8)
+
+
+def test_the_flagged_step_is_undone_only_after_the_detaching_one() -> None:
+    flagged, detached = _byte_steps()
+    flagged.saving_ns_s(_flood())  # taken: its full cost per call is remembered
+    flagged.active = detached.active = True
+    # Detached 7/8 of the time, the window saw an eighth of the calls.
+    seen = Costs(
+        bpf_ns_s={"bpfdyno_nsend": 44 * MS / 8},
+        bpf_full_ns_s={"bpfdyno_nsend": 44 * MS},
+        bpf_runs_s={"bpfdyno_nsend": 50_000},
+        bpf_entry_ns_s={"bpfdyno_nsend": 5 * MS},
+        window_s=0.5,
+    )
+    assert flagged.restore_ns_s(seen) == float("inf")
+    # Undone, the off phase goes back to the flag: 350k calls a second entered (100 ns) and
+    # told off (15 % of the 10 ns body), not the full work.
+    assert detached.restore_ns_s(seen) == pytest.approx(350_000 * (100 + FLAG_OFF_COST * 10))
+    detached.active = False
+    assert flagged.restore_ns_s(seen) is not None and flagged.restore_ns_s(seen) < float("inf")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"fns": ["bpfdyno_nrecv"]},
+        {"share": 1 / 4},
+        {"flag": ("bpfdyno_nctl", 1)},
+    ],
+    ids=["other-functions", "other-share", "flagged-too"],
+)
+def test_a_detaching_step_must_match_the_flagged_one_it_follows(kwargs: dict[str, object]) -> None:
+    flagged, _ = _byte_steps()
+    args: dict[str, object] = {"fns": ["bpfdyno_nsend"], "share": 1 / 8} | kwargs
+    with pytest.raises(ValueError, match="must detach the same functions at its share"):
+        SampledFunctions(
+            object(),
+            args.pop("fns"),  # type: ignore[arg-type]
+            args.pop("share"),  # type: ignore[arg-type]
+            after=flagged,
+            name="d",
+            part="net",
+            what="w",
+            lost="l",
+            **args,  # type: ignore[arg-type]
+        )

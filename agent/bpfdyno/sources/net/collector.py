@@ -15,8 +15,11 @@ them, so the two reads need no ordering).
 Under the overhead budget (`reductions`): the per-call byte programs may do their
 per-process and per-socket accounting only part of the time (each process's byte counts are
 then scaled up by the share of the interval it was done: estimates; the host-wide byte rates
-stay exact, counted at every call), and rare-event programs that a storm made frequent may
-be detached (what they count is then not known: NaN, never 0).
+stay exact, counted at every call); if that is not enough, BTF-typed byte programs are also
+detached in that off phase (the kernel's entry into them at every call is most of what a
+datagram flood costs; the host-wide byte rates are then scaled up too and labelled
+``estimate="sampled"``); and rare-event programs that a storm made frequent may be detached
+(what they count is then not known: NaN, never 0).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from bpfdyno.core.budget import Reduction, degraded_by, sampled_share
+from bpfdyno.core.budget import SAMPLED, Reduction, degraded_by, sampled_share
 from bpfdyno.core.config import NetSection
 from bpfdyno.core.events import EventSink, KernelEvent, MonotonicClock
 from bpfdyno.core.metrics import Sample, sample
@@ -234,6 +237,8 @@ class NetCollector(Collector):
         self.events_received = 0
         # The overhead budget's steps (made at start) and what scaling needs between rounds.
         self._bytes_sampled: SampledFunctions | None = None
+        self._bytes_detached: SampledFunctions | None = None
+        self._bytes_detached_off_ns = 0
         self._detachable: dict[str, DetachedFunctions] = {}
         self._bytes_held_off_ns = 0
         self._byte_fns: tuple[str, ...] = ()
@@ -326,7 +331,31 @@ class NetCollector(Collector):
                 "stay exact"
             ),
         )
+        self._bytes_detached = None
+        if plan.btf and all(a.btf for a in bytes_part.attachments):
+            # BTF-typed, they detach and attach again in well under a millisecond, so the
+            # budget may take them off in the off phase too (a classic tracepoint's detach
+            # waits for the kernel: ~70 ms).
+            self._bytes_detached = SampledFunctions(
+                program,
+                self._byte_fns,
+                BYTES_SAMPLE_SHARE,
+                after=self._bytes_sampled,
+                name="net.bytes_detached",
+                part=self.name,
+                what=(
+                    "the per-call byte programs detached in their off phase too (attached "
+                    f"{BYTES_SAMPLE_SHARE:.1%} of the time)"
+                ),
+                lost=(
+                    "host-wide TCP and UDP byte rates are estimates scaled from the sampled "
+                    'time too (estimate="sampled"), besides each process\'s byte counts'
+                ),
+            )
         self._bytes_held_off_ns = self._bytes_sampled.held_off_ns()
+        self._bytes_detached_off_ns = (
+            self._bytes_detached.held_off_ns() if self._bytes_detached else 0
+        )
         attached = {a.fn for p in plan.parts for a in p.attachments} - set(self.unavailable_parts)
         self._detachable = {
             part: DetachedFunctions(
@@ -343,7 +372,7 @@ class NetCollector(Collector):
 
     def reductions(self) -> Sequence[Reduction]:
         """The budget's steps: sample the byte programs, detach rare-event programs."""
-        first = [self._bytes_sampled] if self._bytes_sampled is not None else []
+        first = [s for s in (self._bytes_sampled, self._bytes_detached) if s is not None]
         return [*first, *self._detachable.values()]
 
     def health(self) -> tuple[PartState, str] | None:
@@ -367,9 +396,14 @@ class NetCollector(Collector):
         now = time.monotonic()
         totals = self._read_totals(program)
         held_off = self._bytes_sampled.held_off_ns() if self._bytes_sampled else 0
+        detached_off = self._bytes_detached.held_off_ns() if self._bytes_detached else 0
         dt_s = now - self._prev_t if self._prev_totals is not None else 0.0
-        share = sampled_share(held_off - self._bytes_held_off_ns, dt_s)
-        self._bytes_held_off_ns = held_off
+        # The host-wide counts missed the calls of the time the programs were detached; the
+        # per-process ones also those of the time they were told off (one phase for both:
+        # the longer off time is the share they did not see).
+        host_share = sampled_share(detached_off - self._bytes_detached_off_ns, dt_s)
+        share = min(sampled_share(held_off - self._bytes_held_off_ns, dt_s), host_share)
+        self._bytes_held_off_ns, self._bytes_detached_off_ns = held_off, detached_off
         drops = self._read_drops(program, totals)
         raw = self._read_procs(program)
         self._procs = self._scaled_procs(raw, share)
@@ -380,7 +414,7 @@ class NetCollector(Collector):
         self._socks_read = (now, socks)
         self.drain_events()
 
-        out = self._rate_samples(totals, drops, dt_s)
+        out = self._rate_samples(totals, drops, dt_s, host_share)
         self._prev_totals, self._prev_drops, self._prev_t = totals, drops, now
         out.append(sample(ESTABLISHED, sum(1 for v in socks if v.state == TCP_ESTABLISHED)))
         rtts = [v.srtt_us / 1e6 for v in socks if v.srtt_us]
@@ -535,20 +569,26 @@ class NetCollector(Collector):
         """Host-wide counters, indexed by ``enum net_counter`` (NET_C_MAX slots)."""
         return percpu_sums(program.table(_TOTALS))
 
-    def _rate_samples(self, totals: list[int], drops: dict[int, int], dt: float) -> list[Sample]:
+    def _rate_samples(
+        self, totals: list[int], drops: dict[int, int], dt: float, byte_share: float = 1.0
+    ) -> list[Sample]:
+        """The interval's host-wide rates; the byte programs were attached ``byte_share`` of
+        it (their rates are then scaled up from that time and labelled estimates)."""
         prev = self._prev_totals
 
-        def rate(slot: str) -> float:
-            if prev is None or dt <= 0:
-                return math.nan  # no baseline yet: unknown, not zero
+        def rate(slot: str, share: float = 1.0) -> float:
+            if prev is None or dt <= 0 or share <= 0:
+                return math.nan  # no baseline yet (or nothing seen): unknown, not zero
             i = self._counters[slot]
-            return max(0, totals[i] - prev[i]) / dt
+            return max(0, totals[i] - prev[i]) / (dt * share)
 
         exact = self.plan is not None and self.plan.byte_source == BYTES_SOCK
+        est = SAMPLED if byte_share < 1.0 else ""
         out = []
         for slot, spec, per_protocol in _BYTE_METRICS:
-            measured = exact == per_protocol  # counted at every call even while sampled
-            out.append(sample(spec, rate(slot) if measured else math.nan))
+            measured = exact == per_protocol  # counted at every call while attached
+            value = rate(slot, byte_share) if measured else math.nan
+            out.append(sample(spec, value, estimate=est if measured else ""))
         out.append(sample(RETRANSMITS, rate("NET_C_TCP_RETRANSMITS")))
         out.append(sample(RESETS, rate("NET_C_TCP_RESETS_SENT"), {"direction": "sent"}))
         out.append(sample(RESETS, rate("NET_C_TCP_RESETS_RECEIVED"), {"direction": "received"}))

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from bpfdyno.core.budget import REQUESTED, Reduction, degraded_by, sampled_share
+from bpfdyno.core.budget import REQUESTED, SAMPLED, Reduction, degraded_by, sampled_share
 from bpfdyno.core.config import SchedSection
 from bpfdyno.core.events import EventSink, KernelEvent, MonotonicClock
 from bpfdyno.core.histogram import histogram_quantile, log2_export_buckets
@@ -117,8 +117,6 @@ EXPORT_LAST_SLOT = 35
 
 #: The share of the time the switch program stays attached while the budget samples it.
 SWITCH_SAMPLE_SHARE = 1 / 8
-#: The value of the ``estimate`` label of what is scaled up from that sampled time.
-SAMPLED = "sampled"
 
 # The program's maps (bpf/sched.bpf.c).
 _CPU_STATS = "bpfdyno_scpu"
