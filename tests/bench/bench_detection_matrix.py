@@ -4,7 +4,7 @@ at its defaults (5 s interval, suspected at 2 of 6 outlier intervals, confirmed 
 cleared at 1 or fewer). Run as root, as one command:
 
     python tests/bench/bench_detection_matrix.py [--injections 2] [--classes hog,quota,...]
-        [--out detection-matrix.jsonl] [--gap 20]
+        [--out detection-matrix.jsonl] [--gap 20] [--background-load]
 
 The job, the CPUs and the faults (with their weakest and strongest strengths and the ranks
 each class goes round) are those of `bench_verdict_matrix.py`; every rank has one DataLoader
@@ -24,6 +24,8 @@ Reported per class (``--report FILE`` prints the table of a results file again):
 - cleared: from the fault's removal to the injected rank's "cleared".
 
 And the healthy gaps: minutes watched, suspicions in them (each with the load average).
+``--background-load`` runs it all beside the verdict matrix's background work (a healthy
+hour with background load: ``--classes latency --injections 1 --gap 3600``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tracing"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_verdict_matrix import CPUS, FAULTS, RANKS, FaultClass
+from bench_verdict_matrix import CPUS, FAULTS, RANKS, FaultClass, background_load
 from straggler_job import StragglerJob, short_base, wait_for
 from test_detection_e2e import ForeignLoad, Watcher, all_clear
 
@@ -344,6 +346,12 @@ def main() -> int:
     ap.add_argument("--within", type=float, default=45.0, help="seconds to wait for confirmed")
     ap.add_argument("--clear-within", type=float, default=90.0)
     ap.add_argument(
+        "--background-load",
+        action="store_true",
+        help="the whole run beside the verdict matrix's background work (busy loops and a "
+        "disk reader at the lowest CPU weight): healthy gaps with background load",
+    )
+    ap.add_argument(
         "--report", default="", metavar="JSONL[,JSONL]", help="only print the files' table"
     )
     args = ap.parse_args()
@@ -376,6 +384,7 @@ def main() -> int:
     job.agent.config.write_text(text)
     rows: list[dict[str, Any]] = []
     out = open(args.out, "a")  # noqa: SIM115 (open for the whole run)
+    stack = contextlib.ExitStack()  # the background work, when asked for
 
     def record(row: dict[str, Any]) -> None:
         rows.append(row)
@@ -385,6 +394,8 @@ def main() -> int:
 
     try:
         job.start()
+        if args.background_load:
+            stack.enter_context(background_load(job))
         watcher = Watcher(str(job.agent.sock))
         foreign = ForeignLoad(job)
         intervals = IntervalLog(job)
@@ -441,6 +452,7 @@ def main() -> int:
         watcher.close()
         foreign.close()
     finally:
+        stack.close()
         job.close()
         shutil.rmtree(base, ignore_errors=True)
         out.close()

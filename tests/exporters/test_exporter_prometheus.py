@@ -206,13 +206,15 @@ def test_values_are_the_agents_own_exactly(setup: Setup) -> None:
         for t, v in samples:
             # The value scraped at t is that of one of the agent's latest rounds by the time
             # the scrape was rendered: the latest point of the series by then, or one up to a
-            # slow round (5 s) before it (a scrape may race a round). A series' rounds are its
-            # part's own: the budget's come with its run-statistics windows, 10 s apart while
-            # nothing happens.
+            # slow round (5 s) before it, and always the series' previous point: a round is
+            # stamped when it starts and reaches the exporter when it ends, so a scrape in
+            # between serves the round before. A series' rounds are its part's own: the
+            # budget's come with its run-statistics windows, 10 s apart while nothing happens.
             rendered_by = t + durations.get(t, 1.0) + 0.05
             before = sorted((ts, val) for ts, val in points if ts <= rendered_by)
             latest = before[-1][0] if before else t
-            candidates = [val for ts, val in before if latest - 5.0 <= ts]
+            previous = before[-2][0] if len(before) > 1 else latest
+            candidates = [val for ts, val in before if min(latest - 5.0, previous) <= ts]
             assert any(v == c or (math.isnan(v) and math.isnan(c)) for c in candidates), (
                 key,
                 t,
