@@ -73,6 +73,34 @@ def test_metrics_window_then_stream_keeps_each_timestamp_once() -> None:
     assert m.now == 12.0
 
 
+def test_an_estimated_stretch_stays_in_its_series_and_shows_marked() -> None:
+    # The budget samples the byte programs: the agent's host-wide rate becomes a series of its
+    # own, labelled estimate="sampled", for as long as the step holds; the view keeps one
+    # series and marks the values that are estimates.
+    m = MetricsModel(stale_after_s=10.0)
+    m.set_specs([MetricSpec("net_udp_sent_bytes_per_second", MetricKind.RATE, "bytes/s", "")])
+    udp = "net_udp_sent_bytes_per_second"
+    m.apply_round(_round(100.0, (udp, (), 1000.0)))
+    m.apply_round(_round(101.0, (udp, (("estimate", "sampled"),), 8000.0)))
+    assert m.history(udp) == [1000.0, 8000.0]
+    assert m.estimated(udp) and m.show(udp) == "~7.8K/s"
+    for ts in range(102, 115):  # still fresh after the exact series' own last point aged out
+        m.apply_round(_round(float(ts), (udp, (("estimate", "sampled"),), 8000.0)))
+    assert m.latest(udp) == 8000.0
+    m.apply_round(_round(115.0, (udp, (), 2048.0)))
+    assert not m.estimated(udp) and m.show(udp) == "2.0K/s"
+    # A window brings the exact series first, then the estimated one: one ordered history.
+    w = MetricsModel()
+    w.apply_window(
+        [
+            Series(udp, (), (Point(10.0, 1.0), Point(13.0, 4.0))),
+            Series(udp, (Label("estimate", "sampled"),), (Point(11.0, 2.0), Point(12.0, 3.0))),
+        ]
+    )
+    assert w.history(udp) == [1.0, 2.0, 3.0, 4.0]
+    assert not w.estimated(udp)
+
+
 def test_label_values_natural_order_and_units() -> None:
     m = MetricsModel()
     m.set_specs([MetricSpec("cpu_utilization_ratio", MetricKind.RATIO, "ratio", labels=("cpu",))])

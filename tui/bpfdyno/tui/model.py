@@ -25,6 +25,13 @@ NAN = float("nan")
 Labels = tuple[tuple[str, str], ...]
 
 
+#: The label the agent adds to a series while its value is an estimate (the overhead budget
+#: sampled its source); the view keeps such points in the series itself, marked.
+ESTIMATE_LABEL = "estimate"
+#: What precedes a value shown from an estimate.
+ESTIMATE_MARK = "~"
+
+
 def _norm(labels: Iterable[tuple[str, str]]) -> Labels:
     # Label order differs between producers; lookups should not care.
     return tuple(sorted(labels))
@@ -50,6 +57,8 @@ class MetricsModel:
         self.specs: dict[str, MetricSpec] = {}
         self.now = 0.0
         self._series: dict[str, dict[Labels, deque[tuple[float, float]]]] = {}
+        #: (name, labels) of the series whose newest point is an estimate.
+        self._estimated: set[tuple[str, Labels]] = set()
         self._count = 0
 
     def set_specs(self, specs: Iterable[MetricSpec]) -> None:
@@ -62,16 +71,25 @@ class MetricsModel:
         return spec.unit if spec is not None and spec.unit else unit_from_name(name)
 
     def show(self, name: str, labels: Iterable[tuple[str, str]] = ()) -> str:
-        """The newest value of a series as text, in the unit its spec declares."""
-        return fmt_value(self.latest(name, labels), self.unit(name))
+        """The newest value of a series as text, in the unit its spec declares; marked
+        `ESTIMATE_MARK` while it is an estimate."""
+        text = fmt_value(self.latest(name, labels), self.unit(name))
+        if self.estimated(name, labels) and not math.isnan(self.latest(name, labels)):
+            return ESTIMATE_MARK + text
+        return text
+
+    def estimated(self, name: str, labels: Iterable[tuple[str, str]] = ()) -> bool:
+        """Whether the newest value of the series is an estimate."""
+        return (name, _norm(labels)) in self._estimated
 
     def clear(self) -> None:
         """Forget every series (after reconnecting to a restarted agent)."""
         self._series.clear()
+        self._estimated.clear()
         self._count = 0
         self.now = 0.0
 
-    def _append(self, name: str, labels: Labels, ts: float, value: float) -> None:
+    def _append(self, name: str, labels: Labels, ts: float, value: float, estimate: bool) -> None:
         by_labels = self._series.get(name)
         if by_labels is None:
             by_labels = self._series[name] = {}
@@ -82,17 +100,31 @@ class MetricsModel:
             points = by_labels[labels] = deque(maxlen=self.history_points)
             self._count += 1
         if points and ts <= points[-1][0]:
-            return  # a window overlapping the stream: keep each timestamp once
+            if ts < points[0][0] or any(t == ts for t, _ in points):
+                return  # a window overlapping the stream: keep each timestamp once
+            # A window's estimated stretch comes as a series of its own, after the exact
+            # one: its points go between the exact ones.
+            ordered = sorted([*points, (ts, value)])
+            points.clear()
+            points.extend(ordered)
+            return
         points.append((ts, value))
+        if estimate:
+            self._estimated.add((name, labels))
+        else:
+            self._estimated.discard((name, labels))
 
     def apply_window(self, series: Iterable[Series]) -> None:
         """Add the points of each series (a window query's, or a streamed round's), older
-        points first."""
+        points first. A series the agent labels as an estimate is kept as the same series
+        without that label (its newest value then shows as one)."""
         for s in series:
-            labels = _norm(s.labels)
+            pairs = [(k, v) for k, v in s.labels if k != ESTIMATE_LABEL]
+            estimate = len(pairs) < len(s.labels)
+            labels = _norm(pairs)
             for ts, value in s.points:
                 if not math.isnan(value):
-                    self._append(s.name, labels, ts, value)
+                    self._append(s.name, labels, ts, value, estimate)
                     self.now = max(self.now, ts)
 
     def apply_round(self, rnd: MetricsSnapshot) -> None:
