@@ -115,12 +115,8 @@ QUANTILES = (0.5, 0.9, 0.99)
 #: The last log2 slot exported as its own histogram bucket: 2**36 ns, 68.7 s.
 EXPORT_LAST_SLOT = 35
 
-#: The share of the time the switch program stays attached while the budget samples it. A
-#: sixteenth: in a context-switch storm even the kernel's entry into it at every switch
-#: (~120 ns here) costs the storm's tasks ~3 % at full time, and at an eighth the pipe storm
-#: still lost ~2.5 % with the agent at a third of its budget; a sixteenth of each second
-#: still sees tens of thousands of switches in such a storm.
-SWITCH_SAMPLE_SHARE = 1 / 16
+#: The share of the time the switch program stays attached while the budget samples it.
+SWITCH_SAMPLE_SHARE = 1 / 8
 
 # The program's maps (bpf/sched.bpf.c).
 _CPU_STATS = "bpfdyno_scpu"
