@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from bpfdyno.ebpf import duty, runstats
 from bpfdyno.ebpf import program as bpfload
-from bpfdyno.ebpf import runstats
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.introspect import loaded_maps, loaded_programs, programs_still_loaded
 from bpfdyno.ebpf.maps import map_items, percpu_sums, percpu_values
@@ -56,6 +56,10 @@ int bpfdyno_t_labs(struct pt_regs *ctx)
 		e->setting = PROBE_SETTING;
 		bpfdyno_tevents.ringbuf_submit(e, 0);
 	}
+	return 0;
+}
+int bpfdyno_t_sysenter(void *ctx)
+{
 	return 0;
 }
 """
@@ -388,6 +392,78 @@ def test_the_process_meter_publishes_windows_of_every_function(probe: BpfProgram
     assert 0 < labs.runs_per_s < 1100
     assert set(runstats.METER.functions_of(probe)) == {"bpfdyno_t_labs"}
     assert runstats.METER.overhead_ns is not None and 0 < runstats.METER.overhead_ns < 5000
+
+
+def test_the_meters_windows_hold_the_on_phase_of_functions_sampled_in_time(
+    probe: BpfProgram,
+) -> None:
+    """A function sampled in time (on 1/8 of each 1 s period, detached the rest) is measured
+    attached in every window: each starts just before an on phase. Started just after one
+    ended, windows of 0.3 s every 2 s would otherwise never see it attached again."""
+    probe.attach_raw_tracepoint("sys_enter", "bpfdyno_t_sysenter")
+    cycler = duty.DutyCycler(period_s=1.0)
+    target = duty.AttachedFunctions(probe, ["bpfdyno_t_sysenter"])
+    meter = runstats.ProcessRunStats(cycler.next_period_at)  # its own, not the process's
+    meter.register(probe)
+    owner = object()
+    cycler.sample(target, 1 / 8)
+    try:
+        start = cycler.next_period_at()
+        assert start is not None
+        time.sleep(max(0.0, start + 0.2 - time.monotonic()))  # its next on phase is over
+        meter.request(owner, 0.3, 2.0)
+        windows: list[runstats.FunctionCost] = []
+        seq = 0
+        while len(windows) < 3:
+            window = meter.wait_window(seq, timeout=10)
+            assert window is not None
+            seq = window.seq
+            (f,) = [f for f in window.functions if f.name == "bpfdyno_t_sysenter"]
+            windows.append(f)
+    finally:
+        meter.release(owner)
+        cycler.sample(target, 1.0)
+    # Attached for its whole on phase (0.125 s, less the switching) in each window, and run
+    # then: this process alone makes system calls all the time.
+    assert [w.attached_s == pytest.approx(0.125, abs=0.06) for w in windows] == [True] * 3, windows
+    assert all(w.runs > 0 for w in windows), windows
+    # Its event rate is per second attached, not per second of the window.
+    rate = windows[-1].as_run_stats().runs_per_second
+    assert rate == pytest.approx(windows[-1].runs / windows[-1].attached_s)
+
+
+def test_the_duty_cycle_runs_on_a_fixed_grid_and_says_when_the_next_period_begins() -> None:
+    """Periods follow one another exactly `period_s` apart (switching does not push them
+    later), so a window placed before one is placed before every later one."""
+
+    class Target:
+        closed = False
+
+        def __init__(self) -> None:
+            self.on_at: list[float] = []
+
+        def set_off(self, off: bool) -> None:
+            if not off:
+                self.on_at.append(time.monotonic())
+            time.sleep(0.01)  # switching takes time (attaching: a system call or two)
+
+    cycler = duty.DutyCycler(period_s=0.2)
+    assert cycler.next_period_at() is None  # nothing sampled
+    target = Target()
+    cycler.sample(target, 0.25)
+    try:
+        time.sleep(0.05)
+        first = cycler.next_period_at()
+        assert first is not None
+        time.sleep(1.5)
+        later = cycler.next_period_at()
+    finally:
+        cycler.sample(target, 1.0)
+    assert later is not None
+    periods = (later - first) / 0.2
+    assert periods == pytest.approx(round(periods), abs=1e-6)  # the same grid, exactly
+    starts = target.on_at[1:]
+    assert all(t - (first + 0.2 * round((t - first) / 0.2)) < 0.05 for t in starts), starts
 
 
 def test_stats_overhead_calibration_is_an_empty_programs_run_time() -> None:

@@ -14,7 +14,9 @@ estimate it labels as one. Two ways of being off (`Toggled`):
   stays known. For classic tracepoints, whose detach waits for the kernel (~70 ms here).
 
 Every function sampled shares one thread and one phase: all go on at the start of each
-period and each goes off after its share.
+period and each goes off after its share. The periods follow one another on a fixed grid
+(`DutyCycler.next_period_at`), so the run-statistics meter can place its windows over an on
+phase: a window elsewhere would see the functions detached, again at every period.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ class DutyCycler:
         # Held while phases change, so an entry withdrawn meanwhile is never turned off again.
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._period_at: float | None = None  # when the current period began (monotonic)
 
     def sample(self, target: Toggled, share: float) -> None:
         """Turn ``target`` on for ``share`` of every period (1: on all the time, as before).
@@ -128,6 +131,7 @@ class DutyCycler:
                 self._entries[key] = entry
             entry.share = share
             if self._thread is None:
+                self._period_at = time.monotonic()  # the first period begins now
                 self._thread = threading.Thread(target=self._run, name="bpf-duty", daemon=True)
                 self._thread.start()
 
@@ -146,19 +150,36 @@ class DutyCycler:
             entry = self._entries.get(id(target))
             return entry.share if entry is not None else 1.0
 
+    def next_period_at(self) -> float | None:
+        """When (`time.monotonic`) the next period begins, every sampled function going on
+        then; None while nothing is sampled. In the past when the thread is late."""
+        with self._lock:
+            if self._thread is None or self._period_at is None:
+                return None
+            return self._period_at + self.period_s
+
     def _run(self) -> None:
+        with self._lock:
+            t0 = self._period_at or time.monotonic()
         while True:
             with self._lock:
                 entries = [e for e in self._entries.values() if not e.target.closed]
                 if not entries:
                     self._thread = None
+                    self._period_at = None
                     return
-            t0 = time.monotonic()
+                self._period_at = t0
             self._phase(entries, off=False)
             for e in sorted(entries, key=lambda e: e.share):
                 self._sleep_until(t0 + e.share * self.period_s)
                 self._phase([e], off=True)
-            self._sleep_until(t0 + self.period_s)
+            # On a fixed grid (a period's start does not wait for the last one's switching),
+            # unless a whole period was missed: then afresh from now.
+            t0 += self.period_s
+            now = time.monotonic()
+            if now > t0 + self.period_s:
+                t0 = now
+            self._sleep_until(t0)
 
     def _phase(self, entries: list[_Entry], off: bool) -> None:
         with self._lock:

@@ -35,11 +35,16 @@ from typing import Protocol
 
 from bpfdyno.core.metrics import Sample, sample
 from bpfdyno.ebpf.btfprog import bpf
+from bpfdyno.ebpf.duty import DUTY
 from bpfdyno.ebpf.fdops import load_program, open_raw_tracepoint
 from bpfdyno.ebpf.introspect import fdinfo
 from bpfdyno.ebpf.metrics import BPF_RUN_NS_PER_EVENT, BPF_RUNS_PER_SECOND
 
 log = logging.getLogger(__name__)
+
+#: A window starts this long before the next on phase of functions sampled in time, so that
+#: it holds all of it (`ProcessRunStats`; the meter's thread may wake a little late).
+ON_PHASE_LEAD_S = 0.05
 
 #: Default duty cycle: measure for this long...
 DEFAULT_ON_S = 1.0
@@ -390,8 +395,9 @@ class FunctionCost:
         return self.own_time_ns / self.attached_s
 
     def as_run_stats(self) -> ProgramRunStats:
-        """The same window as a `ProgramRunStats` (runs per second of the attached time)."""
-        return ProgramRunStats(self.name, self.runs, self.run_time_ns, self.window_s)
+        """The same window as a `ProgramRunStats` (runs per second of the attached time:
+        the event rate, also for a function sampled in time)."""
+        return ProgramRunStats(self.name, self.runs, self.run_time_ns, self.attached_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,10 +443,17 @@ class ProcessRunStats:
     that offers a `Rest` lets windows come at its rest period while it says all is calm
     (turning the statistics on and off and reading every function is most of the meter's
     cost at rest), its check being all that runs at the shorter period.
+
+    Args:
+        next_on_phase: when functions sampled in time next go on (`time.monotonic`; None
+            while none is): each window then starts just before that, so it measures them
+            attached (the process's meter follows `bpfdyno.ebpf.duty.DUTY`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, next_on_phase: Callable[[], float | None] | None = None) -> None:
         self._programs: weakref.WeakSet[MeasuredProgram] = weakref.WeakSet()
+        # When the functions sampled in time next go on (None: none is); see `_run`.
+        self._next_on_phase = next_on_phase
         self._requests: dict[int, _Request] = {}
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -617,6 +630,8 @@ class ProcessRunStats:
                     ticks = round(since / period_s) + 1
                     self._stop.wait(max(0.0, last + ticks * period_s - time.monotonic()))
                     continue
+            if self._wait_for_on_phase():
+                return
             t0 = last = time.monotonic()
             try:
                 fd = enable_bpf_stats()
@@ -661,6 +676,19 @@ class ProcessRunStats:
                     log.exception("BPF run statistics: a window listener failed")
             self._stop.wait(max(0.0, period_s - (time.monotonic() - t0)))
 
+    def _wait_for_on_phase(self) -> bool:
+        """Wait until just before the next on phase of the functions sampled in time (at
+        most one sampling period; no wait while none is sampled), so the window measures
+        them attached. A window elsewhere in the sampling period would see them detached,
+        and again at every period (this period is a whole number of those), so their cost
+        as attached would never be measured again. Returns whether the meter is stopping."""
+        if self._next_on_phase is None:
+            return False
+        at = self._next_on_phase()
+        if at is None:
+            return False
+        return self._stop.wait(max(0.0, at - ON_PHASE_LEAD_S - time.monotonic()))
+
     def _counters(self) -> dict[int, tuple[str, int, int, int | None]]:
         """prog id -> (name, run_cnt, run_time_ns, attached ns or None: attached whenever
         loaded) of every registered function."""
@@ -682,4 +710,4 @@ class ProcessRunStats:
 
 
 #: The meter of this process: every `BpfProgram` registers with it.
-METER = ProcessRunStats()
+METER = ProcessRunStats(DUTY.next_period_at)

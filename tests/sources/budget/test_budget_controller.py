@@ -28,8 +28,14 @@ from bpfdyno.core.config import BudgetSection
 from bpfdyno.core.errors import Unavailable
 from bpfdyno.core.metrics import Sample
 from bpfdyno.core.status import PartState
+from bpfdyno.ebpf.reductions import SampledFunctions
 from bpfdyno.ebpf.runstats import FunctionCost, MeterWindow
-from bpfdyno.sources.budget.controller import MAX_RESTORE_AFTER_S, WARMUP_S, BudgetCollector
+from bpfdyno.sources.budget.controller import (
+    FULL_COST_FRESH_S,
+    MAX_RESTORE_AFTER_S,
+    WARMUP_S,
+    BudgetCollector,
+)
 
 MS = 1_000_000  # ns in a millisecond: 1 ms of CPU per second is 0.1 % of a core
 
@@ -62,20 +68,39 @@ class Meter:
         ns_per_s: dict[str, float],
         runs_per_s: float | dict[str, float] = 1000.0,
         entry_ns: float = 0.0,
+        attached_s: dict[str, float] | None = None,
     ) -> None:
-        """A 0.5 s window in which each function cost ``ns_per_s`` (attached throughout),
-        run ``runs_per_s`` times a second (one rate for all, or per function), each run
-        entered at ``entry_ns``."""
+        """A 0.5 s window in which each function cost ``ns_per_s`` (attached throughout, or
+        for its ``attached_s``), run ``runs_per_s`` times a second (one rate for all, or per
+        function), each run entered at ``entry_ns``."""
         self._seq += 1
         rate = runs_per_s if isinstance(runs_per_s, dict) else dict.fromkeys(ns_per_s, runs_per_s)
+        attached = attached_s or {}
         functions = tuple(
-            FunctionCost(name, i, int(rate[name] * 0.5), int(ns * 0.5), 0.5, 0.5)
+            FunctionCost(
+                name, i, int(rate[name] * 0.5), int(ns * 0.5), 0.5, attached.get(name, 0.5)
+            )
             for i, (name, ns) in enumerate(ns_per_s.items())
         )
         self._last = MeterWindow(self._seq, 0.0, 0.5, functions, entry_ns)
 
 
-class Step(Reduction):
+class Recorded:
+    """A step whose taking and undoing only record themselves in ``log``."""
+
+    active: bool
+    log: list[str]
+
+    def apply(self) -> None:
+        self.active = True
+        self.log.append("apply")
+
+    def undo(self) -> None:
+        self.active = False
+        self.log.append("undo")
+
+
+class Step(Recorded, Reduction):
     """A step that saves a fixed share of what some functions cost."""
 
     def __init__(
@@ -92,14 +117,6 @@ class Step(Reduction):
         self.restore = restore
         self.active = False
         self.log: list[str] = []
-
-    def apply(self) -> None:
-        self.active = True
-        self.log.append("apply")
-
-    def undo(self) -> None:
-        self.active = False
-        self.log.append("undo")
 
     def cost_ns_s(self, costs: Costs) -> float:
         return sum(costs.bpf_ns_s.get(f, 0.0) for f in self.fns)
@@ -154,12 +171,17 @@ class Agent:
         self.samples: Sequence[Sample] = self.budget.collect()
 
     def period(
-        self, bpf: dict[str, float], agent_ns_s: float = 2 * MS, seconds: float = 2.0
+        self,
+        bpf: dict[str, float],
+        agent_ns_s: float = 2 * MS,
+        seconds: float = 2.0,
+        attached_s: dict[str, float] | None = None,
     ) -> None:
-        """``seconds`` pass with the agent's threads at ``agent_ns_s``, then one window."""
+        """``seconds`` pass with the agent's threads at ``agent_ns_s``, then one window (in
+        which functions were attached throughout, or for their ``attached_s``)."""
         self.now += seconds
         self.cpu += int(agent_ns_s * seconds)
-        self.meter.window(bpf)
+        self.meter.window(bpf, attached_s=attached_s)
         self.samples = self.budget.collect()
 
     def warm(self) -> None:
@@ -391,6 +413,55 @@ def test_a_step_needed_again_right_after_its_undo_waits_twice_as_long() -> None:
                 break
             agent.period({}, agent_ns_s=2 * MS)
     assert agent.budget._history["sched.exits_detached"].restore_after_s == MAX_RESTORE_AFTER_S
+
+
+class Sampled(Recorded, SampledFunctions):
+    """The context-switch program's sampling in time, its duty cycle left out: the test says
+    in each window how long the function was attached."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            object(),
+            ["bpfdyno_switch"],
+            1 / 8,
+            name="sched.sampled",
+            part="sched",
+            what="w",
+            lost="l",
+        )
+        self.log: list[str] = []
+
+
+def test_a_sampled_function_costs_its_full_cost_times_its_share_while_that_is_fresh() -> None:
+    """While sampled, a window measures the function attached for part of it only: the budget
+    counts its full cost (measured attached) times its share. The meter places its windows
+    over the on phase; should they miss it again and again, the full cost measured in the
+    storm would keep the step forever: after `FULL_COST_FRESH_S` what the windows measured
+    counts instead, and the step is undone once that is calm."""
+    step = Sampled()
+    agent = Agent([step], restore_after_s=10.0)
+    agent.warm()
+    agent.period({"bpfdyno_switch": 100 * MS}, agent_ns_s=0)  # attached all the window
+    assert step.log == ["apply"]
+    # On for 1/8: the window holds its on phase (0.0625 s of 0.5) at the storm's rate.
+    on = {"bpfdyno_switch": 100 * MS * 0.125}
+    agent.period(on, agent_ns_s=0, attached_s={"bpfdyno_switch": 0.0625})
+    assert agent.value("agent_cost_ratio", part="bpf") == pytest.approx(0.0125)
+    assert step.log == ["apply"]  # over, with nothing more to take
+    # The windows miss the on phase: nothing measured, the storm's full cost still counts.
+    missed = {"bpfdyno_switch": 0.0}
+    periods = 1
+    while periods * 2.0 <= FULL_COST_FRESH_S:
+        agent.period(missed, agent_ns_s=0, attached_s={"bpfdyno_switch": 0.0})
+        assert agent.value("agent_cost_ratio", part="bpf") == pytest.approx(0.0125), periods
+        periods += 1
+    # Older than that: the windows' own figure (nothing); calm, the step is undone after
+    # its wait (not known what undoing adds: tried).
+    agent.period(missed, agent_ns_s=0, attached_s={"bpfdyno_switch": 0.0})
+    assert agent.value("agent_cost_ratio", part="bpf") == 0.0
+    for _ in range(5):
+        agent.period(missed, agent_ns_s=0, attached_s={"bpfdyno_switch": 0.0})
+    assert step.log == ["apply", "undo"]
 
 
 def test_excluded_work_is_not_the_agents_cost() -> None:

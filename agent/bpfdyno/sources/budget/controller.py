@@ -86,6 +86,10 @@ TARGET = 0.8
 MIN_SAVING = 0.05
 #: The longest wait before undoing a step that had to be taken again and again.
 MAX_RESTORE_AFTER_S = 600.0
+#: A function's full cost measured attached longer ago than this is not used for it while it
+#: is sampled in time: its windows missed its on phase (they should not), and an old figure
+#: (a storm's) would hold the step forever; what the windows measured is used instead.
+FULL_COST_FRESH_S = 30.0
 #: Memory steps are undone once RSS stayed under this share of the limit.
 RSS_RESTORE_BELOW = 0.7
 
@@ -181,7 +185,8 @@ class BudgetCollector(Collector):
         self._history: dict[str, _History] = {}
         self._state = BudgetState()
         self._errors: list[str] = []
-        self._last_full: dict[str, float] = {}  # each function's latest known full cost
+        # Each function's latest full cost (as if attached all the time), and when measured.
+        self._last_full: dict[str, tuple[float, float]] = {}
         #: (seconds, the agent's CPU ns, each collector's CPU ns) of each recent period.
         self._agent_periods: deque[tuple[float, int, dict[str, int]]] = deque()
         self._requested = requested
@@ -358,12 +363,17 @@ class BudgetCollector(Collector):
             whole = f.full_ns_per_s
             if whole is not None:
                 full[f.name] = full.get(f.name, 0.0) + whole + f.runs / f.attached_s * entry_ns
-        self._last_full.update(full)
+        self._last_full.update((fn, (ns, reading.monotonic)) for fn, ns in full.items())
+        fresh = {
+            fn: ns
+            for fn, (ns, at) in self._last_full.items()
+            if reading.monotonic - at <= FULL_COST_FRESH_S
+        }
         # A function detached part of each period costs its full cost times its share on
         # average; one window holds only part of a period, so it measured more or less.
         for step in self._steps():
             if isinstance(step, SampledFunctions):
-                bpf.update(step.smoothed(bpf, self._last_full))
+                bpf.update(step.smoothed(bpf, fresh))
         grown = {
             name: max(ns - prev_collectors.get(name, ns), 0) for name, ns in collectors.items()
         }
