@@ -29,6 +29,7 @@ import statistics
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -45,6 +46,14 @@ log = logging.getLogger(__name__)
 #: A window starts this long before the next on phase of functions sampled in time, so that
 #: it holds all of it (`ProcessRunStats`; the meter's thread may wake a little late).
 ON_PHASE_LEAD_S = 0.05
+
+#: While something happens (a requester's calm check says not calm), the kernel's entry into a
+#: program is measured again at most this often; the entry used is the median of the last
+#: `ENTRY_KEPT` measurements. One measurement swings 2x with what else runs on the CPU (94-251
+#: ns here under background work): taken once at start it could stay low, and a storm of
+#: cheap runs be undercounted for good.
+ENTRY_REMEASURE_S = 60.0
+ENTRY_KEPT = 5
 
 #: Default duty cycle: measure for this long...
 DEFAULT_ON_S = 1.0
@@ -161,7 +170,8 @@ def calibrate_entry_cost(pairs: int = 7, calls: int = 3000) -> float:
     ``prctl(PR_SET_NAME)`` (which fires ``task_rename``, a tracepoint hardly anything else
     hits) on this thread's CPU clock, in ``pairs`` rounds of ``calls`` calls without and
     with an empty program attached there; the median of the rounds' differences. The body
-    of the empty program is included (a few ns). About 0.1 s of CPU, once.
+    of the empty program is included (a few ns). About 0.05-0.1 s of CPU, at start and at most
+    once a minute while something happens (`ProcessRunStats`).
 
     Raises:
         OSError: the kernel refused the program or the attach.
@@ -469,8 +479,12 @@ class ProcessRunStats:
         #: None until then, 0 when it could not be measured).
         self.overhead_ns: float | None = None
         #: What the kernel spends entering a program per run, in ns (measured when the
-        #: thread starts; None until then, 0 when it could not be measured).
+        #: thread starts and again while something happens, `ENTRY_REMEASURE_S`: the median
+        #: of the latest; None until the first, 0 when it could not be measured).
         self.entry_ns: float | None = None
+        self._entry_measured: deque[float] = deque(maxlen=ENTRY_KEPT)
+        self._entry_at = 0.0  # when it was last measured (monotonic)
+        self._busy = False  # the last window came because a requester was not calm
 
     # -- who is measured, and who asks ----------------------------------------------------
 
@@ -583,6 +597,7 @@ class ProcessRunStats:
                 self._check_failed = True
                 calm = False
             if not calm:
+                self._busy = True
                 return True
         return False
 
@@ -597,22 +612,36 @@ class ProcessRunStats:
                 "BPF run statistics: their own cost could not be measured (%s); costs include it",
                 e.strerror,
             )
-        try:
-            self.entry_ns = calibrate_entry_cost()
-        except OSError as e:
-            self.entry_ns = 0.0
-            log.warning(
-                "BPF run statistics: the kernel's entry into a program could not be measured "
-                "(%s); costs leave it out",
-                e.strerror,
-            )
-        else:
+        if self._measure_entry():
             log.info(
                 "BPF run statistics: %.0f ns a run of their own; the kernel's entry into a "
                 "program %.0f ns a run",
                 self.overhead_ns,
                 self.entry_ns,
             )
+
+    def _measure_entry(self) -> bool:
+        """Measure the kernel's entry into a program (again); False: it cannot be."""
+        self._entry_at = time.monotonic()
+        try:
+            measured = calibrate_entry_cost()
+        except OSError as e:
+            if self.entry_ns is None:  # the first time only: the kernel will not change
+                self.entry_ns = 0.0
+                log.warning(
+                    "BPF run statistics: the kernel's entry into a program could not be "
+                    "measured (%s); costs leave it out",
+                    e.strerror,
+                )
+            return False
+        self._entry_measured.append(measured)
+        self.entry_ns = statistics.median(self._entry_measured)
+        return True
+
+    @property
+    def entry_measured(self) -> tuple[float, ...]:
+        """The latest measurements of the kernel's entry (ns a run), oldest first."""
+        return tuple(self._entry_measured)
 
     def _run(self) -> None:
         self._calibrate()
@@ -630,6 +659,9 @@ class ProcessRunStats:
                     ticks = round(since / period_s) + 1
                     self._stop.wait(max(0.0, last + ticks * period_s - time.monotonic()))
                     continue
+            if self._busy and time.monotonic() - self._entry_at >= ENTRY_REMEASURE_S:
+                self._measure_entry()  # something happens: the entry as it is now
+            self._busy = False
             if self._wait_for_on_phase():
                 return
             t0 = last = time.monotonic()

@@ -12,6 +12,10 @@ while one that detaches the function is.
 
 from __future__ import annotations
 
+import statistics
+import threading
+import time
+
 import pytest
 
 from bpfdyno.core.budget import Costs
@@ -68,6 +72,40 @@ def test_the_entry_cost_is_measured_at_start_and_carried_by_every_window() -> No
     assert window is not None
     assert runstats.METER.entry_ns is not None and 0 <= runstats.METER.entry_ns < 2000
     assert window.entry_ns == runstats.METER.entry_ns
+
+
+def test_the_entry_is_measured_again_while_something_happens_and_their_median_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One measurement swings with what else runs on the CPU: while a requester's calm check
+    says something happens, the meter measures it again (at most every `ENTRY_REMEASURE_S`,
+    0.3 s here) and uses the median of the last `ENTRY_KEPT`; at rest, never again."""
+    monkeypatch.setattr(runstats, "ENTRY_REMEASURE_S", 0.3)
+    meter = runstats.ProcessRunStats()  # its own, not the process's
+    happening = threading.Event()
+    owner = object()
+    meter.request(owner, 0.05, 0.2, runstats.Rest(2.0, lambda: not happening.is_set()))
+    try:
+        assert meter.wait_window(0, timeout=10) is not None
+        time.sleep(2.5)  # calm: one window at the rest period, no new measurement
+        assert len(meter.entry_measured) == 1
+        happening.set()
+        deadline = time.monotonic() + 15
+        while len(meter.entry_measured) < runstats.ENTRY_KEPT:
+            assert time.monotonic() < deadline, meter.entry_measured
+            time.sleep(0.1)
+        monkeypatch.setattr(runstats, "ENTRY_REMEASURE_S", 1e9)  # no more from here
+        window = None
+        for _ in range(2):  # the second begun after any measurement under way
+            seq = meter.last_window().seq  # type: ignore[union-attr]
+            window = meter.wait_window(seq, timeout=5)
+    finally:
+        meter.release(owner)
+    measured = meter.entry_measured
+    assert len(measured) == runstats.ENTRY_KEPT  # the oldest dropped
+    assert all(0 <= m < 2000 for m in measured), measured
+    assert meter.entry_ns == statistics.median(measured)
+    assert window is not None and window.entry_ns == meter.entry_ns
 
 
 def _byte_steps() -> tuple[SampledFunctions, SampledFunctions]:
