@@ -17,6 +17,7 @@ import pytest
 from cluster_harness import Pki, free_port, make_pki
 
 from bpfdyno.app.detection_peers import Peer, PeerSignals, _Lookup
+from bpfdyno.app.node_routes import IPAddress, NodeRoute, RouteError
 from bpfdyno.app.rank_peers import (
     MAX_FDS,
     Candidate,
@@ -27,6 +28,7 @@ from bpfdyno.app.rank_peers import (
     parse_tcp_table,
     rank_remotes,
 )
+from bpfdyno.client.errors import AgentError, ErrorKind
 from bpfdyno.core.config import ConfigError, load
 from bpfdyno.core.pidfs import socket_inodes_upto
 from bpfdyno.core.status import PartState
@@ -277,6 +279,110 @@ def test_a_bad_peer_network_in_the_configuration_is_refused_with_what_to_write()
         load(None, [("detection.peer_networks", '["10.77.0.0/33"]')])
 
 
+# -- pods behind their nodes ------------------------------------------------------------------
+
+
+class Agents:
+    """The agents the test says are there (target -> ranks of the job); anywhere else the
+    connection is refused. Records every question."""
+
+    def __init__(self, ranks: dict[str, int]) -> None:
+        self.ranks = ranks
+        self.asked: list[str] = []
+
+    async def __call__(self, target: str, job_id: str) -> int:
+        self.asked.append(target)
+        if target not in self.ranks:
+            raise AgentError(ErrorKind.UNREACHABLE, f"cannot reach {target}: Connection refused")
+        return self.ranks[target]
+
+
+class Routes:
+    """This node's routes as the test gives them: address -> node, how; or why unreadable."""
+
+    def __init__(self, routes: dict[str, tuple[str, str] | str]) -> None:
+        self.routes = routes
+
+    async def __call__(self, addr: IPAddress) -> NodeRoute | None:
+        r = self.routes.get(str(addr))
+        if r is None:
+            return None
+        if isinstance(r, str):
+            raise RouteError(r)
+        return NodeRoute(ip(r[0]), r[1])
+
+
+TRUSTED = PeerTrust(parse_networks(["10.0.0.0/8", "fd00::/8"]))
+
+
+def _candidates(
+    tmp_path: Path, agents: Agents, routes: Routes, own: tuple[str, ...] = ()
+) -> list[Candidate]:
+    connections = ConnectionPeers(
+        50051, TRUSTED, agents, own_targets=own, proc_root=_fake_proc(tmp_path, RANK_FDS),
+        route=routes,
+    )  # fmt: skip
+    found, note = asyncio.run(connections.candidates("run-7", [PID]))
+    assert note == ""
+    return found
+
+
+def test_pod_addresses_are_asked_again_at_their_node_once_and_named_with_it(
+    tmp_path: Path,
+) -> None:
+    """The ranks talk to two pods of one node and to an address whose route cannot be read:
+    the node is asked once and becomes the peer, for both pods; the other says why."""
+    agents = Agents({"10.88.0.2:50051": 1})
+    routes = Routes({
+        "10.77.0.2": ("10.88.0.2", "VXLAN flannel.1"),
+        "10.77.0.3": ("10.88.0.2", "VXLAN flannel.1"),
+        "fd00:77::5": "cannot run ip (No such file or directory): install iproute2",
+    })  # fmt: skip
+    found = _candidates(tmp_path, agents, routes)
+    refused = "no agent answers: cannot reach [fd00:77::5]:50051: Connection refused"
+    assert sorted(found, key=lambda c: c.target) == [
+        Candidate("10.88.0.2:50051", ranks=1, via=("10.77.0.2", "10.77.0.3")),
+        Candidate(
+            "[fd00:77::5]:50051",
+            reason=f"{refused}; its route not read: cannot run ip (No such file or directory): "
+            "install iproute2",
+        ),
+    ]
+    assert sorted(agents.asked) == [
+        "10.77.0.2:50051", "10.77.0.3:50051", "10.88.0.2:50051", "[fd00:77::5]:50051"
+    ]  # fmt: skip
+
+
+def test_a_node_with_no_agent_of_the_job_or_this_node_itself_leaves_the_address_as_it_was(
+    tmp_path: Path,
+) -> None:
+    agents = Agents({"10.88.0.3:50051": 0})  # an agent with no rank of the job
+    routes = Routes({
+        "10.77.0.2": ("10.88.0.9", "gateway on eth0"),  # nothing listens there
+        "10.77.0.3": ("10.88.0.1", "VXLAN flannel.1"),  # this node
+        "fd00:77::5": ("10.88.0.3", "gateway on eth0"),
+    })  # fmt: skip
+    found = _candidates(tmp_path, agents, routes, own=("10.88.0.1:50051",))
+
+    def refused(target: str) -> str:
+        return f"no agent answers: cannot reach {target}: Connection refused"
+
+    assert sorted(found, key=lambda c: c.target) == [
+        Candidate(
+            "10.77.0.2:50051",
+            reason=f"{refused('10.77.0.2:50051')}; nor at its node by this node's routes "
+            f"(gateway on eth0), 10.88.0.9:50051: {refused('10.88.0.9:50051')}",
+        ),
+        Candidate("10.77.0.3:50051", reason=refused("10.77.0.3:50051")),
+        Candidate(
+            "[fd00:77::5]:50051",
+            reason=f"{refused('[fd00:77::5]:50051')}; nor at its node by this node's routes "
+            "(gateway on eth0), 10.88.0.3:50051: an agent with no rank of job run-7",
+        ),
+    ]
+    assert "10.88.0.1:50051" not in agents.asked  # never its own peer
+
+
 def test_status_names_every_found_address_not_asked_without_trust_and_what_was_left_out(
     tmp_path: Path,
 ) -> None:
@@ -286,7 +392,9 @@ def test_status_names_every_found_address_not_asked_without_trust_and_what_was_l
         [],
         1.0,
         rank_pids=lambda: {"run-7": [PID], "": [PID + 1]},
-        connections=ConnectionPeers(50051, PeerTrust(), asked, proc_root=proc, cap=2),
+        connections=ConnectionPeers(
+            50051, PeerTrust(), asked, proc_root=proc, cap=2, route=Routes({})
+        ),
     )
     assert asyncio.run(peers._find_peers()) == []
     assert asked.targets == []

@@ -117,8 +117,10 @@ def start_rank(
     log: Path,
     *args: str,
     world: int = 2,
+    master: str = A,
 ) -> None:
-    """One rank as torchrun starts it: the env:// rendezvous variables and its run id."""
+    """One rank as torchrun starts it: the env:// rendezvous variables (rank 0 at
+    ``master``) and its run id."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BPFDYNO_", "KINETO_"))}
     env.update(trainer_env())
     env.update(
@@ -127,7 +129,7 @@ def start_rank(
         LOCAL_RANK="0",
         WORLD_SIZE=str(world),
         LOCAL_WORLD_SIZE="1",
-        MASTER_ADDR=A,
+        MASTER_ADDR=master,
         MASTER_PORT="29500",
         TORCHELASTIC_RUN_ID=RUN_ID,
         GLOO_SOCKET_IFNAME=dev,

@@ -57,6 +57,9 @@ class Peer:
     target: str
     name: str  # the node's name, or the target as configured
     job_id: str = ""  # the job it was found from ("" when configured)
+    #: The addresses the job's ranks talk to that lead to this node (its pods'; () when
+    #: they talk to the node itself or it was not found from connections).
+    via: tuple[str, ...] = ()
 
 
 def own_port(tcp: str) -> int:
@@ -121,6 +124,12 @@ class _Lookup:
     note: str = ""  # what a bounded lookup left out
     #: Lookups in a row that found no peer (connections only: they back off).
     misses: int = 0
+
+
+def _listed(items: Sequence[str], most: int = 3) -> str:
+    """``items`` joined, the first ``most`` named and the rest counted."""
+    more = f" and {len(items) - most} more" if len(items) > most else ""
+    return ", ".join(items[:most]) + more
 
 
 async def ask_ranks(target: str, job_id: str, timeout_s: float) -> int:
@@ -277,7 +286,11 @@ class PeerSignals:
                 "ranks of their jobs" + tail
             )
         got = dict(self._got)
-        each = ", ".join(f"{p.name}: {len(got.get(p.target, (0.0, []))[1])} ranks" for p in peers)
+        each = ", ".join(
+            f"{p.name}{f', the node of {_listed(p.via)}' if p.via else ''}: "
+            f"{len(got.get(p.target, (0.0, []))[1])} ranks"
+            for p in peers
+        )
         jobs = sorted({p.job_id for p in peers})
         slurm = [j for j in jobs if SlurmPeers.is_slurm_job(j)]
         other = [j for j in jobs if not SlurmPeers.is_slurm_job(j)]
@@ -411,7 +424,7 @@ class PeerSignals:
     ) -> _Lookup:
         candidates, note = await connections.candidates(job, pids)
         found = tuple(
-            Peer(c.target, c.target.rpartition(":")[0].strip("[]"), job)
+            Peer(c.target, c.target.rpartition(":")[0].strip("[]"), job, c.via)
             for c in candidates
             if not c.reason
         )
@@ -420,7 +433,10 @@ class PeerSignals:
             log.info(
                 "detection: job %s's other agents, from its ranks' connections: %s%s",
                 job,
-                ", ".join(p.target for p in found) or "none",
+                ", ".join(
+                    p.target + (f" (the node of {_listed(p.via)})" if p.via else "") for p in found
+                )
+                or "none",
                 "".join(f"; {c.target} {c.reason}" for c in ignored),
             )
         for c in ignored:

@@ -16,6 +16,10 @@ and a TLS handshake (no token sent) proves its certificate is signed by that CA 
 address. It is kept as a peer only when it answers `Detection.GetRankSignals` for the job
 with at least one rank: an agent that holds ranks of the same job.
 
+An address where no agent of the job answers may be a pod's on a pod network, its agent
+listening on the pod's node: it is asked again at the node this node's routes lead it to
+(`bpfdyno.app.node_routes`), under the same trust rule, once per node.
+
 Bounded: at most `MAX_FDS` descriptors read per rank and `MAX_CANDIDATES` addresses per job
 (the rest named in status), each probe and question within a time-out, `PROBE_CONCURRENCY`
 at a time.
@@ -30,15 +34,15 @@ import os
 import ssl
 import struct
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from bpfdyno.app.node_routes import IPAddress, NodeRoute, RouteError, node_behind
 from bpfdyno.client.cluster.nodes import format_target
 from bpfdyno.client.connection import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV
 from bpfdyno.client.errors import AgentError
 from bpfdyno.core.pidfs import socket_inodes_upto
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 #: Descriptors read per rank at most (a rank with more sockets is named in status).
@@ -287,10 +291,15 @@ class Candidate:
     reason: str = ""
     #: True when the address failed the trust rule's check (not merely absent or busy).
     refused: bool = False
+    #: The addresses the ranks talk to that this node's routes lead to this target (pod
+    #: addresses behind their node; () when the ranks talk to the target itself).
+    via: tuple[str, ...] = ()
 
 
 #: Asks the agent at a target for a job's ranks: how many it holds (raises on no answer).
 AskRanks = Callable[[str, str], Awaitable[int]]
+#: The node this node's routes lead an address to (None: none other; raises `RouteError`).
+Route = Callable[[IPAddress], Awaitable[NodeRoute | None]]
 
 
 class ConnectionPeers:
@@ -304,6 +313,8 @@ class ConnectionPeers:
         own_targets: this agent's ``host:port`` addresses (never its own peer).
         proc_root: where /proc is.
         cap: addresses asked per job at most.
+        probe_timeout_s: how long a TLS probe may take.
+        route: where this node's routes lead an address (`node_behind`).
     """
 
     def __init__(
@@ -315,6 +326,7 @@ class ConnectionPeers:
         proc_root: Path = Path("/proc"),
         cap: int = MAX_CANDIDATES,
         probe_timeout_s: float = PROBE_TIMEOUT_S,
+        route: Route = node_behind,
     ) -> None:
         self.port = port
         self.trust = trust
@@ -323,6 +335,7 @@ class ConnectionPeers:
         self._proc = proc_root
         self._cap = cap
         self._probe_timeout_s = probe_timeout_s
+        self._route = route
 
     async def candidates(self, job_id: str, pids: Collection[int]) -> tuple[list[Candidate], str]:
         """Every candidate address of the job and what became of it, and a note on what was
@@ -347,7 +360,64 @@ class ConnectionPeers:
                 return await self.ask_candidate(job_id, addr, target)
 
         found = await asyncio.gather(*(one(a, t) for a, t in todo))
-        return list(found), "; ".join(notes)
+        return await self._behind(job_id, [a for a, _ in todo], list(found)), "; ".join(notes)
+
+    async def _behind(
+        self, job_id: str, addrs: Sequence[IPAddress], found: list[Candidate]
+    ) -> list[Candidate]:
+        """Addresses where no agent of the job answered, asked again at the node this node's
+        routes lead them to (`bpfdyno.app.node_routes`: pods behind their node); a node is
+        asked once, however many of its addresses the ranks talk to."""
+        peers = {c.target for c in found if not c.reason}
+        asked: dict[str, asyncio.Task[Candidate]] = {}
+        gate = asyncio.Semaphore(PROBE_CONCURRENCY)
+
+        async def via_node(addr: IPAddress, direct: Candidate) -> tuple[Candidate, str]:
+            """(what became of the node, how the route leads there); the direct candidate
+            itself with "" when no other node is behind ``addr``."""
+            async with gate:
+                try:
+                    route = await self._route(addr)
+                except RouteError as e:
+                    return replace(direct, reason=f"{direct.reason}; its route not read: {e}"), ""
+            if route is None:
+                return direct, ""
+            target = format_target(str(route.node), self.port)
+            if target in self._own or target == direct.target:
+                return direct, ""
+            if target not in asked:
+
+                async def ask_node() -> Candidate:
+                    async with gate:
+                        return await self.ask_candidate(job_id, route.node, target)
+
+                asked[target] = asyncio.ensure_future(ask_node())
+            return await asked[target], route.how
+
+        retried = [(a, c) for a, c in zip(addrs, found, strict=True) if c.reason and not c.refused]
+        behind = await asyncio.gather(*(via_node(a, c) for a, c in retried))
+        out = [c for c in found if not c.reason or c.refused]
+        via: dict[str, list[str]] = {}
+        for (addr, direct), (node, how) in zip(retried, behind, strict=True):
+            if not how:
+                out.append(node)  # no other node behind it: as asked
+            elif not node.reason:
+                via.setdefault(node.target, []).append(str(addr))
+            else:
+                out.append(
+                    replace(
+                        direct,
+                        reason=f"{direct.reason}; nor at its node by this node's routes "
+                        f"({how}), {node.target}: {node.reason}",
+                        refused=node.refused,
+                    )
+                )
+        for target, pods in via.items():
+            if target in peers:
+                continue  # the ranks talk to that node itself too: a peer already
+            node = asked[target].result()
+            out.append(replace(node, via=tuple(pods)))
+        return out
 
     async def ask_candidate(self, job_id: str, addr: IPAddress, target: str) -> Candidate:
         """What becomes of one candidate: not asked (the trust rule, and why), not an agent
