@@ -107,6 +107,11 @@ def test_the_image_is_the_package_on_debian_and_loads_from_its_archive(image: Im
     r = podman("run", "--rm", *RUN_LIMITS, "--network", "none", "--entrypoint", "dpkg-query",
                image.ref, "-W", "-f", "${Version}", "bpfdyno")  # fmt: skip
     assert r.stdout == version, r.stdout + r.stderr
+    # What reads the routes behind pod addresses (detection peers on a pod network).
+    for tool in ("ip", "bridge"):
+        r = podman("run", "--rm", *RUN_LIMITS, "--network", "none", "--entrypoint", tool,
+                   image.ref, "-V")  # fmt: skip
+        assert r.returncode == 0 and f"{tool} utility" in r.stdout, (tool, r.stdout + r.stderr)
     # The archive is a complete image: podman loads it under its name.
     r = podman("load", "--input", str(image.archive), timeout=600)
     assert r.returncode == 0 and f"Loaded image: {image.ref}" in r.stdout, r.stdout + r.stderr

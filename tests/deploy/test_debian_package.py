@@ -96,7 +96,8 @@ def test_metadata_and_files(debian_package: Path) -> None:
     assert fields["Version"] == version
     depends = [d.strip() for d in fields["Depends"].split(",")]
     py = sys.version_info
-    for needed in ("python3-bpfcc", "bpftool", f"python3 (>= {py[0]}.{py[1]})",
+    # iproute2: `ip` and `bridge` read the routes behind pod addresses (app/node_routes.py).
+    for needed in ("python3-bpfcc", "bpftool", "iproute2", f"python3 (>= {py[0]}.{py[1]})",
                    f"python3 (<< {py[0]}.{py[1] + 1})",
                    "systemd | systemd-standalone-sysusers | systemd-sysusers"):  # fmt: skip
         assert needed in depends, fields["Depends"]
