@@ -33,6 +33,7 @@ import ipaddress
 import os
 import ssl
 import struct
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -53,6 +54,10 @@ MAX_CANDIDATES = 64
 PROBE_CONCURRENCY = 16
 #: How long a TLS probe (connect and handshake) may take.
 PROBE_TIMEOUT_S = 3.0
+#: Where an address's route leads is read again after this long (`ConnectionPeers`).
+ROUTE_TTL_S = 300.0
+#: Addresses whose routes are kept at most (older ones are dropped past it).
+MAX_ROUTES_KEPT = 4096
 #: The TCP state of an established connection, as /proc/net/tcp prints it.
 TCP_ESTABLISHED = "01"
 
@@ -336,6 +341,9 @@ class ConnectionPeers:
         self._cap = cap
         self._probe_timeout_s = probe_timeout_s
         self._route = route
+        # addr -> (monotonic time read, where its route leads): pod networks' routes change
+        # when nodes come and go, not at every lookup, and each read runs iproute2.
+        self._routes: dict[IPAddress, tuple[float, NodeRoute | None]] = {}
 
     async def candidates(self, job_id: str, pids: Collection[int]) -> tuple[list[Candidate], str]:
         """Every candidate address of the job and what became of it, and a note on what was
@@ -377,7 +385,7 @@ class ConnectionPeers:
             itself with "" when no other node is behind ``addr``."""
             async with gate:
                 try:
-                    route = await self._route(addr)
+                    route = await self._node_behind(addr)
                 except RouteError as e:
                     return replace(direct, reason=f"{direct.reason}; its route not read: {e}"), ""
             if route is None:
@@ -418,6 +426,20 @@ class ConnectionPeers:
             node = asked[target].result()
             out.append(replace(node, via=tuple(pods)))
         return out
+
+    async def _node_behind(self, addr: IPAddress) -> NodeRoute | None:
+        """Where this node's routes lead ``addr``, read at most every `ROUTE_TTL_S`."""
+        now = time.monotonic()
+        known = self._routes.get(addr)
+        if known is not None and now - known[0] < ROUTE_TTL_S:
+            return known[1]
+        route = await self._route(addr)  # an error is not kept: read again next time
+        if len(self._routes) >= MAX_ROUTES_KEPT:
+            self._routes = {a: r for a, r in self._routes.items() if now - r[0] < ROUTE_TTL_S}
+            if len(self._routes) >= MAX_ROUTES_KEPT:
+                self._routes.clear()
+        self._routes[addr] = (now, route)
+        return route
 
     async def ask_candidate(self, job_id: str, addr: IPAddress, target: str) -> Candidate:
         """What becomes of one candidate: not asked (the trust rule, and why), not an agent
