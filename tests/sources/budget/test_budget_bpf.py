@@ -163,6 +163,40 @@ def test_a_sampled_intervals_host_byte_rates_are_scaled_and_labelled(net: NetCol
     }
 
 
+def test_while_the_rtt_program_is_detached_connections_have_no_rtt(net: NetCollector) -> None:
+    """The socket map keeps the RTT the program last wrote: while it is detached that would
+    read as current (a link slowed since would look healthy to the straggler detection), so
+    the connections say not known (NaN); attached again, the RTT is read as before."""
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    with server, client, peer:
+        for _ in range(50):  # acknowledged data: the kernel samples the RTT
+            client.sendall(b"r" * 1000)
+            peer.recv(65536)
+            peer.sendall(b"a")
+            client.recv(16)
+        pid = {os.getpid()}
+
+        def rtts() -> list[float]:
+            net.collect()
+            reading = net.connections_of(pid)
+            assert reading is not None
+            return [c.srtt_s for c in reading[1] if c.dport == server.getsockname()[1]]
+
+        before = rtts()
+        assert len(before) == 1 and not math.isnan(before[0]) and before[0] > 0, before
+        rtt = step(net, "net.rtt_detached")
+        rtt.apply()
+        try:
+            during = rtts()
+            assert len(during) == 1 and math.isnan(during[0]), during
+            assert all(math.isnan(c.srtt_s) for c in net.connections())
+        finally:
+            rtt.undo()
+        assert rtts() == before
+
+
 def test_detached_rare_event_programs_report_nan_not_zero(net: NetCollector) -> None:
     drops = step(net, "net.drops_detached")
     assert isinstance(drops, DetachedFunctions)

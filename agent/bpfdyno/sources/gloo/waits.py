@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bpfdyno.core.budget import excluded_work
 from bpfdyno.ebpf.errors import BpfLoadError
 from bpfdyno.ebpf.maps import map_items
 from bpfdyno.ebpf.program import BpfProgram
@@ -203,21 +204,8 @@ class GlooWaits:
         else:
             lib = _Library(fd)
             try:
-                for symbol in WAITS:  # no gloo in this build: nothing to probe
-                    symbol_offset(lib.path, symbol)
-                program = self._program
-                assert program is not None
-                attached: list[tuple[str, bool]] = []
-                try:
-                    for symbol in WAITS:
-                        program.attach_uprobe(lib.path, symbol, "bpfdyno_gl_enter")
-                        attached.append((symbol, False))
-                        program.attach_uprobe(lib.path, symbol, "bpfdyno_gl_leave", retprobe=True)
-                        attached.append((symbol, True))
-                except BpfLoadError:
-                    for symbol, retprobe in attached:  # all or none
-                        program.detach_uprobe(lib.path, symbol, retprobe=retprobe)
-                    raise
+                with excluded_work():  # once per library: its symbols read, its probes set
+                    self._probe(lib)
             except (UprobeError, BpfLoadError) as e:
                 os.close(fd)
                 if not isinstance(e, UprobeError):  # the probes refused: said once per file
@@ -233,6 +221,29 @@ class GlooWaits:
             return None
         lib.pids.add(pid)
         return key
+
+    def _probe(self, lib: _Library) -> None:
+        """Probe every wait of one gloo library, all or none.
+
+        Raises:
+            UprobeError: the library lacks a wait (no gloo in this build).
+            BpfLoadError: the kernel refused a probe.
+        """
+        for symbol in WAITS:  # no gloo in this build: nothing to probe
+            symbol_offset(lib.path, symbol)
+        program = self._program
+        assert program is not None
+        attached: list[tuple[str, bool]] = []
+        try:
+            for symbol in WAITS:
+                program.attach_uprobe(lib.path, symbol, "bpfdyno_gl_enter")
+                attached.append((symbol, False))
+                program.attach_uprobe(lib.path, symbol, "bpfdyno_gl_leave", retprobe=True)
+                attached.append((symbol, True))
+        except BpfLoadError:
+            for symbol, retprobe in attached:  # all or none
+                program.detach_uprobe(lib.path, symbol, retprobe=retprobe)
+            raise
 
     def _start_loading(self) -> None:
         """Compile and load the program on a thread (once; not after a failure)."""

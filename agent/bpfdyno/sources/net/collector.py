@@ -30,6 +30,7 @@ import statistics
 import time
 from array import array
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -489,12 +490,7 @@ class NetCollector(Collector):
             NetUnavailable: the collector is not running (the message says why).
         """
         self._require()
-        conns = []
-        for v in self._socks:
-            c = connection_from_leaf(v, self._clock)
-            if c is not None:
-                conns.append(c)
-        return conns
+        return self._decoded(self._socks, None)
 
     def connections_of(self, pids: Collection[int]) -> tuple[float, list[TcpConnection]] | None:
         """The tracked TCP connections of ``pids`` as of the last collection, with when that
@@ -504,13 +500,21 @@ class NetCollector(Collector):
         if self._program is None:
             return None
         at, socks = self._socks_read
+        return at, self._decoded(socks, pids)
+
+    def _decoded(self, socks: list[Any], pids: Collection[int] | None) -> list[TcpConnection]:
+        """The sockets (of ``pids``; None: all) as connections. While the budget keeps the
+        RTT program detached their RTT is not known (NaN): the map keeps the last one it
+        wrote, which would read as current (a slowed link as healthy)."""
+        rtt = self._detachable.get("rtt")
+        stale_rtt = rtt is not None and rtt.active
         conns = []
         for v in socks:
-            if v.tgid in pids:
+            if pids is None or v.tgid in pids:
                 c = connection_from_leaf(v, self._clock)
                 if c is not None:
-                    conns.append(c)
-        return at, conns
+                    conns.append(replace(c, srtt_s=math.nan) if stale_rtt else c)
+        return conns
 
     def counter(self, name: str) -> int:
         """Current host-wide value of one ``enum net_counter`` slot (e.g. for tests)."""
