@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from gpu_suite import Checks, gpu_absent_reason
 from trace_checks import (
+    H200_RUN_TRACKS,
     NoProfilerSpan,
     Trace,
     check_allreduces,
@@ -83,7 +84,7 @@ def test_the_trace_checks_pass_on_the_h200_iteration_trace() -> None:
     """The good file of the manual run: 5 iterations, the window found."""
     t = Trace.load(H200 / "cuda_iterations_merged.pt.trace.json.gz")
     checks = Checks()
-    check_file(t, PID, GPU, checks)
+    check_file(t, PID, GPU, checks, H200_RUN_TRACKS)
     check_connection(t, "127.0.0.1:39356", "127.0.0.1:45205", 65_521, checks)
     check_allreduces(t, PID, {H200_ALLREDUCE}, checks)
     assert failed(checks) == [] and len(checks.items) == 14, checks.items
@@ -96,7 +97,7 @@ def test_the_trace_checks_catch_the_lost_window_of_the_h200_duration_trace() -> 
     events around a 1.5 s trace. The verdict, which reads the span itself, holds."""
     t = Trace.load(H200 / "cuda_duration_merged.pt.trace.json.gz")
     checks = Checks()
-    check_file(t, PID, GPU, checks)
+    check_file(t, PID, GPU, checks, H200_RUN_TRACKS)
     assert failed(checks) == [
         "window",
         "info slice over the profiler's span",

@@ -13,6 +13,7 @@ from gpu_fake_nvml import A100_UUID, H100_UUID, FakeNvml, value
 
 from bpfdyno.core.events import KernelEvent
 from bpfdyno.sources.base import CollectorUnavailable
+from bpfdyno.sources.gpu import gpm
 from bpfdyno.sources.gpu.collector import GpuCollector
 from bpfdyno.sources.gpu.dcgm import DcgmCollector, find_libdcgm
 
@@ -87,7 +88,27 @@ def test_gpm_metrics_over_two_samples(collector: GpuCollector, fake: FakeNvml) -
     assert value(second, "gpu_power_watts", gpu="1") == 90.25
     assert fake.calls("nvmlGpmSampleGet", 0) == 2
     assert fake.calls("nvmlGpmSampleGet", 1) == 0
-    assert fake.calls("nvmlGpmMetricsGet") == 1
+    # Two computations: the metrics NVML computes cheaply, and the graphics engine's
+    # activity (~1.8 ms of CPU on a real H200), the first time over the same interval.
+    assert fake.calls("nvmlGpmMetricsGet") == 2
+
+
+def test_the_slow_gpm_metric_is_computed_over_its_own_longer_interval(
+    collector: GpuCollector, fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between its computations (every `SLOW_METRICS_S`) the graphics engine's activity is
+    its latest value: one computation a round for the others, one more when it is due."""
+    collector.collect()
+    collector.collect()
+    assert fake.calls("nvmlGpmMetricsGet") == 2
+    third = collector.collect()
+    assert gpm_values(third, "0") == GPM_EXPECTED  # the engine's activity reported again
+    assert fake.calls("nvmlGpmMetricsGet") == 3
+    monkeypatch.setattr(gpm, "SLOW_METRICS_S", 0.0)  # due at every round from now on
+    fake.set({"gpu.0.gpm.1": "50.0"})
+    fourth = collector.collect()
+    assert fake.calls("nvmlGpmMetricsGet") == 5
+    assert value(fourth, "gpu_gr_engine_active_ratio", gpu="0") == 0.5
 
 
 def test_one_gpm_metric_not_supported(

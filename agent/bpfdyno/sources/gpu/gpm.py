@@ -1,10 +1,18 @@
 """DCGM-class profiling metrics from NVML GPM (GPU Performance Monitoring), and their pausing.
 
 GPM metrics are defined over an interval: NVML computes them from two samples of the GPU's
-performance counters. Each GPU keeps two sample buffers; every collection takes a new sample
-and asks ``nvmlGpmMetricsGet`` for the metrics between the previous sample and this one, so
-the values cover the whole collection interval. The first round after start, a pause or an
-error only takes the baseline sample.
+performance counters. Every collection takes a new sample and asks ``nvmlGpmMetricsGet`` for
+the metrics between the previous sample and this one, so the values cover the whole
+collection interval. The first round after start, a pause or an error only takes the
+baseline sample.
+
+One metric is expensive for NVML to compute: the graphics engine's activity costs ~1.8 ms
+of CPU per call on an H200 (every other metric ~15 µs; measured with the driver there), more
+than half of a GPU round. It is computed over `SLOW_METRICS_S` instead (between a sample kept
+that long and the newest; the first time at the first interval), and the latest value is
+reported in between: an exact average over its longer interval. Three sample buffers: the
+newest, the previous one and the one the slow metrics start from (often the same as the
+previous).
 
 The counters are shared with CUPTI: while a Kineto trace runs in a process on a GPU (or while
 an operator's ``dcgm-pause`` is in force) the collector must not sample them, or the trace's
@@ -24,10 +32,14 @@ import pynvml
 
 from bpfdyno.core.metrics import MetricSpec
 from bpfdyno.core.rules import pause_duration_s
-from bpfdyno.sources.gpu.metrics import GPM_METRICS
+from bpfdyno.sources.gpu.metrics import GPM_METRICS, GpmMetric
 from bpfdyno.sources.gpu.nvml import DeviceRef, Nvml
 
 _SUCCESS = pynvml.NVML_SUCCESS
+#: The metrics computed over `SLOW_METRICS_S` (NVML_GPM_METRIC_GRAPHICS_UTIL: see above).
+SLOW_METRIC_IDS = frozenset({1})
+#: How long the slow metrics' interval is.
+SLOW_METRICS_S = 10.0
 
 
 class GpmSampler:
@@ -38,12 +50,20 @@ class GpmSampler:
         dev: the GPU (its handle must stay valid until `close`).
     """
 
-    def __init__(self, nv: Nvml, dev: DeviceRef) -> None:
+    def __init__(
+        self, nv: Nvml, dev: DeviceRef, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._nv = nv
         self._dev = dev
+        self._clock = clock
         self._samples: list[object] = []
-        self._have_baseline = False
+        self._previous: object | None = None  # None: no baseline
+        self._slow_from: object | None = None  # the sample the slow metrics start from
+        self._slow_at = -math.inf  # when it was taken
+        self._slow_values: dict[MetricSpec, float] = {}
         self._request = pynvml.c_nvmlGpmMetricsGet_t()  # ~19 KB, reused every round
+        self._fast = [m for m in GPM_METRICS if m.metric_id not in SLOW_METRIC_IDS]
+        self._slow = [m for m in GPM_METRICS if m.metric_id in SLOW_METRIC_IDS]
         #: Why GPM cannot be used on this GPU; "" when it can.
         self.unavailable = self._probe()
 
@@ -60,7 +80,7 @@ class GpmSampler:
             return "the GPM support query failed (see the log)"
         if not support.isSupportedDevice:
             return f"{dev.name or 'this GPU'} has no GPM (it needs a Hopper-class or newer GPU)"
-        for _ in range(2):
+        for _ in range(3):
             sample = nv.get("nvmlGpmSampleAlloc", dev.index, pynvml.nvmlGpmSampleAlloc)
             if sample is None:
                 self.close()
@@ -70,12 +90,14 @@ class GpmSampler:
 
     def reset(self) -> None:
         """Forget the baseline sample (after a pause: the interval would span it)."""
-        self._have_baseline = False
+        self._previous = self._slow_from = None
+        self._slow_at = -math.inf
+        self._slow_values = {}
 
     def read(self) -> dict[MetricSpec, float] | None:
         """Take a sample; return the metrics since the previous one (None: baseline only).
 
-        A metric NVML cannot compute is NaN.
+        A metric NVML cannot compute is NaN; the slow ones are their latest value.
 
         Raises:
             DeviceLost: the device is gone.
@@ -84,28 +106,43 @@ class GpmSampler:
         if self.unavailable:
             return None
         nv, dev = self._nv, self._dev
-        previous, current = self._samples
+        current = next(
+            s for s in self._samples if s is not self._previous and s is not self._slow_from
+        )
         if not nv.do(
             "nvmlGpmSampleGet", dev.index, lambda: pynvml.nvmlGpmSampleGet(dev.handle, current)
         ):
-            self._have_baseline = False
+            self.reset()
             return None
-        # The new sample becomes the next round's baseline whatever happens below.
-        self._samples.reverse()
-        if not self._have_baseline:
-            self._have_baseline = True
+        now = self._clock()
+        previous, self._previous = self._previous, current  # the next round's baseline
+        if previous is None:
+            self._slow_from, self._slow_at = current, now
             return None
-        req = self._request
+        values = self._metrics(self._fast, previous, current)
+        if now - self._slow_at >= SLOW_METRICS_S or not self._slow_values:
+            slow_from = self._slow_from if self._slow_from is not None else previous
+            self._slow_values = self._metrics(self._slow, slow_from, current)
+            self._slow_from, self._slow_at = current, now
+        return values | self._slow_values
+
+    def _metrics(
+        self, metrics: list[GpmMetric], first: object, second: object
+    ) -> dict[MetricSpec, float]:
+        """``metrics`` over the interval between two samples (NaN where NVML has none)."""
+        if not metrics:
+            return {}
+        nv, dev, req = self._nv, self._dev, self._request
         req.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        req.numMetrics = len(GPM_METRICS)
-        req.sample1 = previous
-        req.sample2 = current
-        for i, metric in enumerate(GPM_METRICS):
+        req.numMetrics = len(metrics)
+        req.sample1 = first
+        req.sample2 = second
+        for i, metric in enumerate(metrics):
             req.metrics[i].metricId = metric.metric_id
         if not nv.do("nvmlGpmMetricsGet", dev.index, lambda: pynvml.nvmlGpmMetricsGet(req)):
-            return {m.spec: math.nan for m in GPM_METRICS}
+            return {m.spec: math.nan for m in metrics}
         values: dict[MetricSpec, float] = {}
-        for i, metric in enumerate(GPM_METRICS):
+        for i, metric in enumerate(metrics):
             entry = req.metrics[i]
             if entry.nvmlReturn != _SUCCESS:
                 nv.failed("nvmlGpmMetricsGet", dev.index, entry.nvmlReturn, str(metric.metric_id))
@@ -119,7 +156,7 @@ class GpmSampler:
         for sample in self._samples:
             self._nv.release("nvmlGpmSampleFree", partial(pynvml.nvmlGpmSampleFree, sample))
         self._samples = []
-        self._have_baseline = False
+        self.reset()
 
 
 @dataclass(frozen=True, slots=True)
