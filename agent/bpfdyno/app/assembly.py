@@ -150,6 +150,8 @@ def build(cfg: Config) -> Assembly:
             device_owners=(lambda: kubelet.owners) if kubelet is not None else None,
             # Its per-process queries follow processes starting and exiting.
             process_churn=(lambda: sched.process_events) if sched is not None else None,
+            # Its costly GPM metric is computed every round while someone reads.
+            read_demand=lambda: asm.demand.active_for() > 0,
         )
         if on("gpu")
         else None

@@ -93,22 +93,38 @@ def test_gpm_metrics_over_two_samples(collector: GpuCollector, fake: FakeNvml) -
     assert fake.calls("nvmlGpmMetricsGet") == 2
 
 
-def test_the_slow_gpm_metric_is_computed_over_its_own_longer_interval(
-    collector: GpuCollector, fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
+def test_the_slow_gpm_metric_is_computed_every_round_for_readers_else_every_10_s(
+    fake: FakeNvml, box: EventBox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Between its computations (every `SLOW_METRICS_S`) the graphics engine's activity is
-    its latest value: one computation a round for the others, one more when it is due."""
-    collector.collect()
-    collector.collect()
-    assert fake.calls("nvmlGpmMetricsGet") == 2
-    third = collector.collect()
-    assert gpm_values(third, "0") == GPM_EXPECTED  # the engine's activity reported again
-    assert fake.calls("nvmlGpmMetricsGet") == 3
-    monkeypatch.setattr(gpm, "SLOW_METRICS_S", 0.0)  # due at every round from now on
-    fake.set({"gpu.0.gpm.1": "50.0"})
-    fourth = collector.collect()
-    assert fake.calls("nvmlGpmMetricsGet") == 5
-    assert value(fourth, "gpu_gr_engine_active_ratio", gpu="0") == 0.5
+    """The graphics engine's activity (~1.8 ms of CPU a computation on an H200): while nobody
+    reads, computed every `SLOW_METRICS_S` and its latest value reported in between (one
+    computation a round for the others, one more when it is due); while someone reads,
+    every round like the others, the reader's first round at once."""
+    reading = False
+    c = GpuCollector(str(fake.library), event_sink=box, read_demand=lambda: reading)
+    c.start()
+    try:
+        c.collect()
+        c.collect()  # the first interval: both
+        assert fake.calls("nvmlGpmMetricsGet") == 2
+        fake.set({"gpu.0.gpm.1": "50.0"})
+        third = c.collect()
+        assert fake.calls("nvmlGpmMetricsGet") == 3
+        assert gpm_values(third, "0") == GPM_EXPECTED  # its latest value, the others fresh
+        reading = True  # a reader: computed at once, and every round
+        fourth = c.collect()
+        assert fake.calls("nvmlGpmMetricsGet") == 5
+        assert value(fourth, "gpu_gr_engine_active_ratio", gpu="0") == 0.5
+        c.collect()
+        assert fake.calls("nvmlGpmMetricsGet") == 7
+        reading = False
+        c.collect()
+        assert fake.calls("nvmlGpmMetricsGet") == 8
+        monkeypatch.setattr(gpm, "SLOW_METRICS_S", 0.0)  # its interval over at every round
+        c.collect()
+        assert fake.calls("nvmlGpmMetricsGet") == 10
+    finally:
+        c.close()
 
 
 def test_one_gpm_metric_not_supported(

@@ -109,6 +109,9 @@ class GpuCollector(Collector):
         process_churn: a count that moves whenever a process starts or exits on the host
             (the sched collector's exec/exit events): the per-process queries run only when
             it moved or every `PROCESS_REFRESH_S`; None: every round.
+        read_demand: whether someone reads the agent's data now: the GPM metric NVML
+            computes slowly is then computed every round, else every
+            `bpfdyno.sources.gpu.gpm.SLOW_METRICS_S`; None: every round.
     """
 
     name = "gpu"
@@ -127,10 +130,12 @@ class GpuCollector(Collector):
         event_wait_ms: int = 200,
         clock: Callable[[], float] = time.monotonic,
         process_churn: Callable[[], int] | None = None,
+        read_demand: Callable[[], bool] | None = None,
     ) -> None:
         self._nv = Nvml(library_path)
         self._library_path = library_path
         self._process_churn = process_churn
+        self._read_demand = read_demand
         self._churn_seen: int | None = None
         self._processes_at = 0.0
         self._gpm_enabled = gpm_enabled
@@ -168,6 +173,7 @@ class GpuCollector(Collector):
         traced_pids: Callable[[], Collection[int]] | None = None,
         device_owners: Callable[[], DeviceOwners] | None = None,
         process_churn: Callable[[], int] | None = None,
+        read_demand: Callable[[], bool] | None = None,
     ) -> GpuCollector:
         """Build the collector from the ``[gpu]`` config section and the daemon's hooks."""
         return cls(
@@ -178,6 +184,7 @@ class GpuCollector(Collector):
             traced_pids=traced_pids,
             device_owners=device_owners,
             process_churn=process_churn,
+            read_demand=read_demand,
         )
 
     # ---- lifecycle ----
@@ -375,6 +382,7 @@ class GpuCollector(Collector):
                     rows,
                     now,
                     processes_due,
+                    self._slow_gpm_due(),
                 )
                 for pid, entries in rows.items():
                     procs.setdefault(pid, []).extend(entries)
@@ -403,6 +411,15 @@ class GpuCollector(Collector):
             if (pod := owners.owner(by_index.get(p.gpu, ()))) is not None
         }
         return out
+
+    def _slow_gpm_due(self) -> bool | None:
+        """True: compute the slow GPM metric this round (someone reads); None: when due."""
+        if self._read_demand is None:
+            return True
+        try:
+            return True if self._read_demand() else None
+        except Exception:  # a demand that cannot say: the data stays fresh
+            return True
 
     def _processes_due(self, now: float) -> bool:
         """Whether to ask NVML for each GPU's processes this round (see ``process_churn``)."""

@@ -8,11 +8,12 @@ baseline sample.
 
 One metric is expensive for NVML to compute: the graphics engine's activity costs ~1.8 ms
 of CPU per call on an H200 (every other metric ~15 µs; measured with the driver there), more
-than half of a GPU round. It is computed over `SLOW_METRICS_S` instead (between a sample kept
-that long and the newest; the first time at the first interval), and the latest value is
-reported in between: an exact average over its longer interval. Three sample buffers: the
-newest, the previous one and the one the slow metrics start from (often the same as the
-previous).
+than half of a GPU round. While someone reads the agent's data it is computed every round
+like the others; while nobody does, over `SLOW_METRICS_S` (between a sample kept that long
+and the newest: an exact average over its longer interval), its latest value reported in
+between. A reader's first round computes it at once (over the interval since its last
+computation). Three sample buffers: the newest, the previous one and the one the slow
+metrics start from (often the same as the previous).
 
 The counters are shared with CUPTI: while a Kineto trace runs in a process on a GPU (or while
 an operator's ``dcgm-pause`` is in force) the collector must not sample them, or the trace's
@@ -94,10 +95,11 @@ class GpmSampler:
         self._slow_at = -math.inf
         self._slow_values = {}
 
-    def read(self) -> dict[MetricSpec, float] | None:
+    def read(self, slow_due: bool | None = True) -> dict[MetricSpec, float] | None:
         """Take a sample; return the metrics since the previous one (None: baseline only).
 
-        A metric NVML cannot compute is NaN; the slow ones are their latest value.
+        A metric NVML cannot compute is NaN. The slow ones are computed when ``slow_due``
+        (someone reads) or their interval is over (``slow_due`` None), else their latest value.
 
         Raises:
             DeviceLost: the device is gone.
@@ -120,7 +122,7 @@ class GpmSampler:
             self._slow_from, self._slow_at = current, now
             return None
         values = self._metrics(self._fast, previous, current)
-        if now - self._slow_at >= SLOW_METRICS_S or not self._slow_values:
+        if slow_due or now - self._slow_at >= SLOW_METRICS_S or not self._slow_values:
             slow_from = self._slow_from if self._slow_from is not None else previous
             self._slow_values = self._metrics(self._slow, slow_from, current)
             self._slow_from, self._slow_at = current, now
