@@ -27,6 +27,8 @@ H200_RUN_TRACKS = ["net", "sched", "nccl", "gpu"]
 #: The fabric track's note when the traced process uses no RDMA port and no network interface
 #: (the suite's trainer talks over loopback; a node without them): information, not a loss.
 NO_FABRIC_NOTE = "no RDMA port or network interface to read"
+#: One NCCL call's arguments as the NCCL track writes them: count, datatype, bytes, op, result.
+NcclArgs = tuple[int, str, int, str, str]
 
 
 class NoProfilerSpan(AssertionError):
