@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_harness import NodeAgent, Pki, cleanup, make_pki, wait_for
-from test_torch_peers import RUN_ID, _peers_part, processes, start_rank
+from cluster_harness import NodeAgent, Pki, cleanup, make_pki
+from test_torch_peers import RUN_ID, processes, start_rank, wait_for_peer_parts
 
 from bpfdyno.rpc.v1 import agent_pb2
 
@@ -122,24 +122,7 @@ def test_each_agent_finds_the_other_at_the_node_behind_its_rank_s_pod_peer(
                         f"({NODE_A}, the node of {POD_A}: 1 ranks)",
                     ),
                 }
-
-                def parts() -> dict[str, tuple[int, str]]:
-                    return {n: (p.state, p.reason) for n, a in agents.items()
-                            for p in [_peers_part(a)]}  # fmt: skip
-
-                try:
-                    wait_for(
-                        lambda: parts() == expected, 150, "each agent to pull the other's rank"
-                    )
-                except AssertionError:
-                    ranks = "\n".join(p.read_text(errors="replace")[-1500:] for p in logs)
-                    agent_logs = "\n".join(
-                        a.log.read_text(errors="replace")[-3000:] for a in agents.values()
-                    )
-                    raise AssertionError(
-                        f"expected {expected}\ngot {parts()}\nranks:\n{ranks}\n"
-                        f"agents:\n{agent_logs}"
-                    ) from None
+                wait_for_peer_parts(agents, expected, logs)
             finally:
                 for agent in agents.values():
                     agent.stop()

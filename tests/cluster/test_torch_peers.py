@@ -150,6 +150,25 @@ def _peers_part(agent: NodeAgent) -> agent_pb2.CollectorStatus:
     return part
 
 
+def wait_for_peer_parts(
+    agents: dict[str, NodeAgent], expected: dict[str, tuple[int, str]], logs: list[Path]
+) -> None:
+    """Wait until each agent's `detection_peers` part is (state, reason) as ``expected``;
+    on a time-out, fail with what they said and the ranks' and agents' logs."""
+
+    def parts() -> dict[str, tuple[int, str]]:
+        return {n: (p.state, p.reason) for n, a in agents.items() for p in [_peers_part(a)]}
+
+    try:
+        wait_for(lambda: parts() == expected, 150, "each agent to pull the other's rank")
+    except AssertionError:
+        ranks = "\n".join(p.read_text(errors="replace")[-1500:] for p in logs)
+        agent_logs = "\n".join(a.log.read_text(errors="replace")[-3000:] for a in agents.values())
+        raise AssertionError(
+            f"expected {expected}\ngot {parts()}\nranks:\n{ranks}\nagents:\n{agent_logs}"
+        ) from None
+
+
 def test_each_agent_finds_the_other_from_its_rank_s_connections_and_trusts_only_verified(
     torch_python: str,
 ) -> None:
@@ -200,24 +219,7 @@ def test_each_agent_finds_the_other_from_its_rank_s_connections_and_trusts_only_
                         "certificate not verified: self-signed certificate)",
                     ),
                 }
-
-                def parts() -> dict[str, tuple[int, str]]:
-                    return {n: (p.state, p.reason) for n, a in agents.items()
-                            for p in [_peers_part(a)]}  # fmt: skip
-
-                try:
-                    wait_for(
-                        lambda: parts() == expected, 150, "each agent to pull the other's rank"
-                    )
-                except AssertionError:
-                    ranks = "\n".join(p.read_text(errors="replace")[-1500:] for p in logs)
-                    agent_logs = "\n".join(
-                        a.log.read_text(errors="replace")[-3000:] for a in agents.values()
-                    )
-                    raise AssertionError(
-                        f"expected {expected}\ngot {parts()}\nranks:\n{ranks}\n"
-                        f"agents:\n{agent_logs}"
-                    ) from None
+                wait_for_peer_parts(agents, expected, logs)
             finally:
                 for agent in agents.values():
                     agent.stop()
