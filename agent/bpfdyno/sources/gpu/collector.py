@@ -369,6 +369,7 @@ class GpuCollector(Collector):
             dev.attribute(owners.labels(dev.ref.aliases()))
         now = self._clock()
         processes_due = self._processes_due(now)
+        slow_gpm_now = self._read_now()
         for pos, dev in enumerate(self._devices):
             if dev.lost:
                 continue
@@ -382,7 +383,7 @@ class GpuCollector(Collector):
                     rows,
                     now,
                     processes_due,
-                    self._slow_gpm_due(),
+                    slow_gpm_now,
                 )
                 for pid, entries in rows.items():
                     procs.setdefault(pid, []).extend(entries)
@@ -412,13 +413,14 @@ class GpuCollector(Collector):
         }
         return out
 
-    def _slow_gpm_due(self) -> bool | None:
-        """True: compute the slow GPM metric this round (someone reads); None: when due."""
+    def _read_now(self) -> bool:
+        """Whether someone reads the agent's data now (no demand given, or one that cannot
+        say: as if someone did, so the data stays fresh)."""
         if self._read_demand is None:
             return True
         try:
-            return True if self._read_demand() else None
-        except Exception:  # a demand that cannot say: the data stays fresh
+            return bool(self._read_demand())
+        except Exception:
             return True
 
     def _processes_due(self, now: float) -> bool:

@@ -95,11 +95,11 @@ class GpmSampler:
         self._slow_at = -math.inf
         self._slow_values = {}
 
-    def read(self, slow_due: bool | None = True) -> dict[MetricSpec, float] | None:
+    def read(self, slow_now: bool = True) -> dict[MetricSpec, float] | None:
         """Take a sample; return the metrics since the previous one (None: baseline only).
 
-        A metric NVML cannot compute is NaN. The slow ones are computed when ``slow_due``
-        (someone reads) or their interval is over (``slow_due`` None), else their latest value.
+        A metric NVML cannot compute is NaN. The slow ones are computed when ``slow_now``
+        (someone reads) or their interval is over, else their latest value.
 
         Raises:
             DeviceLost: the device is gone.
@@ -122,7 +122,7 @@ class GpmSampler:
             self._slow_from, self._slow_at = current, now
             return None
         values = self._metrics(self._fast, previous, current)
-        if slow_due or now - self._slow_at >= SLOW_METRICS_S or not self._slow_values:
+        if slow_now or now - self._slow_at >= SLOW_METRICS_S or not self._slow_values:
             slow_from = self._slow_from if self._slow_from is not None else previous
             self._slow_values = self._metrics(self._slow, slow_from, current)
             self._slow_from, self._slow_at = current, now

@@ -117,7 +117,7 @@ def collect_device(
     procs: ProcessRows,
     now: float | None = None,
     processes_due: bool = True,
-    slow_gpm_due: bool | None = True,
+    slow_gpm_now: bool = True,
 ) -> list[Sample]:
     """Read one GPU; return its samples (NaN where NVML has no value).
 
@@ -129,8 +129,8 @@ def collect_device(
         procs: accumulates this GPU's processes for the process table.
         now: monotonic seconds, for `SLOW_FIELDS_S` (default: the clock).
         processes_due: query its processes now (else the last query's are reported).
-        slow_gpm_due: compute the GPM metric NVML computes slowly now (True), or when its
-            interval is over (None) (`bpfdyno.sources.gpu.gpm.GpmSampler.read`).
+        slow_gpm_now: compute the GPM metric NVML computes slowly now (True), or only when
+            its interval is over (False) (`bpfdyno.sources.gpu.gpm.GpmSampler.read`).
 
     Raises:
         DeviceLost: the GPU is gone (the partial samples are dropped by the caller).
@@ -216,7 +216,7 @@ def collect_device(
     out.extend(dev.proc_samples)
     for pid, entries in dev.proc_rows.items():
         procs.setdefault(pid, []).extend(entries)
-    _gpm(dev, pause_reason(dev.proc_pids), out, slow_gpm_due)
+    _gpm(dev, pause_reason(dev.proc_pids), out, slow_gpm_now)
     return out
 
 
@@ -398,7 +398,7 @@ def _processes(nv: Nvml, dev: DeviceState, out: list[Sample], procs: ProcessRows
     return {pid for pid, _ in rows}
 
 
-def _gpm(dev: DeviceState, pause_reason: str, out: list[Sample], slow_due: bool | None) -> None:
+def _gpm(dev: DeviceState, pause_reason: str, out: list[Sample], slow_now: bool) -> None:
     labels = dev.labels
     gpm = dev.gpm
     values: dict[MetricSpec, float] | None = None
@@ -409,7 +409,7 @@ def _gpm(dev: DeviceState, pause_reason: str, out: list[Sample], slow_due: bool 
         dev.gpm_state = f"paused ({pause_reason})"
         paused = 1.0
     else:
-        values = gpm.read(slow_due)
+        values = gpm.read(slow_now)
         dev.gpm_state = "active"
         paused = 0.0
     dev.gpm_last = values
