@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_harness import NodeAgent, Pki, cleanup, make_pki
-from test_torch_peers import RUN_ID, processes, start_rank, wait_for_peer_parts
+from cluster_harness import Pki, cleanup, make_pki
+from test_torch_peers import RUN_ID, processes, start_rank, started_agents, wait_for_peer_parts
 
 from bpfdyno.rpc.v1 import agent_pb2
 
@@ -97,15 +97,8 @@ def test_each_agent_finds_the_other_at_the_node_behind_its_rank_s_pod_peer(
         trace_dir.mkdir()
         env = {"BPFDYNO_TLS_CA": str(pki.ca), "BPFDYNO_TOKEN_FILE": str(pki.token)}
         with pod_network() as (na, nb, pa, pb), processes() as procs:
-            agents = {
-                name: NodeAgent(name, addr, PORT, base, pki, trace_dir, env=env, netns=ns)
-                for name, addr, ns in (("a", NODE_A, na), ("b", NODE_B, nb))
-            }
-            try:
-                for agent in agents.values():
-                    agent.start()
-                for agent in agents.values():
-                    agent.wait_ready()
+            nodes = {"a": (NODE_A, na), "b": (NODE_B, nb)}
+            with started_agents(nodes, PORT, base, pki, trace_dir, env) as agents:
                 logs = [base / "rank-0.log", base / "rank-1.log"]
                 start_rank(procs, pa, "eth0", 0, agents["a"], logs[0], master=POD_A)
                 start_rank(procs, pb, "eth0", 1, agents["b"], logs[1], master=POD_A)
@@ -123,8 +116,5 @@ def test_each_agent_finds_the_other_at_the_node_behind_its_rank_s_pod_peer(
                     ),
                 }
                 wait_for_peer_parts(agents, expected, logs)
-            finally:
-                for agent in agents.values():
-                    agent.stop()
     finally:
         cleanup(base)

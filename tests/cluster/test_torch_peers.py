@@ -150,6 +150,32 @@ def _peers_part(agent: NodeAgent) -> agent_pb2.CollectorStatus:
     return part
 
 
+@contextlib.contextmanager
+def started_agents(
+    nodes: dict[str, tuple[str, str]],
+    port: int,
+    base: Path,
+    pki: Pki,
+    trace_dir: Path,
+    env: dict[str, str],
+) -> Iterator[dict[str, NodeAgent]]:
+    """One agent per node (name -> (address, namespace)) on ``port``, started and ready;
+    stopped after."""
+    agents = {
+        name: NodeAgent(name, addr, port, base, pki, trace_dir, env=env, netns=ns)
+        for name, (addr, ns) in nodes.items()
+    }
+    try:
+        for agent in agents.values():
+            agent.start()
+        for agent in agents.values():
+            agent.wait_ready()
+        yield agents
+    finally:
+        for agent in agents.values():
+            agent.stop()
+
+
 def wait_for_peer_parts(
     agents: dict[str, NodeAgent], expected: dict[str, tuple[int, str]], logs: list[Path]
 ) -> None:
@@ -181,15 +207,8 @@ def test_each_agent_finds_the_other_from_its_rank_s_connections_and_trusts_only_
         # The client side of the agents' TLS, as a site gives it to every agent.
         env = {"BPFDYNO_TLS_CA": str(pki.ca), "BPFDYNO_TOKEN_FILE": str(pki.token)}
         with two_nodes() as (na, va, nb, vb), processes() as procs:
-            agents = {
-                name: NodeAgent(name, addr, PORT, base, pki, trace_dir, env=env, netns=ns)
-                for name, addr, ns in (("a", A, na), ("b", B, nb))
-            }
-            try:
-                for agent in agents.values():
-                    agent.start()
-                for agent in agents.values():
-                    agent.wait_ready()
+            nodes = {"a": (A, na), "b": (B, nb)}
+            with started_agents(nodes, PORT, base, pki, trace_dir, env) as agents:
                 # Rank 0 also talks to a machine with no agent; rank 1 to one where another
                 # TLS server (its own self-signed certificate) holds the agents' port.
                 listen(procs, nb, NO_AGENT, SIDE_PORT)
@@ -220,9 +239,6 @@ def test_each_agent_finds_the_other_from_its_rank_s_connections_and_trusts_only_
                     ),
                 }
                 wait_for_peer_parts(agents, expected, logs)
-            finally:
-                for agent in agents.values():
-                    agent.stop()
     finally:
         cleanup(base)
 
