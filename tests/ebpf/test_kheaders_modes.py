@@ -189,3 +189,84 @@ def test_a_member_of_the_agents_group_cannot_change_what_the_unit_generated(
             assert EVIL.strip() not in header.read_text() and tree.is_dir()
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+_GENERATE_BY_DEFAULT = r"""
+import json, sys
+from dataclasses import replace
+from pathlib import Path
+from bpfdyno.ebpf import kheaders
+kheaders.DEFAULT_CACHE_DIR = Path(sys.argv[1])
+trees = {}
+for release in sys.argv[3:]:
+    k = replace(kheaders.KernelSources(), release=release, config=Path(sys.argv[2]))
+    trees[release] = str(kheaders.ensure_headers("minimal", kernel=k).path)
+print(json.dumps(trees))
+"""
+
+
+def test_an_agent_that_may_not_write_roots_cache_uses_its_trees_and_makes_others_its_own(
+    kernel: KernelSources,
+) -> None:
+    """Found by CI: the agent as an ordinary user with the unit's capabilities, on a machine
+    where root's agent had made the cache, could not compile the one program whose tree root
+    had not generated yet ("Permission denied" in the cache): that collector was lost.
+    Now root's trees are used as they are and a missing one goes into the user's cache."""
+    base = Path(tempfile.mkdtemp(prefix="bdt-kh-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    try:
+        with local_user() as agent:
+            system = base / "kheaders"
+            config = base / "config"
+            config.write_bytes(kernel.config.read_bytes())
+            os.chmod(config, 0o644)
+            k_root = replace(kernel, release="6.18.0-made-by-root", config=config)
+            k_other = replace(kernel, release="6.18.0-made-by-agent", config=config)
+            roots = ensure_headers("minimal", system, kernel=k_root).path
+            r = agent.run([sys.executable, "-c", _GENERATE_BY_DEFAULT, str(system), str(config),
+                           k_root.release, k_other.release], unit=True)  # fmt: skip
+            assert r.returncode == 0, r.stderr
+            trees = {name: Path(p) for name, p in json.loads(r.stdout).items()}
+            assert trees[k_root.release] == roots  # root's tree, read as it is
+            own = agent.home / ".cache/bpfdyno/kheaders"
+            assert trees[k_other.release].parent.parent == own
+            assert trees[k_other.release].name == "minimal"
+            assert (trees[k_other.release] / "include/linux/kconfig.h").is_file()
+            assert modes(own) == {("dir", agent.uid, DIR_MODE), ("file", agent.uid, FILE_MODE)}
+            # The system cache gained nothing and stays root's.
+            assert sorted(p.name for p in system.iterdir()) == [roots.parent.name]
+            assert {owner for _, owner, _ in modes(system)} == {0}
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def test_an_agent_that_may_write_neither_cache_says_what_to_do(kernel: KernelSources) -> None:
+    base = Path(tempfile.mkdtemp(prefix="bdt-kh-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    try:
+        with local_user() as agent:
+            system = base / "kheaders"
+            system.mkdir(mode=0o755)
+            config = base / "config"
+            config.write_bytes(kernel.config.read_bytes())
+            os.chmod(config, 0o644)
+            squatter = 65534
+            squat = agent.home / f"bpfdyno-kheaders-{agent.uid}"
+            squat.mkdir()
+            os.chmod(squat, 0o777)  # the agent could write into it: refused all the same
+            os.chown(squat, squatter, squatter)
+            argv = [sys.executable, "-c", _GENERATE_BY_DEFAULT, str(system), str(config)]
+            r = agent.run([*argv, kernel.release], unit=True, XDG_CACHE_HOME=str(base / "nope"))
+            assert r.returncode != 0
+            last = r.stderr.strip().splitlines()[-1]
+            release_dir = f"{system}/6.18.0-modes-"
+            assert last.startswith("bpfdyno.ebpf.kheaders.KernelHeadersError: no writable kernel"
+                                   f" header cache: cannot create {release_dir}"), last  # fmt: skip
+            assert f"(Permission denied); cannot create {base}/nope (Permission denied); " in last
+            # Another user made the temporary directory's fallback first: refused.
+            assert f"{squat} belongs to uid {squatter}" in last, last
+            assert last.endswith("Run the agent as root or as the packaged unit (its "
+                                 "CacheDirectory is its own), or give its user a writable home "
+                                 "or XDG_CACHE_HOME"), last  # fmt: skip
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)

@@ -19,7 +19,9 @@ garbage. So bpfdyno uses, in this order:
 
 The cache lives under ``/var/cache/bpfdyno/kheaders/<release>-<build id>/<flavour>`` and is
 written atomically (a temporary directory renamed into place), so concurrent daemons and
-tests never see half a tree.
+tests never see half a tree. An agent that may read but not write it (an ordinary user with
+the unit's capabilities, where root's agent made the cache) uses root's trees and generates
+missing ones into a cache of its own (`fallback_cache_dirs`), trusted by the same rules.
 
 What is compiled into programs loaded with CAP_BPF/CAP_SYS_ADMIN must be the agent's alone.
 Every directory and file is created with explicit modes (`DIR_MODE`, `FILE_MODE`: nobody
@@ -33,6 +35,7 @@ a directory others may change is refused with the reason.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import hashlib
 import logging
@@ -62,6 +65,21 @@ _OTHERS_WRITE = 0o022
 
 class KernelHeadersError(Exception):
     """No usable kernel headers; the message says what is missing and how to fix it."""
+
+
+class HeaderCacheUnwritable(KernelHeadersError):
+    """The cache directory exists (or its parent does) but this process may not write it."""
+
+
+def fallback_cache_dirs() -> list[Path]:
+    """Where an agent that may not write the system cache keeps its trees, in order: its
+    user's XDG cache (``$XDG_CACHE_HOME`` or ``~/.cache``), then a directory of its own in
+    the temporary directory (service users often have no home)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return [
+        Path(base) / "bpfdyno" / "kheaders",
+        Path(tempfile.gettempdir()) / f"bpfdyno-kheaders-{os.geteuid()}",
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,9 +168,47 @@ def ensure_headers(
     if prefer_installed and (installed / "include" / "linux" / "kconfig.h").is_file():
         return HeaderTree(installed.resolve(), "installed", k.release, "")
     build_id = kernel_build_id(k)
-    root = (cache_dir or DEFAULT_CACHE_DIR) / f"{k.release}-{build_id}"
+    if cache_dir is not None:
+        return _cached_tree(cache_dir, flavour, k, build_id)
+    try:
+        return _cached_tree(DEFAULT_CACHE_DIR, flavour, k, build_id)
+    except HeaderCacheUnwritable as e:
+        # An agent run as an ordinary user with the unit's capabilities, on a machine where
+        # root's agent made the system cache: it reads root's trees but cannot add one.
+        tried = [str(e)]
+    for fallback in fallback_cache_dirs():
+        try:
+            tree = _cached_tree(fallback, flavour, k, build_id)
+        except KernelHeadersError as e:
+            tried.append(str(e))
+            continue
+        if fallback not in _FALLBACKS_SAID:
+            _FALLBACKS_SAID.add(fallback)
+            log.info("%s; kernel headers are kept in %s instead", tried[0], fallback)
+        return tree
+    raise KernelHeadersError(
+        f"no writable kernel header cache: {'; '.join(tried)}. Run the agent as root or as "
+        "the packaged unit (its CacheDirectory is its own), or give its user a writable home "
+        "or XDG_CACHE_HOME"
+    )
+
+
+#: Fallback caches already named in the log (once per process, not once per program).
+_FALLBACKS_SAID: set[Path] = set()
+
+
+def _cached_tree(
+    cache: Path, flavour: HeaderFlavour, k: KernelSources, build_id: str
+) -> HeaderTree:
+    """The tree of ``flavour`` in ``cache``: the trusted cached one, or one generated now.
+
+    Raises:
+        HeaderCacheUnwritable: the tree is missing and this process may not write ``cache``.
+        KernelHeadersError: anything else that makes the tree unusable.
+    """
+    root = cache / f"{k.release}-{build_id}"
     final = root / flavour
-    _make_private_dirs(root, cache_dir or DEFAULT_CACHE_DIR)
+    _make_private_dirs(root, cache)
     if (final / _MARKER).is_file() or os.path.lexists(final):
         problem = tree_problem(final)
         if problem:
@@ -258,10 +314,8 @@ def _make_private_dirs(directory: Path, cache: Path) -> None:
             except FileExistsError:
                 pass
             except OSError as e:
-                raise KernelHeadersError(
-                    f"cannot create the header cache {path} ({e.strerror}); run as root or "
-                    "pass a writable cache directory"
-                ) from e
+                kind = HeaderCacheUnwritable if _unwritable(e) else KernelHeadersError
+                raise kind(f"cannot create {path} ({e.strerror})") from e
             continue
         except OSError as e:
             raise KernelHeadersError(f"cannot use the header cache {path} ({e.strerror})") from e
@@ -280,6 +334,10 @@ def _make_private_dirs(directory: Path, cache: Path) -> None:
             "it could put code into the agent's BPF programs. Make it the agent's own (mode "
             "0755) or set another cache directory"
         )
+
+
+def _unwritable(e: OSError) -> bool:
+    return e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def _remove(tree: Path) -> None:
@@ -324,7 +382,11 @@ def _generate_atomically(final: Path, flavour: HeaderFlavour, k: KernelSources) 
         with contextlib.suppress(OSError):
             if time.time() - stale.stat().st_mtime > 600:
                 shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{flavour}-", dir=final.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{flavour}-", dir=final.parent))
+    except OSError as e:
+        kind = HeaderCacheUnwritable if _unwritable(e) else KernelHeadersError
+        raise kind(f"cannot write the kernel headers into {final.parent} ({e.strerror})") from e
     try:
         _write_tree(tmp, flavour, k)
         _write_file(tmp / _MARKER, f"{k.release}\n{flavour}\n")
