@@ -94,14 +94,18 @@ def test_a_rank_late_for_its_disk_by_less_is_not_named() -> None:
 
 def test_a_rank_late_for_reads_under_its_own_memory_limit_is_named_for_memory() -> None:
     """The same run-ups, the rank's own memory cgroup at its limit rereading pages (memory
-    pressure: its disk waits are the limit's): named for memory at 9 % as well."""
+    pressure: its disk waits are the limit's, and so is its 0.6 ms a run-up more on a CPU:
+    reclaim runs on its own CPU): named for memory at 9 % as well."""
     cgroup = MemoryCgroup("/job/rank1", 32 << 20, 1450, 8600, 4, 0.0)
     job_ = job(0.0025, SLOW_HELD)
     job_[SLOW] = replace(job_[SLOW], memory_cgroups=(cgroup,))
     [f] = compare(job_).stragglers
     assert (f.rank, f.kind) == (SLOW, "late")
-    assert [c.cause for c in f.causes] == ["memory", "cpu_wait", "on_cpu"]
+    assert [c.cause for c in f.causes] == ["memory", "cpu_wait"]
     assert f.causes[0].seconds == pytest.approx(N * LATE_MS / 1000)
+    assert f.causes[0].detail.endswith(
+        "; 12.0 ms of it on its CPU (reclaim and reading pages back)"
+    )
 
 
 def test_the_disk_comes_first_when_it_and_the_waits_each_explain_all_it_lost() -> None:

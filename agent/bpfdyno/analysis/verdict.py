@@ -805,12 +805,22 @@ def _late_finding(
         worst = [_quota_instance(w, quota) if w.cause == "cpu_wait" else w for w in worst]
         details["cpu_quota"][_quota_detail(quota)] += 1
     memory = _memory_pressure(r, rs)
-    if memory is not None and excess.get("disk"):
+    if memory is not None and (excess.get("disk") or excess.get("on_cpu")):
         # Reclaim at its own cgroup's limit: its uninterruptible waits (pages read again
-        # after reclaim evicted them, stalls in reclaim) are the limit's, not the disk's.
-        excess["memory"] = excess.pop("disk")
+        # after reclaim evicted them, stalls in reclaim) are the limit's, not the disk's...
+        waited = excess.pop("disk", 0.0)
         worst = [replace(w, cause="memory") if w.cause == "disk" else w for w in worst]
-        details["memory"][_memory_detail(memory)] += 1
+        # ... and so is its extra time on a CPU: the kernel reclaims at the limit on the
+        # CPU of the task that charges a page, and reads back pages the others find in
+        # memory. Where the cgroup's pressure counters exist (v2), at most the time its
+        # tasks stalled on memory beyond those waits.
+        ran = excess.pop("on_cpu", 0.0)
+        bound = max(0.0, memory.stall_seconds - waited) if memory.stall_seconds else ran
+        reclaimed = min(ran, bound)
+        if ran > reclaimed:
+            excess["on_cpu"] = ran - reclaimed
+        excess["memory"] = waited + reclaimed
+        details["memory"][_memory_detail(memory, reclaimed)] += 1
     taken = _softirq_threads(holders, excess, details, r.ev.pid, seconds)
     taken |= _shared_cpu(r, rs, holders, excess, details, seconds)
     causes: list[CauseTime] = []
@@ -901,11 +911,16 @@ def _memory_pressure(r: _Rank, rs: list[_Rank]) -> MemoryCgroup | None:
     return None
 
 
-def _memory_detail(m: MemoryCgroup) -> str:
+def _memory_detail(m: MemoryCgroup, on_cpu: float = 0.0) -> str:
     stalled = f", its tasks stalled {_fmt_s(m.stall_seconds)}" if m.stall_seconds else ""
+    ran = (
+        f"; {_fmt_s(on_cpu)} of it on its CPU (reclaim and reading pages back)"
+        if on_cpu >= 0.0005
+        else ""
+    )
     return (
         f"cgroup {m.cgroup} at its {_fmt_bytes(m.limit_bytes)} limit {m.limit_hits} times: "
-        f"{m.refaults} pages read again after reclaim, {m.major_faults} major faults{stalled}"
+        f"{m.refaults} pages read again after reclaim, {m.major_faults} major faults{stalled}" + ran
     )
 
 
