@@ -27,6 +27,7 @@ from bpfdyno.sources.base import Collector
 
 if TYPE_CHECKING:
     from bpfdyno.app.daemon import Daemon
+    from bpfdyno.detection.collector import DetectionCollector
     from bpfdyno.rpc.detection import RankSignal
     from bpfdyno.sources.budget.controller import BudgetCollector
     from bpfdyno.sources.procs.table import ProcessTable
@@ -321,6 +322,8 @@ def build(cfg: Config) -> Assembly:
         asm.budget.add_requested_programs(capture.requested_programs)
     if irq is not None:  # its programs, while its step holds, run only for traces
         asm.budget.add_requested_programs(irq.requested_programs)
+    if detection is not None and net is not None:
+        asm.budget.add_needs(partial(detection_needs, detection))
     asm.collectors.append(asm.budget)
 
     asm.components.append(tracing)
@@ -421,11 +424,22 @@ def scrape_read(demand: ReadDemand, table: ProcessTable | None, procs_interval_s
             table.fresh_snapshot(procs_interval_s, SCRAPE_READER)
 
 
+def detection_needs(detection: DetectionCollector) -> dict[str, str]:
+    """The budget steps the detection needs undone while it watches a job: the net parts its
+    network scores read (a detached RTT program left a delayed link unseen)."""
+    from bpfdyno.sources.net.collector import detached_step
+
+    who = detection.watching()
+    return {detached_step(part): who for part in detection.NET_INPUTS} if who else {}
+
+
 def bind_daemon(asm: Assembly, daemon: Daemon) -> None:
     """Give the budget the daemon's own steps (call on the event loop, once it runs)."""
     if asm.budget is None:
         return
-    slower = daemon.slower_collection(keep=frozenset({asm.budget.name}))
+    # The detection keeps its interval: a job's straggler is noticed as fast under a storm
+    # (4x slower, its 5 s became 20 s; its own cost is a few /proc reads per rank).
+    slower = daemon.slower_collection(keep=frozenset({asm.budget.name, "detection"}))
     asm.budget.add_source(lambda: [slower])
     asm.budget.add_memory_steps([daemon.less_history()])
     asm.budget.set_collector_cpu(daemon.collector_cpu_ns)

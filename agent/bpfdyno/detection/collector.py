@@ -73,6 +73,9 @@ class DetectionCollector(Collector):
 
     name = "detection"
     may_block = True
+    #: The net collector's parts whose data the network scores read (`net_signal`): the
+    #: budget does not detach them while a job is watched (`watching`).
+    NET_INPUTS = ("rtt", "tcp_events", "connections")
 
     def __init__(
         self,
@@ -157,6 +160,16 @@ class DetectionCollector(Collector):
         """Detach gloo's probes."""
         if self._peer_waits is not None:
             self._peer_waits.close()
+
+    def watching(self) -> str:
+        """What the detection watches now, in words ("" when no rank): "detection watching
+        job 1818 (4 ranks)"."""
+        _, signals = self._latest
+        if not signals:
+            return ""
+        jobs = sorted({s.job_id for s in signals})
+        ranks = f"{len(signals)} rank{'s' if len(signals) != 1 else ''}"
+        return f"detection watching job{'s' if len(jobs) > 1 else ''} {', '.join(jobs)} ({ranks})"
 
     def rank_signals(self, job_id: str = "") -> list[RankSignal]:
         """The last round's signals of this node's ranks (of one job), for its peers."""

@@ -602,3 +602,51 @@ def test_a_storm_logs_one_warning_its_steps_and_undos_at_info(
         "net.sampled undone",
         "every step undone; the storm is over",
     ]
+
+
+def test_a_step_someone_needs_is_not_taken_and_a_held_one_is_undone() -> None:
+    """Found in the healthy hour with background load: the budget detached the RTT program
+    while the detection watched a job, and an added delay on a rank's link went unseen
+    (0 of 4). A step whose data someone needs now is not taken, a held one is undone at the
+    next window, and `status` says which and for whom."""
+    rtt = Step("net.rtt_detached", ["bpfdyno_nprobe"])
+    sampled = Step("net.bytes_sampled", ["bpfdyno_nsend"], share_saved=0.875)
+    needs: dict[str, str] = {}
+    agent = Agent([rtt, sampled])
+    agent.budget.add_needs(lambda: needs)
+    agent.warm()
+    storm = {"bpfdyno_nprobe": 12 * MS, "bpfdyno_nsend": 12 * MS}
+    agent.period(storm, agent_ns_s=0)
+    # 2.4 % in all, over twice the budget: both steps (1.2 + 1.05 %) to reach 0.8 %.
+    assert (rtt.log, sampled.log) == (["apply"], ["apply"])
+    needs["net.rtt_detached"] = "detection watching job 1818 (4 ranks)"
+    agent.period({"bpfdyno_nprobe": 0.0, "bpfdyno_nsend": 1.5 * MS}, agent_ns_s=0)
+    assert (rtt.log, sampled.log) == (["apply", "undo"], ["apply"])
+    assert agent.value("agent_budget_step_active", step="net.rtt_detached") == 0.0
+    # The storm goes on: over twice the budget again, the needed step stays attached.
+    agent.period(storm, agent_ns_s=0)
+    agent.period(storm, agent_ns_s=0)
+    assert rtt.log == ["apply", "undo"]
+    state, reason = agent.budget.health()
+    assert state is PartState.DEGRADED
+    assert reason.endswith(
+        "; not taken while detection watching job 1818 (4 ranks) needs them: net.rtt_detached"
+    ), reason
+    # Nobody needs it any more: taken again at the next window over budget.
+    needs.clear()
+    agent.period(storm, agent_ns_s=0)
+    assert rtt.log == ["apply", "undo", "apply"]
+    assert "not taken while" not in agent.budget.health()[1]
+
+
+def test_a_part_that_fails_to_say_what_it_needs_needs_nothing() -> None:
+    rtt = Step("net.rtt_detached", ["bpfdyno_nprobe"])
+    agent = Agent([rtt])
+
+    def broken() -> dict[str, str]:
+        raise RuntimeError("no")
+
+    agent.budget.add_needs(broken)
+    agent.warm()
+    agent.period({"bpfdyno_nprobe": 25 * MS}, agent_ns_s=0)
+    assert rtt.log == ["apply"]

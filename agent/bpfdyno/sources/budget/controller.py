@@ -29,7 +29,10 @@ table for `ps` or `top`, answering queries): it is the reader's, bounded per rea
 named per reader in ``status``; ordinary reading never makes the agent degrade itself. So is
 what a trace's recording costs (`bpfdyno.core.budget.RequestedPrograms`: the capture's BPF
 programs run only while someone's trace does): charged to whoever asked for the trace,
-bounded per user like their other requests, and never stepped down. The
+bounded per user like their other requests, and never stepped down. A step whose data
+someone relies on now (`add_needs`: the straggler detection, while it watches a job, needs
+the RTT and retransmit programs) is not taken, and one held is undone at the next window:
+``status`` says which and for whom. The
 first `WARMUP_S` after start (first rounds, compiles) are measured but never acted on.
 
 Steps and undos are logged at INFO; a storm (from the first step taken while none is held
@@ -193,6 +196,9 @@ class BudgetCollector(Collector):
         self._requested_at_window: dict[str, int] = {}
         self._requested_programs: list[Callable[[], RequestedPrograms]] = []
         self._due: Callable[[], None] | None = None
+        self._needs: list[Callable[[], Mapping[str, str]]] = []
+        #: The steps not taken at the latest decision because someone needs them: who.
+        self._kept: dict[str, str] = {}
         #: Whether its windows may rest (`bpfdyno.sources.budget.activity`).
         self.watch = CalmWatch(
             section.cpu_ratio * 1e9,
@@ -213,6 +219,13 @@ class BudgetCollector(Collector):
         """BPF programs run only for someone's request (the trace capture's), asked at every
         window: their cost is charged to the requesters, not weighed by the budget."""
         self._requested_programs.append(source)
+
+    def add_needs(self, source: Callable[[], Mapping[str, str]]) -> None:
+        """Who needs which steps' data now (step name -> who, asked at every decision): such
+        a step is not taken, and one held is undone (the detection needs the RTT of a job's
+        connections while it watches the job; a budget that detached it blinded detection).
+        """
+        self._needs.append(source)
 
     def add_memory_steps(self, steps: Iterable[Reduction]) -> None:
         """Offer more memory steps (the daemon's store and recorder, once they exist)."""
@@ -304,17 +317,28 @@ class BudgetCollector(Collector):
         )
         if not self._cfg.enabled:
             return PartState.OK, f"{head}; measuring only ([budget] enabled = false)"
+        kept = self._kept_text() if st.over_since else ""
         if not st.held:
             extra = "; over budget with nothing left to reduce" if st.over_since else ""
             state = PartState.DEGRADED if st.over_since else PartState.OK
             errors = f"; {'; '.join(self._errors)}" if self._errors else ""
-            return state, f"{head}; nothing reduced{extra}{errors}"
+            return state, f"{head}; nothing reduced{extra}{kept}{errors}"
         steps = "; ".join(
             f"{h.step.name} since {_clock_text(h.since_wall)}: {h.step.what} ({h.step.lost}) "
             f"because {h.why}"
             for h in st.held
         )
-        return PartState.DEGRADED, f"{head}; reduced: {steps}"
+        return PartState.DEGRADED, f"{head}; reduced: {steps}{kept}"
+
+    def _kept_text(self) -> str:
+        """The steps not taken because someone needs their data, and who."""
+        by_who: dict[str, list[str]] = {}
+        for name, who in sorted(self._kept.items()):
+            by_who.setdefault(who, []).append(name)
+        return "".join(
+            f"; not taken while {who} needs them: {', '.join(names)}"
+            for who, names in by_who.items()
+        )
 
     def _windows_text(self) -> str:
         """How often the run statistics are measured now, and why not less often."""
@@ -418,9 +442,35 @@ class BudgetCollector(Collector):
                 log.exception("budget: a part failed to list its steps")
         return out
 
+    def _needed(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for source in self._needs:
+            try:
+                out.update(source())
+            except Exception:  # who cannot say what it needs needs nothing
+                log.exception("budget: a part failed to say which steps it needs")
+        return out
+
+    def _release_needed(self, needed: Mapping[str, str], now: float) -> None:
+        """Undo the held steps someone needs now."""
+        for held in [h for h in self._held if h.step.name in needed]:
+            self._held.remove(held)
+            self._undo(held.step)
+            self._changed_at = now
+            log.info(
+                "budget: %s undone: %s needs it (taken because %s)",
+                held.step.name,
+                needed[held.step.name],
+                held.why,
+            )
+
     def _decide(self, costs: Costs, now: float) -> None:
         budget = self._cfg.cpu_ratio * 1e9
         total = costs.total_ns_s
+        needed = self._needed()
+        self._release_needed(needed, now)
+        offered = {s.name for s in self._steps()}
+        self._kept = {name: who for name, who in needed.items() if name in offered}
         if total > budget:
             self._over_windows += 1
             self._state.over_since = self._state.over_since or time.time()
@@ -438,7 +488,7 @@ class BudgetCollector(Collector):
             self._calm_since = None
 
     def _reduce(self, costs: Costs, total: float, budget: float, now: float) -> None:
-        steps = [s for s in self._steps() if not s.active]
+        steps = [s for s in self._steps() if not s.active and s.name not in self._kept]
         candidates = [
             (saving, s)
             for s in steps

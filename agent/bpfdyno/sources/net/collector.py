@@ -137,6 +137,11 @@ _FED_BY = {
 }
 
 
+def detached_step(part: str) -> str:
+    """The name of the budget step that detaches one of `_DETACHABLE`'s parts."""
+    return f"net.{part}_detached"
+
+
 class NetUnavailable(RuntimeError):
     """Asked for data while the collector is not running; the message says why."""
 
@@ -362,7 +367,7 @@ class NetCollector(Collector):
             part: DetachedFunctions(
                 program,
                 fns,
-                name=f"net.{part}_detached",
+                name=detached_step(part),
                 part=self.name,
                 what=f"the {', '.join(fns)} program(s) detached",
                 lost=lost,
