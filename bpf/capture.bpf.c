@@ -93,6 +93,8 @@ BPF_HASH(bpfdyno_clisten, u32, u32, CAP_MAX_LISTENERS);
 BPF_TABLE("lru_hash", u64, u64, bpfdyno_ctcp, CAP_MAX_SOCKS);
 BPF_RINGBUF_OUTPUT(bpfdyno_cnet, CAP_RINGBUF_PAGES);
 BPF_RINGBUF_OUTPUT(bpfdyno_csched, CAP_RINGBUF_PAGES);
+/* Per traced thread in direct memory reclaim: when it began. */
+BPF_HASH(bpfdyno_creclaim, u32, u64, CAP_MAX_THREADS);
 
 static __always_inline void cap_count(u32 idx)
 {
@@ -714,5 +716,60 @@ int bpfdyno_cexit(struct bpf_raw_tracepoint_args *ctx)
 	struct cap_proc *p = bpfdyno_ctgids.lookup(&tgid);
 	if (p && (p->flags & CAP_F_CHILD))
 		bpfdyno_ctgids.delete(&tgid);
+	return 0;
+}
+
+/* mm_vmscan_memcg_reclaim_begin / mm_vmscan_direct_reclaim_begin, in the reclaiming task's
+ * context: a traced thread charged a page over its cgroup's limit (or found the node short)
+ * and reclaims on its own CPU. Its time there is the limit's, not its work's. */
+int bpfdyno_creclaimin(struct bpf_raw_tracepoint_args *ctx)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tgid = id >> 32, tid = (u32)id;
+	struct cap_proc *p = bpfdyno_ctgids.lookup(&tgid);
+	if (!p || !(p->flags & CAP_F_SCHED))
+		return 0;
+	u64 now = bpf_ktime_get_ns();
+	if (bpfdyno_creclaim.update(&tid, &now))
+		cap_count(CAP_C_THREAD_FULL);
+	return 0;
+}
+
+/* mm_vmscan_memcg_reclaim_end / mm_vmscan_direct_reclaim_end: the reclaim of a traced thread
+ * is over; one record of it (CAP_STATE_RECLAIM). */
+int bpfdyno_creclaimout(struct bpf_raw_tracepoint_args *ctx)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tgid = id >> 32, tid = (u32)id;
+	u64 *start = bpfdyno_creclaim.lookup(&tid);
+	if (!start)
+		return 0;
+	u64 began = *start;
+	bpfdyno_creclaim.delete(&tid);
+	struct cap_proc *pp = bpfdyno_ctgids.lookup(&tgid);
+	if (!pp)
+		return 0;
+	u32 owner = 0;
+	struct cap_proc *p = cap_owner(pp, tgid, &owner);
+	if (!p)
+		return 0;
+	struct cap_offcpu *e = bpfdyno_csched.ringbuf_reserve(sizeof(struct cap_offcpu));
+	if (!e) {
+		cap_count(CAP_C_SCHED_LOST);
+		__sync_fetch_and_add(&p->offcpu_lost, 1);
+		return 0;
+	}
+	__builtin_memset(e, 0, sizeof(*e));
+	e->off_ns = began;
+	e->on_ns = bpf_ktime_get_ns();
+	e->tgid = owner;
+	e->tid = tid;
+	e->state = CAP_STATE_RECLAIM;
+	e->cpu = bpf_get_smp_processor_id();
+	e->syscall = cap_current_syscall();
+	e->pid = tgid;
+	bpf_get_current_comm(&e->comm, sizeof(e->comm));
+	bpfdyno_csched.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
+	__sync_fetch_and_add(&p->offcpu, 1);
 	return 0;
 }

@@ -141,7 +141,13 @@ struct cap_thread {
 };
 _Static_assert(sizeof(struct cap_thread) == 40, "cap_thread layout");
 
-/* One record of the `bpfdyno_csched` ring buffer: a completed off-CPU interval. */
+/* `cap_offcpu.state` of a record that is not an off-CPU interval but a thread's time in
+ * direct memory reclaim (vmscan's memcg and direct reclaim tracepoints): off_ns its start,
+ * on_ns its end, on a CPU but for the off-CPU intervals inside it. No task state has it. */
+#define CAP_STATE_RECLAIM 1073741824 /* 0x40000000 */
+
+/* One record of the `bpfdyno_csched` ring buffer: a completed off-CPU interval (or a
+ * reclaim, CAP_STATE_RECLAIM). */
 struct cap_offcpu {
 	u64 off_ns;   /* switched out */
 	u64 wake_ns;  /* woken (blocked intervals only; 0 if the wakeup was not seen) */

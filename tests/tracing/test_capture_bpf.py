@@ -213,6 +213,8 @@ def test_nothing_runs_in_the_kernel_while_nothing_is_traced(
             "bpfdyno_cwaking",
             "bpfdyno_cfork",
             "bpfdyno_cexit",
+            "bpfdyno_creclaimin",
+            "bpfdyno_creclaimout",
         }
         stats = BpfRunStats(fds)
 
@@ -248,6 +250,10 @@ def test_nothing_runs_in_the_kernel_while_nothing_is_traced(
                 "sched_waking",
                 "sched_process_fork",
                 "sched_process_exit",
+                "mm_vmscan_memcg_reclaim_begin",
+                "mm_vmscan_memcg_reclaim_end",
+                "mm_vmscan_direct_reclaim_begin",
+                "mm_vmscan_direct_reclaim_end",
             ]
         )
         traced = window()

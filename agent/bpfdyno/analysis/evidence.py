@@ -126,6 +126,7 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
     # Thread ids of the sched track are the host's (a container's trainer: not the file's pid).
     tid = facts.main_tid
     threads = _Threads(_slices(facts, tid, {c.tid for c in chosen if c.tid} - {pid}, lo, hi))
+    reclaims = sorted((s, e) for t, s, e in facts.reclaims if t == tid and e > lo and s < hi)
     worker_slices, worker_of = _worker_slices(facts, tid, lo, hi)
     children = _Threads(worker_slices)
     busy = _gpu_busy(facts, lo, hi)
@@ -158,9 +159,15 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         if measured:
             on_cpu = _on_cpu(threads, tid, run_up, c.start_us)
             stolen = _while_on_cpu(stolen, on_cpu, (c.start_us - run_up) / 1e6)
-            ran = on_cpu - stolen
+            # Reclaiming pages for its own allocations is on its CPU but not its work.
+            reclaiming = min(
+                max(0.0, on_cpu - stolen), _reclaiming(reclaims, threads, tid, run_up, c.start_us)
+            )
+            ran = on_cpu - stolen - reclaiming
             if ran > 0:
                 extra.append(CauseTime("on_cpu", ran))
+            if reclaiming > 0:
+                extra.append(CauseTime("memory", reclaiming))
         if stolen > 0:
             extra.append(CauseTime("interrupts", stolen))
         if extra:
@@ -668,6 +675,22 @@ def _on_cpu(threads: _Threads, pid: int, lo: float, hi: float) -> float:
     own work; interrupts taken meanwhile are in it, and are taken out by the caller)."""
     off = sum(overlap for _, overlap in threads.of(pid, lo, hi))
     return max(0.0, hi - lo - off) / 1e6
+
+
+def _reclaiming(
+    reclaims: Sequence[tuple[float, float]], threads: _Threads, tid: int, lo: float, hi: float
+) -> float:
+    """Seconds the main thread spent on a CPU in direct memory reclaim in [lo, hi): its
+    reclaims' time there less its off-CPU slices inside them (a reclaim may wait for
+    writeback or be preempted). ``reclaims``: its reclaims, sorted by start."""
+    total = 0.0
+    i = max(0, bisect.bisect_right(reclaims, (lo, math.inf)) - 1)
+    while i < len(reclaims) and reclaims[i][0] < hi:
+        a, b = max(reclaims[i][0], lo), min(reclaims[i][1], hi)
+        if b > a:
+            total += (b - a) - sum(overlap for _, overlap in threads.of(tid, a, b))
+        i += 1
+    return max(0.0, total) / 1e6
 
 
 def _while_on_cpu(interrupts: float, on_cpu: float, run_up: float) -> float:

@@ -47,6 +47,7 @@ from bpfdyno.rpc.kernel_tracks import (
     CAT_NCCL_PROFILER,
     CAT_NET,
     CAT_SCHED,
+    SCHED_RECLAIM,
 )
 
 #: Most intervals of one kind kept from one file (a 500 MB trace has ~2 M events).
@@ -204,6 +205,9 @@ class TraceFacts:
     #: Per GPU device: non-NCCL kernels as start, end, start, end...
     gpu_busy: dict[int, array[float]] = field(default_factory=dict)
     offcpu: list[OffCpuSlice] = field(default_factory=list)
+    #: The sched track's memory reclaims: (tid, start_us, end_us), on a CPU but for the
+    #: off-CPU slices inside them.
+    reclaims: list[tuple[int, float, float]] = field(default_factory=list)
     #: bpfdyno net bursts: (start_us, end_us, "send"/"recv", bytes, calls, local, peer).
     net_bursts: list[tuple[float, float, str, int, int, str, str]] = field(default_factory=list)
     net_events: list[NetInstant] = field(default_factory=list)
@@ -483,6 +487,10 @@ class _Reader:
         if args.get("held_by_pid") is not None:
             held = f"{args.get('held_by_comm', '?')} (pid {args['held_by_pid']})"
         cause = args.get("cause")
+        if cause == SCHED_RECLAIM:
+            if self._room(self.f.reclaims):
+                self.f.reclaims.append((tid, ts, ts + self._dur(e)))
+            return
         if not isinstance(cause, str):  # from the slice's name: "blocked: lock (futex)"
             name = str(e.get("name", ""))
             cause = "runnable" if name.startswith("runnable") else name.split(": ")[-1]

@@ -21,6 +21,9 @@ CAT_SCHED = "bpfdyno.sched"
 CAT_NCCL = "bpfdyno.nccl"
 CAT_GPU = "bpfdyno.gpu"
 CAT_FABRIC = "bpfdyno.fabric"
+#: The ``cause`` of a sched slice that is a thread's time in direct memory reclaim (on a CPU,
+#: around the off-CPU slices inside it), not an off-CPU interval.
+SCHED_RECLAIM = "memory reclaim"
 CAT_INFO = "bpfdyno.info"
 #: NCCL's profiler plugin's rows of the nccl track (`bpfdyno.sources.nccl_profiler.track`).
 CAT_NCCL_PROFILER = "bpfdyno.nccl_profiler"

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import platform
 
+from bpfdyno.rpc.kernel_tracks import SCHED_RECLAIM
+
 RUNNABLE = "runnable"
 SLEEP = "sleep"
 LOCK = "lock"
@@ -28,6 +30,10 @@ IO_WAIT = "io wait"
 FILE_IO = "file io"
 UNINTERRUPTIBLE = "disk/uninterruptible"
 BLOCKED = "blocked"
+
+#: Not an off-CPU cause: a thread's time in direct memory reclaim (on a CPU, around the
+#: off-CPU intervals inside it), the ``cause`` of its "memory reclaim" slices.
+RECLAIM = SCHED_RECLAIM
 
 #: Every cause, in the order summaries list them.
 CAUSES = (RUNNABLE, LOCK, IO_WAIT, FILE_IO, SLEEP, UNINTERRUPTIBLE, BLOCKED)

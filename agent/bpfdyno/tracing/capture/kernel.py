@@ -41,6 +41,7 @@ from bpfdyno.tracing.capture.records import (
     NetBurst,
     NetEvent,
     OffCpu,
+    Reclaim,
     SocketInfo,
     TcpSample,
     Track,
@@ -87,6 +88,12 @@ SCHED_ATTACHMENTS = (
     Attachment("sched_waking", "bpfdyno_cwaking", True, "wakeups"),
     Attachment("sched_process_fork", "bpfdyno_cfork", False, "child processes forked while traced"),
     Attachment("sched_process_exit", "bpfdyno_cexit", False, "exits of child processes"),
+    # Time in direct reclaim, on the thread's own CPU: under its cgroup's memory limit that
+    # is the limit's time, not the thread's work.
+    Attachment("mm_vmscan_memcg_reclaim_begin", "bpfdyno_creclaimin", False, "memory reclaim"),
+    Attachment("mm_vmscan_memcg_reclaim_end", "bpfdyno_creclaimout", False, "memory reclaim"),
+    Attachment("mm_vmscan_direct_reclaim_begin", "bpfdyno_creclaimin", False, "memory reclaim"),
+    Attachment("mm_vmscan_direct_reclaim_end", "bpfdyno_creclaimout", False, "memory reclaim"),
 )
 _ATTACHMENTS = {Track.NET: NET_ATTACHMENTS, Track.SCHED: SCHED_ATTACHMENTS}
 _GEN = "bpfdyno_cgen"
@@ -99,6 +106,12 @@ def capture_enums() -> tuple[dict[str, int], dict[int, str], dict[str, int]]:
     counters = header_enum(text, "cap_counter")
     kinds = {n: name for name, n in header_enum(text, "cap_net_kind").items()}
     return counters, kinds, header_defines(text, "CAP_F_")
+
+
+@cache
+def reclaim_state() -> int:
+    """``CAP_STATE_RECLAIM``: the state of a `bpfdyno_csched` record that is a reclaim."""
+    return header_defines(header_text("capture.h"), "CAP_STATE_")["CAP_STATE_RECLAIM"]
 
 
 _NET_KIND_NAMES = {
@@ -525,6 +538,17 @@ class KernelCapture:
         return tgid, NetEvent(name, int(e.ts_ns), int(e.tid), int(e.sk), sock, attrs)
 
     def _decode_sched(self, e: Any) -> tuple[int, KernelRecord | None]:
+        # The traced process's own thread, or a child's (host pids, like the thread ids).
+        pid = int(e.pid) if int(e.pid) != int(e.tgid) else 0
+        if int(e.state) == reclaim_state():
+            return int(e.tgid), Reclaim(
+                tid=int(e.tid),
+                comm=shown_c_string(bytes(e.comm)),
+                start_ns=int(e.off_ns),
+                end_ns=int(e.on_ns),
+                cpu=int(e.cpu),
+                pid=pid,
+            )
         return int(e.tgid), OffCpu(
             tid=int(e.tid),
             comm=shown_c_string(bytes(e.comm)),
@@ -537,8 +561,7 @@ class KernelCapture:
             held_pid=int(e.held_tgid),
             held_tid=int(e.held_tid),
             held_comm=bytes(e.held_comm).split(b"\0", 1)[0].decode("utf-8", "replace"),
-            # The traced process's own thread, or a child's (host pids, like the thread ids).
-            pid=int(e.pid) if int(e.pid) != int(e.tgid) else 0,
+            pid=pid,
             waker_pid=int(e.waker_tgid),
             waker_tid=int(e.waker_tid),
         )

@@ -187,6 +187,27 @@ class OffCpu:
 
 
 @dataclass(frozen=True, slots=True)
+class Reclaim:
+    """A traced thread's time in direct memory reclaim: at its cgroup's memory limit (or on
+    a node short of memory) the kernel reclaims pages on the CPU of the task that asked for
+    one. On a CPU for all of it but the off-CPU intervals inside it (recorded as `OffCpu`).
+
+    Attributes:
+        tid: the thread; ``comm`` its name.
+        start_ns, end_ns: CLOCK_MONOTONIC at the reclaim's start and end.
+        cpu: the CPU it ended on.
+        pid: as `OffCpu.pid` (a child process's thread; 0: the traced process's own).
+    """
+
+    tid: int
+    comm: str
+    start_ns: int
+    end_ns: int
+    cpu: int
+    pid: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class CpuQuotaSample:
     """One cgroup's CPU quota and its cumulative throttling counters at one moment.
 
@@ -318,6 +339,7 @@ KernelRecord = (
     | NetEvent
     | TcpSample
     | OffCpu
+    | Reclaim
     | CpuQuotaSample
     | MemoryCgroupSample
     | NcclCall
@@ -331,6 +353,7 @@ TRACK_OF: dict[type, Track] = {
     NetEvent: Track.NET,
     TcpSample: Track.NET,
     OffCpu: Track.SCHED,
+    Reclaim: Track.SCHED,
     CpuQuotaSample: Track.SCHED,
     MemoryCgroupSample: Track.SCHED,
     NcclCall: Track.NCCL,

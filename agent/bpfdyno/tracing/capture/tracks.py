@@ -76,6 +76,7 @@ from bpfdyno.tracing.capture.records import (
     NetEvent,
     OffCpu,
     ProcessCapture,
+    Reclaim,
     TcpSample,
     Track,
 )
@@ -283,7 +284,7 @@ def write_tracks(
         counts[Track.NET] += _tcp(w, by_kind[TcpSample], shift, window)
         counts[Track.NET] += _pre_window(w, recorded, base_ns, window)
     if Track.SCHED in wanted:
-        counts[Track.SCHED] = _sched(w, by_kind[OffCpu], shift, window)
+        counts[Track.SCHED] = _sched(w, by_kind[OffCpu], by_kind[Reclaim], shift, window)
         n, quotas = _quota(w, by_kind[CpuQuotaSample], shift, window)
         counts[Track.SCHED] += n
         memory = _memory(by_kind[MemoryCgroupSample], shift, window)
@@ -423,19 +424,35 @@ def _pre_window(w: _Writer, recorded: Sequence[KernelEvent], base_ns: int, windo
     return n
 
 
-def _sched(w: _Writer, intervals: list[OffCpu], shift: int, window: Window) -> int:
-    rows: dict[str, list[OffCpu]] = defaultdict(list)
+def _sched(
+    w: _Writer, intervals: list[OffCpu], reclaims: list[Reclaim], shift: int, window: Window
+) -> int:
+    """Each thread's row: its off-CPU intervals, and its reclaims around those inside them."""
+    rows: dict[str, list[_Slice]] = defaultdict(list)
     for iv in intervals:
         if _overlaps(iv.off_ns + shift, iv.on_ns + shift, window):
-            child = f"child process {iv.pid} " if iv.pid else ""
-            rows[f"kernel sched: {child}thread {iv.tid} ({iv.comm})"].append(iv)
+            rows[_thread_row(iv.pid, iv.tid, iv.comm)].extend(_offcpu_slices(iv, shift, window))
+    for r in reclaims:
+        lo, hi = r.start_ns + shift, r.end_ns + shift
+        if _overlaps(lo, hi, window):
+            args: dict[str, Any] = {"tid": r.tid, "cpu": r.cpu, "cause": causes.RECLAIM}
+            if r.pid:
+                args["child_pid"] = r.pid
+            if lo < window.start_ns or hi > window.end_ns:
+                args["clipped_to_window"] = True
+            clipped = max(lo, window.start_ns), min(hi, window.end_ns)
+            rows[_thread_row(r.pid, r.tid, r.comm)].append(
+                _Slice(*clipped, "memory reclaim", CAT_SCHED, args)
+            )
     n = 0
     for name in sorted(rows):
-        slices: list[_Slice] = []
-        for iv in rows.pop(name):
-            slices.extend(_offcpu_slices(iv, shift, window))
-        n += w.slices(name, slices)
+        n += w.slices(name, rows.pop(name))
     return n
+
+
+def _thread_row(pid: int, tid: int, comm: str) -> str:
+    child = f"child process {pid} " if pid else ""
+    return f"kernel sched: {child}thread {tid} ({comm})"
 
 
 #: The prefix of each quota cgroup's counter.
