@@ -7,74 +7,42 @@ records real ones)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_wake_after_disk import STEPS, evidence, rank_file, sched
 
-from bpfdyno.analysis.summary import summarize_file
 from bpfdyno.analysis.verdict import compare
 from bpfdyno.rpc.diagnosis import MemoryCgroup, RankEvidence
 
-PID = 41
-BASE_NS = 1_700_000_000_000_000_000
-ROW = 1_000_000_001
-STEPS = 5
-STEP_US = 200_000.0
 RECLAIM_US = 30_000.0  # in reclaim before each collective...
 INSIDE_US = 10_000.0  # ... of which off-CPU in D (waiting for writeback)
 
 
-def sched(ts: float, dur: float, name: str, args: dict[str, Any]) -> dict[str, Any]:
-    return {"ph": "X", "cat": "bpfdyno.sched", "name": name, "pid": PID, "tid": ROW,
-            "ts": ts, "dur": dur, "args": {"tid": PID, "cpu": 0, **args}}  # fmt: skip
-
-
 def trace(tmp_path: Path, rank: int, late_us: float, world: int = 4) -> str:
-    """A rank's file: 5 gloo all-reduces 200 ms apart, arriving ``late_us`` after the others
-    (all ending together); with ``late_us``, before each a reclaim of `RECLAIM_US` with
-    `INSIDE_US` asleep in D inside it, and asleep 50 ms a step (the others 100 ms)."""
-    events: list[dict[str, Any]] = [
-        {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "x",
-         "ts": 0.0, "dur": 1_100_000.0},
-        {"ph": "X", "cat": "bpfdyno.info", "name": "bpfdyno kernel tracks", "pid": PID,
-         "tid": 1_000_000_000, "ts": 0.0, "dur": 1_100_000.0, "args": {"tracks": ["sched"]}},
-    ]  # fmt: skip
-    for i in range(STEPS):
-        end = 150_000.0 + i * STEP_US
-        at = end - 40_000 + late_us
-        events.append(
-            {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": PID,
-             "tid": 7, "ts": at, "dur": end - at, "args": {}}
-        )  # fmt: skip
+    """A rank's file (`rank_file`): with ``late_us``, before each collective a reclaim of
+    `RECLAIM_US` with `INSIDE_US` asleep in D inside it, and asleep 50 ms a step (the
+    others 100 ms)."""
+
+    def before(at: float) -> list[dict[str, Any]]:
         # Asleep 100 ms of each step; the late rank 50 ms, working the rest longer.
-        events.append(
+        out = [
             sched(at - 190_000, 50_000.0 if late_us else 100_000.0,
                   "blocked: sleep (clock_nanosleep)",
                   {"state": "S", "cause": "sleep", "syscall": "clock_nanosleep"})
-        )  # fmt: skip
+        ]  # fmt: skip
         if late_us:
             start = at - 40_000
-            events.append(
-                sched(start, RECLAIM_US, "memory reclaim", {"cause": "memory reclaim"})
-            )  # fmt: skip
-            events.append(
+            out += [
+                sched(start, RECLAIM_US, "memory reclaim", {"cause": "memory reclaim"}),
                 sched(start + 5_000, INSIDE_US, "blocked: disk/uninterruptible",
-                      {"state": "D", "cause": "disk/uninterruptible", "syscall": "pread64"})
-            )  # fmt: skip
-    doc = {"baseTimeNanoseconds": BASE_NS, "traceEvents": events,
-           "distributedInfo": {"rank": rank, "world_size": world}}  # fmt: skip
-    path = tmp_path / f"r{rank}.json"
-    path.write_text(json.dumps(doc))
-    return str(path)
+                      {"state": "D", "cause": "disk/uninterruptible", "syscall": "pread64"}),
+            ]  # fmt: skip
+        return out
 
-
-def evidence(path: str) -> RankEvidence:
-    s = summarize_file(path)
-    assert s.error == "" and s.evidence is not None
-    return s.evidence
+    return rank_file(tmp_path / f"r{rank}.json", rank, world, late_us, before)
 
 
 def test_reclaim_is_taken_out_of_the_run_up_s_work_less_its_off_cpu_time(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ for a CPU held by the task that ran.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,21 +40,22 @@ def sched(ts: float, dur: float, name: str, args: dict[str, Any]) -> dict[str, A
             "ts": ts, "dur": dur, "args": {"tid": PID, "cpu": 0, **args}}  # fmt: skip
 
 
-def trace(
-    tmp_path: Path, rank: int = 0, late_us: float = 0.0, slept: str = "D", world: int = 1
+def rank_file(
+    path: Path,
+    rank: int,
+    world: int,
+    late_us: float,
+    before_each: Callable[[float], list[dict[str, Any]]],
 ) -> str:
-    """A rank's file: 5 gloo all-reduces 200 ms apart (arriving ``late_us`` after the others,
-    all ending together). With ``late_us``, before each: asleep ``READ_US`` in ``slept``
-    (D: pread64 on the disk; S: a pipe read), then ``WOKEN_US`` runnable after the wakeup,
-    then running, then ``PREEMPTED_US`` runnable, preempted; the CPU held by ``stress``.
-    Without: 1 ms asleep before each."""
+    """Write a rank's file at ``path``: 5 gloo all-reduces 200 ms apart (arriving ``late_us``
+    after the others, all ending together), its sched slices before each from
+    ``before_each(arrival)``."""
     events: list[dict[str, Any]] = [
         {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "x",
          "ts": 0.0, "dur": 1_100_000.0},
         {"ph": "X", "cat": "bpfdyno.info", "name": "bpfdyno kernel tracks", "pid": PID,
          "tid": 1_000_000_000, "ts": 0.0, "dur": 1_100_000.0, "args": {"tracks": ["sched"]}},
     ]  # fmt: skip
-    cause, syscall = ("disk/uninterruptible", "pread64") if slept == "D" else ("io wait", "read")
     for i in range(STEPS):
         end = 150_000.0 + i * STEP_US
         at = end - 40_000 + late_us
@@ -61,30 +63,39 @@ def trace(
             {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": PID,
              "tid": 7, "ts": at, "dur": end - at, "args": {}}
         )  # fmt: skip
-        if not late_us:  # 1 ms asleep: a healthy rank, seen running the rest of the time
-            events.append(
-                sched(at - 20_000, 1_000.0, "blocked: sleep (clock_nanosleep)",
-                      {"state": "S", "cause": "sleep", "syscall": "clock_nanosleep"})
-            )  # fmt: skip
-            continue
-        read = at - 100_000
-        events.append(
-            sched(read, READ_US, f"blocked: {cause} ({syscall})",
-                  {"state": slept, "cause": cause, "syscall": syscall})
-        )  # fmt: skip
-        events.append(
-            sched(read + READ_US, WOKEN_US, "runnable: woken",
-                  {"state": slept, "cause": "runnable", "after": cause, **HOG})
-        )  # fmt: skip
-        events.append(
-            sched(at - 10_000, PREEMPTED_US, "runnable: preempted",
-                  {"state": "R", "cause": "runnable", **HOG})
-        )  # fmt: skip
+        events += before_each(at)
     doc = {"baseTimeNanoseconds": BASE_NS, "traceEvents": events,
            "distributedInfo": {"rank": rank, "world_size": world}}  # fmt: skip
-    path = tmp_path / f"r{rank}-{slept}.json"
     path.write_text(json.dumps(doc))
     return str(path)
+
+
+def trace(
+    tmp_path: Path, rank: int = 0, late_us: float = 0.0, slept: str = "D", world: int = 1
+) -> str:
+    """A rank's file (`rank_file`). With ``late_us``, before each collective: asleep
+    ``READ_US`` in ``slept`` (D: pread64 on the disk; S: a pipe read), then ``WOKEN_US``
+    runnable after the wakeup, then running, then ``PREEMPTED_US`` runnable, preempted; the
+    CPU held by ``stress``. Without: 1 ms asleep before each."""
+    cause, syscall = ("disk/uninterruptible", "pread64") if slept == "D" else ("io wait", "read")
+
+    def before(at: float) -> list[dict[str, Any]]:
+        if not late_us:  # 1 ms asleep: a healthy rank, seen running the rest of the time
+            return [
+                sched(at - 20_000, 1_000.0, "blocked: sleep (clock_nanosleep)",
+                      {"state": "S", "cause": "sleep", "syscall": "clock_nanosleep"})
+            ]  # fmt: skip
+        read = at - 100_000
+        return [
+            sched(read, READ_US, f"blocked: {cause} ({syscall})",
+                  {"state": slept, "cause": cause, "syscall": syscall}),
+            sched(read + READ_US, WOKEN_US, "runnable: woken",
+                  {"state": slept, "cause": "runnable", "after": cause, **HOG}),
+            sched(at - 10_000, PREEMPTED_US, "runnable: preempted",
+                  {"state": "R", "cause": "runnable", **HOG}),
+        ]  # fmt: skip
+
+    return rank_file(tmp_path / f"r{rank}-{slept}.json", rank, world, late_us, before)
 
 
 def evidence(path: str) -> RankEvidence:

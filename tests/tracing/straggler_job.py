@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from memory_limit import memory_limited
 
 from bpfdyno.core.config import KNOWN_COLLECTORS
 from bpfdyno.rpc.diagnosis import RankEvidence, Verdict
@@ -755,30 +756,12 @@ class StragglerJob:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-        root = Path("/sys/fs/cgroup/memory")
-        v2 = not (root / "memory.limit_in_bytes").exists()
-        if v2:
-            root = Path("/sys/fs/cgroup")
-        d = root / f"bds{os.getpid()}-r{rank}-mem"
-        d.mkdir()
-        pid = self.rank_pids[rank]
-        try:
-            (d / ("memory.high" if v2 else "memory.limit_in_bytes")).write_text(str(limit_bytes))
-            (d / "cgroup.procs").write_text(str(pid))
+        with memory_limited(f"r{rank}-mem", self.rank_pids[rank], limit_bytes) as d:
             self.set_knobs(rank, read_path=str(path), samples=samples)
             try:
                 yield d
             finally:
                 self.set_knobs(rank)
-        finally:
-            with contextlib.suppress(OSError):
-                (root / "cgroup.procs").write_text(str(pid))
-            for _ in range(50):  # its charges leave with it, not at once
-                try:
-                    d.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
 
     @contextlib.contextmanager
     def interrupt_storm(

@@ -9,16 +9,14 @@ at the limit on the CPU of the task that charges the page, and nothing timed it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from memory_limit import memory_limited
 from test_capture_bpf import manager_with, record
 
 from bpfdyno.analysis.trace_facts import read_facts
@@ -44,31 +42,6 @@ sys.stdin.readline()
 
 LIMIT = 16 << 20
 FILE = 64 << 20
-
-
-@contextlib.contextmanager
-def limited(name: str, pid: int) -> Iterator[None]:
-    """Process ``pid`` in a memory cgroup of its own limited to `LIMIT` (v1's
-    ``memory.limit_in_bytes``, v2's ``memory.high``)."""
-    root = Path("/sys/fs/cgroup/memory")
-    v2 = not (root / "memory.limit_in_bytes").exists()
-    if v2:
-        root = Path("/sys/fs/cgroup")
-    d = root / f"bdt{os.getpid()}-{name}"
-    d.mkdir()
-    try:
-        (d / ("memory.high" if v2 else "memory.limit_in_bytes")).write_text(str(LIMIT))
-        (d / "cgroup.procs").write_text(str(pid))
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            (root / "cgroup.procs").write_text(str(pid))
-        for _ in range(50):  # its charges leave with it, not at once
-            try:
-                d.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
 
 
 def reader(path: Path) -> subprocess.Popen[str]:
@@ -98,7 +71,7 @@ def test_a_traced_readers_reclaim_at_its_limit_is_timed_and_read_back_as_memory(
     manager = manager_with()
     traced, other = (reader(path) for path in files)
     try:
-        with limited("traced", traced.pid), limited("other", other.pid):
+        with memory_limited("traced", traced.pid, LIMIT), memory_limited("other", other.pid, LIMIT):
 
             def work() -> None:
                 go(other)  # untraced, reclaiming as much: nothing of it may appear
