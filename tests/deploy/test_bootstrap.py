@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +37,18 @@ def bootstrap(steps: str, **env: str) -> subprocess.CompletedProcess[str]:
         ["bash", "-c", f"source {shlex.quote(str(SCRIPT))}\n{assigns}\n{steps}"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
+
+
+@pytest.fixture
+def reachable() -> Iterator[Path]:
+    """A directory every user can reach: not under pytest's base, which is 0700 (opening it
+    raced another pytest session of root's, which closes it again at its start)."""
+    d = Path(tempfile.mkdtemp(prefix="bdt-boot-", dir="/tmp"))
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def system_python_ok() -> bool:
@@ -62,13 +77,9 @@ def test_the_system_python_comes_first_whatever_is_on_path(tmp_path: Path) -> No
 
 @pytest.mark.skipif(not system_python_ok(), reason="no /usr/bin/python3 >= 3.11 with venv here")
 def test_a_venv_other_users_cannot_run_is_rebuilt_and_then_every_user_runs_it(
-    tmp_path: Path,
+    reachable: Path,
 ) -> None:
-    os.chmod(tmp_path, 0o755)
-    for parent in tmp_path.parents:  # pytest's base is 0700: open the path for the user
-        if parent == Path("/tmp"):
-            break
-        os.chmod(parent, os.stat(parent).st_mode | 0o011)
+    tmp_path = reachable
     venv = tmp_path / "venv"
     # Built first on an interpreter in a private directory, as on a machine where root's
     # pyenv Python was first on PATH.
