@@ -254,6 +254,8 @@ class Comparison:
     spurious: list[_Loss]
     #: Retransmits to a rank that was not tracing then: needed or not, nobody can tell.
     unseen: list[_Loss] = field(default_factory=list)
+    #: The job's slow links (`_slow_links`, found once per comparison), or None.
+    slow: _SlowLinks | None = None
 
 
 def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None = None) -> Verdict:
@@ -322,7 +324,7 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
             m.slow_link = bool(set(m.members) & set(slow.ranks))
     late = _lateness(matches)
     by_label = {r.label: r for r in rs}
-    seen = Comparison(matches, rs, span, losses, spurious, unseen)
+    seen = Comparison(matches, rs, span, losses, spurious, unseen, slow)
     findings: list[Finding] = [f for rule in COLLECTIVE_RULES if (f := rule(seen)) is not None]
     own = _own_span(matches, span) if findings else span
     for label, (seconds, late_count, count, lateness) in late.items():
@@ -1507,8 +1509,7 @@ def _far_slower(
 
 def _latency_finding(seen: Comparison) -> Finding | None:
     """Collectives slowed by slow links, and whose links (module doc, 6)."""
-    matches, rs, span = seen.matches, seen.ranks, seen.span
-    slow = _slow_links(rs)
+    matches, rs, span, slow = seen.matches, seen.ranks, seen.span, seen.slow
     if slow is None or slow.starved:
         return None
     inside = _union_length(

@@ -469,7 +469,7 @@ class BudgetCollector(Collector):
         total = costs.total_ns_s
         needed = self._needed()
         self._release_needed(needed, now)
-        offered = {s.name for s in self._steps()}
+        offered = {s.name for s in self._steps()} if needed else set()
         self._kept = {name: who for name, who in needed.items() if name in offered}
         if total > budget:
             self._over_windows += 1
