@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,15 @@ def test_the_links_go_to_the_job_s_other_agents_and_come_back_the_same() -> None
         type(record), detection_pb2.RankSignal.FromString(to_pb(record).SerializeToString())
     )
     assert from_record(back).net_links == s.net_links
+    # A lower bound of retransmits (the sender's retransmit program detached part of the
+    # interval) stays one on the other agents.
+    lower = links({(0, 1): 22.0}, {(0, 1): 5})
+    lower[0] = [replace(x, retransmits_unknown=True) for x in lower[0]]
+    (s, *_) = signals(lower)
+    wire = to_pb(to_record(s, "node-a", 100.0)).SerializeToString()
+    links_back = from_record(from_pb(type(record), detection_pb2.RankSignal.FromString(wire)))
+    assert links_back.net_links == s.net_links
+    assert links_back.net_links is not None and links_back.net_links[0].retransmits_unknown
     unknown = to_record(signals({r: None for r in range(4)})[0], "node-a", 100.0)
     assert (unknown.net_links, unknown.net_links_known) == ((), False)
     assert from_record(unknown).net_links is None
@@ -153,6 +163,9 @@ class Stopped:
 
     def connections_of(self, pids: Collection[int]) -> tuple[float, list[TcpConnection]] | None:
         return None
+
+    def retransmits_counted_since(self) -> float:
+        return math.inf
 
 
 def test_without_a_running_net_collector_the_detection_says_so_and_goes_on(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
+from dataclasses import replace
 
 from bpfdyno.detection.net_signal import LinkSampler, LinkScores, link_scores
 from bpfdyno.rpc.detection import NetLink
@@ -40,12 +41,16 @@ class Readings:
         self.conns: list[TcpConnection] = []
         self.running = True
         self.asked: list[set[int]] = []
+        self.counted_since = 0.0  # every retransmit counted from the start
 
     def connections_of(self, pids: Collection[int]) -> tuple[float, list[TcpConnection]] | None:
         self.asked.append(set(pids))
         if not self.running:
             return None
         return self.at, [c for c in self.conns if c.pid in pids]
+
+    def retransmits_counted_since(self) -> float:
+        return self.counted_since
 
 
 def test_the_sampler_gives_each_connection_s_interval_from_the_collector_s_readings() -> None:
@@ -80,6 +85,32 @@ def test_the_sampler_gives_each_connection_s_interval_from_the_collector_s_readi
     assert sampler.sample({1}) == {
         1: (NetLink("10.0.0.1", "10.0.0.2", None, retransmits=0, moved_bytes=0, seconds=2.5),)
     }
+
+
+def test_an_interval_that_began_before_retransmits_were_counted_again_has_a_lower_bound() -> None:
+    """The overhead budget detached the retransmit program and attached it again: the
+    intervals that began before that say their retransmits are not all counted; the first
+    one that began after it is exact again."""
+    src = Readings()
+    sampler = LinkSampler(src)
+    c = conn(1, "10.0.0.1", "10.0.0.2", tx=0, retx=0)
+    src.at, src.conns = 10.0, [c]
+    sampler.sample({1})
+
+    def interval(at: float, tx: int, retx: int) -> NetLink:
+        src.at, src.conns = at, [replace(c, tx_bytes=tx, retransmits=retx)]
+        (got,) = sampler.sample({1})[1]
+        return got
+
+    src.counted_since = math.inf  # detached now
+    assert interval(15.0, 100, 1) == NetLink(
+        "10.0.0.1", "10.0.0.2", None, 1, 100, 5.0, retransmits_unknown=True
+    )
+    src.counted_since = 17.0  # attached again at 17 s: the interval 15-20 s missed some
+    assert interval(20.0, 200, 2).retransmits_unknown
+    assert interval(25.0, 300, 9) == NetLink("10.0.0.1", "10.0.0.2", None, 7, 100, 5.0)
+    src.counted_since = 25.0  # attached again at the very reading the next interval begins
+    assert not interval(30.0, 400, 9).retransmits_unknown
 
 
 def test_without_the_net_collector_the_links_are_not_known_and_it_says_why() -> None:
@@ -153,6 +184,23 @@ def test_a_rank_without_net_data_scores_nan_never_zero() -> None:
     # A link whose sockets were never sampled for RTT: retransmits known, RTT not.
     only = link_scores({0: [link(0, 1, None)], 1: [link(1, 0, None)]})
     assert math.isnan(only[0].rtt_s) and only[0].retransmits_per_s == 0.0
+
+
+def test_a_link_with_a_lower_bound_of_retransmits_leaves_its_ends_without_a_loss_score() -> None:
+    """15 % loss at rank 1's receiver, while rank 2's agent had its retransmit program
+    detached for part of the interval: rank 2's links (to 1 and to 3) have only a lower bound
+    of retransmits (here 0), which as rank 2's or rank 3's best link would score them
+    healthy and, as rank 1's, hide its loss. So ranks 1, 2 and 3 have no retransmit score
+    this interval (NaN), every RTT is still judged, and rank 0, whose links were counted
+    (to 1 and 3), scores as before."""
+    links = ring({}, {(0, 1): 60, (1, 2): 10, (2, 3): 5})
+    links[2] = [replace(x, retransmits_unknown=True) for x in links[2]]
+    scores = link_scores(links)
+    assert {r: s.rtt_s for r, s in scores.items()} == {r: 0.002 for r in range(4)}
+    assert scores[0].retransmits_per_s == 0.0
+    assert all(math.isnan(scores[r].retransmits_per_s) for r in (1, 2, 3))
+    # Counted on every socket again: rank 1 is the lossy one, as in the test above.
+    assert link_scores(ring({}, {(0, 1): 60, (1, 2): 10, (2, 3): 5}))[1].retransmits_per_s == 2.0
 
 
 def test_ranks_sharing_an_address_share_its_links() -> None:

@@ -21,7 +21,10 @@ median of two is half the fault (measurements in docs/detection.md).
   keeps the RTT of its handshake, so the largest is the data sender's.
 - **Retransmits** of a link: the sum over its sockets, per second. Loss on the way *to* a rank
   makes its senders retransmit; the ACKs it loses make its own sends' tail probes fire: both
-  count on the rank's links.
+  count on the rank's links. A socket whose interval began while the overhead budget kept the
+  retransmit program detached has only a lower bound, and so would the link's sum: that link
+  has no retransmit score for the interval, nor have the ranks at its ends (NaN, as for no
+  data: their best link might be the one not judged).
 
 Ranks that share an address (several ranks of one node talking to other nodes through its
 NIC) share its links and its score: the fault is then the node's link, and every rank behind
@@ -50,6 +53,10 @@ class ConnectionSource(Protocol):
     def connections_of(self, pids: Collection[int]) -> tuple[float, list[TcpConnection]] | None:
         """(when the socket map was read, monotonic seconds; the connections), None while
         the collector is not running."""
+        ...
+
+    def retransmits_counted_since(self) -> float:
+        """Since when (monotonic seconds) every retransmit has been counted (inf: not now)."""
         ...
 
 
@@ -84,6 +91,9 @@ class LinkSampler:
         if at == self._read_at:
             return {pid: self._links.get(pid, ()) for pid in pids}
         seconds = at - self._read_at if self._read_at >= 0 else 0.0
+        # An interval that began before the retransmit program was last attached again (the
+        # overhead budget detached it) missed some: a lower bound, not the link's loss.
+        retransmits_unknown = self._source.retransmits_counted_since() > self._read_at
         counters: dict[_Key, tuple[int, int]] = {}
         links: dict[int, list[NetLink]] = {pid: [] for pid in pids}
         for c in conns:
@@ -103,6 +113,7 @@ class LinkSampler:
                     retransmits=max(0, now[0] - before[0]),
                     moved_bytes=max(0, now[1] - before[1]),
                     seconds=seconds,
+                    retransmits_unknown=retransmits_unknown,
                 )
             )
         self._read_at, self._counters = at, counters
@@ -142,16 +153,24 @@ def link_scores(ranks: Mapping[int, Iterable[NetLink] | None]) -> dict[int, Link
             out[rank] = LinkScores()
             continue
         rtts = [rtt for rtt, _ in mine if not math.isnan(rtt)]
+        retransmits = [r for _, r in mine]
         out[rank] = LinkScores(
-            rtt_s=min(rtts) if rtts else NAN, retransmits_per_s=min(r for _, r in mine)
+            rtt_s=min(rtts) if rtts else NAN,
+            # The best of some links only could be the lossy neighbour's link: not judged.
+            retransmits_per_s=NAN if any(map(math.isnan, retransmits)) else min(retransmits),
         )
     return out
 
 
 def _judge(sockets: list[NetLink]) -> tuple[float, float]:
-    """(RTT, retransmits per second) of one link from its sockets that moved bytes."""
+    """(RTT, retransmits per second) of one link from its sockets that moved bytes
+    (retransmits NaN when one of them missed some of its interval's)."""
     rtts = [s.srtt_seconds for s in sockets if s.srtt_seconds is not None]
     # Both ends' sockets and every connection between the two addresses: one link. Their
-    # intervals are the same readings (one collector), so the rates add.
+    # intervals are the same readings (one collector), so the rates add. With one end's
+    # count a lower bound the sum is too, and a link that reads healthier than it is would
+    # hide its rank's loss (a rank scores its best link): not judged.
+    if any(s.retransmits_unknown for s in sockets):
+        return (max(rtts) if rtts else NAN), NAN
     per_s = sum(s.retransmits / s.seconds for s in sockets if s.seconds > 0)
     return (max(rtts) if rtts else NAN), per_s

@@ -10,6 +10,7 @@ the same way.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Collection, Mapping
 
 from bpfdyno.core.budget import Costs, Reduction
@@ -191,6 +192,9 @@ class DetachedFunctions(_FunctionsStep):
         name, part, what, lost: as in `Reduction`.
     """
 
+    #: When (monotonic seconds) the functions were last attached again; 0.0: never detached.
+    attached_again_at = 0.0
+
     def apply(self) -> None:
         self.active = True
         self.program.suspend(self.fns, True)
@@ -198,6 +202,13 @@ class DetachedFunctions(_FunctionsStep):
     def undo(self) -> None:
         self.program.suspend(self.fns, False)
         self.active = False
+        self.attached_again_at = time.monotonic()
+
+    def complete_since(self) -> float:
+        """Since when (monotonic seconds) the functions have seen every event: counts taken
+        over an interval that began earlier miss the events of a detached time (inf while
+        detached)."""
+        return math.inf if self.active else self.attached_again_at
 
     def saving_ns_s(self, costs: Costs) -> float:
         return 0.0 if self.active else self.cost_ns_s(costs)

@@ -95,7 +95,9 @@ class ListEventsResponse:
 
 @record(pb.NetLink)
 class NetLink:
-    """One TCP connection of a rank over one interval (``srtt_seconds`` None: never sampled)."""
+    """One TCP connection of a rank over one interval (``srtt_seconds`` None: never sampled;
+    ``retransmits_unknown``: not every retransmit of the interval was counted, so
+    ``retransmits`` is a lower bound)."""
 
     local_address: str
     remote_address: str
@@ -103,6 +105,7 @@ class NetLink:
     retransmits: int = 0
     moved_bytes: int = 0
     seconds: float = 0.0
+    retransmits_unknown: bool = False
 
 
 @record(pb.CommArrivals)

@@ -16,12 +16,14 @@ from __future__ import annotations
 import math
 import os
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from bpfdyno.core.budget import Reduction
 from bpfdyno.core.status import PartState
+from bpfdyno.detection.net_signal import LinkSampler
 from bpfdyno.ebpf.reductions import DetachedFunctions, SampledFunctions
 from bpfdyno.sources.net.collector import NetCollector
 from bpfdyno.sources.net.decode import ProcNet
@@ -195,6 +197,51 @@ def test_while_the_rtt_program_is_detached_connections_have_no_rtt(net: NetColle
         finally:
             rtt.undo()
         assert rtts() == before
+
+
+def test_retransmits_are_known_again_from_the_interval_after_their_program_is_back(
+    net: NetCollector,
+) -> None:
+    """While the retransmit program is detached the connections' counts stand still, so the
+    collector says since when it has counted every retransmit (inf while detached, the
+    moment it was attached again after) and the detection's per-interval links say which
+    intervals hold a lower bound: every one that began before it was attached again."""
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    with server, client, peer:
+        sampler = LinkSampler(net)
+
+        def interval() -> bool:
+            """Whether the next interval (1000 bytes moved) holds a lower bound."""
+            client.sendall(b"x" * 1000)
+            peer.recv(65536)
+            net.collect()
+            got = sampler.sample({os.getpid()})
+            assert got is not None
+            # Both ends are this process's: the same interval, the same answer.
+            flags = {link.retransmits_unknown for link in got[os.getpid()] if link.moved_bytes}
+            assert len(flags) == 1, got
+            return flags.pop()
+
+        assert net.retransmits_counted_since() < time.monotonic()  # counted now
+        net.collect()
+        sampler.sample({os.getpid()})  # the base
+        assert interval() is False
+        tcp_events = step(net, "net.tcp_events_detached")
+        assert isinstance(tcp_events, DetachedFunctions)
+        tcp_events.apply()
+        try:
+            assert not net._require().attached("bpfdyno_nretx")
+            assert net.retransmits_counted_since() == math.inf
+            assert interval() is True
+        finally:
+            before_undo = time.monotonic()
+            tcp_events.undo()
+        assert net._require().attached("bpfdyno_nretx")
+        assert before_undo <= net.retransmits_counted_since() <= time.monotonic()
+        assert interval() is True  # began while detached
+        assert interval() is False
 
 
 def test_detached_rare_event_programs_report_nan_not_zero(net: NetCollector) -> None:

@@ -172,17 +172,19 @@ class GetRankSignalsResponse(_message.Message):
     def __init__(self, signals: _Optional[_Iterable[_Union[RankSignal, _Mapping]]] = ...) -> None: ...
 
 class NetLink(_message.Message):
-    __slots__ = ("local_address", "remote_address", "srtt_seconds", "retransmits", "moved_bytes", "seconds")
+    __slots__ = ("local_address", "remote_address", "srtt_seconds", "retransmits", "moved_bytes", "seconds", "retransmits_unknown")
     LOCAL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REMOTE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SRTT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RETRANSMITS_FIELD_NUMBER: _ClassVar[int]
     MOVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RETRANSMITS_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
     local_address: str
     remote_address: str
     srtt_seconds: float
     retransmits: int
     moved_bytes: int
     seconds: float
-    def __init__(self, local_address: _Optional[str] = ..., remote_address: _Optional[str] = ..., srtt_seconds: _Optional[float] = ..., retransmits: _Optional[int] = ..., moved_bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+    retransmits_unknown: bool
+    def __init__(self, local_address: _Optional[str] = ..., remote_address: _Optional[str] = ..., srtt_seconds: _Optional[float] = ..., retransmits: _Optional[int] = ..., moved_bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., retransmits_unknown: _Optional[bool] = ...) -> None: ...

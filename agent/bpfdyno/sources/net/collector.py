@@ -362,7 +362,9 @@ class NetCollector(Collector):
         self._bytes_detached_off_ns = (
             self._bytes_detached.held_off_ns() if self._bytes_detached else 0
         )
-        attached = {a.fn for p in plan.parts for a in p.attachments} - set(self.unavailable_parts)
+        attached = {
+            a.fn for p in plan.parts if p.name not in self.unavailable_parts for a in p.attachments
+        }
         self._detachable = {
             part: DetachedFunctions(
                 program,
@@ -506,6 +508,15 @@ class NetCollector(Collector):
             return None
         at, socks = self._socks_read
         return at, self._decoded(socks, pids)
+
+    def retransmits_counted_since(self) -> float:
+        """Since when (monotonic seconds) every retransmit has been counted: a connection's
+        retransmits over an interval that began earlier miss those of the time the budget
+        kept their program detached (inf while it does, or when it could not attach)."""
+        if self._program is None or "retransmits" in self.unavailable_parts:
+            return math.inf
+        step = self._detachable.get("tcp_events")
+        return step.complete_since() if step is not None else math.inf
 
     def _decoded(self, socks: list[Any], pids: Collection[int] | None) -> list[TcpConnection]:
         """The sockets (of ``pids``; None: all) as connections. While the budget keeps the
