@@ -11,11 +11,14 @@ from pathlib import Path
 import pytest
 
 from bpfdyno.detection.irq_signal import (
+    FROM_TICKS,
+    TICK_NS,
     CpuInterruptShares,
     interrupt_ns,
     last_cpu,
     placement,
     rank_share,
+    stat_interrupt_ns,
 )
 from bpfdyno.detection.signals import RankSignals, from_record, to_record
 from bpfdyno.rpc.detection import RankSignal
@@ -70,9 +73,9 @@ def test_a_cpu_s_share_is_its_handler_and_softirq_time_over_the_interval() -> No
 def test_shares_are_not_known_while_the_collector_gives_nothing_and_restart_after() -> None:
     r = Readings(
         [{0: books(0, 0)}, None, {0: books(0, 500_000_000)}, {0: books(0, 700_000_000)}],
-        [1.0, 3.0, 4.0],  # no clock read for the answer that is None
+        [1.0, 3.0, 4.0, 6.0],
     )
-    shares = CpuInterruptShares(r, r.clock)
+    shares = CpuInterruptShares(r, r.clock)  # no tick-counted books to fall back on
     assert shares.sample() is None
     assert shares.sample() is None
     assert shares.error == ("the irq collector's softirq and interrupt-handler times are not known")
@@ -80,7 +83,46 @@ def test_shares_are_not_known_while_the_collector_gives_nothing_and_restart_afte
     # 0.5 s over the 3 s since the one before.
     assert shares.sample() is None
     assert shares.error == ""
-    assert shares.sample() == {0: pytest.approx(0.2)}
+    assert shares.sample() == {0: pytest.approx(0.1)}
+
+
+def test_while_the_collector_gives_nothing_the_kernel_s_tick_counted_books_estimate_it() -> None:
+    """The budget detached the interrupt programs (as a storm of interrupts may make it do):
+    each CPU's share comes from /proc/stat's irq and softirq time meanwhile, said to be an
+    estimate, and from the collector's books again once they have a new base."""
+    r = Readings(
+        [{0: books(0, 0), 1: books(0, 0)}, None, {0: books(0, 5)}, {0: books(0, 100_000_005)}],
+        [10.0, 12.0, 14.0, 16.0],
+    )
+    ticks = iter(
+        [
+            {0: 0, 1: 0},
+            {0: 600_000_000, 1: 20_000_000},  # 2 s: 0.3 and 0.01 of them in interrupts
+            {0: 1_000_000_000, 1: 40_000_000},  # and 0.2: the collector's base, not its share
+            {0: 1_130_000_000, 1: 60_000_000},  # not used: the collector's books are back
+        ]
+    )
+    shares = CpuInterruptShares(r, r.clock, lambda: next(ticks))
+    assert shares.sample() is None  # the base
+    assert shares.sample() == {0: pytest.approx(0.3), 1: pytest.approx(0.01)}
+    assert (shares.error, shares.estimated) == ("", FROM_TICKS)
+    assert shares.sample() == {0: pytest.approx(0.2), 1: pytest.approx(0.01)}
+    assert shares.estimated == FROM_TICKS
+    assert shares.sample() == {0: pytest.approx(0.05)}  # exact again (CPU 1: no books)
+    assert shares.estimated == ""
+
+
+def test_the_tick_counted_books_are_proc_stat_s_irq_and_softirq_times(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "stat").write_text(
+        "cpu  10 0 20 300 4 5 60 0 0 0\n"
+        "cpu0 5 0 10 150 2 2 40 0 0 0\n"
+        "cpu1 5 0 10 150 2 3 20 0 0 0\n"
+        "ctxt 1\nbtime 2\nprocesses 3\nprocs_running 1\nprocs_blocked 0\n"
+    )
+    assert stat_interrupt_ns(proc) == {0: 42 * TICK_NS, 1: 23 * TICK_NS}
+    assert stat_interrupt_ns(tmp_path / "none" / "proc") is None
 
 
 def stat_line(tid: int, comm: str, cpu: int) -> str:

@@ -17,6 +17,7 @@ from test_signals import Child, children
 from bpfdyno.core.status import PartState
 from bpfdyno.detection.collector import DetectionCollector
 from bpfdyno.detection.events import EventLog
+from bpfdyno.detection.irq_signal import FROM_TICKS
 from bpfdyno.detection.signals import RankProcess, RankSignals, SignalSampler
 from bpfdyno.sources.irq.collector import IrqCollector
 
@@ -70,10 +71,25 @@ def refs(ranks: list[Child]) -> list[RankProcess]:
     return [RankProcess(c.pid, "7") for c in ranks]
 
 
+@pytest.fixture(scope="module")
+def irq_without_bpf() -> Iterator[IrqCollector]:
+    """The interrupt collector without its BPF part, as while the budget detaches it."""
+    c = IrqCollector(load_bpf=False)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("books", ["bpf", "ticks"])
 def test_a_rank_on_a_flooded_cpu_sees_its_interrupt_share_rise_and_one_elsewhere_not(
-    irq: IrqCollector,
+    books: str, irq: IrqCollector, irq_without_bpf: IrqCollector
 ) -> None:
-    sampler = SignalSampler(interrupts=irq)
+    """From the collector's books, and from /proc/stat's tick-counted ones when the
+    collector has none (the budget detached its programs: the storm must still be seen)."""
+    sampler = SignalSampler(interrupts=irq if books == "bpf" else irq_without_bpf)
+    assert sampler.interrupts is not None
     with children(0, cpu=QUIET_CPU) as (quiet,), children(1, cpu=STORM_CPU) as (stormed,):
         ranks = [quiet, stormed]
         sampler.sample(refs(ranks), time.monotonic())  # the base
@@ -90,6 +106,7 @@ def test_a_rank_on_a_flooded_cpu_sees_its_interrupt_share_rise_and_one_elsewhere
         finally:
             flood.kill()
             flood.wait()
+    assert sampler.interrupts.estimated == ("" if books == "bpf" else FROM_TICKS)
     for s in (*before.values(), *during.values()):
         cpu = QUIET_CPU if s.rank == 0 else STORM_CPU
         assert s.interrupt_cpu == cpu
@@ -105,7 +122,7 @@ def test_a_rank_on_a_flooded_cpu_sees_its_interrupt_share_rise_and_one_elsewhere
 
 
 def test_the_detection_part_reports_the_share_as_a_metric_and_when_it_is_not_known(
-    irq: IrqCollector,
+    irq: IrqCollector, irq_without_bpf: IrqCollector
 ) -> None:
     with children(2, cpu=STORM_CPU) as (rank,):
         part = DetectionCollector(
@@ -121,19 +138,25 @@ def test_the_detection_part_reports_the_share_as_a_metric_and_when_it_is_not_kno
         assert record.interrupt_cpu == STORM_CPU
         assert record.interrupt_seconds == pytest.approx(shares[0].value * record.interval_seconds)
         assert part.health() is None
-        # Without the collector's programs the share is not known: no series, and why.
-        closed = IrqCollector(load_bpf=False)
-        closed.start()
+        # Without the collector's programs the share is the kernel's tick-counted estimate
+        # (/proc/stat), and the part says so (with neither: tests/detection/test_irq_signal.py).
         part = DetectionCollector(
-            lambda: [RankProcess(rank.pid, "7")], EventLog(16), "node-a", interrupts=closed
+            lambda: [RankProcess(rank.pid, "7")],
+            EventLog(16),
+            "node-a",
+            interrupts=irq_without_bpf,
         )
         part.collect()
-        out = part.collect()
-        assert [s for s in out if s.spec.name == "rank_interrupt_ratio"] == []
+        rank.send(b"w")
+        rank.done()
+        shares = [s for s in part.collect() if s.spec.name == "rank_interrupt_ratio"]
+        assert [dict(s.labels) for s in shares] == [{"job_id": "7", "rank": "2"}]
+        assert 0.0 <= shares[0].value <= 1.0
         (record,) = part.rank_signals()
-        assert (record.interrupt_seconds, record.interrupt_cpu) == (None, None)
+        assert record.interrupt_cpu == STORM_CPU
+        assert record.interrupt_seconds == pytest.approx(shares[0].value * record.interval_seconds)
         assert part.health() == (
             PartState.DEGRADED,
-            "interrupt share unavailable: the irq collector's softirq and interrupt-handler "
-            "times are not known",
+            "interrupt share estimated from /proc/stat's irq and softirq ticks: the irq "
+            "collector's softirq and interrupt-handler times are not known",
         )

@@ -144,7 +144,8 @@ class DetectionCollector(Collector):
 
     def health(self) -> tuple[PartState, str] | None:
         """Degraded while gloo's peer waits cannot be timed, the ranks' connections or
-        their CPUs' interrupt time are not known (the rest goes on)."""
+        their CPUs' interrupt time are not known, or that time is an estimate (the rest goes
+        on)."""
         reasons = []
         if self._peer_waits is not None and self._peer_waits.error:
             reasons.append(f"gloo peer waits unavailable: {self._peer_waits.error}")
@@ -154,6 +155,8 @@ class DetectionCollector(Collector):
         interrupts = self.sampler.interrupts
         if interrupts is not None and interrupts.error:
             reasons.append(f"interrupt share unavailable: {interrupts.error}")
+        elif interrupts is not None and interrupts.estimated:
+            reasons.append(f"interrupt share estimated {interrupts.estimated}")
         return (PartState.DEGRADED, "; ".join(reasons)) if reasons else None
 
     def close(self) -> None:

@@ -23,18 +23,27 @@ read once per interval, and *where the rank's threads ran*:
   launcher that cares about speed, so the last CPU is where the time was spent; a thread
   that moved in the interval is counted at its last CPU only.
 
-Without the interrupt collector's BPF part (the collector off, BPF not loadable, its programs
-detached by the overhead budget) the share is not known: NaN, never 0.
+Without the interrupt collector's BPF part (BPF not loadable, its programs detached by the
+overhead budget, which an interrupt storm itself may make it do) each CPU's share comes from
+``/proc/stat``'s ``irq`` and ``softirq`` times instead, read at every reading anyway as the
+base for such a time: an estimate (the kernel counts them by the tick unless it accounts
+interrupt time, ``CONFIG_IRQ_TIME_ACCOUNTING``; over a 5 s interval at 250 ticks a second a
+share is off by about a hundredth), said in `CpuInterruptShares.estimated` and the detection
+part's status. Only when neither is known (the collector off, ``/proc/stat`` unreadable) is
+the share not known: NaN, never 0.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
 from typing import Protocol
 
 from bpfdyno.core.pidfs import read_small
+from bpfdyno.sources.host.procfs import ProcfsError, read_stat
 from bpfdyno.sources.irq.collector import CpuInterrupts
 
 NAN = float("nan")
@@ -53,41 +62,85 @@ def interrupt_ns(c: CpuInterrupts) -> int:
     return c.hardirq_ns + sum(c.softirq_ns)
 
 
+#: ``/proc/stat``'s unit of time (USER_HZ), in ns.
+TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def stat_interrupt_ns(proc_root: Path) -> dict[int, int] | None:
+    """CPU -> its cumulative hard and soft interrupt time from ``<proc_root>/stat`` (ns, in
+    whole ticks); None when it cannot be read."""
+    try:
+        stat = read_stat(proc_root.parent)
+    except ProcfsError:
+        return None
+    return {cpu: (t.irq + t.softirq) * TICK_NS for cpu, t in stat.cpus.items()}
+
+
+#: Why a share is an estimate while the interrupt collector's books are not known.
+FROM_TICKS = (
+    "from /proc/stat's irq and softirq ticks: the irq collector's softirq and "
+    "interrupt-handler times are not known"
+)
+
+
 class CpuInterruptShares:
     """Per CPU, the share of the time between two readings it spent in interrupts.
 
     Args:
         source: the interrupt collector.
         clock: monotonic seconds, taken right after each reading.
+        ticks: each CPU's cumulative interrupt ns from the kernel's own tick-counted books
+            (`stat_interrupt_ns`), for the intervals the collector's books do not cover;
+            None: none.
     """
 
-    def __init__(self, source: InterruptTimes, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        source: InterruptTimes,
+        clock: Callable[[], float] = time.monotonic,
+        ticks: Callable[[], Mapping[int, int] | None] | None = None,
+    ):
         self._source = source
         self._clock = clock
-        self._last: tuple[float, dict[int, int]] | None = None
+        self._ticks = ticks
+        #: (when, the collector's books or None, the tick-counted ones or None)
+        self._last: tuple[float, dict[int, int] | None, Mapping[int, int] | None] | None = None
         #: Why there are no shares ("" while they are known).
         self.error = ""
+        #: Why the last shares are estimates ("" while they are the collector's own).
+        self.estimated = ""
 
     def sample(self) -> dict[int, float] | None:
         """CPU -> its share of the interval since the last call spent in interrupts (0 to 1);
-        None on the first call and while the collector gives nothing."""
+        None on the first call and while neither source gives anything."""
         times = self._source.cpu_interrupt_times()
-        if times is None:
-            self.error = "the irq collector's softirq and interrupt-handler times are not known"
-            self._last = None  # the counts may stand still meanwhile: start again after
-            return None
+        ticks = self._ticks() if self._ticks is not None else None
         now = self._clock()
+        # The collector's counts may stand still while it gives nothing: its first reading
+        # after is a new base, the interval before it goes to the ticks.
+        books = {cpu: interrupt_ns(c) for cpu, c in times.items()} if times is not None else None
+        last, self._last = self._last, (now, books, ticks)
+        if books is None and ticks is None:
+            self.error = "the irq collector's softirq and interrupt-handler times are not known"
+            self.estimated = ""
+            return None
         self.error = ""
-        totals = {cpu: interrupt_ns(c) for cpu, c in times.items()}
-        last, self._last = self._last, (now, totals)
         if last is None or now <= last[0]:
             return None
+        before: Mapping[int, int]
+        after: Mapping[int, int]
+        if books is not None and last[1] is not None:
+            self.estimated, before, after = "", last[1], books
+        elif ticks is not None and last[2] is not None:
+            self.estimated, before, after = FROM_TICKS, last[2], ticks
+        else:
+            return None  # a source's first reading: its base
         interval_ns = (now - last[0]) * 1e9
         return {
             # A CPU that came online since the last reading has no base: left out.
-            cpu: min(1.0, max(0, ns - last[1][cpu]) / interval_ns)
-            for cpu, ns in totals.items()
-            if cpu in last[1]
+            cpu: min(1.0, max(0, ns - before[cpu]) / interval_ns)
+            for cpu, ns in after.items()
+            if cpu in before
         }
 
 

@@ -34,7 +34,8 @@ RANK_INTERRUPT = TABLE.declare(
     "ratio",
     "The share of the time of the CPUs a training rank's threads ran on that went to device "
     "interrupt handlers and softirqs over the last detection interval, weighted by how long "
-    "its threads ran on each (absent without the irq collector's BPF part).",
+    "its threads ran on each (estimated from /proc/stat's ticks while the irq collector's "
+    "BPF part is off or detached; absent without the irq collector).",
     ("job_id", "rank"),
 )
 RANK_IO = TABLE.declare(

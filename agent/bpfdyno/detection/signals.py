@@ -37,6 +37,7 @@ import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import accumulate, islice
 from operator import sub
 from pathlib import Path
@@ -48,6 +49,7 @@ from bpfdyno.detection.irq_signal import (
     InterruptTimes,
     placement,
     rank_share,
+    stat_interrupt_ns,
 )
 from bpfdyno.detection.net_signal import ConnectionSource, LinkSampler, LinkScores
 from bpfdyno.rpc.detection import CommArrivals, NetLink, RankSignal
@@ -301,7 +303,8 @@ class SignalSampler:
         collectives: collective times per pid, when a module provides them.
         peer_waits: gloo's peer waits per pid, when a module provides them.
         connections: the net collector's last reading of the ranks' TCP connections.
-        interrupts: the interrupt collector's per-CPU books, for the interrupt share.
+        interrupts: the interrupt collector's per-CPU books, for the interrupt share (the
+            kernel's ``<proc_root>/stat`` where they are not known).
     """
 
     def __init__(
@@ -316,7 +319,11 @@ class SignalSampler:
         self._collectives = collectives
         self._peer_waits = peer_waits
         self.links = LinkSampler(connections) if connections is not None else None
-        self.interrupts = CpuInterruptShares(interrupts) if interrupts is not None else None
+        self.interrupts = (
+            CpuInterruptShares(interrupts, ticks=partial(stat_interrupt_ns, proc_root))
+            if interrupts is not None
+            else None
+        )
         self._quota = CpuQuotaReader(proc_root)
         self._last: dict[int, tuple[int, _Reading]] = {}  # pid -> (start ticks, reading)
         #: pid -> the arrivals new in its last interval (sent again with the next one's).
