@@ -388,6 +388,36 @@ def test_steps_are_undone_once_calm_for_the_wait_newest_first_when_they_fit() ->
     assert agent.value("agent_budget_step_active", step="net.sampled") == 0.0
 
 
+def test_steps_known_to_fit_are_undone_together_a_detached_one_alone_after() -> None:
+    """A storm's steps came back one a window, 2.5-3.5 minutes for five, each source an
+    estimate meanwhile. Those whose parts say what undoing them adds back go back together
+    while all of them fit (newest first); a detached program's (unknown) is tried alone."""
+    old = Step("net.sampled", ["bpfdyno_nsend"], 0.875, restore=2 * MS)
+    detached = Step("irq.detached", ["bpfdyno_softin"])  # restore cost unknown
+    mid = Step("proc.sampled", ["bpfdyno_exit"], 0.875, restore=5 * MS)
+    new = Step("sched.sampled", ["bpfdyno_switch"], 0.875, restore=3 * MS)
+    agent = Agent([old, detached, mid, new], restore_after_s=10.0)
+    agent.warm()
+    storm = {f: 20 * MS for f in ("bpfdyno_nsend", "bpfdyno_softin", "bpfdyno_exit",
+                                   "bpfdyno_switch")}  # fmt: skip
+    agent.period(storm, agent_ns_s=0)
+    assert all(x.log == ["apply"] for x in (old, detached, mid, new))
+    calm = dict.fromkeys(storm, 0.1 * MS)  # 0.4 ms of BPF + 2 ms of threads: 0.24 %
+    for _ in range(6):  # 10 s calm
+        agent.period(calm, agent_ns_s=2 * MS)
+    # 0.24 % + sched's 0.3 % fit under 0.8 %, then proc's 0.5 % would not, net's 0.2 % does:
+    # both undone in one window; proc and the detached one wait.
+    assert (new.log, old.log) == (["apply", "undo"], ["apply", "undo"])
+    assert (mid.log, detached.log) == (["apply"], ["apply"])
+    for _ in range(5):  # the next window after a full wait since that change
+        agent.period(calm, agent_ns_s=2 * MS)
+    assert (mid.log, detached.log) == (["apply", "undo"], ["apply"])
+    for _ in range(5):  # nothing known is left: the detached one, alone
+        agent.period(calm, agent_ns_s=2 * MS)
+    assert detached.log == ["apply", "undo"]
+    assert agent.budget.health()[0] is PartState.OK
+
+
 def test_a_step_needed_again_right_after_its_undo_waits_twice_as_long() -> None:
     detached = Step("sched.exits_detached", ["bpfdyno_exit"])  # restore cost unknown
     agent = Agent([detached], restore_after_s=10.0)

@@ -12,11 +12,12 @@ the window, and decides:
   of the parts' steps (`bpfdyno.core.budget.Reduction`) as it predicts will bring the total
   to 80 % of the budget, the one saving the most first.
 * **Storm over** — the total at or below 80 % of the budget for ``restore_after_s`` (since
-  the last change): it undoes the newest step whose part says undoing it keeps the total
-  under 80 % of the budget (a sampled program still sees every event), or whose part cannot
-  say (a detached program sees nothing: the undo is tried, and taken back at the next
+  the last change): it undoes together every step whose part says what undoing it adds
+  back (a sampled program still sees every event) while all of them keep the total under
+  80 % of the budget, newest first; when none is, the newest step whose part cannot say (a
+  detached program sees nothing: the undo is tried alone, and taken back at the next
   windows if the storm goes on). A step taken again soon after being undone waits twice as
-  long the next time (at most `MAX_RESTORE_AFTER_S`). Then the next one.
+  long the next time (at most `MAX_RESTORE_AFTER_S`). Then the next ones.
 * **Memory** — RSS above ``rss_bytes``: the heap is trimmed; still above at the next round,
   the memory steps are taken (less history, fewer events kept), undone once RSS stays under
   70 % of the limit for ``restore_after_s``.
@@ -538,20 +539,29 @@ class BudgetCollector(Collector):
         return True
 
     def _maybe_restore(self, costs: Costs, total: float, budget: float, now: float) -> None:
-        """Undo one held step whose storm is over (the newest such), if any."""
+        """Undo the held steps whose storm is over: together, every one whose part says what
+        undoing it adds back and all of which still fit under the target (newest first);
+        else the newest whose part cannot say, alone (a detached program sees nothing: the
+        undo is a trial, taken back if the storm goes on)."""
         assert self._calm_since is not None
+        due = []
         for held in reversed(self._held):
             hist = self._history.get(held.step.name)
             wait = hist.restore_after_s if hist is not None else self._cfg.restore_after_s
-            if now - max(self._calm_since, held.since_monotonic, self._changed_at) < wait:
-                continue
-            added = held.step.restore_ns_s(costs)
-            if added is not None and total + added > TARGET * budget:
-                continue  # its part still sees the storm: undoing would go over again
-            # Known to fit, or not known (a detached program sees nothing): try it; if the
-            # storm goes on, the step is taken again and waits longer next time.
+            if now - max(self._calm_since, held.since_monotonic, self._changed_at) >= wait:
+                due.append((held, held.step.restore_ns_s(costs)))
+        known, added = [], 0.0
+        for held, adds in due:
+            if adds is not None and total + added + adds <= TARGET * budget:
+                known.append(held)
+                added += adds
+        # One at a time took a storm's five steps 2.5-3.5 minutes to undo, each data source
+        # an estimate meanwhile; the ones known to fit go back together.
+        trial = [held for held, adds in due if adds is None][:1]
+        for held in known or trial:
             self._held.remove(held)
             self._undo(held.step)
+            hist = self._history.get(held.step.name)
             if hist is not None:
                 hist.undone_at = now
             self._changed_at = now
@@ -561,9 +571,8 @@ class BudgetCollector(Collector):
                 ratio_text(total),
                 held.why,
             )
-            if not self._held:
-                log.info("budget: every step undone; the storm is over")
-            return
+        if (known or trial) and not self._held:
+            log.info("budget: every step undone; the storm is over")
 
     def _undo(self, step: Reduction) -> None:
         try:
