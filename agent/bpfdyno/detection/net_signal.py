@@ -166,11 +166,11 @@ def _judge(sockets: list[NetLink]) -> tuple[float, float]:
     """(RTT, retransmits per second) of one link from its sockets that moved bytes
     (retransmits NaN when one of them missed some of its interval's)."""
     rtts = [s.srtt_seconds for s in sockets if s.srtt_seconds is not None]
+    rtt = max(rtts) if rtts else NAN
     # Both ends' sockets and every connection between the two addresses: one link. Their
     # intervals are the same readings (one collector), so the rates add. With one end's
     # count a lower bound the sum is too, and a link that reads healthier than it is would
     # hide its rank's loss (a rank scores its best link): not judged.
     if any(s.retransmits_unknown for s in sockets):
-        return (max(rtts) if rtts else NAN), NAN
-    per_s = sum(s.retransmits / s.seconds for s in sockets if s.seconds > 0)
-    return (max(rtts) if rtts else NAN), per_s
+        return rtt, NAN
+    return rtt, sum(s.retransmits / s.seconds for s in sockets if s.seconds > 0)

@@ -549,19 +549,18 @@ class BudgetCollector(Collector):
             hist = self._history.get(held.step.name)
             wait = hist.restore_after_s if hist is not None else self._cfg.restore_after_s
             if now - max(self._calm_since, held.since_monotonic, self._changed_at) >= wait:
-                due.append((held, held.step.restore_ns_s(costs)))
+                due.append((held, hist, held.step.restore_ns_s(costs)))
         known, added = [], 0.0
-        for held, adds in due:
+        for held, hist, adds in due:
             if adds is not None and total + added + adds <= TARGET * budget:
-                known.append(held)
+                known.append((held, hist))
                 added += adds
         # One at a time took a storm's five steps 2.5-3.5 minutes to undo, each data source
         # an estimate meanwhile; the ones known to fit go back together.
-        trial = [held for held, adds in due if adds is None][:1]
-        for held in known or trial:
+        chosen = known or [(held, hist) for held, hist, adds in due if adds is None][:1]
+        for held, hist in chosen:
             self._held.remove(held)
             self._undo(held.step)
-            hist = self._history.get(held.step.name)
             if hist is not None:
                 hist.undone_at = now
             self._changed_at = now
@@ -571,7 +570,7 @@ class BudgetCollector(Collector):
                 ratio_text(total),
                 held.why,
             )
-        if (known or trial) and not self._held:
+        if chosen and not self._held:
             log.info("budget: every step undone; the storm is over")
 
     def _undo(self, step: Reduction) -> None:
