@@ -574,6 +574,10 @@ int bpfdyno_cswitch(struct bpf_raw_tracepoint_args *ctx)
 		now = bpf_ktime_get_ns();
 		u32 state = (preempt || prev_state == CAP_TASK_RUNNING) ? 0 : prev_state;
 		s32 syscall = state ? cap_current_syscall() : -1;
+		struct task_struct *prev = (struct task_struct *)ctx->args[1];
+		u64 utime = 0, stime = 0;
+		bpf_probe_read_kernel(&utime, sizeof(utime), &prev->utime);
+		bpf_probe_read_kernel(&stime, sizeof(stime), &prev->stime);
 		struct cap_thread *th = bpfdyno_cthread.lookup(&tid);
 		if (th) {
 			th->off_ns = now;
@@ -583,9 +587,13 @@ int bpfdyno_cswitch(struct bpf_raw_tracepoint_args *ctx)
 			th->gen = gen;
 			th->waker_tgid = 0;
 			th->waker_tid = 0;
+			th->utime_ns = utime;
+			th->stime_ns = stime;
 		} else {
 			struct cap_thread fresh = {};
 			fresh.off_ns = now;
+			fresh.utime_ns = utime;
+			fresh.stime_ns = stime;
 			fresh.tgid = tgid;
 			fresh.state = state;
 			fresh.syscall = syscall;
@@ -646,6 +654,8 @@ int bpfdyno_cswitch(struct bpf_raw_tracepoint_args *ctx)
 				__builtin_memset(&e->held_comm, 0, sizeof(e->held_comm));
 			e->waker_tgid = th->wake_ns ? th->waker_tgid : 0;
 			e->waker_tid = th->wake_ns ? th->waker_tid : 0;
+			e->utime_ns = th->utime_ns;
+			e->stime_ns = th->stime_ns;
 			bpfdyno_csched.ringbuf_submit(e, BPFDYNO_RB_NO_WAKEUP);
 			__sync_fetch_and_add(&p->offcpu, 1);
 		} else {

@@ -138,8 +138,11 @@ struct cap_thread {
 	u32 gen;      /* the bpfdyno_cgen value at the switch-out */
 	u32 waker_tgid; /* the task that woke it (current at sched_waking; 0: not seen) */
 	u32 waker_tid;
+	/* Its user and system CPU time (task_struct utime, stime) at the switch-out. */
+	u64 utime_ns;
+	u64 stime_ns;
 };
-_Static_assert(sizeof(struct cap_thread) == 40, "cap_thread layout");
+_Static_assert(sizeof(struct cap_thread) == 56, "cap_thread layout");
 
 /* `cap_offcpu.state` of a record that is not an off-CPU interval but a thread's time in
  * direct memory reclaim (vmscan's memcg and direct reclaim tracepoints): off_ns its start,
@@ -169,7 +172,12 @@ struct cap_offcpu {
 	 * whatever was interrupted for one from an interrupt (a timer, a disk). */
 	u32 waker_tgid;
 	u32 waker_tid;
+	/* Its user and system CPU time at the switch-out (task_struct utime and stime, in ns:
+	 * with tick-based accounting, whole ticks charged to the mode each tick found it in).
+	 * The difference from its previous record's is what it ran, in each mode, between. */
+	u64 utime_ns;
+	u64 stime_ns;
 };
-_Static_assert(sizeof(struct cap_offcpu) == 96, "cap_offcpu layout");
+_Static_assert(sizeof(struct cap_offcpu) == 112, "cap_offcpu layout");
 
 #endif /* BPFDYNO_CAPTURE_H */

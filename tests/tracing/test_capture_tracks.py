@@ -245,6 +245,35 @@ def test_off_cpu_split_at_the_wakeup_and_clipped_to_the_window() -> None:
     }
 
 
+def test_each_interval_says_what_its_thread_ran_since_its_previous_one() -> None:
+    """The records carry the thread's cumulative CPU times at each switch-out; its slices
+    get the differences, on the interval's first slice (the blocked one), none on the
+    thread's first interval, and none where the times went back (a thread id reused)."""
+    window = Window(rel(0), rel(100_000_000), "kineto")
+    ms = 1_000_000
+    recs = [
+        OffCpu(11, "gloo", 10 * ms, 0, 11 * ms, 0, -1, 0, user_ns=50 * ms, system_ns=4 * ms),
+        OffCpu(11, "gloo", 20 * ms, 25 * ms, 26 * ms, 2, 17, 0, user_ns=54 * ms, system_ns=16 * ms),
+        OffCpu(11, "gloo", 40 * ms, 0, 41 * ms, 0, -1, 0, user_ns=1 * ms, system_ns=0),
+        OffCpu(12, "python", 30 * ms, 0, 31 * ms, 0, -1, 0),  # written without the times
+        OffCpu(12, "python", 50 * ms, 0, 51 * ms, 0, -1, 0),
+    ]
+    evs = decoded(build_tracks(capture(recs), BASE_NS, window, [Track.SCHED]).events)
+    got = [
+        (e["args"]["tid"], e["name"], e["args"].get("user_us"), e["args"].get("system_us"))
+        for e in evs
+        if e.get("cat") == "bpfdyno.sched"
+    ]
+    assert got == [
+        (11, "runnable: preempted", None, None),
+        (11, "blocked: disk/uninterruptible (pread64)", 4000, 12_000),
+        (11, "runnable: woken", None, None),
+        (11, "runnable: preempted", None, None),
+        (12, "runnable: preempted", None, None),
+        (12, "runnable: preempted", None, None),
+    ]
+
+
 def test_nccl_calls_and_their_group() -> None:
     window = Window(rel(0), rel(100_000_000), "kineto")
 

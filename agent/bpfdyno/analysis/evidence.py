@@ -81,6 +81,9 @@ class _Slice:
     end: float
     cause: str  # a diagnosis cause
     detail: str  # who held the CPU, or the system call
+    #: The thread's system CPU time (µs) on a CPU just before the slice; 0: not known, or
+    #: the slice began before the window (that time is not the window's).
+    system_before: int = 0
 
 
 class _Threads:
@@ -164,6 +167,11 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
                 max(0.0, on_cpu - stolen), _reclaiming(reclaims, threads, tid, run_up, c.start_us)
             )
             ran = on_cpu - stolen - reclaiming
+            # The kernel's work in the file reads it then slept in (filling the page cache
+            # from the disk, copying) is on its CPU but the reads' cost, not its work.
+            reading = _reading(threads, tid, run_up, c.start_us, max(0.0, ran))
+            ran -= sum(reading.values())
+            extra += [CauseTime(cause, t) for cause, t in reading.items()]
             if ran > 0:
                 extra.append(CauseTime("on_cpu", ran))
             if reclaiming > 0:
@@ -171,7 +179,7 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         if stolen > 0:
             extra.append(CauseTime("interrupts", stolen))
         if extra:
-            before = tuple(sorted((*before, *extra), key=lambda t: -t.seconds))
+            before = _added(before, extra)
         during, _, worst_during = _causes(threads, busy, c.start_us, c.end_us)
         workers, worker_pids = _workers(threads, children, worker_of, tid, run_up, c.start_us)
         worst = {w.cause: w for w in worst_during}
@@ -466,14 +474,15 @@ def _slices(facts: TraceFacts, pid: int, workers: set[int], lo: float, hi: float
         # The threads that ran the collectives count only their waits for a CPU.
         cause = _cause(s) if s.tid == pid else OFFCPU_CAUSE.get(s.cause, "blocked")
         detail = _detail(s) if cause == OFFCPU_CAUSE.get(s.cause) else ""
+        system = max(0, s.system_before_us) if s.start_us >= lo else 0
         if cause != "cpu_wait" and s.tid == pid and loaders:
             # Blocked inside enumerate(DataLoader): waiting for the workers' next batch.
             for a, b in _cut(start, end, loaders):
-                out.append(_Slice(s.tid, a, b, "data_loader", detail))
+                out.append(_Slice(s.tid, a, b, "data_loader", detail, system * (a == start)))
             for a, b in _cut_out(start, end, loaders):
-                out.append(_Slice(s.tid, a, b, cause, detail))
+                out.append(_Slice(s.tid, a, b, cause, detail, system * (a == start)))
         else:
-            out.append(_Slice(s.tid, start, end, cause, detail))
+            out.append(_Slice(s.tid, start, end, cause, detail, system))
     return out
 
 
@@ -675,6 +684,41 @@ def _on_cpu(threads: _Threads, pid: int, lo: float, hi: float) -> float:
     own work; interrupts taken meanwhile are in it, and are taken out by the caller)."""
     off = sum(overlap for _, overlap in threads.of(pid, lo, hi))
     return max(0.0, hi - lo - off) / 1e6
+
+
+#: Off-CPU causes whose system call's time on a CPU before the sleep is counted with them.
+READ_CAUSES = ("disk", "file_io")
+
+
+def _reading(threads: _Threads, tid: int, lo: float, hi: float, ran: float) -> dict[str, float]:
+    """Seconds of the main thread's time on a CPU in [lo, hi) that were the kernel's work in
+    the file reads it then slept in: per cause of `READ_CAUSES`, the system CPU time it ran
+    just before each such slice that starts there. The kernel counts that time by the tick
+    (4 ms at 250 Hz, charged whole to whoever a tick finds running), so one short run reads
+    0 or a whole tick; summed over a run-up's reads it is right on average, and never more
+    than ``ran``, the run-up's time on a CPU it is part of (seconds)."""
+    system: dict[str, float] = defaultdict(float)
+    for s, _ in threads.of(tid, lo, hi):
+        if s.system_before and s.cause in READ_CAUSES and s.start >= lo:
+            system[s.cause] += s.system_before / 1e6
+    total = sum(system.values())
+    if total > ran:
+        return {cause: t * ran / total for cause, t in system.items()} if ran > 0 else {}
+    return dict(system)
+
+
+def _added(before: tuple[CauseTime, ...], extra: list[CauseTime]) -> tuple[CauseTime, ...]:
+    """``before`` with ``extra``'s time added to the entry of the same cause (its detail
+    kept), or as a new one; longest first."""
+    seconds = {c.cause: c.seconds for c in before}
+    details = {c.cause: c.detail for c in before}
+    for c in extra:
+        seconds[c.cause] = seconds.get(c.cause, 0.0) + c.seconds
+        details.setdefault(c.cause, c.detail)
+    return tuple(
+        CauseTime(cause, t, details[cause])
+        for cause, t in sorted(seconds.items(), key=lambda kv: -kv[1])
+    )
 
 
 def _reclaiming(

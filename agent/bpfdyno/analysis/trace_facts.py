@@ -168,6 +168,10 @@ class OffCpuSlice:
     #: A ``runnable: woken`` slice: the blocked cause it followed (its wait for a CPU after
     #: that wakeup); "" for a preempted thread or a file without it.
     after: str = ""
+    #: The thread's system (kernel) CPU time since its previous slice (its time on a CPU
+    #: just before this one, tick-sampled where the kernel accounts by the tick); -1 when
+    #: the file does not say.
+    system_before_us: int = -1
 
 
 @dataclass(slots=True)
@@ -506,6 +510,7 @@ class _Reader:
             else:
                 after = "disk/uninterruptible"
         child, waker = args.get("child_pid", 0), args.get("woken_by_pid", 0)
+        system = args.get("system_us", -1)
         self.f.offcpu.append(
             OffCpuSlice(
                 tid,
@@ -517,6 +522,7 @@ class _Reader:
                 child if isinstance(child, int) else 0,
                 waker if isinstance(waker, int) else 0,
                 after,
+                system if isinstance(system, int) and system >= 0 else -1,
             )
         )
 

@@ -27,7 +27,10 @@ CAUSES: dict[str, str] = {
     "data_loader": "waiting for DataLoader workers",
     "file_io": "blocked in file I/O",
     "io_wait": "blocked on a socket, pipe or event",
-    "disk": "disk or file I/O (uninterruptible sleep: reads, writes, page faults)",
+    "disk": (
+        "disk or file I/O (uninterruptible sleep in reads, writes, page faults; and the "
+        "kernel's work on its CPU in the reads it slept in)"
+    ),
     "lock": "blocked on a lock or another thread",
     "sleep": "sleeping",
     "blocked": "blocked (other)",

@@ -564,6 +564,8 @@ class KernelCapture:
             pid=pid,
             waker_pid=int(e.waker_tgid),
             waker_tid=int(e.waker_tid),
+            user_ns=int(e.utime_ns),
+            system_ns=int(e.stime_ns),
         )
 
 

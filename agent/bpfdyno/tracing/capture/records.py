@@ -163,6 +163,9 @@ class OffCpu:
         waker_pid, waker_tid: the task that woke it (blocked intervals; 0: not seen). The
             waker for a wakeup from a process (a pipe write, a futex wake); for one from an
             interrupt (a timer, a disk) whatever the interrupt found running.
+        user_ns, system_ns: the thread's user and system CPU time at the switch-out
+            (cumulative since it started; the kernel's accounting, by whole ticks where it
+            accounts by the tick); -1 when not recorded.
     """
 
     tid: int
@@ -179,6 +182,8 @@ class OffCpu:
     pid: int = 0
     waker_pid: int = 0
     waker_tid: int = 0
+    user_ns: int = -1
+    system_ns: int = -1
 
     @property
     def runnable(self) -> bool:

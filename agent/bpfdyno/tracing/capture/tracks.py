@@ -45,6 +45,7 @@ as microseconds with 3 decimals (integer arithmetic, so no rounding error), as K
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -429,9 +430,13 @@ def _sched(
 ) -> int:
     """Each thread's row: its off-CPU intervals, and its reclaims around those inside them."""
     rows: dict[str, list[_Slice]] = defaultdict(list)
+    ran = _ran_before(intervals)
     for iv in intervals:
         if _overlaps(iv.off_ns + shift, iv.on_ns + shift, window):
-            rows[_thread_row(iv.pid, iv.tid, iv.comm)].extend(_offcpu_slices(iv, shift, window))
+            slices = _offcpu_slices(iv, shift, window)
+            if slices and id(iv) in ran:
+                slices[0].args.update(ran[id(iv)])
+            rows[_thread_row(iv.pid, iv.tid, iv.comm)].extend(slices)
     for r in reclaims:
         lo, hi = r.start_ns + shift, r.end_ns + shift
         if _overlaps(lo, hi, window):
@@ -448,6 +453,26 @@ def _sched(
     for name in sorted(rows):
         n += w.slices(name, rows.pop(name))
     return n
+
+
+def _ran_before(intervals: list[OffCpu]) -> dict[int, dict[str, int]]:
+    """Per interval (by ``id``), what its thread ran since its previous recorded interval:
+    ``user_us`` and ``system_us``, the differences of the kernel's CPU time of the thread
+    between the two switch-outs (nothing accrues while it is off a CPU, so that is its time
+    on a CPU in between, in each mode, whatever was not recorded there). The first interval
+    of each thread, and those without the times, have none."""
+    by_tid: dict[int, list[OffCpu]] = defaultdict(list)
+    for iv in intervals:
+        if iv.user_ns >= 0 and iv.system_ns >= 0:
+            by_tid[iv.tid].append(iv)
+    out: dict[int, dict[str, int]] = {}
+    for mine in by_tid.values():
+        mine.sort(key=lambda iv: iv.off_ns)
+        for prev, iv in itertools.pairwise(mine):
+            user, system = iv.user_ns - prev.user_ns, iv.system_ns - prev.system_ns
+            if user >= 0 and system >= 0:  # a reused thread id starts again from 0
+                out[id(iv)] = {"user_us": user // 1000, "system_us": system // 1000}
+    return out
 
 
 def _thread_row(pid: int, tid: int, comm: str) -> str:

@@ -1,0 +1,123 @@
+"""Each off-CPU record carries the thread's user and system CPU time at its switch-out
+(task_struct's utime and stime, read by the capture's sched_switch program): the sched
+track writes their differences on each slice (``user_us``, ``system_us``: what the thread
+ran in each mode since its previous slice), and the evidence counts the system time before
+a disk sleep with the disk (tests/analysis/test_read_cpu_evidence.py).
+
+Real BPF, a real process: it spins in user space for a known CPU time, then reads a file
+the page cache does not hold; the kernel charges whole ticks, so the spin's time is checked
+to a few ticks, the reads' system time to be there at all."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_capture_bpf import manager_with, record
+
+from bpfdyno.analysis.trace_facts import read_facts
+from bpfdyno.tracing.capture.records import KernelTrackRequest, OffCpu, Track
+from bpfdyno.tracing.capture.tracks import Window, build_tracks
+
+pytestmark = pytest.mark.root
+
+SPIN_S = 0.3
+FILE = 64 << 20
+
+#: Spins for SPIN_S of its own CPU time, sleeps 100 ms, reads its file 64 KiB at a time,
+#: sleeps 100 ms; prints its CPU time around the spin (CLOCK_THREAD_CPUTIME_ID: exact).
+WORKER = rf"""
+import os, sys, time
+print("ready", flush=True)
+sys.stdin.readline()
+time.sleep(0.1)
+t0 = time.thread_time()
+while time.thread_time() - t0 < {SPIN_S}:  # a system call: once per 100k iterations
+    for _ in range(100_000):
+        pass
+spun = time.thread_time() - t0
+time.sleep(0.1)
+fd = os.open(sys.argv[1], os.O_RDONLY)
+for off in range(0, os.fstat(fd).st_size, 1 << 16):
+    os.pread(fd, 1 << 16, off)
+time.sleep(0.1)
+print(spun, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_each_slice_says_what_its_thread_ran_in_user_and_kernel_mode(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with data.open("wb") as f:
+        f.write(os.urandom(FILE))
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # read from the disk
+    manager = manager_with()
+    p = subprocess.Popen([sys.executable, "-c", WORKER, str(data)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert p.stdin is not None and p.stdout is not None
+    try:
+        assert p.stdout.readline() == "ready\n"
+        spun: list[float] = []
+
+        def work() -> None:
+            assert p.stdin is not None and p.stdout is not None
+            p.stdin.write("\n")
+            p.stdin.flush()
+            spun.append(float(p.stdout.readline()))
+
+        cap = record(manager, p.pid, KernelTrackRequest(frozenset({Track.SCHED})), work)
+    finally:
+        manager.stop()
+        p.kill()
+        p.wait()
+    mine = sorted(
+        (r for r in cap.records if isinstance(r, OffCpu) and r.tid == p.pid),
+        key=lambda r: r.off_ns,
+    )
+    assert mine and all(r.user_ns >= 0 and r.system_ns >= 0 for r in mine)
+    # The three 100 ms sleeps mark the phases: the spin runs between the first two.
+    sleeps = [i for i, r in enumerate(mine) if r.on_ns - r.off_ns >= 90_000_000 and r.state]
+    assert len(sleeps) >= 3, [(r.off_ns, r.on_ns, r.state) for r in mine]
+    a, b, c = sleeps[-3:]
+    user = mine[b].user_ns - mine[a].user_ns
+    system = mine[b].system_ns - mine[a].system_ns
+    # Charged by the 250 Hz tick (4 ms) where the kernel accounts by the tick: a few ticks'
+    # slack either way, and the spin's few system calls at most a few ticks of system time.
+    assert abs(user + system - spun[0] * 1e9) <= 20_000_000, (user, system, spun)
+    assert user >= spun[0] * 1e9 - 20_000_000, (user, system, spun)
+    # The reads: the kernel's work filling the page cache from the disk, in system time.
+    read_system = mine[c].system_ns - mine[b].system_ns
+    assert read_system >= 4_000_000, read_system
+    disk = [r for r in mine[b + 1 : c + 1] if r.state & 0x2]
+    assert disk, "no read slept on the disk"
+    # Written on each slice as the differences from the thread's previous one, and read
+    # back as the slice's system time before it.
+    first, last = mine[0].off_ns - 1_000_000, mine[-1].on_ns + 1_000_000
+    base = cap.offset_ns + first
+    built = build_tracks(cap, base, Window(0, last - first, "kineto"), [Track.SCHED])
+    events = [json.loads(e) for e in built.events]
+    rows = [e for e in events if e.get("cat") == "bpfdyno.sched" and e["args"]["tid"] == p.pid]
+    told = [e["args"] for e in rows if "system_us" in e["args"]]
+    assert len(told) == len(mine) - 1  # each interval but the thread's first
+    assert sum(a["user_us"] for a in told) == sum(
+        (y.user_ns - x.user_ns) // 1000 for x, y in itertools.pairwise(mine)
+    )
+    span = {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
+            "tid": "x", "ts": 0.0, "dur": (last - first) / 1000}  # fmt: skip
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"baseTimeNanoseconds": base, "traceEvents": [span, *events]}))
+    with path.open("rb") as f:
+        facts = read_facts(f, str(path))
+    back = sum(
+        s.system_before_us for s in facts.offcpu if s.tid == p.pid and s.system_before_us > 0
+    )
+    assert back == sum(a["system_us"] for a in told)
+    print(f"spin {spun[0] * 1e3:.1f} ms: user {user / 1e6:.0f} ms, system {system / 1e6:.0f} ms; "
+          f"reads: system {read_system / 1e6:.0f} ms over {len(disk)} disk sleeps")  # fmt: skip
