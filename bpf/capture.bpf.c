@@ -573,7 +573,9 @@ int bpfdyno_cswitch(struct bpf_raw_tracepoint_args *ctx)
 	if (pp && (pp->flags & CAP_F_SCHED) && !(prev_state & CAP_TASK_DEAD)) {
 		now = bpf_ktime_get_ns();
 		u32 state = (preempt || prev_state == CAP_TASK_RUNNING) ? 0 : prev_state;
-		s32 syscall = state ? cap_current_syscall() : -1;
+		/* Preempted too: inside a system call (a long read filling the page cache) or
+		 * not (negative: an interrupt's frame, in user mode). */
+		s32 syscall = cap_current_syscall();
 		struct task_struct *prev = (struct task_struct *)ctx->args[1];
 		u64 utime = 0, stime = 0;
 		bpf_probe_read_kernel(&utime, sizeof(utime), &prev->utime);

@@ -134,7 +134,7 @@ struct cap_thread {
 	u64 wake_ns;  /* woken at (0: not woken yet, or it never blocked) */
 	u32 tgid;
 	u32 state;    /* prev_state at the switch-out; 0 = still runnable (preempted) */
-	s32 syscall;  /* the system call it blocked in; -1: none, or not known on this arch */
+	s32 syscall;  /* the system call it blocked or was preempted in; < 0: none, or unknown */
 	u32 gen;      /* the bpfdyno_cgen value at the switch-out */
 	u32 waker_tgid; /* the task that woke it (current at sched_waking; 0: not seen) */
 	u32 waker_tid;
@@ -159,7 +159,7 @@ struct cap_offcpu {
 	u32 tid;
 	u32 state;    /* prev_state at the switch-out: 0 = runnable (CPU contention) */
 	u32 cpu;      /* the CPU it came back on */
-	s32 syscall;  /* the system call it blocked in; -1: none, or not known on this arch */
+	s32 syscall;  /* the system call it blocked or was preempted in; < 0: none, or unknown */
 	u32 pid;      /* the thread's own process: tgid, or a child of it (CAP_F_CHILD) */
 	char comm[CAP_COMM_LEN];
 	/* The task that held the CPU just before it got it back (0: the CPU was idle): who it

@@ -29,10 +29,11 @@ pytestmark = pytest.mark.root
 SPIN_S = 0.3
 FILE = 64 << 20
 
-#: Spins for SPIN_S of its own CPU time, sleeps 100 ms, reads its file 64 KiB at a time,
+#: Spins for SPIN_S of its own CPU time, sleeps 100 ms, reads its file 16 KiB at a time at
+#: random places (4,096 reads, each from the disk),
 #: sleeps 100 ms; prints its CPU time around the spin (CLOCK_THREAD_CPUTIME_ID: exact).
 WORKER = rf"""
-import os, sys, time
+import os, random, sys, time
 print("ready", flush=True)
 sys.stdin.readline()
 time.sleep(0.1)
@@ -43,8 +44,11 @@ while time.thread_time() - t0 < {SPIN_S}:  # a system call: once per 100k iterat
 spun = time.thread_time() - t0
 time.sleep(0.1)
 fd = os.open(sys.argv[1], os.O_RDONLY)
-for off in range(0, os.fstat(fd).st_size, 1 << 16):
-    os.pread(fd, 1 << 16, off)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead: each read goes to the disk
+pieces = list(range(0, os.fstat(fd).st_size, 1 << 14))
+random.shuffle(pieces)
+for off in pieces:
+    os.pread(fd, 1 << 14, off)
 time.sleep(0.1)
 print(spun, flush=True)
 sys.stdin.readline()
@@ -88,15 +92,23 @@ def test_each_slice_says_what_its_thread_ran_in_user_and_kernel_mode(tmp_path: P
     a, b, c = sleeps[-3:]
     user = mine[b].user_ns - mine[a].user_ns
     system = mine[b].system_ns - mine[a].system_ns
-    # Charged by the 250 Hz tick (4 ms) where the kernel accounts by the tick: a few ticks'
-    # slack either way, and the spin's few system calls at most a few ticks of system time.
-    assert abs(user + system - spun[0] * 1e9) <= 20_000_000, (user, system, spun)
-    assert user >= spun[0] * 1e9 - 20_000_000, (user, system, spun)
-    # The reads: the kernel's work filling the page cache from the disk, in system time.
+    # Charged by the 250 Hz tick (4 ms) where the kernel accounts by the tick: undisturbed
+    # the spin read 300-304 ms for 300-302 ms; beside two busy processes on the two CPUs,
+    # 240 ms for 302 ms (preempted at the ticks, it is charged fewer of them). Its few
+    # system calls are a tick or two of system time at most.
+    assert 0.5 * spun[0] * 1e9 <= user <= 1.2 * spun[0] * 1e9 + 12_000_000, (user, spun)
+    assert system <= 0.1 * (user + system) + 8_000_000, (user, system)
+    # The reads: the kernel's work filling the page cache from the disk, in system time
+    # (4,096 reads at 10-40 us each: a few dozen ticks), most of it before their sleeps.
     read_system = mine[c].system_ns - mine[b].system_ns
-    assert read_system >= 4_000_000, read_system
     disk = [r for r in mine[b + 1 : c + 1] if r.state & 0x2]
-    assert disk, "no read slept on the disk"
+    assert len(disk) >= 1000, len(disk)
+    before_disk = sum(
+        mine[i].system_ns - mine[i - 1].system_ns
+        for i in range(b + 1, c + 1)
+        if mine[i].state & 0x2
+    )
+    assert 0 < before_disk <= read_system, (before_disk, read_system)
     # Written on each slice as the differences from the thread's previous one, and read
     # back as the slice's system time before it.
     first, last = mine[0].off_ns - 1_000_000, mine[-1].on_ns + 1_000_000
@@ -121,3 +133,64 @@ def test_each_slice_says_what_its_thread_ran_in_user_and_kernel_mode(tmp_path: P
     assert back == sum(a["system_us"] for a in told)
     print(f"spin {spun[0] * 1e3:.1f} ms: user {user / 1e6:.0f} ms, system {system / 1e6:.0f} ms; "
           f"reads: system {read_system / 1e6:.0f} ms over {len(disk)} disk sleeps")  # fmt: skip
+
+
+#: Pinned to CPU 0 beside a busy process: reads 256 MiB of /dev/zero at a time (the kernel
+#: copies it in a loop that yields the CPU when asked: preempted inside read), then spins
+#: in user space (preempted there: in no system call).
+CONTENDED = r"""
+import os, sys, time
+os.sched_setaffinity(0, {0})
+print("ready", flush=True)
+sys.stdin.readline()
+fd = os.open("/dev/zero", os.O_RDONLY)
+buf = bytearray(256 << 20)
+for _ in range(4):
+    os.readv(fd, [buf])
+t0 = time.thread_time()
+while time.thread_time() - t0 < 0.3:
+    for _ in range(100_000):
+        pass
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+HOG = "import os\nos.sched_setaffinity(0, {0})\nwhile True:\n    pass\n"
+
+
+def test_a_preemption_says_the_system_call_it_came_inside(tmp_path: Path) -> None:
+    manager = manager_with()
+    hog = subprocess.Popen([sys.executable, "-c", HOG])
+    p = subprocess.Popen([sys.executable, "-c", CONTENDED], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert p.stdin is not None and p.stdout is not None
+    try:
+        assert p.stdout.readline() == "ready\n"
+
+        def work() -> None:
+            assert p.stdin is not None and p.stdout is not None
+            p.stdin.write("\n")
+            p.stdin.flush()
+            assert p.stdout.readline() == "done\n"
+
+        cap = record(manager, p.pid, KernelTrackRequest(frozenset({Track.SCHED})), work)
+    finally:
+        manager.stop()
+        for q in (p, hog):
+            q.kill()
+            q.wait()
+    preempted = [r for r in cap.records if isinstance(r, OffCpu) and r.tid == p.pid and r.runnable]
+    inside = {r.syscall for r in preempted}
+    # readv (19) while copying; in user space (negative: an interrupt's frame) while spinning.
+    assert 19 in inside, inside
+    assert any(nr < 0 for nr in inside), inside
+    first, last = preempted[0].off_ns - 1_000_000, preempted[-1].on_ns + 1_000_000
+    built = build_tracks(cap, cap.offset_ns + first, Window(0, last - first, "kineto"),
+                         [Track.SCHED])  # fmt: skip
+    events = [json.loads(e) for e in built.events]
+    said = {
+        e["args"].get("syscall")
+        for e in events
+        if e.get("name") == "runnable: preempted" and e["args"]["tid"] == p.pid
+    }
+    assert said >= {"readv", None}, said

@@ -81,9 +81,13 @@ class _Slice:
     end: float
     cause: str  # a diagnosis cause
     detail: str  # who held the CPU, or the system call
-    #: The thread's system CPU time (µs) on a CPU just before the slice; 0: not known, or
-    #: the slice began before the window (that time is not the window's).
+    #: The thread's system and user CPU time (µs) on a CPU just before the slice, as the
+    #: kernel charged it; 0: not known, or the slice began before the window (that time is
+    #: not the window's).
     system_before: int = 0
+    user_before: int = 0
+    #: A preemption's: the system call it was preempted in ("": none, or not known).
+    inside: str = ""
 
 
 class _Threads:
@@ -474,15 +478,18 @@ def _slices(facts: TraceFacts, pid: int, workers: set[int], lo: float, hi: float
         # The threads that ran the collectives count only their waits for a CPU.
         cause = _cause(s) if s.tid == pid else OFFCPU_CAUSE.get(s.cause, "blocked")
         detail = _detail(s) if cause == OFFCPU_CAUSE.get(s.cause) else ""
-        system = max(0, s.system_before_us) if s.start_us >= lo else 0
+        ran = (max(0, s.system_before_us), max(0, s.user_before_us)) if s.start_us >= lo else (0, 0)
         if cause != "cpu_wait" and s.tid == pid and loaders:
             # Blocked inside enumerate(DataLoader): waiting for the workers' next batch.
             for a, b in _cut(start, end, loaders):
-                out.append(_Slice(s.tid, a, b, "data_loader", detail, system * (a == start)))
+                first = ran if a == start else (0, 0)
+                out.append(_Slice(s.tid, a, b, "data_loader", detail, *first))
             for a, b in _cut_out(start, end, loaders):
-                out.append(_Slice(s.tid, a, b, cause, detail, system * (a == start)))
+                first = ran if a == start else (0, 0)
+                out.append(_Slice(s.tid, a, b, cause, detail, *first))
         else:
-            out.append(_Slice(s.tid, start, end, cause, detail, system))
+            inside = s.syscall if s.cause == "runnable" and not s.after else ""
+            out.append(_Slice(s.tid, start, end, cause, detail, *ran, inside))
     return out
 
 
@@ -691,20 +698,36 @@ READ_CAUSES = ("disk", "file_io")
 
 
 def _reading(threads: _Threads, tid: int, lo: float, hi: float, ran: float) -> dict[str, float]:
-    """Seconds of the main thread's time on a CPU in [lo, hi) that were the kernel's work in
-    the file reads it then slept in: per cause of `READ_CAUSES`, the system CPU time it ran
-    just before each such slice that starts there. The kernel counts that time by the tick
-    (4 ms at 250 Hz, charged whole to whoever a tick finds running), so one short run reads
-    0 or a whole tick; summed over a run-up's reads it is right on average, and never more
-    than ``ran``, the run-up's time on a CPU it is part of (seconds)."""
-    system: dict[str, float] = defaultdict(float)
+    """Seconds of the main thread's time on a CPU in [lo, hi) (``ran``, seconds) that were
+    the kernel's work in the file reads it slept in, per cause of `READ_CAUSES`.
+
+    The sched track gives, before each slice, the CPU time the kernel charged the thread in
+    user and in system mode since its previous one. Where it charges by the tick (4 ms at
+    250 Hz, whole to the mode each tick finds), one short run reads 0 or a tick, and time
+    the hypervisor stole from the CPU is charged to no one (its ticks fall short of the
+    time on a CPU the slices show). So the reads' part is a share: of the run-up's ticks
+    (its slices' that start in it), those of system time before a sleep on the disk (or in
+    file I/O), and before a preemption inside a system call such a sleep was in (a long
+    read preempted while filling the page cache); that share of ``ran``. No ticks: none."""
+    ticks = 0
+    system: dict[str, int] = defaultdict(int)
+    slept_in: dict[str, str] = {}  # system call -> the cause of a read that slept in it
+    preempted: dict[str, int] = defaultdict(int)  # system call -> system time before
     for s, _ in threads.of(tid, lo, hi):
-        if s.system_before and s.cause in READ_CAUSES and s.start >= lo:
-            system[s.cause] += s.system_before / 1e6
-    total = sum(system.values())
-    if total > ran:
-        return {cause: t * ran / total for cause, t in system.items()} if ran > 0 else {}
-    return dict(system)
+        if s.start < lo:  # its run before was the run-up before's
+            continue
+        ticks += s.system_before + s.user_before
+        if s.cause in READ_CAUSES:
+            system[s.cause] += s.system_before
+            slept_in.setdefault(s.detail, s.cause)
+        elif s.inside:
+            preempted[s.inside] += s.system_before
+    for call, us in preempted.items():
+        if call in slept_in:
+            system[slept_in[call]] += us
+    if ticks <= 0 or ran <= 0:
+        return {}
+    return {cause: ran * us / ticks for cause, us in system.items() if us > 0}
 
 
 def _added(before: tuple[CauseTime, ...], extra: list[CauseTime]) -> tuple[CauseTime, ...]:

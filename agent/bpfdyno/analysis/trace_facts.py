@@ -172,6 +172,8 @@ class OffCpuSlice:
     #: just before this one, tick-sampled where the kernel accounts by the tick); -1 when
     #: the file does not say.
     system_before_us: int = -1
+    #: ... and its user CPU time; -1 when the file does not say.
+    user_before_us: int = -1
 
 
 @dataclass(slots=True)
@@ -510,7 +512,7 @@ class _Reader:
             else:
                 after = "disk/uninterruptible"
         child, waker = args.get("child_pid", 0), args.get("woken_by_pid", 0)
-        system = args.get("system_us", -1)
+        system, user = args.get("system_us", -1), args.get("user_us", -1)
         self.f.offcpu.append(
             OffCpuSlice(
                 tid,
@@ -523,6 +525,7 @@ class _Reader:
                 waker if isinstance(waker, int) else 0,
                 after,
                 system if isinstance(system, int) and system >= 0 else -1,
+                user if isinstance(user, int) and user >= 0 else -1,
             )
         )
 

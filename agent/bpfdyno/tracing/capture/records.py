@@ -153,7 +153,8 @@ class OffCpu:
         off_ns: switched out; ``on_ns``: switched back in.
         wake_ns: woken (blocked intervals); 0 when not seen or it never blocked.
         state: the task state at the switch-out; 0 = runnable (preempted: CPU contention).
-        syscall: the system call it blocked in (x86-64), -1 when none or unknown.
+        syscall: the system call it blocked in (x86-64), or was preempted in; negative when
+            none (preempted in user mode, a page fault) or unknown.
         cpu: the CPU it came back on.
         held_pid, held_tid, held_comm: the task that held that CPU just before the thread
             got it back, i.e. that it waited for while runnable (0: the CPU was idle).

@@ -571,6 +571,8 @@ def _offcpu_slices(iv: OffCpu, shift: int, window: Window) -> list[_Slice]:
         }
     if iv.runnable:
         args = {**base, "cause": causes.RUNNABLE, **held}
+        if inside := causes.syscall_name(iv.syscall):
+            args["syscall"] = inside  # preempted inside it (a long read, a big copy)
         return [_Slice(lo, hi, "runnable: preempted", CAT_SCHED, args)]
     cause = causes.cause(iv.state, iv.syscall)
     syscall = causes.syscall_name(iv.syscall)
