@@ -17,9 +17,11 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bpfdyno.analysis.trace_facts import TraceFacts, read_facts
 from bpfdyno.core.budget import Costs, RequestedWork
 from bpfdyno.core.config import BudgetSection, load
 from bpfdyno.core.status import PartState
@@ -148,6 +150,16 @@ def record(
     assert callable(work)
     work()
     return m.end(key).result(60)
+
+
+def read_back(path: Path, base_ns: int, dur_ns: int, events: list[dict[str, Any]]) -> TraceFacts:
+    """Write ``events`` (a capture's tracks) at ``path`` as a trace file of one profiler span
+    ``dur_ns`` long from ``base_ns``, and read its facts as the analysis does."""
+    span = {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
+            "tid": "x", "ts": 0.0, "dur": dur_ns / 1000}  # fmt: skip
+    path.write_text(json.dumps({"baseTimeNanoseconds": base_ns, "traceEvents": [span, *events]}))
+    with path.open("rb") as f:
+        return read_facts(f, str(path))
 
 
 def test_only_the_traced_process_is_recorded_with_exact_bytes(

@@ -18,9 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_capture_bpf import manager_with, record
+from test_capture_bpf import manager_with, read_back, record
 
-from bpfdyno.analysis.trace_facts import read_facts
 from bpfdyno.tracing.capture.records import KernelTrackRequest, OffCpu, Track
 from bpfdyno.tracing.capture.tracks import Window, build_tracks
 
@@ -121,12 +120,7 @@ def test_each_slice_says_what_its_thread_ran_in_user_and_kernel_mode(tmp_path: P
     assert sum(a["user_us"] for a in told) == sum(
         (y.user_ns - x.user_ns) // 1000 for x, y in itertools.pairwise(mine)
     )
-    span = {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
-            "tid": "x", "ts": 0.0, "dur": (last - first) / 1000}  # fmt: skip
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps({"baseTimeNanoseconds": base, "traceEvents": [span, *events]}))
-    with path.open("rb") as f:
-        facts = read_facts(f, str(path))
+    facts = read_back(tmp_path / "t.json", base, last - first, events)
     back = sum(
         s.system_before_us for s in facts.offcpu if s.tid == p.pid and s.system_before_us > 0
     )

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 from memory_limit import memory_limited
-from test_capture_bpf import manager_with, record
+from test_capture_bpf import manager_with, read_back, record
 
-from bpfdyno.analysis.trace_facts import read_facts
 from bpfdyno.tracing.capture.records import KernelTrackRequest, OffCpu, Reclaim, Track
 from bpfdyno.tracing.capture.tracks import Window, build_tracks
 
@@ -101,12 +100,7 @@ def test_a_traced_readers_reclaim_at_its_limit_is_timed_and_read_back_as_memory(
     slices = [e for e in events if e.get("name") == "memory reclaim"]
     assert len(slices) == len(reclaims)
     assert {e["args"]["cause"] for e in slices} == {"memory reclaim"}
-    span = {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
-            "tid": "x", "ts": 0.0, "dur": (last - first) / 1000}  # fmt: skip
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps({"baseTimeNanoseconds": base, "traceEvents": [span, *events]}))
-    with path.open("rb") as f:
-        facts = read_facts(f, str(path))
+    facts = read_back(tmp_path / "t.json", base, last - first, events)
     assert len(facts.reclaims) == len(reclaims)
     assert sorted(t for t, _, _ in facts.reclaims) == [traced.pid] * len(reclaims)
     offcpu = [r for r in cap.records if isinstance(r, OffCpu) and r.tid == traced.pid]

@@ -50,6 +50,7 @@ from itertools import accumulate
 from bpfdyno.analysis.trace_facts import Collective, NetInstant, OffCpuSlice, TraceFacts
 from bpfdyno.rpc.diagnosis import (
     OFFCPU_CAUSE,
+    READ_CPU,
     CauseTime,
     CollectiveEvidence,
     ConnectionRtt,
@@ -175,7 +176,7 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
             # from the disk, copying) is on its CPU but the reads' cost, not its work.
             reading = _reading(threads, tid, run_up, c.start_us, max(0.0, ran))
             ran -= sum(reading.values())
-            extra += [CauseTime(cause, t) for cause, t in reading.items()]
+            extra += [CauseTime(READ_CPU[cause], t) for cause, t in reading.items()]
             if ran > 0:
                 extra.append(CauseTime("on_cpu", ran))
             if reclaiming > 0:
@@ -183,7 +184,7 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
         if stolen > 0:
             extra.append(CauseTime("interrupts", stolen))
         if extra:
-            before = _added(before, extra)
+            before = tuple(sorted((*before, *extra), key=lambda t: -t.seconds))
         during, _, worst_during = _causes(threads, busy, c.start_us, c.end_us)
         workers, worker_pids = _workers(threads, children, worker_of, tid, run_up, c.start_us)
         worst = {w.cause: w for w in worst_during}
@@ -693,8 +694,9 @@ def _on_cpu(threads: _Threads, pid: int, lo: float, hi: float) -> float:
     return max(0.0, hi - lo - off) / 1e6
 
 
-#: Off-CPU causes whose system call's time on a CPU before the sleep is counted with them.
-READ_CAUSES = ("disk", "file_io")
+#: Off-CPU causes whose system call's time on a CPU before the sleep is theirs, and the
+#: cause that time is kept under (`READ_CPU` in `bpfdyno.rpc.diagnosis`).
+READ_CAUSES = tuple(READ_CPU)
 
 
 def _reading(threads: _Threads, tid: int, lo: float, hi: float, ran: float) -> dict[str, float]:
@@ -728,20 +730,6 @@ def _reading(threads: _Threads, tid: int, lo: float, hi: float, ran: float) -> d
     if ticks <= 0 or ran <= 0:
         return {}
     return {cause: ran * us / ticks for cause, us in system.items() if us > 0}
-
-
-def _added(before: tuple[CauseTime, ...], extra: list[CauseTime]) -> tuple[CauseTime, ...]:
-    """``before`` with ``extra``'s time added to the entry of the same cause (its detail
-    kept), or as a new one; longest first."""
-    seconds = {c.cause: c.seconds for c in before}
-    details = {c.cause: c.detail for c in before}
-    for c in extra:
-        seconds[c.cause] = seconds.get(c.cause, 0.0) + c.seconds
-        details.setdefault(c.cause, c.detail)
-    return tuple(
-        CauseTime(cause, t, details[cause])
-        for cause, t in sorted(seconds.items(), key=lambda kv: -kv[1])
-    )
 
 
 def _reclaiming(

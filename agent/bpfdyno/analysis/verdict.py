@@ -84,6 +84,7 @@ from dataclasses import dataclass, field, replace
 
 from bpfdyno.rpc.diagnosis import (
     CAUSES,
+    READ_CPU,
     STEP_PARTS,
     CauseTime,
     CollectiveEvidence,
@@ -792,6 +793,14 @@ def _late_finding(
         if "data_loader" in own:
             workers.add(mine, own["data_loader"].seconds)
         worst += [replace(w, path=r.ev.path) for w in mine.worst if w.cause in own]
+    reads_on_cpu: dict[str, float] = {}
+    for cause, on_cpu in READ_CPU.items():
+        # The kernel's work on its CPU in the reads it slept in is the reads' cost: a rank
+        # refilling evicted pages was named for "its own work" before its disk.
+        usual[cause] += usual.pop(on_cpu, 0.0)
+        if (ran := excess.pop(on_cpu, 0.0)) > 0:
+            excess[cause] += ran
+            reads_on_cpu[cause] = ran
     quota = _throttled(r.ev.cpu_quotas)
     if quota is not None:
         # The quota held the rank's threads off the CPU while they were runnable: its waits
@@ -837,7 +846,9 @@ def _late_finding(
     causes: list[CauseTime] = []
     explained = 0.0
     # The waits for a CPU that remain are those held by everyone else: only they are named.
-    said = LateCause(r, rs, {h: v for h, v in holders.items() if h not in taken}, details, workers)
+    said = LateCause(
+        r, rs, {h: v for h, v in holders.items() if h not in taken}, details, workers, reads_on_cpu
+    )
     for cause, extra in sorted(excess.items(), key=_rank_causes(seconds, usual)):
         share = min(extra, seconds)
         if share < MIN_CAUSE_SHARE * seconds:
@@ -1051,6 +1062,8 @@ class LateCause:
     holders: Mapping[str, float]
     details: Mapping[str, Counter[str]]
     workers: _WorkerWaits = field(default_factory=lambda: _WorkerWaits())
+    #: Per read cause: the kernel's work on its CPU in those reads, beyond the other ranks'.
+    reads_on_cpu: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -1148,7 +1161,23 @@ def _own_work_said(c: LateCause) -> str:
     return next(iter(c.details.get("on_cpu", ())), "")
 
 
+def _reads_said(cause: str) -> Callable[[LateCause], str]:
+    """A read cause's details, with how much of its time was the kernel's work on the
+    rank's CPU in those reads after the first (the system call)."""
+
+    def said(c: LateCause) -> str:
+        parts = [name for name, _ in c.details.get(cause, Counter()).most_common(3)]
+        ran = c.reads_on_cpu.get(cause, 0.0)
+        if ran >= 0.0005:
+            parts.insert(min(1, len(parts)), f"{_fmt_s(ran)} of it on its CPU in the reads")
+        return ", ".join(parts)
+
+    return said
+
+
 CAUSE_DETAILS: dict[str, Callable[[LateCause], str]] = {
+    "disk": _reads_said("disk"),
+    "file_io": _reads_said("file_io"),
     "cpu_wait": _cpu_holders,
     "on_cpu": _own_work_said,
     "interrupts": _interrupts_said,

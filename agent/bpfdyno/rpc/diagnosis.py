@@ -27,10 +27,7 @@ CAUSES: dict[str, str] = {
     "data_loader": "waiting for DataLoader workers",
     "file_io": "blocked in file I/O",
     "io_wait": "blocked on a socket, pipe or event",
-    "disk": (
-        "disk or file I/O (uninterruptible sleep in reads, writes, page faults; and the "
-        "kernel's work on its CPU in the reads it slept in)"
-    ),
+    "disk": "disk or file I/O (uninterruptible sleep: reads, writes, page faults)",
     "lock": "blocked on a lock or another thread",
     "sleep": "sleeping",
     "blocked": "blocked (other)",
@@ -42,6 +39,11 @@ CAUSES: dict[str, str] = {
     "on_cpu": "on a CPU: its own work took longer",
     "unexplained": "not seen by the kernel (slower compute or Python work)",
 }
+
+#: A read cause -> the cause under which a run-up's evidence keeps the kernel's work on the
+#: thread's CPU in the reads it slept in for that cause (filling the page cache, copying):
+#: the reads' cost, which the verdict adds to them and says apart.
+READ_CPU: dict[str, str] = {"disk": "disk_cpu", "file_io": "file_io_cpu"}
 
 #: The parts of a step (`StepSplit`) besides the main thread's off-CPU causes.
 STEP_PARTS: dict[str, str] = {
@@ -343,6 +345,7 @@ class Verdict:
 __all__ = [
     "CAUSES",
     "OFFCPU_CAUSE",
+    "READ_CPU",
     "STEP_PARTS",
     "CauseTime",
     "CollectiveEvidence",
