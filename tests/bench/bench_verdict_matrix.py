@@ -603,7 +603,7 @@ def main() -> None:
                     job.close()
                     shutil.rmtree(base, ignore_errors=True)
                     base = short_base()
-                    job = StragglerJob(base, RANKS, CPUS, interrupts=True)
+                    job = StragglerJob(base, RANKS, CPUS, interrupts=True, loader_workers=workers)
                     job.start()
                 for c in classes:
                     strengths = range(len(c.strengths)) if c.strengths[0] else range(1)
