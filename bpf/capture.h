@@ -21,7 +21,8 @@ enum cap_counter {
 	CAP_C_BURST_FULL = 3,   /* bpfdyno_cbursts full: the call was emitted on its own */
 	CAP_C_SOCK_FULL = 4,    /* bpfdyno_csocks full: softirq events of that socket are missed */
 	CAP_C_CHILD_FULL = 5,   /* a traced process's child could not be added to bpfdyno_ctgids */
-	CAP_C_MAX = 6,
+	CAP_C_RESERVE_AGAIN = 6, /* a ring buffer reservation that failed and was tried again */
+	CAP_C_MAX = 7,
 };
 
 /* Kinds of the records in the `bpfdyno_cnet` ring buffer. */

@@ -162,11 +162,14 @@ class RingReader:
             self._cons.close()
             raise
         self._page = page
+        #: The share of the ring the records waiting at the last `consume` filled (0-1).
+        self.fill = 0.0
 
     def consume(self) -> int:
         """Hand every committed record to ``on_record``; returns how many."""
         (cons,) = struct.unpack_from("<Q", self._cons, 0)
         (prod,) = struct.unpack_from("<Q", self._prod, 0)
+        self.fill = min(1.0, (prod - cons) / (self._mask + 1))
         n = 0
         while cons < prod:
             at = self._page + (cons & self._mask)

@@ -87,6 +87,11 @@ class RingBuffer(Generic[T]):
         """Decode every record waiting now, keeping them for `drain`."""
         self._reader.consume()
 
+    @property
+    def fill(self) -> float:
+        """The share of the ring the records waiting at the last drain filled (0-1)."""
+        return self._reader.fill
+
     def close(self) -> None:
         self._reader.close()
 

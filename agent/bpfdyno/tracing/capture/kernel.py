@@ -409,6 +409,10 @@ class KernelCapture:
                 out[tgid].append(record)
         return out
 
+    def fill(self) -> float:
+        """The fullest ring buffer's share filled at the last `drain` (0-1)."""
+        return max((ring.fill for ring in self._rings), default=0.0)
+
     # -- internals --------------------------------------------------------------------------
 
     def _require(self) -> BpfProgram:

@@ -12,7 +12,8 @@ records, for that process only, what its request asked for:
 
 All BPF work happens on one thread of its own ("trace-capture"): it loads both programs when
 the manager starts (so the first trace does not wait for a compile), attaches them when the
-first traced process needs them, drains their ring buffers every `DRAIN_INTERVAL_S` while
+first traced process needs them, drains their ring buffers every `DRAIN_INTERVAL_S` (sooner
+while one fills: `FAST_DRAIN_INTERVAL_S`) while
 anything is traced, and detaches them when the last traced process leaves. Callers on the
 event loop never block: `discard` only queues a command, `begin` and `end` return futures.
 The future of `begin` is done once the recording is in place (maps filled, probes attached:
@@ -60,8 +61,15 @@ from bpfdyno.tracing.capture.records import (
 
 log = logging.getLogger(__name__)
 
-#: How often the ring buffers are consumed while something is traced.
+#: How often the ring buffers are consumed while something is traced...
 DRAIN_INTERVAL_S = 0.1
+#: ... and how often while one fills at a rate that would leave it `FAST_DRAIN_FILL` full
+#: between two drains `DRAIN_INTERVAL_S` apart. The default ring (1 MiB) holds about 8,700
+#: off-CPU records: a traced job switching threads 30,000 times a second fills a third of
+#: it between two such drains. (Beyond ~80,000 records a second, two threads passing a pipe,
+#: it is the decoding that cannot keep up: about half of them were lost either way.)
+FAST_DRAIN_INTERVAL_S = 0.01
+FAST_DRAIN_FILL = 0.25
 #: How often traced processes without a libnccl are looked at again.
 NCCL_RESCAN_S = 1.0
 #: The programs are compiled this long after start (or at the first trace, if sooner), so
@@ -237,6 +245,7 @@ class CaptureManager:
         self._load_errors: dict[str, str] = {}  # "kernel" / "nccl" -> why it did not load
         self._loaded = threading.Event()
         self._last_drain = 0.0
+        self._drain_interval = DRAIN_INTERVAL_S
         self._last_rescan = 0.0
         #: Processes captured so far, and records kept / dropped over the cap (for status).
         self.captures = 0
@@ -370,7 +379,7 @@ class CaptureManager:
                 if first is not None:  # what came before the programs were loaded
                     cmd, first = first, None
                 else:
-                    timeout = DRAIN_INTERVAL_S if self._active else None
+                    timeout = self._drain_interval if self._active else None
                     try:
                         cmd = self._queue.get(timeout=timeout)
                     except queue.Empty:
@@ -380,7 +389,7 @@ class CaptureManager:
                 try:
                     self._handle(cmd)
                     now = time.monotonic()
-                    if self._active and now - self._last_drain >= DRAIN_INTERVAL_S:
+                    if self._active and now - self._last_drain >= self._drain_interval:
                         self._last_drain = now
                         self._drain()
                     if self._active and now - self._last_rescan >= NCCL_RESCAN_S:
@@ -519,6 +528,13 @@ class CaptureManager:
             batches.append(self.kernel.drain().items())
         if self.nccl.loaded:
             batches.append([(t, list(c)) for t, c in self.nccl.drain().items()])
+        # What a drain every `DRAIN_INTERVAL_S` would find at this rate: drained sooner, the
+        # ring holds less (without that, the drains went back to slow, and it overflowed).
+        fill = max(self.kernel.fill(), self.nccl.fill())
+        filling = fill * DRAIN_INTERVAL_S / self._drain_interval
+        self._drain_interval = (
+            FAST_DRAIN_INTERVAL_S if filling >= FAST_DRAIN_FILL else DRAIN_INTERVAL_S
+        )
         for batch in batches:
             for tgid, records in batch:
                 active = self._active.get(tgid)

@@ -291,6 +291,10 @@ class NcclCapture:
             out[tgid].append(call)
         return out
 
+    def fill(self) -> float:
+        """The share of the ring buffer filled at the last `drain` (0-1)."""
+        return self._ring.fill if self._ring is not None else 0.0
+
     def counters(self) -> dict[str, int]:
         """The host-wide ``enum nccl_counter`` values by name (e.g. ``NCCL_C_INFLIGHT_FULL``)."""
         sums = percpu_sums(self._require().table(_TOTALS))
