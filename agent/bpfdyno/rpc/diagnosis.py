@@ -28,6 +28,8 @@ CAUSES: dict[str, str] = {
     "file_io": "blocked in file I/O",
     "io_wait": "blocked on a socket, pipe or event",
     "disk": "disk or file I/O (uninterruptible sleep: reads, writes, page faults)",
+    "disk_cpu": "the kernel's work on its CPU in the disk reads it slept in",
+    "file_io_cpu": "the kernel's work on its CPU in the file I/O it slept in",
     "lock": "blocked on a lock or another thread",
     "sleep": "sleeping",
     "blocked": "blocked (other)",
