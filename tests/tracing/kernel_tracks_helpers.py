@@ -39,6 +39,30 @@ def info(evs: list[dict[str, Any]]) -> dict[str, Any]:
     return args
 
 
+def assert_long_sleeps(evs: list[dict[str, Any]], row: str, sleep_ms: float, steps: int) -> None:
+    """The thread of ``row`` has one "blocked: sleep" slice per step for its long sleep
+    (``net_sleep.py``'s ``--sleep-ms``), not counting its 2 ms ones.
+
+    Half the sleep counts as long: the slice runs from the switch-out to the timer's wakeup,
+    and Python fixes the deadline before its call, so a thread preempted on its way into the
+    sleep has a shorter blocked slice. A record the file says the kernel lost may be missing.
+    """
+    rows = {(e["pid"], e["tid"]): e["args"]["name"] for e in evs if e.get("name") == "thread_name"}
+    sched = of_cat(evs, "bpfdyno.sched")
+    on_row = [e for e in sched if rows.get((e["pid"], e["tid"])) == row]
+    sleeps = [
+        e
+        for e in on_row
+        if e["name"] == "blocked: sleep (clock_nanosleep)" and e["dur"] >= sleep_ms * 500
+    ]
+    lost = info(evs).get("sched_lost_ring_buffer_full", 0)
+    assert steps - lost <= len(sleeps) <= steps, (
+        lost,
+        sorted({str(rows.get((e["pid"], e["tid"]))) for e in sched}),
+        [(e["name"], e["dur"]) for e in on_row if e["dur"] >= 1000],
+    )
+
+
 def row_names(evs: list[dict[str, Any]], pid: int) -> dict[int, str]:
     """Synthetic tid -> the row's name, for the kernel tracks of ``pid``."""
     return {
