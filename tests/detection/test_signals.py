@@ -107,6 +107,24 @@ def wait_asleep(pid: int) -> None:
     raise AssertionError(f"process {pid} never went to sleep")
 
 
+@contextlib.contextmanager
+def host_taken() -> Iterator[list[float]]:
+    """Seconds the CPUs spent, over the block, on interrupts and in the hypervisor's hands
+    (``/proc/stat``'s irq, softirq and steal, summed over every CPU): a spinning process is
+    neither running nor waiting for the CPU meanwhile (the scheduler's task clock leaves both
+    out), so a busy share may fall short of its wall time by up to this. The list holds the
+    figure once the block is done."""
+
+    def ticks() -> int:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return sum(int(fields[i]) for i in (6, 7, 8))  # irq, softirq, steal
+
+    before, taken = ticks(), []
+    yield taken
+    # A tick counter: one more tick per CPU at most is a part-tick before or after the block.
+    taken.append((ticks() - before + (os.cpu_count() or 1)) / os.sysconf("SC_CLK_TCK"))
+
+
 def refs(cs: list[Child]) -> list[RankProcess]:
     return [RankProcess(c.pid, "7") for c in cs]
 
@@ -145,20 +163,21 @@ def test_a_sleeping_rank_waits_the_whole_interval() -> None:
 
 def test_a_rank_computing_has_its_main_thread_busy_its_sleeping_peer_not() -> None:
     sampler = SignalSampler()
-    with children(0, 1) as (computing, sleeping):
+    with children(0, 1) as (computing, sleeping), host_taken() as taken:
         sampler.sample(refs([computing, sleeping]), time.monotonic())
         computing.send(b"s")
         computing.done()
         busy, idle = sampler.sample(refs([computing, sleeping]), time.monotonic())
     # It spun a second of wall time, on a CPU or waiting for one (a loaded machine's share):
-    # busy all of it; the rest of the interval (the command's round trip) it slept.
-    assert 0.98 <= busy.main_busy_share * busy.interval_s <= busy.interval_s
+    # busy all of it but what interrupts and the hypervisor took (one CI run: 32 ms); the
+    # rest of the interval (the command's round trip) it slept.
+    assert 0.98 - taken[0] <= busy.main_busy_share * busy.interval_s <= busy.interval_s
     assert idle.main_busy_share * idle.interval_s < 0.02
 
 
 def test_two_ranks_sharing_one_cpu_wait_for_it_in_turn() -> None:
     sampler = SignalSampler()
-    with children(0, 1, cpu=0) as pair:
+    with children(0, 1, cpu=0) as pair, host_taken() as taken:
         sampler.sample(refs(pair), time.monotonic())
         for c in pair:
             c.send(b"s")
@@ -166,14 +185,15 @@ def test_two_ranks_sharing_one_cpu_wait_for_it_in_turn() -> None:
             c.done()
         signals = sampler.sample(refs(pair), time.monotonic())
     assert [s.rank for s in signals] == [0, 1]
-    # Each spun for a second of wall time, never sleeping: on the CPU or waiting for it. One
-    # CPU holds at most the interval of both together, so the rest of their two seconds was
-    # run-queue wait, however other work on a loaded machine shared the CPU out.
+    # Each spun for a second of wall time, never sleeping: on the CPU or waiting for it (but
+    # what interrupts and the hypervisor took). One CPU holds at most the interval of both
+    # together, so the rest of their two seconds was run-queue wait, however other work on
+    # a loaded machine shared the CPU out.
     interval = signals[0].interval_s
     for s in signals:
-        assert s.oncpu_s + s.runq_wait_s > 0.97
+        assert s.oncpu_s + s.runq_wait_s > 0.97 - taken[0]
     assert sum(s.oncpu_s for s in signals) <= interval + 0.01
-    assert sum(s.runq_wait_s for s in signals) > 1.95 - interval
+    assert sum(s.runq_wait_s for s in signals) > 1.95 - interval - taken[0]
 
 
 def test_cpu_quota_throttling_counts_as_waiting_for_a_cpu() -> None:
