@@ -86,7 +86,8 @@ def _wchar(pid: int) -> int | None:
 
 class IntervalLog:
     """Each of the detection's intervals as the agent compared it (`GetRankSignals`, polled
-    every ``poll`` seconds: each interval once), per rank the detector's scores, and the
+    every ``poll`` seconds: each interval once), per rank the detector's scores and its
+    active links (what its network scores were made of), and the
     job's steps per second over the same stretch (each rank's feeder writes one batch a
     step: its ``wchar`` over `BATCH_BYTES`; the ranks step together, so the median)."""
 
@@ -139,6 +140,24 @@ class IntervalLog:
                             round(s.net.retransmits_per_s, 2),
                         ]
                         for r, s in sorted(ranks.items())
+                    },
+                    # What the network scores were made of: each rank's links that moved
+                    # bytes (local and remote address, smoothed RTT in ms, bytes, retransmits).
+                    "links": {
+                        r.rank: [
+                            [
+                                link.local_address,
+                                link.remote_address,
+                                None
+                                if link.srtt_seconds is None
+                                else round(link.srtt_seconds * 1e3, 2),
+                                link.moved_bytes,
+                                link.retransmits,
+                            ]
+                            for link in r.net_links
+                            if link.moved_bytes > 0 or link.retransmits > 0
+                        ]
+                        for r in sorted(signals, key=lambda r: r.rank)
                     },
                 }
             )
