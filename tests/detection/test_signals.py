@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from host_time import host_taken
 
 from bpfdyno.detection.signals import (
     MAX_ARRIVALS,
@@ -105,24 +106,6 @@ def wait_asleep(pid: int) -> None:
             return
         time.sleep(0.01)
     raise AssertionError(f"process {pid} never went to sleep")
-
-
-@contextlib.contextmanager
-def host_taken() -> Iterator[list[float]]:
-    """Seconds the CPUs spent, over the block, on interrupts and in the hypervisor's hands
-    (``/proc/stat``'s irq, softirq and steal, summed over every CPU): a spinning process is
-    neither running nor waiting for the CPU meanwhile (the scheduler's task clock leaves both
-    out), so a busy share may fall short of its wall time by up to this. The list holds the
-    figure once the block is done."""
-
-    def ticks() -> int:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-        return sum(int(fields[i]) for i in (6, 7, 8))  # irq, softirq, steal
-
-    before, taken = ticks(), []
-    yield taken
-    # A tick counter: one more tick per CPU at most is a part-tick before or after the block.
-    taken.append((ticks() - before + (os.cpu_count() or 1)) / os.sysconf("SC_CLK_TCK"))
 
 
 def refs(cs: list[Child]) -> list[RankProcess]:

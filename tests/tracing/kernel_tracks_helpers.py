@@ -39,9 +39,11 @@ def info(evs: list[dict[str, Any]]) -> dict[str, Any]:
     return args
 
 
-def assert_long_sleeps(evs: list[dict[str, Any]], row: str, sleep_ms: float, steps: int) -> None:
-    """The thread of ``row`` has one "blocked: sleep" slice per step for its long sleep
-    (``net_sleep.py``'s ``--sleep-ms``), not counting its 2 ms ones.
+def long_sleeps(
+    evs: list[dict[str, Any]], row: str, sleep_ms: float, steps: int
+) -> list[dict[str, Any]]:
+    """The "blocked: sleep" slices of the thread of ``row`` for its long sleeps
+    (``net_sleep.py``'s ``--sleep-ms``), not its 2 ms ones, asserting one per step.
 
     Half the sleep counts as long: the slice runs from the switch-out to the timer's wakeup,
     and Python fixes the deadline before its call, so a thread preempted on its way into the
@@ -61,6 +63,7 @@ def assert_long_sleeps(evs: list[dict[str, Any]], row: str, sleep_ms: float, ste
         sorted({str(rows.get((e["pid"], e["tid"]))) for e in sched}),
         [(e["name"], e["dur"]) for e in on_row if e["dur"] >= 1000],
     )
+    return sleeps
 
 
 def row_names(evs: list[dict[str, Any]], pid: int) -> dict[int, str]:

@@ -16,7 +16,17 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from kernel_tracks_helpers import echo_server, events, info, load, of_cat, row_names, window_us
+from host_time import host_taken
+from kernel_tracks_helpers import (
+    echo_server,
+    events,
+    info,
+    load,
+    long_sleeps,
+    of_cat,
+    row_names,
+    window_us,
+)
 from tracing_harness import TRAINERS, Harness, dyno_gputrace_bytes, legacy_call
 
 from bpfdyno.core.events import FlightRecorder
@@ -30,7 +40,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.usefixtures("torch
 #: Bytes the trainer sends, and receives back, per step; its long sleep per step; steps traced.
 SEND, RECV, SLEEP_MS, STEPS = 100_000, 50_000, 40.0, 4
 #: A blocked interval ends when its timer fires: at most this much after the sleep's length
-#: (hrtimer slack is 50 us; a loaded VM delays the timer interrupt by up to a few ms).
+#: (hrtimer slack is 50 us; a loaded VM delays the timer interrupt by up to a few ms), or by
+#: what the hypervisor and interrupts took from the CPUs meanwhile (one CI run: 48.8 ms).
 SLEEP_TOLERANCE_MS = 5.0
 
 
@@ -89,14 +100,15 @@ async def test_network_bytes_sleeps_and_the_pre_window_are_exact_and_aligned(
             ready = next(line for line in trainer.lines if line.startswith("ready "))
             port = int(ready.split()[2])
             await h.wait_trainers(lambda ts: [t.pid for t in ts] == [pid])
-            res = h.service.start_trace(
-                TraceRequest(
-                    options=TraceSpec(log_file=str(h.trace_dir / "n.json"), iterations=STEPS),
-                    kernel_tracks=("net", "sched"),
-                    pre_window_s=120.0,
+            with host_taken() as taken:
+                res = h.service.start_trace(
+                    TraceRequest(
+                        options=TraceSpec(log_file=str(h.trace_dir / "n.json"), iterations=STEPS),
+                        kernel_tracks=("net", "sched"),
+                        pre_window_s=120.0,
+                    )
                 )
-            )
-            view = await h.wait_done(res.trace_id, timeout=90)
+                view = await h.wait_done(res.trace_id, timeout=90)
     [p] = view.processes
     assert p.state is ProcState.WRITTEN, p.reason
     k = p.kernel_tracks
@@ -142,30 +154,31 @@ async def test_network_bytes_sleeps_and_the_pre_window_are_exact_and_aligned(
     }
 
     main = f"kernel sched: thread {pid} (python)"
-    sleeps = [
-        e
-        for e in of_cat(evs, "bpfdyno.sched")
-        if rows[e["tid"]] == main and e["dur"] >= SLEEP_MS * 1000 - 1
-    ]
-    assert len(sleeps) == STEPS, [e["dur"] for e in sleeps]
-    for e in sleeps:
-        assert e["name"] == "blocked: sleep (clock_nanosleep)"
-        assert (e["args"]["cause"], e["args"]["syscall"], e["args"]["state"]) == (
-            "sleep",
-            "clock_nanosleep",
-            "S",
-        )
-        assert SLEEP_MS * 1000 <= e["dur"] <= (SLEEP_MS + SLEEP_TOLERANCE_MS) * 1000, e
-        assert lo <= e["ts"] and e["ts"] + e["dur"] <= hi
+    sleeps = long_sleeps(evs, main, SLEEP_MS, STEPS)
     # Each long sleep is followed by its run-queue wait, "runnable: woken", from the moment
     # the sched_waking program saw the wakeup. Under a load of 33 on two CPUs one sleep in
     # one run had none: no waking time was recorded for it, so its blocked slice ran on to
     # the switch-in (why is not established; the kernel skips a tracing program's run that
     # would nest in a run of the same program on that CPU, and counts it as a recursion
     # miss). One such sleep in a run is allowed.
-    woken = [e for e in of_cat(evs, "bpfdyno.sched") if e["name"] == "runnable: woken"]
-    ends = {_ns(s["ts"]) + _ns(s["dur"]) for s in sleeps}
-    assert len(ends - {_ns(w["ts"]) for w in woken}) <= 1, (ends, [w["ts"] for w in woken])
+    woken = {_ns(e["ts"]) for e in of_cat(evs, "bpfdyno.sched") if e["name"] == "runnable: woken"}
+    unwoken = [s for s in sleeps if _ns(s["ts"]) + _ns(s["dur"]) not in woken]
+    assert len(unwoken) <= 1, (unwoken, sorted(woken))
+    late_ms = SLEEP_TOLERANCE_MS + taken[0] * 1000
+    for e in sleeps:
+        assert (e["args"]["cause"], e["args"]["syscall"], e["args"]["state"]) == (
+            "sleep",
+            "clock_nanosleep",
+            "S",
+        )
+        assert lo <= e["ts"] and e["ts"] + e["dur"] <= hi
+        if e not in unwoken:  # it ends when its timer fired
+            assert e["dur"] <= (SLEEP_MS + late_ms) * 1000, (e, late_ms)
+    # The sleep's length to its timer's slack, in all but one: a thread preempted on its way
+    # into the sleep has a shorter blocked slice (Python fixes the deadline before the call),
+    # one whose timer the hypervisor held or that has no wakeup recorded a longer one.
+    exact = [SLEEP_MS * 1000 <= e["dur"] <= (SLEEP_MS + SLEEP_TOLERANCE_MS) * 1000 for e in sleeps]
+    assert sum(exact) >= STEPS - 1, ([e["dur"] for e in sleeps], late_ms)
 
     # The flight recorder's connect of this socket, from before the request.
     before = [
