@@ -34,8 +34,8 @@ READ_SLEEPS = 1200
 
 #: Spins for SPIN_S of its own CPU time, sleeps 100 ms, reads its file 16 KiB at a time at
 #: random places (4,096 reads, each from the disk) until it has slept READ_SLEEPS times in
-#: its reads (a pass at most 8 times, the file dropped from the page cache before each: one
-#: CI machine's disk answered most reads of a pass before the reader slept),
+#: its reads (a pass at most 8 times, the file dropped from the page cache before each: on
+#: one CI machine a pass slept only 223 times, for reasons not found),
 #: sleeps 100 ms; prints its CPU time around the spin (CLOCK_THREAD_CPUTIME_ID: exact).
 WORKER = rf"""
 import os, random, resource, sys, time
