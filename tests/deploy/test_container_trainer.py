@@ -226,7 +226,7 @@ def test_the_host_agent_traces_a_trainer_in_a_container_with_its_own_kernel_even
     assert (sent, received) == (STEPS * SEND, STEPS * RECV)
     # Its off-CPU slices are its own main thread's, named by its thread id on the node.
     main = f"kernel sched: thread {host_pid} (python)"
-    long_sleeps(evs, main, SLEEP_MS, STEPS)
+    long_sleeps(evs, 1, main, SLEEP_MS, STEPS)
 
 
 def test_a_container_mounting_the_kineto_directory_elsewhere_is_told_to_mount_it_here(

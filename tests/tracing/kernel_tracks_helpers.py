@@ -40,18 +40,18 @@ def info(evs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def long_sleeps(
-    evs: list[dict[str, Any]], row: str, sleep_ms: float, steps: int
+    evs: list[dict[str, Any]], pid: int, row: str, sleep_ms: float, steps: int
 ) -> list[dict[str, Any]]:
-    """The "blocked: sleep" slices of the thread of ``row`` for its long sleeps
-    (``net_sleep.py``'s ``--sleep-ms``), not its 2 ms ones, asserting one per step.
+    """The "blocked: sleep" slices of the thread of ``row`` in ``pid``'s kernel tracks for its
+    long sleeps (``net_sleep.py``'s ``--sleep-ms``), not its 2 ms ones, asserting one per step.
 
     Half the sleep counts as long: the slice runs from the switch-out to the timer's wakeup,
     and Python fixes the deadline before its call, so a thread preempted on its way into the
     sleep has a shorter blocked slice. A record the file says the kernel lost may be missing.
     """
-    rows = {(e["pid"], e["tid"]): e["args"]["name"] for e in evs if e.get("name") == "thread_name"}
-    sched = of_cat(evs, "bpfdyno.sched")
-    on_row = [e for e in sched if rows.get((e["pid"], e["tid"])) == row]
+    rows = row_names(evs, pid)
+    sched = [e for e in of_cat(evs, "bpfdyno.sched") if e["pid"] == pid]
+    on_row = [e for e in sched if rows.get(e["tid"]) == row]
     sleeps = [
         e
         for e in on_row
@@ -60,7 +60,7 @@ def long_sleeps(
     lost = info(evs).get("sched_lost_ring_buffer_full", 0)
     assert steps - lost <= len(sleeps) <= steps, (
         lost,
-        sorted({str(rows.get((e["pid"], e["tid"]))) for e in sched}),
+        sorted({str(rows.get(e["tid"])) for e in sched}),
         [(e["name"], e["dur"]) for e in on_row if e["dur"] >= 1000],
     )
     return sleeps

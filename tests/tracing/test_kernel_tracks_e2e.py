@@ -154,7 +154,7 @@ async def test_network_bytes_sleeps_and_the_pre_window_are_exact_and_aligned(
     }
 
     main = f"kernel sched: thread {pid} (python)"
-    sleeps = long_sleeps(evs, main, SLEEP_MS, STEPS)
+    sleeps = long_sleeps(evs, pid, main, SLEEP_MS, STEPS)
     # Each long sleep is followed by its run-queue wait, "runnable: woken", from the moment
     # the sched_waking program saw the wakeup. Under a load of 33 on two CPUs one sleep in
     # one run had none: no waking time was recorded for it, so its blocked slice ran on to

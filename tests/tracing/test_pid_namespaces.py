@@ -134,7 +134,7 @@ async def test_two_trainers_that_are_both_pid_1_each_get_their_own_kernel_tracks
         assert f"kernel sched: thread {host_pids[i]} (python)" in sched_rows
         other = host_pids[1 - i]
         assert not any(str(other) in row for row in sched_rows), sched_rows
-        long_sleeps(evs, f"kernel sched: thread {host_pids[i]} (python)", SLEEP_MS, STEPS)
+        long_sleeps(evs, 1, f"kernel sched: thread {host_pids[i]} (python)", SLEEP_MS, STEPS)
         # The reader matches the main thread by the host's pid the info slice gives.
         with open(p.output_path, "rb") as f:
             facts = read_facts(f, p.output_path)
