@@ -142,7 +142,8 @@ class IntervalLog:
                         for r, s in sorted(ranks.items())
                     },
                     # What the network scores were made of: each rank's links that moved
-                    # bytes (local and remote address, smoothed RTT in ms, bytes, retransmits).
+                    # bytes (local and remote address, smoothed RTT in ms, bytes, retransmits,
+                    # bytes it sent).
                     "links": {
                         r.rank: [
                             [
@@ -153,6 +154,7 @@ class IntervalLog:
                                 else round(link.srtt_seconds * 1e3, 2),
                                 link.moved_bytes,
                                 link.retransmits,
+                                link.sent_bytes,
                             ]
                             for link in r.net_links
                             if link.moved_bytes > 0 or link.retransmits > 0

@@ -112,6 +112,7 @@ def interval_links(a: dict[str, Any], b: dict[str, Any]) -> dict[int, list[NetLi
             NetLink(
                 c["s"].rsplit(":", 1)[0], c["d"].rsplit(":", 1)[0], c["srtt"],
                 max(0, c["rt"] - p["rt"]), max(0, moved), seconds,
+                sent_bytes=max(0, c["tx"] - p["tx"]),
             )
         )  # fmt: skip
     return out

@@ -153,6 +153,16 @@ def test_the_links_go_to_the_job_s_other_agents_and_come_back_the_same() -> None
     links_back = from_record(from_pb(type(record), detection_pb2.RankSignal.FromString(wire)))
     assert links_back.net_links == s.net_links
     assert links_back.net_links is not None and links_back.net_links[0].retransmits_unknown
+    # What each socket sent crosses too, and an agent that predates it (None) stays unknown:
+    # the other agents then judge its links by their largest RTT.
+    for sent in (0, 59_000, None):
+        sent_links = links({(0, 1): 22.0}, {})
+        sent_links[0] = [replace(x, sent_bytes=sent) for x in sent_links[0]]
+        (s, *_) = signals(sent_links)
+        wire = to_pb(to_record(s, "node-a", 100.0)).SerializeToString()
+        back = from_pb(type(record), detection_pb2.RankSignal.FromString(wire))
+        assert from_record(back).net_links == s.net_links
+        assert [x.sent_bytes for x in from_record(back).net_links or ()] == [sent] * 3
     unknown = to_record(signals({r: None for r in range(4)})[0], "node-a", 100.0)
     assert (unknown.net_links, unknown.net_links_known) == ((), False)
     assert from_record(unknown).net_links is None

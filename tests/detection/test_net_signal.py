@@ -7,7 +7,12 @@ import math
 from collections.abc import Collection
 from dataclasses import replace
 
+import pytest
+
+from bpfdyno.detection.detector import SCORES
 from bpfdyno.detection.net_signal import LinkSampler, LinkScores, link_scores
+from bpfdyno.detection.outliers import outliers
+from bpfdyno.detection.signals import RankSignals
 from bpfdyno.rpc.detection import NetLink
 from bpfdyno.sources.net.decode import TcpConnection
 
@@ -75,15 +80,15 @@ def test_the_sampler_gives_each_connection_s_interval_from_the_collector_s_readi
         ],
     )
     assert sampler.sample({1, 2}) == {
-        1: (NetLink("10.0.0.1", "10.0.0.2", 0.021, retransmits=3, moved_bytes=5500, seconds=5.0),),
-        2: (NetLink("10.0.0.2", "10.0.0.1", None, retransmits=0, moved_bytes=5000, seconds=5.0),),
+        1: (NetLink("10.0.0.1", "10.0.0.2", 0.021, 3, 5500, 5.0, sent_bytes=5000),),
+        2: (NetLink("10.0.0.2", "10.0.0.1", None, 0, 5000, 5.0, sent_bytes=0),),
     }
     # The collector has not read its maps again: the same interval once more.
     again = sampler.sample({1, 2})
     assert again[1][0].moved_bytes == 5500 and again[2][0].moved_bytes == 5000
     src.at, src.conns[0] = 17.5, conn(1, "10.0.0.1", "10.0.0.2", tx=6000, rx=700, retx=4)
     assert sampler.sample({1}) == {
-        1: (NetLink("10.0.0.1", "10.0.0.2", None, retransmits=0, moved_bytes=0, seconds=2.5),)
+        1: (NetLink("10.0.0.1", "10.0.0.2", None, 0, 0, 2.5, sent_bytes=0),)
     }
 
 
@@ -104,11 +109,13 @@ def test_an_interval_that_began_before_retransmits_were_counted_again_has_a_lowe
 
     src.counted_since = math.inf  # detached now
     assert interval(15.0, 100, 1) == NetLink(
-        "10.0.0.1", "10.0.0.2", None, 1, 100, 5.0, retransmits_unknown=True
+        "10.0.0.1", "10.0.0.2", None, 1, 100, 5.0, retransmits_unknown=True, sent_bytes=100
     )
     src.counted_since = 17.0  # attached again at 17 s: the interval 15-20 s missed some
     assert interval(20.0, 200, 2).retransmits_unknown
-    assert interval(25.0, 300, 9) == NetLink("10.0.0.1", "10.0.0.2", None, 7, 100, 5.0)
+    assert interval(25.0, 300, 9) == NetLink(
+        "10.0.0.1", "10.0.0.2", None, 7, 100, 5.0, sent_bytes=100
+    )
     src.counted_since = 25.0  # attached again at the very reading the next interval begins
     assert not interval(30.0, 400, 9).retransmits_unknown
 
@@ -127,9 +134,13 @@ def test_without_the_net_collector_the_links_are_not_known_and_it_says_why() -> 
 ADDR = {r: f"10.18.0.{10 + r}" for r in range(4)}
 
 
-def link(a: int, b: int, srtt: float | None, retx: int = 0, moved: int = 4000) -> NetLink:
-    """Rank ``a``'s socket to rank ``b`` over a 5 s interval."""
-    return NetLink(ADDR[a], ADDR[b], srtt, retransmits=retx, moved_bytes=moved, seconds=5.0)
+def link(
+    a: int, b: int, srtt: float | None, retx: int = 0, moved: int = 4000, sent: int = -1
+) -> NetLink:
+    """Rank ``a``'s socket to rank ``b`` over a 5 s interval (``sent``: of ``moved``, what
+    it sent; half unless given)."""
+    sent = moved // 2 if sent < 0 else sent
+    return NetLink(ADDR[a], ADDR[b], srtt, retx, moved, 5.0, sent_bytes=sent)
 
 
 def ring(
@@ -141,8 +152,8 @@ def ring(
     out: dict[int, list[NetLink]] = {r: [] for r in range(4)}
     for a in range(4):
         b, prev, across = (a + 1) % 4, (a - 1) % 4, (a + 2) % 4
-        out[a].append(link(a, b, rtt.get((a, b), 0.002), retx.get((a, b), 0)))
-        out[a].append(link(a, prev, 0.001, retx.get((a, prev), 0)))
+        out[a].append(link(a, b, rtt.get((a, b), 0.002), retx.get((a, b), 0), sent=4000))
+        out[a].append(link(a, prev, 0.001, retx.get((a, prev), 0), sent=0))
         out[a].append(link(a, across, 0.5, moved=0))  # idle: its RTT is not counted
     return out
 
@@ -205,14 +216,77 @@ def test_a_link_with_a_lower_bound_of_retransmits_leaves_its_ends_without_a_loss
 
 def test_ranks_sharing_an_address_share_its_links() -> None:
     # Two nodes, two ranks each: every rank's connection to the other node is the nodes' link.
+    # Node a's ranks send; node b's only acknowledge (their RTT is their handshake's).
     a, b = "10.1.0.1", "10.1.0.2"
     links = {
-        0: [NetLink(a, b, 0.030, moved_bytes=10, seconds=5.0)],
-        1: [NetLink(a, b, 0.031, moved_bytes=10, seconds=5.0)],
-        2: [NetLink(b, a, 0.001, moved_bytes=10, seconds=5.0)],
-        3: [NetLink(b, a, 0.001, retransmits=5, moved_bytes=10, seconds=5.0)],
+        0: [NetLink(a, b, 0.030, moved_bytes=10, seconds=5.0, sent_bytes=10)],
+        1: [NetLink(a, b, 0.031, moved_bytes=10, seconds=5.0, sent_bytes=10)],
+        2: [NetLink(b, a, 0.001, moved_bytes=10, seconds=5.0, sent_bytes=0)],
+        3: [NetLink(b, a, 0.001, retransmits=5, moved_bytes=10, seconds=5.0, sent_bytes=0)],
     }
     scores = link_scores(links)
     assert {r: (s.rtt_s, s.retransmits_per_s) for r, s in scores.items()} == {
-        r: (0.031, 1.0) for r in range(4)
+        r: (0.030, 1.0) for r in range(4)
     }
+
+
+def measured(rtts_ms: dict[tuple[int, int], float]) -> dict[int, list[NetLink]]:
+    """Each rank's sockets to its two ring neighbours, both sending alike (gloo's ring moves
+    data both ways), at the RTTs given in ms."""
+    out: dict[int, list[NetLink]] = {r: [] for r in range(4)}
+    for (a, b), ms in rtts_ms.items():
+        out[a].append(link(a, b, ms / 1000, moved=36_000, sent=18_000))
+    return out
+
+
+#: One interval of the real 4-rank job with 5 ms added on rank 3's link (the detection
+#: matrix's run in docs/detection.md), each socket's RTT in ms: rank 3's links read 5.8-6.4
+#: ms on both ends; rank 1's socket to rank 0 4.6 ms, rank 0's to rank 1 0.1 ms (a receiver
+#: holding its ACK for its reply counts its own wait into its peer's RTT).
+RANK_3_SLOW = {
+    (0, 1): 0.11, (0, 3): 6.41, (1, 0): 4.62, (1, 2): 0.60,
+    (2, 1): 0.20, (2, 3): 6.04, (3, 2): 5.94, (3, 0): 5.83,
+}  # fmt: skip
+
+
+def test_a_link_reads_its_senders_least_rtt_so_one_slow_side_does_not_make_it_slow() -> None:
+    scores = link_scores(measured(RANK_3_SLOW))
+    assert {r: s.rtt_s * 1000 for r, s in scores.items()} == pytest.approx(
+        {0: 0.11, 1: 0.11, 2: 0.20, 3: 5.83}, abs=1e-9
+    )
+    rtt = next(s for s in SCORES if s.name == "net_rtt_ms")
+    ms = {r: rtt.value(as_signals(r, s)) for r, s in scores.items()}
+    assert outliers(ms, 3.0, rtt.floor, rtt.relative) == {3}
+    # The largest of each link (the rule before senders were told apart) made rank 0 score
+    # 4.62 ms, and the spread hid rank 3: what the matrix missed.
+    old = {r: [replace(x, sent_bytes=None) for x in v] for r, v in measured(RANK_3_SLOW).items()}
+    old_ms = {r: s.rtt_s * 1000 for r, s in link_scores(old).items()}
+    assert old_ms == pytest.approx({0: 4.62, 1: 0.60, 2: 0.60, 3: 6.04}, abs=1e-9)
+    assert outliers(old_ms, 3.0, rtt.floor, rtt.relative) == set()
+
+
+def test_a_socket_that_sent_little_does_not_speak_for_its_link() -> None:
+    """Rank 0 sent 40 kB to rank 1 at 6 ms; rank 1 sent back less than a quarter of that:
+    its few RTT samples leave its smoothed RTT behind, so the link reads 6 ms. From a
+    quarter on, its samples count."""
+    for sent, expected in ((9_999, 0.006), (10_000, 0.0002), (40_000, 0.0002)):
+        links = {
+            0: [link(0, 1, 0.006, moved=40_000 + sent, sent=40_000)],
+            1: [link(1, 0, 0.0002, moved=40_000 + sent, sent=sent)],
+        }
+        assert link_scores(links)[0].rtt_s == expected
+    # No socket with an RTT sent anything: no RTT for the link, not a handshake's.
+    quiet = {0: [link(0, 1, 0.0002, moved=900, sent=0)], 1: [link(1, 0, None, moved=900)]}
+    assert math.isnan(link_scores(quiet)[0].rtt_s)
+    assert link_scores(quiet)[0].retransmits_per_s == 0.0
+
+
+def test_links_from_an_agent_that_does_not_say_what_its_sockets_sent_read_their_largest() -> None:
+    links = {0: [link(0, 1, 0.006, sent=2000)], 1: [replace(link(1, 0, 0.0002), sent_bytes=None)]}
+    assert link_scores(links)[0].rtt_s == 0.006
+    assert link_scores(links)[1].rtt_s == 0.006
+
+
+def as_signals(rank: int, net: LinkScores) -> RankSignals:
+    """A rank's signals with only its network scores."""
+    return RankSignals("", rank, 0, 0.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0, net=net)

@@ -16,9 +16,17 @@ whose every active link is slow or lossy scores high. The best, not the median: 
 all-reduce a rank moves data on two links only, one of them to its faulted neighbour, and the
 median of two is half the fault (measurements in docs/detection.md).
 
-- **RTT** of a link: the largest smoothed RTT among its sockets that moved bytes in the
-  interval. The socket that sends the data has fresh RTT samples; one that only acknowledges
-  keeps the RTT of its handshake, so the largest is the data sender's.
+- **RTT** of a link: the least smoothed RTT among its sockets that sent data in the interval
+  (at least a quarter of what the link's busiest sender sent). A socket's RTT samples come
+  from the ACKs of what it sends: one that only acknowledges keeps the RTT of its handshake,
+  one that sent little lags behind its link. The least, because a fault on the link (delay
+  or a queue at either end) lengthens every sender's round trip, while a healthy link can
+  read long on one side only: a receiver that holds its ACK until it has data to send back
+  (delayed ACK) puts its own wait into its peer's RTT. On the real 4-rank job, 5 ms on rank
+  3's link made rank 1's socket to rank 0 read up to 6.3 ms (3.3-4.6 in most intervals)
+  while rank 0's read 0.1-0.2 ms; the largest made rank 0 score nearly as slow as rank 3 and
+  hid rank 3 in 8 of 9 intervals, the least found it in all 9 (docs/detection.md). Links
+  from an agent that does not say what its sockets sent are judged by their largest RTT.
 - **Retransmits** of a link: the sum over its sockets, per second. Loss on the way *to* a rank
   makes its senders retransmit; the ACKs it loses make its own sends' tail probes fire: both
   count on the rank's links. A socket whose interval began while the overhead budget kept the
@@ -74,7 +82,7 @@ class LinkSampler:
     def __init__(self, source: ConnectionSource) -> None:
         self._source = source
         self._read_at = -1.0
-        self._counters: dict[_Key, tuple[int, int]] = {}  # retransmits, bytes
+        self._counters: dict[_Key, tuple[int, int, int]] = {}  # retransmits, bytes, sent
         self._links: dict[int, tuple[NetLink, ...]] = {}
         #: Why there are no links ("" while the collector gives them).
         self.error = ""
@@ -94,13 +102,13 @@ class LinkSampler:
         # An interval that began before the retransmit program was last attached again (the
         # overhead budget detached it) missed some: a lower bound, not the link's loss.
         retransmits_unknown = self._source.retransmits_counted_since() > self._read_at
-        counters: dict[_Key, tuple[int, int]] = {}
+        counters: dict[_Key, tuple[int, int, int]] = {}
         links: dict[int, list[NetLink]] = {pid: [] for pid in pids}
         for c in conns:
             if c.state != ESTABLISHED or c.pid not in links:
                 continue
             key = (c.pid, c.saddr, c.sport, c.daddr, c.dport)
-            now = (c.retransmits, c.tx_bytes + c.rx_bytes)
+            now = (c.retransmits, c.tx_bytes + c.rx_bytes, c.tx_bytes)
             counters[key] = now
             before = self._counters.get(key)
             if before is None or seconds <= 0:
@@ -114,6 +122,7 @@ class LinkSampler:
                     moved_bytes=max(0, now[1] - before[1]),
                     seconds=seconds,
                     retransmits_unknown=retransmits_unknown,
+                    sent_bytes=max(0, now[2] - before[2]),
                 )
             )
         self._read_at, self._counters = at, counters
@@ -162,11 +171,28 @@ def link_scores(ranks: Mapping[int, Iterable[NetLink] | None]) -> dict[int, Link
     return out
 
 
+#: A socket that sent less than this share of what its link's busiest sender sent has too few
+#: RTT samples in the interval for its smoothed RTT (a new sample weighs 1/8) to be the link's.
+FEW_SAMPLES_SHARE = 0.25
+
+
+def _link_rtt(sockets: list[NetLink]) -> float:
+    """The RTT of one link from its sockets that moved bytes (NaN: none sampled)."""
+    if any(s.sent_bytes is None for s in sockets):
+        # An agent that does not say what its sockets sent: the largest, the data sender's.
+        rtts = [s.srtt_seconds for s in sockets if s.srtt_seconds is not None]
+        return max(rtts) if rtts else NAN
+    senders = [(s.sent_bytes or 0, s.srtt_seconds) for s in sockets if s.srtt_seconds is not None]
+    most = max((sent for sent, _ in senders), default=0)
+    if most <= 0:
+        return NAN  # no socket with an RTT sent anything: its RTT is the handshake's
+    return min(rtt for sent, rtt in senders if sent >= FEW_SAMPLES_SHARE * most)
+
+
 def _judge(sockets: list[NetLink]) -> tuple[float, float]:
     """(RTT, retransmits per second) of one link from its sockets that moved bytes
     (retransmits NaN when one of them missed some of its interval's)."""
-    rtts = [s.srtt_seconds for s in sockets if s.srtt_seconds is not None]
-    rtt = max(rtts) if rtts else NAN
+    rtt = _link_rtt(sockets)
     # Both ends' sockets and every connection between the two addresses: one link. Their
     # intervals are the same readings (one collector), so the rates add. With one end's
     # count a lower bound the sum is too, and a link that reads healthier than it is would

@@ -97,7 +97,8 @@ class ListEventsResponse:
 class NetLink:
     """One TCP connection of a rank over one interval (``srtt_seconds`` None: never sampled;
     ``retransmits_unknown``: not every retransmit of the interval was counted, so
-    ``retransmits`` is a lower bound)."""
+    ``retransmits`` is a lower bound; ``sent_bytes``: the part of ``moved_bytes`` it sent,
+    None from an agent that predates it)."""
 
     local_address: str
     remote_address: str
@@ -106,6 +107,7 @@ class NetLink:
     moved_bytes: int = 0
     seconds: float = 0.0
     retransmits_unknown: bool = False
+    sent_bytes: int | None = None
 
 
 @record(pb.CommArrivals)

@@ -172,7 +172,7 @@ class GetRankSignalsResponse(_message.Message):
     def __init__(self, signals: _Optional[_Iterable[_Union[RankSignal, _Mapping]]] = ...) -> None: ...
 
 class NetLink(_message.Message):
-    __slots__ = ("local_address", "remote_address", "srtt_seconds", "retransmits", "moved_bytes", "seconds", "retransmits_unknown")
+    __slots__ = ("local_address", "remote_address", "srtt_seconds", "retransmits", "moved_bytes", "seconds", "retransmits_unknown", "sent_bytes")
     LOCAL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REMOTE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SRTT_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +180,7 @@ class NetLink(_message.Message):
     MOVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     RETRANSMITS_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     local_address: str
     remote_address: str
     srtt_seconds: float
@@ -187,4 +188,5 @@ class NetLink(_message.Message):
     moved_bytes: int
     seconds: float
     retransmits_unknown: bool
-    def __init__(self, local_address: _Optional[str] = ..., remote_address: _Optional[str] = ..., srtt_seconds: _Optional[float] = ..., retransmits: _Optional[int] = ..., moved_bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., retransmits_unknown: _Optional[bool] = ...) -> None: ...
+    sent_bytes: int
+    def __init__(self, local_address: _Optional[str] = ..., remote_address: _Optional[str] = ..., srtt_seconds: _Optional[float] = ..., retransmits: _Optional[int] = ..., moved_bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., retransmits_unknown: _Optional[bool] = ..., sent_bytes: _Optional[int] = ...) -> None: ...
