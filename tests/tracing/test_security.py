@@ -141,7 +141,7 @@ async def test_user_traces_own_trainer_on_every_entry_point(site: Site) -> None:
     reply = await site.user_frame(dyno_gputrace_bytes(str(site.user_dir / "d.json")))
     assert reply["activityProfilersTriggered"] == [pid], reply
     view = await h.wait_done(str(reply["traceId"]), timeout=60)
-    assert view.processes[0].state is ProcState.WRITTEN
+    assert view.processes[0].state is ProcState.WRITTEN, view.processes[0].reason
     assert owner_of(site.user_dir / f"d_{pid}.json") == user.uid
     await idle(site, pid)
     # Root may trace the user's trainer too, into the user's directory (its owner's).
