@@ -16,6 +16,7 @@ from bpfdyno.tracing.capture.records import NO_TRACKS, KernelTrackRequest, Track
 from bpfdyno.tracing.ipc.wire import KinetoRequest
 from bpfdyno.tracing.safety import PROTECTIONS, PlacementChecker
 from bpfdyno.tracing.traces import (
+    MAX_DELIVERIES,
     NEVER_STARTED_POLLS,
     WAITING_FOR_RECORDING,
     KernelTrackState,
@@ -179,8 +180,8 @@ def test_a_failed_trace_drops_its_recording(svc: TracingService, tmp_path: Path)
     opts = TraceSpec(log_file=str(tmp_path / "d.json"))  # a duration trace
     trace_id = svc.start_trace(TraceRequest(options=opts)).trace_id
     poll(svc)  # delivered
-    for _ in range(NEVER_STARTED_POLLS):
-        poll(svc)
+    for _ in range(NEVER_STARTED_POLLS * MAX_DELIVERIES):
+        poll(svc)  # dropped, handed out again while the recording goes on, dropped...
     [p] = svc.get_trace(trace_id).processes
     assert p.state is ProcState.FAILED
     assert p.kernel_tracks.state is KernelTrackState.NOT_MERGED

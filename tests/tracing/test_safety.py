@@ -123,6 +123,35 @@ def test_existing_final_or_tmp_name_is_refused(base: Path) -> None:
     assert victim.read_text() == "precious"
 
 
+def test_only_the_tmp_the_writers_dropped_config_left_may_stay(base: Path) -> None:
+    """A config handed out again after Kineto dropped it may find the .tmp Kineto left: that
+    file (same inode and mtime, still the writer's regular file) passes, nothing else."""
+    d = mkdir(base / "d", 0o755, ALICE)
+    tmp = d / "t_7.json.tmp"
+    tmp.write_text("")
+    os.lchown(tmp, ALICE, ALICE)
+    left = (tmp.stat().st_ino, tmp.stat().st_mtime_ns)
+    path, alice = str(d / "t_7.json"), Writer(ALICE)
+    checker().check(path, alice, own_tmp=left)
+    with pytest.raises(InvalidArgument) as info:
+        checker().check(path, alice)  # not known as left by its dropped config
+    assert info.value.rule == "tmp_exists"
+    with pytest.raises(InvalidArgument):
+        checker().check(path, alice, own_tmp=(left[0], left[1] + 1))  # written since
+    os.lchown(tmp, MALLORY, MALLORY)
+    with pytest.raises(InvalidArgument):
+        checker().check(path, alice, own_tmp=left)  # no longer the writer's
+    tmp.unlink()
+    victim = base / "victim"
+    victim.write_text("precious")
+    tmp.symlink_to(victim)
+    os.lchown(tmp, ALICE, ALICE)
+    link = os.lstat(tmp)
+    with pytest.raises(InvalidArgument):
+        checker().check(path, alice, own_tmp=(link.st_ino, link.st_mtime_ns))  # a link
+    assert victim.read_text() == "precious"
+
+
 def test_the_writer_must_be_able_to_create_the_file(base: Path) -> None:
     root_only = mkdir(base / "rootonly", 0o755)
     # Alice's trainer (its groups read from /proc: this test process stands in for it).

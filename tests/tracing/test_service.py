@@ -23,7 +23,13 @@ from bpfdyno.services.tracing import (
 from bpfdyno.tracing.ipc.sender import SenderCreds
 from bpfdyno.tracing.ipc.wire import KinetoRequest
 from bpfdyno.tracing.roles import Role
-from bpfdyno.tracing.traces import MISSING_FILE_POLLS, NEVER_STARTED_POLLS, ProcState, TrainerState
+from bpfdyno.tracing.traces import (
+    MAX_DELIVERIES,
+    MISSING_FILE_POLLS,
+    NEVER_STARTED_POLLS,
+    ProcState,
+    TrainerState,
+)
 from bpfdyno.tracing.trainers import TrainerRegistry
 
 IDLE, BUSY = 3, 1
@@ -209,35 +215,82 @@ def test_tmp_file_means_tracing_and_only_the_final_name_means_written(
     assert svc.get_trace(res.trace_id).processes[0].state is ProcState.WRITTEN
 
 
-def test_duration_trace_that_never_starts_fails(svc: TracingService, tmp_path: Path) -> None:
+def test_duration_trace_that_never_starts_is_handed_out_again_then_fails(
+    svc: TracingService, tmp_path: Path
+) -> None:
+    """Kineto drops a config whose warm-up its profiler thread began late (a stalled or
+    starved trainer); the request still means "now", so the same config goes out again at
+    the poll that shows the drop, up to MAX_DELIVERIES times in all."""
     poll(svc, [70])
     opts = TraceSpec(log_file=str(tmp_path / "d.json"))
     res = svc.start_trace(TraceRequest(pids=(70,), options=opts))
-    poll(svc, [70])  # delivered
-    for _ in range(NEVER_STARTED_POLLS):
-        poll(svc, [70])
+    config = poll(svc, [70])  # delivered
+    assert f"ACTIVITIES_LOG_FILE={tmp_path}/d.json" in config.splitlines()
+    for delivery in range(2, MAX_DELIVERIES + 1):
+        replies = [poll(svc, [70]) for _ in range(NEVER_STARTED_POLLS)]
+        assert replies == [""] * (NEVER_STARTED_POLLS - 1) + [config]
+        p = svc.get_trace(res.trace_id).processes[0]
+        assert p.state is ProcState.DELIVERED
+        assert p.reason == (
+            f"config delivered again ({delivery} of {MAX_DELIVERIES}); waiting for tracing to start"
+        )
+    replies = [poll(svc, [70]) for _ in range(NEVER_STARTED_POLLS)]
+    assert replies == [""] * NEVER_STARTED_POLLS
     p = svc.get_trace(res.trace_id).processes[0]
     assert p.state is ProcState.FAILED
-    assert "never started tracing" in p.reason
+    assert p.reason.startswith(
+        f"the process never started tracing ({NEVER_STARTED_POLLS} polls after delivery, "
+        f"handed out {MAX_DELIVERIES} times); Kineto dropped the config"
+    )
     # The guard is lifted: the process can take the next request.
     assert svc.start_trace(TraceRequest(pids=(70,), options=iters(tmp_path))).triggered
 
 
-def test_a_dropped_trace_that_left_an_empty_tmp_fails_too(
+def test_a_config_handed_out_again_is_traced_once_the_process_starts_it(
+    svc: TracingService, tmp_path: Path
+) -> None:
+    poll(svc, [74])
+    opts = TraceSpec(log_file=str(tmp_path / "g.json"))
+    res = svc.start_trace(TraceRequest(pids=(74,), options=opts))
+    poll(svc, [74])  # delivered
+    for _ in range(NEVER_STARTED_POLLS):
+        poll(svc, [74])  # dropped; delivered again by the last of them
+    poll(svc, [74], ctype=BUSY)
+    assert svc.get_trace(res.trace_id).processes[0].state is ProcState.TRACING
+    (tmp_path / "g_74.json").write_text("{}")
+    poll(svc, [74])
+    p = svc.get_trace(res.trace_id).processes[0]
+    assert (p.state, p.reason) == (ProcState.WRITTEN, "trace file written")
+
+
+def test_a_dropped_trace_that_left_an_empty_tmp_is_handed_out_again_too(
     svc: TracingService, tmp_path: Path
 ) -> None:
     """Kineto 2.13 drops a duration config it has no time to warm up for, and leaves an empty
-    <name>.tmp: the process never turns busy, so the trace fails after the same polls (it
-    used to count as tracing until its timeout)."""
+    <name>.tmp: the process never turns busy, so the config goes out again after the same
+    polls (it used to count as tracing until its timeout). The .tmp left behind is no sign
+    that the next delivery is traced; a .tmp written again is."""
     poll(svc, [72])
     opts = TraceSpec(log_file=str(tmp_path / "e.json"))
     res = svc.start_trace(TraceRequest(pids=(72,), options=opts))
     poll(svc, [72])  # delivered
-    (tmp_path / "e_72.json.tmp").write_text("")
+    tmp = tmp_path / "e_72.json.tmp"
+    tmp.write_text("")
     for _ in range(NEVER_STARTED_POLLS - 1):
         poll(svc, [72])
     assert svc.get_trace(res.trace_id).processes[0].state is ProcState.TRACING
-    poll(svc, [72])
+    poll(svc, [72])  # the drop seen: delivered again
+    p = svc.get_trace(res.trace_id).processes[0]
+    assert p.state is ProcState.DELIVERED, p.reason
+    svc.tracker.check()
+    assert svc.get_trace(res.trace_id).processes[0].state is ProcState.DELIVERED
+    os.utime(tmp, ns=(tmp.stat().st_atime_ns, tmp.stat().st_mtime_ns + 1_000_000_000))
+    svc.tracker.check()  # Kineto opened it again for this delivery
+    assert svc.get_trace(res.trace_id).processes[0].state is ProcState.TRACING
+    for _ in range(NEVER_STARTED_POLLS):
+        poll(svc, [72])  # and dropped it again
+    for _ in range(NEVER_STARTED_POLLS):
+        poll(svc, [72])
     p = svc.get_trace(res.trace_id).processes[0]
     assert p.state is ProcState.FAILED
     assert "never started tracing" in p.reason and "left an unfinished .tmp" in p.reason

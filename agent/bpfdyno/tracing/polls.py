@@ -210,9 +210,9 @@ class KinetoPolls:
         pending = self.tracker.pending_output(t.address)
         if pending is None:
             return True
-        trace_id, path = pending
+        trace_id, path, own_tmp = pending
         try:
-            self._placement.check(path, Writer(t.uid, t.host_pid))
+            self._placement.check(path, Writer(t.uid, t.host_pid), own_tmp)
         except RequestError as e:
             self.tracker.fail_open(t.address, f"not delivered: {e}")
             self.audit.record(

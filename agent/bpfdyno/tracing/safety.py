@@ -120,6 +120,19 @@ def _unreachable(path: str, writer: Writer) -> RequestError:
     )
 
 
+def _is_own(path: str, writer: Writer, identity: tuple[int, int]) -> bool:
+    """Whether ``path`` is still the writer's regular file with this (inode, mtime ns)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (
+        stat.S_ISREG(st.st_mode)
+        and st.st_uid == (ROOT_UID if writer.uid is None else writer.uid)
+        and (st.st_ino, st.st_mtime_ns) == identity
+    )
+
+
 class PlacementChecker:
     """Checks trace file paths against the rules above.
 
@@ -136,8 +149,12 @@ class PlacementChecker:
         self._proc = proc_root
         self._protections = protections or read_protections
 
-    def check(self, path: str, writer: Writer) -> None:
+    def check(self, path: str, writer: Writer, own_tmp: tuple[int, int] | None = None) -> None:
         """Refuse ``path`` unless ``writer`` may safely write it now.
+
+        ``own_tmp`` is the (inode, mtime ns) of a ``<name>.tmp`` that the writer's own
+        Kineto left when it dropped this trace's config: that file, still a regular file of
+        the writer's, is no reason to refuse the config handed out again.
 
         Raises:
             PermissionDenied: rules ``unsafe_directory``, ``shared_directory_unprotected``,
@@ -170,6 +187,12 @@ class PlacementChecker:
                 f"mode {stat.S_IMODE(st.st_mode):o}); choose a directory it can write",
             )
         for name, rule in ((path, "would_overwrite"), (path + TMP_SUFFIX, "tmp_exists")):
+            if (
+                rule == "tmp_exists"
+                and own_tmp is not None
+                and _is_own(root + name, writer, own_tmp)
+            ):
+                continue
             if os.path.lexists(root + name):
                 raise _rejected(
                     rule,

@@ -21,8 +21,9 @@ Kineto reports nothing when it drops a config (a start time too close for its wa
 a parse error), so "failed" is inferred: a duration trace that never turned busy within
 `NEVER_STARTED_POLLS` polls after delivery (after its warm-up began, for a trace with a start
 time: Kineto stays idle until then), or a trace that went busy and then idle
-`MISSING_FILE_POLLS` times with no final file. The files are only looked at while some
-trace is open (`FILE_POLL_S`).
+`MISSING_FILE_POLLS` times with no final file. A duration trace that starts on delivery is
+handed out again first, up to `MAX_DELIVERIES` times in all (see there). The files are only
+looked at while some trace is open (`FILE_POLL_S`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,14 @@ FILE_POLL_S = 0.5
 #: (A healthy client turns busy one or two polls after delivery; one more when it reads
 #: its replies one poll late.)
 NEVER_STARTED_POLLS = 4
+#: How many times in all a duration trace that starts on delivery (no PROFILE_START_TIME) is
+#: handed out while the process never starts it. Kineto starts such a trace 7 s after it
+#: reads the config and begins the 5 s warm-up at a tick of its profiler thread that must
+#: come within 1 s of when it is due; a later tick drops the config ("insufficient time for
+#: warmup"), as it does whenever the trainer is stalled or starved across that tick. The
+#: request still means "now", so it is handed out again; a trace with a start time is not
+#: (its time has passed by then), nor an iteration trace (it never counts as not started).
+MAX_DELIVERIES = 3
 #: Idle polls after tracing ended, with no final file, before the trace is "failed".
 MISSING_FILE_POLLS = 2
 #: Most traces remembered; the oldest finished ones are forgotten first.
@@ -109,6 +118,10 @@ class _Proc:
     host_pid: int = 0  # see `NewProcess.host_pid`
     waits_for_recording: bool = False  # it polled for its config before its recording began
     idle_polls: int = 0  # idle polls since delivery, before any sign of tracing
+    deliveries: int = 0  # times its config was handed out
+    #: The .tmp a dropped config left behind, as (inode, mtime ns) when it was handed out
+    #: again: it is no sign that the next delivery is being traced.
+    stale_tmp: tuple[int, int] | None = None
     idle_after_busy: int = 0
     seen_busy: bool = False
 
@@ -469,7 +482,11 @@ class TraceTracker:
                 p.view = replace(p.view, reason=WAITING_FOR_RECORDING)
                 tr.touch()
             return None
-        self._set(tr, p, ProcState.DELIVERED, "config delivered; waiting for tracing to start")
+        p.deliveries += 1
+        again = f" again ({p.deliveries} of {MAX_DELIVERIES})" if p.deliveries > 1 else ""
+        self._set(
+            tr, p, ProcState.DELIVERED, f"config delivered{again}; waiting for tracing to start"
+        )
         return tr.trace_id, p.config_text
 
     def on_poll(self, address: bytes, busy: bool) -> bool:
@@ -513,18 +530,41 @@ class TraceTracker:
         # Never busy since delivery: Kineto did not start, even if it left an empty .tmp
         # behind (it does when it drops a config for want of warm-up time).
         if not tr.iteration_mode and p.idle_polls >= NEVER_STARTED_POLLS:
-            left = " (it left an unfinished .tmp)" if state is ProcState.TRACING else ""
+            tmp = self._tmp_identity(p)
+            left = " (it left an unfinished .tmp)" if tmp is not None else ""
+            if not tr.start_time_s and p.deliveries < MAX_DELIVERIES:
+                p.idle_polls = 0
+                p.stale_tmp = tmp
+                self._set(
+                    tr,
+                    p,
+                    ProcState.PENDING,
+                    f"the process did not start tracing ({NEVER_STARTED_POLLS} polls after "
+                    f"delivery){left}: Kineto dropped the config, most likely because the "
+                    "trainer was too busy or stalled to begin its warm-up on time; handing it "
+                    "out again at its next free poll",
+                )
+                return False
+            times = f", handed out {p.deliveries} times" if p.deliveries > 1 else ""
             self._set(
                 tr,
                 p,
                 ProcState.FAILED,
-                f"the process never started tracing ({p.idle_polls} polls after delivery)"
-                f"{left}; Kineto dropped the config — see the trainer's log (e.g. "
-                "'insufficient time for warmup' when PROFILE_START_TIME is too close, or "
-                "'profiler busy')",
+                f"the process never started tracing ({p.idle_polls} polls after delivery"
+                f"{times}){left}; Kineto dropped the config — see the trainer's log (e.g. "
+                "'insufficient time for warmup' when PROFILE_START_TIME is too close or the "
+                "trainer is stalled, or 'profiler busy')",
             )
             return True
         return False
+
+    def _tmp_identity(self, p: _Proc) -> tuple[int, int] | None:
+        """The process's .tmp as (inode, mtime ns), None when there is none."""
+        try:
+            st = self._stat(p.fs_root + p.view.output_path + TMP_SUFFIX)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
 
     def on_gone(self, address: bytes) -> None:
         """The process stopped polling (it expired from the registry)."""
@@ -538,12 +578,13 @@ class TraceTracker:
                 "the process stopped polling (it exited?) before its trace was written",
             )
 
-    def pending_output(self, address: bytes) -> tuple[str, str] | None:
-        """(trace id, output path) of the config waiting for this process, if any."""
+    def pending_output(self, address: bytes) -> tuple[str, str, tuple[int, int] | None] | None:
+        """(trace id, output path, the .tmp its dropped delivery left as (inode, mtime ns) or
+        None) of the config waiting for this process, if any."""
         part = self._part(address)
         if part is None or part[1].view.state is not ProcState.PENDING:
             return None
-        return part[0].trace_id, part[1].view.output_path
+        return part[0].trace_id, part[1].view.output_path, part[1].stale_tmp
 
     def fail_open(self, address: bytes, reason: str) -> None:
         """End the process's open part of a trace as failed, saying why."""
@@ -583,9 +624,8 @@ class TraceTracker:
             self._set(tr, p, ProcState.WRITTEN, "trace file written", st.st_size)
             return True
         if p.view.state is ProcState.DELIVERED:
-            try:
-                self._stat(p.fs_root + path + TMP_SUFFIX)
-            except OSError:
+            tmp = self._tmp_identity(p)
+            if tmp is None or tmp == p.stale_tmp:
                 return False
             self._set(tr, p, ProcState.TRACING, f"Kineto is writing {path}{TMP_SUFFIX}")
         return False
