@@ -95,7 +95,7 @@ CATEGORIES = Categories(
     {"cpu_op", "user_annotation", "gpu_user_annotation", "kernel", "Trace"},
     ("bpfdyno.",),
     light={"cpu_op": KINETO_CPU_OP, "kernel": KINETO_KERNEL},
-    whole={"kernel": KINETO_NCCL_KERNEL},
+    whole={"kernel": (KINETO_NCCL_KERNEL, b"nccl")},
 )
 
 _NCCL_KERNEL = re.compile(r"^(?:void )?nccl(?:Dev)?Kernel_([A-Za-z]+)")

@@ -442,8 +442,10 @@ class Categories:
             category are parsed and yielded one by one as usual.
         whole: per category read lightly, a pattern that finds (from the ``"cat"`` key) the
             events of it that are also to be parsed and yielded whole, in a chunk read
-            lightly (an NCCL kernel among the GPU's: its sizes are in its args). The reader
-            must leave those out of the light fields.
+            lightly (an NCCL kernel among the GPU's: its sizes are in its args), and bytes
+            that every match of it contains: a chunk without them is not searched (a pass of
+            a pattern costs as much as reading the chunk's CPU ops; a search for bytes a
+            fifth of that). The reader must leave those events out of the light fields.
     """
 
     def __init__(
@@ -451,7 +453,7 @@ class Categories:
         names: Iterable[str],
         prefixes: Iterable[str] = (),
         light: Mapping[str, re.Pattern[bytes]] | None = None,
-        whole: Mapping[str, re.Pattern[bytes]] | None = None,
+        whole: Mapping[str, tuple[re.Pattern[bytes], bytes]] | None = None,
     ) -> None:
         self.names = frozenset(names)
         self.prefixes = tuple(prefixes)
@@ -462,7 +464,7 @@ class Categories:
                 )
         #: Per category: its pattern, and what the pattern finds where it cannot read.
         self.light = {c.encode(): (p, (b"",) * p.groups) for c, p in (light or {}).items()}
-        self.whole = {c.encode(): p for c, p in (whole or {}).items()}
+        self.whole = {c.encode(): pair for c, pair in (whole or {}).items()}
         #: Finds ``"cat": "<one of them>"`` in the file's bytes (group 1: the category)...
         self.pattern = self._keys(sorted(self.names), self.prefixes)
         #: ... and of those not read lightly.
@@ -731,7 +733,11 @@ def _events(
             skip.add(cat)
     markers = categories.parsed if len(skip) == len(categories.light) else categories.pattern
     hits: Iterable[re.Match[bytes]] = markers.finditer(buf, pos, limit)
-    wholes = [categories.whole[c].finditer(buf, pos, limit) for c in skip if c in categories.whole]
+    wholes = [
+        pattern.finditer(buf, pos, limit)
+        for pattern, needs in (categories.whole[c] for c in skip if c in categories.whole)
+        if buf.find(needs, pos, limit) >= 0
+    ]
     if wholes:  # the events of the categories read lightly that are parsed too, in file order
         hits = heapq.merge(hits, *wholes, key=_START)
     done = pos  # the events before this are dealt with
