@@ -130,6 +130,13 @@ def step(i: int) -> list[str]:
                             '"kind": "cpu_op", "also": "kernel"'))  # fmt: skip
         events.append(other(cat="cpu_op", ph="X", ts=t + 12.5, dur=3, name="aten::other",
                             pid=PID, tid=MAIN, args={"a": [{"cat": "cpu_op"}]}))  # fmt: skip
+    if i % 17 == 4:
+        # A kernel whose args name its device twice (JSON: the last one counts), and one with
+        # "device" inside a string after its own.
+        twice = '"device": 0, "stream": 7, "grid": [1, 1, 1], "device": 1'
+        quoted = '"device": 0, "note": "a \\"device\\": 1 string"'
+        events.append(event("kernel", "twice", 0, 7, f"{t + 190}.5", "2", twice))
+        events.append(event("kernel", "quoted", 0, 7, f"{t + 195}.5", "2", quoted))
     if i % 97 == 5:
         # Stacks and shapes: one event's args of ~300 KB, nested arrays.
         events.append(
