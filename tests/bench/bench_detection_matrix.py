@@ -395,7 +395,13 @@ def main() -> int:
     )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     base = short_base()
-    job = StragglerJob(base, RANKS, CPUS, interrupts=True, loader_workers=1)
+    # The ranks train for as long as the run can last (each injection: two waits of up to
+    # 180 s for every rank to be cleared, the gap, the fault's wait and its clearing): a job
+    # that ended under the last injection would read as a fault not found.
+    most_s = args.injections * len(names) * (args.gap + args.within + args.clear_within + 420)
+    job = StragglerJob(
+        base, RANKS, CPUS, interrupts=True, loader_workers=1, train_seconds=600 + most_s
+    )
     # The detection and the net collector its network scores read, at their defaults.
     text = job.agent.config.read_text()
     for name in ("detection", "net"):

@@ -91,7 +91,9 @@ def main() -> int:
     p.add_argument("--load", type=int, default=0, help="busy processes during --healthy")
     args = p.parse_args()
     base = short_base()
-    job = StragglerJob(base, 4, CPUS)
+    # The ranks train for as long as the run can last (the start-up's clearing, the healthy
+    # stretch, each injection's waits of up to 120 s for suspected, confirmed and cleared).
+    job = StragglerJob(base, 4, CPUS, train_seconds=600 + args.healthy + args.injections * 400)
     # The detection and the net collector its network scores read, at their defaults.
     text = job.agent.config.read_text()
     for name in ("detection", "net"):

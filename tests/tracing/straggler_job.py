@@ -461,6 +461,8 @@ class StragglerJob:
         cpus: the CPU each rank (its torchrun and everything under it) is pinned to.
         interrupts: run the agent's interrupt collector (for the ``fabric`` track's
             interrupt time: `interrupt_storm`).
+        train_seconds: how long the ranks train before they exit (a run that watches the
+            job longer must say so: after it, the job stops stepping).
     """
 
     base: Path
@@ -475,6 +477,7 @@ class StragglerJob:
     traces: list[Trace] = field(default_factory=list)
     #: DataLoader worker processes per rank (0: the ranks have no DataLoader).
     loader_workers: int = 0
+    train_seconds: float = 3600.0
 
     def __post_init__(self) -> None:
         self.network = Network(self.ranks)
@@ -509,7 +512,7 @@ class StragglerJob:
                 f"--nnodes={self.ranks}", f"--node-rank={i}", "--nproc-per-node=1",
                 f"--master-addr={self.network.addresses[0]}", f"--master-port={MASTER_PORT}",
                 str(TRAINERS / "ddp.py"), f"--batches={fifo}", f"--knobs={self.knobs(i)}",
-                f"--sleep-ms={STEP_SLEEP_MS}", "--seconds=3600",
+                f"--sleep-ms={STEP_SLEEP_MS}", f"--seconds={self.train_seconds:g}",
                 f"--loader-workers={self.loader_workers}",
                 f"--worker-delay-file={self.worker_delay_file(i)}",
             ]  # fmt: skip
