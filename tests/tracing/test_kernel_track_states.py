@@ -18,6 +18,7 @@ from bpfdyno.tracing.safety import PROTECTIONS, PlacementChecker
 from bpfdyno.tracing.traces import (
     MAX_DELIVERIES,
     NEVER_STARTED_POLLS,
+    TIMED_HOLD_S,
     WAITING_FOR_RECORDING,
     KernelTrackState,
     KernelTrackStatus,
@@ -130,6 +131,46 @@ def test_the_config_waits_for_the_recording(svc: TracingService, tmp_path: Path)
     [p] = svc.get_trace(trace_id).processes
     assert p.state is ProcState.DELIVERED
     assert [c for c, _ in listener.calls] == ["requested"]
+
+
+def _timed(svc: TracingService, tmp_path: Path, ahead_s: float) -> str:
+    """A duration trace starting ``ahead_s`` from now, while the recording is not in place."""
+    listener = Listener()
+    listener.ready = False
+    svc.tracker.set_listener(listener)
+    poll(svc)
+    start_ms = int((time.time() + ahead_s) * 1000)
+    opts = TraceSpec(log_file=str(tmp_path / "t.json"), profile_start_time_ms=start_ms)
+    return svc.start_trace(TraceRequest(options=opts)).trace_id
+
+
+def test_a_timed_config_far_enough_ahead_waits_for_the_recording(
+    svc: TracingService, tmp_path: Path
+) -> None:
+    trace_id = _timed(svc, tmp_path, TIMED_HOLD_S + 30)
+    assert poll(svc) == ""
+    [p] = svc.get_trace(trace_id).processes
+    assert (p.state, p.reason) == (ProcState.PENDING, WAITING_FOR_RECORDING)
+
+
+def test_a_timed_config_too_close_to_wait_is_handed_out_before_the_recording(
+    svc: TracingService, tmp_path: Path
+) -> None:
+    """Found on a fresh agent: attaching (and first compiling) the capture took 6 s, so a job
+    trace's config, planned 12 s ahead of its start, reached its process with less than
+    Kineto's warm-up and its 1 s tick to spare, and Kineto dropped it on every rank. A timed
+    config is kept back for its recording only while its start is more than TIMED_HOLD_S
+    away; closer, it goes out at once and its kernel tracks begin when the probes are in."""
+    trace_id = _timed(svc, tmp_path, TIMED_HOLD_S - 1)
+    assert "PROFILE_START_TIME=" in poll(svc)
+    [p] = svc.get_trace(trace_id).processes
+    assert p.state is ProcState.DELIVERED
+    assert p.reason == (
+        "config delivered before its kernel-track recording was in place (its start is too "
+        "close to wait: Kineto would drop a later config; the tracks begin when the probes "
+        "are attached); waiting for tracing to start"
+    )
+    assert p.kernel_tracks.state is KernelTrackState.RECORDING
 
 
 def test_a_recording_that_never_starts_times_out_saying_so(

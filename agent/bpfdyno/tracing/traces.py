@@ -65,6 +65,14 @@ MAX_DELIVERIES = 3
 MISSING_FILE_POLLS = 2
 #: Most traces remembered; the oldest finished ones are forgotten first.
 MAX_TRACES = 256
+#: A trace with a start time is kept back for its recording only while its start is further
+#: ahead than this: Kineto's warm-up (5 s), the 1 s within which its profiler thread must
+#: begin it, a poll at PyTorch's default interval (5 s) and 1 s to spare. Kept back longer,
+#: its config would reach the process too late, and Kineto would drop it; handed out now, the
+#: window may begin before the recording (attaching the probes, compiling them on a fresh
+#: agent: 6 s seen with three agents on two CPUs) — its kernel tracks start late, the trace is
+#: written.
+TIMED_HOLD_S = KINETO_WARMUP_S + 1.0 + 5.0 + 1.0
 #: A pending part's reason while its config is kept back for its recording.
 WAITING_FOR_RECORDING = (
     "waiting for its kernel-track recording to start (attaching the probes); the config goes "
@@ -476,16 +484,26 @@ class TraceTracker:
             return None
         tr, p = part
         listener = self._listener
+        early = ""
         if self._recording(p) and listener is not None and not listener.armed(self._ref(tr, p)):
-            if not p.waits_for_recording:
-                p.waits_for_recording = True
-                p.view = replace(p.view, reason=WAITING_FOR_RECORDING)
-                tr.touch()
-            return None
+            if not tr.start_time_s or tr.start_time_s - self._wall() > TIMED_HOLD_S:
+                if not p.waits_for_recording:
+                    p.waits_for_recording = True
+                    p.view = replace(p.view, reason=WAITING_FOR_RECORDING)
+                    tr.touch()
+                return None
+            early = (
+                " before its kernel-track recording was in place (its start is too close to "
+                "wait: Kineto would drop a later config; the tracks begin when the probes are "
+                "attached)"
+            )
         p.deliveries += 1
         again = f" again ({p.deliveries} of {MAX_DELIVERIES})" if p.deliveries > 1 else ""
         self._set(
-            tr, p, ProcState.DELIVERED, f"config delivered{again}; waiting for tracing to start"
+            tr,
+            p,
+            ProcState.DELIVERED,
+            f"config delivered{again}{early}; waiting for tracing to start",
         )
         return tr.trace_id, p.config_text
 
