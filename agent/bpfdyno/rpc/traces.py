@@ -34,6 +34,9 @@ NO_ITERATIONS = -1
 #: closer than this when the process receives the request is not traced, so the agent
 #: refuses one closer than this when it gets the request.
 KINETO_WARMUP_S = 5.0
+#: How often PyTorch asks its agent for a config by default
+#: (``ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS``): a request waits up to this long for delivery.
+KINETO_POLL_INTERVAL_S = 5.0
 
 
 @record(tracing_pb2.StartTraceRequest, zero_is_default=True)

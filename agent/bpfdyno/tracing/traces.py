@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from bpfdyno.rpc.traces import (
+    KINETO_POLL_INTERVAL_S,
     KINETO_WARMUP_S,
     KernelTracks,
     ProcessTrace,
@@ -72,7 +73,7 @@ MAX_TRACES = 256
 #: window may begin before the recording (attaching the probes, compiling them on a fresh
 #: agent: 6 s seen with three agents on two CPUs) — its kernel tracks start late, the trace is
 #: written.
-TIMED_HOLD_S = KINETO_WARMUP_S + 1.0 + 5.0 + 1.0
+TIMED_HOLD_S = KINETO_WARMUP_S + 1.0 + KINETO_POLL_INTERVAL_S + 1.0
 #: A pending part's reason while its config is kept back for its recording.
 WAITING_FOR_RECORDING = (
     "waiting for its kernel-track recording to start (attaching the probes); the config goes "

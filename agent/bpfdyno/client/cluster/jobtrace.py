@@ -36,6 +36,7 @@ from bpfdyno.client.cluster.nodes import Node
 from bpfdyno.client.errors import AgentError, ErrorKind
 from bpfdyno.rpc.diagnosis import RankEvidence, Verdict
 from bpfdyno.rpc.traces import (
+    KINETO_POLL_INTERVAL_S,
     KINETO_WARMUP_S,
     ProcessSummary,
     ProcessTraceState,
@@ -44,9 +45,6 @@ from bpfdyno.rpc.traces import (
     TraceStatus,
 )
 
-#: How often PyTorch asks its agent for a config by default
-#: (``ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS``): a request waits up to this long for delivery.
-KINETO_POLL_INTERVAL_S = 5.0
 #: Slack on top of the poll interval, Kineto's warm-up and the slowest host.
 START_MARGIN_S = 2.0
 #: How long `trace_job` follows the trace when waiting and no time is given.
