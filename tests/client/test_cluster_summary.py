@@ -180,12 +180,16 @@ async def test_the_poller_asks_for_status_now_and_then_and_again_after_an_outage
         assert down.error.message.startswith(f"cannot reach the agent at {address}")
         server = await _serve(agent, address)
         try:
+            # While the channel reconnects, one poll's calls may race it: its status call
+            # can reach the agent while its metrics call fails, and that poll is still down.
+            # What must hold is that the first poll that is up asked for the status again.
             for _ in range(20):  # the channel reconnects within its back-off
+                before = agent.status_calls
                 (back,) = await poller.poll()
                 if back.up:
                     break
                 await asyncio.sleep(0.25)
             assert back.up and back.hostname == socket.gethostname()
-            assert agent.status_calls == 3  # asked again at once after the outage
+            assert agent.status_calls == before + 1  # asked again at once after the outage
         finally:
             await server.stop(0)
