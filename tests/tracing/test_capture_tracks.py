@@ -351,3 +351,24 @@ def test_the_info_slice_states_losses_and_notes() -> None:
     assert (args["clock_offset_ns"], args["clock_drift_ns"]) == (OFFSET, 7)
     assert args["net_coalescing"].startswith("one thread's calls on one socket in one direction")
     assert args["pre_window_s"] == 5.0
+
+
+@pytest.mark.parametrize(
+    ("window", "late_us"),
+    [
+        # Kineto's window began 1.5 s before the recording (a config out before the probes).
+        (Window(rel(-1_500_000_000), rel(100_000_000), "kineto"), 1_500_000.0),
+        (Window(rel(-2_000_001), rel(100_000_000), "kineto"), 2_000.001),
+        # Within the clock's tolerance (1 ms), or the recording began first: nothing missed.
+        (Window(rel(-1_000_000), rel(100_000_000), "kineto"), None),
+        (Window(rel(10_000_000), rel(100_000_000), "kineto"), None),
+        # The capture's own span is its window: never late.
+        (Window(rel(0), rel(100_000_000), "capture"), None),
+    ],
+)
+def test_the_info_slice_says_how_late_the_recording_began_in_kineto_s_window(
+    window: Window, late_us: float | None
+) -> None:
+    built = build_tracks(capture([]), BASE_NS, window, [Track.SCHED])
+    [slice_] = [e for e in decoded(built.events) if e.get("cat") == "bpfdyno.info"]
+    assert slice_["args"].get("capture_late_us") == late_us

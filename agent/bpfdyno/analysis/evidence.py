@@ -158,13 +158,21 @@ def build_evidence(facts: TraceFacts, host: str = "") -> RankEvidence:
     # a full ring buffer, or records before the window over the cap, leave it measured.
     sampled = "sampled by" in incomplete
     measured = tid in threads.rows and not sampled
+    covered_from = lo + _late_start_us(facts.info)
+    if covered_from > lo:
+        notes.append(
+            f"the kernel tracks begin {(covered_from - lo) / 1e6:.3f} s into the window (their "
+            "recording began after the profiler): a run-up before then has no measure of its "
+            "time on a CPU"
+        )
     for c in chosen[:MAX_COLLECTIVES]:
         run_up = previous.get(c.group, lo)
         previous[c.group] = c.start_us
         before, holders, worst_before = _causes(threads, busy, run_up, c.start_us)
         stolen = interrupts.between(run_up, c.start_us) / 1e9  # ns of CPU time
         extra = []
-        if measured:
+        # Before the recording began no slice was seen: that time is unknown, not running.
+        if measured and run_up >= covered_from:
             on_cpu = _on_cpu(threads, tid, run_up, c.start_us)
             stolen = _while_on_cpu(stolen, on_cpu, (c.start_us - run_up) / 1e6)
             # Reclaiming pages for its own allocations is on its CPU but not its work.
@@ -299,6 +307,13 @@ def _cpu_quotas(facts: TraceFacts) -> tuple[CpuQuota, ...]:
         except (KeyError, TypeError, ValueError):
             continue  # another writer's shape: not evidence
     return tuple(out)
+
+
+def _late_start_us(info: dict[str, object]) -> float:
+    """How far into the window the kernel tracks' recording began (the info slice's
+    ``capture_late_us``; 0: at or before its start)."""
+    late = info.get("capture_late_us", 0)
+    return float(late) if isinstance(late, (int, float)) and late > 0 else 0.0
 
 
 def _sched_incomplete(info: dict[str, object]) -> str:

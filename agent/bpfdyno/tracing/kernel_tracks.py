@@ -48,7 +48,7 @@ from bpfdyno.rpc.traces import KernelTracks as TrackStatus
 from bpfdyno.sources.net.decode import NET_EVENT_KINDS
 from bpfdyno.tracing.capture.manager import CaptureKey, CaptureManager
 from bpfdyno.tracing.capture.records import ALL_TRACKS, TRACK_OF, ProcessCapture, Track
-from bpfdyno.tracing.capture.tracks import INFO_NAME, Sink, Window, write_tracks
+from bpfdyno.tracing.capture.tracks import INFO_NAME, Sink, Window, late_start_ns, write_tracks
 from bpfdyno.tracing.merge import Insertion, MergeError, TraceLayout, merge_into_trace
 from bpfdyno.tracing.nccl_track import NcclRecords, NcclTrack
 from bpfdyno.tracing.traces import KernelTrackState, PartRef, TraceTracker
@@ -265,6 +265,7 @@ def merge_capture(
         capture = dataclasses.replace(capture, pid=part.pid, host_pid=capture.pid)
     counted: list[int] = []
     profiler_events: list[int] = []
+    late: list[tuple[int, int]] = []  # (ns the recording began after the window, its length)
 
     def build(layout: TraceLayout) -> Insertion:
         if layout.window_ns is not None:
@@ -272,6 +273,8 @@ def merge_capture(
         else:
             shift = capture.offset_ns - layout.base_ns
             window = Window(capture.begin_ns + shift, capture.end_ns + shift, "capture")
+        began = late_start_ns(capture, layout.base_ns, window)
+        late[:] = [(began, window.end_ns - window.start_ns)]
 
         def write(sink: Sink) -> None:  # streamed into the file, row by row
             counts, _ = write_tracks(capture, layout.base_ns, window, merged, sink, pre)
@@ -317,6 +320,13 @@ def merge_capture(
     )
     if profiler_events and profiler_events[0]:
         merged.append(Track.NCCL)
+    if late and late[0][0]:
+        began, length = late[0]
+        notes.append(
+            f"recording began {began / 1e9:.2f} s into the trace's {length / 1e9:.2f} s window "
+            "(its config went out before the probes were attached): the tracks cover only "
+            "the rest"
+        )
     return TrackStatus(
         requested,
         KernelTrackState.MERGED,

@@ -700,6 +700,21 @@ def _fabric(
     return n
 
 
+#: How far into Kineto's window the recording may begin before the tracks say they miss its
+#: start (the clock offset between CLOCK_MONOTONIC and the wall clock is measured to µs).
+LATE_START_TOLERANCE_NS = 1_000_000
+
+
+def late_start_ns(capture: ProcessCapture, base_ns: int, window: Window) -> int:
+    """How long after the start of Kineto's window the recording began (0: before it, or
+    the window is the capture's own). A config handed out before the probes were attached
+    (a start too close to wait for them) leaves the window's first part without tracks."""
+    if window.source != "kineto":
+        return 0
+    late = capture.begin_ns + capture.offset_ns - base_ns - window.start_ns
+    return late if late > LATE_START_TOLERANCE_NS else 0
+
+
 def _info(
     capture: ProcessCapture, window: Window, counts: dict[Track, int], base_ns: int
 ) -> dict[str, Any]:
@@ -719,6 +734,10 @@ def _info(
         "records_over_cap_dropped": capture.dropped_over_cap,
         "records_cap": capture.cap,
     }
+    late = late_start_ns(capture, base_ns, window)
+    if late:
+        # Readers must not take the uncovered part for time without off-CPU slices (running).
+        info["capture_late_us"] = round(late / 1000, 3)
     if capture.distributed:
         info["distributed_from_environment"] = capture.distributed
     if capture.host_pid:
