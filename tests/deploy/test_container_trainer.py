@@ -20,6 +20,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -257,3 +258,74 @@ def test_a_container_mounting_the_kineto_directory_elsewhere_is_told_to_mount_it
         assert int(said.group(1)) >= 1
     finally:
         podman("rm", "--force", "--time", "1", name)
+
+
+#: What Kineto logs when it drops a config at its warm-up tick; when the trainer is stopped
+#: after the config went out, and for how long (across the tick due 1-2 s after reading it).
+DROPPED, STOP_AFTER_S, STOP_FOR_S, ATTEMPTS = "Not starting tracing", 0.3, 3.0, 3
+
+
+def delivered(log: Path, pid: int) -> int:
+    """How many times the agent's log says it handed a config to ``pid`` (the host's pid of
+    the container's pid 1)."""
+    return log.read_text().count(f"config delivered to pid 1 (pid {pid} here)")
+
+
+def test_a_config_a_container_s_trainer_dropped_is_handed_out_again_past_its_own_tmp(
+    node: Node,
+) -> None:
+    """The re-delivery of a dropped config (docs/tracing.md) for a trainer in a container:
+    the .tmp Kineto left behind is in the container's file system, named by the container's
+    path, and the placement check must let exactly that file through there too."""
+    wait_for(
+        "the trainer's steps",
+        lambda: re.search(r"^ready 1 \d+$", podman("logs", node.container).stdout, re.M),
+    )
+    host_pid = int(podman("inspect", "--format", "{{.State.Pid}}", node.container).stdout)
+    log = node.base / "agent.log"
+    drops_before = 0
+    for attempt in range(ATTEMPTS):
+        name = f"d{attempt}.json"
+        delivered_before = delivered(log, host_pid)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BPFDYNO_")}
+        gputrace = subprocess.Popen(
+            [
+                sys.executable, "-m", "bpfdyno", "gputrace", "--pids", str(host_pid),
+                "--log-file", f"{TRACES}/{name}", "--kernel-tracks", "sched",
+                "--wait", "--timeout", "120", "--json", "--socket", node.sock,
+            ],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        try:
+            wait_for(
+                "the config to go out",
+                lambda n=delivered_before: delivered(log, host_pid) > n,
+                timeout=60,
+            )
+            time.sleep(STOP_AFTER_S)
+            os.kill(host_pid, signal.SIGSTOP)
+            try:
+                time.sleep(STOP_FOR_S)
+            finally:
+                os.kill(host_pid, signal.SIGCONT)
+            out, err = gputrace.communicate(timeout=150)
+        finally:
+            gputrace.kill()
+        assert gputrace.returncode == 0, err + out
+        [p] = json.loads(out)["trace"]["processes"]
+        trainer_log = podman("logs", node.container).stderr + podman("logs", node.container).stdout
+        drops = trainer_log.count(DROPPED) - drops_before
+        drops_before += drops
+        assert p["state"] == "PROCESS_TRACE_STATE_WRITTEN", (p, trainer_log[-3000:])
+        assert p["kernel_tracks"]["state"] == "merged", p
+        assert p["output_path"] == f"{TRACES}/d{attempt}_1.json"
+        path = Path(f"/proc/{host_pid}/root{TRACES}/d{attempt}_1.json")
+        assert path.stat().st_size == p["size_bytes"]
+        # Handed out once more for each config Kineto dropped, and no more.
+        handed_out = delivered(log, host_pid) - delivered_before
+        assert handed_out == drops + 1, (log.read_text()[-3000:], drops)
+        if drops:
+            assert drops == 1, trainer_log[-3000:]  # it ran on unstopped after the first
+            break
+    else:
+        pytest.fail(f"the stop never made Kineto drop the config in {ATTEMPTS} attempts")

@@ -132,7 +132,9 @@ class KinetoPolls:
         if taken is None:
             return ""
         trace_id, text = taken
-        log.info("trace %s: config delivered to pid %d", trace_id, t.pid)
+        # A trainer in a container reports its own pid (often 1): name the host's as well.
+        here = f" (pid {t.host_pid} here)" if t.host_pid and t.host_pid != t.pid else ""
+        log.info("trace %s: config delivered to pid %d%s", trace_id, t.pid, here)
         return text
 
     def _learn_job(self, t: Trainer) -> None:
