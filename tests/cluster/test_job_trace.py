@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,12 @@ from cluster_harness import (
 from bpfdyno.client.cluster import JobRef, NodeResolutionError, resolve_slurm_job
 
 pytestmark = pytest.mark.slow
+
+#: What Kineto logs when it drops a config; when a stalled rank is stopped, in seconds before
+#: its trace's start, and for how long. Kineto takes up a timed config at a tick about 6 s
+#: before the start (seen: its profiler turns busy then) and drops it when that tick comes
+#: less than its 5 s warm-up ahead: stopped from 8.5 s to 4 s before, it does.
+DROPPED, STALL_FROM_S, STALL_FOR_S = "Not starting tracing", 8.5, 4.5
 
 
 def run_cli(
@@ -348,3 +356,87 @@ def test_hosts_file_names_the_nodes_and_their_ports(
         (trainer,) = agents[n].trainers(int(trainer_job.job))
         assert [f["pid"] for f in h["files"]] == [trainer.pid]
         assert h["files"][0]["path"] == str(trace_dir / f"listed_{trainer.pid}.json")
+
+
+def test_a_rank_whose_kineto_dropped_the_config_has_the_whole_job_traced_again(
+    slurm: SlurmCluster,
+    agents: dict[str, NodeAgent],
+    trainer_job: TrainerJob,
+    pki: Pki,
+    trace_dir: Path,
+) -> None:
+    """A rank stalled across its warm-up tick never starts its part (Kineto drops the config,
+    and only its log says so): the job has no shared window. The CLI traces the whole job
+    again with a new common start, into files of their own, and keeps the first try's."""
+    nodes = slurm.job_nodes(trainer_job.job)
+    job = int(trainer_job.job)
+    wait_idle(agents, nodes, job)
+    pids = {n: agents[n].trainers(job)[0].pid for n in nodes}
+    stalled = nodes[1]
+    drops_before = sum(
+        p.read_text(errors="replace").count(DROPPED) for p in trainer_job.rank_logs()
+    )
+    cli = subprocess.Popen(
+        [
+            sys.executable, "-m", "bpfdyno", "gputrace", "--job-id", trainer_job.job,
+            "--duration-ms", "300", "--wait", "--log-file", str(trace_dir / "drop.json"),
+            "--port", str(agents["n1"].port),
+        ],
+        env=client_env(pki, slurm.conf), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    try:
+        assert cli.stdout is not None
+        for line in cli.stdout:
+            lines.append(line)
+            m = re.search(r"\(PROFILE_START_TIME=(\d+)\)$", line.rstrip())
+            if m:
+                first_start_ms = int(m.group(1))
+                break
+        else:
+            raise AssertionError("".join(lines) + cli.communicate()[1])
+        # Stopped across the tick that would begin its warm-up: it comes too late, and
+        # Kineto drops the config.
+        stop_at = first_start_ms / 1000 - STALL_FROM_S
+        assert time.time() < stop_at, "".join(lines)  # the plan leaves 12 s: time enough
+        time.sleep(stop_at - time.time())
+        os.kill(pids[stalled], signal.SIGSTOP)
+        try:
+            time.sleep(STALL_FOR_S)
+        finally:
+            os.kill(pids[stalled], signal.SIGCONT)
+        out, err = cli.communicate(timeout=240)
+    finally:
+        cli.kill()
+    out = "".join(lines) + out
+    assert cli.returncode == 0, out + err
+    drops = sum(p.read_text(errors="replace").count(DROPPED) for p in trainer_job.rank_logs())
+    assert drops - drops_before == 1, out  # the stalled rank's, once
+    assert re.search(
+        rf"^try 1: Kineto dropped the config of {stalled} pid {pids[stalled]} \(it never started "
+        r"tracing: stalled or too busy at its warm-up tick\), so the ranks share no window; "
+        r"tracing the whole job again \(try 2 of at most 2\) with a new common start$",
+        out,
+        re.M,
+    ), out
+    starts = [int(s) for s in re.findall(r"\(PROFILE_START_TIME=(\d+)\)$", out, re.M)]
+    assert starts[0] == first_start_ms and len(starts) == 2 and starts[1] > first_start_ms
+    # The first try's files are listed (and kept): the healthy rank's written, the stalled
+    # rank's failed; then the second try's, both written, under names of their own.
+    first, second = out.split("Trace files (try 1):\n")[1].split("Trace files (try 2):\n")
+    for node in nodes:
+        path = f"{trace_dir}/drop_{pids[node]}.json"
+        state = "failed" if node == stalled else "written"
+        assert re.search(
+            rf"^  {node} pid +{pids[node]} {state} .*  {re.escape(path)}$", first, re.M
+        )
+        again = f"{trace_dir}/drop-try2_{pids[node]}.json"
+        size = os.path.getsize(again)
+        assert re.search(
+            rf"^  {node} pid +{pids[node]} written +{size} bytes  {re.escape(again)}$", second, re.M
+        ), out
+        # Both ranks traced from the second start: one shared window.
+        assert -50 <= first_event_ms(again) - starts[1] <= 1000
+    assert os.path.exists(f"{trace_dir}/drop_{pids[nodes[0]]}.json")
+    assert "all 2 host(s) traced" in out

@@ -15,7 +15,8 @@ import pytest
 from bpfdyno.core.budget import REQUESTED, REQUESTED_RULE
 from bpfdyno.core.errors import InvalidArgument, NotFound, PermissionDenied, Unavailable
 from bpfdyno.core.identity import Requester
-from bpfdyno.rpc.traces import TraceSpec
+from bpfdyno.rpc.traces import TraceSpec, TraceStatus
+from bpfdyno.rpc.wire import to_pb
 from bpfdyno.services.tracing import (
     TraceRequest,
     TracingService,
@@ -237,7 +238,7 @@ def test_duration_trace_that_never_starts_is_handed_out_again_then_fails(
     replies = [poll(svc, [70]) for _ in range(NEVER_STARTED_POLLS)]
     assert replies == [""] * NEVER_STARTED_POLLS
     p = svc.get_trace(res.trace_id).processes[0]
-    assert p.state is ProcState.FAILED
+    assert p.state is ProcState.FAILED and p.config_dropped
     assert p.reason.startswith(
         f"the process never started tracing ({NEVER_STARTED_POLLS} polls after delivery, "
         f"handed out {MAX_DELIVERIES} times); Kineto dropped the config"
@@ -315,8 +316,11 @@ def test_duration_trace_with_a_start_time_may_stay_idle_until_its_warm_up(
     assert svc.get_trace(res.trace_id).processes[0].state is ProcState.DELIVERED
     poll(svc, [73])
     p = svc.get_trace(res.trace_id).processes[0]
-    assert p.state is ProcState.FAILED
+    assert p.state is ProcState.FAILED and p.config_dropped
     assert "never started tracing" in p.reason
+    # The flag travels: a job trace decides on it whether to trace the job again.
+    [wire] = to_pb(svc.get_trace(res.trace_id), TraceStatus).processes
+    assert wire.config_dropped
 
 
 def test_trace_that_ends_without_a_file_fails(svc: TracingService, tmp_path: Path) -> None:
@@ -328,6 +332,7 @@ def test_trace_that_ends_without_a_file_fails(svc: TracingService, tmp_path: Pat
         poll(svc, [71])
     p = svc.get_trace(res.trace_id).processes[0]
     assert p.state is ProcState.FAILED
+    assert not p.config_dropped  # it traced: another try would not help
     assert "never appeared" in p.reason
 
 

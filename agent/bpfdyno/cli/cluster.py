@@ -38,7 +38,7 @@ from bpfdyno.client.cluster import (
     trace_job,
 )
 from bpfdyno.client.cluster.fanout import DEFAULT_CONCURRENCY, DEFAULT_HOST_TIMEOUT_S
-from bpfdyno.client.cluster.jobtrace import hosts_failed_alike, summarize
+from bpfdyno.client.cluster.jobtrace import JOB_ATTEMPTS, hosts_failed_alike, summarize
 from bpfdyno.client.connection import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from bpfdyno.client.errors import TARGET_ENV, ClientSetupError, ErrorKind
 from bpfdyno.core.config import DEFAULT_CONFIG_PATH, ConfigError, load
@@ -340,6 +340,7 @@ class _ProgressPrinter:
         self.cluster = cluster
         self._states: dict[tuple[str, int], str] = {}
         self._table_printed = False
+        self._attempt = 1
 
     def header(self, spec: TraceSpec) -> None:
         c = self.cluster
@@ -363,6 +364,11 @@ class _ProgressPrinter:
                 )
 
     def progress(self, result: JobTraceResult) -> None:
+        if result.attempt != self._attempt and result.earlier:
+            self._attempt = result.attempt
+            self._states.clear()
+            self._table_printed = False
+            print(format_job_again(result), flush=True)
         if not self._table_printed and all(h.requests or h.error is not None for h in result.hosts):
             self._table_printed = True
             print(format_job_start(result), flush=True)
@@ -383,6 +389,8 @@ class _ProgressPrinter:
         if not self._table_printed:
             print(format_job_start(result))
         if result.waited:
+            for earlier in result.earlier:
+                print(format_job_files(earlier))
             print(format_job_files(result))
         print(format_job_outcome(result))
         if result.verdict is not None:
@@ -430,9 +438,24 @@ def format_job_start(result: JobTraceResult) -> str:
     return "\n".join(lines)
 
 
+def format_job_again(result: JobTraceResult) -> str:
+    """Why the job is traced again: the ranks whose Kineto dropped the last try's config."""
+    last = result.earlier[-1]
+    dropped = last.dropped()
+    who = ", ".join(f"{f.host} pid {f.pid}" for f in dropped[:4])
+    more = f" and {len(dropped) - 4} more" if len(dropped) > 4 else ""
+    return (
+        f"try {last.attempt}: Kineto dropped the config of {who}{more} (it never started "
+        f"tracing: stalled or too busy at its warm-up tick), so the ranks share no window; "
+        f"tracing the whole job again (try {result.attempt} of at most {JOB_ATTEMPTS}) with "
+        "a new common start"
+    )
+
+
 def format_job_files(result: JobTraceResult) -> str:
     """Per host and process: state, size and path, once the traces are over."""
-    lines = ["Trace files:"]
+    tries = result.attempt > 1 or any(f.config_dropped for f in result.files())
+    lines = [f"Trace files (try {result.attempt}):" if tries else "Trace files:"]
     for h in result.hosts:
         for f in h.files():
             size = f"{f.size_bytes} bytes" if f.size_bytes is not None else "-"
@@ -473,6 +496,18 @@ def job_trace_dict(cluster: Cluster, result: JobTraceResult) -> dict[str, Any]:
         "hosts": [_host_dict(h) for h in result.hosts],
         "summary": {"hosts": len(result.hosts), **{o.value: n for o, n in counts.items()}},
         **({"verdict": record_dict(result.verdict)} if result.verdict is not None else {}),
+        "attempt": result.attempt,
+        # The tries before this one (a rank's Kineto dropped its config): their own
+        # request (start time, log file) and files.
+        "earlier_attempts": [
+            {
+                "attempt": e.attempt,
+                "outcome": e.outcome.value,
+                "request": record_dict(e.spec),
+                "hosts": [_host_dict(h) for h in e.hosts],
+            }
+            for e in result.earlier
+        ],
     }
 
 
@@ -504,6 +539,7 @@ def _host_dict(h: HostTrace) -> dict[str, Any]:
             "path": f.path,
             "state": f.state,
             "reason": f.reason,
+            "config_dropped": f.config_dropped,
             **({"size_bytes": f.size_bytes} if f.size_bytes is not None else {}),
         }
         for f in h.files()

@@ -298,6 +298,9 @@ class ProcessTrace:
         reason: why it is in this state, in words.
         size_bytes: the written file's size; -1 until written.
         updated_unix_seconds: when the state last changed.
+        config_dropped: failed because Kineto dropped its config and never started tracing
+            (stalled or too busy at its warm-up tick): tracing again with a new start may
+            succeed.
         kernel_tracks: its kernel tracks.
     """
 
@@ -308,6 +311,7 @@ class ProcessTrace:
     reason: str = ""
     size_bytes: int = -1
     updated_unix_seconds: float = 0.0
+    config_dropped: bool = False
     kernel_tracks: KernelTracks = KernelTracks()
 
 

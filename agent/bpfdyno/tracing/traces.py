@@ -565,6 +565,7 @@ class TraceTracker:
                 )
                 return False
             times = f", handed out {p.deliveries} times" if p.deliveries > 1 else ""
+            p.view = replace(p.view, config_dropped=True)  # a job may trace again (jobtrace)
             self._set(
                 tr,
                 p,

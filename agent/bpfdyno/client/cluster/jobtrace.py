@@ -11,7 +11,12 @@
    the same round-up.
 3. **Wait** (optional): follow every host's trace until each process has written its file,
    failed or timed out.
-4. **Verdict** (when waiting): each host's agent summarises its own ranks' files
+4. **Again** (when waiting, for a duration trace whose start was planned here): a rank
+   whose Kineto dropped its config (stalled or starved at its warm-up tick, so it never
+   started) leaves the job without a shared window, so the whole job is traced again, all
+   rounds, with a new common start and files of their own (`retry_log_file`), up to
+   `JOB_ATTEMPTS` tries in all. The result keeps the earlier tries.
+5. **Verdict** (when waiting): each host's agent summarises its own ranks' files
    (``GetTraceSummary``: no trace file travels), and the ranks of every host are compared here
    on our clock, each host's arrivals moved by its measured offset
    (`bpfdyno.analysis.verdict.compare`): which rank held the job back, and why.
@@ -22,6 +27,7 @@ or busy, the files with their state and size, or the error; and the verdict.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import math
 import time
@@ -43,12 +49,33 @@ from bpfdyno.rpc.traces import (
     TraceSpec,
     TraceStart,
     TraceStatus,
+    TrainerState,
 )
 
 #: Slack on top of the poll interval, Kineto's warm-up and the slowest host.
 START_MARGIN_S = 2.0
 #: How long `trace_job` follows the trace when waiting and no time is given.
 DEFAULT_WAIT_S = 120.0
+#: Tries of a job-wide duration trace whose start was planned here, when a rank's Kineto
+#: dropped its config (step 4 of the module doc). One more: a trainer stalled twice in a
+#: row at the same moment is no passing stall, and each try costs the job another trace.
+JOB_ATTEMPTS = 2
+#: How often the ranks' states are asked while waiting for them to be free for the next try.
+IDLE_CHECK_S = 0.5
+
+
+def retry_log_file(log_file: str, attempt: int) -> str:
+    """The log file of try ``attempt`` (2, 3 ...): the first try's name with ``-try<N>``
+    before Kineto's extension (where it puts each process's pid), so no try's file is
+    overwritten and the agents' placement rules (no existing file) hold. "" stays "": the
+    agent's default names carry the time of the request."""
+    if not log_file:
+        return ""
+    for marker in (".pt.trace.json", ".json"):
+        i = log_file.find(marker)
+        if i >= 0:
+            return f"{log_file[:i]}-try{attempt}{log_file[i:]}"
+    return f"{log_file}-try{attempt}"
 
 
 def plan_start_time_ms(
@@ -107,6 +134,7 @@ class TraceFile:
             (pending, delivered, tracing, merging, written, failed, timed_out).
         size_bytes: the written file's size; None until written.
         reason: why it is in this state, in words.
+        config_dropped: failed because its Kineto dropped the config (never started).
     """
 
     host: str
@@ -116,6 +144,7 @@ class TraceFile:
     state: str
     size_bytes: int | None
     reason: str
+    config_dropped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +213,7 @@ class HostTrace:
                         state=p.state.value,
                         size_bytes=p.size_bytes if p.size_bytes >= 0 else None,
                         reason=p.reason,
+                        config_dropped=p.config_dropped,
                     )
                 )
         return out
@@ -242,12 +272,16 @@ class JobTraceResult:
         hosts: one entry per node, in the nodes' order.
         waited: whether the traces were followed to their end.
         verdict: the ranks of every host compared (after waiting, once files are written).
+        attempt: which try this is (1, then 2 ... when the job was traced again).
+        earlier: the tries before it, oldest first (each its own request and files).
     """
 
     spec: TraceSpec
     hosts: tuple[HostTrace, ...]
     waited: bool = False
     verdict: Verdict | None = None
+    attempt: int = 1
+    earlier: tuple[JobTraceResult, ...] = ()
 
     @property
     def outcome(self) -> JobOutcome:
@@ -260,6 +294,10 @@ class JobTraceResult:
     def files(self) -> list[TraceFile]:
         """Every traced process's file, host by host."""
         return [f for h in self.hosts for f in h.files()]
+
+    def dropped(self) -> list[TraceFile]:
+        """The files whose process's Kineto dropped its config (never started tracing)."""
+        return [f for f in self.files() if f.config_dropped]
 
 
 #: Called with the whole result after every change while a job trace runs.
@@ -275,6 +313,7 @@ async def trace_job(
     poll_interval_s: float = KINETO_POLL_INTERVAL_S,
     on_progress: ProgressCallback | None = None,
     clock: Callable[[], float] = time.time,
+    attempts: int = JOB_ATTEMPTS,
 ) -> JobTraceResult:
     """Trace every node of ``fanout`` with the same request; report per host.
 
@@ -283,11 +322,67 @@ async def trace_job(
         spec: the request. Its ``job_id`` is used on nodes that list no job ids of their
             own; pids are host-local, so leave them empty for a job-wide trace.
         wait: follow each host's trace until every process has ended (or ``wait_s``).
-        wait_s: how long to follow.
+        wait_s: how long to follow (each try).
         poll_interval_s: the trainers' config poll interval, for the common start time.
         on_progress: called with the whole result after every change.
         clock: our wall clock (epoch seconds).
+        attempts: tries in all when a rank's Kineto drops its config (module doc, step 4);
+            only a waited duration trace with no start time of the caller's is tried again.
     """
+    # A start the caller chose is theirs to move: only a planned one is planned again.
+    again = wait and not spec.iteration_mode and spec.profile_start_time_ms == 0
+    earlier: list[JobTraceResult] = []
+    while True:
+        attempt = len(earlier) + 1
+        tried = replace(spec, log_file=retry_log_file(spec.log_file, attempt)) if earlier else spec
+
+        def progress(r: JobTraceResult, n: int = attempt) -> None:
+            if on_progress is not None:
+                on_progress(replace(r, attempt=n, earlier=tuple(earlier)))
+
+        result = await _trace_once(fanout, tried, wait, wait_s, poll_interval_s, progress, clock)
+        result = replace(result, attempt=attempt, earlier=tuple(earlier))
+        if not (again and result.dropped() and attempt < attempts):
+            break
+        earlier.append(result)
+        # The ranks that wrote their file are busy until their next poll says otherwise.
+        await _until_idle(fanout, result, 2 * poll_interval_s + START_MARGIN_S)
+    if not wait:
+        return result
+    return replace(result, verdict=await job_verdict(fanout, result))
+
+
+async def _until_idle(fanout: FanOut, result: JobTraceResult, timeout_s: float) -> None:
+    """Wait until the processes ``result`` traced are idle again at their agents (each
+    process's profiler says it is free at a poll after its file), at most ``timeout_s``: a
+    new request would find them busy and leave them out. A host that does not answer is
+    left to the next try to report."""
+    pids = {h.node.target: {f.pid for f in h.files()} for h in result.hosts}
+
+    async def idle(node: Node, agent: AgentClient) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            trainers = await agent.trainers()
+            if not any(
+                t.pid in pids[node.target] and t.state is not TrainerState.IDLE for t in trainers
+            ):
+                return
+            await asyncio.sleep(IDLE_CHECK_S)
+
+    waiting = [n for n in fanout.nodes if pids.get(n.target)]
+    await fanout.map(idle, waiting, timeout_s=timeout_s + IDLE_CHECK_S, bounded=False)
+
+
+async def _trace_once(
+    fanout: FanOut,
+    spec: TraceSpec,
+    wait: bool,
+    wait_s: float,
+    poll_interval_s: float,
+    on_progress: ProgressCallback,
+    clock: Callable[[], float],
+) -> JobTraceResult:
+    """One try of `trace_job`: steps 1-3 of the module doc (no verdict)."""
     hosts = {n.target: HostTrace(n, waited=wait) for n in fanout.nodes}
 
     def snapshot() -> JobTraceResult:
@@ -295,8 +390,7 @@ async def trace_job(
 
     def put(trace: HostTrace) -> None:
         hosts[trace.node.target] = trace
-        if on_progress is not None:
-            on_progress(snapshot())
+        on_progress(snapshot())
 
     probes = await fanout.map(lambda node, agent: measure_clock(agent))
     reachable: list[Node] = []
@@ -316,8 +410,7 @@ async def trace_job(
             poll_interval_s=poll_interval_s,
         )
         spec = replace(spec, profile_start_time_ms=start_ms)
-    if on_progress is not None:
-        on_progress(snapshot())
+    on_progress(snapshot())
 
     async def start(node: Node, agent: AgentClient) -> tuple[HostRequest, ...]:
         if node.pids:  # a job no scheduler names: its processes there, all of them
@@ -354,7 +447,7 @@ async def trace_job(
             why = followed.error
             lost = AgentError(why.kind, f"lost while following the trace: {why.message}")
             put(replace(hosts[followed.node.target], error=lost))
-    return replace(snapshot(), verdict=await job_verdict(fanout, snapshot()))
+    return snapshot()
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,7 +466,7 @@ class JobEvidence:
 
 
 async def job_verdict(fanout: FanOut, result: JobTraceResult) -> Verdict:
-    """The ranks of every host compared (step 4 of the module doc).
+    """The ranks of every host compared (step 5 of the module doc).
 
     Hosts whose agent could not summarise are named in the verdict's notes; the others are
     still compared.
@@ -441,6 +534,7 @@ def summarize(hosts: Sequence[HostTrace]) -> dict[HostOutcome, int]:
 
 __all__ = [
     "DEFAULT_WAIT_S",
+    "JOB_ATTEMPTS",
     "KINETO_POLL_INTERVAL_S",
     "HostOutcome",
     "HostRequest",
@@ -449,5 +543,6 @@ __all__ = [
     "JobTraceResult",
     "TraceFile",
     "plan_start_time_ms",
+    "retry_log_file",
     "trace_job",
 ]

@@ -188,7 +188,7 @@ class KernelTracks(_message.Message):
     def __init__(self, requested: _Optional[_Iterable[str]] = ..., state: _Optional[str] = ..., merged: _Optional[_Iterable[str]] = ..., events: _Optional[int] = ..., lost: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ProcessTrace(_message.Message):
-    __slots__ = ("pid", "job_id", "output_path", "state", "reason", "size_bytes", "updated_unix_seconds", "kernel_tracks")
+    __slots__ = ("pid", "job_id", "output_path", "state", "reason", "size_bytes", "updated_unix_seconds", "config_dropped", "kernel_tracks")
     PID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +196,7 @@ class ProcessTrace(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     UPDATED_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_DROPPED_FIELD_NUMBER: _ClassVar[int]
     KERNEL_TRACKS_FIELD_NUMBER: _ClassVar[int]
     pid: int
     job_id: int
@@ -204,8 +205,9 @@ class ProcessTrace(_message.Message):
     reason: str
     size_bytes: int
     updated_unix_seconds: float
+    config_dropped: bool
     kernel_tracks: KernelTracks
-    def __init__(self, pid: _Optional[int] = ..., job_id: _Optional[int] = ..., output_path: _Optional[str] = ..., state: _Optional[_Union[ProcessTraceState, str]] = ..., reason: _Optional[str] = ..., size_bytes: _Optional[int] = ..., updated_unix_seconds: _Optional[float] = ..., kernel_tracks: _Optional[_Union[KernelTracks, _Mapping]] = ...) -> None: ...
+    def __init__(self, pid: _Optional[int] = ..., job_id: _Optional[int] = ..., output_path: _Optional[str] = ..., state: _Optional[_Union[ProcessTraceState, str]] = ..., reason: _Optional[str] = ..., size_bytes: _Optional[int] = ..., updated_unix_seconds: _Optional[float] = ..., config_dropped: _Optional[bool] = ..., kernel_tracks: _Optional[_Union[KernelTracks, _Mapping]] = ...) -> None: ...
 
 class TraceStatus(_message.Message):
     __slots__ = ("trace_id", "created_unix_seconds", "deadline_unix_seconds", "iteration_mode", "processes", "done")
