@@ -329,7 +329,7 @@ async def trace_job(
         attempts: tries in all when a rank's Kineto drops its config (module doc, step 4);
             only a waited duration trace with no start time of the caller's is tried again.
     """
-    # A start the caller chose is theirs to move: only a planned one is planned again.
+    # A start the caller chose is not ours to move: only one planned here is planned again.
     again = wait and not spec.iteration_mode and spec.profile_start_time_ms == 0
     earlier: list[JobTraceResult] = []
     while True:
