@@ -454,7 +454,7 @@ def format_job_again(result: JobTraceResult) -> str:
 
 def format_job_files(result: JobTraceResult) -> str:
     """Per host and process: state, size and path, once the traces are over."""
-    tries = result.attempt > 1 or any(f.config_dropped for f in result.files())
+    tries = result.attempt > 1 or bool(result.dropped())
     lines = [f"Trace files (try {result.attempt}):" if tries else "Trace files:"]
     for h in result.hosts:
         for f in h.files():

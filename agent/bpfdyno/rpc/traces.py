@@ -39,6 +39,17 @@ KINETO_WARMUP_S = 5.0
 KINETO_POLL_INTERVAL_S = 5.0
 
 
+def before_kineto_extension(log_file: str, text: str) -> str | None:
+    """``log_file`` with ``text`` where Kineto puts a process's pid in it: before
+    ``.pt.trace.json``, else before ``.json``; None when it has neither (Kineto then writes
+    the name as it is)."""
+    for marker in (".pt.trace.json", ".json"):
+        i = log_file.find(marker)
+        if i >= 0:
+            return f"{log_file[:i]}{text}{log_file[i:]}"
+    return None
+
+
 @record(tracing_pb2.StartTraceRequest, zero_is_default=True)
 class TraceSpec:
     """A trace request: who to trace, for how long, and what to record.

@@ -265,7 +265,6 @@ def merge_capture(
         capture = dataclasses.replace(capture, pid=part.pid, host_pid=capture.pid)
     counted: list[int] = []
     profiler_events: list[int] = []
-    late: list[tuple[int, int]] = []  # (ns the recording began after the window, its length)
 
     def build(layout: TraceLayout) -> Insertion:
         if layout.window_ns is not None:
@@ -274,7 +273,12 @@ def merge_capture(
             shift = capture.offset_ns - layout.base_ns
             window = Window(capture.begin_ns + shift, capture.end_ns + shift, "capture")
         began = late_start_ns(capture, layout.base_ns, window)
-        late[:] = [(began, window.end_ns - window.start_ns)]
+        if began:  # (build is called once per merge)
+            notes.append(
+                f"recording began {began / 1e9:.2f} s into the trace's "
+                f"{(window.end_ns - window.start_ns) / 1e9:.2f} s window (its config went out "
+                "before the probes were attached): the tracks cover only the rest"
+            )
 
         def write(sink: Sink) -> None:  # streamed into the file, row by row
             counts, _ = write_tracks(capture, layout.base_ns, window, merged, sink, pre)
@@ -320,13 +324,6 @@ def merge_capture(
     )
     if profiler_events and profiler_events[0]:
         merged.append(Track.NCCL)
-    if late and late[0][0]:
-        began, length = late[0]
-        notes.append(
-            f"recording began {began / 1e9:.2f} s into the trace's {length / 1e9:.2f} s window "
-            "(its config went out before the probes were attached): the tracks cover only "
-            "the rest"
-        )
     return TrackStatus(
         requested,
         KernelTrackState.MERGED,

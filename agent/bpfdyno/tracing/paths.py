@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 from bpfdyno.core.errors import InvalidArgument
 from bpfdyno.core.text import printable
+from bpfdyno.rpc.traces import before_kineto_extension
 
 #: Where Kineto writes when the config names no log file.
 DEFAULT_LOG_FILE_PATTERN = "/tmp/libkineto_activities_{pid}.json"
@@ -38,11 +39,7 @@ class PathRejected(InvalidArgument):
 
 def kineto_output_path(log_file: str, pid: int) -> str:
     """The file Kineto in process ``pid`` writes for ``ACTIVITIES_LOG_FILE=log_file``."""
-    for marker in (".pt.trace.json", ".json"):
-        i = log_file.find(marker)
-        if i >= 0:
-            return f"{log_file[:i]}_{pid}{log_file[i:]}"
-    return log_file
+    return before_kineto_extension(log_file, f"_{pid}") or log_file
 
 
 def inserts_pid(log_file: str) -> bool:

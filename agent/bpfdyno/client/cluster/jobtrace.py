@@ -50,6 +50,7 @@ from bpfdyno.rpc.traces import (
     TraceStart,
     TraceStatus,
     TrainerState,
+    before_kineto_extension,
 )
 
 #: Slack on top of the poll interval, Kineto's warm-up and the slowest host.
@@ -71,11 +72,8 @@ def retry_log_file(log_file: str, attempt: int) -> str:
     agent's default names carry the time of the request."""
     if not log_file:
         return ""
-    for marker in (".pt.trace.json", ".json"):
-        i = log_file.find(marker)
-        if i >= 0:
-            return f"{log_file[:i]}-try{attempt}{log_file[i:]}"
-    return f"{log_file}-try{attempt}"
+    suffix = f"-try{attempt}"
+    return before_kineto_extension(log_file, suffix) or log_file + suffix
 
 
 def plan_start_time_ms(
@@ -313,7 +311,6 @@ async def trace_job(
     poll_interval_s: float = KINETO_POLL_INTERVAL_S,
     on_progress: ProgressCallback | None = None,
     clock: Callable[[], float] = time.time,
-    attempts: int = JOB_ATTEMPTS,
 ) -> JobTraceResult:
     """Trace every node of ``fanout`` with the same request; report per host.
 
@@ -326,8 +323,9 @@ async def trace_job(
         poll_interval_s: the trainers' config poll interval, for the common start time.
         on_progress: called with the whole result after every change.
         clock: our wall clock (epoch seconds).
-        attempts: tries in all when a rank's Kineto drops its config (module doc, step 4);
-            only a waited duration trace with no start time of the caller's is tried again.
+
+    A waited duration trace with no start time of the caller's is tried again, up to
+    `JOB_ATTEMPTS` tries in all, when a rank's Kineto drops its config (module doc, step 4).
     """
     # A start the caller chose is not ours to move: only one planned here is planned again.
     again = wait and not spec.iteration_mode and spec.profile_start_time_ms == 0
@@ -342,7 +340,7 @@ async def trace_job(
 
         result = await _trace_once(fanout, tried, wait, wait_s, poll_interval_s, progress, clock)
         result = replace(result, attempt=attempt, earlier=tuple(earlier))
-        if not (again and result.dropped() and attempt < attempts):
+        if not (again and result.dropped() and attempt < JOB_ATTEMPTS):
             break
         earlier.append(result)
         # The ranks that wrote their file are busy until their next poll says otherwise.
