@@ -193,3 +193,175 @@ async def test_a_job_wide_trace_names_the_peer_it_could_not_trace(tmp_path: Path
     assert e.summary.endswith("): no file written, no verdict"), e.summary
     await auto.stop()
     checks.cancel()
+
+
+def start_times_ms(svc: TracingService) -> list[int]:
+    """PROFILE_START_TIME of every trace the service started, in order."""
+    out = []
+    for r in svc.audit.records(0):
+        if r.action == "start_trace":
+            config = json.loads(r.request_json)["config"]
+            out += [int(line.split("=")[1]) for line in config.split("\n") if "START_TIME=" in line]
+    return out
+
+
+async def test_a_timed_trace_whose_ranks_dropped_the_config_is_started_again_once(
+    tmp_path: Path,
+) -> None:
+    """Both ranks take the timed config and never start (their Kineto dropped it): the job is
+    traced again with a new start, once; the event names the first try and who dropped it.
+    The second try is dropped too, and there is no third."""
+    shift = [0.0]  # the agent's wall clock runs ahead of the real one by this many seconds
+    (tmp_path / "proc").mkdir()
+    svc = TracingService(
+        allowed_dirs=[str(tmp_path)],
+        default_timeout_s=120.0,
+        registry=TrainerRegistry(),
+        trace_dir=str(tmp_path),
+        proc_root=tmp_path / "proc",
+        wall=lambda: time.time() + shift[0],
+    )
+    names = {pid: f"\0dynoconfigclient-{pid}\0".encode() for pid in (10, 12)}
+
+    def poll_all(times: int) -> None:
+        for _ in range(times):
+            for pid, name in names.items():
+                svc.on_request(name, KinetoRequest(IDLE, 1818, (pid,)))
+
+    poll_all(1)
+    log = EventLog()
+    auto = AutoTrace(
+        svc, 5, 3600.0, log, "node-a", job_ranks=lambda job: [10, 12], seconds=4.0,
+        wall=lambda: time.time() + shift[0],
+    )  # fmt: skip
+    log.listeners.append(auto.on_events)
+    await auto.start()
+    await asyncio.to_thread(log.add, [event(DetectionKind.CONFIRMED, "1818", 2, 10)])
+    await asyncio.sleep(0.05)
+    (first,) = auto.started
+    poll_all(1)  # each takes its config
+    assert {p.state.value for p in svc.get_trace(first).processes} == {"delivered"}
+    shift[0] += 20.0  # past the start: idle polls now mean Kineto never started
+    poll_all(4)
+    view = svc.get_trace(first)
+    assert [(p.state.value, p.config_dropped) for p in view.processes] == [("failed", True)] * 2
+
+    async def tries(n: int) -> None:
+        while len(auto.started) < n:
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(tries(2), 10)  # the ranks are idle: no wait for them
+    second = auto.started[1]
+    assert second != first
+    one, two = start_times_ms(svc)
+    # A new start, planned when the second try began: 12-13 s ahead of the agent's clock,
+    # which has moved on by the 20 s the first try's ranks were idle past its start.
+    now_ms = (time.time() + shift[0]) * 1000
+    assert now_ms + 11_000 <= two <= now_ms + 13_000, (two, now_ms)
+    assert two - one >= 20_000, (one, two)
+    poll_all(1)
+    shift[0] += 20.0
+    poll_all(4)
+
+    e = await asyncio.wait_for(first_traced(log), 10)
+    assert (e.trace_id, e.trace_files, e.verdict) == (second, (), None)
+    assert e.summary.startswith(
+        f"job 1818 rank 2: automatic trace {second} (try 2; trace {first}: config dropped by "
+        "pid 10, pid 12): no file written, no verdict: "
+    ), e.summary
+    assert "never started tracing" in e.summary, e.summary
+    await asyncio.sleep(0.2)
+    assert (len(auto.started), auto.refused, log.counts()) == (2, 0, {"confirmed": 1, "traced": 1})
+    await auto.stop()
+
+
+async def test_a_timed_trace_that_timed_out_is_not_tried_again(tmp_path: Path) -> None:
+    """Only a dropped config is tried again: a rank that took it and never wrote a file
+    (the trace timed out) is reported as it is."""
+    shift = [0.0]  # the agent's clocks run ahead of the real ones by this many seconds
+    (tmp_path / "proc").mkdir()
+    svc = TracingService(
+        allowed_dirs=[str(tmp_path)],
+        default_timeout_s=1.0,
+        registry=TrainerRegistry(),
+        trace_dir=str(tmp_path),
+        proc_root=tmp_path / "proc",
+        wall=lambda: time.time() + shift[0],
+        mono=lambda: time.monotonic() + shift[0],
+    )
+    name = b"\0dynoconfigclient-10\0"
+    svc.on_request(name, KinetoRequest(IDLE, 1818, (10,)))
+    log = EventLog()
+    auto = AutoTrace(
+        svc, 5, 3600.0, log, "node-a", job_ranks=lambda job: [10], seconds=4.0,
+        wall=lambda: time.time() + shift[0],
+    )  # fmt: skip
+    log.listeners.append(auto.on_events)
+    await auto.start()
+    checks = asyncio.create_task(svc.tracker.run_file_checks())
+    await asyncio.to_thread(log.add, [event(DetectionKind.CONFIRMED, "1818", 2, 10)])
+    await asyncio.sleep(0.05)
+    svc.on_request(name, KinetoRequest(IDLE, 1818, (10,)))  # takes it, then nothing
+    shift[0] += 60.0  # past the start, the 4 s and the timeout
+
+    e = await asyncio.wait_for(first_traced(log), 30)
+    (trace_id,) = auto.started
+    (p,) = svc.get_trace(trace_id).processes
+    assert (p.state.value, p.config_dropped) == ("timed_out", False)
+    assert e.summary.startswith(f"job 1818 rank 2: automatic trace {trace_id}: no file"), e.summary
+    await asyncio.sleep(0.2)
+    assert len(auto.started) == 1
+    await auto.stop()
+    checks.cancel()
+
+
+async def test_a_job_wide_timed_trace_is_tried_again_on_every_node(tmp_path: Path) -> None:
+    """The job has a rank on another node (its agent does not answer); this node's rank
+    dropped the timed config: the whole job is traced again, the peer asked again, and the
+    event names both the first try and the peer."""
+    from bpfdyno.app.detection_peers import Peer
+
+    shift = [0.0]
+    (tmp_path / "proc").mkdir()
+    svc = TracingService(
+        allowed_dirs=[str(tmp_path)],
+        default_timeout_s=120.0,
+        registry=TrainerRegistry(),
+        trace_dir=str(tmp_path),
+        proc_root=tmp_path / "proc",
+        wall=lambda: time.time() + shift[0],
+    )
+    name = b"\0dynoconfigclient-10\0"
+    svc.on_request(name, KinetoRequest(IDLE, 1818, (10,)))
+    log = EventLog()
+    nobody = Peer("127.0.0.1:9", "node-b", "1818")  # the discard port: nothing listens
+    auto = AutoTrace(
+        svc, 5, 3600.0, log, "node-a", job_ranks=lambda job: [10], seconds=4.0,
+        job_peers=lambda job: [(nobody, 2)] if job == "1818" else [],
+        wall=lambda: time.time() + shift[0],
+    )  # fmt: skip
+    log.listeners.append(auto.on_events)
+    await auto.start()
+    await asyncio.to_thread(log.add, [event(DetectionKind.CONFIRMED, "1818", 2, 10)])
+
+    async def dropped_try(n: int) -> str:
+        while len(auto.started) < n:
+            await asyncio.sleep(0.02)
+        svc.on_request(name, KinetoRequest(IDLE, 1818, (10,)))  # takes its config
+        shift[0] += 20.0
+        for _ in range(4):
+            svc.on_request(name, KinetoRequest(IDLE, 1818, (10,)))
+        return auto.started[n - 1]
+
+    first = await asyncio.wait_for(dropped_try(1), 10)
+    second = await asyncio.wait_for(dropped_try(2), 30)
+    e = await asyncio.wait_for(first_traced(log), 30)
+    assert (e.trace_id, e.trace_files, e.verdict) == (second, (), None)
+    head = (
+        f"job 1818 rank 2: automatic trace {second} (try 2; trace {first}: config dropped by "
+        "pid 10) of 0 rank(s) on 0 node(s) (not traced: node-b: "
+    )
+    assert e.summary.startswith(head), e.summary
+    assert e.summary.endswith("): no file written, no verdict"), e.summary
+    assert len(auto.started) == 2
+    await auto.stop()

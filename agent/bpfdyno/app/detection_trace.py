@@ -10,6 +10,14 @@ job's ranks busy with a trace, say) is logged and counted, never retried before 
 passes. The events come from the collector's thread; the trace starts on the event loop,
 where the tracing service lives.
 
+A timed trace (``auto_trace_seconds``) in which a rank's Kineto dropped its config (the
+trainer stalled or too busy at the tick that begins its warm-up: it never started, so the
+job's window has no part from that rank) is started again once, as ``gputrace --job-id``
+does (`bpfdyno.client.cluster.jobtrace`): once the ranks traced are idle again, a new
+trace with a new common start, on this node and on the peers alike. Its event names the
+first try and the processes that dropped it. An iteration trace is not tried again: the
+agent hands its config out again itself until the process takes it.
+
 The ranks traced are the job's ranks the detection watches here (all of them: a request's
 default process limit is 3). When the trace ends (every process written, failed or timed
 out), its files are summarised and compared (the tracing service's `trace_summary`: the
@@ -33,18 +41,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from bpfdyno.analysis.verdict import compare, verdict_text
 from bpfdyno.app.detection_peers import Peer
 from bpfdyno.client.cluster.fanout import FanOut
 from bpfdyno.client.cluster.jobtrace import (
+    IDLE_CHECK_S,
+    JOB_ATTEMPTS,
     HostOutcome,
     JobTraceResult,
+    idle_wait_s,
     job_evidence,
     plan_start_time_ms,
     trace_job,
+    until_idle,
 )
 from bpfdyno.client.cluster.nodes import Node
 from bpfdyno.client.errors import ClientSetupError
@@ -53,9 +65,16 @@ from bpfdyno.core.status import PartState, PartStatus
 from bpfdyno.detection.events import EventLog
 from bpfdyno.rpc.detection import DetectionEvent, DetectionKind
 from bpfdyno.rpc.diagnosis import Verdict
-from bpfdyno.rpc.traces import NO_ITERATIONS, ProcessTraceState, TraceSpec, TraceSummary
+from bpfdyno.rpc.traces import (
+    NO_ITERATIONS,
+    ProcessTraceState,
+    TraceSpec,
+    TraceSummary,
+    TrainerState,
+)
 from bpfdyno.services.tracing import TracingService
 from bpfdyno.tracing.requests import TraceRequest
+from bpfdyno.tracing.traces import TraceView
 
 log = logging.getLogger("bpfdyno.detection")
 
@@ -80,6 +99,7 @@ class AutoTrace:
         seconds: float = 0.0,
         job_peers: Callable[[str], Sequence[tuple[Peer, int]]] | None = None,
         peer_pids: Callable[[str], Mapping[str, Sequence[int]]] | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         """
         Args:
@@ -94,6 +114,8 @@ class AutoTrace:
                 peers); None or none: only this node's ranks are traced.
             peer_pids: the pids of a job's ranks on each peer (by target), as its agent
                 reported them: a job with no SLURM id is traced there by these.
+            wall: the wall clock (epoch seconds) start times are planned on: the tracing
+                service's.
         """
         self._tracing = tracing
         self._iterations = iterations
@@ -104,6 +126,7 @@ class AutoTrace:
         self._seconds = seconds
         self._job_peers = job_peers or (lambda job: ())
         self._peer_pids = peer_pids or (lambda job: {})
+        self._wall = wall
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last: dict[str, float] = {}  # job -> monotonic time of its last trace
         self._following: set[asyncio.Task[None]] = set()
@@ -158,7 +181,13 @@ class AutoTrace:
             self._last[e.job_id] = now
             self._trace(e)
 
-    def _trace(self, e: DetectionEvent) -> None:
+    def _trace(self, e: DetectionEvent, earlier: tuple[str, ...] = ()) -> bool:
+        """Start the trace of confirmation ``e``'s job and follow it; False if refused.
+
+        Args:
+            earlier: the tries before this one, each in words (its trace id and who
+                dropped its config).
+        """
         # Every rank of the job on this node, by the pids the detection watches (and of the
         # SLURM job, when one names it); the limit is theirs, not a request's default of 3.
         pids = tuple(sorted(set(self._job_ranks(e.job_id)) | {e.pid}))
@@ -175,7 +204,7 @@ class AutoTrace:
                 spec,
                 iterations=NO_ITERATIONS,
                 duration_ms=round(self._seconds * 1000),
-                profile_start_time_ms=plan_start_time_ms(time.time(), ()),
+                profile_start_time_ms=plan_start_time_ms(self._wall(), ()),
             )
         req = TraceRequest(
             job_id=spec.job_id, pids=spec.pids, process_limit=len(pids), options=spec
@@ -185,7 +214,7 @@ class AutoTrace:
         except RequestError as err:
             self.refused += 1
             log.warning("detection: automatic trace of job %s refused: %s", e.job_id, err)
-            return
+            return False
         self.started.append(res.trace_id)
         peers = list(self._job_peers(e.job_id))
         log.warning(
@@ -199,30 +228,92 @@ class AutoTrace:
             f", and its ranks on {', '.join(p.name for p, _ in peers)}" if peers else "",
         )
         follow = (
-            self._follow_job(e, res.trace_id, spec, peers)
+            self._follow_job(e, res.trace_id, spec, peers, earlier)
             if peers
-            else self._follow(e, res.trace_id)
+            else self._follow(e, res.trace_id, earlier)
         )
         task = asyncio.get_running_loop().create_task(follow)
         self._following.add(task)
         task.add_done_callback(self._following.discard)
+        return True
 
-    async def _follow(self, e: DetectionEvent, trace_id: str) -> None:
-        """Wait for the trace to end, then post its verdict as a ``traced`` event."""
+    async def _follow(self, e: DetectionEvent, trace_id: str, earlier: tuple[str, ...]) -> None:
+        """Wait for the trace to end, then post its verdict as a ``traced`` event (or try
+        it again, when a rank's Kineto dropped its config)."""
         try:
-            async for _view in self._tracing.watch_trace(trace_id):
-                pass  # until every process is written, failed or timed out
+            view = await self._until_done(trace_id)
+            dropped = _dropped_here(view)
+            if dropped and await self._again(e, trace_id, dropped, _pids(view), earlier):
+                return
             summary = await self._tracing.trace_summary(trace_id)
         except RequestError as err:  # forgotten, or the agent is stopping
             log.warning("detection: automatic trace %s: no verdict: %s", trace_id, err)
             return
-        self._events.add([self.traced_event(e, summary)])
+        self._events.add([self.traced_event(e, summary, earlier)])
+
+    async def _until_done(self, trace_id: str) -> TraceView:
+        """The trace once every process is written, failed or timed out."""
+        last = None
+        async for view in self._tracing.watch_trace(trace_id):
+            last = view
+        assert last is not None  # watch_trace yields at least once or raises
+        return last
+
+    async def _again(
+        self,
+        e: DetectionEvent,
+        trace_id: str,
+        dropped: Sequence[str],
+        pids: Collection[int],
+        earlier: tuple[str, ...],
+        fanout: FanOut | None = None,
+        peers: JobTraceResult | None = None,
+    ) -> bool:
+        """Start the job's trace again, once the processes traced here (``pids``) and on
+        the peers are idle, when ``dropped`` processes dropped the config of a timed trace
+        and tries are left; True if it started."""
+        attempt = len(earlier) + 2
+        if self._seconds <= 0 or attempt > JOB_ATTEMPTS or self._loop is None:
+            return False
+        who = ", ".join(dropped)
+        log.info(
+            "detection: automatic trace %s of job %s: Kineto dropped its config in %s; "
+            "tracing the job again with a new start (try %d of at most %d)",
+            trace_id,
+            e.job_id,
+            who,
+            attempt,
+            JOB_ATTEMPTS,
+        )
+        # The processes that wrote their file are busy until their next poll says otherwise:
+        # a new request would find them busy and leave them out.
+        waits = [self._until_idle_here(pids, idle_wait_s())]
+        if fanout is not None and peers is not None:
+            waits.append(until_idle(fanout, peers, idle_wait_s()))
+        await asyncio.gather(*waits)
+        return self._trace(e, (*earlier, f"trace {trace_id}: config dropped by {who}"))
+
+    async def _until_idle_here(self, pids: Collection[int], timeout_s: float) -> None:
+        """Wait until none of ``pids`` has a trace pending or running here, at most
+        ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            trainers = self._tracing.list_trainers()
+            if not any(t.pid in pids and t.state is not TrainerState.IDLE for t in trainers):
+                return
+            await asyncio.sleep(IDLE_CHECK_S)
 
     async def _follow_job(
-        self, e: DetectionEvent, trace_id: str, spec: TraceSpec, peers: list[tuple[Peer, int]]
+        self,
+        e: DetectionEvent,
+        trace_id: str,
+        spec: TraceSpec,
+        peers: list[tuple[Peer, int]],
+        earlier: tuple[str, ...],
     ) -> None:
         """The peers' part of a job-wide trace (the same request, the same start), then one
-        verdict across every node's ranks, posted as the ``traced`` event."""
+        verdict across every node's ranks, posted as the ``traced`` event (or the whole job
+        traced again, when a rank's Kineto here or on a peer dropped its config)."""
         job = int(e.job_id) if e.job_id.isdigit() else 0
         # A job no scheduler names (torchrun's run id) has no id a peer could match: its
         # ranks there are named by the pids that peer's agent reported for them.
@@ -245,7 +336,7 @@ class AutoTrace:
                 trace_id,
                 err,
             )
-            await self._follow(e, trace_id)
+            await self._follow(e, trace_id, earlier)
             return
         try:
             async with fanout:
@@ -253,12 +344,19 @@ class AutoTrace:
                     trace_job(fanout, remote, wait=True, wait_s=wait_s)
                 )
                 try:
-                    async for _view in self._tracing.watch_trace(trace_id):
-                        pass
-                    summary = await self._tracing.trace_summary(trace_id)
+                    view = await self._until_done(trace_id)
                     result = await remote_trace
                 finally:
                     remote_trace.cancel()
+                dropped = _dropped_here(view) + [
+                    f"{h.node.name}:{f.pid}" for h in result.hosts for f in h.files()
+                    if f.config_dropped
+                ]  # fmt: skip
+                if dropped and await self._again(
+                    e, trace_id, dropped, _pids(view), earlier, fanout, result
+                ):
+                    return
+                summary = await self._tracing.trace_summary(trace_id)
                 got = await job_evidence(fanout, result)
         except RequestError as err:  # forgotten, or the agent is stopping
             log.warning("detection: automatic trace %s: no verdict: %s", trace_id, err)
@@ -268,10 +366,15 @@ class AutoTrace:
         notes = got.notes + tuple(_host_notes(result))
         if notes:
             verdict = replace(verdict, notes=verdict.notes + notes)
-        self._events.add([self.job_traced_event(e, summary, result, verdict)])
+        self._events.add([self.job_traced_event(e, summary, result, verdict, earlier)])
 
     def job_traced_event(
-        self, e: DetectionEvent, here: TraceSummary, peers: JobTraceResult, verdict: Verdict
+        self,
+        e: DetectionEvent,
+        here: TraceSummary,
+        peers: JobTraceResult,
+        verdict: Verdict,
+        earlier: tuple[str, ...] = (),
     ) -> DetectionEvent:
         """The ``traced`` event of a job-wide trace: this node's files, each peer's (named
         ``node:path``), and the verdict across them all."""
@@ -283,8 +386,8 @@ class AutoTrace:
         files = here_files + [f"{n}:{path}" for n, paths in peer_files.items() for path in paths]
         nodes = int(bool(here_files)) + sum(1 for paths in peer_files.values() if paths)
         head = (
-            f"job {e.job_id} rank {e.rank}: automatic trace {here.trace_id} of "
-            f"{len(files)} rank(s) on {nodes} node(s)"
+            f"job {e.job_id} rank {e.rank}: automatic trace {here.trace_id}{_tries(earlier)} "
+            f"of {len(files)} rank(s) on {nodes} node(s)"
         )
         missing = _host_notes(peers)
         if missing:
@@ -297,11 +400,13 @@ class AutoTrace:
             e, here.trace_id, files, verdict, f"{head}: verdict: {verdict.headline}"
         )
 
-    def traced_event(self, e: DetectionEvent, summary: TraceSummary) -> DetectionEvent:
+    def traced_event(
+        self, e: DetectionEvent, summary: TraceSummary, earlier: tuple[str, ...] = ()
+    ) -> DetectionEvent:
         """The ``traced`` event of confirmation ``e``'s trace, from its summary."""
         written = [p for p in summary.processes if not p.error]
         files = tuple(p.path for p in written)
-        head = f"job {e.job_id} rank {e.rank}: automatic trace {summary.trace_id}"
+        head = f"job {e.job_id} rank {e.rank}: automatic trace {summary.trace_id}{_tries(earlier)}"
         if not written or summary.verdict is None:
             why = "; ".join(p.error for p in summary.processes) or "no process was traced"
             return self._traced(
@@ -338,6 +443,20 @@ class AutoTrace:
             verdict_text=verdict_text(verdict) if verdict is not None else "",
             verdict=verdict,
         )
+
+
+def _tries(earlier: Sequence[str]) -> str:
+    """What the event's head says of the tries before this one (nothing for the first)."""
+    return f" (try {len(earlier) + 1}; {'; '.join(earlier)})" if earlier else ""
+
+
+def _dropped_here(view: TraceView) -> list[str]:
+    """The processes of ``view`` whose Kineto dropped the config, as ``pid N``."""
+    return [f"pid {p.pid}" for p in view.processes if p.config_dropped]
+
+
+def _pids(view: TraceView) -> set[int]:
+    return {p.pid for p in view.processes}
 
 
 def _host_notes(result: JobTraceResult) -> list[str]:

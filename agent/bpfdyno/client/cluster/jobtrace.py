@@ -344,13 +344,19 @@ async def trace_job(
             break
         earlier.append(result)
         # The ranks that wrote their file are busy until their next poll says otherwise.
-        await _until_idle(fanout, result, 2 * poll_interval_s + START_MARGIN_S)
+        await until_idle(fanout, result, idle_wait_s(poll_interval_s))
     if not wait:
         return result
     return replace(result, verdict=await job_verdict(fanout, result))
 
 
-async def _until_idle(fanout: FanOut, result: JobTraceResult, timeout_s: float) -> None:
+def idle_wait_s(poll_interval_s: float = KINETO_POLL_INTERVAL_S) -> float:
+    """The longest a new try waits for the last one's processes to be idle: two of their
+    polls (the one after their file, and one to spare) and a margin."""
+    return 2 * poll_interval_s + START_MARGIN_S
+
+
+async def until_idle(fanout: FanOut, result: JobTraceResult, timeout_s: float) -> None:
     """Wait until the processes ``result`` traced are idle again at their agents (each
     process's profiler says it is free at a poll after its file), at most ``timeout_s``: a
     new request would find them busy and leave them out. A host that does not answer is
@@ -540,7 +546,9 @@ __all__ = [
     "JobOutcome",
     "JobTraceResult",
     "TraceFile",
+    "idle_wait_s",
     "plan_start_time_ms",
     "retry_log_file",
     "trace_job",
+    "until_idle",
 ]
