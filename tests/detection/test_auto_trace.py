@@ -22,16 +22,22 @@ def event(kind: DetectionKind, job: str, rank: int, pid: int) -> DetectionEvent:
     return DetectionEvent(kind, job, rank, pid, "node-a", 1.7e9, f"job {job} rank {rank}")
 
 
-def tracing_service(tmp_path: Path, timeout_s: float, trace_dir: Path) -> TracingService:
+def tracing_service(
+    tmp_path: Path, timeout_s: float, trace_dir: Path, ahead_s: list[float] | None = None
+) -> TracingService:
     """The real tracing service over an empty /proc under ``tmp_path``, writing into
-    ``trace_dir``."""
+    ``trace_dir``; its clocks run ``ahead_s[0]`` seconds ahead of the real ones (read at
+    every call: a test moves them on)."""
     (tmp_path / "proc").mkdir()
+    ahead = ahead_s if ahead_s is not None else [0.0]
     return TracingService(
         allowed_dirs=[str(tmp_path)],
         default_timeout_s=timeout_s,
         registry=TrainerRegistry(),
         trace_dir=str(trace_dir),
         proc_root=tmp_path / "proc",
+        wall=lambda: time.time() + ahead[0],
+        mono=lambda: time.monotonic() + ahead[0],
     )
 
 
@@ -212,15 +218,7 @@ async def test_a_timed_trace_whose_ranks_dropped_the_config_is_started_again_onc
     traced again with a new start, once; the event names the first try and who dropped it.
     The second try is dropped too, and there is no third."""
     shift = [0.0]  # the agent's wall clock runs ahead of the real one by this many seconds
-    (tmp_path / "proc").mkdir()
-    svc = TracingService(
-        allowed_dirs=[str(tmp_path)],
-        default_timeout_s=120.0,
-        registry=TrainerRegistry(),
-        trace_dir=str(tmp_path),
-        proc_root=tmp_path / "proc",
-        wall=lambda: time.time() + shift[0],
-    )
+    svc = tracing_service(tmp_path, 120.0, tmp_path, shift)
     names = {pid: f"\0dynoconfigclient-{pid}\0".encode() for pid in (10, 12)}
 
     def poll_all(times: int) -> None:
@@ -279,16 +277,7 @@ async def test_a_timed_trace_that_timed_out_is_not_tried_again(tmp_path: Path) -
     """Only a dropped config is tried again: a rank that took it and never wrote a file
     (the trace timed out) is reported as it is."""
     shift = [0.0]  # the agent's clocks run ahead of the real ones by this many seconds
-    (tmp_path / "proc").mkdir()
-    svc = TracingService(
-        allowed_dirs=[str(tmp_path)],
-        default_timeout_s=1.0,
-        registry=TrainerRegistry(),
-        trace_dir=str(tmp_path),
-        proc_root=tmp_path / "proc",
-        wall=lambda: time.time() + shift[0],
-        mono=lambda: time.monotonic() + shift[0],
-    )
+    svc = tracing_service(tmp_path, 1.0, tmp_path, shift)
     name = b"\0dynoconfigclient-10\0"
     svc.on_request(name, KinetoRequest(IDLE, 1818, (10,)))
     log = EventLog()
@@ -322,15 +311,7 @@ async def test_a_job_wide_timed_trace_is_tried_again_on_every_node(tmp_path: Pat
     from bpfdyno.app.detection_peers import Peer
 
     shift = [0.0]
-    (tmp_path / "proc").mkdir()
-    svc = TracingService(
-        allowed_dirs=[str(tmp_path)],
-        default_timeout_s=120.0,
-        registry=TrainerRegistry(),
-        trace_dir=str(tmp_path),
-        proc_root=tmp_path / "proc",
-        wall=lambda: time.time() + shift[0],
-    )
+    svc = tracing_service(tmp_path, 120.0, tmp_path, shift)
     name = b"\0dynoconfigclient-10\0"
     svc.on_request(name, KinetoRequest(IDLE, 1818, (10,)))
     log = EventLog()
