@@ -8,6 +8,7 @@ CPUs as in `test_straggler_verdict`: rank 2 alone on CPU 1 (a hog is pinned ther
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -60,6 +61,16 @@ def detection_job(
     finally:
         j.close()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def with_auto_trace(j: StragglerJob, text: str, extra: str) -> str:
+    """``text`` (the agent's config) with its traces in the job's trace directory and the
+    automatic trace on, ``extra`` (``key = value`` lines) added to its ``[detection]``."""
+    enabled = text.replace(
+        "[tracing]\n", f"[tracing]\ntrace_dir = {json.dumps(str(j.agent.trace_dir))}\n"
+    )
+    assert enabled.count("enabled = true") == 1 and "trace_dir" in enabled
+    return enabled + f"[detection]\nauto_trace = true\n{extra}"
 
 
 class Watcher:

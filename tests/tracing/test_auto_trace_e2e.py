@@ -15,7 +15,6 @@ window is the same `SECONDS`, from one start time.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from detection_job import (
     detection_job,
     wait_all_clear,
     watching,
+    with_auto_trace,
 )
 from straggler_job import JOB_ID, StragglerJob
 
@@ -58,14 +58,10 @@ def job(request: pytest.FixtureRequest) -> Iterator[StragglerJob]:
     next poll, or `SECONDS` from a start time common to the ranks."""
 
     def auto_trace(j: StragglerJob, text: str) -> str:
-        enabled = text.replace(
-            "[tracing]\n", f"[tracing]\ntrace_dir = {json.dumps(str(j.agent.trace_dir))}\n"
-        )
-        assert enabled.count("enabled = true") == 1 and "trace_dir" in enabled
-        enabled += f"[detection]\nauto_trace = true\nauto_trace_iterations = {ITERATIONS}\n"
+        extra = f"auto_trace_iterations = {ITERATIONS}\n"
         if request.param == "seconds":
-            enabled += f"auto_trace_seconds = {SECONDS}\n"
-        return enabled
+            extra += f"auto_trace_seconds = {SECONDS}\n"
+        return with_auto_trace(j, text, extra)
 
     with detection_job(edit=auto_trace) as j:
         yield j

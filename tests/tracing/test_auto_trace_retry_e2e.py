@@ -25,6 +25,7 @@ from detection_job import (
     detection_job,
     wait_all_clear,
     watching,
+    with_auto_trace,
 )
 from straggler_job import JOB_ID, StragglerJob
 
@@ -51,11 +52,7 @@ TRACED_WITHIN_S = 300.0
 @pytest.fixture(scope="module")
 def job() -> Iterator[StragglerJob]:
     def auto_trace(j: StragglerJob, text: str) -> str:
-        enabled = text.replace(
-            "[tracing]\n", f"[tracing]\ntrace_dir = {json.dumps(str(j.agent.trace_dir))}\n"
-        )
-        assert "trace_dir" in enabled
-        return enabled + f"[detection]\nauto_trace = true\nauto_trace_seconds = {SECONDS}\n"
+        return with_auto_trace(j, text, f"auto_trace_seconds = {SECONDS}\n")
 
     with detection_job(edit=auto_trace) as j:
         yield j
