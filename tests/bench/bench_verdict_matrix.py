@@ -58,21 +58,29 @@ Classes and what each expects (`FAULTS`):
   through the page cache (which the limit cannot hold: it reclaims its own pages and reads
   them again from the disk; unlimited, the same reads hit the cache) -> that rank, memory
   pressure (``memory``: the cgroup's limit hits and refaults);
-- ``irq``: 3000 or 4500 UDP datagrams of 64 bytes a second steered (RPS) to the rank's
-  CPU, sent from the other CPU, each checked against 14000 firewall rules in the rank's
+- ``irq``: UDP datagrams of 64 bytes whose softirqs take 25 or 45 % of the rank's CPU
+  (the rate set per run from one datagram's measured cost: `storm_rate`), steered (RPS) to
+  the rank's CPU, sent from the other CPU, each checked against 14000 firewall rules in the rank's
   namespace before it is dropped (`costly_receive`: the work is the receiver's, in its
   CPU's softirqs; the sender's is one small send a datagram), while every rank computes
   4 ms more per step (the storm takes CPU time from work; the job's steps are mostly a
   sleep); that CPU's ``ksoftirqd`` at the weight of nice -20 meanwhile (interrupt threads
   run above normal tasks with ``threadirqs`` or PREEMPT_RT), the sender at nice 0 -> that
-  rank, CPU time taken by interrupts (``interrupts``); rank 2 only (the only rank with a
-  CPU of its own: a storm on CPU 0 slows three ranks alike). Each record says what the
-  storm cost (``storm``): the rank's CPU's softirq seconds (its ``ksoftirqd``'s among
-  them) against the sender's CPU seconds — 40 and 56 % of the rank's CPU for 3 % of the
-  sender's, measured. Until 2026-11-29 the datagrams were 64 KiB (45 IP fragments) with no
-  firewall: sending cost about what receiving did, the sender shared CPU 0 with ranks 0, 1
-  and 3, and every rank slowed alike. Even now rank 2 is seldom late (0 of 12 named, see
-  docs/tracing.md): it has a CPU to itself and slack, while three ranks share CPU 0;
+  rank, CPU time taken by interrupts (``interrupts``). Each record says what the storm
+  cost (``storm``): its rate and one datagram's measured cost, the rank's CPU's softirq
+  seconds (its ``ksoftirqd``'s among them) against the sender's CPU seconds — 27-32 % of
+  the rank's CPU for 3.5 % of the sender's, measured (2026-12-01). Until 2026-11-29 the
+  datagrams were 64 KiB (45 IP fragments) with no firewall: sending cost about what
+  receiving did, the sender shared CPU 0 with ranks 0, 1 and 3, and every rank slowed
+  alike. Its job has two ranks on each CPU (`IRQ_CPUS`: 0 and
+  1 on CPU 0, 2 and 3 on CPU 1), so that no rank has more CPU than another before the
+  storm; the storm is steered to rank 2's or rank 3's CPU, CPU 1, and takes from both:
+  ranks 2 and 3 are expected, each late with ``interrupts``;
+- ``irq-control``: that job and its extra work per step, no storm -> no straggler;
+- ``irq-own-cpu``: the storm in the usual job (rank 2 alone on CPU 1, ranks 0, 1 and 3 on
+  CPU 0) -> rank 2, ``interrupts``. It seldom is (0 of 12 named until 2026-11-29, see
+  docs/tracing.md): rank 2 has a CPU to itself and slack while three ranks share CPU 0, so
+  the storm must take two thirds of its CPU to make it the slowest;
 - ``two``: 20 ms of latency on one rank and a CPU hog on rank 2 at once -> both named;
 - ``healthy``: no fault -> no straggler; ``healthy-load``: with background work beside the
   job at the lowest CPU weight (two busy processes and a disk reader, unpinned, in an idle
@@ -122,7 +130,6 @@ from bpfdyno.analysis.summary import summarize_file
 from bpfdyno.analysis.verdict import compare
 from bpfdyno.rpc.diagnosis import Verdict
 
-RANKS = 4
 CPUS = (0, 0, 1, 0)
 ITERATIONS = 60
 
@@ -217,15 +224,25 @@ IRQ_DATAGRAM = 64
 #: softirq, as a host firewall, conntrack or a NIC driver's per-packet work is on a real
 #: host. The sender's cost stays one small send.
 IRQ_RULES = 14000
-#: The storm's strengths: datagrams a second. With 5000 rules (45 µs a datagram on the test
-#: VM) 3000 and 6000 a second took 19-27 % of the rank's CPU and no rank was late (0 of 6):
-#: a rank that sleeps 30 ms of each step loses only a share of its few ms of work, and rank
-#: 2 has a CPU to itself while three ranks share the other. With 14000 rules, 3000 a second
-#: took 35-41 %; 6000 took all of it (the softirq thread at nice -20 never let go: the job
-#: stopped).
-IRQ_RATES = (3000, 4500)
+#: The storm's strengths: the share of the rank's CPU its softirqs are to take. The rate
+#: that takes it is set per run from what one datagram costs that CPU then (`storm_rate`):
+#: the same 14000 rules cost 2-3 times as much on one host as on another (3000 a second took
+#: 35-41 % of the CPU on one, all of it on another, and the job stopped). Fixed rates, used
+#: until 2026-12-01: 3000 and 4500 a second (35-56 % on the host they were chosen on).
+IRQ_SHARES = (0.25, 0.45)
+#: The probe `storm_rate` measures a datagram's cost with: this many a second for this long,
+#: against as long without.
+IRQ_PROBE_RATE, IRQ_PROBE_S = 1000, 4.0
 #: The storm's port on the rank (nothing listens; the firewall drops them after its rules).
 IRQ_PORT = 9
+#: The ``irq`` class's layout: two ranks on each CPU, so that no rank has more CPU than
+#: another before the storm (in `CPUS` rank 2 has CPU 1 to itself while three ranks share
+#: CPU 0: a storm had to take two thirds of its CPU to make it the slowest, and never did;
+#: that layout stays as ``irq-own-cpu``). A storm steered to CPU 1 takes from both ranks
+#: there: both are expected, each late with ``interrupts``.
+IRQ_CPUS = (0, 0, 1, 1)
+IRQ_CPU_RANKS = (2, 3)
+IRQ_STRENGTHS = tuple(f"{x:.0%} of its CPU, {IRQ_RULES} rules" for x in IRQ_SHARES)
 
 
 @dataclass
@@ -238,6 +255,8 @@ class StormCost:
     cpu: int
     sender_pid: int
     softirqd_pid: int
+    rate: int = 0  # datagrams a second
+    us_per_datagram: float = 0.0  # what one cost the rank's CPU in softirqs (the probe's)
     start: tuple[float, float, float] = (0.0, 0.0, 0.0)  # softirq, ksoftirqd, sender
     seconds: float = 0.0
     softirq_s: float = 0.0
@@ -264,6 +283,8 @@ class StormCost:
 
     def record(self) -> dict[str, float]:
         return {
+            "rate": self.rate,
+            "us_per_datagram": round(self.us_per_datagram, 1),
             "seconds": round(self.seconds, 1),
             "victim_softirq_s": self.softirq_s,
             "victim_ksoftirqd_s": self.ksoftirqd_s,
@@ -314,26 +335,54 @@ def costly_receive(job: StragglerJob, rank: int, rules: int) -> Iterator[None]:
             run("ip", "netns", "exec", ns, "nft", "delete", "table", "ip", "bdm_storm")
 
 
+def _softirq_over(cpu: int, seconds: float) -> float:
+    """CPU ``cpu``'s softirq seconds over the next ``seconds``."""
+    before = _cpu_softirq_s(cpu)
+    time.sleep(seconds)
+    return _cpu_softirq_s(cpu) - before
+
+
+def storm_rate(job: StragglerJob, rank: int, share: float) -> tuple[int, float]:
+    """The datagrams a second whose softirqs take ``share`` of rank ``rank``'s CPU, and what
+    one costs it (seconds): `IRQ_PROBE_RATE` a second for `IRQ_PROBE_S`, against as long
+    without (the job's own softirqs), with the firewall in place (`costly_receive`)."""
+    cpu = job.cpus[rank]
+    quiet = _softirq_over(cpu, IRQ_PROBE_S)
+    with job.interrupt_storm(rank, IRQ_PROBE_RATE, IRQ_DATAGRAM, IRQ_SOFTIRQ_NICE, IRQ_SENDER_NICE):
+        loud = _softirq_over(cpu, IRQ_PROBE_S)
+    per = max(loud - quiet, 1 / TICK) / (IRQ_PROBE_RATE * IRQ_PROBE_S)
+    return round(share / per), per
+
+
 @contextlib.contextmanager
 def irq_storm(job: StragglerJob, rank: int, strength: int) -> Iterator[StormCost]:
-    """Every rank computes `IRQ_WORK_MS` more per step, and `IRQ_RATES` small datagrams a
-    second, each costly to receive (`costly_receive`), are steered to rank ``rank``'s CPU;
-    yields what the storm cost the rank's CPU and the sender (measured over the run)."""
+    """Every rank computes `IRQ_WORK_MS` more per step, and small datagrams, each costly to
+    receive (`costly_receive`), are steered to rank ``rank``'s CPU at the rate whose softirqs
+    take `IRQ_SHARES` of it (`storm_rate`); yields what the storm cost the rank's CPU and the
+    sender (measured over the run)."""
     with contextlib.ExitStack() as stack:
-        for r in range(RANKS):
+        for r in range(job.ranks):
             stack.enter_context(job.more_work(r, IRQ_WORK_MS))
         stack.enter_context(costly_receive(job, rank, IRQ_RULES))
+        rate, per = storm_rate(job, rank, IRQ_SHARES[strength])
         flood = stack.enter_context(
-            job.interrupt_storm(
-                rank, IRQ_RATES[strength], IRQ_DATAGRAM, IRQ_SOFTIRQ_NICE, IRQ_SENDER_NICE
-            )
+            job.interrupt_storm(rank, rate, IRQ_DATAGRAM, IRQ_SOFTIRQ_NICE, IRQ_SENDER_NICE)
         )
-        cost = StormCost(job.cpus[rank], flood.pid, softirq_thread(job.cpus[rank]))
+        cost = StormCost(job.cpus[rank], flood.pid, softirq_thread(job.cpus[rank]), rate, per * 1e6)
         cost.begin()
         try:
             yield cost
         finally:
             cost.end()
+
+
+@contextlib.contextmanager
+def irq_control(job: StragglerJob, rank: int, strength: int) -> Iterator[None]:
+    """The ``irq`` class's job without its storm: every rank's `IRQ_WORK_MS` more per step."""
+    with contextlib.ExitStack() as stack:
+        for r in range(job.ranks):
+            stack.enter_context(job.more_work(r, IRQ_WORK_MS))
+        yield
 
 
 @contextlib.contextmanager
@@ -351,6 +400,8 @@ class FaultClass:
     expect: Callable[[int], list[Expected]]  # per faulted rank: the findings expected
     aligned: bool = True
     tracks: str = "net,sched"
+    #: The CPU each rank is pinned to: the class's job has this many ranks.
+    cpus: tuple[int, ...] = CPUS
 
 
 def late(cause: str) -> Callable[[int], list[Expected]]:
@@ -424,7 +475,18 @@ FAULTS = [
         late("memory"),
     ),
     FaultClass(
-        "irq", (2,), tuple(f"{n} x {IRQ_DATAGRAM} B/s, {IRQ_RULES} rules" for n in IRQ_RATES),
+        "irq", (2, 3), IRQ_STRENGTHS,
+        irq_storm,
+        lambda r: [(k, "late", "interrupts") for k in IRQ_CPU_RANKS],
+        tracks="net,sched,fabric",
+        cpus=IRQ_CPUS,
+    ),
+    FaultClass(
+        "irq-control", (-1,), ("", ""), irq_control, lambda r: [], tracks="net,sched,fabric",
+        cpus=IRQ_CPUS,
+    ),
+    FaultClass(
+        "irq-own-cpu", (2,), IRQ_STRENGTHS,
         irq_storm,
         late("interrupts"),
         tracks="net,sched,fabric",
@@ -589,23 +651,18 @@ def main() -> None:
     )
     # A stop (SIGTERM) closes the job: its namespaces, agent and ranks go with it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    base = short_base()
     # A DataLoader worker per rank only when a class needs one (the other classes' job as is).
     workers = int(any(c.name == "slow-worker" for c in classes))
-    job = StragglerJob(base, RANKS, CPUS, interrupts=True, loader_workers=workers)
+    jobs = Jobs(workers)
     records: list[dict[str, object]] = []
     traced = 0
     try:
-        job.start()
         with open(args.out, "a") as out:
             for run in range(args.runs):
                 if run:  # each round on a fresh job: what a round did to it stays there
-                    job.close()
-                    shutil.rmtree(base, ignore_errors=True)
-                    base = short_base()
-                    job = StragglerJob(base, RANKS, CPUS, interrupts=True, loader_workers=workers)
-                    job.start()
+                    jobs.close()
                 for c in classes:
+                    job = jobs.of(c.cpus)
                     strengths = range(len(c.strengths)) if c.strengths[0] else range(1)
                     for s in strengths:
                         rank = c.ranks[(args.round + run + s) % len(c.ranks)]
@@ -668,15 +725,11 @@ def main() -> None:
                         if blind:
                             # A failed run may leave the job stuck (a rank mid-step); an
                             # agent whose capture lost the ranks' threads stays so: a fresh job.
-                            job.close()
-                            shutil.rmtree(base, ignore_errors=True)
-                            base = short_base()
-                            job = StragglerJob(
-                                base, RANKS, CPUS, interrupts=True, loader_workers=workers
-                            )
-                            job.start()
+                            jobs.close()
+                            job = jobs.of(c.cpus)
                         record = {
                             "class": c.name, "strength": c.strengths[s], "rank": rank,
+                            "cpus": list(c.cpus),
                             "run": args.round + run, "outcome": outcome, "shares": shares,
                             "named": named,
                             "throttled": throttled, "sched_lost": blind and outcome != "error",
@@ -697,9 +750,36 @@ def main() -> None:
                             flush=True,
                         )
     finally:
-        job.close()
-        shutil.rmtree(base, ignore_errors=True)
+        jobs.close()
     report(records)
+
+
+class Jobs:
+    """The bench's job: one at a time (two would share the two CPUs), started when a class
+    needs it, of the CPU layout that class asks for (`FaultClass.cpus`); a class of another
+    layout closes it and starts its own."""
+
+    def __init__(self, loader_workers: int) -> None:
+        self._workers = loader_workers
+        self._job: StragglerJob | None = None
+
+    def of(self, cpus: tuple[int, ...]) -> StragglerJob:
+        """The started job whose ranks are pinned to ``cpus``."""
+        if self._job is not None and tuple(self._job.cpus) != cpus:
+            self.close()
+        if self._job is None:
+            job = StragglerJob(
+                short_base(), len(cpus), cpus, interrupts=True, loader_workers=self._workers
+            )
+            self._job = job
+            job.start()
+        return self._job
+
+    def close(self) -> None:
+        if self._job is not None:
+            job, self._job = self._job, None
+            job.close()
+            shutil.rmtree(job.base, ignore_errors=True)
 
 
 def keep(trace: Trace, where: Path) -> list[str]:
