@@ -131,6 +131,7 @@ from bpfdyno.analysis.verdict import compare
 from bpfdyno.rpc.diagnosis import Verdict
 
 CPUS = (0, 0, 1, 0)
+RANKS = len(CPUS)
 ITERATIONS = 60
 
 #: What a right answer is: (rank, finding kind, first cause).
