@@ -253,11 +253,10 @@ class AutoTrace:
 
     async def _until_done(self, trace_id: str) -> TraceView:
         """The trace once every process is written, failed or timed out."""
-        last = None
-        async for view in self._tracing.watch_trace(trace_id):
-            last = view
-        assert last is not None  # watch_trace yields at least once or raises
-        return last
+        view = self._tracing.get_trace(trace_id)
+        async for view in self._tracing.watch_trace(trace_id):  # noqa: B007 (keeps the last)
+            pass
+        return view
 
     async def _again(
         self,
