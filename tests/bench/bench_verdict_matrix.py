@@ -834,31 +834,50 @@ def step_of(record: dict[str, object]) -> float | None:
     return float(m[1]) * {"µs": 1e-3, "ms": 1.0, "s": 1e3}[m[2]]
 
 
+def _layout(record: dict[str, object]) -> tuple[int, ...]:
+    """The CPUs a run's ranks were pinned to (records from before it was kept: `CPUS`)."""
+    cpus = record.get("cpus")
+    return tuple(int(c) for c in cpus) if isinstance(cpus, list) else CPUS
+
+
+def _unfaulted(record: dict[str, object]) -> bool:
+    """A run without a fault: a healthy class, or a class's control (its job, no fault)."""
+    name = str(record["class"])
+    return name.startswith("healthy") or name.endswith("-control")
+
+
 def bite(records: list[dict[str, object]]) -> None:
     """Did each fault slow the job at all? A fault that leaves the job's step within what
-    the healthy runs took cannot be named, and "no straggler" is then the true answer: per
-    class and strength, the job's median step against the slowest healthy run's, and the
-    runs called "no straggler" whose job was not slower than that."""
-    healthy = [x for r in records if str(r["class"]).startswith("healthy") if (x := step_of(r))]
-    if not healthy:
-        print("\nno healthy run with a step: the faults' effect is not judged")
+    the runs without a fault took on the same layout of CPUs (the healthy classes; a class
+    with a layout of its own, its control) cannot be named, and "no straggler" is then the
+    true answer: per class and strength, the job's median step against the slowest such
+    run's, and the runs called "no straggler" whose job was not slower than that."""
+    unfaulted: dict[tuple[int, ...], list[float]] = defaultdict(list)
+    for r in records:
+        if _unfaulted(r) and (x := step_of(r)):
+            unfaulted[_layout(r)].append(x)
+    if not unfaulted:
+        print("\nno run without a fault had a step: the faults' effect is not judged")
         return
-    ceiling = max(healthy)
-    print(
-        f"\nhealthy runs' job step: median {statistics.median(healthy):.1f} ms, "
-        f"{min(healthy):.1f}-{ceiling:.1f} ms ({len(healthy)} runs)"
-    )
+    for layout, steps in unfaulted.items():
+        print(
+            f"\nruns without a fault, ranks on CPUs {layout}: job step median "
+            f"{statistics.median(steps):.1f} ms, {min(steps):.1f}-{max(steps):.1f} ms "
+            f"({len(steps)} runs)"
+        )
     print("\n| class | strength | runs with a step | job step, ms (median, range) "
-          "| slower than every healthy run | no straggler, not slower |")  # fmt: skip
+          "| slower than every run without a fault | no straggler, not slower |")  # fmt: skip
     print("|---|---|---|---|---|---|")
     rows: dict[tuple[str, str], list[dict[str, object]]] = defaultdict(list)
     for r in records:
-        if not str(r["class"]).startswith("healthy") and r["outcome"] != "disturbed":
+        if not _unfaulted(r) and r["outcome"] != "disturbed":
             rows[(str(r["class"]), str(r["strength"]))].append(r)
     for (name, strength), runs in rows.items():
         steps = [(x, r) for r in runs if (x := step_of(r)) is not None]
-        if not steps:
+        ceilings = unfaulted.get(_layout(runs[0]))
+        if not steps or not ceilings:
             continue
+        ceiling = max(ceilings)
         values = [x for x, _ in steps]
         slower = sum(1 for x in values if x > ceiling)
         quiet_none = sum(1 for x, r in steps if x <= ceiling and r["outcome"] == "none")
