@@ -215,8 +215,9 @@ async def test_a_timed_trace_whose_ranks_dropped_the_config_is_started_again_onc
     tmp_path: Path,
 ) -> None:
     """Both ranks take the timed config and never start (their Kineto dropped it): the job is
-    traced again with a new start, once; the event names the first try and who dropped it.
-    The second try is dropped too, and there is no third."""
+    traced again with a new start, once, on the same processes (one of them no longer among
+    the detection's ranks); the event names the first try and who dropped it. The second try
+    is dropped too, and there is no third."""
     shift = [0.0]  # the agent's wall clock runs ahead of the real one by this many seconds
     svc = tracing_service(tmp_path, 120.0, tmp_path, shift)
     names = {pid: f"\0dynoconfigclient-{pid}\0".encode() for pid in (10, 12)}
@@ -228,8 +229,9 @@ async def test_a_timed_trace_whose_ranks_dropped_the_config_is_started_again_onc
 
     poll_all(1)
     log = EventLog()
+    ranks = [10, 12]  # the detection's latest round
     auto = AutoTrace(
-        svc, 5, 3600.0, log, "node-a", job_ranks=lambda job: [10, 12], seconds=4.0,
+        svc, 5, 3600.0, log, "node-a", job_ranks=lambda job: ranks, seconds=4.0,
         wall=lambda: time.time() + shift[0],
     )  # fmt: skip
     log.listeners.append(auto.on_events)
@@ -237,6 +239,7 @@ async def test_a_timed_trace_whose_ranks_dropped_the_config_is_started_again_onc
     await asyncio.to_thread(log.add, [event(DetectionKind.CONFIRMED, "1818", 2, 10)])
     await asyncio.sleep(0.05)
     (first,) = auto.started
+    ranks.remove(12)  # say, a round that missed it while it was stopped
     poll_all(1)  # each takes its config
     assert {p.state.value for p in svc.get_trace(first).processes} == {"delivered"}
     shift[0] += 20.0  # past the start: idle polls now mean Kineto never started
@@ -252,6 +255,8 @@ async def test_a_timed_trace_whose_ranks_dropped_the_config_is_started_again_onc
     second = auto.started[1]
     assert second != first
     one, two = start_times_ms(svc)
+    records = [r for r in svc.audit.records(0) if r.action == "start_trace"]
+    assert [sorted(p.pid for p in r.processes) for r in records] == [[10, 12], [10, 12]]
     # A new start, planned when the second try began: 12-13 s ahead of the agent's clock,
     # which has moved on by the 20 s the first try's ranks were idle past its start.
     now_ms = (time.time() + shift[0]) * 1000

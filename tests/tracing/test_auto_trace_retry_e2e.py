@@ -30,7 +30,7 @@ from detection_job import (
 from straggler_job import JOB_ID, StragglerJob
 
 from bpfdyno.rpc.detection import DetectionKind
-from bpfdyno.rpc.v1 import audit_pb2, audit_pb2_grpc
+from bpfdyno.rpc.v1 import audit_pb2, audit_pb2_grpc, tracing_pb2, tracing_pb2_grpc
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.usefixtures("torch_ready")]
 
@@ -75,6 +75,19 @@ def started_traces(job: StragglerJob) -> list[tuple[str, int]]:
     return out
 
 
+def parts(job: StragglerJob, trace_id: str) -> str:
+    """Each process of a trace with its state and why, and the end of the agent's log: what
+    a failure needs to say."""
+    with job.agent.channel() as ch:
+        view = tracing_pb2_grpc.TracingStub(ch).GetTrace(
+            tracing_pb2.GetTraceRequest(trace_id=trace_id), timeout=10
+        )
+    lines = [f"pid {p.pid}: {tracing_pb2.ProcessTraceState.Name(p.state)}: {p.reason}"
+             for p in view.processes]  # fmt: skip
+    log = job.agent.log.read_text(errors="replace")[-4000:]
+    return "\n".join([f"trace {trace_id}:", *lines, "--- agent.log:", log])
+
+
 def drops(job: StragglerJob, rank: int) -> int:
     """How many times the rank's Kineto logged that it dropped a config."""
     return (job.base / f"rank-{rank}.out").read_text(errors="replace").count(DROPPED)
@@ -108,8 +121,9 @@ def test_a_rank_that_dropped_the_timed_config_has_the_job_traced_again(job: Stra
     (traced,) = [e for _, e in during if e.kind is DetectionKind.TRACED]
     print(traced.summary)
     assert drops(job, STALLED_RANK) - drops_before == 1, job.diagnostics()
-    (_, first_start), (second, second_start) = started_traces(job)
+    (first_id, first_start), (second, second_start) = started_traces(job)
     assert second_start > first_start
+    why = parts(job, first_id) + "\n" + parts(job, second)
     assert traced.trace_id == second
     assert (traced.job_id, traced.rank) == (str(JOB_ID), HOG_RANK)
     v = traced.verdict
@@ -118,7 +132,7 @@ def test_a_rank_that_dropped_the_timed_config_has_the_job_traced_again(job: Stra
         f"job {JOB_ID} rank {HOG_RANK}: automatic trace {second} (try 2; trace {first}: "
         f"config dropped by pid {stalled}) of {RANKS} rank(s) on this node: verdict: "
         f"{v.headline}"
-    )
+    ), why
     # The second try has a window on every rank, the stalled one's included.
     assert len(traced.trace_files) == RANKS
     assert any(f.endswith(f"_{stalled}.pt.trace.json") for f in traced.trace_files)

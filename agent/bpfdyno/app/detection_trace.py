@@ -181,16 +181,20 @@ class AutoTrace:
             self._last[e.job_id] = now
             self._trace(e)
 
-    def _trace(self, e: DetectionEvent, earlier: tuple[str, ...] = ()) -> bool:
+    def _trace(
+        self, e: DetectionEvent, earlier: tuple[str, ...] = (), traced: Collection[int] = ()
+    ) -> bool:
         """Start the trace of confirmation ``e``'s job and follow it; False if refused.
 
         Args:
             earlier: the tries before this one, each in words (its trace id and who
                 dropped its config).
+            traced: the processes the try before traced here: traced again (a rank the
+                detection's latest round missed, say one that was stopped, included).
         """
         # Every rank of the job on this node, by the pids the detection watches (and of the
         # SLURM job, when one names it); the limit is theirs, not a request's default of 3.
-        pids = tuple(sorted(set(self._job_ranks(e.job_id)) | {e.pid}))
+        pids = tuple(sorted(set(self._job_ranks(e.job_id)) | {e.pid} | set(traced)))
         spec = TraceSpec(
             iterations=self._iterations,
             job_id=int(e.job_id) if e.job_id.isdigit() else 0,
@@ -290,7 +294,7 @@ class AutoTrace:
         if fanout is not None and peers is not None:
             waits.append(until_idle(fanout, peers, idle_wait_s()))
         await asyncio.gather(*waits)
-        return self._trace(e, (*earlier, f"trace {trace_id}: config dropped by {who}"))
+        return self._trace(e, (*earlier, f"trace {trace_id}: config dropped by {who}"), pids)
 
     async def _until_idle_here(self, pids: Collection[int], timeout_s: float) -> None:
         """Wait until none of ``pids`` has a trace pending or running here, at most
