@@ -60,10 +60,9 @@ from bpfdyno.rpc.detection import DetectionEvent, DetectionKind, GetRankSignalsR
 from bpfdyno.rpc.v1 import detection_pb2, detection_pb2_grpc
 from bpfdyno.rpc.wire import from_pb
 
-#: The classes of the verdict matrix that inject one fault (not the healthy ones, not two).
-#: The verdict matrix's classes this bench injects into its one job (`CPUS`): the interrupt
-#: storm as ``irq-own-cpu`` (rank 2 alone on CPU 1; the verdict matrix's ``irq`` runs a job
-#: of its own layout).
+#: The classes of the verdict matrix that inject one fault (not the healthy ones, not two)
+#: into this bench's one job (`CPUS`): the interrupt storm as ``irq-own-cpu`` (rank 2 alone
+#: on CPU 1; the verdict matrix's ``irq`` runs a job of its own layout).
 CLASSES = (
     "hog", "quota", "latency", "bandwidth", "loss", "wire-loss", "slow-read", "slow-worker",
     "more-work", "evict", "disk", "irq-own-cpu",

@@ -60,8 +60,8 @@ Classes and what each expects (`FAULTS`):
   pressure (``memory``: the cgroup's limit hits and refaults);
 - ``irq``: UDP datagrams of 64 bytes whose softirqs take 25 or 45 % of the rank's CPU
   (the rate set per run from one datagram's measured cost: `storm_rate`), steered (RPS) to
-  the rank's CPU, sent from the other CPU, each checked against 14000 firewall rules in the rank's
-  namespace before it is dropped (`costly_receive`: the work is the receiver's, in its
+  the rank's CPU, sent from the other CPU, each checked against 14000 firewall rules in the
+  rank's namespace before it is dropped (`costly_receive`: the work is the receiver's, in its
   CPU's softirqs; the sender's is one small send a datagram), while every rank computes
   4 ms more per step (the storm takes CPU time from work; the job's steps are mostly a
   sleep); that CPU's ``ksoftirqd`` at the weight of nice -20 meanwhile (interrupt threads
@@ -72,10 +72,10 @@ Classes and what each expects (`FAULTS`):
   the rank's CPU for 3.5 % of the sender's, measured (2026-12-01). Until 2026-11-29 the
   datagrams were 64 KiB (45 IP fragments) with no firewall: sending cost about what
   receiving did, the sender shared CPU 0 with ranks 0, 1 and 3, and every rank slowed
-  alike. Its job has two ranks on each CPU (`IRQ_CPUS`: 0 and
-  1 on CPU 0, 2 and 3 on CPU 1), so that no rank has more CPU than another before the
-  storm; the storm is steered to rank 2's or rank 3's CPU, CPU 1, and takes from both:
-  ranks 2 and 3 are expected, each late with ``interrupts``;
+  alike. Its job has two ranks on each CPU (`IRQ_CPUS`: 0 and 1 on CPU 0, 2 and 3 on CPU
+  1), so that no rank has more CPU than another before the storm; the storm is steered to
+  rank 2's or rank 3's CPU, CPU 1, and takes from both: ranks 2 and 3 are expected, each
+  late with ``interrupts``;
 - ``irq-control``: that job and its extra work per step, no storm -> no straggler;
 - ``irq-own-cpu``: the storm in the usual job (rank 2 alone on CPU 1, ranks 0, 1 and 3 on
   CPU 0) -> rank 2, ``interrupts``. It seldom is (0 of 12 named until 2026-11-29, see
@@ -356,14 +356,22 @@ def storm_rate(job: StragglerJob, rank: int, share: float) -> tuple[int, float]:
 
 
 @contextlib.contextmanager
+def irq_control(job: StragglerJob, rank: int, strength: int) -> Iterator[None]:
+    """The ``irq`` class's job without its storm: every rank's `IRQ_WORK_MS` more per step."""
+    with contextlib.ExitStack() as stack:
+        for r in range(job.ranks):
+            stack.enter_context(job.more_work(r, IRQ_WORK_MS))
+        yield
+
+
+@contextlib.contextmanager
 def irq_storm(job: StragglerJob, rank: int, strength: int) -> Iterator[StormCost]:
     """Every rank computes `IRQ_WORK_MS` more per step, and small datagrams, each costly to
     receive (`costly_receive`), are steered to rank ``rank``'s CPU at the rate whose softirqs
     take `IRQ_SHARES` of it (`storm_rate`); yields what the storm cost the rank's CPU and the
     sender (measured over the run)."""
     with contextlib.ExitStack() as stack:
-        for r in range(job.ranks):
-            stack.enter_context(job.more_work(r, IRQ_WORK_MS))
+        stack.enter_context(irq_control(job, rank, strength))
         stack.enter_context(costly_receive(job, rank, IRQ_RULES))
         rate, per = storm_rate(job, rank, IRQ_SHARES[strength])
         flood = stack.enter_context(
@@ -375,15 +383,6 @@ def irq_storm(job: StragglerJob, rank: int, strength: int) -> Iterator[StormCost
             yield cost
         finally:
             cost.end()
-
-
-@contextlib.contextmanager
-def irq_control(job: StragglerJob, rank: int, strength: int) -> Iterator[None]:
-    """The ``irq`` class's job without its storm: every rank's `IRQ_WORK_MS` more per step."""
-    with contextlib.ExitStack() as stack:
-        for r in range(job.ranks):
-            stack.enter_context(job.more_work(r, IRQ_WORK_MS))
-        yield
 
 
 @contextlib.contextmanager

@@ -48,7 +48,6 @@ from bpfdyno.analysis.verdict import compare, verdict_text
 from bpfdyno.app.detection_peers import Peer
 from bpfdyno.client.cluster.fanout import FanOut
 from bpfdyno.client.cluster.jobtrace import (
-    IDLE_CHECK_S,
     JOB_ATTEMPTS,
     HostOutcome,
     JobTraceResult,
@@ -57,6 +56,7 @@ from bpfdyno.client.cluster.jobtrace import (
     plan_start_time_ms,
     trace_job,
     until_idle,
+    until_pids_idle,
 )
 from bpfdyno.client.cluster.nodes import Node
 from bpfdyno.client.errors import ClientSetupError
@@ -70,9 +70,8 @@ from bpfdyno.rpc.traces import (
     ProcessTraceState,
     TraceSpec,
     TraceSummary,
-    TrainerState,
 )
-from bpfdyno.services.tracing import TracingService
+from bpfdyno.services.tracing import TracingService, TrainerView
 from bpfdyno.tracing.requests import TraceRequest
 from bpfdyno.tracing.traces import TraceView
 
@@ -290,21 +289,14 @@ class AutoTrace:
         )
         # The processes that wrote their file are busy until their next poll says otherwise:
         # a new request would find them busy and leave them out.
-        waits = [self._until_idle_here(pids, idle_wait_s())]
+        waits = [until_pids_idle(self._trainers_here, pids, idle_wait_s())]
         if fanout is not None and peers is not None:
             waits.append(until_idle(fanout, peers, idle_wait_s()))
         await asyncio.gather(*waits)
         return self._trace(e, (*earlier, f"trace {trace_id}: config dropped by {who}"), pids)
 
-    async def _until_idle_here(self, pids: Collection[int], timeout_s: float) -> None:
-        """Wait until none of ``pids`` has a trace pending or running here, at most
-        ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            trainers = self._tracing.list_trainers()
-            if not any(t.pid in pids and t.state is not TrainerState.IDLE for t in trainers):
-                return
-            await asyncio.sleep(IDLE_CHECK_S)
+    async def _trainers_here(self) -> list[TrainerView]:
+        return self._tracing.list_trainers()
 
     async def _follow_job(
         self,

@@ -31,8 +31,9 @@ import asyncio
 import enum
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from bpfdyno.analysis.verdict import compare
 from bpfdyno.client.agent import SUMMARY_TIMEOUT_S, VERDICT_S, AgentClient
@@ -356,22 +357,37 @@ def idle_wait_s(poll_interval_s: float = KINETO_POLL_INTERVAL_S) -> float:
     return 2 * poll_interval_s + START_MARGIN_S
 
 
+class _Polled(Protocol):
+    """A registered trainer as an agent lists it (the API's record, or the service's view)."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def state(self) -> TrainerState: ...
+
+
+async def until_pids_idle(
+    trainers: Callable[[], Awaitable[Iterable[_Polled]]],
+    pids: Collection[int],
+    timeout_s: float,
+) -> None:
+    """Wait until none of ``pids`` has a config pending or its profiler busy among the
+    ``trainers`` an agent lists (each process's profiler says it is free at a poll after its
+    file), at most ``timeout_s``: a new request would find them busy and leave them out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(t.pid in pids and t.state is not TrainerState.IDLE for t in await trainers()):
+            return
+        await asyncio.sleep(IDLE_CHECK_S)
+
+
 async def until_idle(fanout: FanOut, result: JobTraceResult, timeout_s: float) -> None:
-    """Wait until the processes ``result`` traced are idle again at their agents (each
-    process's profiler says it is free at a poll after its file), at most ``timeout_s``: a
-    new request would find them busy and leave them out. A host that does not answer is
-    left to the next try to report."""
+    """`until_pids_idle` for the processes ``result`` traced, at each of their agents. A
+    host that does not answer is left to the next try to report."""
     pids = {h.node.target: {f.pid for f in h.files()} for h in result.hosts}
 
     async def idle(node: Node, agent: AgentClient) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            trainers = await agent.trainers()
-            if not any(
-                t.pid in pids[node.target] and t.state is not TrainerState.IDLE for t in trainers
-            ):
-                return
-            await asyncio.sleep(IDLE_CHECK_S)
+        await until_pids_idle(agent.trainers, pids[node.target], timeout_s)
 
     waiting = [n for n in fanout.nodes if pids.get(n.target)]
     await fanout.map(idle, waiting, timeout_s=timeout_s + IDLE_CHECK_S, bounded=False)
@@ -551,4 +567,5 @@ __all__ = [
     "retry_log_file",
     "trace_job",
     "until_idle",
+    "until_pids_idle",
 ]
