@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from textual import events
 from textual.widgets import Input, Static
 from tui_helpers import FIXED_NOW, make_app, settle, wait_until, widget_text
 from tui_synthetic import make_recording
 
-from bpfdyno.rpc.processes import ProcessRow
+from bpfdyno.rpc.processes import ProcessFilter, ProcessRow
 from bpfdyno.rpc.traces import TraceSpec
 from bpfdyno.tui.app import run_top
 from bpfdyno.tui.screens.help import HelpScreen
@@ -44,6 +45,36 @@ async def test_number_keys_switch_tabs_and_focus_their_list() -> None:
         await wait_until(pilot, lambda: not isinstance(app.screen, HelpScreen), 5, "no help")
         await pilot.press("1")
         await wait_until(pilot, lambda: app.active_tab == "overview", 5, "overview")
+
+
+@pytest.mark.parametrize(
+    ("keys", "tab", "focused"),
+    [
+        ("23", "trainers", "#trainer-table"),
+        ("2342", "processes", "#process-table"),
+        ("5421", "overview", "#overview-view"),
+    ],
+)
+async def test_tab_keys_typed_back_to_back_end_on_the_last_tab(
+    keys: str, tab: str, focused: str
+) -> None:
+    """Keys typed faster than the app settles (all queued before it handles the first) end
+    on the last key's tab with its list focused: the list focused for an earlier key must
+    not take the tabs back to its own pane."""
+    app, source = make_app(make_recording(processes=20, frames=3))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app, source)
+        for key in keys:  # queued, not awaited one by one as pilot.press does
+            app.post_message(events.Key(key, key))
+        target = app.query_one(focused)
+
+        def settled() -> bool:
+            return app.active_tab == tab and app.focused is target
+
+        await wait_until(pilot, settled, 5, f"{tab} shown with {focused} focused")
+        await pilot.pause(0.3)  # a late focus would switch back by now
+        assert (app.active_tab, app.focused) == (tab, target)
+        assert app.query_one(ProcessesView).filter == ProcessFilter()
 
 
 async def test_sorting_by_keys_and_header_clicks() -> None:

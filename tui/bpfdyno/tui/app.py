@@ -56,6 +56,20 @@ from bpfdyno.tui.widgets.processes import ProcessesView
 from bpfdyno.tui.widgets.status_bar import StatusBar
 from bpfdyno.tui.widgets.trainers import TrainersView
 
+
+class TopTabs(TabbedContent):
+    """The tabs, switched only by the user (keys, clicks), never by where focus lands.
+
+    TabbedContent makes the pane of a programmatically focused widget the active one. The
+    list focused after a switch ("2") could then land after the next switch ("3") and take
+    the tabs back to its own pane: the user typed "2" then "3" and saw the processes.
+    """
+
+    def _on_tab_pane_focused(self, event: TabPane.Focused) -> None:
+        event.prevent_default()  # the base class's handler is the one that switches
+        event.stop()
+
+
 TABS = ("overview", "processes", "trainers", "events", "agent", "detection")
 #: Seconds of metric history fetched after connecting (the sparklines' memory).
 HISTORY_S = 120.0
@@ -112,7 +126,7 @@ class TopApp(App[int]):
     def compose(self) -> ComposeResult:
         """Status bar, the six tabs, the key footer."""
         yield StatusBar(id="status-bar")
-        with TabbedContent(initial="overview", id="tabs"):
+        with TopTabs(initial="overview", id="tabs"):
             with TabPane("1 Overview", id="overview"):
                 yield OverviewView(id="overview-view")
             with TabPane("2 Processes", id="processes"):
@@ -193,10 +207,20 @@ class TopApp(App[int]):
         if self.state.connection.connected:
             self._poll_all()
         self.render_views()
-        pane = event.pane
-        target = pane.query("FastTable, VerticalScroll").first() if pane is not None else None
-        if target is not None:
-            target.focus()
+        if event.pane is not None and event.pane.id is not None:
+            # After the switch has settled: the pane's widgets are shown only then.
+            self.call_later(self._focus_list, event.pane.id)
+
+    def _focus_list(self, tab: str) -> None:
+        """Focus the list of `tab` if it is still the tab on screen (keys typed back to
+        back may have switched on already)."""
+        if self.active_tab != tab:
+            return
+        pane = self._tabs.get_pane(tab)
+        for target in pane.query("FastTable, VerticalScroll").results():
+            # On the screen holding the tabs: a detail screen opened meanwhile keeps its own.
+            target.screen.set_focus(target)
+            return
 
     def action_tab(self, tab: str) -> None:
         """Show one of the tabs."""
