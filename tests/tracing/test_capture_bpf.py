@@ -801,7 +801,10 @@ def test_child_processes_are_recorded_with_the_parent_and_who_woke_it(
     # 0: the traced process's own
     assert {r.pid for r in offcpu} == {0, early, late[0]}, (cap.stats, len(cap.records))
     for child in (early, late[0]):
-        sleeps = [r for r in offcpu if r.pid == child and r.syscall == 230]  # clock_nanosleep
+        # The sleeps in clock_nanosleep (230): blocked intervals only. A child preempted
+        # inside the call (entering it, or on its way out after the timer woke it) has a
+        # runnable interval (state 0) with the same system call, seen once in a CI run.
+        sleeps = [r for r in offcpu if r.pid == child and r.syscall == 230 and r.state != 0]
         # Three each; on a loaded machine one off-CPU record of a run was missing in ~1 of
         # 100 runs (cause not yet found), so one missing is allowed.
         assert 2 <= len(sleeps) <= 3, (child, sleeps, cap.stats)
