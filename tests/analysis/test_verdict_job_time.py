@@ -103,30 +103,47 @@ def test_interrupts_under_a_twentieth_of_the_step_are_not_said() -> None:
     assert "interrupts" not in v.job_time and "interrupts" not in v.headline
 
 
-def test_the_interrupt_time_on_a_rank_s_cpus_is_a_part_of_its_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("steps_ms", "expected_ms"),
+    [
+        ((80, 80, 80, 80, 80), 4 * 36.8 / 5),
+        # A stall made one step 1.08 s long: 80 ms is still the median step, and the storm's
+        # rate over the span (36.8 %) says 29.44 ms of it, not 129 % of it (103 ms, the
+        # span's interrupt time over the 5 steps).
+        ((80, 80, 1080, 80, 80), 36.8 / 100 * 80),
+    ],
+    ids=["steady", "one-stalled-step"],
+)
+def test_the_interrupt_time_on_a_rank_s_cpus_is_a_part_of_its_step(
+    tmp_path: Path, steps_ms: tuple[int, ...], expected_ms: float
+) -> None:
     """The fabric track samples the interrupt time on the rank's CPUs per 100 ms interval
     (a counter point at each interval's start); a step is 80 ms. Per step it is the time
-    over the steps' span over their number: 4 intervals of 36.8 ms (37 % of the CPU, as on
-    rank 2 in the storm) in 5 steps, 29.44 ms a step — not the median of lumps."""
+    over the steps' span at its rate there, for a step of the median length: 36.8 ms per
+    interval (37 % of the CPU, as on rank 2 in the storm), 29.44 ms a step — not the median
+    of lumps, nor an average per step that a stalled step would make longer than a step."""
     pid = 41
+    span_us = sum(steps_ms) * 1000.0
+    end = 100_000.0 + span_us + 100_000.0
     events: list[dict[str, Any]] = [
         {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "x",
-         "ts": 0.0, "dur": 600_000.0},
+         "ts": 0.0, "dur": end},
         {"ph": "X", "cat": "bpfdyno.info", "name": "bpfdyno kernel tracks", "pid": pid,
-         "tid": 1_000_000_000, "ts": 0.0, "dur": 600_000.0,
+         "tid": 1_000_000_000, "ts": 0.0, "dur": end,
          "args": {"tracks": ["sched", "fabric"]}},
     ]  # fmt: skip
-    for i in range(5):
-        at = 100_000.0 + i * 80_000
+    at = 100_000.0
+    for i, ms in enumerate(steps_ms):
         events.append(
             {"ph": "X", "cat": "cpu_op", "name": f"ProfilerStep#{i}", "pid": pid, "tid": pid,
-             "ts": at, "dur": 80_000.0, "args": {}}
+             "ts": at, "dur": ms * 1000.0, "args": {}}
         )  # fmt: skip
         events.append(
             {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": pid,
-             "tid": 7, "ts": at + 60_000, "dur": 10_000.0, "args": {}}
+             "tid": 7, "ts": at + ms * 1000.0 - 20_000, "dur": 10_000.0, "args": {}}
         )  # fmt: skip
-    for t in range(6):  # at 0 (before the first step), 100 ... 500 ms (after the last)
+        at += ms * 1000.0
+    for t in range(round(end / 100_000) + 1):  # before the first step ... after the last
         events.append(
             {"ph": "C", "cat": "bpfdyno.fabric", "name": "fabric cpu interrupt time (ns)",
              "pid": pid, "ts": t * 100_000.0, "args": {"NET_RX": 36_800_000}}
@@ -136,6 +153,7 @@ def test_the_interrupt_time_on_a_rank_s_cpus_is_a_part_of_its_step(tmp_path: Pat
                                 "traceEvents": events}))  # fmt: skip
     ev = summarize_file(str(path)).evidence
     assert ev is not None
-    assert ev.steps.steps == 5
+    assert ev.steps.steps == len(steps_ms)
+    assert ev.steps.step_seconds == pytest.approx(0.080)
     parts = {p.cause: p.seconds for p in ev.steps.parts}
-    assert parts["interrupts"] == pytest.approx(4 * 0.0368 / 5)
+    assert parts["interrupts"] == pytest.approx(expected_ms / 1000)

@@ -803,14 +803,18 @@ def _step_split(
     thread's time on a CPU (unless not ``on_cpu``: a sched track sampled in time does not
     measure it) and off it by cause, and the GPUs' busy time (`STEP_PARTS`); and the CPU
     time interrupts and softirqs took on the CPUs its threads ran on (``interrupts``, the
-    fabric track's), per step on average over the steps: the track samples it per interval
-    (10 Hz), longer than a step, so per step it would come in lumps. Whom it took the time
-    from is not said: a rank that sleeps while its CPU takes a storm loses little, its
-    threads and other tasks there lose the rest."""
+    fabric track's), at its rate over the steps' span for a step of the median length: the
+    track samples it per interval (10 Hz), longer than a step, so per step it would come in
+    lumps; and an average per step would be more than the median step when a stall made a
+    few steps long (a storm that stalled a job for seconds: 158 % "of a step"). Whom it took
+    the time from is not said: a rank that sleeps while its CPU takes a storm loses little,
+    its threads and other tasks there lose the rest."""
     if not steps:
         return StepSplit()
+    step = statistics.median(hi - lo for lo, hi in steps)
+    span = steps[-1][1] - steps[0][0]
     # Over the steps' span, each interval's points once.
-    storm = interrupts.between(steps[0][0], steps[-1][1]) / 1e9 / len(steps) if interrupts else 0
+    storm = interrupts.between(steps[0][0], steps[-1][1]) / 1e9 * step / span if interrupts else 0
 
     spans = _union((c.start_us, c.end_us) for c in collectives)
     parts: dict[str, list[float]] = defaultdict(list)
@@ -836,7 +840,7 @@ def _step_split(
         medians["interrupts"] = storm
     return StepSplit(
         steps=n,
-        step_seconds=statistics.median(hi - lo for lo, hi in steps) / 1e6,
+        step_seconds=step / 1e6,
         parts=tuple(
             CauseTime(k, v) for k, v in sorted(medians.items(), key=lambda kv: -kv[1]) if v > 0
         ),

@@ -115,8 +115,17 @@ MIN_LATE_FRACTION = 0.6
 #: uninterruptible disk waits beyond the other ranks' are not (none in 71 healthy runs of
 #: the matrix) and are named from the same share: a 1 MiB read a step from a disk throttled
 #: to 20 MB/s held the job back 7-14 % of the time (last to 46-57 of 60 collectives on a
-#: CPU shared with other ranks, 28-33 alone on one).
-EVIDENCED_MIN_SHARE = {"cpu_quota": 0.02, "cpu_wait": 0.06, "disk": 0.06, "memory": 0.06}
+#: CPU shared with other ranks, 28-33 alone on one). Interrupts are named from the quota's
+#: share when the rank's CPUs spent at least `JOB_PART_MIN` of its step in them (`_stormed`):
+#: a storm on the CPU two ranks share held the job back 4-6 % of the time, every step, and
+#: healthy ranks' CPUs spend well under 1 % of a step in interrupts.
+EVIDENCED_MIN_SHARE = {
+    "cpu_quota": 0.02,
+    "interrupts": 0.02,
+    "cpu_wait": 0.06,
+    "disk": 0.06,
+    "memory": 0.06,
+}
 EVIDENCED_EXPLAINED = 0.6
 #: Waits for a CPU held by one task outside the job that holds this rank's CPU and not the
 #: others' (`_own_holder`) are evidence healthy jitter does not have: a weak hog (nice -10)
@@ -368,6 +377,7 @@ def compare(ranks: Sequence[RankEvidence], offsets_ns: Mapping[str, int] | None 
             own,
             _own_holder(by_label[label], matches, rs),
             _held_outside(by_label[label], matches, rs),
+            _stormed(by_label[label]),
         ):
             findings.append(f)
     findings.sort(key=lambda f: -f.seconds)
@@ -653,7 +663,13 @@ def _own_span(matches: list[_Match], span: float) -> float:
     return max(span - network, 1e-9)
 
 
-def _evidenced(f: Finding, own: float, own_holder: str | None = None, outside: float = 1.0) -> bool:
+def _evidenced(
+    f: Finding,
+    own: float,
+    own_holder: str | None = None,
+    outside: float = 1.0,
+    stormed: bool = False,
+) -> bool:
     """A late rank under `MIN_SHARE` is named when the kernel says why with evidence that
     healthy ranks do not have: most of its lost time is its cgroup's CPU quota throttling
     (the cgroup's own counters), uninterruptible disk waits (or memory pressure), or waits
@@ -664,8 +680,10 @@ def _evidenced(f: Finding, own: float, own_holder: str | None = None, outside: f
     the job (``outside``, `_held_outside`) counts: a healthy rank on a CPU shared with
     other ranks and another job's busy process, traced with windows apart, waited for a
     CPU 6 % of the time beyond the others, 53 % of it for its own threads and the job's
-    ranks, and was named."""
+    ranks, and was named. Interrupts only when its CPUs were ``stormed`` (`_stormed`)."""
     if not f.causes or f.causes[0].cause not in EVIDENCED_MIN_SHARE:
+        return False
+    if f.causes[0].cause == "interrupts" and not stormed:
         return False
     first = f.causes[0]
     bar = EVIDENCED_MIN_SHARE[first.cause]
@@ -674,8 +692,8 @@ def _evidenced(f: Finding, own: float, own_holder: str | None = None, outside: f
         lead = next((c.cause for c in f.causes if c.cause not in ("cpu_wait", "unexplained")), "")
         if own_holder is not None:
             bar = OWN_HOLDER_MIN_SHARE
-        elif lead not in SHARED_CPU_LEADS:  # else `_shared_cpu` took the job's waits out
-            explained *= outside
+        elif lead not in SHARED_CPU_LEADS or (lead == "interrupts" and not stormed):
+            explained *= outside  # else `_shared_cpu` took the job's waits out
     return f.seconds >= bar * own and explained >= EVIDENCED_EXPLAINED * f.seconds
 
 
@@ -1009,7 +1027,11 @@ def _shared_cpu(
     lead = max((k for k in excess if k != "cpu_wait"), key=excess.__getitem__, default="")
     ran = excess.get("on_cpu", 0.0)
     said = f"ran {_fmt_s(ran)} longer than the other ranks"
-    if lead not in SHARED_CPU_LEADS or excess[lead] < MIN_CAUSE_SHARE * seconds:
+    if (
+        lead not in SHARED_CPU_LEADS
+        or excess[lead] < MIN_CAUSE_SHARE * seconds
+        or (lead == "interrupts" and not _stormed(r))
+    ):
         # Its work or reads are not the main excess (reads past the page cache run longer
         # too, in the kernel's copies, but a hog's waits are not theirs).
         if ran >= MIN_CAUSE_SHARE * seconds:
@@ -1047,8 +1069,23 @@ def _shared_cpu(
 
 
 #: The causes whose waits for a CPU held by the rank's own threads and the job's other ranks
-#: are theirs (`_shared_cpu`): its own work, and reads from the disk (or under a memory limit).
-SHARED_CPU_LEADS = frozenset({"on_cpu", "disk", "memory"})
+#: are theirs (`_shared_cpu`): its own work, reads from the disk (or under a memory limit),
+#: and a storm's interrupts on its CPUs (`_stormed`): ranks sharing a CPU a storm takes wait
+#: for each other on what it leaves them, and the storm, not the other rank, caused that.
+SHARED_CPU_LEADS = frozenset({"on_cpu", "disk", "memory", "interrupts"})
+
+
+def _interrupts_a_step(r: _Rank) -> float:
+    """The time ``r``'s CPUs spent in interrupts and softirqs a step (the fabric track's,
+    median over its steps; 0 without it)."""
+    return next((p.seconds for p in r.ev.steps.parts if p.cause == "interrupts"), 0.0)
+
+
+def _stormed(r: _Rank) -> bool:
+    """An interrupt storm on ``r``'s CPUs: they spent at least `JOB_PART_MIN` of its step in
+    interrupts (a healthy rank's well under 1 %)."""
+    step = r.ev.steps.step_seconds
+    return step > 0 and _interrupts_a_step(r) >= JOB_PART_MIN * step
 
 
 @dataclass(frozen=True, slots=True)
@@ -1152,8 +1189,13 @@ def _memory_said(c: LateCause) -> str:
 #: gave (the default): a small function of what `LateCause` holds. A cause whose evidence
 #: names someone else (who held the CPU, a quota that throttled it) adds its function here.
 def _interrupts_said(c: LateCause) -> str:
-    """The waits for ksoftirqd among it (`_softirq_threads`)."""
-    return next(iter(c.details.get("interrupts", ())), "")
+    """How much of a step its CPUs spent in interrupts when stormed (`_stormed`), then the
+    waits for ksoftirqd (`_softirq_threads`) and for ranks sharing its CPU (`_shared_cpu`)."""
+    said = list(c.details.get("interrupts", ()))
+    if _stormed(c.rank):
+        took, step = _interrupts_a_step(c.rank), c.rank.ev.steps.step_seconds
+        said.insert(0, f"its CPUs spent {_fmt_s(took)} a step ({took / step:.0%}) in interrupts")
+    return "; ".join(said)
 
 
 def _own_work_said(c: LateCause) -> str:
@@ -1688,10 +1730,9 @@ def _job_interrupts(rs: list[_Rank], step: float) -> str:
     none did, or the files have no interrupt time."""
     taken = sorted(
         (
-            (p.seconds, _name(r))
+            (_interrupts_a_step(r), _name(r))
             for r in rs
-            for p in r.ev.steps.parts
-            if p.cause == "interrupts" and step and p.seconds >= JOB_PART_MIN * step
+            if step and _interrupts_a_step(r) >= JOB_PART_MIN * step
         ),
         reverse=True,
     )[:JOB_PARTS]
