@@ -117,8 +117,8 @@ MIN_LATE_FRACTION = 0.6
 #: to 20 MB/s held the job back 7-14 % of the time (last to 46-57 of 60 collectives on a
 #: CPU shared with other ranks, 28-33 alone on one). Interrupts are named from the quota's
 #: share when the rank's CPUs spent at least `JOB_PART_MIN` of its step in them (`_stormed`):
-#: a storm on the CPU two ranks share held the job back 4-6 % of the time, every step, and
-#: healthy ranks' CPUs spend well under 1 % of a step in interrupts.
+#: a storm on the CPU two ranks share held the job back 5-8 % of the time, every step, and
+#: the CPUs of the same job without the storm spent 1.3 % of a step in interrupts.
 EVIDENCED_MIN_SHARE = {
     "cpu_quota": 0.02,
     "interrupts": 0.02,
@@ -1077,13 +1077,13 @@ SHARED_CPU_LEADS = frozenset({"on_cpu", "disk", "memory", "interrupts"})
 
 def _interrupts_a_step(r: _Rank) -> float:
     """The time ``r``'s CPUs spent in interrupts and softirqs a step (the fabric track's,
-    median over its steps; 0 without it)."""
+    at its rate over the steps' span for a median step; 0 without it)."""
     return next((p.seconds for p in r.ev.steps.parts if p.cause == "interrupts"), 0.0)
 
 
 def _stormed(r: _Rank) -> bool:
     """An interrupt storm on ``r``'s CPUs: they spent at least `JOB_PART_MIN` of its step in
-    interrupts (a healthy rank's well under 1 %)."""
+    interrupts (1.3 % in the storm's control run)."""
     step = r.ev.steps.step_seconds
     return step > 0 and _interrupts_a_step(r) >= JOB_PART_MIN * step
 
@@ -1730,9 +1730,9 @@ def _job_interrupts(rs: list[_Rank], step: float) -> str:
     none did, or the files have no interrupt time."""
     taken = sorted(
         (
-            (_interrupts_a_step(r), _name(r))
+            (took, _name(r))
             for r in rs
-            if step and _interrupts_a_step(r) >= JOB_PART_MIN * step
+            if step and (took := _interrupts_a_step(r)) >= JOB_PART_MIN * step
         ),
         reverse=True,
     )[:JOB_PARTS]

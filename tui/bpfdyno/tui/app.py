@@ -216,11 +216,11 @@ class TopApp(App[int]):
         back may have switched on already)."""
         if self.active_tab != tab:
             return
-        pane = self._tabs.get_pane(tab)
-        for target in pane.query("FastTable, VerticalScroll").results():
+        lists = self._tabs.get_pane(tab).query("FastTable, VerticalScroll")
+        if lists:
+            target = lists.first()
             # On the screen holding the tabs: a detail screen opened meanwhile keeps its own.
             target.screen.set_focus(target)
-            return
 
     def action_tab(self, tab: str) -> None:
         """Show one of the tabs."""
