@@ -43,7 +43,7 @@ from bpfdyno.ebpf import btfprog, fdops, uprobe
 from bpfdyno.ebpf.compiled import Compiled, compile_in_helper
 from bpfdyno.ebpf.compiler import trim_heap
 from bpfdyno.ebpf.errors import BpfLoadError
-from bpfdyno.ebpf.fdmap import MapTable, RingReader
+from bpfdyno.ebpf.fdmap import MapTable, RecordLayout, RingReader
 from bpfdyno.ebpf.introspect import fdinfo
 from bpfdyno.ebpf.kheaders import HeaderFlavour, KernelHeadersError, ensure_headers
 from bpfdyno.ebpf.runstats import DEFAULT_ON_S, DEFAULT_PERIOD_S, METER, run_stats_samples
@@ -67,25 +67,29 @@ def bpf_source_dir() -> Path:
 class RingBuffer(Generic[T]):
     """One BPF ring buffer of a `BpfProgram`, its records decoded as they are consumed.
 
-    Made by `BpfProgram.open_ring_buffer`; ``decode`` receives each record as the ctypes
-    struct bcc derives from the program's C type.
+    Made by `BpfProgram.open_ring_buffer`; ``decode`` receives each record as a named tuple
+    of the C type's fields (`bpfdyno.ebpf.fdmap.RecordLayout`: a ``char`` array is its raw
+    bytes, NUL padding included), or as the ctypes struct bcc derives from the C type where
+    a struct format cannot read it.
     """
 
     def __init__(self, table: MapTable, decode: Callable[[Any], T]) -> None:
-        self._table = table
+        record_type = table.record_type
+        if record_type is None:
+            raise OSError(f"map {table.name} has no record type (not a ring buffer)")
         self._decode = decode
         self._pending: list[T] = []
-        self._reader = RingReader(table.map_fd, table.max_entries, self._on_record)
+        self._reader = RingReader(table.map_fd, table.max_entries, RecordLayout(record_type))
 
     def drain(self) -> list[T]:
         """Consume every record waiting now (without blocking) and return them decoded."""
-        self._reader.consume()
+        self.consume()
         out, self._pending = self._pending, []
         return out
 
     def consume(self) -> None:
         """Decode every record waiting now, keeping them for `drain`."""
-        self._reader.consume()
+        self._pending.extend(map(self._decode, self._reader.consume()))
 
     @property
     def fill(self) -> float:
@@ -94,9 +98,6 @@ class RingBuffer(Generic[T]):
 
     def close(self) -> None:
         self._reader.close()
-
-    def _on_record(self, data: bytes) -> None:
-        self._pending.append(self._decode(self._table.event(data)))
 
 
 class TaskIterator:

@@ -40,7 +40,7 @@ from bpfdyno.tracing.capture.records import (
     KernelRecord,
     NetBurst,
     NetEvent,
-    OffCpu,
+    PackedOffCpu,
     Reclaim,
     SocketInfo,
     TcpSample,
@@ -114,6 +114,9 @@ def reclaim_state() -> int:
     return header_defines(header_text("capture.h"), "CAP_STATE_")["CAP_STATE_RECLAIM"]
 
 
+#: Thread names kept decoded (`KernelCapture._comm`); beyond it the cache starts again.
+_COMMS_KEPT = 4096
+
 _NET_KIND_NAMES = {
     "CAP_NET_STATE": "tcp_state",
     "CAP_NET_RETRANSMIT": "tcp_retransmit",
@@ -165,7 +168,7 @@ class KernelCapture:
         self._settings = settings
         self._header_cache = header_cache
         self._program: BpfProgram | None = None
-        self._rings: list[RingBuffer[tuple[int, KernelRecord | None]]] = []
+        self._rings: list[RingBuffer[tuple[int, KernelRecord | PackedOffCpu | None]]] = []
         self._counters, kinds, self._flags = capture_enums()
         self._kinds = {n: _NET_KIND_NAMES.get(name, "") for n, name in kinds.items()}
         self._send_kind = kinds_by_name(kinds)["CAP_NET_SEND"]
@@ -174,6 +177,8 @@ class KernelCapture:
         self._drop_names: dict[int, str] = {}
         self._reset_names: dict[int, str] = {}
         self._sockets: dict[tuple[Any, ...], SocketInfo] = {}
+        self._comms: dict[bytes, str] = {}
+        self._reclaim_state = reclaim_state()
         self._attached: dict[Track, bool] = {Track.NET: False, Track.SCHED: False}
         self._procs: dict[int, frozenset[Track]] = {}
         # Removed processes, whose last records may still be in the ring buffers.
@@ -395,9 +400,9 @@ class KernelCapture:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def drain(self) -> dict[int, list[KernelRecord]]:
-        """Consume both ring buffers now; records by tgid."""
-        out: dict[int, list[KernelRecord]] = defaultdict(list)
+    def drain(self) -> dict[int, list[KernelRecord | PackedOffCpu]]:
+        """Consume both ring buffers now; records by tgid (off-CPU intervals packed)."""
+        out: dict[int, list[KernelRecord | PackedOffCpu]] = defaultdict(list)
         if self._program is None:
             return out
         for ring in self._rings:
@@ -541,36 +546,44 @@ class KernelCapture:
             attrs["reason"] = self._reset_names.get(int(e.detail), str(int(e.detail)))
         return tgid, NetEvent(name, int(e.ts_ns), int(e.tid), int(e.sk), sock, attrs)
 
-    def _decode_sched(self, e: Any) -> tuple[int, KernelRecord | None]:
-        # The traced process's own thread, or a child's (host pids, like the thread ids).
-        pid = int(e.pid) if int(e.pid) != int(e.tgid) else 0
-        if int(e.state) == reclaim_state():
-            return int(e.tgid), Reclaim(
-                tid=int(e.tid),
-                comm=shown_c_string(bytes(e.comm)),
-                start_ns=int(e.off_ns),
-                end_ns=int(e.on_ns),
-                cpu=int(e.cpu),
-                pid=pid,
+    def _decode_sched(self, e: Any) -> tuple[int, KernelRecord | PackedOffCpu | None]:
+        # The hot path of the sched track (one record per context switch of a traced
+        # thread): the record's fields are ints already, an off-CPU interval is kept as a
+        # plain tuple (`PackedOffCpu`), and thread names are decoded once each.
+        tgid, tid = e.tgid, e.tid
+        pid = e.pid if e.pid != tgid else 0  # a child's thread (host pids, like tids)
+        comm = self._comm(e.comm)
+        if e.state == self._reclaim_state:
+            return tgid, Reclaim(
+                tid=tid, comm=comm, start_ns=e.off_ns, end_ns=e.on_ns, cpu=e.cpu, pid=pid
             )
-        return int(e.tgid), OffCpu(
-            tid=int(e.tid),
-            comm=shown_c_string(bytes(e.comm)),
-            off_ns=int(e.off_ns),
-            wake_ns=int(e.wake_ns),
-            on_ns=int(e.on_ns),
-            state=int(e.state),
-            syscall=int(e.syscall),
-            cpu=int(e.cpu),
-            held_pid=int(e.held_tgid),
-            held_tid=int(e.held_tid),
-            held_comm=bytes(e.held_comm).split(b"\0", 1)[0].decode("utf-8", "replace"),
-            pid=pid,
-            waker_pid=int(e.waker_tgid),
-            waker_tid=int(e.waker_tid),
-            user_ns=int(e.utime_ns),
-            system_ns=int(e.stime_ns),
+        return tgid, (  # OffCpu's fields, in order
+            tid,
+            comm,
+            e.off_ns,
+            e.wake_ns,
+            e.on_ns,
+            e.state,
+            e.syscall,
+            e.cpu,
+            e.held_tgid,
+            e.held_tid,
+            self._comm(e.held_comm),
+            pid,
+            e.waker_tgid,
+            e.waker_tid,
+            e.utime_ns,
+            e.stime_ns,
         )
+
+    def _comm(self, raw: bytes) -> str:
+        """A thread name from a record (`shown_c_string`), decoded once per distinct name."""
+        shown = self._comms.get(raw)
+        if shown is None:
+            if len(self._comms) >= _COMMS_KEPT:
+                self._comms.clear()
+            shown = self._comms[raw] = shown_c_string(bytes(raw))
+        return shown
 
 
 def child_pids(pid: int) -> list[int]:

@@ -33,7 +33,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,9 +54,11 @@ from bpfdyno.tracing.capture.nccl import NcclCapture
 from bpfdyno.tracing.capture.records import (
     KernelRecord,
     KernelTrackRequest,
+    PackedOffCpu,
     ProcessCapture,
     Track,
     TrackStats,
+    unpacked,
 )
 
 log = logging.getLogger(__name__)
@@ -129,7 +131,7 @@ class _Active:
     begin_ns: int
     begin_wall_ns: int
     offset_begin_ns: int
-    records: deque[KernelRecord]
+    records: deque[KernelRecord | PackedOffCpu]
     notes: dict[Track, str] = field(default_factory=dict)
     dropped: int = 0
     distributed: dict[str, int] | None = None
@@ -523,7 +525,7 @@ class CaptureManager:
         return out
 
     def _drain(self) -> None:
-        batches: list[Iterable[tuple[int, list[KernelRecord]]]] = []
+        batches: list[Iterable[tuple[int, list[KernelRecord | PackedOffCpu]]]] = []
         if self.kernel.loaded:
             batches.append(self.kernel.drain().items())
         if self.nccl.loaded:
@@ -547,7 +549,7 @@ class CaptureManager:
                 self._keep(active, [*self.quota.sample(pid), *self.memory.sample(pid)])
 
     @staticmethod
-    def _keep(active: _Active, records: list[KernelRecord]) -> None:
+    def _keep(active: _Active, records: Sequence[KernelRecord | PackedOffCpu]) -> None:
         room = (active.records.maxlen or 0) - len(active.records)
         if len(records) > room:
             active.dropped += len(records) - max(room, 0)
@@ -597,7 +599,7 @@ class CaptureManager:
             begin_wall_ns=active.begin_wall_ns,
             offset_ns=(active.offset_begin_ns + end_clock.offset_ns) // 2,
             drift_ns=end_clock.offset_ns - active.offset_begin_ns,
-            records=list(active.records),
+            records=list(map(unpacked, active.records)),
             stats=stats,
             dropped_over_cap=active.dropped,
             cap=self.settings.max_events_per_process,
