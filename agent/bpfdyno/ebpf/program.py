@@ -38,6 +38,7 @@ from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 from bpfdyno.core.budget import excluded_work
+from bpfdyno.core.gcbatch import batch_allocations
 from bpfdyno.core.metrics import Sample
 from bpfdyno.ebpf import btfprog, fdops, uprobe
 from bpfdyno.ebpf.compiled import Compiled, compile_in_helper
@@ -89,7 +90,8 @@ class RingBuffer(Generic[T]):
 
     def consume(self) -> None:
         """Decode every record waiting now, keeping them for `drain`."""
-        self._pending.extend(map(self._decode, self._reader.consume()))
+        with batch_allocations():
+            self._pending.extend(map(self._decode, self._reader.consume()))
 
     @property
     def fill(self) -> float:

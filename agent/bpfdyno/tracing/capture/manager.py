@@ -68,8 +68,8 @@ DRAIN_INTERVAL_S = 0.1
 #: ... and how often while one fills at a rate that would leave it `FAST_DRAIN_FILL` full
 #: between two drains `DRAIN_INTERVAL_S` apart. The default ring (1 MiB) holds about 8,700
 #: off-CPU records: a traced job switching threads 30,000 times a second fills a third of
-#: it between two such drains. (Beyond ~80,000 records a second, two threads passing a pipe,
-#: it is the decoding that cannot keep up: about half of them were lost either way.)
+#: it between two such drains. (Beyond ~165,000 records a second, two threads passing a
+#: pipe, it is the decoding that cannot keep up, with a CPU to itself.)
 FAST_DRAIN_INTERVAL_S = 0.01
 FAST_DRAIN_FILL = 0.25
 #: How often traced processes without a libnccl are looked at again.
