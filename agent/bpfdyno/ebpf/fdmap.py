@@ -142,13 +142,14 @@ class RecordLayout:
     """How the records of one ring buffer are read: with one `struct.Struct` where the C
     type allows, else with its ctypes type.
 
-    Decoding a record through ctypes (a copy into a Structure, then one attribute access per
-    field) cost about 6 µs of Python a record, most of what capped the capture at ~60,000
-    records a second. A struct reads a whole run of records of the same size in one call
-    (`struct.Struct.iter_unpack`), each becoming a named tuple with the C fields' names, so
-    decoders read ``record.tgid`` either way. Differences from the ctypes values: a ``char``
-    or byte array is its raw bytes (NUL padding included: cut C strings at the first NUL,
-    as `bpfdyno.core.text.shown_c_string` does). Types a format cannot say the same way
+    Reading each record through ctypes (a copy into a Structure, then an attribute access per
+    field) was part of the 12.7 µs of the agent's CPU a sched-track record cost, which
+    capped the capture at ~69,000 records a second (docs/performance.md). A struct reads a
+    whole run of records of the same size in one call (`struct.Struct.iter_unpack`), each
+    becoming a named tuple with the C fields' names, so decoders read ``record.tgid``
+    either way. Differences from the ctypes values: a ``char`` or byte array is its raw
+    bytes (NUL padding included: cut C strings at the first NUL, as
+    `bpfdyno.core.text.shown_c_string` does). Types a format cannot say the same way
     (unions, bit fields, nested structures, pointers, arrays of wider elements) keep the
     ctypes reading.
     """
@@ -162,6 +163,7 @@ class RecordLayout:
         self._framed: struct.Struct | None = None
         self._payload: struct.Struct | None = None
         self._record: Any = None
+        self._make: Any = None
         described = _struct_fields(ctype)
         if described is None:
             return
